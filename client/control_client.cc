@@ -1,0 +1,126 @@
+#include "client/control_client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/common/version.h"
+
+namespace lohan {
+
+std::string DefaultSocketPath() {
+  const char* from_env = std::getenv("LOHAN_SOCKET");
+  if (from_env != nullptr && from_env[0] != '\0') return from_env;
+  return "/run/lohan/lohand.sock";
+}
+
+ControlClient::ControlClient(Options options,
+                             std::unique_ptr<v1::Lohan::Stub> stub)
+    : options_(std::move(options)), stub_(std::move(stub)) {}
+
+std::unique_ptr<grpc::ClientContext> ControlClient::NewContext() const {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(std::chrono::system_clock::now() + options_.timeout);
+  return context;
+}
+
+absl::Status ControlClient::FromGrpc(const grpc::Status& status) const {
+  if (status.ok()) return absl::OkStatus();
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+      status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    return absl::UnavailableError(absl::StrCat(
+        "no lohand answers at ", options_.socket_path, " (",
+        status.error_message(),
+        "); is it running? ('systemctl status lohand', or pass the socket "
+        "with --socket / LOHAN_SOCKET)"));
+  }
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      status.error_message());
+}
+
+absl::StatusOr<std::unique_ptr<ControlClient>> ControlClient::Connect(
+    Options options) {
+  if (options.socket_path.empty()) options.socket_path = DefaultSocketPath();
+  grpc::ChannelArguments arguments;
+  // Unix sockets need no reconnect back-off; fail fast and say so.
+  arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  auto channel = grpc::CreateCustomChannel(
+      absl::StrCat("unix:", options.socket_path),
+      grpc::InsecureChannelCredentials(), arguments);
+  std::unique_ptr<ControlClient> client(
+      new ControlClient(std::move(options), v1::Lohan::NewStub(channel)));
+
+  v1::HelloRequest request;
+  request.mutable_client_protocol()->set_major(kProtocolMajor);
+  request.mutable_client_protocol()->set_minor(kProtocolMinor);
+  request.set_client_name(client->options_.client_name);
+  if (absl::Status status =
+          client->Invoke(&v1::Lohan::Stub::Hello, request, &client->hello_);
+      !status.ok()) {
+    return status;
+  }
+  return client;
+}
+
+template <typename Request, typename Response>
+absl::Status ControlClient::Invoke(
+    grpc::Status (v1::Lohan::Stub::*method)(grpc::ClientContext*,
+                                            const Request&, Response*),
+    const Request& request, Response* response) const {
+  auto context = NewContext();
+  return FromGrpc((stub_.get()->*method)(context.get(), request, response));
+}
+
+absl::StatusOr<v1::Job> ControlClient::CreateJob(const v1::JobSpec& spec) {
+  v1::CreateJobRequest request;
+  *request.mutable_spec() = spec;
+  v1::CreateJobResponse response;
+  absl::Status status = Invoke(&v1::Lohan::Stub::CreateJob, request, &response);
+  if (!status.ok()) return status;
+  return response.job();
+}
+
+absl::StatusOr<v1::Job> ControlClient::AttachJob(const std::string& job_id) {
+  v1::AttachJobRequest request;
+  request.set_job_id(job_id);
+  v1::AttachJobResponse response;
+  absl::Status status = Invoke(&v1::Lohan::Stub::AttachJob, request, &response);
+  if (!status.ok()) return status;
+  return response.job();
+}
+
+absl::StatusOr<v1::Job> ControlClient::DetachJob(const std::string& job_id) {
+  v1::DetachJobRequest request;
+  request.set_job_id(job_id);
+  v1::DetachJobResponse response;
+  absl::Status status = Invoke(&v1::Lohan::Stub::DetachJob, request, &response);
+  if (!status.ok()) return status;
+  return response.job();
+}
+
+absl::Status ControlClient::DeleteJob(const std::string& job_id) {
+  v1::DeleteJobRequest request;
+  request.set_job_id(job_id);
+  v1::DeleteJobResponse response;
+  return Invoke(&v1::Lohan::Stub::DeleteJob, request, &response);
+}
+
+absl::StatusOr<std::vector<v1::Job>> ControlClient::ListJobs() {
+  v1::ListJobsResponse response;
+  absl::Status status =
+      Invoke(&v1::Lohan::Stub::ListJobs, v1::ListJobsRequest(), &response);
+  if (!status.ok()) return status;
+  return std::vector<v1::Job>(response.jobs().begin(), response.jobs().end());
+}
+
+absl::StatusOr<v1::GetStatusResponse> ControlClient::GetStatus() {
+  v1::GetStatusResponse response;
+  absl::Status status =
+      Invoke(&v1::Lohan::Stub::GetStatus, v1::GetStatusRequest(), &response);
+  if (!status.ok()) return status;
+  return response;
+}
+
+}  // namespace lohan

@@ -1,0 +1,61 @@
+#ifndef LOHAN_CLIENT_CONTROL_CLIENT_H_
+#define LOHAN_CLIENT_CONTROL_CLIENT_H_
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/lohan.grpc.pb.h"
+
+namespace lohan {
+
+// The socket a client uses when none is given: $LOHAN_SOCKET, else the
+// daemon's default /run/lohan/lohand.sock.
+std::string DefaultSocketPath();
+
+// A C++ client of lohand's control plane. Connecting says Hello, so a
+// returned client has a daemon that answered and speaks our protocol.
+// Thread-safe: calls may come from several threads at once.
+class ControlClient {
+ public:
+  struct Options {
+    std::string socket_path;  // empty: DefaultSocketPath()
+    std::string client_name = "liblohan_client";
+    std::chrono::milliseconds timeout{10000};  // per call
+  };
+
+  // UNAVAILABLE naming the socket when no daemon answers there;
+  // FAILED_PRECONDITION when it speaks another protocol.
+  static absl::StatusOr<std::unique_ptr<ControlClient>> Connect(
+      Options options);
+
+  const v1::HelloResponse& hello() const { return hello_; }
+  const std::string& socket_path() const { return options_.socket_path; }
+
+  absl::StatusOr<v1::Job> CreateJob(const v1::JobSpec& spec);
+  absl::StatusOr<v1::Job> AttachJob(const std::string& job_id);
+  absl::StatusOr<v1::Job> DetachJob(const std::string& job_id);
+  absl::Status DeleteJob(const std::string& job_id);
+  absl::StatusOr<std::vector<v1::Job>> ListJobs();
+  absl::StatusOr<v1::GetStatusResponse> GetStatus();
+
+ private:
+  ControlClient(Options options, std::unique_ptr<v1::Lohan::Stub> stub);
+  std::unique_ptr<grpc::ClientContext> NewContext() const;
+  absl::Status FromGrpc(const grpc::Status& status) const;
+  // One unary call with this client's deadline, status mapped.
+  template <typename Request, typename Response>
+  absl::Status Invoke(grpc::Status (v1::Lohan::Stub::*method)(
+                          grpc::ClientContext*, const Request&, Response*),
+                      const Request& request, Response* response) const;
+
+  const Options options_;
+  const std::unique_ptr<v1::Lohan::Stub> stub_;
+  v1::HelloResponse hello_;
+};
+
+}  // namespace lohan
+
+#endif  // LOHAN_CLIENT_CONTROL_CLIENT_H_

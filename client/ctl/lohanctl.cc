@@ -1,0 +1,189 @@
+// lohanctl: shows and steers a running lohand.
+//   lohanctl status [--json]      daemon, config summary and your jobs
+//   lohanctl jobs [--json]        the jobs you may see (all of them as root)
+//   lohanctl jobs delete JOB_ID   deletes a detached job
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <ctime>
+#include <string>
+#include <vector>
+
+#include <google/protobuf/util/json_util.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "client/control_client.h"
+#include "daemon/common/byte_size.h"
+#include "daemon/common/version.h"
+
+namespace lohan {
+namespace {
+
+std::string Json(const google::protobuf::Message& message) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  if (!google::protobuf::util::MessageToJsonString(message, &json, options)
+           .ok()) {
+    return "{}";
+  }
+  return json;
+}
+
+std::string StateName(v1::JobState state) {
+  switch (state) {
+    case v1::JOB_STATE_ATTACHED:
+      return "attached";
+    case v1::JOB_STATE_DETACHED:
+      return "detached";
+    default:
+      return "unknown";
+  }
+}
+
+std::string LocalTime(int64_t unix_seconds) {
+  if (unix_seconds <= 0) return "-";
+  const time_t seconds = unix_seconds;
+  tm local{};
+  localtime_r(&seconds, &local);
+  char text[32];
+  strftime(text, sizeof(text), "%Y-%m-%d %H:%M:%S", &local);
+  return text;
+}
+
+std::string Duration(double seconds) {
+  int64_t total = static_cast<int64_t>(seconds);
+  const int64_t days = total / 86400;
+  const int64_t hours = total % 86400 / 3600;
+  const int64_t minutes = total % 3600 / 60;
+  const int64_t secs = total % 60;
+  if (days > 0) return absl::StrFormat("%dd %02dh %02dm", days, hours, minutes);
+  if (hours > 0) return absl::StrFormat("%dh %02dm %02ds", hours, minutes, secs);
+  if (minutes > 0) return absl::StrFormat("%dm %02ds", minutes, secs);
+  return absl::StrFormat("%ds", secs);
+}
+
+void PrintJobTable(const std::vector<v1::Job>& jobs) {
+  if (jobs.empty()) {
+    std::printf("no jobs\n");
+    return;
+  }
+  const char* format = "%-10s %-20s %-12s %-9s %-8s %-10s %s\n";
+  std::printf(format, "ID", "NAME", "OWNER", "STATE", "PID", "HOST POOL",
+              "CREATED");
+  for (const v1::Job& job : jobs) {
+    std::printf(
+        format, job.id().c_str(), job.spec().name().c_str(),
+        job.owner_name().c_str(), StateName(job.state()).c_str(),
+        job.attached_pid() ? std::to_string(job.attached_pid()).c_str() : "-",
+        FormatByteSize(job.spec().host_pool_bytes()).c_str(),
+        LocalTime(job.created_unix_seconds()).c_str());
+  }
+}
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "lohanctl: %s\n", std::string(status.message()).c_str());
+  return 1;
+}
+
+absl::StatusOr<std::unique_ptr<ControlClient>> Connect(
+    const std::string& socket) {
+  return ControlClient::Connect(
+      {.socket_path = socket,
+       .client_name = absl::StrCat("lohanctl ", kLohanVersion)});
+}
+
+int Status(const std::string& socket, bool json) {
+  auto client = Connect(socket);
+  if (!client.ok()) return Fail(client.status());
+  auto status = (*client)->GetStatus();
+  if (!status.ok()) return Fail(status.status());
+  if (json) {
+    std::printf("%s\n", Json(*status).c_str());
+    return 0;
+  }
+  const v1::ConfigSummary& config = status->config();
+  std::printf("lohand %s (protocol %u.%u), pid %d, up %s (since %s)\n",
+              status->daemon_version().c_str(),
+              status->daemon_protocol().major(),
+              status->daemon_protocol().minor(), status->daemon_pid(),
+              Duration(status->uptime_seconds()).c_str(),
+              LocalTime(status->started_unix_seconds()).c_str());
+  std::printf("  socket       %s\n", config.socket_path().c_str());
+  std::printf("  state dir    %s\n", config.state_dir().c_str());
+  std::printf("  SSD paths    %s\n",
+              absl::StrJoin(config.ssd_paths(), ", ").c_str());
+  std::printf("  host pool    %s\n",
+              FormatByteSize(config.host_pool_bytes()).c_str());
+  std::printf("  optimizer    %u threads\n", config.optimizer_threads());
+  std::printf("  log level    %s\n", config.log_level().c_str());
+  std::printf("  jobs         %u (%u attached)\n\n", status->total_jobs(),
+              status->attached_jobs());
+  PrintJobTable({status->jobs().begin(), status->jobs().end()});
+  return 0;
+}
+
+int Jobs(const std::string& socket, bool json) {
+  auto client = Connect(socket);
+  if (!client.ok()) return Fail(client.status());
+  auto jobs = (*client)->ListJobs();
+  if (!jobs.ok()) return Fail(jobs.status());
+  if (json) {
+    v1::ListJobsResponse response;
+    for (const v1::Job& job : *jobs) *response.add_jobs() = job;
+    std::printf("%s\n", Json(response).c_str());
+    return 0;
+  }
+  PrintJobTable(*jobs);
+  return 0;
+}
+
+int DeleteJob(const std::string& socket, const std::string& job_id) {
+  auto client = Connect(socket);
+  if (!client.ok()) return Fail(client.status());
+  if (absl::Status status = (*client)->DeleteJob(job_id); !status.ok()) {
+    return Fail(status);
+  }
+  std::printf("deleted %s\n", job_id.c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace lohan
+
+int main(int argc, char** argv) {
+  CLI::App app{"lohanctl: shows and steers a running lohand.", "lohanctl"};
+  app.set_version_flag("--version", lohan::kLohanVersion);
+  std::string socket = lohan::DefaultSocketPath();
+  app.add_option("-s,--socket", socket,
+                 "lohand's socket (default: $LOHAN_SOCKET, else "
+                 "/run/lohan/lohand.sock)");
+
+  bool status_json = false;
+  CLI::App* status = app.add_subcommand(
+      "status", "daemon version, uptime, config summary and your jobs");
+  status->add_flag("--json", status_json, "print JSON");
+
+  bool jobs_json = false;
+  CLI::App* jobs = app.add_subcommand(
+      "jobs", "the jobs you may see (all of them as root)");
+  jobs->add_flag("--json", jobs_json, "print JSON");
+  std::string delete_id;
+  CLI::App* jobs_delete =
+      jobs->add_subcommand("delete", "delete a detached job");
+  jobs_delete->add_option("job_id", delete_id, "the job's id, e.g. j-000001")
+      ->required();
+
+  CLI11_PARSE(app, argc, argv);
+  if (!status->parsed() && !jobs->parsed()) {
+    std::fprintf(stderr,
+                 "lohanctl: name a command: status, jobs (see --help)\n");
+    return 2;
+  }
+  if (status->parsed()) return lohan::Status(socket, status_json);
+  if (jobs_delete->parsed()) return lohan::DeleteJob(socket, delete_id);
+  return lohan::Jobs(socket, jobs_json);
+}

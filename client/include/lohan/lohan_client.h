@@ -1,0 +1,130 @@
+/*
+ * lohan_client.h: the C ABI of liblohan_client, lohan's client library.
+ *
+ * Conventions
+ * - Every function that can fail returns an int status: LOHAN_OK (0) or one
+ *   of the lohan_status codes below (the canonical gRPC/Abseil codes). After a
+ *   failure, lohan_last_error() gives a message a person can act on; it is
+ *   per thread and valid until this thread's next lohan_ call.
+ * - Handles are opaque. Every lohan_*_create/connect/get that hands out a
+ *   handle has a matching lohan_*_destroy; destroy accepts NULL.
+ * - Out parameters are written only on success. Strings returned as
+ *   `const char*` belong to the handle they came from and live as long as it.
+ * - No function throws, aborts or exits on bad input; NULL where a handle or
+ *   string is required is LOHAN_INVALID_ARGUMENT.
+ * - A lohan_client may be used from several threads at once.
+ * - Link with -llohan_client; nothing else is needed at run time.
+ */
+#ifndef LOHAN_CLIENT_H_
+#define LOHAN_CLIENT_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define LOHAN_CLIENT_API __attribute__((visibility("default")))
+
+typedef enum lohan_status {
+  LOHAN_OK = 0,
+  LOHAN_CANCELLED = 1,
+  LOHAN_UNKNOWN = 2,
+  LOHAN_INVALID_ARGUMENT = 3,
+  LOHAN_DEADLINE_EXCEEDED = 4,
+  LOHAN_NOT_FOUND = 5,
+  LOHAN_ALREADY_EXISTS = 6,
+  LOHAN_PERMISSION_DENIED = 7,
+  LOHAN_RESOURCE_EXHAUSTED = 8,
+  LOHAN_FAILED_PRECONDITION = 9,
+  LOHAN_ABORTED = 10,
+  LOHAN_OUT_OF_RANGE = 11,
+  LOHAN_UNIMPLEMENTED = 12,
+  LOHAN_INTERNAL = 13,
+  LOHAN_UNAVAILABLE = 14,
+  LOHAN_DATA_LOSS = 15,
+  LOHAN_UNAUTHENTICATED = 16
+} lohan_status;
+
+typedef enum lohan_job_state {
+  LOHAN_JOB_DETACHED = 1,
+  LOHAN_JOB_ATTACHED = 2
+} lohan_job_state;
+
+/* A connection to lohand. */
+typedef struct lohan_client lohan_client;
+/* A snapshot of one job, as the daemon last reported it. */
+typedef struct lohan_job_info lohan_job_info;
+/* A snapshot of the jobs the caller may see. */
+typedef struct lohan_job_list lohan_job_list;
+
+/* The library's version, e.g. "0.1.0". */
+LOHAN_CLIENT_API const char* lohan_version(void);
+/* The message of this thread's last failed call ("" if none). */
+LOHAN_CLIENT_API const char* lohan_last_error(void);
+/* "OK", "NOT_FOUND", ...; "UNKNOWN" for a code not listed above. */
+LOHAN_CLIENT_API const char* lohan_status_name(int status);
+
+/* Connects to the daemon at `socket_path` (NULL: $LOHAN_SOCKET, else
+ * /run/lohan/lohand.sock) and says hello. LOHAN_UNAVAILABLE when no daemon
+ * answers there. */
+LOHAN_CLIENT_API int lohan_client_connect(const char* socket_path,
+                                          lohan_client** out);
+LOHAN_CLIENT_API void lohan_client_destroy(lohan_client* client);
+
+/* What the daemon said at connect. */
+LOHAN_CLIENT_API const char* lohan_client_daemon_version(
+    const lohan_client* client);
+LOHAN_CLIENT_API void lohan_client_protocol(const lohan_client* client,
+                                            uint32_t* major, uint32_t* minor);
+/* The uid and pid the daemon sees for this process. */
+LOHAN_CLIENT_API uint32_t lohan_client_caller_uid(const lohan_client* client);
+/* 1 if the daemon reports `capability` (e.g. "jobs"), else 0. */
+LOHAN_CLIENT_API int lohan_client_has_capability(const lohan_client* client,
+                                                 const char* capability);
+
+/* Creates a job owned by the calling uid. `name`: 1-64 of [A-Za-z0-9._-],
+ * unique among the caller's jobs (LOHAN_ALREADY_EXISTS otherwise). */
+LOHAN_CLIENT_API int lohan_job_create(lohan_client* client, const char* name,
+                                      uint64_t host_pool_bytes,
+                                      uint64_t ssd_bytes,
+                                      lohan_job_info** out);
+/* Binds the job to this process until lohan_job_detach or process exit.
+ * LOHAN_PERMISSION_DENIED on another user's job; LOHAN_FAILED_PRECONDITION
+ * while another live process holds it. `out` may be NULL. */
+LOHAN_CLIENT_API int lohan_job_attach(lohan_client* client, const char* job_id,
+                                      lohan_job_info** out);
+LOHAN_CLIENT_API int lohan_job_detach(lohan_client* client, const char* job_id,
+                                      lohan_job_info** out);
+/* Deletes a detached job and everything it holds. */
+LOHAN_CLIENT_API int lohan_job_delete(lohan_client* client,
+                                      const char* job_id);
+
+LOHAN_CLIENT_API int lohan_jobs_list(lohan_client* client,
+                                     lohan_job_list** out);
+LOHAN_CLIENT_API size_t lohan_job_list_size(const lohan_job_list* list);
+/* The i-th job, owned by the list; NULL when i is out of range. */
+LOHAN_CLIENT_API const lohan_job_info* lohan_job_list_get(
+    const lohan_job_list* list, size_t i);
+LOHAN_CLIENT_API void lohan_job_list_destroy(lohan_job_list* list);
+
+LOHAN_CLIENT_API const char* lohan_job_info_id(const lohan_job_info* job);
+LOHAN_CLIENT_API const char* lohan_job_info_name(const lohan_job_info* job);
+LOHAN_CLIENT_API uint32_t lohan_job_info_owner_uid(const lohan_job_info* job);
+LOHAN_CLIENT_API int lohan_job_info_state(const lohan_job_info* job);
+/* The attached process, 0 when detached. */
+LOHAN_CLIENT_API int32_t lohan_job_info_attached_pid(
+    const lohan_job_info* job);
+LOHAN_CLIENT_API void lohan_job_info_destroy(lohan_job_info* job);
+
+/* The daemon's status (GetStatus) as JSON; free it with lohan_string_free. */
+LOHAN_CLIENT_API int lohan_client_status_json(lohan_client* client,
+                                              char** json_out);
+LOHAN_CLIENT_API void lohan_string_free(char* text);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* LOHAN_CLIENT_H_ */

@@ -1,0 +1,232 @@
+// The C ABI over ControlClient. Nothing here may throw or abort: every entry
+// point catches bad input and reports it as a status plus lohan_last_error().
+#include "client/include/lohan/lohan_client.h"
+
+#include <google/protobuf/util/json_util.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "client/control_client.h"
+#include "daemon/common/version.h"
+
+struct lohan_client {
+  std::unique_ptr<lohan::ControlClient> impl;
+};
+
+struct lohan_job_info {
+  lohan::v1::Job job;
+};
+
+struct lohan_job_list {
+  std::vector<lohan_job_info> jobs;
+};
+
+namespace {
+
+thread_local std::string last_error;
+
+int Report(const absl::Status& status) {
+  if (status.ok()) {
+    last_error.clear();
+    return LOHAN_OK;
+  }
+  last_error = std::string(status.message());
+  return static_cast<int>(status.code());
+}
+
+int InvalidArgument(const char* what) {
+  return Report(absl::InvalidArgumentError(what));
+}
+
+int ReturnJob(const absl::StatusOr<lohan::v1::Job>& job,
+              lohan_job_info** out) {
+  if (!job.ok()) return Report(job.status());
+  if (out != nullptr) {
+    *out = new (std::nothrow) lohan_job_info{*job};
+    if (*out == nullptr) {
+      return Report(absl::ResourceExhaustedError("out of memory"));
+    }
+  }
+  return Report(absl::OkStatus());
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* lohan_version(void) { return lohan::kLohanVersion; }
+
+const char* lohan_last_error(void) { return last_error.c_str(); }
+
+const char* lohan_status_name(int status) {
+  static const char* const kNames[] = {
+      "OK",        "CANCELLED",          "UNKNOWN",
+      "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+      "ALREADY_EXISTS",   "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
+      "FAILED_PRECONDITION", "ABORTED",       "OUT_OF_RANGE",
+      "UNIMPLEMENTED",    "INTERNAL",          "UNAVAILABLE",
+      "DATA_LOSS",        "UNAUTHENTICATED"};
+  if (status < 0 || status >= static_cast<int>(std::size(kNames))) {
+    return "UNKNOWN";
+  }
+  return kNames[status];
+}
+
+int lohan_client_connect(const char* socket_path, lohan_client** out) {
+  if (out == nullptr) return InvalidArgument("lohan_client_connect: out is NULL");
+  lohan::ControlClient::Options options;
+  if (socket_path != nullptr) options.socket_path = socket_path;
+  auto client = lohan::ControlClient::Connect(std::move(options));
+  if (!client.ok()) return Report(client.status());
+  *out = new (std::nothrow) lohan_client{*std::move(client)};
+  if (*out == nullptr) {
+    return Report(absl::ResourceExhaustedError("out of memory"));
+  }
+  return Report(absl::OkStatus());
+}
+
+void lohan_client_destroy(lohan_client* client) { delete client; }
+
+const char* lohan_client_daemon_version(const lohan_client* client) {
+  if (client == nullptr) return "";
+  return client->impl->hello().daemon_version().c_str();
+}
+
+void lohan_client_protocol(const lohan_client* client, uint32_t* major,
+                           uint32_t* minor) {
+  if (client == nullptr) return;
+  if (major != nullptr) *major = client->impl->hello().daemon_protocol().major();
+  if (minor != nullptr) *minor = client->impl->hello().daemon_protocol().minor();
+}
+
+uint32_t lohan_client_caller_uid(const lohan_client* client) {
+  return client == nullptr ? 0 : client->impl->hello().caller_uid();
+}
+
+int lohan_client_has_capability(const lohan_client* client,
+                                const char* capability) {
+  if (client == nullptr || capability == nullptr) return 0;
+  for (const std::string& have : client->impl->hello().capabilities()) {
+    if (have == capability) return 1;
+  }
+  return 0;
+}
+
+int lohan_job_create(lohan_client* client, const char* name,
+                     uint64_t host_pool_bytes, uint64_t ssd_bytes,
+                     lohan_job_info** out) {
+  if (client == nullptr || name == nullptr) {
+    return InvalidArgument("lohan_job_create: client and name are required");
+  }
+  lohan::v1::JobSpec spec;
+  spec.set_name(name);
+  spec.set_host_pool_bytes(host_pool_bytes);
+  spec.set_ssd_bytes(ssd_bytes);
+  return ReturnJob(client->impl->CreateJob(spec), out);
+}
+
+int lohan_job_attach(lohan_client* client, const char* job_id,
+                     lohan_job_info** out) {
+  if (client == nullptr || job_id == nullptr) {
+    return InvalidArgument("lohan_job_attach: client and job_id are required");
+  }
+  return ReturnJob(client->impl->AttachJob(job_id), out);
+}
+
+int lohan_job_detach(lohan_client* client, const char* job_id,
+                     lohan_job_info** out) {
+  if (client == nullptr || job_id == nullptr) {
+    return InvalidArgument("lohan_job_detach: client and job_id are required");
+  }
+  return ReturnJob(client->impl->DetachJob(job_id), out);
+}
+
+int lohan_job_delete(lohan_client* client, const char* job_id) {
+  if (client == nullptr || job_id == nullptr) {
+    return InvalidArgument("lohan_job_delete: client and job_id are required");
+  }
+  return Report(client->impl->DeleteJob(job_id));
+}
+
+int lohan_jobs_list(lohan_client* client, lohan_job_list** out) {
+  if (client == nullptr || out == nullptr) {
+    return InvalidArgument("lohan_jobs_list: client and out are required");
+  }
+  auto jobs = client->impl->ListJobs();
+  if (!jobs.ok()) return Report(jobs.status());
+  auto* list = new (std::nothrow) lohan_job_list;
+  if (list == nullptr) {
+    return Report(absl::ResourceExhaustedError("out of memory"));
+  }
+  for (lohan::v1::Job& job : *jobs) list->jobs.push_back({std::move(job)});
+  *out = list;
+  return Report(absl::OkStatus());
+}
+
+size_t lohan_job_list_size(const lohan_job_list* list) {
+  return list == nullptr ? 0 : list->jobs.size();
+}
+
+const lohan_job_info* lohan_job_list_get(const lohan_job_list* list,
+                                         size_t i) {
+  if (list == nullptr || i >= list->jobs.size()) return nullptr;
+  return &list->jobs[i];
+}
+
+void lohan_job_list_destroy(lohan_job_list* list) { delete list; }
+
+const char* lohan_job_info_id(const lohan_job_info* job) {
+  return job == nullptr ? "" : job->job.id().c_str();
+}
+
+const char* lohan_job_info_name(const lohan_job_info* job) {
+  return job == nullptr ? "" : job->job.spec().name().c_str();
+}
+
+uint32_t lohan_job_info_owner_uid(const lohan_job_info* job) {
+  return job == nullptr ? 0 : job->job.owner_uid();
+}
+
+int lohan_job_info_state(const lohan_job_info* job) {
+  return job == nullptr ? 0 : static_cast<int>(job->job.state());
+}
+
+int32_t lohan_job_info_attached_pid(const lohan_job_info* job) {
+  return job == nullptr ? 0 : job->job.attached_pid();
+}
+
+void lohan_job_info_destroy(lohan_job_info* job) { delete job; }
+
+int lohan_client_status_json(lohan_client* client, char** json_out) {
+  if (client == nullptr || json_out == nullptr) {
+    return InvalidArgument(
+        "lohan_client_status_json: client and json_out are required");
+  }
+  auto status = client->impl->GetStatus();
+  if (!status.ok()) return Report(status.status());
+  std::string json;
+  google::protobuf::util::JsonPrintOptions print;
+  print.preserve_proto_field_names = true;
+  print.always_print_primitive_fields = true;
+  if (!google::protobuf::util::MessageToJsonString(*status, &json, print)
+           .ok()) {
+    return Report(absl::InternalError("cannot render the status as JSON"));
+  }
+  char* copy = static_cast<char*>(std::malloc(json.size() + 1));
+  if (copy == nullptr) {
+    return Report(absl::ResourceExhaustedError("out of memory"));
+  }
+  std::memcpy(copy, json.c_str(), json.size() + 1);
+  *json_out = copy;
+  return Report(absl::OkStatus());
+}
+
+void lohan_string_free(char* text) { std::free(text); }
+
+}  // extern "C"

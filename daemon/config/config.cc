@@ -1,0 +1,281 @@
+#include "daemon/config/config.h"
+
+#include <algorithm>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "daemon/common/byte_size.h"
+#include "daemon/common/check.h"
+#include "daemon/config/embedded_default_config.h"
+
+// Header-only toml++ with exceptions off: errors come back as values.
+#define TOML_EXCEPTIONS 0
+#define TOML_HEADER_ONLY 1
+#include <toml++/toml.h>
+
+namespace lohan {
+namespace {
+
+constexpr const char* kLogLevels[] = {"trace", "debug", "info",    "warn",
+                                      "error", "critical", "off"};
+// sockaddr_un.sun_path holds 108 bytes including the terminating NUL.
+constexpr size_t kMaxSocketPathLength = 107;
+constexpr uint32_t kMaxOptimizerThreads = 1024;
+
+std::string Where(absl::string_view origin, const toml::node& node) {
+  return absl::StrCat(origin, ":", node.source().begin.line);
+}
+
+absl::Status BadValue(absl::string_view origin, const toml::node& node,
+                      absl::string_view key, absl::string_view expected) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      Where(origin, node), ": key '", key, "' must be ", expected));
+}
+
+using Setter = std::function<absl::Status(
+    const toml::node&, absl::string_view origin, DaemonConfig&)>;
+
+absl::StatusOr<std::string> StringValue(const toml::node& node,
+                                        absl::string_view origin,
+                                        absl::string_view key) {
+  std::optional<std::string> value = node.value_exact<std::string>();
+  if (!value) return BadValue(origin, node, key, "a string");
+  return *value;
+}
+
+Setter StringSetter(std::string DaemonConfig::*field, const char* key) {
+  return [field, key](const toml::node& node, absl::string_view origin,
+                      DaemonConfig& config) -> absl::Status {
+    absl::StatusOr<std::string> value = StringValue(node, origin, key);
+    if (!value.ok()) return value.status();
+    config.*field = *value;
+    return absl::OkStatus();
+  };
+}
+
+// Keys by "section.name", each with the code that stores its value.
+const std::map<std::string, Setter>& KeySetters() {
+  static const auto* setters = new std::map<std::string, Setter>{
+      {"daemon.socket", StringSetter(&DaemonConfig::socket_path,
+                                     "daemon.socket")},
+      {"daemon.state_dir",
+       StringSetter(&DaemonConfig::state_dir, "daemon.state_dir")},
+      {"daemon.log_level",
+       StringSetter(&DaemonConfig::log_level, "daemon.log_level")},
+      {"store.ssd_paths",
+       [](const toml::node& node, absl::string_view origin,
+          DaemonConfig& config) -> absl::Status {
+         const toml::array* array = node.as_array();
+         if (array == nullptr) {
+           return BadValue(origin, node, "store.ssd_paths",
+                           "an array of strings");
+         }
+         std::vector<std::string> paths;
+         for (const toml::node& element : *array) {
+           absl::StatusOr<std::string> path =
+               StringValue(element, origin, "store.ssd_paths");
+           if (!path.ok()) {
+             return BadValue(origin, element, "store.ssd_paths",
+                             "an array of strings");
+           }
+           paths.push_back(*path);
+         }
+         config.ssd_paths = std::move(paths);
+         return absl::OkStatus();
+       }},
+      {"pool.host_pool_size",
+       [](const toml::node& node, absl::string_view origin,
+          DaemonConfig& config) -> absl::Status {
+         std::optional<int64_t> as_int = node.value_exact<int64_t>();
+         if (as_int) {
+           if (*as_int < 0) {
+             return BadValue(origin, node, "pool.host_pool_size",
+                             "a non-negative size");
+           }
+           config.host_pool_bytes = static_cast<uint64_t>(*as_int);
+           return absl::OkStatus();
+         }
+         std::optional<std::string> as_text = node.value_exact<std::string>();
+         if (!as_text) {
+           return BadValue(origin, node, "pool.host_pool_size",
+                           "a size such as \"8GiB\" or a byte count");
+         }
+         absl::StatusOr<uint64_t> bytes = ParseByteSize(*as_text);
+         if (!bytes.ok()) {
+           return absl::InvalidArgumentError(
+               absl::StrCat(Where(origin, node), ": key 'pool.host_pool_size': ",
+                            bytes.status().message()));
+         }
+         config.host_pool_bytes = *bytes;
+         return absl::OkStatus();
+       }},
+      {"optimizer.threads",
+       [](const toml::node& node, absl::string_view origin,
+          DaemonConfig& config) -> absl::Status {
+         std::optional<int64_t> threads = node.value_exact<int64_t>();
+         if (!threads || *threads < 0 || *threads > kMaxOptimizerThreads) {
+           return BadValue(origin, node, "optimizer.threads",
+                           absl::StrCat("an integer from 0 (auto) to ",
+                                        kMaxOptimizerThreads));
+         }
+         config.optimizer_threads = static_cast<uint32_t>(*threads);
+         return absl::OkStatus();
+       }},
+  };
+  return *setters;
+}
+
+}  // namespace
+
+DaemonConfig DefaultConfig() {
+  absl::StatusOr<DaemonConfig> config = ParseConfigToml(
+      kEmbeddedDefaultConfigToml, "<built-in lohand.toml>", DaemonConfig{});
+  // The embedded file is ours and tested; failing here is a build bug.
+  LOHAN_CHECK(config.ok());
+  return *std::move(config);
+}
+
+absl::StatusOr<DaemonConfig> ParseConfigToml(absl::string_view text,
+                                             absl::string_view origin,
+                                             const DaemonConfig& base) {
+  toml::parse_result parsed =
+      toml::parse(std::string_view(text.data(), text.size()),
+                  std::string_view(origin.data(), origin.size()));
+  if (!parsed) {
+    const toml::parse_error& error = parsed.error();
+    return absl::InvalidArgumentError(
+        absl::StrCat(origin, ":", error.source().begin.line, ":",
+                     error.source().begin.column,
+                     ": not valid TOML: ", std::string(error.description())));
+  }
+  DaemonConfig config = base;
+  const toml::table& root = parsed.table();
+  for (const auto& [section_key, section_node] : root) {
+    const std::string section(section_key.str());
+    const toml::table* section_table = section_node.as_table();
+    if (section_table == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          Where(origin, section_node), ": unknown key '", section,
+          "' (keys live in the sections [daemon], [store], [pool], "
+          "[optimizer])"));
+    }
+    for (const auto& [key, node] : *section_table) {
+      const std::string full_key = absl::StrCat(section, ".", std::string(key.str()));
+      auto setter = KeySetters().find(full_key);
+      if (setter == KeySetters().end()) {
+        std::vector<std::string> known;
+        for (const auto& [name, unused] : KeySetters()) known.push_back(name);
+        return absl::InvalidArgumentError(absl::StrCat(
+            Where(origin, node), ": unknown key '", full_key,
+            "' (known keys: ", absl::StrJoin(known, ", "), ")"));
+      }
+      if (absl::Status status = setter->second(node, origin, config);
+          !status.ok()) {
+        return status;
+      }
+    }
+  }
+  return config;
+}
+
+absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot read config file '", path, "'"));
+  }
+  std::stringstream text;
+  text << file.rdbuf();
+  return ParseConfigToml(text.str(), path, DefaultConfig());
+}
+
+absl::Status ApplyOverrides(const ConfigOverrides& overrides,
+                            DaemonConfig& config) {
+  if (overrides.socket_path) config.socket_path = *overrides.socket_path;
+  if (overrides.state_dir) config.state_dir = *overrides.state_dir;
+  if (overrides.log_level) config.log_level = *overrides.log_level;
+  if (overrides.ssd_paths) config.ssd_paths = *overrides.ssd_paths;
+  if (overrides.host_pool_size) {
+    absl::StatusOr<uint64_t> bytes = ParseByteSize(*overrides.host_pool_size);
+    if (!bytes.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "flag --host-pool-size: ", bytes.status().message()));
+    }
+    config.host_pool_bytes = *bytes;
+  }
+  if (overrides.optimizer_threads) {
+    if (*overrides.optimizer_threads < 0 ||
+        *overrides.optimizer_threads > kMaxOptimizerThreads) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("flag --optimizer-threads must be from 0 (auto) to ",
+                       kMaxOptimizerThreads));
+    }
+    config.optimizer_threads =
+        static_cast<uint32_t>(*overrides.optimizer_threads);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateConfig(const DaemonConfig& config) {
+  auto require_absolute = [](absl::string_view key,
+                             const std::string& path) -> absl::Status {
+    if (path.empty() || path[0] != '/') {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "key '", key, "' must be an absolute path, got '", path, "'"));
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status s = require_absolute("daemon.socket", config.socket_path);
+      !s.ok()) {
+    return s;
+  }
+  if (config.socket_path.size() > kMaxSocketPathLength) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "key 'daemon.socket' is ", config.socket_path.size(),
+        " characters long; a unix socket path holds at most ",
+        kMaxSocketPathLength));
+  }
+  if (absl::Status s = require_absolute("daemon.state_dir", config.state_dir);
+      !s.ok()) {
+    return s;
+  }
+  if (std::find(std::begin(kLogLevels), std::end(kLogLevels),
+                config.log_level) == std::end(kLogLevels)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "key 'daemon.log_level' is '", config.log_level,
+        "'; use one of: ", absl::StrJoin(kLogLevels, ", ")));
+  }
+  if (config.ssd_paths.empty()) {
+    return absl::InvalidArgumentError(
+        "key 'store.ssd_paths' is empty; name at least one SSD directory");
+  }
+  std::set<std::string> seen;
+  for (const std::string& path : config.ssd_paths) {
+    if (absl::Status s = require_absolute("store.ssd_paths", path); !s.ok()) {
+      return s;
+    }
+    if (!seen.insert(path).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "key 'store.ssd_paths' names '", path, "' more than once"));
+    }
+  }
+  if (config.optimizer_threads > kMaxOptimizerThreads) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("key 'optimizer.threads' must be at most ",
+                     kMaxOptimizerThreads));
+  }
+  return absl::OkStatus();
+}
+
+uint32_t EffectiveOptimizerThreads(const DaemonConfig& config,
+                                   uint32_t online_cores) {
+  if (config.optimizer_threads != 0) return config.optimizer_threads;
+  return std::max<uint32_t>(1, online_cores / 2);
+}
+
+}  // namespace lohan

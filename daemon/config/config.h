@@ -1,0 +1,66 @@
+#ifndef LOHAN_DAEMON_CONFIG_CONFIG_H_
+#define LOHAN_DAEMON_CONFIG_CONFIG_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace lohan {
+
+// Everything lohand reads from its config file. The defaults are not written
+// here: they are deploy/lohand.toml, embedded (see DefaultConfig()).
+struct DaemonConfig {
+  std::string socket_path;
+  std::string state_dir;
+  std::string log_level;
+  std::vector<std::string> ssd_paths;
+  uint64_t host_pool_bytes = 0;
+  // 0 = half of the online cores, at least 1 (see EffectiveOptimizerThreads).
+  uint32_t optimizer_threads = 0;
+};
+
+// Values given on the command line; each one set replaces the file's value.
+struct ConfigOverrides {
+  std::optional<std::string> socket_path;
+  std::optional<std::string> state_dir;
+  std::optional<std::string> log_level;
+  std::optional<std::vector<std::string>> ssd_paths;
+  std::optional<std::string> host_pool_size;  // unparsed, e.g. "8GiB"
+  std::optional<int64_t> optimizer_threads;
+};
+
+// The built-in defaults: the embedded deploy/lohand.toml.
+DaemonConfig DefaultConfig();
+
+// Parses TOML `text` on top of `base`. `origin` names the text in errors
+// (usually the file path). Unknown keys, wrong types and bad values are
+// INVALID_ARGUMENT naming the key and line.
+absl::StatusOr<DaemonConfig> ParseConfigToml(absl::string_view text,
+                                             absl::string_view origin,
+                                             const DaemonConfig& base);
+
+// Reads and parses the file at `path` on top of DefaultConfig().
+absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path);
+
+// Applies command-line overrides; a bad value is INVALID_ARGUMENT naming the
+// flag.
+absl::Status ApplyOverrides(const ConfigOverrides& overrides,
+                            DaemonConfig& config);
+
+// Checks values on their own (no file system access): absolute paths, the
+// socket path length, log level names, a non-empty SSD list without
+// duplicates, sizes and counts in range.
+absl::Status ValidateConfig(const DaemonConfig& config);
+
+// The number of optimizer threads to start given `online_cores`.
+uint32_t EffectiveOptimizerThreads(const DaemonConfig& config,
+                                   uint32_t online_cores);
+
+}  // namespace lohan
+
+#endif  // LOHAN_DAEMON_CONFIG_CONFIG_H_

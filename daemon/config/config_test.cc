@@ -1,0 +1,177 @@
+#include "daemon/config/config.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace lohan {
+namespace {
+
+using ::testing::HasSubstr;
+
+absl::StatusOr<DaemonConfig> Parse(absl::string_view text) {
+  return ParseConfigToml(text, "test.toml", DefaultConfig());
+}
+
+TEST(DefaultConfig, IsTheDeployedFile) {
+  // deploy/lohand.toml is both the documented defaults and the built-in ones.
+  std::ifstream file("deploy/lohand.toml");
+  ASSERT_TRUE(file) << "deploy/lohand.toml missing from runfiles";
+  std::stringstream text;
+  text << file.rdbuf();
+  absl::StatusOr<DaemonConfig> from_file =
+      ParseConfigToml(text.str(), "deploy/lohand.toml", DaemonConfig{});
+  ASSERT_TRUE(from_file.ok()) << from_file.status();
+  DaemonConfig defaults = DefaultConfig();
+  EXPECT_EQ(from_file->socket_path, defaults.socket_path);
+  EXPECT_EQ(defaults.socket_path, "/run/lohan/lohand.sock");
+  EXPECT_EQ(defaults.state_dir, "/var/lib/lohan");
+  EXPECT_EQ(defaults.log_level, "info");
+  EXPECT_EQ(defaults.ssd_paths,
+            std::vector<std::string>{"/var/lib/lohan/ssd0"});
+  EXPECT_EQ(defaults.host_pool_bytes, 4ull << 30);
+  EXPECT_EQ(defaults.optimizer_threads, 0u);
+  EXPECT_TRUE(ValidateConfig(defaults).ok());
+}
+
+TEST(ParseConfigToml, OverridesOnlyGivenKeys) {
+  absl::StatusOr<DaemonConfig> config = Parse(R"(
+[daemon]
+socket = "/tmp/x.sock"
+[store]
+ssd_paths = ["/a", "/b", "/c"]
+[pool]
+host_pool_size = 1048576
+[optimizer]
+threads = 3
+)");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->socket_path, "/tmp/x.sock");
+  EXPECT_EQ(config->state_dir, "/var/lib/lohan");
+  EXPECT_EQ(config->ssd_paths.size(), 3u);
+  EXPECT_EQ(config->host_pool_bytes, 1048576u);
+  EXPECT_EQ(config->optimizer_threads, 3u);
+}
+
+TEST(ParseConfigToml, SizeWithUnits) {
+  absl::StatusOr<DaemonConfig> config =
+      Parse("[pool]\nhost_pool_size = \"512 MiB\"\n");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->host_pool_bytes, 512ull << 20);
+}
+
+struct BadCase {
+  const char* text;
+  const char* expected_in_message;
+};
+
+class ParseConfigRefuses : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(ParseConfigRefuses, NamingTheKey) {
+  absl::StatusOr<DaemonConfig> config = Parse(GetParam().text);
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(config.status().message()),
+              HasSubstr(GetParam().expected_in_message));
+  EXPECT_THAT(std::string(config.status().message()), HasSubstr("test.toml:"));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, ParseConfigRefuses,
+    ::testing::Values(
+        BadCase{"[daemon]\nsockett = \"/x\"\n", "unknown key 'daemon.sockett'"},
+        BadCase{"[deamon]\nsocket = \"/x\"\n", "unknown key 'deamon.socket'"},
+        BadCase{"top_level = 1\n", "unknown key 'top_level'"},
+        BadCase{"[daemon]\nsocket = 5\n", "'daemon.socket' must be a string"},
+        BadCase{"[store]\nssd_paths = \"/one\"\n",
+                "'store.ssd_paths' must be an array of strings"},
+        BadCase{"[store]\nssd_paths = [\"/a\", 3]\n",
+                "'store.ssd_paths' must be an array of strings"},
+        BadCase{"[pool]\nhost_pool_size = \"lots\"\n",
+                "'pool.host_pool_size': 'lots' is not a byte size"},
+        BadCase{"[pool]\nhost_pool_size = -4\n", "pool.host_pool_size"},
+        BadCase{"[pool]\nhost_pool_size = 1.5\n", "pool.host_pool_size"},
+        BadCase{"[optimizer]\nthreads = -1\n", "'optimizer.threads' must be"},
+        BadCase{"[optimizer]\nthreads = \"4\"\n", "'optimizer.threads'"},
+        BadCase{"[daemon\nsocket = 1\n", "not valid TOML"}));
+
+TEST(ParseConfigToml, ErrorCarriesLineNumber) {
+  absl::StatusOr<DaemonConfig> config =
+      Parse("[daemon]\nlog_level = \"info\"\n\nbogus = 1\n");
+  ASSERT_FALSE(config.ok());
+  EXPECT_THAT(std::string(config.status().message()), HasSubstr("test.toml:4"));
+}
+
+TEST(LoadConfigFile, MissingFileIsNotFound) {
+  absl::StatusOr<DaemonConfig> config =
+      LoadConfigFile("/nonexistent/lohand.toml");
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(config.status().message()),
+              HasSubstr("/nonexistent/lohand.toml"));
+}
+
+TEST(ApplyOverrides, FlagsWinOverFile) {
+  DaemonConfig config = DefaultConfig();
+  ConfigOverrides overrides;
+  overrides.socket_path = "/tmp/s.sock";
+  overrides.ssd_paths = std::vector<std::string>{"/x", "/y"};
+  overrides.host_pool_size = "2GiB";
+  overrides.optimizer_threads = 5;
+  overrides.log_level = "debug";
+  ASSERT_TRUE(ApplyOverrides(overrides, config).ok());
+  EXPECT_EQ(config.socket_path, "/tmp/s.sock");
+  EXPECT_EQ(config.ssd_paths, (std::vector<std::string>{"/x", "/y"}));
+  EXPECT_EQ(config.host_pool_bytes, 2ull << 30);
+  EXPECT_EQ(config.optimizer_threads, 5u);
+  EXPECT_EQ(config.log_level, "debug");
+  EXPECT_EQ(config.state_dir, "/var/lib/lohan");
+}
+
+TEST(ApplyOverrides, BadFlagValuesNameTheFlag) {
+  DaemonConfig config = DefaultConfig();
+  ConfigOverrides bad_size;
+  bad_size.host_pool_size = "12 parsecs";
+  EXPECT_THAT(std::string(ApplyOverrides(bad_size, config).message()),
+              HasSubstr("--host-pool-size"));
+  ConfigOverrides bad_threads;
+  bad_threads.optimizer_threads = -2;
+  EXPECT_THAT(std::string(ApplyOverrides(bad_threads, config).message()),
+              HasSubstr("--optimizer-threads"));
+}
+
+TEST(ValidateConfig, RefusesBadValues) {
+  auto refused = [](auto mutate, const char* expected) {
+    DaemonConfig config = DefaultConfig();
+    mutate(config);
+    absl::Status status = ValidateConfig(config);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << expected;
+    EXPECT_THAT(std::string(status.message()), HasSubstr(expected));
+  };
+  refused([](DaemonConfig& c) { c.socket_path = "relative.sock"; },
+          "'daemon.socket' must be an absolute path");
+  refused([](DaemonConfig& c) { c.socket_path = "/" + std::string(120, 'x'); },
+          "a unix socket path holds at most 107");
+  refused([](DaemonConfig& c) { c.state_dir = ""; },
+          "'daemon.state_dir' must be an absolute path");
+  refused([](DaemonConfig& c) { c.log_level = "loud"; },
+          "'daemon.log_level' is 'loud'");
+  refused([](DaemonConfig& c) { c.ssd_paths.clear(); },
+          "'store.ssd_paths' is empty");
+  refused([](DaemonConfig& c) { c.ssd_paths = {"/a", "/a"}; },
+          "names '/a' more than once");
+  refused([](DaemonConfig& c) { c.ssd_paths = {"ssd"}; },
+          "'store.ssd_paths' must be an absolute path");
+}
+
+TEST(EffectiveOptimizerThreads, AutoIsHalfTheCoresAtLeastOne) {
+  DaemonConfig config = DefaultConfig();
+  EXPECT_EQ(EffectiveOptimizerThreads(config, 16), 8u);
+  EXPECT_EQ(EffectiveOptimizerThreads(config, 1), 1u);
+  config.optimizer_threads = 3;
+  EXPECT_EQ(EffectiveOptimizerThreads(config, 16), 3u);
+}
+
+}  // namespace
+}  // namespace lohan

@@ -1,0 +1,35 @@
+#ifndef LOHAN_DAEMON_CONFIG_HOST_CHECK_H_
+#define LOHAN_DAEMON_CONFIG_HOST_CHECK_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "daemon/config/config.h"
+
+namespace lohan {
+
+// What this machine lets the daemon lock in RAM.
+struct HostMemory {
+  uint64_t available_bytes = 0;      // MemAvailable from /proc/meminfo
+  uint64_t memlock_limit_bytes = 0;  // RLIMIT_MEMLOCK (UINT64_MAX: unlimited)
+  bool has_cap_ipc_lock = false;     // the limit does not apply
+};
+
+HostMemory ReadHostMemory();
+
+// FAILED_PRECONDITION naming 'pool.host_pool_size' when `pool_bytes` cannot be
+// locked: more than the available memory, or over RLIMIT_MEMLOCK without
+// CAP_IPC_LOCK.
+absl::Status CheckPoolFits(uint64_t pool_bytes, const HostMemory& memory);
+
+// FAILED_PRECONDITION naming the path unless it is an existing directory (or
+// block device) in which this process can create files.
+absl::Status CheckSsdPath(const std::string& path);
+
+// Everything the daemon needs from the machine before it starts serving.
+absl::Status CheckHost(const DaemonConfig& config);
+
+}  // namespace lohan
+
+#endif  // LOHAN_DAEMON_CONFIG_HOST_CHECK_H_

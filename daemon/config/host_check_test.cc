@@ -1,0 +1,82 @@
+#include "daemon/config/host_check.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <limits>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace lohan {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(CheckPoolFits, RefusesMoreThanAvailable) {
+  HostMemory memory{.available_bytes = 8ull << 30,
+                    .memlock_limit_bytes = std::numeric_limits<uint64_t>::max(),
+                    .has_cap_ipc_lock = true};
+  EXPECT_TRUE(CheckPoolFits(4ull << 30, memory).ok());
+  absl::Status status = CheckPoolFits(16ull << 30, memory);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("pool.host_pool_size"));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("16.0 GiB"));
+}
+
+TEST(CheckPoolFits, MemlockLimitAppliesOnlyWithoutCapability) {
+  HostMemory memory{.available_bytes = 8ull << 30,
+                    .memlock_limit_bytes = 64ull << 20,
+                    .has_cap_ipc_lock = false};
+  absl::Status status = CheckPoolFits(1ull << 30, memory);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("RLIMIT_MEMLOCK"));
+  memory.has_cap_ipc_lock = true;
+  EXPECT_TRUE(CheckPoolFits(1ull << 30, memory).ok());
+}
+
+TEST(ReadHostMemory, SeesThisMachine) {
+  HostMemory memory = ReadHostMemory();
+  EXPECT_GT(memory.available_bytes, 0u);
+  EXPECT_GT(memory.memlock_limit_bytes, 0u);
+}
+
+class SsdPathTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string templ = ::testing::TempDir() + "/ssdXXXXXX";
+    ASSERT_NE(mkdtemp(templ.data()), nullptr);
+    dir_ = templ;
+  }
+  std::string dir_;
+};
+
+TEST_F(SsdPathTest, AcceptsWritableDirectory) {
+  EXPECT_TRUE(CheckSsdPath(dir_).ok());
+}
+
+TEST_F(SsdPathTest, RefusesMissingPath) {
+  absl::Status status = CheckSsdPath(dir_ + "/absent");
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(status.message()), HasSubstr(dir_ + "/absent"));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("store.ssd_paths"));
+}
+
+TEST_F(SsdPathTest, RefusesRegularFile) {
+  const std::string file = dir_ + "/plain";
+  FILE* f = fopen(file.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  fclose(f);
+  EXPECT_THAT(std::string(CheckSsdPath(file).message()),
+              HasSubstr("neither a directory nor a block device"));
+}
+
+TEST(CheckSsdPath, RefusesUnwritableDirectoryEvenForRoot) {
+  // procfs refuses new files to everyone, root included.
+  absl::Status status = CheckSsdPath("/proc/self");
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("not writable"));
+}
+
+}  // namespace
+}  // namespace lohan

@@ -1,0 +1,300 @@
+#include "daemon/jobs/job_registry.h"
+
+#include <fcntl.h>
+#include <pwd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <ctime>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "daemon/common/byte_size.h"
+#include "daemon/common/errno_status.h"
+#include "daemon/common/unique_fd.h"
+
+namespace lohan {
+namespace {
+
+constexpr size_t kMaxJobNameLength = 64;
+constexpr char kRegistryFile[] = "jobs.binpb";
+
+absl::Status ValidateJobName(const std::string& name) {
+  if (name.empty() || name.size() > kMaxJobNameLength) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job name must be 1 to ", kMaxJobNameLength, " characters, got ",
+        name.size()));
+  }
+  for (char c : name) {
+    const bool allowed = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                         (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+                         c == '-';
+    if (!allowed) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "job name '", absl::CHexEscape(name),
+          "' may hold only letters, digits, '.', '_' and '-'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string UserName(uid_t uid) {
+  passwd entry{};
+  passwd* found = nullptr;
+  char buffer[4096];
+  if (getpwuid_r(uid, &entry, buffer, sizeof(buffer), &found) == 0 &&
+      found != nullptr) {
+    return found->pw_name;
+  }
+  return absl::StrCat("uid ", uid);
+}
+
+absl::Status WriteFileDurably(const std::string& dir, const std::string& name,
+                              const std::string& bytes) {
+  const std::string path = absl::StrCat(dir, "/", name);
+  const std::string temp = absl::StrCat(path, ".tmp");
+  {
+    UniqueFd file(
+        open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+    if (!file) return ErrnoToStatus(errno, absl::StrCat("creating ", temp));
+    size_t written = 0;
+    while (written < bytes.size()) {
+      ssize_t n = write(file.get(), bytes.data() + written,
+                        bytes.size() - written);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return ErrnoToStatus(errno, absl::StrCat("writing ", temp));
+      written += static_cast<size_t>(n);
+    }
+    if (fsync(file.get()) != 0) {
+      return ErrnoToStatus(errno, absl::StrCat("syncing ", temp));
+    }
+  }
+  if (rename(temp.c_str(), path.c_str()) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("renaming ", temp));
+  }
+  UniqueFd directory(open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!directory || fsync(directory.get()) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("syncing directory ", dir));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+JobRegistry::JobRegistry(Options options) : options_(std::move(options)) {}
+
+std::string JobRegistry::RegistryPath() const {
+  return absl::StrCat(options_.state_dir, "/", kRegistryFile);
+}
+
+absl::StatusOr<std::unique_ptr<JobRegistry>> JobRegistry::Open(
+    Options options) {
+  std::unique_ptr<JobRegistry> registry(new JobRegistry(std::move(options)));
+  std::ifstream file(registry->RegistryPath(), std::ios::binary);
+  if (!file) return registry;  // first start
+  std::stringstream bytes;
+  bytes << file.rdbuf();
+  v1::JobRegistryRecord record;
+  if (!record.ParseFromString(bytes.str())) {
+    return absl::DataLossError(absl::StrCat(
+        "job registry ", registry->RegistryPath(),
+        " is corrupt; move it aside to start with no jobs"));
+  }
+  absl::MutexLock lock(&registry->mu_);
+  registry->next_job_number_ = record.next_job_number();
+  for (v1::Job& job : *record.mutable_jobs()) {
+    // Attachments do not survive a daemon restart; clients re-attach.
+    job.set_state(v1::JOB_STATE_DETACHED);
+    job.clear_attached_pid();
+    job.clear_attached_unix_seconds();
+    std::string id = job.id();
+    registry->jobs_.emplace(std::move(id), Entry{.job = std::move(job)});
+  }
+  return registry;
+}
+
+absl::Status JobRegistry::Persist(const std::map<std::string, Entry>& jobs,
+                                  uint64_t next_job_number) {
+  v1::JobRegistryRecord record;
+  record.set_next_job_number(next_job_number);
+  for (const auto& [id, entry] : jobs) {
+    v1::Job* job = record.add_jobs();
+    *job = entry.job;
+    job->clear_state();
+    job->clear_attached_pid();
+    job->clear_attached_unix_seconds();
+  }
+  std::string bytes;
+  if (!record.SerializeToString(&bytes)) {
+    return absl::InternalError("cannot serialize the job registry");
+  }
+  absl::Status status = WriteFileDurably(options_.state_dir, kRegistryFile,
+                                         bytes);
+  if (!status.ok()) {
+    return absl::Status(status.code(),
+                        absl::StrCat("saving the job registry: ",
+                                     status.message()));
+  }
+  return absl::OkStatus();
+}
+
+void JobRegistry::ReapDeadAttachments() {
+  for (auto& [id, entry] : jobs_) {
+    if (entry.job.state() == v1::JOB_STATE_ATTACHED &&
+        !IsRunning(entry.attached_process)) {
+      entry.job.set_state(v1::JOB_STATE_DETACHED);
+      entry.job.clear_attached_pid();
+      entry.job.clear_attached_unix_seconds();
+      entry.attached_process = {};
+    }
+  }
+}
+
+absl::StatusOr<JobRegistry::Entry*> JobRegistry::FindOwned(
+    const Caller& caller, const std::string& job_id) {
+  auto found = jobs_.find(job_id);
+  if (found == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat(
+        "no job '", absl::CHexEscape(job_id),
+        "'; 'lohanctl jobs' lists the jobs you can see"));
+  }
+  if (!caller.is_root() && found->second.job.owner_uid() != caller.uid) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("job ", job_id, " belongs to another user (uid ",
+                     found->second.job.owner_uid(), ")"));
+  }
+  return &found->second;
+}
+
+absl::StatusOr<v1::Job> JobRegistry::Create(const Caller& caller,
+                                            const v1::JobSpec& spec) {
+  if (absl::Status status = ValidateJobName(spec.name()); !status.ok()) {
+    return status;
+  }
+  absl::MutexLock lock(&mu_);
+  uint64_t pool_in_use = 0;
+  for (const auto& [id, entry] : jobs_) {
+    if (entry.job.owner_uid() == caller.uid &&
+        entry.job.spec().name() == spec.name()) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("you already have a job named '", spec.name(),
+                       "' (", id, "); attach to it or delete it first"));
+    }
+    pool_in_use += entry.job.spec().host_pool_bytes();
+  }
+  const uint64_t pool_left =
+      options_.host_pool_capacity_bytes > pool_in_use
+          ? options_.host_pool_capacity_bytes - pool_in_use
+          : 0;
+  if (spec.host_pool_bytes() > pool_left) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "job '", spec.name(), "' asks for ",
+        FormatByteSize(spec.host_pool_bytes()), " of host pool but only ",
+        FormatByteSize(pool_left), " of ",
+        FormatByteSize(options_.host_pool_capacity_bytes), " is free"));
+  }
+  v1::Job job;
+  job.set_id(absl::StrFormat("j-%06d", next_job_number_));
+  *job.mutable_spec() = spec;
+  job.set_owner_uid(caller.uid);
+  job.set_owner_name(UserName(caller.uid));
+  job.set_state(v1::JOB_STATE_DETACHED);
+  job.set_created_unix_seconds(time(nullptr));
+
+  std::map<std::string, Entry> next = jobs_;
+  next.emplace(job.id(), Entry{.job = job});
+  if (absl::Status status = Persist(next, next_job_number_ + 1);
+      !status.ok()) {
+    return status;
+  }
+  jobs_ = std::move(next);
+  ++next_job_number_;
+  return job;
+}
+
+absl::StatusOr<v1::Job> JobRegistry::Attach(const Caller& caller,
+                                            const std::string& job_id) {
+  absl::StatusOr<ProcessIdentity> process = IdentifyProcess(caller.pid);
+  if (!process.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("calling process ", caller.pid, " is gone"));
+  }
+  absl::MutexLock lock(&mu_);
+  ReapDeadAttachments();
+  absl::StatusOr<Entry*> entry = FindOwned(caller, job_id);
+  if (!entry.ok()) return entry.status();
+  v1::Job& job = (*entry)->job;
+  if (job.state() == v1::JOB_STATE_ATTACHED) {
+    if ((*entry)->attached_process == *process) return job;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job_id, " is attached by process ", job.attached_pid(),
+        "; detach it there (or 'lohanctl' as its owner) first"));
+  }
+  job.set_state(v1::JOB_STATE_ATTACHED);
+  job.set_attached_pid(caller.pid);
+  job.set_attached_unix_seconds(time(nullptr));
+  (*entry)->attached_process = *process;
+  return job;
+}
+
+absl::StatusOr<v1::Job> JobRegistry::Detach(const Caller& caller,
+                                            const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  ReapDeadAttachments();
+  absl::StatusOr<Entry*> entry = FindOwned(caller, job_id);
+  if (!entry.ok()) return entry.status();
+  v1::Job& job = (*entry)->job;
+  job.set_state(v1::JOB_STATE_DETACHED);
+  job.clear_attached_pid();
+  job.clear_attached_unix_seconds();
+  (*entry)->attached_process = {};
+  return job;
+}
+
+absl::Status JobRegistry::Delete(const Caller& caller,
+                                 const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  ReapDeadAttachments();
+  absl::StatusOr<Entry*> entry = FindOwned(caller, job_id);
+  if (!entry.ok()) return entry.status();
+  if ((*entry)->job.state() == v1::JOB_STATE_ATTACHED) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id, " is attached by process ",
+                     (*entry)->job.attached_pid(), "; detach it first"));
+  }
+  std::map<std::string, Entry> next = jobs_;
+  next.erase(job_id);
+  if (absl::Status status = Persist(next, next_job_number_); !status.ok()) {
+    return status;
+  }
+  jobs_ = std::move(next);
+  return absl::OkStatus();
+}
+
+std::vector<v1::Job> JobRegistry::List(const Caller& caller) {
+  absl::MutexLock lock(&mu_);
+  ReapDeadAttachments();
+  std::vector<v1::Job> visible;
+  for (const auto& [id, entry] : jobs_) {
+    if (caller.is_root() || entry.job.owner_uid() == caller.uid) {
+      visible.push_back(entry.job);
+    }
+  }
+  return visible;
+}
+
+JobRegistry::Counts JobRegistry::CountAll() {
+  absl::MutexLock lock(&mu_);
+  ReapDeadAttachments();
+  Counts counts;
+  for (const auto& [id, entry] : jobs_) {
+    ++counts.total;
+    if (entry.job.state() == v1::JOB_STATE_ATTACHED) ++counts.attached;
+  }
+  return counts;
+}
+
+}  // namespace lohan

@@ -1,0 +1,105 @@
+#ifndef LOHAN_DAEMON_JOBS_JOB_REGISTRY_H_
+#define LOHAN_DAEMON_JOBS_JOB_REGISTRY_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/common/process_identity.h"
+#include "proto/lohan.pb.h"
+
+namespace lohan {
+
+// Who is calling, as the kernel vouches for it (the socket's peer credentials).
+struct Caller {
+  uid_t uid = 0;
+  pid_t pid = 0;
+
+  bool is_root() const { return uid == 0; }
+};
+
+// The daemon's jobs. Every call takes the caller and enforces ownership: a job
+// belongs to the uid that created it; any other non-root uid gets
+// PERMISSION_DENIED; root may act on every job.
+// Thread-safe.
+class JobRegistry {
+ public:
+  struct Options {
+    // Directory for jobs.binpb; must exist.
+    std::string state_dir;
+    // Sum of host_pool_bytes over all jobs may not exceed this.
+    uint64_t host_pool_capacity_bytes = 0;
+  };
+
+  // Loads the registry from options.state_dir (empty if there is none yet).
+  // DATA_LOSS when the file exists but cannot be parsed.
+  static absl::StatusOr<std::unique_ptr<JobRegistry>> Open(Options options);
+
+  JobRegistry(const JobRegistry&) = delete;
+  JobRegistry& operator=(const JobRegistry&) = delete;
+
+  // INVALID_ARGUMENT for a bad name; ALREADY_EXISTS when the caller has a job
+  // of that name; RESOURCE_EXHAUSTED when the pool request does not fit.
+  // Durable before it returns.
+  absl::StatusOr<v1::Job> Create(const Caller& caller, const v1::JobSpec& spec);
+
+  // Binds the job to the calling process. Idempotent for the same process;
+  // FAILED_PRECONDITION while another live process holds it.
+  absl::StatusOr<v1::Job> Attach(const Caller& caller,
+                                 const std::string& job_id);
+
+  // Unbinds the job; the owner (or root) may detach any process's attachment.
+  absl::StatusOr<v1::Job> Detach(const Caller& caller,
+                                 const std::string& job_id);
+
+  // FAILED_PRECONDITION while attached. Durable before it returns.
+  absl::Status Delete(const Caller& caller, const std::string& job_id);
+
+  // The jobs the caller may see (all for root), ordered by id.
+  std::vector<v1::Job> List(const Caller& caller);
+
+  struct Counts {
+    uint32_t total = 0;
+    uint32_t attached = 0;
+  };
+  Counts CountAll();
+
+ private:
+  struct Entry {
+    v1::Job job;
+    ProcessIdentity attached_process;  // valid when job.state() == ATTACHED
+  };
+
+  explicit JobRegistry(Options options);
+
+  // Detaches jobs whose attached process is gone.
+  void ReapDeadAttachments() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // NOT_FOUND or PERMISSION_DENIED, else the entry.
+  absl::StatusOr<Entry*> FindOwned(const Caller& caller,
+                                   const std::string& job_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes `jobs` and `next_job_number` atomically to jobs.binpb.
+  absl::Status Persist(const std::map<std::string, Entry>& jobs,
+                       uint64_t next_job_number)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string RegistryPath() const;
+
+  // Constant after construction.
+  const Options options_;
+
+  absl::Mutex mu_;
+  std::map<std::string, Entry> jobs_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_job_number_ ABSL_GUARDED_BY(mu_) = 1;
+};
+
+}  // namespace lohan
+
+#endif  // LOHAN_DAEMON_JOBS_JOB_REGISTRY_H_

@@ -1,0 +1,171 @@
+#include "daemon/jobs/job_registry.h"
+
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace lohan {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr uid_t kAlice = 1001;
+constexpr uid_t kBob = 1002;
+
+class JobRegistryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string templ = ::testing::TempDir() + "/jobsXXXXXX";
+    ASSERT_NE(mkdtemp(templ.data()), nullptr);
+    state_dir_ = templ;
+    registry_ = OpenRegistry();
+  }
+
+  std::unique_ptr<JobRegistry> OpenRegistry() {
+    auto registry = JobRegistry::Open(
+        {.state_dir = state_dir_, .host_pool_capacity_bytes = 1000});
+    EXPECT_TRUE(registry.ok()) << registry.status();
+    return registry.ok() ? *std::move(registry) : nullptr;
+  }
+
+  static v1::JobSpec Spec(const std::string& name, uint64_t pool = 0) {
+    v1::JobSpec spec;
+    spec.set_name(name);
+    spec.set_host_pool_bytes(pool);
+    return spec;
+  }
+
+  Caller alice_{.uid = kAlice, .pid = getpid()};
+  Caller bob_{.uid = kBob, .pid = getpid()};
+  Caller root_{.uid = 0, .pid = getpid()};
+  std::string state_dir_;
+  std::unique_ptr<JobRegistry> registry_;
+};
+
+TEST_F(JobRegistryTest, OwnerAndRootMayActOthersMayNot) {
+  absl::StatusOr<v1::Job> job = registry_->Create(alice_, Spec("llama"));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->owner_uid(), kAlice);
+  EXPECT_EQ(job->id(), "j-000001");
+  EXPECT_EQ(job->state(), v1::JOB_STATE_DETACHED);
+
+  EXPECT_EQ(registry_->Attach(bob_, job->id()).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(registry_->Detach(bob_, job->id()).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(registry_->Delete(bob_, job->id()).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(registry_->List(bob_).empty());
+  EXPECT_EQ(registry_->List(alice_).size(), 1u);
+  EXPECT_EQ(registry_->List(root_).size(), 1u);
+
+  absl::StatusOr<v1::Job> attached = registry_->Attach(alice_, job->id());
+  ASSERT_TRUE(attached.ok()) << attached.status();
+  EXPECT_EQ(attached->state(), v1::JOB_STATE_ATTACHED);
+  EXPECT_EQ(attached->attached_pid(), getpid());
+  // Same process again: idempotent.
+  EXPECT_TRUE(registry_->Attach(alice_, job->id()).ok());
+  EXPECT_EQ(registry_->Delete(alice_, job->id()).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(registry_->Detach(root_, job->id()).ok());
+  EXPECT_TRUE(registry_->Delete(root_, job->id()).ok());
+  EXPECT_TRUE(registry_->List(root_).empty());
+}
+
+TEST_F(JobRegistryTest, NamesAreCheckedAndUniquePerOwner) {
+  ASSERT_TRUE(registry_->Create(alice_, Spec("run-1")).ok());
+  EXPECT_EQ(registry_->Create(alice_, Spec("run-1")).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_TRUE(registry_->Create(bob_, Spec("run-1")).ok());
+  for (const std::string bad :
+       {std::string(""), std::string(65, 'a'), std::string("a b"),
+        std::string("../x"), std::string("x\n"), std::string("\xff")}) {
+    absl::StatusOr<v1::Job> job = registry_->Create(alice_, Spec(bad));
+    EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+}
+
+TEST_F(JobRegistryTest, UnknownJobIsNotFound) {
+  absl::Status status = registry_->Detach(alice_, "j-999999").status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("lohanctl jobs"));
+}
+
+TEST_F(JobRegistryTest, PoolAdmission) {
+  ASSERT_TRUE(registry_->Create(alice_, Spec("a", 600)).ok());
+  absl::Status status = registry_->Create(bob_, Spec("b", 500)).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("400 B"));
+  EXPECT_TRUE(registry_->Create(bob_, Spec("b", 400)).ok());
+}
+
+TEST_F(JobRegistryTest, JobsSurviveReopenDetached) {
+  absl::StatusOr<v1::Job> job = registry_->Create(alice_, Spec("keep"));
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(registry_->Attach(alice_, job->id()).ok());
+  ASSERT_TRUE(registry_->Create(alice_, Spec("gone")).ok());
+  ASSERT_TRUE(registry_->Delete(alice_, "j-000002").ok());
+  registry_.reset();
+
+  std::unique_ptr<JobRegistry> reopened = OpenRegistry();
+  std::vector<v1::Job> jobs = reopened->List(root_);
+  ASSERT_EQ(jobs.size(), 1u);
+  EXPECT_EQ(jobs[0].spec().name(), "keep");
+  EXPECT_EQ(jobs[0].owner_uid(), kAlice);
+  EXPECT_EQ(jobs[0].state(), v1::JOB_STATE_DETACHED);
+  // Ids are never reused.
+  absl::StatusOr<v1::Job> next = reopened->Create(alice_, Spec("new"));
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(next->id(), "j-000003");
+}
+
+TEST_F(JobRegistryTest, CorruptFileIsDataLoss) {
+  std::ofstream(state_dir_ + "/jobs.binpb") << "\xff\xff\xff garbage";
+  auto registry = JobRegistry::Open({.state_dir = state_dir_});
+  EXPECT_EQ(registry.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(registry.status().message()),
+              HasSubstr("jobs.binpb"));
+}
+
+TEST_F(JobRegistryTest, FailedSaveChangesNothing) {
+  ASSERT_TRUE(registry_->Create(alice_, Spec("before")).ok());
+  // A directory where the temp file must go makes the save fail.
+  ASSERT_EQ(mkdir((state_dir_ + "/jobs.binpb.tmp").c_str(), 0700), 0);
+  absl::StatusOr<v1::Job> job = registry_->Create(alice_, Spec("after"));
+  EXPECT_FALSE(job.ok());
+  EXPECT_THAT(std::string(job.status().message()),
+              HasSubstr("saving the job registry"));
+  EXPECT_EQ(registry_->List(alice_).size(), 1u);
+  EXPECT_FALSE(registry_->Delete(alice_, "j-000001").ok());
+  EXPECT_EQ(registry_->List(alice_).size(), 1u);
+}
+
+TEST_F(JobRegistryTest, DeadProcessLosesItsAttachment) {
+  absl::StatusOr<v1::Job> job = registry_->Create(alice_, Spec("crashy"));
+  ASSERT_TRUE(job.ok());
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    pause();
+    _exit(0);
+  }
+  Caller child_caller{.uid = kAlice, .pid = child};
+  ASSERT_TRUE(registry_->Attach(child_caller, job->id()).ok());
+  EXPECT_EQ(registry_->Attach(alice_, job->id()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(registry_->CountAll().attached, 1u);
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  EXPECT_EQ(registry_->CountAll().attached, 0u);
+  EXPECT_TRUE(registry_->Attach(alice_, job->id()).ok());
+}
+
+}  // namespace
+}  // namespace lohan

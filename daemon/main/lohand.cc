@@ -1,0 +1,213 @@
+// lohand: the lohan daemon. Reads its config (built-in defaults, then the
+// config file, then flags), checks the machine, serves the control plane on a
+// unix socket until SIGTERM or SIGINT, then shuts down cleanly.
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "daemon/common/byte_size.h"
+#include "daemon/common/errno_status.h"
+#include "daemon/common/version.h"
+#include "daemon/config/config.h"
+#include "daemon/config/host_check.h"
+#include "daemon/jobs/job_registry.h"
+#include "daemon/rpc/control_server.h"
+#include "daemon/rpc/unix_listener.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
+#include "spdlog/spdlog.h"
+
+namespace lohan {
+namespace {
+
+constexpr char kSystemConfigPath[] = "/etc/lohan/lohand.toml";
+
+struct CommandLine {
+  std::optional<std::string> config_path;
+  ConfigOverrides overrides;
+  bool check_only = false;
+};
+
+absl::Status MakeDirectories(const std::string& path, mode_t mode) {
+  struct stat info {};
+  if (stat(path.c_str(), &info) == 0) {
+    if (!S_ISDIR(info.st_mode)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("'", path, "' is not a directory"));
+    }
+    return absl::OkStatus();
+  }
+  const size_t slash = path.rfind('/');
+  if (slash != std::string::npos && slash > 0) {
+    if (absl::Status status = MakeDirectories(path.substr(0, slash), 0755);
+        !status.ok()) {
+      return status;
+    }
+  }
+  if (mkdir(path.c_str(), mode) != 0 && errno != EEXIST) {
+    return ErrnoToStatus(errno, absl::StrCat("creating ", path));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DaemonConfig> ResolveConfig(const CommandLine& command_line) {
+  DaemonConfig config = DefaultConfig();
+  std::string origin = "built-in defaults";
+  if (command_line.config_path) {
+    absl::StatusOr<DaemonConfig> loaded =
+        LoadConfigFile(*command_line.config_path);
+    if (!loaded.ok()) return loaded.status();
+    config = *std::move(loaded);
+    origin = *command_line.config_path;
+  } else if (access(kSystemConfigPath, F_OK) == 0) {
+    absl::StatusOr<DaemonConfig> loaded = LoadConfigFile(kSystemConfigPath);
+    if (!loaded.ok()) return loaded.status();
+    config = *std::move(loaded);
+    origin = kSystemConfigPath;
+  }
+  if (absl::Status status = ApplyOverrides(command_line.overrides, config);
+      !status.ok()) {
+    return status;
+  }
+  if (absl::Status status = ValidateConfig(config); !status.ok()) {
+    return absl::Status(status.code(),
+                        absl::StrCat(origin, ": ", status.message()));
+  }
+  return config;
+}
+
+void LogConfig(const DaemonConfig& config) {
+  spdlog::info("socket {}, state dir {}, SSD paths [{}], host pool {}, "
+               "optimizer threads {}",
+               config.socket_path, config.state_dir,
+               absl::StrJoin(config.ssd_paths, ", "),
+               FormatByteSize(config.host_pool_bytes),
+               EffectiveOptimizerThreads(
+                   config,
+                   static_cast<uint32_t>(sysconf(_SC_NPROCESSORS_ONLN))));
+}
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "lohand: %s\n", std::string(status.message()).c_str());
+  return 1;
+}
+
+int Run(const CommandLine& command_line) {
+  absl::StatusOr<DaemonConfig> config = ResolveConfig(command_line);
+  if (!config.ok()) return Fail(config.status());
+
+  auto logger = spdlog::stderr_color_mt("lohand");
+  logger->set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ %v");
+  logger->set_level(spdlog::level::from_str(config->log_level));
+  spdlog::set_default_logger(logger);
+
+  if (absl::Status status = CheckHost(*config); !status.ok()) {
+    return Fail(status);
+  }
+  if (command_line.check_only) {
+    LogConfig(*config);
+    std::printf("lohand: configuration OK\n");
+    return 0;
+  }
+  if (absl::Status status = MakeDirectories(config->state_dir, 0700);
+      !status.ok()) {
+    return Fail(absl::FailedPreconditionError(absl::StrCat(
+        "key 'daemon.state_dir': ", status.message())));
+  }
+
+  // Signals go to sigwait below, never to a handler on some other thread.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  absl::StatusOr<std::unique_ptr<UnixListener>> listener =
+      UnixListener::Bind(config->socket_path);
+  if (!listener.ok()) return Fail(listener.status());
+
+  absl::StatusOr<std::unique_ptr<JobRegistry>> jobs =
+      JobRegistry::Open({.state_dir = config->state_dir,
+                         .host_pool_capacity_bytes = config->host_pool_bytes});
+  if (!jobs.ok()) return Fail(jobs.status());
+
+  absl::StatusOr<std::unique_ptr<ControlServer>> server =
+      ControlServer::Start(&*config, jobs->get(), *std::move(listener));
+  if (!server.ok()) return Fail(server.status());
+
+  spdlog::info("lohand {} (protocol {}.{}) serving on {}, pid {}",
+               kLohanVersion, kProtocolMajor, kProtocolMinor,
+               config->socket_path, getpid());
+  LogConfig(*config);
+
+  int received = 0;
+  while (sigwait(&stop_signals, &received) != 0) {
+  }
+  spdlog::info("{} received, shutting down", strsignal(received));
+  (*server)->Shutdown();
+  server->reset();
+  spdlog::info("lohand stopped");
+  return 0;
+}
+
+}  // namespace
+}  // namespace lohan
+
+int main(int argc, char** argv) {
+  lohan::CommandLine command_line;
+  CLI::App app{
+      "lohand: the lohan daemon. Owns the SSD array, the pinned host pool and "
+      "the CPU optimizer workers, and serves training jobs over a unix "
+      "socket.\n"
+      "Config: built-in defaults (deploy/lohand.toml), then the config file "
+      "(--config, else /etc/lohan/lohand.toml if present), then flags.",
+      "lohand"};
+  app.set_version_flag("--version", lohan::kLohanVersion);
+  std::string config_path;
+  app.add_option("-c,--config", config_path, "TOML config file");
+  std::string socket, state_dir, log_level, pool_size;
+  std::vector<std::string> ssd_paths;
+  int64_t threads = -1;
+  app.add_option("--socket", socket, "unix socket path [daemon.socket]");
+  app.add_option("--state-dir", state_dir,
+                 "durable state directory [daemon.state_dir]");
+  app.add_option("--ssd-path", ssd_paths,
+                 "SSD directory; repeat for several [store.ssd_paths]");
+  app.add_option("--host-pool-size", pool_size,
+                 "pinned host pool, e.g. 8GiB [pool.host_pool_size]");
+  app.add_option("--optimizer-threads", threads,
+                 "optimizer threads, 0 = auto [optimizer.threads]");
+  app.add_option("--log-level", log_level,
+                 "trace|debug|info|warn|error|critical|off "
+                 "[daemon.log_level]");
+  app.add_flag("--check-config", command_line.check_only,
+               "check the config and this machine, then exit");
+  // A flag given twice: the last one wins, as in most daemons' command lines.
+  for (CLI::Option* option : app.get_options()) {
+    if (option->get_name() != "--ssd-path") {
+      option->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    }
+  }
+  CLI11_PARSE(app, argc, argv);
+
+  if (!config_path.empty()) command_line.config_path = config_path;
+  auto& overrides = command_line.overrides;
+  if (app.count("--socket")) overrides.socket_path = socket;
+  if (app.count("--state-dir")) overrides.state_dir = state_dir;
+  if (app.count("--ssd-path")) overrides.ssd_paths = ssd_paths;
+  if (app.count("--host-pool-size")) overrides.host_pool_size = pool_size;
+  if (app.count("--optimizer-threads")) overrides.optimizer_threads = threads;
+  if (app.count("--log-level")) overrides.log_level = log_level;
+  return lohan::Run(command_line);
+}

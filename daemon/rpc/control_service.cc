@@ -1,0 +1,154 @@
+#include "daemon/rpc/control_service.h"
+
+#include <ctime>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/common/version.h"
+#include "spdlog/spdlog.h"
+
+namespace lohan {
+namespace {
+
+grpc::Status ToGrpc(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      std::string(status.message()));
+}
+
+void SetProtocol(v1::ProtocolVersion* version) {
+  version->set_major(kProtocolMajor);
+  version->set_minor(kProtocolMinor);
+}
+
+}  // namespace
+
+ControlService::ControlService(const DaemonConfig* config,
+                               const PeerTable* peers, JobRegistry* jobs)
+    : config_(config),
+      peers_(peers),
+      jobs_(jobs),
+      started_(std::chrono::steady_clock::now()),
+      started_unix_seconds_(time(nullptr)) {}
+
+// Every handler starts here: no credentials, no service.
+#define LOHAN_IDENTIFY_CALLER(context, caller)                          \
+  absl::StatusOr<Caller> caller##_or = peers_->Lookup((context)->peer()); \
+  if (!caller##_or.ok()) return ToGrpc(caller##_or.status());           \
+  const Caller& caller = *caller##_or
+
+grpc::Status ControlService::Hello(grpc::ServerContext* context,
+                                   const v1::HelloRequest* request,
+                                   v1::HelloResponse* response) {
+  LOHAN_IDENTIFY_CALLER(context, caller);
+  const uint32_t client_major = request->client_protocol().major();
+  if (client_major != kProtocolMajor) {
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        absl::StrCat("client '", request->client_name(), "' speaks protocol ",
+                     client_major, ".x but lohand ", kLohanVersion,
+                     " speaks ", kProtocolMajor,
+                     ".x; install matching versions"));
+  }
+  spdlog::debug("hello from '{}' (uid {}, pid {})", request->client_name(),
+                caller.uid, caller.pid);
+  SetProtocol(response->mutable_daemon_protocol());
+  response->set_daemon_version(kLohanVersion);
+  response->add_capabilities("jobs");
+  response->add_capabilities("peer-credentials");
+  response->set_caller_uid(caller.uid);
+  response->set_caller_pid(caller.pid);
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlService::CreateJob(grpc::ServerContext* context,
+                                       const v1::CreateJobRequest* request,
+                                       v1::CreateJobResponse* response) {
+  LOHAN_IDENTIFY_CALLER(context, caller);
+  absl::StatusOr<v1::Job> job = jobs_->Create(caller, request->spec());
+  if (!job.ok()) return ToGrpc(job.status());
+  spdlog::info("job {} '{}' created by uid {} (pid {})", job->id(),
+               job->spec().name(), caller.uid, caller.pid);
+  *response->mutable_job() = *std::move(job);
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlService::AttachJob(grpc::ServerContext* context,
+                                       const v1::AttachJobRequest* request,
+                                       v1::AttachJobResponse* response) {
+  LOHAN_IDENTIFY_CALLER(context, caller);
+  absl::StatusOr<v1::Job> job = jobs_->Attach(caller, request->job_id());
+  if (!job.ok()) return ToGrpc(job.status());
+  spdlog::info("job {} attached by pid {} (uid {})", job->id(), caller.pid,
+               caller.uid);
+  *response->mutable_job() = *std::move(job);
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlService::DetachJob(grpc::ServerContext* context,
+                                       const v1::DetachJobRequest* request,
+                                       v1::DetachJobResponse* response) {
+  LOHAN_IDENTIFY_CALLER(context, caller);
+  absl::StatusOr<v1::Job> job = jobs_->Detach(caller, request->job_id());
+  if (!job.ok()) return ToGrpc(job.status());
+  spdlog::info("job {} detached by pid {} (uid {})", job->id(), caller.pid,
+               caller.uid);
+  *response->mutable_job() = *std::move(job);
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlService::DeleteJob(grpc::ServerContext* context,
+                                       const v1::DeleteJobRequest* request,
+                                       v1::DeleteJobResponse* response) {
+  LOHAN_IDENTIFY_CALLER(context, caller);
+  absl::Status status = jobs_->Delete(caller, request->job_id());
+  if (status.ok()) {
+    spdlog::info("job {} deleted by uid {} (pid {})", request->job_id(),
+                 caller.uid, caller.pid);
+  }
+  return ToGrpc(status);
+}
+
+grpc::Status ControlService::ListJobs(grpc::ServerContext* context,
+                                      const v1::ListJobsRequest* request,
+                                      v1::ListJobsResponse* response) {
+  LOHAN_IDENTIFY_CALLER(context, caller);
+  for (v1::Job& job : jobs_->List(caller)) {
+    *response->add_jobs() = std::move(job);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlService::GetStatus(grpc::ServerContext* context,
+                                       const v1::GetStatusRequest* request,
+                                       v1::GetStatusResponse* response) {
+  LOHAN_IDENTIFY_CALLER(context, caller);
+  response->set_daemon_version(kLohanVersion);
+  SetProtocol(response->mutable_daemon_protocol());
+  response->set_daemon_pid(getpid());
+  response->set_started_unix_seconds(started_unix_seconds_);
+  response->set_uptime_seconds(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                    started_)
+          .count());
+  v1::ConfigSummary* summary = response->mutable_config();
+  summary->set_socket_path(config_->socket_path);
+  summary->set_state_dir(config_->state_dir);
+  for (const std::string& path : config_->ssd_paths) {
+    summary->add_ssd_paths(path);
+  }
+  summary->set_host_pool_bytes(config_->host_pool_bytes);
+  summary->set_optimizer_threads(EffectiveOptimizerThreads(
+      *config_, static_cast<uint32_t>(sysconf(_SC_NPROCESSORS_ONLN))));
+  summary->set_log_level(config_->log_level);
+  for (v1::Job& job : jobs_->List(caller)) {
+    *response->add_jobs() = std::move(job);
+  }
+  const JobRegistry::Counts counts = jobs_->CountAll();
+  response->set_total_jobs(counts.total);
+  response->set_attached_jobs(counts.attached);
+  return grpc::Status::OK;
+}
+
+#undef LOHAN_IDENTIFY_CALLER
+
+}  // namespace lohan

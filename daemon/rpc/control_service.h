@@ -1,0 +1,56 @@
+#ifndef LOHAN_DAEMON_RPC_CONTROL_SERVICE_H_
+#define LOHAN_DAEMON_RPC_CONTROL_SERVICE_H_
+
+#include <unistd.h>
+
+#include <chrono>
+
+#include "daemon/config/config.h"
+#include "daemon/jobs/job_registry.h"
+#include "daemon/rpc/peer_table.h"
+#include "proto/lohan.grpc.pb.h"
+
+namespace lohan {
+
+// The lohan.v1.Lohan gRPC service: identifies the caller, translates requests
+// into JobRegistry calls and maps absl::Status codes one to one onto gRPC's.
+// Holds no logic of its own.
+class ControlService final : public v1::Lohan::Service {
+ public:
+  // REQUIRES: all pointers outlive the service.
+  ControlService(const DaemonConfig* config, const PeerTable* peers,
+                 JobRegistry* jobs);
+
+  grpc::Status Hello(grpc::ServerContext* context,
+                     const v1::HelloRequest* request,
+                     v1::HelloResponse* response) override;
+  grpc::Status CreateJob(grpc::ServerContext* context,
+                         const v1::CreateJobRequest* request,
+                         v1::CreateJobResponse* response) override;
+  grpc::Status AttachJob(grpc::ServerContext* context,
+                         const v1::AttachJobRequest* request,
+                         v1::AttachJobResponse* response) override;
+  grpc::Status DetachJob(grpc::ServerContext* context,
+                         const v1::DetachJobRequest* request,
+                         v1::DetachJobResponse* response) override;
+  grpc::Status DeleteJob(grpc::ServerContext* context,
+                         const v1::DeleteJobRequest* request,
+                         v1::DeleteJobResponse* response) override;
+  grpc::Status ListJobs(grpc::ServerContext* context,
+                        const v1::ListJobsRequest* request,
+                        v1::ListJobsResponse* response) override;
+  grpc::Status GetStatus(grpc::ServerContext* context,
+                         const v1::GetStatusRequest* request,
+                         v1::GetStatusResponse* response) override;
+
+ private:
+  const DaemonConfig* const config_;
+  const PeerTable* const peers_;
+  JobRegistry* const jobs_;
+  const std::chrono::steady_clock::time_point started_;
+  const int64_t started_unix_seconds_;
+};
+
+}  // namespace lohan
+
+#endif  // LOHAN_DAEMON_RPC_CONTROL_SERVICE_H_

@@ -1,0 +1,145 @@
+/* A tiny C program on liblohan_client's C ABI, used by the tests (and a
+ * usage example). Each command prints one line per step; on failure it prints
+ * "<step>: <STATUS_NAME>: <message>" and exits with the status code.
+ *
+ *   lohan_c_client SOCKET roundtrip NAME   hello, create, attach, list, detach,
+ *                                          status JSON, delete
+ *   lohan_c_client SOCKET create NAME      create; prints the job id
+ *   lohan_c_client SOCKET attach JOB_ID    attach, then detach
+ *   lohan_c_client SOCKET hold JOB_ID      attach, print "holding", wait
+ *                                          until killed (a dying client)
+ *   lohan_c_client SOCKET delete JOB_ID
+ *   lohan_c_client SOCKET list             one line per visible job
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "lohan/lohan_client.h"
+
+static int failed(const char* step, int status) {
+  printf("%s: %s: %s\n", step, lohan_status_name(status), lohan_last_error());
+  return status;
+}
+
+static int roundtrip(lohan_client* client, const char* name) {
+  uint32_t major = 0, minor = 0;
+  lohan_client_protocol(client, &major, &minor);
+  printf("hello: daemon %s protocol %u.%u uid %u jobs-capability %d\n",
+         lohan_client_daemon_version(client), major, minor,
+         lohan_client_caller_uid(client),
+         lohan_client_has_capability(client, "jobs"));
+
+  lohan_job_info* job = NULL;
+  int status = lohan_job_create(client, name, 1 << 20, 0, &job);
+  if (status != LOHAN_OK) return failed("create", status);
+  char id[64];
+  snprintf(id, sizeof(id), "%s", lohan_job_info_id(job));
+  printf("create: %s name %s owner %u state %d\n", id,
+         lohan_job_info_name(job), lohan_job_info_owner_uid(job),
+         lohan_job_info_state(job));
+  lohan_job_info_destroy(job);
+
+  status = lohan_job_attach(client, id, &job);
+  if (status != LOHAN_OK) return failed("attach", status);
+  printf("attach: state %d pid %d\n", lohan_job_info_state(job),
+         (int)lohan_job_info_attached_pid(job));
+  lohan_job_info_destroy(job);
+
+  lohan_job_list* list = NULL;
+  status = lohan_jobs_list(client, &list);
+  if (status != LOHAN_OK) return failed("list", status);
+  printf("list: %zu jobs\n", lohan_job_list_size(list));
+  if (lohan_job_list_get(list, lohan_job_list_size(list)) != NULL) {
+    printf("list: out-of-range get returned a job\n");
+    return LOHAN_INTERNAL;
+  }
+  lohan_job_list_destroy(list);
+
+  status = lohan_job_delete(client, id);
+  printf("delete-while-attached: %s\n", lohan_status_name(status));
+  if (status != LOHAN_FAILED_PRECONDITION) return LOHAN_INTERNAL;
+
+  status = lohan_job_detach(client, id, NULL);
+  if (status != LOHAN_OK) return failed("detach", status);
+  printf("detach: ok\n");
+
+  char* json = NULL;
+  status = lohan_client_status_json(client, &json);
+  if (status != LOHAN_OK) return failed("status", status);
+  printf("status: %s\n", strstr(json, "\"daemon_version\"") ? "json ok"
+                                                           : "json bad");
+  lohan_string_free(json);
+
+  status = lohan_job_delete(client, id);
+  if (status != LOHAN_OK) return failed("delete", status);
+  printf("delete: ok\n");
+
+  /* Bad input gets a status, never a crash. */
+  status = lohan_job_create(client, NULL, 0, 0, &job);
+  printf("null-name: %s\n", lohan_status_name(status));
+  if (status != LOHAN_INVALID_ARGUMENT) return LOHAN_INTERNAL;
+  status = lohan_job_create(client, "bad name!", 0, 0, &job);
+  printf("bad-name: %s\n", lohan_status_name(status));
+  if (status != LOHAN_INVALID_ARGUMENT) return LOHAN_INTERNAL;
+  return LOHAN_OK;
+}
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    fprintf(stderr, "usage: %s SOCKET COMMAND [ARG]\n", argv[0]);
+    return 2;
+  }
+  const char* command = argv[2];
+  const char* arg = argc > 3 ? argv[3] : NULL;
+  lohan_client* client = NULL;
+  int status = lohan_client_connect(argv[1], &client);
+  if (status != LOHAN_OK) return failed("connect", status);
+
+  if (strcmp(command, "roundtrip") == 0 && arg) {
+    status = roundtrip(client, arg);
+  } else if (strcmp(command, "create") == 0 && arg) {
+    lohan_job_info* job = NULL;
+    status = lohan_job_create(client, arg, 0, 0, &job);
+    if (status == LOHAN_OK) printf("%s\n", lohan_job_info_id(job));
+    else failed("create", status);
+    lohan_job_info_destroy(job);
+  } else if (strcmp(command, "attach") == 0 && arg) {
+    status = lohan_job_attach(client, arg, NULL);
+    if (status == LOHAN_OK) status = lohan_job_detach(client, arg, NULL);
+    if (status == LOHAN_OK) printf("attach: ok\n");
+    else failed("attach", status);
+  } else if (strcmp(command, "hold") == 0 && arg) {
+    status = lohan_job_attach(client, arg, NULL);
+    if (status != LOHAN_OK) {
+      failed("hold", status);
+    } else {
+      printf("holding %s\n", arg);
+      fflush(stdout);
+      for (;;) pause();
+    }
+  } else if (strcmp(command, "delete") == 0 && arg) {
+    status = lohan_job_delete(client, arg);
+    if (status == LOHAN_OK) printf("delete: ok\n");
+    else failed("delete", status);
+  } else if (strcmp(command, "list") == 0) {
+    lohan_job_list* list = NULL;
+    status = lohan_jobs_list(client, &list);
+    if (status == LOHAN_OK) {
+      for (size_t i = 0; i < lohan_job_list_size(list); ++i) {
+        const lohan_job_info* job = lohan_job_list_get(list, i);
+        printf("%s %s %u\n", lohan_job_info_id(job), lohan_job_info_name(job),
+               lohan_job_info_owner_uid(job));
+      }
+    } else {
+      failed("list", status);
+    }
+    lohan_job_list_destroy(list);
+  } else {
+    fprintf(stderr, "unknown command '%s'\n", command);
+    status = 2;
+  }
+  lohan_client_destroy(client);
+  return status;
+}

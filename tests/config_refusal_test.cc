@@ -1,0 +1,132 @@
+// lohand refuses to start, with a message naming the key or path, on every bad
+// config: checked by running the real binary.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/harness/daemon_process.h"
+#include "tests/harness/subprocess.h"
+
+namespace lohan::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+class ConfigRefusalTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    mkdir((dir_.path() + "/ssd0").c_str(), 0755);
+  }
+
+  // Runs lohand with the standard test flags, then `args` (later flags win).
+  RunResult Lohand(const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {Runfile("daemon/main/lohand")};
+    for (const std::string& flag : DaemonProcess::Flags(dir_.path())) {
+      argv.push_back(flag);
+    }
+    for (const std::string& arg : args) argv.push_back(arg);
+    return RunCommand(argv);
+  }
+
+  std::string WriteConfig(const std::string& text) {
+    const std::string path = dir_.path() + "/lohand.toml";
+    std::ofstream(path) << text;
+    return path;
+  }
+
+  void ExpectRefused(const RunResult& result, const std::string& expected) {
+    EXPECT_EQ(result.exit_code, 1) << result.err;
+    EXPECT_THAT(result.err, HasSubstr(expected));
+    // Refused before binding: no socket left behind.
+    struct stat info {};
+    EXPECT_NE(stat((dir_.path() + "/lohand.sock").c_str(), &info), 0);
+  }
+
+  PublicTempDir dir_;
+};
+
+TEST_F(ConfigRefusalTest, UnknownKeyInFile) {
+  const std::string config =
+      WriteConfig("[daemon]\nlog_level = \"info\"\nsoket = \"/x\"\n");
+  ExpectRefused(Lohand({"--config", config}),
+                config + ":3: unknown key 'daemon.soket'");
+}
+
+TEST_F(ConfigRefusalTest, BadValueInFile) {
+  const std::string config = WriteConfig("[optimizer]\nthreads = \"many\"\n");
+  ExpectRefused(Lohand({"--config", config}), "'optimizer.threads' must be");
+}
+
+TEST_F(ConfigRefusalTest, BadLogLevelInFile) {
+  const std::string config = WriteConfig("[daemon]\nlog_level = \"chatty\"\n");
+  ExpectRefused(Lohand({"--config", config}), "'daemon.log_level' is 'chatty'");
+}
+
+TEST_F(ConfigRefusalTest, MissingConfigFile) {
+  ExpectRefused(Lohand({"--config", dir_.path() + "/absent.toml"}),
+                "cannot read config file '" + dir_.path() + "/absent.toml'");
+}
+
+TEST_F(ConfigRefusalTest, BadFlagValue) {
+  ExpectRefused(Lohand({"--host-pool-size", "a lot"}),
+                "flag --host-pool-size: 'a lot' is not a byte size");
+}
+
+TEST_F(ConfigRefusalTest, MissingSsdPath) {
+  ExpectRefused(Lohand({"--ssd-path", dir_.path() + "/no-such-ssd"}),
+                "SSD path '" + dir_.path() + "/no-such-ssd'");
+}
+
+TEST_F(ConfigRefusalTest, UnwritableSsdPath) {
+  ExpectRefused(Lohand({"--ssd-path", "/proc/self"}),
+                "SSD path '/proc/self' (key 'store.ssd_paths') is not writable");
+}
+
+TEST_F(ConfigRefusalTest, UnwritableSsdPathForUnprivilegedDaemon) {
+  if (getuid() != 0) GTEST_SKIP() << "needs root to run lohand as nobody";
+  const std::string ssd = dir_.path() + "/readonly-ssd";
+  ASSERT_EQ(mkdir(ssd.c_str(), 0555), 0);
+  // lohand itself must be reachable by nobody: copy it out of the runfiles.
+  const std::string lohand = dir_.path() + "/lohand";
+  ASSERT_EQ(RunCommand({"/bin/cp", Runfile("daemon/main/lohand"), lohand}).exit_code,
+            0);
+  RunResult result =
+      RunCommand({"/usr/bin/setpriv", "--reuid=65534", "--regid=65534",
+           "--clear-groups", lohand, "--socket", dir_.path() + "/n.sock",
+           "--state-dir", dir_.path() + "/nstate", "--ssd-path", ssd,
+           "--host-pool-size", "1MiB"});
+  EXPECT_EQ(result.exit_code, 1) << result.err;
+  EXPECT_THAT(result.err, HasSubstr("SSD path '" + ssd +
+                                    "' (key 'store.ssd_paths') is not "
+                                    "writable"));
+}
+
+TEST_F(ConfigRefusalTest, PoolLargerThanTheMachineCanLock) {
+  ExpectRefused(Lohand({"--host-pool-size", "1000TiB"}),
+                "key 'pool.host_pool_size' asks for 1000.0 TiB");
+}
+
+TEST_F(ConfigRefusalTest, RelativeSocketPath) {
+  ExpectRefused(Lohand({"--socket", "lohand.sock"}),
+                "'daemon.socket' must be an absolute path");
+}
+
+TEST_F(ConfigRefusalTest, UnknownFlag) {
+  RunResult result = Lohand({"--pool", "1GiB"});
+  EXPECT_NE(result.exit_code, 0);
+  EXPECT_THAT(result.err + result.out, HasSubstr("--pool"));
+}
+
+TEST_F(ConfigRefusalTest, CheckConfigAcceptsAGoodOne) {
+  const std::string config = WriteConfig(
+      "[daemon]\nlog_level = \"warn\"\n[optimizer]\nthreads = 2\n");
+  RunResult result = Lohand({"--config", config, "--check-config"});
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_THAT(result.out, HasSubstr("configuration OK"));
+}
+
+}  // namespace
+}  // namespace lohan::testing

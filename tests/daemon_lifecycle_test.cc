@@ -1,0 +1,185 @@
+// lohand as a process: start, serve, stop on signals, restart over a stale
+// socket, refuse a second daemon, keep jobs across restarts.
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <grpcpp/grpcpp.h>
+
+#include "client/control_client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/harness/daemon_process.h"
+#include "tests/harness/subprocess.h"
+
+namespace lohan::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+bool Exists(const std::string& path) {
+  struct stat info {};
+  return stat(path.c_str(), &info) == 0;
+}
+
+absl::StatusOr<std::unique_ptr<ControlClient>> Connect(
+    const std::string& socket) {
+  return ControlClient::Connect({.socket_path = socket});
+}
+
+TEST(DaemonLifecycle, ServesThenStopsCleanlyOnSigterm) {
+  PublicTempDir dir;
+  auto daemon = DaemonProcess::Start(dir.path());
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  auto client = Connect((*daemon)->socket());
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto status = (*client)->GetStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->daemon_pid(), (*daemon)->pid());
+  EXPECT_EQ(status->config().socket_path(), (*daemon)->socket());
+  client->reset();
+
+  EXPECT_EQ((*daemon)->Stop(SIGTERM), 0) << (*daemon)->Log();
+  EXPECT_FALSE(Exists(dir.path() + "/lohand.sock"));
+  EXPECT_THAT((*daemon)->Log(), HasSubstr("shutting down"));
+  EXPECT_THAT((*daemon)->Log(), HasSubstr("lohand stopped"));
+}
+
+TEST(DaemonLifecycle, SigintWithAnIdleClientConnected) {
+  PublicTempDir dir;
+  auto daemon = DaemonProcess::Start(dir.path());
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  // A client that stays connected must not hold the daemon up.
+  auto client = Connect((*daemon)->socket());
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_EQ((*daemon)->Stop(SIGINT), 0) << (*daemon)->Log();
+  EXPECT_FALSE(Exists(dir.path() + "/lohand.sock"));
+  // The client sees the daemon gone, with a message naming the socket.
+  auto jobs = (*client)->ListJobs();
+  EXPECT_EQ(jobs.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(jobs.status().message()),
+              HasSubstr(dir.path() + "/lohand.sock"));
+}
+
+TEST(DaemonLifecycle, RestartsOverStaleSocketFromKilledDaemon) {
+  PublicTempDir dir;
+  auto first = DaemonProcess::Start(dir.path());
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ((*first)->Stop(SIGKILL), 128 + SIGKILL);
+  ASSERT_TRUE(Exists(dir.path() + "/lohand.sock")) << "no stale socket left";
+
+  auto second = DaemonProcess::Start(dir.path());
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_THAT((*second)->Log(), HasSubstr("replacing stale socket"));
+  EXPECT_TRUE(Connect((*second)->socket()).ok());
+}
+
+TEST(DaemonLifecycle, SecondDaemonOnLiveSocketIsRefused) {
+  PublicTempDir dir;
+  auto first = DaemonProcess::Start(dir.path());
+  ASSERT_TRUE(first.ok()) << first.status();
+  std::vector<std::string> argv = {Runfile("daemon/main/lohand")};
+  for (const std::string& flag : DaemonProcess::Flags(dir.path())) {
+    argv.push_back(flag);
+  }
+  RunResult second = RunCommand(argv);
+  EXPECT_EQ(second.exit_code, 1);
+  EXPECT_THAT(second.err,
+              HasSubstr("is held by a running lohand (pid " +
+                        std::to_string((*first)->pid()) + ")"));
+  // The first daemon is untouched.
+  EXPECT_TRUE(Connect((*first)->socket()).ok());
+}
+
+TEST(DaemonLifecycle, JobsSurviveRestartDetached) {
+  PublicTempDir dir;
+  std::string job_id;
+  {
+    auto daemon = DaemonProcess::Start(dir.path());
+    ASSERT_TRUE(daemon.ok()) << daemon.status();
+    auto client = Connect((*daemon)->socket());
+    ASSERT_TRUE(client.ok());
+    v1::JobSpec spec;
+    spec.set_name("long-run");
+    spec.set_host_pool_bytes(1 << 20);
+    auto job = (*client)->CreateJob(spec);
+    ASSERT_TRUE(job.ok()) << job.status();
+    job_id = job->id();
+    ASSERT_TRUE((*client)->AttachJob(job_id).ok());
+    EXPECT_EQ((*daemon)->Stop(SIGTERM), 0);
+  }
+  auto daemon = DaemonProcess::Start(dir.path());
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  auto client = Connect((*daemon)->socket());
+  ASSERT_TRUE(client.ok());
+  auto jobs = (*client)->ListJobs();
+  ASSERT_TRUE(jobs.ok());
+  ASSERT_EQ(jobs->size(), 1u);
+  EXPECT_EQ((*jobs)[0].id(), job_id);
+  EXPECT_EQ((*jobs)[0].spec().name(), "long-run");
+  EXPECT_EQ((*jobs)[0].state(), v1::JOB_STATE_DETACHED);
+  // Re-attach works after the restart.
+  EXPECT_TRUE((*client)->AttachJob(job_id).ok());
+}
+
+TEST(DaemonLifecycle, DeadClientLosesItsAttachment) {
+  PublicTempDir dir;
+  auto daemon = DaemonProcess::Start(dir.path());
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  auto client = Connect((*daemon)->socket());
+  ASSERT_TRUE(client.ok());
+  v1::JobSpec spec;
+  spec.set_name("orphan");
+  auto job = (*client)->CreateJob(spec);
+  ASSERT_TRUE(job.ok());
+  // A separate process attaches, then dies without detaching.
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    dup2(pipe_fds[1], 1);
+    std::string binary = Runfile("tests/c_client/lohan_c_client");
+    execl(binary.c_str(), binary.c_str(), (*daemon)->socket().c_str(), "hold",
+          job->id().c_str(), nullptr);
+    _exit(127);
+  }
+  close(pipe_fds[1]);
+  char line[64] = {};
+  ASSERT_GT(read(pipe_fds[0], line, sizeof(line) - 1), 0);
+  close(pipe_fds[0]);
+  ASSERT_THAT(std::string(line), HasSubstr("holding"));
+  auto held = (*client)->ListJobs();
+  ASSERT_TRUE(held.ok());
+  EXPECT_EQ((*held)[0].state(), v1::JOB_STATE_ATTACHED);
+  EXPECT_EQ((*held)[0].attached_pid(), child);
+  EXPECT_EQ((*client)->AttachJob(job->id()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  auto jobs = (*client)->ListJobs();
+  ASSERT_TRUE(jobs.ok());
+  EXPECT_EQ((*jobs)[0].state(), v1::JOB_STATE_DETACHED);
+  EXPECT_TRUE((*client)->AttachJob(job->id()).ok());
+}
+
+TEST(DaemonLifecycle, ProtocolMismatchIsRefusedAtHello) {
+  PublicTempDir dir;
+  auto daemon = DaemonProcess::Start(dir.path());
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  auto channel = grpc::CreateChannel("unix:" + (*daemon)->socket(),
+                                     grpc::InsecureChannelCredentials());
+  auto stub = v1::Lohan::NewStub(channel);
+  grpc::ClientContext context;
+  v1::HelloRequest request;
+  request.mutable_client_protocol()->set_major(99);
+  request.set_client_name("from-the-future");
+  v1::HelloResponse response;
+  grpc::Status status = stub->Hello(&context, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(status.error_message(), HasSubstr("speaks protocol 99.x"));
+}
+
+}  // namespace
+}  // namespace lohan::testing

@@ -1,0 +1,99 @@
+#include "tests/harness/daemon_process.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "client/control_client.h"
+#include "tests/harness/subprocess.h"
+
+namespace lohan::testing {
+namespace {
+
+// Only bounds a hung start; a healthy daemon answers in milliseconds.
+constexpr auto kStartBound = std::chrono::seconds(60);
+
+}  // namespace
+
+std::vector<std::string> DaemonProcess::Flags(const std::string& dir) {
+  return {"--socket",         dir + "/lohand.sock",
+          "--state-dir",      dir + "/state",
+          "--ssd-path",       dir + "/ssd0",
+          "--host-pool-size", "64MiB"};
+}
+
+DaemonProcess::DaemonProcess(pid_t pid, std::string socket,
+                             std::string log_path)
+    : pid_(pid), socket_(std::move(socket)), log_path_(std::move(log_path)) {}
+
+absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(
+    const std::string& dir, const std::vector<std::string>& extra_args) {
+  mkdir((dir + "/ssd0").c_str(), 0755);
+  std::vector<std::string> argv = {Runfile("daemon/main/lohand")};
+  for (const std::string& flag : Flags(dir)) argv.push_back(flag);
+  argv.push_back("--log-level=debug");
+  for (const std::string& arg : extra_args) argv.push_back(arg);
+  const std::string log_path = dir + "/lohand.log";
+
+  pid_t pid = fork();
+  if (pid < 0) return absl::InternalError("fork failed");
+  if (pid == 0) {
+    int log = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    dup2(log, 1);
+    dup2(log, 2);
+    std::vector<char*> args;
+    for (std::string& arg : argv) args.push_back(arg.data());
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  std::unique_ptr<DaemonProcess> daemon(
+      new DaemonProcess(pid, dir + "/lohand.sock", log_path));
+  const auto deadline = std::chrono::steady_clock::now() + kStartBound;
+  while (std::chrono::steady_clock::now() < deadline) {
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      daemon->pid_ = 0;
+      return absl::FailedPreconditionError(
+          absl::StrCat("lohand exited during start: ", daemon->Log()));
+    }
+    auto client = ControlClient::Connect(
+        {.socket_path = daemon->socket_,
+         .client_name = "test-harness",
+         .timeout = std::chrono::milliseconds(1000)});
+    if (client.ok()) return daemon;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat("lohand did not answer: ", daemon->Log()));
+}
+
+int DaemonProcess::Stop(int signal) {
+  if (pid_ == 0) return -1;
+  kill(pid_, signal);
+  int status = 0;
+  waitpid(pid_, &status, 0);
+  pid_ = 0;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+DaemonProcess::~DaemonProcess() {
+  if (pid_ != 0) Stop(SIGKILL);
+}
+
+std::string DaemonProcess::Log() const {
+  std::ifstream file(log_path_);
+  std::stringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+}  // namespace lohan::testing

@@ -1,0 +1,117 @@
+#include "tests/harness/subprocess.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <spawn.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstring>
+
+extern char** environ;
+
+namespace lohan::testing {
+namespace {
+
+// Bounds a hung command only; every command here normally ends in seconds.
+constexpr auto kRunBound = std::chrono::minutes(2);
+
+}  // namespace
+
+RunResult RunCommand(const std::vector<std::string>& argv,
+              const std::vector<std::string>& extra_env) {
+  RunResult result;
+  int out_pipe[2], err_pipe[2];
+  if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) {
+    result.err = "pipe failed";
+    return result;
+  }
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, out_pipe[1], 1);
+  posix_spawn_file_actions_adddup2(&actions, err_pipe[1], 2);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+
+  std::vector<char*> args;
+  for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
+  args.push_back(nullptr);
+  std::vector<std::string> env_strings(extra_env);
+  for (char** e = environ; *e != nullptr; ++e) env_strings.push_back(*e);
+  std::vector<char*> env;
+  for (std::string& entry : env_strings) env.push_back(entry.data());
+  env.push_back(nullptr);
+
+  pid_t pid = 0;
+  const int spawned = posix_spawn(&pid, argv[0].c_str(), &actions, nullptr,
+                                  args.data(), env.data());
+  posix_spawn_file_actions_destroy(&actions);
+  close(out_pipe[1]);
+  close(err_pipe[1]);
+  if (spawned != 0) {
+    close(out_pipe[0]);
+    close(err_pipe[0]);
+    result.err = std::string("spawn failed: ") + std::strerror(spawned);
+    return result;
+  }
+  pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
+  std::string* sinks[2] = {&result.out, &result.err};
+  int open_streams = 2;
+  const auto deadline = std::chrono::steady_clock::now() + kRunBound;
+  while (open_streams > 0) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      kill(pid, SIGKILL);
+      result.err += "\n[harness: killed after the run bound]";
+      break;
+    }
+    if (poll(fds, 2, static_cast<int>(left.count())) < 0) break;
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || fds[i].revents == 0) continue;
+      char buffer[4096];
+      ssize_t n = read(fds[i].fd, buffer, sizeof(buffer));
+      if (n > 0) {
+        sinks[i]->append(buffer, n);
+      } else {
+        close(fds[i].fd);
+        fds[i].fd = -1;
+        --open_streams;
+      }
+    }
+  }
+  for (pollfd& fd : fds) {
+    if (fd.fd >= 0) close(fd.fd);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status)
+                                       : 128 + WTERMSIG(status);
+  return result;
+}
+
+std::string Runfile(const std::string& relative) {
+  const char* srcdir = getenv("TEST_SRCDIR");
+  const char* workspace = getenv("TEST_WORKSPACE");
+  if (srcdir == nullptr) return relative;
+  return std::string(srcdir) + "/" + (workspace ? workspace : "lohan") + "/" +
+         relative;
+}
+
+PublicTempDir::PublicTempDir() {
+  std::string templ = "/tmp/lohan-test-XXXXXX";
+  if (mkdtemp(templ.data()) != nullptr) {
+    path_ = templ;
+    chmod(path_.c_str(), 0755);
+  }
+}
+
+PublicTempDir::~PublicTempDir() {
+  if (path_.empty()) return;
+  RunCommand({"/bin/rm", "-rf", path_});
+}
+
+}  // namespace lohan::testing

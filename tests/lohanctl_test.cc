@@ -1,0 +1,134 @@
+// lohanctl against a real daemon, in both output forms.
+#include <google/protobuf/util/json_util.h>
+
+#include "client/control_client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/harness/daemon_process.h"
+#include "tests/harness/subprocess.h"
+
+namespace lohan::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::MatchesRegex;
+using ::testing::Not;
+
+class LohanctlTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto daemon = DaemonProcess::Start(dir_.path());
+    ASSERT_TRUE(daemon.ok()) << daemon.status();
+    daemon_ = *std::move(daemon);
+    auto client = ControlClient::Connect({.socket_path = daemon_->socket()});
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = *std::move(client);
+    v1::JobSpec spec;
+    spec.set_name("gpt-small");
+    spec.set_host_pool_bytes(8 << 20);
+    auto job = client_->CreateJob(spec);
+    ASSERT_TRUE(job.ok()) << job.status();
+    job_id_ = job->id();
+    ASSERT_TRUE(client_->AttachJob(job_id_).ok());
+  }
+
+  RunResult Lohanctl(const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {Runfile("client/ctl/lohanctl"), "--socket",
+                                     daemon_->socket()};
+    for (const std::string& arg : args) argv.push_back(arg);
+    return RunCommand(argv);
+  }
+
+  PublicTempDir dir_;
+  std::unique_ptr<DaemonProcess> daemon_;
+  std::unique_ptr<ControlClient> client_;
+  std::string job_id_;
+};
+
+TEST_F(LohanctlTest, StatusText) {
+  RunResult result = Lohanctl({"status"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_THAT(result.out,
+              HasSubstr("lohand 0.1.0 (protocol 1.0), pid " +
+                        std::to_string(daemon_->pid()) + ", up "));
+  EXPECT_THAT(result.out, HasSubstr("  socket       " + daemon_->socket()));
+  EXPECT_THAT(result.out, HasSubstr("  SSD paths    " + dir_.path() + "/ssd0"));
+  EXPECT_THAT(result.out, HasSubstr("  host pool    64.0 MiB"));
+  EXPECT_THAT(result.out, HasSubstr("  jobs         1 (1 attached)"));
+  EXPECT_THAT(result.out, HasSubstr(job_id_ + "   gpt-small"));
+  EXPECT_THAT(result.out, HasSubstr("attached  " + std::to_string(getpid())));
+  EXPECT_THAT(result.out, HasSubstr("8.0 MiB"));
+}
+
+TEST_F(LohanctlTest, StatusJsonIsTheProtoSchema) {
+  RunResult result = Lohanctl({"status", "--json"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  v1::GetStatusResponse status;
+  ASSERT_TRUE(
+      google::protobuf::util::JsonStringToMessage(result.out, &status).ok())
+      << result.out;
+  EXPECT_EQ(status.daemon_version(), "0.1.0");
+  EXPECT_EQ(status.daemon_pid(), daemon_->pid());
+  EXPECT_EQ(status.config().socket_path(), daemon_->socket());
+  EXPECT_EQ(status.config().host_pool_bytes(), 64u << 20);
+  EXPECT_GE(status.uptime_seconds(), 0.0);
+  ASSERT_EQ(status.jobs_size(), 1);
+  EXPECT_EQ(status.jobs(0).id(), job_id_);
+  EXPECT_EQ(status.jobs(0).state(), v1::JOB_STATE_ATTACHED);
+  EXPECT_EQ(status.jobs(0).attached_pid(), getpid());
+  EXPECT_EQ(status.total_jobs(), 1u);
+  EXPECT_EQ(status.attached_jobs(), 1u);
+}
+
+TEST_F(LohanctlTest, JobsBothForms) {
+  RunResult table = Lohanctl({"jobs"});
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_THAT(table.out, HasSubstr("ID         NAME"));
+  EXPECT_THAT(table.out, HasSubstr(job_id_));
+
+  RunResult json = Lohanctl({"jobs", "--json"});
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  v1::ListJobsResponse jobs;
+  ASSERT_TRUE(
+      google::protobuf::util::JsonStringToMessage(json.out, &jobs).ok())
+      << json.out;
+  ASSERT_EQ(jobs.jobs_size(), 1);
+  EXPECT_EQ(jobs.jobs(0).spec().name(), "gpt-small");
+  EXPECT_EQ(jobs.jobs(0).owner_uid(), getuid());
+}
+
+TEST_F(LohanctlTest, DeleteRefusesAttachedThenDeletes) {
+  RunResult refused = Lohanctl({"jobs", "delete", job_id_});
+  EXPECT_EQ(refused.exit_code, 1);
+  EXPECT_THAT(refused.err, HasSubstr("is attached by process"));
+  ASSERT_TRUE(client_->DetachJob(job_id_).ok());
+  RunResult deleted = Lohanctl({"jobs", "delete", job_id_});
+  EXPECT_EQ(deleted.exit_code, 0) << deleted.err;
+  EXPECT_THAT(Lohanctl({"jobs"}).out, HasSubstr("no jobs"));
+}
+
+TEST_F(LohanctlTest, NoDaemonNamesTheSocket) {
+  const std::string socket = dir_.path() + "/elsewhere.sock";
+  for (const char* command : {"status", "jobs"}) {
+    RunResult result =
+        RunCommand({Runfile("client/ctl/lohanctl"), "--socket", socket, command});
+    EXPECT_EQ(result.exit_code, 1);
+    EXPECT_THAT(result.err, HasSubstr("no lohand answers at " + socket));
+    EXPECT_EQ(result.out, "");
+  }
+  // LOHAN_SOCKET is honoured when --socket is absent.
+  RunResult from_env =
+      RunCommand({Runfile("client/ctl/lohanctl"), "status"}, {"LOHAN_SOCKET=" + socket});
+  EXPECT_THAT(from_env.err, HasSubstr(socket));
+}
+
+TEST_F(LohanctlTest, UsageErrors) {
+  RunResult none = Lohanctl({});
+  EXPECT_NE(none.exit_code, 0);
+  RunResult unknown = Lohanctl({"frobnicate"});
+  EXPECT_NE(unknown.exit_code, 0);
+  EXPECT_THAT(unknown.err + unknown.out, HasSubstr("frobnicate"));
+}
+
+}  // namespace
+}  // namespace lohan::testing

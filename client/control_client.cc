@@ -46,9 +46,9 @@ absl::StatusOr<std::unique_ptr<ControlClient>> ControlClient::Connect(
   // Unix sockets need no reconnect back-off; fail fast and say so.
   arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  auto channel = grpc::CreateCustomChannel(
-      absl::StrCat("unix:", options.socket_path),
-      grpc::InsecureChannelCredentials(), arguments);
+  auto channel =
+      grpc::CreateCustomChannel(absl::StrCat("unix:", options.socket_path),
+                                grpc::InsecureChannelCredentials(), arguments);
   std::unique_ptr<ControlClient> client(
       new ControlClient(std::move(options), v1::Lohan::NewStub(channel)));
 

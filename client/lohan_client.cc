@@ -44,8 +44,7 @@ int InvalidArgument(const char* what) {
   return Report(absl::InvalidArgumentError(what));
 }
 
-int ReturnJob(const absl::StatusOr<lohan::v1::Job>& job,
-              lohan_job_info** out) {
+int ReturnJob(const absl::StatusOr<lohan::v1::Job>& job, lohan_job_info** out) {
   if (!job.ok()) return Report(job.status());
   if (out != nullptr) {
     *out = new (std::nothrow) lohan_job_info{*job};
@@ -65,13 +64,23 @@ const char* lohan_version(void) { return lohan::kLohanVersion; }
 const char* lohan_last_error(void) { return last_error.c_str(); }
 
 const char* lohan_status_name(int status) {
-  static const char* const kNames[] = {
-      "OK",        "CANCELLED",          "UNKNOWN",
-      "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
-      "ALREADY_EXISTS",   "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
-      "FAILED_PRECONDITION", "ABORTED",       "OUT_OF_RANGE",
-      "UNIMPLEMENTED",    "INTERNAL",          "UNAVAILABLE",
-      "DATA_LOSS",        "UNAUTHENTICATED"};
+  static const char* const kNames[] = {"OK",
+                                       "CANCELLED",
+                                       "UNKNOWN",
+                                       "INVALID_ARGUMENT",
+                                       "DEADLINE_EXCEEDED",
+                                       "NOT_FOUND",
+                                       "ALREADY_EXISTS",
+                                       "PERMISSION_DENIED",
+                                       "RESOURCE_EXHAUSTED",
+                                       "FAILED_PRECONDITION",
+                                       "ABORTED",
+                                       "OUT_OF_RANGE",
+                                       "UNIMPLEMENTED",
+                                       "INTERNAL",
+                                       "UNAVAILABLE",
+                                       "DATA_LOSS",
+                                       "UNAUTHENTICATED"};
   if (status < 0 || status >= static_cast<int>(std::size(kNames))) {
     return "UNKNOWN";
   }
@@ -79,7 +88,8 @@ const char* lohan_status_name(int status) {
 }
 
 int lohan_client_connect(const char* socket_path, lohan_client** out) {
-  if (out == nullptr) return InvalidArgument("lohan_client_connect: out is NULL");
+  if (out == nullptr)
+    return InvalidArgument("lohan_client_connect: out is NULL");
   lohan::ControlClient::Options options;
   if (socket_path != nullptr) options.socket_path = socket_path;
   auto client = lohan::ControlClient::Connect(std::move(options));
@@ -101,8 +111,10 @@ const char* lohan_client_daemon_version(const lohan_client* client) {
 void lohan_client_protocol(const lohan_client* client, uint32_t* major,
                            uint32_t* minor) {
   if (client == nullptr) return;
-  if (major != nullptr) *major = client->impl->hello().daemon_protocol().major();
-  if (minor != nullptr) *minor = client->impl->hello().daemon_protocol().minor();
+  if (major != nullptr)
+    *major = client->impl->hello().daemon_protocol().major();
+  if (minor != nullptr)
+    *minor = client->impl->hello().daemon_protocol().minor();
 }
 
 uint32_t lohan_client_caller_uid(const lohan_client* client) {
@@ -173,8 +185,7 @@ size_t lohan_job_list_size(const lohan_job_list* list) {
   return list == nullptr ? 0 : list->jobs.size();
 }
 
-const lohan_job_info* lohan_job_list_get(const lohan_job_list* list,
-                                         size_t i) {
+const lohan_job_info* lohan_job_list_get(const lohan_job_list* list, size_t i) {
   if (list == nullptr || i >= list->jobs.size()) return nullptr;
   return &list->jobs[i];
 }

@@ -15,7 +15,7 @@ TEST(CAbi, RoundTrip) {
   auto daemon = DaemonProcess::Start(dir.path());
   ASSERT_TRUE(daemon.ok()) << daemon.status();
   RunResult result = RunCommand({Runfile("tests/c_client/lohan_c_client"),
-                          (*daemon)->socket(), "roundtrip", "c-job"});
+                                 (*daemon)->socket(), "roundtrip", "c-job"});
   ASSERT_EQ(result.exit_code, 0) << result.out << result.err;
   EXPECT_THAT(result.out,
               HasSubstr("hello: daemon 0.1.0 protocol 1.0 uid " +
@@ -31,8 +31,8 @@ TEST(CAbi, RoundTrip) {
   EXPECT_THAT(result.out, HasSubstr("null-name: INVALID_ARGUMENT\n"));
   EXPECT_THAT(result.out, HasSubstr("bad-name: INVALID_ARGUMENT\n"));
   // The daemon is still serving after the bad requests.
-  RunResult list = RunCommand({Runfile("tests/c_client/lohan_c_client"),
-                        (*daemon)->socket(), "list"});
+  RunResult list = RunCommand(
+      {Runfile("tests/c_client/lohan_c_client"), (*daemon)->socket(), "list"});
   EXPECT_EQ(list.exit_code, 0) << list.out;
   EXPECT_EQ(list.out, "");
 }
@@ -43,8 +43,9 @@ TEST(CAbi, NoDaemonIsUnavailableNamingTheSocket) {
   RunResult result =
       RunCommand({Runfile("tests/c_client/lohan_c_client"), socket, "list"});
   EXPECT_EQ(result.exit_code, 14);  // LOHAN_UNAVAILABLE
-  EXPECT_THAT(result.out, HasSubstr("connect: UNAVAILABLE: no lohand answers at " +
-                                    socket));
+  EXPECT_THAT(
+      result.out,
+      HasSubstr("connect: UNAVAILABLE: no lohand answers at " + socket));
 }
 
 TEST(CAbi, UnknownJobIsNotFound) {
@@ -52,7 +53,7 @@ TEST(CAbi, UnknownJobIsNotFound) {
   auto daemon = DaemonProcess::Start(dir.path());
   ASSERT_TRUE(daemon.ok()) << daemon.status();
   RunResult result = RunCommand({Runfile("tests/c_client/lohan_c_client"),
-                          (*daemon)->socket(), "attach", "j-424242"});
+                                 (*daemon)->socket(), "attach", "j-424242"});
   EXPECT_EQ(result.exit_code, 5);  // LOHAN_NOT_FOUND
   EXPECT_THAT(result.out, HasSubstr("no job 'j-424242'"));
 }

@@ -17,9 +17,7 @@ using ::testing::HasSubstr;
 
 class ConfigRefusalTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    mkdir((dir_.path() + "/ssd0").c_str(), 0755);
-  }
+  void SetUp() override { mkdir((dir_.path() + "/ssd0").c_str(), 0755); }
 
   // Runs lohand with the standard test flags, then `args` (later flags win).
   RunResult Lohand(const std::vector<std::string>& args) {
@@ -81,8 +79,9 @@ TEST_F(ConfigRefusalTest, MissingSsdPath) {
 }
 
 TEST_F(ConfigRefusalTest, UnwritableSsdPath) {
-  ExpectRefused(Lohand({"--ssd-path", "/proc/self"}),
-                "SSD path '/proc/self' (key 'store.ssd_paths') is not writable");
+  ExpectRefused(
+      Lohand({"--ssd-path", "/proc/self"}),
+      "SSD path '/proc/self' (key 'store.ssd_paths') is not writable");
 }
 
 TEST_F(ConfigRefusalTest, UnwritableSsdPathForUnprivilegedDaemon) {
@@ -91,13 +90,13 @@ TEST_F(ConfigRefusalTest, UnwritableSsdPathForUnprivilegedDaemon) {
   ASSERT_EQ(mkdir(ssd.c_str(), 0555), 0);
   // lohand itself must be reachable by nobody: copy it out of the runfiles.
   const std::string lohand = dir_.path() + "/lohand";
-  ASSERT_EQ(RunCommand({"/bin/cp", Runfile("daemon/main/lohand"), lohand}).exit_code,
-            0);
-  RunResult result =
-      RunCommand({"/usr/bin/setpriv", "--reuid=65534", "--regid=65534",
-           "--clear-groups", lohand, "--socket", dir_.path() + "/n.sock",
-           "--state-dir", dir_.path() + "/nstate", "--ssd-path", ssd,
-           "--host-pool-size", "1MiB"});
+  ASSERT_EQ(
+      RunCommand({"/bin/cp", Runfile("daemon/main/lohand"), lohand}).exit_code,
+      0);
+  RunResult result = RunCommand(
+      {"/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+       lohand, "--socket", dir_.path() + "/n.sock", "--state-dir",
+       dir_.path() + "/nstate", "--ssd-path", ssd, "--host-pool-size", "1MiB"});
   EXPECT_EQ(result.exit_code, 1) << result.err;
   EXPECT_THAT(result.err, HasSubstr("SSD path '" + ssd +
                                     "' (key 'store.ssd_paths') is not "
@@ -121,8 +120,8 @@ TEST_F(ConfigRefusalTest, UnknownFlag) {
 }
 
 TEST_F(ConfigRefusalTest, CheckConfigAcceptsAGoodOne) {
-  const std::string config = WriteConfig(
-      "[daemon]\nlog_level = \"warn\"\n[optimizer]\nthreads = 2\n");
+  const std::string config =
+      WriteConfig("[daemon]\nlog_level = \"warn\"\n[optimizer]\nthreads = 2\n");
   RunResult result = Lohand({"--config", config, "--check-config"});
   EXPECT_EQ(result.exit_code, 0) << result.err;
   EXPECT_THAT(result.out, HasSubstr("configuration OK"));

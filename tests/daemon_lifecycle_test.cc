@@ -1,11 +1,10 @@
 // lohand as a process: start, serve, stop on signals, restart over a stale
 // socket, refuse a second daemon, keep jobs across restarts.
+#include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <grpcpp/grpcpp.h>
 
 #include "client/control_client.h"
 #include "gmock/gmock.h"
@@ -85,9 +84,8 @@ TEST(DaemonLifecycle, SecondDaemonOnLiveSocketIsRefused) {
   }
   RunResult second = RunCommand(argv);
   EXPECT_EQ(second.exit_code, 1);
-  EXPECT_THAT(second.err,
-              HasSubstr("is held by a running lohand (pid " +
-                        std::to_string((*first)->pid()) + ")"));
+  EXPECT_THAT(second.err, HasSubstr("is held by a running lohand (pid " +
+                                    std::to_string((*first)->pid()) + ")"));
   // The first daemon is untouched.
   EXPECT_TRUE(Connect((*first)->socket()).ok());
 }

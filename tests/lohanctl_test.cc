@@ -48,9 +48,8 @@ class LohanctlTest : public ::testing::Test {
 TEST_F(LohanctlTest, StatusText) {
   RunResult result = Lohanctl({"status"});
   ASSERT_EQ(result.exit_code, 0) << result.err;
-  EXPECT_THAT(result.out,
-              HasSubstr("lohand 0.1.0 (protocol 1.0), pid " +
-                        std::to_string(daemon_->pid()) + ", up "));
+  EXPECT_THAT(result.out, HasSubstr("lohand 0.1.0 (protocol 1.0), pid " +
+                                    std::to_string(daemon_->pid()) + ", up "));
   EXPECT_THAT(result.out, HasSubstr("  socket       " + daemon_->socket()));
   EXPECT_THAT(result.out, HasSubstr("  SSD paths    " + dir_.path() + "/ssd0"));
   EXPECT_THAT(result.out, HasSubstr("  host pool    64.0 MiB"));
@@ -89,8 +88,7 @@ TEST_F(LohanctlTest, JobsBothForms) {
   RunResult json = Lohanctl({"jobs", "--json"});
   ASSERT_EQ(json.exit_code, 0) << json.err;
   v1::ListJobsResponse jobs;
-  ASSERT_TRUE(
-      google::protobuf::util::JsonStringToMessage(json.out, &jobs).ok())
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json.out, &jobs).ok())
       << json.out;
   ASSERT_EQ(jobs.jobs_size(), 1);
   EXPECT_EQ(jobs.jobs(0).spec().name(), "gpt-small");
@@ -110,15 +108,15 @@ TEST_F(LohanctlTest, DeleteRefusesAttachedThenDeletes) {
 TEST_F(LohanctlTest, NoDaemonNamesTheSocket) {
   const std::string socket = dir_.path() + "/elsewhere.sock";
   for (const char* command : {"status", "jobs"}) {
-    RunResult result =
-        RunCommand({Runfile("client/ctl/lohanctl"), "--socket", socket, command});
+    RunResult result = RunCommand(
+        {Runfile("client/ctl/lohanctl"), "--socket", socket, command});
     EXPECT_EQ(result.exit_code, 1);
     EXPECT_THAT(result.err, HasSubstr("no lohand answers at " + socket));
     EXPECT_EQ(result.out, "");
   }
   // LOHAN_SOCKET is honoured when --socket is absent.
-  RunResult from_env =
-      RunCommand({Runfile("client/ctl/lohanctl"), "status"}, {"LOHAN_SOCKET=" + socket});
+  RunResult from_env = RunCommand({Runfile("client/ctl/lohanctl"), "status"},
+                                  {"LOHAN_SOCKET=" + socket});
   EXPECT_THAT(from_env.err, HasSubstr(socket));
 }
 

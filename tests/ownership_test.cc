@@ -28,7 +28,7 @@ class OwnershipTest : public ::testing::Test {
     bin_ = dir_.path() + "/bin";
     ASSERT_EQ(mkdir(bin_.c_str(), 0755), 0);
     ASSERT_EQ(RunCommand({"/bin/cp", Runfile("tests/c_client/lohan_c_client"),
-                   Runfile("client/liblohan_client.so"), bin_})
+                          Runfile("client/liblohan_client.so"), bin_})
                   .exit_code,
               0);
     auto daemon = DaemonProcess::Start(dir_.path());
@@ -89,9 +89,8 @@ TEST_F(OwnershipTest, OtherUidIsDeniedRootSeesAll) {
   // Root sees and may act on both.
   RunResult root_list = AsRoot({"list"});
   EXPECT_THAT(root_list.out, HasSubstr(root_job + " roots-job 0\n"));
-  EXPECT_THAT(root_list.out,
-              HasSubstr(nobody_job + " nobodys-job " +
-                        std::to_string(kNobody)));
+  EXPECT_THAT(root_list.out, HasSubstr(nobody_job + " nobodys-job " +
+                                       std::to_string(kNobody)));
   EXPECT_EQ(AsRoot({"attach", nobody_job}).exit_code, 0);
   EXPECT_EQ(AsRoot({"delete", nobody_job}).exit_code, 0);
   EXPECT_EQ(AsNobody({"list"}).out, "");

@@ -2,13 +2,13 @@
 //   lohanctl status [--json]      daemon, config summary and your jobs
 //   lohanctl jobs [--json]        the jobs you may see (all of them as root)
 //   lohanctl jobs delete JOB_ID   deletes a detached job
+#include <google/protobuf/util/json_util.h>
+
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <ctime>
 #include <string>
 #include <vector>
-
-#include <google/protobuf/util/json_util.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -61,7 +61,8 @@ std::string Duration(double seconds) {
   const int64_t minutes = total % 3600 / 60;
   const int64_t secs = total % 60;
   if (days > 0) return absl::StrFormat("%dd %02dh %02dm", days, hours, minutes);
-  if (hours > 0) return absl::StrFormat("%dh %02dm %02ds", hours, minutes, secs);
+  if (hours > 0)
+    return absl::StrFormat("%dh %02dm %02ds", hours, minutes, secs);
   if (minutes > 0) return absl::StrFormat("%dm %02ds", minutes, secs);
   return absl::StrFormat("%ds", secs);
 }
@@ -168,8 +169,8 @@ int main(int argc, char** argv) {
   status->add_flag("--json", status_json, "print JSON");
 
   bool jobs_json = false;
-  CLI::App* jobs = app.add_subcommand(
-      "jobs", "the jobs you may see (all of them as root)");
+  CLI::App* jobs =
+      app.add_subcommand("jobs", "the jobs you may see (all of them as root)");
   jobs->add_flag("--json", jobs_json, "print JSON");
   std::string delete_id;
   CLI::App* jobs_delete =

@@ -58,10 +58,9 @@ absl::StatusCode CodeForErrno(int error_number) {
 
 absl::Status ErrnoToStatus(int error_number, absl::string_view context) {
   if (error_number == 0) return absl::OkStatus();
-  return absl::Status(
-      CodeForErrno(error_number),
-      absl::StrCat(context, ": ", std::strerror(error_number), " (errno ",
-                   error_number, ")"));
+  return absl::Status(CodeForErrno(error_number),
+                      absl::StrCat(context, ": ", std::strerror(error_number),
+                                   " (errno ", error_number, ")"));
 }
 
 }  // namespace lohan

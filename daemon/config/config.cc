@@ -21,7 +21,7 @@
 namespace lohan {
 namespace {
 
-constexpr const char* kLogLevels[] = {"trace", "debug", "info",    "warn",
+constexpr const char* kLogLevels[] = {"trace", "debug",    "info", "warn",
                                       "error", "critical", "off"};
 // sockaddr_un.sun_path holds 108 bytes including the terminating NUL.
 constexpr size_t kMaxSocketPathLength = 107;
@@ -33,8 +33,8 @@ std::string Where(absl::string_view origin, const toml::node& node) {
 
 absl::Status BadValue(absl::string_view origin, const toml::node& node,
                       absl::string_view key, absl::string_view expected) {
-  return absl::InvalidArgumentError(absl::StrCat(
-      Where(origin, node), ": key '", key, "' must be ", expected));
+  return absl::InvalidArgumentError(absl::StrCat(Where(origin, node), ": key '",
+                                                 key, "' must be ", expected));
 }
 
 using Setter = std::function<absl::Status(
@@ -61,8 +61,8 @@ Setter StringSetter(std::string DaemonConfig::*field, const char* key) {
 // Keys by "section.name", each with the code that stores its value.
 const std::map<std::string, Setter>& KeySetters() {
   static const auto* setters = new std::map<std::string, Setter>{
-      {"daemon.socket", StringSetter(&DaemonConfig::socket_path,
-                                     "daemon.socket")},
+      {"daemon.socket",
+       StringSetter(&DaemonConfig::socket_path, "daemon.socket")},
       {"daemon.state_dir",
        StringSetter(&DaemonConfig::state_dir, "daemon.state_dir")},
       {"daemon.log_level",
@@ -107,9 +107,9 @@ const std::map<std::string, Setter>& KeySetters() {
          }
          absl::StatusOr<uint64_t> bytes = ParseByteSize(*as_text);
          if (!bytes.ok()) {
-           return absl::InvalidArgumentError(
-               absl::StrCat(Where(origin, node), ": key 'pool.host_pool_size': ",
-                            bytes.status().message()));
+           return absl::InvalidArgumentError(absl::StrCat(
+               Where(origin, node),
+               ": key 'pool.host_pool_size': ", bytes.status().message()));
          }
          config.host_pool_bytes = *bytes;
          return absl::OkStatus();
@@ -165,14 +165,15 @@ absl::StatusOr<DaemonConfig> ParseConfigToml(absl::string_view text,
           "[optimizer])"));
     }
     for (const auto& [key, node] : *section_table) {
-      const std::string full_key = absl::StrCat(section, ".", std::string(key.str()));
+      const std::string full_key =
+          absl::StrCat(section, ".", std::string(key.str()));
       auto setter = KeySetters().find(full_key);
       if (setter == KeySetters().end()) {
         std::vector<std::string> known;
         for (const auto& [name, unused] : KeySetters()) known.push_back(name);
-        return absl::InvalidArgumentError(absl::StrCat(
-            Where(origin, node), ": unknown key '", full_key,
-            "' (known keys: ", absl::StrJoin(known, ", "), ")"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(Where(origin, node), ": unknown key '", full_key,
+                         "' (known keys: ", absl::StrJoin(known, ", "), ")"));
       }
       if (absl::Status status = setter->second(node, origin, config);
           !status.ok()) {
@@ -203,8 +204,8 @@ absl::Status ApplyOverrides(const ConfigOverrides& overrides,
   if (overrides.host_pool_size) {
     absl::StatusOr<uint64_t> bytes = ParseByteSize(*overrides.host_pool_size);
     if (!bytes.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "flag --host-pool-size: ", bytes.status().message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("flag --host-pool-size: ", bytes.status().message()));
     }
     config.host_pool_bytes = *bytes;
   }
@@ -235,10 +236,10 @@ absl::Status ValidateConfig(const DaemonConfig& config) {
     return s;
   }
   if (config.socket_path.size() > kMaxSocketPathLength) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "key 'daemon.socket' is ", config.socket_path.size(),
-        " characters long; a unix socket path holds at most ",
-        kMaxSocketPathLength));
+    return absl::InvalidArgumentError(
+        absl::StrCat("key 'daemon.socket' is ", config.socket_path.size(),
+                     " characters long; a unix socket path holds at most ",
+                     kMaxSocketPathLength));
   }
   if (absl::Status s = require_absolute("daemon.state_dir", config.state_dir);
       !s.ok()) {
@@ -246,9 +247,9 @@ absl::Status ValidateConfig(const DaemonConfig& config) {
   }
   if (std::find(std::begin(kLogLevels), std::end(kLogLevels),
                 config.log_level) == std::end(kLogLevels)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "key 'daemon.log_level' is '", config.log_level,
-        "'; use one of: ", absl::StrJoin(kLogLevels, ", ")));
+    return absl::InvalidArgumentError(
+        absl::StrCat("key 'daemon.log_level' is '", config.log_level,
+                     "'; use one of: ", absl::StrJoin(kLogLevels, ", ")));
   }
   if (config.ssd_paths.empty()) {
     return absl::InvalidArgumentError(
@@ -265,9 +266,8 @@ absl::Status ValidateConfig(const DaemonConfig& config) {
     }
   }
   if (config.optimizer_threads > kMaxOptimizerThreads) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("key 'optimizer.threads' must be at most ",
-                     kMaxOptimizerThreads));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "key 'optimizer.threads' must be at most ", kMaxOptimizerThreads));
   }
   return absl::OkStatus();
 }

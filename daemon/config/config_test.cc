@@ -159,8 +159,11 @@ TEST(ValidateConfig, RefusesBadValues) {
           "'daemon.log_level' is 'loud'");
   refused([](DaemonConfig& c) { c.ssd_paths.clear(); },
           "'store.ssd_paths' is empty");
-  refused([](DaemonConfig& c) { c.ssd_paths = {"/a", "/a"}; },
-          "names '/a' more than once");
+  refused(
+      [](DaemonConfig& c) {
+        c.ssd_paths = {"/a", "/a"};
+      },
+      "names '/a' more than once");
   refused([](DaemonConfig& c) { c.ssd_paths = {"ssd"}; },
           "'store.ssd_paths' must be an absolute path");
 }

@@ -84,10 +84,10 @@ absl::Status CheckSsdPath(const std::string& path) {
   struct stat info {};
   if (stat(path.c_str(), &info) != 0) {
     const int error = errno;
-    return absl::FailedPreconditionError(
-        absl::StrCat("SSD path '", path, "' (key 'store.ssd_paths'): ",
-                     ErrnoToStatus(error, "stat").message(),
-                     error == ENOENT ? "; create the directory first" : ""));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "SSD path '", path,
+        "' (key 'store.ssd_paths'): ", ErrnoToStatus(error, "stat").message(),
+        error == ENOENT ? "; create the directory first" : ""));
   }
   if (S_ISBLK(info.st_mode)) {
     UniqueFd device(open(path.c_str(), O_RDWR | O_CLOEXEC));

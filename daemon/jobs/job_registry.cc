@@ -24,18 +24,18 @@ constexpr char kRegistryFile[] = "jobs.binpb";
 
 absl::Status ValidateJobName(const std::string& name) {
   if (name.empty() || name.size() > kMaxJobNameLength) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "job name must be 1 to ", kMaxJobNameLength, " characters, got ",
-        name.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("job name must be 1 to ", kMaxJobNameLength,
+                     " characters, got ", name.size()));
   }
   for (char c : name) {
     const bool allowed = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
                          (c >= '0' && c <= '9') || c == '.' || c == '_' ||
                          c == '-';
     if (!allowed) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "job name '", absl::CHexEscape(name),
-          "' may hold only letters, digits, '.', '_' and '-'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("job name '", absl::CHexEscape(name),
+                       "' may hold only letters, digits, '.', '_' and '-'"));
     }
   }
   return absl::OkStatus();
@@ -62,8 +62,8 @@ absl::Status WriteFileDurably(const std::string& dir, const std::string& name,
     if (!file) return ErrnoToStatus(errno, absl::StrCat("creating ", temp));
     size_t written = 0;
     while (written < bytes.size()) {
-      ssize_t n = write(file.get(), bytes.data() + written,
-                        bytes.size() - written);
+      ssize_t n =
+          write(file.get(), bytes.data() + written, bytes.size() - written);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) return ErrnoToStatus(errno, absl::StrCat("writing ", temp));
       written += static_cast<size_t>(n);
@@ -99,9 +99,9 @@ absl::StatusOr<std::unique_ptr<JobRegistry>> JobRegistry::Open(
   bytes << file.rdbuf();
   v1::JobRegistryRecord record;
   if (!record.ParseFromString(bytes.str())) {
-    return absl::DataLossError(absl::StrCat(
-        "job registry ", registry->RegistryPath(),
-        " is corrupt; move it aside to start with no jobs"));
+    return absl::DataLossError(
+        absl::StrCat("job registry ", registry->RegistryPath(),
+                     " is corrupt; move it aside to start with no jobs"));
   }
   absl::MutexLock lock(&registry->mu_);
   registry->next_job_number_ = record.next_job_number();
@@ -131,12 +131,11 @@ absl::Status JobRegistry::Persist(const std::map<std::string, Entry>& jobs,
   if (!record.SerializeToString(&bytes)) {
     return absl::InternalError("cannot serialize the job registry");
   }
-  absl::Status status = WriteFileDurably(options_.state_dir, kRegistryFile,
-                                         bytes);
+  absl::Status status =
+      WriteFileDurably(options_.state_dir, kRegistryFile, bytes);
   if (!status.ok()) {
-    return absl::Status(status.code(),
-                        absl::StrCat("saving the job registry: ",
-                                     status.message()));
+    return absl::Status(status.code(), absl::StrCat("saving the job registry: ",
+                                                    status.message()));
   }
   return absl::OkStatus();
 }
@@ -157,9 +156,9 @@ absl::StatusOr<JobRegistry::Entry*> JobRegistry::FindOwned(
     const Caller& caller, const std::string& job_id) {
   auto found = jobs_.find(job_id);
   if (found == jobs_.end()) {
-    return absl::NotFoundError(absl::StrCat(
-        "no job '", absl::CHexEscape(job_id),
-        "'; 'lohanctl jobs' lists the jobs you can see"));
+    return absl::NotFoundError(
+        absl::StrCat("no job '", absl::CHexEscape(job_id),
+                     "'; 'lohanctl jobs' lists the jobs you can see"));
   }
   if (!caller.is_root() && found->second.job.owner_uid() != caller.uid) {
     return absl::PermissionDeniedError(
@@ -180,8 +179,8 @@ absl::StatusOr<v1::Job> JobRegistry::Create(const Caller& caller,
     if (entry.job.owner_uid() == caller.uid &&
         entry.job.spec().name() == spec.name()) {
       return absl::AlreadyExistsError(
-          absl::StrCat("you already have a job named '", spec.name(),
-                       "' (", id, "); attach to it or delete it first"));
+          absl::StrCat("you already have a job named '", spec.name(), "' (", id,
+                       "); attach to it or delete it first"));
     }
     pool_in_use += entry.job.spec().host_pool_bytes();
   }
@@ -206,8 +205,7 @@ absl::StatusOr<v1::Job> JobRegistry::Create(const Caller& caller,
 
   std::map<std::string, Entry> next = jobs_;
   next.emplace(job.id(), Entry{.job = job});
-  if (absl::Status status = Persist(next, next_job_number_ + 1);
-      !status.ok()) {
+  if (absl::Status status = Persist(next, next_job_number_ + 1); !status.ok()) {
     return status;
   }
   jobs_ = std::move(next);

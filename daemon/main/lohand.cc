@@ -87,14 +87,14 @@ absl::StatusOr<DaemonConfig> ResolveConfig(const CommandLine& command_line) {
 }
 
 void LogConfig(const DaemonConfig& config) {
-  spdlog::info("socket {}, state dir {}, SSD paths [{}], host pool {}, "
-               "optimizer threads {}",
-               config.socket_path, config.state_dir,
-               absl::StrJoin(config.ssd_paths, ", "),
-               FormatByteSize(config.host_pool_bytes),
-               EffectiveOptimizerThreads(
-                   config,
-                   static_cast<uint32_t>(sysconf(_SC_NPROCESSORS_ONLN))));
+  spdlog::info(
+      "socket {}, state dir {}, SSD paths [{}], host pool {}, "
+      "optimizer threads {}",
+      config.socket_path, config.state_dir,
+      absl::StrJoin(config.ssd_paths, ", "),
+      FormatByteSize(config.host_pool_bytes),
+      EffectiveOptimizerThreads(
+          config, static_cast<uint32_t>(sysconf(_SC_NPROCESSORS_ONLN))));
 }
 
 int Fail(const absl::Status& status) {
@@ -121,8 +121,8 @@ int Run(const CommandLine& command_line) {
   }
   if (absl::Status status = MakeDirectories(config->state_dir, 0700);
       !status.ok()) {
-    return Fail(absl::FailedPreconditionError(absl::StrCat(
-        "key 'daemon.state_dir': ", status.message())));
+    return Fail(absl::FailedPreconditionError(
+        absl::StrCat("key 'daemon.state_dir': ", status.message())));
   }
 
   // Signals go to sigwait below, never to a handler on some other thread.

@@ -32,14 +32,14 @@ absl::StatusOr<std::unique_ptr<ControlServer>> ControlServer::Start(
   }
   grpc::Server* grpc_server = server->server_.get();
   PeerTable* peers = &server->peers_;
-  server->listener_->Start([grpc_server, peers](UniqueFd connection,
-                                                const Caller& caller) {
-    peers->Register(connection.get(), caller);
-    spdlog::debug("connection fd {} from uid {} pid {}", connection.get(),
-                  caller.uid, caller.pid);
-    // gRPC takes ownership of the fd.
-    grpc::AddInsecureChannelFromFd(grpc_server, connection.release());
-  });
+  server->listener_->Start(
+      [grpc_server, peers](UniqueFd connection, const Caller& caller) {
+        peers->Register(connection.get(), caller);
+        spdlog::debug("connection fd {} from uid {} pid {}", connection.get(),
+                      caller.uid, caller.pid);
+        // gRPC takes ownership of the fd.
+        grpc::AddInsecureChannelFromFd(grpc_server, connection.release());
+      });
   return server;
 }
 

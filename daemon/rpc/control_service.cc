@@ -31,9 +31,9 @@ ControlService::ControlService(const DaemonConfig* config,
       started_unix_seconds_(time(nullptr)) {}
 
 // Every handler starts here: no credentials, no service.
-#define LOHAN_IDENTIFY_CALLER(context, caller)                          \
+#define LOHAN_IDENTIFY_CALLER(context, caller)                            \
   absl::StatusOr<Caller> caller##_or = peers_->Lookup((context)->peer()); \
-  if (!caller##_or.ok()) return ToGrpc(caller##_or.status());           \
+  if (!caller##_or.ok()) return ToGrpc(caller##_or.status());             \
   const Caller& caller = *caller##_or
 
 grpc::Status ControlService::Hello(grpc::ServerContext* context,
@@ -45,9 +45,8 @@ grpc::Status ControlService::Hello(grpc::ServerContext* context,
     return grpc::Status(
         grpc::StatusCode::FAILED_PRECONDITION,
         absl::StrCat("client '", request->client_name(), "' speaks protocol ",
-                     client_major, ".x but lohand ", kLohanVersion,
-                     " speaks ", kProtocolMajor,
-                     ".x; install matching versions"));
+                     client_major, ".x but lohand ", kLohanVersion, " speaks ",
+                     kProtocolMajor, ".x; install matching versions"));
   }
   spdlog::debug("hello from '{}' (uid {}, pid {})", request->client_name(),
                 caller.uid, caller.pid);
@@ -127,8 +126,7 @@ grpc::Status ControlService::GetStatus(grpc::ServerContext* context,
   response->set_daemon_pid(getpid());
   response->set_started_unix_seconds(started_unix_seconds_);
   response->set_uptime_seconds(
-      std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                    started_)
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started_)
           .count());
   v1::ConfigSummary* summary = response->mutable_config();
   summary->set_socket_path(config_->socket_path);

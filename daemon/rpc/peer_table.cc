@@ -1,8 +1,8 @@
 #include "daemon/rpc/peer_table.h"
 
-#include "absl/strings/strip.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 
 namespace lohan {
 

@@ -58,9 +58,9 @@ absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Bind(
   sockaddr_un address{};
   address.sun_family = AF_UNIX;
   if (path.empty() || path.size() >= sizeof(address.sun_path)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "socket path '", path, "' must be 1 to ",
-        sizeof(address.sun_path) - 1, " characters"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("socket path '", path, "' must be 1 to ",
+                     sizeof(address.sun_path) - 1, " characters"));
   }
   std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
   if (absl::Status status = MakeParentDirectory(path); !status.ok()) {
@@ -77,10 +77,10 @@ absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Bind(
   }
   if (flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
     if (errno == EWOULDBLOCK) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "socket '", path, "' is held by a running lohand (pid ",
-          ReadHolderPid(lock_path),
-          "); stop it first or choose another socket (--socket)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("socket '", path, "' is held by a running lohand (pid ",
+                       ReadHolderPid(lock_path),
+                       "); stop it first or choose another socket (--socket)"));
     }
     return absl::FailedPreconditionError(
         ErrnoToStatus(errno, absl::StrCat("locking ", lock_path)).message());
@@ -125,9 +125,8 @@ absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Bind(
   }
   UniqueFd stop_event(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!stop_event) return ErrnoToStatus(errno, "eventfd");
-  return std::unique_ptr<UnixListener>(
-      new UnixListener(path, std::move(lock), std::move(listen_fd),
-                       std::move(stop_event)));
+  return std::unique_ptr<UnixListener>(new UnixListener(
+      path, std::move(lock), std::move(listen_fd), std::move(stop_event)));
 }
 
 UnixListener::~UnixListener() { Stop(); }
@@ -149,9 +148,8 @@ void UnixListener::AcceptLoop(ConnectionHandler handler) {
     if (fds[1].revents != 0) return;
     if ((fds[0].revents & POLLIN) == 0) continue;
     // gRPC's event engine needs the fd non-blocking, or calls hang.
-    UniqueFd connection(
-        accept4(listen_fd_.get(), nullptr, nullptr,
-                SOCK_CLOEXEC | SOCK_NONBLOCK));
+    UniqueFd connection(accept4(listen_fd_.get(), nullptr, nullptr,
+                                SOCK_CLOEXEC | SOCK_NONBLOCK));
     if (!connection) {
       if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED) {
         spdlog::warn("accept on {} failed: {}", path_, std::strerror(errno));

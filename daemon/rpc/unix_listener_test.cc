@@ -80,9 +80,9 @@ TEST_F(UnixListenerTest, SecondBindOnLivePathIsRefused) {
   auto second = UnixListener::Bind(path_);
   ASSERT_FALSE(second.ok());
   EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(second.status().message()),
-              HasSubstr("held by a running lohand (pid " +
-                        std::to_string(getpid())));
+  EXPECT_THAT(
+      std::string(second.status().message()),
+      HasSubstr("held by a running lohand (pid " + std::to_string(getpid())));
   // The refused attempt must not have disturbed the live socket.
   struct stat info {};
   EXPECT_EQ(stat(path_.c_str(), &info), 0);

@@ -36,9 +36,8 @@ static int roundtrip(lohan_client* client, const char* name) {
   if (status != LOHAN_OK) return failed("create", status);
   char id[64];
   snprintf(id, sizeof(id), "%s", lohan_job_info_id(job));
-  printf("create: %s name %s owner %u state %d\n", id,
-         lohan_job_info_name(job), lohan_job_info_owner_uid(job),
-         lohan_job_info_state(job));
+  printf("create: %s name %s owner %u state %d\n", id, lohan_job_info_name(job),
+         lohan_job_info_owner_uid(job), lohan_job_info_state(job));
   lohan_job_info_destroy(job);
 
   status = lohan_job_attach(client, id, &job);
@@ -68,8 +67,8 @@ static int roundtrip(lohan_client* client, const char* name) {
   char* json = NULL;
   status = lohan_client_status_json(client, &json);
   if (status != LOHAN_OK) return failed("status", status);
-  printf("status: %s\n", strstr(json, "\"daemon_version\"") ? "json ok"
-                                                           : "json bad");
+  printf("status: %s\n",
+         strstr(json, "\"daemon_version\"") ? "json ok" : "json bad");
   lohan_string_free(json);
 
   status = lohan_job_delete(client, id);
@@ -102,14 +101,18 @@ int main(int argc, char** argv) {
   } else if (strcmp(command, "create") == 0 && arg) {
     lohan_job_info* job = NULL;
     status = lohan_job_create(client, arg, 0, 0, &job);
-    if (status == LOHAN_OK) printf("%s\n", lohan_job_info_id(job));
-    else failed("create", status);
+    if (status == LOHAN_OK)
+      printf("%s\n", lohan_job_info_id(job));
+    else
+      failed("create", status);
     lohan_job_info_destroy(job);
   } else if (strcmp(command, "attach") == 0 && arg) {
     status = lohan_job_attach(client, arg, NULL);
     if (status == LOHAN_OK) status = lohan_job_detach(client, arg, NULL);
-    if (status == LOHAN_OK) printf("attach: ok\n");
-    else failed("attach", status);
+    if (status == LOHAN_OK)
+      printf("attach: ok\n");
+    else
+      failed("attach", status);
   } else if (strcmp(command, "hold") == 0 && arg) {
     status = lohan_job_attach(client, arg, NULL);
     if (status != LOHAN_OK) {
@@ -121,8 +124,10 @@ int main(int argc, char** argv) {
     }
   } else if (strcmp(command, "delete") == 0 && arg) {
     status = lohan_job_delete(client, arg);
-    if (status == LOHAN_OK) printf("delete: ok\n");
-    else failed("delete", status);
+    if (status == LOHAN_OK)
+      printf("delete: ok\n");
+    else
+      failed("delete", status);
   } else if (strcmp(command, "list") == 0) {
     lohan_job_list* list = NULL;
     status = lohan_jobs_list(client, &list);

@@ -24,10 +24,9 @@ constexpr auto kStartBound = std::chrono::seconds(60);
 }  // namespace
 
 std::vector<std::string> DaemonProcess::Flags(const std::string& dir) {
-  return {"--socket",         dir + "/lohand.sock",
-          "--state-dir",      dir + "/state",
-          "--ssd-path",       dir + "/ssd0",
-          "--host-pool-size", "64MiB"};
+  return {
+      "--socket",   dir + "/lohand.sock", "--state-dir",      dir + "/state",
+      "--ssd-path", dir + "/ssd0",        "--host-pool-size", "64MiB"};
 }
 
 DaemonProcess::DaemonProcess(pid_t pid, std::string socket,
@@ -65,10 +64,10 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(
       return absl::FailedPreconditionError(
           absl::StrCat("lohand exited during start: ", daemon->Log()));
     }
-    auto client = ControlClient::Connect(
-        {.socket_path = daemon->socket_,
-         .client_name = "test-harness",
-         .timeout = std::chrono::milliseconds(1000)});
+    auto client =
+        ControlClient::Connect({.socket_path = daemon->socket_,
+                                .client_name = "test-harness",
+                                .timeout = std::chrono::milliseconds(1000)});
     if (client.ok()) return daemon;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

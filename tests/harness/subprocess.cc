@@ -23,7 +23,7 @@ constexpr auto kRunBound = std::chrono::minutes(2);
 }  // namespace
 
 RunResult RunCommand(const std::vector<std::string>& argv,
-              const std::vector<std::string>& extra_env) {
+                     const std::vector<std::string>& extra_env) {
   RunResult result;
   int out_pipe[2], err_pipe[2];
   if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) {
@@ -37,7 +37,8 @@ RunResult RunCommand(const std::vector<std::string>& argv,
   posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
 
   std::vector<char*> args;
-  for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
+  for (const std::string& arg : argv)
+    args.push_back(const_cast<char*>(arg.c_str()));
   args.push_back(nullptr);
   std::vector<std::string> env_strings(extra_env);
   for (char** e = environ; *e != nullptr; ++e) env_strings.push_back(*e);
@@ -88,8 +89,8 @@ RunResult RunCommand(const std::vector<std::string>& argv,
   }
   int status = 0;
   waitpid(pid, &status, 0);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status)
-                                       : 128 + WTERMSIG(status);
+  result.exit_code =
+      WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return result;
 }
 

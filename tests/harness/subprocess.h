@@ -17,7 +17,7 @@ struct RunResult {
 // is killed (exit_code 128 + SIGKILL), so a test that wrongly starts a daemon
 // fails instead of hanging.
 RunResult RunCommand(const std::vector<std::string>& argv,
-              const std::vector<std::string>& extra_env = {});
+                     const std::vector<std::string>& extra_env = {});
 
 // The absolute path of a file in the test's runfiles, e.g.
 // "daemon/main/lohand".

@@ -88,8 +88,7 @@ LOHAN_CLIENT_API int lohan_client_has_capability(const lohan_client* client,
  * unique among the caller's jobs (LOHAN_ALREADY_EXISTS otherwise). */
 LOHAN_CLIENT_API int lohan_job_create(lohan_client* client, const char* name,
                                       uint64_t host_pool_bytes,
-                                      uint64_t ssd_bytes,
-                                      lohan_job_info** out);
+                                      uint64_t ssd_bytes, lohan_job_info** out);
 /* Binds the job to this process until lohan_job_detach or process exit.
  * LOHAN_PERMISSION_DENIED on another user's job; LOHAN_FAILED_PRECONDITION
  * while another live process holds it. `out` may be NULL. */
@@ -98,8 +97,7 @@ LOHAN_CLIENT_API int lohan_job_attach(lohan_client* client, const char* job_id,
 LOHAN_CLIENT_API int lohan_job_detach(lohan_client* client, const char* job_id,
                                       lohan_job_info** out);
 /* Deletes a detached job and everything it holds. */
-LOHAN_CLIENT_API int lohan_job_delete(lohan_client* client,
-                                      const char* job_id);
+LOHAN_CLIENT_API int lohan_job_delete(lohan_client* client, const char* job_id);
 
 LOHAN_CLIENT_API int lohan_jobs_list(lohan_client* client,
                                      lohan_job_list** out);
@@ -114,8 +112,7 @@ LOHAN_CLIENT_API const char* lohan_job_info_name(const lohan_job_info* job);
 LOHAN_CLIENT_API uint32_t lohan_job_info_owner_uid(const lohan_job_info* job);
 LOHAN_CLIENT_API int lohan_job_info_state(const lohan_job_info* job);
 /* The attached process, 0 when detached. */
-LOHAN_CLIENT_API int32_t lohan_job_info_attached_pid(
-    const lohan_job_info* job);
+LOHAN_CLIENT_API int32_t lohan_job_info_attached_pid(const lohan_job_info* job);
 LOHAN_CLIENT_API void lohan_job_info_destroy(lohan_job_info* job);
 
 /* The daemon's status (GetStatus) as JSON; free it with lohan_string_free. */

@@ -2,9 +2,13 @@
 // socket, refuse a second daemon, keep jobs across restarts.
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <cstdio>
 
 #include "client/control_client.h"
 #include "gmock/gmock.h"
@@ -160,6 +164,42 @@ TEST(DaemonLifecycle, DeadClientLosesItsAttachment) {
   ASSERT_TRUE(jobs.ok());
   EXPECT_EQ((*jobs)[0].state(), v1::JOB_STATE_DETACHED);
   EXPECT_TRUE((*client)->AttachJob(job->id()).ok());
+}
+
+TEST(DaemonLifecycle, GarbageAndSilentConnectionsDoNotHurt) {
+  PublicTempDir dir;
+  auto daemon = DaemonProcess::Start(dir.path());
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  auto connect_raw = [&]() {
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un address{};
+    address.sun_family = AF_UNIX;
+    std::snprintf(address.sun_path, sizeof(address.sun_path), "%s",
+                  (*daemon)->socket().c_str());
+    EXPECT_EQ(
+        connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+    return fd;
+  };
+  // One peer sends bytes that are not HTTP/2, one sends nothing and stays.
+  int garbage = connect_raw();
+  std::string junk(64 << 10, '\0');
+  for (size_t i = 0; i < junk.size(); ++i) junk[i] = static_cast<char>(i * 131);
+  EXPECT_GT(write(garbage, junk.data(), junk.size()), 0);
+  int silent = connect_raw();
+  close(garbage);
+
+  auto client = Connect((*daemon)->socket());
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_TRUE((*client)->ListJobs().ok());
+  v1::JobSpec spec;
+  spec.set_name(std::string(1 << 16, 'x'));  // oversized name
+  EXPECT_EQ((*client)->CreateJob(spec).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*client)->AttachJob(std::string(1 << 16, 'j')).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE((*client)->GetStatus().ok());
+  close(silent);
+  EXPECT_EQ((*daemon)->Stop(SIGTERM), 0) << (*daemon)->Log();
 }
 
 TEST(DaemonLifecycle, ProtocolMismatchIsRefusedAtHello) {

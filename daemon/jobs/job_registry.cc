@@ -20,6 +20,7 @@ namespace lohan {
 namespace {
 
 constexpr size_t kMaxJobNameLength = 64;
+constexpr size_t kMaxJobIdLength = 32;
 constexpr char kRegistryFile[] = "jobs.binpb";
 
 absl::Status ValidateJobName(const std::string& name) {
@@ -154,6 +155,11 @@ void JobRegistry::ReapDeadAttachments() {
 
 absl::StatusOr<JobRegistry::Entry*> JobRegistry::FindOwned(
     const Caller& caller, const std::string& job_id) {
+  if (job_id.empty() || job_id.size() > kMaxJobIdLength) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a job id is 1 to ", kMaxJobIdLength,
+                     " characters (e.g. j-000001), got ", job_id.size()));
+  }
   auto found = jobs_.find(job_id);
   if (found == jobs_.end()) {
     return absl::NotFoundError(

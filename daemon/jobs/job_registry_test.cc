@@ -98,6 +98,13 @@ TEST_F(JobRegistryTest, UnknownJobIsNotFound) {
   EXPECT_THAT(std::string(status.message()), HasSubstr("lohanctl jobs"));
 }
 
+TEST_F(JobRegistryTest, MalformedJobIdIsInvalidArgument) {
+  EXPECT_EQ(registry_->Attach(alice_, "").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(registry_->Delete(alice_, std::string(1 << 20, 'j')).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(JobRegistryTest, PoolAdmission) {
   ASSERT_TRUE(registry_->Create(alice_, Spec("a", 600)).ok());
   absl::Status status = registry_->Create(bob_, Spec("b", 500)).status();

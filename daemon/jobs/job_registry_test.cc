@@ -84,7 +84,7 @@ TEST_F(JobRegistryTest, NamesAreCheckedAndUniquePerOwner) {
   EXPECT_EQ(registry_->Create(alice_, Spec("run-1")).status().code(),
             absl::StatusCode::kAlreadyExists);
   EXPECT_TRUE(registry_->Create(bob_, Spec("run-1")).ok());
-  for (const std::string bad :
+  for (const std::string& bad :
        {std::string(""), std::string(65, 'a'), std::string("a b"),
         std::string("../x"), std::string("x\n"), std::string("\xff")}) {
     absl::StatusOr<v1::Job> job = registry_->Create(alice_, Spec(bad));

@@ -1,0 +1,92 @@
+"""Finds and loads liblohan_client.so and declares its C ABI for ctypes."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+from pathlib import Path
+from typing import List, Optional
+
+_LIBRARY_NAME = "liblohan_client.so"
+
+
+def _candidates() -> List[str]:
+    found: List[str] = []
+    explicit = os.environ.get("LOHAN_CLIENT_LIB")
+    if explicit:
+        return [explicit]
+    bazel_bin = os.environ.get("LOHAN_BAZEL_BIN")
+    if bazel_bin:
+        found.append(str(Path(bazel_bin) / "client" / _LIBRARY_NAME))
+    # A checkout: plugins/pytorch/lohan/_native.py -> repo root.
+    repo = Path(__file__).resolve().parents[3]
+    found.append(str(repo / "bazel-bin" / "client" / _LIBRARY_NAME))
+    system = ctypes.util.find_library("lohan_client")
+    found.append(system or _LIBRARY_NAME)
+    return found
+
+
+def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    c_int, c_char_p, c_void_p = ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p
+    u32, u64, i32, size_t = (ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int32,
+                             ctypes.c_size_t)
+    pp = ctypes.POINTER(c_void_p)
+    signatures = {
+        "lohan_version": (c_char_p, []),
+        "lohan_last_error": (c_char_p, []),
+        "lohan_status_name": (c_char_p, [c_int]),
+        "lohan_client_connect": (c_int, [c_char_p, pp]),
+        "lohan_client_destroy": (None, [c_void_p]),
+        "lohan_client_daemon_version": (c_char_p, [c_void_p]),
+        "lohan_client_protocol": (None, [c_void_p, ctypes.POINTER(u32),
+                                         ctypes.POINTER(u32)]),
+        "lohan_client_caller_uid": (u32, [c_void_p]),
+        "lohan_client_has_capability": (c_int, [c_void_p, c_char_p]),
+        "lohan_job_create": (c_int, [c_void_p, c_char_p, u64, u64, pp]),
+        "lohan_job_attach": (c_int, [c_void_p, c_char_p, pp]),
+        "lohan_job_detach": (c_int, [c_void_p, c_char_p, pp]),
+        "lohan_job_delete": (c_int, [c_void_p, c_char_p]),
+        "lohan_jobs_list": (c_int, [c_void_p, pp]),
+        "lohan_job_list_size": (size_t, [c_void_p]),
+        "lohan_job_list_get": (c_void_p, [c_void_p, size_t]),
+        "lohan_job_list_destroy": (None, [c_void_p]),
+        "lohan_job_info_id": (c_char_p, [c_void_p]),
+        "lohan_job_info_name": (c_char_p, [c_void_p]),
+        "lohan_job_info_owner_uid": (u32, [c_void_p]),
+        "lohan_job_info_state": (c_int, [c_void_p]),
+        "lohan_job_info_attached_pid": (i32, [c_void_p]),
+        "lohan_job_info_destroy": (None, [c_void_p]),
+        "lohan_client_status_json": (c_int, [c_void_p,
+                                             ctypes.POINTER(c_void_p)]),
+        "lohan_string_free": (None, [c_void_p]),
+    }
+    for name, (restype, argtypes) in signatures.items():
+        function = getattr(lib, name)
+        function.restype = restype
+        function.argtypes = argtypes
+    return lib
+
+
+_library: Optional[ctypes.CDLL] = None
+
+
+def library() -> ctypes.CDLL:
+    """The loaded client library; raises OSError naming every place tried."""
+    global _library
+    if _library is not None:
+        return _library
+    tried = []
+    for candidate in _candidates():
+        if os.sep in candidate and not os.path.exists(candidate):
+            tried.append(f"{candidate} (missing)")
+            continue
+        try:
+            _library = _declare(ctypes.CDLL(candidate))
+            return _library
+        except OSError as error:
+            tried.append(f"{candidate} ({error})")
+    raise OSError(
+        "cannot load liblohan_client.so; build it (bazel build "
+        "//client:liblohan_client.so), install it (scripts/install) or set "
+        "LOHAN_CLIENT_LIB. Tried: " + "; ".join(tried))

@@ -1,0 +1,158 @@
+"""A Python client of lohand's control plane, over liblohan_client's C ABI."""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import json
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+from lohan import _native
+
+
+class StatusCode(enum.IntEnum):
+    """The canonical status codes lohan uses everywhere (same as gRPC's)."""
+
+    OK = 0
+    CANCELLED = 1
+    UNKNOWN = 2
+    INVALID_ARGUMENT = 3
+    DEADLINE_EXCEEDED = 4
+    NOT_FOUND = 5
+    ALREADY_EXISTS = 6
+    PERMISSION_DENIED = 7
+    RESOURCE_EXHAUSTED = 8
+    FAILED_PRECONDITION = 9
+    ABORTED = 10
+    OUT_OF_RANGE = 11
+    UNIMPLEMENTED = 12
+    INTERNAL = 13
+    UNAVAILABLE = 14
+    DATA_LOSS = 15
+    UNAUTHENTICATED = 16
+
+
+class LohanError(RuntimeError):
+    """A failed lohan call: `code` is a StatusCode, the text says what to do."""
+
+    def __init__(self, code: int, message: str):
+        try:
+            self.code = StatusCode(code)
+        except ValueError:
+            self.code = StatusCode.UNKNOWN
+        self.message = message
+        super().__init__(f"{self.code.name}: {message}")
+
+
+def _check(status: int) -> None:
+    if status != 0:
+        message = _native.library().lohan_last_error().decode(errors="replace")
+        raise LohanError(status, message)
+
+
+@dataclass(frozen=True)
+class Job:
+    id: str
+    name: str
+    owner_uid: int
+    attached: bool
+    attached_pid: int
+
+    @staticmethod
+    def _from_handle(handle: int) -> "Job":
+        lib = _native.library()
+        return Job(
+            id=lib.lohan_job_info_id(handle).decode(),
+            name=lib.lohan_job_info_name(handle).decode(),
+            owner_uid=lib.lohan_job_info_owner_uid(handle),
+            attached=lib.lohan_job_info_state(handle) == 2,
+            attached_pid=lib.lohan_job_info_attached_pid(handle),
+        )
+
+
+class Client:
+    """A connection to lohand. `socket_path=None` uses $LOHAN_SOCKET, else
+    /run/lohan/lohand.sock. Raises LohanError(UNAVAILABLE) naming the socket
+    when no daemon answers."""
+
+    def __init__(self, socket_path: Optional[str] = None):
+        self._lib = _native.library()
+        self._handle = ctypes.c_void_p()
+        path = socket_path.encode() if socket_path is not None else None
+        _check(self._lib.lohan_client_connect(path, ctypes.byref(self._handle)))
+
+    def close(self) -> None:
+        if self._handle:
+            self._lib.lohan_client_destroy(self._handle)
+            self._handle = ctypes.c_void_p()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+    @property
+    def daemon_version(self) -> str:
+        return self._lib.lohan_client_daemon_version(self._handle).decode()
+
+    @property
+    def protocol(self) -> tuple:
+        major, minor = ctypes.c_uint32(), ctypes.c_uint32()
+        self._lib.lohan_client_protocol(self._handle, ctypes.byref(major),
+                                        ctypes.byref(minor))
+        return (major.value, minor.value)
+
+    @property
+    def caller_uid(self) -> int:
+        return self._lib.lohan_client_caller_uid(self._handle)
+
+    def has_capability(self, name: str) -> bool:
+        return bool(self._lib.lohan_client_has_capability(self._handle,
+                                                          name.encode()))
+
+    def _job_call(self, function, *args) -> Job:
+        info = ctypes.c_void_p()
+        _check(function(self._handle, *args, ctypes.byref(info)))
+        try:
+            return Job._from_handle(info)
+        finally:
+            self._lib.lohan_job_info_destroy(info)
+
+    def create_job(self, name: str, host_pool_bytes: int = 0,
+                   ssd_bytes: int = 0) -> Job:
+        return self._job_call(self._lib.lohan_job_create, name.encode(),
+                              host_pool_bytes, ssd_bytes)
+
+    def attach_job(self, job_id: str) -> Job:
+        return self._job_call(self._lib.lohan_job_attach, job_id.encode())
+
+    def detach_job(self, job_id: str) -> Job:
+        return self._job_call(self._lib.lohan_job_detach, job_id.encode())
+
+    def delete_job(self, job_id: str) -> None:
+        _check(self._lib.lohan_job_delete(self._handle, job_id.encode()))
+
+    def jobs(self) -> List[Job]:
+        handle = ctypes.c_void_p()
+        _check(self._lib.lohan_jobs_list(self._handle, ctypes.byref(handle)))
+        try:
+            return [Job._from_handle(self._lib.lohan_job_list_get(handle, i))
+                    for i in range(self._lib.lohan_job_list_size(handle))]
+        finally:
+            self._lib.lohan_job_list_destroy(handle)
+
+    def status(self) -> Dict[str, Any]:
+        """GetStatus as a dict (the proto's JSON form, field names as in
+        proto/lohan.proto)."""
+        text = ctypes.c_void_p()
+        _check(self._lib.lohan_client_status_json(self._handle,
+                                                  ctypes.byref(text)))
+        try:
+            return json.loads(ctypes.string_at(text).decode())
+        finally:
+            self._lib.lohan_string_free(text)

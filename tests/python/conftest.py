@@ -1,0 +1,70 @@
+"""Shared fixtures: a real lohand started from Bazel's outputs.
+
+Binaries come from $LOHAN_BAZEL_BIN (scripts/test sets it to `bazel info
+bazel-bin`), defaulting to the repo's bazel-bin. A missing binary fails the
+test with the build command to run; it never skips.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "plugins" / "pytorch"))
+BAZEL_BIN = Path(os.environ.get("LOHAN_BAZEL_BIN", REPO / "bazel-bin"))
+os.environ.setdefault("LOHAN_BAZEL_BIN", str(BAZEL_BIN))
+
+
+def built(relative: str) -> Path:
+    path = BAZEL_BIN / relative
+    if not path.exists():
+        pytest.fail(f"{path} is missing: run `bazel build //...` first "
+                    "(scripts/test does)")
+    return path
+
+
+class Daemon:
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.socket = str(directory / "lohand.sock")
+        (directory / "ssd0").mkdir()
+        self.log_path = directory / "lohand.log"
+        with open(self.log_path, "w") as log:
+            self.process = subprocess.Popen(
+                [str(built("daemon/main/lohand")), "--socket", self.socket,
+                 "--state-dir", str(directory / "state"), "--ssd-path",
+                 str(directory / "ssd0"), "--host-pool-size", "64MiB",
+                 "--log-level", "debug"],
+                stdout=log, stderr=subprocess.STDOUT)
+        # Only bounds a hung start; a healthy daemon answers in milliseconds.
+        deadline = time.monotonic() + 60
+        while not os.path.exists(self.socket):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("lohand did not start: " + self.log())
+            time.sleep(0.01)
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        return self.process.wait(timeout=60)
+
+
+@pytest.fixture
+def lohand():
+    with tempfile.TemporaryDirectory(prefix="lohan-pytest-") as directory:
+        daemon = Daemon(Path(directory))
+        try:
+            yield daemon
+        finally:
+            daemon.stop(signal.SIGKILL)

@@ -1,0 +1,167 @@
+#include "daemon/store/catalog_record.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace lohan {
+namespace {
+
+class Writer {
+ public:
+  void U8(uint8_t v) { out_.push_back(static_cast<char>(v)); }
+  void U32(uint32_t v) {
+    for (int i = 0; i < 4; ++i) out_.push_back(static_cast<char>(v >> (8 * i)));
+  }
+  void U64(uint64_t v) {
+    for (int i = 0; i < 8; ++i) out_.push_back(static_cast<char>(v >> (8 * i)));
+  }
+  void Str(absl::string_view s) {
+    U32(static_cast<uint32_t>(s.size()));
+    out_.append(s.data(), s.size());
+  }
+  std::string Take() { return std::move(out_); }
+
+ private:
+  std::string out_;
+};
+
+// Every getter fails (returns false) once the input runs out.
+class Reader {
+ public:
+  explicit Reader(absl::string_view in) : in_(in) {}
+  bool U8(uint8_t& v) {
+    if (in_.size() < 1) return false;
+    v = static_cast<uint8_t>(in_[0]);
+    in_.remove_prefix(1);
+    return true;
+  }
+  bool U32(uint32_t& v) {
+    if (in_.size() < 4) return false;
+    v = 0;
+    for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(in_[i]);
+    in_.remove_prefix(4);
+    return true;
+  }
+  bool U64(uint64_t& v) {
+    if (in_.size() < 8) return false;
+    v = 0;
+    for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(in_[i]);
+    in_.remove_prefix(8);
+    return true;
+  }
+  bool Str(std::string& s) {
+    uint32_t n;
+    if (!U32(n) || in_.size() < n) return false;
+    s.assign(in_.data(), n);
+    in_.remove_prefix(n);
+    return true;
+  }
+  // Reads a count of elements of at least `min_size` bytes each, rejecting
+  // counts the remaining input cannot hold.
+  bool Count(uint32_t& n, size_t min_size) {
+    return U32(n) && n <= in_.size() / min_size;
+  }
+  bool done() const { return in_.empty(); }
+
+ private:
+  absl::string_view in_;
+};
+
+}  // namespace
+
+std::string CatalogRecord::Encode() const {
+  Writer w;
+  w.U8(static_cast<uint8_t>(kind));
+  switch (kind) {
+    case Kind::kStoreInfo:
+      w.U32(format_version);
+      w.U64(stripe_unit);
+      w.U32(block_size);
+      w.U32(static_cast<uint32_t>(device_paths.size()));
+      for (const std::string& p : device_paths) w.Str(p);
+      break;
+    case Kind::kCreate:
+      w.Str(job);
+      w.Str(name);
+      w.U64(bytes);
+      break;
+    case Kind::kCommit:
+      w.Str(job);
+      w.Str(name);
+      w.U64(version);
+      w.U64(placement.bytes);
+      w.U32(placement.first_device);
+      w.U32(static_cast<uint32_t>(placement.region_offset.size()));
+      for (size_t d = 0; d < placement.region_offset.size(); ++d) {
+        w.U64(placement.region_offset[d]);
+        w.U64(placement.region_length[d]);
+      }
+      w.U32(static_cast<uint32_t>(placement.chunk_crc.size()));
+      for (uint32_t crc : placement.chunk_crc) w.U32(crc);
+      break;
+    case Kind::kDelete:
+      w.Str(job);
+      w.Str(name);
+      break;
+  }
+  return w.Take();
+}
+
+absl::StatusOr<CatalogRecord> CatalogRecord::Decode(absl::string_view payload) {
+  Reader r(payload);
+  CatalogRecord rec;
+  uint8_t kind = 0;
+  bool ok = r.U8(kind);
+  rec.kind = static_cast<Kind>(kind);
+  if (ok) {
+    switch (rec.kind) {
+      case Kind::kStoreInfo: {
+        uint32_t n = 0;
+        ok = r.U32(rec.format_version) && r.U64(rec.stripe_unit) &&
+             r.U32(rec.block_size) && r.Count(n, 4);
+        for (uint32_t i = 0; ok && i < n; ++i) {
+          rec.device_paths.emplace_back();
+          ok = r.Str(rec.device_paths.back());
+        }
+        break;
+      }
+      case Kind::kCreate:
+        ok = r.Str(rec.job) && r.Str(rec.name) && r.U64(rec.bytes);
+        break;
+      case Kind::kCommit: {
+        uint32_t n = 0;
+        ok = r.Str(rec.job) && r.Str(rec.name) && r.U64(rec.version) &&
+             r.U64(rec.placement.bytes) && r.U32(rec.placement.first_device) &&
+             r.Count(n, 16);
+        for (uint32_t d = 0; ok && d < n; ++d) {
+          uint64_t off = 0, len = 0;
+          ok = r.U64(off) && r.U64(len);
+          rec.placement.region_offset.push_back(off);
+          rec.placement.region_length.push_back(len);
+        }
+        uint32_t chunks = 0;
+        ok = ok && r.Count(chunks, 4);
+        for (uint32_t i = 0; ok && i < chunks; ++i) {
+          uint32_t crc = 0;
+          ok = r.U32(crc);
+          rec.placement.chunk_crc.push_back(crc);
+        }
+        rec.bytes = rec.placement.bytes;
+        break;
+      }
+      case Kind::kDelete:
+        ok = r.Str(rec.job) && r.Str(rec.name);
+        break;
+      default:
+        return absl::DataLossError(
+            absl::StrCat("catalog record of unknown kind ", kind));
+    }
+  }
+  if (!ok || !r.done()) {
+    return absl::DataLossError(absl::StrCat("malformed catalog record of kind ",
+                                            kind, " (", payload.size(),
+                                            " bytes)"));
+  }
+  return rec;
+}
+
+}  // namespace lohan

@@ -1,0 +1,47 @@
+#ifndef LOHAN_DAEMON_STORE_CATALOG_RECORD_H_
+#define LOHAN_DAEMON_STORE_CATALOG_RECORD_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "daemon/store/ssd_array.h"
+
+namespace lohan {
+
+// The records of the store's catalog (payloads of RecordLog records), in a
+// small hand-rolled little-endian encoding: a kind byte, then fields.
+// Replaying them in order rebuilds the set of tensors and their committed
+// versions; uncommitted versions are never recorded.
+struct CatalogRecord {
+  enum class Kind : uint8_t {
+    kStoreInfo = 1,  // First record: the array the catalog describes.
+    kCreate = 2,     // A tensor exists (job, name, bytes), no version yet.
+    kCommit = 3,     // (job, name) now reads `version` at `placement`.
+    kDelete = 4,     // (job, name) is gone.
+  };
+  Kind kind = Kind::kCreate;
+
+  // kStoreInfo.
+  uint32_t format_version = 1;
+  uint64_t stripe_unit = 0;
+  uint32_t block_size = 0;
+  std::vector<std::string> device_paths;
+
+  // kCreate, kCommit, kDelete.
+  std::string job;
+  std::string name;
+  uint64_t bytes = 0;    // kCreate.
+  uint64_t version = 0;  // kCommit.
+  Placement placement;   // kCommit (placement.bytes == the tensor's size).
+
+  std::string Encode() const;
+  // DATA_LOSS if `payload` is not a well-formed record.
+  static absl::StatusOr<CatalogRecord> Decode(absl::string_view payload);
+};
+
+}  // namespace lohan
+
+#endif  // LOHAN_DAEMON_STORE_CATALOG_RECORD_H_

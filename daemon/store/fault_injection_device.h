@@ -1,0 +1,66 @@
+#ifndef LOHAN_DAEMON_STORE_FAULT_INJECTION_DEVICE_H_
+#define LOHAN_DAEMON_STORE_FAULT_INJECTION_DEVICE_H_
+
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/store/block_device.h"
+
+namespace lohan {
+
+// Wraps a BlockDevice and makes chosen requests fail or corrupt data, for
+// tests of the layers above. With no armed rule it forwards everything.
+// Injected EIO/ENOSPC complete on the caller's thread, inside Submit.
+// Thread-safe.
+class FaultInjectionDevice final : public BlockDevice {
+ public:
+  enum class Fault {
+    kEio,            // Completes with EIO (nothing transferred).
+    kEnospc,         // Completes with ENOSPC (nothing transferred).
+    kShortTransfer,  // Does the I/O, reports half of it done (DATA_LOSS).
+    kBitFlip,        // Read: flips a bit of the data returned. Write: stores
+                     // the data with one bit flipped; both report success.
+  };
+  struct Rule {
+    Fault fault = Fault::kEio;
+    IoRequest::Op op = IoRequest::Op::kRead;
+    // How many matching requests this rule hits before it disarms.
+    uint64_t count = 1;
+    // Only requests overlapping [begin, end) match.
+    uint64_t begin = 0;
+    uint64_t end = std::numeric_limits<uint64_t>::max();
+  };
+
+  // Takes ownership of `base`.
+  explicit FaultInjectionDevice(std::unique_ptr<BlockDevice> base);
+  FaultInjectionDevice(const FaultInjectionDevice&) = delete;
+  FaultInjectionDevice& operator=(const FaultInjectionDevice&) = delete;
+  ~FaultInjectionDevice() override = default;
+
+  void Inject(const Rule& rule);
+  void ClearFaults();
+  // How many requests a rule has hit so far.
+  uint64_t faults_fired() const;
+
+  const std::string& path() const override { return base_->path(); }
+  uint64_t capacity() const override { return base_->capacity(); }
+  uint32_t block_size() const override { return base_->block_size(); }
+  void Submit(IoRequest request) override;
+  absl::Status Flush() override { return base_->Flush(); }
+
+ private:
+  const std::unique_ptr<BlockDevice> base_;
+
+  mutable absl::Mutex mu_;
+  std::vector<Rule> rules_ ABSL_GUARDED_BY(mu_);
+  uint64_t fired_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace lohan
+
+#endif  // LOHAN_DAEMON_STORE_FAULT_INJECTION_DEVICE_H_

@@ -1,0 +1,157 @@
+#include "daemon/store/record_log.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/common/errno_status.h"
+#include "daemon/store/crc32c.h"
+
+namespace lohan {
+namespace {
+
+constexpr size_t kHeader = 8;
+constexpr uint32_t kMaxRecord = 256u << 20;
+
+void PutU32(std::string& out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
+}
+uint32_t GetU32(const char* p) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
+  return v;
+}
+
+absl::Status WriteAll(int fd, const std::string& data, uint64_t offset,
+                      const std::string& path) {
+  size_t done = 0;
+  while (done < data.size()) {
+    ssize_t n = ::pwrite(fd, data.data() + done, data.size() - done,
+                         static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoToStatus(errno, absl::StrCat("write ", path));
+    }
+    done += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+std::string DirName(const std::string& path) {
+  size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+// The CRC covers the length too and is masked (as LevelDB does), so a run
+// of zero bytes (a file extended but never written) is not a valid record.
+uint32_t FrameCrc(uint32_t length, const char* payload) {
+  std::string len;
+  PutU32(len, length);
+  uint32_t crc = Crc32cExtend(Crc32c(len.data(), 4), payload, length);
+  return ((crc >> 15) | (crc << 17)) + 0xa282ead8u;
+}
+
+}  // namespace
+
+std::string RecordLog::Frame(absl::string_view payload) {
+  std::string out;
+  out.reserve(kHeader + payload.size());
+  PutU32(out, static_cast<uint32_t>(payload.size()));
+  PutU32(out, FrameCrc(static_cast<uint32_t>(payload.size()), payload.data()));
+  out.append(payload.data(), payload.size());
+  return out;
+}
+
+absl::StatusOr<RecordLog::Contents> RecordLog::Read(const std::string& path) {
+  Contents contents;
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) {
+    if (errno == ENOENT) return contents;
+    return ErrnoToStatus(errno, absl::StrCat("open ", path));
+  }
+  std::string data;
+  char buf[1 << 16];
+  while (true) {
+    ssize_t n = ::read(fd.get(), buf, sizeof(buf));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoToStatus(errno, absl::StrCat("read ", path));
+    }
+    if (n == 0) break;
+    data.append(buf, static_cast<size_t>(n));
+  }
+  size_t pos = 0;
+  while (data.size() - pos >= kHeader) {
+    const uint32_t length = GetU32(data.data() + pos);
+    const uint32_t crc = GetU32(data.data() + pos + 4);
+    if (length > kMaxRecord || data.size() - pos - kHeader < length) break;
+    const char* payload = data.data() + pos + kHeader;
+    if (FrameCrc(length, payload) != crc) break;
+    contents.records.emplace_back(payload, length);
+    pos += kHeader + length;
+  }
+  contents.valid_bytes = pos;
+  contents.torn_tail = pos != data.size();
+  return contents;
+}
+
+absl::StatusOr<std::unique_ptr<RecordLog>> RecordLog::Rewrite(
+    const std::string& path, const std::vector<std::string>& records) {
+  const std::string tmp = path + ".tmp";
+  UniqueFd fd(
+      ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+  if (!fd.valid()) return ErrnoToStatus(errno, absl::StrCat("create ", tmp));
+  std::string data;
+  for (const std::string& r : records) data += Frame(r);
+  absl::Status s = WriteAll(fd.get(), data, 0, tmp);
+  if (!s.ok()) return s;
+  if (::fsync(fd.get()) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("fsync ", tmp));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("rename ", tmp, " to ", path));
+  }
+  const std::string dir = DirName(path);
+  UniqueFd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!dir_fd.valid() || ::fsync(dir_fd.get()) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("fsync directory ", dir));
+  }
+  return std::unique_ptr<RecordLog>(
+      new RecordLog(path, std::move(fd), data.size()));
+}
+
+RecordLog::RecordLog(std::string path, UniqueFd fd, uint64_t end)
+    : path_(std::move(path)), fd_(std::move(fd)), end_(end) {}
+
+absl::Status RecordLog::Append(absl::string_view payload) {
+  if (!broken_.ok()) return broken_;
+  if (payload.size() > kMaxRecord) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "catalog record of ", payload.size(), " bytes is too big"));
+  }
+  absl::Status s = WriteAll(fd_.get(), Frame(payload), end_, path_);
+  if (!s.ok()) {
+    // Drop the partial record so a later append does not follow garbage.
+    if (::ftruncate(fd_.get(), static_cast<off_t>(end_)) != 0) broken_ = s;
+    return s;
+  }
+  end_ += kHeader + payload.size();
+  return absl::OkStatus();
+}
+
+absl::Status RecordLog::Sync() {
+  if (!broken_.ok()) return broken_;
+  if (::fdatasync(fd_.get()) != 0) {
+    broken_ = ErrnoToStatus(errno, absl::StrCat("fdatasync ", path_));
+    return broken_;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace lohan

@@ -1,0 +1,65 @@
+#ifndef LOHAN_DAEMON_STORE_RECORD_LOG_H_
+#define LOHAN_DAEMON_STORE_RECORD_LOG_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "daemon/common/unique_fd.h"
+
+namespace lohan {
+
+// An append-only file of framed records: each is
+//   [u32 payload length][u32 masked CRC32C of length+payload][payload]
+// (little-endian).
+// A record is durable once Sync() returns after its Append(). A torn or
+// corrupt record ends the log: reading stops there and what follows is
+// ignored (a crash mid-append loses only that record).
+//
+// Not thread-safe: the owner serializes Append/Sync.
+class RecordLog {
+ public:
+  struct Contents {
+    std::vector<std::string> records;
+    uint64_t valid_bytes = 0;  // Length of the intact prefix.
+    bool torn_tail = false;    // Bytes after the intact prefix were ignored.
+  };
+  // Reads the intact records of the log at `path`; a missing file is empty.
+  static absl::StatusOr<Contents> Read(const std::string& path);
+
+  // Atomically replaces the log at `path` by one holding `records`: writes
+  // `<path>.tmp`, fsyncs it, renames it over `path`, fsyncs the directory.
+  // Returns the new log, open for appending.
+  static absl::StatusOr<std::unique_ptr<RecordLog>> Rewrite(
+      const std::string& path, const std::vector<std::string>& records);
+
+  RecordLog(const RecordLog&) = delete;
+  RecordLog& operator=(const RecordLog&) = delete;
+
+  // Appends one record (not yet durable). On failure nothing is considered
+  // appended; the next Append overwrites any partial bytes.
+  absl::Status Append(absl::string_view payload);
+  // fdatasync. After a failed sync the log refuses all further appends and
+  // syncs (the kernel may have dropped the dirty pages: we can no longer
+  // know what is on disk).
+  absl::Status Sync();
+
+  uint64_t size() const { return end_; }
+
+ private:
+  RecordLog(std::string path, UniqueFd fd, uint64_t end);
+  static std::string Frame(absl::string_view payload);
+
+  const std::string path_;
+  const UniqueFd fd_;
+  uint64_t end_;
+  absl::Status broken_;
+};
+
+}  // namespace lohan
+
+#endif  // LOHAN_DAEMON_STORE_RECORD_LOG_H_

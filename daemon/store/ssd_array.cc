@@ -1,0 +1,305 @@
+#include "daemon/store/ssd_array.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "daemon/common/check.h"
+#include "daemon/store/aligned_buffer.h"
+#include "daemon/store/crc32c.h"
+
+namespace lohan {
+
+// Counts the outstanding chunk I/Os of one Read or Write, keeps at most
+// `limit` in flight and remembers the first error. Shared with the
+// completion callbacks, so it outlives the call that made it.
+class SsdArray::Batch {
+ public:
+  explicit Batch(size_t limit) : limit_(limit) {}
+
+  void Acquire() {
+    mu_.LockWhen(absl::Condition(
+        +[](Batch* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(b->mu_) {
+          return b->in_flight_ < b->limit_;
+        },
+        this));
+    ++in_flight_;
+    mu_.Unlock();
+  }
+  void Finished(absl::Status status) {
+    absl::MutexLock lock(&mu_);
+    --in_flight_;
+    if (!status.ok() && first_error_.ok()) first_error_ = std::move(status);
+  }
+  bool failed() {
+    absl::MutexLock lock(&mu_);
+    return !first_error_.ok();
+  }
+  absl::Status Wait() {
+    mu_.LockWhen(absl::Condition(
+        +[](Batch* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(b->mu_) {
+          return b->in_flight_ == 0;
+        },
+        this));
+    absl::Status status = first_error_;
+    mu_.Unlock();
+    return status;
+  }
+
+ private:
+  const size_t limit_;
+  absl::Mutex mu_;
+  size_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status first_error_ ABSL_GUARDED_BY(mu_);
+};
+
+namespace {
+
+bool IsAligned(const void* p, uint64_t alignment) {
+  return reinterpret_cast<uintptr_t>(p) % alignment == 0;
+}
+
+absl::Status Annotate(const absl::Status& status, absl::string_view what,
+                      size_t chunk, uint32_t device) {
+  return absl::Status(status.code(), absl::StrCat("tensor ", what, " extent ",
+                                                  chunk, " (device ", device,
+                                                  "): ", status.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SsdArray>> SsdArray::Create(
+    std::vector<std::unique_ptr<BlockDevice>> devices, uint64_t stripe_unit) {
+  if (devices.empty()) {
+    return absl::InvalidArgumentError("an SSD array needs at least one path");
+  }
+  const uint32_t bs = devices[0]->block_size();
+  for (const auto& d : devices) {
+    if (d->block_size() != bs) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("device ", d->path(), " has block size ",
+                       d->block_size(), ", others ", bs));
+    }
+  }
+  if (stripe_unit == 0 || stripe_unit % bs != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stripe_unit ", stripe_unit,
+                     " must be a non-zero multiple of the block"
+                     " size ",
+                     bs));
+  }
+  return std::unique_ptr<SsdArray>(
+      new SsdArray(std::move(devices), stripe_unit));
+}
+
+SsdArray::SsdArray(std::vector<std::unique_ptr<BlockDevice>> devices,
+                   uint64_t stripe_unit)
+    : devices_(std::move(devices)),
+      stripe_unit_(stripe_unit),
+      block_size_(devices_[0]->block_size()),
+      max_in_flight_(32 * devices_.size()) {
+  absl::MutexLock lock(&mu_);
+  for (const auto& d : devices_) {
+    allocators_.emplace_back(d->capacity(), block_size_);
+  }
+}
+
+size_t SsdArray::ChunkCount(uint64_t bytes) const {
+  const uint64_t padded = (bytes + block_size_ - 1) / block_size_ * block_size_;
+  return static_cast<size_t>((padded + stripe_unit_ - 1) / stripe_unit_);
+}
+
+SsdArray::Chunk SsdArray::ChunkAt(const Placement& p, size_t i) const {
+  const size_t n = devices_.size();
+  const uint64_t padded =
+      (p.bytes + block_size_ - 1) / block_size_ * block_size_;
+  Chunk c;
+  c.device = static_cast<uint32_t>((p.first_device + i) % n);
+  c.logical_offset = i * stripe_unit_;
+  c.length = std::min<uint64_t>(stripe_unit_, padded - c.logical_offset);
+  c.device_offset = p.region_offset[c.device] + (i / n) * stripe_unit_;
+  return c;
+}
+
+absl::StatusOr<Placement> SsdArray::Allocate(uint64_t bytes) {
+  LOHAN_CHECK(bytes > 0);
+  const size_t n = devices_.size();
+  Placement p;
+  p.bytes = bytes;
+  p.region_offset.assign(n, 0);
+  p.region_length.assign(n, 0);
+  const size_t chunks = ChunkCount(bytes);
+  p.chunk_crc.assign(chunks, 0);
+
+  absl::MutexLock lock(&mu_);
+  p.first_device = next_first_device_;
+  next_first_device_ = static_cast<uint32_t>((next_first_device_ + 1) % n);
+  for (size_t i = 0; i < chunks; ++i) {
+    p.region_length[(p.first_device + i) % n] += ChunkAt(p, i).length;
+  }
+  for (size_t d = 0; d < n; ++d) {
+    if (p.region_length[d] == 0) continue;
+    absl::StatusOr<uint64_t> offset =
+        allocators_[d].Allocate(p.region_length[d]);
+    if (!offset.ok()) {
+      for (size_t u = 0; u < d; ++u) {
+        if (p.region_length[u] > 0) {
+          allocators_[u].Free(p.region_offset[u], p.region_length[u]);
+        }
+      }
+      return absl::ResourceExhaustedError(
+          absl::StrCat("SSD ", devices_[d]->path(),
+                       " is full: ", offset.status().message()));
+    }
+    p.region_offset[d] = *offset;
+  }
+  return p;
+}
+
+absl::Status SsdArray::Reserve(const Placement& p) {
+  const size_t n = devices_.size();
+  if (p.bytes == 0 || p.region_offset.size() != n ||
+      p.region_length.size() != n || p.first_device >= n ||
+      p.chunk_crc.size() != ChunkCount(p.bytes)) {
+    return absl::DataLossError(absl::StrCat(
+        "catalog placement does not fit an array of ", n, " devices"));
+  }
+  std::vector<uint64_t> expected(n, 0);
+  for (size_t i = 0; i < p.chunk_crc.size(); ++i) {
+    expected[(p.first_device + i) % n] += ChunkAt(p, i).length;
+  }
+  if (expected != p.region_length) {
+    return absl::DataLossError("catalog placement has inconsistent lengths");
+  }
+  absl::MutexLock lock(&mu_);
+  for (size_t d = 0; d < n; ++d) {
+    if (p.region_length[d] == 0) continue;
+    absl::Status s =
+        allocators_[d].Reserve(p.region_offset[d], p.region_length[d]);
+    if (!s.ok()) {
+      for (size_t u = 0; u < d; ++u) {
+        if (p.region_length[u] > 0) {
+          allocators_[u].Free(p.region_offset[u], p.region_length[u]);
+        }
+      }
+      return absl::DataLossError(
+          absl::StrCat("device ", devices_[d]->path(), ": ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void SsdArray::Free(const Placement& p) {
+  absl::MutexLock lock(&mu_);
+  for (size_t d = 0; d < devices_.size(); ++d) {
+    if (p.region_length[d] > 0) {
+      allocators_[d].Free(p.region_offset[d], p.region_length[d]);
+    }
+  }
+}
+
+absl::Status SsdArray::Write(const void* data, Placement& p,
+                             absl::string_view what) {
+  const size_t chunks = ChunkCount(p.bytes);
+  p.chunk_crc.assign(chunks, 0);
+  auto batch = std::make_shared<Batch>(max_in_flight_);
+  auto name = std::make_shared<std::string>(what);
+  const uint8_t* src_base = static_cast<const uint8_t*>(data);
+  for (size_t i = 0; i < chunks; ++i) {
+    if (batch->failed()) break;
+    const Chunk c = ChunkAt(p, i);
+    const uint8_t* src = src_base + c.logical_offset;
+    const uint64_t avail = std::min(c.length, p.bytes - c.logical_offset);
+    std::shared_ptr<AlignedBuffer> bounce;
+    void* buffer = const_cast<uint8_t*>(src);
+    if (avail != c.length || !IsAligned(src, block_size_)) {
+      bounce = std::make_shared<AlignedBuffer>(c.length, block_size_);
+      std::memcpy(bounce->data(), src, avail);
+      buffer = bounce->data();
+    }
+    p.chunk_crc[i] = Crc32c(buffer, c.length);
+    batch->Acquire();
+    IoRequest request;
+    request.op = IoRequest::Op::kWrite;
+    request.buffer = buffer;
+    request.length = c.length;
+    request.offset = c.device_offset;
+    request.done = [batch, bounce, name, i, c](const IoResult& r) {
+      batch->Finished(r.status.ok() ? absl::OkStatus()
+                                    : Annotate(r.status, *name, i, c.device));
+    };
+    devices_[c.device]->Submit(std::move(request));
+  }
+  return batch->Wait();
+}
+
+absl::Status SsdArray::Read(const Placement& p, void* dest,
+                            absl::string_view what) {
+  const size_t chunks = ChunkCount(p.bytes);
+  LOHAN_CHECK(p.chunk_crc.size() == chunks);
+  auto batch = std::make_shared<Batch>(max_in_flight_);
+  auto name = std::make_shared<std::string>(what);
+  uint8_t* dest_base = static_cast<uint8_t*>(dest);
+  for (size_t i = 0; i < chunks; ++i) {
+    if (batch->failed()) break;
+    const Chunk c = ChunkAt(p, i);
+    uint8_t* dst = dest_base + c.logical_offset;
+    const uint64_t avail = std::min(c.length, p.bytes - c.logical_offset);
+    std::shared_ptr<AlignedBuffer> bounce;
+    void* buffer = dst;
+    if (avail != c.length || !IsAligned(dst, block_size_)) {
+      bounce = std::make_shared<AlignedBuffer>(c.length, block_size_);
+      buffer = bounce->data();
+    }
+    const uint32_t expected = p.chunk_crc[i];
+    const std::string device_path = devices_[c.device]->path();
+    batch->Acquire();
+    IoRequest request;
+    request.op = IoRequest::Op::kRead;
+    request.buffer = buffer;
+    request.length = c.length;
+    request.offset = c.device_offset;
+    request.done = [batch, bounce, name, i, c, buffer, dst, avail, expected,
+                    device_path](const IoResult& r) {
+      if (!r.status.ok()) {
+        batch->Finished(Annotate(r.status, *name, i, c.device));
+        return;
+      }
+      const uint32_t actual = Crc32c(buffer, c.length);
+      if (actual != expected) {
+        batch->Finished(absl::DataLossError(absl::StrFormat(
+            "tensor %s extent %d (device %d %s offset %d length %d): checksum "
+            "mismatch, stored crc32c 0x%08x, read 0x%08x",
+            *name, i, c.device, device_path, c.device_offset, c.length,
+            expected, actual)));
+        return;
+      }
+      if (bounce) std::memcpy(dst, bounce->data(), avail);
+      batch->Finished(absl::OkStatus());
+    };
+    devices_[c.device]->Submit(std::move(request));
+  }
+  return batch->Wait();
+}
+
+absl::Status SsdArray::FlushAll() {
+  for (const auto& d : devices_) {
+    absl::Status s = d->Flush();
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+std::vector<DeviceStats> SsdArray::Stats() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<DeviceStats> stats;
+  for (size_t d = 0; d < devices_.size(); ++d) {
+    stats.push_back(DeviceStats{devices_[d]->path(), allocators_[d].capacity(),
+                                allocators_[d].used()});
+  }
+  return stats;
+}
+
+}  // namespace lohan

@@ -1,0 +1,108 @@
+#ifndef LOHAN_DAEMON_STORE_SSD_ARRAY_H_
+#define LOHAN_DAEMON_STORE_SSD_ARRAY_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/store/block_device.h"
+#include "daemon/store/extent_allocator.h"
+
+namespace lohan {
+
+// Where one tensor version lives. Its bytes, padded with zeros to the block
+// size, are cut into stripe-unit chunks ("extents"); chunk i lives on device
+// (first_device + i) % N at region_offset[d] + (i / N) * stripe_unit, so a
+// large tensor spreads over the whole array and reading it keeps every device
+// busy. Each device holds one contiguous region per version.
+struct Placement {
+  uint64_t bytes = 0;  // Logical size.
+  uint32_t first_device = 0;
+  std::vector<uint64_t> region_offset;  // Per device.
+  std::vector<uint64_t> region_length;  // Per device; 0: unused.
+  std::vector<uint32_t> chunk_crc;      // CRC32C of each padded chunk.
+
+  bool operator==(const Placement&) const = default;
+};
+
+struct DeviceStats {
+  std::string path;
+  uint64_t capacity_bytes = 0;
+  uint64_t used_bytes = 0;
+};
+
+// N block devices used as one striped array, with free space per device.
+// Thread-safe: allocation is under a mutex; reads and writes of distinct
+// placements run in parallel with no lock held.
+class SsdArray {
+ public:
+  // REQUIRES (checked, INVALID_ARGUMENT): at least one device, all with the
+  // same block size; stripe_unit a non-zero multiple of it.
+  static absl::StatusOr<std::unique_ptr<SsdArray>> Create(
+      std::vector<std::unique_ptr<BlockDevice>> devices, uint64_t stripe_unit);
+
+  SsdArray(const SsdArray&) = delete;
+  SsdArray& operator=(const SsdArray&) = delete;
+
+  // Allocates space for `bytes` (> 0). RESOURCE_EXHAUSTED naming the device
+  // when one lacks space; nothing stays allocated then. chunk_crc is sized
+  // but filled by Write.
+  absl::StatusOr<Placement> Allocate(uint64_t bytes);
+  // Marks a placement from the catalog used (replay). DATA_LOSS if it does
+  // not fit the array or overlaps another.
+  absl::Status Reserve(const Placement& placement);
+  // REQUIRES: `placement` came from Allocate or Reserve and is not freed.
+  void Free(const Placement& placement);
+
+  // Writes data[0, placement.bytes) into the placement and sets chunk_crc.
+  // `what` names the tensor in errors. Aligned source chunks go straight to
+  // the device; unaligned ones and the padded tail go through bounce buffers.
+  absl::Status Write(const void* data, Placement& placement,
+                     absl::string_view what);
+  // Reads the placement into dest[0, placement.bytes), checking every
+  // chunk's CRC32C: a mismatch is DATA_LOSS naming `what`, the extent, the
+  // device and offset. I/O errors name the device and offset too.
+  absl::Status Read(const Placement& placement, void* dest,
+                    absl::string_view what);
+  // fdatasync on every device.
+  absl::Status FlushAll();
+
+  size_t device_count() const { return devices_.size(); }
+  uint64_t stripe_unit() const { return stripe_unit_; }
+  uint32_t block_size() const { return block_size_; }
+  std::vector<DeviceStats> Stats() const;
+
+ private:
+  SsdArray(std::vector<std::unique_ptr<BlockDevice>> devices,
+           uint64_t stripe_unit);
+  struct Chunk {
+    uint32_t device;
+    uint64_t device_offset;
+    uint64_t logical_offset;
+    uint64_t length;  // Padded, multiple of block_size_.
+  };
+  Chunk ChunkAt(const Placement& placement, size_t index) const;
+  size_t ChunkCount(uint64_t bytes) const;
+  // Bounds and waits for the chunk I/Os of one Read or Write.
+  class Batch;
+
+  // Constant after construction.
+  const std::vector<std::unique_ptr<BlockDevice>> devices_;
+  const uint64_t stripe_unit_;
+  const uint32_t block_size_;
+  const size_t max_in_flight_;
+
+  mutable absl::Mutex mu_;
+  std::vector<ExtentAllocator> allocators_ ABSL_GUARDED_BY(mu_);
+  uint32_t next_first_device_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace lohan
+
+#endif  // LOHAN_DAEMON_STORE_SSD_ARRAY_H_

@@ -1,0 +1,123 @@
+#include "daemon/store/ssd_array.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "daemon/store/aio_device.h"
+#include "daemon/store/test_util.h"
+#include "gtest/gtest.h"
+
+namespace lohan {
+namespace {
+
+using testing_util::Pattern;
+using testing_util::TempDir;
+
+constexpr uint64_t kStripe = 64 << 10;
+
+class SsdArrayTest : public ::testing::Test {
+ protected:
+  void Open(int n, uint64_t capacity) {
+    std::vector<std::unique_ptr<BlockDevice>> devices;
+    for (int i = 0; i < n; ++i) {
+      AioDeviceOptions options;
+      options.path = dir_.Subdir("ssd" + std::to_string(i));
+      options.capacity_bytes = capacity;
+      auto d = AioBlockDevice::Open(options);
+      ASSERT_TRUE(d.ok()) << d.status();
+      files_.push_back((*d)->file_path());
+      devices.push_back(*std::move(d));
+    }
+    auto array = SsdArray::Create(std::move(devices), kStripe);
+    ASSERT_TRUE(array.ok()) << array.status();
+    array_ = *std::move(array);
+  }
+  TempDir dir_;
+  std::vector<std::string> files_;
+  std::unique_ptr<SsdArray> array_;
+};
+
+TEST_F(SsdArrayTest, StripesOverThreeFilesAndReadsBack) {
+  Open(3, 4 << 20);
+  const uint64_t bytes = 10 * kStripe + 12345;  // 11 chunks, odd tail.
+  std::vector<uint8_t> data = Pattern(5, bytes);
+  auto p = array_->Allocate(bytes);
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_TRUE(array_->Write(data.data(), *p, "t").ok());
+  ASSERT_EQ(p->chunk_crc.size(), 11u);
+  for (int d = 0; d < 3; ++d) EXPECT_GT(p->region_length[d], 0u) << d;
+  std::vector<uint8_t> back(bytes);
+  ASSERT_TRUE(array_->Read(*p, back.data(), "t").ok());
+  EXPECT_EQ(back, data);
+
+  // The bytes really are on all three files, chunk by chunk, round-robin.
+  std::vector<std::string> raw;
+  for (const auto& f : files_) raw.push_back(testing_util::ReadWholeFile(f));
+  for (size_t i = 0; i < 11; ++i) {
+    const size_t d = (p->first_device + i) % 3;
+    const uint64_t off = p->region_offset[d] + (i / 3) * kStripe;
+    const uint64_t len = std::min<uint64_t>(kStripe, bytes - i * kStripe);
+    ASSERT_GE(raw[d].size(), off + len);
+    EXPECT_EQ(std::memcmp(raw[d].data() + off, data.data() + i * kStripe, len),
+              0)
+        << "chunk " << i << " on device " << d;
+  }
+  auto stats = array_->Stats();
+  uint64_t used = 0;
+  for (const auto& s : stats) used += s.used_bytes;
+  EXPECT_EQ(used, (bytes + 4095) / 4096 * 4096);
+  array_->Free(*p);
+  for (const auto& s : array_->Stats()) EXPECT_EQ(s.used_bytes, 0u);
+}
+
+TEST_F(SsdArrayTest, SmallTensorsRotateOverDevices) {
+  Open(3, 1 << 20);
+  std::vector<Placement> ps;
+  for (int i = 0; i < 3; ++i) {
+    auto p = array_->Allocate(100);
+    ASSERT_TRUE(p.ok());
+    ps.push_back(*p);
+  }
+  for (const auto& s : array_->Stats()) EXPECT_EQ(s.used_bytes, 4096u);
+}
+
+TEST_F(SsdArrayTest, UnalignedCallerBuffersWork) {
+  Open(2, 1 << 20);
+  const uint64_t bytes = 3 * kStripe + 1;
+  std::vector<uint8_t> src(bytes + 1), dst(bytes + 1);
+  std::vector<uint8_t> data = Pattern(9, bytes);
+  std::memcpy(src.data() + 1, data.data(), bytes);
+  auto p = array_->Allocate(bytes);
+  ASSERT_TRUE(p.ok());
+  ASSERT_TRUE(array_->Write(src.data() + 1, *p, "t").ok());
+  ASSERT_TRUE(array_->Read(*p, dst.data() + 1, "t").ok());
+  EXPECT_EQ(std::memcmp(dst.data() + 1, data.data(), bytes), 0);
+}
+
+TEST_F(SsdArrayTest, FullDeviceIsResourceExhaustedAndLeaksNothing) {
+  Open(2, 256 << 10);
+  auto big = array_->Allocate(400 << 10);  // 200 KiB per device.
+  ASSERT_TRUE(big.ok());
+  auto too_big = array_->Allocate(200 << 10);
+  EXPECT_EQ(too_big.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(too_big.status().message().find("ssd"), std::string::npos)
+      << too_big.status();
+  uint64_t used = 0;
+  for (const auto& s : array_->Stats()) used += s.used_bytes;
+  EXPECT_EQ(used, 400u << 10);
+}
+
+TEST_F(SsdArrayTest, ReserveRejectsOverlapsAndBadShapes) {
+  Open(2, 1 << 20);
+  auto p = array_->Allocate(3 * kStripe);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(array_->Reserve(*p).code(), absl::StatusCode::kDataLoss);
+  Placement bad = *p;
+  bad.region_length[0] += 4096;
+  EXPECT_EQ(array_->Reserve(bad).code(), absl::StatusCode::kDataLoss);
+  array_->Free(*p);
+  EXPECT_TRUE(array_->Reserve(*p).ok());
+}
+
+}  // namespace
+}  // namespace lohan

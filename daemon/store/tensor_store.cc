@@ -1,0 +1,508 @@
+#include "daemon/store/tensor_store.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "daemon/common/errno_status.h"
+#include "daemon/store/aio_device.h"
+#include "daemon/store/catalog_record.h"
+
+namespace lohan {
+
+// One written version of a tensor. Frees its space when the last holder
+// (the tensor entry, a reader in progress) lets go.
+struct TensorStore::Version {
+  Version(SsdArray* array, Placement placement)
+      : array(array), placement(std::move(placement)) {}
+  Version(const Version&) = delete;
+  Version& operator=(const Version&) = delete;
+  ~Version() { array->Free(placement); }
+
+  SsdArray* const array;
+  uint64_t number = 0;  // Set before the version is published.
+  Placement placement;
+};
+
+// All fields are protected by TensorStore::mu_.
+struct TensorStore::Entry {
+  uint64_t bytes = 0;
+  uint64_t last_version = 0;  // Highest version number handed out.
+  std::shared_ptr<const Version> committed;
+  std::shared_ptr<const Version> pending;
+  bool busy = false;     // A mutation is in progress.
+  bool deleted = false;  // Removed from tensors_ while someone waited.
+};
+
+namespace {
+
+std::string CatalogPath(const std::string& state_dir) {
+  return state_dir + "/catalog.log";
+}
+
+absl::Status ValidateName(absl::string_view job, absl::string_view name) {
+  if (job.empty() || name.empty() || job.size() > 4096 || name.size() > 4096) {
+    return absl::InvalidArgumentError(
+        "tensor job and name must be non-empty and at most 4096 bytes");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string TensorStore::Describe(const Key& key, uint64_t version) {
+  return absl::StrCat("'", key.first, "/", key.second, "' version ", version);
+}
+
+absl::StatusOr<std::unique_ptr<TensorStore>> TensorStore::Open(
+    const StoreOptions& options) {
+  std::vector<std::unique_ptr<BlockDevice>> devices;
+  for (const std::string& path : options.ssd_paths) {
+    AioDeviceOptions device_options;
+    device_options.path = path;
+    device_options.capacity_bytes = options.device_capacity_bytes;
+    device_options.block_size = options.block_size;
+    device_options.queue_depth = options.queue_depth;
+    device_options.allow_buffered_io = options.allow_buffered_io;
+    absl::StatusOr<std::unique_ptr<AioBlockDevice>> device =
+        AioBlockDevice::Open(device_options);
+    if (!device.ok()) return device.status();
+    devices.push_back(*std::move(device));
+  }
+  return OpenWithDevices(options, std::move(devices));
+}
+
+absl::StatusOr<std::unique_ptr<TensorStore>> TensorStore::OpenWithDevices(
+    const StoreOptions& options,
+    std::vector<std::unique_ptr<BlockDevice>> devices) {
+  if (options.ssd_paths.empty() || options.state_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "the SSD store needs ssd_paths and a state_dir");
+  }
+  if (devices.size() != options.ssd_paths.size()) {
+    return absl::InvalidArgumentError("one device per SSD path is needed");
+  }
+  std::set<std::string> unique(options.ssd_paths.begin(),
+                               options.ssd_paths.end());
+  if (unique.size() != options.ssd_paths.size()) {
+    return absl::InvalidArgumentError("ssd_paths lists a path twice");
+  }
+  if (::mkdir(options.state_dir.c_str(), 0700) == 0) {
+    // Make the new directory's entry durable in its parent.
+    const std::string& dir = options.state_dir;
+    const size_t slash = dir.find_last_of('/');
+    const std::string parent = slash == std::string::npos ? "."
+                               : slash == 0               ? "/"
+                                            : dir.substr(0, slash);
+    UniqueFd parent_fd(
+        ::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (!parent_fd.valid() || ::fsync(parent_fd.get()) != 0) {
+      return ErrnoToStatus(errno, absl::StrCat("fsync ", parent));
+    }
+  } else if (errno != EEXIST) {
+    return ErrnoToStatus(errno,
+                         absl::StrCat("create state_dir ", options.state_dir));
+  }
+  const std::string lock_path = options.state_dir + "/LOCK";
+  UniqueFd lock_fd(
+      ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  if (!lock_fd.valid()) {
+    return ErrnoToStatus(errno, absl::StrCat("open ", lock_path));
+  }
+  if (::flock(lock_fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "state_dir ", options.state_dir, " is in use by another open store (",
+          lock_path, " is locked)"));
+    }
+    return ErrnoToStatus(errno, absl::StrCat("flock ", lock_path));
+  }
+  absl::StatusOr<std::unique_ptr<SsdArray>> array =
+      SsdArray::Create(std::move(devices), options.stripe_unit);
+  if (!array.ok()) return array.status();
+  std::unique_ptr<TensorStore> store(
+      new TensorStore(options, std::move(lock_fd), *std::move(array)));
+  absl::Status recovered = store->Recover();
+  if (!recovered.ok()) return recovered;
+  return store;
+}
+
+TensorStore::TensorStore(StoreOptions options, UniqueFd lock_fd,
+                         std::unique_ptr<SsdArray> array)
+    : options_(std::move(options)),
+      lock_fd_(std::move(lock_fd)),
+      array_(std::move(array)) {}
+
+TensorStore::~TensorStore() {
+  // Versions free their space into array_, so drop them first.
+  absl::MutexLock lock(&mu_);
+  tensors_.clear();
+}
+
+absl::Status TensorStore::Recover() {
+  const std::string path = CatalogPath(options_.state_dir);
+  absl::StatusOr<RecordLog::Contents> contents = RecordLog::Read(path);
+  if (!contents.ok()) return contents.status();
+  if (contents->torn_tail) {
+    std::fprintf(stderr,
+                 "lohan store: ignored a torn record at the end of %s "
+                 "(offset %llu): an interrupted, uncommitted append\n",
+                 path.c_str(),
+                 static_cast<unsigned long long>(contents->valid_bytes));
+  }
+
+  struct Replayed {
+    uint64_t bytes = 0;
+    uint64_t version = 0;
+    std::optional<Placement> placement;
+  };
+  std::map<Key, Replayed> replayed;
+  for (size_t i = 0; i < contents->records.size(); ++i) {
+    absl::StatusOr<CatalogRecord> rec =
+        CatalogRecord::Decode(contents->records[i]);
+    if (!rec.ok()) {
+      return absl::DataLossError(
+          absl::StrCat(path, " record ", i, ": ", rec.status().message()));
+    }
+    if (i == 0) {
+      if (rec->kind != CatalogRecord::Kind::kStoreInfo) {
+        return absl::DataLossError(
+            absl::StrCat(path, " does not start with a store record"));
+      }
+      if (rec->device_paths != options_.ssd_paths ||
+          rec->stripe_unit != options_.stripe_unit ||
+          rec->block_size != options_.block_size) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "the catalog in ", options_.state_dir, " was made for ssd_paths [",
+            absl::StrJoin(rec->device_paths, ", "), "] stripe_unit ",
+            rec->stripe_unit, " block_size ", rec->block_size,
+            "; the options give [", absl::StrJoin(options_.ssd_paths, ", "),
+            "] stripe_unit ", options_.stripe_unit, " block_size ",
+            options_.block_size));
+      }
+      continue;
+    }
+    Key key(rec->job, rec->name);
+    switch (rec->kind) {
+      case CatalogRecord::Kind::kCreate:
+        replayed[key] = Replayed{rec->bytes, 0, std::nullopt};
+        break;
+      case CatalogRecord::Kind::kCommit: {
+        auto it = replayed.find(key);
+        if (it == replayed.end() || it->second.bytes != rec->placement.bytes) {
+          return absl::DataLossError(absl::StrCat(path, " record ", i,
+                                                  " commits unknown tensor ",
+                                                  Describe(key, rec->version)));
+        }
+        it->second.version = rec->version;
+        it->second.placement = std::move(rec->placement);
+        break;
+      }
+      case CatalogRecord::Kind::kDelete:
+        replayed.erase(key);
+        break;
+      case CatalogRecord::Kind::kStoreInfo:
+        return absl::DataLossError(
+            absl::StrCat(path, " record ", i, " repeats the store record"));
+    }
+  }
+
+  CatalogRecord info;
+  info.kind = CatalogRecord::Kind::kStoreInfo;
+  info.stripe_unit = options_.stripe_unit;
+  info.block_size = options_.block_size;
+  info.device_paths = options_.ssd_paths;
+  std::vector<std::string> snapshot = {info.Encode()};
+
+  absl::MutexLock lock(&mu_);
+  for (auto& [key, r] : replayed) {
+    auto entry = std::make_shared<Entry>();
+    entry->bytes = r.bytes;
+    entry->last_version = r.version;
+    CatalogRecord create;
+    create.kind = CatalogRecord::Kind::kCreate;
+    create.job = key.first;
+    create.name = key.second;
+    create.bytes = r.bytes;
+    snapshot.push_back(create.Encode());
+    if (r.placement.has_value()) {
+      absl::Status s = array_->Reserve(*r.placement);
+      if (!s.ok()) {
+        return absl::DataLossError(absl::StrCat("catalog entry of tensor ",
+                                                Describe(key, r.version), ": ",
+                                                s.message()));
+      }
+      auto version = std::make_shared<Version>(array_.get(), *r.placement);
+      version->number = r.version;
+      CatalogRecord commit;
+      commit.kind = CatalogRecord::Kind::kCommit;
+      commit.job = key.first;
+      commit.name = key.second;
+      commit.version = r.version;
+      commit.placement = *r.placement;
+      snapshot.push_back(commit.Encode());
+      entry->committed = std::move(version);
+    }
+    tensors_[key] = std::move(entry);
+  }
+
+  // Compact: the log now holds exactly the live state.
+  absl::StatusOr<std::unique_ptr<RecordLog>> log =
+      RecordLog::Rewrite(path, snapshot);
+  if (!log.ok()) return log.status();
+  absl::MutexLock log_lock(&log_mu_);
+  log_ = *std::move(log);
+  return absl::OkStatus();
+}
+
+absl::Status TensorStore::AppendToCatalog(const std::string& record,
+                                          bool sync) {
+  absl::MutexLock lock(&log_mu_);
+  absl::Status s = log_->Append(record);
+  if (s.ok() && sync) s = log_->Sync();
+  return s;
+}
+
+absl::StatusOr<std::shared_ptr<TensorStore::Entry>> TensorStore::BeginMutation(
+    absl::string_view job, absl::string_view name) {
+  absl::MutexLock lock(&mu_);
+  auto it = tensors_.find(Key(job, name));
+  if (it == tensors_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("no tensor '", job, "/", name, "'"));
+  }
+  std::shared_ptr<Entry> entry = it->second;
+  mu_.Await(absl::Condition(
+      +[](Entry* e) { return !e->busy; }, entry.get()));
+  if (entry->deleted) {
+    return absl::NotFoundError(
+        absl::StrCat("tensor '", job, "/", name, "' was deleted"));
+  }
+  entry->busy = true;
+  return entry;
+}
+
+void TensorStore::EndMutation(Entry& entry) {
+  absl::MutexLock lock(&mu_);
+  entry.busy = false;
+}
+
+absl::Status TensorStore::Create(absl::string_view job, absl::string_view name,
+                                 uint64_t bytes) {
+  absl::Status valid = ValidateName(job, name);
+  if (!valid.ok()) return valid;
+  if (bytes == 0) {
+    return absl::InvalidArgumentError("a tensor needs at least one byte");
+  }
+  const Key key(job, name);
+  auto entry = std::make_shared<Entry>();
+  entry->bytes = bytes;
+  entry->busy = true;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!tensors_.emplace(key, entry).second) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("tensor '", job, "/", name, "' already exists"));
+    }
+  }
+  CatalogRecord create;
+  create.kind = CatalogRecord::Kind::kCreate;
+  create.job = key.first;
+  create.name = key.second;
+  create.bytes = bytes;
+  absl::Status s = AppendToCatalog(create.Encode(), /*sync=*/false);
+  absl::MutexLock lock(&mu_);
+  if (!s.ok()) {
+    entry->deleted = true;
+    tensors_.erase(key);
+  }
+  entry->busy = false;
+  return s;
+}
+
+absl::StatusOr<uint64_t> TensorStore::Write(absl::string_view job,
+                                            absl::string_view name,
+                                            absl::Span<const uint8_t> data) {
+  absl::StatusOr<std::shared_ptr<Entry>> found = BeginMutation(job, name);
+  if (!found.ok()) return found.status();
+  Entry& entry = **found;
+  uint64_t bytes;
+  uint64_t next;
+  {
+    absl::MutexLock lock(&mu_);
+    bytes = entry.bytes;
+    next = entry.last_version + 1;
+  }
+  if (data.size() != bytes) {
+    EndMutation(entry);
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", job, "/", name, "' has ", bytes,
+                     " bytes, the write ", data.size()));
+  }
+  absl::StatusOr<Placement> placement = array_->Allocate(bytes);
+  if (!placement.ok()) {
+    EndMutation(entry);
+    return absl::Status(placement.status().code(),
+                        absl::StrCat("write of tensor '", job, "/", name,
+                                     "': ", placement.status().message()));
+  }
+  // From here the version frees its space on every exit path.
+  auto version = std::make_shared<Version>(array_.get(), *std::move(placement));
+  absl::Status s = array_->Write(data.data(), version->placement,
+                                 Describe(Key(job, name), next));
+  absl::MutexLock lock(&mu_);
+  entry.busy = false;
+  if (!s.ok()) return s;
+  version->number = next;
+  entry.last_version = next;
+  entry.pending = std::move(version);
+  return next;
+}
+
+absl::Status TensorStore::Commit(absl::string_view job,
+                                 absl::string_view name) {
+  absl::StatusOr<std::shared_ptr<Entry>> found = BeginMutation(job, name);
+  if (!found.ok()) return found.status();
+  Entry& entry = **found;
+  std::shared_ptr<const Version> pending;
+  {
+    absl::MutexLock lock(&mu_);
+    pending = entry.pending;
+  }
+  if (pending == nullptr) {
+    EndMutation(entry);
+    return absl::FailedPreconditionError(
+        absl::StrCat("tensor '", job, "/", name, "' has no version to commit"));
+  }
+  // The data must be durable before the record that points at it.
+  absl::Status s = array_->FlushAll();
+  if (s.ok()) {
+    CatalogRecord commit;
+    commit.kind = CatalogRecord::Kind::kCommit;
+    commit.job = std::string(job);
+    commit.name = std::string(name);
+    commit.version = pending->number;
+    commit.placement = pending->placement;
+    s = AppendToCatalog(commit.Encode(), /*sync=*/true);
+  }
+  absl::MutexLock lock(&mu_);
+  entry.busy = false;
+  if (!s.ok()) return s;
+  entry.committed = std::move(entry.pending);  // The old one frees its space.
+  return absl::OkStatus();
+}
+
+absl::Status TensorStore::Rollback(absl::string_view job,
+                                   absl::string_view name) {
+  absl::StatusOr<std::shared_ptr<Entry>> found = BeginMutation(job, name);
+  if (!found.ok()) return found.status();
+  Entry& entry = **found;
+  absl::MutexLock lock(&mu_);
+  entry.busy = false;
+  if (entry.pending == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "tensor '", job, "/", name, "' has no version to roll back"));
+  }
+  entry.pending.reset();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> TensorStore::Read(absl::string_view job,
+                                           absl::string_view name,
+                                           absl::Span<uint8_t> dest) {
+  const Key key(job, name);
+  std::shared_ptr<const Version> committed;
+  uint64_t bytes;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = tensors_.find(key);
+    if (it == tensors_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("no tensor '", job, "/", name, "'"));
+    }
+    committed = it->second->committed;
+    bytes = it->second->bytes;
+  }
+  if (dest.size() != bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", job, "/", name, "' has ", bytes,
+                     " bytes, the read buffer ", dest.size()));
+  }
+  if (committed == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("tensor '", job, "/", name, "' has no committed version"));
+  }
+  absl::Status s = array_->Read(committed->placement, dest.data(),
+                                Describe(key, committed->number));
+  if (!s.ok()) return s;
+  return committed->number;
+}
+
+absl::Status TensorStore::Delete(absl::string_view job,
+                                 absl::string_view name) {
+  absl::StatusOr<std::shared_ptr<Entry>> found = BeginMutation(job, name);
+  if (!found.ok()) return found.status();
+  Entry& entry = **found;
+  CatalogRecord del;
+  del.kind = CatalogRecord::Kind::kDelete;
+  del.job = std::string(job);
+  del.name = std::string(name);
+  // Durable before the space can be reused by another tensor.
+  absl::Status s = AppendToCatalog(del.Encode(), /*sync=*/true);
+  absl::MutexLock lock(&mu_);
+  entry.busy = false;
+  if (!s.ok()) return s;
+  entry.deleted = true;
+  entry.committed.reset();
+  entry.pending.reset();
+  tensors_.erase(Key(job, name));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TensorInfo> TensorStore::Stat(absl::string_view job,
+                                             absl::string_view name) const {
+  absl::MutexLock lock(&mu_);
+  auto it = tensors_.find(Key(job, name));
+  if (it == tensors_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("no tensor '", job, "/", name, "'"));
+  }
+  const Entry& e = *it->second;
+  TensorInfo info;
+  info.bytes = e.bytes;
+  info.committed_version = e.committed ? e.committed->number : 0;
+  info.pending_version = e.pending ? e.pending->number : 0;
+  info.next_version = e.last_version + 1;
+  return info;
+}
+
+std::vector<std::string> TensorStore::List(absl::string_view job) const {
+  std::vector<std::string> names;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [key, entry] : tensors_) {
+      if (key.first == job) names.push_back(key.second);
+    }
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+StoreStats TensorStore::Stats() const {
+  StoreStats stats;
+  stats.devices = array_->Stats();
+  absl::MutexLock lock(&mu_);
+  stats.tensors = tensors_.size();
+  return stats;
+}
+
+}  // namespace lohan

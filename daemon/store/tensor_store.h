@@ -1,0 +1,159 @@
+#ifndef LOHAN_DAEMON_STORE_TENSOR_STORE_H_
+#define LOHAN_DAEMON_STORE_TENSOR_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "daemon/common/unique_fd.h"
+#include "daemon/store/block_device.h"
+#include "daemon/store/record_log.h"
+#include "daemon/store/ssd_array.h"
+
+namespace lohan {
+
+struct StoreOptions {
+  // One entry per SSD: a directory (data in `<dir>/lohan.data`, preallocated),
+  // a block device or a regular file. Order matters: it is recorded in the
+  // catalog and must stay the same across restarts.
+  std::vector<std::string> ssd_paths;
+  // Holds the catalog (`catalog.log`) and a LOCK file; created if missing.
+  // Should be on a durable filesystem (not tmpfs).
+  std::string state_dir;
+  // Bytes of a tensor placed on one SSD before moving to the next. A
+  // multiple of block_size; fixed for the life of the catalog.
+  uint64_t stripe_unit = 1 << 20;
+  // O_DIRECT unit (power of two >= 512); fixed for the life of the catalog.
+  uint32_t block_size = 4096;
+  // Requests in flight per SSD.
+  uint32_t queue_depth = 32;
+  // Bytes per SSD; 0: the existing file's (or block device's) size. Needed
+  // the first time a directory is used.
+  uint64_t device_capacity_bytes = 0;
+  // Accept SSD paths whose filesystem refuses O_DIRECT, with buffered I/O
+  // (logged as slower). Without it such a path is FAILED_PRECONDITION.
+  bool allow_buffered_io = false;
+};
+
+struct TensorInfo {
+  uint64_t bytes = 0;
+  uint64_t committed_version = 0;  // 0: nothing committed yet.
+  uint64_t pending_version = 0;    // 0: no written, uncommitted version.
+  // The number the next Write will return (by this process; versions that
+  // were never committed are forgotten across restarts).
+  uint64_t next_version = 1;
+};
+
+struct StoreStats {
+  std::vector<DeviceStats> devices;  // Capacity and bytes used per SSD.
+  uint64_t tensors = 0;
+};
+
+// Versioned tensors on a striped SSD array, the daemon's SSD store.
+//
+// A tensor (job, name) has a fixed size, at most one committed version (what
+// Read returns) and at most one pending version. Write puts the data in new
+// space and makes it the pending version; it never touches the committed
+// one. Commit makes the pending version current atomically and durably (data
+// fdatasync'd, then a catalog record fdatasync'd); the old version's space is
+// freed once no reader uses it. Rollback drops the pending version. Every
+// extent carries a CRC32C checked on every read: a mismatch is DATA_LOSS
+// naming the tensor and extent.
+//
+// Durability: Commit and Delete are durable when they return OK. Create is
+// durable once any later Commit or Delete returns (or the store reopens
+// cleanly). After a crash, Open replays the catalog: committed versions
+// come back bit-exact, pending versions are gone and their space is free.
+//
+// Errors: a full SSD is RESOURCE_EXHAUSTED (committed data untouched); an I/O
+// error names the SSD and offset; unknown tensor NOT_FOUND.
+//
+// Thread-safe. Reads run in parallel with each other and with mutations;
+// mutations (Write/Commit/Rollback/Delete) of one tensor wait for each other,
+// of different tensors run in parallel. Only one process may open a
+// state_dir at a time (FAILED_PRECONDITION otherwise).
+class TensorStore {
+ public:
+  // Opens the SSDs and replays (then compacts) the catalog.
+  static absl::StatusOr<std::unique_ptr<TensorStore>> Open(
+      const StoreOptions& options);
+  // As Open, with the devices given (one per options.ssd_paths, same order,
+  // e.g. fault-injecting wrappers in tests). Takes ownership of them.
+  static absl::StatusOr<std::unique_ptr<TensorStore>> OpenWithDevices(
+      const StoreOptions& options,
+      std::vector<std::unique_ptr<BlockDevice>> devices);
+
+  TensorStore(const TensorStore&) = delete;
+  TensorStore& operator=(const TensorStore&) = delete;
+  // REQUIRES: no call in progress.
+  ~TensorStore();
+
+  // Declares a tensor of `bytes` (> 0). ALREADY_EXISTS if present.
+  absl::Status Create(absl::string_view job, absl::string_view name,
+                      uint64_t bytes);
+  // Writes `data` (exactly the tensor's size) as the new pending version,
+  // replacing any previous pending one, and returns its version number.
+  // Buffers aligned to block_size avoid a copy.
+  absl::StatusOr<uint64_t> Write(absl::string_view job, absl::string_view name,
+                                 absl::Span<const uint8_t> data);
+  // Makes the pending version the committed one. FAILED_PRECONDITION if
+  // there is no pending version.
+  absl::Status Commit(absl::string_view job, absl::string_view name);
+  // Drops the pending version. FAILED_PRECONDITION if there is none.
+  absl::Status Rollback(absl::string_view job, absl::string_view name);
+  // Reads the committed version into `dest` (exactly the tensor's size) and
+  // returns its number. FAILED_PRECONDITION if nothing is committed.
+  absl::StatusOr<uint64_t> Read(absl::string_view job, absl::string_view name,
+                                absl::Span<uint8_t> dest);
+  // Removes the tensor and all its versions.
+  absl::Status Delete(absl::string_view job, absl::string_view name);
+
+  absl::StatusOr<TensorInfo> Stat(absl::string_view job,
+                                  absl::string_view name) const;
+  // Names of the tensors of `job`, sorted.
+  std::vector<std::string> List(absl::string_view job) const;
+  StoreStats Stats() const;
+
+ private:
+  struct Version;
+  struct Entry;
+  using Key = std::pair<std::string, std::string>;
+
+  TensorStore(StoreOptions options, UniqueFd lock_fd,
+              std::unique_ptr<SsdArray> array);
+  absl::Status Recover();
+  // Finds the entry and waits until no other mutation runs on it, then
+  // marks it busy. NOT_FOUND if absent (or deleted while waiting).
+  absl::StatusOr<std::shared_ptr<Entry>> BeginMutation(absl::string_view job,
+                                                       absl::string_view name)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void EndMutation(Entry& entry) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status AppendToCatalog(const std::string& record, bool sync)
+      ABSL_LOCKS_EXCLUDED(log_mu_);
+  static std::string Describe(const Key& key, uint64_t version);
+
+  // Constant after construction.
+  const StoreOptions options_;
+  const UniqueFd lock_fd_;  // flock'd: one process per state_dir.
+  const std::unique_ptr<SsdArray> array_;  // Outlives every Version.
+
+  absl::Mutex log_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::unique_ptr<RecordLog> log_ ABSL_GUARDED_BY(log_mu_);
+
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<Key, std::shared_ptr<Entry>> tensors_
+      ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace lohan
+
+#endif  // LOHAN_DAEMON_STORE_TENSOR_STORE_H_

@@ -1,0 +1,425 @@
+#include "daemon/store/tensor_store.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <random>
+#include <thread>
+
+#include "daemon/store/aio_device.h"
+#include "daemon/store/fault_injection_device.h"
+#include "daemon/store/test_util.h"
+#include "gtest/gtest.h"
+
+namespace lohan {
+namespace {
+
+using Fault = FaultInjectionDevice::Fault;
+using Op = IoRequest::Op;
+using testing_util::Pattern;
+using testing_util::TempDir;
+
+constexpr uint64_t kStripe = 64 << 10;
+
+class TensorStoreTest : public ::testing::Test {
+ protected:
+  StoreOptions Options(int devices, uint64_t capacity = 8 << 20) {
+    StoreOptions o;
+    for (int i = 0; i < devices; ++i) {
+      o.ssd_paths.push_back(dir_.Subdir("ssd" + std::to_string(i)));
+    }
+    o.state_dir = dir_.path() + "/state";
+    o.stripe_unit = kStripe;
+    o.queue_depth = 8;
+    o.device_capacity_bytes = capacity;
+    return o;
+  }
+  std::unique_ptr<TensorStore> OpenOrDie(const StoreOptions& o) {
+    auto s = TensorStore::Open(o);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? *std::move(s) : nullptr;
+  }
+  // Opens with every device wrapped in a FaultInjectionDevice; faults_ gets
+  // the wrappers.
+  std::unique_ptr<TensorStore> OpenWithFaults(const StoreOptions& o) {
+    std::vector<std::unique_ptr<BlockDevice>> devices;
+    faults_.clear();
+    for (const auto& path : o.ssd_paths) {
+      AioDeviceOptions d;
+      d.path = path;
+      d.capacity_bytes = o.device_capacity_bytes;
+      d.queue_depth = o.queue_depth;
+      auto aio = AioBlockDevice::Open(d);
+      EXPECT_TRUE(aio.ok()) << aio.status();
+      if (!aio.ok()) return nullptr;
+      auto f = std::make_unique<FaultInjectionDevice>(*std::move(aio));
+      faults_.push_back(f.get());
+      devices.push_back(std::move(f));
+    }
+    auto s = TensorStore::OpenWithDevices(o, std::move(devices));
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? *std::move(s) : nullptr;
+  }
+  static uint64_t Used(const TensorStore& s) {
+    uint64_t used = 0;
+    for (const auto& d : s.Stats().devices) used += d.used_bytes;
+    return used;
+  }
+  static uint64_t Padded(uint64_t bytes) {
+    return (bytes + 4095) / 4096 * 4096;
+  }
+
+  TempDir dir_;
+  std::vector<FaultInjectionDevice*> faults_;
+};
+
+TEST_F(TensorStoreTest, RoundTripsRandomTensorsOfOddSizes) {
+  auto store = OpenOrDie(Options(3));
+  ASSERT_NE(store, nullptr);
+  std::mt19937_64 rng(1);
+  const std::vector<uint64_t> sizes = {
+      1, 4095, 4097, 100003, 3 * kStripe + 17, (1 << 20) + 7};
+  uint64_t padded = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const std::string name = "t" + std::to_string(i);
+    ASSERT_TRUE(store->Create("job", name, sizes[i]).ok());
+    auto data = Pattern(rng(), sizes[i]);
+    auto v = store->Write("job", name, data);
+    ASSERT_TRUE(v.ok()) << v.status();
+    EXPECT_EQ(*v, 1u);
+    ASSERT_TRUE(store->Commit("job", name).ok());
+    std::vector<uint8_t> back(sizes[i]);
+    auto r = store->Read("job", name, absl::MakeSpan(back));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(*r, 1u);
+    EXPECT_EQ(back, data) << name;
+    padded += Padded(sizes[i]);
+  }
+  EXPECT_EQ(Used(*store), padded);
+  EXPECT_EQ(store->List("job").size(), sizes.size());
+  EXPECT_EQ(store->Stats().tensors, sizes.size());
+}
+
+TEST_F(TensorStoreTest, PendingVersionIsInvisibleUntilCommitAndRollsBack) {
+  auto store = OpenOrDie(Options(2));
+  ASSERT_NE(store, nullptr);
+  const uint64_t n = 200000;
+  ASSERT_TRUE(store->Create("j", "w", n).ok());
+  std::vector<uint8_t> back(n);
+  EXPECT_EQ(store->Read("j", "w", absl::MakeSpan(back)).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store->Commit("j", "w").code(),
+            absl::StatusCode::kFailedPrecondition);
+  auto v1 = Pattern(1, n), v2 = Pattern(2, n), v3 = Pattern(3, n);
+  ASSERT_TRUE(store->Write("j", "w", v1).ok());
+  ASSERT_TRUE(store->Commit("j", "w").ok());
+  auto w2 = store->Write("j", "w", v2);
+  ASSERT_TRUE(w2.ok());
+  EXPECT_EQ(*w2, 2u);
+  EXPECT_EQ(Used(*store), 2 * Padded(n));
+  ASSERT_EQ(*store->Read("j", "w", absl::MakeSpan(back)), 1u);
+  EXPECT_EQ(back, v1);
+  auto info = store->Stat("j", "w");
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->committed_version, 1u);
+  EXPECT_EQ(info->pending_version, 2u);
+
+  ASSERT_TRUE(store->Rollback("j", "w").ok());
+  EXPECT_EQ(Used(*store), Padded(n));
+  EXPECT_EQ(store->Rollback("j", "w").code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_EQ(*store->Read("j", "w", absl::MakeSpan(back)), 1u);
+  EXPECT_EQ(back, v1);
+
+  auto w3 = store->Write("j", "w", v3);
+  ASSERT_TRUE(w3.ok());
+  EXPECT_EQ(*w3, 3u);
+  ASSERT_TRUE(store->Commit("j", "w").ok());
+  EXPECT_EQ(Used(*store), Padded(n));  // v1's space came back.
+  ASSERT_EQ(*store->Read("j", "w", absl::MakeSpan(back)), 3u);
+  EXPECT_EQ(back, v3);
+}
+
+TEST_F(TensorStoreTest, ReopenKeepsCommittedDropsPendingAndCompacts) {
+  const StoreOptions o = Options(3);
+  const uint64_t n = 5 * kStripe + 3;
+  {
+    auto store = OpenOrDie(o);
+    ASSERT_NE(store, nullptr);
+    ASSERT_TRUE(store->Create("j", "a", n).ok());
+    ASSERT_TRUE(store->Create("j", "gone", 10).ok());
+    ASSERT_TRUE(store->Create("j", "never", 10).ok());
+    for (uint64_t v = 1; v <= 20; ++v) {
+      ASSERT_TRUE(store->Write("j", "a", Pattern(v, n)).ok());
+      ASSERT_TRUE(store->Commit("j", "a").ok());
+    }
+    ASSERT_TRUE(store->Write("j", "gone", Pattern(0, 10)).ok());
+    ASSERT_TRUE(store->Commit("j", "gone").ok());
+    ASSERT_TRUE(store->Delete("j", "gone").ok());
+    EXPECT_EQ(store->Delete("j", "gone").code(), absl::StatusCode::kNotFound);
+    ASSERT_TRUE(store->Write("j", "a", Pattern(99, n)).ok());  // Pending.
+    EXPECT_EQ(Used(*store), 2 * Padded(n));
+  }
+  const uint64_t log_before =
+      testing_util::ReadWholeFile(o.state_dir + "/catalog.log").size();
+  auto store = OpenOrDie(o);
+  ASSERT_NE(store, nullptr);
+  const uint64_t log_after =
+      testing_util::ReadWholeFile(o.state_dir + "/catalog.log").size();
+  EXPECT_LT(log_after, log_before / 3);
+  EXPECT_EQ(Used(*store), Padded(n));
+  std::vector<uint8_t> back(n);
+  ASSERT_EQ(*store->Read("j", "a", absl::MakeSpan(back)), 20u);
+  EXPECT_EQ(back, Pattern(20, n));
+  EXPECT_EQ(store->Stat("j", "a")->pending_version, 0u);
+  EXPECT_EQ(store->Stat("j", "gone").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(store->Stat("j", "never")->committed_version, 0u);
+  auto w = store->Write("j", "a", Pattern(21, n));
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ(*w, 21u);
+}
+
+TEST_F(TensorStoreTest, TornCatalogTailIsIgnored) {
+  const StoreOptions o = Options(1);
+  {
+    auto store = OpenOrDie(o);
+    ASSERT_NE(store, nullptr);
+    ASSERT_TRUE(store->Create("j", "a", 5000).ok());
+    ASSERT_TRUE(store->Write("j", "a", Pattern(1, 5000)).ok());
+    ASSERT_TRUE(store->Commit("j", "a").ok());
+  }
+  int fd = ::open((o.state_dir + "/catalog.log").c_str(), O_WRONLY | O_APPEND);
+  ASSERT_GE(fd, 0);
+  const char junk[] = "\x40\x00\x00\x00garbage";
+  ASSERT_GT(::write(fd, junk, sizeof(junk)), 0);
+  ::close(fd);
+  auto store = OpenOrDie(o);
+  ASSERT_NE(store, nullptr);
+  std::vector<uint8_t> back(5000);
+  ASSERT_TRUE(store->Read("j", "a", absl::MakeSpan(back)).ok());
+  EXPECT_EQ(back, Pattern(1, 5000));
+}
+
+TEST_F(TensorStoreTest, OneProcessPerStateDirAndOptionsMustMatch) {
+  StoreOptions o = Options(2);
+  {
+    auto store = OpenOrDie(o);
+    ASSERT_NE(store, nullptr);
+    EXPECT_EQ(TensorStore::Open(o).status().code(),
+              absl::StatusCode::kFailedPrecondition);
+  }
+  o.stripe_unit = 2 * kStripe;
+  auto changed = TensorStore::Open(o);
+  EXPECT_EQ(changed.status().code(), absl::StatusCode::kFailedPrecondition);
+  o.stripe_unit = kStripe;
+  std::swap(o.ssd_paths[0], o.ssd_paths[1]);
+  EXPECT_EQ(TensorStore::Open(o).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(TensorStoreTest, FullDeviceIsResourceExhaustedAndHarmsNoCommittedData) {
+  const StoreOptions o = Options(1, 256 << 10);
+  auto store = OpenOrDie(o);
+  ASSERT_NE(store, nullptr);
+  const uint64_t n = 150 << 10;
+  ASSERT_TRUE(store->Create("j", "a", n).ok());
+  ASSERT_TRUE(store->Write("j", "a", Pattern(1, n)).ok());
+  ASSERT_TRUE(store->Commit("j", "a").ok());
+  // A second version of `a` does not fit next to the first.
+  auto w = store->Write("j", "a", Pattern(2, n));
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kResourceExhausted)
+      << w.status();
+  ASSERT_TRUE(store->Create("j", "b", 200 << 10).ok());
+  EXPECT_EQ(store->Write("j", "b", Pattern(3, 200 << 10)).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(Used(*store), Padded(n));
+  std::vector<uint8_t> back(n);
+  ASSERT_EQ(*store->Read("j", "a", absl::MakeSpan(back)), 1u);
+  EXPECT_EQ(back, Pattern(1, n));
+  store.reset();
+  store = OpenOrDie(o);
+  ASSERT_NE(store, nullptr);
+  ASSERT_EQ(*store->Read("j", "a", absl::MakeSpan(back)), 1u);
+  EXPECT_EQ(back, Pattern(1, n));
+}
+
+TEST_F(TensorStoreTest, ChecksumMismatchIsDataLossNamingTensorAndExtent) {
+  auto store = OpenWithFaults(Options(3));
+  ASSERT_NE(store, nullptr);
+  const uint64_t n = 6 * kStripe;
+  ASSERT_TRUE(store->Create("job", "weights", n).ok());
+  ASSERT_TRUE(store->Write("job", "weights", Pattern(1, n)).ok());
+  ASSERT_TRUE(store->Commit("job", "weights").ok());
+  std::vector<uint8_t> back(n);
+
+  // Corrupted on the way back.
+  faults_[1]->Inject({Fault::kBitFlip, Op::kRead, 1, 0, UINT64_MAX});
+  auto r = store->Read("job", "weights", absl::MakeSpan(back));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(r.status().message().find("job/weights"), std::string::npos)
+      << r.status();
+  EXPECT_NE(r.status().message().find("extent"), std::string::npos);
+  EXPECT_NE(r.status().message().find("checksum mismatch"), std::string::npos);
+  // Transient: the next read is fine.
+  ASSERT_TRUE(store->Read("job", "weights", absl::MakeSpan(back)).ok());
+  EXPECT_EQ(back, Pattern(1, n));
+
+  // Corrupted at rest: every read fails, never silently.
+  faults_[2]->Inject({Fault::kBitFlip, Op::kWrite, 1, 0, UINT64_MAX});
+  ASSERT_TRUE(store->Write("job", "weights", Pattern(2, n)).ok());
+  ASSERT_TRUE(store->Commit("job", "weights").ok());
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(
+        store->Read("job", "weights", absl::MakeSpan(back)).status().code(),
+        absl::StatusCode::kDataLoss);
+  }
+}
+
+TEST_F(TensorStoreTest, InjectedIoErrorsNameTheDeviceAndKeepCommittedData) {
+  const StoreOptions o = Options(2);
+  auto store = OpenWithFaults(o);
+  ASSERT_NE(store, nullptr);
+  const uint64_t n = 4 * kStripe + 1;
+  ASSERT_TRUE(store->Create("j", "t", n).ok());
+  ASSERT_TRUE(store->Write("j", "t", Pattern(1, n)).ok());
+  ASSERT_TRUE(store->Commit("j", "t").ok());
+  const uint64_t used = Used(*store);
+  std::vector<uint8_t> back(n);
+
+  faults_[0]->Inject({Fault::kEio, Op::kRead, 1, 0, UINT64_MAX});
+  auto r = store->Read("j", "t", absl::MakeSpan(back));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(r.status().message().find(o.ssd_paths[0]), std::string::npos)
+      << r.status();
+  EXPECT_NE(r.status().message().find("offset"), std::string::npos);
+
+  faults_[1]->Inject({Fault::kEio, Op::kWrite, 1, 0, UINT64_MAX});
+  auto w = store->Write("j", "t", Pattern(2, n));
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(w.status().message().find(o.ssd_paths[1]), std::string::npos);
+  EXPECT_EQ(Used(*store), used);  // The failed version's space is back.
+
+  faults_[0]->Inject({Fault::kEnospc, Op::kWrite, 1, 0, UINT64_MAX});
+  EXPECT_EQ(store->Write("j", "t", Pattern(3, n)).status().code(),
+            absl::StatusCode::kResourceExhausted);
+
+  faults_[1]->Inject({Fault::kShortTransfer, Op::kRead, 1, 0, UINT64_MAX});
+  r = store->Read("j", "t", absl::MakeSpan(back));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(r.status().message().find("residual"), std::string::npos);
+
+  EXPECT_EQ(store->Stat("j", "t")->pending_version, 0u);
+  ASSERT_EQ(*store->Read("j", "t", absl::MakeSpan(back)), 1u);
+  EXPECT_EQ(back, Pattern(1, n));
+}
+
+TEST_F(TensorStoreTest, ConcurrentReadersAndWriters) {
+  auto store = OpenOrDie(Options(3));
+  ASSERT_NE(store, nullptr);
+  constexpr int kWriters = 3;
+  constexpr int kTensors = 2 * kWriters;  // Writer w owns w and w + kWriters.
+  constexpr uint64_t kVersions = 10;
+  const uint64_t n = 3 * kStripe + 777;
+  auto seed = [](int t, uint64_t v) { return t * 1000 + v; };
+  for (int t = 0; t < kTensors; ++t) {
+    const std::string name = "t" + std::to_string(t);
+    ASSERT_TRUE(store->Create("j", name, n).ok());
+    ASSERT_TRUE(store->Write("j", name, Pattern(seed(t, 1), n)).ok());
+    ASSERT_TRUE(store->Commit("j", name).ok());
+  }
+  std::atomic<bool> stop{false};
+  std::atomic<int> failures{0};
+  std::atomic<int> reads{0};
+  std::vector<std::thread> writers, readers;
+  for (int w = 0; w < kWriters; ++w) {
+    writers.emplace_back([&, w] {
+      for (uint64_t v = 2; v <= kVersions; ++v) {
+        for (int t : {w, w + kWriters}) {
+          const std::string name = "t" + std::to_string(t);
+          auto got = store->Write("j", name, Pattern(seed(t, v), n));
+          if (!got.ok() || *got != v || !store->Commit("j", name).ok()) {
+            failures++;
+          }
+        }
+      }
+    });
+  }
+  for (int r = 0; r < 3; ++r) {
+    readers.emplace_back([&, r] {
+      std::vector<uint8_t> back(n);
+      int t = r;
+      while (!stop.load()) {
+        t = (t + 1) % kTensors;
+        auto v =
+            store->Read("j", "t" + std::to_string(t), absl::MakeSpan(back));
+        if (!v.ok() || back != Pattern(seed(t, *v), n)) failures++;
+        reads++;
+      }
+    });
+  }
+  for (auto& th : writers) th.join();
+  stop = true;
+  for (auto& th : readers) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_GT(reads.load(), 0);
+  EXPECT_EQ(Used(*store), kTensors * Padded(n));
+  std::vector<uint8_t> back(n);
+  for (int t = 0; t < kTensors; ++t) {
+    ASSERT_EQ(*store->Read("j", "t" + std::to_string(t), absl::MakeSpan(back)),
+              kVersions);
+    EXPECT_EQ(back, Pattern(seed(t, kVersions), n));
+  }
+}
+
+TEST_F(TensorStoreTest, MutationsOfOneTensorSerialize) {
+  auto store = OpenOrDie(Options(2));
+  ASSERT_NE(store, nullptr);
+  const uint64_t n = 2 * kStripe + 5;
+  ASSERT_TRUE(store->Create("j", "t", n).ok());
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] {
+      for (int k = 0; k < 10; ++k) {
+        if (!store->Write("j", "t", Pattern(i, n)).ok()) failures++;
+        absl::Status c = store->Commit("j", "t");
+        // The other thread may have committed our version already.
+        if (!c.ok() && c.code() != absl::StatusCode::kFailedPrecondition) {
+          failures++;
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  std::vector<uint8_t> back(n);
+  ASSERT_TRUE(store->Read("j", "t", absl::MakeSpan(back)).ok());
+  EXPECT_TRUE(back == Pattern(0, n) || back == Pattern(1, n));
+  const uint64_t pending = store->Stat("j", "t")->pending_version ? 1 : 0;
+  EXPECT_EQ(Used(*store), (1 + pending) * Padded(n));
+}
+
+TEST_F(TensorStoreTest, RejectsBadArguments) {
+  auto store = OpenOrDie(Options(1));
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ(store->Create("", "x", 1).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store->Create("j", "x", 0).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(store->Create("j", "x", 10).ok());
+  EXPECT_EQ(store->Create("j", "x", 10).code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(store->Write("j", "x", Pattern(1, 11)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store->Write("j", "y", Pattern(1, 10)).status().code(),
+            absl::StatusCode::kNotFound);
+  StoreOptions bad = Options(1);
+  bad.ssd_paths.push_back(bad.ssd_paths[0]);
+  EXPECT_EQ(TensorStore::Open(bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace lohan

@@ -1,0 +1,291 @@
+#include "daemon/ipc/entry_validator.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace lohan {
+namespace {
+
+// Which fields each op may use; every other field must be zero.
+enum Field : uint32_t {
+  kDtype = 1,
+  kLayer = 2,
+  kSlot = 4,  // slot_offset and length
+  kActivationId = 8,
+  kIteration = 16,
+};
+
+uint32_t FieldsOf(RingOp op) {
+  switch (op) {
+    case RingOp::kRegisterLayout:
+      return kDtype | kLayer | kSlot;
+    case RingOp::kGradReady:
+      return kDtype | kLayer | kSlot;
+    case RingOp::kFetchParams:
+      return kLayer | kSlot;
+    case RingOp::kActPut:
+    case RingOp::kActGet:
+      return kActivationId | kSlot;
+    case RingOp::kActFree:
+      return kActivationId;
+    case RingOp::kIterBegin:
+    case RingOp::kIterEnd:
+      return kIteration;
+    case RingOp::kInvalid:
+      break;
+  }
+  return 0;
+}
+
+const char* OpName(RingOp op) {
+  switch (op) {
+    case RingOp::kRegisterLayout:
+      return "REGISTER_LAYOUT";
+    case RingOp::kGradReady:
+      return "GRAD_READY";
+    case RingOp::kFetchParams:
+      return "FETCH_PARAMS";
+    case RingOp::kActPut:
+      return "ACT_PUT";
+    case RingOp::kActGet:
+      return "ACT_GET";
+    case RingOp::kActFree:
+      return "ACT_FREE";
+    case RingOp::kIterBegin:
+      return "ITER_BEGIN";
+    case RingOp::kIterEnd:
+      return "ITER_END";
+    case RingOp::kInvalid:
+      break;
+  }
+  return "INVALID";
+}
+
+uint64_t DtypeBytes(uint16_t dtype) {
+  switch (static_cast<RingDtype>(dtype)) {
+    case RingDtype::kFp16:
+    case RingDtype::kBf16:
+      return 2;
+    case RingDtype::kFp32:
+      return 4;
+    case RingDtype::kNone:
+      break;
+  }
+  return 0;
+}
+
+absl::Status WithOp(RingOp op, const absl::Status& status) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(),
+                      absl::StrCat(OpName(op), ": ", status.message()));
+}
+
+}  // namespace
+
+EntryValidator::EntryValidator(const SlotAllocator* slots,
+                               absl::Span<const uint8_t> arena, Options options)
+    : slots_(slots),
+      arena_(arena),
+      options_(options),
+      iteration_(options.next_iteration) {}
+
+absl::Status EntryValidator::Accept(const SubmissionEntry& entry) {
+  for (uint8_t byte : entry.reserved) {
+    if (byte != 0) {
+      return absl::InvalidArgumentError("entry: reserved bytes are not zero");
+    }
+  }
+  const RingOp op = static_cast<RingOp>(entry.op);
+  const uint32_t fields = FieldsOf(op);
+  if (fields == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("entry: unknown op ", entry.op));
+  }
+  if ((!(fields & kDtype) && entry.dtype != 0) ||
+      (!(fields & kLayer) && entry.layer != 0) ||
+      (!(fields & kSlot) && (entry.slot_offset != 0 || entry.length != 0)) ||
+      (!(fields & kActivationId) && entry.activation_id != 0) ||
+      (!(fields & kIteration) && entry.iteration != 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(OpName(op), ": a field this op does not use is not zero"));
+  }
+
+  if (op == RingOp::kRegisterLayout) {
+    return WithOp(op, CheckRegisterLayout(entry));
+  }
+  if (!layout_.has_value()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(OpName(op), ": no layout registered yet"));
+  }
+  switch (op) {
+    case RingOp::kGradReady:
+      return WithOp(op, CheckLayer(entry, SlotKind::kGradient));
+    case RingOp::kFetchParams:
+      return WithOp(op, CheckLayer(entry, SlotKind::kWeight));
+    case RingOp::kActPut:
+    case RingOp::kActGet:
+    case RingOp::kActFree:
+      return WithOp(op, CheckActivation(entry, op));
+    case RingOp::kIterBegin:
+    case RingOp::kIterEnd:
+      return WithOp(op, CheckIteration(entry, op));
+    default:
+      return absl::InternalError("unreachable");
+  }
+}
+
+absl::Status EntryValidator::CheckRegisterLayout(const SubmissionEntry& entry) {
+  if (layout_.has_value()) {
+    return absl::FailedPreconditionError("layout already registered");
+  }
+  if (in_iteration_) {
+    return absl::FailedPreconditionError("inside an iteration");
+  }
+  const uint64_t element_bytes = DtypeBytes(entry.dtype);
+  if (element_bytes == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown dtype ", entry.dtype));
+  }
+  if (entry.layer == 0 || entry.layer > options_.max_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        entry.layer, " layers (must be 1..", options_.max_layers, ")"));
+  }
+  const uint64_t table_bytes = uint64_t{entry.layer} * sizeof(uint64_t);
+  if (entry.length != table_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layout table of ", entry.length, " bytes for ",
+                     entry.layer, " layers (want ", table_bytes, ")"));
+  }
+  absl::Status range =
+      slots_->CheckRange(entry.slot_offset, entry.length, SlotKind::kControl);
+  if (!range.ok()) return range;
+  if (entry.slot_offset > arena_.size() ||
+      arena_.size() - entry.slot_offset < table_bytes) {
+    return absl::OutOfRangeError("layout table beyond the arena");
+  }
+  // Copy first, then check the copy: the client can rewrite the arena.
+  JobLayout layout;
+  layout.dtype = static_cast<RingDtype>(entry.dtype);
+  layout.layer_bytes.resize(entry.layer);
+  std::memcpy(layout.layer_bytes.data(), arena_.data() + entry.slot_offset,
+              table_bytes);
+  for (uint32_t i = 0; i < entry.layer; ++i) {
+    const uint64_t bytes = layout.layer_bytes[i];
+    if (bytes == 0 || bytes % element_bytes != 0 || bytes > arena_.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer ", i, " has ", bytes,
+                       " bytes (must be a positive multiple of ", element_bytes,
+                       " and at most the arena's ", arena_.size(), ")"));
+    }
+  }
+  layout_ = std::move(layout);
+  grad_seen_.assign(entry.layer, false);
+  return absl::OkStatus();
+}
+
+absl::Status EntryValidator::CheckLayer(const SubmissionEntry& entry,
+                                        SlotKind kind) {
+  if (!in_iteration_) {
+    return absl::FailedPreconditionError("outside ITER_BEGIN..ITER_END");
+  }
+  if (entry.layer >= layout_->layer_bytes.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layer ", entry.layer, " of ", layout_->layer_bytes.size()));
+  }
+  if (kind == SlotKind::kGradient &&
+      static_cast<RingDtype>(entry.dtype) != layout_->dtype) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dtype ", entry.dtype, ", the layout says ",
+                     static_cast<int>(layout_->dtype)));
+  }
+  const uint64_t want = layout_->layer_bytes[entry.layer];
+  if (entry.length != want) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layer ", entry.layer, ": length ", entry.length, ", want ", want));
+  }
+  absl::Status range =
+      slots_->CheckRange(entry.slot_offset, entry.length, kind);
+  if (!range.ok()) return range;
+  if (kind == SlotKind::kGradient) {
+    if (grad_seen_[entry.layer]) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "layer ", entry.layer, ": gradient already delivered in iteration ",
+          iteration_));
+    }
+    grad_seen_[entry.layer] = true;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EntryValidator::CheckActivation(const SubmissionEntry& entry,
+                                             RingOp op) {
+  auto it = activations_.find(entry.activation_id);
+  if (op == RingOp::kActFree) {
+    if (it == activations_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("activation ", entry.activation_id, " is not held"));
+    }
+    activations_.erase(it);
+    return absl::OkStatus();
+  }
+  if (op == RingOp::kActPut) {
+    if (it != activations_.end()) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("activation ", entry.activation_id, " already held"));
+    }
+    if (activations_.size() >= options_.max_live_activations) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(activations_.size(), " activations held already"));
+    }
+  } else {  // kActGet
+    if (it == activations_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("activation ", entry.activation_id, " is not held"));
+    }
+    if (it->second != entry.length) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("activation ", entry.activation_id, " has ", it->second,
+                       " bytes, not ", entry.length));
+    }
+  }
+  absl::Status range = slots_->CheckRange(entry.slot_offset, entry.length,
+                                          SlotKind::kActivation);
+  if (!range.ok()) return range;
+  if (op == RingOp::kActPut) activations_[entry.activation_id] = entry.length;
+  return absl::OkStatus();
+}
+
+absl::Status EntryValidator::CheckIteration(const SubmissionEntry& entry,
+                                            RingOp op) {
+  if (op == RingOp::kIterBegin) {
+    if (in_iteration_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("iteration ", iteration_, " has not ended"));
+    }
+    if (entry.iteration != iteration_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("iteration ", entry.iteration, " does not follow; want ",
+                       iteration_));
+    }
+    if (iteration_ == UINT64_MAX) {
+      return absl::OutOfRangeError("iteration counter exhausted");
+    }
+    in_iteration_ = true;
+    grad_seen_.assign(grad_seen_.size(), false);
+    return absl::OkStatus();
+  }
+  if (!in_iteration_) {
+    return absl::FailedPreconditionError("no iteration in progress");
+  }
+  if (entry.iteration != iteration_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ends iteration ", entry.iteration, " but ", iteration_,
+                     " is in progress"));
+  }
+  in_iteration_ = false;
+  ++iteration_;
+  return absl::OkStatus();
+}
+
+}  // namespace lohan

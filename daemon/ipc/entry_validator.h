@@ -1,0 +1,92 @@
+#ifndef LOHAN_DAEMON_IPC_ENTRY_VALIDATOR_H_
+#define LOHAN_DAEMON_IPC_ENTRY_VALIDATOR_H_
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "daemon/ipc/ring_entry.h"
+#include "daemon/pool/slot_allocator.h"
+
+namespace lohan {
+
+// What a job registered with kRegisterLayout: its 16/32-bit dtype and the
+// byte size of each layer's gradient (= its 16-bit weights) in that dtype.
+struct JobLayout {
+  RingDtype dtype = RingDtype::kNone;
+  std::vector<uint64_t> layer_bytes;
+};
+
+// Checks untrusted submission entries of one job, in ring order, against
+// - the entry format (known op, fields the op does not use are zero,
+//   reserved bytes zero),
+// - the job's registered layout (layer index, per-layer length, dtype),
+// - the arena: [slot_offset, slot_offset + length) must lie in one live slot
+//   of the right kind (SlotAllocator::CheckRange; overflow-safe),
+// - the state machine: kRegisterLayout once, first; kGradReady and
+//   kFetchParams only between kIterBegin and kIterEnd; iterations numbered
+//   consecutively from Options::next_iteration; a layer's gradient at most
+//   once per iteration; activation ids put before get/free, not put twice,
+//   got back with the length they were put with.
+// Accept() never crashes and never reads outside `arena` whatever the entry
+// says. On OK the entry is accepted and the state advanced; on error the
+// state is unchanged and the status says which rule failed
+// (INVALID_ARGUMENT: malformed; FAILED_PRECONDITION: wrong state;
+// NOT_FOUND/ALREADY_EXISTS: activation ids; RESOURCE_EXHAUSTED: too many
+// live activations; codes from SlotAllocator::CheckRange for ranges).
+//
+// Not thread-safe: one validator per submission ring, used by the thread that
+// drains that ring. The SlotAllocator may change concurrently (it is
+// thread-safe); a slot freed after Accept is the daemon's business.
+class EntryValidator {
+ public:
+  struct Options {
+    uint32_t max_layers = 1u << 16;
+    uint64_t max_live_activations = 1u << 16;
+    // The number the next kIterBegin must carry (a re-attached job resumes
+    // where it stopped).
+    uint64_t next_iteration = 0;
+  };
+
+  // `slots`: the job arena's allocator; `arena`: the daemon's mapping of that
+  // arena (the layout table is copied out of it).
+  // REQUIRES: both outlive the validator; arena.size() == slots->arena_bytes().
+  EntryValidator(const SlotAllocator* slots, absl::Span<const uint8_t> arena,
+                 Options options);
+  EntryValidator(const EntryValidator&) = delete;
+  EntryValidator& operator=(const EntryValidator&) = delete;
+
+  absl::Status Accept(const SubmissionEntry& entry);
+
+  // nullptr until a kRegisterLayout was accepted.
+  const JobLayout* layout() const {
+    return layout_.has_value() ? &*layout_ : nullptr;
+  }
+  bool in_iteration() const { return in_iteration_; }
+  // The iteration in progress, or the one the next kIterBegin must carry.
+  uint64_t iteration() const { return iteration_; }
+  size_t live_activations() const { return activations_.size(); }
+
+ private:
+  absl::Status CheckRegisterLayout(const SubmissionEntry& entry);
+  absl::Status CheckLayer(const SubmissionEntry& entry, SlotKind kind);
+  absl::Status CheckActivation(const SubmissionEntry& entry, RingOp op);
+  absl::Status CheckIteration(const SubmissionEntry& entry, RingOp op);
+
+  const SlotAllocator* const slots_;
+  const absl::Span<const uint8_t> arena_;
+  const Options options_;
+
+  std::optional<JobLayout> layout_;
+  bool in_iteration_ = false;
+  uint64_t iteration_;
+  std::vector<bool> grad_seen_;  // per layer, this iteration
+  absl::flat_hash_map<uint64_t, uint64_t> activations_;  // id -> length
+};
+
+}  // namespace lohan
+
+#endif  // LOHAN_DAEMON_IPC_ENTRY_VALIDATOR_H_

@@ -1,0 +1,100 @@
+// Fuzz target for EntryValidator: feeds arbitrary submission entries and
+// traps if an accepted entry ever points outside the arena or breaks the
+// layout. Built as a libFuzzer binary by build_fuzzer.sh and, with a
+// deterministic driver, as the cc_test entry_validator_fuzz_test.
+
+#include "daemon/ipc/entry_validator_fuzz.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "daemon/ipc/entry_validator.h"
+#include "daemon/ipc/ring_entry.h"
+#include "daemon/pool/slot_allocator.h"
+
+namespace lohan::fuzz {
+namespace {
+
+uint64_t accepted_by_op[9] = {};
+
+void Require(bool condition) {
+  if (!condition) __builtin_trap();
+}
+
+// Allocates the slots at the offsets the header promises.
+void CarveSlots(SlotAllocator& slots) {
+  Require(slots.Allocate(4096, SlotKind::kControl)->offset == kControlOffset);
+  Require(slots.Allocate(8192, SlotKind::kGradient)->offset == kGradOffsets[0]);
+  Require(slots.Allocate(8192, SlotKind::kGradient)->offset == kGradOffsets[1]);
+  Require(slots.Allocate(8192, SlotKind::kWeight)->offset == kWeightOffset);
+  Require(slots.Allocate(4096, SlotKind::kActivation)->offset ==
+          kActOffsets[0]);
+  Require(slots.Allocate(4096, SlotKind::kActivation)->offset ==
+          kActOffsets[1]);
+}
+
+}  // namespace
+
+const uint64_t* AcceptedByOp() { return accepted_by_op; }
+
+}  // namespace lohan::fuzz
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace lohan;
+  using namespace lohan::fuzz;
+  if (size < 1) return 0;
+  const uint8_t flags = data[0];
+  ++data;
+  --size;
+
+  static std::vector<uint8_t>* arena = new std::vector<uint8_t>(kArenaBytes);
+  std::memset(arena->data(), 0, kArenaBytes);
+  if (flags & 1) {
+    std::memcpy(arena->data() + kControlOffset, kLayerBytes,
+                sizeof(kLayerBytes));
+  } else {
+    const size_t table = size < 32 ? size : 32;
+    std::memcpy(arena->data() + kControlOffset, data, table);
+    data += table;
+    size -= table;
+  }
+
+  SlotAllocator slots(kArenaBytes);
+  CarveSlots(slots);
+  EntryValidator::Options options;
+  if (flags & 2) options.max_live_activations = 4;
+  options.next_iteration = (flags >> 2) & 3;
+  EntryValidator validator(&slots, absl::Span<const uint8_t>(*arena), options);
+
+  for (; size >= sizeof(SubmissionEntry);
+       data += sizeof(SubmissionEntry), size -= sizeof(SubmissionEntry)) {
+    SubmissionEntry entry;
+    std::memcpy(&entry, data, sizeof(entry));
+    if (!validator.Accept(entry).ok()) continue;
+
+    // Invariants every accepted entry must satisfy.
+    Require(entry.op >= 1 && entry.op <= 8);
+    ++accepted_by_op[entry.op];
+    const RingOp op = static_cast<RingOp>(entry.op);
+    const bool has_range = op == RingOp::kRegisterLayout ||
+                           op == RingOp::kGradReady ||
+                           op == RingOp::kFetchParams ||
+                           op == RingOp::kActPut || op == RingOp::kActGet;
+    if (has_range) {
+      Require(entry.length > 0);
+      Require(entry.slot_offset < kArenaBytes);
+      Require(entry.length <= kArenaBytes - entry.slot_offset);
+    }
+    const JobLayout* layout = validator.layout();
+    Require(layout != nullptr);
+    if (op == RingOp::kGradReady || op == RingOp::kFetchParams) {
+      Require(validator.in_iteration());
+      Require(entry.layer < layout->layer_bytes.size());
+      Require(entry.length == layout->layer_bytes[entry.layer]);
+    }
+    Require(validator.live_activations() <= options.max_live_activations);
+  }
+  return 0;
+}

@@ -1,0 +1,31 @@
+#ifndef LOHAN_DAEMON_IPC_ENTRY_VALIDATOR_FUZZ_H_
+#define LOHAN_DAEMON_IPC_ENTRY_VALIDATOR_FUZZ_H_
+
+// The fixed world entry_validator_fuzz.cc checks entries against, shared with
+// the deterministic driver (entry_validator_fuzz_test.cc) so it can aim at
+// valid states. Input format of LLVMFuzzerTestOneInput:
+//   byte 0   bit 0: the standard layout table (kLayerBytes) is in the
+//                   control slot; otherwise the next 32 bytes are the table
+//            bit 1: at most 4 live activations
+//            bits 2-3: Options::next_iteration
+//   then     64-byte SubmissionEntry images, each fed to Accept in order
+//            (a trailing partial entry is ignored).
+
+#include <cstdint>
+
+namespace lohan::fuzz {
+
+inline constexpr uint64_t kArenaBytes = 16 * 4096;
+inline constexpr uint64_t kControlOffset = 0;              // 4096 bytes
+inline constexpr uint64_t kGradOffsets[] = {4096, 12288};  // 8192 bytes each
+inline constexpr uint64_t kWeightOffset = 20480;           // 8192 bytes
+inline constexpr uint64_t kActOffsets[] = {28672, 32768};  // 4096 bytes each
+inline constexpr uint32_t kLayers = 4;
+inline constexpr uint64_t kLayerBytes[kLayers] = {4096, 8192, 100, 4096};
+
+// Entries accepted so far, by RingOp value (0..8), over all inputs.
+const uint64_t* AcceptedByOp();
+
+}  // namespace lohan::fuzz
+
+#endif  // LOHAN_DAEMON_IPC_ENTRY_VALIDATOR_FUZZ_H_

@@ -1,0 +1,277 @@
+#include "daemon/ipc/entry_validator.h"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace lohan {
+namespace {
+
+constexpr uint64_t kPage = 4096;
+constexpr uint64_t kArenaBytes = 32 * kPage;
+
+class EntryValidatorTest : public ::testing::Test {
+ protected:
+  EntryValidatorTest() : arena_(kArenaBytes, 0), slots_(kArenaBytes) {
+    control_ = *slots_.Allocate(kPage, SlotKind::kControl);
+    grad_ = *slots_.Allocate(2 * kPage, SlotKind::kGradient);
+    weight_ = *slots_.Allocate(2 * kPage, SlotKind::kWeight);
+    act_ = *slots_.Allocate(kPage, SlotKind::kActivation);
+    WriteTable({kPage, 2 * kPage, 100});
+    validator_ = std::make_unique<EntryValidator>(
+        &slots_, absl::Span<const uint8_t>(arena_), EntryValidator::Options{});
+  }
+
+  void WriteTable(const std::vector<uint64_t>& sizes) {
+    std::memcpy(arena_.data() + control_.offset, sizes.data(),
+                sizes.size() * sizeof(uint64_t));
+  }
+
+  static SubmissionEntry Entry(RingOp op) {
+    SubmissionEntry entry{};
+    entry.op = static_cast<uint16_t>(op);
+    entry.request_id = 77;
+    return entry;
+  }
+  SubmissionEntry Register(uint32_t layers = 3) const {
+    SubmissionEntry entry = Entry(RingOp::kRegisterLayout);
+    entry.dtype = static_cast<uint16_t>(RingDtype::kBf16);
+    entry.layer = layers;
+    entry.slot_offset = control_.offset;
+    entry.length = layers * 8;
+    return entry;
+  }
+  static SubmissionEntry Iter(RingOp op, uint64_t n) {
+    SubmissionEntry entry = Entry(op);
+    entry.iteration = n;
+    return entry;
+  }
+  SubmissionEntry Grad(uint32_t layer, uint64_t length) const {
+    SubmissionEntry entry = Entry(RingOp::kGradReady);
+    entry.dtype = static_cast<uint16_t>(RingDtype::kBf16);
+    entry.layer = layer;
+    entry.slot_offset = grad_.offset;
+    entry.length = length;
+    return entry;
+  }
+  SubmissionEntry Fetch(uint32_t layer, uint64_t length) const {
+    SubmissionEntry entry = Entry(RingOp::kFetchParams);
+    entry.layer = layer;
+    entry.slot_offset = weight_.offset;
+    entry.length = length;
+    return entry;
+  }
+  SubmissionEntry Act(RingOp op, uint64_t id, uint64_t length) const {
+    SubmissionEntry entry = Entry(op);
+    entry.activation_id = id;
+    if (op != RingOp::kActFree) {
+      entry.slot_offset = act_.offset;
+      entry.length = length;
+    }
+    return entry;
+  }
+
+  void Ready() {
+    ASSERT_TRUE(validator_->Accept(Register()).ok());
+    ASSERT_TRUE(validator_->Accept(Iter(RingOp::kIterBegin, 0)).ok());
+  }
+
+  absl::StatusCode Code(const SubmissionEntry& entry) {
+    return validator_->Accept(entry).code();
+  }
+
+  std::vector<uint8_t> arena_;
+  SlotAllocator slots_;
+  Slot control_, grad_, weight_, act_;
+  std::unique_ptr<EntryValidator> validator_;
+};
+
+TEST_F(EntryValidatorTest, AHappyIteration) {
+  ASSERT_TRUE(validator_->Accept(Register()).ok());
+  ASSERT_NE(validator_->layout(), nullptr);
+  EXPECT_EQ(validator_->layout()->layer_bytes,
+            (std::vector<uint64_t>{kPage, 2 * kPage, 100}));
+  for (uint64_t iteration = 0; iteration < 3; ++iteration) {
+    ASSERT_TRUE(validator_->Accept(Iter(RingOp::kIterBegin, iteration)).ok());
+    EXPECT_TRUE(validator_->in_iteration());
+    ASSERT_TRUE(validator_->Accept(Fetch(0, kPage)).ok());
+    ASSERT_TRUE(validator_->Accept(Act(RingOp::kActPut, 5, 300)).ok());
+    ASSERT_TRUE(validator_->Accept(Act(RingOp::kActGet, 5, 300)).ok());
+    ASSERT_TRUE(validator_->Accept(Act(RingOp::kActFree, 5, 0)).ok());
+    ASSERT_TRUE(validator_->Accept(Grad(2, 100)).ok());
+    ASSERT_TRUE(validator_->Accept(Grad(1, 2 * kPage)).ok());
+    ASSERT_TRUE(validator_->Accept(Grad(0, kPage)).ok());
+    ASSERT_TRUE(validator_->Accept(Iter(RingOp::kIterEnd, iteration)).ok());
+  }
+  EXPECT_EQ(validator_->iteration(), 3u);
+  EXPECT_EQ(validator_->live_activations(), 0u);
+}
+
+TEST_F(EntryValidatorTest, FormatRules) {
+  SubmissionEntry entry = Register();
+  entry.reserved[15] = 1;
+  EXPECT_EQ(Code(entry), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Code(Entry(RingOp::kInvalid)), absl::StatusCode::kInvalidArgument);
+  SubmissionEntry unknown = Entry(RingOp::kInvalid);
+  unknown.op = 999;
+  EXPECT_EQ(Code(unknown), absl::StatusCode::kInvalidArgument);
+  entry = Register();
+  entry.iteration = 4;  // not a REGISTER_LAYOUT field
+  const absl::Status status = validator_->Accept(entry);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("REGISTER_LAYOUT"), std::string::npos);
+  EXPECT_EQ(validator_->layout(), nullptr);  // state unchanged
+}
+
+TEST_F(EntryValidatorTest, LayoutRules) {
+  // Nothing before the layout.
+  EXPECT_EQ(Code(Iter(RingOp::kIterBegin, 0)),
+            absl::StatusCode::kFailedPrecondition);
+  SubmissionEntry entry = Register();
+  entry.dtype = 9;
+  EXPECT_EQ(Code(entry), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Code(Register(0)), absl::StatusCode::kInvalidArgument);
+  entry = Register();
+  entry.layer = 1u << 20;  // over max_layers
+  entry.length = uint64_t{entry.layer} * 8;
+  EXPECT_EQ(Code(entry), absl::StatusCode::kInvalidArgument);
+  entry = Register();
+  entry.length = 16;  // table length does not match the layer count
+  EXPECT_EQ(Code(entry), absl::StatusCode::kInvalidArgument);
+  entry = Register();
+  entry.slot_offset = grad_.offset;  // table not in a control slot
+  EXPECT_EQ(Code(entry), absl::StatusCode::kFailedPrecondition);
+  entry.slot_offset = kArenaBytes - 8;  // beyond the arena
+  EXPECT_EQ(Code(entry), absl::StatusCode::kOutOfRange);
+
+  WriteTable({kPage, 0, 100});  // a zero-sized layer
+  EXPECT_EQ(Code(Register()), absl::StatusCode::kInvalidArgument);
+  WriteTable({kPage, 3, 100});  // not a multiple of the bf16 element
+  EXPECT_EQ(Code(Register()), absl::StatusCode::kInvalidArgument);
+  WriteTable({kPage, kArenaBytes * 2, 100});  // larger than the arena
+  EXPECT_EQ(Code(Register()), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(validator_->layout(), nullptr);
+
+  WriteTable({kPage, 2 * kPage, 100});
+  ASSERT_TRUE(validator_->Accept(Register()).ok());
+  WriteTable({1, 1, 1});  // rewriting the table afterwards changes nothing
+  EXPECT_EQ(validator_->layout()->layer_bytes[0], kPage);
+  EXPECT_EQ(Code(Register()), absl::StatusCode::kFailedPrecondition);  // twice
+}
+
+TEST_F(EntryValidatorTest, IterationStateMachine) {
+  ASSERT_TRUE(validator_->Accept(Register()).ok());
+  // GRAD_READY / FETCH_PARAMS only inside an iteration.
+  EXPECT_EQ(Code(Grad(0, kPage)), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Code(Fetch(0, kPage)), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Code(Iter(RingOp::kIterEnd, 0)),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Code(Iter(RingOp::kIterBegin, 1)),  // does not follow
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(validator_->Accept(Iter(RingOp::kIterBegin, 0)).ok());
+  EXPECT_EQ(Code(Iter(RingOp::kIterBegin, 1)),  // nested
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Code(Iter(RingOp::kIterEnd, 5)),  // wrong one
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Code(Register()), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(validator_->Accept(Iter(RingOp::kIterEnd, 0)).ok());
+  EXPECT_EQ(Code(Grad(0, kPage)), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Code(Iter(RingOp::kIterBegin, 0)),  // replayed
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(validator_->Accept(Iter(RingOp::kIterBegin, 1)).ok());
+}
+
+TEST_F(EntryValidatorTest, ResumesAtAGivenIteration) {
+  EntryValidator::Options options;
+  options.next_iteration = 41;
+  EntryValidator validator(&slots_, absl::Span<const uint8_t>(arena_), options);
+  ASSERT_TRUE(validator.Accept(Register()).ok());
+  EXPECT_FALSE(validator.Accept(Iter(RingOp::kIterBegin, 0)).ok());
+  EXPECT_TRUE(validator.Accept(Iter(RingOp::kIterBegin, 41)).ok());
+}
+
+TEST_F(EntryValidatorTest, GradientRules) {
+  Ready();
+  EXPECT_EQ(Code(Grad(3, kPage)), absl::StatusCode::kInvalidArgument);  // layer
+  EXPECT_EQ(Code(Grad(0, kPage - 2)), absl::StatusCode::kInvalidArgument);
+  SubmissionEntry entry = Grad(0, kPage);
+  entry.dtype = static_cast<uint16_t>(RingDtype::kFp16);
+  EXPECT_EQ(Code(entry), absl::StatusCode::kInvalidArgument);  // dtype
+  entry = Grad(0, kPage);
+  entry.slot_offset = weight_.offset;  // wrong kind of slot
+  EXPECT_EQ(Code(entry), absl::StatusCode::kFailedPrecondition);
+  entry.slot_offset = grad_.offset + kPage + 8;  // runs past the slot
+  EXPECT_EQ(Code(entry), absl::StatusCode::kNotFound);
+  entry.slot_offset = kArenaBytes - 8;  // past the arena
+  EXPECT_EQ(Code(entry), absl::StatusCode::kOutOfRange);
+  entry.slot_offset = UINT64_MAX - 100;  // offset + length overflows
+  EXPECT_EQ(Code(entry), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(validator_->Accept(Grad(0, kPage)).ok());
+  const absl::Status twice = validator_->Accept(Grad(0, kPage));
+  EXPECT_EQ(twice.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(twice.message().find("already delivered"), std::string::npos);
+  // A new iteration clears the record.
+  ASSERT_TRUE(validator_->Accept(Iter(RingOp::kIterEnd, 0)).ok());
+  ASSERT_TRUE(validator_->Accept(Iter(RingOp::kIterBegin, 1)).ok());
+  EXPECT_TRUE(validator_->Accept(Grad(0, kPage)).ok());
+}
+
+TEST_F(EntryValidatorTest, FetchRules) {
+  Ready();
+  EXPECT_EQ(Code(Fetch(7, kPage)), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Code(Fetch(0, 2 * kPage)), absl::StatusCode::kInvalidArgument);
+  SubmissionEntry entry = Fetch(0, kPage);
+  entry.slot_offset = grad_.offset;
+  EXPECT_EQ(Code(entry), absl::StatusCode::kFailedPrecondition);
+  entry.dtype = 2;  // not a FETCH_PARAMS field
+  EXPECT_EQ(Code(entry), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(validator_->Accept(Fetch(0, kPage)).ok());
+  EXPECT_TRUE(validator_->Accept(Fetch(0, kPage)).ok());  // may fetch again
+}
+
+TEST_F(EntryValidatorTest, ActivationRules) {
+  ASSERT_TRUE(validator_->Accept(Register()).ok());
+  EXPECT_EQ(Code(Act(RingOp::kActGet, 1, 64)), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Code(Act(RingOp::kActFree, 1, 0)), absl::StatusCode::kNotFound);
+  SubmissionEntry entry = Act(RingOp::kActPut, 1, 64);
+  entry.slot_offset = grad_.offset;
+  EXPECT_EQ(Code(entry), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(validator_->live_activations(), 0u);  // refused put left nothing
+  EXPECT_EQ(Code(Act(RingOp::kActPut, 1, 0)),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Code(Act(RingOp::kActPut, 1, 2 * kPage)),
+            absl::StatusCode::kNotFound);  // larger than its slot
+  ASSERT_TRUE(validator_->Accept(Act(RingOp::kActPut, 1, 64)).ok());
+  EXPECT_EQ(Code(Act(RingOp::kActPut, 1, 64)),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(Code(Act(RingOp::kActGet, 1, 32)),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(validator_->Accept(Act(RingOp::kActGet, 1, 64)).ok());
+  entry = Act(RingOp::kActFree, 1, 0);
+  entry.length = 64;  // not an ACT_FREE field
+  EXPECT_EQ(Code(entry), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(validator_->Accept(Act(RingOp::kActFree, 1, 0)).ok());
+  EXPECT_EQ(Code(Act(RingOp::kActFree, 1, 0)), absl::StatusCode::kNotFound);
+}
+
+TEST_F(EntryValidatorTest, LiveActivationLimit) {
+  EntryValidator::Options options;
+  options.max_live_activations = 2;
+  EntryValidator validator(&slots_, absl::Span<const uint8_t>(arena_), options);
+  ASSERT_TRUE(validator.Accept(Register()).ok());
+  ASSERT_TRUE(validator.Accept(Act(RingOp::kActPut, 1, 64)).ok());
+  ASSERT_TRUE(validator.Accept(Act(RingOp::kActPut, 2, 64)).ok());
+  EXPECT_EQ(validator.Accept(Act(RingOp::kActPut, 3, 64)).code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
+TEST_F(EntryValidatorTest, FreedSlotIsNoLongerAcceptable) {
+  Ready();
+  ASSERT_TRUE(slots_.Free(grad_.offset).ok());
+  EXPECT_EQ(Code(Grad(0, kPage)), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace lohan

@@ -108,6 +108,18 @@ TEST_F(ConfigRefusalTest, PoolLargerThanTheMachineCanLock) {
                 "key 'pool.host_pool_size' asks for 1000.0 TiB");
 }
 
+TEST_F(ConfigRefusalTest, SsdCapacityLargerThanTheDisk) {
+  ExpectRefused(Lohand({"--ssd-capacity", "1000TiB"}),
+                "key 'store.capacity_per_ssd' asks for 1000.0 TiB");
+}
+
+TEST_F(ConfigRefusalTest, StripeUnitNotAMultipleOfTheBlockSize) {
+  const std::string config =
+      WriteConfig("[store]\nblock_size = 4096\nstripe_unit = 6000\n");
+  ExpectRefused(Lohand({"--config", config}),
+                "'store.stripe_unit' must be a positive multiple");
+}
+
 TEST_F(ConfigRefusalTest, RelativeSocketPath) {
   ExpectRefused(Lohand({"--socket", "lohand.sock"}),
                 "'daemon.socket' must be an absolute path");

@@ -94,6 +94,23 @@ TEST(DaemonLifecycle, SecondDaemonOnLiveSocketIsRefused) {
   EXPECT_TRUE(Connect((*first)->socket()).ok());
 }
 
+TEST(DaemonLifecycle, SecondDaemonOnTheSameStateIsRefused) {
+  PublicTempDir dir;
+  auto first = DaemonProcess::Start(dir.path());
+  ASSERT_TRUE(first.ok()) << first.status();
+  // Another socket, but the same state directory (and so the same store).
+  std::vector<std::string> argv = {Runfile("daemon/main/lohand")};
+  for (const std::string& flag : DaemonProcess::Flags(dir.path())) {
+    argv.push_back(flag);
+  }
+  argv.push_back("--socket=" + dir.path() + "/other.sock");
+  RunResult second = RunCommand(argv);
+  EXPECT_EQ(second.exit_code, 1);
+  EXPECT_THAT(second.err, HasSubstr("opening the SSD store"));
+  EXPECT_TRUE(Connect((*first)->socket()).ok());
+  EXPECT_FALSE(Exists(dir.path() + "/other.sock"));
+}
+
 TEST(DaemonLifecycle, JobsSurviveRestartDetached) {
   PublicTempDir dir;
   std::string job_id;

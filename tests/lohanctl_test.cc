@@ -51,7 +51,13 @@ TEST_F(LohanctlTest, StatusText) {
   EXPECT_THAT(result.out, HasSubstr("lohand 0.1.0 (protocol 1.0), pid " +
                                     std::to_string(daemon_->pid()) + ", up "));
   EXPECT_THAT(result.out, HasSubstr("  socket       " + daemon_->socket()));
-  EXPECT_THAT(result.out, HasSubstr("  SSD paths    " + dir_.path() + "/ssd0"));
+  EXPECT_THAT(result.out, HasSubstr("  SSD array    1 SSD, 1.0 MiB stripes, "
+                                    "4096 B blocks, queue depth 32, 0 "
+                                    "tensors"));
+  EXPECT_THAT(result.out, HasSubstr("    " + dir_.path() + "/ssd0"));
+  EXPECT_THAT(result.out, HasSubstr("0 B used of 64.0 MiB (0%)"));
+  EXPECT_THAT(result.out, MatchesRegex("(.|\n)*  optimizer    [0-9]+ "
+                                       "threads, kernel [a-z0-9+]+\n(.|\n)*"));
   EXPECT_THAT(result.out, HasSubstr("  host pool    64.0 MiB"));
   EXPECT_THAT(result.out, HasSubstr("  jobs         1 (1 attached)"));
   EXPECT_THAT(result.out, HasSubstr(job_id_ + "   gpt-small"));
@@ -70,6 +76,12 @@ TEST_F(LohanctlTest, StatusJsonIsTheProtoSchema) {
   EXPECT_EQ(status.daemon_pid(), daemon_->pid());
   EXPECT_EQ(status.config().socket_path(), daemon_->socket());
   EXPECT_EQ(status.config().host_pool_bytes(), 64u << 20);
+  ASSERT_EQ(status.store().ssds_size(), 1);
+  EXPECT_EQ(status.store().ssds(0).path(), dir_.path() + "/ssd0");
+  EXPECT_EQ(status.store().ssds(0).capacity_bytes(), 64u << 20);
+  EXPECT_EQ(status.store().block_size(), 4096u);
+  EXPECT_FALSE(status.optimizer().kernel().empty());
+  EXPECT_GE(status.optimizer().threads(), 1u);
   EXPECT_GE(status.uptime_seconds(), 0.0);
   ASSERT_EQ(status.jobs_size(), 1);
   EXPECT_EQ(status.jobs(0).id(), job_id_);

@@ -115,11 +115,28 @@ int Status(const std::string& socket, bool json) {
               LocalTime(status->started_unix_seconds()).c_str());
   std::printf("  socket       %s\n", config.socket_path().c_str());
   std::printf("  state dir    %s\n", config.state_dir().c_str());
-  std::printf("  SSD paths    %s\n",
-              absl::StrJoin(config.ssd_paths(), ", ").c_str());
   std::printf("  host pool    %s\n",
               FormatByteSize(config.host_pool_bytes()).c_str());
-  std::printf("  optimizer    %u threads\n", config.optimizer_threads());
+  const v1::StoreStatus& store = status->store();
+  std::printf(
+      "  SSD array    %d SSD%s, %s stripes, %u B blocks, queue depth "
+      "%u%s, %llu tensors\n",
+      store.ssds_size(), store.ssds_size() == 1 ? "" : "s",
+      FormatByteSize(store.stripe_unit_bytes()).c_str(), store.block_size(),
+      store.queue_depth(), store.buffered_io() ? ", BUFFERED I/O" : "",
+      static_cast<unsigned long long>(store.tensors()));
+  for (const v1::SsdStatus& ssd : store.ssds()) {
+    const double percent = ssd.capacity_bytes() == 0
+                               ? 0.0
+                               : 100.0 * static_cast<double>(ssd.used_bytes()) /
+                                     static_cast<double>(ssd.capacity_bytes());
+    std::printf("    %-24s %s used of %s (%.0f%%)\n", ssd.path().c_str(),
+                FormatByteSize(ssd.used_bytes()).c_str(),
+                FormatByteSize(ssd.capacity_bytes()).c_str(), percent);
+  }
+  std::printf("  optimizer    %u threads, kernel %s\n",
+              status->optimizer().threads(),
+              status->optimizer().kernel().c_str());
   std::printf("  log level    %s\n", config.log_level().c_str());
   std::printf("  jobs         %u (%u attached)\n\n", status->total_jobs(),
               status->attached_jobs());

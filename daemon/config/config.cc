@@ -23,6 +23,7 @@ namespace {
 
 constexpr const char* kLogLevels[] = {"trace", "debug",    "info", "warn",
                                       "error", "critical", "off"};
+constexpr const char* kOptimizerIsas[] = {"auto", "avx512", "avx2", "scalar"};
 // sockaddr_un.sun_path holds 108 bytes including the terminating NUL.
 constexpr size_t kMaxSocketPathLength = 107;
 constexpr uint32_t kMaxOptimizerThreads = 1024;
@@ -58,6 +59,57 @@ Setter StringSetter(std::string DaemonConfig::*field, const char* key) {
   };
 }
 
+// A byte size: an integer, or a string with units ("8GiB").
+Setter SizeSetter(uint64_t DaemonConfig::*field, const char* key) {
+  return [field, key](const toml::node& node, absl::string_view origin,
+                      DaemonConfig& config) -> absl::Status {
+    if (std::optional<int64_t> as_int = node.value_exact<int64_t>()) {
+      if (*as_int < 0)
+        return BadValue(origin, node, key, "a non-negative size");
+      config.*field = static_cast<uint64_t>(*as_int);
+      return absl::OkStatus();
+    }
+    std::optional<std::string> as_text = node.value_exact<std::string>();
+    if (!as_text) {
+      return BadValue(origin, node, key,
+                      "a size such as \"8GiB\" or a byte count");
+    }
+    absl::StatusOr<uint64_t> bytes = ParseByteSize(*as_text);
+    if (!bytes.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Where(origin, node), ": key '", key,
+                       "': ", bytes.status().message()));
+    }
+    config.*field = *bytes;
+    return absl::OkStatus();
+  };
+}
+
+Setter IntegerSetter(uint32_t DaemonConfig::*field, const char* key,
+                     int64_t min, int64_t max) {
+  return
+      [field, key, min, max](const toml::node& node, absl::string_view origin,
+                             DaemonConfig& config) -> absl::Status {
+        std::optional<int64_t> value = node.value_exact<int64_t>();
+        if (!value || *value < min || *value > max) {
+          return BadValue(origin, node, key,
+                          absl::StrCat("an integer from ", min, " to ", max));
+        }
+        config.*field = static_cast<uint32_t>(*value);
+        return absl::OkStatus();
+      };
+}
+
+Setter BoolSetter(bool DaemonConfig::*field, const char* key) {
+  return [field, key](const toml::node& node, absl::string_view origin,
+                      DaemonConfig& config) -> absl::Status {
+    std::optional<bool> value = node.value_exact<bool>();
+    if (!value) return BadValue(origin, node, key, "true or false");
+    config.*field = *value;
+    return absl::OkStatus();
+  };
+}
+
 // Keys by "section.name", each with the code that stores its value.
 const std::map<std::string, Setter>& KeySetters() {
   static const auto* setters = new std::map<std::string, Setter>{
@@ -88,44 +140,23 @@ const std::map<std::string, Setter>& KeySetters() {
          config.ssd_paths = std::move(paths);
          return absl::OkStatus();
        }},
+      {"store.capacity_per_ssd",
+       SizeSetter(&DaemonConfig::ssd_capacity_bytes, "store.capacity_per_ssd")},
+      {"store.stripe_unit",
+       SizeSetter(&DaemonConfig::stripe_unit_bytes, "store.stripe_unit")},
+      {"store.block_size", IntegerSetter(&DaemonConfig::block_size,
+                                         "store.block_size", 512, 1 << 20)},
+      {"store.queue_depth",
+       IntegerSetter(&DaemonConfig::queue_depth, "store.queue_depth", 1, 1024)},
+      {"store.allow_buffered_io",
+       BoolSetter(&DaemonConfig::allow_buffered_io, "store.allow_buffered_io")},
       {"pool.host_pool_size",
-       [](const toml::node& node, absl::string_view origin,
-          DaemonConfig& config) -> absl::Status {
-         std::optional<int64_t> as_int = node.value_exact<int64_t>();
-         if (as_int) {
-           if (*as_int < 0) {
-             return BadValue(origin, node, "pool.host_pool_size",
-                             "a non-negative size");
-           }
-           config.host_pool_bytes = static_cast<uint64_t>(*as_int);
-           return absl::OkStatus();
-         }
-         std::optional<std::string> as_text = node.value_exact<std::string>();
-         if (!as_text) {
-           return BadValue(origin, node, "pool.host_pool_size",
-                           "a size such as \"8GiB\" or a byte count");
-         }
-         absl::StatusOr<uint64_t> bytes = ParseByteSize(*as_text);
-         if (!bytes.ok()) {
-           return absl::InvalidArgumentError(absl::StrCat(
-               Where(origin, node),
-               ": key 'pool.host_pool_size': ", bytes.status().message()));
-         }
-         config.host_pool_bytes = *bytes;
-         return absl::OkStatus();
-       }},
+       SizeSetter(&DaemonConfig::host_pool_bytes, "pool.host_pool_size")},
       {"optimizer.threads",
-       [](const toml::node& node, absl::string_view origin,
-          DaemonConfig& config) -> absl::Status {
-         std::optional<int64_t> threads = node.value_exact<int64_t>();
-         if (!threads || *threads < 0 || *threads > kMaxOptimizerThreads) {
-           return BadValue(origin, node, "optimizer.threads",
-                           absl::StrCat("an integer from 0 (auto) to ",
-                                        kMaxOptimizerThreads));
-         }
-         config.optimizer_threads = static_cast<uint32_t>(*threads);
-         return absl::OkStatus();
-       }},
+       IntegerSetter(&DaemonConfig::optimizer_threads, "optimizer.threads", 0,
+                     kMaxOptimizerThreads)},
+      {"optimizer.isa",
+       StringSetter(&DaemonConfig::optimizer_isa, "optimizer.isa")},
   };
   return *setters;
 }
@@ -201,6 +232,14 @@ absl::Status ApplyOverrides(const ConfigOverrides& overrides,
   if (overrides.state_dir) config.state_dir = *overrides.state_dir;
   if (overrides.log_level) config.log_level = *overrides.log_level;
   if (overrides.ssd_paths) config.ssd_paths = *overrides.ssd_paths;
+  if (overrides.ssd_capacity) {
+    absl::StatusOr<uint64_t> bytes = ParseByteSize(*overrides.ssd_capacity);
+    if (!bytes.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("flag --ssd-capacity: ", bytes.status().message()));
+    }
+    config.ssd_capacity_bytes = *bytes;
+  }
   if (overrides.host_pool_size) {
     absl::StatusOr<uint64_t> bytes = ParseByteSize(*overrides.host_pool_size);
     if (!bytes.ok()) {
@@ -264,6 +303,36 @@ absl::Status ValidateConfig(const DaemonConfig& config) {
       return absl::InvalidArgumentError(absl::StrCat(
           "key 'store.ssd_paths' names '", path, "' more than once"));
     }
+  }
+  if (config.ssd_capacity_bytes == 0) {
+    return absl::InvalidArgumentError(
+        "key 'store.capacity_per_ssd' must be more than 0");
+  }
+  if ((config.block_size & (config.block_size - 1)) != 0 ||
+      config.block_size < 512) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "key 'store.block_size' must be a power of two, at least 512; got ",
+        config.block_size));
+  }
+  if (config.stripe_unit_bytes == 0 ||
+      config.stripe_unit_bytes % config.block_size != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("key 'store.stripe_unit' must be a positive multiple of "
+                     "store.block_size (",
+                     config.block_size, "); got ", config.stripe_unit_bytes));
+  }
+  if (config.ssd_capacity_bytes < config.stripe_unit_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("key 'store.capacity_per_ssd' (",
+                     FormatByteSize(config.ssd_capacity_bytes),
+                     ") is smaller than one stripe unit (",
+                     FormatByteSize(config.stripe_unit_bytes), ")"));
+  }
+  if (std::find(std::begin(kOptimizerIsas), std::end(kOptimizerIsas),
+                config.optimizer_isa) == std::end(kOptimizerIsas)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("key 'optimizer.isa' is '", config.optimizer_isa,
+                     "'; use one of: ", absl::StrJoin(kOptimizerIsas, ", ")));
   }
   if (config.optimizer_threads > kMaxOptimizerThreads) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -19,9 +19,16 @@ struct DaemonConfig {
   std::string state_dir;
   std::string log_level;
   std::vector<std::string> ssd_paths;
+  uint64_t ssd_capacity_bytes = 0;  // per SSD path
+  uint64_t stripe_unit_bytes = 0;
+  uint32_t block_size = 0;
+  uint32_t queue_depth = 0;
+  bool allow_buffered_io = false;
   uint64_t host_pool_bytes = 0;
   // 0 = half of the online cores, at least 1 (see EffectiveOptimizerThreads).
   uint32_t optimizer_threads = 0;
+  // "auto", "avx512", "avx2" or "scalar".
+  std::string optimizer_isa;
 };
 
 // Values given on the command line; each one set replaces the file's value.
@@ -30,6 +37,7 @@ struct ConfigOverrides {
   std::optional<std::string> state_dir;
   std::optional<std::string> log_level;
   std::optional<std::vector<std::string>> ssd_paths;
+  std::optional<std::string> ssd_capacity;    // unparsed, e.g. "64GiB"
   std::optional<std::string> host_pool_size;  // unparsed, e.g. "8GiB"
   std::optional<int64_t> optimizer_threads;
 };
@@ -54,7 +62,8 @@ absl::Status ApplyOverrides(const ConfigOverrides& overrides,
 
 // Checks values on their own (no file system access): absolute paths, the
 // socket path length, log level names, a non-empty SSD list without
-// duplicates, sizes and counts in range.
+// duplicates, sizes and counts in range, the block size a power of two and
+// the stripe unit a multiple of it, a known optimizer ISA name.
 absl::Status ValidateConfig(const DaemonConfig& config);
 
 // The number of optimizer threads to start given `online_cores`.

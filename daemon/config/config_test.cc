@@ -33,6 +33,12 @@ TEST(DefaultConfig, IsTheDeployedFile) {
             std::vector<std::string>{"/var/lib/lohan/ssd0"});
   EXPECT_EQ(defaults.host_pool_bytes, 4ull << 30);
   EXPECT_EQ(defaults.optimizer_threads, 0u);
+  EXPECT_EQ(defaults.optimizer_isa, "auto");
+  EXPECT_EQ(defaults.ssd_capacity_bytes, 64ull << 30);
+  EXPECT_EQ(defaults.stripe_unit_bytes, 1u << 20);
+  EXPECT_EQ(defaults.block_size, 4096u);
+  EXPECT_EQ(defaults.queue_depth, 32u);
+  EXPECT_FALSE(defaults.allow_buffered_io);
   EXPECT_TRUE(ValidateConfig(defaults).ok());
 }
 
@@ -53,6 +59,27 @@ threads = 3
   EXPECT_EQ(config->ssd_paths.size(), 3u);
   EXPECT_EQ(config->host_pool_bytes, 1048576u);
   EXPECT_EQ(config->optimizer_threads, 3u);
+}
+
+TEST(ParseConfigToml, StoreAndOptimizerKeys) {
+  absl::StatusOr<DaemonConfig> config = Parse(R"(
+[store]
+capacity_per_ssd = "2 TiB"
+stripe_unit = 262144
+block_size = 512
+queue_depth = 128
+allow_buffered_io = true
+[optimizer]
+isa = "avx2"
+)");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->ssd_capacity_bytes, 2ull << 40);
+  EXPECT_EQ(config->stripe_unit_bytes, 262144u);
+  EXPECT_EQ(config->block_size, 512u);
+  EXPECT_EQ(config->queue_depth, 128u);
+  EXPECT_TRUE(config->allow_buffered_io);
+  EXPECT_EQ(config->optimizer_isa, "avx2");
+  EXPECT_TRUE(ValidateConfig(*config).ok());
 }
 
 TEST(ParseConfigToml, SizeWithUnits) {
@@ -95,6 +122,14 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"[pool]\nhost_pool_size = 1.5\n", "pool.host_pool_size"},
         BadCase{"[optimizer]\nthreads = -1\n", "'optimizer.threads' must be"},
         BadCase{"[optimizer]\nthreads = \"4\"\n", "'optimizer.threads'"},
+        BadCase{"[store]\nqueue_depth = 0\n",
+                "'store.queue_depth' must be an integer from 1 to 1024"},
+        BadCase{"[store]\nblock_size = 100\n",
+                "'store.block_size' must be an integer from 512"},
+        BadCase{"[store]\nallow_buffered_io = \"yes\"\n",
+                "'store.allow_buffered_io' must be true or false"},
+        BadCase{"[store]\ncapacity_per_ssd = \"big\"\n",
+                "'store.capacity_per_ssd': 'big' is not a byte size"},
         BadCase{"[daemon\nsocket = 1\n", "not valid TOML"}));
 
 TEST(ParseConfigToml, ErrorCarriesLineNumber) {
@@ -120,12 +155,14 @@ TEST(ApplyOverrides, FlagsWinOverFile) {
   overrides.host_pool_size = "2GiB";
   overrides.optimizer_threads = 5;
   overrides.log_level = "debug";
+  overrides.ssd_capacity = "1GiB";
   ASSERT_TRUE(ApplyOverrides(overrides, config).ok());
   EXPECT_EQ(config.socket_path, "/tmp/s.sock");
   EXPECT_EQ(config.ssd_paths, (std::vector<std::string>{"/x", "/y"}));
   EXPECT_EQ(config.host_pool_bytes, 2ull << 30);
   EXPECT_EQ(config.optimizer_threads, 5u);
   EXPECT_EQ(config.log_level, "debug");
+  EXPECT_EQ(config.ssd_capacity_bytes, 1ull << 30);
   EXPECT_EQ(config.state_dir, "/var/lib/lohan");
 }
 
@@ -135,6 +172,10 @@ TEST(ApplyOverrides, BadFlagValuesNameTheFlag) {
   bad_size.host_pool_size = "12 parsecs";
   EXPECT_THAT(std::string(ApplyOverrides(bad_size, config).message()),
               HasSubstr("--host-pool-size"));
+  ConfigOverrides bad_capacity;
+  bad_capacity.ssd_capacity = "-1";
+  EXPECT_THAT(std::string(ApplyOverrides(bad_capacity, config).message()),
+              HasSubstr("--ssd-capacity"));
   ConfigOverrides bad_threads;
   bad_threads.optimizer_threads = -2;
   EXPECT_THAT(std::string(ApplyOverrides(bad_threads, config).message()),
@@ -166,6 +207,16 @@ TEST(ValidateConfig, RefusesBadValues) {
       "names '/a' more than once");
   refused([](DaemonConfig& c) { c.ssd_paths = {"ssd"}; },
           "'store.ssd_paths' must be an absolute path");
+  refused([](DaemonConfig& c) { c.block_size = 3000; },
+          "'store.block_size' must be a power of two");
+  refused([](DaemonConfig& c) { c.stripe_unit_bytes = 6000; },
+          "'store.stripe_unit' must be a positive multiple");
+  refused([](DaemonConfig& c) { c.ssd_capacity_bytes = 0; },
+          "'store.capacity_per_ssd' must be more than 0");
+  refused([](DaemonConfig& c) { c.ssd_capacity_bytes = 4096; },
+          "is smaller than one stripe unit");
+  refused([](DaemonConfig& c) { c.optimizer_isa = "avx1024"; },
+          "'optimizer.isa' is 'avx1024'");
 }
 
 TEST(EffectiveOptimizerThreads, AutoIsHalfTheCoresAtLeastOne) {

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -80,7 +81,7 @@ absl::Status CheckPoolFits(uint64_t pool_bytes, const HostMemory& memory) {
   return absl::OkStatus();
 }
 
-absl::Status CheckSsdPath(const std::string& path) {
+absl::Status CheckSsdPath(const std::string& path, uint64_t capacity_bytes) {
   struct stat info {};
   if (stat(path.c_str(), &info) != 0) {
     const int error = errno;
@@ -115,12 +116,37 @@ absl::Status CheckSsdPath(const std::string& path) {
         ErrnoToStatus(errno, "creating a file in it").message()));
   }
   unlink(probe.c_str());
+
+  // The store preallocates its data file; say so now rather than fail there.
+  struct stat data {};
+  const std::string data_file = absl::StrCat(path, "/lohan.data");
+  const uint64_t existing = stat(data_file.c_str(), &data) == 0
+                                ? static_cast<uint64_t>(data.st_size)
+                                : 0;
+  struct statvfs filesystem {};
+  if (capacity_bytes > existing && statvfs(path.c_str(), &filesystem) == 0) {
+    const uint64_t free_bytes =
+        static_cast<uint64_t>(filesystem.f_bavail) * filesystem.f_frsize;
+    if (capacity_bytes - existing > free_bytes) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "SSD path '", path, "' has ", FormatByteSize(free_bytes),
+          " free but key 'store.capacity_per_ssd' asks for ",
+          FormatByteSize(capacity_bytes),
+          existing > 0
+              ? absl::StrCat(" (", FormatByteSize(existing), " already held)")
+              : "",
+          "; lower it (--ssd-capacity) or free space"));
+    }
+  }
   return absl::OkStatus();
 }
 
 absl::Status CheckHost(const DaemonConfig& config) {
   for (const std::string& path : config.ssd_paths) {
-    if (absl::Status status = CheckSsdPath(path); !status.ok()) return status;
+    if (absl::Status status = CheckSsdPath(path, config.ssd_capacity_bytes);
+        !status.ok()) {
+      return status;
+    }
   }
   return CheckPoolFits(config.host_pool_bytes, ReadHostMemory());
 }

@@ -24,8 +24,9 @@ HostMemory ReadHostMemory();
 absl::Status CheckPoolFits(uint64_t pool_bytes, const HostMemory& memory);
 
 // FAILED_PRECONDITION naming the path unless it is an existing directory (or
-// block device) in which this process can create files.
-absl::Status CheckSsdPath(const std::string& path);
+// block device) in which this process can create files and whose filesystem
+// has room to grow the data file (<path>/lohan.data) to `capacity_bytes`.
+absl::Status CheckSsdPath(const std::string& path, uint64_t capacity_bytes);
 
 // Everything the daemon needs from the machine before it starts serving.
 absl::Status CheckHost(const DaemonConfig& config);

@@ -52,11 +52,19 @@ class SsdPathTest : public ::testing::Test {
 };
 
 TEST_F(SsdPathTest, AcceptsWritableDirectory) {
-  EXPECT_TRUE(CheckSsdPath(dir_).ok());
+  EXPECT_TRUE(CheckSsdPath(dir_, 1 << 20).ok());
+}
+
+TEST_F(SsdPathTest, RefusesCapacityBeyondFreeSpace) {
+  absl::Status status = CheckSsdPath(dir_, 1ull << 60);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("key 'store.capacity_per_ssd' asks for 1024.0 PiB"));
+  EXPECT_THAT(std::string(status.message()), HasSubstr(dir_));
 }
 
 TEST_F(SsdPathTest, RefusesMissingPath) {
-  absl::Status status = CheckSsdPath(dir_ + "/absent");
+  absl::Status status = CheckSsdPath(dir_ + "/absent", 1 << 20);
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(status.message()), HasSubstr(dir_ + "/absent"));
   EXPECT_THAT(std::string(status.message()), HasSubstr("store.ssd_paths"));
@@ -67,13 +75,13 @@ TEST_F(SsdPathTest, RefusesRegularFile) {
   FILE* f = fopen(file.c_str(), "w");
   ASSERT_NE(f, nullptr);
   fclose(f);
-  EXPECT_THAT(std::string(CheckSsdPath(file).message()),
+  EXPECT_THAT(std::string(CheckSsdPath(file, 1 << 20).message()),
               HasSubstr("neither a directory nor a block device"));
 }
 
 TEST(CheckSsdPath, RefusesUnwritableDirectoryEvenForRoot) {
   // procfs refuses new files to everyone, root included.
-  absl::Status status = CheckSsdPath("/proc/self");
+  absl::Status status = CheckSsdPath("/proc/self", 1 << 20);
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(status.message()), HasSubstr("not writable"));
 }

@@ -13,18 +13,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "daemon/common/caller.h"
 #include "daemon/common/process_identity.h"
 #include "proto/lohan.pb.h"
 
 namespace lohan {
-
-// Who is calling, as the kernel vouches for it (the socket's peer credentials).
-struct Caller {
-  uid_t uid = 0;
-  pid_t pid = 0;
-
-  bool is_root() const { return uid == 0; }
-};
 
 // The daemon's jobs. Every call takes the caller and enforces ownership: a job
 // belongs to the uid that created it; any other non-root uid gets

@@ -22,8 +22,12 @@
 #include "daemon/config/config.h"
 #include "daemon/config/host_check.h"
 #include "daemon/jobs/job_registry.h"
+#include "daemon/optim/adam.h"
+#include "daemon/optim/isa.h"
+#include "daemon/optim/worker_pool.h"
 #include "daemon/rpc/control_server.h"
 #include "daemon/rpc/unix_listener.h"
+#include "daemon/store/tensor_store.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
@@ -86,6 +90,54 @@ absl::StatusOr<DaemonConfig> ResolveConfig(const CommandLine& command_line) {
   return config;
 }
 
+absl::Status Prefixed(const absl::Status& status, absl::string_view prefix) {
+  return absl::Status(status.code(), absl::StrCat(prefix, status.message()));
+}
+
+absl::StatusOr<std::unique_ptr<TensorStore>> OpenStore(
+    const DaemonConfig& config) {
+  StoreOptions options;
+  options.ssd_paths = config.ssd_paths;
+  options.state_dir = absl::StrCat(config.state_dir, "/store");
+  options.stripe_unit = config.stripe_unit_bytes;
+  options.block_size = config.block_size;
+  options.queue_depth = config.queue_depth;
+  options.device_capacity_bytes = config.ssd_capacity_bytes;
+  options.allow_buffered_io = config.allow_buffered_io;
+  absl::StatusOr<std::unique_ptr<TensorStore>> store =
+      TensorStore::Open(options);
+  if (!store.ok()) {
+    return Prefixed(store.status(), "opening the SSD store (keys store.*): ");
+  }
+  return store;
+}
+
+// The optimizer's threads and its SIMD kernel, chosen once at start.
+struct Optimizer {
+  std::unique_ptr<WorkerPool> pool;
+  std::optional<AdamUpdater> updater;
+};
+
+absl::StatusOr<Optimizer> StartOptimizer(const DaemonConfig& config) {
+  std::optional<Isa> isa;
+  if (config.optimizer_isa != "auto") {
+    absl::StatusOr<Isa> parsed = ParseIsa(config.optimizer_isa);
+    if (!parsed.ok()) return Prefixed(parsed.status(), "key 'optimizer.isa': ");
+    isa = *parsed;
+  }
+  Optimizer optimizer;
+  absl::StatusOr<std::unique_ptr<WorkerPool>> pool = WorkerPool::Create(
+      {.num_threads = static_cast<int>(EffectiveOptimizerThreads(
+           config, static_cast<uint32_t>(sysconf(_SC_NPROCESSORS_ONLN))))});
+  if (!pool.ok()) return Prefixed(pool.status(), "key 'optimizer.threads': ");
+  optimizer.pool = *std::move(pool);
+  absl::StatusOr<AdamUpdater> updater =
+      AdamUpdater::Create(optimizer.pool.get(), isa);
+  if (!updater.ok()) return Prefixed(updater.status(), "key 'optimizer.isa': ");
+  optimizer.updater = *updater;
+  return optimizer;
+}
+
 void LogConfig(const DaemonConfig& config) {
   spdlog::info(
       "socket {}, state dir {}, SSD paths [{}], host pool {}, "
@@ -142,14 +194,28 @@ int Run(const CommandLine& command_line) {
                          .host_pool_capacity_bytes = config->host_pool_bytes});
   if (!jobs.ok()) return Fail(jobs.status());
 
+  absl::StatusOr<std::unique_ptr<TensorStore>> store = OpenStore(*config);
+  if (!store.ok()) return Fail(store.status());
+  absl::StatusOr<Optimizer> optimizer = StartOptimizer(*config);
+  if (!optimizer.ok()) return Fail(optimizer.status());
+
+  const DaemonParts parts{.config = &*config,
+                          .jobs = jobs->get(),
+                          .store = store->get(),
+                          .optimizer = &*optimizer->updater,
+                          .optimizer_threads = static_cast<uint32_t>(
+                              optimizer->pool->num_threads())};
   absl::StatusOr<std::unique_ptr<ControlServer>> server =
-      ControlServer::Start(&*config, jobs->get(), *std::move(listener));
+      ControlServer::Start(parts, *std::move(listener));
   if (!server.ok()) return Fail(server.status());
 
   spdlog::info("lohand {} (protocol {}.{}) serving on {}, pid {}",
                kLohanVersion, kProtocolMajor, kProtocolMinor,
                config->socket_path, getpid());
   LogConfig(*config);
+  spdlog::info("SSD store: {} SSDs, {} tensors; optimizer kernel {}",
+               (*store)->Stats().devices.size(), (*store)->Stats().tensors,
+               optimizer->updater->kernel_name());
 
   int received = 0;
   while (sigwait(&stop_signals, &received) != 0) {
@@ -176,7 +242,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", lohan::kLohanVersion);
   std::string config_path;
   app.add_option("-c,--config", config_path, "TOML config file");
-  std::string socket, state_dir, log_level, pool_size;
+  std::string socket, state_dir, log_level, pool_size, ssd_capacity;
   std::vector<std::string> ssd_paths;
   int64_t threads = -1;
   app.add_option("--socket", socket, "unix socket path [daemon.socket]");
@@ -184,6 +250,9 @@ int main(int argc, char** argv) {
                  "durable state directory [daemon.state_dir]");
   app.add_option("--ssd-path", ssd_paths,
                  "SSD directory; repeat for several [store.ssd_paths]");
+  app.add_option("--ssd-capacity", ssd_capacity,
+                 "bytes to use on each SSD path, e.g. 500GiB "
+                 "[store.capacity_per_ssd]");
   app.add_option("--host-pool-size", pool_size,
                  "pinned host pool, e.g. 8GiB [pool.host_pool_size]");
   app.add_option("--optimizer-threads", threads,
@@ -207,6 +276,7 @@ int main(int argc, char** argv) {
   if (app.count("--state-dir")) overrides.state_dir = state_dir;
   if (app.count("--ssd-path")) overrides.ssd_paths = ssd_paths;
   if (app.count("--host-pool-size")) overrides.host_pool_size = pool_size;
+  if (app.count("--ssd-capacity")) overrides.ssd_capacity = ssd_capacity;
   if (app.count("--optimizer-threads")) overrides.optimizer_threads = threads;
   if (app.count("--log-level")) overrides.log_level = log_level;
   return lohan::Run(command_line);

@@ -15,15 +15,14 @@ constexpr auto kShutdownGrace = std::chrono::seconds(2);
 
 }  // namespace
 
-ControlServer::ControlServer(const DaemonConfig* config, JobRegistry* jobs,
+ControlServer::ControlServer(const DaemonParts& parts,
                              std::unique_ptr<UnixListener> listener)
-    : service_(config, &peers_, jobs), listener_(std::move(listener)) {}
+    : service_(parts, &peers_), listener_(std::move(listener)) {}
 
 absl::StatusOr<std::unique_ptr<ControlServer>> ControlServer::Start(
-    const DaemonConfig* config, JobRegistry* jobs,
-    std::unique_ptr<UnixListener> listener) {
+    const DaemonParts& parts, std::unique_ptr<UnixListener> listener) {
   std::unique_ptr<ControlServer> server(
-      new ControlServer(config, jobs, std::move(listener)));
+      new ControlServer(parts, std::move(listener)));
   grpc::ServerBuilder builder;
   builder.RegisterService(&server->service_);
   server->server_ = builder.BuildAndStart();

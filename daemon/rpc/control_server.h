@@ -20,10 +20,9 @@ namespace lohan {
 // connections that `listener` accepts (with their peer credentials noted).
 class ControlServer {
  public:
-  // REQUIRES: `config` and `jobs` outlive the server.
+  // REQUIRES: everything in `parts` outlives the server.
   static absl::StatusOr<std::unique_ptr<ControlServer>> Start(
-      const DaemonConfig* config, JobRegistry* jobs,
-      std::unique_ptr<UnixListener> listener);
+      const DaemonParts& parts, std::unique_ptr<UnixListener> listener);
 
   ControlServer(const ControlServer&) = delete;
   ControlServer& operator=(const ControlServer&) = delete;
@@ -34,7 +33,7 @@ class ControlServer {
   void Shutdown();
 
  private:
-  ControlServer(const DaemonConfig* config, JobRegistry* jobs,
+  ControlServer(const DaemonParts& parts,
                 std::unique_ptr<UnixListener> listener);
 
   PeerTable peers_;

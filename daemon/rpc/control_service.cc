@@ -22,11 +22,11 @@ void SetProtocol(v1::ProtocolVersion* version) {
 
 }  // namespace
 
-ControlService::ControlService(const DaemonConfig* config,
-                               const PeerTable* peers, JobRegistry* jobs)
-    : config_(config),
+ControlService::ControlService(const DaemonParts& parts, const PeerTable* peers)
+    : parts_(parts),
+      config_(parts.config),
       peers_(peers),
-      jobs_(jobs),
+      jobs_(parts.jobs),
       started_(std::chrono::steady_clock::now()),
       started_unix_seconds_(time(nullptr)) {}
 
@@ -54,6 +54,9 @@ grpc::Status ControlService::Hello(grpc::ServerContext* context,
   response->set_daemon_version(kLohanVersion);
   response->add_capabilities("jobs");
   response->add_capabilities("peer-credentials");
+  response->add_capabilities("store");
+  response->add_capabilities(
+      absl::StrCat("optimizer:", parts_.optimizer->kernel_name()));
   response->set_caller_uid(caller.uid);
   response->set_caller_pid(caller.pid);
   return grpc::Status::OK;
@@ -135,8 +138,7 @@ grpc::Status ControlService::GetStatus(grpc::ServerContext* context,
     summary->add_ssd_paths(path);
   }
   summary->set_host_pool_bytes(config_->host_pool_bytes);
-  summary->set_optimizer_threads(EffectiveOptimizerThreads(
-      *config_, static_cast<uint32_t>(sysconf(_SC_NPROCESSORS_ONLN))));
+  summary->set_optimizer_threads(parts_.optimizer_threads);
   summary->set_log_level(config_->log_level);
   for (v1::Job& job : jobs_->List(caller)) {
     *response->add_jobs() = std::move(job);
@@ -144,6 +146,21 @@ grpc::Status ControlService::GetStatus(grpc::ServerContext* context,
   const JobRegistry::Counts counts = jobs_->CountAll();
   response->set_total_jobs(counts.total);
   response->set_attached_jobs(counts.attached);
+  v1::StoreStatus* store = response->mutable_store();
+  const StoreStats stats = parts_.store->Stats();
+  for (const DeviceStats& device : stats.devices) {
+    v1::SsdStatus* ssd = store->add_ssds();
+    ssd->set_path(device.path);
+    ssd->set_capacity_bytes(device.capacity_bytes);
+    ssd->set_used_bytes(device.used_bytes);
+  }
+  store->set_tensors(stats.tensors);
+  store->set_stripe_unit_bytes(config_->stripe_unit_bytes);
+  store->set_block_size(config_->block_size);
+  store->set_queue_depth(config_->queue_depth);
+  store->set_buffered_io(config_->allow_buffered_io);
+  response->mutable_optimizer()->set_threads(parts_.optimizer_threads);
+  response->mutable_optimizer()->set_kernel(parts_.optimizer->kernel_name());
   return grpc::Status::OK;
 }
 

@@ -7,19 +7,30 @@
 
 #include "daemon/config/config.h"
 #include "daemon/jobs/job_registry.h"
+#include "daemon/optim/adam.h"
 #include "daemon/rpc/peer_table.h"
+#include "daemon/store/tensor_store.h"
 #include "proto/lohan.grpc.pb.h"
 
 namespace lohan {
+
+// The daemon's long-lived parts the control plane reports on or acts
+// through. Borrowed: each must outlive the service.
+struct DaemonParts {
+  const DaemonConfig* config = nullptr;
+  JobRegistry* jobs = nullptr;
+  const TensorStore* store = nullptr;
+  const AdamUpdater* optimizer = nullptr;
+  uint32_t optimizer_threads = 0;
+};
 
 // The lohan.v1.Lohan gRPC service: identifies the caller, translates requests
 // into JobRegistry calls and maps absl::Status codes one to one onto gRPC's.
 // Holds no logic of its own.
 class ControlService final : public v1::Lohan::Service {
  public:
-  // REQUIRES: all pointers outlive the service.
-  ControlService(const DaemonConfig* config, const PeerTable* peers,
-                 JobRegistry* jobs);
+  // REQUIRES: `peers` and everything in `parts` outlive the service.
+  ControlService(const DaemonParts& parts, const PeerTable* peers);
 
   grpc::Status Hello(grpc::ServerContext* context,
                      const v1::HelloRequest* request,
@@ -44,6 +55,7 @@ class ControlService final : public v1::Lohan::Service {
                          v1::GetStatusResponse* response) override;
 
  private:
+  const DaemonParts parts_;
   const DaemonConfig* const config_;
   const PeerTable* const peers_;
   JobRegistry* const jobs_;

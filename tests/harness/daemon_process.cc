@@ -24,9 +24,11 @@ constexpr auto kStartBound = std::chrono::seconds(60);
 }  // namespace
 
 std::vector<std::string> DaemonProcess::Flags(const std::string& dir) {
-  return {
-      "--socket",   dir + "/lohand.sock", "--state-dir",      dir + "/state",
-      "--ssd-path", dir + "/ssd0",        "--host-pool-size", "64MiB"};
+  return {"--socket",         dir + "/lohand.sock",
+          "--state-dir",      dir + "/state",
+          "--ssd-path",       dir + "/ssd0",
+          "--ssd-capacity",   "64MiB",
+          "--host-pool-size", "64MiB"};
 }
 
 DaemonProcess::DaemonProcess(pid_t pid, std::string socket,

@@ -41,7 +41,8 @@ class Daemon:
             self.process = subprocess.Popen(
                 [str(built("daemon/main/lohand")), "--socket", self.socket,
                  "--state-dir", str(directory / "state"), "--ssd-path",
-                 str(directory / "ssd0"), "--host-pool-size", "64MiB",
+                 str(directory / "ssd0"), "--ssd-capacity", "64MiB",
+                 "--host-pool-size", "64MiB",
                  "--log-level", "debug"],
                 stdout=log, stderr=subprocess.STDOUT)
         # Only bounds a hung start; a healthy daemon answers in milliseconds.

@@ -7,7 +7,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "daemon/jobs/job_registry.h"
+#include "daemon/common/caller.h"
 
 namespace lohan {
 

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/common/errno_status.h"
+#include "daemon/ipc/fd_passing.h"
 #include "spdlog/spdlog.h"
 
 namespace lohan {
@@ -158,16 +159,15 @@ void UnixListener::AcceptLoop(ConnectionHandler handler) {
       }
       continue;
     }
-    ucred credentials{};
-    socklen_t length = sizeof(credentials);
-    if (getsockopt(connection.get(), SOL_SOCKET, SO_PEERCRED, &credentials,
-                   &length) != 0) {
-      spdlog::warn("SO_PEERCRED failed, dropping connection: {}",
-                   std::strerror(errno));
+    absl::StatusOr<PeerCredentials> credentials =
+        ReadPeerCredentials(connection.get());
+    if (!credentials.ok()) {
+      spdlog::warn("dropping a connection: {}",
+                   std::string(credentials.status().message()));
       continue;
     }
     handler(std::move(connection),
-            Caller{.uid = credentials.uid, .pid = credentials.pid});
+            Caller{.uid = credentials->uid, .pid = credentials->pid});
   }
 }
 

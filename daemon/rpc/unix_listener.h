@@ -10,7 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "daemon/common/unique_fd.h"
-#include "daemon/jobs/job_registry.h"
+#include "daemon/common/caller.h"
 
 namespace lohan {
 

@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "client/control_client.h"
+#include "client/data_plane.h"
 #include "daemon/common/version.h"
 
 struct lohan_client {
@@ -21,6 +22,10 @@ struct lohan_client {
 
 struct lohan_job_info {
   lohan::v1::Job job;
+};
+
+struct lohan_data_plane {
+  std::unique_ptr<lohan::DataPlane> impl;
 };
 
 struct lohan_job_list {
@@ -213,6 +218,36 @@ int32_t lohan_job_info_attached_pid(const lohan_job_info* job) {
 }
 
 void lohan_job_info_destroy(lohan_job_info* job) { delete job; }
+
+int lohan_data_plane_open(lohan_client* client, const char* job_id,
+                          lohan_data_plane** out) {
+  if (client == nullptr || job_id == nullptr || out == nullptr) {
+    return InvalidArgument(
+        "lohan_data_plane_open: client, job_id and out are required");
+  }
+  const std::string& path = client->impl->hello().data_socket_path();
+  if (path.empty()) {
+    return Report(
+        absl::UnimplementedError("this lohand has no data plane; upgrade it"));
+  }
+  auto plane = lohan::DataPlane::Open(path, job_id);
+  if (!plane.ok()) return Report(plane.status());
+  *out = new (std::nothrow) lohan_data_plane{*std::move(plane)};
+  if (*out == nullptr) {
+    return Report(absl::ResourceExhaustedError("out of memory"));
+  }
+  return Report(absl::OkStatus());
+}
+
+void* lohan_data_plane_arena(const lohan_data_plane* plane) {
+  return plane == nullptr ? nullptr : plane->impl->arena();
+}
+
+uint64_t lohan_data_plane_arena_size(const lohan_data_plane* plane) {
+  return plane == nullptr ? 0 : plane->impl->arena_bytes();
+}
+
+void lohan_data_plane_destroy(lohan_data_plane* plane) { delete plane; }
 
 int lohan_client_status_json(lohan_client* client, char** json_out) {
   if (client == nullptr || json_out == nullptr) {

@@ -153,30 +153,18 @@ TEST(DaemonLifecycle, DeadClientLosesItsAttachment) {
   auto job = (*client)->CreateJob(spec);
   ASSERT_TRUE(job.ok());
   // A separate process attaches, then dies without detaching.
-  int pipe_fds[2];
-  ASSERT_EQ(pipe(pipe_fds), 0);
-  pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    dup2(pipe_fds[1], 1);
-    std::string binary = Runfile("tests/c_client/lohan_c_client");
-    execl(binary.c_str(), binary.c_str(), (*daemon)->socket().c_str(), "hold",
-          job->id().c_str(), nullptr);
-    _exit(127);
-  }
-  close(pipe_fds[1]);
-  char line[64] = {};
-  ASSERT_GT(read(pipe_fds[0], line, sizeof(line) - 1), 0);
-  close(pipe_fds[0]);
-  ASSERT_THAT(std::string(line), HasSubstr("holding"));
+  auto holder =
+      BackgroundProcess::Start({Runfile("tests/c_client/lohan_c_client"),
+                                (*daemon)->socket(), "hold", job->id()});
+  ASSERT_TRUE(holder.ok()) << holder.status();
+  ASSERT_THAT((*holder)->first_line(), HasSubstr("holding"));
   auto held = (*client)->ListJobs();
   ASSERT_TRUE(held.ok());
   EXPECT_EQ((*held)[0].state(), v1::JOB_STATE_ATTACHED);
-  EXPECT_EQ((*held)[0].attached_pid(), child);
+  EXPECT_EQ((*held)[0].attached_pid(), (*holder)->pid());
   EXPECT_EQ((*client)->AttachJob(job->id()).status().code(),
             absl::StatusCode::kFailedPrecondition);
-  kill(child, SIGKILL);
-  waitpid(child, nullptr, 0);
+  EXPECT_EQ((*holder)->Stop(SIGKILL), 128 + SIGKILL);
   auto jobs = (*client)->ListJobs();
   ASSERT_TRUE(jobs.ok());
   EXPECT_EQ((*jobs)[0].state(), v1::JOB_STATE_DETACHED);

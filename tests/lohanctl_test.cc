@@ -58,7 +58,8 @@ TEST_F(LohanctlTest, StatusText) {
   EXPECT_THAT(result.out, HasSubstr("0 B used of 64.0 MiB (0%)"));
   EXPECT_THAT(result.out, MatchesRegex("(.|\n)*  optimizer    [0-9]+ "
                                        "threads, kernel [a-z0-9+]+\n(.|\n)*"));
-  EXPECT_THAT(result.out, HasSubstr("  host pool    64.0 MiB"));
+  EXPECT_THAT(result.out,
+              HasSubstr("  host pool    64.0 MiB, 0 B in 0 arenas"));
   EXPECT_THAT(result.out, HasSubstr("  jobs         1 (1 attached)"));
   EXPECT_THAT(result.out, HasSubstr(job_id_ + "   gpt-small"));
   EXPECT_THAT(result.out, HasSubstr("attached  " + std::to_string(getpid())));

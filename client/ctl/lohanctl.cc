@@ -115,8 +115,11 @@ int Status(const std::string& socket, bool json) {
               LocalTime(status->started_unix_seconds()).c_str());
   std::printf("  socket       %s\n", config.socket_path().c_str());
   std::printf("  state dir    %s\n", config.state_dir().c_str());
-  std::printf("  host pool    %s\n",
-              FormatByteSize(config.host_pool_bytes()).c_str());
+  const v1::PoolStatus& pool = status->pool();
+  std::printf("  host pool    %s, %s in %d arena%s\n",
+              FormatByteSize(pool.capacity_bytes()).c_str(),
+              FormatByteSize(pool.used_bytes()).c_str(), pool.arenas_size(),
+              pool.arenas_size() == 1 ? "" : "s");
   const v1::StoreStatus& store = status->store();
   std::printf(
       "  SSD array    %d SSD%s, %s stripes, %u B blocks, queue depth "

@@ -24,8 +24,10 @@ namespace {
 constexpr const char* kLogLevels[] = {"trace", "debug",    "info", "warn",
                                       "error", "critical", "off"};
 constexpr const char* kOptimizerIsas[] = {"auto", "avx512", "avx2", "scalar"};
-// sockaddr_un.sun_path holds 108 bytes including the terminating NUL.
-constexpr size_t kMaxSocketPathLength = 107;
+// sockaddr_un.sun_path holds 108 bytes including the terminating NUL, and
+// the data-plane socket adds ".data".
+constexpr char kDataSocketSuffix[] = ".data";
+constexpr size_t kMaxSocketPathLength = 107 - (sizeof(kDataSocketSuffix) - 1);
 constexpr uint32_t kMaxOptimizerThreads = 1024;
 
 std::string Where(absl::string_view origin, const toml::node& node) {
@@ -339,6 +341,10 @@ absl::Status ValidateConfig(const DaemonConfig& config) {
         "key 'optimizer.threads' must be at most ", kMaxOptimizerThreads));
   }
   return absl::OkStatus();
+}
+
+std::string DataSocketPath(const DaemonConfig& config) {
+  return absl::StrCat(config.socket_path, kDataSocketSuffix);
 }
 
 uint32_t EffectiveOptimizerThreads(const DaemonConfig& config,

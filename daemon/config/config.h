@@ -66,6 +66,9 @@ absl::Status ApplyOverrides(const ConfigOverrides& overrides,
 // the stripe unit a multiple of it, a known optimizer ISA name.
 absl::Status ValidateConfig(const DaemonConfig& config);
 
+// The data-plane socket lives beside the control socket.
+std::string DataSocketPath(const DaemonConfig& config);
+
 // The number of optimizer threads to start given `online_cores`.
 uint32_t EffectiveOptimizerThreads(const DaemonConfig& config,
                                    uint32_t online_cores);

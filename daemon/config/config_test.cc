@@ -193,7 +193,7 @@ TEST(ValidateConfig, RefusesBadValues) {
   refused([](DaemonConfig& c) { c.socket_path = "relative.sock"; },
           "'daemon.socket' must be an absolute path");
   refused([](DaemonConfig& c) { c.socket_path = "/" + std::string(120, 'x'); },
-          "a unix socket path holds at most 107");
+          "a unix socket path holds at most 102");
   refused([](DaemonConfig& c) { c.state_dir = ""; },
           "'daemon.state_dir' must be an absolute path");
   refused([](DaemonConfig& c) { c.log_level = "loud"; },

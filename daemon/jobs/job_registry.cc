@@ -258,6 +258,22 @@ absl::StatusOr<v1::Job> JobRegistry::Detach(const Caller& caller,
   return job;
 }
 
+absl::StatusOr<v1::Job> JobRegistry::CheckAttachedBy(
+    const Caller& caller, const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  ReapDeadAttachments();
+  absl::StatusOr<Entry*> entry = FindOwned(caller, job_id);
+  if (!entry.ok()) return entry.status();
+  const v1::Job& job = (*entry)->job;
+  if (job.state() != v1::JOB_STATE_ATTACHED ||
+      job.attached_pid() != caller.pid) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id, " is not attached by process ", caller.pid,
+                     "; attach it (AttachJob) from this process first"));
+  }
+  return job;
+}
+
 absl::Status JobRegistry::Delete(const Caller& caller,
                                  const std::string& job_id) {
   absl::MutexLock lock(&mu_);

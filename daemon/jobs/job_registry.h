@@ -53,6 +53,12 @@ class JobRegistry {
   absl::StatusOr<v1::Job> Detach(const Caller& caller,
                                  const std::string& job_id);
 
+  // The job, if the calling process is the one attached to it (the data
+  // plane is only for that process). NOT_FOUND / PERMISSION_DENIED as
+  // elsewhere; FAILED_PRECONDITION when another process, or none, holds it.
+  absl::StatusOr<v1::Job> CheckAttachedBy(const Caller& caller,
+                                          const std::string& job_id);
+
   // FAILED_PRECONDITION while attached. Durable before it returns.
   absl::Status Delete(const Caller& caller, const std::string& job_id);
 

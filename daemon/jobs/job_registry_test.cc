@@ -79,6 +79,21 @@ TEST_F(JobRegistryTest, OwnerAndRootMayActOthersMayNot) {
   EXPECT_TRUE(registry_->List(root_).empty());
 }
 
+TEST_F(JobRegistryTest, CheckAttachedByNamesTheProcess) {
+  absl::StatusOr<v1::Job> job = registry_->Create(alice_, Spec("dp"));
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(registry_->CheckAttachedBy(alice_, job->id()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(registry_->Attach(alice_, job->id()).ok());
+  EXPECT_TRUE(registry_->CheckAttachedBy(alice_, job->id()).ok());
+  EXPECT_EQ(registry_->CheckAttachedBy(bob_, job->id()).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  Caller other_process{.uid = kAlice, .pid = getppid()};
+  EXPECT_EQ(
+      registry_->CheckAttachedBy(other_process, job->id()).status().code(),
+      absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_F(JobRegistryTest, NamesAreCheckedAndUniquePerOwner) {
   ASSERT_TRUE(registry_->Create(alice_, Spec("run-1")).ok());
   EXPECT_EQ(registry_->Create(alice_, Spec("run-1")).status().code(),

@@ -25,8 +25,10 @@
 #include "daemon/optim/adam.h"
 #include "daemon/optim/isa.h"
 #include "daemon/optim/worker_pool.h"
+#include "daemon/pool/host_pool.h"
 #include "daemon/rpc/control_server.h"
 #include "daemon/rpc/unix_listener.h"
+#include "daemon/session/session_manager.h"
 #include "daemon/store/tensor_store.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
@@ -188,6 +190,9 @@ int Run(const CommandLine& command_line) {
   absl::StatusOr<std::unique_ptr<UnixListener>> listener =
       UnixListener::Bind(config->socket_path);
   if (!listener.ok()) return Fail(listener.status());
+  absl::StatusOr<std::unique_ptr<UnixListener>> data_listener =
+      UnixListener::Bind(DataSocketPath(*config));
+  if (!data_listener.ok()) return Fail(data_listener.status());
 
   absl::StatusOr<std::unique_ptr<JobRegistry>> jobs =
       JobRegistry::Open({.state_dir = config->state_dir,
@@ -199,12 +204,17 @@ int Run(const CommandLine& command_line) {
   absl::StatusOr<Optimizer> optimizer = StartOptimizer(*config);
   if (!optimizer.ok()) return Fail(optimizer.status());
 
+  HostPool pool({.capacity_bytes = config->host_pool_bytes});
+  std::unique_ptr<SessionManager> sessions =
+      SessionManager::Start(*std::move(data_listener), jobs->get(), &pool);
+
   const DaemonParts parts{.config = &*config,
                           .jobs = jobs->get(),
                           .store = store->get(),
                           .optimizer = &*optimizer->updater,
                           .optimizer_threads = static_cast<uint32_t>(
-                              optimizer->pool->num_threads())};
+                              optimizer->pool->num_threads()),
+                          .pool = &pool};
   absl::StatusOr<std::unique_ptr<ControlServer>> server =
       ControlServer::Start(parts, *std::move(listener));
   if (!server.ok()) return Fail(server.status());
@@ -222,7 +232,9 @@ int Run(const CommandLine& command_line) {
   }
   spdlog::info("{} received, shutting down", strsignal(received));
   (*server)->Shutdown();
+  sessions->Shutdown();
   server->reset();
+  sessions.reset();
   spdlog::info("lohand stopped");
   return 0;
 }

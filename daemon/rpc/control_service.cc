@@ -3,6 +3,7 @@
 #include <ctime>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/common/check.h"
 #include "daemon/common/version.h"
 #include "spdlog/spdlog.h"
 
@@ -28,7 +29,11 @@ ControlService::ControlService(const DaemonParts& parts, const PeerTable* peers)
       peers_(peers),
       jobs_(parts.jobs),
       started_(std::chrono::steady_clock::now()),
-      started_unix_seconds_(time(nullptr)) {}
+      started_unix_seconds_(time(nullptr)) {
+  LOHAN_CHECK(parts.config != nullptr && parts.jobs != nullptr &&
+              parts.store != nullptr && parts.optimizer != nullptr &&
+              parts.pool != nullptr && peers != nullptr);
+}
 
 // Every handler starts here: no credentials, no service.
 #define LOHAN_IDENTIFY_CALLER(context, caller)                            \
@@ -59,6 +64,7 @@ grpc::Status ControlService::Hello(grpc::ServerContext* context,
       absl::StrCat("optimizer:", parts_.optimizer->kernel_name()));
   response->set_caller_uid(caller.uid);
   response->set_caller_pid(caller.pid);
+  response->set_data_socket_path(DataSocketPath(*config_));
   return grpc::Status::OK;
 }
 
@@ -159,6 +165,16 @@ grpc::Status ControlService::GetStatus(grpc::ServerContext* context,
   store->set_block_size(config_->block_size);
   store->set_queue_depth(config_->queue_depth);
   store->set_buffered_io(config_->allow_buffered_io);
+  const HostPool::Stats pool = parts_.pool->GetStats();
+  v1::PoolStatus* pool_status = response->mutable_pool();
+  pool_status->set_capacity_bytes(pool.capacity_bytes);
+  pool_status->set_used_bytes(pool.used_bytes);
+  for (const HostPool::JobUse& use : pool.jobs) {
+    v1::ArenaStatus* arena = pool_status->add_arenas();
+    arena->set_job_id(use.job_id);
+    arena->set_bytes(use.bytes);
+    arena->set_huge_pages(use.huge_pages);
+  }
   response->mutable_optimizer()->set_threads(parts_.optimizer_threads);
   response->mutable_optimizer()->set_kernel(parts_.optimizer->kernel_name());
   return grpc::Status::OK;

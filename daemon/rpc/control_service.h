@@ -8,6 +8,7 @@
 #include "daemon/config/config.h"
 #include "daemon/jobs/job_registry.h"
 #include "daemon/optim/adam.h"
+#include "daemon/pool/host_pool.h"
 #include "daemon/rpc/peer_table.h"
 #include "daemon/store/tensor_store.h"
 #include "proto/lohan.grpc.pb.h"
@@ -22,6 +23,7 @@ struct DaemonParts {
   const TensorStore* store = nullptr;
   const AdamUpdater* optimizer = nullptr;
   uint32_t optimizer_threads = 0;
+  const HostPool* pool = nullptr;
 };
 
 // The lohan.v1.Lohan gRPC service: identifies the caller, translates requests

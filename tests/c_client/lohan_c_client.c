@@ -8,6 +8,12 @@
  *   lohan_c_client SOCKET attach JOB_ID    attach, then detach
  *   lohan_c_client SOCKET hold JOB_ID      attach, print "holding", wait
  *                                          until killed (a dying client)
+ *   lohan_c_client SOCKET arena JOB_ID     attach, open the data plane, write
+ *                                          and check the whole arena, close
+ *   lohan_c_client SOCKET arena-hold JOB_ID  attach, open the data plane,
+ *                                          print "holding", wait until killed
+ *   lohan_c_client SOCKET arena-only JOB_ID  open the data plane without
+ *                                          attaching first
  *   lohan_c_client SOCKET delete JOB_ID
  *   lohan_c_client SOCKET list             one line per visible job
  */
@@ -85,6 +91,41 @@ static int roundtrip(lohan_client* client, const char* name) {
   return LOHAN_OK;
 }
 
+/* Fills the arena with a pattern and reads it back. */
+static int touch_arena(lohan_data_plane* plane) {
+  unsigned char* arena = lohan_data_plane_arena(plane);
+  uint64_t size = lohan_data_plane_arena_size(plane);
+  for (uint64_t i = 0; i < size; i += 4096) arena[i] = (unsigned char)(i >> 12);
+  for (uint64_t i = 0; i < size; i += 4096) {
+    if (arena[i] != (unsigned char)(i >> 12)) return LOHAN_DATA_LOSS;
+  }
+  return LOHAN_OK;
+}
+
+static int arena_command(lohan_client* client, const char* job_id,
+                         int attach_first, int hold) {
+  int status = LOHAN_OK;
+  if (attach_first) {
+    status = lohan_job_attach(client, job_id, NULL);
+    if (status != LOHAN_OK) return failed("attach", status);
+  }
+  lohan_data_plane* plane = NULL;
+  status = lohan_data_plane_open(client, job_id, &plane);
+  if (status != LOHAN_OK) return failed("data-plane", status);
+  status = touch_arena(plane);
+  if (status != LOHAN_OK) return failed("arena", status);
+  printf("arena: %llu bytes\n",
+         (unsigned long long)lohan_data_plane_arena_size(plane));
+  if (hold) {
+    printf("holding %s\n", job_id);
+    fflush(stdout);
+    for (;;) pause();
+  }
+  lohan_data_plane_destroy(plane);
+  if (attach_first) status = lohan_job_detach(client, job_id, NULL);
+  return status;
+}
+
 int main(int argc, char** argv) {
   if (argc < 3) {
     fprintf(stderr, "usage: %s SOCKET COMMAND [ARG]\n", argv[0]);
@@ -122,6 +163,12 @@ int main(int argc, char** argv) {
       fflush(stdout);
       for (;;) pause();
     }
+  } else if (strcmp(command, "arena") == 0 && arg) {
+    status = arena_command(client, arg, 1, 0);
+  } else if (strcmp(command, "arena-hold") == 0 && arg) {
+    status = arena_command(client, arg, 1, 1);
+  } else if (strcmp(command, "arena-only") == 0 && arg) {
+    status = arena_command(client, arg, 0, 0);
   } else if (strcmp(command, "delete") == 0 && arg) {
     status = lohan_job_delete(client, arg);
     if (status == LOHAN_OK)

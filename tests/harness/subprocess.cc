@@ -94,6 +94,61 @@ RunResult RunCommand(const std::vector<std::string>& argv,
   return result;
 }
 
+absl::StatusOr<std::unique_ptr<BackgroundProcess>> BackgroundProcess::Start(
+    const std::vector<std::string>& argv,
+    const std::vector<std::string>& extra_env) {
+  int out_pipe[2];
+  if (pipe2(out_pipe, O_CLOEXEC) != 0) return absl::InternalError("pipe");
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, out_pipe[1], 1);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  std::vector<char*> args;
+  for (const std::string& arg : argv) {
+    args.push_back(const_cast<char*>(arg.c_str()));
+  }
+  args.push_back(nullptr);
+  std::vector<std::string> env_strings(extra_env);
+  for (char** e = environ; *e != nullptr; ++e) env_strings.push_back(*e);
+  std::vector<char*> env;
+  for (std::string& entry : env_strings) env.push_back(entry.data());
+  env.push_back(nullptr);
+  pid_t pid = 0;
+  const int spawned = posix_spawn(&pid, argv[0].c_str(), &actions, nullptr,
+                                  args.data(), env.data());
+  posix_spawn_file_actions_destroy(&actions);
+  close(out_pipe[1]);
+  if (spawned != 0) {
+    close(out_pipe[0]);
+    return absl::InternalError(std::string("spawn: ") + std::strerror(spawned));
+  }
+  std::string line;
+  char c;
+  while (read(out_pipe[0], &c, 1) == 1 && c != '\n') line.push_back(c);
+  close(out_pipe[0]);
+  std::unique_ptr<BackgroundProcess> process(new BackgroundProcess(pid, line));
+  int status = 0;
+  if (waitpid(pid, &status, WNOHANG) == pid) {
+    process->pid_ = 0;
+    return absl::FailedPreconditionError("exited early after printing: " +
+                                         line);
+  }
+  return process;
+}
+
+int BackgroundProcess::Stop(int signal) {
+  if (pid_ == 0) return -1;
+  kill(pid_, signal);
+  int status = 0;
+  waitpid(pid_, &status, 0);
+  pid_ = 0;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+BackgroundProcess::~BackgroundProcess() {
+  if (pid_ != 0) Stop(SIGKILL);
+}
+
 std::string Runfile(const std::string& relative) {
   const char* srcdir = getenv("TEST_SRCDIR");
   const char* workspace = getenv("TEST_WORKSPACE");

@@ -1,8 +1,13 @@
 #ifndef LOHAN_TESTS_HARNESS_SUBPROCESS_H_
 #define LOHAN_TESTS_HARNESS_SUBPROCESS_H_
 
+#include <sys/types.h>
+
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "absl/status/statusor.h"
 
 namespace lohan::testing {
 
@@ -18,6 +23,32 @@ struct RunResult {
 // fails instead of hanging.
 RunResult RunCommand(const std::vector<std::string>& argv,
                      const std::vector<std::string>& extra_env = {});
+
+// A command left running in the background, e.g. a client that holds a job.
+// Killed (SIGKILL) on destruction if still running.
+class BackgroundProcess {
+ public:
+  // Starts argv[0] (a path) and returns once it has printed its first line
+  // on stdout; an error (with what it printed) when it exits first.
+  static absl::StatusOr<std::unique_ptr<BackgroundProcess>> Start(
+      const std::vector<std::string>& argv,
+      const std::vector<std::string>& extra_env = {});
+  ~BackgroundProcess();
+  BackgroundProcess(const BackgroundProcess&) = delete;
+  BackgroundProcess& operator=(const BackgroundProcess&) = delete;
+
+  pid_t pid() const { return pid_; }
+  const std::string& first_line() const { return first_line_; }
+  // Sends `signal`, waits, and returns the exit code (128 + signal if
+  // killed by one).
+  int Stop(int signal);
+
+ private:
+  BackgroundProcess(pid_t pid, std::string first_line)
+      : pid_(pid), first_line_(std::move(first_line)) {}
+  pid_t pid_;
+  const std::string first_line_;
+};
 
 // The absolute path of a file in the test's runfiles, e.g.
 // "daemon/main/lohand".

@@ -115,6 +115,25 @@ LOHAN_CLIENT_API int lohan_job_info_state(const lohan_job_info* job);
 LOHAN_CLIENT_API int32_t lohan_job_info_attached_pid(const lohan_job_info* job);
 LOHAN_CLIENT_API void lohan_job_info_destroy(lohan_job_info* job);
 
+/* A job's data plane: its shared-memory arena (the job's host_pool_bytes),
+ * mapped into this process and locked in RAM by the daemon. */
+typedef struct lohan_data_plane lohan_data_plane;
+
+/* Opens the data plane of a job this process has attached
+ * (lohan_job_attach). LOHAN_PERMISSION_DENIED for another user's job,
+ * LOHAN_FAILED_PRECONDITION when this process is not the one attached or the
+ * job's data plane is already open, LOHAN_RESOURCE_EXHAUSTED when the host
+ * pool cannot hold the arena. The arena stays mapped until
+ * lohan_data_plane_destroy; closing it (or this process exiting) gives the
+ * memory back to the daemon. */
+LOHAN_CLIENT_API int lohan_data_plane_open(lohan_client* client,
+                                           const char* job_id,
+                                           lohan_data_plane** out);
+LOHAN_CLIENT_API void* lohan_data_plane_arena(const lohan_data_plane* plane);
+LOHAN_CLIENT_API uint64_t lohan_data_plane_arena_size(
+    const lohan_data_plane* plane);
+LOHAN_CLIENT_API void lohan_data_plane_destroy(lohan_data_plane* plane);
+
 /* The daemon's status (GetStatus) as JSON; free it with lohan_string_free. */
 LOHAN_CLIENT_API int lohan_client_status_json(lohan_client* client,
                                               char** json_out);

@@ -1,0 +1,184 @@
+#include "daemon/session/session_manager.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/common/check.h"
+#include "daemon/ipc/arena_access.h"
+#include "daemon/ipc/attach_protocol.h"
+#include "daemon/ipc/fd_passing.h"
+#include "spdlog/spdlog.h"
+
+namespace lohan {
+
+SessionManager::SessionManager(std::unique_ptr<UnixListener> listener,
+                               JobRegistry* jobs, HostPool* pool,
+                               UniqueFd stop_event)
+    : listener_(std::move(listener)),
+      jobs_(jobs),
+      pool_(pool),
+      stop_event_(std::move(stop_event)) {}
+
+std::unique_ptr<SessionManager> SessionManager::Start(
+    std::unique_ptr<UnixListener> listener, JobRegistry* jobs, HostPool* pool) {
+  UniqueFd stop_event(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  // Without an eventfd the daemon cannot stop its threads: our bug to fix.
+  LOHAN_CHECK(stop_event.valid());
+  std::unique_ptr<SessionManager> manager(new SessionManager(
+      std::move(listener), jobs, pool, std::move(stop_event)));
+  SessionManager* self = manager.get();
+  manager->listener_->Start([self](UniqueFd connection, const Caller& caller) {
+    self->Accept(std::move(connection), caller);
+  });
+  return manager;
+}
+
+SessionManager::~SessionManager() { Shutdown(); }
+
+void SessionManager::JoinFinished() {
+  for (auto it = connections_.begin(); it != connections_.end();) {
+    if (it->finished.load()) {
+      it->thread.join();
+      it = connections_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void SessionManager::Accept(UniqueFd connection, const Caller& caller) {
+  absl::MutexLock lock(&mu_);
+  JoinFinished();
+  if (stopping_) return;
+  if (connections_.size() >= kMaxConnections) {
+    spdlog::warn("data plane: {} connections open, refusing pid {}",
+                 connections_.size(), caller.pid);
+    return;
+  }
+  Connection& slot = connections_.emplace_back();
+  slot.thread =
+      std::thread([this, &slot, caller, fd = std::move(connection)]() mutable {
+        Serve(fd.get(), caller);
+        fd.reset();
+        slot.finished.store(true);
+      });
+}
+
+absl::StatusOr<std::unique_ptr<JobSession>> SessionManager::OpenSession(
+    int connection, const Caller& caller) {
+  pollfd fds[2] = {{.fd = connection, .events = POLLIN},
+                   {.fd = stop_event_.get(), .events = POLLIN}};
+  int ready;
+  do {
+    ready = poll(fds, 2, kHandshakeTimeoutMs);
+  } while (ready < 0 && errno == EINTR);
+  if (ready <= 0 || fds[1].revents != 0) {
+    return absl::DeadlineExceededError("no attach request in time");
+  }
+  absl::StatusOr<FdMessage> message =
+      ReceiveWithFds(connection, kAttachRequestBytes, 0);
+  if (!message.ok()) return message.status();
+  absl::StatusOr<std::string> job_id = DecodeAttachRequest(message->payload);
+  if (!job_id.ok()) return job_id.status();
+  absl::StatusOr<v1::Job> job = jobs_->CheckAttachedBy(caller, *job_id);
+  if (!job.ok()) return job.status();
+  if (absl::Status allowed = AuthorizeArenaAccess(caller, job->owner_uid());
+      !allowed.ok()) {
+    return allowed;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (sessions_.count(*job_id) != 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", *job_id, " already has a data plane open"));
+    }
+  }
+  return JobSession::Create(pool_, *job_id, job->spec().host_pool_bytes());
+}
+
+void SessionManager::WaitForHangUp(int connection) {
+  pollfd fds[2] = {{.fd = connection, .events = POLLIN | POLLRDHUP},
+                   {.fd = stop_event_.get(), .events = POLLIN}};
+  while (true) {
+    if (poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    // Hang-up, error, stop, or bytes the protocol does not allow: all end
+    // the session.
+    if (fds[0].revents != 0 || fds[1].revents != 0) return;
+  }
+}
+
+void SessionManager::Serve(int connection, const Caller& caller) {
+  absl::StatusOr<std::unique_ptr<JobSession>> session =
+      OpenSession(connection, caller);
+  if (!session.ok()) {
+    spdlog::info("data plane refused to pid {} (uid {}): {}", caller.pid,
+                 caller.uid, std::string(session.status().message()));
+    // Best effort: the peer may already be gone.
+    (void)SendWithFds(connection, EncodeAttachReply(session.status()), {});
+    return;
+  }
+  const std::string job_id = (*session)->job_id();
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_ || !sessions_.emplace(job_id, session->get()).second) {
+      (void)SendWithFds(connection,
+                        EncodeAttachReply(absl::UnavailableError(
+                            "the daemon is stopping or the job's data plane "
+                            "was opened twice")),
+                        {});
+      return;
+    }
+  }
+  const int arena_fd = (*session)->arena_fd();
+  absl::Status sent =
+      SendWithFds(connection, EncodeAttachReply(absl::OkStatus()), {});
+  if (sent.ok()) {
+    sent = SendWithFds(connection, EncodeArenaGrant((*session)->grant()),
+                       {&arena_fd, 1});
+  }
+  if (sent.ok()) {
+    spdlog::info("data plane open for job {} (pid {}, {} byte arena)", job_id,
+                 caller.pid, (*session)->grant().arena_bytes);
+    WaitForHangUp(connection);
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    sessions_.erase(job_id);
+  }
+  session->reset();
+  spdlog::info("data plane closed for job {} (pid {}); arena freed", job_id,
+               caller.pid);
+}
+
+void SessionManager::Shutdown() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  listener_->Stop();
+  const uint64_t one = 1;
+  if (write(stop_event_.get(), &one, sizeof(one)) != sizeof(one)) {
+    spdlog::error("cannot wake the data-plane threads");
+  }
+  std::list<Connection> connections;
+  {
+    absl::MutexLock lock(&mu_);
+    connections.splice(connections.end(), connections_);
+  }
+  for (Connection& connection : connections) connection.thread.join();
+}
+
+size_t SessionManager::ActiveSessions() const {
+  absl::MutexLock lock(&mu_);
+  return sessions_.size();
+}
+
+}  // namespace lohan

@@ -1,0 +1,205 @@
+// The data plane through a real daemon: a process attached to its job gets
+// the job's shared-memory arena over the data socket; nobody else does; the
+// arena goes back to the pool when the process closes it or dies.
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include "client/control_client.h"
+#include "daemon/ipc/attach_protocol.h"
+#include "daemon/ipc/fd_passing.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/harness/daemon_process.h"
+#include "tests/harness/subprocess.h"
+
+namespace lohan::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr uint64_t kArenaBytes = 8 << 20;
+
+class DataPlaneTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto daemon = DaemonProcess::Start(dir_.path());
+    ASSERT_TRUE(daemon.ok()) << daemon.status();
+    daemon_ = *std::move(daemon);
+    auto client = ControlClient::Connect({.socket_path = daemon_->socket()});
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = *std::move(client);
+    EXPECT_EQ(client_->hello().data_socket_path(), daemon_->socket() + ".data");
+    job_id_ = CreateJob("with-arena", kArenaBytes);
+  }
+
+  std::string CreateJob(const std::string& name, uint64_t pool_bytes) {
+    v1::JobSpec spec;
+    spec.set_name(name);
+    spec.set_host_pool_bytes(pool_bytes);
+    auto job = client_->CreateJob(spec);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? job->id() : "";
+  }
+
+  RunResult CClient(const std::vector<std::string>& args,
+                    const std::vector<std::string>& prefix = {},
+                    const std::vector<std::string>& env = {}) {
+    std::vector<std::string> argv = prefix;
+    argv.push_back(binary_);
+    argv.push_back(daemon_->socket());
+    for (const std::string& arg : args) argv.push_back(arg);
+    return RunCommand(argv, env);
+  }
+
+  v1::PoolStatus Pool() {
+    auto status = client_->GetStatus();
+    EXPECT_TRUE(status.ok()) << status.status();
+    return status.ok() ? status->pool() : v1::PoolStatus();
+  }
+
+  // The daemon frees an arena when it sees the connection close: shortly
+  // after, not at once.
+  bool PoolDrains() {
+    for (int i = 0; i < 3000; ++i) {
+      if (Pool().used_bytes() == 0) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  }
+
+  PublicTempDir dir_;
+  std::unique_ptr<DaemonProcess> daemon_;
+  std::unique_ptr<ControlClient> client_;
+  std::string job_id_;
+  std::string binary_ = Runfile("tests/c_client/lohan_c_client");
+};
+
+TEST_F(DataPlaneTest, AttachedProcessGetsTheArenaThenGivesItBack) {
+  RunResult result = CClient({"arena", job_id_});
+  ASSERT_EQ(result.exit_code, 0) << result.out << result.err;
+  EXPECT_THAT(result.out, HasSubstr("arena: 8388608 bytes"));
+  EXPECT_TRUE(PoolDrains()) << daemon_->Log();
+  EXPECT_EQ(Pool().capacity_bytes(), 64u << 20);
+  // Again: the arena can be had as often as the job is attached.
+  EXPECT_EQ(CClient({"arena", job_id_}).exit_code, 0);
+}
+
+TEST_F(DataPlaneTest, DeadClientsArenaIsFreedAndTheJobReattaches) {
+  auto holder = BackgroundProcess::Start(
+      {binary_, daemon_->socket(), "arena-hold", job_id_});
+  ASSERT_TRUE(holder.ok()) << holder.status();
+  EXPECT_THAT((*holder)->first_line(), HasSubstr("arena: 8388608 bytes"));
+  v1::PoolStatus pool = Pool();
+  EXPECT_EQ(pool.used_bytes(), kArenaBytes);
+  ASSERT_EQ(pool.arenas_size(), 1);
+  EXPECT_EQ(pool.arenas(0).job_id(), job_id_);
+  // While it holds the job, nobody else gets the arena.
+  RunResult second = CClient({"arena", job_id_});
+  EXPECT_EQ(second.exit_code, 9) << second.out;  // FAILED_PRECONDITION
+  EXPECT_THAT(second.out, HasSubstr("is attached by process"));
+
+  EXPECT_EQ((*holder)->Stop(SIGKILL), 128 + SIGKILL);
+  EXPECT_TRUE(PoolDrains()) << daemon_->Log();
+  EXPECT_THAT(daemon_->Log(),
+              HasSubstr("data plane closed for job " + job_id_));
+  RunResult again = CClient({"arena", job_id_});
+  EXPECT_EQ(again.exit_code, 0) << again.out;
+}
+
+TEST_F(DataPlaneTest, ProcessThatDidNotAttachIsRefused) {
+  RunResult result = CClient({"arena-only", job_id_});
+  EXPECT_EQ(result.exit_code, 9) << result.out;
+  EXPECT_THAT(result.out, HasSubstr("attach it (AttachJob) from this process"));
+  EXPECT_EQ(Pool().used_bytes(), 0u);
+}
+
+TEST_F(DataPlaneTest, AnotherUidCannotObtainTheArena) {
+  if (getuid() != 0) GTEST_SKIP() << "needs root to run a client as nobody";
+  const std::string bin = dir_.path() + "/bin";
+  ASSERT_EQ(mkdir(bin.c_str(), 0755), 0);
+  ASSERT_EQ(RunCommand(
+                {"/bin/cp", binary_, Runfile("client/liblohan_client.so"), bin})
+                .exit_code,
+            0);
+  binary_ = bin + "/lohan_c_client";
+  const std::vector<std::string> as_nobody = {
+      "/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"};
+  const std::vector<std::string> env = {"LD_LIBRARY_PATH=" + bin};
+  // Neither through the front door (attach) nor around it.
+  for (const char* command : {"arena", "arena-only"}) {
+    RunResult result = CClient({command, job_id_}, as_nobody, env);
+    EXPECT_EQ(result.exit_code, 7) << command << ": " << result.out;
+    EXPECT_THAT(result.out, HasSubstr("belongs to another user"));
+  }
+  // Not even while root's process holds the arena open.
+  auto holder = BackgroundProcess::Start(
+      {binary_, daemon_->socket(), "arena-hold", job_id_}, env);
+  ASSERT_TRUE(holder.ok()) << holder.status();
+  RunResult result = CClient({"arena-only", job_id_}, as_nobody, env);
+  EXPECT_EQ(result.exit_code, 7) << result.out;
+  EXPECT_EQ(Pool().used_bytes(), kArenaBytes);
+}
+
+TEST_F(DataPlaneTest, JobWithoutPoolBytesGetsAClearError) {
+  const std::string tiny = CreateJob("no-pool", 0);
+  RunResult result = CClient({"arena", tiny});
+  EXPECT_EQ(result.exit_code, 8) << result.out;  // RESOURCE_EXHAUSTED
+  EXPECT_THAT(result.out, HasSubstr("needs at least"));
+}
+
+TEST_F(DataPlaneTest, MalformedAndSilentPeersHurtNobody) {
+  auto connect_data = [&]() {
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un address{};
+    address.sun_family = AF_UNIX;
+    std::snprintf(address.sun_path, sizeof(address.sun_path), "%s.data",
+                  daemon_->socket().c_str());
+    EXPECT_EQ(
+        connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+    return fd;
+  };
+  // A silent peer stays connected while others are served.
+  int silent = connect_data();
+  // A peer sending a well-framed but wrong request gets INVALID_ARGUMENT.
+  int wrong = connect_data();
+  std::vector<uint8_t> request = EncodeAttachRequest(job_id_);
+  request[0] ^= 0xff;
+  ASSERT_TRUE(SendWithFds(wrong, request, {}).ok());
+  auto reply = ReceiveWithFds(wrong, kMaxAttachReplyBytes, 0);
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  auto decoded = DecodeAttachReply(reply->payload);
+  ASSERT_TRUE(decoded.ok());
+  EXPECT_EQ(decoded->daemon_status.code(), absl::StatusCode::kInvalidArgument);
+  close(wrong);
+  // A peer sending raw junk is dropped.
+  int junk = connect_data();
+  std::string bytes(4096, '\x5a');
+  EXPECT_GT(write(junk, bytes.data(), bytes.size()), 0);
+  close(junk);
+
+  RunResult result = CClient({"arena", job_id_});
+  EXPECT_EQ(result.exit_code, 0) << result.out << daemon_->Log();
+  close(silent);
+  EXPECT_TRUE(PoolDrains());
+  EXPECT_EQ(daemon_->Stop(SIGTERM), 0) << daemon_->Log();
+  struct stat info {};
+  EXPECT_NE(stat((daemon_->socket() + ".data").c_str(), &info), 0);
+}
+
+TEST_F(DataPlaneTest, DaemonStopsCleanlyWithAnArenaHeld) {
+  auto holder = BackgroundProcess::Start(
+      {binary_, daemon_->socket(), "arena-hold", job_id_});
+  ASSERT_TRUE(holder.ok()) << holder.status();
+  EXPECT_EQ(daemon_->Stop(SIGTERM), 0) << daemon_->Log();
+  EXPECT_THAT(daemon_->Log(), HasSubstr("data plane closed for job"));
+}
+
+}  // namespace
+}  // namespace lohan::testing

@@ -2,6 +2,7 @@
 
 import os
 import signal
+import time
 
 import pytest
 
@@ -74,3 +75,27 @@ def test_daemon_killed_under_a_connected_client(lohand):
     assert error.value.code == StatusCode.UNAVAILABLE
     client.close()
     assert job.id == "j-000001"
+
+
+def test_data_plane_arena_is_shared_memory_returned_on_close(lohand):
+    with Client(lohand.socket) as client:
+        job = client.create_job("arena", host_pool_bytes=4 << 20)
+        with pytest.raises(LohanError) as error:
+            client.open_data_plane(job.id)
+        assert error.value.code == StatusCode.FAILED_PRECONDITION
+        client.attach_job(job.id)
+        plane = client.open_data_plane(job.id)
+        assert plane.size == 4 << 20
+        plane.arena[0:4] = b"lohn"
+        plane.arena[-1] = 7
+        assert bytes(plane.arena[0:4]) == b"lohn" and plane.arena[-1] == 7
+        pool = client.status()["pool"]
+        assert int(pool["used_bytes"]) == 4 << 20
+        assert pool["arenas"][0]["job_id"] == job.id
+        plane.close()
+        plane.close()  # idempotent
+        for _ in range(3000):
+            if int(client.status()["pool"]["used_bytes"]) == 0:
+                break
+            time.sleep(0.01)
+        assert int(client.status()["pool"]["used_bytes"]) == 0

@@ -1,6 +1,6 @@
 """lohan: fine-tune models larger than your GPU through the lohand daemon."""
 
-from lohan.client import Client, Job, LohanError, StatusCode
+from lohan.client import Client, DataPlane, Job, LohanError, StatusCode
 
-__all__ = ["Client", "Job", "LohanError", "StatusCode"]
+__all__ = ["Client", "DataPlane", "Job", "LohanError", "StatusCode"]
 __version__ = "0.1.0"

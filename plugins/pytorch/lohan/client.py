@@ -71,6 +71,41 @@ class Job:
         )
 
 
+class DataPlane:
+    """A job's shared-memory arena, mapped into this process. `arena` is a
+    writable memoryview over it (wrap it with numpy.frombuffer or
+    torch.frombuffer); it is invalid after close(). Closing (or this process
+    exiting) gives the memory back to the daemon."""
+
+    def __init__(self, lib: ctypes.CDLL, handle: ctypes.c_void_p):
+        self._lib = lib
+        self._handle = handle
+        size = lib.lohan_data_plane_arena_size(handle)
+        base = lib.lohan_data_plane_arena(handle)
+        self.arena = memoryview((ctypes.c_uint8 * size).from_address(base)
+                                ).cast("B")
+
+    @property
+    def size(self) -> int:
+        return len(self.arena) if self.arena is not None else 0
+
+    def close(self) -> None:
+        if self._handle:
+            self.arena.release()
+            self.arena = None
+            self._lib.lohan_data_plane_destroy(self._handle)
+            self._handle = ctypes.c_void_p()
+
+    def __enter__(self) -> "DataPlane":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
 class Client:
     """A connection to lohand. `socket_path=None` uses $LOHAN_SOCKET, else
     /run/lohan/lohand.sock. Raises LohanError(UNAVAILABLE) naming the socket
@@ -136,6 +171,13 @@ class Client:
 
     def delete_job(self, job_id: str) -> None:
         _check(self._lib.lohan_job_delete(self._handle, job_id.encode()))
+
+    def open_data_plane(self, job_id: str) -> DataPlane:
+        """The job's arena; this process must have attached the job."""
+        handle = ctypes.c_void_p()
+        _check(self._lib.lohan_data_plane_open(self._handle, job_id.encode(),
+                                               ctypes.byref(handle)))
+        return DataPlane(self._lib, handle)
 
     def jobs(self) -> List[Job]:
         handle = ctypes.c_void_p()

@@ -66,6 +66,38 @@ class Reader {
   absl::string_view in_;
 };
 
+void PutPlacement(Writer& w, const Placement& placement) {
+  w.U64(placement.bytes);
+  w.U32(placement.first_device);
+  w.U32(static_cast<uint32_t>(placement.region_offset.size()));
+  for (size_t d = 0; d < placement.region_offset.size(); ++d) {
+    w.U64(placement.region_offset[d]);
+    w.U64(placement.region_length[d]);
+  }
+  w.U32(static_cast<uint32_t>(placement.chunk_crc.size()));
+  for (uint32_t crc : placement.chunk_crc) w.U32(crc);
+}
+
+bool GetPlacement(Reader& r, Placement& placement) {
+  uint32_t n = 0;
+  bool ok =
+      r.U64(placement.bytes) && r.U32(placement.first_device) && r.Count(n, 16);
+  for (uint32_t d = 0; ok && d < n; ++d) {
+    uint64_t off = 0, len = 0;
+    ok = r.U64(off) && r.U64(len);
+    placement.region_offset.push_back(off);
+    placement.region_length.push_back(len);
+  }
+  uint32_t chunks = 0;
+  ok = ok && r.Count(chunks, 4);
+  for (uint32_t i = 0; ok && i < chunks; ++i) {
+    uint32_t crc = 0;
+    ok = r.U32(crc);
+    placement.chunk_crc.push_back(crc);
+  }
+  return ok;
+}
+
 }  // namespace
 
 std::string CatalogRecord::Encode() const {
@@ -88,15 +120,16 @@ std::string CatalogRecord::Encode() const {
       w.Str(job);
       w.Str(name);
       w.U64(version);
-      w.U64(placement.bytes);
-      w.U32(placement.first_device);
-      w.U32(static_cast<uint32_t>(placement.region_offset.size()));
-      for (size_t d = 0; d < placement.region_offset.size(); ++d) {
-        w.U64(placement.region_offset[d]);
-        w.U64(placement.region_length[d]);
+      PutPlacement(w, placement);
+      break;
+    case Kind::kCommitBatch:
+      w.Str(job);
+      w.U32(static_cast<uint32_t>(commits.size()));
+      for (const CommittedVersion& c : commits) {
+        w.Str(c.name);
+        w.U64(c.version);
+        PutPlacement(w, c.placement);
       }
-      w.U32(static_cast<uint32_t>(placement.chunk_crc.size()));
-      for (uint32_t crc : placement.chunk_crc) w.U32(crc);
       break;
     case Kind::kDelete:
       w.Str(job);
@@ -127,25 +160,21 @@ absl::StatusOr<CatalogRecord> CatalogRecord::Decode(absl::string_view payload) {
       case Kind::kCreate:
         ok = r.Str(rec.job) && r.Str(rec.name) && r.U64(rec.bytes);
         break;
-      case Kind::kCommit: {
-        uint32_t n = 0;
+      case Kind::kCommit:
         ok = r.Str(rec.job) && r.Str(rec.name) && r.U64(rec.version) &&
-             r.U64(rec.placement.bytes) && r.U32(rec.placement.first_device) &&
-             r.Count(n, 16);
-        for (uint32_t d = 0; ok && d < n; ++d) {
-          uint64_t off = 0, len = 0;
-          ok = r.U64(off) && r.U64(len);
-          rec.placement.region_offset.push_back(off);
-          rec.placement.region_length.push_back(len);
-        }
-        uint32_t chunks = 0;
-        ok = ok && r.Count(chunks, 4);
-        for (uint32_t i = 0; ok && i < chunks; ++i) {
-          uint32_t crc = 0;
-          ok = r.U32(crc);
-          rec.placement.chunk_crc.push_back(crc);
-        }
+             GetPlacement(r, rec.placement);
         rec.bytes = rec.placement.bytes;
+        break;
+      case Kind::kCommitBatch: {
+        // An entry takes at least 4 (name) + 8 + 8 + 4 + 4 + 4 bytes.
+        uint32_t n = 0;
+        ok = r.Str(rec.job) && r.Count(n, 32) && n > 0;
+        for (uint32_t i = 0; ok && i < n; ++i) {
+          rec.commits.emplace_back();
+          CommittedVersion& c = rec.commits.back();
+          ok =
+              r.Str(c.name) && r.U64(c.version) && GetPlacement(r, c.placement);
+        }
         break;
       }
       case Kind::kDelete:

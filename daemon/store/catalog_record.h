@@ -21,6 +21,9 @@ struct CatalogRecord {
     kCreate = 2,     // A tensor exists (job, name, bytes), no version yet.
     kCommit = 3,     // (job, name) now reads `version` at `placement`.
     kDelete = 4,     // (job, name) is gone.
+    // Several tensors of `job` now read the versions in `commits`, all or
+    // none: one record, so a torn append drops the whole batch.
+    kCommitBatch = 5,
   };
   Kind kind = Kind::kCreate;
 
@@ -30,12 +33,21 @@ struct CatalogRecord {
   uint32_t block_size = 0;
   std::vector<std::string> device_paths;
 
-  // kCreate, kCommit, kDelete.
+  // One tensor's new committed version inside a kCommitBatch record.
+  struct CommittedVersion {
+    std::string name;
+    uint64_t version = 0;
+    Placement placement;  // placement.bytes == the tensor's size.
+    bool operator==(const CommittedVersion&) const = default;
+  };
+
+  // kCreate, kCommit, kDelete, kCommitBatch (job only).
   std::string job;
   std::string name;
   uint64_t bytes = 0;    // kCreate.
   uint64_t version = 0;  // kCommit.
   Placement placement;   // kCommit (placement.bytes == the tensor's size).
+  std::vector<CommittedVersion> commits;  // kCommitBatch, at least one.
 
   std::string Encode() const;
   // DATA_LOSS if `payload` is not a well-formed record.

@@ -73,5 +73,38 @@ TEST(CatalogRecordTest, RejectsTruncatedAndUnknown) {
   EXPECT_FALSE(CatalogRecord::Decode(std::string(1, '\x7f')).ok());
 }
 
+TEST(CatalogRecordTest, CommitBatchRoundTripsAndRejectsEveryTruncation) {
+  CatalogRecord batch;
+  batch.kind = Kind::kCommitBatch;
+  batch.job = "job";
+  for (int i = 0; i < 3; ++i) {
+    CatalogRecord::CommittedVersion c;
+    c.name = "t" + std::to_string(i);
+    c.version = 10 + i;
+    c.placement.bytes = 4096 * (i + 1);
+    c.placement.first_device = i;
+    c.placement.region_offset = {0, 8192, 16384};
+    c.placement.region_length = {4096, 0, 4096};
+    c.placement.chunk_crc = std::vector<uint32_t>(i + 1, 0xabc0 + i);
+    batch.commits.push_back(c);
+  }
+  const std::string enc = batch.Encode();
+  auto back = CatalogRecord::Decode(enc);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->kind, Kind::kCommitBatch);
+  EXPECT_EQ(back->job, "job");
+  EXPECT_EQ(back->commits, batch.commits);
+  for (size_t n = 0; n < enc.size(); ++n) {
+    EXPECT_EQ(CatalogRecord::Decode(enc.substr(0, n)).status().code(),
+              absl::StatusCode::kDataLoss)
+        << n;
+  }
+  EXPECT_FALSE(CatalogRecord::Decode(enc + "x").ok());
+  CatalogRecord empty;
+  empty.kind = Kind::kCommitBatch;
+  empty.job = "job";
+  EXPECT_FALSE(CatalogRecord::Decode(empty.Encode()).ok());
+}
+
 }  // namespace
 }  // namespace lohan

@@ -207,6 +207,23 @@ absl::Status TensorStore::Recover() {
         it->second.placement = std::move(rec->placement);
         break;
       }
+      case CatalogRecord::Kind::kCommitBatch: {
+        // Checked whole before any of it applies.
+        for (const CatalogRecord::CommittedVersion& c : rec->commits) {
+          auto it = replayed.find(Key(rec->job, c.name));
+          if (it == replayed.end() || it->second.bytes != c.placement.bytes) {
+            return absl::DataLossError(absl::StrCat(
+                path, " record ", i, " (batch) commits unknown tensor ",
+                Describe(Key(rec->job, c.name), c.version)));
+          }
+        }
+        for (CatalogRecord::CommittedVersion& c : rec->commits) {
+          Replayed& r = replayed[Key(rec->job, c.name)];
+          r.version = c.version;
+          r.placement = std::move(c.placement);
+        }
+        break;
+      }
       case CatalogRecord::Kind::kDelete:
         replayed.erase(key);
         break;
@@ -399,6 +416,60 @@ absl::Status TensorStore::Commit(absl::string_view job,
   if (!s.ok()) return s;
   entry.committed = std::move(entry.pending);  // The old one frees its space.
   return absl::OkStatus();
+}
+
+absl::Status TensorStore::CommitBatch(absl::string_view job,
+                                      absl::Span<const std::string> names) {
+  if (names.empty()) {
+    return absl::InvalidArgumentError("a commit batch needs at least one name");
+  }
+  std::vector<std::string> sorted(names.begin(), names.end());
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+    return absl::InvalidArgumentError(
+        "a commit batch names the same tensor twice");
+  }
+  // Taken in name order: two batches never wait for each other in a cycle.
+  std::vector<std::shared_ptr<Entry>> entries;
+  entries.reserve(sorted.size());
+  auto release_all = [&]() {
+    absl::MutexLock lock(&mu_);
+    for (const auto& e : entries) e->busy = false;
+  };
+  for (const std::string& name : sorted) {
+    absl::StatusOr<std::shared_ptr<Entry>> found = BeginMutation(job, name);
+    if (!found.ok()) {
+      release_all();
+      return found.status();
+    }
+    entries.push_back(*std::move(found));
+  }
+  CatalogRecord batch;
+  batch.kind = CatalogRecord::Kind::kCommitBatch;
+  batch.job = std::string(job);
+  {
+    absl::MutexLock lock(&mu_);
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const std::shared_ptr<const Version>& pending = entries[i]->pending;
+      if (pending == nullptr) {
+        for (const auto& e : entries) e->busy = false;
+        return absl::FailedPreconditionError(
+            absl::StrCat("tensor '", job, "/", sorted[i],
+                         "' has no version to commit (batch not committed)"));
+      }
+      batch.commits.push_back(CatalogRecord::CommittedVersion{
+          sorted[i], pending->number, pending->placement});
+    }
+  }
+  // The data must be durable before the record that points at it.
+  absl::Status s = array_->FlushAll();
+  if (s.ok()) s = AppendToCatalog(batch.Encode(), /*sync=*/true);
+  absl::MutexLock lock(&mu_);
+  for (const auto& e : entries) {
+    e->busy = false;
+    if (s.ok()) e->committed = std::move(e->pending);
+  }
+  return s;
 }
 
 absl::Status TensorStore::Rollback(absl::string_view job,

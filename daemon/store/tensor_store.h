@@ -108,6 +108,17 @@ class TensorStore {
   // Makes the pending version the committed one. FAILED_PRECONDITION if
   // there is no pending version.
   absl::Status Commit(absl::string_view job, absl::string_view name);
+  // Group commit: makes the pending versions of `names` (tensors of `job`,
+  // at least one, no name twice) committed together, all or none, with one
+  // fdatasync of the SSDs and one catalog record, fdatasync'd. After a crash
+  // the catalog shows either every tensor of the batch at its new version or
+  // every one at its old version. FAILED_PRECONDITION (nothing committed) if
+  // one has no pending version; NOT_FOUND if one is missing; INVALID_ARGUMENT
+  // for an empty list or a repeated name. Waits for the other mutations of
+  // these tensors (taken in name order, so concurrent batches cannot
+  // deadlock).
+  absl::Status CommitBatch(absl::string_view job,
+                           absl::Span<const std::string> names);
   // Drops the pending version. FAILED_PRECONDITION if there is none.
   absl::Status Rollback(absl::string_view job, absl::string_view name);
   // Reads the committed version into `dest` (exactly the tensor's size) and

@@ -1,0 +1,632 @@
+#include "daemon/sched/job_pipeline.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
+#include "daemon/common/check.h"
+#include "daemon/optim/half.h"
+#include "daemon/optim/optim_types.h"
+#include "daemon/sched/job_meta.h"
+#include "daemon/store/aligned_buffer.h"
+
+namespace lohan {
+namespace {
+
+// O_DIRECT-friendly alignment for chunk buffers (the store copies through
+// bounce buffers otherwise).
+constexpr size_t kBufferAlignment = 4096;
+
+double Now() {
+  return std::chrono::duration<double>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+size_t RoundUp(size_t n, size_t unit) { return (n + unit - 1) / unit * unit; }
+
+absl::Status Annotate(const absl::Status& s, absl::string_view context) {
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat(context, ": ", s.message()));
+}
+
+bool IsNoPending(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kFailedPrecondition;
+}
+
+}  // namespace
+
+JobPipeline::JobPipeline(TensorStore* store, const AdamUpdater& updater,
+                         std::string job, const ModelLayout& layout,
+                         const PipelineOptions& options)
+    : store_(store),
+      updater_(updater),
+      job_(std::move(job)),
+      layout_(layout),
+      state_(layout),
+      options_(options),
+      fingerprint_(LayoutFingerprint(layout)),
+      pool_(options.schedule == Schedule::kSerialized ? 1 : options.buffers,
+            RoundUp(state_.max_state_bytes(), kBufferAlignment),
+            kBufferAlignment),
+      read_queue_(state_.total_chunks()),
+      compute_queue_(pool_.count()),
+      write_queue_(pool_.count()) {
+  for (size_t l = 0; l < state_.num_layers(); ++l) {
+    chunk_base_.push_back(chunk_names_.size());
+    for (size_t c = 0; c < state_.num_chunks(l); ++c) {
+      chunk_names_.push_back(StateLayout::ChunkName(l, c));
+    }
+  }
+  sum_squares_.assign(chunk_names_.size(), 0.0);
+  absl::MutexLock lock(&mu_);
+  initialized_.assign(state_.num_layers(), false);
+  submissions_.assign(state_.num_layers(), Submission{});
+}
+
+absl::StatusOr<std::unique_ptr<JobPipeline>> JobPipeline::Open(
+    TensorStore* store, const AdamUpdater& updater, std::string job,
+    const ModelLayout& layout, const PipelineOptions& options) {
+  if (store == nullptr) {
+    return absl::InvalidArgumentError("job pipeline: no store");
+  }
+  if (job.empty()) {
+    return absl::InvalidArgumentError("job pipeline: empty job id");
+  }
+  absl::Status valid = ValidateLayout(layout);
+  if (!valid.ok()) return valid;
+  if (options.buffers == 0) {
+    return absl::InvalidArgumentError("job pipeline: needs at least 1 buffer");
+  }
+  std::unique_ptr<JobPipeline> pipeline(
+      new JobPipeline(store, updater, std::move(job), layout, options));
+  absl::Status s = pipeline->OpenStates();
+  if (!s.ok()) return s;
+  pipeline->StartThreads();
+  return pipeline;
+}
+
+absl::Status JobPipeline::OpenStates() {
+  const std::string meta_name = StateLayout::MetaName();
+  absl::StatusOr<TensorInfo> meta_info = store_->Stat(job_, meta_name);
+  if (!meta_info.ok() &&
+      meta_info.status().code() != absl::StatusCode::kNotFound) {
+    return meta_info.status();
+  }
+  const bool existing = meta_info.ok() && meta_info->committed_version != 0;
+  uint64_t iteration = 0;
+  if (existing) {
+    std::string bytes(JobMeta::kBytes, '\0');
+    if (meta_info->bytes != JobMeta::kBytes) {
+      return absl::DataLossError(absl::StrCat(
+          "job '", job_, "': meta tensor has ", meta_info->bytes, " bytes"));
+    }
+    absl::StatusOr<uint64_t> r = store_->Read(
+        job_, meta_name,
+        absl::MakeSpan(reinterpret_cast<uint8_t*>(bytes.data()), bytes.size()));
+    if (!r.ok()) return r.status();
+    absl::StatusOr<JobMeta> meta = JobMeta::Decode(bytes);
+    if (!meta.ok())
+      return Annotate(meta.status(), absl::StrCat("job '", job_, "'"));
+    if (meta->layout_fingerprint != fingerprint_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job '", job_,
+          "' was created with another model layout (fingerprint ",
+          meta->layout_fingerprint, ", this layout's ", fingerprint_,
+          "): layer sizes, chunk size, moment dtype and AMSGrad must match"));
+    }
+    iteration = meta->iteration;
+  }
+  // Chunk tensors: created if new (or left half-created by a crash), and
+  // checked either way.
+  std::vector<bool> initialized(state_.num_layers(), true);
+  for (size_t l = 0; l < state_.num_layers(); ++l) {
+    for (size_t c = 0; c < state_.num_chunks(l); ++c) {
+      const std::string& name = chunk_names_[FlatIndex(l, c)];
+      const uint64_t bytes = state_.state_bytes(state_.chunk_count(l, c));
+      absl::StatusOr<TensorInfo> info = store_->Stat(job_, name);
+      if (!info.ok() && info.status().code() == absl::StatusCode::kNotFound) {
+        if (existing) {
+          return absl::DataLossError(absl::StrCat(
+              "job '", job_, "': state tensor ", name, " is missing"));
+        }
+        absl::Status s = store_->Create(job_, name, bytes);
+        if (!s.ok()) return s;
+        info = store_->Stat(job_, name);
+      }
+      if (!info.ok()) return info.status();
+      if (info->bytes != bytes) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("job '", job_, "': state tensor ", name, " has ",
+                         info->bytes, " bytes, the layout needs ", bytes));
+      }
+      if (info->pending_version != 0) {
+        absl::Status s = store_->Rollback(job_, name);
+        if (!s.ok() && !IsNoPending(s)) return s;
+      }
+      if (info->committed_version == 0) initialized[l] = false;
+    }
+  }
+  if (!existing) {
+    if (!meta_info.ok()) {
+      absl::Status s = store_->Create(job_, meta_name, JobMeta::kBytes);
+      if (!s.ok()) return s;
+    }
+    JobMeta meta;
+    meta.layout_fingerprint = fingerprint_;
+    const std::string bytes = meta.Encode();
+    absl::StatusOr<uint64_t> w = store_->Write(
+        job_, meta_name,
+        absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(bytes.data()),
+                            bytes.size()));
+    if (!w.ok()) return w.status();
+    absl::Status s = store_->Commit(job_, meta_name);
+    if (!s.ok()) return s;
+  } else if (meta_info->pending_version != 0) {
+    absl::Status s = store_->Rollback(job_, meta_name);
+    if (!s.ok() && !IsNoPending(s)) return s;
+  }
+  absl::MutexLock lock(&mu_);
+  iteration_ = iteration;
+  for (size_t l = 0; l < initialized.size(); ++l) {
+    initialized_[l] = initialized[l];
+  }
+  return absl::OkStatus();
+}
+
+void JobPipeline::StartThreads() {
+  threads_.emplace_back([this] { ReadLoop(); });
+  threads_.emplace_back([this] { ComputeLoop(); });
+  threads_.emplace_back([this] { WriteLoop(); });
+}
+
+JobPipeline::~JobPipeline() {
+  bool in_iteration;
+  {
+    absl::MutexLock lock(&mu_);
+    shutting_down_ = true;
+    in_iteration = phase_ != Phase::kIdle;
+  }
+  abandon_.store(true);
+  read_queue_.Close();
+  compute_queue_.Close();
+  write_queue_.Close();
+  pool_.Close();
+  for (std::thread& t : threads_) t.join();
+  if (in_iteration) (void)RollbackAll();
+}
+
+uint64_t JobPipeline::iteration() const {
+  absl::MutexLock lock(&mu_);
+  return iteration_;
+}
+
+bool JobPipeline::layer_initialized(size_t layer) const {
+  absl::MutexLock lock(&mu_);
+  return layer < initialized_.size() && initialized_[layer];
+}
+
+// ---------------------------------------------------------------- stages
+
+void JobPipeline::ReadLoop() {
+  while (std::optional<Task> task = read_queue_.Pop()) {
+    if (abandon_.load()) {
+      Finish(*task, absl::OkStatus());
+      continue;
+    }
+    task->buffer = pool_.Acquire();
+    if (task->buffer == nullptr) {  // Shutting down.
+      Finish(*task, absl::OkStatus());
+      continue;
+    }
+    const uint64_t bytes =
+        state_.state_bytes(state_.chunk_count(task->layer, task->chunk));
+    const double start = Now();
+    absl::StatusOr<uint64_t> r =
+        store_->Read(job_, chunk_names_[FlatIndex(task->layer, task->chunk)],
+                     absl::MakeSpan(task->buffer, bytes));
+    const double seconds = Now() - start;
+    {
+      absl::MutexLock lock(&mu_);
+      busy_.read += seconds;
+    }
+    if (!r.ok()) {
+      Finish(*task, r.status());
+      continue;
+    }
+    Task next = *task;
+    if (!compute_queue_.Push(next)) Finish(*task, absl::OkStatus());
+  }
+}
+
+void JobPipeline::ComputeLoop() {
+  while (std::optional<Task> task = compute_queue_.Pop()) {
+    if (abandon_.load()) {
+      Finish(*task, absl::OkStatus());
+      continue;
+    }
+    const uint64_t count = state_.chunk_count(task->layer, task->chunk);
+    uint8_t* const state = task->buffer;
+    float* const weight = reinterpret_cast<float*>(state);
+    const double start = Now();
+    absl::Status s;
+    if (task->kind == TaskKind::kRepublish) {
+      // The committed weights' 16-bit copy (no update).
+      uint16_t* out = reinterpret_cast<uint16_t*>(task->out);
+      const bool bf16 = layout_.weight16_dtype == DType::kBFloat16;
+      for (uint64_t i = 0; i < count; ++i) {
+        out[i] = bf16 ? FloatToBf16(weight[i]) : FloatToFp16(weight[i]);
+      }
+    } else {
+      AdamTensor tensor;
+      tensor.size = count;
+      tensor.weight = weight;
+      tensor.exp_avg = state + state_.exp_avg_offset(count);
+      tensor.exp_avg_sq = state + state_.exp_avg_sq_offset(count);
+      if (state_.amsgrad()) {
+        tensor.max_exp_avg_sq = state + state_.max_exp_avg_sq_offset(count);
+      }
+      tensor.moment_dtype = layout_.moment_dtype;
+      tensor.step = task->step;
+      GradientView grad{task->grad, layout_.grad_dtype, task->inv_scale};
+      HalfOutput out{task->out, layout_.weight16_dtype};
+      absl::StatusOr<StepStats> stats =
+          updater_.Step(layout_.adam, tensor, grad, out);
+      if (stats.ok()) {
+        sum_squares_[FlatIndex(task->layer, task->chunk)] =
+            stats->grad_sum_squares;
+      } else {
+        s = stats.status();
+      }
+    }
+    const double seconds = Now() - start;
+    {
+      absl::MutexLock lock(&mu_);
+      busy_.compute += seconds;
+    }
+    if (!s.ok() || task->kind == TaskKind::kRepublish) {
+      Finish(*task, s);
+      continue;
+    }
+    Task next = *task;
+    if (!write_queue_.Push(next)) Finish(*task, absl::OkStatus());
+  }
+}
+
+void JobPipeline::WriteLoop() {
+  while (std::optional<Task> task = write_queue_.Pop()) {
+    if (abandon_.load()) {
+      Finish(*task, absl::OkStatus());
+      continue;
+    }
+    const uint64_t bytes =
+        state_.state_bytes(state_.chunk_count(task->layer, task->chunk));
+    const double start = Now();
+    absl::StatusOr<uint64_t> w =
+        store_->Write(job_, chunk_names_[FlatIndex(task->layer, task->chunk)],
+                      absl::MakeConstSpan(task->buffer, bytes));
+    const double seconds = Now() - start;
+    {
+      absl::MutexLock lock(&mu_);
+      busy_.write += seconds;
+    }
+    Finish(*task, w.status());
+  }
+}
+
+void JobPipeline::Finish(Task& task, const absl::Status& status) {
+  if (task.buffer != nullptr) {
+    pool_.Release(task.buffer);
+    task.buffer = nullptr;
+  }
+  absl::MutexLock lock(&mu_);
+  if (!status.ok() && first_error_.ok()) {
+    first_error_ =
+        Annotate(status, absl::StrCat("job '", job_, "' layer ", task.layer,
+                                      " chunk ", task.chunk));
+    abandon_.store(true);
+  }
+  ++done_;
+}
+
+// ---------------------------------------------------------------- passes
+
+void JobPipeline::BeginPassLocked() {
+  enqueued_ = 0;
+  done_ = 0;
+  first_error_ = absl::OkStatus();
+  abandon_.store(shutting_down_);
+  for (double& s : sum_squares_) s = 0.0;
+}
+
+void JobPipeline::EnqueueLayerLocked(size_t layer, TaskKind kind,
+                                     float inv_scale) {
+  const Submission& sub = submissions_[layer];
+  if (kind == TaskKind::kRepublish && sub.out == nullptr) return;
+  const size_t grad_size = DTypeSize(layout_.grad_dtype);
+  for (size_t c = 0; c < state_.num_chunks(layer); ++c) {
+    Task task;
+    task.layer = static_cast<uint32_t>(layer);
+    task.chunk = static_cast<uint32_t>(c);
+    task.kind = kind;
+    task.inv_scale = inv_scale;
+    task.step = static_cast<int64_t>(iteration_);
+    const uint64_t begin = state_.chunk_begin(c);
+    task.grad = static_cast<const uint8_t*>(sub.grad) + begin * grad_size;
+    if (sub.out != nullptr)
+      task.out = static_cast<uint8_t*>(sub.out) + begin * 2;
+    ++enqueued_;
+    // Never waits: the queue holds every chunk of the job, and a pass
+    // enqueues each chunk once.
+    if (!read_queue_.Push(task)) ++done_;  // Shutting down.
+  }
+}
+
+absl::Status JobPipeline::WaitPass() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(this, &JobPipeline::PassDone));
+  if (shutting_down_ && first_error_.ok()) {
+    return absl::CancelledError("job pipeline is shutting down");
+  }
+  return first_error_;
+}
+
+absl::Status JobPipeline::RunPass(TaskKind kind, float inv_scale) {
+  {
+    absl::MutexLock lock(&mu_);
+    BeginPassLocked();
+    for (size_t layer : submit_order_)
+      EnqueueLayerLocked(layer, kind, inv_scale);
+  }
+  return WaitPass();
+}
+
+absl::Status JobPipeline::RollbackAll() {
+  absl::Status first;
+  auto rollback = [&](const std::string& name) {
+    absl::Status s = store_->Rollback(job_, name);
+    if (!s.ok() && !IsNoPending(s) && s.code() != absl::StatusCode::kNotFound &&
+        first.ok()) {
+      first = s;
+    }
+  };
+  for (const std::string& name : chunk_names_) rollback(name);
+  rollback(StateLayout::MetaName());
+  return first;
+}
+
+absl::Status JobPipeline::Commit(uint64_t new_iteration) {
+  JobMeta meta;
+  meta.layout_fingerprint = fingerprint_;
+  meta.iteration = new_iteration;
+  const std::string bytes = meta.Encode();
+  absl::StatusOr<uint64_t> w = store_->Write(
+      job_, StateLayout::MetaName(),
+      absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(bytes.data()),
+                          bytes.size()));
+  if (!w.ok()) return w.status();
+  std::vector<std::string> names = chunk_names_;
+  names.push_back(StateLayout::MetaName());
+  return store_->CommitBatch(job_, names);
+}
+
+void JobPipeline::EndIterationIdle() {
+  absl::MutexLock lock(&mu_);
+  phase_ = Phase::kIdle;
+}
+
+// ---------------------------------------------------------------- API
+
+absl::Status JobPipeline::InitializeWeights(size_t layer,
+                                            const float* weights) {
+  absl::MutexLock api(&api_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    if (layer >= state_.num_layers()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer ", layer, " out of range (the model has ",
+                       state_.num_layers(), ")"));
+    }
+    if (weights == nullptr) {
+      return absl::InvalidArgumentError("InitializeWeights: null weights");
+    }
+    if (phase_ != Phase::kIdle) {
+      return absl::FailedPreconditionError(
+          "InitializeWeights during an iteration");
+    }
+    if (initialized_[layer]) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("layer ", layer, " already has states"));
+    }
+  }
+  AlignedBuffer buffer(RoundUp(state_.max_state_bytes(), kBufferAlignment),
+                       kBufferAlignment);
+  std::vector<std::string> names;
+  absl::Status s;
+  for (size_t c = 0; s.ok() && c < state_.num_chunks(layer); ++c) {
+    const uint64_t count = state_.chunk_count(layer, c);
+    const uint64_t bytes = state_.state_bytes(count);
+    std::memset(buffer.data(), 0, bytes);
+    std::memcpy(buffer.data(), weights + state_.chunk_begin(c), count * 4);
+    names.push_back(chunk_names_[FlatIndex(layer, c)]);
+    s = store_
+            ->Write(job_, names.back(),
+                    absl::MakeConstSpan(buffer.data(), bytes))
+            .status();
+  }
+  if (s.ok()) s = store_->CommitBatch(job_, names);
+  if (!s.ok()) {
+    for (const std::string& name : names) (void)store_->Rollback(job_, name);
+    return Annotate(s, absl::StrCat("initializing layer ", layer));
+  }
+  absl::MutexLock lock(&mu_);
+  initialized_[layer] = true;
+  return absl::OkStatus();
+}
+
+absl::Status JobPipeline::ReadWeights(size_t layer, float* out) const {
+  {
+    absl::MutexLock lock(&mu_);
+    if (layer >= state_.num_layers()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer ", layer, " out of range (the model has ",
+                       state_.num_layers(), ")"));
+    }
+    if (out == nullptr) {
+      return absl::InvalidArgumentError("ReadWeights: null output");
+    }
+    if (!initialized_[layer]) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("layer ", layer, " has no states yet"));
+    }
+  }
+  AlignedBuffer buffer(RoundUp(state_.max_state_bytes(), kBufferAlignment),
+                       kBufferAlignment);
+  for (size_t c = 0; c < state_.num_chunks(layer); ++c) {
+    const uint64_t count = state_.chunk_count(layer, c);
+    absl::StatusOr<uint64_t> r =
+        store_->Read(job_, chunk_names_[FlatIndex(layer, c)],
+                     absl::MakeSpan(buffer.data(), state_.state_bytes(count)));
+    if (!r.ok()) return r.status();
+    std::memcpy(out + state_.chunk_begin(c), buffer.data(), count * 4);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobPipeline::BeginIteration() {
+  absl::MutexLock api(&api_mu_);
+  absl::MutexLock lock(&mu_);
+  if (phase_ != Phase::kIdle) {
+    return absl::FailedPreconditionError("an iteration is in progress");
+  }
+  for (size_t l = 0; l < initialized_.size(); ++l) {
+    if (!initialized_[l]) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "layer ", l, " has no states: call InitializeWeights first"));
+    }
+  }
+  submissions_.assign(state_.num_layers(), Submission{});
+  submit_order_.clear();
+  busy_ = StageBusy{};
+  BeginPassLocked();
+  phase_ = Phase::kInIteration;
+  return absl::OkStatus();
+}
+
+absl::Status JobPipeline::SubmitGradients(size_t layer, const void* grad,
+                                          void* weight16_out) {
+  absl::MutexLock lock(&mu_);
+  if (phase_ != Phase::kInIteration) {
+    return absl::FailedPreconditionError(
+        phase_ == Phase::kIdle ? "gradients submitted outside an iteration"
+                               : "gradients submitted after EndIteration");
+  }
+  if (layer >= state_.num_layers()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer ", layer, " out of range (the model has ",
+                     state_.num_layers(), ")"));
+  }
+  if (grad == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("null gradient for layer ", layer));
+  }
+  Submission& sub = submissions_[layer];
+  if (sub.submitted) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("the gradient of layer ", layer,
+                     " was submitted twice this iteration"));
+  }
+  sub = Submission{true, grad, weight16_out};
+  submit_order_.push_back(layer);
+  if (options_.schedule != Schedule::kAfterBackward) {
+    EnqueueLayerLocked(layer, TaskKind::kUpdate, 1.0f);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<IterationReport> JobPipeline::EndIteration(
+    const ClipOptions& clip) {
+  const double start = Now();
+  absl::MutexLock api(&api_mu_);
+  if (!(clip.max_grad_norm >= 0.0)) {
+    return absl::InvalidArgumentError(
+        "max_grad_norm must be >= 0 (0: no clipping)");
+  }
+  uint64_t iteration;
+  {
+    absl::MutexLock lock(&mu_);
+    if (phase_ != Phase::kInIteration) {
+      return absl::FailedPreconditionError("no iteration in progress");
+    }
+    phase_ = Phase::kEnding;
+    iteration = iteration_;
+    if (options_.schedule == Schedule::kAfterBackward) {
+      for (size_t layer : submit_order_) {
+        EnqueueLayerLocked(layer, TaskKind::kUpdate, 1.0f);
+      }
+    }
+  }
+  absl::Status s = WaitPass();
+  if (s.ok()) {
+    absl::MutexLock lock(&mu_);
+    for (size_t l = 0; l < submissions_.size(); ++l) {
+      if (!submissions_[l].submitted) {
+        s = absl::FailedPreconditionError(absl::StrCat(
+            "EndIteration: layer ", l, " got no gradient this iteration"));
+        break;
+      }
+    }
+  }
+  auto fail = [&](const absl::Status& error) {
+    (void)RollbackAll();
+    EndIterationIdle();
+    return error;
+  };
+  if (!s.ok()) return fail(s);
+
+  IterationReport report;
+  double sum = 0.0;
+  for (double x : sum_squares_) sum += x;  // Fixed (layer, chunk) order.
+  report.global_norm = std::sqrt(sum);
+  report.nonfinite = !std::isfinite(sum);
+  report.iteration = iteration;
+
+  if (report.nonfinite && clip.skip_nonfinite) {
+    const double redo_start = Now();
+    s = RollbackAll();
+    if (s.ok()) s = RunPass(TaskKind::kRepublish, 1.0f);
+    if (!s.ok()) return fail(s);
+    report.skipped = true;
+    report.redo_seconds = Now() - redo_start;
+  } else {
+    if (!report.nonfinite && clip.max_grad_norm > 0.0) {
+      const double scale = clip.max_grad_norm / (report.global_norm + 1e-6);
+      if (scale < 1.0) {
+        const double redo_start = Now();
+        report.clipped = true;
+        report.clip_scale = scale;
+        s = RollbackAll();
+        if (s.ok()) s = RunPass(TaskKind::kUpdate, static_cast<float>(scale));
+        if (!s.ok()) return fail(s);
+        report.redo_seconds = Now() - redo_start;
+      }
+    }
+    const double commit_start = Now();
+    s = Commit(iteration + 1);
+    if (!s.ok()) return fail(Annotate(s, "committing the iteration"));
+    report.commit_seconds = Now() - commit_start;
+    report.iteration = iteration + 1;
+  }
+  absl::MutexLock lock(&mu_);
+  iteration_ = report.iteration;
+  report.busy = busy_;
+  busy_ = StageBusy{};
+  phase_ = Phase::kIdle;
+  report.wait_seconds = Now() - start;
+  return report;
+}
+
+}  // namespace lohan

@@ -1,0 +1,244 @@
+#ifndef LOHAN_DAEMON_SCHED_JOB_PIPELINE_H_
+#define LOHAN_DAEMON_SCHED_JOB_PIPELINE_H_
+
+// The daemon-side update pipeline of one job (active gradient offloading,
+// paper Figure 3b): as each layer's gradient arrives during backward, the
+// layer's optimizer states are read from the SSD store chunk by chunk,
+// updated with Adam on the CPU, written back as new pending versions, and the
+// next iteration's 16-bit weights are written where the client reads them.
+// At the end of the iteration the global gradient norm decides: commit all
+// chunks at once, redo with clipped gradients, or skip.
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/optim/adam.h"
+#include "daemon/sched/bounded_queue.h"
+#include "daemon/sched/buffer_pool.h"
+#include "daemon/sched/model_layout.h"
+#include "daemon/store/tensor_store.h"
+
+namespace lohan {
+
+enum class Schedule {
+  // Figure 3b: reader, compute and writer threads overlap across chunks and
+  // layers, and with the caller's backward pass (updates start at submit).
+  kPipelined,
+  // Figure 3a: starts at submit, but one chunk at a time:
+  // read -> compute -> write, then the next chunk.
+  kSerialized,
+  // ZeRO-Offload/Infinity style: nothing runs until EndIteration, which
+  // then runs every layer through the pipelined stages.
+  kAfterBackward,
+};
+
+struct PipelineOptions {
+  Schedule schedule = Schedule::kPipelined;
+  // Chunk buffers (each the largest chunk's state, block-aligned): the
+  // host memory in flight. >= 3 lets a read, a compute and a write run at
+  // once; kSerialized always uses 1.
+  size_t buffers = 4;
+};
+
+struct ClipOptions {
+  // > 0: clip the global L2 norm of all gradients to this, as
+  // torch.nn.utils.clip_grad_norm_ (scale = max/(norm + 1e-6), applied when
+  // it is < 1). 0: off. Negative or NaN: INVALID_ARGUMENT.
+  double max_grad_norm = 0.0;
+  // A gradient with inf/NaN: true skips the iteration (states untouched,
+  // step not advanced, weight16_out re-filled from the committed weights);
+  // false commits the update as computed, as torch would (no clipping).
+  bool skip_nonfinite = true;
+};
+
+struct StageBusy {  // Seconds each stage thread spent working.
+  double read = 0.0;
+  double compute = 0.0;
+  double write = 0.0;
+};
+
+struct IterationReport {
+  uint64_t iteration = 0;       // Committed iterations (= Adam steps) after it.
+  double global_norm = 0.0;     // Of the submitted (unclipped) gradients.
+  bool nonfinite = false;       // A gradient held inf/NaN.
+  bool clipped = false;         // The update was redone with scaled gradients.
+  double clip_scale = 1.0;      // The gradient scale of the committed update.
+  bool skipped = false;         // Nothing committed (non-finite, skipped).
+  double wait_seconds = 0.0;    // From EndIteration's call to its return.
+  double redo_seconds = 0.0;    // Clip redo or 16-bit re-publish pass.
+  double commit_seconds = 0.0;  // Meta write + CommitBatch.
+  StageBusy busy;               // All passes of the iteration.
+};
+
+// One job's states and update pipeline. The states live in `store` under
+// job `job`: one tensor per (layer, chunk) (see StateLayout) and a meta
+// tensor (JobMeta: layout fingerprint, iteration), committed together.
+//
+// Thread-safety: all methods may be called from any thread. Control calls
+// (InitializeWeights, BeginIteration, EndIteration) run one at a time;
+// SubmitGradients never waits for stage work. Owns three stage threads,
+// joined by the destructor.
+class JobPipeline {
+ public:
+  // Opens job `job`: a new one gets its tensors and a meta at iteration 0;
+  // an existing one must have the same LayoutFingerprint
+  // (FAILED_PRECONDITION otherwise) and resumes at its committed iteration.
+  // Pending versions left by an earlier pipeline are rolled back.
+  // REQUIRES: `store` outlives the pipeline; the updater's worker pool
+  // outlives it; no other JobPipeline has `job` open.
+  static absl::StatusOr<std::unique_ptr<JobPipeline>> Open(
+      TensorStore* store, const AdamUpdater& updater, std::string job,
+      const ModelLayout& layout, const PipelineOptions& options);
+
+  JobPipeline(const JobPipeline&) = delete;
+  JobPipeline& operator=(const JobPipeline&) = delete;
+  // Stops the stages (an iteration in flight is abandoned: work not begun
+  // is dropped, store calls in progress finish), joins the threads, and
+  // rolls back pending versions (best effort). The committed states stay.
+  // REQUIRES: no call in progress on another thread.
+  ~JobPipeline();
+
+  const std::string& job() const { return job_; }
+  const StateLayout& state_layout() const { return state_; }
+  uint64_t iteration() const ABSL_LOCKS_EXCLUDED(mu_);
+  bool layer_initialized(size_t layer) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Stores `weights` (layer_elements(layer) floats) as the layer's fp32
+  // master weights with zero moments, committed (one CommitBatch per
+  // layer). FAILED_PRECONDITION if the layer already has states or an
+  // iteration is in progress.
+  absl::Status InitializeWeights(size_t layer, const float* weights)
+      ABSL_LOCKS_EXCLUDED(api_mu_, mu_);
+  // The committed fp32 master weights of `layer` into `out`
+  // (layer_elements(layer) floats). Reads only committed versions, so it
+  // may run during an iteration (and then returns the previous weights).
+  absl::Status ReadWeights(size_t layer, float* out) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Starts an iteration. FAILED_PRECONDITION if one is in progress or a
+  // layer has no states yet.
+  absl::Status BeginIteration() ABSL_LOCKS_EXCLUDED(api_mu_, mu_);
+  // Hands over `layer`'s gradient (layer_elements(layer) elements of the
+  // layout's grad_dtype) and where its new 16-bit weights go (as many
+  // elements of weight16_dtype; null: no copy). Returns at once; the update
+  // runs in the stage threads (at EndIteration for kAfterBackward).
+  // REQUIRES: `grad` and `weight16_out` stay valid, `grad` unchanged and
+  // `weight16_out` untouched by the caller, until EndIteration returns (or
+  // the pipeline is destroyed).
+  // INVALID_ARGUMENT: layer out of range, null grad. ALREADY_EXISTS: the
+  // layer was submitted already in this iteration. FAILED_PRECONDITION: no
+  // iteration in progress (or EndIteration already called).
+  absl::Status SubmitGradients(size_t layer, const void* grad,
+                               void* weight16_out) ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits for every submitted layer, then commits, clips (redo) or skips;
+  // see ClipOptions. Every layer must have been submitted
+  // (FAILED_PRECONDITION otherwise). On any error the iteration ends with
+  // every pending version rolled back and the step not advanced; the
+  // weight16_out buffers then hold unspecified values. Store errors name the
+  // layer, chunk and tensor.
+  absl::StatusOr<IterationReport> EndIteration(const ClipOptions& clip)
+      ABSL_LOCKS_EXCLUDED(api_mu_, mu_);
+
+ private:
+  enum class Phase { kIdle, kInIteration, kEnding };
+  enum class TaskKind : uint8_t { kUpdate, kRepublish };
+  struct Task {  // One chunk through the stages.
+    uint32_t layer = 0;
+    uint32_t chunk = 0;
+    TaskKind kind = TaskKind::kUpdate;
+    float inv_scale = 1.0f;
+    int64_t step = 0;  // Adam steps the chunk's committed state has.
+    const uint8_t* grad = nullptr;  // The chunk's first gradient element.
+    uint8_t* out = nullptr;         // Its first 16-bit weight, or null.
+    uint8_t* buffer = nullptr;      // From pool_, once read.
+  };
+  struct Submission {
+    bool submitted = false;
+    const void* grad = nullptr;
+    void* out = nullptr;
+  };
+
+  JobPipeline(TensorStore* store, const AdamUpdater& updater, std::string job,
+              const ModelLayout& layout, const PipelineOptions& options);
+  absl::Status OpenStates();
+  void StartThreads();
+
+  // Stage loops, one thread each.
+  void ReadLoop();
+  void ComputeLoop();
+  void WriteLoop();
+  // Ends a task: releases its buffer (if any), records the first error.
+  void Finish(Task& task, const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
+  size_t FlatIndex(size_t layer, size_t chunk) const {
+    return chunk_base_[layer] + chunk;
+  }
+
+  // Starts a pass: resets the counters and first error.
+  void BeginPassLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EnqueueLayerLocked(size_t layer, TaskKind kind, float inv_scale)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool PassDone() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return done_ == enqueued_;
+  }
+  // Waits until every task of the pass finished; its first error.
+  absl::Status WaitPass() ABSL_LOCKS_EXCLUDED(mu_);
+  // Runs a whole pass over every layer (after the first one).
+  absl::Status RunPass(TaskKind kind, float inv_scale) ABSL_LOCKS_EXCLUDED(mu_);
+  // Drops every pending version of the job's tensors; NOT_FOUND and "no
+  // pending version" are fine. Returns the first other error.
+  absl::Status RollbackAll();
+  absl::Status Commit(uint64_t new_iteration);
+  void EndIterationIdle() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Constant after construction.
+  TensorStore* const store_;
+  const AdamUpdater updater_;
+  const std::string job_;
+  const ModelLayout layout_;
+  const StateLayout state_;
+  const PipelineOptions options_;
+  const uint64_t fingerprint_;
+  std::vector<size_t> chunk_base_;        // Flat index of each layer's chunk 0.
+  std::vector<std::string> chunk_names_;  // By flat index.
+
+  // Written by the compute thread for the task it runs, read by
+  // EndIteration after WaitPass (which orders them): per-chunk gradient
+  // sums of squares of the current pass, by flat index.
+  std::vector<double> sum_squares_;
+
+  BufferPool pool_;
+  BoundedQueue<Task> read_queue_;  // Holds every chunk: Push never waits.
+  BoundedQueue<Task> compute_queue_;
+  BoundedQueue<Task> write_queue_;
+  std::vector<std::thread> threads_;
+
+  // Serializes control calls; held across their I/O.
+  absl::Mutex api_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+
+  mutable absl::Mutex mu_;
+  Phase phase_ ABSL_GUARDED_BY(mu_) = Phase::kIdle;
+  uint64_t iteration_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<bool> initialized_ ABSL_GUARDED_BY(mu_);
+  std::vector<Submission> submissions_ ABSL_GUARDED_BY(mu_);
+  std::vector<size_t> submit_order_ ABSL_GUARDED_BY(mu_);
+  size_t enqueued_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t done_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status first_error_ ABSL_GUARDED_BY(mu_);
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  StageBusy busy_ ABSL_GUARDED_BY(mu_);
+  // Set with first_error_ or at shutdown: stages skip work still queued.
+  std::atomic<bool> abandon_{false};
+};
+
+}  // namespace lohan
+
+#endif  // LOHAN_DAEMON_SCHED_JOB_PIPELINE_H_

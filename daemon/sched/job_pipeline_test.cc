@@ -1,0 +1,637 @@
+#include "daemon/sched/job_pipeline.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "daemon/optim/half.h"
+#include "daemon/optim/worker_pool.h"
+#include "daemon/store/aio_device.h"
+#include "daemon/store/fault_injection_device.h"
+#include "daemon/store/test_util.h"
+#include "gtest/gtest.h"
+
+namespace lohan {
+namespace {
+
+using testing_util::TempDir;
+
+// ------------------------------------------------------------ reference
+//
+// torch.optim.AdamW for one flat layer, in the same float operations as
+// daemon/optim's kernels (scalars in double once per step, elementwise in
+// float with fused multiply-adds where the kernel fuses). The pipeline must
+// match it bit for bit: tolerance 0 on fp32 weights and 16-bit copies.
+
+struct RefLayer {
+  std::vector<float> w, m, v, vmax;
+};
+
+uint16_t ToHalf(float x, DType dtype) {
+  return dtype == DType::kBFloat16 ? FloatToBf16(x) : FloatToFp16(x);
+}
+float FromHalf(uint16_t x, DType dtype) {
+  return dtype == DType::kBFloat16 ? Bf16ToFloat(x) : Fp16ToFloat(x);
+}
+
+// `step` is the count before this step; g the gradient's exact values.
+void RefAdamStep(const AdamOptions& o, DType moment_dtype, int64_t step,
+                 const std::vector<float>& g_values, float inv_scale,
+                 RefLayer& L) {
+  const double t = static_cast<double>(step + 1);
+  const double bc1 = 1.0 - std::pow(o.beta1, t);
+  const double bc2 = 1.0 - std::pow(o.beta2, t);
+  const float neg_step = static_cast<float>(-(o.lr / bc1));
+  const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  const float decay = static_cast<float>(
+      o.decoupled_weight_decay ? 1.0 - o.lr * o.weight_decay : 1.0);
+  const float b1 = static_cast<float>(o.beta1);
+  const float omb1 = static_cast<float>(1.0 - o.beta1);
+  const float b2 = static_cast<float>(o.beta2);
+  const float omb2 = static_cast<float>(1.0 - o.beta2);
+  const float eps = static_cast<float>(o.eps);
+  const bool bf16 = moment_dtype == DType::kBFloat16;
+  auto keep = [&](float x) { return bf16 ? Bf16ToFloat(FloatToBf16(x)) : x; };
+  for (size_t i = 0; i < L.w.size(); ++i) {
+    const float g = g_values[i] * inv_scale;
+    float w = L.w[i] * decay;
+    const float m = std::fma(b1, L.m[i], omb1 * g);
+    float v = std::fma(b2, L.v[i], (omb2 * g) * g);
+    L.m[i] = keep(m);
+    L.v[i] = keep(v);
+    if (o.amsgrad) {
+      v = std::max(L.vmax[i], v);
+      L.vmax[i] = keep(v);
+    }
+    const float denom = std::sqrt(v) / bc2_sqrt + eps;
+    w = std::fma(neg_step, m / denom, w);
+    L.w[i] = w;
+  }
+}
+
+// A gradient in the layout's dtype and its exact float values.
+struct Grad {
+  std::vector<uint8_t> bytes;
+  std::vector<float> values;
+};
+
+Grad MakeGrad(size_t n, DType dtype, std::mt19937& rng, float scale) {
+  std::normal_distribution<float> dist(0.0f, scale);
+  Grad g;
+  g.values.resize(n);
+  g.bytes.resize(n * (dtype == DType::kFloat32 ? 4 : 2));
+  for (size_t i = 0; i < n; ++i) {
+    const float x = dist(rng);
+    if (dtype == DType::kFloat32) {
+      g.values[i] = x;
+      std::memcpy(&g.bytes[4 * i], &x, 4);
+    } else {
+      const uint16_t h = ToHalf(x, dtype);
+      g.values[i] = FromHalf(h, dtype);
+      std::memcpy(&g.bytes[2 * i], &h, 2);
+    }
+  }
+  return g;
+}
+
+// ------------------------------------------------------------ fixture
+
+// 4 layers of odd sizes, chunks of 1000: layer 2 is smaller than a chunk,
+// the others span 2..5 chunks with a short last one.
+ModelLayout SmallLayout(DType grad_dtype) {
+  ModelLayout layout;
+  layout.layer_elements = {2500, 1000, 37, 4097};
+  layout.chunk_elements = 1000;
+  layout.grad_dtype = grad_dtype;
+  layout.weight16_dtype = DType::kBFloat16;
+  layout.adam.lr = 1e-2;
+  layout.adam.weight_decay = 0.1;
+  return layout;
+}
+
+class JobPipelineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto updater = AdamUpdater::Create(nullptr, std::nullopt);
+    ASSERT_TRUE(updater.ok()) << updater.status();
+    updater_.emplace(*updater);
+    OpenStore();
+  }
+
+  StoreOptions Options() {
+    StoreOptions o;
+    o.ssd_paths = {dir_.Subdir("ssd0"), dir_.Subdir("ssd1")};
+    o.state_dir = dir_.path() + "/state";
+    o.stripe_unit = 64 << 10;
+    o.queue_depth = 8;
+    o.device_capacity_bytes = 16 << 20;
+    return o;
+  }
+  void OpenStore() {
+    auto s = TensorStore::Open(Options());
+    ASSERT_TRUE(s.ok()) << s.status();
+    store_ = *std::move(s);
+  }
+  // Reopens the store with every device wrapped in a FaultInjectionDevice.
+  void OpenStoreWithFaults() {
+    store_.reset();
+    const StoreOptions o = Options();
+    std::vector<std::unique_ptr<BlockDevice>> devices;
+    faults_.clear();
+    for (const std::string& path : o.ssd_paths) {
+      AioDeviceOptions d;
+      d.path = path;
+      d.capacity_bytes = o.device_capacity_bytes;
+      d.queue_depth = o.queue_depth;
+      auto aio = AioBlockDevice::Open(d);
+      ASSERT_TRUE(aio.ok()) << aio.status();
+      auto f = std::make_unique<FaultInjectionDevice>(*std::move(aio));
+      faults_.push_back(f.get());
+      devices.push_back(std::move(f));
+    }
+    auto s = TensorStore::OpenWithDevices(o, std::move(devices));
+    ASSERT_TRUE(s.ok()) << s.status();
+    store_ = *std::move(s);
+  }
+
+  std::unique_ptr<JobPipeline> OpenJob(const std::string& job,
+                                       const ModelLayout& layout,
+                                       Schedule schedule) {
+    PipelineOptions options;
+    options.schedule = schedule;
+    options.buffers = 3;
+    auto p = JobPipeline::Open(store_.get(), *updater_, job, layout, options);
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? *std::move(p) : nullptr;
+  }
+
+  // Fresh reference states and initialized pipeline states.
+  std::vector<RefLayer> Initialize(JobPipeline& p, const ModelLayout& layout) {
+    std::mt19937 rng(7);
+    std::normal_distribution<float> dist(0.0f, 0.5f);
+    std::vector<RefLayer> ref(layout.layer_elements.size());
+    for (size_t l = 0; l < ref.size(); ++l) {
+      const size_t n = layout.layer_elements[l];
+      ref[l].w.resize(n);
+      for (float& x : ref[l].w) x = dist(rng);
+      ref[l].m.assign(n, 0.0f);
+      ref[l].v.assign(n, 0.0f);
+      ref[l].vmax.assign(n, 0.0f);
+      EXPECT_TRUE(p.InitializeWeights(l, ref[l].w.data()).ok());
+    }
+    return ref;
+  }
+
+  // One iteration: gradients submitted last layer first (backward order),
+  // reference stepped alike (with the pipeline's reported clip scale), and
+  // every fp32 and 16-bit weight compared exactly.
+  IterationReport RunAndCheck(JobPipeline& p, const ModelLayout& layout,
+                              std::vector<RefLayer>& ref, int64_t& ref_step,
+                              uint32_t seed, const ClipOptions& clip = {},
+                              int nan_layer = -1) {
+    std::mt19937 rng(seed);
+    const size_t layers = layout.layer_elements.size();
+    std::vector<Grad> grads;
+    std::vector<std::vector<uint16_t>> out(layers);
+    double sum = 0.0;
+    for (size_t l = 0; l < layers; ++l) {
+      grads.push_back(
+          MakeGrad(layout.layer_elements[l], layout.grad_dtype, rng, 0.1f));
+      out[l].assign(layout.layer_elements[l], 0xdead);
+    }
+    if (nan_layer >= 0) {
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      Grad& g = grads[nan_layer];
+      g.values[3] = nan;
+      if (layout.grad_dtype == DType::kFloat32) {
+        std::memcpy(&g.bytes[12], &nan, 4);
+      } else {
+        const uint16_t h = ToHalf(nan, layout.grad_dtype);
+        std::memcpy(&g.bytes[6], &h, 2);
+      }
+    }
+    for (const Grad& g : grads) {
+      for (float x : g.values) sum += static_cast<double>(x) * x;
+    }
+    EXPECT_TRUE(p.BeginIteration().ok());
+    for (size_t i = 0; i < layers; ++i) {
+      const size_t l = layers - 1 - i;
+      EXPECT_TRUE(
+          p.SubmitGradients(l, grads[l].bytes.data(), out[l].data()).ok());
+    }
+    absl::StatusOr<IterationReport> report = p.EndIteration(clip);
+    EXPECT_TRUE(report.ok()) << report.status();
+    if (!report.ok()) return IterationReport{};
+
+    if (nan_layer >= 0) {
+      EXPECT_TRUE(report->nonfinite);
+    } else {
+      EXPECT_NEAR(report->global_norm, std::sqrt(sum), 1e-12 * std::sqrt(sum));
+    }
+    if (!report->skipped) {
+      const float inv_scale =
+          report->clipped ? static_cast<float>(report->clip_scale) : 1.0f;
+      for (size_t l = 0; l < layers; ++l) {
+        RefAdamStep(layout.adam, layout.moment_dtype, ref_step, grads[l].values,
+                    inv_scale, ref[l]);
+      }
+      ++ref_step;
+    }
+    EXPECT_EQ(report->iteration, static_cast<uint64_t>(ref_step));
+    EXPECT_EQ(p.iteration(), static_cast<uint64_t>(ref_step));
+    CheckWeights(p, layout, ref);
+    for (size_t l = 0; l < layers; ++l) {
+      size_t bad = 0;
+      for (size_t i = 0; i < out[l].size(); ++i) {
+        bad += out[l][i] != ToHalf(ref[l].w[i], layout.weight16_dtype);
+      }
+      EXPECT_EQ(bad, 0u) << "16-bit weights of layer " << l;
+    }
+    return *report;
+  }
+
+  void CheckWeights(JobPipeline& p, const ModelLayout& layout,
+                    const std::vector<RefLayer>& ref) {
+    for (size_t l = 0; l < ref.size(); ++l) {
+      std::vector<float> w(layout.layer_elements[l]);
+      ASSERT_TRUE(p.ReadWeights(l, w.data()).ok());
+      size_t bad = 0;
+      for (size_t i = 0; i < w.size(); ++i) {
+        bad += std::memcmp(&w[i], &ref[l].w[i], 4) != 0;
+      }
+      EXPECT_EQ(bad, 0u) << "fp32 weights of layer " << l;
+    }
+  }
+
+  TempDir dir_;
+  std::vector<FaultInjectionDevice*> faults_;
+  std::optional<AdamUpdater> updater_;
+  std::unique_ptr<TensorStore> store_;
+};
+
+struct Variant {
+  Schedule schedule;
+  DType grad_dtype;
+  DType moment_dtype;
+  bool amsgrad;
+};
+
+class JobPipelineVariantTest : public JobPipelineTest,
+                               public ::testing::WithParamInterface<Variant> {};
+
+TEST_P(JobPipelineVariantTest, MatchesReferenceAdamWExactly) {
+  ModelLayout layout = SmallLayout(GetParam().grad_dtype);
+  layout.moment_dtype = GetParam().moment_dtype;
+  layout.adam.amsgrad = GetParam().amsgrad;
+  auto p = OpenJob("job", layout, GetParam().schedule);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(p->state_layout().total_chunks(), 3u + 1 + 1 + 5);
+  std::vector<RefLayer> ref = Initialize(*p, layout);
+  int64_t step = 0;
+  for (uint32_t it = 0; it < 3; ++it) {
+    IterationReport r = RunAndCheck(*p, layout, ref, step, 100 + it);
+    EXPECT_FALSE(r.clipped);
+    EXPECT_FALSE(r.skipped);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Variants, JobPipelineVariantTest,
+    ::testing::Values(
+        Variant{Schedule::kPipelined, DType::kFloat32, DType::kFloat32, false},
+        Variant{Schedule::kPipelined, DType::kBFloat16, DType::kFloat32, false},
+        Variant{Schedule::kPipelined, DType::kFloat16, DType::kBFloat16, true},
+        Variant{Schedule::kSerialized, DType::kBFloat16, DType::kFloat32,
+                false},
+        Variant{Schedule::kAfterBackward, DType::kBFloat16, DType::kFloat32,
+                false}));
+
+TEST_F(JobPipelineTest, AllSchedulesGiveIdenticalStates) {
+  const ModelLayout layout = SmallLayout(DType::kBFloat16);
+  const Schedule schedules[] = {Schedule::kPipelined, Schedule::kSerialized,
+                                Schedule::kAfterBackward};
+  std::vector<std::vector<float>> weights[3];
+  for (int s = 0; s < 3; ++s) {
+    auto p = OpenJob("job" + std::to_string(s), layout, schedules[s]);
+    ASSERT_NE(p, nullptr);
+    std::vector<RefLayer> ref = Initialize(*p, layout);
+    int64_t step = 0;
+    ClipOptions clip;
+    clip.max_grad_norm = 1.0;  // Triggers: the norm is about 2.8.
+    for (uint32_t it = 0; it < 2; ++it) {
+      EXPECT_TRUE(RunAndCheck(*p, layout, ref, step, 300 + it, clip).clipped);
+    }
+    for (size_t l = 0; l < ref.size(); ++l) {
+      weights[s].emplace_back(layout.layer_elements[l]);
+      ASSERT_TRUE(p->ReadWeights(l, weights[s].back().data()).ok());
+    }
+  }
+  for (int s = 1; s < 3; ++s) {
+    for (size_t l = 0; l < weights[0].size(); ++l) {
+      EXPECT_EQ(0, std::memcmp(weights[0][l].data(), weights[s][l].data(),
+                               weights[0][l].size() * 4))
+          << "schedule " << s << " layer " << l;
+    }
+  }
+}
+
+TEST_F(JobPipelineTest, ClipsOnlyWhenTheNormExceedsTheMaximum) {
+  const ModelLayout layout = SmallLayout(DType::kFloat32);
+  auto p = OpenJob("job", layout, Schedule::kPipelined);
+  ASSERT_NE(p, nullptr);
+  std::vector<RefLayer> ref = Initialize(*p, layout);
+  int64_t step = 0;
+  ClipOptions loose;
+  loose.max_grad_norm = 100.0;
+  IterationReport r = RunAndCheck(*p, layout, ref, step, 1, loose);
+  EXPECT_FALSE(r.clipped);
+  EXPECT_EQ(r.clip_scale, 1.0);
+  EXPECT_EQ(r.redo_seconds, 0.0);
+  ClipOptions tight;
+  tight.max_grad_norm = r.global_norm / 4;
+  r = RunAndCheck(*p, layout, ref, step, 2, tight);
+  EXPECT_TRUE(r.clipped);
+  EXPECT_NEAR(r.clip_scale, tight.max_grad_norm / (r.global_norm + 1e-6),
+              1e-15);
+  EXPECT_LT(r.clip_scale, 0.3);
+  EXPECT_GT(r.busy.compute, 0.0);
+  r = RunAndCheck(*p, layout, ref, step, 3, loose);
+  EXPECT_FALSE(r.clipped);
+  EXPECT_EQ(step, 3);
+}
+
+TEST_F(JobPipelineTest, NonFiniteGradientSkipsTheIteration) {
+  const ModelLayout layout = SmallLayout(DType::kBFloat16);
+  auto p = OpenJob("job", layout, Schedule::kPipelined);
+  ASSERT_NE(p, nullptr);
+  std::vector<RefLayer> ref = Initialize(*p, layout);
+  int64_t step = 0;
+  RunAndCheck(*p, layout, ref, step, 1);
+  ClipOptions clip;
+  clip.max_grad_norm = 1.0;
+  // RunAndCheck verifies: weights unchanged, step not advanced, and every
+  // 16-bit output (pre-filled with junk) re-published from the committed
+  // weights.
+  IterationReport r = RunAndCheck(*p, layout, ref, step, 2, clip, 3);
+  EXPECT_TRUE(r.skipped);
+  EXPECT_FALSE(r.clipped);
+  EXPECT_EQ(r.iteration, 1u);
+  RunAndCheck(*p, layout, ref, step, 3);
+  EXPECT_EQ(step, 2);
+}
+
+TEST_F(JobPipelineTest, ReopenResumesAtTheCommittedStep) {
+  const ModelLayout layout = SmallLayout(DType::kBFloat16);
+  std::vector<RefLayer> ref;
+  int64_t step = 0;
+  {
+    auto p = OpenJob("job", layout, Schedule::kPipelined);
+    ASSERT_NE(p, nullptr);
+    ref = Initialize(*p, layout);
+    RunAndCheck(*p, layout, ref, step, 1);
+    RunAndCheck(*p, layout, ref, step, 2);
+  }
+  store_.reset();
+  OpenStore();
+  auto p = OpenJob("job", layout, Schedule::kSerialized);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(p->iteration(), 2u);
+  for (size_t l = 0; l < ref.size(); ++l) EXPECT_TRUE(p->layer_initialized(l));
+  CheckWeights(*p, layout, ref);
+  // Bias correction at step 3 (the reference checks it bit for bit).
+  RunAndCheck(*p, layout, ref, step, 3);
+  EXPECT_EQ(p->iteration(), 3u);
+}
+
+TEST_F(JobPipelineTest, CrashMidIterationLeavesTheLastCommittedIteration) {
+  const ModelLayout layout = SmallLayout(DType::kBFloat16);
+  std::vector<RefLayer> ref;
+  int64_t step = 0;
+  std::mt19937 rng(9);
+  std::vector<Grad> grads;
+  std::vector<std::vector<uint16_t>> out(4);
+  for (size_t l = 0; l < 4; ++l) {
+    grads.push_back(
+        MakeGrad(layout.layer_elements[l], layout.grad_dtype, rng, 0.1f));
+    out[l].resize(layout.layer_elements[l]);
+  }
+  {
+    auto p = OpenJob("job", layout, Schedule::kPipelined);
+    ASSERT_NE(p, nullptr);
+    ref = Initialize(*p, layout);
+    RunAndCheck(*p, layout, ref, step, 1);
+    ASSERT_TRUE(p->BeginIteration().ok());
+    for (size_t l : {3, 2, 1}) {
+      ASSERT_TRUE(
+          p->SubmitGradients(l, grads[l].bytes.data(), out[l].data()).ok());
+    }
+    // Destroyed with the iteration in flight: must not hang.
+  }
+  // Same store, new pipeline: pending versions rolled back.
+  {
+    auto p = OpenJob("job", layout, Schedule::kPipelined);
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(p->iteration(), 1u);
+    CheckWeights(*p, layout, ref);
+    ASSERT_TRUE(p->BeginIteration().ok());
+    for (size_t l : {3, 2}) {
+      ASSERT_TRUE(
+          p->SubmitGradients(l, grads[l].bytes.data(), out[l].data()).ok());
+    }
+  }
+  // Simulated crash: the store reopens from its catalog.
+  store_.reset();
+  OpenStore();
+  for (const std::string& name : store_->List("job")) {
+    EXPECT_EQ(store_->Stat("job", name)->pending_version, 0u) << name;
+  }
+  auto p = OpenJob("job", layout, Schedule::kAfterBackward);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(p->iteration(), 1u);
+  CheckWeights(*p, layout, ref);
+  RunAndCheck(*p, layout, ref, step, 2);
+  EXPECT_EQ(p->iteration(), 2u);
+}
+
+TEST_F(JobPipelineTest,
+       DestroyedWithWorkQueuedReturnsPromptlyAndLeavesNoPending) {
+  ModelLayout layout;
+  layout.layer_elements = {60000, 60000};
+  layout.chunk_elements = 500;  // 240 chunks through one buffer.
+  layout.grad_dtype = DType::kFloat32;
+  std::vector<float> w(60000, 1.0f), g(60000, 0.01f);
+  std::vector<uint16_t> out(60000);
+  PipelineOptions options;
+  options.schedule = Schedule::kSerialized;
+  for (int round = 0; round < 3; ++round) {
+    auto p = JobPipeline::Open(store_.get(), *updater_, "big", layout, options);
+    ASSERT_TRUE(p.ok()) << p.status();
+    if (round == 0) {
+      ASSERT_TRUE((*p)->InitializeWeights(0, w.data()).ok());
+      ASSERT_TRUE((*p)->InitializeWeights(1, w.data()).ok());
+    }
+    ASSERT_TRUE((*p)->BeginIteration().ok());
+    ASSERT_TRUE((*p)->SubmitGradients(1, g.data(), out.data()).ok());
+    ASSERT_TRUE((*p)->SubmitGradients(0, g.data(), out.data()).ok());
+    p->reset();  // With most chunks still queued.
+    for (const std::string& name : store_->List("big")) {
+      EXPECT_EQ(store_->Stat("big", name)->pending_version, 0u) << name;
+    }
+  }
+  auto p = JobPipeline::Open(store_.get(), *updater_, "big", layout, options);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ((*p)->iteration(), 0u);
+  std::vector<float> back(60000);
+  ASSERT_TRUE((*p)->ReadWeights(1, back.data()).ok());
+  EXPECT_EQ(back, w);
+}
+
+TEST_F(JobPipelineTest, RejectsBadCallsWithoutCrashing) {
+  const ModelLayout layout = SmallLayout(DType::kBFloat16);
+  auto p = OpenJob("job", layout, Schedule::kPipelined);
+  ASSERT_NE(p, nullptr);
+  std::vector<float> w(4097, 0.5f);
+  std::vector<uint16_t> g(4097, 0), out(4097);
+  EXPECT_EQ(p->BeginIteration().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(p->ReadWeights(0, w.data()).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(p->InitializeWeights(4, w.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(p->InitializeWeights(0, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  for (size_t l = 0; l < 4; ++l)
+    ASSERT_TRUE(p->InitializeWeights(l, w.data()).ok());
+  EXPECT_EQ(p->InitializeWeights(1, w.data()).code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  EXPECT_EQ(p->SubmitGradients(0, g.data(), out.data()).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(p->EndIteration({}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(p->BeginIteration().ok());
+  EXPECT_EQ(p->BeginIteration().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(p->InitializeWeights(0, w.data()).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(p->SubmitGradients(4, g.data(), out.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(p->SubmitGradients(1, nullptr, out.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(p->SubmitGradients(1, g.data(), out.data()).ok());
+  EXPECT_EQ(p->SubmitGradients(1, g.data(), out.data()).code(),
+            absl::StatusCode::kAlreadyExists);
+  ClipOptions bad;
+  bad.max_grad_norm = -1.0;
+  EXPECT_EQ(p->EndIteration(bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Layers 0, 2, 3 never submitted: the iteration fails and rolls back.
+  auto r = p->EndIteration({});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition)
+      << r.status();
+  EXPECT_EQ(p->iteration(), 0u);
+  for (const std::string& name : store_->List("job")) {
+    EXPECT_EQ(store_->Stat("job", name)->pending_version, 0u) << name;
+  }
+  std::vector<float> back(1000);
+  ASSERT_TRUE(p->ReadWeights(1, back.data()).ok());
+  EXPECT_EQ(back, std::vector<float>(1000, 0.5f));
+  // The pipeline is usable again.
+  ASSERT_TRUE(p->BeginIteration().ok());
+  for (size_t l = 0; l < 4; ++l) {
+    ASSERT_TRUE(p->SubmitGradients(l, g.data(), nullptr).ok());
+  }
+  auto ok = p->EndIteration({});
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->iteration, 1u);
+  EXPECT_EQ(ok->global_norm, 0.0);
+  p.reset();
+
+  // Reopening with another layout is refused; bad layouts and options too.
+  ModelLayout other = layout;
+  other.chunk_elements = 512;
+  PipelineOptions options;
+  EXPECT_EQ(JobPipeline::Open(store_.get(), *updater_, "job", other, options)
+                .status()
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+  other = layout;
+  other.layer_elements[2] = 0;
+  EXPECT_EQ(JobPipeline::Open(store_.get(), *updater_, "new", other, options)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  other = layout;
+  other.weight16_dtype = DType::kFloat32;
+  EXPECT_EQ(JobPipeline::Open(store_.get(), *updater_, "new", other, options)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(JobPipeline::Open(nullptr, *updater_, "new", layout, options)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  options.buffers = 0;
+  EXPECT_EQ(JobPipeline::Open(store_.get(), *updater_, "new", layout, options)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(JobPipelineTest, StoreErrorsFailTheIterationAndNameTheTensor) {
+  OpenStoreWithFaults();
+  const ModelLayout layout = SmallLayout(DType::kBFloat16);
+  auto p = OpenJob("job", layout, Schedule::kPipelined);
+  ASSERT_NE(p, nullptr);
+  std::vector<RefLayer> ref = Initialize(*p, layout);
+  int64_t step = 0;
+  RunAndCheck(*p, layout, ref, step, 1);
+  std::vector<std::vector<uint16_t>> g(4), out(4);
+  for (size_t l = 0; l < 4; ++l) {
+    g[l].assign(layout.layer_elements[l], 0x3f80);  // bf16 1.0
+    out[l].resize(layout.layer_elements[l]);
+  }
+  using Fault = FaultInjectionDevice::Fault;
+  for (IoRequest::Op op : {IoRequest::Op::kRead, IoRequest::Op::kWrite}) {
+    faults_[0]->Inject({Fault::kEio, op, 1});
+    ASSERT_TRUE(p->BeginIteration().ok());
+    for (size_t l = 0; l < 4; ++l) {
+      ASSERT_TRUE(p->SubmitGradients(l, g[l].data(), out[l].data()).ok());
+    }
+    auto r = p->EndIteration({});
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
+    EXPECT_NE(r.status().message().find("job/layer."), std::string::npos)
+        << r.status();
+    EXPECT_NE(r.status().message().find("chunk"), std::string::npos);
+    EXPECT_EQ(p->iteration(), 1u);
+    for (const std::string& name : store_->List("job")) {
+      EXPECT_EQ(store_->Stat("job", name)->pending_version, 0u) << name;
+    }
+    CheckWeights(*p, layout, ref);
+  }
+  // Usable afterwards, and still exact.
+  RunAndCheck(*p, layout, ref, step, 2);
+}
+
+TEST_F(JobPipelineTest, WorksWithAWorkerPoolAndOneBuffer) {
+  auto pool = WorkerPool::Create(WorkerPoolOptions{2, false});
+  ASSERT_TRUE(pool.ok());
+  auto updater = AdamUpdater::Create(pool->get(), std::nullopt);
+  ASSERT_TRUE(updater.ok());
+  updater_.emplace(*updater);
+  ModelLayout layout = SmallLayout(DType::kFloat16);
+  layout.weight16_dtype = DType::kFloat16;
+  PipelineOptions options;
+  options.buffers = 1;
+  auto p = JobPipeline::Open(store_.get(), *updater_, "job", layout, options);
+  ASSERT_TRUE(p.ok()) << p.status();
+  std::vector<RefLayer> ref = Initialize(**p, layout);
+  int64_t step = 0;
+  RunAndCheck(**p, layout, ref, step, 1);
+  RunAndCheck(**p, layout, ref, step, 2);
+  p->reset();
+}
+
+}  // namespace
+}  // namespace lohan

@@ -123,4 +123,13 @@ absl::StatusOr<v1::GetStatusResponse> ControlClient::GetStatus() {
   return response;
 }
 
+absl::StatusOr<v1::RegisterModelResponse> ControlClient::RegisterModel(
+    const v1::RegisterModelRequest& request) {
+  v1::RegisterModelResponse response;
+  absl::Status status =
+      Invoke(&v1::Lohan::Stub::RegisterModel, request, &response);
+  if (!status.ok()) return status;
+  return response;
+}
+
 }  // namespace lohan

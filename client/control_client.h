@@ -40,6 +40,8 @@ class ControlClient {
   absl::Status DeleteJob(const std::string& job_id);
   absl::StatusOr<std::vector<v1::Job>> ListJobs();
   absl::StatusOr<v1::GetStatusResponse> GetStatus();
+  absl::StatusOr<v1::RegisterModelResponse> RegisterModel(
+      const v1::RegisterModelRequest& request);
 
  private:
   ControlClient(Options options, std::unique_ptr<v1::Lohan::Stub> stub);

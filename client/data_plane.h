@@ -3,11 +3,15 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "daemon/common/unique_fd.h"
 #include "daemon/ipc/arena_grant.h"
+#include "daemon/ipc/ring.h"
+#include "daemon/ipc/ring_entry.h"
 
 namespace lohan {
 
@@ -30,17 +34,42 @@ class DataPlane {
   // Unmaps the arena and closes the connection.
   ~DataPlane();
 
+  // Where the daemon writes the text of failed requests
+  // (RegisterModelResponse.error_text_offset/bytes).
+  void SetErrorText(uint64_t offset, uint64_t bytes);
+
+  // Puts `entry` on the submission ring, waiting up to `timeout` for room.
+  absl::Status Submit(const SubmissionEntry& entry, absl::Duration timeout);
+  // The next completion, waiting up to `timeout` (DEADLINE_EXCEEDED).
+  absl::StatusOr<CompletionEntry> NextCompletion(absl::Duration timeout);
+  // OK, or the completion's error with the daemon's text.
+  absl::Status StatusOf(const CompletionEntry& completion) const;
+  // Submit, then wait for its completion (REQUIRES: nothing else in
+  // flight); the completion, or its error.
+  absl::StatusOr<CompletionEntry> Call(SubmissionEntry entry,
+                                       absl::Duration timeout);
+
   uint8_t* arena() const { return base_; }
   uint64_t arena_bytes() const { return grant_.arena_bytes; }
   const ArenaGrant& grant() const { return grant_; }
 
  private:
-  DataPlane(UniqueFd connection, uint8_t* base, ArenaGrant grant)
-      : connection_(std::move(connection)), base_(base), grant_(grant) {}
+  DataPlane(UniqueFd connection, uint8_t* base, ArenaGrant grant,
+            RingProducer submissions, RingConsumer completions)
+      : connection_(std::move(connection)),
+        base_(base),
+        grant_(grant),
+        submissions_(std::move(submissions)),
+        completions_(std::move(completions)) {}
 
   UniqueFd connection_;
   uint8_t* base_;
   const ArenaGrant grant_;
+  RingProducer submissions_;
+  RingConsumer completions_;
+  uint64_t error_text_offset_ = 0;
+  uint64_t error_text_bytes_ = 0;
+  uint64_t next_request_id_ = 1;
 };
 
 }  // namespace lohan

@@ -41,7 +41,16 @@ inline constexpr uint32_t kRingEntryBytes = 64;
 //                    this slot (length == the length it was put with).
 //   kActFree         activation_id: forget it.
 //   kIterBegin       iteration (previous iteration + 1).
-//   kIterEnd         iteration (the one begun).
+//   kIterEnd         iteration (the one begun). Its completion carries the
+//                    global gradient norm (a double's bits) in `detail` and
+//                    kIterEnd* bits in `flags`.
+//   kInitWeights     layer, slot_offset/length = the staging slot holding the
+//                    layer's initial fp32 weights (length = elements x 4).
+//                    Outside iterations, once per layer of a new job.
+//   kReadWeights     layer, slot_offset/length = the staging slot: receives
+//                    the layer's committed fp32 master weights.
+// (kInitWeights and kReadWeights are checked by the daemon's job session,
+// which owns the staging slot, not by EntryValidator.)
 enum class RingOp : uint16_t {
   kInvalid = 0,
   kRegisterLayout = 1,
@@ -52,7 +61,14 @@ enum class RingOp : uint16_t {
   kActFree = 6,
   kIterBegin = 7,
   kIterEnd = 8,
+  kInitWeights = 9,
+  kReadWeights = 10,
 };
+
+// CompletionEntry::flags of a kIterEnd completion.
+inline constexpr uint32_t kIterEndClipped = 1u << 0;
+inline constexpr uint32_t kIterEndSkipped = 1u << 1;
+inline constexpr uint32_t kIterEndNonfinite = 1u << 2;
 
 // Element types of tensors in the arena.
 enum class RingDtype : uint16_t {
@@ -87,7 +103,7 @@ static_assert(offsetof(SubmissionEntry, reserved) == 48);
 struct CompletionEntry {
   uint64_t request_id;   // of the submission this completes
   uint32_t status_code;  // absl::StatusCode (canonical, = gRPC codes); 0 = OK
-  uint32_t reserved0;    // zero
+  uint32_t flags;        // op-specific (kIterEnd*), else zero
   uint64_t detail;       // op-specific: e.g. bytes moved, or which rule failed
   uint8_t reserved[40];  // zero
 };

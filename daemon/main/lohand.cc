@@ -206,7 +206,8 @@ int Run(const CommandLine& command_line) {
 
   HostPool pool({.capacity_bytes = config->host_pool_bytes});
   std::unique_ptr<SessionManager> sessions =
-      SessionManager::Start(*std::move(data_listener), jobs->get(), &pool);
+      SessionManager::Start(*std::move(data_listener), jobs->get(), &pool,
+                            store->get(), &*optimizer->updater);
 
   const DaemonParts parts{.config = &*config,
                           .jobs = jobs->get(),
@@ -214,7 +215,8 @@ int Run(const CommandLine& command_line) {
                           .optimizer = &*optimizer->updater,
                           .optimizer_threads = static_cast<uint32_t>(
                               optimizer->pool->num_threads()),
-                          .pool = &pool};
+                          .pool = &pool,
+                          .sessions = sessions.get()};
   absl::StatusOr<std::unique_ptr<ControlServer>> server =
       ControlServer::Start(parts, *std::move(listener));
   if (!server.ok()) return Fail(server.status());

@@ -32,7 +32,8 @@ ControlService::ControlService(const DaemonParts& parts, const PeerTable* peers)
       started_unix_seconds_(time(nullptr)) {
   LOHAN_CHECK(parts.config != nullptr && parts.jobs != nullptr &&
               parts.store != nullptr && parts.optimizer != nullptr &&
-              parts.pool != nullptr && peers != nullptr);
+              parts.pool != nullptr && parts.sessions != nullptr &&
+              peers != nullptr);
 }
 
 // Every handler starts here: no credentials, no service.
@@ -177,6 +178,17 @@ grpc::Status ControlService::GetStatus(grpc::ServerContext* context,
   }
   response->mutable_optimizer()->set_threads(parts_.optimizer_threads);
   response->mutable_optimizer()->set_kernel(parts_.optimizer->kernel_name());
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlService::RegisterModel(
+    grpc::ServerContext* context, const v1::RegisterModelRequest* request,
+    v1::RegisterModelResponse* response) {
+  LOHAN_IDENTIFY_CALLER(context, caller);
+  absl::StatusOr<v1::RegisterModelResponse> registered =
+      parts_.sessions->RegisterModel(caller, *request);
+  if (!registered.ok()) return ToGrpc(registered.status());
+  *response = *std::move(registered);
   return grpc::Status::OK;
 }
 

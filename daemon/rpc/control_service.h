@@ -10,6 +10,7 @@
 #include "daemon/optim/adam.h"
 #include "daemon/pool/host_pool.h"
 #include "daemon/rpc/peer_table.h"
+#include "daemon/session/session_manager.h"
 #include "daemon/store/tensor_store.h"
 #include "proto/lohan.grpc.pb.h"
 
@@ -24,6 +25,7 @@ struct DaemonParts {
   const AdamUpdater* optimizer = nullptr;
   uint32_t optimizer_threads = 0;
   const HostPool* pool = nullptr;
+  SessionManager* sessions = nullptr;
 };
 
 // The lohan.v1.Lohan gRPC service: identifies the caller, translates requests
@@ -55,6 +57,9 @@ class ControlService final : public v1::Lohan::Service {
   grpc::Status GetStatus(grpc::ServerContext* context,
                          const v1::GetStatusRequest* request,
                          v1::GetStatusResponse* response) override;
+  grpc::Status RegisterModel(grpc::ServerContext* context,
+                             const v1::RegisterModelRequest* request,
+                             v1::RegisterModelResponse* response) override;
 
  private:
   const DaemonParts parts_;

@@ -9,8 +9,8 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
-#include "daemon/common/unique_fd.h"
 #include "daemon/common/caller.h"
+#include "daemon/common/unique_fd.h"
 
 namespace lohan {
 

@@ -1,16 +1,39 @@
 #include "daemon/session/job_session.h"
 
+#include <cmath>
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
-#include "daemon/ipc/ring.h"
-#include "daemon/ipc/ring_entry.h"
+#include "absl/time/time.h"
+#include "daemon/optim/half.h"
+#include "spdlog/spdlog.h"
 
 namespace lohan {
 namespace {
 
 constexpr uint64_t kPage = 4096;
+// How often the serving thread looks up from an idle ring to see whether the
+// session is stopping.
+constexpr absl::Duration kIdleWake = absl::Milliseconds(100);
 
 uint64_t RoundUp(uint64_t bytes, uint64_t unit) {
   return (bytes + unit - 1) / unit * unit;
+}
+
+absl::StatusOr<std::pair<DType, RingDtype>> DTypes(v1::DType dtype) {
+  switch (dtype) {
+    case v1::DTYPE_FP32:
+      return std::make_pair(DType::kFloat32, RingDtype::kFp32);
+    case v1::DTYPE_BF16:
+      return std::make_pair(DType::kBFloat16, RingDtype::kBf16);
+    case v1::DTYPE_FP16:
+      return std::make_pair(DType::kFloat16, RingDtype::kFp16);
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("model dtype ", v1::DType_Name(dtype),
+                       " is not supported; use DTYPE_FP32, DTYPE_BF16 or "
+                       "DTYPE_FP16"));
+  }
 }
 
 }  // namespace
@@ -50,8 +73,354 @@ absl::StatusOr<std::unique_ptr<JobSession>> JobSession::Create(
     (ring == 0 ? grant.submission_bytes : grant.completion_bytes) =
         slot->length;
   }
-  return std::unique_ptr<JobSession>(
+  std::unique_ptr<JobSession> session(
       new JobSession(*std::move(arena), std::move(slots), grant));
+  absl::StatusOr<RingConsumer> submissions =
+      RingConsumer::Attach(session->base() + grant.submission_offset,
+                           grant.submission_bytes, kRingEntryBytes);
+  if (!submissions.ok()) return submissions.status();
+  absl::StatusOr<RingProducer> completions =
+      RingProducer::Attach(session->base() + grant.completion_offset,
+                           grant.completion_bytes, kRingEntryBytes);
+  if (!completions.ok()) return completions.status();
+  session->submissions_.emplace(*std::move(submissions));
+  session->completions_.emplace(*std::move(completions));
+  return session;
+}
+
+JobSession::~JobSession() {
+  stopping_.store(true);
+  if (server_.joinable()) server_.join();
+  // The pipeline (inside model_) rolls back an unfinished iteration as it
+  // goes; then the arena returns to the pool.
+  absl::MutexLock lock(&mu_);
+  model_.reset();
+}
+
+absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
+    const v1::ModelSpec& spec, TensorStore* store, const AdamUpdater& updater) {
+  absl::MutexLock lock(&mu_);
+  if (model_.has_value()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id(),
+                     " has registered its model on this data plane "
+                     "already"));
+  }
+  absl::StatusOr<std::pair<DType, RingDtype>> dtypes = DTypes(spec.dtype());
+  if (!dtypes.ok()) return dtypes.status();
+  if (!(spec.max_grad_norm() >= 0.0) || std::isinf(spec.max_grad_norm())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_grad_norm must be >= 0 and finite, got ", spec.max_grad_norm()));
+  }
+  Model model;
+  model.dtype = spec.dtype();
+  model.element_bytes = DTypeSize(dtypes->first);
+  ModelLayout& layout = model.layout;
+  layout.layer_elements.assign(spec.layer_elements().begin(),
+                               spec.layer_elements().end());
+  layout.chunk_elements = spec.chunk_elements() != 0 ? spec.chunk_elements()
+                                                     : kDefaultChunkElements;
+  layout.grad_dtype = dtypes->first;
+  // fp32 models read their weights back in fp32 (FETCH_PARAMS); the
+  // 16-bit copy is only written for 16-bit models.
+  layout.weight16_dtype =
+      dtypes->first == DType::kFloat32 ? DType::kBFloat16 : dtypes->first;
+  const v1::AdamSpec& adam = spec.adam();
+  layout.adam =
+      AdamOptions{.lr = adam.lr(),
+                  .beta1 = adam.beta1(),
+                  .beta2 = adam.beta2(),
+                  .eps = adam.eps(),
+                  .weight_decay = adam.weight_decay(),
+                  .decoupled_weight_decay = adam.decoupled_weight_decay(),
+                  .amsgrad = adam.amsgrad()};
+  layout.moment_dtype =
+      adam.bf16_moments() ? DType::kBFloat16 : DType::kFloat32;
+  if (absl::Status valid = ValidateLayout(layout); !valid.ok()) return valid;
+  model.clip = ClipOptions{.max_grad_norm = spec.max_grad_norm(),
+                           .skip_nonfinite = spec.skip_nonfinite()};
+
+  // Slots: per layer a gradient and a weight buffer, one fp32 staging area,
+  // the error text and the layout table the validator reads.
+  uint64_t largest = 0;
+  for (uint64_t elements : layout.layer_elements) {
+    largest = std::max(largest, elements);
+    if (elements > (uint64_t{1} << 40)) {
+      return absl::InvalidArgumentError("a layer of more than 2^40 elements");
+    }
+  }
+  auto allocate = [&](uint64_t bytes, SlotKind kind) -> absl::StatusOr<Slot> {
+    absl::StatusOr<Slot> slot = slots_->Allocate(bytes, kind);
+    if (!slot.ok()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "job ", job_id(), "'s arena (", grant_.arena_bytes,
+          " bytes) cannot hold the model's buffers: ", slot.status().message(),
+          "; create the job with a larger host_pool_bytes"));
+    }
+    return slot;
+  };
+  for (uint64_t elements : layout.layer_elements) {
+    absl::StatusOr<Slot> grad =
+        allocate(elements * model.element_bytes, SlotKind::kGradient);
+    if (!grad.ok()) return grad.status();
+    absl::StatusOr<Slot> weight =
+        allocate(elements * model.element_bytes, SlotKind::kWeight);
+    if (!weight.ok()) return weight.status();
+    model.grad_slots.push_back(*grad);
+    model.weight_slots.push_back(*weight);
+  }
+  absl::StatusOr<Slot> staging = allocate(largest * 4, SlotKind::kControl);
+  if (!staging.ok()) return staging.status();
+  model.staging = *staging;
+  absl::StatusOr<Slot> error_text =
+      allocate(kErrorTextBytes, SlotKind::kControl);
+  if (!error_text.ok()) return error_text.status();
+  model.error_text = *error_text;
+  const size_t layers = layout.layer_elements.size();
+  absl::StatusOr<Slot> table =
+      allocate(layers * sizeof(uint64_t), SlotKind::kControl);
+  if (!table.ok()) return table.status();
+  model.layer_table = *table;
+
+  absl::StatusOr<std::unique_ptr<JobPipeline>> pipeline =
+      JobPipeline::Open(store, updater, job_id(), layout, PipelineOptions{});
+  if (!pipeline.ok()) return pipeline.status();
+  model.pipeline = *std::move(pipeline);
+
+  // The validator learns the layout the way a client would tell it, from a
+  // table in the arena; it copies the table before checking it.
+  std::vector<uint64_t> layer_bytes;
+  for (uint64_t elements : layout.layer_elements) {
+    layer_bytes.push_back(elements * model.element_bytes);
+  }
+  std::memcpy(base() + model.layer_table.offset, layer_bytes.data(),
+              layers * sizeof(uint64_t));
+  validator_.emplace(
+      slots_.get(), absl::Span<const uint8_t>(base(), grant_.arena_bytes),
+      EntryValidator::Options{.next_iteration = model.pipeline->iteration()});
+  SubmissionEntry registration{};
+  registration.op = static_cast<uint16_t>(RingOp::kRegisterLayout);
+  registration.dtype = static_cast<uint16_t>(dtypes->second);
+  registration.layer = static_cast<uint32_t>(layers);
+  registration.slot_offset = model.layer_table.offset;
+  registration.length = layers * sizeof(uint64_t);
+  if (absl::Status accepted = validator_->Accept(registration);
+      !accepted.ok()) {
+    return accepted;
+  }
+  if (validator_->layout()->layer_bytes != layer_bytes) {
+    return absl::AbortedError(
+        "the layout table changed while it was being registered");
+  }
+
+  v1::RegisterModelResponse response;
+  for (size_t layer = 0; layer < layers; ++layer) {
+    v1::LayerSlots* slots = response.add_layers();
+    slots->set_grad_offset(model.grad_slots[layer].offset);
+    slots->set_weight_offset(model.weight_slots[layer].offset);
+    slots->set_bytes(layer_bytes[layer]);
+    response.add_layer_initialized(model.pipeline->layer_initialized(layer));
+  }
+  response.set_staging_offset(model.staging.offset);
+  response.set_staging_bytes(model.staging.length);
+  response.set_iteration(model.pipeline->iteration());
+  response.set_error_text_offset(model.error_text.offset);
+  response.set_error_text_bytes(model.error_text.length);
+
+  model_.emplace(std::move(model));
+  served_ = &*model_;
+  // A reopened job's weights go straight into its weight slots.
+  for (size_t layer = 0; layer < layers; ++layer) {
+    if (served_->pipeline->layer_initialized(layer)) {
+      if (absl::Status published = PublishWeights(layer); !published.ok()) {
+        return published;
+      }
+    }
+  }
+  server_ = std::thread([this] { Serve(); });
+  spdlog::info(
+      "job {}: model of {} layers registered, resuming at "
+      "iteration {}",
+      job_id(), layers, response.iteration());
+  return response;
+}
+
+absl::Status JobSession::PublishWeights(size_t layer) {
+  Model& model = *served_;
+  const uint64_t elements = model.layout.layer_elements[layer];
+  uint8_t* slot = base() + model.weight_slots[layer].offset;
+  if (model.dtype == v1::DTYPE_FP32) {
+    return model.pipeline->ReadWeights(layer, reinterpret_cast<float*>(slot));
+  }
+  std::vector<float> weights(elements);
+  if (absl::Status read = model.pipeline->ReadWeights(layer, weights.data());
+      !read.ok()) {
+    return read;
+  }
+  uint16_t* out = reinterpret_cast<uint16_t*>(slot);
+  for (uint64_t i = 0; i < elements; ++i) {
+    out[i] = model.dtype == v1::DTYPE_BF16 ? FloatToBf16(weights[i])
+                                           : FloatToFp16(weights[i]);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobSession::CheckStaging(const SubmissionEntry& entry) const {
+  const Model& model = *served_;
+  if (entry.layer >= model.layout.layer_elements.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layer ", entry.layer, " of ", model.layout.layer_elements.size()));
+  }
+  const uint64_t bytes = model.layout.layer_elements[entry.layer] * 4;
+  if (entry.slot_offset != model.staging.offset || entry.length != bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "weights go through the staging slot at offset ", model.staging.offset,
+        " with length ", bytes, " for layer ", entry.layer, "; got offset ",
+        entry.slot_offset, " length ", entry.length));
+  }
+  if (validator_->in_iteration()) {
+    return absl::FailedPreconditionError(
+        "weights are staged only between iterations");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobSession::Handle(const SubmissionEntry& entry, uint64_t& detail,
+                                uint32_t& flags) {
+  Model& model = *served_;
+  const RingOp op = static_cast<RingOp>(entry.op);
+  if (op == RingOp::kInitWeights || op == RingOp::kReadWeights) {
+    if (absl::Status valid = CheckStaging(entry); !valid.ok()) return valid;
+    float* staging = reinterpret_cast<float*>(base() + model.staging.offset);
+    if (op == RingOp::kReadWeights) {
+      return model.pipeline->ReadWeights(entry.layer, staging);
+    }
+    // Copy first: the client may rewrite the staging slot at any time.
+    std::vector<float> weights(
+        staging, staging + model.layout.layer_elements[entry.layer]);
+    if (absl::Status stored =
+            model.pipeline->InitializeWeights(entry.layer, weights.data());
+        !stored.ok()) {
+      return stored;
+    }
+    return PublishWeights(entry.layer);
+  }
+  if (absl::Status valid = validator_->Accept(entry); !valid.ok()) {
+    return valid;
+  }
+  switch (op) {
+    case RingOp::kIterBegin:
+      return model.pipeline->BeginIteration();
+    case RingOp::kGradReady:
+      return model.pipeline->SubmitGradients(
+          entry.layer, base() + entry.slot_offset,
+          model.dtype == v1::DTYPE_FP32
+              ? nullptr
+              : base() + model.weight_slots[entry.layer].offset);
+    case RingOp::kFetchParams: {
+      uint8_t* destination = base() + entry.slot_offset;
+      if (model.dtype == v1::DTYPE_FP32) {
+        return model.pipeline->ReadWeights(
+            entry.layer, reinterpret_cast<float*>(destination));
+      }
+      const Slot& weights = model.weight_slots[entry.layer];
+      if (entry.slot_offset != weights.offset) {
+        std::memmove(destination, base() + weights.offset, entry.length);
+      }
+      return absl::OkStatus();
+    }
+    case RingOp::kIterEnd: {
+      absl::StatusOr<IterationReport> report =
+          model.pipeline->EndIteration(model.clip);
+      if (!report.ok()) {
+        // The 16-bit copies are unspecified now: put the committed ones
+        // back before the client's next forward.
+        for (size_t layer = 0; layer < model.weight_slots.size(); ++layer) {
+          if (model.pipeline->layer_initialized(layer)) {
+            (void)PublishWeights(layer);
+          }
+        }
+        return report.status();
+      }
+      std::memcpy(&detail, &report->global_norm, sizeof(detail));
+      flags = (report->clipped ? kIterEndClipped : 0) |
+              (report->skipped ? kIterEndSkipped : 0) |
+              (report->nonfinite ? kIterEndNonfinite : 0);
+      spdlog::debug("job {}: iteration {} norm {} clipped {} skipped {}",
+                    job_id(), report->iteration, report->global_norm,
+                    report->clipped, report->skipped);
+      return absl::OkStatus();
+    }
+    case RingOp::kActPut:
+    case RingOp::kActGet:
+    case RingOp::kActFree:
+      return absl::UnimplementedError(
+          "activation swapping through the daemon is not built yet; keep "
+          "activations in the process (the plugin's default)");
+    default:
+      return absl::InternalError("validator accepted an unknown op");
+  }
+}
+
+void JobSession::Complete(const SubmissionEntry& entry,
+                          const absl::Status& status, uint64_t detail,
+                          uint32_t flags) {
+  CompletionEntry completion{};
+  completion.request_id = entry.request_id;
+  completion.status_code = static_cast<uint32_t>(status.code());
+  completion.flags = flags;
+  completion.detail = detail;
+  if (!status.ok()) {
+    // The text goes to the error slot first; the completion's release
+    // ordering publishes it.
+    completion.detail = ++error_sequence_;
+    uint8_t* text = base() + served_->error_text.offset;
+    std::memcpy(text, &error_sequence_, sizeof(error_sequence_));
+    const size_t room = served_->error_text.length - sizeof(uint64_t) - 1;
+    const size_t length = std::min(room, status.message().size());
+    std::memcpy(text + sizeof(uint64_t), status.message().data(), length);
+    text[sizeof(uint64_t) + length] = 0;
+  }
+  while (!stopping_.load()) {
+    absl::StatusOr<bool> pushed = completions_->TryPush(&completion);
+    if (!pushed.ok()) {
+      spdlog::warn("job {}: completion ring broken: {}", job_id(),
+                   std::string(pushed.status().message()));
+      stopping_.store(true);
+      return;
+    }
+    if (*pushed) return;
+    (void)completions_->WaitForSpace(kIdleWake);
+  }
+}
+
+void JobSession::Serve() {
+  while (!stopping_.load()) {
+    SubmissionEntry entry;
+    absl::StatusOr<bool> popped = submissions_->TryPop(&entry);
+    if (!popped.ok()) {
+      spdlog::warn("job {}: submission ring broken, serving stops: {}",
+                   job_id(), std::string(popped.status().message()));
+      return;
+    }
+    if (!*popped) {
+      absl::Status waited = submissions_->WaitForEntries(kIdleWake);
+      if (!waited.ok() && !absl::IsDeadlineExceeded(waited)) {
+        spdlog::warn("job {}: waiting on the submission ring: {}", job_id(),
+                     std::string(waited.message()));
+        return;
+      }
+      continue;
+    }
+    uint64_t detail = 0;
+    uint32_t flags = 0;
+    absl::Status status = Handle(entry, detail, flags);
+    if (!status.ok()) {
+      spdlog::debug("job {}: request {} failed: {}", job_id(), entry.request_id,
+                    std::string(status.message()));
+    }
+    Complete(entry, status, detail, flags);
+  }
 }
 
 }  // namespace lohan

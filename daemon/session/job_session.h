@@ -1,25 +1,48 @@
 #ifndef LOHAN_DAEMON_SESSION_JOB_SESSION_H_
 #define LOHAN_DAEMON_SESSION_JOB_SESSION_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <thread>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "daemon/ipc/arena_grant.h"
+#include "daemon/ipc/entry_validator.h"
+#include "daemon/ipc/ring.h"
+#include "daemon/ipc/ring_entry.h"
+#include "daemon/optim/adam.h"
 #include "daemon/pool/host_pool.h"
 #include "daemon/pool/slot_allocator.h"
+#include "daemon/sched/job_pipeline.h"
+#include "daemon/store/tensor_store.h"
+#include "proto/lohan.pb.h"
 
 namespace lohan {
 
 // One job's data plane while its process is connected: the job's arena from
-// the host pool (shared memory, locked in RAM), its slot allocator, and the
-// submission and completion rings formatted in two control slots of it.
-// Destroying the session returns the arena's bytes to the pool.
+// the host pool (shared memory, locked in RAM), its slot allocator, the
+// submission and completion rings in two control slots of it, and, once the
+// model is registered, the job's update pipeline and the thread that serves
+// the rings: every submission is checked (EntryValidator, plus the session's
+// own checks for weight staging), acted on through the JobPipeline and
+// answered with a completion carrying the same request id. A bad entry fails
+// that request with a clear code (its text in the error slot); it never
+// crashes the daemon or touches another job.
+// Destroying the session stops the thread, abandons an iteration in flight
+// (its pending versions are rolled back; the last committed iteration stays)
+// and returns the arena's bytes to the pool.
 class JobSession {
  public:
-  // Ring capacity in entries, each way.
   static constexpr uint32_t kRingCapacity = 1024;
+  static constexpr uint64_t kErrorTextBytes = 4096;
+  // Default store chunk when the client does not choose one.
+  static constexpr uint64_t kDefaultChunkElements = uint64_t{4} << 20;
 
   // RESOURCE_EXHAUSTED when the pool cannot hold `arena_bytes` (rounded up
   // to 4 KiB) or the arena is too small for the rings; ALREADY_EXISTS while
@@ -29,21 +52,67 @@ class JobSession {
 
   JobSession(const JobSession&) = delete;
   JobSession& operator=(const JobSession&) = delete;
+  ~JobSession();
 
   const std::string& job_id() const { return arena_->job_id(); }
-  // What the client needs to map the arena and find the rings.
   const ArenaGrant& grant() const { return grant_; }
-  // The arena's memfd, to pass to the client (the session keeps owning it).
   int arena_fd() const { return arena_->arena().fd(); }
-  SlotAllocator& slots() { return *slots_; }
+
+  // Lays out the model's slots in the arena, opens (or reopens) its states
+  // in `store` and starts serving the rings. INVALID_ARGUMENT for a bad
+  // spec; RESOURCE_EXHAUSTED when the slots do not fit the arena;
+  // FAILED_PRECONDITION when a model is registered already or the job's
+  // stored states have another shape.
+  // REQUIRES: `store` and `updater`'s worker pool outlive the session.
+  absl::StatusOr<v1::RegisterModelResponse> RegisterModel(
+      const v1::ModelSpec& spec, TensorStore* store, const AdamUpdater& updater)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  struct Model {
+    ModelLayout layout;
+    ClipOptions clip;
+    v1::DType dtype = v1::DTYPE_UNSPECIFIED;
+    uint64_t element_bytes = 0;
+    std::vector<Slot> grad_slots;
+    std::vector<Slot> weight_slots;
+    Slot staging;
+    Slot error_text;
+    Slot layer_table;
+    std::unique_ptr<JobPipeline> pipeline;
+  };
+
   JobSession(std::unique_ptr<PooledArena> arena,
              std::unique_ptr<SlotAllocator> slots, ArenaGrant grant);
+  uint8_t* base() const { return arena_->arena().base(); }
+
+  void Serve();
+  // Acts on one submission; returns the completion's status, setting
+  // `detail`/`flags` for ops that report something.
+  absl::Status Handle(const SubmissionEntry& entry, uint64_t& detail,
+                      uint32_t& flags);
+  absl::Status CheckStaging(const SubmissionEntry& entry) const;
+  // Writes the layer's committed weights into its weight slot (in the
+  // model's dtype): after InitializeWeights, and after a failed iteration
+  // left the 16-bit copies unspecified.
+  absl::Status PublishWeights(size_t layer);
+  void Complete(const SubmissionEntry& entry, const absl::Status& status,
+                uint64_t detail, uint32_t flags);
 
   std::unique_ptr<PooledArena> arena_;
   std::unique_ptr<SlotAllocator> slots_;
   const ArenaGrant grant_;
+
+  absl::Mutex mu_;
+  // Set once by RegisterModel, then used only by the serving thread.
+  std::optional<Model> model_ ABSL_GUARDED_BY(mu_);
+  Model* served_ = nullptr;  // = &*model_ once serving
+  std::optional<EntryValidator> validator_;
+  std::optional<RingConsumer> submissions_;
+  std::optional<RingProducer> completions_;
+  uint64_t error_sequence_ = 0;
+  std::atomic<bool> stopping_{false};
+  std::thread server_;
 };
 
 }  // namespace lohan

@@ -17,19 +17,23 @@ namespace lohan {
 
 SessionManager::SessionManager(std::unique_ptr<UnixListener> listener,
                                JobRegistry* jobs, HostPool* pool,
+                               TensorStore* store, const AdamUpdater* updater,
                                UniqueFd stop_event)
     : listener_(std::move(listener)),
       jobs_(jobs),
       pool_(pool),
+      store_(store),
+      updater_(updater),
       stop_event_(std::move(stop_event)) {}
 
 std::unique_ptr<SessionManager> SessionManager::Start(
-    std::unique_ptr<UnixListener> listener, JobRegistry* jobs, HostPool* pool) {
+    std::unique_ptr<UnixListener> listener, JobRegistry* jobs, HostPool* pool,
+    TensorStore* store, const AdamUpdater* updater) {
   UniqueFd stop_event(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   // Without an eventfd the daemon cannot stop its threads: our bug to fix.
   LOHAN_CHECK(stop_event.valid());
   std::unique_ptr<SessionManager> manager(new SessionManager(
-      std::move(listener), jobs, pool, std::move(stop_event)));
+      std::move(listener), jobs, pool, store, updater, std::move(stop_event)));
   SessionManager* self = manager.get();
   manager->listener_->Start([self](UniqueFd connection, const Caller& caller) {
     self->Accept(std::move(connection), caller);
@@ -174,6 +178,23 @@ void SessionManager::Shutdown() {
     connections.splice(connections.end(), connections_);
   }
   for (Connection& connection : connections) connection.thread.join();
+}
+
+absl::StatusOr<v1::RegisterModelResponse> SessionManager::RegisterModel(
+    const Caller& caller, const v1::RegisterModelRequest& request) {
+  absl::StatusOr<v1::Job> job =
+      jobs_->CheckAttachedBy(caller, request.job_id());
+  if (!job.ok()) return job.status();
+  // Held throughout, so the session cannot be closed under us; a closing
+  // connection waits (RegisterModel is short but for opening the states).
+  absl::MutexLock lock(&mu_);
+  auto found = sessions_.find(request.job_id());
+  if (found == sessions_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", request.job_id(),
+        " has no data plane open; open it (lohan_data_plane_open) first"));
+  }
+  return found->second->RegisterModel(request.model(), store_, *updater_);
 }
 
 size_t SessionManager::ActiveSessions() const {

@@ -35,10 +35,11 @@ class SessionManager {
   static constexpr int kHandshakeTimeoutMs = 5000;
   static constexpr size_t kMaxConnections = 1024;
 
-  // REQUIRES: `jobs` and `pool` outlive the manager.
+  // REQUIRES: `jobs`, `pool`, `store` and `updater` (with its worker pool)
+  // outlive the manager.
   static std::unique_ptr<SessionManager> Start(
-      std::unique_ptr<UnixListener> listener, JobRegistry* jobs,
-      HostPool* pool);
+      std::unique_ptr<UnixListener> listener, JobRegistry* jobs, HostPool* pool,
+      TensorStore* store, const AdamUpdater* updater);
 
   SessionManager(const SessionManager&) = delete;
   SessionManager& operator=(const SessionManager&) = delete;
@@ -50,6 +51,12 @@ class SessionManager {
 
   size_t ActiveSessions() const;
 
+  // RegisterModel for the job's open data plane, called by the process
+  // attached to the job. FAILED_PRECONDITION when the job has no data plane
+  // open (open it first) or the caller is not the attached process.
+  absl::StatusOr<v1::RegisterModelResponse> RegisterModel(
+      const Caller& caller, const v1::RegisterModelRequest& request);
+
  private:
   struct Connection {
     std::thread thread;
@@ -57,7 +64,8 @@ class SessionManager {
   };
 
   SessionManager(std::unique_ptr<UnixListener> listener, JobRegistry* jobs,
-                 HostPool* pool, UniqueFd stop_event);
+                 HostPool* pool, TensorStore* store, const AdamUpdater* updater,
+                 UniqueFd stop_event);
   void Accept(UniqueFd connection, const Caller& caller);
   void Serve(int connection, const Caller& caller);
   // The session for `caller`'s job, or the reason there is none.
@@ -72,11 +80,15 @@ class SessionManager {
   std::unique_ptr<UnixListener> listener_;
   JobRegistry* const jobs_;
   HostPool* const pool_;
+  TensorStore* const store_;
+  const AdamUpdater* const updater_;
   const UniqueFd stop_event_;  // eventfd: readable once Shutdown starts
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::list<Connection> connections_ ABSL_GUARDED_BY(mu_);
+  // Sessions by job id. A session is removed (under mu_) before its
+  // connection thread destroys it; RegisterModel holds mu_ while it uses one.
   std::map<std::string, JobSession*> sessions_ ABSL_GUARDED_BY(mu_);
 };
 

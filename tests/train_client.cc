@@ -1,0 +1,221 @@
+// A training process in miniature: drives a synthetic N-layer model through a
+// real lohand over the control plane and the data plane, the way the PyTorch
+// plugin does, and writes the final fp32 master weights to a file.
+//
+//   train_client --socket S --job NAME --layers 1000,5000,333 --iterations 4
+//                [--dtype fp32|bf16] [--max-norm X] [--grad-scale X]
+//                [--seed N] [--chunk N] [--die-in-iteration K] --out FILE
+//
+// Per iteration: ITER_BEGIN, FETCH_PARAMS for every layer (forward), then
+// GRAD_READY from the last layer to the first (backward), then ITER_END.
+// --die-in-iteration K: in iteration K (1-based), after handing over half
+// the gradients, the process kills itself (SIGKILL): a client dying
+// mid-iteration. The job keeps its name, so a rerun attaches to it again.
+// Prints one line per iteration: "iteration T norm N flags F".
+#include <signal.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "client/control_client.h"
+#include "client/data_plane.h"
+#include "daemon/optim/half.h"
+#include "tests/synthetic_model.h"
+
+namespace lohan::testing {
+namespace {
+
+constexpr absl::Duration kTimeout = absl::Seconds(120);
+
+int Fail(const char* step, const absl::Status& status) {
+  std::printf("%s: %s\n", step, status.ToString().c_str());
+  return 1;
+}
+
+struct Args {
+  std::string socket, job, layers = "1000,5000,333", dtype = "fp32", out;
+  int iterations = 3;
+  double max_norm = 0.0;
+  double grad_scale = 0.01;
+  uint64_t seed = 7;
+  uint64_t chunk = 2048;
+  int die_in_iteration = 0;
+};
+
+int Run(const Args& args) {
+  std::vector<uint64_t> layers;
+  for (absl::string_view part : absl::StrSplit(args.layers, ',')) {
+    uint64_t n = 0;
+    if (!absl::SimpleAtoi(part, &n))
+      return Fail("args", absl::InvalidArgumentError("layers"));
+    layers.push_back(n);
+  }
+  const bool bf16 = args.dtype == "bf16";
+  const uint64_t element = bf16 ? 2 : 4;
+
+  auto client = ControlClient::Connect({.socket_path = args.socket});
+  if (!client.ok()) return Fail("connect", client.status());
+  std::string job_id;
+  auto jobs = (*client)->ListJobs();
+  if (!jobs.ok()) return Fail("list", jobs.status());
+  for (const v1::Job& job : *jobs) {
+    if (job.spec().name() == args.job) job_id = job.id();
+  }
+  if (job_id.empty()) {
+    v1::JobSpec spec;
+    spec.set_name(args.job);
+    spec.set_host_pool_bytes(16 << 20);
+    auto job = (*client)->CreateJob(spec);
+    if (!job.ok()) return Fail("create", job.status());
+    job_id = job->id();
+  }
+  if (auto attached = (*client)->AttachJob(job_id); !attached.ok()) {
+    return Fail("attach", attached.status());
+  }
+  auto plane = DataPlane::Open((*client)->hello().data_socket_path(), job_id);
+  if (!plane.ok()) return Fail("data-plane", plane.status());
+
+  v1::RegisterModelRequest request;
+  request.set_job_id(job_id);
+  v1::ModelSpec* model = request.mutable_model();
+  for (uint64_t n : layers) model->add_layer_elements(n);
+  model->set_dtype(bf16 ? v1::DTYPE_BF16 : v1::DTYPE_FP32);
+  const SyntheticAdam adam;
+  model->mutable_adam()->set_lr(adam.lr);
+  model->mutable_adam()->set_beta1(adam.beta1);
+  model->mutable_adam()->set_beta2(adam.beta2);
+  model->mutable_adam()->set_eps(adam.eps);
+  model->mutable_adam()->set_weight_decay(adam.weight_decay);
+  model->mutable_adam()->set_decoupled_weight_decay(true);
+  model->set_max_grad_norm(args.max_norm);
+  model->set_skip_nonfinite(true);
+  model->set_chunk_elements(args.chunk);
+  auto registered = (*client)->RegisterModel(request);
+  if (!registered.ok()) return Fail("register", registered.status());
+  (*plane)->SetErrorText(registered->error_text_offset(),
+                         registered->error_text_bytes());
+  uint8_t* arena = (*plane)->arena();
+  float* staging =
+      reinterpret_cast<float*>(arena + registered->staging_offset());
+
+  for (size_t l = 0; l < layers.size(); ++l) {
+    if (registered->layer_initialized(l)) continue;
+    for (uint64_t i = 0; i < layers[l]; ++i) {
+      staging[i] = InitialWeight(args.seed, l, i);
+    }
+    SubmissionEntry init{};
+    init.op = static_cast<uint16_t>(RingOp::kInitWeights);
+    init.layer = static_cast<uint32_t>(l);
+    init.slot_offset = registered->staging_offset();
+    init.length = layers[l] * 4;
+    if (auto done = (*plane)->Call(init, kTimeout); !done.ok()) {
+      return Fail("init", done.status());
+    }
+  }
+
+  uint64_t sequence = registered->iteration();
+  const uint64_t first = registered->iteration();
+  for (int t = 0; t < args.iterations; ++t) {
+    const uint64_t step = first + t;  // gradients of the step-th iteration
+    SubmissionEntry begin{};
+    begin.op = static_cast<uint16_t>(RingOp::kIterBegin);
+    begin.iteration = sequence;
+    if (auto done = (*plane)->Call(begin, kTimeout); !done.ok()) {
+      return Fail("iter-begin", done.status());
+    }
+    for (size_t l = 0; l < layers.size(); ++l) {
+      SubmissionEntry fetch{};
+      fetch.op = static_cast<uint16_t>(RingOp::kFetchParams);
+      fetch.layer = static_cast<uint32_t>(l);
+      fetch.slot_offset = registered->layers(l).weight_offset();
+      fetch.length = registered->layers(l).bytes();
+      if (auto done = (*plane)->Call(fetch, kTimeout); !done.ok()) {
+        return Fail("fetch", done.status());
+      }
+    }
+    for (size_t back = 0; back < layers.size(); ++back) {
+      const size_t l = layers.size() - 1 - back;
+      if (args.die_in_iteration == t + 1 && back == layers.size() / 2) {
+        std::fflush(stdout);
+        kill(getpid(), SIGKILL);
+      }
+      uint8_t* grad = arena + registered->layers(l).grad_offset();
+      for (uint64_t i = 0; i < layers[l]; ++i) {
+        const float g = Gradient(args.seed, step, l, i, args.grad_scale);
+        if (bf16) {
+          reinterpret_cast<uint16_t*>(grad)[i] = FloatToBf16(g);
+        } else {
+          reinterpret_cast<float*>(grad)[i] = g;
+        }
+      }
+      SubmissionEntry ready{};
+      ready.op = static_cast<uint16_t>(RingOp::kGradReady);
+      ready.dtype =
+          static_cast<uint16_t>(bf16 ? RingDtype::kBf16 : RingDtype::kFp32);
+      ready.layer = static_cast<uint32_t>(l);
+      ready.slot_offset = registered->layers(l).grad_offset();
+      ready.length = layers[l] * element;
+      if (auto done = (*plane)->Call(ready, kTimeout); !done.ok()) {
+        return Fail("grad-ready", done.status());
+      }
+    }
+    SubmissionEntry end{};
+    end.op = static_cast<uint16_t>(RingOp::kIterEnd);
+    end.iteration = sequence;
+    auto done = (*plane)->Call(end, kTimeout);
+    if (!done.ok()) return Fail("iter-end", done.status());
+    double norm = 0;
+    std::memcpy(&norm, &done->detail, sizeof(norm));
+    std::printf("iteration %llu norm %.9g flags %u\n",
+                static_cast<unsigned long long>(step + 1), norm, done->flags);
+    ++sequence;
+  }
+
+  // The final master weights, and the 16-bit copies for the next forward.
+  std::ofstream out(args.out, std::ios::binary);
+  for (size_t l = 0; l < layers.size(); ++l) {
+    SubmissionEntry read{};
+    read.op = static_cast<uint16_t>(RingOp::kReadWeights);
+    read.layer = static_cast<uint32_t>(l);
+    read.slot_offset = registered->staging_offset();
+    read.length = layers[l] * 4;
+    if (auto got = (*plane)->Call(read, kTimeout); !got.ok()) {
+      return Fail("read", got.status());
+    }
+    out.write(reinterpret_cast<const char*>(staging), layers[l] * 4);
+    out.write(reinterpret_cast<const char*>(
+                  arena + registered->layers(l).weight_offset()),
+              layers[l] * element);
+  }
+  if (!out) return Fail("write", absl::InternalError(args.out));
+  std::printf("done\n");
+  return 0;
+}
+
+}  // namespace
+}  // namespace lohan::testing
+
+int main(int argc, char** argv) {
+  lohan::testing::Args args;
+  CLI::App app{"synthetic training client"};
+  app.add_option("--socket", args.socket)->required();
+  app.add_option("--job", args.job)->required();
+  app.add_option("--layers", args.layers);
+  app.add_option("--iterations", args.iterations);
+  app.add_option("--dtype", args.dtype);
+  app.add_option("--max-norm", args.max_norm);
+  app.add_option("--grad-scale", args.grad_scale);
+  app.add_option("--seed", args.seed);
+  app.add_option("--chunk", args.chunk);
+  app.add_option("--die-in-iteration", args.die_in_iteration);
+  app.add_option("--out", args.out)->required();
+  CLI11_PARSE(app, argc, argv);
+  return lohan::testing::Run(args);
+}

@@ -1,0 +1,162 @@
+// Training through a real lohand: the synthetic client (train_client) runs
+// iterations over the control and data planes; every fp32 master weight it
+// reads back, and every 16-bit weight the daemon published, is checked
+// against a float64 AdamW reference computed here.
+//
+// Tolerance: |w - reference| <= 2e-5 * (1 + |reference|) per weight. The
+// daemon's Adam runs in fp32 (exactly torch's arithmetic, see daemon/optim);
+// against float64 over a few steps the difference is a few fp32 ulps of the
+// update, far inside this bound, while any wrong step count, bias
+// correction, clip scale or lost update is larger by orders of magnitude.
+#include <signal.h>
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "client/control_client.h"
+#include "daemon/optim/half.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/harness/daemon_process.h"
+#include "tests/harness/subprocess.h"
+#include "tests/synthetic_model.h"
+
+namespace lohan::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+const std::vector<uint64_t> kLayers = {1000, 5000, 333};
+constexpr uint64_t kSeed = 7;
+
+class TrainingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto daemon = DaemonProcess::Start(dir_.path());
+    ASSERT_TRUE(daemon.ok()) << daemon.status();
+    daemon_ = *std::move(daemon);
+  }
+
+  RunResult Train(const std::vector<std::string>& extra) {
+    std::vector<std::string> argv = {Runfile("tests/train_client"),
+                                     "--socket",
+                                     daemon_->socket(),
+                                     "--job",
+                                     "synthetic",
+                                     "--layers",
+                                     "1000,5000,333",
+                                     "--seed",
+                                     "7",
+                                     "--out",
+                                     dir_.path() + "/weights"};
+    for (const std::string& arg : extra) argv.push_back(arg);
+    return RunCommand(argv);
+  }
+
+  // Compares the dumped weights with the reference after `iterations`.
+  void ExpectWeights(int iterations, bool bf16, double max_norm,
+                     double grad_scale) {
+    auto grad = [&](int t, size_t l, uint64_t i) -> double {
+      const float g = Gradient(kSeed, t, l, i, grad_scale);
+      return bf16 ? Bf16ToFloat(FloatToBf16(g)) : g;
+    };
+    const auto reference = ReferenceAdamW(kLayers, kSeed, iterations,
+                                          SyntheticAdam(), max_norm, grad);
+    std::ifstream in(dir_.path() + "/weights", std::ios::binary);
+    ASSERT_TRUE(in) << "no weights written";
+    double worst = 0;
+    for (size_t l = 0; l < kLayers.size(); ++l) {
+      std::vector<float> master(kLayers[l]);
+      in.read(reinterpret_cast<char*>(master.data()), kLayers[l] * 4);
+      std::vector<uint8_t> copy(kLayers[l] * (bf16 ? 2 : 4));
+      in.read(reinterpret_cast<char*>(copy.data()), copy.size());
+      ASSERT_TRUE(in) << "short weights file";
+      for (uint64_t i = 0; i < kLayers[l]; ++i) {
+        const double expected = reference[l][i];
+        const double error = std::abs(master[i] - expected);
+        worst = std::max(worst, error / (1 + std::abs(expected)));
+        ASSERT_LE(error, 2e-5 * (1 + std::abs(expected)))
+            << "layer " << l << " element " << i << " after " << iterations
+            << " iterations";
+        // What the next forward gets is exactly the master weight, rounded.
+        // (An fp32 model's weights are copied at FETCH_PARAMS instead, at
+        // the next iteration's forward.)
+        if (bf16) {
+          uint16_t published;
+          std::memcpy(&published, copy.data() + 2 * i, 2);
+          ASSERT_EQ(published, FloatToBf16(master[i])) << l << "/" << i;
+        }
+      }
+    }
+    RecordProperty("worst_relative_error", absl::StrCat(worst));
+  }
+
+  PublicTempDir dir_;
+  std::unique_ptr<DaemonProcess> daemon_;
+};
+
+TEST_F(TrainingTest, Fp32MatchesReferenceAdamW) {
+  RunResult result = Train({"--iterations", "4", "--dtype", "fp32"});
+  ASSERT_EQ(result.exit_code, 0) << result.out << result.err << daemon_->Log();
+  EXPECT_THAT(result.out, HasSubstr("iteration 4 norm"));
+  ExpectWeights(4, /*bf16=*/false, 0.0, 0.01);
+}
+
+TEST_F(TrainingTest, Bf16MatchesReferenceAdamW) {
+  RunResult result = Train({"--iterations", "3", "--dtype", "bf16"});
+  ASSERT_EQ(result.exit_code, 0) << result.out << result.err << daemon_->Log();
+  ExpectWeights(3, /*bf16=*/true, 0.0, 0.01);
+}
+
+TEST_F(TrainingTest, ClippingIsExactAlthoughUpdatesRunEagerly) {
+  // Gradient norms of ~46 and ~920 clipped to 1: every iteration is redone.
+  RunResult result =
+      Train({"--iterations", "3", "--max-norm", "1.0", "--grad-scale", "1.0"});
+  ASSERT_EQ(result.exit_code, 0) << result.out << result.err << daemon_->Log();
+  EXPECT_THAT(result.out, HasSubstr("flags 1"));  // kIterEndClipped
+  ExpectWeights(3, /*bf16=*/false, 1.0, 1.0);
+}
+
+TEST_F(TrainingTest, ClientKilledMidIterationLosesOnlyThatIteration) {
+  // Two iterations commit, the third dies half-way through backward.
+  RunResult died = Train({"--iterations", "3", "--die-in-iteration", "3"});
+  EXPECT_EQ(died.exit_code, 128 + SIGKILL) << died.out << daemon_->Log();
+  EXPECT_THAT(died.out, HasSubstr("iteration 2 norm"));
+  // The daemon frees the arena...
+  auto client = ControlClient::Connect({.socket_path = daemon_->socket()});
+  ASSERT_TRUE(client.ok());
+  bool freed = false;
+  for (int i = 0; i < 3000 && !freed; ++i) {
+    auto status = (*client)->GetStatus();
+    freed = status.ok() && status->pool().used_bytes() == 0;
+    if (!freed) usleep(10 * 1000);
+  }
+  EXPECT_TRUE(freed) << daemon_->Log();
+  // ...and a new process re-attaches at iteration 2 and trains on: its
+  // first iteration is the third, so the result is that of 4 iterations.
+  RunResult resumed = Train({"--iterations", "2"});
+  ASSERT_EQ(resumed.exit_code, 0)
+      << resumed.out << resumed.err << daemon_->Log();
+  EXPECT_THAT(resumed.out, HasSubstr("iteration 3 norm"));
+  EXPECT_THAT(resumed.out, HasSubstr("iteration 4 norm"));
+  ExpectWeights(4, /*bf16=*/false, 0.0, 0.01);
+}
+
+TEST_F(TrainingTest, StatesSurviveADaemonRestart) {
+  ASSERT_EQ(Train({"--iterations", "2"}).exit_code, 0) << daemon_->Log();
+  ASSERT_EQ(daemon_->Stop(SIGKILL), 128 + SIGKILL);
+  auto restarted = DaemonProcess::Start(dir_.path());
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  daemon_ = *std::move(restarted);
+  RunResult resumed = Train({"--iterations", "1"});
+  ASSERT_EQ(resumed.exit_code, 0)
+      << resumed.out << resumed.err << daemon_->Log();
+  EXPECT_THAT(resumed.out, HasSubstr("iteration 3 norm"));
+  ExpectWeights(3, /*bf16=*/false, 0.0, 0.01);
+}
+
+}  // namespace
+}  // namespace lohan::testing

@@ -15,6 +15,7 @@
 #include "client/control_client.h"
 #include "client/data_plane.h"
 #include "daemon/common/version.h"
+#include "daemon/ipc/ring_entry.h"
 
 struct lohan_client {
   std::unique_ptr<lohan::ControlClient> impl;
@@ -26,6 +27,15 @@ struct lohan_job_info {
 
 struct lohan_data_plane {
   std::unique_ptr<lohan::DataPlane> impl;
+};
+
+struct lohan_model {
+  lohan::DataPlane* plane;
+  lohan::v1::RegisterModelResponse registration;
+  std::vector<uint64_t> elements;
+  uint64_t element_bytes = 0;
+  lohan::RingDtype ring_dtype = lohan::RingDtype::kNone;
+  uint64_t sequence = 0;  // the next ITER_BEGIN's number
 };
 
 struct lohan_job_list {
@@ -248,6 +258,199 @@ uint64_t lohan_data_plane_arena_size(const lohan_data_plane* plane) {
 }
 
 void lohan_data_plane_destroy(lohan_data_plane* plane) { delete plane; }
+
+namespace {
+
+// An ITER_END waits for every layer's update; generous, not infinite.
+constexpr absl::Duration kRingCallTimeout = absl::Hours(24);
+
+int RingCall(lohan_model* model, lohan::RingOp op, uint32_t layer,
+             lohan::CompletionEntry* completion_out = nullptr) {
+  if (model == nullptr) return InvalidArgument("model is NULL");
+  lohan::SubmissionEntry entry{};
+  entry.op = static_cast<uint16_t>(op);
+  switch (op) {
+    case lohan::RingOp::kInitWeights:
+    case lohan::RingOp::kReadWeights:
+      if (layer >= model->elements.size()) {
+        return InvalidArgument("layer out of range");
+      }
+      entry.layer = layer;
+      entry.slot_offset = model->registration.staging_offset();
+      entry.length = model->elements[layer] * 4;
+      break;
+    case lohan::RingOp::kFetchParams:
+    case lohan::RingOp::kGradReady: {
+      if (layer >= model->elements.size()) {
+        return InvalidArgument("layer out of range");
+      }
+      const auto& slots = model->registration.layers(layer);
+      entry.layer = layer;
+      entry.length = slots.bytes();
+      if (op == lohan::RingOp::kGradReady) {
+        entry.slot_offset = slots.grad_offset();
+        entry.dtype = static_cast<uint16_t>(model->ring_dtype);
+      } else {
+        entry.slot_offset = slots.weight_offset();
+      }
+      break;
+    }
+    case lohan::RingOp::kIterBegin:
+    case lohan::RingOp::kIterEnd:
+      entry.iteration = model->sequence;
+      break;
+    default:
+      return InvalidArgument("unsupported ring op");
+  }
+  absl::StatusOr<lohan::CompletionEntry> completion =
+      model->plane->Call(entry, kRingCallTimeout);
+  if (!completion.ok()) return Report(completion.status());
+  if (completion_out != nullptr) *completion_out = *completion;
+  return Report(absl::OkStatus());
+}
+
+}  // namespace
+
+int lohan_model_register(lohan_client* client, lohan_data_plane* plane,
+                         const char* job_id, const lohan_model_spec* spec,
+                         lohan_model** out) {
+  if (client == nullptr || plane == nullptr || job_id == nullptr ||
+      spec == nullptr || out == nullptr) {
+    return InvalidArgument(
+        "lohan_model_register: client, plane, job_id, spec and out are "
+        "required");
+  }
+  if (spec->struct_size < sizeof(lohan_model_spec)) {
+    return InvalidArgument(
+        "lohan_model_register: spec->struct_size is smaller than this "
+        "library's lohan_model_spec; set it to sizeof(lohan_model_spec)");
+  }
+  if (spec->num_layers == 0 || spec->layer_elements == nullptr) {
+    return InvalidArgument("lohan_model_register: a model needs layers");
+  }
+  lohan::v1::RegisterModelRequest request;
+  request.set_job_id(job_id);
+  lohan::v1::ModelSpec* model_spec = request.mutable_model();
+  for (uint32_t i = 0; i < spec->num_layers; ++i) {
+    model_spec->add_layer_elements(spec->layer_elements[i]);
+  }
+  model_spec->set_dtype(static_cast<lohan::v1::DType>(spec->dtype));
+  lohan::v1::AdamSpec* adam = model_spec->mutable_adam();
+  adam->set_lr(spec->lr);
+  adam->set_beta1(spec->beta1);
+  adam->set_beta2(spec->beta2);
+  adam->set_eps(spec->eps);
+  adam->set_weight_decay(spec->weight_decay);
+  adam->set_decoupled_weight_decay(spec->adamw != 0);
+  adam->set_amsgrad(spec->amsgrad != 0);
+  adam->set_bf16_moments(spec->bf16_moments != 0);
+  model_spec->set_max_grad_norm(spec->max_grad_norm);
+  model_spec->set_skip_nonfinite(spec->skip_nonfinite != 0);
+  model_spec->set_chunk_elements(spec->chunk_elements);
+  auto registration = client->impl->RegisterModel(request);
+  if (!registration.ok()) return Report(registration.status());
+  auto model = std::make_unique<lohan_model>();
+  model->plane = plane->impl.get();
+  model->registration = *std::move(registration);
+  model->elements.assign(spec->layer_elements,
+                         spec->layer_elements + spec->num_layers);
+  model->element_bytes = spec->dtype == LOHAN_DTYPE_FP32 ? 4 : 2;
+  model->ring_dtype = spec->dtype == LOHAN_DTYPE_FP32 ? lohan::RingDtype::kFp32
+                      : spec->dtype == LOHAN_DTYPE_BF16
+                          ? lohan::RingDtype::kBf16
+                          : lohan::RingDtype::kFp16;
+  model->sequence = model->registration.iteration();
+  model->plane->SetErrorText(model->registration.error_text_offset(),
+                             model->registration.error_text_bytes());
+  *out = model.release();
+  return Report(absl::OkStatus());
+}
+
+void lohan_model_destroy(lohan_model* model) {
+  std::unique_ptr<lohan_model> owned(model);
+}
+
+uint64_t lohan_model_iteration(const lohan_model* model) {
+  return model == nullptr ? 0 : model->registration.iteration();
+}
+
+int lohan_model_layer_initialized(const lohan_model* model, uint32_t layer) {
+  if (model == nullptr ||
+      layer >=
+          static_cast<uint32_t>(model->registration.layer_initialized_size())) {
+    return 0;
+  }
+  return model->registration.layer_initialized(layer) ? 1 : 0;
+}
+
+void* lohan_model_grad_buffer(const lohan_model* model, uint32_t layer) {
+  if (model == nullptr || layer >= model->elements.size()) return nullptr;
+  return model->plane->arena() +
+         model->registration.layers(layer).grad_offset();
+}
+
+void* lohan_model_weight_buffer(const lohan_model* model, uint32_t layer) {
+  if (model == nullptr || layer >= model->elements.size()) return nullptr;
+  return model->plane->arena() +
+         model->registration.layers(layer).weight_offset();
+}
+
+uint64_t lohan_model_layer_bytes(const lohan_model* model, uint32_t layer) {
+  if (model == nullptr || layer >= model->elements.size()) return 0;
+  return model->registration.layers(layer).bytes();
+}
+
+float* lohan_model_staging(const lohan_model* model) {
+  if (model == nullptr) return nullptr;
+  return reinterpret_cast<float*>(model->plane->arena() +
+                                  model->registration.staging_offset());
+}
+
+uint64_t lohan_model_staging_bytes(const lohan_model* model) {
+  return model == nullptr ? 0 : model->registration.staging_bytes();
+}
+
+int lohan_model_init_weights(lohan_model* model, uint32_t layer) {
+  return RingCall(model, lohan::RingOp::kInitWeights, layer);
+}
+
+int lohan_model_read_weights(lohan_model* model, uint32_t layer) {
+  return RingCall(model, lohan::RingOp::kReadWeights, layer);
+}
+
+int lohan_model_iter_begin(lohan_model* model) {
+  return RingCall(model, lohan::RingOp::kIterBegin, 0);
+}
+
+int lohan_model_fetch_params(lohan_model* model, uint32_t layer) {
+  return RingCall(model, lohan::RingOp::kFetchParams, layer);
+}
+
+int lohan_model_grad_ready(lohan_model* model, uint32_t layer) {
+  return RingCall(model, lohan::RingOp::kGradReady, layer);
+}
+
+int lohan_model_iter_end(lohan_model* model, double* global_norm, int* clipped,
+                         int* skipped) {
+  lohan::CompletionEntry completion{};
+  const int status = RingCall(model, lohan::RingOp::kIterEnd, 0, &completion);
+  if (status != LOHAN_OK) {
+    // The iteration is over either way (the daemon rolled it back).
+    if (model != nullptr) ++model->sequence;
+    return status;
+  }
+  ++model->sequence;
+  double norm = 0;
+  std::memcpy(&norm, &completion.detail, sizeof(norm));
+  if (global_norm != nullptr) *global_norm = norm;
+  if (clipped != nullptr) {
+    *clipped = (completion.flags & lohan::kIterEndClipped) != 0;
+  }
+  if (skipped != nullptr) {
+    *skipped = (completion.flags & lohan::kIterEndSkipped) != 0;
+  }
+  return LOHAN_OK;
+}
 
 int lohan_client_status_json(lohan_client* client, char** json_out) {
   if (client == nullptr || json_out == nullptr) {

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "client/control_client.h"
+#include "client/data_plane.h"
 #include "daemon/optim/half.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -156,6 +157,58 @@ TEST_F(TrainingTest, StatesSurviveADaemonRestart) {
       << resumed.out << resumed.err << daemon_->Log();
   EXPECT_THAT(resumed.out, HasSubstr("iteration 3 norm"));
   ExpectWeights(3, /*bf16=*/false, 0.0, 0.01);
+}
+
+TEST_F(TrainingTest, MalformedRingEntriesFailOneByOneAndHurtNothing) {
+  auto client = ControlClient::Connect({.socket_path = daemon_->socket()});
+  ASSERT_TRUE(client.ok());
+  v1::JobSpec spec;
+  spec.set_name("fuzzed");
+  spec.set_host_pool_bytes(4 << 20);
+  auto job = (*client)->CreateJob(spec);
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE((*client)->AttachJob(job->id()).ok());
+  auto plane =
+      DataPlane::Open((*client)->hello().data_socket_path(), job->id());
+  ASSERT_TRUE(plane.ok()) << plane.status();
+  v1::RegisterModelRequest request;
+  request.set_job_id(job->id());
+  request.mutable_model()->add_layer_elements(64);
+  request.mutable_model()->set_dtype(v1::DTYPE_FP32);
+  request.mutable_model()->mutable_adam()->set_lr(1e-3);
+  request.mutable_model()->mutable_adam()->set_beta1(0.9);
+  request.mutable_model()->mutable_adam()->set_beta2(0.999);
+  auto registered = (*client)->RegisterModel(request);
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  (*plane)->SetErrorText(registered->error_text_offset(),
+                         registered->error_text_bytes());
+  // Random entries, and random entries with a valid op: each fails on its
+  // own with a status and a text; none is acted on.
+  uint64_t state = 12345;
+  auto next = [&]() {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return state;
+  };
+  for (int i = 0; i < 2000; ++i) {
+    SubmissionEntry entry;
+    uint64_t words[8];
+    for (uint64_t& word : words) word = next();
+    std::memcpy(&entry, words, sizeof(entry));
+    if (i % 2 == 1) entry.op = static_cast<uint16_t>(1 + next() % 10);
+    auto completion = (*plane)->Call(entry, absl::Seconds(60));
+    ASSERT_FALSE(completion.ok()) << "entry " << i << " was accepted";
+    EXPECT_NE(completion.status().message(), "(no text)");
+  }
+  // The daemon still serves this job correctly, and everyone else.
+  float* staging = reinterpret_cast<float*>((*plane)->arena() +
+                                            registered->staging_offset());
+  for (int i = 0; i < 64; ++i) staging[i] = 1.0f;
+  SubmissionEntry init{};
+  init.op = static_cast<uint16_t>(RingOp::kInitWeights);
+  init.slot_offset = registered->staging_offset();
+  init.length = 64 * 4;
+  EXPECT_TRUE((*plane)->Call(init, absl::Seconds(60)).ok());
+  EXPECT_TRUE((*client)->GetStatus().ok());
 }
 
 }  // namespace

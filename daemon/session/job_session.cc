@@ -305,6 +305,19 @@ absl::Status JobSession::Handle(const SubmissionEntry& entry, uint64_t& detail,
     }
     return PublishWeights(entry.layer);
   }
+  if (op == RingOp::kIterBegin) {
+    // The validator's state must not advance for an iteration the pipeline
+    // then refuses, so check the pipeline's precondition first.
+    for (size_t layer = 0; layer < model.layout.layer_elements.size();
+         ++layer) {
+      if (!model.pipeline->layer_initialized(layer)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "ITER_BEGIN: layer ", layer,
+            " has no weights yet; send its initial weights (INIT_WEIGHTS) "
+            "first"));
+      }
+    }
+  }
   if (absl::Status valid = validator_->Accept(entry); !valid.ok()) {
     return valid;
   }

@@ -99,3 +99,109 @@ def test_data_plane_arena_is_shared_memory_returned_on_close(lohand):
                 break
             time.sleep(0.01)
         assert int(client.status()["pool"]["used_bytes"]) == 0
+
+
+def _train_two_layers(client, dtype, steps, max_grad_norm=0.0):
+    import torch
+
+    torch.manual_seed(0)
+    sizes = [10, 7]
+    params = [torch.randn(n) for n in sizes]
+    reference = [torch.nn.Parameter(p.clone()) for p in params]
+    optimizer = torch.optim.AdamW(reference, lr=1e-2, weight_decay=0.01)
+    job = client.create_job(f"raw-{dtype}-{max_grad_norm}",
+                            host_pool_bytes=1 << 20)
+    client.attach_job(job.id)
+    plane = client.open_data_plane(job.id)
+    model = plane.register_model(job.id, sizes, dtype=dtype, lr=1e-2,
+                                 weight_decay=0.01,
+                                 max_grad_norm=max_grad_norm)
+    assert model.iteration == 0
+    staging = torch.frombuffer(model.staging, dtype=torch.float32)
+    for layer, p in enumerate(params):
+        staging[: p.numel()] = p
+        model.init_weights(layer)
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    for step in range(steps):
+        grads = [torch.randn(n).to(torch_dtype) * (10 if step % 2 else 1)
+                 for n in sizes]
+        model.iter_begin()
+        for layer in range(len(sizes)):
+            model.fetch_params(layer)
+        for layer in reversed(range(len(sizes))):
+            buffer = torch.frombuffer(model.grad_buffer(layer), dtype=torch_dtype)
+            buffer.copy_(grads[layer])
+            model.grad_ready(layer)
+        norm, clipped, skipped = model.iter_end()
+        for p, g in zip(reference, grads):
+            p.grad = g.float()
+        torch_norm = torch.nn.utils.clip_grad_norm_(
+            reference, max_grad_norm if max_grad_norm > 0 else float("inf"))
+        optimizer.step()
+        assert norm == pytest.approx(float(torch_norm), rel=1e-6)
+        assert clipped == (max_grad_norm > 0 and float(torch_norm) > max_grad_norm)
+        assert not skipped
+    masters = []
+    for layer, p in enumerate(reference):
+        model.read_weights(layer)
+        masters.append(staging[: p.numel()].clone())
+        if dtype == "bf16":
+            published = torch.frombuffer(model.weight_buffer(layer),
+                                         dtype=torch.bfloat16)
+            assert torch.equal(published, masters[-1].to(torch.bfloat16))
+    plane.close()
+    return masters, [p.detach() for p in reference]
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_raw_model_ops_match_torch_adamw(lohand, dtype):
+    import torch
+
+    with Client(lohand.socket) as client:
+        ours, theirs = _train_two_layers(client, dtype, steps=4)
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_raw_model_ops_clip_like_torch(lohand):
+    import torch
+
+    with Client(lohand.socket) as client:
+        ours, theirs = _train_two_layers(client, "fp32", steps=3,
+                                         max_grad_norm=1.0)
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_raw_model_ops_refuse_misuse(lohand):
+    with Client(lohand.socket) as client:
+        job = client.create_job("misuse", host_pool_bytes=1 << 20)
+        client.attach_job(job.id)
+        with client.open_data_plane(job.id) as plane:
+            with pytest.raises(ValueError):
+                plane.register_model(job.id, [4], dtype="fp64")
+            model = plane.register_model(job.id, [4, 4])
+            with pytest.raises(LohanError) as error:
+                plane.register_model(job.id, [4, 4])
+            assert error.value.code == StatusCode.FAILED_PRECONDITION
+            with pytest.raises(LohanError) as error:
+                model.grad_ready(0)  # no iteration
+            assert error.value.code == StatusCode.FAILED_PRECONDITION
+            assert "GRAD_READY: outside ITER_BEGIN..ITER_END" in error.value.message
+            with pytest.raises(LohanError) as error:
+                model.iter_begin()  # layers have no weights yet
+            assert "has no weights yet" in error.value.message
+            with pytest.raises(IndexError):
+                model.grad_buffer(2)
+            for layer in range(2):
+                model.init_weights(layer)
+            model.iter_begin()
+            model.grad_ready(1)
+            with pytest.raises(LohanError) as error:
+                model.grad_ready(1)  # twice in one iteration
+            assert error.value.code in (StatusCode.FAILED_PRECONDITION,
+                                        StatusCode.ALREADY_EXISTS)
+            model.grad_ready(0)
+            model.iter_end()
+            # Still serving after the refusals.
+            assert client.status()["pool"]["arenas"][0]["job_id"] == job.id

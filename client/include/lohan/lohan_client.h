@@ -134,6 +134,76 @@ LOHAN_CLIENT_API uint64_t lohan_data_plane_arena_size(
     const lohan_data_plane* plane);
 LOHAN_CLIENT_API void lohan_data_plane_destroy(lohan_data_plane* plane);
 
+/* ---- Training through the data plane ----
+ * After lohan_data_plane_open, a process registers its model: the daemon
+ * creates (or, for a re-attached job, reopens) the model's optimizer states
+ * on its SSDs and lays out per-layer gradient and weight buffers in the
+ * arena. Each training step is then:
+ *   lohan_model_iter_begin
+ *   lohan_model_fetch_params(layer)   for each layer, before it runs forward
+ *   lohan_model_grad_ready(layer)     for each layer, as backward produces
+ *                                     its gradient in lohan_model_grad_buffer
+ *   lohan_model_iter_end              waits for every layer's update;
+ *                                     exact global-norm clipping and
+ *                                     inf/nan skipping happen here
+ * Calls on one lohan_model must come from one thread at a time. */
+typedef struct lohan_model lohan_model;
+
+enum { LOHAN_DTYPE_FP32 = 1, LOHAN_DTYPE_BF16 = 2, LOHAN_DTYPE_FP16 = 3 };
+
+typedef struct lohan_model_spec {
+  uint32_t struct_size; /* sizeof(lohan_model_spec): lets the ABI grow */
+  uint32_t dtype;       /* LOHAN_DTYPE_*: weights and gradients */
+  const uint64_t* layer_elements; /* parameters per layer */
+  uint32_t num_layers;
+  double lr, beta1, beta2, eps, weight_decay;
+  int32_t adamw;        /* 1: AdamW (decoupled decay); 0: Adam (L2) */
+  int32_t amsgrad;
+  int32_t bf16_moments; /* moments stored in bf16 (less SSD traffic) */
+  double max_grad_norm; /* > 0: clip the global norm; 0: off */
+  int32_t skip_nonfinite;  /* skip an iteration with inf/nan gradients */
+  uint64_t chunk_elements; /* 0: the daemon's default */
+} lohan_model_spec;
+
+/* `plane` must stay open while the model is used. */
+LOHAN_CLIENT_API int lohan_model_register(lohan_client* client,
+                                          lohan_data_plane* plane,
+                                          const char* job_id,
+                                          const lohan_model_spec* spec,
+                                          lohan_model** out);
+LOHAN_CLIENT_API void lohan_model_destroy(lohan_model* model);
+/* Committed iterations (Adam steps) when the model was registered. */
+LOHAN_CLIENT_API uint64_t lohan_model_iteration(const lohan_model* model);
+/* 1 if the layer has stored states already (a re-attached job). */
+LOHAN_CLIENT_API int lohan_model_layer_initialized(const lohan_model* model,
+                                                   uint32_t layer);
+/* Buffers in the arena; NULL for a layer out of range. Sizes in bytes. */
+LOHAN_CLIENT_API void* lohan_model_grad_buffer(const lohan_model* model,
+                                               uint32_t layer);
+LOHAN_CLIENT_API void* lohan_model_weight_buffer(const lohan_model* model,
+                                                 uint32_t layer);
+LOHAN_CLIENT_API uint64_t lohan_model_layer_bytes(const lohan_model* model,
+                                                  uint32_t layer);
+/* fp32 staging, as large as the largest layer. */
+LOHAN_CLIENT_API float* lohan_model_staging(const lohan_model* model);
+LOHAN_CLIENT_API uint64_t lohan_model_staging_bytes(const lohan_model* model);
+/* Stores the layer's initial fp32 weights from the staging buffer (a new
+ * job, outside iterations); fills its weight buffer too. */
+LOHAN_CLIENT_API int lohan_model_init_weights(lohan_model* model,
+                                              uint32_t layer);
+/* Copies the layer's committed fp32 master weights into staging. */
+LOHAN_CLIENT_API int lohan_model_read_weights(lohan_model* model,
+                                              uint32_t layer);
+LOHAN_CLIENT_API int lohan_model_iter_begin(lohan_model* model);
+LOHAN_CLIENT_API int lohan_model_fetch_params(lohan_model* model,
+                                              uint32_t layer);
+LOHAN_CLIENT_API int lohan_model_grad_ready(lohan_model* model,
+                                            uint32_t layer);
+/* `global_norm`, `clipped`, `skipped` may be NULL. */
+LOHAN_CLIENT_API int lohan_model_iter_end(lohan_model* model,
+                                          double* global_norm, int* clipped,
+                                          int* skipped);
+
 /* The daemon's status (GetStatus) as JSON; free it with lohan_string_free. */
 LOHAN_CLIENT_API int lohan_client_status_json(lohan_client* client,
                                               char** json_out);

@@ -27,6 +27,28 @@ def _candidates() -> List[str]:
     return found
 
 
+class ModelSpec(ctypes.Structure):
+    """lohan_model_spec from lohan_client.h (field order matters)."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("dtype", ctypes.c_uint32),
+        ("layer_elements", ctypes.POINTER(ctypes.c_uint64)),
+        ("num_layers", ctypes.c_uint32),
+        ("lr", ctypes.c_double),
+        ("beta1", ctypes.c_double),
+        ("beta2", ctypes.c_double),
+        ("eps", ctypes.c_double),
+        ("weight_decay", ctypes.c_double),
+        ("adamw", ctypes.c_int32),
+        ("amsgrad", ctypes.c_int32),
+        ("bf16_moments", ctypes.c_int32),
+        ("max_grad_norm", ctypes.c_double),
+        ("skip_nonfinite", ctypes.c_int32),
+        ("chunk_elements", ctypes.c_uint64),
+    ]
+
+
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     c_int, c_char_p, c_void_p = ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p
     u32, u64, i32, size_t = (ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int32,
@@ -61,6 +83,25 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "lohan_data_plane_arena": (c_void_p, [c_void_p]),
         "lohan_data_plane_arena_size": (u64, [c_void_p]),
         "lohan_data_plane_destroy": (None, [c_void_p]),
+        "lohan_model_register": (c_int, [c_void_p, c_void_p, c_char_p,
+                                         ctypes.POINTER(ModelSpec), pp]),
+        "lohan_model_destroy": (None, [c_void_p]),
+        "lohan_model_iteration": (u64, [c_void_p]),
+        "lohan_model_layer_initialized": (c_int, [c_void_p, u32]),
+        "lohan_model_grad_buffer": (c_void_p, [c_void_p, u32]),
+        "lohan_model_weight_buffer": (c_void_p, [c_void_p, u32]),
+        "lohan_model_layer_bytes": (u64, [c_void_p, u32]),
+        "lohan_model_staging": (c_void_p, [c_void_p]),
+        "lohan_model_staging_bytes": (u64, [c_void_p]),
+        "lohan_model_init_weights": (c_int, [c_void_p, u32]),
+        "lohan_model_read_weights": (c_int, [c_void_p, u32]),
+        "lohan_model_iter_begin": (c_int, [c_void_p]),
+        "lohan_model_fetch_params": (c_int, [c_void_p, u32]),
+        "lohan_model_grad_ready": (c_int, [c_void_p, u32]),
+        "lohan_model_iter_end": (c_int, [c_void_p,
+                                         ctypes.POINTER(ctypes.c_double),
+                                         ctypes.POINTER(c_int),
+                                         ctypes.POINTER(c_int)]),
         "lohan_client_status_json": (c_int, [c_void_p,
                                              ctypes.POINTER(c_void_p)]),
         "lohan_string_free": (None, [c_void_p]),

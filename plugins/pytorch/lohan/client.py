@@ -71,19 +71,132 @@ class Job:
         )
 
 
+_DTYPES = {"fp32": (1, 4), "bf16": (2, 2), "fp16": (3, 2)}
+
+
+def _view(address: int, size: int) -> memoryview:
+    return memoryview((ctypes.c_uint8 * size).from_address(address)).cast("B")
+
+
+class Model:
+    """A model registered with the daemon (see lohan_client.h, "Training
+    through the data plane"). Buffers are memoryviews into the job's arena;
+    they are invalid once the DataPlane is closed."""
+
+    def __init__(self, lib: ctypes.CDLL, handle: ctypes.c_void_p,
+                 layer_elements: List[int], dtype: str):
+        self._lib = lib
+        self._handle = handle
+        self.layer_elements = list(layer_elements)
+        self.dtype = dtype
+        self.iteration = lib.lohan_model_iteration(handle)
+        staging_bytes = lib.lohan_model_staging_bytes(handle)
+        self.staging = _view(lib.lohan_model_staging(handle), staging_bytes)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_elements)
+
+    def _layer(self, layer: int) -> int:
+        if not 0 <= layer < self.num_layers:
+            raise IndexError(f"layer {layer} of {self.num_layers}")
+        return layer
+
+    def layer_initialized(self, layer: int) -> bool:
+        return bool(self._lib.lohan_model_layer_initialized(
+            self._handle, self._layer(layer)))
+
+    def grad_buffer(self, layer: int) -> memoryview:
+        layer = self._layer(layer)
+        return _view(self._lib.lohan_model_grad_buffer(self._handle, layer),
+                     self._lib.lohan_model_layer_bytes(self._handle, layer))
+
+    def weight_buffer(self, layer: int) -> memoryview:
+        layer = self._layer(layer)
+        return _view(self._lib.lohan_model_weight_buffer(self._handle, layer),
+                     self._lib.lohan_model_layer_bytes(self._handle, layer))
+
+    def init_weights(self, layer: int) -> None:
+        _check(self._lib.lohan_model_init_weights(self._handle,
+                                                  self._layer(layer)))
+
+    def read_weights(self, layer: int) -> None:
+        _check(self._lib.lohan_model_read_weights(self._handle,
+                                                  self._layer(layer)))
+
+    def iter_begin(self) -> None:
+        _check(self._lib.lohan_model_iter_begin(self._handle))
+
+    def fetch_params(self, layer: int) -> None:
+        _check(self._lib.lohan_model_fetch_params(self._handle,
+                                                  self._layer(layer)))
+
+    def grad_ready(self, layer: int) -> None:
+        _check(self._lib.lohan_model_grad_ready(self._handle,
+                                                self._layer(layer)))
+
+    def iter_end(self) -> tuple:
+        """(global_norm, clipped, skipped) of the iteration."""
+        norm = ctypes.c_double()
+        clipped, skipped = ctypes.c_int(), ctypes.c_int()
+        _check(self._lib.lohan_model_iter_end(
+            self._handle, ctypes.byref(norm), ctypes.byref(clipped),
+            ctypes.byref(skipped)))
+        return norm.value, bool(clipped.value), bool(skipped.value)
+
+    def close(self) -> None:
+        if self._handle:
+            self._lib.lohan_model_destroy(self._handle)
+            self._handle = ctypes.c_void_p()
+
+    def __del__(self) -> None:
+        self.close()
+
+
 class DataPlane:
     """A job's shared-memory arena, mapped into this process. `arena` is a
     writable memoryview over it (wrap it with numpy.frombuffer or
     torch.frombuffer); it is invalid after close(). Closing (or this process
     exiting) gives the memory back to the daemon."""
 
-    def __init__(self, lib: ctypes.CDLL, handle: ctypes.c_void_p):
+    def __init__(self, lib: ctypes.CDLL, handle: ctypes.c_void_p,
+                 client: "Client"):
         self._lib = lib
         self._handle = handle
+        self._client = client  # keeps the connection alive as long as we are
+        self._models: List[Model] = []
         size = lib.lohan_data_plane_arena_size(handle)
-        base = lib.lohan_data_plane_arena(handle)
-        self.arena = memoryview((ctypes.c_uint8 * size).from_address(base)
-                                ).cast("B")
+        self.arena = _view(lib.lohan_data_plane_arena(handle), size)
+
+    def register_model(self, job_id: str, layer_elements: List[int],
+                       dtype: str = "fp32", lr: float = 1e-3,
+                       betas: tuple = (0.9, 0.999), eps: float = 1e-8,
+                       weight_decay: float = 0.0, adamw: bool = True,
+                       amsgrad: bool = False, bf16_moments: bool = False,
+                       max_grad_norm: float = 0.0,
+                       skip_nonfinite: bool = True,
+                       chunk_elements: int = 0) -> Model:
+        """Registers the model of `job_id` (this process attached it and
+        opened this data plane); see lohan_client.h."""
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype {dtype!r} is not supported; use one of "
+                             f"{sorted(_DTYPES)}")
+        elements = (ctypes.c_uint64 * len(layer_elements))(*layer_elements)
+        spec = _native.ModelSpec(
+            struct_size=ctypes.sizeof(_native.ModelSpec),
+            dtype=_DTYPES[dtype][0], layer_elements=elements,
+            num_layers=len(layer_elements), lr=lr, beta1=betas[0],
+            beta2=betas[1], eps=eps, weight_decay=weight_decay,
+            adamw=int(adamw), amsgrad=int(amsgrad),
+            bf16_moments=int(bf16_moments), max_grad_norm=max_grad_norm,
+            skip_nonfinite=int(skip_nonfinite), chunk_elements=chunk_elements)
+        handle = ctypes.c_void_p()
+        _check(self._lib.lohan_model_register(
+            self._client._handle, self._handle, job_id.encode(),
+            ctypes.byref(spec), ctypes.byref(handle)))
+        model = Model(self._lib, handle, layer_elements, dtype)
+        self._models.append(model)
+        return model
 
     @property
     def size(self) -> int:
@@ -91,6 +204,10 @@ class DataPlane:
 
     def close(self) -> None:
         if self._handle:
+            for model in self._models:
+                model.staging.release()
+                model.close()
+            self._models = []
             self.arena.release()
             self.arena = None
             self._lib.lohan_data_plane_destroy(self._handle)
@@ -177,7 +294,7 @@ class Client:
         handle = ctypes.c_void_p()
         _check(self._lib.lohan_data_plane_open(self._handle, job_id.encode(),
                                                ctypes.byref(handle)))
-        return DataPlane(self._lib, handle)
+        return DataPlane(self._lib, handle, self)
 
     def jobs(self) -> List[Job]:
         handle = ctypes.c_void_p()

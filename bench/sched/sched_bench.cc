@@ -10,6 +10,7 @@
 //   sched_bench [--dir=/tmp] [--layers=8] [--params=16777216]
 //       [--chunk=4194304] [--ssds=2] [--threads=2] [--buffers=4]
 //       [--rounds=2] [--backward_ms=0] [--grad=bf16|fp32|fp16]
+//       [--clip=never|always]
 // --backward_ms simulates the GPU's backward: the bench sleeps that long
 // before submitting each layer's gradient (0: all at once).
 
@@ -51,6 +52,7 @@ struct Flags {
   int rounds = 2;
   double backward_ms = 0;
   DType grad = DType::kBFloat16;
+  bool clip_always = false;
 };
 
 double Now() {
@@ -104,6 +106,14 @@ Flags ParseFlags(int argc, char** argv) {
       ok = absl::SimpleAtoi(value, &f.buffers);
     } else if (key == "rounds") {
       ok = absl::SimpleAtoi(value, &f.rounds);
+    } else if (key == "clip") {
+      if (value == "never") {
+        f.clip_always = false;
+      } else if (value == "always") {
+        f.clip_always = true;
+      } else {
+        ok = false;
+      }
     } else if (key == "backward_ms") {
       ok = absl::SimpleAtod(value, &f.backward_ms);
     } else if (key == "grad") {
@@ -144,6 +154,7 @@ struct Totals {
   double seconds = 0;
   double end_wait = 0;
   double commit = 0;
+  double redo = 0;
   StageBusy busy;
   int n = 0;
 };
@@ -321,17 +332,22 @@ int Main(int argc, char** argv) {
               "submit");
       }
       ClipOptions clip;
-      // The norm is computed and checked every iteration; never triggers.
-      clip.max_grad_norm = 1e9;
+      // The norm is computed and checked every iteration. --clip=never:
+      // the bound never triggers; --clip=always: it always does, and the
+      // iteration pays the redo (one more pass over every chunk).
+      clip.max_grad_norm = flags.clip_always ? 1e-6 : 1e9;
       auto r = (*p)->EndIteration(clip);
       Check(r.status(), "end iteration");
       const double seconds = Now() - t0;
-      if (r->clipped || r->skipped) Die("unexpected clip/skip");
+      if (r->skipped || r->clipped != flags.clip_always) {
+        Die("unexpected clip/skip");
+      }
       if (round == 0) continue;
       Totals& t = totals[s];
       t.seconds += seconds;
       t.end_wait += r->wait_seconds;
       t.commit += r->commit_seconds;
+      t.redo += r->redo_seconds;
       t.busy.read += r->busy.read;
       t.busy.compute += r->busy.compute;
       t.busy.write += r->busy.write;
@@ -353,14 +369,14 @@ int Main(int argc, char** argv) {
       "  sum of stages %.3f s, max stage %.3f s; simulated backward "
       "%.3f s\n",
       sum, mx, backward);
-  std::printf("\n%-16s %9s %9s %9s %9s %9s %9s %8s\n", "schedule", "iter s",
-              "end-wait", "commit", "read", "adam", "write", "vs 3b");
+  std::printf("\n%-16s %9s %9s %9s %9s %9s %9s %9s %8s\n", "schedule", "iter s",
+              "end-wait", "redo", "commit", "read", "adam", "write", "vs 3b");
   const double base = totals[0].seconds / totals[0].n;
   for (int s = 0; s < 3; ++s) {
     const Totals& t = totals[s];
     const double it = t.seconds / t.n;
-    std::printf("%-16s %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f %7.2fx\n",
-                ScheduleName(schedules[s]), it, t.end_wait / t.n,
+    std::printf("%-16s %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f %7.2fx\n",
+                ScheduleName(schedules[s]), it, t.end_wait / t.n, t.redo / t.n,
                 t.commit / t.n, t.busy.read / t.n, t.busy.compute / t.n,
                 t.busy.write / t.n, it / base);
   }

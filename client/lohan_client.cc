@@ -264,6 +264,34 @@ namespace {
 // An ITER_END waits for every layer's update; generous, not infinite.
 constexpr absl::Duration kRingCallTimeout = absl::Hours(24);
 
+int Finish(lohan_model* model, const lohan::SubmissionEntry& entry,
+           lohan::CompletionEntry* completion_out) {
+  absl::StatusOr<lohan::CompletionEntry> completion =
+      model->plane->Call(entry, kRingCallTimeout);
+  if (!completion.ok()) return Report(completion.status());
+  if (completion_out != nullptr) *completion_out = *completion;
+  return Report(absl::OkStatus());
+}
+
+int ActivationCall(lohan_model* model, lohan::RingOp op, uint64_t id,
+                   uint64_t offset, uint64_t length) {
+  if (model == nullptr) return InvalidArgument("model is NULL");
+  const uint64_t area = model->registration.activation_bytes();
+  if (op != lohan::RingOp::kActFree &&
+      (offset > area || length > area - offset || length == 0)) {
+    return InvalidArgument(
+        "activation range outside the model's activation area");
+  }
+  lohan::SubmissionEntry entry{};
+  entry.op = static_cast<uint16_t>(op);
+  entry.activation_id = id;
+  if (op != lohan::RingOp::kActFree) {
+    entry.slot_offset = model->registration.activation_offset() + offset;
+    entry.length = length;
+  }
+  return Finish(model, entry, nullptr);
+}
+
 int RingCall(lohan_model* model, lohan::RingOp op, uint32_t layer,
              lohan::CompletionEntry* completion_out = nullptr) {
   if (model == nullptr) return InvalidArgument("model is NULL");
@@ -302,11 +330,7 @@ int RingCall(lohan_model* model, lohan::RingOp op, uint32_t layer,
     default:
       return InvalidArgument("unsupported ring op");
   }
-  absl::StatusOr<lohan::CompletionEntry> completion =
-      model->plane->Call(entry, kRingCallTimeout);
-  if (!completion.ok()) return Report(completion.status());
-  if (completion_out != nullptr) *completion_out = *completion;
-  return Report(absl::OkStatus());
+  return Finish(model, entry, completion_out);
 }
 
 }  // namespace
@@ -347,6 +371,7 @@ int lohan_model_register(lohan_client* client, lohan_data_plane* plane,
   model_spec->set_max_grad_norm(spec->max_grad_norm);
   model_spec->set_skip_nonfinite(spec->skip_nonfinite != 0);
   model_spec->set_chunk_elements(spec->chunk_elements);
+  model_spec->set_activation_bytes(spec->activation_bytes);
   auto registration = client->impl->RegisterModel(request);
   if (!registration.ok()) return Report(registration.status());
   auto model = std::make_unique<lohan_model>();
@@ -428,6 +453,29 @@ int lohan_model_fetch_params(lohan_model* model, uint32_t layer) {
 
 int lohan_model_grad_ready(lohan_model* model, uint32_t layer) {
   return RingCall(model, lohan::RingOp::kGradReady, layer);
+}
+
+void* lohan_model_activation_buffer(const lohan_model* model, uint64_t* bytes) {
+  if (model == nullptr || model->registration.activation_bytes() == 0) {
+    if (bytes != nullptr) *bytes = 0;
+    return nullptr;
+  }
+  if (bytes != nullptr) *bytes = model->registration.activation_bytes();
+  return model->plane->arena() + model->registration.activation_offset();
+}
+
+int lohan_model_act_put(lohan_model* model, uint64_t id, uint64_t offset,
+                        uint64_t length) {
+  return ActivationCall(model, lohan::RingOp::kActPut, id, offset, length);
+}
+
+int lohan_model_act_get(lohan_model* model, uint64_t id, uint64_t offset,
+                        uint64_t length) {
+  return ActivationCall(model, lohan::RingOp::kActGet, id, offset, length);
+}
+
+int lohan_model_act_free(lohan_model* model, uint64_t id) {
+  return ActivationCall(model, lohan::RingOp::kActFree, id, 0, 0);
 }
 
 int lohan_model_iter_end(lohan_model* model, double* global_norm, int* clipped,

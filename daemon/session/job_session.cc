@@ -91,6 +91,7 @@ absl::StatusOr<std::unique_ptr<JobSession>> JobSession::Create(
 JobSession::~JobSession() {
   stopping_.store(true);
   if (server_.joinable()) server_.join();
+  if (served_ != nullptr) DropActivations();
   // The pipeline (inside model_) rolls back an unfinished iteration as it
   // goes; then the arena returns to the pool.
   absl::MutexLock lock(&mu_);
@@ -176,6 +177,13 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
       allocate(kErrorTextBytes, SlotKind::kControl);
   if (!error_text.ok()) return error_text.status();
   model.error_text = *error_text;
+  if (spec.activation_bytes() > 0) {
+    absl::StatusOr<Slot> activations =
+        allocate(spec.activation_bytes(), SlotKind::kActivation);
+    if (!activations.ok()) return activations.status();
+    model.activations = *activations;
+  }
+  model.store = store;
   const size_t layers = layout.layer_elements.size();
   absl::StatusOr<Slot> table =
       allocate(layers * sizeof(uint64_t), SlotKind::kControl);
@@ -226,9 +234,14 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
   response.set_iteration(model.pipeline->iteration());
   response.set_error_text_offset(model.error_text.offset);
   response.set_error_text_bytes(model.error_text.length);
+  if (model.activations.has_value()) {
+    response.set_activation_offset(model.activations->offset);
+    response.set_activation_bytes(model.activations->length);
+  }
 
   model_.emplace(std::move(model));
   served_ = &*model_;
+  DropActivations();  // left by a session that died
   // A reopened job's weights go straight into its weight slots.
   for (size_t layer = 0; layer < layers; ++layer) {
     if (served_->pipeline->layer_initialized(layer)) {
@@ -367,11 +380,41 @@ absl::Status JobSession::Handle(const SubmissionEntry& entry, uint64_t& detail,
     case RingOp::kActPut:
     case RingOp::kActGet:
     case RingOp::kActFree:
-      return absl::UnimplementedError(
-          "activation swapping through the daemon is not built yet; keep "
-          "activations in the process (the plugin's default)");
+      return SwapActivation(entry);
     default:
       return absl::InternalError("validator accepted an unknown op");
+  }
+}
+
+absl::Status JobSession::SwapActivation(const SubmissionEntry& entry) {
+  Model& model = *served_;
+  const std::string name = absl::StrCat("act.", entry.activation_id);
+  const RingOp op = static_cast<RingOp>(entry.op);
+  if (op == RingOp::kActFree) return model.store->Delete(job_id(), name);
+  absl::Span<uint8_t> bytes(base() + entry.slot_offset, entry.length);
+  if (op == RingOp::kActGet) {
+    absl::StatusOr<uint64_t> read = model.store->Read(job_id(), name, bytes);
+    return read.status();
+  }
+  absl::Status stored = model.store->Create(job_id(), name, entry.length);
+  if (stored.ok()) stored = model.store->Write(job_id(), name, bytes).status();
+  if (stored.ok()) stored = model.store->Commit(job_id(), name);
+  if (!stored.ok()) {
+    // Not held after all: undo the validator's bookkeeping and the store's.
+    (void)model.store->Delete(job_id(), name);
+    SubmissionEntry undo{};
+    undo.op = static_cast<uint16_t>(RingOp::kActFree);
+    undo.activation_id = entry.activation_id;
+    (void)validator_->Accept(undo);
+  }
+  return stored;
+}
+
+void JobSession::DropActivations() {
+  for (const std::string& name : served_->store->List(job_id())) {
+    if (name.rfind("act.", 0) == 0) {
+      (void)served_->store->Delete(job_id(), name);
+    }
   }
 }
 

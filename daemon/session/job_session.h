@@ -79,6 +79,8 @@ class JobSession {
     Slot staging;
     Slot error_text;
     Slot layer_table;
+    std::optional<Slot> activations;
+    TensorStore* store = nullptr;
     std::unique_ptr<JobPipeline> pipeline;
   };
 
@@ -98,6 +100,10 @@ class JobSession {
   absl::Status PublishWeights(size_t layer);
   void Complete(const SubmissionEntry& entry, const absl::Status& status,
                 uint64_t detail, uint32_t flags);
+  // Activations swapped out through the daemon live in the store as
+  // "act.<id>" tensors of the job, for the life of the session.
+  absl::Status SwapActivation(const SubmissionEntry& entry);
+  void DropActivations();
 
   std::unique_ptr<PooledArena> arena_;
   std::unique_ptr<SlotAllocator> slots_;

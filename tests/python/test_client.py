@@ -205,3 +205,47 @@ def test_raw_model_ops_refuse_misuse(lohand):
             model.iter_end()
             # Still serving after the refusals.
             assert client.status()["pool"]["arenas"][0]["job_id"] == job.id
+
+
+def test_activation_swap_through_the_daemon(lohand):
+    import torch
+
+    with Client(lohand.socket) as client:
+        job = client.create_job("acts", host_pool_bytes=2 << 20)
+        client.attach_job(job.id)
+        with client.open_data_plane(job.id) as plane:
+            model = plane.register_model(job.id, [8],
+                                         activation_bytes=64 << 10)
+            area = torch.frombuffer(model.activations, dtype=torch.float32)
+            first = torch.randn(1000)
+            second = torch.randn(3000)
+            area[:1000] = first
+            model.act_put(1, 0, 4000)
+            area[:3000] = second  # the area is free for the next one
+            model.act_put(2, 0, 12000)
+            area.zero_()
+            model.act_get(1, 40000, 4000)
+            assert torch.equal(area[10000:11000], first)
+            model.act_get(2, 0, 12000)
+            assert torch.equal(area[:3000], second)
+            model.act_free(1)
+            for bad, code in [
+                (lambda: model.act_get(1, 0, 4000), StatusCode.NOT_FOUND),
+                (lambda: model.act_put(2, 0, 8), StatusCode.ALREADY_EXISTS),
+                (lambda: model.act_get(2, 0, 8), StatusCode.INVALID_ARGUMENT),
+                (lambda: model.act_put(3, 60 << 10, 8 << 10),
+                 StatusCode.INVALID_ARGUMENT),
+            ]:
+                with pytest.raises(LohanError) as error:
+                    bad()
+                assert error.value.code == code, error.value
+            assert client.status()["store"]["tensors"] != "0"
+        # Closing the data plane drops the swapped activations.
+        for _ in range(3000):
+            status = client.status()
+            if int(status["pool"]["used_bytes"]) == 0:
+                break
+            time.sleep(0.01)
+        tensors_left = int(client.status()["store"]["tensors"])
+        # Only the model's own states remain: one chunk + meta.
+        assert tensors_left == 2

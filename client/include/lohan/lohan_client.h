@@ -163,6 +163,7 @@ typedef struct lohan_model_spec {
   double max_grad_norm; /* > 0: clip the global norm; 0: off */
   int32_t skip_nonfinite;  /* skip an iteration with inf/nan gradients */
   uint64_t chunk_elements; /* 0: the daemon's default */
+  uint64_t activation_bytes; /* arena area for swapped activations; 0: none */
 } lohan_model_spec;
 
 /* `plane` must stay open while the model is used. */
@@ -199,6 +200,19 @@ LOHAN_CLIENT_API int lohan_model_fetch_params(lohan_model* model,
                                               uint32_t layer);
 LOHAN_CLIENT_API int lohan_model_grad_ready(lohan_model* model,
                                             uint32_t layer);
+/* Activation swapping through the daemon: the activation area of the
+ * arena (lohan_model_spec.activation_bytes) holds activations the process
+ * hands over (put: the daemon keeps a copy on its SSDs and the area may be
+ * reused), brings back (get: into the area, same length) and forgets
+ * (free). Offsets are relative to the area. Ids are the caller's. */
+LOHAN_CLIENT_API void* lohan_model_activation_buffer(const lohan_model* model,
+                                                     uint64_t* bytes);
+LOHAN_CLIENT_API int lohan_model_act_put(lohan_model* model, uint64_t id,
+                                         uint64_t offset, uint64_t length);
+LOHAN_CLIENT_API int lohan_model_act_get(lohan_model* model, uint64_t id,
+                                         uint64_t offset, uint64_t length);
+LOHAN_CLIENT_API int lohan_model_act_free(lohan_model* model, uint64_t id);
+
 /* `global_norm`, `clipped`, `skipped` may be NULL. */
 LOHAN_CLIENT_API int lohan_model_iter_end(lohan_model* model,
                                           double* global_norm, int* clipped,

@@ -46,6 +46,7 @@ class ModelSpec(ctypes.Structure):
         ("max_grad_norm", ctypes.c_double),
         ("skip_nonfinite", ctypes.c_int32),
         ("chunk_elements", ctypes.c_uint64),
+        ("activation_bytes", ctypes.c_uint64),
     ]
 
 
@@ -98,6 +99,11 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "lohan_model_iter_begin": (c_int, [c_void_p]),
         "lohan_model_fetch_params": (c_int, [c_void_p, u32]),
         "lohan_model_grad_ready": (c_int, [c_void_p, u32]),
+        "lohan_model_activation_buffer": (c_void_p, [c_void_p,
+                                                     ctypes.POINTER(u64)]),
+        "lohan_model_act_put": (c_int, [c_void_p, u64, u64, u64]),
+        "lohan_model_act_get": (c_int, [c_void_p, u64, u64, u64]),
+        "lohan_model_act_free": (c_int, [c_void_p, u64]),
         "lohan_model_iter_end": (c_int, [c_void_p,
                                          ctypes.POINTER(ctypes.c_double),
                                          ctypes.POINTER(c_int),

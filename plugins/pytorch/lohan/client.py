@@ -92,6 +92,10 @@ class Model:
         self.iteration = lib.lohan_model_iteration(handle)
         staging_bytes = lib.lohan_model_staging_bytes(handle)
         self.staging = _view(lib.lohan_model_staging(handle), staging_bytes)
+        area = ctypes.c_uint64()
+        address = lib.lohan_model_activation_buffer(handle, ctypes.byref(area))
+        # Swapped activations go through here (act_put / act_get).
+        self.activations = _view(address, area.value) if area.value else None
 
     @property
     def num_layers(self) -> int:
@@ -135,6 +139,19 @@ class Model:
         _check(self._lib.lohan_model_grad_ready(self._handle,
                                                 self._layer(layer)))
 
+    def act_put(self, activation_id: int, offset: int, length: int) -> None:
+        """Hands activations[offset:offset+length] to the daemon (kept on
+        its SSDs); the area may be reused afterwards."""
+        _check(self._lib.lohan_model_act_put(self._handle, activation_id,
+                                             offset, length))
+
+    def act_get(self, activation_id: int, offset: int, length: int) -> None:
+        _check(self._lib.lohan_model_act_get(self._handle, activation_id,
+                                             offset, length))
+
+    def act_free(self, activation_id: int) -> None:
+        _check(self._lib.lohan_model_act_free(self._handle, activation_id))
+
     def iter_end(self) -> tuple:
         """(global_norm, clipped, skipped) of the iteration."""
         norm = ctypes.c_double()
@@ -175,7 +192,8 @@ class DataPlane:
                        amsgrad: bool = False, bf16_moments: bool = False,
                        max_grad_norm: float = 0.0,
                        skip_nonfinite: bool = True,
-                       chunk_elements: int = 0) -> Model:
+                       chunk_elements: int = 0,
+                       activation_bytes: int = 0) -> Model:
         """Registers the model of `job_id` (this process attached it and
         opened this data plane); see lohan_client.h."""
         if dtype not in _DTYPES:
@@ -189,7 +207,8 @@ class DataPlane:
             beta2=betas[1], eps=eps, weight_decay=weight_decay,
             adamw=int(adamw), amsgrad=int(amsgrad),
             bf16_moments=int(bf16_moments), max_grad_norm=max_grad_norm,
-            skip_nonfinite=int(skip_nonfinite), chunk_elements=chunk_elements)
+            skip_nonfinite=int(skip_nonfinite), chunk_elements=chunk_elements,
+            activation_bytes=activation_bytes)
         handle = ctypes.c_void_p()
         _check(self._lib.lohan_model_register(
             self._client._handle, self._handle, job_id.encode(),
@@ -206,6 +225,8 @@ class DataPlane:
         if self._handle:
             for model in self._models:
                 model.staging.release()
+                if model.activations is not None:
+                    model.activations.release()
                 model.close()
             self._models = []
             self.arena.release()

@@ -12,6 +12,7 @@
 // the gradients, the process kills itself (SIGKILL): a client dying
 // mid-iteration. The job keeps its name, so a rerun attaches to it again.
 // Prints one line per iteration: "iteration T norm N flags F".
+// --hold: after training, keep the data plane open until killed.
 #include <signal.h>
 #include <unistd.h>
 
@@ -47,6 +48,7 @@ struct Args {
   uint64_t seed = 7;
   uint64_t chunk = 2048;
   int die_in_iteration = 0;
+  bool hold = false;
 };
 
 int Run(const Args& args) {
@@ -196,6 +198,11 @@ int Run(const Args& args) {
   }
   if (!out) return Fail("write", absl::InternalError(args.out));
   std::printf("done\n");
+  if (args.hold) {
+    std::printf("holding\n");
+    std::fflush(stdout);
+    for (;;) pause();
+  }
   return 0;
 }
 
@@ -216,6 +223,7 @@ int main(int argc, char** argv) {
   app.add_option("--chunk", args.chunk);
   app.add_option("--die-in-iteration", args.die_in_iteration);
   app.add_option("--out", args.out)->required();
+  app.add_flag("--hold", args.hold, "after training, wait until killed");
   CLI11_PARSE(app, argc, argv);
   return lohan::testing::Run(args);
 }

@@ -159,6 +159,40 @@ TEST_F(TrainingTest, StatesSurviveADaemonRestart) {
   ExpectWeights(3, /*bf16=*/false, 0.0, 0.01);
 }
 
+TEST_F(TrainingTest, StatusShowsTrainingProgress) {
+  auto trainer = BackgroundProcess::Start(
+      {Runfile("tests/train_client"), "--socket", daemon_->socket(), "--job",
+       "watched", "--layers", "1000,5000,333", "--iterations", "2",
+       "--max-norm", "1.0", "--grad-scale", "1.0", "--out",
+       dir_.path() + "/weights", "--hold"});
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  // The first line is iteration 1's; wait for the process to hold.
+  auto client = ControlClient::Connect({.socket_path = daemon_->socket()});
+  ASSERT_TRUE(client.ok());
+  v1::SessionStatus session;
+  for (int i = 0; i < 3000; ++i) {
+    auto status = (*client)->GetStatus();
+    ASSERT_TRUE(status.ok());
+    if (status->sessions_size() == 1 && status->sessions(0).iteration() == 2) {
+      session = status->sessions(0);
+      break;
+    }
+    usleep(10 * 1000);
+  }
+  EXPECT_EQ(session.iteration(), 2u) << daemon_->Log();
+  EXPECT_EQ(session.layers(), 3u);
+  EXPECT_EQ(session.parameters(), 6333u);
+  EXPECT_EQ(session.pid(), (*trainer)->pid());
+  EXPECT_EQ(session.clipped_iterations(), 2u);
+  EXPECT_GT(session.last_global_norm(), 1.0);
+  EXPECT_GT(session.last_iteration_seconds(), 0.0);
+  EXPECT_EQ(session.failed_requests(), 0u);
+  RunResult text = RunCommand({Runfile("client/ctl/lohanctl"), "--socket",
+                               daemon_->socket(), "status"});
+  EXPECT_THAT(text.out, HasSubstr("training (open data planes)"));
+  EXPECT_THAT(text.out, HasSubstr(session.job_id()));
+}
+
 TEST_F(TrainingTest, MalformedRingEntriesFailOneByOneAndHurtNothing) {
   auto client = ControlClient::Connect({.socket_path = daemon_->socket()});
   ASSERT_TRUE(client.ok());

@@ -144,6 +144,28 @@ int Status(const std::string& socket, bool json) {
   std::printf("  jobs         %u (%u attached)\n\n", status->total_jobs(),
               status->attached_jobs());
   PrintJobTable({status->jobs().begin(), status->jobs().end()});
+  if (status->sessions_size() > 0) {
+    std::printf("\ntraining (open data planes)\n");
+    const char* format = "%-10s %-8s %-10s %-7s %-9s %-10s %-10s %-10s %s\n";
+    std::printf(format, "JOB", "PID", "ARENA", "LAYERS", "PARAMS", "STEP",
+                "ITER s", "NOT HIDDEN", "NORM / CLIPPED / SKIPPED / FAILED");
+    for (const v1::SessionStatus& session : status->sessions()) {
+      std::printf(
+          format, session.job_id().c_str(),
+          std::to_string(session.pid()).c_str(),
+          FormatByteSize(session.arena_bytes()).c_str(),
+          std::to_string(session.layers()).c_str(),
+          absl::StrFormat("%.3gM", session.parameters() / 1e6).c_str(),
+          std::to_string(session.iteration()).c_str(),
+          absl::StrFormat("%.3f", session.last_iteration_seconds()).c_str(),
+          absl::StrFormat("%.3f", session.last_end_wait_seconds()).c_str(),
+          absl::StrFormat("%.4g / %d / %d / %d", session.last_global_norm(),
+                          session.clipped_iterations(),
+                          session.skipped_iterations(),
+                          session.failed_requests())
+              .c_str());
+    }
+  }
   return 0;
 }
 

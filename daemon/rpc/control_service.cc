@@ -1,6 +1,7 @@
 #include "daemon/rpc/control_service.h"
 
 #include <ctime>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/common/check.h"
@@ -147,8 +148,15 @@ grpc::Status ControlService::GetStatus(grpc::ServerContext* context,
   summary->set_host_pool_bytes(config_->host_pool_bytes);
   summary->set_optimizer_threads(parts_.optimizer_threads);
   summary->set_log_level(config_->log_level);
+  std::set<std::string> visible;
   for (v1::Job& job : jobs_->List(caller)) {
+    visible.insert(job.id());
     *response->add_jobs() = std::move(job);
+  }
+  for (v1::SessionStatus& session : parts_.sessions->Status()) {
+    if (visible.count(session.job_id()) != 0) {
+      *response->add_sessions() = std::move(session);
+    }
   }
   const JobRegistry::Counts counts = jobs_->CountAll();
   response->set_total_jobs(counts.total);

@@ -250,6 +250,16 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
       }
     }
   }
+  {
+    absl::MutexLock stats_lock(&stats_mu_);
+    stats_.set_layers(static_cast<uint32_t>(layers));
+    uint64_t parameters = 0;
+    for (uint64_t elements : served_->layout.layer_elements) {
+      parameters += elements;
+    }
+    stats_.set_parameters(parameters);
+    stats_.set_iteration(response.iteration());
+  }
   server_ = std::thread([this] { Serve(); });
   spdlog::info(
       "job {}: model of {} layers registered, resuming at "
@@ -336,6 +346,7 @@ absl::Status JobSession::Handle(const SubmissionEntry& entry, uint64_t& detail,
   }
   switch (op) {
     case RingOp::kIterBegin:
+      iteration_began_ = absl::Now();
       return model.pipeline->BeginIteration();
     case RingOp::kGradReady:
       return model.pipeline->SubmitGradients(
@@ -368,6 +379,20 @@ absl::Status JobSession::Handle(const SubmissionEntry& entry, uint64_t& detail,
         }
         return report.status();
       }
+      {
+        absl::MutexLock stats_lock(&stats_mu_);
+        stats_.set_iteration(report->iteration);
+        stats_.set_last_iteration_seconds(
+            absl::ToDoubleSeconds(absl::Now() - iteration_began_));
+        stats_.set_last_end_wait_seconds(report->wait_seconds);
+        stats_.set_last_global_norm(report->global_norm);
+        if (report->clipped) {
+          stats_.set_clipped_iterations(stats_.clipped_iterations() + 1);
+        }
+        if (report->skipped) {
+          stats_.set_skipped_iterations(stats_.skipped_iterations() + 1);
+        }
+      }
       std::memcpy(&detail, &report->global_norm, sizeof(detail));
       flags = (report->clipped ? kIterEndClipped : 0) |
               (report->skipped ? kIterEndSkipped : 0) |
@@ -384,6 +409,14 @@ absl::Status JobSession::Handle(const SubmissionEntry& entry, uint64_t& detail,
     default:
       return absl::InternalError("validator accepted an unknown op");
   }
+}
+
+v1::SessionStatus JobSession::Status() const {
+  absl::MutexLock lock(&stats_mu_);
+  v1::SessionStatus status = stats_;
+  status.set_job_id(job_id());
+  status.set_arena_bytes(grant_.arena_bytes);
+  return status;
 }
 
 absl::Status JobSession::SwapActivation(const SubmissionEntry& entry) {
@@ -471,6 +504,12 @@ void JobSession::Serve() {
     uint64_t detail = 0;
     uint32_t flags = 0;
     absl::Status status = Handle(entry, detail, flags);
+    {
+      absl::MutexLock stats_lock(&stats_mu_);
+      stats_.set_requests(stats_.requests() + 1);
+      if (!status.ok())
+        stats_.set_failed_requests(stats_.failed_requests() + 1);
+    }
     if (!status.ok()) {
       spdlog::debug("job {}: request {} failed: {}", job_id(), entry.request_id,
                     std::string(status.message()));

@@ -55,6 +55,9 @@ class JobSession {
   ~JobSession();
 
   const std::string& job_id() const { return arena_->job_id(); }
+
+  // Progress for `lohanctl status` (pid is the manager's to fill in).
+  v1::SessionStatus Status() const ABSL_LOCKS_EXCLUDED(stats_mu_);
   const ArenaGrant& grant() const { return grant_; }
   int arena_fd() const { return arena_->arena().fd(); }
 
@@ -117,6 +120,10 @@ class JobSession {
   std::optional<RingConsumer> submissions_;
   std::optional<RingProducer> completions_;
   uint64_t error_sequence_ = 0;
+  // Written by the serving thread (and RegisterModel), read by Status().
+  mutable absl::Mutex stats_mu_;
+  v1::SessionStatus stats_ ABSL_GUARDED_BY(stats_mu_);
+  absl::Time iteration_began_;  // serving thread only
   std::atomic<bool> stopping_{false};
   std::thread server_;
 };

@@ -131,6 +131,9 @@ void SessionManager::Serve(int connection, const Caller& caller) {
   const std::string job_id = (*session)->job_id();
   {
     absl::MutexLock lock(&mu_);
+    if (!stopping_ && sessions_.count(job_id) == 0) {
+      session_pids_[job_id] = caller.pid;
+    }
     if (stopping_ || !sessions_.emplace(job_id, session->get()).second) {
       (void)SendWithFds(connection,
                         EncodeAttachReply(absl::UnavailableError(
@@ -155,6 +158,7 @@ void SessionManager::Serve(int connection, const Caller& caller) {
   {
     absl::MutexLock lock(&mu_);
     sessions_.erase(job_id);
+    session_pids_.erase(job_id);
   }
   session->reset();
   spdlog::info("data plane closed for job {} (pid {}); arena freed", job_id,
@@ -195,6 +199,18 @@ absl::StatusOr<v1::RegisterModelResponse> SessionManager::RegisterModel(
         " has no data plane open; open it (lohan_data_plane_open) first"));
   }
   return found->second->RegisterModel(request.model(), store_, *updater_);
+}
+
+std::vector<v1::SessionStatus> SessionManager::Status() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::SessionStatus> statuses;
+  for (const auto& [job_id, session] : sessions_) {
+    v1::SessionStatus status = session->Status();
+    auto pid = session_pids_.find(job_id);
+    if (pid != session_pids_.end()) status.set_pid(pid->second);
+    statuses.push_back(std::move(status));
+  }
+  return statuses;
 }
 
 size_t SessionManager::ActiveSessions() const {

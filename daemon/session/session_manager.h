@@ -51,6 +51,9 @@ class SessionManager {
 
   size_t ActiveSessions() const;
 
+  // Every open data plane's progress, by job id.
+  std::vector<v1::SessionStatus> Status() const;
+
   // RegisterModel for the job's open data plane, called by the process
   // attached to the job. FAILED_PRECONDITION when the job has no data plane
   // open (open it first) or the caller is not the attached process.
@@ -90,6 +93,7 @@ class SessionManager {
   // Sessions by job id. A session is removed (under mu_) before its
   // connection thread destroys it; RegisterModel holds mu_ while it uses one.
   std::map<std::string, JobSession*> sessions_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, pid_t> session_pids_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace lohan

@@ -21,12 +21,7 @@ class ConfigRefusalTest : public ::testing::Test {
 
   // Runs lohand with the standard test flags, then `args` (later flags win).
   RunResult Lohand(const std::vector<std::string>& args) {
-    std::vector<std::string> argv = {Runfile("daemon/main/lohand")};
-    for (const std::string& flag : DaemonProcess::Flags(dir_.path())) {
-      argv.push_back(flag);
-    }
-    for (const std::string& arg : args) argv.push_back(arg);
-    return RunCommand(argv);
+    return RunCommand(DaemonProcess::Command(dir_.path(), args));
   }
 
   std::string WriteConfig(const std::string& text) {

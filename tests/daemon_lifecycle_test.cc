@@ -82,10 +82,7 @@ TEST(DaemonLifecycle, SecondDaemonOnLiveSocketIsRefused) {
   PublicTempDir dir;
   auto first = DaemonProcess::Start(dir.path());
   ASSERT_TRUE(first.ok()) << first.status();
-  std::vector<std::string> argv = {Runfile("daemon/main/lohand")};
-  for (const std::string& flag : DaemonProcess::Flags(dir.path())) {
-    argv.push_back(flag);
-  }
+  std::vector<std::string> argv = DaemonProcess::Command(dir.path());
   RunResult second = RunCommand(argv);
   EXPECT_EQ(second.exit_code, 1);
   EXPECT_THAT(second.err, HasSubstr("is held by a running lohand (pid " +
@@ -99,10 +96,7 @@ TEST(DaemonLifecycle, SecondDaemonOnTheSameStateIsRefused) {
   auto first = DaemonProcess::Start(dir.path());
   ASSERT_TRUE(first.ok()) << first.status();
   // Another socket, but the same state directory (and so the same store).
-  std::vector<std::string> argv = {Runfile("daemon/main/lohand")};
-  for (const std::string& flag : DaemonProcess::Flags(dir.path())) {
-    argv.push_back(flag);
-  }
+  std::vector<std::string> argv = DaemonProcess::Command(dir.path());
   argv.push_back("--socket=" + dir.path() + "/other.sock");
   RunResult second = RunCommand(argv);
   EXPECT_EQ(second.exit_code, 1);

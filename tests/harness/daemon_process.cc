@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "client/control_client.h"
@@ -31,6 +32,14 @@ std::vector<std::string> DaemonProcess::Flags(const std::string& dir) {
           "--host-pool-size", "64MiB"};
 }
 
+std::vector<std::string> DaemonProcess::Command(
+    const std::string& dir, const std::vector<std::string>& extra_args) {
+  std::vector<std::string> argv = {Runfile("daemon/main/lohand")};
+  for (const std::string& flag : Flags(dir)) argv.push_back(flag);
+  for (const std::string& arg : extra_args) argv.push_back(arg);
+  return argv;
+}
+
 DaemonProcess::DaemonProcess(pid_t pid, std::string socket,
                              std::string log_path)
     : pid_(pid), socket_(std::move(socket)), log_path_(std::move(log_path)) {}
@@ -38,9 +47,7 @@ DaemonProcess::DaemonProcess(pid_t pid, std::string socket,
 absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(
     const std::string& dir, const std::vector<std::string>& extra_args) {
   mkdir((dir + "/ssd0").c_str(), 0755);
-  std::vector<std::string> argv = {Runfile("daemon/main/lohand")};
-  for (const std::string& flag : Flags(dir)) argv.push_back(flag);
-  argv.push_back("--log-level=debug");
+  std::vector<std::string> argv = Command(dir, {"--log-level=debug"});
   for (const std::string& arg : extra_args) argv.push_back(arg);
   const std::string log_path = dir + "/lohand.log";
 
@@ -79,11 +86,7 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(
 
 int DaemonProcess::Stop(int signal) {
   if (pid_ == 0) return -1;
-  kill(pid_, signal);
-  int status = 0;
-  waitpid(pid_, &status, 0);
-  pid_ = 0;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return KillAndWait(std::exchange(pid_, 0), signal);
 }
 
 DaemonProcess::~DaemonProcess() {

@@ -25,6 +25,9 @@ class DaemonProcess {
 
   // Standard flags for a daemon living in `dir`.
   static std::vector<std::string> Flags(const std::string& dir);
+  // The lohand binary, then Flags(dir), then `extra_args` (later flags win).
+  static std::vector<std::string> Command(
+      const std::string& dir, const std::vector<std::string>& extra_args = {});
 
   // Sends `signal` and waits; returns the exit code (128 + signal if killed).
   int Stop(int signal);

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstring>
+#include <utility>
 
 extern char** environ;
 
@@ -20,7 +21,41 @@ namespace {
 // Bounds a hung command only; every command here normally ends in seconds.
 constexpr auto kRunBound = std::chrono::minutes(2);
 
+// Starts argv[0] with stdin from /dev/null, stdout on `out_fd` and (when
+// >= 0) stderr on `err_fd`; the environment plus `extra_env`. Returns the
+// pid, or -errno.
+pid_t Spawn(const std::vector<std::string>& argv,
+            const std::vector<std::string>& extra_env, int out_fd, int err_fd) {
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, out_fd, 1);
+  if (err_fd >= 0) posix_spawn_file_actions_adddup2(&actions, err_fd, 2);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  std::vector<char*> args;
+  for (const std::string& arg : argv) {
+    args.push_back(const_cast<char*>(arg.c_str()));
+  }
+  args.push_back(nullptr);
+  std::vector<std::string> env_strings(extra_env);
+  for (char** e = environ; *e != nullptr; ++e) env_strings.push_back(*e);
+  std::vector<char*> env;
+  for (std::string& entry : env_strings) env.push_back(entry.data());
+  env.push_back(nullptr);
+  pid_t pid = 0;
+  const int spawned = posix_spawn(&pid, argv[0].c_str(), &actions, nullptr,
+                                  args.data(), env.data());
+  posix_spawn_file_actions_destroy(&actions);
+  return spawned == 0 ? pid : -spawned;
+}
+
 }  // namespace
+
+int KillAndWait(pid_t pid, int signal) {
+  kill(pid, signal);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
 
 RunResult RunCommand(const std::vector<std::string>& argv,
                      const std::vector<std::string>& extra_env) {
@@ -30,28 +65,10 @@ RunResult RunCommand(const std::vector<std::string>& argv,
     result.err = "pipe failed";
     return result;
   }
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, out_pipe[1], 1);
-  posix_spawn_file_actions_adddup2(&actions, err_pipe[1], 2);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-
-  std::vector<char*> args;
-  for (const std::string& arg : argv)
-    args.push_back(const_cast<char*>(arg.c_str()));
-  args.push_back(nullptr);
-  std::vector<std::string> env_strings(extra_env);
-  for (char** e = environ; *e != nullptr; ++e) env_strings.push_back(*e);
-  std::vector<char*> env;
-  for (std::string& entry : env_strings) env.push_back(entry.data());
-  env.push_back(nullptr);
-
-  pid_t pid = 0;
-  const int spawned = posix_spawn(&pid, argv[0].c_str(), &actions, nullptr,
-                                  args.data(), env.data());
-  posix_spawn_file_actions_destroy(&actions);
+  const pid_t pid = Spawn(argv, extra_env, out_pipe[1], err_pipe[1]);
   close(out_pipe[1]);
   close(err_pipe[1]);
+  const int spawned = pid < 0 ? -pid : 0;
   if (spawned != 0) {
     close(out_pipe[0]);
     close(err_pipe[0]);
@@ -99,25 +116,9 @@ absl::StatusOr<std::unique_ptr<BackgroundProcess>> BackgroundProcess::Start(
     const std::vector<std::string>& extra_env) {
   int out_pipe[2];
   if (pipe2(out_pipe, O_CLOEXEC) != 0) return absl::InternalError("pipe");
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, out_pipe[1], 1);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  std::vector<char*> args;
-  for (const std::string& arg : argv) {
-    args.push_back(const_cast<char*>(arg.c_str()));
-  }
-  args.push_back(nullptr);
-  std::vector<std::string> env_strings(extra_env);
-  for (char** e = environ; *e != nullptr; ++e) env_strings.push_back(*e);
-  std::vector<char*> env;
-  for (std::string& entry : env_strings) env.push_back(entry.data());
-  env.push_back(nullptr);
-  pid_t pid = 0;
-  const int spawned = posix_spawn(&pid, argv[0].c_str(), &actions, nullptr,
-                                  args.data(), env.data());
-  posix_spawn_file_actions_destroy(&actions);
+  const pid_t pid = Spawn(argv, extra_env, out_pipe[1], -1);
   close(out_pipe[1]);
+  const int spawned = pid < 0 ? -pid : 0;
   if (spawned != 0) {
     close(out_pipe[0]);
     return absl::InternalError(std::string("spawn: ") + std::strerror(spawned));
@@ -138,11 +139,7 @@ absl::StatusOr<std::unique_ptr<BackgroundProcess>> BackgroundProcess::Start(
 
 int BackgroundProcess::Stop(int signal) {
   if (pid_ == 0) return -1;
-  kill(pid_, signal);
-  int status = 0;
-  waitpid(pid_, &status, 0);
-  pid_ = 0;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return KillAndWait(std::exchange(pid_, 0), signal);
 }
 
 BackgroundProcess::~BackgroundProcess() {

@@ -24,6 +24,10 @@ struct RunResult {
 RunResult RunCommand(const std::vector<std::string>& argv,
                      const std::vector<std::string>& extra_env = {});
 
+// Sends `signal` to `pid` and reaps it; its exit code (128 + signal if
+// killed by one).
+int KillAndWait(pid_t pid, int signal);
+
 // A command left running in the background, e.g. a client that holds a job.
 // Killed (SIGKILL) on destruction if still running.
 class BackgroundProcess {

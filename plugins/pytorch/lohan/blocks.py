@@ -1,0 +1,170 @@
+"""How a model is cut into the daemon's layers.
+
+One layer per repeated block (the children of the model's block list) plus
+one "rest" layer holding every trainable parameter outside the blocks
+(embeddings, head, final norm). A parameter object that several modules share
+(tied weights) appears once; one shared between two layers goes to the rest
+layer. Parameters are flattened in `model.named_parameters()` order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import nn
+
+BlocksArg = Union[None, str, nn.ModuleList, Sequence[nn.Module]]
+
+REST = -1  # owner index of the rest layer while the plan is built
+
+
+def _is_repeated(modules: nn.ModuleList) -> bool:
+    children = list(modules)
+    return len(children) >= 2 and len({type(c) for c in children}) == 1
+
+
+def _parameter_count(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def find_blocks(model: nn.Module, blocks: BlocksArg = None) -> List[nn.Module]:
+    """The model's repeated blocks, in order.
+
+    `blocks=None` picks the nn.ModuleList with the most parameters among
+    those whose (two or more) children all have one class; a string names a
+    submodule (`"transformer.h"`); a ModuleList or a sequence of modules is
+    used as given."""
+    if blocks is None:
+        best: Optional[Tuple[int, int, str, nn.ModuleList]] = None
+        for name, module in model.named_modules():
+            if isinstance(module, nn.ModuleList) and _is_repeated(module):
+                key = (_parameter_count(module), len(module))
+                if best is None or key > best[:2]:
+                    best = (key[0], key[1], name, module)
+        if best is None:
+            raise ValueError(
+                f"lohan found no repeated blocks in {type(model).__name__}: "
+                "no nn.ModuleList whose children (two or more) share one "
+                "class. Name the blocks with lohan.init(model, blocks=...): "
+                "a submodule path such as 'transformer.h', an nn.ModuleList "
+                "or a list of modules")
+        return list(best[3])
+    if isinstance(blocks, str):
+        try:
+            found = model.get_submodule(blocks)
+        except AttributeError as error:
+            raise ValueError(
+                f"blocks={blocks!r}: {type(model).__name__} has no such "
+                f"submodule ({error})") from None
+        if not isinstance(found, (nn.ModuleList, nn.Sequential)):
+            raise TypeError(
+                f"blocks={blocks!r} is a {type(found).__name__}; name an "
+                "nn.ModuleList (or nn.Sequential) of blocks")
+        chosen = list(found)
+    elif isinstance(blocks, nn.Module) and not isinstance(
+            blocks, (nn.ModuleList, nn.Sequential)):
+        raise TypeError(
+            f"blocks must be an nn.ModuleList, a list of modules or a "
+            f"submodule path, got a {type(blocks).__name__}")
+    else:
+        chosen = list(blocks)
+    if not chosen:
+        raise ValueError("blocks= names an empty list of modules")
+    inside = {id(m) for m in model.modules()}
+    for index, block in enumerate(chosen):
+        if not isinstance(block, nn.Module):
+            raise TypeError(f"blocks[{index}] is a {type(block).__name__}, "
+                            "not an nn.Module")
+        if id(block) not in inside:
+            raise ValueError(f"blocks[{index}] ({type(block).__name__}) is "
+                             "not a submodule of the model")
+    return chosen
+
+
+@dataclass
+class Layer:
+    """One daemon layer: its parameters, flattened back to back."""
+
+    index: int
+    block: Optional[nn.Module]  # None for the rest layer
+    names: List[str] = field(default_factory=list)
+    params: List[nn.Parameter] = field(default_factory=list)
+    offsets: List[int] = field(default_factory=list)
+    numel: int = 0
+
+    def add(self, name: str, param: nn.Parameter) -> None:
+        self.names.append(name)
+        self.params.append(param)
+        self.offsets.append(self.numel)
+        self.numel += param.numel()
+
+
+def plan_layers(model: nn.Module, blocks: List[nn.Module]) -> List[Layer]:
+    """Layer 0 is the rest layer (absent when empty), then one layer per
+    block that has trainable parameters, in block order."""
+    owner: Dict[int, int] = {}
+    for index, block in enumerate(blocks):
+        for param in block.parameters():  # deduplicated within the block
+            if not param.requires_grad:
+                continue
+            previous = owner.get(id(param))
+            owner[id(param)] = index if previous in (None, index) else REST
+
+    rest = Layer(index=0, block=None)
+    per_block = [Layer(index=0, block=b) for b in blocks]
+    # named_parameters() yields each parameter object once, under its first
+    # name: that is the name checkpoints use.
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        where = owner.get(id(param), REST)
+        (rest if where == REST else per_block[where]).add(name, param)
+
+    layers = [layer for layer in [rest] + per_block if layer.numel > 0]
+    for index, layer in enumerate(layers):
+        layer.index = index
+    if not layers:
+        raise ValueError("the model has no trainable parameters "
+                         "(requires_grad=True) for lohan to train")
+    return layers
+
+
+_DTYPES = {
+    "fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
+    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+    "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
+}
+WIRE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16",
+              torch.float16: "fp16"}
+
+
+def resolve_dtype(dtype: Union[None, str, torch.dtype],
+                  layers: List[Layer]) -> torch.dtype:
+    """The training dtype: the one asked for, else the parameters' own."""
+    if dtype is None:
+        found = {p.dtype for layer in layers for p in layer.params}
+        if len(found) > 1:
+            raise TypeError(
+                "the model's trainable parameters mix dtypes "
+                f"({', '.join(sorted(str(d) for d in found))}); pass "
+                "lohan.init(..., dtype='fp32'|'bf16'|'fp16') or convert the "
+                "model with model.to(dtype) first")
+        chosen = found.pop()
+    elif isinstance(dtype, str):
+        if dtype.lower() not in _DTYPES:
+            raise ValueError(f"dtype={dtype!r} is not supported; use 'fp32', "
+                             "'bf16' or 'fp16'")
+        chosen = _DTYPES[dtype.lower()]
+    elif isinstance(dtype, torch.dtype):
+        chosen = dtype
+    else:
+        raise TypeError(f"dtype must be a string or a torch.dtype, got "
+                        f"{type(dtype).__name__}")
+    if chosen not in WIRE_NAMES:
+        raise TypeError(
+            f"lohan trains fp32, bf16 or fp16 parameters; got {chosen}. "
+            "Convert the model first (e.g. model.float() or "
+            "model.to(torch.bfloat16)) or pass dtype='fp32'|'bf16'|'fp16'")
+    return chosen

@@ -1,0 +1,366 @@
+"""The training engine: `engine = lohan.init(model, ...)`, then per step
+`loss.backward()` (or `engine.backward(loss)`) and `engine.step()`.
+
+The daemon keeps the fp32 master weights and the Adam moments; this process
+keeps only the model's working copy of the weights (fp32, or bf16/fp16). A
+step hands each layer's gradients over as backward produces them (see
+hooks.py), `step()` waits for the daemon to finish the iteration (exact
+global-norm clipping and non-finite skips happen there) and copies the new
+weights into the model's parameters.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+import torch
+from torch import nn
+
+from lohan.blocks import (BlocksArg, Layer, WIRE_NAMES, find_blocks,
+                          plan_layers, resolve_dtype)
+from lohan.checkpoint import save_checkpoint
+from lohan.client import Client, LohanError, StatusCode
+from lohan.hooks import GradientRouter, has_lohan_hook
+
+_MIB = 1 << 20
+# How long close() and a reopen wait for the daemon to take back an arena
+# (it does so as soon as it sees the data-plane connection close).
+_ARENA_RETURN_SECONDS = 30.0
+_SLOT_ALIGNMENT = 4096  # the daemon's slot allocator rounds every slot up
+
+
+def _round_up(value: int, unit: int) -> int:
+    return (value + unit - 1) // unit * unit
+
+
+def host_pool_bytes(layer_elements: List[int], element_bytes: int) -> int:
+    """Arena size for a model: per layer a gradient and a weight slot, the
+    fp32 staging slot of the largest layer, and 1 MiB for the rings, the
+    error text and the layout table; rounded up to whole MiB."""
+    slots = sum(2 * _round_up(n * element_bytes, _SLOT_ALIGNMENT)
+                for n in layer_elements)
+    staging = _round_up(max(layer_elements) * 4, _SLOT_ALIGNMENT)
+    return _round_up(slots + staging + _MIB, _MIB)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What the daemon reported for one optimizer step."""
+
+    global_norm: float  # before clipping, over every layer
+    clipped: bool       # the update used max_grad_norm / norm
+    skipped: bool       # a non-finite gradient: no update, weights unchanged
+    iteration: int      # committed steps after this one
+
+
+class Engine:
+    """Trains `model` with Adam/AdamW run by lohand. Build it with
+    lohan.init(). Not thread-safe: one training loop drives it."""
+
+    def __init__(self, model: nn.Module, *, lr: float = 1e-3,
+                 betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0, max_grad_norm: float = 0.0,
+                 blocks: BlocksArg = None, socket: Optional[str] = None,
+                 job_name: Optional[str] = None,
+                 dtype: Union[None, str, torch.dtype] = None,
+                 resume: bool = False, grad_accumulation_steps: int = 1,
+                 adamw: bool = True, amsgrad: bool = False,
+                 skip_nonfinite: bool = True, chunk_elements: int = 0):
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"lohan.init wants an nn.Module, got "
+                            f"{type(model).__name__}")
+        if (not isinstance(grad_accumulation_steps, int)
+                or grad_accumulation_steps < 1):
+            raise ValueError("grad_accumulation_steps must be an int >= 1, "
+                             f"got {grad_accumulation_steps!r}")
+        if any(has_lohan_hook(p) for p in model.parameters()):
+            raise RuntimeError(
+                f"lohan: this {type(model).__name__} is driven by an open "
+                "engine already (its hooks would hand every gradient over "
+                "twice); call that engine's close() first")
+        self.model = model
+        self.blocks = find_blocks(model, blocks)
+        self.layers: List[Layer] = plan_layers(model, self.blocks)
+        self.dtype: torch.dtype = resolve_dtype(dtype, self.layers)
+        self.grad_accumulation_steps = grad_accumulation_steps
+        self.job_name = (job_name
+                         or f"{type(model).__name__[:48]}-{os.getpid()}")
+        self.last: Optional[StepResult] = None
+        self._in_iteration = False
+        self._closed = False
+        self._router: Optional[GradientRouter] = None
+        self._remote: Any = None
+        self._plane: Any = None
+        self._client: Optional[Client] = None
+        self._job: Any = None
+        self._delete_on_failure = False  # a job this init created
+
+        element_bytes = torch.empty((), dtype=self.dtype).element_size()
+        elements = [layer.numel for layer in self.layers]
+        try:
+            self._client = Client(socket)
+            self._job = self._open_job(self._client, resume,
+                                       host_pool_bytes(elements,
+                                                       element_bytes))
+            self._client.attach_job(self._job.id)
+            self._plane = self._open_data_plane(self._client, self._job.id)
+            self._remote = self._plane.register_model(
+                self._job.id, layer_elements=elements,
+                dtype=WIRE_NAMES[self.dtype], lr=lr, betas=tuple(betas),
+                eps=eps, weight_decay=weight_decay, adamw=adamw,
+                amsgrad=amsgrad, max_grad_norm=max_grad_norm,
+                skip_nonfinite=skip_nonfinite, chunk_elements=chunk_elements)
+            self._grad_views = [
+                torch.frombuffer(self._remote.grad_buffer(l.index),
+                                 dtype=self.dtype)[:l.numel]
+                for l in self.layers]
+            self._weight_views = [
+                torch.frombuffer(self._remote.weight_buffer(l.index),
+                                 dtype=self.dtype)[:l.numel]
+                for l in self.layers]
+            self._staging = torch.frombuffer(self._remote.staging,
+                                             dtype=torch.float32)
+            self.iteration: int = int(self._remote.iteration)
+            self._load_or_init()
+            if dtype is not None:
+                model.to(self.dtype)  # buffers and frozen parameters too
+        except BaseException:
+            self.close()
+            raise
+        self._router = GradientRouter(self.layers, self._grad_views,
+                                      grad_accumulation_steps,
+                                      self._grad_ready)
+        self._delete_on_failure = False
+
+    # ----------------------------------------------------------------- setup
+
+    def _open_job(self, client: Client, resume: bool, pool_bytes: int) -> Any:
+        mine = [job for job in client.jobs() if job.name == self.job_name
+                and job.owner_uid == client.caller_uid]
+        if resume:
+            if not mine:
+                raise LohanError(
+                    StatusCode.NOT_FOUND,
+                    f"resume=True but you have no job named "
+                    f"{self.job_name!r} on this daemon; start it without "
+                    "resume=True first (lohanctl jobs lists your jobs)")
+            return mine[0]
+        try:
+            job = client.create_job(self.job_name, host_pool_bytes=pool_bytes)
+            self._delete_on_failure = True
+            return job
+        except LohanError as error:
+            if error.code == StatusCode.ALREADY_EXISTS:
+                raise LohanError(
+                    error.code,
+                    f"{error.message} (a job named {self.job_name!r} exists: "
+                    "pass resume=True to continue it, or another job_name)"
+                ) from None
+            raise
+
+    @staticmethod
+    def _open_data_plane(client: Client, job_id: str) -> Any:
+        # The daemon frees a job's arena when it sees the previous data
+        # plane's connection close; a quick reopen can race it.
+        deadline = time.monotonic() + _ARENA_RETURN_SECONDS
+        while True:
+            try:
+                return client.open_data_plane(job_id)
+            except LohanError as error:
+                if (error.code != StatusCode.ALREADY_EXISTS
+                        or time.monotonic() > deadline):
+                    raise
+            time.sleep(0.01)
+
+    @staticmethod
+    def _flatten(layer: Layer) -> torch.Tensor:
+        return torch.cat([p.detach().reshape(-1).to(torch.float32)
+                          for p in layer.params])
+
+    def _load_or_init(self) -> None:
+        """Layer by layer (no whole-model copy): a stored layer's weights
+        come from the daemon; a new one's fp32 masters are the model's
+        current values, taken before the parameters are converted to the
+        training dtype."""
+        for layer in self.layers:
+            index = layer.index
+            if self._remote.layer_initialized(index):
+                self._convert(layer)
+                self._remote.read_weights(index)
+                self._copy_into_params(layer, self._staging)
+                continue
+            if self.iteration > 0:
+                raise LohanError(
+                    StatusCode.DATA_LOSS,
+                    f"job {self.job_name!r} is at iteration {self.iteration} "
+                    f"but has no weights for layer {index}; it cannot be "
+                    "resumed")
+            self._staging[:layer.numel].copy_(self._flatten(layer))
+            self._remote.init_weights(index)
+            self._convert(layer)
+            if self.dtype != torch.float32:
+                self._copy_into_params(layer, self._weight_views[index])
+
+    def _convert(self, layer: Layer) -> None:
+        for param in layer.params:
+            if param.dtype != self.dtype:
+                param.data = param.data.to(self.dtype)
+
+    @staticmethod
+    def _copy_into_params(layer: Layer, flat: torch.Tensor) -> None:
+        with torch.no_grad():
+            for param, offset in zip(layer.params, layer.offsets):
+                param.copy_(flat[offset:offset + param.numel()]
+                            .view(param.shape))
+
+    # -------------------------------------------------------------- training
+
+    def _grad_ready(self, layer: int) -> None:
+        if not self._in_iteration:
+            self._remote.iter_begin()
+            self._in_iteration = True
+        self._remote.grad_ready(layer)
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """`loss.backward(**kwargs)`; gradients go to the daemon as they
+        come."""
+        self._check_open()
+        loss.backward(**kwargs)
+
+    def step(self) -> Optional[StepResult]:
+        """Ends the iteration: hands over any layer still holding gradients,
+        waits for the daemon (clipping and skips happen here), and puts the
+        new weights into the model. A step with no gradients is a no-op
+        (returns None), as torch.optim's."""
+        self._check_open()
+        router = self._router
+        if not router.any_gradient():
+            return None
+        router.flush()  # on an error here the iteration stays open
+        try:
+            norm, clipped, skipped = self._remote.iter_end()
+        finally:
+            # On an error the daemon rolled the iteration back: the model
+            # still holds the committed weights.
+            self._in_iteration = False
+            router.reset()
+        if not skipped:
+            self.iteration += 1
+        self._pull_weights()
+        self.last = StepResult(float(norm), bool(clipped), bool(skipped),
+                               self.iteration)
+        return self.last
+
+    def _pull_weights(self) -> None:
+        for layer in self.layers:
+            if self.dtype == torch.float32:
+                self._remote.read_weights(layer.index)
+                self._copy_into_params(layer, self._staging)
+            else:
+                self._copy_into_params(layer, self._weight_views[layer.index])
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Gradients are cleared as they are handed over; this clears any
+        not handed over yet (an abandoned accumulation)."""
+        self._check_open()
+        if self._in_iteration:
+            raise RuntimeError("lohan: zero_grad() in the middle of a step: "
+                               "some layers' gradients are with the daemon "
+                               "already; call engine.step() first")
+        self._router.reset()
+        self.model.zero_grad(set_to_none=set_to_none)
+
+    # ---------------------------------------------------------- checkpoints
+
+    def master_weights(self) -> Dict[str, torch.Tensor]:
+        """The committed fp32 master weights, by parameter name (read from
+        the daemon; between steps only)."""
+        self._check_open()
+        if self._in_iteration:
+            raise RuntimeError("lohan: the master weights can be read only "
+                               "between steps; call engine.step() first")
+        weights: Dict[str, torch.Tensor] = {}
+        for layer in self.layers:
+            self._remote.read_weights(layer.index)
+            for name, param, offset in zip(layer.names, layer.params,
+                                           layer.offsets):
+                weights[name] = (self._staging[offset:offset + param.numel()]
+                                 .clone().view(param.shape))
+        return weights
+
+    def save(self, directory: Union[str, os.PathLike]) -> str:
+        """Writes `directory/model.safetensors` (the fp32 master weights by
+        parameter name) and `directory/lohan.json`; returns the safetensors
+        path. The Adam moments stay with the daemon's job: resume with
+        lohan.init(model, job_name=..., resume=True)."""
+        return save_checkpoint(directory, self.master_weights(), {
+            "job_name": self.job_name,
+            "job_id": self._job.id,
+            "iteration": self.iteration,
+            "dtype": WIRE_NAMES[self.dtype],
+            "layers": [layer.names for layer in self.layers],
+        })
+
+    # ------------------------------------------------------------- teardown
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("lohan: this engine is closed")
+
+    def close(self) -> None:
+        """Removes the hooks and detaches from the job (its states stay with
+        the daemon for a resume). An unfinished step is rolled back."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._router is not None:
+            self._router.remove()
+        # Views into the arena must go before it is unmapped.
+        self._grad_views = self._weight_views = []
+        self._staging = None
+        self._remote = None
+        if self._plane is not None:
+            self._plane.close()
+            self._plane = None
+            if self._client is not None and self._job is not None:
+                self._wait_for_arena_return()
+        if self._client is not None:
+            if self._job is not None:
+                try:
+                    self._client.detach_job(self._job.id)
+                    if self._delete_on_failure:  # init failed half-way
+                        self._client.delete_job(self._job.id)
+                except LohanError:
+                    pass  # not attached, or the daemon is gone
+            self._client.close()
+            self._client = None
+
+    def _wait_for_arena_return(self) -> None:
+        """So that the job can be reopened as soon as close() returns."""
+        deadline = time.monotonic() + _ARENA_RETURN_SECONDS
+        try:
+            while time.monotonic() < deadline:
+                arenas = self._client.status().get("pool", {}).get(
+                    "arenas", [])
+                if all(a.get("job_id") != self._job.id for a in arenas):
+                    return
+                time.sleep(0.01)
+        except LohanError:
+            pass  # the daemon is gone: nothing to wait for
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def init(model: nn.Module, **options: Any) -> Engine:
+    """Hands `model`'s optimizer to lohand; see Engine for the options
+    (lr, betas, eps, weight_decay, max_grad_norm, blocks, socket, job_name,
+    dtype, resume, grad_accumulation_steps, adamw, amsgrad,
+    skip_nonfinite)."""
+    return Engine(model, **options)

@@ -1,0 +1,110 @@
+"""Hands gradients to the daemon layer by layer as backward produces them.
+
+A post-accumulate-grad hook on every trainable parameter counts the
+backward passes that reached it since the last hand-over. When every
+parameter of a layer has been reached `accumulation_steps` times, its
+gradients (torch's accumulated sum, exactly what an optimizer would see) are
+copied flat into the layer's gradient slot, the parameters' `.grad` are
+cleared, and the daemon is told the layer is ready: its update starts while
+backward goes on through the earlier layers.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Callable, List
+
+import torch
+
+from lohan.blocks import Layer
+
+
+def has_lohan_hook(param: torch.Tensor) -> bool:
+    """Whether an engine's hook is on `param` (an engine not closed yet)."""
+    hooks = getattr(param, "_post_accumulate_grad_hooks", None) or {}
+    return any(getattr(h, "_lohan_hook", False) for h in hooks.values())
+
+
+class GradientRouter:
+    def __init__(self, layers: List[Layer], grad_views: List[torch.Tensor],
+                 accumulation_steps: int,
+                 grad_ready: Callable[[int], None]):
+        self._layers = layers
+        self._grad_views = grad_views
+        self._steps = accumulation_steps
+        self._grad_ready = grad_ready  # begins the iteration if need be
+        self._arrivals: List[List[int]] = [[0] * len(l.params) for l in layers]
+        self._waiting: List[int] = [len(l.params) for l in layers]
+        self.handed: List[bool] = [False] * len(layers)
+        self._handles = []
+        for layer in layers:
+            for position, param in enumerate(layer.params):
+                self._handles.append(param.register_post_accumulate_grad_hook(
+                    self._hook(layer.index, position)))
+
+    def _hook(self, layer: int, position: int):
+        def on_grad(param: torch.Tensor) -> None:
+            self._arrived(layer, position, param)
+        on_grad._lohan_hook = True  # type: ignore[attr-defined]
+        return on_grad
+
+    def _arrived(self, layer: int, position: int, param: torch.Tensor) -> None:
+        if self.handed[layer]:
+            raise RuntimeError(
+                f"lohan: layer {layer} got a gradient again after it was "
+                "handed to the daemon in this step. Call engine.step() after "
+                "each backward, or pass grad_accumulation_steps=k to "
+                "lohan.init to accumulate k backward passes per step")
+        count = self._arrivals[layer][position] + 1
+        self._arrivals[layer][position] = count
+        if count == self._steps:
+            self._waiting[layer] -= 1
+            if self._waiting[layer] == 0:
+                self.hand_over(layer)
+
+    def hand_over(self, layer: int) -> None:
+        """Copies the layer's gradients into its slot (zeros where a
+        parameter has none), clears them and signals the daemon."""
+        spec = self._layers[layer]
+        view = self._grad_views[layer]
+        missing = []
+        for name, param, offset in zip(spec.names, spec.params, spec.offsets):
+            target = view[offset:offset + param.numel()]
+            if param.grad is None:
+                target.zero_()
+                missing.append(name)
+            else:
+                target.copy_(param.grad.reshape(-1))
+                param.grad = None
+        if missing:
+            warnings.warn(
+                "lohan: no gradient this step for " + ", ".join(missing[:5]) +
+                (" ..." if len(missing) > 5 else "") +
+                "; the daemon updates them with a zero gradient (moments "
+                "decay, weight decay applies), unlike torch.optim which "
+                "skips parameters whose .grad is None", stacklevel=3)
+        self.handed[layer] = True
+        self._grad_ready(layer)
+
+    def flush(self) -> None:
+        """Hands over every layer not handed over yet (a step() after fewer
+        backward passes than grad_accumulation_steps, or unused
+        parameters)."""
+        for layer in range(len(self._layers)):
+            if not self.handed[layer]:
+                self.hand_over(layer)
+
+    def any_gradient(self) -> bool:
+        return any(self.handed) or any(
+            p.grad is not None for l in self._layers for p in l.params)
+
+    def reset(self) -> None:
+        for layer in range(len(self._layers)):
+            self._arrivals[layer] = [0] * len(self._layers[layer].params)
+            self._waiting[layer] = len(self._layers[layer].params)
+            self.handed[layer] = False
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []

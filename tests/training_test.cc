@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -191,6 +192,75 @@ TEST_F(TrainingTest, StatusShowsTrainingProgress) {
                                daemon_->socket(), "status"});
   EXPECT_THAT(text.out, HasSubstr("training (open data planes)"));
   EXPECT_THAT(text.out, HasSubstr(session.job_id()));
+}
+
+TEST_F(TrainingTest, RegisterModelRefusesBadSpecs) {
+  auto client = ControlClient::Connect({.socket_path = daemon_->socket()});
+  ASSERT_TRUE(client.ok());
+  v1::JobSpec spec;
+  spec.set_name("specs");
+  spec.set_host_pool_bytes(1 << 20);
+  auto job = (*client)->CreateJob(spec);
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE((*client)->AttachJob(job->id()).ok());
+  auto good = [&]() {
+    v1::RegisterModelRequest request;
+    request.set_job_id(job->id());
+    request.mutable_model()->add_layer_elements(100);
+    request.mutable_model()->set_dtype(v1::DTYPE_BF16);
+    request.mutable_model()->mutable_adam()->set_lr(1e-3);
+    request.mutable_model()->mutable_adam()->set_beta1(0.9);
+    request.mutable_model()->mutable_adam()->set_beta2(0.999);
+    return request;
+  };
+  // No data plane open yet.
+  EXPECT_EQ((*client)->RegisterModel(good()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  auto plane =
+      DataPlane::Open((*client)->hello().data_socket_path(), job->id());
+  ASSERT_TRUE(plane.ok()) << plane.status();
+  struct Case {
+    std::function<void(v1::RegisterModelRequest&)> mutate;
+    absl::StatusCode code;
+  };
+  const Case cases[] = {
+      {[](auto& r) { r.mutable_model()->set_dtype(v1::DTYPE_UNSPECIFIED); },
+       absl::StatusCode::kInvalidArgument},
+      {[](auto& r) { r.mutable_model()->set_max_grad_norm(-1); },
+       absl::StatusCode::kInvalidArgument},
+      {[](auto& r) { r.mutable_model()->clear_layer_elements(); },
+       absl::StatusCode::kInvalidArgument},
+      {[](auto& r) { r.mutable_model()->add_layer_elements(0); },
+       absl::StatusCode::kInvalidArgument},
+      {[](auto& r) { r.mutable_model()->add_layer_elements(1 << 30); },
+       absl::StatusCode::kResourceExhausted},
+      // Takes 400 KiB of slots before it fails: twice, so a leak would
+      // leave no room for the spec below.
+      {[](auto& r) {
+         r.mutable_model()->set_layer_elements(0, 100 * 1024);
+         r.mutable_model()->add_layer_elements(1 << 30);
+       },
+       absl::StatusCode::kResourceExhausted},
+      {[](auto& r) {
+         r.mutable_model()->set_layer_elements(0, 100 * 1024);
+         r.mutable_model()->add_layer_elements(1 << 30);
+       },
+       absl::StatusCode::kResourceExhausted},
+      {[](auto& r) { r.set_job_id("j-999999"); }, absl::StatusCode::kNotFound},
+  };
+  for (const Case& c : cases) {
+    v1::RegisterModelRequest request = good();
+    c.mutate(request);
+    absl::Status status = (*client)->RegisterModel(request).status();
+    EXPECT_EQ(status.code(), c.code) << status;
+    EXPECT_FALSE(status.message().empty());
+  }
+  // After all that (the refused ones gave their slots back), a spec that
+  // needs most of the arena registers on the same data plane.
+  v1::RegisterModelRequest big = good();
+  // 200 KiB gradient + 200 KiB weights + 400 KiB fp32 staging.
+  big.mutable_model()->set_layer_elements(0, 100 * 1024);
+  EXPECT_TRUE((*client)->RegisterModel(big).ok()) << daemon_->Log();
 }
 
 TEST_F(TrainingTest, MalformedRingEntriesFailOneByOneAndHurtNothing) {

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "daemon/optim/half.h"
@@ -150,8 +151,16 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
       return absl::InvalidArgumentError("a layer of more than 2^40 elements");
     }
   }
+  // A refused registration gives back every slot it took.
+  std::vector<uint64_t> taken;
+  bool registered = false;
+  absl::Cleanup give_back = [&] {
+    if (registered) return;
+    for (uint64_t offset : taken) (void)slots_->Free(offset);
+  };
   auto allocate = [&](uint64_t bytes, SlotKind kind) -> absl::StatusOr<Slot> {
     absl::StatusOr<Slot> slot = slots_->Allocate(bytes, kind);
+    if (slot.ok()) taken.push_back(slot->offset);
     if (!slot.ok()) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "job ", job_id(), "'s arena (", grant_.arena_bytes,
@@ -241,6 +250,7 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
 
   model_.emplace(std::move(model));
   served_ = &*model_;
+  registered = true;
   DropActivations();  // left by a session that died
   // A reopened job's weights go straight into its weight slots.
   for (size_t layer = 0; layer < layers; ++layer) {

@@ -32,4 +32,30 @@ for needed in "LimitMEMLOCK=infinity" "CAP_IPC_LOCK" "@aio" "@memlock" \
   }
 done
 grep -q "^d /run/lohan 0755 root root" "$runfiles/deploy/tmpfiles.d/lohan.conf"
+
+# The system calls lohand makes must pass the unit's SystemCallFilter
+# (expanded through nested groups), or systemd would kill it with EPERM.
+expand() {
+  systemd-analyze syscall-filter --no-pager "$1" 2>/dev/null | sed 1d |
+    grep -v '^ *#' | awk '{print $1}' | while read -r member; do
+      case "$member" in
+        @*) expand "$member" ;;
+        "") ;;
+        *) echo "$member" ;;
+      esac
+    done
+}
+allowed=$(mktemp "${TEST_TMPDIR:-/tmp}/allowed.XXXXXX")
+for group in $(sed -n 's/^SystemCallFilter=//p' "$runfiles/deploy/lohand.service"); do
+  expand "$group"
+done | sort -u >"$allowed"
+for call in memfd_create fcntl mmap mlock munlock ftruncate fallocate \
+  io_setup io_destroy io_submit io_getevents pread64 pwrite64 fdatasync \
+  fsync futex eventfd2 poll ppoll epoll_wait accept4 getsockopt \
+  sendmsg recvmsg flock rename sched_setaffinity rt_sigtimedwait statfs; do
+  grep -qx "$call" "$allowed" || {
+    echo "lohand.service's SystemCallFilter blocks $call, which lohand uses"
+    exit 1
+  }
+done
 echo "PASS: deploy/lohand.service verifies"

@@ -574,3 +574,60 @@ def test_unsupported_dtypes_are_refused(tmp_path):
         lohan.init(tiny_gpt(), dtype="float64", socket=socket)
     with pytest.raises(ValueError, match="grad_accumulation_steps"):
         lohan.init(tiny_gpt(), grad_accumulation_steps=0, socket=socket)
+
+
+def test_activation_policy_recompute_reruns_blocks_and_matches_keep(lohand):
+    """The default policy recomputes each block in backward: block forwards
+    run twice per step, and the result equals the keep-everything run."""
+    results = {}
+    for policy in ("keep", "recompute"):
+        torch.manual_seed(0)
+        calls = []
+        model = _ActivationProbe(calls)
+        engine = lohan.init(model, lr=1e-2, socket=lohand.socket,
+                            job_name=f"acts-{policy}", activations=policy)
+        losses = []
+        for step in range(3):
+            x = torch.randn(4, 16, generator=torch.Generator().manual_seed(step))
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            engine.step()
+            losses.append(loss.item())
+        results[policy] = (losses, len(calls),
+                           [p.detach().clone() for p in model.parameters()])
+        engine.close()
+    keep, recompute = results["keep"], results["recompute"]
+    assert keep[1] == 3 * 3            # 3 blocks x 3 steps
+    assert recompute[1] == 2 * 3 * 3  # and once more in each backward
+    assert keep[0] == recompute[0]
+    for a, b in zip(keep[2], recompute[2]):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError):
+        lohan.init(_ActivationProbe([]), socket=lohand.socket,
+                   job_name="acts-bad", activations="teleport")
+
+
+class _CountingTanh(torch.nn.Module):
+    """Counts its forward calls (module hooks do not run in a recompute)."""
+
+    def __init__(self, calls):
+        super().__init__()
+        self.calls = calls
+
+    def forward(self, x):
+        self.calls.append(1)
+        return torch.tanh(x)
+
+
+class _ActivationProbe(torch.nn.Module):
+    def __init__(self, calls):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.Linear(16, 16), _CountingTanh(calls))
+            for _ in range(3))
+        self.head = torch.nn.Linear(16, 1)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)

@@ -14,11 +14,13 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 from torch import nn
 
+from lohan.activations import POLICIES as ACTIVATION_POLICIES
+from lohan.activations import install as install_activation_policy
 from lohan.blocks import (BlocksArg, Layer, WIRE_NAMES, find_blocks,
                           plan_layers, resolve_dtype)
 from lohan.checkpoint import save_checkpoint
@@ -68,7 +70,8 @@ class Engine:
                  dtype: Union[None, str, torch.dtype] = None,
                  resume: bool = False, grad_accumulation_steps: int = 1,
                  adamw: bool = True, amsgrad: bool = False,
-                 skip_nonfinite: bool = True, chunk_elements: int = 0):
+                 skip_nonfinite: bool = True, chunk_elements: int = 0,
+                 activations: str = "recompute"):
         if not isinstance(model, nn.Module):
             raise TypeError(f"lohan.init wants an nn.Module, got "
                             f"{type(model).__name__}")
@@ -97,6 +100,10 @@ class Engine:
         self._client: Optional[Client] = None
         self._job: Any = None
         self._delete_on_failure = False  # a job this init created
+        self._uninstall_activations: Callable[[], None] = lambda: None
+        if activations not in ACTIVATION_POLICIES:
+            raise ValueError(f"activations={activations!r} is not supported; "
+                             f"use one of {', '.join(ACTIVATION_POLICIES)}")
 
         element_bytes = torch.empty((), dtype=self.dtype).element_size()
         elements = [layer.numel for layer in self.layers]
@@ -133,6 +140,8 @@ class Engine:
         self._router = GradientRouter(self.layers, self._grad_views,
                                       grad_accumulation_steps,
                                       self._grad_ready)
+        self._uninstall_activations = install_activation_policy(
+            model, self.blocks, activations)
         self._delete_on_failure = False
 
     # ----------------------------------------------------------------- setup
@@ -316,6 +325,7 @@ class Engine:
         if self._closed:
             return
         self._closed = True
+        self._uninstall_activations()
         if self._router is not None:
             self._router.remove()
         # Views into the arena must go before it is unmapped.
@@ -362,5 +372,5 @@ def init(model: nn.Module, **options: Any) -> Engine:
     """Hands `model`'s optimizer to lohand; see Engine for the options
     (lr, betas, eps, weight_decay, max_grad_norm, blocks, socket, job_name,
     dtype, resume, grad_accumulation_steps, adamw, amsgrad,
-    skip_nonfinite)."""
+    skip_nonfinite, activations)."""
     return Engine(model, **options)

@@ -4,6 +4,7 @@
 
 #include <google/protobuf/util/json_util.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -293,7 +294,8 @@ int ActivationCall(lohan_model* model, lohan::RingOp op, uint64_t id,
 }
 
 int RingCall(lohan_model* model, lohan::RingOp op, uint32_t layer,
-             lohan::CompletionEntry* completion_out = nullptr) {
+             lohan::CompletionEntry* completion_out = nullptr,
+             float grad_scale = 0.0f) {
   if (model == nullptr) return InvalidArgument("model is NULL");
   lohan::SubmissionEntry entry{};
   entry.op = static_cast<uint16_t>(op);
@@ -324,6 +326,9 @@ int RingCall(lohan_model* model, lohan::RingOp op, uint32_t layer,
       break;
     }
     case lohan::RingOp::kIterBegin:
+      entry.grad_scale = grad_scale;
+      entry.iteration = model->sequence;
+      break;
     case lohan::RingOp::kIterEnd:
       entry.iteration = model->sequence;
       break;
@@ -445,6 +450,13 @@ int lohan_model_read_weights(lohan_model* model, uint32_t layer) {
 
 int lohan_model_iter_begin(lohan_model* model) {
   return RingCall(model, lohan::RingOp::kIterBegin, 0);
+}
+
+int lohan_model_iter_begin_scaled(lohan_model* model, float grad_scale) {
+  if (!(grad_scale > 0.0f) || !std::isfinite(grad_scale)) {
+    return InvalidArgument("grad_scale must be finite and > 0");
+  }
+  return RingCall(model, lohan::RingOp::kIterBegin, 0, nullptr, grad_scale);
 }
 
 int lohan_model_fetch_params(lohan_model* model, uint32_t layer) {

@@ -1,5 +1,6 @@
 #include "daemon/ipc/entry_validator.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -14,6 +15,7 @@ enum Field : uint32_t {
   kSlot = 4,  // slot_offset and length
   kActivationId = 8,
   kIteration = 16,
+  kGradScale = 32,
 };
 
 uint32_t FieldsOf(RingOp op) {
@@ -30,6 +32,7 @@ uint32_t FieldsOf(RingOp op) {
     case RingOp::kActFree:
       return kActivationId;
     case RingOp::kIterBegin:
+      return kIteration | kGradScale;
     case RingOp::kIterEnd:
       return kIteration;
     case RingOp::kInvalid:
@@ -106,9 +109,12 @@ absl::Status EntryValidator::Accept(const SubmissionEntry& entry) {
       (!(fields & kLayer) && entry.layer != 0) ||
       (!(fields & kSlot) && (entry.slot_offset != 0 || entry.length != 0)) ||
       (!(fields & kActivationId) && entry.activation_id != 0) ||
-      (!(fields & kIteration) && entry.iteration != 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(OpName(op), ": a field this op does not use is not zero"));
+      (!(fields & kIteration) && entry.iteration != 0) ||
+      (!(fields & kGradScale) && entry.grad_scale != 0.0f) ||
+      std::signbit(entry.grad_scale)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        OpName(op),
+        ": a field this op does not use is not zero (or a negative scale)"));
   }
 
   if (op == RingOp::kRegisterLayout) {
@@ -270,6 +276,10 @@ absl::Status EntryValidator::CheckIteration(const SubmissionEntry& entry,
     }
     if (iteration_ == UINT64_MAX) {
       return absl::OutOfRangeError("iteration counter exhausted");
+    }
+    if (!std::isfinite(entry.grad_scale)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "gradient scale ", entry.grad_scale, " is not a finite number"));
     }
     in_iteration_ = true;
     grad_seen_.assign(grad_seen_.size(), false);

@@ -1,5 +1,7 @@
 #include "daemon/ipc/entry_validator.h"
 
+#include <limits>
+
 #include <cstring>
 #include <string>
 #include <vector>
@@ -111,7 +113,7 @@ TEST_F(EntryValidatorTest, AHappyIteration) {
 
 TEST_F(EntryValidatorTest, FormatRules) {
   SubmissionEntry entry = Register();
-  entry.reserved[15] = 1;
+  entry.reserved[11] = 1;
   EXPECT_EQ(Code(entry), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Code(Entry(RingOp::kInvalid)), absl::StatusCode::kInvalidArgument);
   SubmissionEntry unknown = Entry(RingOp::kInvalid);
@@ -271,6 +273,34 @@ TEST_F(EntryValidatorTest, FreedSlotIsNoLongerAcceptable) {
   Ready();
   ASSERT_TRUE(slots_.Free(grad_.offset).ok());
   EXPECT_EQ(Code(Grad(0, kPage)), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace lohan
+
+namespace lohan {
+namespace {
+
+TEST(EntryValidatorGradScale, OnlyIterBeginCarriesAFiniteNonNegativeScale) {
+  SlotAllocator slots(1 << 16);
+  std::vector<uint8_t> arena(1 << 16);
+  EntryValidator validator(&slots, arena, {});
+  SubmissionEntry entry{};
+  entry.op = static_cast<uint16_t>(RingOp::kIterBegin);
+  for (float bad : {-1.0f, std::numeric_limits<float>::infinity(),
+                    std::numeric_limits<float>::quiet_NaN(), -0.0f}) {
+    entry.grad_scale = bad;
+    EXPECT_FALSE(validator.Accept(entry).ok()) << bad;
+  }
+  // Without a layout nothing is accepted at all, so check the field rule on
+  // an op that never carries a scale.
+  SubmissionEntry end{};
+  end.op = static_cast<uint16_t>(RingOp::kActFree);
+  end.activation_id = 1;
+  end.grad_scale = 0.5f;
+  absl::Status status = validator.Accept(end);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("does not use"), absl::string_view::npos);
 }
 
 }  // namespace

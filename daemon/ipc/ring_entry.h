@@ -40,7 +40,7 @@ inline constexpr uint32_t kRingEntryBytes = 64;
 //   kActGet          activation_id, slot_offset/length: bring it back into
 //                    this slot (length == the length it was put with).
 //   kActFree         activation_id: forget it.
-//   kIterBegin       iteration (previous iteration + 1).
+//   kIterBegin       iteration (previous iteration + 1), grad_scale.
 //   kIterEnd         iteration (the one begun). Its completion carries the
 //                    global gradient norm (a double's bits) in `detail` and
 //                    kIterEnd* bits in `flags`.
@@ -87,7 +87,10 @@ struct SubmissionEntry {
   uint64_t length;       // bytes
   uint64_t activation_id;
   uint64_t iteration;
-  uint8_t reserved[16];  // must be zero
+  // kIterBegin only: every gradient of the iteration is multiplied by this
+  // (1/loss_scale for fp16 loss scaling); 0 means 1.
+  float grad_scale;
+  uint8_t reserved[12];  // must be zero
 };
 static_assert(sizeof(SubmissionEntry) == kRingEntryBytes);
 static_assert(offsetof(SubmissionEntry, op) == 0);
@@ -98,7 +101,8 @@ static_assert(offsetof(SubmissionEntry, slot_offset) == 16);
 static_assert(offsetof(SubmissionEntry, length) == 24);
 static_assert(offsetof(SubmissionEntry, activation_id) == 32);
 static_assert(offsetof(SubmissionEntry, iteration) == 40);
-static_assert(offsetof(SubmissionEntry, reserved) == 48);
+static_assert(offsetof(SubmissionEntry, grad_scale) == 48);
+static_assert(offsetof(SubmissionEntry, reserved) == 52);
 
 struct CompletionEntry {
   uint64_t request_id;   // of the submission this completes

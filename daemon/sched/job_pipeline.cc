@@ -496,7 +496,11 @@ absl::Status JobPipeline::ReadWeights(size_t layer, float* out) const {
   return absl::OkStatus();
 }
 
-absl::Status JobPipeline::BeginIteration() {
+absl::Status JobPipeline::BeginIteration(float grad_scale) {
+  if (!(grad_scale > 0.0f) || !std::isfinite(grad_scale)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gradient scale must be finite and > 0, got ", grad_scale));
+  }
   absl::MutexLock api(&api_mu_);
   absl::MutexLock lock(&mu_);
   if (phase_ != Phase::kIdle) {
@@ -511,6 +515,7 @@ absl::Status JobPipeline::BeginIteration() {
   submissions_.assign(state_.num_layers(), Submission{});
   submit_order_.clear();
   busy_ = StageBusy{};
+  grad_scale_ = grad_scale;
   BeginPassLocked();
   phase_ = Phase::kInIteration;
   return absl::OkStatus();
@@ -542,7 +547,7 @@ absl::Status JobPipeline::SubmitGradients(size_t layer, const void* grad,
   sub = Submission{true, grad, weight16_out};
   submit_order_.push_back(layer);
   if (options_.schedule != Schedule::kAfterBackward) {
-    EnqueueLayerLocked(layer, TaskKind::kUpdate, 1.0f);
+    EnqueueLayerLocked(layer, TaskKind::kUpdate, grad_scale_);
   }
   return absl::OkStatus();
 }
@@ -565,7 +570,7 @@ absl::StatusOr<IterationReport> JobPipeline::EndIteration(
     iteration = iteration_;
     if (options_.schedule == Schedule::kAfterBackward) {
       for (size_t layer : submit_order_) {
-        EnqueueLayerLocked(layer, TaskKind::kUpdate, 1.0f);
+        EnqueueLayerLocked(layer, TaskKind::kUpdate, grad_scale_);
       }
     }
   }
@@ -609,7 +614,15 @@ absl::StatusOr<IterationReport> JobPipeline::EndIteration(
         report.clipped = true;
         report.clip_scale = scale;
         s = RollbackAll();
-        if (s.ok()) s = RunPass(TaskKind::kUpdate, static_cast<float>(scale));
+        float grad_scale;
+        {
+          absl::MutexLock lock(&mu_);
+          grad_scale = grad_scale_;
+        }
+        if (s.ok()) {
+          s = RunPass(TaskKind::kUpdate,
+                      static_cast<float>(scale * grad_scale));
+        }
         if (!s.ok()) return fail(s);
         report.redo_seconds = Now() - redo_start;
       }

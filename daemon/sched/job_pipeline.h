@@ -124,9 +124,13 @@ class JobPipeline {
   absl::Status ReadWeights(size_t layer, float* out) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Starts an iteration. FAILED_PRECONDITION if one is in progress or a
-  // layer has no states yet.
-  absl::Status BeginIteration() ABSL_LOCKS_EXCLUDED(api_mu_, mu_);
+  // Starts an iteration whose gradients are all multiplied by `grad_scale`
+  // (1/loss_scale with fp16 loss scaling; the global norm is then that of
+  // the unscaled gradients). FAILED_PRECONDITION if one is in progress or a
+  // layer has no states yet; INVALID_ARGUMENT for a scale that is not
+  // finite and > 0.
+  absl::Status BeginIteration(float grad_scale = 1.0f)
+      ABSL_LOCKS_EXCLUDED(api_mu_, mu_);
   // Hands over `layer`'s gradient (layer_elements(layer) elements of the
   // layout's grad_dtype) and where its new 16-bit weights go (as many
   // elements of weight16_dtype; null: no copy). Returns at once; the update
@@ -227,6 +231,7 @@ class JobPipeline {
   mutable absl::Mutex mu_;
   Phase phase_ ABSL_GUARDED_BY(mu_) = Phase::kIdle;
   uint64_t iteration_ ABSL_GUARDED_BY(mu_) = 0;
+  float grad_scale_ ABSL_GUARDED_BY(mu_) = 1.0f;  // of this iteration
   std::vector<bool> initialized_ ABSL_GUARDED_BY(mu_);
   std::vector<Submission> submissions_ ABSL_GUARDED_BY(mu_);
   std::vector<size_t> submit_order_ ABSL_GUARDED_BY(mu_);

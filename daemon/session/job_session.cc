@@ -357,7 +357,8 @@ absl::Status JobSession::Handle(const SubmissionEntry& entry, uint64_t& detail,
   switch (op) {
     case RingOp::kIterBegin:
       iteration_began_ = absl::Now();
-      return model.pipeline->BeginIteration();
+      return model.pipeline->BeginIteration(
+          entry.grad_scale == 0.0f ? 1.0f : entry.grad_scale);
     case RingOp::kGradReady:
       return model.pipeline->SubmitGradients(
           entry.layer, base() + entry.slot_offset,

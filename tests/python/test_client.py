@@ -101,7 +101,7 @@ def test_data_plane_arena_is_shared_memory_returned_on_close(lohand):
         assert int(client.status()["pool"]["used_bytes"]) == 0
 
 
-def _train_two_layers(client, dtype, steps, max_grad_norm=0.0):
+def _train_two_layers(client, dtype, steps, max_grad_norm=0.0, loss_scale=1.0):
     import torch
 
     torch.manual_seed(0)
@@ -109,7 +109,7 @@ def _train_two_layers(client, dtype, steps, max_grad_norm=0.0):
     params = [torch.randn(n) for n in sizes]
     reference = [torch.nn.Parameter(p.clone()) for p in params]
     optimizer = torch.optim.AdamW(reference, lr=1e-2, weight_decay=0.01)
-    job = client.create_job(f"raw-{dtype}-{max_grad_norm}",
+    job = client.create_job(f"raw-{dtype}-{max_grad_norm}-{loss_scale}",
                             host_pool_bytes=1 << 20)
     client.attach_job(job.id)
     plane = client.open_data_plane(job.id)
@@ -125,12 +125,12 @@ def _train_two_layers(client, dtype, steps, max_grad_norm=0.0):
     for step in range(steps):
         grads = [torch.randn(n).to(torch_dtype) * (10 if step % 2 else 1)
                  for n in sizes]
-        model.iter_begin()
+        model.iter_begin(grad_scale=1.0 / loss_scale)
         for layer in range(len(sizes)):
             model.fetch_params(layer)
         for layer in reversed(range(len(sizes))):
             buffer = torch.frombuffer(model.grad_buffer(layer), dtype=torch_dtype)
-            buffer.copy_(grads[layer])
+            buffer.copy_(grads[layer] * loss_scale)
             model.grad_ready(layer)
         norm, clipped, skipped = model.iter_end()
         for p, g in zip(reference, grads):
@@ -161,6 +161,29 @@ def test_raw_model_ops_match_torch_adamw(lohand, dtype):
         ours, theirs = _train_two_layers(client, dtype, steps=4)
     for a, b in zip(ours, theirs):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_raw_model_ops_unscale_loss_scaled_gradients(lohand):
+    """Gradients sent x1024 with grad_scale 1/1024 (fp16 loss scaling) give
+    exactly the unscaled run (powers of two scale exactly)."""
+    import torch
+
+    with Client(lohand.socket) as client:
+        ours, theirs = _train_two_layers(client, "bf16", steps=3,
+                                         max_grad_norm=1.0, loss_scale=1024.0)
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    with Client(lohand.socket) as client:
+        job = client.create_job("bad-scale", host_pool_bytes=1 << 20)
+        client.attach_job(job.id)
+        with client.open_data_plane(job.id) as plane:
+            model = plane.register_model(job.id, [4])
+            model.init_weights(0)
+            for bad in (0.0, -1.0, float("inf"), float("nan")):
+                with pytest.raises(LohanError) as error:
+                    model.iter_begin(grad_scale=bad)
+                assert error.value.code == StatusCode.INVALID_ARGUMENT
+            model.iter_begin(grad_scale=0.5)  # still usable
 
 
 def test_raw_model_ops_clip_like_torch(lohand):

@@ -384,7 +384,8 @@ def test_16bit_matches_fp32_master_adamw_with_16bit_forward(lohand, dtype):
     opt = torch.optim.AdamW(masters, lr=LR, betas=BETAS, eps=EPS,
                             weight_decay=WD)
     ref_losses, losses = [], []
-    with engine_for(model, lohand) as engine:
+    # The reference has no loss scaling: compare the optimizer alone.
+    with engine_for(model, lohand, loss_scale=1.0) as engine:
         assert engine.dtype == dtype
         for number, step in enumerate(data):
             loss = lm_loss(ref_model, step[0])
@@ -631,3 +632,51 @@ class _ActivationProbe(torch.nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(x)
+
+
+def test_fp16_dynamic_loss_scaling_backs_off_on_overflow_and_trains(lohand):
+    """fp16 defaults to dynamic loss scaling: a scale so large that the
+    gradients overflow makes the daemon skip the step (weights unchanged)
+    and the engine halve the scale, until steps go through; the result then
+    tracks the unscaled run."""
+    data = batches(6)
+    plain_model = tiny_gpt().to(torch.float16)
+    scaled_model = copy.deepcopy(plain_model)
+    with engine_for(plain_model, lohand, loss_scale=1.0,
+                    job_name="fp16-plain") as plain:
+        plain_losses = []
+        for step in data:
+            loss = lm_loss(plain_model, step[0])
+            plain.backward(loss)
+            plain.step()
+            plain_losses.append(loss.item())
+    with engine_for(scaled_model, lohand, job_name="fp16-scaled",
+                    loss_scale_growth_interval=3) as engine:
+        assert engine.loss_scale == 2.0 ** 16
+        before = {n: p.detach().clone()
+                  for n, p in scaled_model.named_parameters()}
+        skipped = 0
+        results = []
+        step_index = 0
+        while engine.iteration < len(data):
+            loss = lm_loss(scaled_model, data[step_index][0])
+            engine.backward(loss)
+            result = engine.step()
+            results.append(result)
+            if result.skipped:
+                skipped += 1
+                if engine.iteration == 0:
+                    for name, param in scaled_model.named_parameters():
+                        assert torch.equal(param, before[name]), name
+            else:
+                step_index += 1
+            assert skipped < 40, "the scale never came down"
+        assert skipped >= 1  # 2**16 overflows fp16 at the first backward
+        assert engine.loss_scale < 2.0 ** 16
+        scaled_losses = [lm_loss(scaled_model, data[-1][0]).item()]
+    final_plain = lm_loss(plain_model, data[-1][0]).item()
+    assert abs(scaled_losses[0] - final_plain) <= 2e-2 * abs(final_plain), (
+        scaled_losses, final_plain)
+    with pytest.raises(ValueError):
+        lohan.init(tiny_gpt(), socket=lohand.socket, job_name="bad-scale",
+                   loss_scale=-3)

@@ -97,6 +97,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "lohan_model_init_weights": (c_int, [c_void_p, u32]),
         "lohan_model_read_weights": (c_int, [c_void_p, u32]),
         "lohan_model_iter_begin": (c_int, [c_void_p]),
+        "lohan_model_iter_begin_scaled": (c_int, [c_void_p, ctypes.c_float]),
         "lohan_model_fetch_params": (c_int, [c_void_p, u32]),
         "lohan_model_grad_ready": (c_int, [c_void_p, u32]),
         "lohan_model_activation_buffer": (c_void_p, [c_void_p,

@@ -128,8 +128,14 @@ class Model:
         _check(self._lib.lohan_model_read_weights(self._handle,
                                                   self._layer(layer)))
 
-    def iter_begin(self) -> None:
-        _check(self._lib.lohan_model_iter_begin(self._handle))
+    def iter_begin(self, grad_scale: float = 1.0) -> None:
+        """Starts an iteration; every gradient of it is multiplied by
+        `grad_scale` (1/loss_scale with fp16 loss scaling)."""
+        if grad_scale == 1.0:
+            _check(self._lib.lohan_model_iter_begin(self._handle))
+        else:
+            _check(self._lib.lohan_model_iter_begin_scaled(self._handle,
+                                                           grad_scale))
 
     def fetch_params(self, layer: int) -> None:
         _check(self._lib.lohan_model_fetch_params(self._handle,

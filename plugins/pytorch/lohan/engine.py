@@ -11,6 +11,7 @@ weights into the model's parameters.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -71,7 +72,9 @@ class Engine:
                  resume: bool = False, grad_accumulation_steps: int = 1,
                  adamw: bool = True, amsgrad: bool = False,
                  skip_nonfinite: bool = True, chunk_elements: int = 0,
-                 activations: str = "recompute"):
+                 activations: str = "recompute",
+                 loss_scale: Union[None, str, float] = None,
+                 loss_scale_growth_interval: int = 2000):
         if not isinstance(model, nn.Module):
             raise TypeError(f"lohan.init wants an nn.Module, got "
                             f"{type(model).__name__}")
@@ -79,6 +82,11 @@ class Engine:
                 or grad_accumulation_steps < 1):
             raise ValueError("grad_accumulation_steps must be an int >= 1, "
                              f"got {grad_accumulation_steps!r}")
+        if not (loss_scale in (None, "dynamic")
+                or (isinstance(loss_scale, (int, float))
+                    and math.isfinite(loss_scale) and loss_scale > 0)):
+            raise ValueError(f"loss_scale={loss_scale!r}: use None (dynamic "
+                             "for fp16, else 1), 'dynamic' or a number > 0")
         if any(has_lohan_hook(p) for p in model.parameters()):
             raise RuntimeError(
                 f"lohan: this {type(model).__name__} is driven by an open "
@@ -101,6 +109,7 @@ class Engine:
         self._job: Any = None
         self._delete_on_failure = False  # a job this init created
         self._uninstall_activations: Callable[[], None] = lambda: None
+        self._scaled_backward = False
         if activations not in ACTIVATION_POLICIES:
             raise ValueError(f"activations={activations!r} is not supported; "
                              f"use one of {', '.join(ACTIVATION_POLICIES)}")
@@ -137,6 +146,18 @@ class Engine:
         except BaseException:
             self.close()
             raise
+        # fp16 loss scaling: engine.backward(loss) multiplies the loss by
+        # loss_scale; the daemon multiplies the gradients by 1/loss_scale.
+        # "dynamic" (the default for fp16) halves the scale on a step with
+        # inf/nan gradients (which the daemon skips) and doubles it after
+        # loss_scale_growth_interval good steps, like torch's GradScaler.
+        if loss_scale is None:
+            loss_scale = "dynamic" if self.dtype == torch.float16 else 1.0
+        self._dynamic_scale = loss_scale == "dynamic"
+        self.loss_scale = (2.0 ** 16 if self._dynamic_scale
+                           else float(loss_scale))
+        self._growth_interval = int(loss_scale_growth_interval)
+        self._good_steps = 0
         self._router = GradientRouter(self.layers, self._grad_views,
                                       grad_accumulation_steps,
                                       self._grad_ready)
@@ -229,14 +250,22 @@ class Engine:
 
     def _grad_ready(self, layer: int) -> None:
         if not self._in_iteration:
-            self._remote.iter_begin()
+            # Gradients of a loss scaled by engine.backward come back to
+            # scale 1 in the daemon, exactly (the scale is a power of two).
+            self._remote.iter_begin(grad_scale=(
+                1.0 / self.loss_scale if self._scaled_backward else 1.0))
             self._in_iteration = True
         self._remote.grad_ready(layer)
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """`loss.backward(**kwargs)`; gradients go to the daemon as they
-        come."""
+        """`loss.backward(**kwargs)`, with the loss multiplied by
+        `loss_scale` first (fp16 loss scaling; 1 otherwise); gradients go to
+        the daemon as they come. With loss scaling, call this rather than
+        loss.backward(), as with torch's GradScaler."""
         self._check_open()
+        if self.loss_scale != 1.0:
+            self._scaled_backward = True
+            loss = loss * self.loss_scale
         loss.backward(**kwargs)
 
     def step(self) -> Optional[StepResult]:
@@ -255,9 +284,19 @@ class Engine:
             # On an error the daemon rolled the iteration back: the model
             # still holds the committed weights.
             self._in_iteration = False
+            self._scaled_backward = False
             router.reset()
         if not skipped:
             self.iteration += 1
+        if self._dynamic_scale:
+            if skipped:
+                self.loss_scale = max(self.loss_scale / 2.0, 1.0)
+                self._good_steps = 0
+            else:
+                self._good_steps += 1
+                if self._good_steps >= self._growth_interval:
+                    self.loss_scale *= 2.0
+                    self._good_steps = 0
         self._pull_weights()
         self.last = StepResult(float(norm), bool(clipped), bool(skipped),
                                self.iteration)
@@ -372,5 +411,6 @@ def init(model: nn.Module, **options: Any) -> Engine:
     """Hands `model`'s optimizer to lohand; see Engine for the options
     (lr, betas, eps, weight_decay, max_grad_norm, blocks, socket, job_name,
     dtype, resume, grad_accumulation_steps, adamw, amsgrad,
-    skip_nonfinite, activations)."""
+    skip_nonfinite, activations, loss_scale,
+    loss_scale_growth_interval)."""
     return Engine(model, **options)

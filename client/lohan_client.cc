@@ -295,7 +295,7 @@ int ActivationCall(lohan_model* model, lohan::RingOp op, uint64_t id,
 
 int RingCall(lohan_model* model, lohan::RingOp op, uint32_t layer,
              lohan::CompletionEntry* completion_out = nullptr,
-             float grad_scale = 0.0f) {
+             float grad_scale = 0.0f, double lr = 0.0) {
   if (model == nullptr) return InvalidArgument("model is NULL");
   lohan::SubmissionEntry entry{};
   entry.op = static_cast<uint16_t>(op);
@@ -327,6 +327,7 @@ int RingCall(lohan_model* model, lohan::RingOp op, uint32_t layer,
     }
     case lohan::RingOp::kIterBegin:
       entry.grad_scale = grad_scale;
+      entry.lr = lr;
       entry.iteration = model->sequence;
       break;
     case lohan::RingOp::kIterEnd:
@@ -452,11 +453,15 @@ int lohan_model_iter_begin(lohan_model* model) {
   return RingCall(model, lohan::RingOp::kIterBegin, 0);
 }
 
-int lohan_model_iter_begin_scaled(lohan_model* model, float grad_scale) {
+int lohan_model_iter_begin_with(lohan_model* model, float grad_scale,
+                                double lr) {
   if (!(grad_scale > 0.0f) || !std::isfinite(grad_scale)) {
     return InvalidArgument("grad_scale must be finite and > 0");
   }
-  return RingCall(model, lohan::RingOp::kIterBegin, 0, nullptr, grad_scale);
+  if (!(lr >= 0.0) || !std::isfinite(lr)) {
+    return InvalidArgument("lr must be finite and >= 0 (0: as registered)");
+  }
+  return RingCall(model, lohan::RingOp::kIterBegin, 0, nullptr, grad_scale, lr);
 }
 
 int lohan_model_fetch_params(lohan_model* model, uint32_t layer) {

@@ -110,8 +110,9 @@ absl::Status EntryValidator::Accept(const SubmissionEntry& entry) {
       (!(fields & kSlot) && (entry.slot_offset != 0 || entry.length != 0)) ||
       (!(fields & kActivationId) && entry.activation_id != 0) ||
       (!(fields & kIteration) && entry.iteration != 0) ||
-      (!(fields & kGradScale) && entry.grad_scale != 0.0f) ||
-      std::signbit(entry.grad_scale)) {
+      (!(fields & kGradScale) &&
+       (entry.grad_scale != 0.0f || entry.lr != 0.0)) ||
+      std::signbit(entry.grad_scale) || std::signbit(entry.lr)) {
     return absl::InvalidArgumentError(absl::StrCat(
         OpName(op),
         ": a field this op does not use is not zero (or a negative scale)"));
@@ -277,9 +278,10 @@ absl::Status EntryValidator::CheckIteration(const SubmissionEntry& entry,
     if (iteration_ == UINT64_MAX) {
       return absl::OutOfRangeError("iteration counter exhausted");
     }
-    if (!std::isfinite(entry.grad_scale)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "gradient scale ", entry.grad_scale, " is not a finite number"));
+    if (!std::isfinite(entry.grad_scale) || !std::isfinite(entry.lr)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("gradient scale ", entry.grad_scale, " or lr ", entry.lr,
+                       " is not a finite number"));
     }
     in_iteration_ = true;
     grad_seen_.assign(grad_seen_.size(), false);

@@ -1,8 +1,7 @@
 #include "daemon/ipc/entry_validator.h"
 
-#include <limits>
-
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -299,6 +298,15 @@ TEST(EntryValidatorGradScale, OnlyIterBeginCarriesAFiniteNonNegativeScale) {
   end.activation_id = 1;
   end.grad_scale = 0.5f;
   absl::Status status = validator.Accept(end);
+  end.grad_scale = 0.0f;
+  end.lr = 1e-3;
+  EXPECT_FALSE(validator.Accept(end).ok());
+  entry.grad_scale = 0.0f;
+  for (double bad : {-1e-3, std::numeric_limits<double>::infinity(),
+                     std::numeric_limits<double>::quiet_NaN()}) {
+    entry.lr = bad;
+    EXPECT_FALSE(validator.Accept(entry).ok()) << bad;
+  }
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("does not use"), absl::string_view::npos);
 }

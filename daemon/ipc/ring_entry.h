@@ -40,7 +40,7 @@ inline constexpr uint32_t kRingEntryBytes = 64;
 //   kActGet          activation_id, slot_offset/length: bring it back into
 //                    this slot (length == the length it was put with).
 //   kActFree         activation_id: forget it.
-//   kIterBegin       iteration (previous iteration + 1), grad_scale.
+//   kIterBegin       iteration (previous iteration + 1), grad_scale, lr.
 //   kIterEnd         iteration (the one begun). Its completion carries the
 //                    global gradient norm (a double's bits) in `detail` and
 //                    kIterEnd* bits in `flags`.
@@ -90,7 +90,10 @@ struct SubmissionEntry {
   // kIterBegin only: every gradient of the iteration is multiplied by this
   // (1/loss_scale for fp16 loss scaling); 0 means 1.
   float grad_scale;
-  uint8_t reserved[12];  // must be zero
+  uint8_t reserved[4];  // must be zero
+  // kIterBegin only: the learning rate of this iteration (a schedule's
+  // value); 0 means the one the model was registered with.
+  double lr;
 };
 static_assert(sizeof(SubmissionEntry) == kRingEntryBytes);
 static_assert(offsetof(SubmissionEntry, op) == 0);
@@ -103,6 +106,7 @@ static_assert(offsetof(SubmissionEntry, activation_id) == 32);
 static_assert(offsetof(SubmissionEntry, iteration) == 40);
 static_assert(offsetof(SubmissionEntry, grad_scale) == 48);
 static_assert(offsetof(SubmissionEntry, reserved) == 52);
+static_assert(offsetof(SubmissionEntry, lr) == 56);
 
 struct CompletionEntry {
   uint64_t request_id;   // of the submission this completes

@@ -273,8 +273,9 @@ void JobPipeline::ComputeLoop() {
       tensor.step = task->step;
       GradientView grad{task->grad, layout_.grad_dtype, task->inv_scale};
       HalfOutput out{task->out, layout_.weight16_dtype};
-      absl::StatusOr<StepStats> stats =
-          updater_.Step(layout_.adam, tensor, grad, out);
+      AdamOptions adam = layout_.adam;
+      adam.lr = task->lr;
+      absl::StatusOr<StepStats> stats = updater_.Step(adam, tensor, grad, out);
       if (stats.ok()) {
         sum_squares_[FlatIndex(task->layer, task->chunk)] =
             stats->grad_sum_squares;
@@ -353,6 +354,7 @@ void JobPipeline::EnqueueLayerLocked(size_t layer, TaskKind kind,
     task.chunk = static_cast<uint32_t>(c);
     task.kind = kind;
     task.inv_scale = inv_scale;
+    task.lr = lr_;
     task.step = static_cast<int64_t>(iteration_);
     const uint64_t begin = state_.chunk_begin(c);
     task.grad = static_cast<const uint8_t*>(sub.grad) + begin * grad_size;
@@ -496,10 +498,14 @@ absl::Status JobPipeline::ReadWeights(size_t layer, float* out) const {
   return absl::OkStatus();
 }
 
-absl::Status JobPipeline::BeginIteration(float grad_scale) {
+absl::Status JobPipeline::BeginIteration(float grad_scale, double lr) {
   if (!(grad_scale > 0.0f) || !std::isfinite(grad_scale)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "gradient scale must be finite and > 0, got ", grad_scale));
+  }
+  if (!(lr >= 0.0) || !std::isfinite(lr)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("learning rate must be finite and >= 0, got ", lr));
   }
   absl::MutexLock api(&api_mu_);
   absl::MutexLock lock(&mu_);
@@ -516,6 +522,7 @@ absl::Status JobPipeline::BeginIteration(float grad_scale) {
   submit_order_.clear();
   busy_ = StageBusy{};
   grad_scale_ = grad_scale;
+  lr_ = lr > 0.0 ? lr : layout_.adam.lr;
   BeginPassLocked();
   phase_ = Phase::kInIteration;
   return absl::OkStatus();

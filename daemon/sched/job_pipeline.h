@@ -129,7 +129,9 @@ class JobPipeline {
   // the unscaled gradients). FAILED_PRECONDITION if one is in progress or a
   // layer has no states yet; INVALID_ARGUMENT for a scale that is not
   // finite and > 0.
-  absl::Status BeginIteration(float grad_scale = 1.0f)
+  // `lr` > 0 replaces the layout's learning rate for this iteration (a
+  // schedule's value); 0 keeps it.
+  absl::Status BeginIteration(float grad_scale = 1.0f, double lr = 0.0)
       ABSL_LOCKS_EXCLUDED(api_mu_, mu_);
   // Hands over `layer`'s gradient (layer_elements(layer) elements of the
   // layout's grad_dtype) and where its new 16-bit weights go (as many
@@ -160,6 +162,7 @@ class JobPipeline {
     uint32_t chunk = 0;
     TaskKind kind = TaskKind::kUpdate;
     float inv_scale = 1.0f;
+    double lr = 0.0;  // of the iteration
     int64_t step = 0;  // Adam steps the chunk's committed state has.
     const uint8_t* grad = nullptr;  // The chunk's first gradient element.
     uint8_t* out = nullptr;         // Its first 16-bit weight, or null.
@@ -232,6 +235,7 @@ class JobPipeline {
   Phase phase_ ABSL_GUARDED_BY(mu_) = Phase::kIdle;
   uint64_t iteration_ ABSL_GUARDED_BY(mu_) = 0;
   float grad_scale_ ABSL_GUARDED_BY(mu_) = 1.0f;  // of this iteration
+  double lr_ ABSL_GUARDED_BY(mu_) = 0.0;          // of this iteration
   std::vector<bool> initialized_ ABSL_GUARDED_BY(mu_);
   std::vector<Submission> submissions_ ABSL_GUARDED_BY(mu_);
   std::vector<size_t> submit_order_ ABSL_GUARDED_BY(mu_);

@@ -358,7 +358,7 @@ absl::Status JobSession::Handle(const SubmissionEntry& entry, uint64_t& detail,
     case RingOp::kIterBegin:
       iteration_began_ = absl::Now();
       return model.pipeline->BeginIteration(
-          entry.grad_scale == 0.0f ? 1.0f : entry.grad_scale);
+          entry.grad_scale == 0.0f ? 1.0f : entry.grad_scale, entry.lr);
     case RingOp::kGradReady:
       return model.pipeline->SubmitGradients(
           entry.layer, base() + entry.slot_offset,

@@ -101,7 +101,8 @@ def test_data_plane_arena_is_shared_memory_returned_on_close(lohand):
         assert int(client.status()["pool"]["used_bytes"]) == 0
 
 
-def _train_two_layers(client, dtype, steps, max_grad_norm=0.0, loss_scale=1.0):
+def _train_two_layers(client, dtype, steps, max_grad_norm=0.0, loss_scale=1.0,
+                      lr_schedule=None):
     import torch
 
     torch.manual_seed(0)
@@ -109,7 +110,8 @@ def _train_two_layers(client, dtype, steps, max_grad_norm=0.0, loss_scale=1.0):
     params = [torch.randn(n) for n in sizes]
     reference = [torch.nn.Parameter(p.clone()) for p in params]
     optimizer = torch.optim.AdamW(reference, lr=1e-2, weight_decay=0.01)
-    job = client.create_job(f"raw-{dtype}-{max_grad_norm}-{loss_scale}",
+    job = client.create_job(
+        f"raw-{dtype}-{max_grad_norm}-{loss_scale}-{lr_schedule is None}",
                             host_pool_bytes=1 << 20)
     client.attach_job(job.id)
     plane = client.open_data_plane(job.id)
@@ -125,7 +127,11 @@ def _train_two_layers(client, dtype, steps, max_grad_norm=0.0, loss_scale=1.0):
     for step in range(steps):
         grads = [torch.randn(n).to(torch_dtype) * (10 if step % 2 else 1)
                  for n in sizes]
-        model.iter_begin(grad_scale=1.0 / loss_scale)
+        lr = lr_schedule(step) if lr_schedule else None
+        if lr is not None:
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+        model.iter_begin(grad_scale=1.0 / loss_scale, lr=lr)
         for layer in range(len(sizes)):
             model.fetch_params(layer)
         for layer in reversed(range(len(sizes))):
@@ -184,6 +190,17 @@ def test_raw_model_ops_unscale_loss_scaled_gradients(lohand):
                     model.iter_begin(grad_scale=bad)
                 assert error.value.code == StatusCode.INVALID_ARGUMENT
             model.iter_begin(grad_scale=0.5)  # still usable
+
+
+def test_raw_model_ops_follow_a_learning_rate_schedule(lohand):
+    import torch
+
+    with Client(lohand.socket) as client:
+        ours, theirs = _train_two_layers(
+            client, "fp32", steps=4,
+            lr_schedule=lambda step: 1e-2 * (step + 1) / 4)  # warm-up
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_raw_model_ops_clip_like_torch(lohand):

@@ -680,3 +680,36 @@ def test_fp16_dynamic_loss_scaling_backs_off_on_overflow_and_trains(lohand):
     with pytest.raises(ValueError):
         lohan.init(tiny_gpt(), socket=lohand.socket, job_name="bad-scale",
                    loss_scale=-3)
+
+
+def test_learning_rate_schedule_matches_torch_lambda_lr(lohand):
+    """engine.lr set before each step follows a schedule exactly as
+    torch.optim.lr_scheduler does for AdamW."""
+    reference = tiny_gpt()
+    model = copy.deepcopy(reference)
+    data = batches(5)
+    # Factors near 1: at much smaller rates a few noise-dominated elements
+    # (gradient ~ rounding error, which Adam scales up to a full step) reach
+    # the fp32 tolerance even with a constant rate; an ignored schedule
+    # misses by ~lr.
+    warmup = lambda step: (0.8, 1.0, 0.9, 0.85, 1.0, 1.0)[step]
+    opt = torch.optim.AdamW(reference.parameters(), lr=LR, betas=BETAS,
+                            eps=EPS, weight_decay=WD)
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, warmup)
+    ref_losses = []
+    for step in data:
+        loss = lm_loss(reference, step[0])
+        loss.backward()
+        ref_losses.append(loss.item())
+        opt.step()
+        opt.zero_grad()
+        schedule.step()
+    with engine_for(model, lohand, job_name="lr-schedule") as engine:
+        losses = []
+        for number, step in enumerate(data):
+            engine.lr = LR * warmup(number)
+            loss = lm_loss(model, step[0])
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss.item())
+    assert_fp32_close(model, reference, losses, ref_losses)

@@ -197,9 +197,11 @@ LOHAN_CLIENT_API int lohan_model_read_weights(lohan_model* model,
                                               uint32_t layer);
 LOHAN_CLIENT_API int lohan_model_iter_begin(lohan_model* model);
 /* As lohan_model_iter_begin, with every gradient of the iteration multiplied
- * by `grad_scale` (> 0; 1/loss_scale for fp16 loss scaling). */
-LOHAN_CLIENT_API int lohan_model_iter_begin_scaled(lohan_model* model,
-                                                   float grad_scale);
+ * by `grad_scale` (> 0; 1/loss_scale for fp16 loss scaling) and, when
+ * `lr` > 0, that learning rate for this iteration (a schedule's value; 0
+ * keeps the registered one). */
+LOHAN_CLIENT_API int lohan_model_iter_begin_with(lohan_model* model,
+                                                 float grad_scale, double lr);
 LOHAN_CLIENT_API int lohan_model_fetch_params(lohan_model* model,
                                               uint32_t layer);
 LOHAN_CLIENT_API int lohan_model_grad_ready(lohan_model* model,

@@ -128,14 +128,16 @@ class Model:
         _check(self._lib.lohan_model_read_weights(self._handle,
                                                   self._layer(layer)))
 
-    def iter_begin(self, grad_scale: float = 1.0) -> None:
+    def iter_begin(self, grad_scale: float = 1.0,
+                   lr: Optional[float] = None) -> None:
         """Starts an iteration; every gradient of it is multiplied by
-        `grad_scale` (1/loss_scale with fp16 loss scaling)."""
-        if grad_scale == 1.0:
+        `grad_scale` (1/loss_scale with fp16 loss scaling), and `lr` (if
+        given) is this iteration's learning rate (a schedule's value)."""
+        if grad_scale == 1.0 and lr is None:
             _check(self._lib.lohan_model_iter_begin(self._handle))
         else:
-            _check(self._lib.lohan_model_iter_begin_scaled(self._handle,
-                                                           grad_scale))
+            _check(self._lib.lohan_model_iter_begin_with(
+                self._handle, grad_scale, 0.0 if lr is None else lr))
 
     def fetch_params(self, layer: int) -> None:
         _check(self._lib.lohan_model_fetch_params(self._handle,

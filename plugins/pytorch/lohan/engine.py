@@ -93,6 +93,9 @@ class Engine:
                 "engine already (its hooks would hand every gradient over "
                 "twice); call that engine's close() first")
         self.model = model
+        # The learning rate of the next step; set it every step to follow a
+        # schedule (engine.lr = scheduler_value), as with param_groups.
+        self.lr = float(lr)
         self.blocks = find_blocks(model, blocks)
         self.layers: List[Layer] = plan_layers(model, self.blocks)
         self.dtype: torch.dtype = resolve_dtype(dtype, self.layers)
@@ -252,8 +255,10 @@ class Engine:
         if not self._in_iteration:
             # Gradients of a loss scaled by engine.backward come back to
             # scale 1 in the daemon, exactly (the scale is a power of two).
-            self._remote.iter_begin(grad_scale=(
-                1.0 / self.loss_scale if self._scaled_backward else 1.0))
+            self._remote.iter_begin(
+                grad_scale=(1.0 / self.loss_scale
+                            if self._scaled_backward else 1.0),
+                lr=self.lr)
             self._in_iteration = True
         self._remote.grad_ready(layer)
 

@@ -30,6 +30,9 @@ TEST(CAbi, RoundTrip) {
   EXPECT_THAT(result.out, HasSubstr("delete: ok\n"));
   EXPECT_THAT(result.out, HasSubstr("null-name: INVALID_ARGUMENT\n"));
   EXPECT_THAT(result.out, HasSubstr("bad-name: INVALID_ARGUMENT\n"));
+  EXPECT_THAT(result.out, HasSubstr("null-plane-job: INVALID_ARGUMENT\n"));
+  EXPECT_THAT(result.out, HasSubstr("null-model-plane: INVALID_ARGUMENT\n"));
+  EXPECT_THAT(result.out, HasSubstr("null-model: INVALID_ARGUMENT\n"));
   // The daemon is still serving after the bad requests.
   RunResult list = RunCommand(
       {Runfile("tests/c_client/lohan_c_client"), (*daemon)->socket(), "list"});

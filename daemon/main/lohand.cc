@@ -225,8 +225,9 @@ int Run(const CommandLine& command_line) {
                kLohanVersion, kProtocolMajor, kProtocolMinor,
                config->socket_path, getpid());
   LogConfig(*config);
+  const StoreStats store_stats = (*store)->Stats();
   spdlog::info("SSD store: {} SSDs, {} tensors; optimizer kernel {}",
-               (*store)->Stats().devices.size(), (*store)->Stats().tensors,
+               store_stats.devices.size(), store_stats.tensors,
                optimizer->updater->kernel_name());
 
   int received = 0;

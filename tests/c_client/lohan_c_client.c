@@ -88,6 +88,19 @@ static int roundtrip(lohan_client* client, const char* name) {
   status = lohan_job_create(client, "bad name!", 0, 0, &job);
   printf("bad-name: %s\n", lohan_status_name(status));
   if (status != LOHAN_INVALID_ARGUMENT) return LOHAN_INTERNAL;
+  lohan_data_plane* plane = NULL;
+  status = lohan_data_plane_open(client, NULL, &plane);
+  printf("null-plane-job: %s\n", lohan_status_name(status));
+  if (status != LOHAN_INVALID_ARGUMENT) return LOHAN_INTERNAL;
+  lohan_model_spec spec;
+  memset(&spec, 0, sizeof(spec));
+  lohan_model* model = NULL;
+  status = lohan_model_register(client, NULL, "j-1", &spec, &model);
+  printf("null-model-plane: %s\n", lohan_status_name(status));
+  if (status != LOHAN_INVALID_ARGUMENT) return LOHAN_INTERNAL;
+  status = lohan_model_iter_begin(NULL);
+  printf("null-model: %s\n", lohan_status_name(status));
+  if (status != LOHAN_INVALID_ARGUMENT) return LOHAN_INTERNAL;
   return LOHAN_OK;
 }
 

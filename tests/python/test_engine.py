@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -517,9 +518,14 @@ def _hf_matches_torch(model: nn.Module, lohand, blocks=None,
     torch.manual_seed(0)
     ref_losses = train_torch(reference, data)
     torch.manual_seed(0)
+    assert model.training  # dropout on: the recompute must replay its RNG
     with engine_for(model, lohand, blocks=blocks) as engine:
         assert len(engine.layers) == 3  # rest + 2 blocks
-        losses = train_lohan(engine, model, data)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no fallback to keeping inputs
+            losses = train_lohan(engine, model, data)
+        # The default policy offloaded each block's input once per step.
+        assert engine.activation_stats.host_puts == 2 * 3
     assert_fp32_close(model, reference, losses, ref_losses, noise)
 
 
@@ -577,35 +583,72 @@ def test_unsupported_dtypes_are_refused(tmp_path):
         lohan.init(tiny_gpt(), grad_accumulation_steps=0, socket=socket)
 
 
-def test_activation_policy_recompute_reruns_blocks_and_matches_keep(lohand):
-    """The default policy recomputes each block in backward: block forwards
-    run twice per step, and the result equals the keep-everything run."""
-    results = {}
-    for policy in ("keep", "recompute"):
-        torch.manual_seed(0)
-        calls = []
-        model = _ActivationProbe(calls)
-        engine = lohan.init(model, lr=1e-2, socket=lohand.socket,
-                            job_name=f"acts-{policy}", activations=policy)
-        losses = []
-        for step in range(3):
-            x = torch.randn(4, 16, generator=torch.Generator().manual_seed(step))
-            loss = model(x).pow(2).mean()
-            loss.backward()
-            engine.step()
-            losses.append(loss.item())
-        results[policy] = (losses, len(calls),
-                           [p.detach().clone() for p in model.parameters()])
-        engine.close()
-    keep, recompute = results["keep"], results["recompute"]
+_probe_runs = iter(range(1 << 30))
+
+
+def _train_probe(lohand, policy: str, batch: int = 4, **options):
+    torch.manual_seed(0)
+    calls = []
+    model = _ActivationProbe(calls)
+    engine = lohan.init(model, lr=1e-2, socket=lohand.socket,
+                        job_name=f"acts-{policy}-{next(_probe_runs)}",
+                        activations=policy, **options)
+    losses = []
+    for step in range(3):
+        x = torch.randn(batch, 16,
+                        generator=torch.Generator().manual_seed(step))
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        engine.step()
+        losses.append(loss.item())
+    stats = engine.activation_stats
+    engine.close()
+    return (losses, len(calls), [p.detach().clone() for p in model.parameters()],
+            stats)
+
+
+def test_activation_policies_rerun_blocks_and_match_keep(lohand):
+    """recompute and offload (the default) run each block's forward again
+    in backward; every policy gives the keep-everything result exactly."""
+    keep = _train_probe(lohand, "keep")
     assert keep[1] == 3 * 3            # 3 blocks x 3 steps
-    assert recompute[1] == 2 * 3 * 3  # and once more in each backward
-    assert keep[0] == recompute[0]
-    for a, b in zip(keep[2], recompute[2]):
-        assert torch.equal(a, b)
+    for policy in ("recompute", "offload"):
+        other = _train_probe(lohand, policy)
+        assert other[1] == 2 * 3 * 3, policy  # and once more in backward
+        assert keep[0] == other[0], policy
+        for a, b in zip(keep[2], other[2]):
+            assert torch.equal(a, b), policy
+    offload_stats = _train_probe(lohand, "offload")[3]
+    # Every block input went to the store once per step, all in host memory
+    # (no limit by default), and came back for its recompute.
+    assert offload_stats.host_puts == 3 * 3
+    assert offload_stats.gets == 3 * 3
+    assert offload_stats.ssd_puts == 0
+    assert offload_stats.host_bytes == 0  # all given back after backward
     with pytest.raises(ValueError):
         lohan.init(_ActivationProbe([]), socket=lohand.socket,
                    job_name="acts-bad", activations="teleport")
+    with pytest.raises(ValueError):
+        lohan.init(_ActivationProbe([]), socket=lohand.socket,
+                   job_name="acts-bad", activation_host_bytes=-1)
+
+
+def test_offload_to_ssd_beyond_the_host_budget_matches_keep(lohand):
+    """With a host budget of one block input, the other inputs go to the
+    daemon's SSDs (in pieces smaller than an input: the activation area is
+    one page) and come back bit for bit."""
+    keep = _train_probe(lohand, "keep", batch=200)
+    block_input = 200 * 16 * 4  # batch x features x fp32: 3.1 pages
+    spilled = _train_probe(lohand, "offload", batch=200,
+                           activation_host_bytes=block_input,
+                           activation_buffer_bytes=4096)
+    assert keep[0] == spilled[0]
+    for a, b in zip(keep[2], spilled[2]):
+        assert torch.equal(a, b)
+    stats = spilled[3]
+    assert stats.host_puts == 3 and stats.ssd_puts == 2 * 3
+    assert stats.ssd_peak_bytes == 2 * block_input
+    assert stats.ssd_bytes == 0 and stats.host_bytes == 0
 
 
 class _CountingTanh(torch.nn.Module):

@@ -2,34 +2,304 @@
 
 Policies (`lohan.init(..., activations=...)`):
 - "keep": torch's default; every intermediate stays in memory.
-- "recompute" (the default): only each block's inputs are kept; backward
-  recomputes the block's forward (torch.utils.checkpoint, non-reentrant),
-  so activation memory is one block's worth plus the block boundaries.
+- "recompute": only each block's inputs are kept, where they are; backward
+  recomputes the block's forward (torch.utils.checkpoint, non-reentrant).
+- "offload" (the default): as "recompute", and each block's input leaves
+  the device: it goes to host memory (pinned; for a CPU model it already
+  is there and stays put) up to `activation_host_bytes`, and beyond that to
+  the daemon's SSDs through the job's arena (ACT_PUT); backward brings it
+  back just before the block is recomputed. Activation memory on the device
+  is then one block's intermediates.
 
-Offloading the kept block inputs to host memory or the SSD store (and the
-per-block plan from the planner) is not built yet.
+The recompute of "offload" is our own autograd.Function (the input must be
+handed to the store, which torch's checkpoint keeps in a closure). It
+replays the forward with the RNG state and autocast settings of the
+original run, so dropout and mixed precision recompute the same values.
 """
 
 from __future__ import annotations
 
-from typing import Callable, List, Sequence
+import contextlib
+import itertools
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
+from torch.utils import _pytree as pytree
 from torch.utils.checkpoint import checkpoint
 
-POLICIES = ("keep", "recompute")
+POLICIES = ("keep", "recompute", "offload")
 
 
-def install(model: nn.Module, blocks: Sequence[nn.Module],
-            policy: str) -> Callable[[], None]:
-    """Applies `policy` to every block; returns the function that undoes
-    it."""
+@dataclass
+class ActivationStats:
+    """Block inputs handed to the store since the engine opened."""
+
+    host_puts: int = 0
+    host_bytes: int = 0       # now held in host memory
+    host_peak_bytes: int = 0
+    ssd_puts: int = 0
+    ssd_bytes: int = 0        # now held on the daemon's SSDs
+    ssd_peak_bytes: int = 0
+    gets: int = 0
+
+
+class _Handle:
+    """One stored tensor. Dropped handles (a forward whose graph was thrown
+    away) give their storage back on the store's next call."""
+
+    __slots__ = ("store", "tensor", "ids", "nbytes", "shape", "dtype",
+                 "device", "__weakref__")
+
+    def __init__(self, store: "ActivationStore", nbytes: int,
+                 shape: torch.Size, dtype: torch.dtype,
+                 device: torch.device):
+        self.store = store
+        self.tensor: Optional[torch.Tensor] = None  # host copy or original
+        self.ids: List[Tuple[int, int, int]] = []  # SSD: (id, offset, len)
+        self.nbytes = nbytes
+        self.shape = shape
+        self.dtype = dtype
+        self.device = device
+
+    def __del__(self) -> None:
+        store = self.store
+        if store is not None:
+            store._dropped.append((self.tensor is not None, self.nbytes,
+                                   self.ids))
+
+
+class ActivationStore:
+    """Host memory up to `host_bytes` (None: no limit), the daemon's SSDs
+    beyond (through `remote`'s activation area, in pieces of the area's
+    size). Not thread-safe: autograd calls pack/unpack on one thread."""
+
+    def __init__(self, host_bytes: Optional[int], remote: Any = None,
+                 area: Optional[torch.Tensor] = None):
+        self.host_limit = host_bytes
+        self._remote = remote
+        self._area = area  # uint8 view of the arena's activation area
+        self._ids = itertools.count(1)
+        self._dropped: List[Tuple[bool, int, List[Tuple[int, int, int]]]] = []
+        self.stats = ActivationStats()
+        self._closed = False
+
+    def sweep(self) -> None:
+        """Gives back the storage of spent and dropped tensors."""
+        self._sweep()
+
+    def _sweep(self) -> None:
+        while self._dropped:
+            on_host, nbytes, ids = self._dropped.pop()
+            if on_host:
+                self.stats.host_bytes -= nbytes
+            else:
+                self.stats.ssd_bytes -= nbytes
+                if not self._closed:
+                    for activation_id, _, _ in ids:
+                        self._remote.act_free(activation_id)
+
+    def put(self, tensor: torch.Tensor) -> _Handle:
+        self._sweep()
+        nbytes = tensor.numel() * tensor.element_size()
+        handle = _Handle(self, nbytes, tensor.shape, tensor.dtype,
+                         tensor.device)
+        stats = self.stats
+        fits = (self.host_limit is None
+                or stats.host_bytes + nbytes <= self.host_limit)
+        if fits or self._area is None:
+            if tensor.device.type == "cpu":
+                handle.tensor = tensor  # already in host memory
+            else:
+                host = torch.empty(tensor.shape, dtype=tensor.dtype,
+                                   pin_memory=True)
+                host.copy_(tensor, non_blocking=True)
+                handle.tensor = host
+            stats.host_puts += 1
+            stats.host_bytes += nbytes
+            stats.host_peak_bytes = max(stats.host_peak_bytes,
+                                        stats.host_bytes)
+            return handle
+        source = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+        area = self._area
+        for begin in range(0, nbytes, area.numel()):
+            length = min(area.numel(), nbytes - begin)
+            area[:length].copy_(source[begin:begin + length])
+            activation_id = next(self._ids)
+            self._remote.act_put(activation_id, 0, length)
+            handle.ids.append((activation_id, begin, length))
+        stats.ssd_puts += 1
+        stats.ssd_bytes += nbytes
+        stats.ssd_peak_bytes = max(stats.ssd_peak_bytes, stats.ssd_bytes)
+        return handle
+
+    def get(self, handle: _Handle) -> torch.Tensor:
+        """The stored tensor, on its original device; the handle is spent
+        (its storage goes back at the next sweep)."""
+        self.stats.gets += 1
+        if handle.tensor is not None:
+            tensor = handle.tensor
+            if tensor.device != handle.device:
+                tensor = tensor.to(handle.device, non_blocking=True)
+            return tensor
+        out = torch.empty(handle.nbytes, dtype=torch.uint8)
+        area = self._area
+        for activation_id, begin, length in handle.ids:
+            self._remote.act_get(activation_id, 0, length)
+            out[begin:begin + length].copy_(area[:length])
+        return (out.view(handle.dtype).view(handle.shape)
+                .to(handle.device, non_blocking=True))
+
+    def close(self) -> None:
+        """Forgets the store (the daemon drops a session's activations when
+        its data plane closes)."""
+        self._closed = True
+        self._dropped.clear()
+        self._remote = None
+        self._area = None
+
+
+# ------------------------------------------------------------ recompute
+
+
+def _autocast_state() -> List[Tuple[str, torch.dtype]]:
+    state = []
+    for device_type in ("cpu", "cuda"):
+        if torch.is_autocast_enabled(device_type):
+            state.append((device_type, torch.get_autocast_dtype(device_type)))
+    return state
+
+
+class _Replay:
+    """What a block's recompute needs besides its stored inputs."""
+
+    def __init__(self, function: Callable, args_spec: Any,
+                 leaves: List[Any], stored: List[int], store: ActivationStore):
+        self.function = function
+        self.args_spec = args_spec
+        self.leaves = leaves      # non-stored leaves, None where stored
+        self.stored = stored      # leaf positions of stored tensors
+        self.store = store
+        self.cpu_rng = torch.get_rng_state()
+        self.cuda_rng: List[Tuple[int, torch.Tensor]] = []
+        self.autocast = _autocast_state()
+        self.output_spec: Any = None
+        self.output_leaves: List[Any] = []  # None where a tensor goes
+        self.handles: List[_Handle] = []
+
+    def capture_cuda_rng(self, devices: Sequence[int]) -> None:
+        self.cuda_rng = [(d, torch.cuda.get_rng_state(d)) for d in devices]
+
+    def call(self, inputs: Sequence[torch.Tensor]) -> Any:
+        leaves = list(self.leaves)
+        for position, tensor in zip(self.stored, inputs):
+            leaves[position] = tensor
+        args, kwargs = pytree.tree_unflatten(leaves, self.args_spec)
+        return self.function(*args, **kwargs)
+
+
+class _OffloadedBlock(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, replay: _Replay, anchor: torch.Tensor,
+                *inputs: torch.Tensor):
+        del anchor  # makes the outputs require grad even if no input does
+        with torch.no_grad():
+            output = replay.call(inputs)
+        flat, replay.output_spec = pytree.tree_flatten(output)
+        ctx.replay = replay
+        ctx.needs_grad = [t.requires_grad for t in inputs]
+        replay.handles = [replay.store.put(t) for t in inputs]
+        tensors = tuple(t for t in flat if isinstance(t, torch.Tensor))
+        ctx.mark_non_differentiable(
+            *[t for t in tensors if not t.is_floating_point()])
+        replay.output_leaves = [None if isinstance(t, torch.Tensor) else t
+                                for t in flat]
+        return tensors
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor):
+        replay: _Replay = ctx.replay
+        inputs = []
+        for handle, needs in zip(replay.handles, ctx.needs_grad):
+            tensor = replay.store.get(handle).detach()
+            inputs.append(tensor.requires_grad_(needs))
+        replay.handles = []
+        devices = [d for d, _ in replay.cuda_rng]
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.random.fork_rng(
+                devices=devices, enabled=True,
+                device_type="cuda" if devices else "cpu"))
+            torch.set_rng_state(replay.cpu_rng)
+            for device, state in replay.cuda_rng:
+                torch.cuda.set_rng_state(state, device)
+            for device_type, dtype in replay.autocast:
+                stack.enter_context(torch.autocast(device_type, dtype=dtype))
+            stack.enter_context(torch.enable_grad())
+            output = replay.call(inputs)
+        flat = [t for t in pytree.tree_flatten(output)[0]
+                if isinstance(t, torch.Tensor)]
+        outputs, output_grads = [], []
+        for tensor, grad in zip(flat, grads):
+            if tensor.requires_grad and grad is not None:
+                outputs.append(tensor)
+                output_grads.append(grad)
+        if outputs:
+            torch.autograd.backward(outputs, output_grads)
+        return (None, None, *[t.grad if needs else None
+                              for t, needs in zip(inputs, ctx.needs_grad)])
+
+
+def _offloaded_forward(original: Callable, store: ActivationStore,
+                       anchor: torch.Tensor, warned: List[bool]):
+    def forward(*args, **kwargs):
+        if not torch.is_grad_enabled():
+            return original(*args, **kwargs)
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        positional = len(pytree.tree_flatten(args)[0])
+        stored = [i for i, leaf in enumerate(leaves[:positional])
+                  if isinstance(leaf, torch.Tensor)
+                  and leaf.is_floating_point()]
+        # A keyword tensor that needs a gradient would be cut off from it:
+        # such a call falls back to torch's checkpoint (inputs kept).
+        if any(isinstance(leaf, torch.Tensor) and leaf.requires_grad
+               for leaf in leaves[positional:]):
+            if not warned[0]:
+                warned[0] = True
+                warnings.warn("lohan: a block gets a keyword tensor that "
+                              "needs a gradient; its inputs are kept in "
+                              "place (recompute without offload)",
+                              stacklevel=2)
+            return checkpoint(original, *args, use_reentrant=False, **kwargs)
+        inputs = [leaves[i] for i in stored]
+        kept = [None if i in set(stored) else leaf
+                for i, leaf in enumerate(leaves)]
+        replay = _Replay(original, spec, kept, stored, store)
+        devices = sorted({t.device.index or 0 for t in inputs
+                          if t.device.type == "cuda"})
+        if devices:
+            replay.capture_cuda_rng(devices)
+        tensors = _OffloadedBlock.apply(replay, anchor, *inputs)
+        tensors = iter(tensors)
+        flat = [next(tensors) if leaf is None else leaf
+                for leaf in replay.output_leaves]
+        return pytree.tree_unflatten(flat, replay.output_spec)
+
+    return forward
+
+
+def install(model: nn.Module, blocks: Sequence[nn.Module], policy: str,
+            store: Optional[ActivationStore] = None) -> Callable[[], None]:
+    """Applies `policy` to every block (`store` for "offload"); returns the
+    function that undoes it."""
     if policy not in POLICIES:
         raise ValueError(f"activations={policy!r} is not supported; use one "
                          f"of {', '.join(POLICIES)}")
     if policy == "keep":
         return lambda: None
+    if policy == "offload" and store is None:
+        raise ValueError("the offload policy needs an ActivationStore")
     # A key/value cache built during forward would be extended a second time
     # when backward recomputes the block; training does not use it.
     config = getattr(model, "config", None)
@@ -37,10 +307,15 @@ def install(model: nn.Module, blocks: Sequence[nn.Module],
     if config is not None and getattr(config, "use_cache", False):
         restore_cache = config.use_cache
         config.use_cache = False
+    anchor = torch.empty(0, requires_grad=True)
+    warned = [False]
     originals: List[tuple] = []
     for block in blocks:
         original = block.forward
         originals.append((block, original))
+        if policy == "offload":
+            block.forward = _offloaded_forward(original, store, anchor, warned)
+            continue
 
         def forward(*args, _original=original, **kwargs):
             if not torch.is_grad_enabled():

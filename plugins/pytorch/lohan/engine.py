@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from lohan.activations import POLICIES as ACTIVATION_POLICIES
+from lohan.activations import ActivationStats, ActivationStore
 from lohan.activations import install as install_activation_policy
 from lohan.blocks import (BlocksArg, Layer, WIRE_NAMES, find_blocks,
                           plan_layers, resolve_dtype)
@@ -39,14 +40,17 @@ def _round_up(value: int, unit: int) -> int:
     return (value + unit - 1) // unit * unit
 
 
-def host_pool_bytes(layer_elements: List[int], element_bytes: int) -> int:
+def host_pool_bytes(layer_elements: List[int], element_bytes: int,
+                    activation_bytes: int = 0) -> int:
     """Arena size for a model: per layer a gradient and a weight slot, the
-    fp32 staging slot of the largest layer, and 1 MiB for the rings, the
-    error text and the layout table; rounded up to whole MiB."""
+    fp32 staging slot of the largest layer, the activation area, and 1 MiB
+    for the rings, the error text and the layout table; rounded up to whole
+    MiB."""
     slots = sum(2 * _round_up(n * element_bytes, _SLOT_ALIGNMENT)
                 for n in layer_elements)
     staging = _round_up(max(layer_elements) * 4, _SLOT_ALIGNMENT)
-    return _round_up(slots + staging + _MIB, _MIB)
+    activations = _round_up(activation_bytes, _SLOT_ALIGNMENT)
+    return _round_up(slots + staging + activations + _MIB, _MIB)
 
 
 @dataclass(frozen=True)
@@ -72,7 +76,9 @@ class Engine:
                  resume: bool = False, grad_accumulation_steps: int = 1,
                  adamw: bool = True, amsgrad: bool = False,
                  skip_nonfinite: bool = True, chunk_elements: int = 0,
-                 activations: str = "recompute",
+                 activations: str = "offload",
+                 activation_host_bytes: Optional[int] = None,
+                 activation_buffer_bytes: int = 16 * _MIB,
                  loss_scale: Union[None, str, float] = None,
                  loss_scale_growth_interval: int = 2000):
         if not isinstance(model, nn.Module):
@@ -116,6 +122,22 @@ class Engine:
         if activations not in ACTIVATION_POLICIES:
             raise ValueError(f"activations={activations!r} is not supported; "
                              f"use one of {', '.join(ACTIVATION_POLICIES)}")
+        if activation_host_bytes is not None and (
+                not isinstance(activation_host_bytes, int)
+                or activation_host_bytes < 0):
+            raise ValueError("activation_host_bytes must be None (no limit) "
+                             f"or an int >= 0, got {activation_host_bytes!r}")
+        # Block inputs beyond the host budget go to the daemon's SSDs in
+        # pieces of this many bytes (the arena's activation area).
+        spill = activations == "offload" and activation_host_bytes is not None
+        if spill and (not isinstance(activation_buffer_bytes, int)
+                      or activation_buffer_bytes < _SLOT_ALIGNMENT):
+            raise ValueError("activation_buffer_bytes must be an int >= "
+                             f"{_SLOT_ALIGNMENT}, got "
+                             f"{activation_buffer_bytes!r}")
+        area_bytes = (_round_up(activation_buffer_bytes, _SLOT_ALIGNMENT)
+                      if spill else 0)
+        self._activations: Optional[ActivationStore] = None
 
         element_bytes = torch.empty((), dtype=self.dtype).element_size()
         elements = [layer.numel for layer in self.layers]
@@ -123,7 +145,8 @@ class Engine:
             self._client = Client(socket)
             self._job = self._open_job(self._client, resume,
                                        host_pool_bytes(elements,
-                                                       element_bytes))
+                                                       element_bytes,
+                                                       area_bytes))
             self._client.attach_job(self._job.id)
             self._plane = self._open_data_plane(self._client, self._job.id)
             self._remote = self._plane.register_model(
@@ -131,7 +154,8 @@ class Engine:
                 dtype=WIRE_NAMES[self.dtype], lr=lr, betas=tuple(betas),
                 eps=eps, weight_decay=weight_decay, adamw=adamw,
                 amsgrad=amsgrad, max_grad_norm=max_grad_norm,
-                skip_nonfinite=skip_nonfinite, chunk_elements=chunk_elements)
+                skip_nonfinite=skip_nonfinite, chunk_elements=chunk_elements,
+                activation_bytes=area_bytes)
             self._grad_views = [
                 torch.frombuffer(self._remote.grad_buffer(l.index),
                                  dtype=self.dtype)[:l.numel]
@@ -164,8 +188,14 @@ class Engine:
         self._router = GradientRouter(self.layers, self._grad_views,
                                       grad_accumulation_steps,
                                       self._grad_ready)
+        if activations == "offload":
+            area = (torch.frombuffer(self._remote.activations,
+                                     dtype=torch.uint8)
+                    if spill else None)
+            self._activations = ActivationStore(activation_host_bytes,
+                                                self._remote, area)
         self._uninstall_activations = install_activation_policy(
-            model, self.blocks, activations)
+            model, self.blocks, activations, self._activations)
         self._delete_on_failure = False
 
     # ----------------------------------------------------------------- setup
@@ -303,6 +333,8 @@ class Engine:
                     self.loss_scale *= 2.0
                     self._good_steps = 0
         self._pull_weights()
+        if self._activations is not None:
+            self._activations.sweep()
         self.last = StepResult(float(norm), bool(clipped), bool(skipped),
                                self.iteration)
         return self.last
@@ -325,6 +357,15 @@ class Engine:
                                "already; call engine.step() first")
         self._router.reset()
         self.model.zero_grad(set_to_none=set_to_none)
+
+    @property
+    def activation_stats(self) -> ActivationStats:
+        """Block inputs offloaded so far ("offload" policy; zeros
+        otherwise): puts and bytes held in host memory and on the SSDs."""
+        if self._activations is None:
+            return ActivationStats()
+        self._activations.sweep()
+        return self._activations.stats
 
     # ---------------------------------------------------------- checkpoints
 
@@ -370,6 +411,8 @@ class Engine:
             return
         self._closed = True
         self._uninstall_activations()
+        if self._activations is not None:
+            self._activations.close()
         if self._router is not None:
             self._router.remove()
         # Views into the arena must go before it is unmapped.
@@ -416,6 +459,6 @@ def init(model: nn.Module, **options: Any) -> Engine:
     """Hands `model`'s optimizer to lohand; see Engine for the options
     (lr, betas, eps, weight_decay, max_grad_norm, blocks, socket, job_name,
     dtype, resume, grad_accumulation_steps, adamw, amsgrad,
-    skip_nonfinite, activations, loss_scale,
-    loss_scale_growth_interval)."""
+    skip_nonfinite, activations, activation_host_bytes,
+    activation_buffer_bytes, loss_scale, loss_scale_growth_interval)."""
     return Engine(model, **options)

@@ -193,8 +193,13 @@ absl::Status EntryValidator::CheckRegisterLayout(const SubmissionEntry& entry) {
 
 absl::Status EntryValidator::CheckLayer(const SubmissionEntry& entry,
                                         SlotKind kind) {
-  if (!in_iteration_) {
+  // Weights may be fetched between iterations too (a forward, or an
+  // evaluation, before the next ITER_BEGIN): they are the committed ones.
+  if (kind == SlotKind::kGradient && !in_iteration_) {
     return absl::FailedPreconditionError("outside ITER_BEGIN..ITER_END");
+  }
+  if (!layout_) {
+    return absl::FailedPreconditionError("before REGISTER_LAYOUT");
   }
   if (entry.layer >= layout_->layer_bytes.size()) {
     return absl::InvalidArgumentError(absl::StrCat(

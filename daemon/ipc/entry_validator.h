@@ -26,8 +26,9 @@ struct JobLayout {
 // - the job's registered layout (layer index, per-layer length, dtype),
 // - the arena: [slot_offset, slot_offset + length) must lie in one live slot
 //   of the right kind (SlotAllocator::CheckRange; overflow-safe),
-// - the state machine: kRegisterLayout once, first; kGradReady and
-//   kFetchParams only between kIterBegin and kIterEnd; iterations numbered
+// - the state machine: kRegisterLayout once, first; kGradReady only
+//   between kIterBegin and kIterEnd (kFetchParams also between iterations:
+//   the committed weights, for the next forward); iterations numbered
 //   consecutively from Options::next_iteration; a layer's gradient at most
 //   once per iteration; activation ids put before get/free, not put twice,
 //   got back with the length they were put with.

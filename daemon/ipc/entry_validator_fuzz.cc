@@ -89,8 +89,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     const JobLayout* layout = validator.layout();
     Require(layout != nullptr);
+    if (op == RingOp::kGradReady) Require(validator.in_iteration());
     if (op == RingOp::kGradReady || op == RingOp::kFetchParams) {
-      Require(validator.in_iteration());
       Require(entry.layer < layout->layer_bytes.size());
       Require(entry.length == layout->layer_bytes[entry.layer]);
     }

@@ -419,6 +419,56 @@ def test_16bit_matches_fp32_master_adamw_with_16bit_forward(lohand, dtype):
         assert abs(a - b) <= SIXTEEN_LOSS_RTOL * abs(b), (losses, ref_losses)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_offloaded_block_weights_match_resident(lohand, dtype):
+    """params='offload': between uses a block's parameters are empty
+    placeholders and the weights live with the daemon; each block fetches
+    them once per step (its recompute in backward reuses them). Losses and
+    weights equal the resident run bit for bit, also for a no_grad forward
+    between steps; close() gives the blocks their weights back."""
+    data = batches(3)
+    probe = torch.randint(0, VOCAB, (2, SEQ),
+                          generator=torch.Generator().manual_seed(9))
+    results = {}
+    for mode in ("resident", "offload"):
+        model = tiny_gpt().to(dtype)
+        with engine_for(model, lohand, job_name=f"params-{mode}-{dtype}",
+                        params=mode) as engine:
+            assert engine.params_mode == mode
+            losses = []
+            for step in data:
+                empty = [p.numel() == 0 for p in model.blocks.parameters()]
+                assert all(empty) if mode == "offload" else not any(empty)
+                loss = lm_loss(model, step[0])
+                engine.backward(loss)
+                losses.append(loss.item())
+                engine.step()
+            with torch.no_grad():
+                logits = model(probe)
+            fetches = (engine._residency.fetches if mode == "offload"
+                       else None)
+        assert all(p.numel() > 0 for p in model.parameters())
+        results[mode] = (losses, logits,
+                         {n: p.detach().clone()
+                          for n, p in model.named_parameters()}, fetches)
+    resident, offload = results["resident"], results["offload"]
+    assert resident[0] == offload[0]
+    assert torch.equal(resident[1], offload[1])
+    for name, weight in resident[2].items():
+        assert torch.equal(weight, offload[2][name]), name
+    # 3 blocks x (3 training steps + the no_grad forward).
+    assert offload[3] == 3 * 4
+
+
+def test_params_offload_needs_the_offload_activation_policy(lohand):
+    with pytest.raises(ValueError, match="activations='offload'"):
+        lohan.init(tiny_gpt(), socket=lohand.socket, job_name="po-keep",
+                   params="offload", activations="keep")
+    with pytest.raises(ValueError, match="params="):
+        lohan.init(tiny_gpt(), socket=lohand.socket, job_name="po-bad",
+                   params="elsewhere")
+
+
 def test_fp32_model_trained_as_bf16_starts_from_fp32_masters(lohand):
     model = tiny_gpt()
     original = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -511,7 +561,8 @@ def test_blocks_found_or_named():
 
 
 def _hf_matches_torch(model: nn.Module, lohand, blocks=None,
-                      noise: Optional[Dict[str, slice]] = None) -> None:
+                      noise: Optional[Dict[str, slice]] = None,
+                      params: str = "resident") -> None:
     reference = copy.deepcopy(model)
     data = torch.randint(0, 100, (3, 1, 2, 17),
                          generator=torch.Generator().manual_seed(3))
@@ -519,7 +570,8 @@ def _hf_matches_torch(model: nn.Module, lohand, blocks=None,
     ref_losses = train_torch(reference, data)
     torch.manual_seed(0)
     assert model.training  # dropout on: the recompute must replay its RNG
-    with engine_for(model, lohand, blocks=blocks) as engine:
+    with engine_for(model, lohand, blocks=blocks, params=params,
+                    job_name=f"hf-{type(model).__name__}-{params}") as engine:
         assert len(engine.layers) == 3  # rest + 2 blocks
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # no fallback to keeping inputs
@@ -529,26 +581,28 @@ def _hf_matches_torch(model: nn.Module, lohand, blocks=None,
     assert_fp32_close(model, reference, losses, ref_losses, noise)
 
 
-def test_hugging_face_gpt2_trains_unmodified(lohand):
+@pytest.mark.parametrize("params", ["resident", "offload"])
+def test_hugging_face_gpt2_trains_unmodified(lohand, params):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
         n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=32))
     assert model.lm_head.weight is model.transformer.wte.weight
     key_bias = slice(32, 64)  # c_attn.bias is [q | k | v]
-    _hf_matches_torch(model, lohand, noise={
+    _hf_matches_torch(model, lohand, params=params, noise={
         f"transformer.h.{i}.attn.c_attn.bias": key_bias for i in range(2)})
     assert model.lm_head.weight is model.transformer.wte.weight
 
 
-def test_hugging_face_llama_trains_unmodified(lohand):
+@pytest.mark.parametrize("params", ["resident", "offload"])
+def test_hugging_face_llama_trains_unmodified(lohand, params):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
         vocab_size=100, hidden_size=32, intermediate_size=64,
         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
         max_position_embeddings=32))
-    _hf_matches_torch(model, lohand)
+    _hf_matches_torch(model, lohand, params=params)
 
 
 # ------------------------------------------------------------------ errors

@@ -176,8 +176,10 @@ class _Replay:
     """What a block's recompute needs besides its stored inputs."""
 
     def __init__(self, function: Callable, args_spec: Any,
-                 leaves: List[Any], stored: List[int], store: ActivationStore):
+                 leaves: List[Any], stored: List[int], store: ActivationStore,
+                 weights: "_Weights"):
         self.function = function
+        self.weights = weights
         self.args_spec = args_spec
         self.leaves = leaves      # non-stored leaves, None where stored
         self.stored = stored      # leaf positions of stored tensors
@@ -205,7 +207,7 @@ class _OffloadedBlock(torch.autograd.Function):
     def forward(ctx, replay: _Replay, anchor: torch.Tensor,
                 *inputs: torch.Tensor):
         del anchor  # makes the outputs require grad even if no input does
-        with torch.no_grad():
+        with torch.no_grad(), replay.weights:
             output = replay.call(inputs)
         flat, replay.output_spec = pytree.tree_flatten(output)
         ctx.replay = replay
@@ -237,25 +239,47 @@ class _OffloadedBlock(torch.autograd.Function):
             for device_type, dtype in replay.autocast:
                 stack.enter_context(torch.autocast(device_type, dtype=dtype))
             stack.enter_context(torch.enable_grad())
+            # The weights stay until the block's backward is done (and its
+            # gradients handed over).
+            stack.enter_context(replay.weights)
             output = replay.call(inputs)
-        flat = [t for t in pytree.tree_flatten(output)[0]
-                if isinstance(t, torch.Tensor)]
-        outputs, output_grads = [], []
-        for tensor, grad in zip(flat, grads):
-            if tensor.requires_grad and grad is not None:
-                outputs.append(tensor)
-                output_grads.append(grad)
-        if outputs:
-            torch.autograd.backward(outputs, output_grads)
+            flat = [t for t in pytree.tree_flatten(output)[0]
+                    if isinstance(t, torch.Tensor)]
+            outputs, output_grads = [], []
+            for tensor, grad in zip(flat, grads):
+                if tensor.requires_grad and grad is not None:
+                    outputs.append(tensor)
+                    output_grads.append(grad)
+            if outputs:
+                torch.autograd.backward(outputs, output_grads)
         return (None, None, *[t.grad if needs else None
                               for t, needs in zip(inputs, ctx.needs_grad)])
 
 
+class _Weights:
+    """`with weights:` holds a block's parameters materialized (see
+    params.py); a no-op without parameter offload."""
+
+    def __init__(self, block: nn.Module, residency: Any):
+        self._block = block
+        self._residency = residency
+
+    def __enter__(self) -> None:
+        if self._residency is not None:
+            self._residency.materialize(self._block)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._residency is not None:
+            self._residency.release(self._block)
+
+
 def _offloaded_forward(original: Callable, store: ActivationStore,
-                       anchor: torch.Tensor, warned: List[bool]):
+                       anchor: torch.Tensor, warned: List[bool],
+                       weights: _Weights):
     def forward(*args, **kwargs):
         if not torch.is_grad_enabled():
-            return original(*args, **kwargs)
+            with weights:
+                return original(*args, **kwargs)
         leaves, spec = pytree.tree_flatten((args, kwargs))
         positional = len(pytree.tree_flatten(args)[0])
         stored = [i for i, leaf in enumerate(leaves[:positional])
@@ -271,11 +295,14 @@ def _offloaded_forward(original: Callable, store: ActivationStore,
                               "needs a gradient; its inputs are kept in "
                               "place (recompute without offload)",
                               stacklevel=2)
+            # Offloaded weights stay until step() releases them: the
+            # checkpoint's recompute runs outside this wrapper.
+            weights.__enter__()
             return checkpoint(original, *args, use_reentrant=False, **kwargs)
         inputs = [leaves[i] for i in stored]
         kept = [None if i in set(stored) else leaf
                 for i, leaf in enumerate(leaves)]
-        replay = _Replay(original, spec, kept, stored, store)
+        replay = _Replay(original, spec, kept, stored, store, weights)
         devices = sorted({t.device.index or 0 for t in inputs
                           if t.device.type == "cuda"})
         if devices:
@@ -290,9 +317,11 @@ def _offloaded_forward(original: Callable, store: ActivationStore,
 
 
 def install(model: nn.Module, blocks: Sequence[nn.Module], policy: str,
-            store: Optional[ActivationStore] = None) -> Callable[[], None]:
-    """Applies `policy` to every block (`store` for "offload"); returns the
-    function that undoes it."""
+            store: Optional[ActivationStore] = None,
+            residency: Any = None) -> Callable[[], None]:
+    """Applies `policy` to every block (`store` for "offload"; with
+    `residency`, a params.ParameterResidency, the blocks' weights are
+    materialized around each run); returns the function that undoes it."""
     if policy not in POLICIES:
         raise ValueError(f"activations={policy!r} is not supported; use one "
                          f"of {', '.join(POLICIES)}")
@@ -300,6 +329,10 @@ def install(model: nn.Module, blocks: Sequence[nn.Module], policy: str,
         return lambda: None
     if policy == "offload" and store is None:
         raise ValueError("the offload policy needs an ActivationStore")
+    if residency is not None and policy != "offload":
+        raise ValueError(f"params='offload' needs activations='offload' "
+                         f"(with {policy!r} autograd would keep the "
+                         "offloaded weights it saved for backward)")
     # A key/value cache built during forward would be extended a second time
     # when backward recomputes the block; training does not use it.
     config = getattr(model, "config", None)
@@ -314,7 +347,8 @@ def install(model: nn.Module, blocks: Sequence[nn.Module], policy: str,
         original = block.forward
         originals.append((block, original))
         if policy == "offload":
-            block.forward = _offloaded_forward(original, store, anchor, warned)
+            block.forward = _offloaded_forward(original, store, anchor, warned,
+                                               _Weights(block, residency))
             continue
 
         def forward(*args, _original=original, **kwargs):

@@ -28,6 +28,8 @@ from lohan.blocks import (BlocksArg, Layer, WIRE_NAMES, find_blocks,
 from lohan.checkpoint import save_checkpoint
 from lohan.client import Client, LohanError, StatusCode
 from lohan.hooks import GradientRouter, has_lohan_hook
+from lohan.params import ParameterResidency
+from lohan.params import resolve_mode as resolve_params_mode
 
 _MIB = 1 << 20
 # How long close() and a reopen wait for the daemon to take back an arena
@@ -79,6 +81,7 @@ class Engine:
                  activations: str = "offload",
                  activation_host_bytes: Optional[int] = None,
                  activation_buffer_bytes: int = 16 * _MIB,
+                 params: str = "auto",
                  loss_scale: Union[None, str, float] = None,
                  loss_scale_growth_interval: int = 2000):
         if not isinstance(model, nn.Module):
@@ -138,6 +141,13 @@ class Engine:
         area_bytes = (_round_up(activation_buffer_bytes, _SLOT_ALIGNMENT)
                       if spill else 0)
         self._activations: Optional[ActivationStore] = None
+        self.params_mode = resolve_params_mode(params, self.layers)
+        if self.params_mode == "offload" and activations != "offload":
+            raise ValueError(
+                f"params='offload' needs activations='offload', got "
+                f"{activations!r}: with it autograd would keep the weights "
+                "it saved for backward on the device")
+        self._residency: Optional[ParameterResidency] = None
 
         element_bytes = torch.empty((), dtype=self.dtype).element_size()
         elements = [layer.numel for layer in self.layers]
@@ -188,6 +198,10 @@ class Engine:
         self._router = GradientRouter(self.layers, self._grad_views,
                                       grad_accumulation_steps,
                                       self._grad_ready)
+        if self.params_mode == "offload":
+            self._residency = ParameterResidency(self.layers, self._remote,
+                                                 self._weight_views)
+            self._residency.release_all()
         if activations == "offload":
             area = (torch.frombuffer(self._remote.activations,
                                      dtype=torch.uint8)
@@ -195,7 +209,8 @@ class Engine:
             self._activations = ActivationStore(activation_host_bytes,
                                                 self._remote, area)
         self._uninstall_activations = install_activation_policy(
-            model, self.blocks, activations, self._activations)
+            model, self.blocks, activations, self._activations,
+            self._residency)
         self._delete_on_failure = False
 
     # ----------------------------------------------------------------- setup
@@ -340,7 +355,14 @@ class Engine:
         return self.last
 
     def _pull_weights(self) -> None:
+        if self._residency is not None:
+            # Offloaded blocks fetch their new weights when they next run.
+            self._residency.release_all()
+            self._residency.new_step()
         for layer in self.layers:
+            if self._residency is not None and layer.block is not None and (
+                    self._residency.layer_of(layer.block) is layer):
+                continue
             if self.dtype == torch.float32:
                 self._remote.read_weights(layer.index)
                 self._copy_into_params(layer, self._staging)
@@ -410,6 +432,12 @@ class Engine:
         if self._closed:
             return
         self._closed = True
+        if self._residency is not None:
+            try:
+                self._residency.restore_all()  # before the arena goes
+            except LohanError:
+                pass  # the daemon is gone: the blocks keep placeholders
+            self._residency = None
         self._uninstall_activations()
         if self._activations is not None:
             self._activations.close()

@@ -1,11 +1,16 @@
 #include "client/data_plane.h"
 
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/common/errno_status.h"
@@ -13,6 +18,21 @@
 #include "daemon/ipc/fd_passing.h"
 
 namespace lohan {
+namespace {
+
+absl::Time DeadlineAfter(absl::Duration timeout) {
+  return timeout >= absl::InfiniteDuration()
+             ? absl::InfiniteFuture()
+             : absl::Now() + std::max(timeout, absl::ZeroDuration());
+}
+
+absl::Status DaemonGone() {
+  return absl::UnavailableError(
+      "lohand closed this job's data plane (the daemon exited or restarted, "
+      "or dropped the session); the requests in flight are lost");
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<DataPlane>> DataPlane::Open(
     const std::string& data_socket_path, const std::string& job_id) {
@@ -59,99 +79,484 @@ absl::StatusOr<std::unique_ptr<DataPlane>> DataPlane::Open(
     return ErrnoToStatus(errno,
                          absl::StrCat("mapping the arena of job ", job_id));
   }
-  uint8_t* base = static_cast<uint8_t*>(mapped);
+  return Adopt(std::move(connection), static_cast<uint8_t*>(mapped), *grant);
+}
+
+absl::StatusOr<std::unique_ptr<DataPlane>> DataPlane::Adopt(
+    UniqueFd connection, uint8_t* mapping, const ArenaGrant& grant) {
   absl::StatusOr<RingProducer> submissions =
-      RingProducer::Attach(base + grant->submission_offset,
-                           grant->submission_bytes, kRingEntryBytes);
+      RingProducer::Attach(mapping + grant.submission_offset,
+                           grant.submission_bytes, kRingEntryBytes);
   absl::StatusOr<RingConsumer> completions =
-      RingConsumer::Attach(base + grant->completion_offset,
-                           grant->completion_bytes, kRingEntryBytes);
+      RingConsumer::Attach(mapping + grant.completion_offset,
+                           grant.completion_bytes, kRingEntryBytes);
   if (!submissions.ok() || !completions.ok()) {
-    munmap(mapped, grant->arena_bytes);
+    munmap(mapping, grant.arena_bytes);
     return !submissions.ok() ? submissions.status() : completions.status();
   }
   return std::unique_ptr<DataPlane>(
-      new DataPlane(std::move(connection), base, *grant,
+      new DataPlane(std::move(connection), mapping, grant,
                     *std::move(submissions), *std::move(completions)));
 }
 
-void DataPlane::SetErrorText(uint64_t offset, uint64_t bytes) {
-  if (offset <= grant_.arena_bytes && bytes <= grant_.arena_bytes - offset &&
-      bytes > sizeof(uint64_t)) {
-    error_text_offset_ = offset;
-    error_text_bytes_ = bytes;
-  }
-}
-
-absl::Status DataPlane::Submit(const SubmissionEntry& entry,
-                               absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (true) {
-    absl::StatusOr<bool> pushed = submissions_.TryPush(&entry);
-    if (!pushed.ok()) return pushed.status();
-    if (*pushed) return absl::OkStatus();
-    if (absl::Status waited = submissions_.WaitForSpace(deadline - absl::Now());
-        !waited.ok()) {
-      return waited;
-    }
-  }
-}
-
-absl::StatusOr<CompletionEntry> DataPlane::NextCompletion(
-    absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  CompletionEntry completion;
-  while (true) {
-    absl::StatusOr<bool> popped = completions_.TryPop(&completion);
-    if (!popped.ok()) return popped.status();
-    if (*popped) return completion;
-    if (absl::Status waited =
-            completions_.WaitForEntries(deadline - absl::Now());
-        !waited.ok()) {
-      return waited;
-    }
-  }
-}
-
-absl::Status DataPlane::StatusOf(const CompletionEntry& completion) const {
-  if (completion.status_code == 0) return absl::OkStatus();
-  const auto code = static_cast<absl::StatusCode>(
-      completion.status_code <= 16 ? completion.status_code : 2);
-  std::string text = "(no text)";
-  if (error_text_bytes_ > 0) {
-    const uint8_t* slot = base_ + error_text_offset_;
-    uint64_t sequence = 0;
-    std::memcpy(&sequence, slot, sizeof(sequence));
-    const char* message =
-        reinterpret_cast<const char*>(slot + sizeof(sequence));
-    text = sequence == completion.detail
-               ? std::string(message, strnlen(message, error_text_bytes_ -
-                                                           sizeof(sequence)))
-               : "(text overwritten by a later error)";
-  }
-  return absl::Status(code, text);
-}
-
-absl::StatusOr<CompletionEntry> DataPlane::Call(SubmissionEntry entry,
-                                                absl::Duration timeout) {
-  entry.request_id = next_request_id_++;
-  if (absl::Status sent = Submit(entry, timeout); !sent.ok()) return sent;
-  absl::StatusOr<CompletionEntry> completion = NextCompletion(timeout);
-  if (!completion.ok()) return completion.status();
-  if (completion->request_id != entry.request_id) {
-    return absl::InternalError(absl::StrCat("completion for request ",
-                                            completion->request_id,
-                                            ", expected ", entry.request_id));
-  }
-  if (absl::Status status = StatusOf(*completion); !status.ok()) {
-    return status;
-  }
-  return completion;
-}
+DataPlane::DataPlane(UniqueFd connection, uint8_t* base, ArenaGrant grant,
+                     RingProducer submissions, RingConsumer completions)
+    : connection_(std::move(connection)),
+      base_(base),
+      grant_(grant),
+      max_in_flight_(std::min(submissions.geometry().capacity,
+                              completions.geometry().capacity)),
+      submissions_(std::move(submissions)),
+      completions_(std::move(completions)) {}
 
 DataPlane::~DataPlane() {
   munmap(base_, grant_.arena_bytes);
   connection_.reset();
+}
+
+void DataPlane::SetErrorText(uint64_t offset, uint64_t bytes) {
+  if (offset <= grant_.arena_bytes && bytes <= grant_.arena_bytes - offset &&
+      bytes > sizeof(uint64_t) && offset % alignof(uint64_t) == 0) {
+    absl::MutexLock lock(&mu_);
+    error_text_ = {offset, bytes};
+  }
+}
+
+size_t DataPlane::in_flight() const {
+  absl::MutexLock lock(&mu_);
+  return in_flight_;
+}
+
+size_t DataPlane::outstanding() const {
+  absl::MutexLock lock(&mu_);
+  return requests_.size();
+}
+
+// ------------------------------------------------------------- submitting
+
+absl::StatusOr<DataPlane::Ticket> DataPlane::Submit(SubmissionEntry entry,
+                                                    absl::Duration timeout) {
+  return SubmitAs(0, entry, timeout);
+}
+
+absl::StatusOr<DataPlane::Ticket> DataPlane::Reserve(uint64_t offset,
+                                                     uint64_t length,
+                                                     absl::Duration timeout) {
+  const absl::Time deadline = DeadlineAfter(timeout);
+  absl::MutexLock lock(&mu_);
+  while (Ticket user = UsingLocked(offset, offset + length)) {
+    if (!gone_.ok()) break;
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("request ", user, " still uses arena bytes [", offset,
+                       ", ", offset + length, ")"));
+    }
+    ProgressLocked(deadline);
+  }
+  if (!gone_.ok()) return gone_;
+  if (requests_.size() >= kMaxOutstandingTickets) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        requests_.size(), " tickets have not been waited for; wait for them"));
+  }
+  const Ticket ticket = next_ticket_++;
+  Request& request = requests_[ticket];
+  request.state = State::kReserved;
+  request.begin = offset;
+  request.end = offset + length;
+  ++reserved_;
+  return ticket;
+}
+
+absl::Status DataPlane::SubmitReserved(Ticket ticket, SubmissionEntry entry,
+                                       absl::Duration timeout) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = requests_.find(ticket);
+    if (it == requests_.end() || it->second.state != State::kReserved) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ticket ", ticket, " is not a reserved ticket"));
+    }
+  }
+  return SubmitAs(ticket, entry, timeout).status();
+}
+
+void DataPlane::Cancel(Ticket ticket) {
+  absl::MutexLock lock(&mu_);
+  auto it = requests_.find(ticket);
+  if (it == requests_.end() || it->second.state != State::kReserved) return;
+  requests_.erase(it);
+  --reserved_;
+  progress_.SignalAll();
+}
+
+absl::StatusOr<DataPlane::Ticket> DataPlane::AdmitLocked(Ticket reserved,
+                                                         absl::Time deadline) {
+  if (reserved == 0 && requests_.size() >= kMaxOutstandingTickets) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        requests_.size(), " tickets have not been waited for; wait for them"));
+  }
+  while (true) {
+    if (!gone_.ok()) return gone_;
+    if (in_flight_ < max_in_flight_) break;
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(in_flight_,
+                       " requests in flight (the most the rings hold) and "
+                       "none completed in time"));
+    }
+    ProgressLocked(deadline);
+  }
+  Ticket ticket = reserved;
+  if (ticket == 0) {
+    ticket = next_ticket_++;
+    requests_[ticket].state = State::kSubmitted;
+  } else {
+    requests_[ticket].state = State::kSubmitted;
+    --reserved_;
+  }
+  ++in_flight_;
+  return ticket;
+}
+
+absl::Status DataPlane::PushLocked(const SubmissionEntry& entry,
+                                   absl::Time deadline) {
+  while (true) {
+    absl::StatusOr<bool> pushed = submissions_.TryPush(&entry);
+    if (!pushed.ok()) return pushed.status();
+    if (*pushed) return absl::OkStatus();
+    // Cannot happen with a well-behaved daemon (we never have more in
+    // flight than the ring holds), but a stuck one must not hang us.
+    if (PeerGone()) return DaemonGone();
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      return absl::DeadlineExceededError(
+          "the submission ring stayed full: the daemon is not reading it");
+    }
+    absl::Status waited =
+        submissions_.WaitForSpace(std::min(left, kLivenessInterval));
+    if (!waited.ok() && !absl::IsDeadlineExceeded(waited)) return waited;
+  }
+}
+
+absl::StatusOr<DataPlane::Ticket> DataPlane::SubmitAs(Ticket reserved,
+                                                      SubmissionEntry entry,
+                                                      absl::Duration timeout) {
+  const absl::Time deadline = DeadlineAfter(timeout);
+  absl::MutexLock submit_lock(&submit_mu_);
+  Ticket ticket = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<Ticket> admitted = AdmitLocked(reserved, deadline);
+    if (!admitted.ok()) {
+      if (reserved != 0) {
+        // The failure is the reserved ticket's result.
+        auto it = requests_.find(reserved);
+        if (it != requests_.end() && it->second.state == State::kReserved) {
+          --reserved_;
+          if (it->second.abandoned) {
+            requests_.erase(it);
+          } else {
+            it->second.state = State::kDone;
+            it->second.result = admitted.status();
+          }
+        }
+        progress_.SignalAll();
+      }
+      return admitted.status();
+    }
+    ticket = *admitted;
+    Request& request = requests_[ticket];
+    request.begin = entry.slot_offset;
+    request.end = entry.slot_offset + entry.length;
+  }
+  entry.request_id = ticket;
+  absl::Status pushed = PushLocked(entry, deadline);
+  absl::MutexLock lock(&mu_);
+  if (!pushed.ok()) {
+    // It never reached the daemon.
+    auto it = requests_.find(ticket);
+    if (it != requests_.end()) {
+      if (it->second.state == State::kSubmitted) --in_flight_;
+      if (reserved == 0 || it->second.abandoned) {
+        requests_.erase(it);
+      } else if (it->second.state == State::kSubmitted) {
+        it->second.state = State::kDone;
+        it->second.result = pushed;
+      }
+    }
+    progress_.SignalAll();
+    return pushed;
+  }
+  progress_.SignalAll();
+  return ticket;
+}
+
+// ---------------------------------------------------------------- draining
+
+void DataPlane::ProgressLocked(absl::Time deadline) {
+  if (!draining_ && in_flight_ > 0) {
+    DrainLocked(deadline);
+    return;
+  }
+  progress_.WaitWithDeadline(&mu_, deadline);
+}
+
+void DataPlane::DrainLocked(absl::Time deadline) {
+  draining_ = true;
+  const ErrorText text = error_text_;
+  mu_.Unlock();
+  std::vector<std::pair<CompletionEntry, absl::Status>> batch;
+  absl::Status failure;
+  auto pop_all = [&] {
+    CompletionEntry completion;
+    while (failure.ok()) {
+      absl::StatusOr<bool> popped = completions_.TryPop(&completion);
+      if (!popped.ok()) {
+        failure = popped.status();
+        return;
+      }
+      if (!*popped) return;
+      // The text now: a later failure may reuse its record.
+      batch.emplace_back(completion, StatusOf(completion, text));
+    }
+  };
+  pop_all();
+  if (batch.empty() && failure.ok()) {
+    const absl::Duration left =
+        std::min(deadline - absl::Now(), kLivenessInterval);
+    if (left > absl::ZeroDuration()) {
+      absl::Status waited = completions_.WaitForEntries(left);
+      if (!waited.ok() && !absl::IsDeadlineExceeded(waited)) {
+        failure = waited;
+      } else {
+        pop_all();
+      }
+    }
+    if (batch.empty() && failure.ok() && PeerGone()) {
+      pop_all();  // whatever it completed before it went
+      if (failure.ok()) failure = DaemonGone();
+    }
+  }
+  mu_.Lock();
+  for (auto& [completion, status] : batch) {
+    RecordLocked(completion, std::move(status));
+  }
+  if (!failure.ok()) FailInFlightLocked(failure);
+  draining_ = false;
+  progress_.SignalAll();
+}
+
+void DataPlane::RecordLocked(const CompletionEntry& completion,
+                             absl::Status status) {
+  auto it = requests_.find(completion.request_id);
+  // A completion for nothing we have in flight: a confused daemon. Ignored;
+  // the request it should have answered still times out or is answered.
+  if (it == requests_.end() || it->second.state != State::kSubmitted) return;
+  --in_flight_;
+  if (it->second.abandoned) {
+    requests_.erase(it);
+    return;
+  }
+  it->second.state = State::kDone;
+  if (status.ok()) {
+    it->second.result = completion;
+  } else {
+    it->second.result = std::move(status);
+  }
+}
+
+void DataPlane::FailInFlightLocked(const absl::Status& why) {
+  if (gone_.ok()) gone_ = why;
+  for (auto it = requests_.begin(); it != requests_.end();) {
+    Request& request = it->second;
+    if (request.state == State::kSubmitted) {
+      if (request.abandoned) {
+        requests_.erase(it++);
+        continue;
+      }
+      request.state = State::kDone;
+      request.result = why;
+    }
+    ++it;
+  }
+  in_flight_ = 0;
+}
+
+absl::Status DataPlane::StatusOf(const CompletionEntry& completion,
+                                 const ErrorText& text) const {
+  if (completion.status_code == 0) return absl::OkStatus();
+  const auto code = static_cast<absl::StatusCode>(
+      completion.status_code <= 16 ? completion.status_code : 2);
+  if (text.bytes == 0) return absl::Status(code, "(no text)");
+  // Reads the record at `at` (bytes into the area), `bytes` long; false
+  // unless it holds this completion's text, untorn.
+  auto read = [&](uint64_t at, uint64_t bytes, std::string* out) {
+    uint8_t* record = base_ + text.offset + at;
+    std::atomic_ref<uint64_t> sequence(*reinterpret_cast<uint64_t*>(record));
+    if (sequence.load(std::memory_order_acquire) != completion.detail) {
+      return false;
+    }
+    const char* message =
+        reinterpret_cast<const char*>(record + sizeof(uint64_t));
+    std::string copy(message, strnlen(message, bytes - sizeof(uint64_t)));
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (sequence.load(std::memory_order_relaxed) != completion.detail) {
+      return false;
+    }
+    *out = std::move(copy);
+    return true;
+  };
+  const uint64_t records =
+      std::max<uint64_t>(1, text.bytes / kErrorTextRecordBytes);
+  std::string message;
+  if (records > 1 && completion.detail >= 1 &&
+      read((completion.detail - 1) % records * kErrorTextRecordBytes,
+           kErrorTextRecordBytes, &message)) {
+    return absl::Status(code, message);
+  }
+  // One record over the whole area: a daemon from before records.
+  if (read(0, text.bytes, &message)) return absl::Status(code, message);
+  return absl::Status(
+      code, absl::StrCat("(the daemon's text for this failure was overwritten: "
+                         "more than ",
+                         records,
+                         " requests failed before it was read; the status "
+                         "code stands)"));
+}
+
+bool DataPlane::PeerGone() const {
+  if (!connection_) return false;  // nothing to watch (a test's plane)
+  pollfd watched{connection_.get(), POLLIN | POLLRDHUP, 0};
+  if (poll(&watched, 1, 0) <= 0) return false;
+  if ((watched.revents & (POLLHUP | POLLRDHUP | POLLERR | POLLNVAL)) != 0) {
+    return true;
+  }
+  if ((watched.revents & POLLIN) != 0) {
+    char byte;
+    return recv(connection_.get(), &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+  }
+  return false;
+}
+
+// ----------------------------------------------------------------- waiting
+
+absl::Status DataPlane::BadTicketLocked(Ticket ticket) const {
+  if (ticket == 0 || ticket >= next_ticket_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ticket ", ticket, " was never issued by this data plane"));
+  }
+  return absl::NotFoundError(
+      absl::StrCat("ticket ", ticket,
+                   " was already waited for (a ticket's result is delivered "
+                   "once) or abandoned"));
+}
+
+absl::StatusOr<CompletionEntry> DataPlane::Wait(Ticket ticket,
+                                                absl::Duration timeout) {
+  const absl::Time deadline = DeadlineAfter(timeout);
+  absl::MutexLock lock(&mu_);
+  while (true) {
+    auto it = requests_.find(ticket);
+    if (it == requests_.end() || it->second.abandoned) {
+      return BadTicketLocked(ticket);
+    }
+    if (it->second.state == State::kDone) {
+      absl::StatusOr<CompletionEntry> result = std::move(it->second.result);
+      requests_.erase(it);
+      return result;
+    }
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "request ", ticket, " has not completed in ",
+          absl::FormatDuration(timeout), "; it is still ",
+          it->second.state == State::kReserved ? "waiting to be submitted"
+                                               : "in flight",
+          " (wait again)"));
+    }
+    ProgressLocked(deadline);
+  }
+}
+
+absl::StatusOr<bool> DataPlane::Poll(Ticket ticket) {
+  absl::MutexLock lock(&mu_);
+  auto it = requests_.find(ticket);
+  if (it == requests_.end() || it->second.abandoned) {
+    return BadTicketLocked(ticket);
+  }
+  if (it->second.state == State::kDone) return true;
+  if (it->second.state == State::kSubmitted && !draining_) {
+    DrainLocked(absl::Now());  // reads what is there, does not wait
+    it = requests_.find(ticket);
+    if (it == requests_.end()) return BadTicketLocked(ticket);
+  }
+  return it->second.state == State::kDone;
+}
+
+void DataPlane::Abandon(Ticket ticket) {
+  absl::MutexLock lock(&mu_);
+  auto it = requests_.find(ticket);
+  if (it == requests_.end()) return;
+  if (it->second.state == State::kDone) {
+    requests_.erase(it);
+  } else {
+    it->second.abandoned = true;
+  }
+}
+
+absl::Status DataPlane::WaitForReserved(absl::Duration timeout) {
+  const absl::Time deadline = DeadlineAfter(timeout);
+  absl::MutexLock lock(&mu_);
+  while (reserved_ > 0) {
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(reserved_,
+                       " requests are still waiting to be submitted (e.g. "
+                       "their device copies have not finished)"));
+    }
+    // Drain meanwhile: a reserved ticket's submission may be waiting for
+    // room in flight.
+    ProgressLocked(deadline);
+  }
+  return absl::OkStatus();
+}
+
+DataPlane::Ticket DataPlane::UsingLocked(uint64_t begin, uint64_t end) const {
+  if (begin >= end) return 0;
+  for (const auto& [ticket, request] : requests_) {
+    if (request.state != State::kDone && request.begin < end &&
+        begin < request.end) {
+      return ticket;
+    }
+  }
+  return 0;
+}
+
+absl::Status DataPlane::WaitForRange(uint64_t offset, uint64_t length,
+                                     absl::Duration timeout) {
+  const absl::Time deadline = DeadlineAfter(timeout);
+  absl::MutexLock lock(&mu_);
+  while (Ticket user = UsingLocked(offset, offset + length)) {
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("request ", user, " still uses arena bytes [", offset,
+                       ", ", offset + length, ")"));
+    }
+    ProgressLocked(deadline);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CompletionEntry> DataPlane::Call(SubmissionEntry entry,
+                                                absl::Duration timeout) {
+  const absl::Time deadline = DeadlineAfter(timeout);
+  absl::StatusOr<Ticket> ticket = Submit(entry, timeout);
+  if (!ticket.ok()) return ticket.status();
+  absl::StatusOr<CompletionEntry> completion =
+      Wait(*ticket, deadline - absl::Now());
+  if (!completion.ok() && absl::IsDeadlineExceeded(completion.status())) {
+    Abandon(*ticket);  // no-op when it was the daemon's own answer
+  }
+  return completion;
 }
 
 }  // namespace lohan

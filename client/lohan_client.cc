@@ -13,7 +13,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "client/control_client.h"
+#include "client/cuda_copy.h"
 #include "client/data_plane.h"
 #include "daemon/common/version.h"
 #include "daemon/ipc/ring_entry.h"
@@ -28,6 +30,7 @@ struct lohan_job_info {
 
 struct lohan_data_plane {
   std::unique_ptr<lohan::DataPlane> impl;
+  bool cuda_registered = false;  // lohan_data_plane_cuda_register
 };
 
 struct lohan_model {
@@ -258,7 +261,12 @@ uint64_t lohan_data_plane_arena_size(const lohan_data_plane* plane) {
   return plane == nullptr ? 0 : plane->impl->arena_bytes();
 }
 
-void lohan_data_plane_destroy(lohan_data_plane* plane) { delete plane; }
+void lohan_data_plane_destroy(lohan_data_plane* plane) {
+  if (plane != nullptr && plane->cuda_registered) {
+    (void)lohan::cuda::UnregisterHost(plane->impl->arena());
+  }
+  delete plane;
+}
 
 namespace {
 
@@ -274,8 +282,19 @@ int Finish(lohan_model* model, const lohan::SubmissionEntry& entry,
   return Report(absl::OkStatus());
 }
 
+int SubmitEntry(lohan_model* model, const lohan::SubmissionEntry& entry,
+                uint64_t* ticket) {
+  absl::StatusOr<lohan::DataPlane::Ticket> submitted =
+      model->plane->Submit(entry, kRingCallTimeout);
+  if (!submitted.ok()) return Report(submitted.status());
+  *ticket = *submitted;
+  return Report(absl::OkStatus());
+}
+
+// `ticket` NULL: submit and wait; else submit and hand out the ticket.
 int ActivationCall(lohan_model* model, lohan::RingOp op, uint64_t id,
-                   uint64_t offset, uint64_t length) {
+                   uint64_t offset, uint64_t length,
+                   uint64_t* ticket = nullptr) {
   if (model == nullptr) return InvalidArgument("model is NULL");
   const uint64_t area = model->registration.activation_bytes();
   if (op != lohan::RingOp::kActFree &&
@@ -290,14 +309,16 @@ int ActivationCall(lohan_model* model, lohan::RingOp op, uint64_t id,
     entry.slot_offset = model->registration.activation_offset() + offset;
     entry.length = length;
   }
+  if (ticket != nullptr) return SubmitEntry(model, entry, ticket);
   return Finish(model, entry, nullptr);
 }
 
-int RingCall(lohan_model* model, lohan::RingOp op, uint32_t layer,
-             lohan::CompletionEntry* completion_out = nullptr,
-             float grad_scale = 0.0f, double lr = 0.0) {
+// Fills `entry` for `op` on `layer`; LOHAN_OK or a reported error.
+int BuildEntry(const lohan_model* model, lohan::RingOp op, uint32_t layer,
+               lohan::SubmissionEntry& entry, float grad_scale = 0.0f,
+               double lr = 0.0) {
   if (model == nullptr) return InvalidArgument("model is NULL");
-  lohan::SubmissionEntry entry{};
+  entry = lohan::SubmissionEntry{};
   entry.op = static_cast<uint16_t>(op);
   switch (op) {
     case lohan::RingOp::kInitWeights:
@@ -336,7 +357,59 @@ int RingCall(lohan_model* model, lohan::RingOp op, uint32_t layer,
     default:
       return InvalidArgument("unsupported ring op");
   }
+  return LOHAN_OK;
+}
+
+int RingCall(lohan_model* model, lohan::RingOp op, uint32_t layer,
+             lohan::CompletionEntry* completion_out = nullptr,
+             float grad_scale = 0.0f, double lr = 0.0) {
+  lohan::SubmissionEntry entry;
+  if (int built = BuildEntry(model, op, layer, entry, grad_scale, lr);
+      built != LOHAN_OK) {
+    return built;
+  }
   return Finish(model, entry, completion_out);
+}
+
+int SubmitRing(lohan_model* model, lohan::RingOp op, uint32_t layer,
+               uint64_t* ticket) {
+  if (ticket == nullptr) return InvalidArgument("ticket is NULL");
+  lohan::SubmissionEntry entry;
+  if (int built = BuildEntry(model, op, layer, entry); built != LOHAN_OK) {
+    return built;
+  }
+  return SubmitEntry(model, entry, ticket);
+}
+
+// The entry that hands over (kGradReady) or fills (kFetchParams) `layer`'s
+// buffer, after checking that `bytes` is the layer's size.
+int LayerEntry(const lohan_model* model, lohan::RingOp op, uint32_t layer,
+               uint64_t bytes, lohan::SubmissionEntry& entry) {
+  if (int built = BuildEntry(model, op, layer, entry); built != LOHAN_OK) {
+    return built;
+  }
+  if (bytes != entry.length) {
+    return Report(absl::InvalidArgumentError(
+        absl::StrCat("layer ", layer, " has ", entry.length, " bytes of ",
+                     op == lohan::RingOp::kGradReady ? "gradient" : "weights",
+                     ", not ", bytes)));
+  }
+  return LOHAN_OK;
+}
+
+// A gradient copied from the GPU: its GRAD_READY is submitted by a CUDA
+// host function once the copy is done (no CUDA calls in there).
+struct PendingGrad {
+  lohan::DataPlane* plane;
+  lohan::DataPlane::Ticket ticket;
+  lohan::SubmissionEntry entry;
+};
+
+void SubmitWhenCopied(void* argument) {
+  std::unique_ptr<PendingGrad> pending(static_cast<PendingGrad*>(argument));
+  // A failure becomes the ticket's result: whoever waits learns of it.
+  (void)pending->plane->SubmitReserved(pending->ticket, pending->entry,
+                                       kRingCallTimeout);
 }
 
 }  // namespace
@@ -350,11 +423,17 @@ int lohan_model_register(lohan_client* client, lohan_data_plane* plane,
         "lohan_model_register: client, plane, job_id, spec and out are "
         "required");
   }
-  if (spec->struct_size < sizeof(lohan_model_spec)) {
+  // A caller built against an older header passes the smaller struct it
+  // knows (without grad_slots / weight_slots): read only what it has.
+  constexpr size_t kSpecBytesV1 = offsetof(lohan_model_spec, grad_slots);
+  if (spec->struct_size < kSpecBytesV1) {
     return InvalidArgument(
-        "lohan_model_register: spec->struct_size is smaller than this "
-        "library's lohan_model_spec; set it to sizeof(lohan_model_spec)");
+        "lohan_model_register: spec->struct_size is smaller than any "
+        "lohan_model_spec; set it to sizeof(lohan_model_spec)");
   }
+  const bool has_slots =
+      spec->struct_size >=
+      offsetof(lohan_model_spec, weight_slots) + sizeof(spec->weight_slots);
   if (spec->num_layers == 0 || spec->layer_elements == nullptr) {
     return InvalidArgument("lohan_model_register: a model needs layers");
   }
@@ -378,6 +457,8 @@ int lohan_model_register(lohan_client* client, lohan_data_plane* plane,
   model_spec->set_skip_nonfinite(spec->skip_nonfinite != 0);
   model_spec->set_chunk_elements(spec->chunk_elements);
   model_spec->set_activation_bytes(spec->activation_bytes);
+  model_spec->set_grad_slots(has_slots ? spec->grad_slots : 0);
+  model_spec->set_weight_slots(has_slots ? spec->weight_slots : 0);
   auto registration = client->impl->RegisterModel(request);
   if (!registration.ok()) return Report(registration.status());
   auto model = std::make_unique<lohan_model>();
@@ -414,6 +495,7 @@ int lohan_model_layer_initialized(const lohan_model* model, uint32_t layer) {
   return model->registration.layer_initialized(layer) ? 1 : 0;
 }
 
+// Streamed layouts: the daemon already answers buffer layer % K for layer.
 void* lohan_model_grad_buffer(const lohan_model* model, uint32_t layer) {
   if (model == nullptr || layer >= model->elements.size()) return nullptr;
   return model->plane->arena() +
@@ -497,6 +579,15 @@ int lohan_model_act_free(lohan_model* model, uint64_t id) {
 
 int lohan_model_iter_end(lohan_model* model, double* global_norm, int* clipped,
                          int* skipped) {
+  if (model != nullptr) {
+    // Gradients still being copied from a GPU go first: their GRAD_READY
+    // is submitted from a CUDA host function, and ITER_END must not
+    // overtake them.
+    if (absl::Status pending = model->plane->WaitForReserved(kRingCallTimeout);
+        !pending.ok()) {
+      return Report(pending);
+    }
+  }
   lohan::CompletionEntry completion{};
   const int status = RingCall(model, lohan::RingOp::kIterEnd, 0, &completion);
   if (status != LOHAN_OK) {
@@ -542,5 +633,210 @@ int lohan_client_status_json(lohan_client* client, char** json_out) {
 }
 
 void lohan_string_free(char* text) { std::free(text); }
+
+// ---- Asynchronous requests
+
+int lohan_model_submit_grad_ready(lohan_model* model, uint32_t layer,
+                                  uint64_t* ticket) {
+  return SubmitRing(model, lohan::RingOp::kGradReady, layer, ticket);
+}
+
+int lohan_model_submit_fetch_params(lohan_model* model, uint32_t layer,
+                                    uint64_t* ticket) {
+  return SubmitRing(model, lohan::RingOp::kFetchParams, layer, ticket);
+}
+
+int lohan_model_submit_act_put(lohan_model* model, uint64_t id, uint64_t offset,
+                               uint64_t length, uint64_t* ticket) {
+  if (ticket == nullptr) return InvalidArgument("ticket is NULL");
+  return ActivationCall(model, lohan::RingOp::kActPut, id, offset, length,
+                        ticket);
+}
+
+int lohan_model_submit_act_get(lohan_model* model, uint64_t id, uint64_t offset,
+                               uint64_t length, uint64_t* ticket) {
+  if (ticket == nullptr) return InvalidArgument("ticket is NULL");
+  return ActivationCall(model, lohan::RingOp::kActGet, id, offset, length,
+                        ticket);
+}
+
+int lohan_model_submit_act_free(lohan_model* model, uint64_t id,
+                                uint64_t* ticket) {
+  if (ticket == nullptr) return InvalidArgument("ticket is NULL");
+  return ActivationCall(model, lohan::RingOp::kActFree, id, 0, 0, ticket);
+}
+
+int lohan_model_wait(lohan_model* model, uint64_t ticket, int64_t timeout_ms) {
+  if (model == nullptr) {
+    return InvalidArgument("lohan_model_wait: model is NULL");
+  }
+  const absl::Duration timeout = timeout_ms < 0
+                                     ? absl::InfiniteDuration()
+                                     : absl::Milliseconds(timeout_ms);
+  return Report(model->plane->Wait(ticket, timeout).status());
+}
+
+int lohan_model_poll(lohan_model* model, uint64_t ticket, int* done) {
+  if (model == nullptr || done == nullptr) {
+    return InvalidArgument("lohan_model_poll: model and done are required");
+  }
+  absl::StatusOr<bool> polled = model->plane->Poll(ticket);
+  if (!polled.ok()) return Report(polled.status());
+  *done = *polled ? 1 : 0;
+  return Report(absl::OkStatus());
+}
+
+// ---- Moving tensors between the caller's memory and the arena
+
+int lohan_model_grad_ready_from_host(lohan_model* model, uint32_t layer,
+                                     const void* source, uint64_t bytes,
+                                     uint64_t* ticket) {
+  if (model == nullptr || source == nullptr || ticket == nullptr) {
+    return InvalidArgument(
+        "lohan_model_grad_ready_from_host: model, source and ticket are "
+        "required");
+  }
+  lohan::SubmissionEntry entry;
+  if (int built =
+          LayerEntry(model, lohan::RingOp::kGradReady, layer, bytes, entry);
+      built != LOHAN_OK) {
+    return built;
+  }
+  // The buffer may be shared with other layers (a streamed layout): wait
+  // until no request in flight uses it, and hold it, before copying in.
+  absl::StatusOr<lohan::DataPlane::Ticket> reserved =
+      model->plane->Reserve(entry.slot_offset, entry.length, kRingCallTimeout);
+  if (!reserved.ok()) return Report(reserved.status());
+  std::memcpy(model->plane->arena() + entry.slot_offset, source, bytes);
+  if (absl::Status submitted =
+          model->plane->SubmitReserved(*reserved, entry, kRingCallTimeout);
+      !submitted.ok()) {
+    model->plane->Abandon(*reserved);
+    return Report(submitted);
+  }
+  *ticket = *reserved;
+  return Report(absl::OkStatus());
+}
+
+int lohan_model_weights_to_host(const lohan_model* model, uint32_t layer,
+                                void* destination, uint64_t bytes) {
+  if (model == nullptr || destination == nullptr) {
+    return InvalidArgument(
+        "lohan_model_weights_to_host: model and destination are required");
+  }
+  lohan::SubmissionEntry entry;
+  if (int built =
+          LayerEntry(model, lohan::RingOp::kFetchParams, layer, bytes, entry);
+      built != LOHAN_OK) {
+    return built;
+  }
+  // A FETCH_PARAMS (or anything else) still filling the buffer goes first.
+  if (absl::Status idle = model->plane->WaitForRange(
+          entry.slot_offset, entry.length, kRingCallTimeout);
+      !idle.ok()) {
+    return Report(idle);
+  }
+  std::memcpy(destination, model->plane->arena() + entry.slot_offset, bytes);
+  return Report(absl::OkStatus());
+}
+
+// ---- CUDA
+
+int lohan_cuda_built_with(void) { return lohan::cuda::BuiltWith() ? 1 : 0; }
+
+int lohan_cuda_available(void) {
+  const absl::Status available = lohan::cuda::Available();
+  Report(available);
+  return available.ok() ? 1 : 0;
+}
+
+int lohan_data_plane_cuda_register(lohan_data_plane* plane) {
+  if (plane == nullptr) {
+    return InvalidArgument("lohan_data_plane_cuda_register: plane is NULL");
+  }
+  if (plane->cuda_registered) return Report(absl::OkStatus());
+  absl::Status registered = lohan::cuda::RegisterHost(
+      plane->impl->arena(), plane->impl->arena_bytes());
+  if (registered.ok()) plane->cuda_registered = true;
+  return Report(registered);
+}
+
+int lohan_model_grad_ready_from_device(lohan_model* model, uint32_t layer,
+                                       const void* device_source,
+                                       uint64_t bytes, void* cuda_stream,
+                                       uint64_t* ticket) {
+  if (model == nullptr || device_source == nullptr || ticket == nullptr) {
+    return InvalidArgument(
+        "lohan_model_grad_ready_from_device: model, device_source and ticket "
+        "are required");
+  }
+  lohan::SubmissionEntry entry;
+  if (int built =
+          LayerEntry(model, lohan::RingOp::kGradReady, layer, bytes, entry);
+      built != LOHAN_OK) {
+    return built;
+  }
+  if (absl::Status available = lohan::cuda::Available(); !available.ok()) {
+    return Report(available);
+  }
+  // The ticket exists before the copy is enqueued, so the caller can wait
+  // for it while the host function has not run yet; it holds the gradient
+  // buffer (which may be shared with other layers: then this waits until
+  // the last request using it has completed).
+  absl::StatusOr<lohan::DataPlane::Ticket> reserved =
+      model->plane->Reserve(entry.slot_offset, entry.length, kRingCallTimeout);
+  if (!reserved.ok()) return Report(reserved.status());
+  if (absl::Status copied = lohan::cuda::CopyToHostAsync(
+          model->plane->arena() + entry.slot_offset, device_source, bytes,
+          cuda_stream);
+      !copied.ok()) {
+    model->plane->Cancel(*reserved);
+    return Report(copied);
+  }
+  auto* pending =
+      new (std::nothrow) PendingGrad{model->plane, *reserved, entry};
+  if (pending == nullptr) {
+    model->plane->Cancel(*reserved);
+    return Report(absl::ResourceExhaustedError("out of memory"));
+  }
+  if (absl::Status launched =
+          lohan::cuda::LaunchHostFunc(cuda_stream, &SubmitWhenCopied, pending);
+      !launched.ok()) {
+    // The copy may still land in the gradient buffer; nothing reads it
+    // until a GRAD_READY for the layer, which the caller has to redo.
+    delete pending;
+    model->plane->Cancel(*reserved);
+    return Report(launched);
+  }
+  *ticket = *reserved;
+  return Report(absl::OkStatus());
+}
+
+int lohan_model_weights_to_device(const lohan_model* model, uint32_t layer,
+                                  void* device_destination, uint64_t bytes,
+                                  void* cuda_stream) {
+  if (model == nullptr || device_destination == nullptr) {
+    return InvalidArgument(
+        "lohan_model_weights_to_device: model and device_destination are "
+        "required");
+  }
+  lohan::SubmissionEntry entry;
+  if (int built =
+          LayerEntry(model, lohan::RingOp::kFetchParams, layer, bytes, entry);
+      built != LOHAN_OK) {
+    return built;
+  }
+  if (absl::Status available = lohan::cuda::Available(); !available.ok()) {
+    return Report(available);
+  }
+  if (absl::Status idle = model->plane->WaitForRange(
+          entry.slot_offset, entry.length, kRingCallTimeout);
+      !idle.ok()) {
+    return Report(idle);
+  }
+  return Report(lohan::cuda::CopyToDeviceAsync(
+      device_destination, model->plane->arena() + entry.slot_offset, bytes,
+      cuda_stream));
+}
 
 }  // extern "C"

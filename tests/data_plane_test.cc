@@ -1,6 +1,8 @@
 // The data plane through a real daemon: a process attached to its job gets
 // the job's shared-memory arena over the data socket; nobody else does; the
 // arena goes back to the pool when the process closes it or dies.
+#include "client/data_plane.h"
+
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -199,6 +201,62 @@ TEST_F(DataPlaneTest, DaemonStopsCleanlyWithAnArenaHeld) {
   ASSERT_TRUE(holder.ok()) << holder.status();
   EXPECT_EQ(daemon_->Stop(SIGTERM), 0) << daemon_->Log();
   EXPECT_THAT(daemon_->Log(), HasSubstr("data plane closed for job"));
+}
+
+TEST_F(DataPlaneTest, DaemonKilledWhileRequestsWaitFailsThemInsteadOfHanging) {
+  ASSERT_TRUE(client_->AttachJob(job_id_).ok());
+  auto plane = DataPlane::Open(client_->hello().data_socket_path(), job_id_);
+  ASSERT_TRUE(plane.ok()) << plane.status();
+  v1::RegisterModelRequest request;
+  request.set_job_id(job_id_);
+  request.mutable_model()->add_layer_elements(256);
+  request.mutable_model()->set_dtype(v1::DTYPE_FP32);
+  request.mutable_model()->mutable_adam()->set_lr(1e-3);
+  request.mutable_model()->mutable_adam()->set_beta1(0.9);
+  request.mutable_model()->mutable_adam()->set_beta2(0.999);
+  request.mutable_model()->set_activation_bytes(64 << 10);
+  auto registered = client_->RegisterModel(request);
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  (*plane)->SetErrorText(registered->error_text_offset(),
+                         registered->error_text_bytes());
+  SubmissionEntry put{};
+  put.op = static_cast<uint16_t>(RingOp::kActPut);
+  put.activation_id = 1;
+  put.slot_offset = registered->activation_offset();
+  put.length = 4096;
+  ASSERT_TRUE((*plane)->Call(put, absl::Seconds(30)).ok());
+
+  // The daemon freezes with requests in flight and waiters on them...
+  ASSERT_EQ(kill(daemon_->pid(), SIGSTOP), 0);
+  SubmissionEntry get = put;
+  get.op = static_cast<uint16_t>(RingOp::kActGet);
+  std::vector<DataPlane::Ticket> tickets;
+  for (int i = 0; i < 3; ++i) {
+    auto ticket = (*plane)->Submit(get, absl::Seconds(30));
+    ASSERT_TRUE(ticket.ok()) << ticket.status();
+    tickets.push_back(*ticket);
+  }
+  std::vector<absl::Status> results(tickets.size());
+  std::vector<std::thread> waiters;
+  for (size_t i = 0; i < tickets.size(); ++i) {
+    waiters.emplace_back([&, i] {
+      results[i] =
+          (*plane)->Wait(tickets[i], absl::InfiniteDuration()).status();
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // ...and dies.
+  const auto killed = std::chrono::steady_clock::now();
+  EXPECT_EQ(daemon_->Stop(SIGKILL), 128 + SIGKILL);
+  for (std::thread& waiter : waiters) waiter.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - killed,
+            std::chrono::seconds(10));
+  for (const absl::Status& result : results) {
+    EXPECT_EQ(result.code(), absl::StatusCode::kUnavailable) << result;
+    EXPECT_THAT(result.message(), HasSubstr("lohand closed"));
+  }
+  auto after = (*plane)->Submit(get, absl::Seconds(30));
+  EXPECT_EQ(after.status().code(), absl::StatusCode::kUnavailable);
 }
 
 }  // namespace

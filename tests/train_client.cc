@@ -4,14 +4,23 @@
 //
 //   train_client --socket S --job NAME --layers 1000,5000,333 --iterations 4
 //                [--dtype fp32|bf16] [--max-norm X] [--grad-scale X]
-//                [--seed N] [--chunk N] [--die-in-iteration K] --out FILE
+//                [--seed N] [--chunk N] [--die-in-iteration K]
+//                [--grad-slots K] [--weight-slots K] [--host-pool BYTES]
+//                --out FILE
 //
 // Per iteration: ITER_BEGIN, FETCH_PARAMS for every layer (forward), then
 // GRAD_READY from the last layer to the first (backward), then ITER_END.
 // --die-in-iteration K: in iteration K (1-based), after handing over half
 // the gradients, the process kills itself (SIGKILL): a client dying
 // mid-iteration. The job keeps its name, so a rerun attaches to it again.
+// --hold-in-iteration K: the same point, but it waits there until killed.
 // Prints one line per iteration: "iteration T norm N flags F".
+// --grad-slots / --weight-slots: ModelSpec's (0: one buffer per layer;
+// K < layers: K shared buffers, the data streamed through the daemon's
+// SSDs); the client uses layer l's offsets from the response (buffer l % K).
+// --host-pool: the job's arena when this run creates it.
+// The dump holds, per layer, the fp32 master weights and the weights
+// FETCH_PARAMS gives after training (the 16-bit copy, or fp32 weights).
 // --hold: after training, keep the data plane open until killed.
 #include <signal.h>
 #include <unistd.h>
@@ -48,6 +57,10 @@ struct Args {
   uint64_t seed = 7;
   uint64_t chunk = 2048;
   int die_in_iteration = 0;
+  int hold_in_iteration = 0;
+  uint32_t grad_slots = 0;
+  uint32_t weight_slots = 0;
+  uint64_t host_pool = uint64_t{16} << 20;
   bool hold = false;
 };
 
@@ -73,7 +86,7 @@ int Run(const Args& args) {
   if (job_id.empty()) {
     v1::JobSpec spec;
     spec.set_name(args.job);
-    spec.set_host_pool_bytes(16 << 20);
+    spec.set_host_pool_bytes(args.host_pool);
     auto job = (*client)->CreateJob(spec);
     if (!job.ok()) return Fail("create", job.status());
     job_id = job->id();
@@ -99,8 +112,12 @@ int Run(const Args& args) {
   model->set_max_grad_norm(args.max_norm);
   model->set_skip_nonfinite(true);
   model->set_chunk_elements(args.chunk);
+  model->set_grad_slots(args.grad_slots);
+  model->set_weight_slots(args.weight_slots);
   auto registered = (*client)->RegisterModel(request);
   if (!registered.ok()) return Fail("register", registered.status());
+  std::printf("buffers %u gradient %u weight\n", registered->grad_slots(),
+              registered->weight_slots());
   (*plane)->SetErrorText(registered->error_text_offset(),
                          registered->error_text_bytes());
   uint8_t* arena = (*plane)->arena();
@@ -148,6 +165,11 @@ int Run(const Args& args) {
         std::fflush(stdout);
         kill(getpid(), SIGKILL);
       }
+      if (args.hold_in_iteration == t + 1 && back == layers.size() / 2) {
+        std::printf("holding mid-iteration\n");
+        std::fflush(stdout);
+        for (;;) pause();
+      }
       uint8_t* grad = arena + registered->layers(l).grad_offset();
       for (uint64_t i = 0; i < layers[l]; ++i) {
         const float g = Gradient(args.seed, step, l, i, args.grad_scale);
@@ -180,9 +202,20 @@ int Run(const Args& args) {
     ++sequence;
   }
 
-  // The final master weights, and the 16-bit copies for the next forward.
+  // The final master weights, and the weights the next forward would get:
+  // FETCH_PARAMS between iterations (resident 16-bit: the copy ITER_END
+  // left in the buffer; streamed: the committed copy from the store; fp32:
+  // the masters).
   std::ofstream out(args.out, std::ios::binary);
   for (size_t l = 0; l < layers.size(); ++l) {
+    SubmissionEntry fetch{};
+    fetch.op = static_cast<uint16_t>(RingOp::kFetchParams);
+    fetch.layer = static_cast<uint32_t>(l);
+    fetch.slot_offset = registered->layers(l).weight_offset();
+    fetch.length = registered->layers(l).bytes();
+    if (auto done = (*plane)->Call(fetch, kTimeout); !done.ok()) {
+      return Fail("fetch", done.status());
+    }
     SubmissionEntry read{};
     read.op = static_cast<uint16_t>(RingOp::kReadWeights);
     read.layer = static_cast<uint32_t>(l);
@@ -222,6 +255,11 @@ int main(int argc, char** argv) {
   app.add_option("--seed", args.seed);
   app.add_option("--chunk", args.chunk);
   app.add_option("--die-in-iteration", args.die_in_iteration);
+  app.add_option("--hold-in-iteration", args.hold_in_iteration,
+                 "like --die-in-iteration, but wait there until killed");
+  app.add_option("--grad-slots", args.grad_slots);
+  app.add_option("--weight-slots", args.weight_slots);
+  app.add_option("--host-pool", args.host_pool);
   app.add_option("--out", args.out)->required();
   app.add_flag("--hold", args.hold, "after training, wait until killed");
   CLI11_PARSE(app, argc, argv);

@@ -42,14 +42,37 @@ class TrainingTest : public ::testing::Test {
     daemon_ = *std::move(daemon);
   }
 
-  RunResult Train(const std::vector<std::string>& extra) {
+  RunResult Train(const std::vector<std::string>& extra,
+                  const std::string& layers = "1000,5000,333",
+                  const std::string& job = "synthetic") {
     std::vector<std::string> argv = {Runfile("tests/train_client"),
                                      "--socket",
                                      daemon_->socket(),
                                      "--job",
-                                     "synthetic",
+                                     job,
                                      "--layers",
-                                     "1000,5000,333",
+                                     layers,
+                                     "--seed",
+                                     "7",
+                                     "--out",
+                                     dir_.path() + "/weights"};
+    for (const std::string& arg : extra) argv.push_back(arg);
+    return RunCommand(argv);
+  }
+
+  // The same model through the C ABI alone, asynchronously
+  // (tests/async_client.cc): every gradient handed over from host memory
+  // without waiting, the tickets waited for before ITER_END.
+  RunResult TrainAsync(const std::vector<std::string>& extra,
+                       const std::string& layers = "1000,5000,333") {
+    std::vector<std::string> argv = {Runfile("tests/async_client"),
+                                     "train",
+                                     "--socket",
+                                     daemon_->socket(),
+                                     "--job",
+                                     "synthetic-async",
+                                     "--layers",
+                                     layers,
                                      "--seed",
                                      "7",
                                      "--out",
@@ -61,35 +84,41 @@ class TrainingTest : public ::testing::Test {
   // Compares the dumped weights with the reference after `iterations`.
   void ExpectWeights(int iterations, bool bf16, double max_norm,
                      double grad_scale) {
+    ExpectWeightsOf(kLayers, iterations, bf16, max_norm, grad_scale);
+  }
+  void ExpectWeightsOf(const std::vector<uint64_t>& layers, int iterations,
+                       bool bf16, double max_norm, double grad_scale) {
     auto grad = [&](int t, size_t l, uint64_t i) -> double {
       const float g = Gradient(kSeed, t, l, i, grad_scale);
       return bf16 ? Bf16ToFloat(FloatToBf16(g)) : g;
     };
-    const auto reference = ReferenceAdamW(kLayers, kSeed, iterations,
+    const auto reference = ReferenceAdamW(layers, kSeed, iterations,
                                           SyntheticAdam(), max_norm, grad);
     std::ifstream in(dir_.path() + "/weights", std::ios::binary);
     ASSERT_TRUE(in) << "no weights written";
     double worst = 0;
-    for (size_t l = 0; l < kLayers.size(); ++l) {
-      std::vector<float> master(kLayers[l]);
-      in.read(reinterpret_cast<char*>(master.data()), kLayers[l] * 4);
-      std::vector<uint8_t> copy(kLayers[l] * (bf16 ? 2 : 4));
+    for (size_t l = 0; l < layers.size(); ++l) {
+      std::vector<float> master(layers[l]);
+      in.read(reinterpret_cast<char*>(master.data()), layers[l] * 4);
+      std::vector<uint8_t> copy(layers[l] * (bf16 ? 2 : 4));
       in.read(reinterpret_cast<char*>(copy.data()), copy.size());
       ASSERT_TRUE(in) << "short weights file";
-      for (uint64_t i = 0; i < kLayers[l]; ++i) {
+      for (uint64_t i = 0; i < layers[l]; ++i) {
         const double expected = reference[l][i];
         const double error = std::abs(master[i] - expected);
         worst = std::max(worst, error / (1 + std::abs(expected)));
         ASSERT_LE(error, 2e-5 * (1 + std::abs(expected)))
             << "layer " << l << " element " << i << " after " << iterations
             << " iterations";
-        // What the next forward gets is exactly the master weight, rounded.
-        // (An fp32 model's weights are copied at FETCH_PARAMS instead, at
-        // the next iteration's forward.)
+        // What the next forward gets (FETCH_PARAMS) is exactly the master
+        // weight, rounded (an fp32 model's: the master itself).
         if (bf16) {
           uint16_t published;
           std::memcpy(&published, copy.data() + 2 * i, 2);
           ASSERT_EQ(published, FloatToBf16(master[i])) << l << "/" << i;
+        } else {
+          ASSERT_EQ(std::memcmp(copy.data() + 4 * i, &master[i], 4), 0)
+              << l << "/" << i;
         }
       }
     }
@@ -111,6 +140,36 @@ TEST_F(TrainingTest, Bf16MatchesReferenceAdamW) {
   RunResult result = Train({"--iterations", "3", "--dtype", "bf16"});
   ASSERT_EQ(result.exit_code, 0) << result.out << result.err << daemon_->Log();
   ExpectWeights(3, /*bf16=*/true, 0.0, 0.01);
+}
+
+TEST_F(TrainingTest, AsyncCAbiFp32MatchesReferenceAdamW) {
+  RunResult result = TrainAsync({"--iterations", "4", "--dtype", "fp32"});
+  ASSERT_EQ(result.exit_code, 0) << result.out << result.err << daemon_->Log();
+  EXPECT_THAT(result.out, HasSubstr("iteration 4 norm"));
+  ExpectWeights(4, /*bf16=*/false, 0.0, 0.01);
+}
+
+TEST_F(TrainingTest, AsyncCAbiBf16FromThreeThreadsMatchesReferenceAdamW) {
+  // Each layer's gradient handed over by a different thread; the published
+  // 16-bit weights read back with lohan_model_weights_to_host.
+  RunResult result = TrainAsync(
+      {"--iterations", "3", "--dtype", "bf16", "--grad-threads", "3"});
+  ASSERT_EQ(result.exit_code, 0) << result.out << result.err << daemon_->Log();
+  ExpectWeights(3, /*bf16=*/true, 0.0, 0.01);
+}
+
+TEST_F(TrainingTest, AsyncCAbiStreamedLayoutWaitsForSharedBuffers) {
+  // 8 layers share 2 gradient buffers; every gradient is handed over without
+  // waiting, from two threads: each copy into a buffer waits by itself for
+  // the buffer's previous GRAD_READY (which stores that gradient first).
+  RunResult result = TrainAsync(
+      {"--dtype", "bf16", "--host-pool", "786432", "--chunk", "8192",
+       "--iterations", "3", "--max-norm", "1.0", "--grad-scale", "1.0",
+       "--grad-slots", "2", "--weight-slots", "2", "--grad-threads", "2"},
+      "32768,32768,32768,32768,32768,32768,32768,32768");
+  ASSERT_EQ(result.exit_code, 0) << result.out << result.err << daemon_->Log();
+  EXPECT_THAT(result.out, HasSubstr("iteration 3 norm"));
+  ExpectWeightsOf(std::vector<uint64_t>(8, 32768), 3, /*bf16=*/true, 1.0, 1.0);
 }
 
 TEST_F(TrainingTest, ClippingIsExactAlthoughUpdatesRunEagerly) {
@@ -313,6 +372,259 @@ TEST_F(TrainingTest, MalformedRingEntriesFailOneByOneAndHurtNothing) {
   init.length = 64 * 4;
   EXPECT_TRUE((*plane)->Call(init, absl::Seconds(60)).ok());
   EXPECT_TRUE((*client)->GetStatus().ok());
+}
+
+// A job whose arena cannot hold every layer's gradient and weight buffers:
+// 8 layers x 32768 parameters need 1 MiB of bf16 buffers resident (2 MiB in
+// fp32), more than the job's arena; with 2 gradient and 2 weight buffers
+// (the gradients and 16-bit weights streamed through the SSDs) the same
+// job trains, and to the same weights.
+TEST_F(TrainingTest, StreamedLayoutTrainsWhereResidentDoesNotFit) {
+  const std::string layers = "32768,32768,32768,32768,32768,32768,32768,32768";
+  const std::vector<uint64_t> sizes(8, 32768);
+  struct Case {
+    std::string job, dtype, pool;
+    double max_norm, grad_scale;
+  };
+  // bf16 with every iteration clipped (redo from the stored gradients);
+  // fp32 without clipping.
+  const Case cases[] = {{"streamed-bf16", "bf16", "786432", 1.0, 1.0},
+                        {"streamed-fp32", "fp32", "1310720", 0.0, 0.01}};
+  for (const Case& c : cases) {
+    const bool bf16 = c.dtype == "bf16";
+    const std::vector<std::string> common = {
+        "--dtype",      c.dtype,
+        "--host-pool",  c.pool,
+        "--chunk",      "8192",
+        "--iterations", "3",
+        "--max-norm",   absl::StrCat(c.max_norm),
+        "--grad-scale", absl::StrCat(c.grad_scale)};
+    RunResult resident = Train(common, layers, c.job);
+    EXPECT_EQ(resident.exit_code, 1) << resident.out << daemon_->Log();
+    EXPECT_THAT(resident.out, HasSubstr("RESOURCE_EXHAUSTED"));
+    EXPECT_THAT(resident.out, HasSubstr("grad_slots"));  // the way out
+    std::vector<std::string> streamed = common;
+    for (const char* arg : {"--grad-slots", "2", "--weight-slots", "2"}) {
+      streamed.push_back(arg);
+    }
+    RunResult result = Train(streamed, layers, c.job);
+    ASSERT_EQ(result.exit_code, 0)
+        << c.job << "\n"
+        << result.out << result.err << daemon_->Log();
+    EXPECT_THAT(result.out, HasSubstr("buffers 2 gradient 2 weight"));
+    EXPECT_THAT(result.out, HasSubstr("iteration 3 norm"));
+    if (c.max_norm > 0) {
+      EXPECT_THAT(result.out, HasSubstr("flags 1"));  // kIterEndClipped
+    }
+    ExpectWeightsOf(sizes, 3, bf16, c.max_norm, c.grad_scale);
+  }
+}
+
+TEST_F(TrainingTest, StreamedClientKilledMidIterationResumesExactly) {
+  const std::vector<std::string> streamed = {
+      "--dtype", "bf16", "--grad-slots", "2", "--weight-slots", "2"};
+  std::vector<std::string> args = streamed;
+  for (const char* arg : {"--iterations", "3", "--die-in-iteration", "3"}) {
+    args.push_back(arg);
+  }
+  RunResult died = Train(args);
+  EXPECT_EQ(died.exit_code, 128 + SIGKILL) << died.out << daemon_->Log();
+  EXPECT_THAT(died.out, HasSubstr("iteration 2 norm"));
+  auto client = ControlClient::Connect({.socket_path = daemon_->socket()});
+  ASSERT_TRUE(client.ok());
+  bool freed = false;
+  for (int i = 0; i < 3000 && !freed; ++i) {
+    auto status = (*client)->GetStatus();
+    freed = status.ok() && status->pool().used_bytes() == 0;
+    if (!freed) usleep(10 * 1000);
+  }
+  ASSERT_TRUE(freed) << daemon_->Log();
+  // The half-submitted iteration's gradients went with it: the store holds
+  // the states (1 + 3 + 1 chunks of 2048), their 16-bit copies and the meta,
+  // no scratch.
+  auto status = (*client)->GetStatus();
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->store().tensors(), 5u + 5 + 1) << daemon_->Log();
+  args = streamed;
+  for (const char* arg : {"--iterations", "2"}) args.push_back(arg);
+  RunResult resumed = Train(args);
+  ASSERT_EQ(resumed.exit_code, 0)
+      << resumed.out << resumed.err << daemon_->Log();
+  EXPECT_THAT(resumed.out, HasSubstr("iteration 3 norm"));
+  EXPECT_THAT(resumed.out, HasSubstr("iteration 4 norm"));
+  ExpectWeights(4, /*bf16=*/true, 0.0, 0.01);
+  status = (*client)->GetStatus();
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->store().tensors(), 5u + 5 + 1);
+}
+
+TEST_F(TrainingTest, DaemonKilledMidStreamedIterationLeavesNoScratch) {
+  // The client stops half-way through backward: one layer's gradient is in
+  // the store as scratch (an uncommitted tensor) when the daemon dies.
+  auto trainer = BackgroundProcess::Start(
+      {Runfile("tests/train_client"), "--socket", daemon_->socket(), "--job",
+       "synthetic", "--layers", "1000,5000,333", "--dtype", "bf16",
+       "--grad-slots", "1", "--weight-slots", "1", "--iterations", "1",
+       "--hold-in-iteration", "1", "--out", dir_.path() + "/weights"});
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  auto client = ControlClient::Connect({.socket_path = daemon_->socket()});
+  ASSERT_TRUE(client.ok());
+  // States (5 chunks), their 16-bit copies, the meta, and layer 2's
+  // gradient (1 chunk).
+  uint64_t tensors = 0;
+  for (int i = 0; i < 3000 && tensors != 12; ++i) {
+    auto status = (*client)->GetStatus();
+    ASSERT_TRUE(status.ok());
+    tensors = status->store().tensors();
+    if (tensors != 12) usleep(10 * 1000);
+  }
+  ASSERT_EQ(tensors, 12u) << daemon_->Log();
+  client->reset();
+  ASSERT_EQ(daemon_->Stop(SIGKILL), 128 + SIGKILL);
+  (*trainer)->Stop(SIGKILL);
+  auto restarted = DaemonProcess::Start(dir_.path());
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  daemon_ = *std::move(restarted);
+  // The daemon drops it at start, before the job registers again.
+  client = ControlClient::Connect({.socket_path = daemon_->socket()});
+  ASSERT_TRUE(client.ok());
+  auto status = (*client)->GetStatus();
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->store().tensors(), 11u) << daemon_->Log();
+  // And the job trains on from its last commit (none: iteration 1 again).
+  RunResult resumed = Train({"--dtype", "bf16", "--grad-slots", "1",
+                             "--weight-slots", "1", "--iterations", "2"});
+  ASSERT_EQ(resumed.exit_code, 0)
+      << resumed.out << resumed.err << daemon_->Log();
+  EXPECT_THAT(resumed.out, HasSubstr("iteration 2 norm"));
+  ExpectWeights(2, /*bf16=*/true, 0.0, 0.01);
+}
+
+TEST_F(TrainingTest, StreamedLayoutRefusesWrongSlotsAndKeepsServing) {
+  auto client = ControlClient::Connect({.socket_path = daemon_->socket()});
+  ASSERT_TRUE(client.ok());
+  v1::JobSpec spec;
+  spec.set_name("slots");
+  spec.set_host_pool_bytes(4 << 20);
+  auto job = (*client)->CreateJob(spec);
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE((*client)->AttachJob(job->id()).ok());
+  auto plane =
+      DataPlane::Open((*client)->hello().data_socket_path(), job->id());
+  ASSERT_TRUE(plane.ok()) << plane.status();
+  const std::vector<uint64_t> sizes = {1000, 3000, 500, 2000};
+  v1::RegisterModelRequest request;
+  request.set_job_id(job->id());
+  for (uint64_t n : sizes) request.mutable_model()->add_layer_elements(n);
+  request.mutable_model()->set_dtype(v1::DTYPE_BF16);
+  request.mutable_model()->mutable_adam()->set_lr(1e-3);
+  request.mutable_model()->mutable_adam()->set_beta1(0.9);
+  request.mutable_model()->mutable_adam()->set_beta2(0.999);
+  request.mutable_model()->mutable_adam()->set_eps(1e-8);
+  request.mutable_model()->set_grad_slots(2);
+  request.mutable_model()->set_weight_slots(1);
+  auto registered = (*client)->RegisterModel(request);
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  (*plane)->SetErrorText(registered->error_text_offset(),
+                         registered->error_text_bytes());
+  EXPECT_EQ(registered->grad_slots(), 2u);
+  EXPECT_EQ(registered->weight_slots(), 1u);
+  const uint64_t grad0 = registered->layers(0).grad_offset();
+  const uint64_t grad1 = registered->layers(1).grad_offset();
+  const uint64_t weight = registered->layers(0).weight_offset();
+  EXPECT_NE(grad0, grad1);
+  EXPECT_EQ(registered->layers(2).grad_offset(), grad0);  // layer % K
+  EXPECT_EQ(registered->layers(3).grad_offset(), grad1);
+  for (size_t l = 0; l < sizes.size(); ++l) {
+    EXPECT_EQ(registered->layers(l).weight_offset(), weight);
+    EXPECT_EQ(registered->layers(l).bytes(), sizes[l] * 2);
+  }
+  uint8_t* arena = (*plane)->arena();
+  float* staging =
+      reinterpret_cast<float*>(arena + registered->staging_offset());
+  for (size_t l = 0; l < sizes.size(); ++l) {
+    for (uint64_t i = 0; i < sizes[l]; ++i) staging[i] = 0.25f;
+    SubmissionEntry init{};
+    init.op = static_cast<uint16_t>(RingOp::kInitWeights);
+    init.layer = static_cast<uint32_t>(l);
+    init.slot_offset = registered->staging_offset();
+    init.length = sizes[l] * 4;
+    ASSERT_TRUE((*plane)->Call(init, absl::Seconds(60)).ok());
+  }
+  auto call = [&](RingOp op, uint32_t layer, uint64_t offset, uint64_t length) {
+    SubmissionEntry entry{};
+    entry.op = static_cast<uint16_t>(op);
+    entry.layer = layer;
+    entry.slot_offset = offset;
+    entry.length = length;
+    if (op == RingOp::kGradReady) {
+      entry.dtype = static_cast<uint16_t>(RingDtype::kBf16);
+    }
+    return (*plane)->Call(entry, absl::Seconds(60)).status();
+  };
+  SubmissionEntry begin{};
+  begin.op = static_cast<uint16_t>(RingOp::kIterBegin);
+  ASSERT_TRUE((*plane)->Call(begin, absl::Seconds(60)).ok());
+  struct Bad {
+    RingOp op;
+    uint32_t layer;
+    uint64_t offset, length;
+  };
+  const Bad bad[] = {
+      // Inside a gradient slot, not at its start.
+      {RingOp::kGradReady, 0, grad0 + 4096, 2000},
+      // The weight slot for a gradient, a gradient slot for weights.
+      {RingOp::kGradReady, 0, weight, 2000},
+      {RingOp::kFetchParams, 2, grad1, 1000},
+      // Right slot, another layer's length (it fits the slot).
+      {RingOp::kGradReady, 1, grad1, 2000},
+      {RingOp::kFetchParams, 2, weight, 6000},
+      // Past the end of the arena.
+      {RingOp::kGradReady, 3, ~uint64_t{0} - 100, 4000},
+  };
+  for (const Bad& b : bad) {
+    absl::Status status = call(b.op, b.layer, b.offset, b.length);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument)
+        << status << " (offset " << b.offset << ")";
+    EXPECT_THAT(std::string(status.message()), HasSubstr("layer"));
+  }
+  EXPECT_THAT(
+      std::string(call(RingOp::kGradReady, 0, grad0 + 4096, 2000).message()),
+      HasSubstr(absl::StrCat("offsets ", std::min(grad0, grad1), ", ",
+                             std::max(grad0, grad1))));
+  // The session still serves this iteration: every layer through the right
+  // slot (any of the K), fetches, and the end.
+  for (size_t back = 0; back < sizes.size(); ++back) {
+    const uint32_t l = static_cast<uint32_t>(sizes.size() - 1 - back);
+    uint16_t* grad =
+        reinterpret_cast<uint16_t*>(arena + (back % 2 == 0 ? grad1 : grad0));
+    for (uint64_t i = 0; i < sizes[l]; ++i) grad[i] = FloatToBf16(0.5f);
+    ASSERT_TRUE(
+        call(RingOp::kGradReady, l, back % 2 == 0 ? grad1 : grad0, sizes[l] * 2)
+            .ok());
+  }
+  SubmissionEntry end{};
+  end.op = static_cast<uint16_t>(RingOp::kIterEnd);
+  auto ended = (*plane)->Call(end, absl::Seconds(60));
+  ASSERT_TRUE(ended.ok()) << ended.status() << daemon_->Log();
+  double norm = 0;
+  std::memcpy(&norm, &ended->detail, sizeof(norm));
+  EXPECT_NEAR(norm, 0.5 * std::sqrt(6500.0), 1e-6);
+  // Weights moved by one AdamW step (lr 1e-3: 0.25 - 0.001), as fetched.
+  for (uint32_t l = 0; l < sizes.size(); ++l) {
+    ASSERT_TRUE(call(RingOp::kFetchParams, l, weight, sizes[l] * 2).ok());
+    const uint16_t* got = reinterpret_cast<const uint16_t*>(arena + weight);
+    EXPECT_EQ(got[0], FloatToBf16(0.25f - 0.001f)) << l;
+    EXPECT_EQ(got[sizes[l] - 1], got[0]) << l;
+  }
+  auto status = (*client)->GetStatus();
+  ASSERT_TRUE(status.ok());
+  ASSERT_EQ(status->sessions_size(), 1);
+  EXPECT_EQ(status->sessions(0).iteration(), 1u);
+  EXPECT_EQ(status->sessions(0).failed_requests(),
+            static_cast<uint64_t>(std::size(bad)) + 1);
+  EXPECT_EQ(status->sessions(0).grad_slots(), 2u);
+  EXPECT_EQ(status->sessions(0).weight_slots(), 1u);
 }
 
 }  // namespace

@@ -3,14 +3,20 @@
 //     reply on another (with the futex doorbell, and busy-polling), beside
 //     eventfd and pipe ping-pong;
 //  2. copy throughput into a SharedArena (memfd, MAP_SHARED, mlocked) beside
-//     memcpy between two private buffers.
+//     memcpy between two private buffers;
+//  3. requests per second through the client's DataPlane (client/
+//     data_plane.h: tickets, one drainer, futex doorbells) against an echo
+//     server in another process that serves the rings the way lohand's job
+//     session does, with N requests in flight (a sliding window: submit,
+//     and once N are out wait for the oldest) beside one at a time (Call).
 //
 //   bazel run //bench/ipc:ipc_bench -- [--round_trips=N]
-//       [--copy_mib=M] [--reps=R]
+//       [--copy_mib=M] [--reps=R] [--requests=N]
 
 #include <fcntl.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,12 +26,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "client/data_plane.h"
 #include "daemon/common/unique_fd.h"
 #include "daemon/ipc/ring.h"
 #include "daemon/ipc/ring_entry.h"
@@ -40,6 +48,7 @@ struct Flags {
   int round_trips = 100000;
   int copy_mib = 64;
   int reps = 15;
+  int requests = 200000;
 };
 
 struct Latency {
@@ -213,6 +222,117 @@ double CopyGBps(uint8_t* to, const uint8_t* from, size_t bytes) {
   return bytes / seconds / 1e9;
 }
 
+// One job's rings as lohand lays them out (1024 entries each) in a memfd
+// arena; the child process serves them like JobSession::Serve (pop, or
+// sleep on the doorbell; answer each entry with a completion of the same
+// request id), the parent drives a DataPlane over them. Returns requests
+// per second with `depth` requests kept in flight (1: Call, one at a time).
+double DataPlaneRequestsPerSecond(int requests, int depth) {
+  constexpr uint32_t kCapacity = 1024;
+  constexpr uint64_t kArena = 1 << 20;
+  constexpr int kWarmup = 2000;
+  UniqueFd memory(memfd_create("ipc-bench-plane", MFD_CLOEXEC));
+  if (!memory || ftruncate(memory.get(), kArena) != 0) Die("memfd");
+  ArenaGrant grant;
+  grant.arena_bytes = kArena;
+  grant.submission_offset = 0;
+  grant.submission_bytes = RingBytes(kCapacity, kRingEntryBytes);
+  grant.completion_offset = kArena / 2;
+  grant.completion_bytes = grant.submission_bytes;
+  auto map = [&] {
+    void* mapped = mmap(nullptr, kArena, PROT_READ | PROT_WRITE, MAP_SHARED,
+                        memory.get(), 0);
+    if (mapped == MAP_FAILED) Die("mmap");
+    return static_cast<uint8_t*>(mapped);
+  };
+  uint8_t* server_view = map();
+  if (!FormatRing(server_view + grant.submission_offset, grant.submission_bytes,
+                  kCapacity, kRingEntryBytes)
+           .ok() ||
+      !FormatRing(server_view + grant.completion_offset, grant.completion_bytes,
+                  kCapacity, kRingEntryBytes)
+           .ok()) {
+    Die("FormatRing");
+  }
+  int ends[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ends) != 0) {
+    Die("socketpair");
+  }
+  const pid_t child = fork();
+  if (child < 0) Die("fork failed");
+  if (child == 0) {
+    close(ends[1]);
+    auto submissions =
+        RingConsumer::Attach(server_view + grant.submission_offset,
+                             grant.submission_bytes, kRingEntryBytes);
+    auto completions =
+        RingProducer::Attach(server_view + grant.completion_offset,
+                             grant.completion_bytes, kRingEntryBytes);
+    if (!submissions.ok() || !completions.ok()) _exit(2);
+    SubmissionEntry entry;
+    for (int served = 0; served < requests + kWarmup;) {
+      absl::StatusOr<bool> popped = submissions->TryPop(&entry);
+      if (!popped.ok()) _exit(3);
+      if (!*popped) {
+        (void)submissions->WaitForEntries(absl::Milliseconds(100));
+        continue;
+      }
+      CompletionEntry completion{};
+      completion.request_id = entry.request_id;
+      completion.detail = entry.activation_id;
+      while (true) {
+        absl::StatusOr<bool> pushed = completions->TryPush(&completion);
+        if (!pushed.ok()) _exit(4);
+        if (*pushed) break;
+        (void)completions->WaitForSpace(absl::Milliseconds(100));
+      }
+      ++served;
+    }
+    _exit(0);
+  }
+  close(ends[0]);
+  munmap(server_view, kArena);
+  auto plane = DataPlane::Adopt(UniqueFd(ends[1]), map(), grant);
+  if (!plane.ok()) Die(plane.status().ToString());
+  SubmissionEntry entry{};
+  entry.op = static_cast<uint16_t>(RingOp::kActFree);
+  std::deque<std::pair<DataPlane::Ticket, uint64_t>> window;
+  auto finish_oldest = [&] {
+    absl::StatusOr<CompletionEntry> done =
+        (*plane)->Wait(window.front().first, absl::Seconds(30));
+    if (!done.ok() || done->detail != window.front().second) {
+      Die("bad completion");
+    }
+    window.pop_front();
+  };
+  auto run = [&](int count) {
+    for (int i = 0; i < count; ++i) {
+      entry.activation_id = i;
+      if (depth == 1) {
+        absl::StatusOr<CompletionEntry> done =
+            (*plane)->Call(entry, absl::Seconds(30));
+        if (!done.ok() || done->detail != uint64_t(i)) Die("bad call");
+        continue;
+      }
+      absl::StatusOr<DataPlane::Ticket> ticket =
+          (*plane)->Submit(entry, absl::Seconds(30));
+      if (!ticket.ok()) Die(ticket.status().ToString());
+      window.emplace_back(*ticket, i);
+      if (static_cast<int>(window.size()) >= depth) finish_oldest();
+    }
+    while (!window.empty()) finish_oldest();
+  };
+  run(kWarmup);
+  const auto start = Clock::now();
+  run(requests);
+  const double seconds =
+      std::chrono::duration<double>(Clock::now() - start).count();
+  int status = 0;
+  waitpid(child, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) Die("echo side failed");
+  return requests / seconds;
+}
+
 void PrintLatency(const char* name, const Latency& l) {
   std::printf("  %-26s p50 %8.2f us   p99 %8.2f us   mean %8.2f us\n", name,
               l.p50_us, l.p99_us, l.mean_us);
@@ -231,7 +351,8 @@ int Main(int argc, char** argv) {
       return true;
     };
     if (!value("round_trips", &flags.round_trips) &&
-        !value("copy_mib", &flags.copy_mib) && !value("reps", &flags.reps)) {
+        !value("copy_mib", &flags.copy_mib) && !value("reps", &flags.reps) &&
+        !value("requests", &flags.requests)) {
       Die(absl::StrCat("unknown flag ", arg));
     }
   }
@@ -240,9 +361,9 @@ int Main(int argc, char** argv) {
   uname(&host);
   std::printf(
       "ipc_bench: %s %s, %ld CPUs online, round_trips=%d copy_mib=%d "
-      "reps=%d\n",
+      "reps=%d requests=%d\n",
       host.nodename, host.release, sysconf(_SC_NPROCESSORS_ONLN),
-      flags.round_trips, flags.copy_mib, flags.reps);
+      flags.round_trips, flags.copy_mib, flags.reps, flags.requests);
 
   std::printf("\nround trip between two processes (64-byte message):\n");
   const Latency ring = RingRoundTrip(flags.round_trips, /*doorbell=*/true);
@@ -290,6 +411,18 @@ int Main(int argc, char** argv) {
       "  ratio: into arena / private %.2f, out of arena / private "
       "%.2f\n",
       arena_in / plain, arena_out / plain);
+
+  std::printf(
+      "\nrequests through DataPlane to an echo server in another process "
+      "(%d requests):\n",
+      flags.requests);
+  const double serial = DataPlaneRequestsPerSecond(flags.requests, 1);
+  std::printf("  %-26s %12.0f requests/s\n", "one at a time (Call)", serial);
+  for (int depth : {8, 64, 512}) {
+    const double rate = DataPlaneRequestsPerSecond(flags.requests, depth);
+    std::printf("  %-26s %12.0f requests/s   %.2fx one at a time\n",
+                absl::StrCat(depth, " in flight").c_str(), rate, rate / serial);
+  }
   return 0;
 }
 

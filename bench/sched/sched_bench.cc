@@ -10,9 +10,19 @@
 //   sched_bench [--dir=/tmp] [--layers=8] [--params=16777216]
 //       [--chunk=4194304] [--ssds=2] [--threads=2] [--buffers=4]
 //       [--rounds=2] [--backward_ms=0] [--grad=bf16|fp32|fp16]
-//       [--clip=never|always]
+//       [--clip=never|always] [--compare=schedules|layouts] [--slots=2]
 // --backward_ms simulates the GPU's backward: the bench sleeps that long
 // before submitting each layer's gradient (0: all at once).
+// --compare=layouts: instead of the three schedules, the pipelined
+// schedule with the resident layout (gradients and 16-bit weights in the
+// client's buffers) against the streamed one (PipelineOptions
+// stream_gradients + stream_weight16: gradients stored at submit and read
+// back by the stages, 16-bit weights committed to the store and read back
+// for the next forward), interleaved round by round on two jobs of the
+// same shape; reports time per iteration and the SSD bytes each moves.
+// The streamed client has --slots gradient buffers: its GRAD_READYs are
+// served in order on another thread, and backward waits only for a
+// buffer still being stored.
 
 #include <ftw.h>
 #include <unistd.h>
@@ -31,8 +41,10 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "daemon/optim/adam.h"
 #include "daemon/optim/half.h"
+#include "daemon/optim/optim_types.h"
 #include "daemon/optim/worker_pool.h"
 #include "daemon/sched/job_pipeline.h"
 #include "daemon/store/aligned_buffer.h"
@@ -53,6 +65,8 @@ struct Flags {
   double backward_ms = 0;
   DType grad = DType::kBFloat16;
   bool clip_always = false;
+  bool compare_layouts = false;
+  size_t slots = 2;  // --compare=layouts: the streamed client's K.
 };
 
 double Now() {
@@ -60,6 +74,8 @@ double Now() {
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
+
+uint64_t TotalParams(const Flags& flags) { return flags.params * flags.layers; }
 
 int RemoveEntry(const char* path, const struct stat*, int, struct FTW*) {
   return ::remove(path);
@@ -114,6 +130,16 @@ Flags ParseFlags(int argc, char** argv) {
       } else {
         ok = false;
       }
+    } else if (key == "slots") {
+      ok = absl::SimpleAtoi(value, &f.slots) && f.slots > 0;
+    } else if (key == "compare") {
+      if (value == "schedules") {
+        f.compare_layouts = false;
+      } else if (value == "layouts") {
+        f.compare_layouts = true;
+      } else {
+        ok = false;
+      }
     } else if (key == "backward_ms") {
       ok = absl::SimpleAtod(value, &f.backward_ms);
     } else if (key == "grad") {
@@ -159,6 +185,183 @@ struct Totals {
   int n = 0;
 };
 
+void PrintRawStages(const Flags& flags, uint64_t state_total, double raw_read,
+                    double raw_compute, double raw_write) {
+  const double backward = flags.backward_ms * 1e-3 * flags.layers;
+  std::printf(
+      "\nraw stages for one iteration's bytes (one chunk at a time):\n");
+  std::printf(
+      "  store write %.3f s (%.0f MiB/s), store read %.3f s (%.0f MiB/s),"
+      " adam %.3f s\n",
+      raw_write, state_total / 1048576.0 / raw_write, raw_read,
+      state_total / 1048576.0 / raw_read, raw_compute);
+  const double sum = raw_read + raw_compute + raw_write;
+  const double mx = std::max({raw_read, raw_compute, raw_write});
+  std::printf(
+      "  sum of stages %.3f s, max stage %.3f s; simulated backward "
+      "%.3f s\n",
+      sum, mx, backward);
+}
+
+// Resident vs streamed layout, pipelined schedule, interleaved by round.
+int CompareLayouts(const Flags& flags, TensorStore* store,
+                   const AdamUpdater& updater, const ModelLayout& layout,
+                   uint64_t state_total,
+                   const std::vector<std::vector<uint8_t>>& grads,
+                   std::vector<std::vector<uint16_t>>& outs) {
+  const char* const names[2] = {"resident", "streamed"};
+  std::unique_ptr<JobPipeline> jobs[2];
+  for (int k = 0; k < 2; ++k) {
+    PipelineOptions options;
+    options.buffers = flags.buffers;
+    options.stream_gradients = k == 1;
+    options.stream_weight16 = k == 1;
+    auto p = JobPipeline::Open(store, updater, names[k], layout, options);
+    Check(p.status(), "open job");
+    jobs[k] = *std::move(p);
+    std::vector<float> w(flags.params, 0.01f);
+    for (size_t l = 0; l < flags.layers; ++l) {
+      Check(jobs[k]->InitializeWeights(l, w.data()), "init");
+    }
+  }
+  struct LayoutTotals {
+    double seconds = 0, end_wait = 0, redo = 0;
+    double grad_store = 0, slot_wait = 0, fetch = 0;
+    double read_bytes = 0, written_bytes = 0;
+    int n = 0;
+  } totals[2];
+  // Backward's wait for a counter (under `mu`) to reach a value.
+  struct Wait {
+    const size_t* counter;
+    size_t at_least;
+  };
+  bool (*reached)(Wait*) = [](Wait* w) { return *w->counter >= w->at_least; };
+  auto backward_step = [&flags] {
+    if (flags.backward_ms > 0) {
+      std::this_thread::sleep_for(
+          std::chrono::duration<double, std::milli>(flags.backward_ms));
+    }
+  };
+  for (int round = 0; round <= flags.rounds; ++round) {
+    for (int i = 0; i < 2; ++i) {
+      const int k = (i + round) % 2;  // Each goes first equally often.
+      JobPipeline& p = *jobs[k];
+      const double t0 = Now();
+      Check(p.BeginIteration(), "begin");
+      double slot_wait = 0;
+      if (k == 0) {
+        for (size_t j = 0; j < flags.layers; ++j) {
+          const size_t l = flags.layers - 1 - j;  // Backward order.
+          backward_step();
+          Check(p.SubmitGradients(l, grads[l].data(), outs[l].data()),
+                "submit");
+        }
+      } else {
+        // As the daemon serves a client with K gradient buffers: the
+        // GRAD_READYs are served in order on another thread (each returns
+        // once its gradient is stored) while backward goes on; backward
+        // waits only when the buffer of its j-th layer (j % K) still holds
+        // layer j - K's gradient.
+        absl::Mutex mu;
+        size_t handed = 0, stored = 0;  // Guarded by mu.
+        std::thread server([&] {
+          for (size_t j = 0; j < flags.layers; ++j) {
+            {
+              absl::MutexLock lock(&mu);
+              Wait w{&handed, j + 1};
+              mu.Await(absl::Condition(reached, &w));
+            }
+            const size_t l = flags.layers - 1 - j;
+            Check(p.SubmitGradients(l, grads[l].data(), nullptr), "submit");
+            absl::MutexLock lock(&mu);
+            ++stored;
+          }
+        });
+        for (size_t j = 0; j < flags.layers; ++j) {
+          backward_step();
+          const double w0 = Now();
+          absl::MutexLock lock(&mu);
+          if (j >= flags.slots) {
+            Wait w{&stored, j - flags.slots + 1};
+            mu.Await(absl::Condition(reached, &w));
+          }
+          slot_wait += Now() - w0;
+          ++handed;
+        }
+        server.join();
+      }
+      ClipOptions clip;
+      clip.max_grad_norm = flags.clip_always ? 1e-6 : 1e9;
+      auto r = p.EndIteration(clip);
+      Check(r.status(), "end iteration");
+      const double seconds = Now() - t0;
+      if (r->skipped || r->clipped != flags.clip_always) {
+        Die("unexpected clip/skip");
+      }
+      // The next forward's weights: resident, already in the buffers;
+      // streamed, FETCH_PARAMS reads each layer's copy from the store.
+      double fetch = 0;
+      if (k == 1) {
+        const double f0 = Now();
+        for (size_t l = 0; l < flags.layers; ++l) {
+          Check(p.ReadWeight16(l, outs[l].data()), "fetch");
+        }
+        fetch = Now() - f0;
+      }
+      if (round == 0) continue;
+      LayoutTotals& t = totals[k];
+      t.seconds += seconds;
+      t.end_wait += r->wait_seconds;
+      t.redo += r->redo_seconds;
+      t.grad_store += r->busy.grad_store;
+      t.slot_wait += slot_wait;
+      t.fetch += fetch;
+      t.read_bytes +=
+          r->busy.bytes_read + (k == 1 ? TotalParams(flags) * 2 : 0);
+      t.written_bytes += r->busy.bytes_written;
+      ++t.n;
+    }
+  }
+  const double mib = 1048576.0;
+  std::printf(
+      "\nlayouts, pipelined schedule (%s), streamed with %zu "
+      "gradient buffers:\n",
+      flags.clip_always ? "every iteration clipped: redo pass" : "never clips",
+      flags.slots);
+  std::printf("%-10s %8s %9s %7s %10s %9s %7s %12s %12s %8s\n", "layout",
+              "iter s", "end-wait", "redo", "grad-store", "slot-wait", "fetch",
+              "SSD read", "SSD written", "vs res.");
+  const double base = (totals[0].seconds + totals[0].fetch) / totals[0].n;
+  for (int k = 0; k < 2; ++k) {
+    const LayoutTotals& t = totals[k];
+    const double it = (t.seconds + t.fetch) / t.n;
+    std::printf(
+        "%-10s %8.3f %9.3f %7.3f %10.3f %9.3f %7.3f %8.0f MiB "
+        "%8.0f MiB %7.2fx\n",
+        names[k], it, t.end_wait / t.n, t.redo / t.n, t.grad_store / t.n,
+        t.slot_wait / t.n, t.fetch / t.n, t.read_bytes / t.n / mib,
+        t.written_bytes / t.n / mib, it / base);
+  }
+  const double extra_read =
+      totals[1].read_bytes / totals[1].n - totals[0].read_bytes / totals[0].n;
+  const double extra_written = totals[1].written_bytes / totals[1].n -
+                               totals[0].written_bytes / totals[0].n;
+  std::printf(
+      "streamed moves %.0f MiB more per iteration (%.0f read + %.0f "
+      "written; the states alone: %.0f MiB each way)\n",
+      (extra_read + extra_written) / mib, extra_read / mib, extra_written / mib,
+      state_total / mib);
+  std::printf(
+      "(iter s: BeginIteration to EndIteration's return plus, streamed, "
+      "the next forward's 16-bit fetch of every layer; mean of %d rounds "
+      "after a warm-up, order alternated per round. grad-store: seconds "
+      "the serving thread spent storing gradients; slot-wait: seconds "
+      "backward waited for a free gradient buffer, the part of grad-store "
+      "it did not hide)\n",
+      flags.rounds);
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   const Flags flags = ParseFlags(argc, argv);
   std::string tmpl = flags.dir + "/sched_bench_XXXXXX";
@@ -188,10 +391,17 @@ int Main(int argc, char** argv) {
     if (::mkdir(so.ssd_paths.back().c_str(), 0700) != 0) Die("mkdir");
   }
   so.state_dir = root + "/state";
-  // Committed + pending versions, with room for striping slack.
+  // Committed + pending versions, with room for striping slack; comparing
+  // layouts: two jobs, and the streamed one's 16-bit copies (committed +
+  // pending) and gradient scratch.
+  const uint64_t params_total = TotalParams(flags);
+  const uint64_t grad_bytes = params_total * DTypeSize(flags.grad);
+  const uint64_t needed =
+      flags.compare_layouts
+          ? state_total * 4 + state_total / 2 + params_total * 4 + grad_bytes
+          : state_total * 2 + state_total / 4;
   so.device_capacity_bytes =
-      ((state_total * 2 + state_total / 4) / flags.ssds + (64 << 20)) /
-      (1 << 20) * (1 << 20);
+      (needed / flags.ssds + (64 << 20)) / (1 << 20) * (1 << 20);
   auto store_or = TensorStore::Open(so);
   Check(store_or.status(), "open store");
   std::unique_ptr<TensorStore> store = *std::move(store_or);
@@ -295,6 +505,15 @@ int Main(int argc, char** argv) {
     raw_compute = Now() - t0;
   }
 
+  if (flags.compare_layouts) {
+    PrintRawStages(flags, state_total, raw_read, raw_compute, raw_write);
+    const int status = CompareLayouts(flags, store.get(), updater, layout,
+                                      state_total, grads, outs);
+    store.reset();
+    ::nftw(root.c_str(), RemoveEntry, 16, FTW_DEPTH | FTW_PHYS);
+    return status;
+  }
+
   // ---- The job: initialized once, reopened per schedule.
   {
     PipelineOptions options;
@@ -355,20 +574,7 @@ int Main(int argc, char** argv) {
     }
   }
 
-  const double backward = flags.backward_ms * 1e-3 * flags.layers;
-  std::printf(
-      "\nraw stages for one iteration's bytes (one chunk at a time):\n");
-  std::printf(
-      "  store write %.3f s (%.0f MiB/s), store read %.3f s (%.0f MiB/s),"
-      " adam %.3f s\n",
-      raw_write, state_total / 1048576.0 / raw_write, raw_read,
-      state_total / 1048576.0 / raw_read, raw_compute);
-  const double sum = raw_read + raw_compute + raw_write;
-  const double mx = std::max({raw_read, raw_compute, raw_write});
-  std::printf(
-      "  sum of stages %.3f s, max stage %.3f s; simulated backward "
-      "%.3f s\n",
-      sum, mx, backward);
+  PrintRawStages(flags, state_total, raw_read, raw_compute, raw_write);
   std::printf("\n%-16s %9s %9s %9s %9s %9s %9s %9s %8s\n", "schedule", "iter s",
               "end-wait", "redo", "commit", "read", "adam", "write", "vs 3b");
   const double base = totals[0].seconds / totals[0].n;

@@ -146,15 +146,24 @@ int Status(const std::string& socket, bool json) {
   PrintJobTable({status->jobs().begin(), status->jobs().end()});
   if (status->sessions_size() > 0) {
     std::printf("\ntraining (open data planes)\n");
-    const char* format = "%-10s %-8s %-10s %-7s %-9s %-10s %-10s %-10s %s\n";
-    std::printf(format, "JOB", "PID", "ARENA", "LAYERS", "PARAMS", "STEP",
-                "ITER s", "NOT HIDDEN", "NORM / CLIPPED / SKIPPED / FAILED");
+    const char* format =
+        "%-10s %-8s %-10s %-7s %-11s %-9s %-10s %-10s %-10s %s\n";
+    std::printf(format, "JOB", "PID", "ARENA", "LAYERS", "BUFFERS", "PARAMS",
+                "STEP", "ITER s", "NOT HIDDEN",
+                "NORM / CLIPPED / SKIPPED / FAILED");
     for (const v1::SessionStatus& session : status->sessions()) {
+      // "resident", or how many shared gradient/weight buffers stream.
+      const bool resident = session.grad_slots() == session.layers() &&
+                            session.weight_slots() == session.layers();
+      const std::string buffers =
+          resident ? "resident"
+                   : absl::StrFormat("%ug/%uw", session.grad_slots(),
+                                     session.weight_slots());
       std::printf(
           format, session.job_id().c_str(),
           std::to_string(session.pid()).c_str(),
           FormatByteSize(session.arena_bytes()).c_str(),
-          std::to_string(session.layers()).c_str(),
+          std::to_string(session.layers()).c_str(), buffers.c_str(),
           absl::StrFormat("%.3gM", session.parameters() / 1e6).c_str(),
           std::to_string(session.iteration()).c_str(),
           absl::StrFormat("%.3f", session.last_iteration_seconds()).c_str(),

@@ -53,6 +53,8 @@ data += e(6, act=1)
 data += e(2, 2, 1, off=4096, length=8192)
 data += e(8, it=0)
 open(sys.argv[1], "wb").write(data)
+# The same with a streamed layout (flag bit 4): slot offsets must be exact.
+open(sys.argv[1] + "-streamed", "wb").write(bytes([1 | 16]) + data[1:])
 PY
 
 if [[ "$seconds" -gt 0 ]]; then

@@ -1,7 +1,10 @@
 #include "daemon/ipc/entry_validator.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -78,6 +81,23 @@ uint64_t DtypeBytes(uint16_t dtype) {
   return 0;
 }
 
+EntryValidator::Options Sorted(EntryValidator::Options options) {
+  std::sort(options.grad_slots.begin(), options.grad_slots.end());
+  std::sort(options.weight_slots.begin(), options.weight_slots.end());
+  return options;
+}
+
+// "4096, 12288" (the first few of them).
+std::string ListOffsets(const std::vector<uint64_t>& offsets) {
+  constexpr size_t kShown = 8;
+  std::string list;
+  for (size_t i = 0; i < offsets.size() && i < kShown; ++i) {
+    absl::StrAppend(&list, i == 0 ? "" : ", ", offsets[i]);
+  }
+  if (offsets.size() > kShown) absl::StrAppend(&list, ", ...");
+  return list;
+}
+
 absl::Status WithOp(RingOp op, const absl::Status& status) {
   if (status.ok()) return status;
   return absl::Status(status.code(),
@@ -90,8 +110,8 @@ EntryValidator::EntryValidator(const SlotAllocator* slots,
                                absl::Span<const uint8_t> arena, Options options)
     : slots_(slots),
       arena_(arena),
-      options_(options),
-      iteration_(options.next_iteration) {}
+      options_(Sorted(std::move(options))),
+      iteration_(options_.next_iteration) {}
 
 absl::Status EntryValidator::Accept(const SubmissionEntry& entry) {
   for (uint8_t byte : entry.reserved) {
@@ -215,6 +235,18 @@ absl::Status EntryValidator::CheckLayer(const SubmissionEntry& entry,
   if (entry.length != want) {
     return absl::InvalidArgumentError(absl::StrCat(
         "layer ", entry.layer, ": length ", entry.length, ", want ", want));
+  }
+  const std::vector<uint64_t>& streamed =
+      kind == SlotKind::kGradient ? options_.grad_slots : options_.weight_slots;
+  if (!streamed.empty() && !std::binary_search(streamed.begin(), streamed.end(),
+                                               entry.slot_offset)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layer ", entry.layer, ": slot_offset ", entry.slot_offset,
+        " is not one of the job's ", streamed.size(), " ",
+        kind == SlotKind::kGradient ? "gradient" : "weight",
+        " slots (streamed layout: every layer uses one of the slots at "
+        "offsets ",
+        ListOffsets(streamed), ")"));
   }
   absl::Status range =
       slots_->CheckRange(entry.slot_offset, entry.length, kind);

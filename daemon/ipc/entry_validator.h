@@ -25,7 +25,9 @@ struct JobLayout {
 //   reserved bytes zero),
 // - the job's registered layout (layer index, per-layer length, dtype),
 // - the arena: [slot_offset, slot_offset + length) must lie in one live slot
-//   of the right kind (SlotAllocator::CheckRange; overflow-safe),
+//   of the right kind (SlotAllocator::CheckRange; overflow-safe); with a
+//   streamed layout (Options::grad_slots / weight_slots) slot_offset must
+//   be exactly one of the K slots of that kind,
 // - the state machine: kRegisterLayout once, first; kGradReady only
 //   between kIterBegin and kIterEnd (kFetchParams also between iterations:
 //   the committed weights, for the next forward); iterations numbered
@@ -50,6 +52,13 @@ class EntryValidator {
     // The number the next kIterBegin must carry (a re-attached job resumes
     // where it stopped).
     uint64_t next_iteration = 0;
+    // Streamed layouts: the offsets of the K gradient (weight) slots that
+    // every layer shares, each as large as the largest layer. Non-empty:
+    // kGradReady (kFetchParams) must name one of them exactly, so the
+    // daemon can tell a slot from a slice of one. Empty (resident layout):
+    // any range inside one live slot of the kind.
+    std::vector<uint64_t> grad_slots;
+    std::vector<uint64_t> weight_slots;
   };
 
   // `slots`: the job arena's allocator; `arena`: the daemon's mapping of that
@@ -79,7 +88,7 @@ class EntryValidator {
 
   const SlotAllocator* const slots_;
   const absl::Span<const uint8_t> arena_;
-  const Options options_;
+  const Options options_;  // grad_slots and weight_slots sorted
 
   std::optional<JobLayout> layout_;
   bool in_iteration_ = false;

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <vector>
 
 #include "daemon/ipc/entry_validator.h"
@@ -18,6 +19,7 @@ namespace lohan::fuzz {
 namespace {
 
 uint64_t accepted_by_op[9] = {};
+uint64_t accepted_streamed = 0;
 
 void Require(bool condition) {
   if (!condition) __builtin_trap();
@@ -38,6 +40,8 @@ void CarveSlots(SlotAllocator& slots) {
 }  // namespace
 
 const uint64_t* AcceptedByOp() { return accepted_by_op; }
+
+uint64_t AcceptedStreamed() { return accepted_streamed; }
 
 }  // namespace lohan::fuzz
 
@@ -66,6 +70,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   EntryValidator::Options options;
   if (flags & 2) options.max_live_activations = 4;
   options.next_iteration = (flags >> 2) & 3;
+  const bool streamed = (flags & 16) != 0;
+  if (streamed) {
+    options.grad_slots.assign(std::begin(kGradOffsets), std::end(kGradOffsets));
+    options.weight_slots = {kWeightOffset};
+  }
   EntryValidator validator(&slots, absl::Span<const uint8_t>(*arena), options);
 
   for (; size >= sizeof(SubmissionEntry);
@@ -93,6 +102,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (op == RingOp::kGradReady || op == RingOp::kFetchParams) {
       Require(entry.layer < layout->layer_bytes.size());
       Require(entry.length == layout->layer_bytes[entry.layer]);
+      if (streamed) {
+        // Exactly a slot's start, never a slice of one.
+        Require(op == RingOp::kGradReady
+                    ? entry.slot_offset == kGradOffsets[0] ||
+                          entry.slot_offset == kGradOffsets[1]
+                    : entry.slot_offset == kWeightOffset);
+        ++accepted_streamed;
+      }
     }
     Require(validator.live_activations() <= options.max_live_activations);
   }

@@ -8,6 +8,8 @@
 //                   control slot; otherwise the next 32 bytes are the table
 //            bit 1: at most 4 live activations
 //            bits 2-3: Options::next_iteration
+//            bit 4: streamed layout: kGradOffsets are the job's gradient
+//                   slots and kWeightOffset its weight slot
 //   then     64-byte SubmissionEntry images, each fed to Accept in order
 //            (a trailing partial entry is ignored).
 
@@ -25,6 +27,8 @@ inline constexpr uint64_t kLayerBytes[kLayers] = {4096, 8192, 100, 4096};
 
 // Entries accepted so far, by RingOp value (0..8), over all inputs.
 const uint64_t* AcceptedByOp();
+// GRAD_READY and FETCH_PARAMS entries accepted with a streamed layout.
+uint64_t AcceptedStreamed();
 
 }  // namespace lohan::fuzz
 

@@ -23,8 +23,9 @@ class Generator {
 
   std::vector<uint8_t> Input() {
     std::vector<uint8_t> input;
-    const uint8_t flags =
+    uint8_t flags =
         OneIn(8) ? static_cast<uint8_t>(random_()) : (OneIn(4) ? 3 : 1);
+    if (OneIn(2)) flags |= 16;  // streamed layout
     input.push_back(flags);
     if (!(flags & 1)) {
       uint64_t table[kLayers];
@@ -157,6 +158,7 @@ TEST(EntryValidatorFuzzTest, TensOfThousandsOfInputs) {
   for (int op = 1; op <= 8; ++op) {
     EXPECT_GT(accepted[op], 100u) << "op " << op;
   }
+  EXPECT_GT(AcceptedStreamed(), 100u);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace lohan {
@@ -108,6 +109,57 @@ TEST_F(EntryValidatorTest, AHappyIteration) {
   }
   EXPECT_EQ(validator_->iteration(), 3u);
   EXPECT_EQ(validator_->live_activations(), 0u);
+}
+
+TEST_F(EntryValidatorTest, StreamedLayoutNamesExactlyOneOfTheSlots) {
+  // Two gradient slots and one weight slot shared by all layers, each as
+  // large as the largest layer (2 pages).
+  const Slot grad2 = *slots_.Allocate(2 * kPage, SlotKind::kGradient);
+  EntryValidator::Options options;
+  options.grad_slots = {grad2.offset, grad_.offset};  // any order
+  options.weight_slots = {weight_.offset};
+  validator_ = std::make_unique<EntryValidator>(
+      &slots_, absl::Span<const uint8_t>(arena_), options);
+  ASSERT_TRUE(validator_->Accept(Register()).ok());
+  ASSERT_TRUE(validator_->Accept(Iter(RingOp::kIterBegin, 0)).ok());
+  for (uint32_t layer = 0; layer < 3; ++layer) {
+    const uint64_t bytes = validator_->layout()->layer_bytes[layer];
+    SubmissionEntry fetch = Fetch(layer, bytes);
+    ASSERT_TRUE(validator_->Accept(fetch).ok()) << layer;
+    // Slot (layer % 2), as a simple client would use them.
+    SubmissionEntry grad = Grad(layer, bytes);
+    grad.slot_offset = layer % 2 == 0 ? grad_.offset : grad2.offset;
+    ASSERT_TRUE(validator_->Accept(grad).ok()) << layer;
+  }
+  ASSERT_TRUE(validator_->Accept(Iter(RingOp::kIterEnd, 0)).ok());
+  ASSERT_TRUE(validator_->Accept(Iter(RingOp::kIterBegin, 1)).ok());
+  // Inside a slot but not at its start: fine for a resident layout, not
+  // for a streamed one.
+  SubmissionEntry inside = Grad(2, 100);
+  inside.slot_offset = grad_.offset + kPage;
+  absl::Status status = validator_->Accept(inside);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("GRAD_READY"), std::string::npos) << status;
+  EXPECT_NE(
+      status.message().find(absl::StrCat(grad_.offset, ", ", grad2.offset)),
+      std::string::npos)
+      << status;
+  SubmissionEntry wrong_kind = Grad(2, 100);
+  wrong_kind.slot_offset = weight_.offset;
+  EXPECT_EQ(Code(wrong_kind), absl::StatusCode::kInvalidArgument);
+  SubmissionEntry fetch = Fetch(0, kPage);
+  fetch.slot_offset = grad_.offset;
+  status = validator_->Accept(fetch);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("weight slots"), std::string::npos) << status;
+  // A length other than the layer's, even one that fits the slot.
+  SubmissionEntry short_grad = Grad(1, kPage);
+  short_grad.slot_offset = grad2.offset;
+  EXPECT_EQ(Code(short_grad), absl::StatusCode::kInvalidArgument);
+  // None of that consumed layer 2's delivery.
+  SubmissionEntry good = Grad(2, 100);
+  good.slot_offset = grad2.offset;
+  EXPECT_TRUE(validator_->Accept(good).ok());
 }
 
 TEST_F(EntryValidatorTest, FormatRules) {

@@ -15,9 +15,13 @@
 // Version the layout with kRingEntryVersion; reserved bytes must be zero
 // (so they can gain a meaning later).
 
+#include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <string_view>
 
 namespace lohan {
 
@@ -33,8 +37,20 @@ inline constexpr uint32_t kRingEntryBytes = 64;
 //                    per-layer byte sizes. Once, before the first iteration.
 //   kGradReady       layer, slot_offset/length (a kGradient slot holding the
 //                    layer's gradient, length == the layer's bytes), dtype.
+//                    Streamed layout (fewer gradient slots than layers, see
+//                    ModelSpec.grad_slots): slot_offset must be exactly one
+//                    of the K slots; the daemon stores the gradient on its
+//                    SSDs before it completes the request, so the
+//                    completion means the slot may be reused. Resident: the
+//                    layer's own slot, untouched by the client until
+//                    kIterEnd completes.
 //   kFetchParams     layer, slot_offset/length (a kWeight slot to fill with
 //                    the layer's weights, length == the layer's bytes).
+//                    Inside an iteration or between iterations (then the
+//                    committed weights, e.g. for the next forward).
+//                    Streamed layout (ModelSpec.weight_slots): exactly one
+//                    of the K weight slots; the daemon reads the layer's
+//                    committed 16-bit copy from its SSDs into it.
 //   kActPut          activation_id, slot_offset/length (kActivation slot):
 //                    take this activation (swap out).
 //   kActGet          activation_id, slot_offset/length: bring it back into
@@ -119,6 +135,44 @@ static_assert(sizeof(CompletionEntry) == kRingEntryBytes);
 static_assert(offsetof(CompletionEntry, request_id) == 0);
 static_assert(offsetof(CompletionEntry, status_code) == 8);
 static_assert(offsetof(CompletionEntry, detail) == 16);
+
+// The error text area (RegisterModelResponse.error_text_offset/bytes): the
+// daemon's words for failed requests, so that a client with many requests
+// in flight gets each one's own text. The area is an array of records of
+// kErrorTextRecordBytes; a failed completion carries its error sequence
+// number s (1, 2, ...) in `detail`, and its text is in record
+// (s - 1) % (area bytes / kErrorTextRecordBytes): a little-endian u64
+// sequence number, then the NUL-terminated message (truncated to fit).
+// The daemon stores 0 in the sequence before rewriting a record and s after
+// (release), so a reader that sees s both before and after copying the
+// message has an untorn copy; a different number means more failures than
+// records happened before the client read this one (the text is lost, the
+// status code is not). A single record covering the whole area (record 0,
+// every failure) is the layout of daemons before records existed.
+inline constexpr uint64_t kErrorTextRecordBytes = 512;
+inline constexpr uint64_t kErrorTextRecords = 64;
+
+// The writer's side of the above (the daemon's): failure `sequence`'s
+// `message` into the error text area at `area`, `area_bytes` long.
+// REQUIRES: `area` 8-byte aligned, area_bytes > sizeof(uint64_t), sequence
+// >= 1.
+inline void WriteErrorText(uint8_t* area, uint64_t area_bytes,
+                           uint64_t sequence, std::string_view message) {
+  const uint64_t records = area_bytes / kErrorTextRecordBytes;
+  uint8_t* record =
+      records <= 1 ? area
+                   : area + (sequence - 1) % records * kErrorTextRecordBytes;
+  const uint64_t record_bytes =
+      records <= 1 ? area_bytes : kErrorTextRecordBytes;
+  std::atomic_ref<uint64_t> published(*reinterpret_cast<uint64_t*>(record));
+  published.store(0, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  const size_t length =
+      std::min<size_t>(record_bytes - sizeof(uint64_t) - 1, message.size());
+  std::memcpy(record + sizeof(uint64_t), message.data(), length);
+  record[sizeof(uint64_t) + length] = 0;
+  published.store(sequence, std::memory_order_release);
+}
 
 }  // namespace lohan
 

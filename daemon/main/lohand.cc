@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "daemon/common/byte_size.h"
+#include "daemon/common/caller.h"
 #include "daemon/common/errno_status.h"
 #include "daemon/common/version.h"
 #include "daemon/config/config.h"
@@ -28,6 +29,7 @@
 #include "daemon/pool/host_pool.h"
 #include "daemon/rpc/control_server.h"
 #include "daemon/rpc/unix_listener.h"
+#include "daemon/sched/job_pipeline.h"
 #include "daemon/session/session_manager.h"
 #include "daemon/store/tensor_store.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
@@ -201,6 +203,17 @@ int Run(const CommandLine& command_line) {
 
   absl::StatusOr<std::unique_ptr<TensorStore>> store = OpenStore(*config);
   if (!store.ok()) return Fail(store.status());
+  // Streamed gradients of iterations a crash cut short: never committed,
+  // never needed again; free their space now rather than at the job's next
+  // registration.
+  for (const v1::Job& job : (*jobs)->List(Caller{.uid = 0})) {
+    if (absl::Status dropped =
+            JobPipeline::DropScratchTensors(store->get(), job.id());
+        !dropped.ok()) {
+      spdlog::warn("job {}: dropping scratch tensors: {}", job.id(),
+                   std::string(dropped.message()));
+    }
+  }
   absl::StatusOr<Optimizer> optimizer = StartOptimizer(*config);
   if (!optimizer.ok()) return Fail(optimizer.status());
 

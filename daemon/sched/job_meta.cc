@@ -6,7 +6,9 @@ namespace lohan {
 namespace {
 
 constexpr char kMagic[8] = {'L', 'O', 'H', 'A', 'N', 'J', 'O', 'B'};
-constexpr uint64_t kFormat = 1;
+// 1: fingerprint, iteration. 2: + the weight16 code (0: none, else 1 +
+// DType), in what format 1 kept as zero padding.
+constexpr uint64_t kFormat = 2;
 
 void PutU64(std::string& out, size_t at, uint64_t v) {
   for (int i = 0; i < 8; ++i) out[at + i] = static_cast<char>(v >> (8 * i));
@@ -26,16 +28,23 @@ std::string JobMeta::Encode() const {
   PutU64(out, 8, kFormat);
   PutU64(out, 16, layout_fingerprint);
   PutU64(out, 24, iteration);
+  PutU64(out, 32, has_weight16 ? 1 + static_cast<uint64_t>(weight16_dtype) : 0);
   return out;
 }
 
 absl::StatusOr<JobMeta> JobMeta::Decode(absl::string_view bytes) {
   if (bytes.size() != kBytes ||
       std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0 ||
-      GetU64(bytes, 8) != kFormat) {
+      GetU64(bytes, 8) < 1 || GetU64(bytes, 8) > kFormat) {
     return absl::DataLossError("job meta record: bad size, magic or format");
   }
-  for (size_t i = 32; i < kBytes; ++i) {
+  // Format 1 has zero padding where format 2 has the weight16 code, so one
+  // check covers both.
+  const uint64_t weight16 = GetU64(bytes, 32);
+  if (weight16 > 1 + static_cast<uint64_t>(DType::kFloat16)) {
+    return absl::DataLossError("job meta record: bad 16-bit weight dtype");
+  }
+  for (size_t i = 40; i < kBytes; ++i) {
     if (bytes[i] != '\0') {
       return absl::DataLossError("job meta record: non-zero padding");
     }
@@ -43,6 +52,8 @@ absl::StatusOr<JobMeta> JobMeta::Decode(absl::string_view bytes) {
   JobMeta meta;
   meta.layout_fingerprint = GetU64(bytes, 16);
   meta.iteration = GetU64(bytes, 24);
+  meta.has_weight16 = weight16 != 0;
+  if (meta.has_weight16) meta.weight16_dtype = static_cast<DType>(weight16 - 1);
   return meta;
 }
 

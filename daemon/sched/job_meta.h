@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "daemon/optim/dtype.h"
 
 namespace lohan {
 
@@ -16,8 +17,15 @@ struct JobMeta {
   uint64_t layout_fingerprint = 0;  // LayoutFingerprint of the job's layout.
   // Iterations committed so far: also every chunk's Adam step counter.
   uint64_t iteration = 0;
+  // Whether the job's "weight16.*" tensors hold the 16-bit copy of the
+  // committed weights (in weight16_dtype). Only a pipeline that streams its
+  // 16-bit weights keeps them current; any other commit clears this, so a
+  // later streamed run knows to rebuild them from the master weights.
+  bool has_weight16 = false;
+  DType weight16_dtype = DType::kBFloat16;
 
   // Fixed kBytes: magic "LOHANJOB", format version, fields, zero padding.
+  // Writes format 2; reads 1 (no weight16 field) and 2.
   static constexpr size_t kBytes = 64;
   std::string Encode() const;
   // DATA_LOSS if `bytes` is not an encoded JobMeta.

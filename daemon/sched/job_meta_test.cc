@@ -15,6 +15,7 @@ TEST(JobMetaTest, RoundTripsAndRejectsDamage) {
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->layout_fingerprint, meta.layout_fingerprint);
   EXPECT_EQ(back->iteration, 77u);
+  EXPECT_FALSE(back->has_weight16);
   EXPECT_EQ(JobMeta::Decode(enc.substr(1)).status().code(),
             absl::StatusCode::kDataLoss);
   std::string bad = enc;
@@ -24,8 +25,31 @@ TEST(JobMetaTest, RoundTripsAndRejectsDamage) {
   bad[63] = 1;
   EXPECT_FALSE(JobMeta::Decode(bad).ok());
   bad = enc;
-  bad[8] = 2;  // Format version.
+  bad[8] = 3;  // Format version.
   EXPECT_FALSE(JobMeta::Decode(bad).ok());
+  bad = enc;
+  bad[32] = 9;  // No such 16-bit dtype.
+  EXPECT_FALSE(JobMeta::Decode(bad).ok());
+}
+
+TEST(JobMetaTest, CarriesTheWeight16CopyAndReadsFormat1) {
+  JobMeta meta;
+  meta.iteration = 5;
+  meta.has_weight16 = true;
+  meta.weight16_dtype = DType::kFloat16;
+  auto back = JobMeta::Decode(meta.Encode());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->has_weight16);
+  EXPECT_EQ(back->weight16_dtype, DType::kFloat16);
+  // A format-1 record (written before the field existed): no copies.
+  JobMeta old;
+  old.iteration = 5;
+  std::string v1 = old.Encode();
+  v1[8] = 1;
+  back = JobMeta::Decode(v1);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->iteration, 5u);
+  EXPECT_FALSE(back->has_weight16);
 }
 
 }  // namespace

@@ -49,9 +49,22 @@ JobPipeline::JobPipeline(TensorStore* store, const AdamUpdater& updater,
       state_(layout),
       options_(options),
       fingerprint_(LayoutFingerprint(layout)),
+      // A chunk buffer: [state | streamed gradient | streamed 16-bit copy],
+      // each part aligned for O_DIRECT.
+      grad_offset_(RoundUp(state_.max_state_bytes(), kBufferAlignment)),
+      weight16_offset_(grad_offset_ +
+                       (options.stream_gradients
+                            ? RoundUp(state_.max_chunk_count() *
+                                          DTypeSize(layout.grad_dtype),
+                                      kBufferAlignment)
+                            : 0)),
+      buffer_bytes_(
+          weight16_offset_ +
+          (options.stream_weight16
+               ? RoundUp(state_.max_chunk_count() * 2, kBufferAlignment)
+               : 0)),
       pool_(options.schedule == Schedule::kSerialized ? 1 : options.buffers,
-            RoundUp(state_.max_state_bytes(), kBufferAlignment),
-            kBufferAlignment),
+            buffer_bytes_, kBufferAlignment),
       read_queue_(state_.total_chunks()),
       compute_queue_(pool_.count()),
       write_queue_(pool_.count()) {
@@ -59,6 +72,12 @@ JobPipeline::JobPipeline(TensorStore* store, const AdamUpdater& updater,
     chunk_base_.push_back(chunk_names_.size());
     for (size_t c = 0; c < state_.num_chunks(l); ++c) {
       chunk_names_.push_back(StateLayout::ChunkName(l, c));
+      if (options_.stream_weight16) {
+        weight16_names_.push_back(StateLayout::Weight16Name(l, c));
+      }
+      if (options_.stream_gradients) {
+        scratch_names_.push_back(StateLayout::GradScratchName(l, c));
+      }
     }
   }
   sum_squares_.assign(chunk_names_.size(), 0.0);
@@ -90,6 +109,8 @@ absl::StatusOr<std::unique_ptr<JobPipeline>> JobPipeline::Open(
 }
 
 absl::Status JobPipeline::OpenStates() {
+  // Gradients of an iteration a dead pipeline never finished.
+  if (absl::Status s = DropScratchTensors(store_, job_); !s.ok()) return s;
   const std::string meta_name = StateLayout::MetaName();
   absl::StatusOr<TensorInfo> meta_info = store_->Stat(job_, meta_name);
   if (!meta_info.ok() &&
@@ -98,6 +119,8 @@ absl::Status JobPipeline::OpenStates() {
   }
   const bool existing = meta_info.ok() && meta_info->committed_version != 0;
   uint64_t iteration = 0;
+  // The committed meta (a new job's once written below).
+  JobMeta committed_meta;
   if (existing) {
     std::string bytes(JobMeta::kBytes, '\0');
     if (meta_info->bytes != JobMeta::kBytes) {
@@ -119,6 +142,7 @@ absl::Status JobPipeline::OpenStates() {
           "): layer sizes, chunk size, moment dtype and AMSGrad must match"));
     }
     iteration = meta->iteration;
+    committed_meta = *meta;
   }
   // Chunk tensors: created if new (or left half-created by a crash), and
   // checked either way.
@@ -155,19 +179,20 @@ absl::Status JobPipeline::OpenStates() {
       absl::Status s = store_->Create(job_, meta_name, JobMeta::kBytes);
       if (!s.ok()) return s;
     }
-    JobMeta meta;
-    meta.layout_fingerprint = fingerprint_;
-    const std::string bytes = meta.Encode();
-    absl::StatusOr<uint64_t> w = store_->Write(
-        job_, meta_name,
-        absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(bytes.data()),
-                            bytes.size()));
-    if (!w.ok()) return w.status();
-    absl::Status s = store_->Commit(job_, meta_name);
+    absl::Status s = WriteMeta(0);
+    if (s.ok()) s = store_->Commit(job_, meta_name);
     if (!s.ok()) return s;
+    committed_meta.layout_fingerprint = fingerprint_;
+    // No layer has weights yet, so every 16-bit copy there is is current.
+    committed_meta.has_weight16 = options_.stream_weight16;
+    committed_meta.weight16_dtype = layout_.weight16_dtype;
   } else if (meta_info->pending_version != 0) {
     absl::Status s = store_->Rollback(job_, meta_name);
     if (!s.ok() && !IsNoPending(s)) return s;
+  }
+  if (options_.stream_weight16) {
+    absl::Status s = OpenWeight16(committed_meta, initialized);
+    if (!s.ok()) return Annotate(s, absl::StrCat("job '", job_, "'"));
   }
   absl::MutexLock lock(&mu_);
   iteration_ = iteration;
@@ -175,6 +200,92 @@ absl::Status JobPipeline::OpenStates() {
     initialized_[l] = initialized[l];
   }
   return absl::OkStatus();
+}
+
+absl::Status JobPipeline::OpenWeight16(const JobMeta& meta,
+                                       const std::vector<bool>& initialized) {
+  // Copies are current only if the last commit was a streaming pipeline's
+  // in the same dtype; otherwise (a run that kept them in the client's
+  // buffers, or another dtype) they are rebuilt from the master weights.
+  const bool current =
+      meta.has_weight16 && meta.weight16_dtype == layout_.weight16_dtype;
+  std::vector<size_t> rebuild;
+  for (size_t l = 0; l < state_.num_layers(); ++l) {
+    bool complete = true;
+    for (size_t c = 0; c < state_.num_chunks(l); ++c) {
+      const std::string& name = weight16_names_[FlatIndex(l, c)];
+      const uint64_t bytes = state_.chunk_count(l, c) * 2;
+      absl::StatusOr<TensorInfo> info = store_->Stat(job_, name);
+      if (!info.ok() && info.status().code() == absl::StatusCode::kNotFound) {
+        absl::Status s = store_->Create(job_, name, bytes);
+        if (!s.ok()) return s;
+        info = store_->Stat(job_, name);
+      }
+      if (!info.ok()) return info.status();
+      if (info->bytes != bytes) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("16-bit weight tensor ", name, " has ", info->bytes,
+                         " bytes, the layout needs ", bytes));
+      }
+      if (info->pending_version != 0) {
+        absl::Status s = store_->Rollback(job_, name);
+        if (!s.ok() && !IsNoPending(s)) return s;
+      }
+      // A layer initialized by a pipeline that did not stream them.
+      if (info->committed_version == 0) complete = false;
+    }
+    if (initialized[l] && (!current || !complete)) rebuild.push_back(l);
+  }
+  if (current && rebuild.empty()) return absl::OkStatus();
+
+  AlignedBuffer buffer(buffer_bytes_, kBufferAlignment);
+  std::vector<std::string> names;
+  absl::Status s;
+  for (size_t l : rebuild) {
+    for (size_t c = 0; s.ok() && c < state_.num_chunks(l); ++c) {
+      const uint64_t count = state_.chunk_count(l, c);
+      absl::StatusOr<uint64_t> r = store_->Read(
+          job_, chunk_names_[FlatIndex(l, c)],
+          absl::MakeSpan(buffer.data(), state_.state_bytes(count)));
+      if (!r.ok()) {
+        s = r.status();
+        break;
+      }
+      uint8_t* copy = buffer.data() + weight16_offset_;
+      ToWeight16(reinterpret_cast<const float*>(buffer.data()), count,
+                 reinterpret_cast<uint16_t*>(copy));
+      names.push_back(weight16_names_[FlatIndex(l, c)]);
+      s = store_
+              ->Write(job_, names.back(), absl::MakeConstSpan(copy, count * 2))
+              .status();
+    }
+  }
+  // The same batch marks them current: a crash leaves either the old
+  // copies and meta or the new ones.
+  if (s.ok()) s = WriteMeta(meta.iteration);
+  if (s.ok()) {
+    names.push_back(StateLayout::MetaName());
+    s = store_->CommitBatch(job_, names);
+  }
+  if (!s.ok()) {
+    for (const std::string& name : names) (void)store_->Rollback(job_, name);
+    (void)store_->Rollback(job_, StateLayout::MetaName());
+    return Annotate(s, "rebuilding the 16-bit weight copies");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobPipeline::DropScratchTensors(TensorStore* store,
+                                             absl::string_view job) {
+  absl::Status first;
+  for (const std::string& name : store->List(job)) {
+    if (name.rfind(StateLayout::kScratchPrefix, 0) != 0) continue;
+    absl::Status s = store->Delete(job, name);
+    if (!s.ok() && s.code() != absl::StatusCode::kNotFound && first.ok()) {
+      first = s;
+    }
+  }
+  return first;
 }
 
 void JobPipeline::StartThreads() {
@@ -196,7 +307,10 @@ JobPipeline::~JobPipeline() {
   write_queue_.Close();
   pool_.Close();
   for (std::thread& t : threads_) t.join();
-  if (in_iteration) (void)RollbackAll();
+  if (in_iteration) {
+    (void)RollbackAll();
+    DropScratch();
+  }
 }
 
 uint64_t JobPipeline::iteration() const {
@@ -222,16 +336,30 @@ void JobPipeline::ReadLoop() {
       Finish(*task, absl::OkStatus());
       continue;
     }
-    const uint64_t bytes =
-        state_.state_bytes(state_.chunk_count(task->layer, task->chunk));
+    const size_t flat = FlatIndex(task->layer, task->chunk);
+    const uint64_t count = state_.chunk_count(task->layer, task->chunk);
+    const bool update = task->kind == TaskKind::kUpdate;
+    uint64_t bytes = state_.state_bytes(count);
     const double start = Now();
-    absl::StatusOr<uint64_t> r =
-        store_->Read(job_, chunk_names_[FlatIndex(task->layer, task->chunk)],
-                     absl::MakeSpan(task->buffer, bytes));
+    absl::StatusOr<uint64_t> r = store_->Read(
+        job_, chunk_names_[flat], absl::MakeSpan(task->buffer, bytes));
+    if (r.ok() && update && options_.stream_gradients) {
+      // The gradient SubmitGradients stored, next to the states it updates.
+      const uint64_t grad_bytes = count * DTypeSize(layout_.grad_dtype);
+      r = store_->ReadPending(
+          job_, scratch_names_[flat],
+          absl::MakeSpan(task->buffer + grad_offset_, grad_bytes));
+      task->grad = task->buffer + grad_offset_;
+      bytes += grad_bytes;
+    }
+    if (update && options_.stream_weight16) {
+      task->out = task->buffer + weight16_offset_;
+    }
     const double seconds = Now() - start;
     {
       absl::MutexLock lock(&mu_);
       busy_.read += seconds;
+      if (r.ok()) busy_.bytes_read += bytes;
     }
     if (!r.ok()) {
       Finish(*task, r.status());
@@ -255,11 +383,7 @@ void JobPipeline::ComputeLoop() {
     absl::Status s;
     if (task->kind == TaskKind::kRepublish) {
       // The committed weights' 16-bit copy (no update).
-      uint16_t* out = reinterpret_cast<uint16_t*>(task->out);
-      const bool bf16 = layout_.weight16_dtype == DType::kBFloat16;
-      for (uint64_t i = 0; i < count; ++i) {
-        out[i] = bf16 ? FloatToBf16(weight[i]) : FloatToFp16(weight[i]);
-      }
+      ToWeight16(weight, count, reinterpret_cast<uint16_t*>(task->out));
     } else {
       AdamTensor tensor;
       tensor.size = count;
@@ -303,16 +427,24 @@ void JobPipeline::WriteLoop() {
       Finish(*task, absl::OkStatus());
       continue;
     }
-    const uint64_t bytes =
-        state_.state_bytes(state_.chunk_count(task->layer, task->chunk));
+    const size_t flat = FlatIndex(task->layer, task->chunk);
+    const uint64_t count = state_.chunk_count(task->layer, task->chunk);
+    uint64_t bytes = state_.state_bytes(count);
     const double start = Now();
-    absl::StatusOr<uint64_t> w =
-        store_->Write(job_, chunk_names_[FlatIndex(task->layer, task->chunk)],
-                      absl::MakeConstSpan(task->buffer, bytes));
+    absl::StatusOr<uint64_t> w = store_->Write(
+        job_, chunk_names_[flat], absl::MakeConstSpan(task->buffer, bytes));
+    if (w.ok() && options_.stream_weight16) {
+      // The new 16-bit copy, pending with the states it was made from.
+      w = store_->Write(
+          job_, weight16_names_[flat],
+          absl::MakeConstSpan(task->buffer + weight16_offset_, count * 2));
+      bytes += count * 2;
+    }
     const double seconds = Now() - start;
     {
       absl::MutexLock lock(&mu_);
       busy_.write += seconds;
+      if (w.ok()) busy_.bytes_written += bytes;
     }
     Finish(*task, w.status());
   }
@@ -357,7 +489,10 @@ void JobPipeline::EnqueueLayerLocked(size_t layer, TaskKind kind,
     task.lr = lr_;
     task.step = static_cast<int64_t>(iteration_);
     const uint64_t begin = state_.chunk_begin(c);
-    task.grad = static_cast<const uint8_t*>(sub.grad) + begin * grad_size;
+    // Streamed gradients: the read stage points it into the task's buffer.
+    if (sub.grad != nullptr) {
+      task.grad = static_cast<const uint8_t*>(sub.grad) + begin * grad_size;
+    }
     if (sub.out != nullptr)
       task.out = static_cast<uint8_t*>(sub.out) + begin * 2;
     ++enqueued_;
@@ -396,23 +531,86 @@ absl::Status JobPipeline::RollbackAll() {
     }
   };
   for (const std::string& name : chunk_names_) rollback(name);
+  for (const std::string& name : weight16_names_) rollback(name);
   rollback(StateLayout::MetaName());
   return first;
 }
 
-absl::Status JobPipeline::Commit(uint64_t new_iteration) {
+absl::Status JobPipeline::WriteMeta(uint64_t iteration) {
   JobMeta meta;
   meta.layout_fingerprint = fingerprint_;
-  meta.iteration = new_iteration;
+  meta.iteration = iteration;
+  // A commit by a pipeline that does not stream them leaves the 16-bit
+  // copies in the store stale.
+  meta.has_weight16 = options_.stream_weight16;
+  meta.weight16_dtype = layout_.weight16_dtype;
   const std::string bytes = meta.Encode();
-  absl::StatusOr<uint64_t> w = store_->Write(
-      job_, StateLayout::MetaName(),
-      absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(bytes.data()),
-                          bytes.size()));
-  if (!w.ok()) return w.status();
+  return store_
+      ->Write(job_, StateLayout::MetaName(),
+              absl::MakeConstSpan(
+                  reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()))
+      .status();
+}
+
+absl::Status JobPipeline::Commit(uint64_t new_iteration) {
+  if (absl::Status s = WriteMeta(new_iteration); !s.ok()) return s;
   std::vector<std::string> names = chunk_names_;
+  names.insert(names.end(), weight16_names_.begin(), weight16_names_.end());
   names.push_back(StateLayout::MetaName());
   return store_->CommitBatch(job_, names);
+}
+
+void JobPipeline::ToWeight16(const float* weights, uint64_t count,
+                             uint16_t* out) const {
+  const bool bf16 = layout_.weight16_dtype == DType::kBFloat16;
+  for (uint64_t i = 0; i < count; ++i) {
+    out[i] = bf16 ? FloatToBf16(weights[i]) : FloatToFp16(weights[i]);
+  }
+}
+
+absl::Status JobPipeline::WriteGradScratch(size_t layer, const uint8_t* grad) {
+  const size_t grad_size = DTypeSize(layout_.grad_dtype);
+  uint64_t written = 0;
+  const double start = Now();
+  absl::Status s;
+  for (size_t c = 0; s.ok() && c < state_.num_chunks(layer); ++c) {
+    const std::string& name = scratch_names_[FlatIndex(layer, c)];
+    const uint64_t bytes = state_.chunk_count(layer, c) * grad_size;
+    s = store_->Create(job_, name, bytes);
+    if (s.code() == absl::StatusCode::kAlreadyExists) s = absl::OkStatus();
+    if (s.ok()) {
+      s = store_
+              ->Write(job_, name,
+                      absl::MakeConstSpan(
+                          grad + state_.chunk_begin(c) * grad_size, bytes))
+              .status();
+    }
+    if (s.ok()) written += bytes;
+    if (!s.ok()) {
+      s = Annotate(s, absl::StrCat("job '", job_, "' layer ", layer, " chunk ",
+                                   c, ": storing the streamed gradient"));
+    }
+  }
+  const double seconds = Now() - start;
+  absl::MutexLock lock(&mu_);
+  busy_.grad_store += seconds;
+  busy_.bytes_written += written;
+  return s;
+}
+
+void JobPipeline::DropScratch() {
+  std::vector<size_t> layers;
+  {
+    absl::MutexLock lock(&mu_);
+    layers.swap(scratch_layers_);
+  }
+  for (size_t layer : layers) {
+    for (size_t c = 0; c < state_.num_chunks(layer); ++c) {
+      // NOT_FOUND: the layer's write failed before this chunk. Anything
+      // else leaves a tensor that the next Open deletes.
+      (void)store_->Delete(job_, scratch_names_[FlatIndex(layer, c)]);
+    }
+  }
 }
 
 void JobPipeline::EndIterationIdle() {
@@ -444,8 +642,7 @@ absl::Status JobPipeline::InitializeWeights(size_t layer,
           absl::StrCat("layer ", layer, " already has states"));
     }
   }
-  AlignedBuffer buffer(RoundUp(state_.max_state_bytes(), kBufferAlignment),
-                       kBufferAlignment);
+  AlignedBuffer buffer(buffer_bytes_, kBufferAlignment);
   std::vector<std::string> names;
   absl::Status s;
   for (size_t c = 0; s.ok() && c < state_.num_chunks(layer); ++c) {
@@ -458,6 +655,15 @@ absl::Status JobPipeline::InitializeWeights(size_t layer,
             ->Write(job_, names.back(),
                     absl::MakeConstSpan(buffer.data(), bytes))
             .status();
+    if (s.ok() && options_.stream_weight16) {
+      uint8_t* copy = buffer.data() + weight16_offset_;
+      ToWeight16(weights + state_.chunk_begin(c), count,
+                 reinterpret_cast<uint16_t*>(copy));
+      names.push_back(weight16_names_[FlatIndex(layer, c)]);
+      s = store_
+              ->Write(job_, names.back(), absl::MakeConstSpan(copy, count * 2))
+              .status();
+    }
   }
   if (s.ok()) s = store_->CommitBatch(job_, names);
   if (!s.ok()) {
@@ -498,6 +704,38 @@ absl::Status JobPipeline::ReadWeights(size_t layer, float* out) const {
   return absl::OkStatus();
 }
 
+absl::Status JobPipeline::ReadWeight16(size_t layer, void* out) const {
+  if (!options_.stream_weight16) {
+    return absl::FailedPreconditionError(
+        "this pipeline does not stream 16-bit weights: they are written to "
+        "the buffers given to SubmitGradients");
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (layer >= state_.num_layers()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer ", layer, " out of range (the model has ",
+                       state_.num_layers(), ")"));
+    }
+    if (out == nullptr) {
+      return absl::InvalidArgumentError("ReadWeight16: null output");
+    }
+    if (!initialized_[layer]) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("layer ", layer, " has no states yet"));
+    }
+  }
+  uint8_t* dest = static_cast<uint8_t*>(out);
+  for (size_t c = 0; c < state_.num_chunks(layer); ++c) {
+    const uint64_t count = state_.chunk_count(layer, c);
+    absl::StatusOr<uint64_t> r = store_->Read(
+        job_, weight16_names_[FlatIndex(layer, c)],
+        absl::MakeSpan(dest + state_.chunk_begin(c) * 2, count * 2));
+    if (!r.ok()) return r.status();
+  }
+  return absl::OkStatus();
+}
+
 absl::Status JobPipeline::BeginIteration(float grad_scale, double lr) {
   if (!(grad_scale > 0.0f) || !std::isfinite(grad_scale)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -528,9 +766,8 @@ absl::Status JobPipeline::BeginIteration(float grad_scale, double lr) {
   return absl::OkStatus();
 }
 
-absl::Status JobPipeline::SubmitGradients(size_t layer, const void* grad,
-                                          void* weight16_out) {
-  absl::MutexLock lock(&mu_);
+absl::Status JobPipeline::CheckSubmitLocked(size_t layer, const void* grad,
+                                            const void* weight16_out) const {
   if (phase_ != Phase::kInIteration) {
     return absl::FailedPreconditionError(
         phase_ == Phase::kIdle ? "gradients submitted outside an iteration"
@@ -545,13 +782,51 @@ absl::Status JobPipeline::SubmitGradients(size_t layer, const void* grad,
     return absl::InvalidArgumentError(
         absl::StrCat("null gradient for layer ", layer));
   }
-  Submission& sub = submissions_[layer];
-  if (sub.submitted) {
+  if (options_.stream_weight16 && weight16_out != nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layer ", layer,
+        ": 16-bit weights are streamed to the store; no weight16_out"));
+  }
+  if (submissions_[layer].submitted) {
     return absl::AlreadyExistsError(
         absl::StrCat("the gradient of layer ", layer,
                      " was submitted twice this iteration"));
   }
-  sub = Submission{true, grad, weight16_out};
+  return absl::OkStatus();
+}
+
+absl::Status JobPipeline::SubmitGradients(size_t layer, const void* grad,
+                                          void* weight16_out) {
+  if (!options_.stream_gradients) {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status s = CheckSubmitLocked(layer, grad, weight16_out);
+        !s.ok()) {
+      return s;
+    }
+    submissions_[layer] = Submission{true, grad, weight16_out};
+    submit_order_.push_back(layer);
+    if (options_.schedule != Schedule::kAfterBackward) {
+      EnqueueLayerLocked(layer, TaskKind::kUpdate, grad_scale_);
+    }
+    return absl::OkStatus();
+  }
+  // Streamed: storing the gradient is this call's own work (the caller
+  // reuses its buffer once it returns). api_mu_ keeps EndIteration and
+  // other submissions out meanwhile; stage work never waits for it.
+  absl::MutexLock api(&api_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status s = CheckSubmitLocked(layer, grad, weight16_out);
+        !s.ok()) {
+      return s;
+    }
+    scratch_layers_.push_back(layer);
+  }
+  absl::Status written =
+      WriteGradScratch(layer, static_cast<const uint8_t*>(grad));
+  if (!written.ok()) return written;  // Its scratch goes with the iteration.
+  absl::MutexLock lock(&mu_);
+  submissions_[layer] = Submission{true, nullptr, weight16_out};
   submit_order_.push_back(layer);
   if (options_.schedule != Schedule::kAfterBackward) {
     EnqueueLayerLocked(layer, TaskKind::kUpdate, grad_scale_);
@@ -594,6 +869,7 @@ absl::StatusOr<IterationReport> JobPipeline::EndIteration(
   }
   auto fail = [&](const absl::Status& error) {
     (void)RollbackAll();
+    DropScratch();
     EndIterationIdle();
     return error;
   };
@@ -640,6 +916,7 @@ absl::StatusOr<IterationReport> JobPipeline::EndIteration(
     report.commit_seconds = Now() - commit_start;
     report.iteration = iteration + 1;
   }
+  DropScratch();
   absl::MutexLock lock(&mu_);
   iteration_ = report.iteration;
   report.busy = busy_;

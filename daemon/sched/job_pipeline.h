@@ -5,9 +5,10 @@
 // paper Figure 3b): as each layer's gradient arrives during backward, the
 // layer's optimizer states are read from the SSD store chunk by chunk,
 // updated with Adam on the CPU, written back as new pending versions, and the
-// next iteration's 16-bit weights are written where the client reads them.
-// At the end of the iteration the global gradient norm decides: commit all
-// chunks at once, redo with clipped gradients, or skip.
+// next iteration's 16-bit weights are written where the client reads them
+// (its buffer, or store tensors when they are streamed). At the end of the
+// iteration the global gradient norm decides: commit all chunks at once, redo
+// with clipped gradients, or skip.
 
 #include <atomic>
 #include <cstddef>
@@ -20,10 +21,12 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/optim/adam.h"
 #include "daemon/sched/bounded_queue.h"
 #include "daemon/sched/buffer_pool.h"
+#include "daemon/sched/job_meta.h"
 #include "daemon/sched/model_layout.h"
 #include "daemon/store/tensor_store.h"
 
@@ -47,6 +50,24 @@ struct PipelineOptions {
   // host memory in flight. >= 3 lets a read, a compute and a write run at
   // once; kSerialized always uses 1.
   size_t buffers = 4;
+  // Streamed gradients (a client with fewer gradient buffers than layers):
+  // SubmitGradients copies the gradient into per-iteration scratch tensors
+  // of the store (StateLayout::GradScratchName) before it returns, so the
+  // caller may reuse its buffer at once; the read stage reads each chunk's
+  // gradient back next to its states, for the first pass and a clip redo.
+  // Scratch is never committed; it is deleted when the iteration ends
+  // (whatever the outcome), when the pipeline is destroyed, and at Open.
+  // Costs per iteration: the gradients written once and read once per pass.
+  bool stream_gradients = false;
+  // Streamed 16-bit weights (fewer weight buffers than layers): the new
+  // 16-bit copy of each chunk goes to a store tensor
+  // (StateLayout::Weight16Name) written as a pending version and committed
+  // with the states, so a skipped, failed or abandoned iteration keeps the
+  // committed copy; ReadWeight16 reads it. InitializeWeights writes the
+  // initial copy; Open rebuilds copies that are missing or stale (written by
+  // a run that did not stream them). SubmitGradients' weight16_out must then
+  // be null.
+  bool stream_weight16 = false;
 };
 
 struct ClipOptions {
@@ -64,6 +85,13 @@ struct StageBusy {  // Seconds each stage thread spent working.
   double read = 0.0;
   double compute = 0.0;
   double write = 0.0;
+  // Streamed gradients: seconds SubmitGradients spent storing them (on the
+  // caller's thread, before it returned).
+  double grad_store = 0.0;
+  // Bytes moved to and from the store: states, streamed gradients and
+  // 16-bit copies (not the meta, nor the commit's sync).
+  uint64_t bytes_read = 0;
+  uint64_t bytes_written = 0;
 };
 
 struct IterationReport {
@@ -113,9 +141,10 @@ class JobPipeline {
   bool layer_initialized(size_t layer) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Stores `weights` (layer_elements(layer) floats) as the layer's fp32
-  // master weights with zero moments, committed (one CommitBatch per
-  // layer). FAILED_PRECONDITION if the layer already has states or an
-  // iteration is in progress.
+  // master weights with zero moments (and, streaming 16-bit weights, their
+  // 16-bit copy), committed (one CommitBatch per layer).
+  // FAILED_PRECONDITION if the layer already has states or an iteration is
+  // in progress.
   absl::Status InitializeWeights(size_t layer, const float* weights)
       ABSL_LOCKS_EXCLUDED(api_mu_, mu_);
   // The committed fp32 master weights of `layer` into `out`
@@ -123,6 +152,21 @@ class JobPipeline {
   // may run during an iteration (and then returns the previous weights).
   absl::Status ReadWeights(size_t layer, float* out) const
       ABSL_LOCKS_EXCLUDED(mu_);
+  // With stream_weight16: the committed 16-bit copy of `layer`'s weights
+  // (layer_elements(layer) elements of weight16_dtype) into `out`; like
+  // ReadWeights it may run during an iteration and then returns the
+  // previous iteration's copy. FAILED_PRECONDITION without stream_weight16
+  // or before the layer has states.
+  absl::Status ReadWeight16(size_t layer, void* out) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Deletes every per-iteration scratch tensor (StateLayout::kScratchPrefix)
+  // of `job`: what a pipeline that died mid-iteration (crash, kill) left.
+  // Open does it; the daemon also does it for every job at start. REQUIRES:
+  // no pipeline has `job` open. Returns the first error other than
+  // NOT_FOUND.
+  static absl::Status DropScratchTensors(TensorStore* store,
+                                         absl::string_view job);
 
   // Starts an iteration whose gradients are all multiplied by `grad_scale`
   // (1/loss_scale with fp16 loss scaling; the global norm is then that of
@@ -135,16 +179,22 @@ class JobPipeline {
       ABSL_LOCKS_EXCLUDED(api_mu_, mu_);
   // Hands over `layer`'s gradient (layer_elements(layer) elements of the
   // layout's grad_dtype) and where its new 16-bit weights go (as many
-  // elements of weight16_dtype; null: no copy). Returns at once; the update
-  // runs in the stage threads (at EndIteration for kAfterBackward).
+  // elements of weight16_dtype; null: no copy, or streamed to the store).
+  // Returns at once; the update runs in the stage threads (at EndIteration
+  // for kAfterBackward).
   // REQUIRES: `grad` and `weight16_out` stay valid, `grad` unchanged and
   // `weight16_out` untouched by the caller, until EndIteration returns (or
-  // the pipeline is destroyed).
-  // INVALID_ARGUMENT: layer out of range, null grad. ALREADY_EXISTS: the
-  // layer was submitted already in this iteration. FAILED_PRECONDITION: no
-  // iteration in progress (or EndIteration already called).
+  // the pipeline is destroyed). With stream_gradients, `grad` only until
+  // this returns: it returns once the gradient is in the store (it waits
+  // for that write, never for stage work).
+  // INVALID_ARGUMENT: layer out of range, null grad, a weight16_out while
+  // streaming 16-bit weights. ALREADY_EXISTS: the layer was submitted
+  // already in this iteration. FAILED_PRECONDITION: no iteration in
+  // progress (or EndIteration already called). Streaming gradients, a store
+  // error writing them (the layer then counts as not submitted).
   absl::Status SubmitGradients(size_t layer, const void* grad,
-                               void* weight16_out) ABSL_LOCKS_EXCLUDED(mu_);
+                               void* weight16_out)
+      ABSL_LOCKS_EXCLUDED(api_mu_, mu_);
   // Waits for every submitted layer, then commits, clips (redo) or skips;
   // see ClipOptions. Every layer must have been submitted
   // (FAILED_PRECONDITION otherwise). On any error the iteration ends with
@@ -162,11 +212,13 @@ class JobPipeline {
     uint32_t chunk = 0;
     TaskKind kind = TaskKind::kUpdate;
     float inv_scale = 1.0f;
-    double lr = 0.0;  // of the iteration
+    double lr = 0.0;   // of the iteration
     int64_t step = 0;  // Adam steps the chunk's committed state has.
-    const uint8_t* grad = nullptr;  // The chunk's first gradient element.
-    uint8_t* out = nullptr;         // Its first 16-bit weight, or null.
-    uint8_t* buffer = nullptr;      // From pool_, once read.
+    // The chunk's first gradient element (streamed: in `buffer`, once read).
+    const uint8_t* grad = nullptr;
+    // Its first 16-bit weight (streamed: in `buffer`), or null.
+    uint8_t* out = nullptr;
+    uint8_t* buffer = nullptr;  // From pool_, once read.
   };
   struct Submission {
     bool submitted = false;
@@ -177,7 +229,27 @@ class JobPipeline {
   JobPipeline(TensorStore* store, const AdamUpdater& updater, std::string job,
               const ModelLayout& layout, const PipelineOptions& options);
   absl::Status OpenStates();
+  // Streaming 16-bit weights: creates the weight16 tensors and rebuilds
+  // the copies of initialized layers that are missing or stale (`meta`:
+  // the committed one), committing them with a meta that marks them
+  // current. REQUIRES: OpenStates' checks done.
+  absl::Status OpenWeight16(const JobMeta& meta,
+                            const std::vector<bool>& initialized);
   void StartThreads();
+  // The checks SubmitGradients makes before it takes the gradient.
+  absl::Status CheckSubmitLocked(size_t layer, const void* grad,
+                                 const void* weight16_out) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Streaming gradients: writes `layer`'s gradient into its scratch tensors.
+  absl::Status WriteGradScratch(size_t layer, const uint8_t* grad);
+  // Deletes the scratch tensors of this iteration's layers (best effort;
+  // the next Open sweeps what is left).
+  void DropScratch() ABSL_LOCKS_EXCLUDED(mu_);
+  // Writes the meta (this pipeline's fingerprint, `iteration`, and whether
+  // it keeps the 16-bit copies in the store current) as a pending version.
+  absl::Status WriteMeta(uint64_t iteration);
+  // The 16-bit copy of `count` fp32 weights.
+  void ToWeight16(const float* weights, uint64_t count, uint16_t* out) const;
 
   // Stage loops, one thread each.
   void ReadLoop();
@@ -216,6 +288,14 @@ class JobPipeline {
   const uint64_t fingerprint_;
   std::vector<size_t> chunk_base_;        // Flat index of each layer's chunk 0.
   std::vector<std::string> chunk_names_;  // By flat index.
+  // By flat index, when streaming (else empty).
+  std::vector<std::string> weight16_names_;
+  std::vector<std::string> scratch_names_;
+  // Byte offsets in a pool buffer of a chunk's streamed gradient and
+  // 16-bit copy (after its state), and the buffer's size.
+  size_t grad_offset_ = 0;
+  size_t weight16_offset_ = 0;
+  size_t buffer_bytes_ = 0;
 
   // Written by the compute thread for the task it runs, read by
   // EndIteration after WaitPass (which orders them): per-chunk gradient
@@ -239,6 +319,8 @@ class JobPipeline {
   std::vector<bool> initialized_ ABSL_GUARDED_BY(mu_);
   std::vector<Submission> submissions_ ABSL_GUARDED_BY(mu_);
   std::vector<size_t> submit_order_ ABSL_GUARDED_BY(mu_);
+  // Layers whose gradient scratch tensors may exist this iteration.
+  std::vector<size_t> scratch_layers_ ABSL_GUARDED_BY(mu_);
   size_t enqueued_ ABSL_GUARDED_BY(mu_) = 0;
   size_t done_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);

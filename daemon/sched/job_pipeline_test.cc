@@ -1,5 +1,6 @@
 #include "daemon/sched/job_pipeline.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -631,6 +632,371 @@ TEST_F(JobPipelineTest, WorksWithAWorkerPoolAndOneBuffer) {
   RunAndCheck(**p, layout, ref, step, 1);
   RunAndCheck(**p, layout, ref, step, 2);
   p->reset();
+}
+
+// ------------------------------------------------------------ streamed
+
+// The tensors of `job` whose names start with the scratch prefix.
+std::vector<std::string> ScratchTensors(const TensorStore& store,
+                                        const std::string& job) {
+  std::vector<std::string> scratch;
+  for (const std::string& name : store.List(job)) {
+    if (name.rfind(StateLayout::kScratchPrefix, 0) == 0) {
+      scratch.push_back(name);
+    }
+  }
+  return scratch;
+}
+
+struct StepInput {
+  uint32_t seed = 1;
+  float grad_scale = 1.0f;
+  double lr = 0.0;
+  int nan_layer = -1;
+};
+
+struct StepResult {
+  IterationReport report;
+  std::vector<std::vector<float>> weights;      // Committed fp32, per layer.
+  std::vector<std::vector<uint16_t>> weight16;  // The 16-bit copies.
+};
+
+// One iteration the way a client with one buffer per layer (resident) or a
+// single reused gradient buffer (streamed) would drive it; the 16-bit copies
+// come from the caller's buffers or, streamed, from ReadWeight16.
+StepResult Step(JobPipeline& p, const ModelLayout& layout,
+                const PipelineOptions& options, const StepInput& in,
+                const ClipOptions& clip,
+                std::vector<std::vector<uint16_t>>& out) {
+  std::mt19937 rng(in.seed);
+  const size_t layers = layout.layer_elements.size();
+  std::vector<Grad> grads;
+  size_t largest = 0;
+  for (size_t l = 0; l < layers; ++l) {
+    grads.push_back(
+        MakeGrad(layout.layer_elements[l], layout.grad_dtype, rng, 0.1f));
+    largest = std::max(largest, grads.back().bytes.size());
+  }
+  if (in.nan_layer >= 0) {
+    // 0xffff is a NaN in bf16 and fp16, and half of an fp32 NaN's bytes.
+    grads[in.nan_layer].bytes[6] = 0xff;
+    grads[in.nan_layer].bytes[7] = 0xff;
+  }
+  StepResult result;
+  EXPECT_TRUE(p.BeginIteration(in.grad_scale, in.lr).ok());
+  std::vector<uint8_t> slot(largest);
+  for (size_t i = 0; i < layers; ++i) {
+    const size_t l = layers - 1 - i;
+    void* weight16_out = options.stream_weight16 ? nullptr : out[l].data();
+    if (options.stream_gradients) {
+      std::memcpy(slot.data(), grads[l].bytes.data(), grads[l].bytes.size());
+      EXPECT_TRUE(p.SubmitGradients(l, slot.data(), weight16_out).ok());
+      // The buffer is the client's again: the pipeline must not look.
+      std::fill(slot.begin(), slot.end(), 0x7f);
+    } else {
+      EXPECT_TRUE(
+          p.SubmitGradients(l, grads[l].bytes.data(), weight16_out).ok());
+    }
+  }
+  absl::StatusOr<IterationReport> report = p.EndIteration(clip);
+  EXPECT_TRUE(report.ok()) << report.status();
+  if (report.ok()) result.report = *report;
+  for (size_t l = 0; l < layers; ++l) {
+    result.weights.emplace_back(layout.layer_elements[l]);
+    EXPECT_TRUE(p.ReadWeights(l, result.weights.back().data()).ok());
+    if (options.stream_weight16) {
+      result.weight16.emplace_back(layout.layer_elements[l]);
+      EXPECT_TRUE(p.ReadWeight16(l, result.weight16.back().data()).ok());
+    } else {
+      result.weight16.push_back(out[l]);
+    }
+  }
+  return result;
+}
+
+struct StreamVariant {
+  Schedule schedule;
+  DType grad_dtype;
+  DType weight16_dtype;
+  bool stream_gradients;
+  bool stream_weight16;
+};
+
+class StreamedPipelineTest
+    : public JobPipelineTest,
+      public ::testing::WithParamInterface<StreamVariant> {};
+
+TEST_P(StreamedPipelineTest, BitIdenticalToResident) {
+  const StreamVariant v = GetParam();
+  ModelLayout layout = SmallLayout(v.grad_dtype);
+  layout.weight16_dtype = v.weight16_dtype;
+  PipelineOptions resident;
+  resident.schedule = v.schedule;
+  resident.buffers = 3;
+  PipelineOptions streamed = resident;
+  streamed.stream_gradients = v.stream_gradients;
+  streamed.stream_weight16 = v.stream_weight16;
+  auto r =
+      JobPipeline::Open(store_.get(), *updater_, "resident", layout, resident);
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto s =
+      JobPipeline::Open(store_.get(), *updater_, "streamed", layout, streamed);
+  ASSERT_TRUE(s.ok()) << s.status();
+  Initialize(**r, layout);
+  Initialize(**s, layout);
+  const size_t layers = layout.layer_elements.size();
+  std::vector<std::vector<uint16_t>> out_r(layers), out_s(layers);
+  for (size_t l = 0; l < layers; ++l) {
+    out_r[l].assign(layout.layer_elements[l], 0xdead);
+    out_s[l].assign(layout.layer_elements[l], 0xbeef);
+  }
+  // Plain; clipped (redo) with a loss scale; a schedule's lr; a non-finite
+  // gradient (skipped); plain again.
+  ClipOptions clip;
+  clip.max_grad_norm = 1.0;  // The norm is about 2.8 at grad_scale 1.
+  const StepInput inputs[] = {
+      {.seed = 11, .grad_scale = 0.25f},
+      {.seed = 12, .grad_scale = 1.0f},
+      {.seed = 13, .grad_scale = 0.5f, .lr = 3e-3},
+      {.seed = 14, .nan_layer = 1},
+      {.seed = 15, .grad_scale = 0.125f, .lr = 2e-2},
+  };
+  StepResult before_skip;
+  for (size_t it = 0; it < std::size(inputs); ++it) {
+    StepResult a = Step(**r, layout, resident, inputs[it], clip, out_r);
+    StepResult b = Step(**s, layout, streamed, inputs[it], clip, out_s);
+    EXPECT_EQ(a.report.iteration, b.report.iteration) << it;
+    // Bitwise: a skipped iteration's norm is a NaN.
+    EXPECT_EQ(0, std::memcmp(&a.report.global_norm, &b.report.global_norm,
+                             sizeof(double)))
+        << it << ": " << a.report.global_norm << " vs " << b.report.global_norm;
+    EXPECT_EQ(a.report.nonfinite, b.report.nonfinite) << it;
+    EXPECT_EQ(a.report.clipped, b.report.clipped) << it;
+    EXPECT_EQ(a.report.clip_scale, b.report.clip_scale) << it;
+    EXPECT_EQ(a.report.skipped, b.report.skipped) << it;
+    for (size_t l = 0; l < layers; ++l) {
+      EXPECT_EQ(0, std::memcmp(a.weights[l].data(), b.weights[l].data(),
+                               a.weights[l].size() * 4))
+          << "iteration " << it << " layer " << l;
+      EXPECT_EQ(a.weight16[l], b.weight16[l])
+          << "iteration " << it << " layer " << l;
+      for (size_t i = 0; i < a.weights[l].size(); ++i) {
+        ASSERT_EQ(b.weight16[l][i],
+                  ToHalf(b.weights[l][i], layout.weight16_dtype))
+            << it << "/" << l << "/" << i;
+      }
+    }
+    if (it == 1) {
+      EXPECT_TRUE(b.report.clipped);
+    }
+    if (it == 3) {
+      // Skipped: committed weights and their 16-bit copies as they were.
+      EXPECT_TRUE(b.report.skipped);
+      EXPECT_EQ(b.report.iteration, 3u);
+      for (size_t l = 0; l < layers; ++l) {
+        EXPECT_EQ(b.weights[l], before_skip.weights[l]);
+        EXPECT_EQ(b.weight16[l], before_skip.weight16[l]);
+      }
+    }
+    if (v.stream_gradients) {
+      EXPECT_GT(b.report.busy.grad_store, 0.0);
+      EXPECT_GT(b.report.busy.bytes_written, a.report.busy.bytes_written);
+    }
+    before_skip = b;
+    EXPECT_TRUE(ScratchTensors(*store_, "streamed").empty()) << it;
+    for (const std::string& name : store_->List("streamed")) {
+      EXPECT_EQ(store_->Stat("streamed", name)->pending_version, 0u) << name;
+    }
+  }
+  EXPECT_EQ((*s)->iteration(), 4u);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Variants, StreamedPipelineTest,
+    ::testing::Values(StreamVariant{Schedule::kPipelined, DType::kBFloat16,
+                                    DType::kBFloat16, true, true},
+                      StreamVariant{Schedule::kPipelined, DType::kFloat32,
+                                    DType::kBFloat16, true, false},
+                      StreamVariant{Schedule::kSerialized, DType::kFloat16,
+                                    DType::kFloat16, false, true},
+                      StreamVariant{Schedule::kAfterBackward, DType::kBFloat16,
+                                    DType::kBFloat16, true, true}));
+
+TEST_F(JobPipelineTest, ScratchGradientsNeverOutliveTheirIteration) {
+  const ModelLayout layout = SmallLayout(DType::kBFloat16);
+  PipelineOptions options;
+  options.stream_gradients = true;
+  options.stream_weight16 = true;
+  std::vector<uint16_t> g(4097, 0x3c00);  // bf16 ~0.0078
+  std::vector<float> w0;
+  {
+    auto p = JobPipeline::Open(store_.get(), *updater_, "job", layout, options);
+    ASSERT_TRUE(p.ok()) << p.status();
+    Initialize(**p, layout);
+    w0.resize(2500);
+    ASSERT_TRUE((*p)->ReadWeights(0, w0.data()).ok());
+    // A failed iteration (layers never submitted): scratch dropped.
+    ASSERT_TRUE((*p)->BeginIteration().ok());
+    ASSERT_TRUE((*p)->SubmitGradients(3, g.data(), nullptr).ok());
+    ASSERT_TRUE((*p)->SubmitGradients(0, g.data(), nullptr).ok());
+    EXPECT_EQ(ScratchTensors(*store_, "job").size(), 5u + 3);
+    EXPECT_EQ((*p)->EndIteration({}).status().code(),
+              absl::StatusCode::kFailedPrecondition);
+    EXPECT_TRUE(ScratchTensors(*store_, "job").empty());
+    EXPECT_EQ((*p)->iteration(), 0u);
+    // An abandoned one (the pipeline goes with the iteration in flight).
+    ASSERT_TRUE((*p)->BeginIteration().ok());
+    ASSERT_TRUE((*p)->SubmitGradients(2, g.data(), nullptr).ok());
+    ASSERT_TRUE((*p)->SubmitGradients(1, g.data(), nullptr).ok());
+    EXPECT_EQ(ScratchTensors(*store_, "job").size(), 2u);
+  }
+  EXPECT_TRUE(ScratchTensors(*store_, "job").empty());
+  for (const std::string& name : store_->List("job")) {
+    EXPECT_EQ(store_->Stat("job", name)->pending_version, 0u) << name;
+  }
+  // One left by a crash: the store comes back with it (uncommitted), and
+  // the daemon's sweep or the next Open deletes it.
+  const std::string left = StateLayout::GradScratchName(1, 0);
+  ASSERT_TRUE(store_->Create("job", left, 2000).ok());
+  ASSERT_TRUE(store_->Write("job", left, std::vector<uint8_t>(2000)).ok());
+  ASSERT_TRUE(store_->Create("other", left, 2000).ok());
+  store_.reset();
+  OpenStore();
+  EXPECT_EQ(ScratchTensors(*store_, "job").size(), 1u);
+  ASSERT_TRUE(JobPipeline::DropScratchTensors(store_.get(), "other").ok());
+  EXPECT_TRUE(ScratchTensors(*store_, "other").empty());
+  auto p = JobPipeline::Open(store_.get(), *updater_, "job", layout, options);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(ScratchTensors(*store_, "job").empty());
+  std::vector<float> w(2500);
+  ASSERT_TRUE((*p)->ReadWeights(0, w.data()).ok());
+  EXPECT_EQ(w, w0);
+  // Still trains, and cleans up after a good iteration too.
+  ASSERT_TRUE((*p)->BeginIteration().ok());
+  for (size_t l = 0; l < 4; ++l) {
+    ASSERT_TRUE((*p)->SubmitGradients(l, g.data(), nullptr).ok());
+  }
+  auto ok = (*p)->EndIteration({});
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->iteration, 1u);
+  EXPECT_TRUE(ScratchTensors(*store_, "job").empty());
+}
+
+TEST_F(JobPipelineTest, StreamedStoreErrorsFailTheIterationCleanly) {
+  OpenStoreWithFaults();
+  const ModelLayout layout = SmallLayout(DType::kBFloat16);
+  PipelineOptions options;
+  options.stream_gradients = true;
+  options.stream_weight16 = true;
+  // Stage reads happen in EndIteration, after the faults are armed.
+  options.schedule = Schedule::kAfterBackward;
+  auto p = JobPipeline::Open(store_.get(), *updater_, "job", layout, options);
+  ASSERT_TRUE(p.ok()) << p.status();
+  Initialize(**p, layout);
+  std::vector<uint16_t> g(4097, 0x3f80);
+  using Fault = FaultInjectionDevice::Fault;
+  // Storing a gradient fails: that GRAD_READY fails, the iteration too.
+  faults_[0]->Inject({Fault::kEio, IoRequest::Op::kWrite, 1});
+  faults_[1]->Inject({Fault::kEio, IoRequest::Op::kWrite, 1});
+  ASSERT_TRUE((*p)->BeginIteration().ok());
+  absl::Status submitted = (*p)->SubmitGradients(3, g.data(), nullptr);
+  EXPECT_FALSE(submitted.ok());
+  EXPECT_NE(submitted.message().find("streamed gradient"), std::string::npos)
+      << submitted;
+  faults_[0]->ClearFaults();
+  faults_[1]->ClearFaults();
+  for (size_t l = 0; l < 3; ++l) {
+    ASSERT_TRUE((*p)->SubmitGradients(l, g.data(), nullptr).ok());
+  }
+  EXPECT_FALSE((*p)->EndIteration({}).ok());
+  EXPECT_TRUE(ScratchTensors(*store_, "job").empty());
+  // Reading a stored gradient back fails: the iteration fails, nothing
+  // stays pending, the committed 16-bit copy is intact.
+  std::vector<uint16_t> copy0(2500), copy(2500);
+  ASSERT_TRUE((*p)->ReadWeight16(0, copy0.data()).ok());
+  ASSERT_TRUE((*p)->BeginIteration().ok());
+  for (size_t l = 0; l < 4; ++l) {
+    ASSERT_TRUE((*p)->SubmitGradients(l, g.data(), nullptr).ok());
+  }
+  faults_[0]->Inject({Fault::kEio, IoRequest::Op::kRead, 1});
+  faults_[1]->Inject({Fault::kEio, IoRequest::Op::kRead, 1});
+  EXPECT_EQ((*p)->EndIteration({}).status().code(),
+            absl::StatusCode::kDataLoss);
+  faults_[0]->ClearFaults();
+  faults_[1]->ClearFaults();
+  EXPECT_TRUE(ScratchTensors(*store_, "job").empty());
+  for (const std::string& name : store_->List("job")) {
+    EXPECT_EQ(store_->Stat("job", name)->pending_version, 0u) << name;
+  }
+  ASSERT_TRUE((*p)->ReadWeight16(0, copy.data()).ok());
+  EXPECT_EQ(copy, copy0);
+}
+
+TEST_F(JobPipelineTest, Weight16CopiesAreRebuiltWhenStale) {
+  ModelLayout layout = SmallLayout(DType::kBFloat16);
+  PipelineOptions resident;
+  PipelineOptions streamed;
+  streamed.stream_gradients = true;
+  streamed.stream_weight16 = true;
+  std::vector<uint16_t> g(4097, 0x3c00);
+  std::vector<uint16_t> out(4097);
+  auto iterate = [&](JobPipeline& p, bool stream) {
+    ASSERT_TRUE(p.BeginIteration().ok());
+    for (size_t l = 0; l < 4; ++l) {
+      ASSERT_TRUE(
+          p.SubmitGradients(l, g.data(), stream ? nullptr : out.data()).ok());
+    }
+    ASSERT_TRUE(p.EndIteration({}).ok());
+  };
+  auto expect_current = [&](JobPipeline& p, DType dtype) {
+    for (size_t l = 0; l < 4; ++l) {
+      const size_t n = layout.layer_elements[l];
+      std::vector<float> w(n);
+      std::vector<uint16_t> copy(n);
+      ASSERT_TRUE(p.ReadWeights(l, w.data()).ok());
+      ASSERT_TRUE(p.ReadWeight16(l, copy.data()).ok());
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(copy[i], ToHalf(w[i], dtype)) << l << "/" << i;
+      }
+    }
+  };
+  {
+    auto p =
+        JobPipeline::Open(store_.get(), *updater_, "job", layout, streamed);
+    ASSERT_TRUE(p.ok()) << p.status();
+    Initialize(**p, layout);
+    iterate(**p, true);
+    expect_current(**p, DType::kBFloat16);
+    EXPECT_EQ((*p)->ReadWeight16(4, out.data()).code(),
+              absl::StatusCode::kInvalidArgument);
+    ASSERT_TRUE((*p)->BeginIteration().ok());
+    EXPECT_EQ((*p)->SubmitGradients(0, g.data(), out.data()).code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  {
+    // A run that keeps them in its own buffers: the store's go stale.
+    auto p =
+        JobPipeline::Open(store_.get(), *updater_, "job", layout, resident);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ((*p)->ReadWeight16(0, out.data()).code(),
+              absl::StatusCode::kFailedPrecondition);
+    iterate(**p, false);
+    iterate(**p, false);
+  }
+  {
+    auto p =
+        JobPipeline::Open(store_.get(), *updater_, "job", layout, streamed);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ((*p)->iteration(), 3u);
+    expect_current(**p, DType::kBFloat16);
+  }
+  // Another 16-bit dtype: rebuilt in it.
+  layout.weight16_dtype = DType::kFloat16;
+  auto p = JobPipeline::Open(store_.get(), *updater_, "job", layout, streamed);
+  ASSERT_TRUE(p.ok()) << p.status();
+  expect_current(**p, DType::kFloat16);
+  iterate(**p, true);
+  expect_current(**p, DType::kFloat16);
 }
 
 }  // namespace

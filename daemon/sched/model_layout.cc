@@ -99,12 +99,12 @@ uint64_t StateLayout::state_bytes(uint64_t count) const {
   return count * (4 + (amsgrad_ ? 3 : 2) * moment_size_);
 }
 
-uint64_t StateLayout::max_state_bytes() const {
+uint64_t StateLayout::max_chunk_count() const {
   uint64_t largest = 0;
   for (uint64_t n : layer_elements_) {
     largest = std::max(largest, std::min(n, chunk_elements_));
   }
-  return state_bytes(largest);
+  return largest;
 }
 
 std::string StateLayout::ChunkName(size_t layer, size_t chunk) {
@@ -114,5 +114,13 @@ std::string StateLayout::ChunkName(size_t layer, size_t chunk) {
 }
 
 std::string StateLayout::MetaName() { return "meta"; }
+
+std::string StateLayout::Weight16Name(size_t layer, size_t chunk) {
+  return "weight16." + ChunkName(layer, chunk);
+}
+
+std::string StateLayout::GradScratchName(size_t layer, size_t chunk) {
+  return std::string(kScratchPrefix) + "grad." + ChunkName(layer, chunk);
+}
 
 }  // namespace lohan

@@ -62,8 +62,10 @@ class StateLayout {
 
   // Bytes of the state tensor of a chunk of `count` parameters.
   uint64_t state_bytes(uint64_t count) const;
+  // The most parameters in one chunk, over all layers.
+  uint64_t max_chunk_count() const;
   // The largest state_bytes over all chunks.
-  uint64_t max_state_bytes() const;
+  uint64_t max_state_bytes() const { return state_bytes(max_chunk_count()); }
   size_t moment_size() const { return moment_size_; }
   bool amsgrad() const { return amsgrad_; }
   // Byte offsets inside a chunk's state.
@@ -78,6 +80,15 @@ class StateLayout {
   // Store tensor names: "layer.000003.chunk.000012" and "meta".
   static std::string ChunkName(size_t layer, size_t chunk);
   static std::string MetaName();
+  // A chunk's committed 16-bit weight copy when the pipeline streams them
+  // (PipelineOptions::stream_weight16): "weight16.layer.000003.chunk.000012".
+  static std::string Weight16Name(size_t layer, size_t chunk);
+  // A chunk's gradient of the iteration in progress when the pipeline
+  // streams gradients: "scratch.grad.layer.000003.chunk.000012". Every
+  // tensor whose name starts with kScratchPrefix is per-iteration scratch:
+  // never committed, and deleted wherever it is found outside an iteration.
+  static std::string GradScratchName(size_t layer, size_t chunk);
+  static constexpr char kScratchPrefix[] = "scratch.";
 
  private:
   std::vector<uint64_t> layer_elements_;

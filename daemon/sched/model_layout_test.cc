@@ -25,6 +25,7 @@ TEST(ModelLayoutTest, CutsLayersIntoChunks) {
   EXPECT_EQ(s.chunk_count(0, 2), 500u);
   EXPECT_EQ(s.chunk_count(2, 0), 37u);
   EXPECT_EQ(s.state_bytes(10), 10u * 12);
+  EXPECT_EQ(s.max_chunk_count(), 1000u);
   EXPECT_EQ(s.max_state_bytes(), 1000u * 12);
   EXPECT_EQ(s.exp_avg_sq_offset(10), 80u);
 
@@ -36,6 +37,13 @@ TEST(ModelLayoutTest, CutsLayersIntoChunks) {
   EXPECT_EQ(t.exp_avg_sq_offset(10), 60u);
   EXPECT_EQ(t.max_exp_avg_sq_offset(10), 80u);
   EXPECT_EQ(StateLayout::ChunkName(3, 12), "layer.000003.chunk.000012");
+  EXPECT_EQ(StateLayout::Weight16Name(3, 12),
+            "weight16.layer.000003.chunk.000012");
+  EXPECT_EQ(StateLayout::GradScratchName(3, 12),
+            "scratch.grad.layer.000003.chunk.000012");
+  EXPECT_EQ(
+      StateLayout::GradScratchName(0, 0).rfind(StateLayout::kScratchPrefix, 0),
+      0u);
 }
 
 TEST(ModelLayoutTest, FingerprintCoversOnlyTheStatesShape) {

@@ -142,8 +142,9 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
   model.clip = ClipOptions{.max_grad_norm = spec.max_grad_norm(),
                            .skip_nonfinite = spec.skip_nonfinite()};
 
-  // Slots: per layer a gradient and a weight buffer, one fp32 staging area,
-  // the error text and the layout table the validator reads.
+  // Slots: gradient and weight buffers (one per layer, or K shared ones),
+  // one fp32 staging area, the error text and the layout table the
+  // validator reads.
   uint64_t largest = 0;
   for (uint64_t elements : layout.layer_elements) {
     largest = std::max(largest, elements);
@@ -151,6 +152,12 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
       return absl::InvalidArgumentError("a layer of more than 2^40 elements");
     }
   }
+  const size_t num_layers = layout.layer_elements.size();
+  // K >= layers would only waste room: that is the resident layout.
+  model.streamed_grads =
+      spec.grad_slots() != 0 && spec.grad_slots() < num_layers;
+  model.streamed_weights =
+      spec.weight_slots() != 0 && spec.weight_slots() < num_layers;
   // A refused registration gives back every slot it took.
   std::vector<uint64_t> taken;
   bool registered = false;
@@ -165,19 +172,36 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
       return absl::ResourceExhaustedError(absl::StrCat(
           "job ", job_id(), "'s arena (", grant_.arena_bytes,
           " bytes) cannot hold the model's buffers: ", slot.status().message(),
-          "; create the job with a larger host_pool_bytes"));
+          "; create the job with a larger host_pool_bytes",
+          model.streamed_grads && model.streamed_weights
+              ? ""
+              : ", or stream gradients and weights through the SSDs "
+                "(ModelSpec grad_slots / weight_slots, e.g. 2)"));
     }
     return slot;
   };
-  for (uint64_t elements : layout.layer_elements) {
-    absl::StatusOr<Slot> grad =
-        allocate(elements * model.element_bytes, SlotKind::kGradient);
-    if (!grad.ok()) return grad.status();
-    absl::StatusOr<Slot> weight =
-        allocate(elements * model.element_bytes, SlotKind::kWeight);
-    if (!weight.ok()) return weight.status();
-    model.grad_slots.push_back(*grad);
-    model.weight_slots.push_back(*weight);
+  // Resident: layer i's own buffer. Streamed: K buffers for the largest.
+  auto lay_out = [&](bool streamed, uint32_t k, SlotKind kind,
+                     std::vector<Slot>& out) -> absl::Status {
+    const size_t count = streamed ? k : num_layers;
+    for (size_t i = 0; i < count; ++i) {
+      const uint64_t elements = streamed ? largest : layout.layer_elements[i];
+      absl::StatusOr<Slot> slot =
+          allocate(elements * model.element_bytes, kind);
+      if (!slot.ok()) return slot.status();
+      out.push_back(*slot);
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status laid = lay_out(model.streamed_grads, spec.grad_slots(),
+                                  SlotKind::kGradient, model.grad_slots);
+      !laid.ok()) {
+    return laid;
+  }
+  if (absl::Status laid = lay_out(model.streamed_weights, spec.weight_slots(),
+                                  SlotKind::kWeight, model.weight_slots);
+      !laid.ok()) {
+    return laid;
   }
   absl::StatusOr<Slot> staging = allocate(largest * 4, SlotKind::kControl);
   if (!staging.ok()) return staging.status();
@@ -199,8 +223,13 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
   if (!table.ok()) return table.status();
   model.layer_table = *table;
 
+  PipelineOptions options;
+  options.stream_gradients = model.streamed_grads;
+  // fp32 models have no 16-bit copy: FETCH_PARAMS reads the masters.
+  options.stream_weight16 =
+      model.streamed_weights && model.dtype != v1::DTYPE_FP32;
   absl::StatusOr<std::unique_ptr<JobPipeline>> pipeline =
-      JobPipeline::Open(store, updater, job_id(), layout, PipelineOptions{});
+      JobPipeline::Open(store, updater, job_id(), layout, options);
   if (!pipeline.ok()) return pipeline.status();
   model.pipeline = *std::move(pipeline);
 
@@ -212,9 +241,17 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
   }
   std::memcpy(base() + model.layer_table.offset, layer_bytes.data(),
               layers * sizeof(uint64_t));
-  validator_.emplace(
-      slots_.get(), absl::Span<const uint8_t>(base(), grant_.arena_bytes),
-      EntryValidator::Options{.next_iteration = model.pipeline->iteration()});
+  EntryValidator::Options checks{.next_iteration = model.pipeline->iteration()};
+  // Streamed: an entry must name one of the K slots exactly.
+  for (const Slot& slot : model.grad_slots) {
+    if (model.streamed_grads) checks.grad_slots.push_back(slot.offset);
+  }
+  for (const Slot& slot : model.weight_slots) {
+    if (model.streamed_weights) checks.weight_slots.push_back(slot.offset);
+  }
+  validator_.emplace(slots_.get(),
+                     absl::Span<const uint8_t>(base(), grant_.arena_bytes),
+                     std::move(checks));
   SubmissionEntry registration{};
   registration.op = static_cast<uint16_t>(RingOp::kRegisterLayout);
   registration.dtype = static_cast<uint16_t>(dtypes->second);
@@ -233,8 +270,12 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
   v1::RegisterModelResponse response;
   for (size_t layer = 0; layer < layers; ++layer) {
     v1::LayerSlots* slots = response.add_layers();
-    slots->set_grad_offset(model.grad_slots[layer].offset);
-    slots->set_weight_offset(model.weight_slots[layer].offset);
+    // Streamed: slot layer % K, so a client that simply uses "its" buffer
+    // works unchanged.
+    slots->set_grad_offset(
+        model.grad_slots[layer % model.grad_slots.size()].offset);
+    slots->set_weight_offset(
+        model.weight_slots[layer % model.weight_slots.size()].offset);
     slots->set_bytes(layer_bytes[layer]);
     response.add_layer_initialized(model.pipeline->layer_initialized(layer));
   }
@@ -247,13 +288,17 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
     response.set_activation_offset(model.activations->offset);
     response.set_activation_bytes(model.activations->length);
   }
+  response.set_grad_slots(static_cast<uint32_t>(model.grad_slots.size()));
+  response.set_weight_slots(static_cast<uint32_t>(model.weight_slots.size()));
 
   model_.emplace(std::move(model));
   served_ = &*model_;
   registered = true;
   DropActivations();  // left by a session that died
-  // A reopened job's weights go straight into its weight slots.
-  for (size_t layer = 0; layer < layers; ++layer) {
+  // A reopened job's weights go straight into its weight slots (resident;
+  // streamed ones are fetched from the store).
+  for (size_t layer = 0; layer < layers && !served_->streamed_weights;
+       ++layer) {
     if (served_->pipeline->layer_initialized(layer)) {
       if (absl::Status published = PublishWeights(layer); !published.ok()) {
         return published;
@@ -269,17 +314,21 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
     }
     stats_.set_parameters(parameters);
     stats_.set_iteration(response.iteration());
+    stats_.set_grad_slots(response.grad_slots());
+    stats_.set_weight_slots(response.weight_slots());
   }
   server_ = std::thread([this] { Serve(); });
   spdlog::info(
-      "job {}: model of {} layers registered, resuming at "
-      "iteration {}",
-      job_id(), layers, response.iteration());
+      "job {}: model of {} layers registered ({} gradient and {} weight "
+      "buffers), resuming at iteration {}",
+      job_id(), layers, response.grad_slots(), response.weight_slots(),
+      response.iteration());
   return response;
 }
 
 absl::Status JobSession::PublishWeights(size_t layer) {
   Model& model = *served_;
+  if (model.streamed_weights) return absl::OkStatus();
   const uint64_t elements = model.layout.layer_elements[layer];
   uint8_t* slot = base() + model.weight_slots[layer].offset;
   if (model.dtype == v1::DTYPE_FP32) {
@@ -336,7 +385,7 @@ absl::Status JobSession::Handle(const SubmissionEntry& entry, uint64_t& detail,
         !stored.ok()) {
       return stored;
     }
-    return PublishWeights(entry.layer);
+    return PublishWeights(entry.layer);  // Streamed: stored with the states.
   }
   if (op == RingOp::kIterBegin) {
     // The validator's state must not advance for an iteration the pipeline
@@ -360,9 +409,12 @@ absl::Status JobSession::Handle(const SubmissionEntry& entry, uint64_t& detail,
       return model.pipeline->BeginIteration(
           entry.grad_scale == 0.0f ? 1.0f : entry.grad_scale, entry.lr);
     case RingOp::kGradReady:
+      // Streamed gradients: this returns once the gradient is in the
+      // store, so the completion frees the slot. Streamed (or fp32)
+      // weights: no 16-bit copy in the arena.
       return model.pipeline->SubmitGradients(
           entry.layer, base() + entry.slot_offset,
-          model.dtype == v1::DTYPE_FP32
+          model.dtype == v1::DTYPE_FP32 || model.streamed_weights
               ? nullptr
               : base() + model.weight_slots[entry.layer].offset);
     case RingOp::kFetchParams: {
@@ -370,6 +422,10 @@ absl::Status JobSession::Handle(const SubmissionEntry& entry, uint64_t& detail,
       if (model.dtype == v1::DTYPE_FP32) {
         return model.pipeline->ReadWeights(
             entry.layer, reinterpret_cast<float*>(destination));
+      }
+      if (model.streamed_weights) {
+        // The committed copy (the validator checked the slot and length).
+        return model.pipeline->ReadWeight16(entry.layer, destination);
       }
       const Slot& weights = model.weight_slots[entry.layer];
       if (entry.slot_offset != weights.offset) {
@@ -382,8 +438,11 @@ absl::Status JobSession::Handle(const SubmissionEntry& entry, uint64_t& detail,
           model.pipeline->EndIteration(model.clip);
       if (!report.ok()) {
         // The 16-bit copies are unspecified now: put the committed ones
-        // back before the client's next forward.
-        for (size_t layer = 0; layer < model.weight_slots.size(); ++layer) {
+        // back before the client's next forward. (Streamed: the store
+        // still has the committed ones; PublishWeights does nothing.)
+        for (size_t layer = 0;
+             layer < model.weight_slots.size() && !model.streamed_weights;
+             ++layer) {
           if (model.pipeline->layer_initialized(layer)) {
             (void)PublishWeights(layer);
           }
@@ -436,13 +495,17 @@ absl::Status JobSession::SwapActivation(const SubmissionEntry& entry) {
   const RingOp op = static_cast<RingOp>(entry.op);
   if (op == RingOp::kActFree) return model.store->Delete(job_id(), name);
   absl::Span<uint8_t> bytes(base() + entry.slot_offset, entry.length);
+  // Activations live no longer than the session: they stay pending
+  // versions (never committed), so a put costs no fdatasync and no catalog
+  // sync, and a free of a never-committed tensor none either. A crash
+  // loses them, as it loses the session that could read them.
   if (op == RingOp::kActGet) {
-    absl::StatusOr<uint64_t> read = model.store->Read(job_id(), name, bytes);
+    absl::StatusOr<uint64_t> read =
+        model.store->ReadPending(job_id(), name, bytes);
     return read.status();
   }
   absl::Status stored = model.store->Create(job_id(), name, entry.length);
   if (stored.ok()) stored = model.store->Write(job_id(), name, bytes).status();
-  if (stored.ok()) stored = model.store->Commit(job_id(), name);
   if (!stored.ok()) {
     // Not held after all: undo the validator's bookkeeping and the store's.
     (void)model.store->Delete(job_id(), name);
@@ -471,15 +534,16 @@ void JobSession::Complete(const SubmissionEntry& entry,
   completion.flags = flags;
   completion.detail = detail;
   if (!status.ok()) {
-    // The text goes to the error slot first; the completion's release
-    // ordering publishes it.
+    // The text goes to its record of the error area first (see
+    // kErrorTextRecordBytes): sequence 0, the text, then the sequence; the
+    // completion's release ordering publishes it. One record per failure,
+    // round robin, so the texts of several requests failing while the
+    // client is not reading stay apart.
     completion.detail = ++error_sequence_;
-    uint8_t* text = base() + served_->error_text.offset;
-    std::memcpy(text, &error_sequence_, sizeof(error_sequence_));
-    const size_t room = served_->error_text.length - sizeof(uint64_t) - 1;
-    const size_t length = std::min(room, status.message().size());
-    std::memcpy(text + sizeof(uint64_t), status.message().data(), length);
-    text[sizeof(uint64_t) + length] = 0;
+    WriteErrorText(
+        base() + served_->error_text.offset, served_->error_text.length,
+        error_sequence_,
+        std::string_view(status.message().data(), status.message().size()));
   }
   while (!stopping_.load()) {
     absl::StatusOr<bool> pushed = completions_->TryPush(&completion);

@@ -40,7 +40,9 @@ namespace lohan {
 class JobSession {
  public:
   static constexpr uint32_t kRingCapacity = 1024;
-  static constexpr uint64_t kErrorTextBytes = 4096;
+  // The error text area: kErrorTextRecords records (ring_entry.h).
+  static constexpr uint64_t kErrorTextBytes =
+      kErrorTextRecords * kErrorTextRecordBytes;
   // Default store chunk when the client does not choose one.
   static constexpr uint64_t kDefaultChunkElements = uint64_t{4} << 20;
 
@@ -62,10 +64,13 @@ class JobSession {
   int arena_fd() const { return arena_->arena().fd(); }
 
   // Lays out the model's slots in the arena, opens (or reopens) its states
-  // in `store` and starts serving the rings. INVALID_ARGUMENT for a bad
-  // spec; RESOURCE_EXHAUSTED when the slots do not fit the arena;
-  // FAILED_PRECONDITION when a model is registered already or the job's
-  // stored states have another shape.
+  // in `store` and starts serving the rings. Gradient and weight slots are
+  // "resident" (one per layer) or "streamed" (spec.grad_slots /
+  // weight_slots of them, shared by all layers, the layers' data kept in
+  // the store instead; see ModelSpec). INVALID_ARGUMENT for a bad spec;
+  // RESOURCE_EXHAUSTED when the slots do not fit the arena (the message
+  // suggests streaming); FAILED_PRECONDITION when a model is registered
+  // already or the job's stored states have another shape.
   // REQUIRES: `store` and `updater`'s worker pool outlive the session.
   absl::StatusOr<v1::RegisterModelResponse> RegisterModel(
       const v1::ModelSpec& spec, TensorStore* store, const AdamUpdater& updater)
@@ -77,8 +82,12 @@ class JobSession {
     ClipOptions clip;
     v1::DType dtype = v1::DTYPE_UNSPECIFIED;
     uint64_t element_bytes = 0;
+    // One per layer (resident) or K < layers (streamed); layer i uses
+    // slot i % size() unless the client names another of a streamed K.
     std::vector<Slot> grad_slots;
     std::vector<Slot> weight_slots;
+    bool streamed_grads = false;
+    bool streamed_weights = false;
     Slot staging;
     Slot error_text;
     Slot layer_table;
@@ -97,9 +106,10 @@ class JobSession {
   absl::Status Handle(const SubmissionEntry& entry, uint64_t& detail,
                       uint32_t& flags);
   absl::Status CheckStaging(const SubmissionEntry& entry) const;
-  // Writes the layer's committed weights into its weight slot (in the
-  // model's dtype): after InitializeWeights, and after a failed iteration
-  // left the 16-bit copies unspecified.
+  // Resident weights: writes the layer's committed weights into its weight
+  // slot (in the model's dtype): after InitializeWeights, and after a failed
+  // iteration left the 16-bit copies unspecified. (Streamed weights stay in
+  // the store until FETCH_PARAMS.)
   absl::Status PublishWeights(size_t layer);
   void Complete(const SubmissionEntry& entry, const absl::Status& status,
                 uint64_t detail, uint32_t flags);

@@ -490,8 +490,23 @@ absl::Status TensorStore::Rollback(absl::string_view job,
 absl::StatusOr<uint64_t> TensorStore::Read(absl::string_view job,
                                            absl::string_view name,
                                            absl::Span<uint8_t> dest) {
+  return ReadVersion(job, name, dest, /*pending=*/false);
+}
+
+absl::StatusOr<uint64_t> TensorStore::ReadPending(absl::string_view job,
+                                                  absl::string_view name,
+                                                  absl::Span<uint8_t> dest) {
+  return ReadVersion(job, name, dest, /*pending=*/true);
+}
+
+absl::StatusOr<uint64_t> TensorStore::ReadVersion(absl::string_view job,
+                                                  absl::string_view name,
+                                                  absl::Span<uint8_t> dest,
+                                                  bool pending) {
   const Key key(job, name);
-  std::shared_ptr<const Version> committed;
+  // Held for the read: a concurrent Commit, Rollback or Delete cannot free
+  // the space under it.
+  std::shared_ptr<const Version> version;
   uint64_t bytes;
   {
     absl::MutexLock lock(&mu_);
@@ -500,7 +515,7 @@ absl::StatusOr<uint64_t> TensorStore::Read(absl::string_view job,
       return absl::NotFoundError(
           absl::StrCat("no tensor '", job, "/", name, "'"));
     }
-    committed = it->second->committed;
+    version = pending ? it->second->pending : it->second->committed;
     bytes = it->second->bytes;
   }
   if (dest.size() != bytes) {
@@ -508,14 +523,15 @@ absl::StatusOr<uint64_t> TensorStore::Read(absl::string_view job,
         absl::StrCat("tensor '", job, "/", name, "' has ", bytes,
                      " bytes, the read buffer ", dest.size()));
   }
-  if (committed == nullptr) {
+  if (version == nullptr) {
     return absl::FailedPreconditionError(
-        absl::StrCat("tensor '", job, "/", name, "' has no committed version"));
+        absl::StrCat("tensor '", job, "/", name, "' has no ",
+                     pending ? "pending" : "committed", " version"));
   }
-  absl::Status s = array_->Read(committed->placement, dest.data(),
-                                Describe(key, committed->number));
+  absl::Status s = array_->Read(version->placement, dest.data(),
+                                Describe(key, version->number));
   if (!s.ok()) return s;
-  return committed->number;
+  return version->number;
 }
 
 absl::Status TensorStore::Delete(absl::string_view job,
@@ -523,12 +539,20 @@ absl::Status TensorStore::Delete(absl::string_view job,
   absl::StatusOr<std::shared_ptr<Entry>> found = BeginMutation(job, name);
   if (!found.ok()) return found.status();
   Entry& entry = **found;
+  bool committed;
+  {
+    absl::MutexLock lock(&mu_);
+    committed = entry.committed != nullptr;
+  }
   CatalogRecord del;
   del.kind = CatalogRecord::Kind::kDelete;
   del.job = std::string(job);
   del.name = std::string(name);
-  // Durable before the space can be reused by another tensor.
-  absl::Status s = AppendToCatalog(del.Encode(), /*sync=*/true);
+  // Durable before the space can be reused by another tensor. Only a
+  // committed version's space is named in the catalog: without one, a lost
+  // record brings back an empty tensor after a crash, nothing worse, and
+  // per-iteration scratch tensors must not cost an fdatasync each.
+  absl::Status s = AppendToCatalog(del.Encode(), /*sync=*/committed);
   absl::MutexLock lock(&mu_);
   entry.busy = false;
   if (!s.ok()) return s;

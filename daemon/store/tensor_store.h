@@ -125,7 +125,16 @@ class TensorStore {
   // returns its number. FAILED_PRECONDITION if nothing is committed.
   absl::StatusOr<uint64_t> Read(absl::string_view job, absl::string_view name,
                                 absl::Span<uint8_t> dest);
-  // Removes the tensor and all its versions.
+  // As Read, of the pending version: data written and never meant to be
+  // committed (scratch) can be read back without paying for a commit.
+  // FAILED_PRECONDITION if there is no pending version.
+  absl::StatusOr<uint64_t> ReadPending(absl::string_view job,
+                                       absl::string_view name,
+                                       absl::Span<uint8_t> dest);
+  // Removes the tensor and all its versions. Durable when it returns if the
+  // tensor had a committed version; a tensor that never had one names no
+  // space in the catalog, so its delete record is not synced (a crash may
+  // bring it back, empty, as an uncommitted Create would).
   absl::Status Delete(absl::string_view job, absl::string_view name);
 
   absl::StatusOr<TensorInfo> Stat(absl::string_view job,
@@ -151,6 +160,9 @@ class TensorStore {
   absl::Status AppendToCatalog(const std::string& record, bool sync)
       ABSL_LOCKS_EXCLUDED(log_mu_);
   static std::string Describe(const Key& key, uint64_t version);
+  absl::StatusOr<uint64_t> ReadVersion(absl::string_view job,
+                                       absl::string_view name,
+                                       absl::Span<uint8_t> dest, bool pending);
 
   // Constant after construction.
   const StoreOptions options_;

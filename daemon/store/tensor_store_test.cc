@@ -141,6 +141,55 @@ TEST_F(TensorStoreTest, PendingVersionIsInvisibleUntilCommitAndRollsBack) {
   EXPECT_EQ(back, v3);
 }
 
+TEST_F(TensorStoreTest, ReadPendingReadsScratchThatIsNeverCommitted) {
+  const StoreOptions o = Options(2);
+  const uint64_t n = 3 * kStripe + 11;
+  {
+    auto store = OpenOrDie(o);
+    ASSERT_NE(store, nullptr);
+    ASSERT_TRUE(store->Create("j", "w", n).ok());
+    std::vector<uint8_t> back(n);
+    EXPECT_EQ(
+        store->ReadPending("j", "w", absl::MakeSpan(back)).status().code(),
+        absl::StatusCode::kFailedPrecondition);
+    ASSERT_TRUE(store->Write("j", "w", Pattern(1, n)).ok());
+    ASSERT_TRUE(store->Commit("j", "w").ok());
+    ASSERT_TRUE(store->Write("j", "w", Pattern(2, n)).ok());
+    ASSERT_EQ(*store->ReadPending("j", "w", absl::MakeSpan(back)), 2u);
+    EXPECT_EQ(back, Pattern(2, n));
+    ASSERT_EQ(*store->Read("j", "w", absl::MakeSpan(back)), 1u);
+    EXPECT_EQ(back, Pattern(1, n));
+    EXPECT_EQ(
+        store->ReadPending("j", "nope", absl::MakeSpan(back)).status().code(),
+        absl::StatusCode::kNotFound);
+    std::vector<uint8_t> small(10);
+    EXPECT_EQ(
+        store->ReadPending("j", "w", absl::MakeSpan(small)).status().code(),
+        absl::StatusCode::kInvalidArgument);
+
+    // Scratch: created, written, read back, deleted, never committed.
+    ASSERT_TRUE(store->Create("j", "scratch", n).ok());
+    ASSERT_TRUE(store->Write("j", "scratch", Pattern(3, n)).ok());
+    ASSERT_EQ(*store->ReadPending("j", "scratch", absl::MakeSpan(back)), 1u);
+    EXPECT_EQ(back, Pattern(3, n));
+    EXPECT_EQ(Used(*store), 3 * Padded(n));
+    ASSERT_TRUE(store->Delete("j", "scratch").ok());
+    EXPECT_EQ(Used(*store), 2 * Padded(n));
+    // An uncommitted tensor left behind (as by a crash).
+    ASSERT_TRUE(store->Create("j", "left", n).ok());
+    ASSERT_TRUE(store->Write("j", "left", Pattern(4, n)).ok());
+  }
+  auto store = OpenOrDie(o);
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ(store->Stat("j", "scratch").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(store->Stat("j", "left")->pending_version, 0u);
+  EXPECT_EQ(Used(*store), Padded(n));
+  std::vector<uint8_t> back(n);
+  ASSERT_EQ(*store->Read("j", "w", absl::MakeSpan(back)), 1u);
+  EXPECT_EQ(back, Pattern(1, n));
+}
+
 TEST_F(TensorStoreTest, ReopenKeepsCommittedDropsPendingAndCompacts) {
   const StoreOptions o = Options(3);
   const uint64_t n = 5 * kStripe + 3;

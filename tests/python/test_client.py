@@ -289,3 +289,158 @@ def test_activation_swap_through_the_daemon(lohand):
         tensors_left = int(client.status()["store"]["tensors"])
         # Only the model's own states remain: one chunk + meta.
         assert tensors_left == 2
+
+
+def test_streamed_slots_alias_one_buffer(lohand):
+    """grad_slots=1, weight_slots=1: every layer's buffers are slot 0; one
+    iteration through them matches torch's AdamW. A caller built against
+    the older, smaller lohan_model_spec gets the resident layout."""
+    import ctypes
+
+    import torch
+
+    from lohan import _native
+
+    sizes = [10, 7, 5]
+    with Client(lohand.socket) as client:
+        job = client.create_job("streamed", host_pool_bytes=1 << 20)
+        client.attach_job(job.id)
+        with client.open_data_plane(job.id) as plane:
+            model = plane.register_model(job.id, sizes, dtype="bf16", lr=1e-2,
+                                         grad_slots=1, weight_slots=1)
+            address = ctypes.addressof
+
+            def base(view):
+                return address(ctypes.c_uint8.from_buffer(view))
+
+            grads = {base(model.grad_buffer(l)) for l in range(3)}
+            weights = {base(model.weight_buffer(l)) for l in range(3)}
+            assert len(grads) == 1 and len(weights) == 1
+            assert grads != weights
+            assert len(model.grad_buffer(2)) == 5 * 2  # the layer's bytes
+            session = client.status()["sessions"][0]
+            assert (session["grad_slots"], session["weight_slots"]) == (1, 1)
+
+            torch.manual_seed(0)
+            params = [torch.randn(n) for n in sizes]
+            reference = [torch.nn.Parameter(p.clone()) for p in params]
+            optimizer = torch.optim.AdamW(reference, lr=1e-2,
+                                          weight_decay=0.0)
+            staging = torch.frombuffer(model.staging, dtype=torch.float32)
+            for layer, p in enumerate(params):
+                staging[: p.numel()] = p
+                model.init_weights(layer)
+            model.iter_begin()
+            for layer, p in enumerate(params):
+                model.fetch_params(layer)
+                fetched = torch.frombuffer(model.weight_buffer(layer),
+                                           dtype=torch.bfloat16)
+                assert torch.equal(fetched, p.to(torch.bfloat16))
+            grad_values = [torch.randn(n).to(torch.bfloat16) for n in sizes]
+            for layer in reversed(range(3)):
+                torch.frombuffer(model.grad_buffer(layer),
+                                 dtype=torch.bfloat16).copy_(grad_values[layer])
+                model.grad_ready(layer)  # completion: the buffer is free
+            model.iter_end()
+            for p, g in zip(reference, grad_values):
+                p.grad = g.float()
+            optimizer.step()
+            for layer, p in enumerate(reference):
+                model.read_weights(layer)
+                torch.testing.assert_close(staging[: p.numel()], p.detach(),
+                                           rtol=1e-5, atol=1e-6)
+
+        # The spec as an older library knew it: struct_size ends before
+        # grad_slots, so the (nonzero) bytes beyond it are not read.
+        old = client.create_job("old-spec", host_pool_bytes=1 << 20)
+        client.attach_job(old.id)
+        with client.open_data_plane(old.id) as plane:
+            lib = _native.library()
+            elements = (ctypes.c_uint64 * 3)(*sizes)
+            spec = _native.ModelSpec(
+                struct_size=_native.ModelSpec.grad_slots.offset, dtype=2,
+                layer_elements=elements, num_layers=3, lr=1e-3, beta1=0.9,
+                beta2=0.999, eps=1e-8, grad_slots=1, weight_slots=1)
+            handle = ctypes.c_void_p()
+            assert lib.lohan_model_register(
+                client._handle, plane._handle, old.id.encode(),
+                ctypes.byref(spec), ctypes.byref(handle)) == 0
+            distinct = {lib.lohan_model_grad_buffer(handle, l)
+                        for l in range(3)}
+            assert len(distinct) == 3  # resident
+            lib.lohan_model_destroy(handle)
+
+
+def test_async_requests_many_in_flight_waited_in_reverse(lohand):
+    """submit_* return tickets at once; several in flight, waited for in
+    reverse order; failures land on their own ticket with their own text."""
+    import torch
+
+    with Client(lohand.socket) as client:
+        job = client.create_job("async", host_pool_bytes=2 << 20)
+        client.attach_job(job.id)
+        with client.open_data_plane(job.id) as plane:
+            sizes = [16, 8]
+            model = plane.register_model(job.id, sizes,
+                                         activation_bytes=64 << 10)
+            staging = torch.frombuffer(model.staging, dtype=torch.float32)
+            for layer, n in enumerate(sizes):
+                staging[:n] = torch.arange(n, dtype=torch.float32)
+                model.init_weights(layer)
+            area = torch.frombuffer(model.activations, dtype=torch.uint8)
+            for i in range(4):
+                area[i * 1024:(i + 1) * 1024] = i + 1
+            model.iter_begin()
+            tickets = []
+            for i in range(4):
+                tickets.append(("put", i, model.submit_act_put(
+                    i, i * 1024, 1024)))
+                tickets.append(("free-unheld", i,
+                                model.submit_act_free(100 + i)))
+            for layer in range(len(sizes)):
+                tickets.append(("fetch", layer,
+                                model.submit_fetch_params(layer)))
+            for layer in reversed(range(len(sizes))):
+                grad = torch.full((sizes[layer],), 0.5)
+                tickets.append(("grad", layer, model.grad_ready_from_host(
+                    layer, grad.data_ptr(), grad.numel() * 4)))
+            assert len({t for _, _, t in tickets}) == len(tickets)
+            for kind, i, ticket in reversed(tickets):
+                if kind == "free-unheld":
+                    with pytest.raises(LohanError) as error:
+                        model.wait(ticket)
+                    assert error.value.code == StatusCode.NOT_FOUND
+                    assert f"activation {100 + i} is not held" in \
+                        error.value.message
+                else:
+                    model.wait(ticket)
+                # Consumed: a second wait names the ticket.
+                with pytest.raises(LohanError) as error:
+                    model.wait(ticket)
+                assert error.value.code == StatusCode.NOT_FOUND
+                assert f"ticket {ticket} was already waited for" in \
+                    error.value.message
+            model.iter_end()
+            # Every activation back at once, polled, then waited for.
+            area.zero_()
+            gets = [model.submit_act_get(i, i * 1024, 1024) for i in range(4)]
+            for ticket in gets:
+                while not model.poll(ticket):
+                    time.sleep(0.001)
+            for i, ticket in reversed(list(enumerate(gets))):
+                model.wait(ticket, timeout=30)
+                assert bool((area[i * 1024:(i + 1) * 1024] == i + 1).all())
+            frees = [model.submit_act_free(i) for i in range(4)]
+            for ticket in frees:
+                model.wait(ticket)
+            with pytest.raises(LohanError) as error:
+                model.wait(10 ** 9)
+            assert error.value.code == StatusCode.INVALID_ARGUMENT
+            # No GPU use here: the reason is given, the device call refused.
+            available, reason = model.cuda_available()
+            if not available:
+                assert reason
+                with pytest.raises(LohanError) as error:
+                    model.grad_ready_from_device(0, 1, 64)
+                assert error.value.code in (StatusCode.FAILED_PRECONDITION,
+                                            StatusCode.UNIMPLEMENTED)

@@ -130,8 +130,8 @@ LOHAN_CLIENT_API int lohan_data_plane_open(lohan_client* client,
                                            const char* job_id,
                                            lohan_data_plane** out);
 LOHAN_CLIENT_API void* lohan_data_plane_arena(const lohan_data_plane* plane);
-LOHAN_CLIENT_API uint64_t lohan_data_plane_arena_size(
-    const lohan_data_plane* plane);
+LOHAN_CLIENT_API uint64_t
+lohan_data_plane_arena_size(const lohan_data_plane* plane);
 LOHAN_CLIENT_API void lohan_data_plane_destroy(lohan_data_plane* plane);
 
 /* ---- Training through the data plane ----
@@ -146,7 +146,26 @@ LOHAN_CLIENT_API void lohan_data_plane_destroy(lohan_data_plane* plane);
  *   lohan_model_iter_end              waits for every layer's update;
  *                                     exact global-norm clipping and
  *                                     inf/nan skipping happen here
- * Calls on one lohan_model must come from one thread at a time. */
+ * Each of these is one request to the daemon and waits for its answer. The
+ * same requests can be made without waiting (see "Asynchronous requests"
+ * below): a GPU training loop hands each layer's gradient over straight from
+ * the device as backward produces it and only waits before iter_end:
+ *   lohan_data_plane_cuda_register(plane)          once: pins the arena
+ *   lohan_model_iter_begin
+ *   lohan_model_fetch_params + lohan_model_weights_to_device(layer, stream)
+ *                                     for each layer, before its forward
+ *   lohan_model_grad_ready_from_device(layer, grad, stream, &ticket[layer])
+ *                                     for each layer, in backward: copies on
+ *                                     the stream, then submits GRAD_READY
+ *                                     from a CUDA host function; no wait
+ *   lohan_model_wait(ticket[layer])   for each layer (any order)
+ *   lohan_model_iter_end
+ * Without CUDA, lohan_model_grad_ready_from_host / lohan_model_weights_to_host
+ * do the same with memcpy.
+ * Threads: lohan_model_iter_begin, lohan_model_iter_end, init/read_weights,
+ * register and destroy from one thread at a time; everything else (the
+ * synchronous and asynchronous requests, waits, polls and copies) from any
+ * number of threads at once. */
 typedef struct lohan_model lohan_model;
 
 enum { LOHAN_DTYPE_FP32 = 1, LOHAN_DTYPE_BF16 = 2, LOHAN_DTYPE_FP16 = 3 };
@@ -157,13 +176,26 @@ typedef struct lohan_model_spec {
   const uint64_t* layer_elements; /* parameters per layer */
   uint32_t num_layers;
   double lr, beta1, beta2, eps, weight_decay;
-  int32_t adamw;        /* 1: AdamW (decoupled decay); 0: Adam (L2) */
+  int32_t adamw; /* 1: AdamW (decoupled decay); 0: Adam (L2) */
   int32_t amsgrad;
-  int32_t bf16_moments; /* moments stored in bf16 (less SSD traffic) */
-  double max_grad_norm; /* > 0: clip the global norm; 0: off */
-  int32_t skip_nonfinite;  /* skip an iteration with inf/nan gradients */
-  uint64_t chunk_elements; /* 0: the daemon's default */
+  int32_t bf16_moments;      /* moments stored in bf16 (less SSD traffic) */
+  double max_grad_norm;      /* > 0: clip the global norm; 0: off */
+  int32_t skip_nonfinite;    /* skip an iteration with inf/nan gradients */
+  uint64_t chunk_elements;   /* 0: the daemon's default */
   uint64_t activation_bytes; /* arena area for swapped activations; 0: none */
+  /* Gradient / 16-bit weight buffers in the arena (added in 0.2; a spec
+   * whose struct_size ends before them means 0, 0). 0 (or >= num_layers):
+   * one per layer ("resident": the arena holds 2 x the model in 16 bits).
+   * K in 1..num_layers-1: "streamed": K buffers, each as large as the
+   * largest layer, shared by all layers; layer i's is buffer i % K. The
+   * daemon copies a gradient into its SSD store before GRAD_READY
+   * completes, so the completion frees the buffer for layer i + K (wait for
+   * it first when requests are asynchronous); FETCH_PARAMS reads the
+   * layer's committed weights from the store into the buffer. Arena use no
+   * longer grows with the model; the SSDs carry the gradients (written
+   * once, read once per update pass) and the 16-bit weights. */
+  uint32_t grad_slots;
+  uint32_t weight_slots;
 } lohan_model_spec;
 
 /* `plane` must stay open while the model is used. */
@@ -178,7 +210,10 @@ LOHAN_CLIENT_API uint64_t lohan_model_iteration(const lohan_model* model);
 /* 1 if the layer has stored states already (a re-attached job). */
 LOHAN_CLIENT_API int lohan_model_layer_initialized(const lohan_model* model,
                                                    uint32_t layer);
-/* Buffers in the arena; NULL for a layer out of range. Sizes in bytes. */
+/* Buffers in the arena; NULL for a layer out of range. Sizes in bytes.
+ * Streamed (lohan_model_spec.grad_slots / weight_slots = K): buffer
+ * layer % K, shared with every layer of the same residue, as large as the
+ * largest layer (lohan_model_layer_bytes is still the layer's own size). */
 LOHAN_CLIENT_API void* lohan_model_grad_buffer(const lohan_model* model,
                                                uint32_t layer);
 LOHAN_CLIENT_API void* lohan_model_weight_buffer(const lohan_model* model,
@@ -204,8 +239,7 @@ LOHAN_CLIENT_API int lohan_model_iter_begin_with(lohan_model* model,
                                                  float grad_scale, double lr);
 LOHAN_CLIENT_API int lohan_model_fetch_params(lohan_model* model,
                                               uint32_t layer);
-LOHAN_CLIENT_API int lohan_model_grad_ready(lohan_model* model,
-                                            uint32_t layer);
+LOHAN_CLIENT_API int lohan_model_grad_ready(lohan_model* model, uint32_t layer);
 /* Activation swapping through the daemon: the activation area of the
  * arena (lohan_model_spec.activation_bytes) holds activations the process
  * hands over (put: the daemon keeps a copy on its SSDs and the area may be
@@ -228,6 +262,110 @@ LOHAN_CLIENT_API int lohan_model_iter_end(lohan_model* model,
 LOHAN_CLIENT_API int lohan_client_status_json(lohan_client* client,
                                               char** json_out);
 LOHAN_CLIENT_API void lohan_string_free(char* text);
+
+/* ---- Asynchronous requests ----
+ * A lohan_model_submit_* call puts one request on the job's submission ring
+ * and returns at once with a ticket; lohan_model_wait(ticket) returns that
+ * request's status (the daemon's code, with its text in lohan_last_error)
+ * and lohan_model_poll says whether it is done, without blocking. Many
+ * requests may be in flight at once (as many as the rings hold, 1024 with
+ * today's daemon; a submit beyond that waits for room); they complete in any
+ * order, and a completed request's result is kept until its ticket is waited
+ * for, once: waiting again is LOHAN_NOT_FOUND, a number never issued is
+ * LOHAN_INVALID_ARGUMENT (both name the ticket). At most 65536 tickets may be
+ * issued and not yet waited for (LOHAN_RESOURCE_EXHAUSTED beyond): wait for
+ * every ticket, also when you do not need its answer. The daemon serves
+ * requests in the order they were submitted. The synchronous calls above are
+ * submit + wait and mix freely with these. If the daemon goes away, every
+ * wait returns LOHAN_UNAVAILABLE within about 100 ms, never hangs.
+ * `ticket` is required (LOHAN_INVALID_ARGUMENT when NULL) and written only on
+ * success. */
+LOHAN_CLIENT_API int lohan_model_submit_grad_ready(lohan_model* model,
+                                                   uint32_t layer,
+                                                   uint64_t* ticket);
+LOHAN_CLIENT_API int lohan_model_submit_fetch_params(lohan_model* model,
+                                                     uint32_t layer,
+                                                     uint64_t* ticket);
+LOHAN_CLIENT_API int lohan_model_submit_act_put(lohan_model* model, uint64_t id,
+                                                uint64_t offset,
+                                                uint64_t length,
+                                                uint64_t* ticket);
+LOHAN_CLIENT_API int lohan_model_submit_act_get(lohan_model* model, uint64_t id,
+                                                uint64_t offset,
+                                                uint64_t length,
+                                                uint64_t* ticket);
+LOHAN_CLIENT_API int lohan_model_submit_act_free(lohan_model* model,
+                                                 uint64_t id, uint64_t* ticket);
+/* Waits up to `timeout_ms` (< 0: no limit) for `ticket`'s request and
+ * returns its status, consuming the ticket. LOHAN_DEADLINE_EXCEEDED when it
+ * is still in flight: the ticket stays valid, wait again. */
+LOHAN_CLIENT_API int lohan_model_wait(lohan_model* model, uint64_t ticket,
+                                      int64_t timeout_ms);
+/* *done = 1 when `ticket`'s request has completed (lohan_model_wait then
+ * returns at once), else 0. Does not consume the ticket. */
+LOHAN_CLIENT_API int lohan_model_poll(lohan_model* model, uint64_t ticket,
+                                      int* done);
+
+/* ---- Moving tensors between the caller's memory and the arena ----
+ * `bytes` must be the layer's (lohan_model_layer_bytes). Each copy first
+ * waits until no request in flight uses the buffer it writes or reads: a
+ * gradient copied into a buffer shared with other layers (grad_slots) waits
+ * for the buffer's previous GRAD_READY; weights read right after
+ * lohan_model_submit_fetch_params wait for that FETCH_PARAMS. (Requests
+ * submitted after the copy started are not waited for.) The weight buffer
+ * holds what the layer's last FETCH_PARAMS put there. */
+/* Copies the layer's gradient from host memory into its gradient buffer,
+ * then submits GRAD_READY: wait for `ticket`. */
+LOHAN_CLIENT_API int lohan_model_grad_ready_from_host(lohan_model* model,
+                                                      uint32_t layer,
+                                                      const void* source,
+                                                      uint64_t bytes,
+                                                      uint64_t* ticket);
+/* Copies the layer's weights from its weight buffer to host memory. */
+LOHAN_CLIENT_API int lohan_model_weights_to_host(const lohan_model* model,
+                                                 uint32_t layer,
+                                                 void* destination,
+                                                 uint64_t bytes);
+
+/* ---- CUDA ----
+ * Where lohan was built with the CUDA toolkit, liblohan_client carries the
+ * CUDA runtime statically (it needs no libcudart.so and cannot clash with
+ * torch's) and copies between GPU memory and the arena on the caller's
+ * stream. A stream is a cudaStream_t passed as void* (NULL: the legacy
+ * default stream); torch's (torch.cuda.current_stream().cuda_stream) works
+ * as is: both runtimes drive the same device contexts. Without CUDA built
+ * in these return LOHAN_UNIMPLEMENTED; without a usable GPU or driver,
+ * LOHAN_FAILED_PRECONDITION; lohan_last_error says which. */
+/* 1 if this library was built with CUDA, else 0. */
+LOHAN_CLIENT_API int lohan_cuda_built_with(void);
+/* 1 if CUDA can be used in this process, else 0 with the reason in
+ * lohan_last_error (built without CUDA, no driver, driver too old for the
+ * runtime inside, no device). */
+LOHAN_CLIENT_API int lohan_cuda_available(void);
+/* Pins the whole arena for DMA (cudaHostRegister, portable: every context,
+ * torch's included, sees it pinned), so the copies below run asynchronously
+ * at full PCIe speed. Once per plane; undone by lohan_data_plane_destroy. */
+LOHAN_CLIENT_API int lohan_data_plane_cuda_register(lohan_data_plane* plane);
+/* Enqueues on `cuda_stream` a copy of the layer's gradient from
+ * `device_source` into its gradient buffer, then a host function that
+ * submits GRAD_READY once the copy is done; returns at once with `ticket`
+ * (wait for it like any other; a failure to submit becomes its result).
+ * lohan_model_iter_end first waits until every such GRAD_READY is
+ * submitted, so it never overtakes a gradient still on its way. If the
+ * stream fails before the host function runs (a sticky CUDA error), the
+ * ticket never completes: wait with a timeout where that matters.
+ * REQUIRES: the model and plane outlive the copy (wait for the ticket). */
+LOHAN_CLIENT_API int lohan_model_grad_ready_from_device(
+    lohan_model* model, uint32_t layer, const void* device_source,
+    uint64_t bytes, void* cuda_stream, uint64_t* ticket);
+/* Enqueues on `cuda_stream` a copy of the layer's weight buffer to
+ * `device_destination`; work enqueued after it on the stream sees the
+ * weights. */
+LOHAN_CLIENT_API int lohan_model_weights_to_device(const lohan_model* model,
+                                                   uint32_t layer,
+                                                   void* device_destination,
+                                                   uint64_t bytes,
+                                                   void* cuda_stream);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -47,6 +47,9 @@ class ModelSpec(ctypes.Structure):
         ("skip_nonfinite", ctypes.c_int32),
         ("chunk_elements", ctypes.c_uint64),
         ("activation_bytes", ctypes.c_uint64),
+        # 0.2: streamed layouts (0: one buffer per layer).
+        ("grad_slots", ctypes.c_uint32),
+        ("weight_slots", ctypes.c_uint32),
     ]
 
 
@@ -113,6 +116,33 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "lohan_client_status_json": (c_int, [c_void_p,
                                              ctypes.POINTER(c_void_p)]),
         "lohan_string_free": (None, [c_void_p]),
+        # Asynchronous requests: a ticket out, waited for (or polled) later.
+        "lohan_model_submit_grad_ready": (c_int, [c_void_p, u32,
+                                                  ctypes.POINTER(u64)]),
+        "lohan_model_submit_fetch_params": (c_int, [c_void_p, u32,
+                                                    ctypes.POINTER(u64)]),
+        "lohan_model_submit_act_put": (c_int, [c_void_p, u64, u64, u64,
+                                               ctypes.POINTER(u64)]),
+        "lohan_model_submit_act_get": (c_int, [c_void_p, u64, u64, u64,
+                                               ctypes.POINTER(u64)]),
+        "lohan_model_submit_act_free": (c_int, [c_void_p, u64,
+                                                ctypes.POINTER(u64)]),
+        "lohan_model_wait": (c_int, [c_void_p, u64, ctypes.c_int64]),
+        "lohan_model_poll": (c_int, [c_void_p, u64, ctypes.POINTER(c_int)]),
+        "lohan_model_grad_ready_from_host": (c_int, [c_void_p, u32, c_void_p,
+                                                     u64,
+                                                     ctypes.POINTER(u64)]),
+        "lohan_model_weights_to_host": (c_int, [c_void_p, u32, c_void_p,
+                                                u64]),
+        "lohan_cuda_built_with": (c_int, []),
+        "lohan_cuda_available": (c_int, []),
+        "lohan_data_plane_cuda_register": (c_int, [c_void_p]),
+        "lohan_model_grad_ready_from_device": (c_int, [c_void_p, u32,
+                                                       c_void_p, u64,
+                                                       c_void_p,
+                                                       ctypes.POINTER(u64)]),
+        "lohan_model_weights_to_device": (c_int, [c_void_p, u32, c_void_p,
+                                                  u64, c_void_p]),
     }
     for name, (restype, argtypes) in signatures.items():
         function = getattr(lib, name)

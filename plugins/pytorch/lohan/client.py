@@ -160,6 +160,89 @@ class Model:
     def act_free(self, activation_id: int) -> None:
         _check(self._lib.lohan_model_act_free(self._handle, activation_id))
 
+    # ---- Asynchronous requests (see lohan_client.h): each submit_* returns
+    # a ticket at once; wait(ticket) raises the request's error, if any.
+    # Many may be in flight; wait for every ticket (its result is kept until
+    # then).
+
+    def _submit(self, function, *args) -> int:
+        ticket = ctypes.c_uint64()
+        _check(function(self._handle, *args, ctypes.byref(ticket)))
+        return ticket.value
+
+    def submit_grad_ready(self, layer: int) -> int:
+        return self._submit(self._lib.lohan_model_submit_grad_ready,
+                            self._layer(layer))
+
+    def submit_fetch_params(self, layer: int) -> int:
+        return self._submit(self._lib.lohan_model_submit_fetch_params,
+                            self._layer(layer))
+
+    def submit_act_put(self, activation_id: int, offset: int,
+                       length: int) -> int:
+        return self._submit(self._lib.lohan_model_submit_act_put,
+                            activation_id, offset, length)
+
+    def submit_act_get(self, activation_id: int, offset: int,
+                       length: int) -> int:
+        return self._submit(self._lib.lohan_model_submit_act_get,
+                            activation_id, offset, length)
+
+    def submit_act_free(self, activation_id: int) -> int:
+        return self._submit(self._lib.lohan_model_submit_act_free,
+                            activation_id)
+
+    def wait(self, ticket: int, timeout: Optional[float] = None) -> None:
+        """Waits for `ticket`'s request (up to `timeout` seconds; None: no
+        limit) and raises its error. DEADLINE_EXCEEDED leaves the ticket
+        valid; any other outcome consumes it."""
+        timeout_ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        _check(self._lib.lohan_model_wait(self._handle, ticket, timeout_ms))
+
+    def poll(self, ticket: int) -> bool:
+        """True once `ticket`'s request is done (wait() then returns at
+        once); does not consume the ticket."""
+        done = ctypes.c_int()
+        _check(self._lib.lohan_model_poll(self._handle, ticket,
+                                          ctypes.byref(done)))
+        return bool(done.value)
+
+    def grad_ready_from_host(self, layer: int, address: int,
+                             nbytes: int) -> int:
+        """Copies the layer's gradient from host memory at `address`
+        (e.g. tensor.data_ptr() of a contiguous CPU tensor) into its
+        gradient buffer and submits GRAD_READY; returns the ticket."""
+        return self._submit(self._lib.lohan_model_grad_ready_from_host,
+                            self._layer(layer), address, nbytes)
+
+    @staticmethod
+    def cuda_available() -> tuple:
+        """(available, reason): whether this library can copy to and from
+        GPUs here, and why not."""
+        lib = _native.library()
+        if lib.lohan_cuda_available():
+            return True, ""
+        return False, lib.lohan_last_error().decode(errors="replace")
+
+    def grad_ready_from_device(self, layer: int, tensor_ptr: int, nbytes: int,
+                               stream_ptr: int = 0) -> int:
+        """Enqueues on the CUDA stream `stream_ptr` (e.g.
+        torch.cuda.current_stream().cuda_stream; 0: the default stream) a
+        copy of the layer's gradient from device memory at `tensor_ptr`
+        (tensor.data_ptr()) into its gradient buffer, then its GRAD_READY;
+        returns the ticket at once. See lohan_client.h."""
+        return self._submit(self._lib.lohan_model_grad_ready_from_device,
+                            self._layer(layer), tensor_ptr, nbytes,
+                            stream_ptr or None)
+
+    def weights_to_device(self, layer: int, tensor_ptr: int, nbytes: int,
+                          stream_ptr: int = 0) -> None:
+        """Enqueues on the CUDA stream a copy of the layer's weight buffer
+        to device memory at `tensor_ptr` (fetch the layer's params first)."""
+        _check(self._lib.lohan_model_weights_to_device(
+            self._handle, self._layer(layer), tensor_ptr, nbytes,
+            stream_ptr or None))
+
     def iter_end(self) -> tuple:
         """(global_norm, clipped, skipped) of the iteration."""
         norm = ctypes.c_double()
@@ -201,9 +284,15 @@ class DataPlane:
                        max_grad_norm: float = 0.0,
                        skip_nonfinite: bool = True,
                        chunk_elements: int = 0,
-                       activation_bytes: int = 0) -> Model:
+                       activation_bytes: int = 0,
+                       grad_slots: int = 0,
+                       weight_slots: int = 0) -> Model:
         """Registers the model of `job_id` (this process attached it and
-        opened this data plane); see lohan_client.h."""
+        opened this data plane); see lohan_client.h.
+
+        `grad_slots` / `weight_slots` = K in 1..layers-1 stream gradients /
+        16-bit weights through the daemon's SSDs with K shared arena buffers
+        (layer i's is buffer i % K); 0 keeps one buffer per layer."""
         if dtype not in _DTYPES:
             raise ValueError(f"dtype {dtype!r} is not supported; use one of "
                              f"{sorted(_DTYPES)}")
@@ -216,7 +305,8 @@ class DataPlane:
             adamw=int(adamw), amsgrad=int(amsgrad),
             bf16_moments=int(bf16_moments), max_grad_norm=max_grad_norm,
             skip_nonfinite=int(skip_nonfinite), chunk_elements=chunk_elements,
-            activation_bytes=activation_bytes)
+            activation_bytes=activation_bytes, grad_slots=grad_slots,
+            weight_slots=weight_slots)
         handle = ctypes.c_void_p()
         _check(self._lib.lohan_model_register(
             self._client._handle, self._handle, job_id.encode(),
@@ -224,6 +314,11 @@ class DataPlane:
         model = Model(self._lib, handle, layer_elements, dtype)
         self._models.append(model)
         return model
+
+    def cuda_register(self) -> None:
+        """Pins the arena for DMA (cudaHostRegister, portable) so copies
+        between it and GPU memory are asynchronous; undone by close()."""
+        _check(self._lib.lohan_data_plane_cuda_register(self._handle))
 
     @property
     def size(self) -> int:

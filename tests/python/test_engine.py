@@ -687,20 +687,41 @@ def test_activation_policies_rerun_blocks_and_match_keep(lohand):
                    job_name="acts-bad", activation_host_bytes=-1)
 
 
+def test_offload_to_ssd_reads_the_next_input_ahead(lohand):
+    """Every block input on the SSDs (host budget 0), each smaller than a
+    buffer: backward's get of one starts the read of the next, and the
+    result is still the keep-everything result bit for bit."""
+    keep = _train_probe(lohand, "keep", batch=32)
+    spilled = _train_probe(lohand, "offload", batch=32,
+                           activation_host_bytes=0,
+                           activation_buffer_bytes=2 * 4096)
+    assert keep[0] == spilled[0]
+    for a, b in zip(keep[2], spilled[2]):
+        assert torch.equal(a, b)
+    stats = spilled[3]
+    assert stats.ssd_puts == 3 * 3 and stats.host_puts == 0
+    # Per step the last block's input is read when asked for; the two
+    # before it were read ahead.
+    assert stats.prefetched == 2 * 3
+    assert stats.ssd_bytes == 0
+
+
 def test_offload_to_ssd_beyond_the_host_budget_matches_keep(lohand):
     """With a host budget of one block input, the other inputs go to the
     daemon's SSDs (in pieces smaller than an input: the activation area is
-    one page) and come back bit for bit."""
+    two one-page buffers) and come back bit for bit."""
     keep = _train_probe(lohand, "keep", batch=200)
     block_input = 200 * 16 * 4  # batch x features x fp32: 3.1 pages
     spilled = _train_probe(lohand, "offload", batch=200,
                            activation_host_bytes=block_input,
-                           activation_buffer_bytes=4096)
+                           activation_buffer_bytes=2 * 4096)
     assert keep[0] == spilled[0]
     for a, b in zip(keep[2], spilled[2]):
         assert torch.equal(a, b)
     stats = spilled[3]
     assert stats.host_puts == 3 and stats.ssd_puts == 2 * 3
+    # Inputs are 3.1 pages, the buffers 1 page each: read when asked for.
+    assert stats.prefetched == 0
     assert stats.ssd_peak_bytes == 2 * block_input
     assert stats.ssd_bytes == 0 and stats.host_bytes == 0
 

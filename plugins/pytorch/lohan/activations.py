@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import warnings
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
@@ -44,6 +45,7 @@ class ActivationStats:
     ssd_bytes: int = 0        # now held on the daemon's SSDs
     ssd_peak_bytes: int = 0
     gets: int = 0
+    prefetched: int = 0       # SSD inputs read ahead of their recompute
 
 
 class _Handle:
@@ -51,7 +53,7 @@ class _Handle:
     away) give their storage back on the store's next call."""
 
     __slots__ = ("store", "tensor", "ids", "nbytes", "shape", "dtype",
-                 "device", "__weakref__")
+                 "device", "prefetch", "__weakref__")
 
     def __init__(self, store: "ActivationStore", nbytes: int,
                  shape: torch.Size, dtype: torch.dtype,
@@ -63,28 +65,61 @@ class _Handle:
         self.shape = shape
         self.dtype = dtype
         self.device = device
+        # SSD, fetched ahead: (buffer, ticket of its ACT_GET).
+        self.prefetch: Optional[Tuple["_Buffer", int]] = None
 
     def __del__(self) -> None:
         store = self.store
         if store is not None:
             store._dropped.append((self.tensor is not None, self.nbytes,
-                                   self.ids))
+                                   self.ids, self.prefetch))
+
+
+class _Buffer:
+    """One half of the arena's activation area: the request using it (a
+    put's ticket) and the handle a prefetch keeps it for."""
+
+    __slots__ = ("offset", "view", "ticket", "reserved")
+
+    def __init__(self, offset: int, view: torch.Tensor):
+        self.offset = offset
+        self.view = view
+        self.ticket: Optional[int] = None
+        self.reserved = False
 
 
 class ActivationStore:
     """Host memory up to `host_bytes` (None: no limit), the daemon's SSDs
-    beyond (through `remote`'s activation area, in pieces of the area's
-    size). Not thread-safe: autograd calls pack/unpack on one thread."""
+    beyond, through `remote`'s activation area. The area is two buffers:
+    a put copies a piece into one and goes on while the daemon writes it
+    (ACT_PUT without waiting), and backward's get of one block input starts
+    the ACT_GET of the next one it will need (the most recent input still on
+    the SSDs) into the other, so that read overlaps the block's recompute.
+    Not thread-safe: autograd calls it on one thread."""
 
     def __init__(self, host_bytes: Optional[int], remote: Any = None,
                  area: Optional[torch.Tensor] = None):
         self.host_limit = host_bytes
         self._remote = remote
-        self._area = area  # uint8 view of the arena's activation area
+        self._buffers: List[_Buffer] = []
+        if area is not None:
+            half = area.numel() // 2 // 4096 * 4096
+            if half == 0:
+                raise ValueError("the activation area needs two pages")
+            self._buffers = [_Buffer(0, area[:half]),
+                             _Buffer(half, area[half:2 * half])]
+        self._next_buffer = 0
         self._ids = itertools.count(1)
-        self._dropped: List[Tuple[bool, int, List[Tuple[int, int, int]]]] = []
+        self._dropped: List[Tuple[Any, ...]] = []
+        # Inputs on the SSDs not brought back yet, in put order (backward
+        # wants them newest first).
+        self._on_ssd: List["weakref.ref[_Handle]"] = []
         self.stats = ActivationStats()
         self._closed = False
+
+    @property
+    def piece_bytes(self) -> int:
+        return self._buffers[0].view.numel() if self._buffers else 0
 
     def sweep(self) -> None:
         """Gives back the storage of spent and dropped tensors."""
@@ -92,14 +127,40 @@ class ActivationStore:
 
     def _sweep(self) -> None:
         while self._dropped:
-            on_host, nbytes, ids = self._dropped.pop()
+            on_host, nbytes, ids, prefetch = self._dropped.pop()
             if on_host:
                 self.stats.host_bytes -= nbytes
-            else:
-                self.stats.ssd_bytes -= nbytes
-                if not self._closed:
-                    for activation_id, _, _ in ids:
-                        self._remote.act_free(activation_id)
+                continue
+            self.stats.ssd_bytes -= nbytes
+            if self._closed:
+                continue
+            if prefetch is not None:  # read ahead, then never asked for
+                buffer, ticket = prefetch
+                buffer.reserved = False
+                self._remote.wait(ticket)
+            for activation_id, _, _ in ids:
+                self._remote.act_free(activation_id)
+
+    def _buffer(self) -> _Buffer:
+        """A buffer free for a new request (its last put is finished)."""
+        for _ in range(len(self._buffers)):
+            buffer = self._buffers[self._next_buffer]
+            self._next_buffer = (self._next_buffer + 1) % len(self._buffers)
+            if not buffer.reserved:
+                break
+        else:  # both kept for prefetches: cannot happen with one at a time
+            raise RuntimeError("lohan: no free activation buffer")
+        if buffer.ticket is not None:
+            ticket, buffer.ticket = buffer.ticket, None
+            self._remote.wait(ticket)
+        return buffer
+
+    def drain(self) -> None:
+        """Waits for the puts in flight (their errors surface here)."""
+        for buffer in self._buffers:
+            if buffer.ticket is not None:
+                ticket, buffer.ticket = buffer.ticket, None
+                self._remote.wait(ticket)
 
     def put(self, tensor: torch.Tensor) -> _Handle:
         self._sweep()
@@ -109,7 +170,7 @@ class ActivationStore:
         stats = self.stats
         fits = (self.host_limit is None
                 or stats.host_bytes + nbytes <= self.host_limit)
-        if fits or self._area is None:
+        if fits or not self._buffers:
             if tensor.device.type == "cpu":
                 handle.tensor = tensor  # already in host memory
             else:
@@ -123,13 +184,15 @@ class ActivationStore:
                                         stats.host_bytes)
             return handle
         source = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
-        area = self._area
-        for begin in range(0, nbytes, area.numel()):
-            length = min(area.numel(), nbytes - begin)
-            area[:length].copy_(source[begin:begin + length])
+        for begin in range(0, nbytes, self.piece_bytes):
+            length = min(self.piece_bytes, nbytes - begin)
+            buffer = self._buffer()
+            buffer.view[:length].copy_(source[begin:begin + length])
             activation_id = next(self._ids)
-            self._remote.act_put(activation_id, 0, length)
+            buffer.ticket = self._remote.submit_act_put(
+                activation_id, buffer.offset, length)
             handle.ids.append((activation_id, begin, length))
+        self._on_ssd.append(weakref.ref(handle))
         stats.ssd_puts += 1
         stats.ssd_bytes += nbytes
         stats.ssd_peak_bytes = max(stats.ssd_peak_bytes, stats.ssd_bytes)
@@ -144,21 +207,53 @@ class ActivationStore:
             if tensor.device != handle.device:
                 tensor = tensor.to(handle.device, non_blocking=True)
             return tensor
+        self._on_ssd = [ref for ref in self._on_ssd
+                        if ref() is not None and ref() is not handle]
         out = torch.empty(handle.nbytes, dtype=torch.uint8)
-        area = self._area
-        for activation_id, begin, length in handle.ids:
-            self._remote.act_get(activation_id, 0, length)
-            out[begin:begin + length].copy_(area[:length])
+        if handle.prefetch is not None:
+            buffer, ticket = handle.prefetch
+            handle.prefetch = None
+            try:
+                self._remote.wait(ticket)
+                _, begin, length = handle.ids[0]
+                out[begin:begin + length].copy_(buffer.view[:length])
+            finally:
+                buffer.reserved = False
+            self.stats.prefetched += 1
+        else:
+            for activation_id, begin, length in handle.ids:
+                buffer = self._buffer()
+                self._remote.wait(self._remote.submit_act_get(
+                    activation_id, buffer.offset, length))
+                out[begin:begin + length].copy_(buffer.view[:length])
+        self._prefetch_next()
         return (out.view(handle.dtype).view(handle.shape)
                 .to(handle.device, non_blocking=True))
+
+    def _prefetch_next(self) -> None:
+        """Starts reading the input backward will want next, if it is one
+        piece (larger ones are read when asked for)."""
+        while self._on_ssd and self._on_ssd[-1]() is None:
+            self._on_ssd.pop()
+        if not self._on_ssd:
+            return
+        candidate = self._on_ssd[-1]()
+        if candidate.prefetch is not None or len(candidate.ids) != 1:
+            return
+        buffer = self._buffer()
+        activation_id, _, length = candidate.ids[0]
+        buffer.reserved = True
+        candidate.prefetch = (buffer, self._remote.submit_act_get(
+            activation_id, buffer.offset, length))
 
     def close(self) -> None:
         """Forgets the store (the daemon drops a session's activations when
         its data plane closes)."""
         self._closed = True
         self._dropped.clear()
+        self._on_ssd.clear()
         self._remote = None
-        self._area = None
+        self._buffers = []
 
 
 # ------------------------------------------------------------ recompute

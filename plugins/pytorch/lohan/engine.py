@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
@@ -133,10 +134,12 @@ class Engine:
         # Block inputs beyond the host budget go to the daemon's SSDs in
         # pieces of this many bytes (the arena's activation area).
         spill = activations == "offload" and activation_host_bytes is not None
+        # Two buffers of whole pages: one put or get in flight while the
+        # other is filled or emptied.
         if spill and (not isinstance(activation_buffer_bytes, int)
-                      or activation_buffer_bytes < _SLOT_ALIGNMENT):
+                      or activation_buffer_bytes < 2 * _SLOT_ALIGNMENT):
             raise ValueError("activation_buffer_bytes must be an int >= "
-                             f"{_SLOT_ALIGNMENT}, got "
+                             f"{2 * _SLOT_ALIGNMENT}, got "
                              f"{activation_buffer_bytes!r}")
         area_bytes = (_round_up(activation_buffer_bytes, _SLOT_ALIGNMENT)
                       if spill else 0)
@@ -148,6 +151,8 @@ class Engine:
                 f"{activations!r}: with it autograd would keep the weights "
                 "it saved for backward on the device")
         self._residency: Optional[ParameterResidency] = None
+        self._cuda = False  # gradients leave the GPU through the C library
+        self._grad_tickets: List[int] = []
 
         element_bytes = torch.empty((), dtype=self.dtype).element_size()
         elements = [layer.numel for layer in self.layers]
@@ -176,6 +181,7 @@ class Engine:
                 for l in self.layers]
             self._staging = torch.frombuffer(self._remote.staging,
                                              dtype=torch.float32)
+            self._cuda = self._setup_cuda()
             self.iteration: int = int(self._remote.iteration)
             self._load_or_init()
             if dtype is not None:
@@ -195,9 +201,10 @@ class Engine:
                            else float(loss_scale))
         self._growth_interval = int(loss_scale_growth_interval)
         self._good_steps = 0
-        self._router = GradientRouter(self.layers, self._grad_views,
-                                      grad_accumulation_steps,
-                                      self._grad_ready)
+        self._router = GradientRouter(
+            self.layers, self._grad_views, grad_accumulation_steps,
+            self._grad_ready,
+            self._device_grad_ready if self._cuda else None)
         if self.params_mode == "offload":
             self._residency = ParameterResidency(self.layers, self._remote,
                                                  self._weight_views)
@@ -253,6 +260,25 @@ class Engine:
                     raise
             time.sleep(0.01)
 
+    def _setup_cuda(self) -> bool:
+        """For a model on a GPU: pins the arena for DMA and lets the C
+        library copy gradients out on torch's stream. False (plain tensor
+        copies, synchronous) for a CPU model, or when the library cannot
+        use CUDA here (the reason is warned once)."""
+        on_gpu = any(p.device.type == "cuda" for layer in self.layers
+                     for p in layer.params)
+        if not on_gpu:
+            return False
+        available, reason = self._remote.cuda_available()
+        if not available:
+            warnings.warn(f"lohan: the model is on a GPU but liblohan_client "
+                          f"cannot use CUDA ({reason}); gradients and "
+                          "weights move by synchronous tensor copies",
+                          stacklevel=3)
+            return False
+        self._plane.cuda_register()
+        return True
+
     @staticmethod
     def _flatten(layer: Layer) -> torch.Tensor:
         return torch.cat([p.detach().reshape(-1).to(torch.float32)
@@ -296,16 +322,31 @@ class Engine:
 
     # -------------------------------------------------------------- training
 
+    def _begin_iteration(self) -> None:
+        # Gradients of a loss scaled by engine.backward come back to scale 1
+        # in the daemon, exactly (the scale is a power of two).
+        self._remote.iter_begin(
+            grad_scale=(1.0 / self.loss_scale
+                        if self._scaled_backward else 1.0),
+            lr=self.lr)
+        self._in_iteration = True
+
     def _grad_ready(self, layer: int) -> None:
         if not self._in_iteration:
-            # Gradients of a loss scaled by engine.backward come back to
-            # scale 1 in the daemon, exactly (the scale is a power of two).
-            self._remote.iter_begin(
-                grad_scale=(1.0 / self.loss_scale
-                            if self._scaled_backward else 1.0),
-                lr=self.lr)
-            self._in_iteration = True
+            self._begin_iteration()
         self._remote.grad_ready(layer)
+
+    def _device_grad_ready(self, layer: int, flat: torch.Tensor) -> None:
+        """`flat`: the layer's gradients back to back on the GPU. The copy
+        into the layer's slot runs on the current stream; the C library
+        posts GRAD_READY from a host function once it is done, so the
+        Python thread goes on with backward at once."""
+        if not self._in_iteration:
+            self._begin_iteration()
+        stream = torch.cuda.current_stream(flat.device).cuda_stream
+        self._grad_tickets.append(self._remote.grad_ready_from_device(
+            layer, flat.data_ptr(), flat.numel() * flat.element_size(),
+            stream))
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """`loss.backward(**kwargs)`, with the loss multiplied by
@@ -328,6 +369,13 @@ class Engine:
         if not router.any_gradient():
             return None
         router.flush()  # on an error here the iteration stays open
+        # GRAD_READYs posted from CUDA host functions must reach the daemon
+        # before ITER_END does.
+        tickets, self._grad_tickets = self._grad_tickets, []
+        for ticket in tickets:
+            self._remote.wait(ticket)
+        if self._activations is not None:
+            self._activations.drain()  # an activation put's error lands here
         try:
             norm, clipped, skipped = self._remote.iter_end()
         finally:

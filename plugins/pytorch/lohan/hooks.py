@@ -12,7 +12,7 @@ backward goes on through the earlier layers.
 from __future__ import annotations
 
 import warnings
-from typing import Callable, List
+from typing import Callable, List, Optional
 
 import torch
 
@@ -25,14 +25,25 @@ def has_lohan_hook(param: torch.Tensor) -> bool:
     return any(getattr(h, "_lohan_hook", False) for h in hooks.values())
 
 
+def view_dtype(router: "GradientRouter", layer: int) -> torch.dtype:
+    """The dtype the daemon wants the layer's gradient in."""
+    return router._grad_views[layer].dtype
+
+
 class GradientRouter:
     def __init__(self, layers: List[Layer], grad_views: List[torch.Tensor],
                  accumulation_steps: int,
-                 grad_ready: Callable[[int], None]):
+                 grad_ready: Callable[[int], None],
+                 device_grad_ready: Optional[
+                     Callable[[int, torch.Tensor], None]] = None):
         self._layers = layers
         self._grad_views = grad_views
         self._steps = accumulation_steps
         self._grad_ready = grad_ready  # begins the iteration if need be
+        # For gradients on a GPU: takes the layer's gradients flat on the
+        # device and has them copied into its slot on the stream (the
+        # daemon hears of them once the copy is done).
+        self._device_grad_ready = device_grad_ready
         self._arrivals: List[List[int]] = [[0] * len(l.params) for l in layers]
         self._waiting: List[int] = [len(l.params) for l in layers]
         self.handed: List[bool] = [False] * len(layers)
@@ -66,16 +77,27 @@ class GradientRouter:
         """Copies the layer's gradients into its slot (zeros where a
         parameter has none), clears them and signals the daemon."""
         spec = self._layers[layer]
-        view = self._grad_views[layer]
-        missing = []
-        for name, param, offset in zip(spec.names, spec.params, spec.offsets):
-            target = view[offset:offset + param.numel()]
-            if param.grad is None:
-                target.zero_()
-                missing.append(name)
-            else:
-                target.copy_(param.grad.reshape(-1))
+        missing = [name for name, param in zip(spec.names, spec.params)
+                   if param.grad is None]
+        device = spec.params[0].device
+        if device.type == "cuda" and self._device_grad_ready is not None:
+            flat = torch.cat([
+                (param.grad if param.grad is not None else
+                 torch.zeros(param.numel(), dtype=view_dtype(self, layer),
+                             device=device)).reshape(-1)
+                for param in spec.params])
+            for param in spec.params:
                 param.grad = None
+        else:
+            flat = None
+            view = self._grad_views[layer]
+            for param, offset in zip(spec.params, spec.offsets):
+                target = view[offset:offset + param.numel()]
+                if param.grad is None:
+                    target.zero_()
+                else:
+                    target.copy_(param.grad.reshape(-1))
+                    param.grad = None
         if missing:
             warnings.warn(
                 "lohan: no gradient this step for " + ", ".join(missing[:5]) +
@@ -84,7 +106,10 @@ class GradientRouter:
                 "decay, weight decay applies), unlike torch.optim which "
                 "skips parameters whose .grad is None", stacklevel=3)
         self.handed[layer] = True
-        self._grad_ready(layer)
+        if flat is not None:
+            self._device_grad_ready(layer, flat)
+        else:
+            self._grad_ready(layer)
 
     def flush(self) -> None:
         """Hands over every layer not handed over yet (a step() after fewer

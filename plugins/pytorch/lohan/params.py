@@ -67,6 +67,9 @@ class ParameterResidency:
         self._holds: Dict[int, Tuple[int, int]] = {}
         self._step = 0
         self.fetches = 0
+        # GPU copies out of a weight buffer still in flight: a fetch into
+        # that buffer waits for them (a streamed layout reuses buffers).
+        self._copies: Dict[int, "torch.cuda.Event"] = {}
 
     @property
     def layers(self) -> List[Layer]:
@@ -83,6 +86,9 @@ class ParameterResidency:
         view = self._views[layer.index]
         address = view.data_ptr()
         if self._holds.get(address) != (layer.index, self._step):
+            copy = self._copies.pop(address, None)
+            if copy is not None:
+                copy.synchronize()
             self._remote.fetch_params(layer.index)
             self.fetches += 1
             self._holds[address] = (layer.index, self._step)
@@ -97,7 +103,13 @@ class ParameterResidency:
         if depth:
             return  # nested (a block calling itself, or a recompute)
         device = self._placeholders[layer.index][0].device
-        flat = self._fetch(layer).to(device, copy=True, non_blocking=True)
+        source = self._fetch(layer)
+        # From the pinned arena this copy is asynchronous on a GPU.
+        flat = source.to(device, copy=True, non_blocking=True)
+        if device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(device))
+            self._copies[source.data_ptr()] = event
         for param, offset, shape in zip(layer.params, layer.offsets,
                                         self._shapes[layer.index]):
             param.data = flat[offset:offset + shape.numel()].view(shape)

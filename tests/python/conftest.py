@@ -32,7 +32,7 @@ def built(relative: str) -> Path:
 
 
 class Daemon:
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, host_pool: str = "64MiB"):
         self.directory = directory
         self.socket = str(directory / "lohand.sock")
         (directory / "ssd0").mkdir()
@@ -42,7 +42,7 @@ class Daemon:
                 [str(built("daemon/main/lohand")), "--socket", self.socket,
                  "--state-dir", str(directory / "state"), "--ssd-path",
                  str(directory / "ssd0"), "--ssd-capacity", "64MiB",
-                 "--host-pool-size", "64MiB",
+                 "--host-pool-size", host_pool,
                  "--log-level", "debug"],
                 stdout=log, stderr=subprocess.STDOUT)
         # Only bounds a hung start; a healthy daemon answers in milliseconds.

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import copy
 import math
+import signal
 import warnings
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
@@ -445,8 +446,9 @@ def test_offloaded_block_weights_match_resident(lohand, dtype):
                 engine.step()
             with torch.no_grad():
                 logits = model(probe)
-            fetches = (engine._residency.fetches if mode == "offload"
-                       else None)
+            fetches = ((engine._residency.fetches,
+                        engine._residency.prefetched)
+                       if mode == "offload" else None)
         assert all(p.numel() > 0 for p in model.parameters())
         results[mode] = (losses, logits,
                          {n: p.detach().clone()
@@ -456,8 +458,99 @@ def test_offloaded_block_weights_match_resident(lohand, dtype):
     assert torch.equal(resident[1], offload[1])
     for name, weight in resident[2].items():
         assert torch.equal(weight, offload[2][name]), name
-    # 3 blocks x (3 training steps + the no_grad forward).
-    assert offload[3] == 3 * 4
+    # 3 blocks x (3 training steps + the no_grad forward): one fetch per
+    # block and step (the recompute in backward reuses it).
+    assert offload[3][0] == 3 * 4
+    # Read ahead, per step: blocks 1 and 2 in forward, 1 and 0 in
+    # backward; blocks 1 and 2 in the no_grad forward.
+    assert offload[3][1] == 4 * 3 + 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_streamed_buffers_match_resident(lohand, dtype):
+    """buffers='streamed': 2 (or 1) shared gradient and weight buffers for
+    4 layers (the daemon keeps the iteration's gradients and the 16-bit
+    weights on its SSDs); with resident and offloaded parameters the run
+    equals the resident-buffer run bit for bit."""
+    data = batches(3)
+    runs = {}
+    for buffers, count, params in (("resident", 0, "resident"),
+                                   ("streamed", 2, "resident"),
+                                   ("streamed", 2, "offload"),
+                                   ("streamed", 1, "offload")):
+        model = tiny_gpt().to(dtype)
+        with engine_for(model, lohand, buffers=buffers,
+                        stream_buffers=max(count, 1), params=params,
+                        max_grad_norm=0.5,
+                        job_name=f"buf-{buffers}{count}-{params}-{dtype}"
+                        ) as engine:
+            assert engine.buffers == buffers
+            losses = []
+            for step in data:
+                loss = lm_loss(model, step[0])
+                engine.backward(loss)
+                losses.append(loss.item())
+                result = engine.step()
+            assert result.clipped  # the clip redo reads the spilled grads
+        runs[(buffers, count, params)] = (losses, {
+            n: p.detach().clone() for n, p in model.named_parameters()})
+    reference = runs[("resident", 0, "resident")]
+    for key, (losses, weights) in runs.items():
+        assert losses == reference[0], key
+        for name, weight in weights.items():
+            assert torch.equal(weight, reference[1][name]), (key, name)
+
+
+class _WideStack(nn.Module):
+    """6 blocks of 256x256 fp32: one gradient and one weight buffer per
+    layer need 5 MiB of arena, two shared ones of each 3 MiB."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(256, 256), nn.Tanh()) for _ in range(6))
+        self.head = nn.Linear(256, 1)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def test_auto_streams_the_buffers_when_the_host_pool_is_small(tmp_path):
+    from conftest import Daemon
+    daemon = Daemon(tmp_path, host_pool="4MiB")
+    try:
+        model, reference = _WideStack(), _WideStack()
+        with pytest.raises(LohanError) as refused:
+            lohan.init(_WideStack(), socket=daemon.socket, job_name="res",
+                       buffers="resident")
+        assert refused.value.code == StatusCode.RESOURCE_EXHAUSTED
+        with pytest.warns(UserWarning, match="streaming them through 2"):
+            engine = lohan.init(model, lr=1e-3, betas=BETAS, eps=EPS,
+                                weight_decay=WD, socket=daemon.socket,
+                                job_name="auto", stream_buffers=2)
+        assert engine.buffers == "streamed"
+        opt = torch.optim.AdamW(reference.parameters(), lr=1e-3,
+                                betas=BETAS, eps=EPS, weight_decay=WD)
+        losses, ref_losses = [], []
+        for step in range(3):
+            x = torch.randn(8, 256,
+                            generator=torch.Generator().manual_seed(step))
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            engine.step()
+            losses.append(loss.item())
+            ref = reference(x).pow(2).mean()
+            ref.backward()
+            opt.step()
+            opt.zero_grad()
+            ref_losses.append(ref.item())
+        engine.close()
+        assert_fp32_close(model, reference, losses, ref_losses)
+    finally:
+        daemon.stop(signal.SIGKILL)
 
 
 def test_params_offload_needs_the_offload_activation_policy(lohand):

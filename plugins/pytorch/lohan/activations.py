@@ -24,7 +24,7 @@ import itertools
 import warnings
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -53,7 +53,7 @@ class _Handle:
     away) give their storage back on the store's next call."""
 
     __slots__ = ("store", "tensor", "ids", "nbytes", "shape", "dtype",
-                 "device", "prefetch", "__weakref__")
+                 "device", "prefetch", "copied", "__weakref__")
 
     def __init__(self, store: "ActivationStore", nbytes: int,
                  shape: torch.Size, dtype: torch.dtype,
@@ -67,6 +67,7 @@ class _Handle:
         self.device = device
         # SSD, fetched ahead: (buffer, ticket of its ACT_GET).
         self.prefetch: Optional[Tuple["_Buffer", int]] = None
+        self.copied: Any = None  # GPU -> host: the copy's CUDA event
 
     def __del__(self) -> None:
         store = self.store
@@ -109,6 +110,7 @@ class ActivationStore:
             self._buffers = [_Buffer(0, area[:half]),
                              _Buffer(half, area[half:2 * half])]
         self._next_buffer = 0
+        self._streams: Dict[int, Any] = {}  # copy stream per GPU
         self._ids = itertools.count(1)
         self._dropped: List[Tuple[Any, ...]] = []
         # Inputs on the SSDs not brought back yet, in put order (backward
@@ -162,6 +164,27 @@ class ActivationStore:
                 ticket, buffer.ticket = buffer.ticket, None
                 self._remote.wait(ticket)
 
+    def _to_host(self, tensor: torch.Tensor) -> Tuple[torch.Tensor, Any]:
+        """A pinned host copy of a GPU tensor, made on a side stream once
+        the compute stream has produced the tensor, so the copy overlaps
+        the next kernels; returns it with the copy's event."""
+        device = tensor.device
+        stream = self._streams.get(device.index)
+        if stream is None:
+            stream = self._streams[device.index] = torch.cuda.Stream(device)
+        produced = torch.cuda.Event()
+        produced.record(torch.cuda.current_stream(device))
+        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        with torch.cuda.stream(stream):
+            stream.wait_event(produced)
+            host.copy_(tensor, non_blocking=True)
+            copied = torch.cuda.Event()
+            copied.record(stream)
+        # The allocator must not hand the tensor's memory to another
+        # kernel before the copy has read it.
+        tensor.record_stream(stream)
+        return host, copied
+
     def put(self, tensor: torch.Tensor) -> _Handle:
         self._sweep()
         nbytes = tensor.numel() * tensor.element_size()
@@ -174,10 +197,7 @@ class ActivationStore:
             if tensor.device.type == "cpu":
                 handle.tensor = tensor  # already in host memory
             else:
-                host = torch.empty(tensor.shape, dtype=tensor.dtype,
-                                   pin_memory=True)
-                host.copy_(tensor, non_blocking=True)
-                handle.tensor = host
+                handle.tensor, handle.copied = self._to_host(tensor)
             stats.host_puts += 1
             stats.host_bytes += nbytes
             stats.host_peak_bytes = max(stats.host_peak_bytes,
@@ -205,6 +225,9 @@ class ActivationStore:
         if handle.tensor is not None:
             tensor = handle.tensor
             if tensor.device != handle.device:
+                if handle.copied is not None:  # the copy out is done first
+                    torch.cuda.current_stream(handle.device).wait_event(
+                        handle.copied)
                 tensor = tensor.to(handle.device, non_blocking=True)
             return tensor
         self._on_ssd = [ref for ref in self._on_ssd

@@ -44,13 +44,18 @@ def _round_up(value: int, unit: int) -> int:
 
 
 def host_pool_bytes(layer_elements: List[int], element_bytes: int,
-                    activation_bytes: int = 0) -> int:
-    """Arena size for a model: per layer a gradient and a weight slot, the
+                    activation_bytes: int = 0, stream_buffers: int = 0) -> int:
+    """Arena size for a model: per layer a gradient and a weight slot (or,
+    streamed, `stream_buffers` of each as large as the largest layer), the
     fp32 staging slot of the largest layer, the activation area, and 1 MiB
-    for the rings, the error text and the layout table; rounded up to whole
-    MiB."""
-    slots = sum(2 * _round_up(n * element_bytes, _SLOT_ALIGNMENT)
-                for n in layer_elements)
+    for the rings, the error texts and the layout table; rounded up to
+    whole MiB."""
+    if 0 < stream_buffers < len(layer_elements):
+        slots = 2 * stream_buffers * _round_up(
+            max(layer_elements) * element_bytes, _SLOT_ALIGNMENT)
+    else:
+        slots = sum(2 * _round_up(n * element_bytes, _SLOT_ALIGNMENT)
+                    for n in layer_elements)
     staging = _round_up(max(layer_elements) * 4, _SLOT_ALIGNMENT)
     activations = _round_up(activation_bytes, _SLOT_ALIGNMENT)
     return _round_up(slots + staging + activations + _MIB, _MIB)
@@ -83,6 +88,7 @@ class Engine:
                  activation_host_bytes: Optional[int] = None,
                  activation_buffer_bytes: int = 16 * _MIB,
                  params: str = "auto",
+                 buffers: str = "auto", stream_buffers: int = 4,
                  loss_scale: Union[None, str, float] = None,
                  loss_scale_growth_interval: int = 2000):
         if not isinstance(model, nn.Module):
@@ -153,24 +159,38 @@ class Engine:
         self._residency: Optional[ParameterResidency] = None
         self._cuda = False  # gradients leave the GPU through the C library
         self._grad_tickets: List[int] = []
+        # GRAD_READY in flight per gradient buffer (address): a streamed
+        # layout shares buffers, and one may be refilled only once the
+        # daemon has taken the previous gradient out of it.
+        self._buffer_tickets: Dict[int, int] = {}
+        if buffers not in ("auto", "resident", "streamed"):
+            raise ValueError(f"buffers={buffers!r}: use 'auto', 'resident' "
+                             "or 'streamed'")
+        if not isinstance(stream_buffers, int) or stream_buffers < 1:
+            raise ValueError("stream_buffers must be an int >= 1, got "
+                             f"{stream_buffers!r}")
 
         element_bytes = torch.empty((), dtype=self.dtype).element_size()
         elements = [layer.numel for layer in self.layers]
         try:
             self._client = Client(socket)
-            self._job = self._open_job(self._client, resume,
-                                       host_pool_bytes(elements,
-                                                       element_bytes,
-                                                       area_bytes))
+            self._job, slots_for_arena = self._open_job_with_buffers(
+                self._client, resume, buffers, stream_buffers, elements,
+                element_bytes, area_bytes)
             self._client.attach_job(self._job.id)
             self._plane = self._open_data_plane(self._client, self._job.id)
+            slots = slots_for_arena(self._plane.size)
+            # "resident" or "streamed": how the arena holds gradients and
+            # 16-bit weights.
+            self.buffers = "streamed" if slots else "resident"
             self._remote = self._plane.register_model(
                 self._job.id, layer_elements=elements,
                 dtype=WIRE_NAMES[self.dtype], lr=lr, betas=tuple(betas),
                 eps=eps, weight_decay=weight_decay, adamw=adamw,
                 amsgrad=amsgrad, max_grad_norm=max_grad_norm,
                 skip_nonfinite=skip_nonfinite, chunk_elements=chunk_elements,
-                activation_bytes=area_bytes)
+                activation_bytes=area_bytes, grad_slots=slots,
+                weight_slots=slots)
             self._grad_views = [
                 torch.frombuffer(self._remote.grad_buffer(l.index),
                                  dtype=self.dtype)[:l.numel]
@@ -204,7 +224,8 @@ class Engine:
         self._router = GradientRouter(
             self.layers, self._grad_views, grad_accumulation_steps,
             self._grad_ready,
-            self._device_grad_ready if self._cuda else None)
+            self._device_grad_ready if self._cuda else None,
+            self._claim_grad_buffer)
         if self.params_mode == "offload":
             self._residency = ParameterResidency(self.layers, self._remote,
                                                  self._weight_views)
@@ -221,6 +242,50 @@ class Engine:
         self._delete_on_failure = False
 
     # ----------------------------------------------------------------- setup
+
+    def _open_job_with_buffers(self, client: Client, resume: bool,
+                               buffers: str, stream_buffers: int,
+                               elements: List[int], element_bytes: int,
+                               area_bytes: int) -> Tuple[Any, Callable]:
+        """The job, and a function of the arena's size giving the number
+        of shared buffers per kind (0: one per layer). "auto" asks for one
+        gradient and one weight buffer per layer and, if the daemon's host
+        pool cannot hold that, streams the gradients and 16-bit weights
+        through `stream_buffers` shared ones (the daemon spills them to its
+        SSDs). A resumed job keeps the arena it was created with: resident
+        if that holds the model, else streamed."""
+        layers = len(elements)
+        streamed = min(stream_buffers, layers - 1) if layers > 1 else 0
+        resident_bytes = host_pool_bytes(elements, element_bytes, area_bytes)
+        streamed_bytes = host_pool_bytes(elements, element_bytes, area_bytes,
+                                         streamed)
+        if resume:
+            def by_arena(arena: int) -> int:
+                if buffers == "resident" or (buffers == "auto"
+                                             and arena >= resident_bytes):
+                    return 0
+                return streamed
+            return self._open_job(client, True, 0), by_arena
+        if buffers == "streamed" and streamed:
+            return (self._open_job(client, False, streamed_bytes),
+                    lambda arena: streamed)
+        if buffers == "resident" or not streamed:
+            return (self._open_job(client, False, resident_bytes),
+                    lambda arena: 0)
+        try:
+            return (self._open_job(client, False, resident_bytes),
+                    lambda arena: 0)
+        except LohanError as error:
+            if error.code != StatusCode.RESOURCE_EXHAUSTED:
+                raise
+        warnings.warn(
+            f"lohan: the daemon's host pool cannot hold one gradient and one "
+            f"weight buffer per layer ({resident_bytes >> 20} MiB); "
+            f"streaming them through {streamed} shared buffers of each "
+            f"({streamed_bytes >> 20} MiB) and its SSDs instead",
+            stacklevel=4)
+        return (self._open_job(client, False, streamed_bytes),
+                lambda arena: streamed)
 
     def _open_job(self, client: Client, resume: bool, pool_bytes: int) -> Any:
         mine = [job for job in client.jobs() if job.name == self.job_name
@@ -306,6 +371,8 @@ class Engine:
             self._remote.init_weights(index)
             self._convert(layer)
             if self.dtype != torch.float32:
+                if self.buffers == "streamed":
+                    self._remote.fetch_params(index)
                 self._copy_into_params(layer, self._weight_views[index])
 
     def _convert(self, layer: Layer) -> None:
@@ -331,10 +398,19 @@ class Engine:
             lr=self.lr)
         self._in_iteration = True
 
+    def _claim_grad_buffer(self, layer: int) -> None:
+        ticket = self._buffer_tickets.pop(
+            self._grad_views[layer].data_ptr(), None)
+        if ticket is not None:
+            self._remote.wait(ticket)
+
     def _grad_ready(self, layer: int) -> None:
+        """The layer's gradient is in its slot: tell the daemon without
+        waiting (its update starts while backward goes on)."""
         if not self._in_iteration:
             self._begin_iteration()
-        self._remote.grad_ready(layer)
+        self._buffer_tickets[self._grad_views[layer].data_ptr()] = (
+            self._remote.submit_grad_ready(layer))
 
     def _device_grad_ready(self, layer: int, flat: torch.Tensor) -> None:
         """`flat`: the layer's gradients back to back on the GPU. The copy
@@ -371,9 +447,20 @@ class Engine:
         router.flush()  # on an error here the iteration stays open
         # GRAD_READYs posted from CUDA host functions must reach the daemon
         # before ITER_END does.
-        tickets, self._grad_tickets = self._grad_tickets, []
-        for ticket in tickets:
-            self._remote.wait(ticket)
+        tickets = self._grad_tickets + list(self._buffer_tickets.values())
+        self._grad_tickets, self._buffer_tickets = [], {}
+        try:
+            for ticket in tickets:
+                self._remote.wait(ticket)
+        except BaseException:
+            # The iteration cannot end well: abandon it so that the next
+            # step starts clean (the daemon rolls it back).
+            for ticket in tickets:
+                try:
+                    self._remote.wait(ticket, timeout=0)
+                except LohanError:
+                    pass
+            raise
         if self._activations is not None:
             self._activations.drain()  # an activation put's error lands here
         try:
@@ -415,6 +502,8 @@ class Engine:
                 self._remote.read_weights(layer.index)
                 self._copy_into_params(layer, self._staging)
             else:
+                if self.buffers == "streamed":  # the buffer is shared
+                    self._remote.fetch_params(layer.index)
                 self._copy_into_params(layer, self._weight_views[layer.index])
 
     def zero_grad(self, set_to_none: bool = True) -> None:

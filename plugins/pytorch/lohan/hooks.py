@@ -35,7 +35,8 @@ class GradientRouter:
                  accumulation_steps: int,
                  grad_ready: Callable[[int], None],
                  device_grad_ready: Optional[
-                     Callable[[int, torch.Tensor], None]] = None):
+                     Callable[[int, torch.Tensor], None]] = None,
+                 claim: Optional[Callable[[int], None]] = None):
         self._layers = layers
         self._grad_views = grad_views
         self._steps = accumulation_steps
@@ -44,6 +45,9 @@ class GradientRouter:
         # device and has them copied into its slot on the stream (the
         # daemon hears of them once the copy is done).
         self._device_grad_ready = device_grad_ready
+        # Called before the layer's gradient slot is written: waits until
+        # the daemon is done with what the slot held (shared slots).
+        self._claim = claim or (lambda layer: None)
         self._arrivals: List[List[int]] = [[0] * len(l.params) for l in layers]
         self._waiting: List[int] = [len(l.params) for l in layers]
         self.handed: List[bool] = [False] * len(layers)
@@ -90,6 +94,7 @@ class GradientRouter:
                 param.grad = None
         else:
             flat = None
+            self._claim(layer)
             view = self._grad_views[layer]
             for param, offset in zip(spec.params, spec.offsets):
                 target = view[offset:offset + param.numel()]

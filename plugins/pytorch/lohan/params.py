@@ -19,7 +19,7 @@ params=...)`).
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -43,7 +43,12 @@ def resolve_mode(mode: str, layers: List[Layer]) -> str:
 
 
 class ParameterResidency:
-    """Moves block weights in and out of their parameters ("offload").
+    """Moves block weights in and out of their parameters ("offload"),
+    one block ahead: when block i starts, the daemon is asked (without
+    waiting) for the weights of the block that runs next (i+1 in forward,
+    i-1 in backward); when block i is done, those weights are copied to the
+    device (on a GPU: on a side stream, overlapping block i's kernels
+    still running), so block i+1 finds them there.
     Not thread-safe: the training loop and autograd call it on one
     thread."""
 
@@ -51,12 +56,15 @@ class ParameterResidency:
                  List[torch.Tensor]):
         self._remote = remote
         self._views = weight_views  # per layer, into the arena
-        self._by_block: Dict[int, Layer] = {
-            id(layer.block): layer for layer in layers
-            if layer.block is not None}
+        blocks = [layer for layer in layers if layer.block is not None]
+        self._by_block: Dict[int, Layer] = {id(l.block): l for l in blocks}
+        # Neighbours in block order (forward runs them in this order).
+        self._order: List[Layer] = blocks
+        self._position: Dict[int, int] = {
+            l.index: n for n, l in enumerate(blocks)}
         self._placeholders: Dict[int, List[torch.Tensor]] = {}
         self._shapes: Dict[int, List[torch.Size]] = {}
-        for layer in self._by_block.values():
+        for layer in blocks:
             self._shapes[layer.index] = [p.shape for p in layer.params]
             self._placeholders[layer.index] = [
                 torch.empty(0, dtype=p.dtype, device=p.device)
@@ -65,34 +73,118 @@ class ParameterResidency:
         # Which (layer, step) each arena weight buffer holds: layers may
         # share a buffer (a streamed layout), and weights change each step.
         self._holds: Dict[int, Tuple[int, int]] = {}
+        # FETCH_PARAMS in flight per buffer: (layer, step, ticket).
+        self._pending: Dict[int, Tuple[int, int, int]] = {}
+        # Weights copied to the device ahead of their block: layer ->
+        # (flat tensor, event of the copy or None).
+        self._ready: Dict[int, Tuple[torch.Tensor, Any]] = {}
         self._step = 0
-        self.fetches = 0
+        self._last: Optional[int] = None  # position of the last block run
+        self._heading = 1  # +1 forward, -1 backward
+        self._streams: Dict[int, Any] = {}  # copy stream per GPU
+        self.fetches = 0      # FETCH_PARAMS requests
+        self.prefetched = 0   # blocks whose weights were on the device early
         # GPU copies out of a weight buffer still in flight: a fetch into
         # that buffer waits for them (a streamed layout reuses buffers).
-        self._copies: Dict[int, "torch.cuda.Event"] = {}
+        self._copies: Dict[int, Any] = {}
 
     @property
     def layers(self) -> List[Layer]:
-        return list(self._by_block.values())
+        return list(self._order)
 
     def layer_of(self, block: nn.Module) -> Optional[Layer]:
         return self._by_block.get(id(block))
 
     def new_step(self) -> None:
         """The daemon has new weights: fetch again before the next use."""
+        self._settle()
+        self._ready.clear()
         self._step += 1
+        self._last = None
+
+    def _settle(self) -> None:
+        """Waits for every fetch in flight (their errors surface here)."""
+        pending, self._pending = self._pending, {}
+        for address, (layer, step, ticket) in pending.items():
+            self._remote.wait(ticket)
+            self._holds[address] = (layer, step)
+
+    def _free_buffer(self, address: int) -> None:
+        """Before a fetch overwrites a buffer: wait for what reads it."""
+        pending = self._pending.pop(address, None)
+        if pending is not None:
+            layer, step, ticket = pending
+            self._remote.wait(ticket)
+            self._holds[address] = (layer, step)
+        copy = self._copies.pop(address, None)
+        if copy is not None:
+            copy.synchronize()
 
     def _fetch(self, layer: Layer) -> torch.Tensor:
+        """The layer's current weights in its arena buffer (waits)."""
         view = self._views[layer.index]
         address = view.data_ptr()
+        pending = self._pending.get(address)
+        if pending is not None and pending[:2] == (layer.index, self._step):
+            self._free_buffer(address)  # ours: just wait for it
         if self._holds.get(address) != (layer.index, self._step):
-            copy = self._copies.pop(address, None)
-            if copy is not None:
-                copy.synchronize()
+            self._free_buffer(address)
             self._remote.fetch_params(layer.index)
             self.fetches += 1
             self._holds[address] = (layer.index, self._step)
         return view
+
+    def _request(self, layer: Layer) -> None:
+        """Asks for the layer's weights without waiting (if its buffer does
+        not hold them yet)."""
+        address = self._views[layer.index].data_ptr()
+        wanted = (layer.index, self._step)
+        if (self._holds.get(address) == wanted
+                or (address in self._pending
+                    and self._pending[address][:2] == wanted)):
+            return
+        if any(self._views[other].data_ptr() == address
+               for other, depth in self._live.items() if depth):
+            return  # the buffer is the running block's own (one buffer)
+        self._free_buffer(address)
+        self._pending[address] = (
+            layer.index, self._step,
+            self._remote.submit_fetch_params(layer.index))
+        self.fetches += 1
+
+    def _to_device(self, source: torch.Tensor,
+                   device: torch.device) -> Tuple[torch.Tensor, Any]:
+        """A private copy of `source` on `device`; on a GPU asynchronous
+        on the copy stream (from the pinned arena), with its event."""
+        if device.type != "cuda":
+            return source.clone(), None
+        stream = self._streams.get(device.index)
+        if stream is None:
+            stream = self._streams[device.index] = torch.cuda.Stream(device)
+        with torch.cuda.stream(stream):
+            flat = source.to(device, copy=True, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(stream)
+        self._copies[source.data_ptr()] = event
+        return flat, event
+
+    def _turn(self, position: int) -> None:
+        """Sets the direction of travel on entering the block at
+        `position`: forward runs blocks upwards, backward downwards, and
+        the same block twice in a row (the last block's forward, then its
+        recompute) is where forward turns into backward."""
+        if self._last is None:
+            self._heading = 1
+        elif position != self._last:
+            self._heading = 1 if position > self._last else -1
+        else:
+            self._heading = -self._heading
+        self._last = position
+
+    def _neighbour(self, position: int) -> Optional[Layer]:
+        """The block expected after the one at `position`."""
+        nxt = position + self._heading
+        return self._order[nxt] if 0 <= nxt < len(self._order) else None
 
     def materialize(self, block: nn.Module) -> None:
         layer = self.layer_of(block)
@@ -103,16 +195,28 @@ class ParameterResidency:
         if depth:
             return  # nested (a block calling itself, or a recompute)
         device = self._placeholders[layer.index][0].device
-        source = self._fetch(layer)
-        # From the pinned arena this copy is asynchronous on a GPU.
-        flat = source.to(device, copy=True, non_blocking=True)
-        if device.type == "cuda":
-            event = torch.cuda.Event()
-            event.record(torch.cuda.current_stream(device))
-            self._copies[source.data_ptr()] = event
+        ready = self._ready.pop(layer.index, None)
+        if ready is not None:
+            flat, event = ready
+            if event is not None:
+                current = torch.cuda.current_stream(device)
+                current.wait_event(event)
+                flat.record_stream(current)
+            self.prefetched += 1
+        else:
+            flat, event = self._to_device(self._fetch(layer), device)
+            if event is not None:
+                current = torch.cuda.current_stream(device)
+                current.wait_event(event)
+                flat.record_stream(current)
         for param, offset, shape in zip(layer.params, layer.offsets,
                                         self._shapes[layer.index]):
             param.data = flat[offset:offset + shape.numel()].view(shape)
+        position = self._position[layer.index]
+        self._turn(position)
+        nxt = self._neighbour(position)
+        if nxt is not None and nxt.index not in self._ready:
+            self._request(nxt)
 
     def release(self, block: nn.Module) -> None:
         layer = self.layer_of(block)
@@ -120,7 +224,29 @@ class ParameterResidency:
             return
         self._live[layer.index] -= 1
         if self._live[layer.index] == 0:
+            del self._live[layer.index]
             self._drop(layer)
+            self._stage_next(layer)
+
+    def _stage_next(self, layer: Layer) -> None:
+        """Copies the weights of the block expected next to the device now
+        that the running one is done (its kernels may still run)."""
+        position = self._position[layer.index]
+        if self._last != position:
+            return  # another block ran meanwhile (a nested call)
+        nxt = self._neighbour(position)
+        if nxt is None or nxt.index in self._ready or nxt.index in self._live:
+            return
+        address = self._views[nxt.index].data_ptr()
+        wanted = (nxt.index, self._step)
+        pending = self._pending.get(address)
+        if pending is not None and pending[:2] == wanted:
+            self._free_buffer(address)  # wait for our fetch
+        if self._holds.get(address) != wanted:
+            return
+        device = self._placeholders[nxt.index][0].device
+        self._ready[nxt.index] = self._to_device(self._views[nxt.index],
+                                                 device)
 
     def _drop(self, layer: Layer) -> None:
         for param, placeholder in zip(layer.params,
@@ -130,14 +256,25 @@ class ParameterResidency:
     def restore_all(self) -> None:
         """Gives every block its current weights in its own storage for
         good (the engine is closing)."""
+        self._settle()
+        self._ready.clear()
         self._live.clear()
-        for layer in self._by_block.values():
-            self.materialize(layer.block)
-        self._live.clear()
+        for layer in self._order:
+            self._live.clear()
+            self._last = None
+            flat, event = self._to_device(self._fetch(layer),
+                                          self._placeholders[
+                                              layer.index][0].device)
+            if event is not None:
+                event.synchronize()
+            for param, offset, shape in zip(layer.params, layer.offsets,
+                                            self._shapes[layer.index]):
+                param.data = flat[offset:offset + shape.numel()].view(shape)
 
     def release_all(self) -> None:
         """Every block back to its placeholder (at step(), whatever a
         forward left materialized, e.g. one whose backward never ran)."""
         self._live.clear()
-        for layer in self._by_block.values():
+        self._ready.clear()
+        for layer in self._order:
             self._drop(layer)

@@ -81,6 +81,38 @@ class TrainingTest : public ::testing::Test {
     return RunCommand(argv);
   }
 
+  // Waits until the daemon has given every arena back to its host pool.
+  bool WaitForPoolFreed(ControlClient& client) {
+    for (int i = 0; i < 3000; ++i) {
+      auto status = client.GetStatus();
+      if (status.ok() && status->pool().used_bytes() == 0) return true;
+      usleep(10 * 1000);
+    }
+    return false;
+  }
+
+  // A job named `name` with `pool_bytes` of host pool, attached by this
+  // process, and its data plane.
+  struct OpenJob {
+    std::unique_ptr<ControlClient> client;
+    v1::Job job;
+    std::unique_ptr<DataPlane> plane;
+  };
+  void Open(const std::string& name, uint64_t pool_bytes, OpenJob& out) {
+    auto client = ControlClient::Connect({.socket_path = daemon_->socket()});
+    ASSERT_TRUE(client.ok()) << client.status();
+    v1::JobSpec spec;
+    spec.set_name(name);
+    spec.set_host_pool_bytes(pool_bytes);
+    auto job = (*client)->CreateJob(spec);
+    ASSERT_TRUE(job.ok()) << job.status();
+    ASSERT_TRUE((*client)->AttachJob(job->id()).ok());
+    auto plane =
+        DataPlane::Open((*client)->hello().data_socket_path(), job->id());
+    ASSERT_TRUE(plane.ok()) << plane.status();
+    out = {*std::move(client), *std::move(job), *std::move(plane)};
+  }
+
   // Compares the dumped weights with the reference after `iterations`.
   void ExpectWeights(int iterations, bool bf16, double max_norm,
                      double grad_scale) {
@@ -189,13 +221,7 @@ TEST_F(TrainingTest, ClientKilledMidIterationLosesOnlyThatIteration) {
   // The daemon frees the arena...
   auto client = ControlClient::Connect({.socket_path = daemon_->socket()});
   ASSERT_TRUE(client.ok());
-  bool freed = false;
-  for (int i = 0; i < 3000 && !freed; ++i) {
-    auto status = (*client)->GetStatus();
-    freed = status.ok() && status->pool().used_bytes() == 0;
-    if (!freed) usleep(10 * 1000);
-  }
-  EXPECT_TRUE(freed) << daemon_->Log();
+  EXPECT_TRUE(WaitForPoolFreed(**client)) << daemon_->Log();
   // ...and a new process re-attaches at iteration 2 and trains on: its
   // first iteration is the third, so the result is that of 4 iterations.
   RunResult resumed = Train({"--iterations", "2"});
@@ -323,28 +349,22 @@ TEST_F(TrainingTest, RegisterModelRefusesBadSpecs) {
 }
 
 TEST_F(TrainingTest, MalformedRingEntriesFailOneByOneAndHurtNothing) {
-  auto client = ControlClient::Connect({.socket_path = daemon_->socket()});
-  ASSERT_TRUE(client.ok());
-  v1::JobSpec spec;
-  spec.set_name("fuzzed");
-  spec.set_host_pool_bytes(4 << 20);
-  auto job = (*client)->CreateJob(spec);
-  ASSERT_TRUE(job.ok());
-  ASSERT_TRUE((*client)->AttachJob(job->id()).ok());
-  auto plane =
-      DataPlane::Open((*client)->hello().data_socket_path(), job->id());
-  ASSERT_TRUE(plane.ok()) << plane.status();
+  OpenJob opened;
+  ASSERT_NO_FATAL_FAILURE(Open("fuzzed", 4 << 20, opened));
+  ControlClient& client = *opened.client;
+  DataPlane& plane = *opened.plane;
+  const v1::Job& job = opened.job;
   v1::RegisterModelRequest request;
-  request.set_job_id(job->id());
+  request.set_job_id(job.id());
   request.mutable_model()->add_layer_elements(64);
   request.mutable_model()->set_dtype(v1::DTYPE_FP32);
   request.mutable_model()->mutable_adam()->set_lr(1e-3);
   request.mutable_model()->mutable_adam()->set_beta1(0.9);
   request.mutable_model()->mutable_adam()->set_beta2(0.999);
-  auto registered = (*client)->RegisterModel(request);
+  auto registered = client.RegisterModel(request);
   ASSERT_TRUE(registered.ok()) << registered.status();
-  (*plane)->SetErrorText(registered->error_text_offset(),
-                         registered->error_text_bytes());
+  plane.SetErrorText(registered->error_text_offset(),
+                     registered->error_text_bytes());
   // Random entries, and random entries with a valid op: each fails on its
   // own with a status and a text; none is acted on.
   uint64_t state = 12345;
@@ -358,20 +378,20 @@ TEST_F(TrainingTest, MalformedRingEntriesFailOneByOneAndHurtNothing) {
     for (uint64_t& word : words) word = next();
     std::memcpy(&entry, words, sizeof(entry));
     if (i % 2 == 1) entry.op = static_cast<uint16_t>(1 + next() % 10);
-    auto completion = (*plane)->Call(entry, absl::Seconds(60));
+    auto completion = plane.Call(entry, absl::Seconds(60));
     ASSERT_FALSE(completion.ok()) << "entry " << i << " was accepted";
     EXPECT_NE(completion.status().message(), "(no text)");
   }
   // The daemon still serves this job correctly, and everyone else.
-  float* staging = reinterpret_cast<float*>((*plane)->arena() +
-                                            registered->staging_offset());
+  float* staging =
+      reinterpret_cast<float*>(plane.arena() + registered->staging_offset());
   for (int i = 0; i < 64; ++i) staging[i] = 1.0f;
   SubmissionEntry init{};
   init.op = static_cast<uint16_t>(RingOp::kInitWeights);
   init.slot_offset = registered->staging_offset();
   init.length = 64 * 4;
-  EXPECT_TRUE((*plane)->Call(init, absl::Seconds(60)).ok());
-  EXPECT_TRUE((*client)->GetStatus().ok());
+  EXPECT_TRUE(plane.Call(init, absl::Seconds(60)).ok());
+  EXPECT_TRUE(client.GetStatus().ok());
 }
 
 // A job whose arena cannot hold every layer's gradient and weight buffers:
@@ -432,13 +452,7 @@ TEST_F(TrainingTest, StreamedClientKilledMidIterationResumesExactly) {
   EXPECT_THAT(died.out, HasSubstr("iteration 2 norm"));
   auto client = ControlClient::Connect({.socket_path = daemon_->socket()});
   ASSERT_TRUE(client.ok());
-  bool freed = false;
-  for (int i = 0; i < 3000 && !freed; ++i) {
-    auto status = (*client)->GetStatus();
-    freed = status.ok() && status->pool().used_bytes() == 0;
-    if (!freed) usleep(10 * 1000);
-  }
-  ASSERT_TRUE(freed) << daemon_->Log();
+  ASSERT_TRUE(WaitForPoolFreed(**client)) << daemon_->Log();
   // The half-submitted iteration's gradients went with it: the store holds
   // the states (1 + 3 + 1 chunks of 2048), their 16-bit copies and the meta,
   // no scratch.
@@ -501,20 +515,14 @@ TEST_F(TrainingTest, DaemonKilledMidStreamedIterationLeavesNoScratch) {
 }
 
 TEST_F(TrainingTest, StreamedLayoutRefusesWrongSlotsAndKeepsServing) {
-  auto client = ControlClient::Connect({.socket_path = daemon_->socket()});
-  ASSERT_TRUE(client.ok());
-  v1::JobSpec spec;
-  spec.set_name("slots");
-  spec.set_host_pool_bytes(4 << 20);
-  auto job = (*client)->CreateJob(spec);
-  ASSERT_TRUE(job.ok());
-  ASSERT_TRUE((*client)->AttachJob(job->id()).ok());
-  auto plane =
-      DataPlane::Open((*client)->hello().data_socket_path(), job->id());
-  ASSERT_TRUE(plane.ok()) << plane.status();
+  OpenJob opened;
+  ASSERT_NO_FATAL_FAILURE(Open("slots", 4 << 20, opened));
+  ControlClient& client = *opened.client;
+  DataPlane& plane = *opened.plane;
+  const v1::Job& job = opened.job;
   const std::vector<uint64_t> sizes = {1000, 3000, 500, 2000};
   v1::RegisterModelRequest request;
-  request.set_job_id(job->id());
+  request.set_job_id(job.id());
   for (uint64_t n : sizes) request.mutable_model()->add_layer_elements(n);
   request.mutable_model()->set_dtype(v1::DTYPE_BF16);
   request.mutable_model()->mutable_adam()->set_lr(1e-3);
@@ -523,10 +531,10 @@ TEST_F(TrainingTest, StreamedLayoutRefusesWrongSlotsAndKeepsServing) {
   request.mutable_model()->mutable_adam()->set_eps(1e-8);
   request.mutable_model()->set_grad_slots(2);
   request.mutable_model()->set_weight_slots(1);
-  auto registered = (*client)->RegisterModel(request);
+  auto registered = client.RegisterModel(request);
   ASSERT_TRUE(registered.ok()) << registered.status();
-  (*plane)->SetErrorText(registered->error_text_offset(),
-                         registered->error_text_bytes());
+  plane.SetErrorText(registered->error_text_offset(),
+                     registered->error_text_bytes());
   EXPECT_EQ(registered->grad_slots(), 2u);
   EXPECT_EQ(registered->weight_slots(), 1u);
   const uint64_t grad0 = registered->layers(0).grad_offset();
@@ -539,7 +547,7 @@ TEST_F(TrainingTest, StreamedLayoutRefusesWrongSlotsAndKeepsServing) {
     EXPECT_EQ(registered->layers(l).weight_offset(), weight);
     EXPECT_EQ(registered->layers(l).bytes(), sizes[l] * 2);
   }
-  uint8_t* arena = (*plane)->arena();
+  uint8_t* arena = plane.arena();
   float* staging =
       reinterpret_cast<float*>(arena + registered->staging_offset());
   for (size_t l = 0; l < sizes.size(); ++l) {
@@ -549,7 +557,7 @@ TEST_F(TrainingTest, StreamedLayoutRefusesWrongSlotsAndKeepsServing) {
     init.layer = static_cast<uint32_t>(l);
     init.slot_offset = registered->staging_offset();
     init.length = sizes[l] * 4;
-    ASSERT_TRUE((*plane)->Call(init, absl::Seconds(60)).ok());
+    ASSERT_TRUE(plane.Call(init, absl::Seconds(60)).ok());
   }
   auto call = [&](RingOp op, uint32_t layer, uint64_t offset, uint64_t length) {
     SubmissionEntry entry{};
@@ -560,11 +568,11 @@ TEST_F(TrainingTest, StreamedLayoutRefusesWrongSlotsAndKeepsServing) {
     if (op == RingOp::kGradReady) {
       entry.dtype = static_cast<uint16_t>(RingDtype::kBf16);
     }
-    return (*plane)->Call(entry, absl::Seconds(60)).status();
+    return plane.Call(entry, absl::Seconds(60)).status();
   };
   SubmissionEntry begin{};
   begin.op = static_cast<uint16_t>(RingOp::kIterBegin);
-  ASSERT_TRUE((*plane)->Call(begin, absl::Seconds(60)).ok());
+  ASSERT_TRUE(plane.Call(begin, absl::Seconds(60)).ok());
   struct Bad {
     RingOp op;
     uint32_t layer;
@@ -605,7 +613,7 @@ TEST_F(TrainingTest, StreamedLayoutRefusesWrongSlotsAndKeepsServing) {
   }
   SubmissionEntry end{};
   end.op = static_cast<uint16_t>(RingOp::kIterEnd);
-  auto ended = (*plane)->Call(end, absl::Seconds(60));
+  auto ended = plane.Call(end, absl::Seconds(60));
   ASSERT_TRUE(ended.ok()) << ended.status() << daemon_->Log();
   double norm = 0;
   std::memcpy(&norm, &ended->detail, sizeof(norm));
@@ -617,7 +625,7 @@ TEST_F(TrainingTest, StreamedLayoutRefusesWrongSlotsAndKeepsServing) {
     EXPECT_EQ(got[0], FloatToBf16(0.25f - 0.001f)) << l;
     EXPECT_EQ(got[sizes[l] - 1], got[0]) << l;
   }
-  auto status = (*client)->GetStatus();
+  auto status = client.GetStatus();
   ASSERT_TRUE(status.ok());
   ASSERT_EQ(status->sessions_size(), 1);
   EXPECT_EQ(status->sessions(0).iteration(), 1u);

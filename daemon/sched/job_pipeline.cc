@@ -675,21 +675,28 @@ absl::Status JobPipeline::InitializeWeights(size_t layer,
   return absl::OkStatus();
 }
 
+absl::Status JobPipeline::CheckReadable(size_t layer, const void* out,
+                                        absl::string_view what) const {
+  absl::MutexLock lock(&mu_);
+  if (layer >= state_.num_layers()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer ", layer, " out of range (the model has ",
+                     state_.num_layers(), ")"));
+  }
+  if (out == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": null output"));
+  }
+  if (!initialized_[layer]) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("layer ", layer, " has no states yet"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status JobPipeline::ReadWeights(size_t layer, float* out) const {
-  {
-    absl::MutexLock lock(&mu_);
-    if (layer >= state_.num_layers()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("layer ", layer, " out of range (the model has ",
-                       state_.num_layers(), ")"));
-    }
-    if (out == nullptr) {
-      return absl::InvalidArgumentError("ReadWeights: null output");
-    }
-    if (!initialized_[layer]) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("layer ", layer, " has no states yet"));
-    }
+  if (absl::Status readable = CheckReadable(layer, out, "ReadWeights");
+      !readable.ok()) {
+    return readable;
   }
   AlignedBuffer buffer(RoundUp(state_.max_state_bytes(), kBufferAlignment),
                        kBufferAlignment);
@@ -710,20 +717,9 @@ absl::Status JobPipeline::ReadWeight16(size_t layer, void* out) const {
         "this pipeline does not stream 16-bit weights: they are written to "
         "the buffers given to SubmitGradients");
   }
-  {
-    absl::MutexLock lock(&mu_);
-    if (layer >= state_.num_layers()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("layer ", layer, " out of range (the model has ",
-                       state_.num_layers(), ")"));
-    }
-    if (out == nullptr) {
-      return absl::InvalidArgumentError("ReadWeight16: null output");
-    }
-    if (!initialized_[layer]) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("layer ", layer, " has no states yet"));
-    }
+  if (absl::Status readable = CheckReadable(layer, out, "ReadWeight16");
+      !readable.ok()) {
+    return readable;
   }
   uint8_t* dest = static_cast<uint8_t*>(out);
   for (size_t c = 0; c < state_.num_chunks(layer); ++c) {

@@ -226,6 +226,12 @@ class JobPipeline {
     void* out = nullptr;
   };
 
+  // OK when `layer` exists, has states and `out` is not null; `what` names
+  // the caller in the error.
+  absl::Status CheckReadable(size_t layer, const void* out,
+                             absl::string_view what) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   JobPipeline(TensorStore* store, const AdamUpdater& updater, std::string job,
               const ModelLayout& layout, const PipelineOptions& options);
   absl::Status OpenStates();

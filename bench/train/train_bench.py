@@ -1,0 +1,153 @@
+"""Training steps per second through lohan beside plain PyTorch AdamW, in the
+same run, on the same model and data (the demo's GPT-2 shape by default).
+
+    bazel build //daemon/main:lohand //client:liblohan_client.so
+    .venv/bin/python bench/train/train_bench.py [--steps 60] [--rounds 3]
+
+Starts its own lohand (socket, state and SSD directory in a scratch
+directory). Each configuration runs --steps steps after 5 warm-up steps;
+configurations are interleaved round by round and the median per
+configuration is reported with its ratio to plain PyTorch (higher is
+slower). On a CPU-only machine the optimizer and the model share the cores,
+so this measures lohan's overhead, not the overlap a GPU would give.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "plugins" / "pytorch"))
+
+import torch  # noqa: E402
+from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
+
+import lohan  # noqa: E402
+
+
+def start_daemon(directory: Path, bazel_bin: Path) -> subprocess.Popen:
+    (directory / "ssd0").mkdir()
+    socket = directory / "lohand.sock"
+    process = subprocess.Popen(
+        [str(bazel_bin / "daemon/main/lohand"), "--socket", str(socket),
+         "--state-dir", str(directory / "state"), "--ssd-path",
+         str(directory / "ssd0"), "--ssd-capacity", "2GiB",
+         "--host-pool-size", "512MiB"],
+        stdout=open(directory / "lohand.log", "w"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while not socket.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError((directory / "lohand.log").read_text())
+        time.sleep(0.01)
+    return process
+
+
+def make_model(args) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(
+        vocab_size=64, n_positions=args.seq, n_embd=args.width,
+        n_layer=args.layers, n_head=4))
+
+
+def batches(args, count: int):
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(0, 64, (args.batch, args.seq), generator=g)
+            for _ in range(count)]
+
+
+def run_torch(args, data) -> float:
+    model = make_model(args)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    start = 0.0
+    for n, ids in enumerate(data):
+        if n == 5:
+            start = time.perf_counter()
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return (len(data) - 5) / (time.perf_counter() - start)
+
+
+def run_lohan(args, data, socket: str, name: str, **options) -> float:
+    model = make_model(args)
+    with lohan.init(model, lr=1e-3, socket=socket, job_name=name,
+                    **options) as engine:
+        start = 0.0
+        for n, ids in enumerate(data):
+            if n == 5:
+                start = time.perf_counter()
+            model(input_ids=ids, labels=ids).loss.backward()
+            engine.step()
+        rate = (len(data) - 5) / (time.perf_counter() - start)
+    with lohan.Client(socket) as client:
+        for job in client.jobs():
+            if job.name == name:
+                client.delete_job(job.id)
+    return rate
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--layers", type=int, default=3)
+    parser.add_argument("--width", type=int, default=96)
+    parser.add_argument("--seq", type=int, default=16)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (leave a core to the daemon)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    bazel_bin = Path(os.environ.get("LOHAN_BAZEL_BIN", REPO / "bazel-bin"))
+    os.environ.setdefault("LOHAN_BAZEL_BIN", str(bazel_bin))
+    configs = {
+        "torch AdamW": None,
+        "lohan keep": dict(activations="keep"),
+        "lohan recompute": dict(activations="recompute"),
+        "lohan offload": dict(activations="offload"),
+        "lohan offload+params": dict(activations="offload",
+                                     params="offload"),
+        "lohan offload, streamed": dict(activations="offload",
+                                        buffers="streamed",
+                                        stream_buffers=1),
+    }
+    data = batches(args, args.steps + 5)
+    rates = {name: [] for name in configs}
+    with tempfile.TemporaryDirectory(prefix="lohan-train-bench-") as tmp:
+        daemon = start_daemon(Path(tmp), bazel_bin)
+        socket = str(Path(tmp) / "lohand.sock")
+        try:
+            for round_ in range(args.rounds):
+                for n, (name, options) in enumerate(configs.items()):
+                    rate = (run_torch(args, data) if options is None else
+                            run_lohan(args, data, socket,
+                                      f"bench-{round_}-{n}", **options))
+                    rates[name].append(rate)
+                    print(f"round {round_ + 1} {name:26s} {rate:7.1f} "
+                          "steps/s", flush=True)
+        finally:
+            daemon.send_signal(signal.SIGTERM)
+            daemon.wait(timeout=60)
+    parameters = sum(p.numel() for p in make_model(args).parameters())
+    print(f"\nGPT-2 {args.layers} blocks, width {args.width}, {parameters:,} "
+          f"parameters, batch {args.batch}x{args.seq}, torch threads "
+          f"{args.threads}; median of {args.rounds} rounds of "
+          f"{args.steps} steps")
+    reference = statistics.median(rates["torch AdamW"])
+    for name, values in rates.items():
+        median = statistics.median(values)
+        print(f"{name:26s} {median:7.1f} steps/s  time per step "
+              f"{reference / median:5.2f}x torch")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -31,6 +31,8 @@ from torch import nn
 from torch.utils import _pytree as pytree
 from torch.utils.checkpoint import checkpoint
 
+from lohan.client import LohanError, StatusCode
+
 POLICIES = ("keep", "recompute", "offload")
 
 
@@ -53,7 +55,7 @@ class _Handle:
     away) give their storage back on the store's next call."""
 
     __slots__ = ("store", "tensor", "ids", "nbytes", "shape", "dtype",
-                 "device", "prefetch", "copied", "__weakref__")
+                 "device", "prefetch", "copied", "counted", "__weakref__")
 
     def __init__(self, store: "ActivationStore", nbytes: int,
                  shape: torch.Size, dtype: torch.dtype,
@@ -68,11 +70,13 @@ class _Handle:
         # SSD, fetched ahead: (buffer, ticket of its ACT_GET).
         self.prefetch: Optional[Tuple["_Buffer", int]] = None
         self.copied: Any = None  # GPU -> host: the copy's CUDA event
+        self.counted = False  # in the store's stats (a put that finished)
 
     def __del__(self) -> None:
         store = self.store
         if store is not None:
-            store._dropped.append((self.tensor is not None, self.nbytes,
+            store._dropped.append((self.tensor is not None,
+                                   self.nbytes if self.counted else 0,
                                    self.ids, self.prefetch))
 
 
@@ -139,9 +143,18 @@ class ActivationStore:
             if prefetch is not None:  # read ahead, then never asked for
                 buffer, ticket = prefetch
                 buffer.reserved = False
-                self._remote.wait(ticket)
+                try:
+                    self._remote.wait(ticket)
+                except LohanError:
+                    pass  # it is being dropped anyway
             for activation_id, _, _ in ids:
-                self._remote.act_free(activation_id)
+                try:
+                    self._remote.act_free(activation_id)
+                except LohanError as error:
+                    # A piece whose put failed (a full SSD, say) was never
+                    # held: that failure was reported where it surfaced.
+                    if error.code != StatusCode.NOT_FOUND:
+                        raise
 
     def _buffer(self) -> _Buffer:
         """A buffer free for a new request (its last put is finished)."""
@@ -153,16 +166,31 @@ class ActivationStore:
         else:  # both kept for prefetches: cannot happen with one at a time
             raise RuntimeError("lohan: no free activation buffer")
         if buffer.ticket is not None:
-            ticket, buffer.ticket = buffer.ticket, None
-            self._remote.wait(ticket)
+            self._wait_put(buffer)
         return buffer
+
+    def _wait_put(self, buffer: _Buffer) -> None:
+        """Waits for the buffer's put. If it failed, the other put in
+        flight is waited for too (it most likely failed the same way, and
+        must not surface again later) and the first error is raised."""
+        ticket, buffer.ticket = buffer.ticket, None
+        try:
+            self._remote.wait(ticket)
+        except LohanError:
+            for other in self._buffers:
+                if other.ticket is not None:
+                    pending, other.ticket = other.ticket, None
+                    try:
+                        self._remote.wait(pending)
+                    except LohanError:
+                        pass
+            raise
 
     def drain(self) -> None:
         """Waits for the puts in flight (their errors surface here)."""
         for buffer in self._buffers:
             if buffer.ticket is not None:
-                ticket, buffer.ticket = buffer.ticket, None
-                self._remote.wait(ticket)
+                self._wait_put(buffer)
 
     def _to_host(self, tensor: torch.Tensor) -> Tuple[torch.Tensor, Any]:
         """A pinned host copy of a GPU tensor, made on a side stream once
@@ -198,6 +226,7 @@ class ActivationStore:
                 handle.tensor = tensor  # already in host memory
             else:
                 handle.tensor, handle.copied = self._to_host(tensor)
+            handle.counted = True
             stats.host_puts += 1
             stats.host_bytes += nbytes
             stats.host_peak_bytes = max(stats.host_peak_bytes,
@@ -213,6 +242,7 @@ class ActivationStore:
                 activation_id, buffer.offset, length)
             handle.ids.append((activation_id, begin, length))
         self._on_ssd.append(weakref.ref(handle))
+        handle.counted = True
         stats.ssd_puts += 1
         stats.ssd_bytes += nbytes
         stats.ssd_peak_bytes = max(stats.ssd_peak_bytes, stats.ssd_bytes)

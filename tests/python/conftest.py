@@ -35,9 +35,13 @@ class Daemon:
     def __init__(self, directory: Path, host_pool: str = "64MiB"):
         self.directory = directory
         self.socket = str(directory / "lohand.sock")
-        (directory / "ssd0").mkdir()
+        (directory / "ssd0").mkdir(exist_ok=True)
         self.log_path = directory / "lohand.log"
-        with open(self.log_path, "w") as log:
+        # A daemon restarted on the same directory: the killed one's socket
+        # file would pass for the new one's before it listens.
+        if os.path.exists(self.socket):
+            os.unlink(self.socket)
+        with open(self.log_path, "a") as log:
             self.process = subprocess.Popen(
                 [str(built("daemon/main/lohand")), "--socket", self.socket,
                  "--state-dir", str(directory / "state"), "--ssd-path",

@@ -553,6 +553,40 @@ def test_auto_streams_the_buffers_when_the_host_pool_is_small(tmp_path):
         daemon.stop(signal.SIGKILL)
 
 
+def test_daemon_killed_mid_step_then_resumed_exactly(tmp_path):
+    """lohand SIGKILLed while a step's gradients are with it: step() fails
+    with UNAVAILABLE (no hang) and close() returns; a daemon restarted on
+    the same state resumes the job at the last committed step, and the
+    run ends with the weights of an uninterrupted one."""
+    from conftest import Daemon
+    reference = tiny_gpt()
+    data = batches(4)
+    ref_losses = train_torch(copy.deepcopy(reference), data)
+    ref_model = copy.deepcopy(reference)
+    train_torch(ref_model, data)
+    daemon = Daemon(tmp_path)
+    try:
+        model = copy.deepcopy(reference)
+        engine = engine_for(model, daemon, job_name="crash")
+        train_lohan(engine, model, data[:2])
+        loss = lm_loss(model, data[2][0])
+        engine.backward(loss)  # every layer handed over, iteration 3 open
+        daemon.stop(signal.SIGKILL)
+        with pytest.raises(LohanError) as error:
+            engine.step()
+        assert error.value.code == StatusCode.UNAVAILABLE
+        engine.close()
+        daemon = Daemon(tmp_path)
+        resumed = tiny_gpt()  # weights come from the daemon
+        with engine_for(resumed, daemon, job_name="crash",
+                        resume=True) as engine:
+            assert engine.iteration == 2
+            losses = train_lohan(engine, resumed, data[2:])
+        assert_fp32_close(resumed, ref_model, losses, ref_losses[2:])
+    finally:
+        daemon.stop(signal.SIGKILL)
+
+
 def test_params_offload_needs_the_offload_activation_policy(lohand):
     with pytest.raises(ValueError, match="activations='offload'"):
         lohan.init(tiny_gpt(), socket=lohand.socket, job_name="po-keep",

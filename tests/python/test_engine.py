@@ -732,6 +732,49 @@ def test_hugging_face_llama_trains_unmodified(lohand, params):
     _hf_matches_torch(model, lohand, params=params)
 
 
+def test_hugging_face_t5_encoder_decoder_trains_unmodified(lohand):
+    """Both stacks are found (encoder and decoder blocks, one layer each);
+    the decoder blocks get a key/value cache object and pass the position
+    bias from block to block: the cache is dropped for training (as HF does
+    under gradient checkpointing) so the recompute sees what the forward
+    saw."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=2,
+        num_decoder_layers=2, num_heads=2, dropout_rate=0.0,
+        decoder_start_token_id=0, pad_token_id=0))
+    reference = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(3)
+    data = [torch.randint(0, 100, (2, 16), generator=g) for _ in range(3)]
+    opt = torch.optim.AdamW(reference.parameters(), lr=LR, betas=BETAS,
+                            eps=EPS, weight_decay=WD)
+    ref_losses = []
+    for ids in data:
+        loss = reference(input_ids=ids, labels=ids).loss
+        loss.backward()
+        ref_losses.append(loss.item())
+        opt.step()
+        opt.zero_grad()
+    with engine_for(model, lohand, job_name="t5") as engine:
+        assert engine.blocks == (list(model.encoder.block)
+                                 + list(model.decoder.block))
+        assert len(engine.layers) == 1 + 4
+        losses = []
+        for ids in data:
+            loss = model(input_ids=ids, labels=ids).loss
+            engine.backward(loss)
+            losses.append(loss.item())
+            engine.step()
+        # Every floating-point positional input of every block call went
+        # to the store and came back (the decoder's include the encoder's
+        # output, masks and position biases): the same number each step.
+        stats = engine.activation_stats
+        assert stats.host_puts == stats.gets and stats.host_puts % 3 == 0
+        assert stats.host_puts >= 4 * 3
+    assert_fp32_close(model, reference, losses, ref_losses)
+
+
 # ------------------------------------------------------------------ errors
 
 

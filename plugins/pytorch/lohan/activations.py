@@ -320,6 +320,11 @@ def _autocast_state() -> List[Tuple[str, torch.dtype]]:
     return state
 
 
+# Marks where the Function's tensor outputs go among a block's output
+# leaves (a leaf may itself be None).
+_TENSOR = object()
+
+
 class _Replay:
     """What a block's recompute needs besides its stored inputs."""
 
@@ -336,7 +341,7 @@ class _Replay:
         self.cuda_rng: List[Tuple[int, torch.Tensor]] = []
         self.autocast = _autocast_state()
         self.output_spec: Any = None
-        self.output_leaves: List[Any] = []  # None where a tensor goes
+        self.output_leaves: List[Any] = []  # _TENSOR where a tensor goes
         self.handles: List[_Handle] = []
 
     def capture_cuda_rng(self, devices: Sequence[int]) -> None:
@@ -364,8 +369,8 @@ class _OffloadedBlock(torch.autograd.Function):
         tensors = tuple(t for t in flat if isinstance(t, torch.Tensor))
         ctx.mark_non_differentiable(
             *[t for t in tensors if not t.is_floating_point()])
-        replay.output_leaves = [None if isinstance(t, torch.Tensor) else t
-                                for t in flat]
+        replay.output_leaves = [_TENSOR if isinstance(t, torch.Tensor)
+                                else t for t in flat]
         return tensors
 
     @staticmethod
@@ -404,6 +409,31 @@ class _OffloadedBlock(torch.autograd.Function):
                               for t, needs in zip(inputs, ctx.needs_grad)])
 
 
+# Keyword arguments through which Hugging Face blocks get a key/value cache.
+_CACHE_KEYWORDS = ("past_key_value", "past_key_values", "layer_past", "cache")
+
+
+def _is_cache(value: Any) -> bool:
+    """A Hugging Face Cache object (by class name: no import needed)."""
+    return any(c.__name__ == "Cache" for c in type(value).__mro__)
+
+
+def _without_caches(args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
+    """The call without its key/value cache, as Hugging Face does under
+    gradient checkpointing: a block recomputed in backward would extend the
+    cache a second time (and see a longer one). Training needs none."""
+    if any(_is_cache(a) for a in args):
+        args = tuple(None if _is_cache(a) else a for a in args)
+    if any(k in kwargs for k in _CACHE_KEYWORDS + ("use_cache",)):
+        kwargs = dict(kwargs)
+        for key in _CACHE_KEYWORDS:
+            if key in kwargs:
+                kwargs[key] = None
+        if "use_cache" in kwargs:
+            kwargs["use_cache"] = False
+    return args, kwargs
+
+
 class _Weights:
     """`with weights:` holds a block's parameters materialized (see
     params.py); a no-op without parameter offload."""
@@ -428,6 +458,7 @@ def _offloaded_forward(original: Callable, store: ActivationStore,
         if not torch.is_grad_enabled():
             with weights:
                 return original(*args, **kwargs)
+        args, kwargs = _without_caches(args, kwargs)
         leaves, spec = pytree.tree_flatten((args, kwargs))
         positional = len(pytree.tree_flatten(args)[0])
         stored = [i for i, leaf in enumerate(leaves[:positional])
@@ -457,7 +488,7 @@ def _offloaded_forward(original: Callable, store: ActivationStore,
             replay.capture_cuda_rng(devices)
         tensors = _OffloadedBlock.apply(replay, anchor, *inputs)
         tensors = iter(tensors)
-        flat = [next(tensors) if leaf is None else leaf
+        flat = [next(tensors) if leaf is _TENSOR else leaf
                 for leaf in replay.output_leaves]
         return pytree.tree_unflatten(flat, replay.output_spec)
 
@@ -502,6 +533,7 @@ def install(model: nn.Module, blocks: Sequence[nn.Module], policy: str,
         def forward(*args, _original=original, **kwargs):
             if not torch.is_grad_enabled():
                 return _original(*args, **kwargs)
+            args, kwargs = _without_caches(args, kwargs)
             return checkpoint(_original, *args, use_reentrant=False, **kwargs)
 
         block.forward = forward

@@ -32,25 +32,34 @@ def _parameter_count(module: nn.Module) -> int:
 def find_blocks(model: nn.Module, blocks: BlocksArg = None) -> List[nn.Module]:
     """The model's repeated blocks, in order.
 
-    `blocks=None` picks the nn.ModuleList with the most parameters among
-    those whose (two or more) children all have one class; a string names a
-    submodule (`"transformer.h"`); a ModuleList or a sequence of modules is
-    used as given."""
+    `blocks=None` takes the nn.ModuleLists whose (two or more) children all
+    have one class: the one with the most parameters, and every other one
+    not inside it with at least a tenth of its parameters (an
+    encoder-decoder's two stacks), in the model's module order; lists
+    inside a chosen list's blocks (experts, sub-layers) are part of those
+    blocks. A string names a submodule (`"transformer.h"`); a ModuleList or
+    a sequence of modules is used as given."""
     if blocks is None:
-        best: Optional[Tuple[int, int, str, nn.ModuleList]] = None
-        for name, module in model.named_modules():
-            if isinstance(module, nn.ModuleList) and _is_repeated(module):
-                key = (_parameter_count(module), len(module))
-                if best is None or key > best[:2]:
-                    best = (key[0], key[1], name, module)
-        if best is None:
+        found = [(name, module) for name, module in model.named_modules()
+                 if isinstance(module, nn.ModuleList)
+                 and _is_repeated(module)]
+        if not found:
             raise ValueError(
                 f"lohan found no repeated blocks in {type(model).__name__}: "
                 "no nn.ModuleList whose children (two or more) share one "
                 "class. Name the blocks with lohan.init(model, blocks=...): "
                 "a submodule path such as 'transformer.h', an nn.ModuleList "
                 "or a list of modules")
-        return list(best[3])
+        largest = max(_parameter_count(m) for _, m in found)
+        chosen_names: List[str] = []
+        for name, module in found:  # outer lists come before inner ones
+            if _parameter_count(module) * 10 < largest:
+                continue
+            if any(name.startswith(outer + ".") for outer in chosen_names):
+                continue
+            chosen_names.append(name)
+        lists = dict(found)
+        return [block for name in chosen_names for block in lists[name]]
     if isinstance(blocks, str):
         try:
             found = model.get_submodule(blocks)

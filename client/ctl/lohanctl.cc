@@ -147,9 +147,9 @@ int Status(const std::string& socket, bool json) {
   if (status->sessions_size() > 0) {
     std::printf("\ntraining (open data planes)\n");
     const char* format =
-        "%-10s %-8s %-10s %-7s %-11s %-9s %-10s %-10s %-10s %s\n";
+        "%-10s %-8s %-10s %-7s %-11s %-9s %-10s %-10s %-10s %-16s %s\n";
     std::printf(format, "JOB", "PID", "ARENA", "LAYERS", "BUFFERS", "PARAMS",
-                "STEP", "ITER s", "NOT HIDDEN",
+                "STEP", "ITER s", "NOT HIDDEN", "ACTS ON SSD",
                 "NORM / CLIPPED / SKIPPED / FAILED");
     for (const v1::SessionStatus& session : status->sessions()) {
       // "resident", or how many shared gradient/weight buffers stream.
@@ -168,6 +168,9 @@ int Status(const std::string& socket, bool json) {
           std::to_string(session.iteration()).c_str(),
           absl::StrFormat("%.3f", session.last_iteration_seconds()).c_str(),
           absl::StrFormat("%.3f", session.last_end_wait_seconds()).c_str(),
+          absl::StrFormat("%d, %s", session.swapped_activations(),
+                          FormatByteSize(session.swapped_activation_bytes()))
+              .c_str(),
           absl::StrFormat("%.4g / %d / %d / %d", session.last_global_norm(),
                           session.clipped_iterations(),
                           session.skipped_iterations(),

@@ -493,7 +493,12 @@ absl::Status JobSession::SwapActivation(const SubmissionEntry& entry) {
   Model& model = *served_;
   const std::string name = absl::StrCat("act.", entry.activation_id);
   const RingOp op = static_cast<RingOp>(entry.op);
-  if (op == RingOp::kActFree) return model.store->Delete(job_id(), name);
+  if (op == RingOp::kActFree) {
+    absl::StatusOr<TensorInfo> held = model.store->Stat(job_id(), name);
+    absl::Status deleted = model.store->Delete(job_id(), name);
+    if (deleted.ok() && held.ok()) CountSwapped(-1, -int64_t(held->bytes));
+    return deleted;
+  }
   absl::Span<uint8_t> bytes(base() + entry.slot_offset, entry.length);
   // Activations live no longer than the session: they stay pending
   // versions (never committed), so a put costs no fdatasync and no catalog
@@ -506,6 +511,7 @@ absl::Status JobSession::SwapActivation(const SubmissionEntry& entry) {
   }
   absl::Status stored = model.store->Create(job_id(), name, entry.length);
   if (stored.ok()) stored = model.store->Write(job_id(), name, bytes).status();
+  if (stored.ok()) CountSwapped(1, int64_t(entry.length));
   if (!stored.ok()) {
     // Not held after all: undo the validator's bookkeeping and the store's.
     (void)model.store->Delete(job_id(), name);
@@ -523,6 +529,16 @@ void JobSession::DropActivations() {
       (void)served_->store->Delete(job_id(), name);
     }
   }
+  absl::MutexLock stats_lock(&stats_mu_);
+  stats_.set_swapped_activations(0);
+  stats_.set_swapped_activation_bytes(0);
+}
+
+void JobSession::CountSwapped(int64_t activations, int64_t bytes) {
+  absl::MutexLock stats_lock(&stats_mu_);
+  stats_.set_swapped_activations(stats_.swapped_activations() + activations);
+  stats_.set_swapped_activation_bytes(stats_.swapped_activation_bytes() +
+                                      bytes);
 }
 
 void JobSession::Complete(const SubmissionEntry& entry,

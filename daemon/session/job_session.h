@@ -117,6 +117,9 @@ class JobSession {
   // "act.<id>" tensors of the job, for the life of the session.
   absl::Status SwapActivation(const SubmissionEntry& entry);
   void DropActivations();
+  // Adds to the session's count of swapped-out activations (status).
+  void CountSwapped(int64_t activations, int64_t bytes)
+      ABSL_LOCKS_EXCLUDED(stats_mu_);
 
   std::unique_ptr<PooledArena> arena_;
   std::unique_ptr<SlotAllocator> slots_;

@@ -48,6 +48,7 @@ class ActivationStats:
     ssd_peak_bytes: int = 0
     gets: int = 0
     prefetched: int = 0       # SSD inputs read ahead of their recompute
+    shared: int = 0           # puts of a tensor stored already (not again)
 
 
 class _Handle:
@@ -120,6 +121,9 @@ class ActivationStore:
         # Inputs on the SSDs not brought back yet, in put order (backward
         # wants them newest first).
         self._on_ssd: List["weakref.ref[_Handle]"] = []
+        # (storage, offset, shape, stride, dtype, device, version) ->
+        # (the tensor, its handle), both weakly: what is stored now.
+        self._stored: Dict[tuple, Tuple[Any, Any]] = {}
         self.stats = ActivationStats()
         self._closed = False
 
@@ -215,9 +219,23 @@ class ActivationStore:
 
     def put(self, tensor: torch.Tensor) -> _Handle:
         self._sweep()
+        # The same tensor given to several blocks (an encoder's output to
+        # every decoder block, a shared mask) is stored once.
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(),
+               tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype,
+               tensor.device, tensor._version)
+        known = self._stored.get(key)
+        if known is not None:
+            source, stored = known[0](), known[1]()
+            if source is tensor and stored is not None:
+                self.stats.shared += 1
+                return stored
         nbytes = tensor.numel() * tensor.element_size()
         handle = _Handle(self, nbytes, tensor.shape, tensor.dtype,
                          tensor.device)
+        self._stored = {k: v for k, v in self._stored.items()
+                        if v[0]() is not None and v[1]() is not None}
+        self._stored[key] = (weakref.ref(tensor), weakref.ref(handle))
         stats = self.stats
         fits = (self.host_limit is None
                 or stats.host_bytes + nbytes <= self.host_limit)
@@ -305,6 +323,7 @@ class ActivationStore:
         self._closed = True
         self._dropped.clear()
         self._on_ssd.clear()
+        self._stored.clear()
         self._remote = None
         self._buffers = []
 

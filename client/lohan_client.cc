@@ -323,6 +323,8 @@ int BuildEntry(const lohan_model* model, lohan::RingOp op, uint32_t layer,
   switch (op) {
     case lohan::RingOp::kInitWeights:
     case lohan::RingOp::kReadWeights:
+    case lohan::RingOp::kReadState:
+    case lohan::RingOp::kInitState:
       if (layer >= model->elements.size()) {
         return InvalidArgument("layer out of range");
       }
@@ -434,6 +436,9 @@ int lohan_model_register(lohan_client* client, lohan_data_plane* plane,
   const bool has_slots =
       spec->struct_size >=
       offsetof(lohan_model_spec, weight_slots) + sizeof(spec->weight_slots);
+  const bool has_initial_iteration =
+      spec->struct_size >= offsetof(lohan_model_spec, initial_iteration) +
+                               sizeof(spec->initial_iteration);
   if (spec->num_layers == 0 || spec->layer_elements == nullptr) {
     return InvalidArgument("lohan_model_register: a model needs layers");
   }
@@ -459,6 +464,8 @@ int lohan_model_register(lohan_client* client, lohan_data_plane* plane,
   model_spec->set_activation_bytes(spec->activation_bytes);
   model_spec->set_grad_slots(has_slots ? spec->grad_slots : 0);
   model_spec->set_weight_slots(has_slots ? spec->weight_slots : 0);
+  model_spec->set_initial_iteration(
+      has_initial_iteration ? spec->initial_iteration : 0);
   auto registration = client->impl->RegisterModel(request);
   if (!registration.ok()) return Report(registration.status());
   auto model = std::make_unique<lohan_model>();
@@ -529,6 +536,36 @@ int lohan_model_init_weights(lohan_model* model, uint32_t layer) {
 
 int lohan_model_read_weights(lohan_model* model, uint32_t layer) {
   return RingCall(model, lohan::RingOp::kReadWeights, layer);
+}
+
+namespace {
+
+// READ_STATE / INIT_STATE of `part` through the staging slot.
+int StateCall(lohan_model* model, lohan::RingOp op, uint32_t layer, int part) {
+  if (model == nullptr) return InvalidArgument("model is NULL");
+  if (part != LOHAN_STATE_EXP_AVG && part != LOHAN_STATE_EXP_AVG_SQ &&
+      part != LOHAN_STATE_MAX_EXP_AVG_SQ) {
+    return Report(absl::InvalidArgumentError(absl::StrCat(
+        "part ", part,
+        " is not LOHAN_STATE_EXP_AVG (1), LOHAN_STATE_EXP_AVG_SQ (2) or "
+        "LOHAN_STATE_MAX_EXP_AVG_SQ (3)")));
+  }
+  lohan::SubmissionEntry entry;
+  if (int built = BuildEntry(model, op, layer, entry); built != LOHAN_OK) {
+    return built;
+  }
+  entry.activation_id = static_cast<uint64_t>(part);
+  return Finish(model, entry, nullptr);
+}
+
+}  // namespace
+
+int lohan_model_read_state(lohan_model* model, uint32_t layer, int part) {
+  return StateCall(model, lohan::RingOp::kReadState, layer, part);
+}
+
+int lohan_model_init_state(lohan_model* model, uint32_t layer, int part) {
+  return StateCall(model, lohan::RingOp::kInitState, layer, part);
 }
 
 int lohan_model_iter_begin(lohan_model* model) {

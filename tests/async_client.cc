@@ -334,6 +334,10 @@ void CheckNulls(lohan_model* model, lohan_data_plane* plane) {
        lohan_model_weights_to_device(nullptr, 0, buffer, 256, nullptr)},
       {"weights_to_device(destination NULL)",
        lohan_model_weights_to_device(model, 0, nullptr, 256, nullptr)},
+      {"read_state(NULL)",
+       lohan_model_read_state(nullptr, 0, LOHAN_STATE_EXP_AVG)},
+      {"init_state(NULL)",
+       lohan_model_init_state(nullptr, 0, LOHAN_STATE_EXP_AVG)},
   };
   int invalid = 0;
   for (const auto& [what, status] : calls) {
@@ -361,6 +365,57 @@ void CheckSizes(lohan_model* model) {
       lohan_model_grad_ready_from_host(model, 99, buffer.data(), 4, &ticket);
   std::printf("layer-out-of-range: %s: %s\n", Name(status).c_str(),
               lohan_last_error());
+}
+
+// Adam moments through staging: read (zero after init_weights), replaced,
+// read back; refused with a bad part, a part the job lacks, or inside an
+// iteration. Leaves the moments zero (zero gradients keep them so).
+void CheckStates(lohan_model* model) {
+  float* staging = lohan_model_staging(model);
+  const uint64_t n = lohan_model_layer_bytes(model, 1) / 4;  // fp32 model
+  for (int part : {LOHAN_STATE_EXP_AVG, LOHAN_STATE_EXP_AVG_SQ}) {
+    for (uint64_t i = 0; i < n; ++i) staging[i] = -1.0f;
+    Check(lohan_model_read_state(model, 1, part) == LOHAN_OK, "read_state");
+    bool zero = true;
+    for (uint64_t i = 0; i < n; ++i) zero &= staging[i] == 0.0f;
+    Check(zero, "moments of a new layer are zero");
+    for (uint64_t i = 0; i < n; ++i) staging[i] = 0.25f * part + i;
+    Check(lohan_model_init_state(model, 1, part) == LOHAN_OK, "init_state");
+  }
+  bool restored = true;
+  for (int part : {LOHAN_STATE_EXP_AVG, LOHAN_STATE_EXP_AVG_SQ}) {
+    Check(lohan_model_read_state(model, 1, part) == LOHAN_OK, "read_state");
+    for (uint64_t i = 0; i < n; ++i) restored &= staging[i] == 0.25f * part + i;
+  }
+  std::printf("state-roundtrip: %s\n", restored ? "ok" : "CORRUPT");
+  Check(restored, "moments restored");
+  int status = lohan_model_read_state(model, 1, 7);
+  std::printf("state-bad-part: %s: %s\n", Name(status).c_str(),
+              lohan_last_error());
+  status = lohan_model_read_state(model, 1, LOHAN_STATE_MAX_EXP_AVG_SQ);
+  std::printf("state-max-without-amsgrad: %s: %s\n", Name(status).c_str(),
+              lohan_last_error());
+  status = lohan_model_init_state(model, 99, LOHAN_STATE_EXP_AVG);
+  std::printf("state-layer-out-of-range: %s: %s\n", Name(status).c_str(),
+              lohan_last_error());
+  for (int part : {LOHAN_STATE_EXP_AVG, LOHAN_STATE_EXP_AVG_SQ}) {
+    for (uint64_t i = 0; i < n; ++i) staging[i] = 0.0f;
+    Check(lohan_model_init_state(model, 1, part) == LOHAN_OK, "init_state 0");
+  }
+  Check(lohan_model_iter_begin(model) == LOHAN_OK, "iter_begin");
+  status = lohan_model_init_state(model, 1, LOHAN_STATE_EXP_AVG);
+  std::printf("state-in-iteration: %s: %s\n", Name(status).c_str(),
+              lohan_last_error());
+  for (uint32_t l = 0; l < 3; ++l) {
+    std::vector<float> zeros(lohan_model_layer_bytes(model, l) / 4, 0.0f);
+    uint64_t ticket = 0;
+    Check(lohan_model_grad_ready_from_host(
+              model, l, zeros.data(), zeros.size() * 4, &ticket) == LOHAN_OK &&
+              lohan_model_wait(model, ticket, -1) == LOHAN_OK,
+          "grad_ready");
+  }
+  Check(lohan_model_iter_end(model, nullptr, nullptr, nullptr) == LOHAN_OK,
+        "iter_end");
 }
 
 void CheckTickets(lohan_model* model) {
@@ -611,6 +666,7 @@ int Checks(const std::string& socket) {
   }
   CheckNulls(model, session.plane);
   CheckSizes(model);
+  CheckStates(model);
   CheckTickets(model);
   CheckInFlight(model, static_cast<uint32_t>(layers.size()));
   CheckThreads(model);

@@ -84,7 +84,16 @@ TEST(CAbi, AsynchronousRequestsAndCopiesAtTheEdges) {
   ASSERT_EQ(result.exit_code, 0)
       << result.out << result.err << (*daemon)->Log();
   const std::string& out = result.out;
-  EXPECT_THAT(out, HasSubstr("nulls: 24 of 24 INVALID_ARGUMENT\n"));
+  EXPECT_THAT(out, HasSubstr("nulls: 26 of 26 INVALID_ARGUMENT\n"));
+  EXPECT_THAT(out, HasSubstr("state-roundtrip: ok\n"));
+  EXPECT_THAT(out, HasSubstr("state-bad-part: INVALID_ARGUMENT: part 7 is not "
+                             "LOHAN_STATE_EXP_AVG (1)"));
+  EXPECT_THAT(out, HasSubstr("state-max-without-amsgrad: INVALID_ARGUMENT: "));
+  EXPECT_THAT(out, HasSubstr("max_exp_avg_sq exists only with AMSGrad"));
+  EXPECT_THAT(out, HasSubstr("state-layer-out-of-range: INVALID_ARGUMENT"));
+  EXPECT_THAT(out, HasSubstr("state-in-iteration: FAILED_PRECONDITION: "
+                             "INIT_STATE: optimizer states are staged only "
+                             "between iterations\n"));
   EXPECT_THAT(out, HasSubstr("short-gradient: INVALID_ARGUMENT: layer 0 has "
                              "256 bytes of gradient, not 252\n"));
   EXPECT_THAT(out, HasSubstr("long-weights: INVALID_ARGUMENT: layer 0 has 256 "

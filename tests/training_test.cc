@@ -377,7 +377,7 @@ TEST_F(TrainingTest, MalformedRingEntriesFailOneByOneAndHurtNothing) {
     uint64_t words[8];
     for (uint64_t& word : words) word = next();
     std::memcpy(&entry, words, sizeof(entry));
-    if (i % 2 == 1) entry.op = static_cast<uint16_t>(1 + next() % 10);
+    if (i % 2 == 1) entry.op = static_cast<uint16_t>(1 + next() % 12);
     auto completion = plane.Call(entry, absl::Seconds(60));
     ASSERT_FALSE(completion.ok()) << "entry " << i << " was accepted";
     EXPECT_NE(completion.status().message(), "(no text)");
@@ -633,6 +633,179 @@ TEST_F(TrainingTest, StreamedLayoutRefusesWrongSlotsAndKeepsServing) {
             static_cast<uint64_t>(std::size(bad)) + 1);
   EXPECT_EQ(status->sessions(0).grad_slots(), 2u);
   EXPECT_EQ(status->sessions(0).weight_slots(), 1u);
+}
+
+// READ_STATE / INIT_STATE through the rings, and a job registered at an
+// initial iteration: bad entries fail one by one with their reason, the
+// session keeps serving, ITER_BEGIN numbering continues from the initial
+// iteration, and a job with states refuses another one.
+TEST_F(TrainingTest, StateOpsAndInitialIterationThroughTheRings) {
+  OpenJob opened;
+  ASSERT_NO_FATAL_FAILURE(Open("states", 4 << 20, opened));
+  ControlClient& client = *opened.client;
+  const v1::Job& job = opened.job;
+  const std::vector<uint64_t> sizes = {64, 100};
+  v1::RegisterModelRequest request;
+  request.set_job_id(job.id());
+  for (uint64_t n : sizes) request.mutable_model()->add_layer_elements(n);
+  request.mutable_model()->set_dtype(v1::DTYPE_FP32);
+  request.mutable_model()->mutable_adam()->set_lr(1e-3);
+  request.mutable_model()->mutable_adam()->set_beta1(0.9);
+  request.mutable_model()->mutable_adam()->set_beta2(0.999);
+  request.mutable_model()->mutable_adam()->set_eps(1e-8);
+  request.mutable_model()->set_initial_iteration(5);
+  auto registered = client.RegisterModel(request);
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  EXPECT_EQ(registered->iteration(), 5u);
+  DataPlane& plane = *opened.plane;
+  plane.SetErrorText(registered->error_text_offset(),
+                     registered->error_text_bytes());
+  const uint64_t staging_offset = registered->staging_offset();
+  float* staging = reinterpret_cast<float*>(plane.arena() + staging_offset);
+  auto entry = [&](RingOp op, uint32_t layer, uint64_t part) {
+    SubmissionEntry e{};
+    e.op = static_cast<uint16_t>(op);
+    e.layer = layer;
+    e.slot_offset = staging_offset;
+    e.length = layer < sizes.size() ? sizes[layer] * 4 : 4;
+    e.activation_id = part;
+    return e;
+  };
+  auto call = [&](const SubmissionEntry& e) {
+    return plane.Call(e, absl::Seconds(60)).status();
+  };
+  // Before INIT_WEIGHTS the layer has no states.
+  absl::Status status = call(entry(RingOp::kReadState, 0, 1));
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr("no states"));
+  for (uint32_t l = 0; l < sizes.size(); ++l) {
+    for (uint64_t i = 0; i < sizes[l]; ++i) staging[i] = 0.5f;
+    ASSERT_TRUE(call(entry(RingOp::kInitWeights, l, 0)).ok());
+  }
+  // Restore exp_avg = 0.01, exp_avg_sq = 1e-4 everywhere; read back.
+  for (uint32_t l = 0; l < sizes.size(); ++l) {
+    for (uint64_t part : {1, 2}) {
+      for (uint64_t i = 0; i < sizes[l]; ++i) {
+        staging[i] = part == 1 ? 0.01f : 1e-4f;
+      }
+      ASSERT_TRUE(call(entry(RingOp::kInitState, l, part)).ok());
+    }
+  }
+  for (uint64_t i = 0; i < sizes[1]; ++i) staging[i] = -1.0f;
+  ASSERT_TRUE(call(entry(RingOp::kReadState, 1, 2)).ok());
+  EXPECT_EQ(staging[0], 1e-4f);
+  EXPECT_EQ(staging[sizes[1] - 1], 1e-4f);
+
+  struct Bad {
+    const char* what;
+    SubmissionEntry entry;
+    absl::StatusCode code;
+    const char* says;
+  };
+  std::vector<Bad> bad;
+  auto add = [&](const char* what, SubmissionEntry e, absl::StatusCode code,
+                 const char* says) {
+    bad.push_back({what, e, code, says});
+  };
+  for (RingOp op : {RingOp::kReadState, RingOp::kInitState}) {
+    SubmissionEntry e = entry(op, 1, 1);
+    e.slot_offset += 4;
+    add("offset", e, absl::StatusCode::kInvalidArgument, "staging slot");
+    e = entry(op, 1, 1);
+    e.length = sizes[0] * 4;  // another layer's length
+    add("length", e, absl::StatusCode::kInvalidArgument, "staging slot");
+    e = entry(op, 2, 1);
+    add("layer", e, absl::StatusCode::kInvalidArgument, "layer 2 of 2");
+    for (uint64_t part : {uint64_t{0}, uint64_t{4}}) {
+      add("part", entry(op, 1, part), absl::StatusCode::kInvalidArgument,
+          "is not 1 (exp_avg)");
+    }
+    add("amsgrad", entry(op, 1, 3), absl::StatusCode::kInvalidArgument,
+        "only with AMSGrad");
+    e = entry(op, 1, 1);
+    e.dtype = static_cast<uint16_t>(RingDtype::kFp32);
+    add("dtype", e, absl::StatusCode::kInvalidArgument, "not zero");
+    e = entry(op, 1, 1);
+    e.iteration = 5;
+    add("iteration", e, absl::StatusCode::kInvalidArgument, "not zero");
+    e = entry(op, 1, 1);
+    e.lr = 1e-3;
+    add("lr", e, absl::StatusCode::kInvalidArgument, "not zero");
+    e = entry(op, 1, 1);
+    e.reserved[2] = 1;
+    add("reserved", e, absl::StatusCode::kInvalidArgument, "reserved");
+  }
+  for (const Bad& b : bad) {
+    status = call(b.entry);
+    EXPECT_EQ(status.code(), b.code) << b.what << ": " << status;
+    EXPECT_THAT(std::string(status.message()), HasSubstr(b.says)) << b.what;
+    // The session keeps serving: the moment is as it was.
+    for (uint64_t i = 0; i < sizes[1]; ++i) staging[i] = -1.0f;
+    ASSERT_TRUE(call(entry(RingOp::kReadState, 1, 1)).ok()) << b.what;
+    EXPECT_EQ(staging[7], 0.01f) << b.what;
+  }
+
+  // The first iteration is number 5 (Adam step 6), and states are not
+  // staged inside it.
+  SubmissionEntry begin{};
+  begin.op = static_cast<uint16_t>(RingOp::kIterBegin);
+  status = plane.Call(begin, absl::Seconds(60)).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr("want 5"));
+  begin.iteration = 5;
+  ASSERT_TRUE(plane.Call(begin, absl::Seconds(60)).ok());
+  status = call(entry(RingOp::kReadState, 0, 1));
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("READ_STATE: optimizer states are staged only between "
+                        "iterations"));
+  for (uint32_t l = 0; l < sizes.size(); ++l) {
+    SubmissionEntry grad{};
+    grad.op = static_cast<uint16_t>(RingOp::kGradReady);
+    grad.dtype = static_cast<uint16_t>(RingDtype::kFp32);
+    grad.layer = l;
+    grad.slot_offset = registered->layers(l).grad_offset();
+    grad.length = sizes[l] * 4;
+    float* g = reinterpret_cast<float*>(plane.arena() + grad.slot_offset);
+    for (uint64_t i = 0; i < sizes[l]; ++i) g[i] = 0.1f;
+    ASSERT_TRUE(plane.Call(grad, absl::Seconds(60)).ok());
+  }
+  SubmissionEntry end{};
+  end.op = static_cast<uint16_t>(RingOp::kIterEnd);
+  end.iteration = 5;
+  ASSERT_TRUE(plane.Call(end, absl::Seconds(60)).ok()) << daemon_->Log();
+  // Adam step 6 on the restored moments, as torch computes it (float64
+  // here; the daemon's fp32 is within a few ulps).
+  const double m = 0.9 * 0.01 + 0.1 * 0.1;
+  const double v = 0.999 * 1e-4f + 0.001 * 0.01;
+  const double m_hat = m / (1 - std::pow(0.9, 6));
+  const double v_hat = v / (1 - std::pow(0.999, 6));
+  const double expected = 0.5 - 1e-3 * m_hat / (std::sqrt(v_hat) + 1e-8);
+  ASSERT_TRUE(call(entry(RingOp::kReadWeights, 1, 0)).ok());
+  EXPECT_NEAR(staging[3], expected, 1e-6);
+  ASSERT_TRUE(call(entry(RingOp::kReadState, 1, 1)).ok());
+  EXPECT_NEAR(staging[3], m, 1e-8);
+  auto state = client.GetStatus();
+  ASSERT_TRUE(state.ok());
+  ASSERT_EQ(state->sessions_size(), 1);
+  EXPECT_EQ(state->sessions(0).iteration(), 6u);
+
+  // Another process (here: a new data plane) registering the job again:
+  // its stored iteration wins; another initial iteration is refused.
+  opened.plane.reset();
+  ASSERT_TRUE(WaitForPoolFreed(client));
+  auto again = DataPlane::Open(client.hello().data_socket_path(), job.id());
+  ASSERT_TRUE(again.ok()) << again.status();
+  request.mutable_model()->set_initial_iteration(9);
+  auto refused = client.RegisterModel(request);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition)
+      << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("has states at iteration 6"));
+  request.mutable_model()->set_initial_iteration(0);
+  auto resumed = client.RegisterModel(request);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(resumed->iteration(), 6u);
 }
 
 }  // namespace

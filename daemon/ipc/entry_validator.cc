@@ -38,6 +38,11 @@ uint32_t FieldsOf(RingOp op) {
       return kIteration | kGradScale;
     case RingOp::kIterEnd:
       return kIteration;
+    // Served by the job session (CheckStagingEntry), never accepted here.
+    case RingOp::kInitWeights:
+    case RingOp::kReadWeights:
+    case RingOp::kReadState:
+    case RingOp::kInitState:
     case RingOp::kInvalid:
       break;
   }
@@ -62,6 +67,14 @@ const char* OpName(RingOp op) {
       return "ITER_BEGIN";
     case RingOp::kIterEnd:
       return "ITER_END";
+    case RingOp::kInitWeights:
+      return "INIT_WEIGHTS";
+    case RingOp::kReadWeights:
+      return "READ_WEIGHTS";
+    case RingOp::kReadState:
+      return "READ_STATE";
+    case RingOp::kInitState:
+      return "INIT_STATE";
     case RingOp::kInvalid:
       break;
   }
@@ -79,6 +92,11 @@ uint64_t DtypeBytes(uint16_t dtype) {
       break;
   }
   return 0;
+}
+
+bool IsStagingOp(RingOp op) {
+  return op == RingOp::kInitWeights || op == RingOp::kReadWeights ||
+         op == RingOp::kReadState || op == RingOp::kInitState;
 }
 
 EntryValidator::Options Sorted(EntryValidator::Options options) {
@@ -122,6 +140,10 @@ absl::Status EntryValidator::Accept(const SubmissionEntry& entry) {
   const RingOp op = static_cast<RingOp>(entry.op);
   const uint32_t fields = FieldsOf(op);
   if (fields == 0) {
+    if (IsStagingOp(op)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          OpName(op), ": a staging op, served by the job session"));
+    }
     return absl::InvalidArgumentError(
         absl::StrCat("entry: unknown op ", entry.op));
   }
@@ -334,6 +356,50 @@ absl::Status EntryValidator::CheckIteration(const SubmissionEntry& entry,
   }
   in_iteration_ = false;
   ++iteration_;
+  return absl::OkStatus();
+}
+
+absl::Status CheckStagingEntry(const SubmissionEntry& entry) {
+  const RingOp op = static_cast<RingOp>(entry.op);
+  if (!IsStagingOp(op)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("entry: op ", entry.op, " is not a staging op"));
+  }
+  for (uint8_t byte : entry.reserved) {
+    if (byte != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(OpName(op), ": reserved bytes are not zero"));
+    }
+  }
+  // Bit patterns, so that -0.0 counts as set too.
+  uint32_t scale_bits;
+  uint64_t lr_bits;
+  std::memcpy(&scale_bits, &entry.grad_scale, sizeof(scale_bits));
+  std::memcpy(&lr_bits, &entry.lr, sizeof(lr_bits));
+  if (entry.dtype != 0 || entry.iteration != 0 || scale_bits != 0 ||
+      lr_bits != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        OpName(op),
+        ": a field this op does not use is not zero (it uses layer, "
+        "slot_offset, length",
+        op == RingOp::kReadState || op == RingOp::kInitState
+            ? " and activation_id = the part)"
+            : ")"));
+  }
+  if (op == RingOp::kReadState || op == RingOp::kInitState) {
+    if (entry.activation_id < static_cast<uint64_t>(RingStatePart::kExpAvg) ||
+        entry.activation_id >
+            static_cast<uint64_t>(RingStatePart::kMaxExpAvgSq)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          OpName(op), ": part (activation_id) ", entry.activation_id,
+          " is not 1 (exp_avg), 2 (exp_avg_sq) or 3 (max_exp_avg_sq)"));
+    }
+  } else if (entry.activation_id != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        OpName(op),
+        ": a field this op does not use is not zero (activation_id ",
+        entry.activation_id, ")"));
+  }
   return absl::OkStatus();
 }
 

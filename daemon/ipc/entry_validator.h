@@ -97,6 +97,17 @@ class EntryValidator {
   absl::flat_hash_map<uint64_t, uint64_t> activations_;  // id -> length
 };
 
+// The format of the staging ops (kInitWeights, kReadWeights, kReadState,
+// kInitState), which the job session serves itself because it owns the
+// staging slot (it checks layer, slot_offset and length against that slot
+// and the iteration state; EntryValidator::Accept refuses these ops): the
+// reserved bytes and every field the op does not use are zero, and
+// kReadState / kInitState name a part in activation_id (RingStatePart:
+// 1..3; whether the job keeps kMaxExpAvgSq is the pipeline's to say).
+// INVALID_ARGUMENT naming the op and the field otherwise, also for an op
+// that is not a staging op. Stateless; never reads the arena.
+absl::Status CheckStagingEntry(const SubmissionEntry& entry);
+
 }  // namespace lohan
 
 #endif  // LOHAN_DAEMON_IPC_ENTRY_VALIDATOR_H_

@@ -5,6 +5,7 @@
 
 #include "daemon/ipc/entry_validator_fuzz.h"
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -18,7 +19,7 @@
 namespace lohan::fuzz {
 namespace {
 
-uint64_t accepted_by_op[9] = {};
+uint64_t accepted_by_op[13] = {};
 uint64_t accepted_streamed = 0;
 
 void Require(bool condition) {
@@ -81,6 +82,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
        data += sizeof(SubmissionEntry), size -= sizeof(SubmissionEntry)) {
     SubmissionEntry entry;
     std::memcpy(&entry, data, sizeof(entry));
+    // The staging ops' format (the job session's check): only they pass,
+    // and only with every unused field zero and a part where one is used.
+    if (CheckStagingEntry(entry).ok()) {
+      Require(entry.op >= 9 && entry.op <= 12);
+      ++accepted_by_op[entry.op];
+      Require(entry.dtype == 0 && entry.iteration == 0);
+      Require(entry.grad_scale == 0.0f && !std::signbit(entry.grad_scale));
+      Require(entry.lr == 0.0 && !std::signbit(entry.lr));
+      for (uint8_t byte : entry.reserved) Require(byte == 0);
+      const RingOp op = static_cast<RingOp>(entry.op);
+      if (op == RingOp::kReadState || op == RingOp::kInitState) {
+        Require(entry.activation_id >= 1 && entry.activation_id <= 3);
+      } else {
+        Require(entry.activation_id == 0);
+      }
+    }
     if (!validator.Accept(entry).ok()) continue;
 
     // Invariants every accepted entry must satisfy.

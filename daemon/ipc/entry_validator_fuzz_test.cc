@@ -94,7 +94,7 @@ class Generator {
         OneIn(10) ? static_cast<uint32_t>(random_()) : random_() % kLayers;
     const uint64_t layer_bytes = kLayerBytes[layer % kLayers];
     const RingOp op = first && !OneIn(8) ? RingOp::kRegisterLayout
-                                         : static_cast<RingOp>(random_() % 9);
+                                         : static_cast<RingOp>(random_() % 13);
     entry.op = static_cast<uint16_t>(op);
     switch (op) {
       case RingOp::kRegisterLayout:
@@ -131,6 +131,22 @@ class Generator {
         entry.iteration = OneIn(6) ? random_() : iteration_;
         if (!OneIn(4)) ++iteration_;
         break;
+      case RingOp::kInitWeights:
+      case RingOp::kReadWeights:
+      case RingOp::kReadState:
+      case RingOp::kInitState:
+        // The session checks the slot; the format check sees the rest.
+        entry.layer = layer;
+        entry.slot_offset = Offset(kControlOffset);
+        entry.length = Length(layer_bytes);
+        if (op == RingOp::kReadState || op == RingOp::kInitState) {
+          entry.activation_id = OneIn(6) ? random_() % 6 : 1 + random_() % 3;
+        } else if (OneIn(8)) {
+          entry.activation_id = random_() % 4;
+        }
+        if (OneIn(10)) entry.dtype = random_() % 4;
+        if (OneIn(10)) entry.iteration = random_() % 4;
+        break;
       case RingOp::kInvalid:
         break;
     }
@@ -155,7 +171,7 @@ TEST(EntryValidatorFuzzTest, TensOfThousandsOfInputs) {
 
   // The generator reaches every op's accepting path, not just the refusals.
   const uint64_t* accepted = AcceptedByOp();
-  for (int op = 1; op <= 8; ++op) {
+  for (int op = 1; op <= 12; ++op) {
     EXPECT_GT(accepted[op], 100u) << "op " << op;
   }
   EXPECT_GT(AcceptedStreamed(), 100u);

@@ -178,6 +178,73 @@ TEST_F(EntryValidatorTest, FormatRules) {
   EXPECT_EQ(validator_->layout(), nullptr);  // state unchanged
 }
 
+TEST_F(EntryValidatorTest, StagingOpsAreTheSessionsAndCheckedForFormat) {
+  ASSERT_TRUE(validator_->Accept(Register()).ok());
+  auto staging = [&](RingOp op, uint64_t part) {
+    SubmissionEntry entry = Entry(op);
+    entry.layer = 1;
+    entry.slot_offset = control_.offset;
+    entry.length = 4 * kPage;
+    entry.activation_id = part;
+    return entry;
+  };
+  const RingOp weights_ops[] = {RingOp::kInitWeights, RingOp::kReadWeights};
+  const RingOp state_ops[] = {RingOp::kReadState, RingOp::kInitState};
+  for (RingOp op : weights_ops) {
+    EXPECT_TRUE(CheckStagingEntry(staging(op, 0)).ok());
+    absl::Status status = CheckStagingEntry(staging(op, 2));
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(status.message().find("activation_id"), std::string::npos)
+        << status;
+  }
+  for (RingOp op : state_ops) {
+    for (uint64_t part : {1, 2, 3}) {
+      EXPECT_TRUE(CheckStagingEntry(staging(op, part)).ok()) << part;
+    }
+    for (uint64_t part : {uint64_t{0}, uint64_t{4}, ~uint64_t{0}}) {
+      absl::Status status = CheckStagingEntry(staging(op, part));
+      EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << part;
+      EXPECT_NE(status.message().find("exp_avg_sq"), std::string::npos)
+          << status;
+    }
+    // Every field the op does not use must be zero.
+    SubmissionEntry entry = staging(op, 1);
+    entry.dtype = static_cast<uint16_t>(RingDtype::kFp32);
+    EXPECT_EQ(CheckStagingEntry(entry).code(),
+              absl::StatusCode::kInvalidArgument);
+    entry = staging(op, 1);
+    entry.iteration = 1;
+    EXPECT_EQ(CheckStagingEntry(entry).code(),
+              absl::StatusCode::kInvalidArgument);
+    entry = staging(op, 1);
+    entry.grad_scale = -0.0f;
+    EXPECT_EQ(CheckStagingEntry(entry).code(),
+              absl::StatusCode::kInvalidArgument);
+    entry = staging(op, 1);
+    entry.lr = 1e-3;
+    const absl::Status status = CheckStagingEntry(entry);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(status.message().find(op == RingOp::kReadState ? "READ_STATE"
+                                                             : "INIT_STATE"),
+              std::string::npos)
+        << status;
+    entry = staging(op, 1);
+    entry.reserved[0] = 1;
+    EXPECT_EQ(CheckStagingEntry(entry).code(),
+              absl::StatusCode::kInvalidArgument);
+    // Accept leaves them to the session, whatever their fields.
+    const absl::Status accepted = validator_->Accept(staging(op, 1));
+    EXPECT_EQ(accepted.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(accepted.message().find("job session"), std::string::npos)
+        << accepted;
+  }
+  // Not a staging op.
+  EXPECT_EQ(CheckStagingEntry(Fetch(0, kPage)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckStagingEntry(Entry(RingOp::kInvalid)).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(EntryValidatorTest, LayoutRules) {
   // Nothing before the layout.
   EXPECT_EQ(Code(Iter(RingOp::kIterBegin, 0)),

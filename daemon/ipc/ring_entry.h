@@ -65,8 +65,23 @@ inline constexpr uint32_t kRingEntryBytes = 64;
 //                    Outside iterations, once per layer of a new job.
 //   kReadWeights     layer, slot_offset/length = the staging slot: receives
 //                    the layer's committed fp32 master weights.
-// (kInitWeights and kReadWeights are checked by the daemon's job session,
-// which owns the staging slot, not by EntryValidator.)
+//   kReadState       layer, slot_offset/length = the staging slot (length =
+//                    elements x 4), activation_id = the part (RingStatePart
+//                    below): receives the layer's committed Adam moment as
+//                    fp32 (widened from bf16 when the job keeps bf16
+//                    moments). Outside iterations, on a layer with states;
+//                    kMaxExpAvgSq only for AMSGrad jobs.
+//   kInitState       the same fields: replaces the layer's committed moment
+//                    `part` with the staging slot's fp32 values (rounded to
+//                    nearest even when the job keeps bf16 moments), all of
+//                    the layer's chunks committed at once; weights, their
+//                    16-bit copies and the other moments stay as they are.
+//                    Outside iterations, after kInitWeights (a checkpoint
+//                    restored into a new job, see ModelSpec
+//                    initial_iteration).
+// (The staging ops kInitWeights, kReadWeights, kReadState and kInitState are
+// checked by the daemon's job session, which owns the staging slot, with
+// CheckStagingEntry for their fields, not by EntryValidator::Accept.)
 enum class RingOp : uint16_t {
   kInvalid = 0,
   kRegisterLayout = 1,
@@ -79,6 +94,16 @@ enum class RingOp : uint16_t {
   kIterEnd = 8,
   kInitWeights = 9,
   kReadWeights = 10,
+  kReadState = 11,
+  kInitState = 12,
+};
+
+// kReadState / kInitState's activation_id: which Adam moment (torch's
+// optimizer state names).
+enum class RingStatePart : uint64_t {
+  kExpAvg = 1,
+  kExpAvgSq = 2,
+  kMaxExpAvgSq = 3,  // AMSGrad only
 };
 
 // CompletionEntry::flags of a kIterEnd completion.

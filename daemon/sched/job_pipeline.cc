@@ -1,5 +1,6 @@
 #include "daemon/sched/job_pipeline.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -174,21 +175,36 @@ absl::Status JobPipeline::OpenStates() {
       if (info->committed_version == 0) initialized[l] = false;
     }
   }
-  if (!existing) {
+  const uint64_t initial = options_.initial_iteration;
+  const bool has_states = std::find(initialized.begin(), initialized.end(),
+                                    true) != initialized.end();
+  if (existing && has_states && initial != 0 && initial != iteration) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", job_, "' has states at iteration ", iteration,
+        "; it cannot start at initial_iteration ", initial,
+        " (0 resumes at the stored iteration; a checkpoint from another "
+        "step goes into a new job)"));
+  }
+  if (existing && meta_info->pending_version != 0) {
+    absl::Status s = store_->Rollback(job_, meta_name);
+    if (!s.ok() && !IsNoPending(s)) return s;
+  }
+  // A new job, or one whose earlier Open wrote a meta but no layer got
+  // weights: its meta (re)starts at `initial`.
+  if (!existing || (!has_states && initial != 0 && initial != iteration)) {
     if (!meta_info.ok()) {
       absl::Status s = store_->Create(job_, meta_name, JobMeta::kBytes);
       if (!s.ok()) return s;
     }
-    absl::Status s = WriteMeta(0);
+    absl::Status s = WriteMeta(initial);
     if (s.ok()) s = store_->Commit(job_, meta_name);
     if (!s.ok()) return s;
+    iteration = initial;
     committed_meta.layout_fingerprint = fingerprint_;
+    committed_meta.iteration = initial;
     // No layer has weights yet, so every 16-bit copy there is is current.
     committed_meta.has_weight16 = options_.stream_weight16;
     committed_meta.weight16_dtype = layout_.weight16_dtype;
-  } else if (meta_info->pending_version != 0) {
-    absl::Status s = store_->Rollback(job_, meta_name);
-    if (!s.ok() && !IsNoPending(s)) return s;
   }
   if (options_.stream_weight16) {
     absl::Status s = OpenWeight16(committed_meta, initialized);
@@ -728,6 +744,108 @@ absl::Status JobPipeline::ReadWeight16(size_t layer, void* out) const {
         job_, weight16_names_[FlatIndex(layer, c)],
         absl::MakeSpan(dest + state_.chunk_begin(c) * 2, count * 2));
     if (!r.ok()) return r.status();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobPipeline::CheckStateAccess(size_t layer, StatePart part,
+                                           const void* data,
+                                           absl::string_view what) const {
+  if (absl::Status readable = CheckReadable(layer, data, what);
+      !readable.ok()) {
+    return readable;
+  }
+  if (part != StatePart::kExpAvg && part != StatePart::kExpAvgSq &&
+      part != StatePart::kMaxExpAvgSq) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": part ", static_cast<int64_t>(part),
+        " is not 1 (exp_avg), 2 (exp_avg_sq) or 3 (max_exp_avg_sq)"));
+  }
+  if (part == StatePart::kMaxExpAvgSq && !state_.amsgrad()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": max_exp_avg_sq exists only with AMSGrad, which job '", job_,
+        "' does not use"));
+  }
+  absl::MutexLock lock(&mu_);
+  if (phase_ != Phase::kIdle) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what,
+                     " during an iteration: optimizer states are read "
+                     "and restored only between iterations"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobPipeline::ReadState(size_t layer, StatePart part,
+                                    float* out) const {
+  if (absl::Status access = CheckStateAccess(layer, part, out, "ReadState");
+      !access.ok()) {
+    return access;
+  }
+  const bool bf16 = layout_.moment_dtype == DType::kBFloat16;
+  AlignedBuffer buffer(RoundUp(state_.max_state_bytes(), kBufferAlignment),
+                       kBufferAlignment);
+  for (size_t c = 0; c < state_.num_chunks(layer); ++c) {
+    const uint64_t count = state_.chunk_count(layer, c);
+    absl::StatusOr<uint64_t> r =
+        store_->Read(job_, chunk_names_[FlatIndex(layer, c)],
+                     absl::MakeSpan(buffer.data(), state_.state_bytes(count)));
+    if (!r.ok()) {
+      return Annotate(r.status(), absl::StrCat("reading the states of layer ",
+                                               layer, " chunk ", c));
+    }
+    const uint8_t* moment = buffer.data() + state_.moment_offset(part, count);
+    float* dest = out + state_.chunk_begin(c);
+    if (bf16) {
+      const uint16_t* halves = reinterpret_cast<const uint16_t*>(moment);
+      for (uint64_t i = 0; i < count; ++i) dest[i] = Bf16ToFloat(halves[i]);
+    } else {
+      std::memcpy(dest, moment, count * 4);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobPipeline::InitState(size_t layer, StatePart part,
+                                    const float* values) {
+  // Held throughout: no iteration can begin while the batch is pending.
+  absl::MutexLock api(&api_mu_);
+  if (absl::Status access = CheckStateAccess(layer, part, values, "InitState");
+      !access.ok()) {
+    return access;
+  }
+  const bool bf16 = layout_.moment_dtype == DType::kBFloat16;
+  AlignedBuffer buffer(buffer_bytes_, kBufferAlignment);
+  std::vector<std::string> names;
+  absl::Status s;
+  for (size_t c = 0; s.ok() && c < state_.num_chunks(layer); ++c) {
+    const uint64_t count = state_.chunk_count(layer, c);
+    const uint64_t bytes = state_.state_bytes(count);
+    const std::string& name = chunk_names_[FlatIndex(layer, c)];
+    // The committed state, with only this moment replaced: weights and the
+    // other moments (and so the 16-bit copies made from the weights) stay.
+    absl::StatusOr<uint64_t> r =
+        store_->Read(job_, name, absl::MakeSpan(buffer.data(), bytes));
+    if (!r.ok()) {
+      s = r.status();
+      break;
+    }
+    uint8_t* moment = buffer.data() + state_.moment_offset(part, count);
+    const float* source = values + state_.chunk_begin(c);
+    if (bf16) {
+      uint16_t* halves = reinterpret_cast<uint16_t*>(moment);
+      for (uint64_t i = 0; i < count; ++i) halves[i] = FloatToBf16(source[i]);
+    } else {
+      std::memcpy(moment, source, count * 4);
+    }
+    names.push_back(name);
+    s = store_->Write(job_, name, absl::MakeConstSpan(buffer.data(), bytes))
+            .status();
+  }
+  if (s.ok()) s = store_->CommitBatch(job_, names);
+  if (!s.ok()) {
+    for (const std::string& name : names) (void)store_->Rollback(job_, name);
+    return Annotate(s, absl::StrCat("restoring a moment of layer ", layer));
   }
   return absl::OkStatus();
 }

@@ -68,6 +68,14 @@ struct PipelineOptions {
   // a run that did not stream them). SubmitGradients' weight16_out must then
   // be null.
   bool stream_weight16 = false;
+  // A job with no states yet (no meta, or a meta left by an earlier Open
+  // before any layer got weights): the iteration its meta starts at, so the
+  // first update is Adam step initial_iteration + 1 (a checkpoint restored
+  // into a new job: InitializeWeights and InitState, then train on). A job
+  // with states resumes at its committed iteration; a nonzero
+  // initial_iteration other than that is FAILED_PRECONDITION at Open (0:
+  // whatever is stored).
+  uint64_t initial_iteration = 0;
 };
 
 struct ClipOptions {
@@ -117,9 +125,10 @@ struct IterationReport {
 // joined by the destructor.
 class JobPipeline {
  public:
-  // Opens job `job`: a new one gets its tensors and a meta at iteration 0;
-  // an existing one must have the same LayoutFingerprint
-  // (FAILED_PRECONDITION otherwise) and resumes at its committed iteration.
+  // Opens job `job`: a new one gets its tensors and a meta at iteration
+  // options.initial_iteration (normally 0); an existing one must have the
+  // same LayoutFingerprint (FAILED_PRECONDITION otherwise) and resumes at
+  // its committed iteration (see PipelineOptions::initial_iteration).
   // Pending versions left by an earlier pipeline are rolled back.
   // REQUIRES: `store` outlives the pipeline; the updater's worker pool
   // outlives it; no other JobPipeline has `job` open.
@@ -159,6 +168,23 @@ class JobPipeline {
   // or before the layer has states.
   absl::Status ReadWeight16(size_t layer, void* out) const
       ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The committed Adam moment `part` of `layer` into `out`
+  // (layer_elements(layer) floats; widened from bf16 when the layout keeps
+  // bf16 moments). INVALID_ARGUMENT: layer out of range, null `out`, a part
+  // that is not a StatePart, kMaxExpAvgSq without AMSGrad.
+  // FAILED_PRECONDITION: during an iteration, or before the layer has states.
+  absl::Status ReadState(size_t layer, StatePart part, float* out) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Replaces the committed Adam moment `part` of `layer` with `values`
+  // (layer_elements(layer) floats; rounded to nearest even when the layout
+  // keeps bf16 moments, as the optimizer rounds them), committed for all of
+  // the layer's chunks at once (one CommitBatch): on error nothing changes.
+  // The weights, their streamed 16-bit copies and the other moments stay
+  // as they were. Errors as ReadState's (the layer needs states:
+  // InitializeWeights first).
+  absl::Status InitState(size_t layer, StatePart part, const float* values)
+      ABSL_LOCKS_EXCLUDED(api_mu_, mu_);
 
   // Deletes every per-iteration scratch tensor (StateLayout::kScratchPrefix)
   // of `job`: what a pipeline that died mid-iteration (crash, kill) left.
@@ -230,6 +256,11 @@ class JobPipeline {
   // the caller in the error.
   absl::Status CheckReadable(size_t layer, const void* out,
                              absl::string_view what) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // CheckReadable, plus: `part` is a StatePart this layout stores and no
+  // iteration is in progress.
+  absl::Status CheckStateAccess(size_t layer, StatePart part, const void* data,
+                                absl::string_view what) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
   JobPipeline(TensorStore* store, const AdamUpdater& updater, std::string job,

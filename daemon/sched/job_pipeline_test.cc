@@ -267,6 +267,33 @@ class JobPipelineTest : public ::testing::Test {
     }
   }
 
+  // ReadState gives the reference's moments bit for bit (the reference
+  // keeps them rounded to bf16 when the layout does).
+  void CheckStates(JobPipeline& p, const ModelLayout& layout,
+                   const std::vector<RefLayer>& ref) {
+    for (size_t l = 0; l < ref.size(); ++l) {
+      const std::pair<StatePart, const std::vector<float>*> parts[] = {
+          {StatePart::kExpAvg, &ref[l].m},
+          {StatePart::kExpAvgSq, &ref[l].v},
+          {StatePart::kMaxExpAvgSq, &ref[l].vmax}};
+      for (const auto& [part, expected] : parts) {
+        std::vector<float> got(layout.layer_elements[l], -1.0f);
+        absl::Status read = p.ReadState(l, part, got.data());
+        if (part == StatePart::kMaxExpAvgSq && !layout.adam.amsgrad) {
+          EXPECT_EQ(read.code(), absl::StatusCode::kInvalidArgument) << read;
+          continue;
+        }
+        ASSERT_TRUE(read.ok()) << read;
+        size_t bad = 0;
+        for (size_t i = 0; i < got.size(); ++i) {
+          bad += std::memcmp(&got[i], &(*expected)[i], 4) != 0;
+        }
+        EXPECT_EQ(bad, 0u) << "moment " << static_cast<int>(part)
+                           << " of layer " << l;
+      }
+    }
+  }
+
   TempDir dir_;
   std::vector<FaultInjectionDevice*> faults_;
   std::optional<AdamUpdater> updater_;
@@ -297,6 +324,8 @@ TEST_P(JobPipelineVariantTest, MatchesReferenceAdamWExactly) {
     EXPECT_FALSE(r.clipped);
     EXPECT_FALSE(r.skipped);
   }
+  // The moments as the reference computed them (fp32, or bf16 widened).
+  CheckStates(*p, layout, ref);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -997,6 +1026,298 @@ TEST_F(JobPipelineTest, Weight16CopiesAreRebuiltWhenStale) {
   expect_current(**p, DType::kFloat16);
   iterate(**p, true);
   expect_current(**p, DType::kFloat16);
+}
+
+// ------------------------------------------------------------ checkpoints
+
+// Every moment the layout stores, per layer: ReadState's values.
+std::vector<std::vector<std::vector<float>>> ReadMoments(
+    const JobPipeline& p, const ModelLayout& layout) {
+  std::vector<StatePart> parts = {StatePart::kExpAvg, StatePart::kExpAvgSq};
+  if (layout.adam.amsgrad) parts.push_back(StatePart::kMaxExpAvgSq);
+  std::vector<std::vector<std::vector<float>>> moments;
+  for (StatePart part : parts) {
+    moments.emplace_back();
+    for (size_t l = 0; l < layout.layer_elements.size(); ++l) {
+      moments.back().emplace_back(layout.layer_elements[l]);
+      absl::Status read = p.ReadState(l, part, moments.back().back().data());
+      EXPECT_TRUE(read.ok()) << read;
+    }
+  }
+  return moments;
+}
+
+bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() &&
+         std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+struct RestoreVariant {
+  DType moment_dtype;
+  bool amsgrad;
+  bool stream;  // The restored job streams gradients and 16-bit weights.
+};
+
+class RestorePipelineTest
+    : public JobPipelineTest,
+      public ::testing::WithParamInterface<RestoreVariant> {};
+
+// A portable checkpoint: job A trains k iterations; job B starts at
+// iteration k, gets A's fp32 weights (InitializeWeights) and moments
+// (ReadState -> InitState); trained on with the same gradients, B stays
+// bit-identical to A (weights, 16-bit copies, moments, steps).
+TEST_P(RestorePipelineTest, ANewJobStartedAtStepKContinuesBitIdentically) {
+  const RestoreVariant v = GetParam();
+  ModelLayout layout = SmallLayout(DType::kBFloat16);
+  layout.moment_dtype = v.moment_dtype;
+  layout.adam.amsgrad = v.amsgrad;
+  const size_t layers = layout.layer_elements.size();
+  PipelineOptions a_options;
+  a_options.buffers = 3;
+  auto a = JobPipeline::Open(store_.get(), *updater_, "a", layout, a_options);
+  ASSERT_TRUE(a.ok()) << a.status();
+  std::vector<RefLayer> ref = Initialize(**a, layout);
+  std::vector<std::vector<uint16_t>> out_a(layers), out_b(layers);
+  for (size_t l = 0; l < layers; ++l) {
+    out_a[l].assign(layout.layer_elements[l], 0);
+    out_b[l].assign(layout.layer_elements[l], 0);
+  }
+  int64_t step = 0;
+  for (uint32_t it = 0; it < 3; ++it) {
+    RunAndCheck(**a, layout, ref, step, 40 + it);
+  }
+  ASSERT_EQ((*a)->iteration(), 3u);
+  CheckStates(**a, layout, ref);
+
+  PipelineOptions b_options = a_options;
+  b_options.stream_gradients = v.stream;
+  b_options.stream_weight16 = v.stream;
+  b_options.initial_iteration = 3;
+  auto b = JobPipeline::Open(store_.get(), *updater_, "b", layout, b_options);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ((*b)->iteration(), 3u);
+  std::vector<float> buffer(4097);
+  // No states before its weights.
+  EXPECT_EQ((*b)->InitState(0, StatePart::kExpAvg, buffer.data()).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*b)->ReadState(0, StatePart::kExpAvg, buffer.data()).code(),
+            absl::StatusCode::kFailedPrecondition);
+  std::vector<StatePart> parts = {StatePart::kExpAvg, StatePart::kExpAvgSq};
+  if (v.amsgrad) parts.push_back(StatePart::kMaxExpAvgSq);
+  for (size_t l = 0; l < layers; ++l) {
+    ASSERT_TRUE((*a)->ReadWeights(l, buffer.data()).ok());
+    ASSERT_TRUE((*b)->InitializeWeights(l, buffer.data()).ok());
+    // Zero moments until restored.
+    ASSERT_TRUE((*b)->ReadState(l, StatePart::kExpAvgSq, buffer.data()).ok());
+    EXPECT_TRUE(std::all_of(buffer.begin(),
+                            buffer.begin() + layout.layer_elements[l],
+                            [](float x) { return x == 0.0f; }));
+    for (StatePart part : parts) {
+      ASSERT_TRUE((*a)->ReadState(l, part, buffer.data()).ok());
+      ASSERT_TRUE((*b)->InitState(l, part, buffer.data()).ok());
+    }
+  }
+  EXPECT_EQ((*b)->iteration(), 3u);
+  // Restored: the same moments, and weights untouched by InitState (the
+  // streamed 16-bit copies still those of the weights).
+  CheckStates(**b, layout, ref);
+  CheckWeights(**b, layout, ref);
+  if (v.stream) {
+    for (size_t l = 0; l < layers; ++l) {
+      std::vector<uint16_t> copy(layout.layer_elements[l]);
+      ASSERT_TRUE((*b)->ReadWeight16(l, copy.data()).ok());
+      for (size_t i = 0; i < copy.size(); ++i) {
+        ASSERT_EQ(copy[i], ToHalf(ref[l].w[i], layout.weight16_dtype))
+            << l << "/" << i;
+      }
+    }
+  }
+  for (const std::string& name : store_->List("b")) {
+    EXPECT_EQ(store_->Stat("b", name)->pending_version, 0u) << name;
+  }
+
+  // Trained on alike: plain, clipped with a loss scale, a schedule's lr.
+  ClipOptions clip;
+  clip.max_grad_norm = 1.0;  // The norm is about 2.8 at grad_scale 1.
+  const StepInput inputs[] = {
+      {.seed = 51},
+      {.seed = 52, .grad_scale = 0.5f},
+      {.seed = 53, .lr = 3e-3},
+  };
+  for (size_t it = 0; it < std::size(inputs); ++it) {
+    StepResult ra = Step(**a, layout, a_options, inputs[it], clip, out_a);
+    StepResult rb = Step(**b, layout, b_options, inputs[it], clip, out_b);
+    EXPECT_EQ(ra.report.iteration, 4 + it);
+    EXPECT_EQ(rb.report.iteration, 4 + it);
+    EXPECT_EQ(ra.report.clipped, rb.report.clipped) << it;
+    EXPECT_EQ(ra.report.clip_scale, rb.report.clip_scale) << it;
+    for (size_t l = 0; l < layers; ++l) {
+      EXPECT_TRUE(BitEqual(ra.weights[l], rb.weights[l]))
+          << "iteration " << it << " layer " << l;
+      EXPECT_EQ(ra.weight16[l], rb.weight16[l])
+          << "iteration " << it << " layer " << l;
+    }
+    const auto ma = ReadMoments(**a, layout);
+    const auto mb = ReadMoments(**b, layout);
+    for (size_t part = 0; part < ma.size(); ++part) {
+      for (size_t l = 0; l < layers; ++l) {
+        EXPECT_TRUE(BitEqual(ma[part][l], mb[part][l]))
+            << "iteration " << it << " moment " << part + 1 << " layer " << l;
+      }
+    }
+  }
+
+  // Without initial_iteration the same restore is a different step
+  // (bias correction): the test above would have seen it.
+  auto c = JobPipeline::Open(store_.get(), *updater_, "c", layout, a_options);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ((*c)->iteration(), 0u);
+  for (size_t l = 0; l < layers; ++l) {
+    ASSERT_TRUE((*a)->ReadWeights(l, buffer.data()).ok());
+    ASSERT_TRUE((*c)->InitializeWeights(l, buffer.data()).ok());
+    for (StatePart part : parts) {
+      ASSERT_TRUE((*a)->ReadState(l, part, buffer.data()).ok());
+      ASSERT_TRUE((*c)->InitState(l, part, buffer.data()).ok());
+    }
+  }
+  StepResult ra = Step(**a, layout, a_options, {.seed = 54}, clip, out_a);
+  StepResult rc = Step(**c, layout, a_options, {.seed = 54}, clip, out_b);
+  EXPECT_EQ(rc.report.iteration, 1u);
+  EXPECT_FALSE(BitEqual(ra.weights[0], rc.weights[0]));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Variants, RestorePipelineTest,
+    ::testing::Values(RestoreVariant{DType::kFloat32, false, false},
+                      RestoreVariant{DType::kBFloat16, false, true},
+                      RestoreVariant{DType::kFloat32, true, true},
+                      RestoreVariant{DType::kBFloat16, true, false}));
+
+TEST_F(JobPipelineTest, InitStateRoundsBf16MomentsToNearestEven) {
+  ModelLayout layout = SmallLayout(DType::kBFloat16);
+  layout.moment_dtype = DType::kBFloat16;
+  auto p = OpenJob("job", layout, Schedule::kPipelined);
+  ASSERT_NE(p, nullptr);
+  Initialize(*p, layout);
+  // 1 + 2^-8 is halfway between two bf16 values: ties to even (1.0); a
+  // little more rounds up; 3 + 3 x 2^-7 ties to even upwards (3 + 2^-5).
+  const float values[] = {1.0f + 0x1p-8f, 1.0f + 0x1p-8f + 0x1p-20f,
+                          3.0f + 3 * 0x1p-7f, -2.5e-3f};
+  std::vector<float> in(2500), got(2500);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = values[i % 4] * (1 + i / 4);
+  ASSERT_TRUE(p->InitState(0, StatePart::kExpAvg, in.data()).ok());
+  ASSERT_TRUE(p->ReadState(0, StatePart::kExpAvg, got.data()).ok());
+  for (size_t i = 0; i < in.size(); ++i) {
+    ASSERT_EQ(got[i], Bf16ToFloat(FloatToBf16(in[i]))) << i;
+  }
+  EXPECT_EQ(got[0], 1.0f);
+  EXPECT_EQ(got[1], 1.0f + 0x1p-7f);
+  EXPECT_EQ(got[2], 3.0f + 0x1p-5f);
+  // The other moment and the weights are as they were.
+  ASSERT_TRUE(p->ReadState(0, StatePart::kExpAvgSq, got.data()).ok());
+  EXPECT_EQ(got, std::vector<float>(2500, 0.0f));
+}
+
+TEST_F(JobPipelineTest, StateCallsRefuseBadArgumentsAndStates) {
+  ModelLayout layout = SmallLayout(DType::kBFloat16);
+  auto p = OpenJob("job", layout, Schedule::kPipelined);
+  ASSERT_NE(p, nullptr);
+  std::vector<float> buffer(4097, 0.25f);
+  std::vector<uint16_t> g(4097, 0), out(4097);
+  // Uninitialized layer.
+  absl::Status s = p->ReadState(1, StatePart::kExpAvg, buffer.data());
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  s = p->InitState(1, StatePart::kExpAvg, buffer.data());
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("no states"), std::string::npos) << s;
+  for (size_t l = 0; l < 4; ++l) {
+    ASSERT_TRUE(p->InitializeWeights(l, buffer.data()).ok());
+  }
+  // Bad layer, null buffer, unknown part, max_exp_avg_sq without AMSGrad.
+  EXPECT_EQ(p->ReadState(4, StatePart::kExpAvg, buffer.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(p->InitState(0, StatePart::kExpAvg, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(p->ReadState(0, static_cast<StatePart>(4), buffer.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(p->InitState(0, static_cast<StatePart>(0), buffer.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+  s = p->ReadState(0, StatePart::kMaxExpAvgSq, buffer.data());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("AMSGrad"), std::string::npos) << s;
+  EXPECT_EQ(p->InitState(0, StatePart::kMaxExpAvgSq, buffer.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+  // Inside an iteration (and after EndIteration was called it is over).
+  ASSERT_TRUE(p->BeginIteration().ok());
+  s = p->ReadState(0, StatePart::kExpAvg, buffer.data());
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("iteration"), std::string::npos) << s;
+  EXPECT_EQ(p->InitState(0, StatePart::kExpAvgSq, buffer.data()).code(),
+            absl::StatusCode::kFailedPrecondition);
+  for (size_t l = 0; l < 4; ++l) {
+    ASSERT_TRUE(p->SubmitGradients(l, g.data(), out.data()).ok());
+  }
+  ASSERT_TRUE(p->EndIteration({}).ok());
+  EXPECT_TRUE(p->ReadState(0, StatePart::kExpAvg, buffer.data()).ok());
+  // Nothing was left pending by the refused calls.
+  for (const std::string& name : store_->List("job")) {
+    EXPECT_EQ(store_->Stat("job", name)->pending_version, 0u) << name;
+  }
+}
+
+TEST_F(JobPipelineTest, InitialIterationAppliesOnlyToAJobWithoutStates) {
+  const ModelLayout layout = SmallLayout(DType::kBFloat16);
+  PipelineOptions options;
+  options.initial_iteration = 7;
+  {
+    auto p = JobPipeline::Open(store_.get(), *updater_, "job", layout, options);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ((*p)->iteration(), 7u);
+  }
+  // Its meta was written, but no layer has states yet: it starts over at
+  // whatever is asked (0: as stored).
+  options.initial_iteration = 0;
+  {
+    auto p = JobPipeline::Open(store_.get(), *updater_, "job", layout, options);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ((*p)->iteration(), 7u);
+  }
+  options.initial_iteration = 5;
+  {
+    auto p = JobPipeline::Open(store_.get(), *updater_, "job", layout, options);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ((*p)->iteration(), 5u);
+    Initialize(**p, layout);
+    std::vector<uint16_t> g(4097, 0x3c00), out(4097);
+    ASSERT_TRUE((*p)->BeginIteration().ok());
+    for (size_t l = 0; l < 4; ++l) {
+      ASSERT_TRUE((*p)->SubmitGradients(l, g.data(), out.data()).ok());
+    }
+    auto r = (*p)->EndIteration({});
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->iteration, 6u);
+  }
+  store_.reset();
+  OpenStore();
+  // With states: the stored iteration, or refused.
+  for (uint64_t initial : {uint64_t{0}, uint64_t{6}}) {
+    options.initial_iteration = initial;
+    auto p = JobPipeline::Open(store_.get(), *updater_, "job", layout, options);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ((*p)->iteration(), 6u);
+  }
+  for (uint64_t initial : {uint64_t{5}, uint64_t{7}}) {
+    options.initial_iteration = initial;
+    auto p = JobPipeline::Open(store_.get(), *updater_, "job", layout, options);
+    EXPECT_EQ(p.status().code(), absl::StatusCode::kFailedPrecondition)
+        << p.status();
+    EXPECT_NE(p.status().message().find("iteration 6"), std::string::npos)
+        << p.status();
+  }
+  options.initial_iteration = 0;
+  auto p = JobPipeline::Open(store_.get(), *updater_, "job", layout, options);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ((*p)->iteration(), 6u);
 }
 
 }  // namespace

@@ -43,6 +43,14 @@ absl::Status ValidateLayout(const ModelLayout& layout);
 // weight dtypes may change between runs of a job; these may not.
 uint64_t LayoutFingerprint(const ModelLayout& layout);
 
+// One of the Adam moments in a chunk's state (torch's optimizer state
+// names); the values are the wire's (RingStatePart).
+enum class StatePart {
+  kExpAvg = 1,
+  kExpAvgSq = 2,
+  kMaxExpAvgSq = 3,  // AMSGrad only
+};
+
 // Where a layout's chunks are and how one chunk's state is laid out in its
 // store tensor: [fp32 weight | exp_avg | exp_avg_sq | max_exp_avg_sq if
 // AMSGrad], each `count` elements, moments in moment_dtype.
@@ -75,6 +83,10 @@ class StateLayout {
   }
   uint64_t max_exp_avg_sq_offset(uint64_t count) const {
     return 4 * count + 2 * moment_size_ * count;
+  }
+  // REQUIRES: `part` is one of StatePart's values (kMaxExpAvgSq: amsgrad()).
+  uint64_t moment_offset(StatePart part, uint64_t count) const {
+    return 4 * count + (static_cast<uint64_t>(part) - 1) * moment_size_ * count;
   }
 
   // Store tensor names: "layer.000003.chunk.000012" and "meta".

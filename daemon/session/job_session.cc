@@ -224,6 +224,7 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
   model.layer_table = *table;
 
   PipelineOptions options;
+  options.initial_iteration = spec.initial_iteration();
   options.stream_gradients = model.streamed_grads;
   // fp32 models have no 16-bit copy: FETCH_PARAMS reads the masters.
   options.stream_weight16 =
@@ -349,20 +350,32 @@ absl::Status JobSession::PublishWeights(size_t layer) {
 
 absl::Status JobSession::CheckStaging(const SubmissionEntry& entry) const {
   const Model& model = *served_;
+  if (absl::Status format = CheckStagingEntry(entry); !format.ok()) {
+    return format;
+  }
+  const RingOp op = static_cast<RingOp>(entry.op);
+  const bool state = op == RingOp::kReadState || op == RingOp::kInitState;
+  const char* name = op == RingOp::kInitWeights   ? "INIT_WEIGHTS"
+                     : op == RingOp::kReadWeights ? "READ_WEIGHTS"
+                     : op == RingOp::kReadState   ? "READ_STATE"
+                                                  : "INIT_STATE";
   if (entry.layer >= model.layout.layer_elements.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "layer ", entry.layer, " of ", model.layout.layer_elements.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": layer ", entry.layer, " of ",
+                     model.layout.layer_elements.size()));
   }
   const uint64_t bytes = model.layout.layer_elements[entry.layer] * 4;
   if (entry.slot_offset != model.staging.offset || entry.length != bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "weights go through the staging slot at offset ", model.staging.offset,
+        name, ": ", state ? "optimizer states" : "weights",
+        " go through the staging slot at offset ", model.staging.offset,
         " with length ", bytes, " for layer ", entry.layer, "; got offset ",
         entry.slot_offset, " length ", entry.length));
   }
   if (validator_->in_iteration()) {
     return absl::FailedPreconditionError(
-        "weights are staged only between iterations");
+        absl::StrCat(name, ": ", state ? "optimizer states" : "weights",
+                     " are staged only between iterations"));
   }
   return absl::OkStatus();
 }
@@ -386,6 +399,19 @@ absl::Status JobSession::Handle(const SubmissionEntry& entry, uint64_t& detail,
       return stored;
     }
     return PublishWeights(entry.layer);  // Streamed: stored with the states.
+  }
+  if (op == RingOp::kReadState || op == RingOp::kInitState) {
+    if (absl::Status valid = CheckStaging(entry); !valid.ok()) return valid;
+    float* staging = reinterpret_cast<float*>(base() + model.staging.offset);
+    const StatePart part = static_cast<StatePart>(entry.activation_id);
+    if (op == RingOp::kReadState) {
+      return model.pipeline->ReadState(entry.layer, part, staging);
+    }
+    // Copy first: the client may rewrite the staging slot at any time.
+    // The weights (and so the arena's or the store's 16-bit copies) stay.
+    std::vector<float> values(
+        staging, staging + model.layout.layer_elements[entry.layer]);
+    return model.pipeline->InitState(entry.layer, part, values.data());
   }
   if (op == RingOp::kIterBegin) {
     // The validator's state must not advance for an iteration the pipeline

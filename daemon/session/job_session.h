@@ -30,10 +30,11 @@ namespace lohan {
 // submission and completion rings in two control slots of it, and, once the
 // model is registered, the job's update pipeline and the thread that serves
 // the rings: every submission is checked (EntryValidator, plus the session's
-// own checks for weight staging), acted on through the JobPipeline and
-// answered with a completion carrying the same request id. A bad entry fails
-// that request with a clear code (its text in the error slot); it never
-// crashes the daemon or touches another job.
+// own checks for the staging ops: weights and optimizer states in and out),
+// acted on through the JobPipeline and answered with a completion carrying
+// the same request id. A bad entry fails that request with a clear code (its
+// text in the error slot); it never crashes the daemon or touches another
+// job.
 // Destroying the session stops the thread, abandons an iteration in flight
 // (its pending versions are rolled back; the last committed iteration stays)
 // and returns the arena's bytes to the pool.
@@ -105,6 +106,9 @@ class JobSession {
   // `detail`/`flags` for ops that report something.
   absl::Status Handle(const SubmissionEntry& entry, uint64_t& detail,
                       uint32_t& flags);
+  // A staging op (INIT/READ_WEIGHTS, READ/INIT_STATE): its fields
+  // (CheckStagingEntry), the layer, the staging slot's offset and the
+  // layer's fp32 length, and no iteration in progress.
   absl::Status CheckStaging(const SubmissionEntry& entry) const;
   // Resident weights: writes the layer's committed weights into its weight
   // slot (in the model's dtype): after InitializeWeights, and after a failed

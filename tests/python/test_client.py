@@ -247,6 +247,126 @@ def test_raw_model_ops_refuse_misuse(lohand):
             assert client.status()["pool"]["arenas"][0]["job_id"] == job.id
 
 
+def _step(model, sizes, grads):
+    """One iteration through the synchronous Model API with fp32 `grads`."""
+    import torch
+
+    model.iter_begin()
+    for layer in range(len(sizes)):
+        model.fetch_params(layer)
+    for layer in reversed(range(len(sizes))):
+        torch.frombuffer(model.grad_buffer(layer),
+                         dtype=torch.float32).copy_(grads[layer])
+        model.grad_ready(layer)
+    model.iter_end()
+
+
+def _read(model, staging, sizes, what):
+    """Every layer's master weights (what=None) or Adam moment `what`."""
+    out = []
+    for layer, n in enumerate(sizes):
+        if what is None:
+            model.read_weights(layer)
+        else:
+            model.read_state(layer, what)
+        out.append(staging[:n].clone())
+    return out
+
+
+def test_optimizer_states_read_and_restored_into_a_job_at_a_step(lohand):
+    """read_state gives torch AdamW's exp_avg / exp_avg_sq; a new job
+    registered at initial_iteration=2 with those moments (init_state) and
+    the weights continues bit for bit like the original."""
+    import torch
+
+    torch.manual_seed(3)
+    sizes = [12, 5]
+    params = [torch.randn(n) for n in sizes]
+    # Positive gradients: the moments never cancel, so a relative
+    # comparison is meaningful everywhere.
+    grads = [[torch.rand(n) + 0.1 for n in sizes] for _ in range(3)]
+    reference = [torch.nn.Parameter(p.clone()) for p in params]
+    optimizer = torch.optim.AdamW(reference, lr=1e-2, weight_decay=0.01)
+    with Client(lohand.socket) as client:
+        job = client.create_job("states-a", host_pool_bytes=1 << 20)
+        client.attach_job(job.id)
+        plane = client.open_data_plane(job.id)
+        model = plane.register_model(job.id, sizes, lr=1e-2,
+                                     weight_decay=0.01)
+        staging = torch.frombuffer(model.staging, dtype=torch.float32)
+        for layer, p in enumerate(params):
+            staging[: p.numel()] = p
+            model.init_weights(layer)
+            model.read_state(layer, "exp_avg")
+            assert bool((staging[: p.numel()] == 0).all())
+        for step in range(2):
+            _step(model, sizes, grads[step])
+            for p, g in zip(reference, grads[step]):
+                p.grad = g.clone()
+            optimizer.step()
+        weights = _read(model, staging, sizes, None)
+        exp_avg = _read(model, staging, sizes, "exp_avg")
+        exp_avg_sq = _read(model, staging, sizes, "exp_avg_sq")
+        for layer, p in enumerate(reference):
+            state = optimizer.state[p]
+            torch.testing.assert_close(exp_avg[layer], state["exp_avg"],
+                                       rtol=1e-6, atol=0)
+            torch.testing.assert_close(exp_avg_sq[layer],
+                                       state["exp_avg_sq"], rtol=1e-6, atol=0)
+            torch.testing.assert_close(weights[layer], p.detach(),
+                                       rtol=1e-5, atol=1e-6)
+        for bad in ("max_exp_avg_sq",):  # not an AMSGrad job
+            with pytest.raises(LohanError) as error:
+                model.read_state(0, bad)
+            assert error.value.code == StatusCode.INVALID_ARGUMENT
+        for bad in ("exp_avg_sqr", "", 1):
+            with pytest.raises(ValueError):
+                model.read_state(0, bad)
+            with pytest.raises(ValueError):
+                model.init_state(0, bad)
+
+        restored = client.create_job("states-b", host_pool_bytes=1 << 20)
+        client.attach_job(restored.id)
+        plane_b = client.open_data_plane(restored.id)
+        model_b = plane_b.register_model(restored.id, sizes, lr=1e-2,
+                                         weight_decay=0.01,
+                                         initial_iteration=2)
+        assert model_b.iteration == 2
+        staging_b = torch.frombuffer(model_b.staging, dtype=torch.float32)
+        with pytest.raises(LohanError) as error:
+            model_b.init_state(0, "exp_avg")  # no weights yet
+        assert error.value.code == StatusCode.FAILED_PRECONDITION
+        for layer, n in enumerate(sizes):
+            staging_b[:n] = weights[layer]
+            model_b.init_weights(layer)
+            staging_b[:n] = exp_avg[layer]
+            model_b.init_state(layer, "exp_avg")
+            staging_b[:n] = exp_avg_sq[layer]
+            model_b.init_state(layer, "exp_avg_sq")
+        assert torch.equal(torch.cat(_read(model_b, staging_b, sizes,
+                                           "exp_avg_sq")),
+                           torch.cat(exp_avg_sq))
+        # One more iteration on each, the same gradient: Adam step 3 both.
+        _step(model, sizes, grads[2])
+        _step(model_b, sizes, grads[2])
+        a = torch.cat(_read(model, staging, sizes, None))
+        b = torch.cat(_read(model_b, staging_b, sizes, None))
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+        for part in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(torch.cat(_read(model, staging, sizes, part)),
+                               torch.cat(_read(model_b, staging_b, sizes,
+                                               part)))
+        for p, g in zip(reference, grads[2]):
+            p.grad = g.clone()
+        optimizer.step()
+        torch.testing.assert_close(
+            a, torch.cat([p.detach() for p in reference]), rtol=1e-5,
+            atol=1e-6)
+        del staging, staging_b
+        plane.close()
+        plane_b.close()
+
+
 def test_activation_swap_through_the_daemon(lohand):
     import torch
 

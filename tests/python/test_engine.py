@@ -322,6 +322,76 @@ def test_save_then_resume_reproduces_the_uninterrupted_run(lohand, tmp_path):
         assert torch.equal(param.detach(), saved[name])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_checkpoint_with_optimizer_state_resumes_exactly(lohand, tmp_path,
+                                                         dtype):
+    """save(dir, optimizer_state=True) writes the masters and the Adam
+    moments; lohan.init(..., resume=dir) makes a new job from them (the
+    original job deleted: the directory is all there is) at the saved step,
+    and the run ends bit for bit where an uninterrupted one does."""
+    data = batches(5)
+    straight = tiny_gpt().to(dtype)
+    with engine_for(straight, lohand, job_name=f"whole-{dtype}") as engine:
+        straight_losses = train_lohan(engine, straight, data)
+        straight_masters = engine.master_weights()
+
+    first = tiny_gpt().to(dtype)
+    with engine_for(first, lohand, job_name=f"first-{dtype}") as engine:
+        losses = train_lohan(engine, first, data[:2])
+        engine.save(tmp_path / "ckpt", optimizer_state=True)
+        saved = engine.master_weights()
+        job_id = engine._job.id
+    with lohan.Client(lohand.socket) as client:
+        client.delete_job(job_id)
+
+    from safetensors.torch import load_file
+    moments = load_file(str(tmp_path / "ckpt" / "optimizer.safetensors"))
+    names = [n for n, _ in first.named_parameters()]
+    assert sorted(moments) == sorted(
+        [f"exp_avg/{n}" for n in names] + [f"exp_avg_sq/{n}" for n in names])
+    assert all(v.abs().sum() > 0 for k, v in moments.items()
+               if k.startswith("exp_avg_sq/"))
+
+    second = tiny_gpt(seed=123).to(dtype)  # other weights: replaced
+    with engine_for(second, lohand, job_name=f"second-{dtype}",
+                    resume=tmp_path / "ckpt") as engine:
+        assert engine.iteration == 2
+        resumed = engine.master_weights()
+        for name in names:
+            assert torch.equal(resumed[name], saved[name]), name
+        losses += train_lohan(engine, second, data[2:])
+        assert engine.iteration == 5
+        masters = engine.master_weights()
+    assert losses == straight_losses
+    for name in names:
+        assert torch.equal(masters[name], straight_masters[name]), name
+
+
+def test_checkpoint_without_optimizer_state_starts_adam_afresh(lohand,
+                                                                tmp_path):
+    first = tiny_gpt()
+    with engine_for(first, lohand, job_name="weights-only") as engine:
+        train_lohan(engine, first, batches(2))
+        engine.save(tmp_path / "ckpt")
+        saved = engine.master_weights()
+    assert not (tmp_path / "ckpt" / "optimizer.safetensors").exists()
+    second = tiny_gpt(seed=5)
+    with pytest.warns(UserWarning, match="no optimizer state"):
+        engine = engine_for(second, lohand, job_name="from-weights",
+                            resume=tmp_path / "ckpt")
+    with engine:
+        assert engine.iteration == 0
+        for name, param in second.named_parameters():
+            assert torch.equal(param.detach(), saved[name]), name
+    with pytest.raises(FileNotFoundError, match="not a lohan checkpoint"):
+        engine_for(tiny_gpt(), lohand, job_name="nowhere",
+                   resume=tmp_path / "absent")
+    with pytest.raises(LohanError, match="no weights for parameter"), \
+            pytest.warns(UserWarning, match="no optimizer state"):
+        engine_for(_ActivationProbe([]), lohand, job_name="other-model",
+                   resume=tmp_path / "ckpt")
+
+
 def test_job_name_conflicts_and_missing_resume_are_explained(lohand):
     with engine_for(tiny_gpt(), lohand, job_name="taken"):
         pass

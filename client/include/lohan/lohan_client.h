@@ -163,9 +163,9 @@ LOHAN_CLIENT_API void lohan_data_plane_destroy(lohan_data_plane* plane);
  * Without CUDA, lohan_model_grad_ready_from_host / lohan_model_weights_to_host
  * do the same with memcpy.
  * Threads: lohan_model_iter_begin, lohan_model_iter_end, init/read_weights,
- * register and destroy from one thread at a time; everything else (the
- * synchronous and asynchronous requests, waits, polls and copies) from any
- * number of threads at once. */
+ * init/read_state, register and destroy from one thread at a time; everything
+ * else (the synchronous and asynchronous requests, waits, polls and copies)
+ * from any number of threads at once. */
 typedef struct lohan_model lohan_model;
 
 enum { LOHAN_DTYPE_FP32 = 1, LOHAN_DTYPE_BF16 = 2, LOHAN_DTYPE_FP16 = 3 };
@@ -196,6 +196,15 @@ typedef struct lohan_model_spec {
    * once, read once per update pass) and the 16-bit weights. */
   uint32_t grad_slots;
   uint32_t weight_slots;
+  /* Added after weight_slots (a spec whose struct_size ends before it
+   * means 0). For a job that has no states yet (a new one): the iteration
+   * it starts at, as if it had committed that many, so its first update is
+   * Adam step initial_iteration + 1 and lohan_model_iteration reports it.
+   * With lohan_model_init_weights and lohan_model_init_state this restores
+   * a checkpoint taken at that step into a new job. A job with states
+   * resumes at its stored iteration: a nonzero value other than that is
+   * LOHAN_FAILED_PRECONDITION; 0 means whatever is stored. */
+  uint64_t initial_iteration;
 } lohan_model_spec;
 
 /* `plane` must stay open while the model is used. */
@@ -230,6 +239,27 @@ LOHAN_CLIENT_API int lohan_model_init_weights(lohan_model* model,
 /* Copies the layer's committed fp32 master weights into staging. */
 LOHAN_CLIENT_API int lohan_model_read_weights(lohan_model* model,
                                               uint32_t layer);
+/* The Adam moments of a layer (torch's optimizer state names), for
+ * portable checkpoints: `part` of lohan_model_read_state /
+ * lohan_model_init_state. LOHAN_STATE_MAX_EXP_AVG_SQ exists only with
+ * amsgrad (LOHAN_INVALID_ARGUMENT otherwise). */
+enum {
+  LOHAN_STATE_EXP_AVG = 1,
+  LOHAN_STATE_EXP_AVG_SQ = 2,
+  LOHAN_STATE_MAX_EXP_AVG_SQ = 3
+};
+/* Copies the layer's committed moment `part` into staging as fp32
+ * (widened from bf16 with bf16_moments). Outside iterations
+ * (LOHAN_FAILED_PRECONDITION inside, or before the layer has states). */
+LOHAN_CLIENT_API int lohan_model_read_state(lohan_model* model, uint32_t layer,
+                                            int part);
+/* Replaces the layer's committed moment `part` with the fp32 values in
+ * staging (rounded to nearest even with bf16_moments), committed at once
+ * for the whole layer; its weights and other moments stay. Outside
+ * iterations, after lohan_model_init_weights (LOHAN_FAILED_PRECONDITION
+ * otherwise). */
+LOHAN_CLIENT_API int lohan_model_init_state(lohan_model* model, uint32_t layer,
+                                            int part);
 LOHAN_CLIENT_API int lohan_model_iter_begin(lohan_model* model);
 /* As lohan_model_iter_begin, with every gradient of the iteration multiplied
  * by `grad_scale` (> 0; 1/loss_scale for fp16 loss scaling) and, when

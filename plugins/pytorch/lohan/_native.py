@@ -50,6 +50,8 @@ class ModelSpec(ctypes.Structure):
         # 0.2: streamed layouts (0: one buffer per layer).
         ("grad_slots", ctypes.c_uint32),
         ("weight_slots", ctypes.c_uint32),
+        # A new job's starting iteration (a restored checkpoint's step).
+        ("initial_iteration", ctypes.c_uint64),
     ]
 
 
@@ -99,6 +101,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "lohan_model_staging_bytes": (u64, [c_void_p]),
         "lohan_model_init_weights": (c_int, [c_void_p, u32]),
         "lohan_model_read_weights": (c_int, [c_void_p, u32]),
+        "lohan_model_read_state": (c_int, [c_void_p, u32, c_int]),
+        "lohan_model_init_state": (c_int, [c_void_p, u32, c_int]),
         "lohan_model_iter_begin": (c_int, [c_void_p]),
         "lohan_model_iter_begin_with": (c_int, [c_void_p, ctypes.c_float,
                                                 ctypes.c_double]),

@@ -73,6 +73,10 @@ class Job:
 
 _DTYPES = {"fp32": (1, 4), "bf16": (2, 2), "fp16": (3, 2)}
 
+# Adam moments by torch's optimizer state names (LOHAN_STATE_* in
+# lohan_client.h).
+STATE_PARTS = {"exp_avg": 1, "exp_avg_sq": 2, "max_exp_avg_sq": 3}
+
 
 def _view(address: int, size: int) -> memoryview:
     return memoryview((ctypes.c_uint8 * size).from_address(address)).cast("B")
@@ -127,6 +131,28 @@ class Model:
     def read_weights(self, layer: int) -> None:
         _check(self._lib.lohan_model_read_weights(self._handle,
                                                   self._layer(layer)))
+
+    @staticmethod
+    def _part(part: str) -> int:
+        if part not in STATE_PARTS:
+            raise ValueError(f"optimizer state part {part!r} is not one of "
+                             f"{sorted(STATE_PARTS)}")
+        return STATE_PARTS[part]
+
+    def read_state(self, layer: int, part: str) -> None:
+        """Copies the layer's committed Adam moment `part` ("exp_avg",
+        "exp_avg_sq", or "max_exp_avg_sq" with amsgrad) into staging as
+        fp32. Between iterations only."""
+        _check(self._lib.lohan_model_read_state(
+            self._handle, self._layer(layer), self._part(part)))
+
+    def init_state(self, layer: int, part: str) -> None:
+        """Replaces the layer's committed Adam moment `part` with the fp32
+        values in staging (after init_weights, between iterations); the
+        weights and the other moments stay. With register_model's
+        initial_iteration this restores a checkpoint into a new job."""
+        _check(self._lib.lohan_model_init_state(
+            self._handle, self._layer(layer), self._part(part)))
 
     def iter_begin(self, grad_scale: float = 1.0,
                    lr: Optional[float] = None) -> None:
@@ -286,16 +312,25 @@ class DataPlane:
                        chunk_elements: int = 0,
                        activation_bytes: int = 0,
                        grad_slots: int = 0,
-                       weight_slots: int = 0) -> Model:
+                       weight_slots: int = 0,
+                       initial_iteration: int = 0) -> Model:
         """Registers the model of `job_id` (this process attached it and
         opened this data plane); see lohan_client.h.
 
         `grad_slots` / `weight_slots` = K in 1..layers-1 stream gradients /
         16-bit weights through the daemon's SSDs with K shared arena buffers
-        (layer i's is buffer i % K); 0 keeps one buffer per layer."""
+        (layer i's is buffer i % K); 0 keeps one buffer per layer.
+
+        `initial_iteration`: for a job without states yet, the iteration it
+        starts at (its first update is Adam step initial_iteration + 1), to
+        restore a checkpoint with init_weights and init_state; a job with
+        states refuses another nonzero value (FAILED_PRECONDITION)."""
         if dtype not in _DTYPES:
             raise ValueError(f"dtype {dtype!r} is not supported; use one of "
                              f"{sorted(_DTYPES)}")
+        if initial_iteration < 0:
+            raise ValueError(f"initial_iteration must be >= 0, got "
+                             f"{initial_iteration}")
         elements = (ctypes.c_uint64 * len(layer_elements))(*layer_elements)
         spec = _native.ModelSpec(
             struct_size=ctypes.sizeof(_native.ModelSpec),
@@ -306,7 +341,7 @@ class DataPlane:
             bf16_moments=int(bf16_moments), max_grad_norm=max_grad_norm,
             skip_nonfinite=int(skip_nonfinite), chunk_elements=chunk_elements,
             activation_bytes=activation_bytes, grad_slots=grad_slots,
-            weight_slots=weight_slots)
+            weight_slots=weight_slots, initial_iteration=initial_iteration)
         handle = ctypes.c_void_p()
         _check(self._lib.lohan_model_register(
             self._client._handle, self._handle, job_id.encode(),

@@ -26,7 +26,8 @@ from lohan.activations import ActivationStats, ActivationStore
 from lohan.activations import install as install_activation_policy
 from lohan.blocks import (BlocksArg, Layer, WIRE_NAMES, find_blocks,
                           plan_layers, resolve_dtype)
-from lohan.checkpoint import save_checkpoint
+from lohan.checkpoint import (CheckpointReader, parameter_aliases,
+                              write_checkpoint)
 from lohan.client import Client, LohanError, StatusCode
 from lohan.hooks import GradientRouter, has_lohan_hook
 from lohan.params import ParameterResidency
@@ -81,7 +82,8 @@ class Engine:
                  blocks: BlocksArg = None, socket: Optional[str] = None,
                  job_name: Optional[str] = None,
                  dtype: Union[None, str, torch.dtype] = None,
-                 resume: bool = False, grad_accumulation_steps: int = 1,
+                 resume: Union[bool, str, os.PathLike] = False,
+                 grad_accumulation_steps: int = 1,
                  adamw: bool = True, amsgrad: bool = False,
                  skip_nonfinite: bool = True, chunk_elements: int = 0,
                  activations: str = "offload",
@@ -116,8 +118,22 @@ class Engine:
         self.layers: List[Layer] = plan_layers(model, self.blocks)
         self.dtype: torch.dtype = resolve_dtype(dtype, self.layers)
         self.grad_accumulation_steps = grad_accumulation_steps
+        self._amsgrad = bool(amsgrad)
         self.job_name = (job_name
                          or f"{type(model).__name__[:48]}-{os.getpid()}")
+        # resume=True continues this user's job of that name on the daemon;
+        # resume=<directory> starts a new job from a checkpoint (weights,
+        # and the Adam moments and step when it has them).
+        self._checkpoint: Optional[CheckpointReader] = None
+        if not isinstance(resume, bool):
+            self._checkpoint = CheckpointReader(resume)
+            if not self._checkpoint.moments:
+                warnings.warn(
+                    f"lohan: {self._checkpoint.path} has no optimizer state "
+                    "(engine.save(dir, optimizer_state=True) writes it): "
+                    "training starts from its weights with fresh Adam "
+                    "moments at step 0", stacklevel=3)
+            resume = False
         self.last: Optional[StepResult] = None
         self._in_iteration = False
         self._closed = False
@@ -190,7 +206,10 @@ class Engine:
                 amsgrad=amsgrad, max_grad_norm=max_grad_norm,
                 skip_nonfinite=skip_nonfinite, chunk_elements=chunk_elements,
                 activation_bytes=area_bytes, grad_slots=slots,
-                weight_slots=slots)
+                weight_slots=slots,
+                initial_iteration=(self._checkpoint.iteration
+                                   if self._checkpoint is not None
+                                   and self._checkpoint.moments else 0))
             self._grad_views = [
                 torch.frombuffer(self._remote.grad_buffer(l.index),
                                  dtype=self.dtype)[:l.numel]
@@ -353,7 +372,10 @@ class Engine:
         """Layer by layer (no whole-model copy): a stored layer's weights
         come from the daemon; a new one's fp32 masters are the model's
         current values, taken before the parameters are converted to the
-        training dtype."""
+        training dtype, or the checkpoint's (resume=<directory>)."""
+        if self._checkpoint is not None:
+            self._load_checkpoint(self._checkpoint)
+            return
         for layer in self.layers:
             index = layer.index
             if self._remote.layer_initialized(index):
@@ -374,6 +396,52 @@ class Engine:
                 if self.buffers == "streamed":
                     self._remote.fetch_params(index)
                 self._copy_into_params(layer, self._weight_views[index])
+
+    def _load_checkpoint(self, checkpoint: CheckpointReader) -> None:
+        """A new job's states from a checkpoint, layer by layer: the fp32
+        masters (also into the model), then the moments it has."""
+        aliases = parameter_aliases(self.model)
+        parts = [p for p in checkpoint.moments
+                 if p != "max_exp_avg_sq" or self._amsgrad]
+
+        def flat(layer: Layer, part: str) -> torch.Tensor:
+            values = []
+            for name, param in zip(layer.names, layer.params):
+                found = checkpoint.find(aliases.get(id(param), [name]), part)
+                if found is None:
+                    raise LohanError(
+                        StatusCode.NOT_FOUND,
+                        f"{checkpoint.path}: no {part} for parameter {name} "
+                        "(the checkpoint is of another model?)")
+                if tuple(found.shape) != tuple(param.shape):
+                    raise LohanError(
+                        StatusCode.INVALID_ARGUMENT,
+                        f"{checkpoint.path}: {name} ({part}) has shape "
+                        f"{tuple(found.shape)}, the model's "
+                        f"{tuple(param.shape)}")
+                values.append(found.reshape(-1).to(torch.float32))
+            return torch.cat(values)
+
+        for layer in self.layers:
+            index = layer.index
+            if self._remote.layer_initialized(index):
+                raise LohanError(
+                    StatusCode.FAILED_PRECONDITION,
+                    f"job {self.job_name!r} has states already; resume from "
+                    "a checkpoint starts a new job (pass another job_name, "
+                    "or resume=True to continue this one)")
+            self._staging[:layer.numel].copy_(flat(layer, "weights"))
+            self._remote.init_weights(index)
+            self._convert(layer)
+            if self.dtype == torch.float32:
+                self._copy_into_params(layer, self._staging)
+            else:
+                if self.buffers == "streamed":
+                    self._remote.fetch_params(index)
+                self._copy_into_params(layer, self._weight_views[index])
+            for part in parts:
+                self._staging[:layer.numel].copy_(flat(layer, part))
+                self._remote.init_state(index, part)
 
     def _convert(self, layer: Layer) -> None:
         for param in layer.params:
@@ -544,17 +612,40 @@ class Engine:
                                  .clone().view(param.shape))
         return weights
 
-    def save(self, directory: Union[str, os.PathLike]) -> str:
+    def save(self, directory: Union[str, os.PathLike],
+             optimizer_state: bool = False) -> str:
         """Writes `directory/model.safetensors` (the fp32 master weights by
-        parameter name) and `directory/lohan.json`; returns the safetensors
-        path. The Adam moments stay with the daemon's job: resume with
-        lohan.init(model, job_name=..., resume=True)."""
-        return save_checkpoint(directory, self.master_weights(), {
+        parameter name), with `optimizer_state=True` also
+        `directory/optimizer.safetensors` (the Adam moments), and
+        `directory/lohan.json`; returns the weights file's path. Layer by
+        layer: memory holds one layer at a time. Continue from it with
+        lohan.init(model, ..., resume=directory) (with the optimizer state,
+        exactly where this run is), or from the daemon's job itself with
+        resume=True. Between steps only."""
+        self._check_open()
+        if self._in_iteration:
+            raise RuntimeError("lohan: save() in the middle of a step; call "
+                               "engine.step() first")
+        parts = ["weights"]
+        if optimizer_state:
+            parts += ["exp_avg", "exp_avg_sq"]
+            if self._amsgrad:
+                parts.append("max_exp_avg_sq")
+
+        def read_layer(layer: Layer, part: str) -> torch.Tensor:
+            if part == "weights":
+                self._remote.read_weights(layer.index)
+            else:
+                self._remote.read_state(layer.index, part)
+            return self._staging[:layer.numel]
+
+        return write_checkpoint(directory, self.layers, read_layer, parts, {
             "job_name": self.job_name,
             "job_id": self._job.id,
             "iteration": self.iteration,
             "dtype": WIRE_NAMES[self.dtype],
             "layers": [layer.names for layer in self.layers],
+            "adam": {"lr": self.lr, "amsgrad": self._amsgrad},
         })
 
     # ------------------------------------------------------------- teardown

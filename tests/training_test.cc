@@ -34,6 +34,22 @@ using ::testing::HasSubstr;
 const std::vector<uint64_t> kLayers = {1000, 5000, 333};
 constexpr uint64_t kSeed = 7;
 
+// A RegisterModel request for `job_id`: layers of `sizes`, AdamW with
+// lr 1e-3, betas (0.9, 0.999), eps 1e-8.
+v1::RegisterModelRequest ModelRequest(const std::string& job_id,
+                                      const std::vector<uint64_t>& sizes,
+                                      v1::DType dtype) {
+  v1::RegisterModelRequest request;
+  request.set_job_id(job_id);
+  for (uint64_t n : sizes) request.mutable_model()->add_layer_elements(n);
+  request.mutable_model()->set_dtype(dtype);
+  request.mutable_model()->mutable_adam()->set_lr(1e-3);
+  request.mutable_model()->mutable_adam()->set_beta1(0.9);
+  request.mutable_model()->mutable_adam()->set_beta2(0.999);
+  request.mutable_model()->mutable_adam()->set_eps(1e-8);
+  return request;
+}
+
 class TrainingTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -288,16 +304,7 @@ TEST_F(TrainingTest, RegisterModelRefusesBadSpecs) {
   auto job = (*client)->CreateJob(spec);
   ASSERT_TRUE(job.ok());
   ASSERT_TRUE((*client)->AttachJob(job->id()).ok());
-  auto good = [&]() {
-    v1::RegisterModelRequest request;
-    request.set_job_id(job->id());
-    request.mutable_model()->add_layer_elements(100);
-    request.mutable_model()->set_dtype(v1::DTYPE_BF16);
-    request.mutable_model()->mutable_adam()->set_lr(1e-3);
-    request.mutable_model()->mutable_adam()->set_beta1(0.9);
-    request.mutable_model()->mutable_adam()->set_beta2(0.999);
-    return request;
-  };
+  auto good = [&]() { return ModelRequest(job->id(), {100}, v1::DTYPE_BF16); };
   // No data plane open yet.
   EXPECT_EQ((*client)->RegisterModel(good()).status().code(),
             absl::StatusCode::kFailedPrecondition);
@@ -354,13 +361,8 @@ TEST_F(TrainingTest, MalformedRingEntriesFailOneByOneAndHurtNothing) {
   ControlClient& client = *opened.client;
   DataPlane& plane = *opened.plane;
   const v1::Job& job = opened.job;
-  v1::RegisterModelRequest request;
-  request.set_job_id(job.id());
-  request.mutable_model()->add_layer_elements(64);
-  request.mutable_model()->set_dtype(v1::DTYPE_FP32);
-  request.mutable_model()->mutable_adam()->set_lr(1e-3);
-  request.mutable_model()->mutable_adam()->set_beta1(0.9);
-  request.mutable_model()->mutable_adam()->set_beta2(0.999);
+  v1::RegisterModelRequest request =
+      ModelRequest(job.id(), {64}, v1::DTYPE_FP32);
   auto registered = client.RegisterModel(request);
   ASSERT_TRUE(registered.ok()) << registered.status();
   plane.SetErrorText(registered->error_text_offset(),
@@ -521,14 +523,8 @@ TEST_F(TrainingTest, StreamedLayoutRefusesWrongSlotsAndKeepsServing) {
   DataPlane& plane = *opened.plane;
   const v1::Job& job = opened.job;
   const std::vector<uint64_t> sizes = {1000, 3000, 500, 2000};
-  v1::RegisterModelRequest request;
-  request.set_job_id(job.id());
-  for (uint64_t n : sizes) request.mutable_model()->add_layer_elements(n);
-  request.mutable_model()->set_dtype(v1::DTYPE_BF16);
-  request.mutable_model()->mutable_adam()->set_lr(1e-3);
-  request.mutable_model()->mutable_adam()->set_beta1(0.9);
-  request.mutable_model()->mutable_adam()->set_beta2(0.999);
-  request.mutable_model()->mutable_adam()->set_eps(1e-8);
+  v1::RegisterModelRequest request =
+      ModelRequest(job.id(), sizes, v1::DTYPE_BF16);
   request.mutable_model()->set_grad_slots(2);
   request.mutable_model()->set_weight_slots(1);
   auto registered = client.RegisterModel(request);
@@ -645,14 +641,8 @@ TEST_F(TrainingTest, StateOpsAndInitialIterationThroughTheRings) {
   ControlClient& client = *opened.client;
   const v1::Job& job = opened.job;
   const std::vector<uint64_t> sizes = {64, 100};
-  v1::RegisterModelRequest request;
-  request.set_job_id(job.id());
-  for (uint64_t n : sizes) request.mutable_model()->add_layer_elements(n);
-  request.mutable_model()->set_dtype(v1::DTYPE_FP32);
-  request.mutable_model()->mutable_adam()->set_lr(1e-3);
-  request.mutable_model()->mutable_adam()->set_beta1(0.9);
-  request.mutable_model()->mutable_adam()->set_beta2(0.999);
-  request.mutable_model()->mutable_adam()->set_eps(1e-8);
+  v1::RegisterModelRequest request =
+      ModelRequest(job.id(), sizes, v1::DTYPE_FP32);
   request.mutable_model()->set_initial_iteration(5);
   auto registered = client.RegisterModel(request);
   ASSERT_TRUE(registered.ok()) << registered.status();

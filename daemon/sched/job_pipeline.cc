@@ -109,6 +109,33 @@ absl::StatusOr<std::unique_ptr<JobPipeline>> JobPipeline::Open(
   return pipeline;
 }
 
+absl::StatusOr<TensorInfo> JobPipeline::OpenTensor(const std::string& name,
+                                                   uint64_t bytes, bool create,
+                                                   absl::string_view what) {
+  absl::StatusOr<TensorInfo> info = store_->Stat(job_, name);
+  if (!info.ok() && info.status().code() == absl::StatusCode::kNotFound) {
+    if (!create) {
+      return absl::DataLossError(
+          absl::StrCat("job '", job_, "': ", what, " ", name, " is missing"));
+    }
+    absl::Status s = store_->Create(job_, name, bytes);
+    if (!s.ok()) return s;
+    info = store_->Stat(job_, name);
+  }
+  if (!info.ok()) return info.status();
+  if (info->bytes != bytes) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job '", job_, "': ", what, " ", name, " has ",
+                     info->bytes, " bytes, the layout needs ", bytes));
+  }
+  if (info->pending_version != 0) {
+    absl::Status s = store_->Rollback(job_, name);
+    if (!s.ok() && !IsNoPending(s)) return s;
+    info->pending_version = 0;
+  }
+  return info;
+}
+
 absl::Status JobPipeline::OpenStates() {
   // Gradients of an iteration a dead pipeline never finished.
   if (absl::Status s = DropScratchTensors(store_, job_); !s.ok()) return s;
@@ -152,26 +179,9 @@ absl::Status JobPipeline::OpenStates() {
     for (size_t c = 0; c < state_.num_chunks(l); ++c) {
       const std::string& name = chunk_names_[FlatIndex(l, c)];
       const uint64_t bytes = state_.state_bytes(state_.chunk_count(l, c));
-      absl::StatusOr<TensorInfo> info = store_->Stat(job_, name);
-      if (!info.ok() && info.status().code() == absl::StatusCode::kNotFound) {
-        if (existing) {
-          return absl::DataLossError(absl::StrCat(
-              "job '", job_, "': state tensor ", name, " is missing"));
-        }
-        absl::Status s = store_->Create(job_, name, bytes);
-        if (!s.ok()) return s;
-        info = store_->Stat(job_, name);
-      }
+      absl::StatusOr<TensorInfo> info =
+          OpenTensor(name, bytes, /*create=*/!existing, "state tensor");
       if (!info.ok()) return info.status();
-      if (info->bytes != bytes) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("job '", job_, "': state tensor ", name, " has ",
-                         info->bytes, " bytes, the layout needs ", bytes));
-      }
-      if (info->pending_version != 0) {
-        absl::Status s = store_->Rollback(job_, name);
-        if (!s.ok() && !IsNoPending(s)) return s;
-      }
       if (info->committed_version == 0) initialized[l] = false;
     }
   }
@@ -231,22 +241,9 @@ absl::Status JobPipeline::OpenWeight16(const JobMeta& meta,
     for (size_t c = 0; c < state_.num_chunks(l); ++c) {
       const std::string& name = weight16_names_[FlatIndex(l, c)];
       const uint64_t bytes = state_.chunk_count(l, c) * 2;
-      absl::StatusOr<TensorInfo> info = store_->Stat(job_, name);
-      if (!info.ok() && info.status().code() == absl::StatusCode::kNotFound) {
-        absl::Status s = store_->Create(job_, name, bytes);
-        if (!s.ok()) return s;
-        info = store_->Stat(job_, name);
-      }
+      absl::StatusOr<TensorInfo> info =
+          OpenTensor(name, bytes, /*create=*/true, "16-bit weight tensor");
       if (!info.ok()) return info.status();
-      if (info->bytes != bytes) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("16-bit weight tensor ", name, " has ", info->bytes,
-                         " bytes, the layout needs ", bytes));
-      }
-      if (info->pending_version != 0) {
-        absl::Status s = store_->Rollback(job_, name);
-        if (!s.ok() && !IsNoPending(s)) return s;
-      }
       // A layer initialized by a pipeline that did not stream them.
       if (info->committed_version == 0) complete = false;
     }

@@ -266,6 +266,11 @@ class JobPipeline {
   JobPipeline(TensorStore* store, const AdamUpdater& updater, std::string job,
               const ModelLayout& layout, const PipelineOptions& options);
   absl::Status OpenStates();
+  // The job's tensor `name` of `bytes`, created if missing when `create`
+  // (DATA_LOSS naming `what` otherwise), checked for its size, with any
+  // pending version rolled back.
+  absl::StatusOr<TensorInfo> OpenTensor(const std::string& name, uint64_t bytes,
+                                        bool create, absl::string_view what);
   // Streaming 16-bit weights: creates the weight16 tensors and rebuilds
   // the copies of initialized layers that are missing or stale (`meta`:
   // the committed one), committing them with a meta that marks them

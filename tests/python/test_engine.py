@@ -806,6 +806,36 @@ def test_hugging_face_llama_trains_unmodified(lohand, params):
     _hf_matches_torch(model, lohand, params=params)
 
 
+def _hf_model(kind: str):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    if kind == "bert":
+        return transformers.BertForMaskedLM(transformers.BertConfig(
+            vocab_size=100, hidden_size=32, num_hidden_layers=2,
+            num_attention_heads=2, intermediate_size=64,
+            max_position_embeddings=32))
+    if kind == "opt":
+        return transformers.OPTForCausalLM(transformers.OPTConfig(
+            vocab_size=100, hidden_size=32, num_hidden_layers=2, ffn_dim=64,
+            num_attention_heads=2, max_position_embeddings=32,
+            word_embed_proj_dim=32))
+    return transformers.MistralForCausalLM(transformers.MistralConfig(
+        vocab_size=100, hidden_size=32, intermediate_size=64,
+        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+        max_position_embeddings=32))
+
+
+@pytest.mark.parametrize("kind", ["bert", "opt", "mistral"])
+def test_more_hugging_face_families_train_unmodified(lohand, kind):
+    """An encoder (BERT, masked LM, dropout on) and two more decoders. The
+    attention key biases (BERT, OPT) have a true gradient of 0: see the top
+    of this file."""
+    model = _hf_model(kind)
+    noise = {name: slice(None) for name, _ in model.named_parameters()
+             if name.endswith(("key.bias", "k_proj.bias"))}
+    _hf_matches_torch(model, lohand, noise=noise)
+
+
 def test_hugging_face_t5_encoder_decoder_trains_unmodified(lohand):
     """Both stacks are found (encoder and decoder blocks, one layer each);
     the decoder blocks get a key/value cache object and pass the position

@@ -661,6 +661,70 @@ def test_daemon_killed_mid_step_then_resumed_exactly(tmp_path):
         daemon.stop(signal.SIGKILL)
 
 
+class _LoraLinear(nn.Module):
+    """A frozen base weight plus a trained low-rank update (LoRA)."""
+
+    def __init__(self, dim: int, rank: int = 2):
+        super().__init__()
+        self.base = nn.Linear(dim, dim)
+        self.base.requires_grad_(False)
+        self.down = nn.Parameter(torch.randn(rank, dim) * 0.1)
+        self.up = nn.Parameter(torch.zeros(dim, rank))
+
+    def forward(self, x):
+        return self.base(x) + x @ self.down.t() @ self.up.t()
+
+
+class _LoraModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.ModuleList(
+            nn.Sequential(_LoraLinear(16), nn.Tanh()) for _ in range(3))
+        # A block with nothing to train: offloaded all the same.
+        self.blocks[1][0].down.requires_grad_(False)
+        self.blocks[1][0].up.requires_grad_(False)
+        self.head = nn.Linear(16, 1)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def test_frozen_block_weights_are_offloaded_too(lohand):
+    """LoRA-style: the frozen base weights (which the daemon does not
+    train) leave the blocks between uses as the trained ones do, and the
+    run equals the resident one bit for bit."""
+    runs = {}
+    for params in ("resident", "offload"):
+        model = _LoraModel()
+        frozen = [p for p in model.blocks.parameters() if not p.requires_grad]
+        with lohan.init(model, lr=1e-2, socket=lohand.socket,
+                        job_name=f"lora-{params}", params=params) as engine:
+            losses = []
+            for step in range(3):
+                if params == "offload":
+                    assert all(p.numel() == 0 for p in frozen)
+                x = torch.randn(8, 16,
+                                generator=torch.Generator().manual_seed(step))
+                loss = model(x).pow(2).mean()
+                loss.backward()
+                engine.step()
+                losses.append(loss.item())
+            if params == "offload":
+                # Blocks 0 and 2 train adapters; all three hold frozen
+                # weights (the middle one nothing else).
+                assert len(engine.layers) == 3
+                assert engine._frozen.prefetched > 0
+        assert all(p.numel() > 0 for p in model.parameters())
+        runs[params] = (losses, {n: p.detach().clone()
+                                 for n, p in model.named_parameters()})
+    assert runs["resident"][0] == runs["offload"][0]
+    for name, weight in runs["resident"][1].items():
+        assert torch.equal(weight, runs["offload"][1][name]), name
+
+
 def test_params_offload_needs_the_offload_activation_policy(lohand):
     with pytest.raises(ValueError, match="activations='offload'"):
         lohan.init(tiny_gpt(), socket=lohand.socket, job_name="po-keep",

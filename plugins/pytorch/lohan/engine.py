@@ -30,7 +30,7 @@ from lohan.checkpoint import (CheckpointReader, parameter_aliases,
                               write_checkpoint)
 from lohan.client import Client, LohanError, StatusCode
 from lohan.hooks import GradientRouter, has_lohan_hook
-from lohan.params import ParameterResidency
+from lohan.params import Both, FrozenWeights, ParameterResidency
 from lohan.params import resolve_mode as resolve_params_mode
 
 _MIB = 1 << 20
@@ -166,13 +166,14 @@ class Engine:
         area_bytes = (_round_up(activation_buffer_bytes, _SLOT_ALIGNMENT)
                       if spill else 0)
         self._activations: Optional[ActivationStore] = None
-        self.params_mode = resolve_params_mode(params, self.layers)
+        self.params_mode = resolve_params_mode(params, self.blocks)
         if self.params_mode == "offload" and activations != "offload":
             raise ValueError(
                 f"params='offload' needs activations='offload', got "
                 f"{activations!r}: with it autograd would keep the weights "
                 "it saved for backward on the device")
         self._residency: Optional[ParameterResidency] = None
+        self._frozen: Optional[FrozenWeights] = None
         self._cuda = False  # gradients leave the GPU through the C library
         self._grad_tickets: List[int] = []
         # GRAD_READY in flight per gradient buffer (address): a streamed
@@ -249,6 +250,7 @@ class Engine:
             self._residency = ParameterResidency(self.layers, self._remote,
                                                  self._weight_views)
             self._residency.release_all()
+            self._frozen = FrozenWeights(self.blocks)
         if activations == "offload":
             area = (torch.frombuffer(self._remote.activations,
                                      dtype=torch.uint8)
@@ -257,7 +259,7 @@ class Engine:
                                                 self._remote, area)
         self._uninstall_activations = install_activation_policy(
             model, self.blocks, activations, self._activations,
-            self._residency)
+            Both(self._residency, self._frozen) if self._residency else None)
         self._delete_on_failure = False
 
     # ----------------------------------------------------------------- setup
@@ -562,6 +564,7 @@ class Engine:
             # Offloaded blocks fetch their new weights when they next run.
             self._residency.release_all()
             self._residency.new_step()
+            self._frozen.release_all()
         for layer in self.layers:
             if self._residency is not None and layer.block is not None and (
                     self._residency.layer_of(layer.block) is layer):
@@ -660,6 +663,9 @@ class Engine:
         if self._closed:
             return
         self._closed = True
+        if self._frozen is not None:
+            self._frozen.restore_all()
+            self._frozen = None
         if self._residency is not None:
             try:
                 self._residency.restore_all()  # before the arena goes

@@ -29,7 +29,7 @@ from lohan.blocks import Layer
 MODES = ("auto", "resident", "offload")
 
 
-def resolve_mode(mode: str, layers: List[Layer]) -> str:
+def resolve_mode(mode: str, blocks: List[nn.Module]) -> str:
     """"auto": offload when the blocks' parameters are on an accelerator
     (their weights then need not all fit it), else resident."""
     if mode not in MODES:
@@ -37,9 +37,176 @@ def resolve_mode(mode: str, layers: List[Layer]) -> str:
                          f"{', '.join(MODES)}")
     if mode != "auto":
         return mode
-    on_device = any(p.device.type != "cpu" for layer in layers
-                    if layer.block is not None for p in layer.params)
+    on_device = any(p.device.type != "cpu" for block in blocks
+                    for p in block.parameters())
     return "offload" if on_device else "resident"
+
+
+class FrozenWeights:
+    """The blocks' frozen parameters (requires_grad=False: a LoRA model's
+    base weights, say) under params="offload". The daemon does not train
+    them, so their home between uses is a host copy kept here: the tensor
+    itself for a CPU model, a pinned copy made once for a GPU model (whose
+    device memory then holds only the running block's). Like the trained
+    weights, they are placeholders between uses and the next block's are
+    copied to the device one block ahead (on a side stream on a GPU).
+    Not thread-safe."""
+
+    def __init__(self, blocks: List[nn.Module]):
+        self._order: List[nn.Module] = []
+        self._homes: Dict[int, List[Tuple[nn.Parameter, torch.Tensor,
+                                          torch.Tensor]]] = {}
+        seen = set()
+        for block in blocks:
+            frozen = []
+            for param in block.parameters():
+                if param.requires_grad or id(param) in seen:
+                    continue
+                seen.add(id(param))
+                home = (param.data if param.device.type == "cpu"
+                        else param.data.to("cpu").pin_memory())
+                placeholder = torch.empty(0, dtype=param.dtype,
+                                          device=param.device)
+                frozen.append((param, home, placeholder))
+            if frozen:
+                self._homes[id(block)] = frozen
+                self._order.append(block)
+        self._position = {id(b): n for n, b in enumerate(self._order)}
+        self._travel = Travel()
+        self._live: Dict[int, int] = {}
+        self._ready: Dict[int, List[Tuple[torch.Tensor, Any]]] = {}
+        self._streams: Dict[int, Any] = {}
+        self.prefetched = 0
+        self.host_bytes = sum(home.numel() * home.element_size()
+                              for entries in self._homes.values()
+                              for _, home, _ in entries)
+        self.release_all()
+
+    def __bool__(self) -> bool:
+        return bool(self._order)
+
+    def _copy(self, home: torch.Tensor,
+              device: torch.device) -> Tuple[torch.Tensor, Any]:
+        if device.type != "cuda":
+            return home, None  # the host copy is the parameter's storage
+        stream = self._streams.get(device.index)
+        if stream is None:
+            stream = self._streams[device.index] = torch.cuda.Stream(device)
+        with torch.cuda.stream(stream):
+            copy = home.to(device, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(stream)
+        return copy, event
+
+    def materialize(self, block: nn.Module) -> None:
+        key = id(block)
+        if key not in self._homes:
+            return
+        depth = self._live.get(key, 0)
+        self._live[key] = depth + 1
+        if depth:
+            return
+        ready = self._ready.pop(key, None)
+        if ready is not None:
+            self.prefetched += 1
+        else:
+            ready = [self._copy(home, placeholder.device)
+                     for _, home, placeholder in self._homes[key]]
+        for (param, _, placeholder), (tensor, event) in zip(
+                self._homes[key], ready):
+            if event is not None:
+                current = torch.cuda.current_stream(placeholder.device)
+                current.wait_event(event)
+                tensor.record_stream(current)
+            param.data = tensor
+        self._travel.enter(self._position[key])
+
+    def release(self, block: nn.Module) -> None:
+        key = id(block)
+        if key not in self._homes or self._live.get(key, 0) == 0:
+            return
+        self._live[key] -= 1
+        if self._live[key]:
+            return
+        del self._live[key]
+        for param, _, placeholder in self._homes[key]:
+            param.data = placeholder
+        position = self._position[key]
+        nxt = self._travel.next(position, len(self._order))
+        if nxt is None or self._travel.last != position:
+            return
+        following = self._order[nxt]
+        if id(following) in self._ready or id(following) in self._live:
+            return
+        self._ready[id(following)] = [
+            self._copy(home, placeholder.device)
+            for _, home, placeholder in self._homes[id(following)]]
+
+    def release_all(self) -> None:
+        self._live.clear()
+        self._ready.clear()
+        self._travel.reset()
+        for entries in self._homes.values():
+            for param, _, placeholder in entries:
+                param.data = placeholder
+
+    def restore_all(self) -> None:
+        """Every frozen parameter back in its own storage on its device,
+        for good (the engine is closing)."""
+        self._ready.clear()
+        self._live.clear()
+        for entries in self._homes.values():
+            for param, home, placeholder in entries:
+                tensor, event = self._copy(home, placeholder.device)
+                if event is not None:
+                    event.synchronize()
+                param.data = tensor
+
+
+class Travel:
+    """Which way blocks are being run: forward upwards, backward
+    downwards; the same block twice in a row (the last block's forward,
+    then its recompute) is where forward turns into backward."""
+
+    def __init__(self):
+        self.last: Optional[int] = None
+        self.heading = 1
+
+    def reset(self) -> None:
+        self.last = None
+        self.heading = 1
+
+    def enter(self, position: int) -> None:
+        if self.last is None:
+            self.heading = 1
+        elif position != self.last:
+            self.heading = 1 if position > self.last else -1
+        else:
+            self.heading = -self.heading
+        self.last = position
+
+    def next(self, position: int, count: int) -> Optional[int]:
+        """The position expected after `position`, if any."""
+        nxt = position + self.heading
+        return nxt if 0 <= nxt < count else None
+
+
+class Both:
+    """Runs materialize/release on several residencies in turn."""
+
+    def __init__(self, *parts):
+        self._parts = [p for p in parts if p]
+
+    def __bool__(self) -> bool:
+        return bool(self._parts)
+
+    def materialize(self, block: nn.Module) -> None:
+        for part in self._parts:
+            part.materialize(block)
+
+    def release(self, block: nn.Module) -> None:
+        for part in reversed(self._parts):
+            part.release(block)
 
 
 class ParameterResidency:
@@ -79,8 +246,7 @@ class ParameterResidency:
         # (flat tensor, event of the copy or None).
         self._ready: Dict[int, Tuple[torch.Tensor, Any]] = {}
         self._step = 0
-        self._last: Optional[int] = None  # position of the last block run
-        self._heading = 1  # +1 forward, -1 backward
+        self._travel = Travel()
         self._streams: Dict[int, Any] = {}  # copy stream per GPU
         self.fetches = 0      # FETCH_PARAMS requests
         self.prefetched = 0   # blocks whose weights were on the device early
@@ -100,7 +266,7 @@ class ParameterResidency:
         self._settle()
         self._ready.clear()
         self._step += 1
-        self._last = None
+        self._travel.reset()
 
     def _settle(self) -> None:
         """Waits for every fetch in flight (their errors surface here)."""
@@ -168,23 +334,10 @@ class ParameterResidency:
         self._copies[source.data_ptr()] = event
         return flat, event
 
-    def _turn(self, position: int) -> None:
-        """Sets the direction of travel on entering the block at
-        `position`: forward runs blocks upwards, backward downwards, and
-        the same block twice in a row (the last block's forward, then its
-        recompute) is where forward turns into backward."""
-        if self._last is None:
-            self._heading = 1
-        elif position != self._last:
-            self._heading = 1 if position > self._last else -1
-        else:
-            self._heading = -self._heading
-        self._last = position
-
     def _neighbour(self, position: int) -> Optional[Layer]:
         """The block expected after the one at `position`."""
-        nxt = position + self._heading
-        return self._order[nxt] if 0 <= nxt < len(self._order) else None
+        nxt = self._travel.next(position, len(self._order))
+        return None if nxt is None else self._order[nxt]
 
     def materialize(self, block: nn.Module) -> None:
         layer = self.layer_of(block)
@@ -213,7 +366,7 @@ class ParameterResidency:
                                         self._shapes[layer.index]):
             param.data = flat[offset:offset + shape.numel()].view(shape)
         position = self._position[layer.index]
-        self._turn(position)
+        self._travel.enter(position)
         nxt = self._neighbour(position)
         if nxt is not None and nxt.index not in self._ready:
             self._request(nxt)
@@ -232,7 +385,7 @@ class ParameterResidency:
         """Copies the weights of the block expected next to the device now
         that the running one is done (its kernels may still run)."""
         position = self._position[layer.index]
-        if self._last != position:
+        if self._travel.last != position:
             return  # another block ran meanwhile (a nested call)
         nxt = self._neighbour(position)
         if nxt is None or nxt.index in self._ready or nxt.index in self._live:
@@ -261,7 +414,7 @@ class ParameterResidency:
         self._live.clear()
         for layer in self._order:
             self._live.clear()
-            self._last = None
+            self._travel.reset()
             flat, event = self._to_device(self._fetch(layer),
                                           self._placeholders[
                                               layer.index][0].device)
@@ -276,5 +429,6 @@ class ParameterResidency:
         forward left materialized, e.g. one whose backward never ran)."""
         self._live.clear()
         self._ready.clear()
+        self._travel.reset()
         for layer in self._order:
             self._drop(layer)

@@ -661,6 +661,33 @@ def test_daemon_killed_mid_step_then_resumed_exactly(tmp_path):
         daemon.stop(signal.SIGKILL)
 
 
+def test_everything_offloaded_at_once_matches_everything_resident(lohand):
+    """The configuration a model far larger than the GPU needs, all at
+    once: bf16, block weights offloaded, gradients and 16-bit weights
+    streamed through one shared buffer each, every block input on the SSDs,
+    clipping and accumulation; against everything resident and kept."""
+    data = batches(3, micro=2)
+    runs = []
+    for options in (dict(params="resident", buffers="resident",
+                         activations="keep"),
+                    dict(params="offload", buffers="streamed",
+                         stream_buffers=1, activation_host_bytes=0,
+                         activation_buffer_bytes=1 << 16)):
+        model = tiny_gpt().to(torch.bfloat16)
+        with engine_for(model, lohand, max_grad_norm=0.5,
+                        grad_accumulation_steps=2,
+                        job_name=f"all-{len(runs)}", **options) as engine:
+            losses = train_lohan(engine, model, data)
+            assert engine.last.clipped
+            stats = engine.activation_stats
+        runs.append((losses, {n: p.detach().clone()
+                              for n, p in model.named_parameters()}, stats))
+    assert runs[0][0] == runs[1][0]
+    for name, weight in runs[0][1].items():
+        assert torch.equal(weight, runs[1][1][name]), name
+    assert runs[1][2].ssd_puts == 3 * 2 * 3 and runs[1][2].host_puts == 0
+
+
 class _LoraLinear(nn.Module):
     """A frozen base weight plus a trained low-rank update (LoRA)."""
 

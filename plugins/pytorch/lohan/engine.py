@@ -85,6 +85,7 @@ class Engine:
                  resume: Union[bool, str, os.PathLike] = False,
                  grad_accumulation_steps: int = 1,
                  adamw: bool = True, amsgrad: bool = False,
+                 bf16_moments: bool = False,
                  skip_nonfinite: bool = True, chunk_elements: int = 0,
                  activations: str = "offload",
                  activation_host_bytes: Optional[int] = None,
@@ -204,7 +205,8 @@ class Engine:
                 self._job.id, layer_elements=elements,
                 dtype=WIRE_NAMES[self.dtype], lr=lr, betas=tuple(betas),
                 eps=eps, weight_decay=weight_decay, adamw=adamw,
-                amsgrad=amsgrad, max_grad_norm=max_grad_norm,
+                amsgrad=amsgrad, bf16_moments=bool(bf16_moments),
+                max_grad_norm=max_grad_norm,
                 skip_nonfinite=skip_nonfinite, chunk_elements=chunk_elements,
                 activation_bytes=area_bytes, grad_slots=slots,
                 weight_slots=slots,
@@ -720,7 +722,7 @@ class Engine:
 def init(model: nn.Module, **options: Any) -> Engine:
     """Hands `model`'s optimizer to lohand; see Engine for the options
     (lr, betas, eps, weight_decay, max_grad_norm, blocks, socket, job_name,
-    dtype, resume, grad_accumulation_steps, adamw, amsgrad,
+    dtype, resume, grad_accumulation_steps, adamw, amsgrad, bf16_moments,
     skip_nonfinite, activations, activation_host_bytes,
     activation_buffer_bytes, loss_scale, loss_scale_growth_interval)."""
     return Engine(model, **options)

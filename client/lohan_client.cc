@@ -354,6 +354,7 @@ int BuildEntry(const lohan_model* model, lohan::RingOp op, uint32_t layer,
       entry.iteration = model->sequence;
       break;
     case lohan::RingOp::kIterEnd:
+    case lohan::RingOp::kIterAbort:
       entry.iteration = model->sequence;
       break;
     default:
@@ -643,6 +644,21 @@ int lohan_model_iter_end(lohan_model* model, double* global_norm, int* clipped,
     *skipped = (completion.flags & lohan::kIterEndSkipped) != 0;
   }
   return LOHAN_OK;
+}
+
+int lohan_model_iter_abort(lohan_model* model) {
+  if (model != nullptr) {
+    // As in iter_end: GRAD_READYs still coming from CUDA host functions
+    // must land inside the iteration they belong to.
+    if (absl::Status pending = model->plane->WaitForReserved(kRingCallTimeout);
+        !pending.ok()) {
+      return Report(pending);
+    }
+  }
+  const int status = RingCall(model, lohan::RingOp::kIterAbort, 0);
+  // The iteration is over either way.
+  if (model != nullptr) ++model->sequence;
+  return status;
 }
 
 int lohan_client_status_json(lohan_client* client, char** json_out) {

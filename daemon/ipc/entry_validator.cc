@@ -37,6 +37,7 @@ uint32_t FieldsOf(RingOp op) {
     case RingOp::kIterBegin:
       return kIteration | kGradScale;
     case RingOp::kIterEnd:
+    case RingOp::kIterAbort:
       return kIteration;
     // Served by the job session (CheckStagingEntry), never accepted here.
     case RingOp::kInitWeights:
@@ -67,6 +68,8 @@ const char* OpName(RingOp op) {
       return "ITER_BEGIN";
     case RingOp::kIterEnd:
       return "ITER_END";
+    case RingOp::kIterAbort:
+      return "ITER_ABORT";
     case RingOp::kInitWeights:
       return "INIT_WEIGHTS";
     case RingOp::kReadWeights:
@@ -178,6 +181,7 @@ absl::Status EntryValidator::Accept(const SubmissionEntry& entry) {
       return WithOp(op, CheckActivation(entry, op));
     case RingOp::kIterBegin:
     case RingOp::kIterEnd:
+    case RingOp::kIterAbort:
       return WithOp(op, CheckIteration(entry, op));
     default:
       return absl::InternalError("unreachable");

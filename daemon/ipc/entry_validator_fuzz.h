@@ -25,8 +25,8 @@ inline constexpr uint64_t kActOffsets[] = {28672, 32768};  // 4096 bytes each
 inline constexpr uint32_t kLayers = 4;
 inline constexpr uint64_t kLayerBytes[kLayers] = {4096, 8192, 100, 4096};
 
-// Entries accepted so far, by RingOp value (0..12), over all inputs: ops
-// 1..8 by EntryValidator::Accept, the staging ops 9..12 by
+// Entries accepted so far, by RingOp value (0..13), over all inputs: ops
+// 1..8 and 13 by EntryValidator::Accept, the staging ops 9..12 by
 // CheckStagingEntry.
 const uint64_t* AcceptedByOp();
 // GRAD_READY and FETCH_PARAMS entries accepted with a streamed layout.

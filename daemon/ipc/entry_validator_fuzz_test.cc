@@ -94,7 +94,7 @@ class Generator {
         OneIn(10) ? static_cast<uint32_t>(random_()) : random_() % kLayers;
     const uint64_t layer_bytes = kLayerBytes[layer % kLayers];
     const RingOp op = first && !OneIn(8) ? RingOp::kRegisterLayout
-                                         : static_cast<RingOp>(random_() % 13);
+                                         : static_cast<RingOp>(random_() % 14);
     entry.op = static_cast<uint16_t>(op);
     switch (op) {
       case RingOp::kRegisterLayout:
@@ -128,6 +128,7 @@ class Generator {
         entry.iteration = OneIn(6) ? random_() : iteration_;
         break;
       case RingOp::kIterEnd:
+      case RingOp::kIterAbort:
         entry.iteration = OneIn(6) ? random_() : iteration_;
         if (!OneIn(4)) ++iteration_;
         break;
@@ -171,7 +172,7 @@ TEST(EntryValidatorFuzzTest, TensOfThousandsOfInputs) {
 
   // The generator reaches every op's accepting path, not just the refusals.
   const uint64_t* accepted = AcceptedByOp();
-  for (int op = 1; op <= 12; ++op) {
+  for (int op = 1; op <= 13; ++op) {
     EXPECT_GT(accepted[op], 100u) << "op " << op;
   }
   EXPECT_GT(AcceptedStreamed(), 100u);

@@ -302,6 +302,15 @@ TEST_F(EntryValidatorTest, IterationStateMachine) {
   EXPECT_EQ(Code(Iter(RingOp::kIterBegin, 0)),  // replayed
             absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(validator_->Accept(Iter(RingOp::kIterBegin, 1)).ok());
+  // ITER_ABORT ends the iteration begun, like ITER_END (nothing committed
+  // is the daemon's business); the next one follows it.
+  EXPECT_EQ(Code(Iter(RingOp::kIterAbort, 0)),
+            absl::StatusCode::kInvalidArgument);  // not this one
+  ASSERT_TRUE(validator_->Accept(Iter(RingOp::kIterAbort, 1)).ok());
+  EXPECT_EQ(Code(Iter(RingOp::kIterAbort, 2)),
+            absl::StatusCode::kFailedPrecondition);  // none in progress
+  EXPECT_EQ(Code(Grad(0, kPage)), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(validator_->Accept(Iter(RingOp::kIterBegin, 2)).ok());
 }
 
 TEST_F(EntryValidatorTest, ResumesAtAGivenIteration) {

@@ -60,6 +60,10 @@ inline constexpr uint32_t kRingEntryBytes = 64;
 //   kIterEnd         iteration (the one begun). Its completion carries the
 //                    global gradient norm (a double's bits) in `detail` and
 //                    kIterEnd* bits in `flags`.
+//   kIterAbort       iteration (the one begun): ends it with nothing
+//                    committed (every update of it rolled back, the step
+//                    not advanced), e.g. when the client's backward failed
+//                    half-way. The next ITER_BEGIN carries iteration + 1.
 //   kInitWeights     layer, slot_offset/length = the staging slot holding the
 //                    layer's initial fp32 weights (length = elements x 4).
 //                    Outside iterations, once per layer of a new job.
@@ -96,6 +100,7 @@ enum class RingOp : uint16_t {
   kReadWeights = 10,
   kReadState = 11,
   kInitState = 12,
+  kIterAbort = 13,
 };
 
 // kReadState / kInitState's activation_id: which Adam moment (torch's

@@ -945,6 +945,23 @@ absl::Status JobPipeline::SubmitGradients(size_t layer, const void* grad,
   return absl::OkStatus();
 }
 
+absl::Status JobPipeline::AbortIteration() {
+  absl::MutexLock api(&api_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    if (phase_ != Phase::kInIteration) {
+      return absl::FailedPreconditionError("no iteration in progress");
+    }
+    phase_ = Phase::kEnding;
+    abandon_.store(true);  // the stages skip what they have not begun
+  }
+  (void)WaitPass();  // what is in progress lands as pending, rolled back
+  absl::Status s = RollbackAll();
+  DropScratch();
+  EndIterationIdle();
+  return s;
+}
+
 absl::StatusOr<IterationReport> JobPipeline::EndIteration(
     const ClipOptions& clip) {
   const double start = Now();

@@ -229,6 +229,14 @@ class JobPipeline {
   // layer, chunk and tensor.
   absl::StatusOr<IterationReport> EndIteration(const ClipOptions& clip)
       ABSL_LOCKS_EXCLUDED(api_mu_, mu_);
+  // Ends the iteration in progress with nothing committed: work not begun
+  // is dropped, work in progress finishes, every pending version and the
+  // iteration's scratch are dropped, the step does not advance (the
+  // client's backward failed half-way, say). The weight16_out buffers then
+  // hold unspecified values. FAILED_PRECONDITION when no iteration is in
+  // progress; a store error from the rollback otherwise (the iteration is
+  // over either way).
+  absl::Status AbortIteration() ABSL_LOCKS_EXCLUDED(api_mu_, mu_);
 
  private:
   enum class Phase { kIdle, kInIteration, kEnding };

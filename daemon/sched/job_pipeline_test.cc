@@ -413,6 +413,49 @@ TEST_F(JobPipelineTest, NonFiniteGradientSkipsTheIteration) {
   EXPECT_EQ(step, 2);
 }
 
+TEST_F(JobPipelineTest, AbortedIterationLeavesNoTrace) {
+  for (Schedule schedule : {Schedule::kPipelined, Schedule::kAfterBackward}) {
+    SCOPED_TRACE(static_cast<int>(schedule));
+    const std::string job = absl::StrCat("job", static_cast<int>(schedule));
+    const ModelLayout layout = SmallLayout(DType::kBFloat16);
+    auto p = OpenJob(job, layout, schedule);
+    ASSERT_NE(p, nullptr);
+    std::vector<RefLayer> ref = Initialize(*p, layout);
+    int64_t step = 0;
+    RunAndCheck(*p, layout, ref, step, 1);
+    const size_t tensors = store_->List(job).size();
+    // Backward fails half-way: two of the layers were handed over (and, in
+    // the pipelined schedule, updated) when the client gives up.
+    EXPECT_EQ(p->AbortIteration().code(),
+              absl::StatusCode::kFailedPrecondition);  // none in progress
+    ASSERT_TRUE(p->BeginIteration().ok());
+    std::mt19937 rng(99);
+    const size_t layers = layout.layer_elements.size();
+    std::vector<Grad> grads;
+    std::vector<std::vector<uint16_t>> out(layers);
+    for (size_t l = 0; l < layers; ++l) {
+      grads.push_back(
+          MakeGrad(layout.layer_elements[l], layout.grad_dtype, rng, 0.1f));
+      out[l].assign(layout.layer_elements[l], 0);
+    }
+    for (size_t l : {layers - 1, layers - 2}) {
+      ASSERT_TRUE(
+          p->SubmitGradients(l, grads[l].bytes.data(), out[l].data()).ok());
+    }
+    ASSERT_TRUE(p->AbortIteration().ok());
+    EXPECT_EQ(p->iteration(), 1u);
+    CheckWeights(*p, layout, ref);  // the committed weights, untouched
+    CheckStates(*p, layout, ref);
+    EXPECT_EQ(store_->List(job).size(), tensors);  // no scratch, no extras
+    EXPECT_EQ(
+        p->SubmitGradients(0, grads[0].bytes.data(), out[0].data()).code(),
+        absl::StatusCode::kFailedPrecondition);
+    // The next iteration is step 2, as if the aborted one never began.
+    RunAndCheck(*p, layout, ref, step, 2);
+    EXPECT_EQ(step, 2);
+  }
+}
+
 TEST_F(JobPipelineTest, ReopenResumesAtTheCommittedStep) {
   const ModelLayout layout = SmallLayout(DType::kBFloat16);
   std::vector<RefLayer> ref;

@@ -498,6 +498,18 @@ absl::Status JobSession::Handle(const SubmissionEntry& entry, uint64_t& detail,
                     report->clipped, report->skipped);
       return absl::OkStatus();
     }
+    case RingOp::kIterAbort: {
+      absl::Status aborted = model.pipeline->AbortIteration();
+      // Updates that ran wrote 16-bit weights into the client's buffers:
+      // put the committed ones back before its next forward.
+      for (size_t layer = 0; layer < model.weight_slots.size(); ++layer) {
+        if (model.dtype != v1::DTYPE_FP32 &&
+            model.pipeline->layer_initialized(layer)) {
+          (void)PublishWeights(layer);
+        }
+      }
+      return aborted;
+    }
     case RingOp::kActPut:
     case RingOp::kActGet:
     case RingOp::kActFree:

@@ -1312,3 +1312,71 @@ def test_learning_rate_schedule_matches_torch_lambda_lr(lohand):
             engine.step()
             losses.append(loss.item())
     assert_fp32_close(model, reference, losses, ref_losses)
+
+
+class _Fuse(torch.autograd.Function):
+    """Identity whose backward raises while armed (a backward that fails
+    half-way: the later blocks' gradients are with the daemon already)."""
+
+    armed = False
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if _Fuse.armed:
+            raise RuntimeError("backward failed half-way")
+        return grad
+
+
+class _FusedProbe(_ActivationProbe):
+    def forward(self, x):
+        for n, block in enumerate(self.blocks):
+            x = block(x)
+            if n == 0:
+                x = _Fuse.apply(x)
+        return self.head(x)
+
+
+@pytest.mark.parametrize("options", [
+    dict(),
+    dict(params="offload", dtype="bf16", buffers="streamed",
+         stream_buffers=1, activation_host_bytes=0,
+         activation_buffer_bytes=2 * 4096)])
+def test_backward_failing_half_way_then_zero_grad_discards_the_step(
+        lohand, options):
+    """The step whose backward raised is thrown away by zero_grad() (the
+    daemon rolls back what it updated): training goes on exactly as if
+    that batch had never been seen."""
+    xs = [torch.randn(4, 16, generator=torch.Generator().manual_seed(n))
+          for n in range(3)]
+    runs = []
+    for fail in (False, True):
+        torch.manual_seed(0)
+        model = _FusedProbe([])
+        with lohan.init(model, lr=1e-2, socket=lohand.socket,
+                        job_name=f"fuse-{fail}-{len(options)}",
+                        **options) as engine:
+            dtype = model.head.weight.dtype
+            if fail:
+                _Fuse.armed = True
+                try:
+                    with pytest.raises(RuntimeError, match="half-way"):
+                        model(xs[0].to(dtype)).float().pow(2).mean().backward()
+                finally:
+                    _Fuse.armed = False
+                engine.zero_grad()
+                assert engine.iteration == 0
+            for x in xs[1:]:
+                model(x.to(dtype)).float().pow(2).mean().backward()
+                engine.step()
+            assert engine.iteration == 2
+            masters = engine.master_weights()
+        runs.append((masters, [p.detach().clone()
+                               for p in model.parameters()]))
+    for name, weight in runs[0][0].items():
+        assert torch.equal(weight, runs[1][0][name]), name
+    for a, b in zip(runs[0][1], runs[1][1]):
+        assert torch.equal(a, b)

@@ -287,6 +287,12 @@ LOHAN_CLIENT_API int lohan_model_act_free(lohan_model* model, uint64_t id);
 LOHAN_CLIENT_API int lohan_model_iter_end(lohan_model* model,
                                           double* global_norm, int* clipped,
                                           int* skipped);
+/* Ends the iteration begun with nothing committed: the updates it ran are
+ * rolled back, the step does not advance, the weight buffers hold the
+ * committed weights again (e.g. after the caller's backward failed
+ * half-way). Gradients still being copied from a GPU are waited for
+ * first. */
+LOHAN_CLIENT_API int lohan_model_iter_abort(lohan_model* model);
 
 /* The daemon's status (GetStatus) as JSON; free it with lohan_string_free. */
 LOHAN_CLIENT_API int lohan_client_status_json(lohan_client* client,

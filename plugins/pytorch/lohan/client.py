@@ -269,6 +269,10 @@ class Model:
             self._handle, self._layer(layer), tensor_ptr, nbytes,
             stream_ptr or None))
 
+    def iter_abort(self) -> None:
+        """Ends the iteration with nothing committed (see lohan_client.h)."""
+        _check(self._lib.lohan_model_iter_abort(self._handle))
+
     def iter_end(self) -> tuple:
         """(global_norm, clipped, skipped) of the iteration."""
         norm = ctypes.c_double()

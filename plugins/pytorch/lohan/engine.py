@@ -581,14 +581,49 @@ class Engine:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Gradients are cleared as they are handed over; this clears any
-        not handed over yet (an abandoned accumulation)."""
+        not handed over yet (an abandoned accumulation). In the middle of
+        a step (a backward that raised half-way, say) it also discards what
+        the daemon got of this step: the updates it ran are rolled back and
+        the step does not count, as torch's zero_grad() throws away partial
+        gradients."""
         self._check_open()
         if self._in_iteration:
-            raise RuntimeError("lohan: zero_grad() in the middle of a step: "
-                               "some layers' gradients are with the daemon "
-                               "already; call engine.step() first")
+            self.discard_step()
         self._router.reset()
         self.model.zero_grad(set_to_none=set_to_none)
+
+    def discard_step(self) -> None:
+        """Throws away the step in progress: the gradients handed over so
+        far and the updates the daemon ran with them (rolled back; weights,
+        moments and step count as after the last step()). A no-op between
+        steps."""
+        self._check_open()
+        tickets = self._grad_tickets + list(self._buffer_tickets.values())
+        self._grad_tickets, self._buffer_tickets = [], {}
+        for ticket in tickets:
+            try:
+                self._remote.wait(ticket)
+            except LohanError:
+                pass  # the step is being thrown away
+        if self._in_iteration:
+            try:
+                self._remote.iter_abort()
+            finally:
+                self._in_iteration = False
+                self._scaled_backward = False
+                self._router.reset()
+        if self._residency is not None:
+            self._residency.release_all()
+            self._frozen.release_all()
+        if self._activations is not None:
+            try:
+                self._activations.drain()
+            except LohanError:
+                pass
+            self._activations.sweep()
+        # The model's resident parameters are written at step() only, and
+        # the daemon put the committed 16-bit weights back in the arena:
+        # nothing to copy.
 
     @property
     def activation_stats(self) -> ActivationStats:

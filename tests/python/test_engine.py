@@ -1285,6 +1285,7 @@ def test_learning_rate_schedule_matches_torch_lambda_lr(lohand):
     """engine.lr set before each step follows a schedule exactly as
     torch.optim.lr_scheduler does for AdamW."""
     reference = tiny_gpt()
+    reference_start = copy.deepcopy(reference)
     model = copy.deepcopy(reference)
     data = batches(5)
     # Factors near 1: at much smaller rates a few noise-dominated elements
@@ -1312,6 +1313,28 @@ def test_learning_rate_schedule_matches_torch_lambda_lr(lohand):
             engine.step()
             losses.append(loss.item())
     assert_fp32_close(model, reference, losses, ref_losses)
+
+    # The same through engine.optimizer and a torch LR scheduler: the loop
+    # of a torch.optim user, unchanged.
+    again = copy.deepcopy(reference_start)
+    with engine_for(again, lohand, job_name="lr-scheduler") as engine:
+        opt = engine.optimizer
+        assert isinstance(opt, torch.optim.Optimizer)
+        schedule = torch.optim.lr_scheduler.LambdaLR(opt, warmup)
+        again_losses = []
+        for step in data:
+            loss = lm_loss(again, step[0])
+            loss.backward()
+            opt.step()
+            schedule.step()
+            opt.zero_grad()
+            again_losses.append(loss.item())
+        with pytest.raises(ValueError, match="one parameter group"):
+            opt.add_param_group({"params": [torch.nn.Parameter(
+                torch.zeros(1))]})
+    assert again_losses == losses
+    for a, b in zip(again.parameters(), model.parameters()):
+        assert torch.equal(a, b)
 
 
 class _Fuse(torch.autograd.Function):

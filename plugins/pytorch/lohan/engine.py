@@ -115,6 +115,10 @@ class Engine:
         # The learning rate of the next step; set it every step to follow a
         # schedule (engine.lr = scheduler_value), as with param_groups.
         self.lr = float(lr)
+        self.betas = (float(betas[0]), float(betas[1]))
+        self.eps = float(eps)
+        self.weight_decay = float(weight_decay)
+        self._optimizer: Any = None
         self.blocks = find_blocks(model, blocks)
         self.layers: List[Layer] = plan_layers(model, self.blocks)
         self.dtype: torch.dtype = resolve_dtype(dtype, self.layers)
@@ -462,6 +466,10 @@ class Engine:
     # -------------------------------------------------------------- training
 
     def _begin_iteration(self) -> None:
+        if self._optimizer is not None:
+            # An LR scheduler sets the rate in the optimizer's group, and
+            # the iteration (which carries it) begins during backward.
+            self.lr = float(self._optimizer.param_groups[0]["lr"])
         # Gradients of a loss scaled by engine.backward come back to scale 1
         # in the daemon, exactly (the scale is a power of two).
         self._remote.iter_begin(
@@ -624,6 +632,15 @@ class Engine:
         # The model's resident parameters are written at step() only, and
         # the daemon put the committed 16-bit weights back in the arena:
         # nothing to copy.
+
+    @property
+    def optimizer(self) -> "torch.optim.Optimizer":
+        """This engine as a torch.optim.Optimizer (see optimizer.py): hand
+        it to an LR scheduler or a training loop that wants one."""
+        if self._optimizer is None:
+            from lohan.optimizer import LohanOptimizer
+            self._optimizer = LohanOptimizer(self)
+        return self._optimizer
 
     @property
     def activation_stats(self) -> ActivationStats:

@@ -440,8 +440,19 @@ int lohan_model_register(lohan_client* client, lohan_data_plane* plane,
   const bool has_initial_iteration =
       spec->struct_size >= offsetof(lohan_model_spec, initial_iteration) +
                                sizeof(spec->initial_iteration);
+  const bool has_no_weight_decay =
+      spec->struct_size >= offsetof(lohan_model_spec, num_no_weight_decay) +
+                               sizeof(spec->num_no_weight_decay);
+  const uint32_t num_no_weight_decay =
+      has_no_weight_decay ? spec->num_no_weight_decay : 0;
   if (spec->num_layers == 0 || spec->layer_elements == nullptr) {
     return InvalidArgument("lohan_model_register: a model needs layers");
+  }
+  if (num_no_weight_decay != 0 && spec->no_weight_decay == nullptr) {
+    return Report(absl::InvalidArgumentError(
+        absl::StrCat("lohan_model_register: spec->no_weight_decay is NULL but "
+                     "num_no_weight_decay is ",
+                     num_no_weight_decay)));
   }
   lohan::v1::RegisterModelRequest request;
   request.set_job_id(job_id);
@@ -467,6 +478,19 @@ int lohan_model_register(lohan_client* client, lohan_data_plane* plane,
   model_spec->set_weight_slots(has_slots ? spec->weight_slots : 0);
   model_spec->set_initial_iteration(
       has_initial_iteration ? spec->initial_iteration : 0);
+  for (uint32_t i = 0; i < num_no_weight_decay; ++i) {
+    const uint64_t* triple = spec->no_weight_decay + 3 * size_t{i};
+    if (triple[0] > UINT32_MAX) {
+      return Report(absl::InvalidArgumentError(
+          absl::StrCat("lohan_model_register: no_weight_decay range ", i,
+                       " (layer ", triple[0], ", [", triple[1], ", ", triple[2],
+                       ")): the model has ", spec->num_layers, " layers")));
+    }
+    lohan::v1::ElementRange* range = model_spec->add_no_weight_decay();
+    range->set_layer(static_cast<uint32_t>(triple[0]));
+    range->set_begin(triple[1]);
+    range->set_end(triple[2]);
+  }
   auto registration = client->impl->RegisterModel(request);
   if (!registration.ok()) return Report(registration.status());
   auto model = std::make_unique<lohan_model>();

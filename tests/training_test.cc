@@ -10,6 +10,7 @@
 // correction, clip scale or lost update is larger by orders of magnitude.
 #include <signal.h>
 
+#include <array>
 #include <cmath>
 #include <fstream>
 #include <functional>
@@ -353,6 +354,49 @@ TEST_F(TrainingTest, RegisterModelRefusesBadSpecs) {
   // 200 KiB gradient + 200 KiB weights + 400 KiB fp32 staging.
   big.mutable_model()->set_layer_elements(0, 100 * 1024);
   EXPECT_TRUE((*client)->RegisterModel(big).ok()) << daemon_->Log();
+}
+
+TEST_F(TrainingTest, RegisterModelRefusesBadNoWeightDecayRanges) {
+  OpenJob opened;
+  ASSERT_NO_FATAL_FAILURE(Open("no-decay", 1 << 20, opened));
+  ControlClient& client = *opened.client;
+  auto request = [&](std::vector<std::array<uint64_t, 3>> ranges) {
+    v1::RegisterModelRequest r =
+        ModelRequest(opened.job.id(), {100, 50}, v1::DTYPE_BF16);
+    r.mutable_model()->mutable_adam()->set_weight_decay(0.1);
+    r.mutable_model()->mutable_adam()->set_decoupled_weight_decay(true);
+    for (const auto& [layer, begin, end] : ranges) {
+      v1::ElementRange* range = r.mutable_model()->add_no_weight_decay();
+      range->set_layer(static_cast<uint32_t>(layer));
+      range->set_begin(begin);
+      range->set_end(end);
+    }
+    return r;
+  };
+  struct Case {
+    std::vector<std::array<uint64_t, 3>> ranges;
+    std::string message;
+  };
+  const Case cases[] = {
+      {{{0, 0, 10}, {2, 0, 1}},
+       "no_weight_decay range 1 (layer 2, [0, 1)): the model has 2 layers"},
+      {{{0, 5, 5}}, "no_weight_decay range [5, 5) of layer 0 is empty"},
+      {{{1, 9, 3}}, "no_weight_decay range [9, 3) of layer 1 is empty"},
+      {{{1, 40, 51}},
+       "no_weight_decay range [40, 51) of layer 1 ends past the layer's 50 "
+       "elements"},
+      {{{0, 30, 40}, {0, 15, 25}, {0, 10, 20}},
+       "no_weight_decay range [15, 25) of layer 0 overlaps [10, 20)"},
+  };
+  for (const Case& c : cases) {
+    absl::Status status = client.RegisterModel(request(c.ranges)).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_THAT(std::string(status.message()), HasSubstr(c.message));
+  }
+  // In any order, touching, up to a layer's last element: registered.
+  auto registered = client.RegisterModel(
+      request({{1, 0, 50}, {0, 90, 100}, {0, 0, 10}, {0, 10, 12}}));
+  EXPECT_TRUE(registered.ok()) << registered.status() << daemon_->Log();
 }
 
 TEST_F(TrainingTest, MalformedRingEntriesFailOneByOneAndHurtNothing) {

@@ -383,6 +383,53 @@ void JobPipeline::ReadLoop() {
   }
 }
 
+absl::StatusOr<StepStats> JobPipeline::StepChunk(const Task& task) const {
+  const uint64_t count = state_.chunk_count(task.layer, task.chunk);
+  uint8_t* const state = task.buffer;
+  const size_t moment_size = state_.moment_size();
+  const size_t grad_size = DTypeSize(layout_.grad_dtype);
+  AdamOptions adam = layout_.adam;
+  adam.lr = task.lr;
+  // The chunk's pieces with and without weight decay (one, the whole
+  // chunk, unless no_weight_decay ranges fall in it), each one Step from
+  // the same committed step, with its own offset into every buffer.
+  StepStats total;
+  bool first = true;
+  for (const StateLayout::Piece& piece :
+       state_.ChunkPieces(task.layer, task.chunk)) {
+    const uint64_t at = piece.begin;
+    AdamTensor tensor;
+    tensor.size = piece.count;
+    tensor.weight = reinterpret_cast<float*>(state) + at;
+    tensor.exp_avg = state + state_.exp_avg_offset(count) + at * moment_size;
+    tensor.exp_avg_sq =
+        state + state_.exp_avg_sq_offset(count) + at * moment_size;
+    if (state_.amsgrad()) {
+      tensor.max_exp_avg_sq =
+          state + state_.max_exp_avg_sq_offset(count) + at * moment_size;
+    }
+    tensor.moment_dtype = layout_.moment_dtype;
+    tensor.step = task.step;
+    GradientView grad{task.grad + at * grad_size, layout_.grad_dtype,
+                      task.inv_scale};
+    HalfOutput out{task.out == nullptr ? nullptr : task.out + at * 2,
+                   layout_.weight16_dtype};
+    AdamOptions piece_adam = adam;
+    if (piece.no_weight_decay) piece_adam.weight_decay = 0.0;
+    absl::StatusOr<StepStats> stats =
+        updater_.Step(piece_adam, tensor, grad, out);
+    if (!stats.ok()) return stats.status();
+    if (first) {
+      total = *stats;  // A chunk of one piece: exactly that Step's stats.
+      first = false;
+    } else {
+      total.grad_sum_squares += stats->grad_sum_squares;
+      total.grad_nonfinite = total.grad_nonfinite || stats->grad_nonfinite;
+    }
+  }
+  return total;
+}
+
 void JobPipeline::ComputeLoop() {
   while (std::optional<Task> task = compute_queue_.Pop()) {
     if (abandon_.load()) {
@@ -390,29 +437,14 @@ void JobPipeline::ComputeLoop() {
       continue;
     }
     const uint64_t count = state_.chunk_count(task->layer, task->chunk);
-    uint8_t* const state = task->buffer;
-    float* const weight = reinterpret_cast<float*>(state);
     const double start = Now();
     absl::Status s;
     if (task->kind == TaskKind::kRepublish) {
       // The committed weights' 16-bit copy (no update).
-      ToWeight16(weight, count, reinterpret_cast<uint16_t*>(task->out));
+      ToWeight16(reinterpret_cast<const float*>(task->buffer), count,
+                 reinterpret_cast<uint16_t*>(task->out));
     } else {
-      AdamTensor tensor;
-      tensor.size = count;
-      tensor.weight = weight;
-      tensor.exp_avg = state + state_.exp_avg_offset(count);
-      tensor.exp_avg_sq = state + state_.exp_avg_sq_offset(count);
-      if (state_.amsgrad()) {
-        tensor.max_exp_avg_sq = state + state_.max_exp_avg_sq_offset(count);
-      }
-      tensor.moment_dtype = layout_.moment_dtype;
-      tensor.step = task->step;
-      GradientView grad{task->grad, layout_.grad_dtype, task->inv_scale};
-      HalfOutput out{task->out, layout_.weight16_dtype};
-      AdamOptions adam = layout_.adam;
-      adam.lr = task->lr;
-      absl::StatusOr<StepStats> stats = updater_.Step(adam, tensor, grad, out);
+      absl::StatusOr<StepStats> stats = StepChunk(*task);
       if (stats.ok()) {
         sum_squares_[FlatIndex(task->layer, task->chunk)] =
             stats->grad_sum_squares;

@@ -301,6 +301,11 @@ class JobPipeline {
   // The 16-bit copy of `count` fp32 weights.
   void ToWeight16(const float* weights, uint64_t count, uint16_t* out) const;
 
+  // The Adam update of an update task's chunk (its state in task.buffer):
+  // one AdamUpdater::Step per StateLayout::ChunkPieces piece, weight_decay
+  // 0 on the no_weight_decay ones; the pieces' gradient sums of squares
+  // added in order, their non-finite flags or-ed.
+  absl::StatusOr<StepStats> StepChunk(const Task& task) const;
   // Stage loops, one thread each.
   void ReadLoop();
   void ComputeLoop();

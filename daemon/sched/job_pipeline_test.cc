@@ -39,9 +39,11 @@ float FromHalf(uint16_t x, DType dtype) {
 }
 
 // `step` is the count before this step; g the gradient's exact values.
+// Elements i with no_decay[i] (when given) get weight_decay 0: neither
+// AdamW's decay nor Adam's L2 term.
 void RefAdamStep(const AdamOptions& o, DType moment_dtype, int64_t step,
                  const std::vector<float>& g_values, float inv_scale,
-                 RefLayer& L) {
+                 RefLayer& L, const std::vector<bool>* no_decay = nullptr) {
   const double t = static_cast<double>(step + 1);
   const double bc1 = 1.0 - std::pow(o.beta1, t);
   const double bc2 = 1.0 - std::pow(o.beta2, t);
@@ -54,11 +56,16 @@ void RefAdamStep(const AdamOptions& o, DType moment_dtype, int64_t step,
   const float b2 = static_cast<float>(o.beta2);
   const float omb2 = static_cast<float>(1.0 - o.beta2);
   const float eps = static_cast<float>(o.eps);
+  // Adam (not AdamW): g += wd * w.
+  const bool use_l2 = !o.decoupled_weight_decay && o.weight_decay != 0.0;
+  const float l2 = static_cast<float>(o.weight_decay);
   const bool bf16 = moment_dtype == DType::kBFloat16;
   auto keep = [&](float x) { return bf16 ? Bf16ToFloat(FloatToBf16(x)) : x; };
   for (size_t i = 0; i < L.w.size(); ++i) {
-    const float g = g_values[i] * inv_scale;
-    float w = L.w[i] * decay;
+    const bool decayed = no_decay == nullptr || !(*no_decay)[i];
+    float g = g_values[i] * inv_scale;
+    float w = decayed ? L.w[i] * decay : L.w[i];
+    if (use_l2 && decayed) g = std::fma(l2, w, g);
     const float m = std::fma(b1, L.m[i], omb1 * g);
     float v = std::fma(b2, L.v[i], (omb2 * g) * g);
     L.m[i] = keep(m);
@@ -893,6 +900,190 @@ INSTANTIATE_TEST_SUITE_P(
                                     DType::kFloat16, false, true},
                       StreamVariant{Schedule::kAfterBackward, DType::kBFloat16,
                                     DType::kBFloat16, true, true}));
+
+// ------------------------------------------------------------ no weight decay
+
+struct NoDecayVariant {
+  Schedule schedule;
+  DType grad_dtype;
+  DType moment_dtype;
+  bool amsgrad;
+  bool adamw;  // false: Adam, weight decay as an L2 term in the gradient
+  bool stream_gradients;
+  bool stream_weight16;
+};
+
+class NoWeightDecayTest : public JobPipelineTest,
+                          public ::testing::WithParamInterface<NoDecayVariant> {
+};
+
+// SmallLayout's layers {2500, 1000, 37, 4097} in chunks of 1000, with
+// no_weight_decay ranges (given out of order) at a layer's first and last
+// elements, inside a chunk, across chunk boundaries, touching each other,
+// ending at a chunk boundary, covering a chunk exactly and a whole layer.
+std::vector<LayerRange> ExemptRanges() {
+  return {{3, 4090, 4097}, {0, 2000, 2500}, {0, 0, 7},       {0, 130, 517},
+          {0, 1010, 1013}, {0, 990, 1010},  {0, 1999, 2000}, {1, 0, 1000},
+          {2, 36, 37},     {2, 5, 6},       {3, 1000, 2000}, {3, 2500, 4001},
+          {3, 17, 18}};
+}
+
+TEST_P(NoWeightDecayTest, ExemptElementsMatchReferenceWithoutDecay) {
+  const NoDecayVariant v = GetParam();
+  ModelLayout layout = SmallLayout(v.grad_dtype);
+  layout.moment_dtype = v.moment_dtype;
+  layout.adam.amsgrad = v.amsgrad;
+  layout.adam.decoupled_weight_decay = v.adamw;
+  layout.adam.weight_decay = 0.1;
+  ASSERT_TRUE(SetNoWeightDecay(ExemptRanges(), layout).ok());
+  const size_t layers = layout.layer_elements.size();
+  // Per element: exempt or not; and how many.
+  std::vector<std::vector<bool>> exempt(layers);
+  size_t exempt_count = 0;
+  for (size_t l = 0; l < layers; ++l) {
+    exempt[l].assign(layout.layer_elements[l], false);
+    for (const auto& [begin, end] : layout.no_weight_decay[l]) {
+      for (uint64_t i = begin; i < end; ++i) exempt[l][i] = true;
+      exempt_count += end - begin;
+    }
+  }
+  PipelineOptions options;
+  options.schedule = v.schedule;
+  options.buffers = 3;
+  options.stream_gradients = v.stream_gradients;
+  options.stream_weight16 = v.stream_weight16;
+  auto opened =
+      JobPipeline::Open(store_.get(), *updater_, "job", layout, options);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  std::unique_ptr<JobPipeline> p = *std::move(opened);
+  std::vector<RefLayer> ref = Initialize(*p, layout);
+  // Every element decayed: what the exempt ones must not be.
+  std::vector<RefLayer> decayed = ref;
+  int64_t ref_step = 0;
+  std::vector<std::vector<uint16_t>> out(layers);
+  for (size_t l = 0; l < layers; ++l) {
+    out[l].assign(layout.layer_elements[l], 0xdead);
+  }
+
+  // One iteration through `pipeline` checked against the reference with
+  // `mask` (null: every element decayed).
+  auto run = [&](JobPipeline& pipeline, const PipelineOptions& opts,
+                 const StepInput& in, const ClipOptions& clip,
+                 const std::vector<std::vector<bool>>* mask) {
+    StepResult r = Step(pipeline, layout, opts, in, clip, out);
+    std::mt19937 rng(in.seed);  // Step's gradients, regenerated.
+    std::vector<Grad> grads;
+    double sum = 0.0;
+    for (size_t l = 0; l < layers; ++l) {
+      grads.push_back(
+          MakeGrad(layout.layer_elements[l], layout.grad_dtype, rng, 0.1f));
+      for (float x : grads.back().values) {
+        const double g = x * in.grad_scale;
+        sum += g * g;
+      }
+    }
+    if (in.nan_layer >= 0) {
+      EXPECT_TRUE(r.report.skipped);
+    } else {
+      EXPECT_NEAR(r.report.global_norm, std::sqrt(sum), 1e-12 * std::sqrt(sum));
+      EXPECT_FALSE(r.report.skipped);
+      const float inv_scale =
+          r.report.clipped
+              ? static_cast<float>(r.report.clip_scale * in.grad_scale)
+              : in.grad_scale;
+      AdamOptions adam = layout.adam;
+      if (in.lr > 0) adam.lr = in.lr;
+      for (size_t l = 0; l < layers; ++l) {
+        RefAdamStep(adam, layout.moment_dtype, ref_step, grads[l].values,
+                    inv_scale, ref[l], mask == nullptr ? nullptr : &(*mask)[l]);
+        RefAdamStep(adam, layout.moment_dtype, ref_step, grads[l].values,
+                    inv_scale, decayed[l]);
+      }
+      ++ref_step;
+    }
+    EXPECT_EQ(r.report.iteration, static_cast<uint64_t>(ref_step));
+    for (size_t l = 0; l < layers; ++l) {
+      size_t bad = 0, bad16 = 0;
+      for (size_t i = 0; i < ref[l].w.size(); ++i) {
+        bad += std::memcmp(&r.weights[l][i], &ref[l].w[i], 4) != 0;
+        bad16 += r.weight16[l][i] != ToHalf(ref[l].w[i], layout.weight16_dtype);
+      }
+      EXPECT_EQ(bad, 0u) << "fp32 weights of layer " << l << ", seed "
+                         << in.seed;
+      EXPECT_EQ(bad16, 0u) << "16-bit weights of layer " << l << ", seed "
+                           << in.seed;
+    }
+    CheckStates(pipeline, layout, ref);
+    return r.report;
+  };
+
+  ClipOptions clip;
+  clip.max_grad_norm = 1.0;  // The norm is about 8.7 at grad_scale 1.
+  EXPECT_FALSE(
+      run(*p, options, {.seed = 21, .grad_scale = 0.0625f}, clip, &exempt)
+          .clipped);
+  EXPECT_TRUE(run(*p, options, {.seed = 22}, clip, &exempt).clipped);
+  EXPECT_TRUE(run(*p, options, {.seed = 23, .grad_scale = 0.5f, .lr = 3e-3},
+                  clip, &exempt)
+                  .clipped);
+  EXPECT_TRUE(
+      run(*p, options, {.seed = 24, .nan_layer = 3}, clip, &exempt).skipped);
+  run(*p, options, {.seed = 25, .grad_scale = 0.125f, .lr = 2e-2}, clip,
+      &exempt);
+  EXPECT_EQ(p->iteration(), 4u);
+
+  // The test tells the two apart: elements outside the ranges are exactly
+  // the all-decayed reference's, (nearly) every exempt one differs.
+  size_t differ = 0;
+  for (size_t l = 0; l < layers; ++l) {
+    for (size_t i = 0; i < ref[l].w.size(); ++i) {
+      const bool same = std::memcmp(&ref[l].w[i], &decayed[l].w[i], 4) == 0;
+      if (!exempt[l][i]) {
+        ASSERT_TRUE(same) << l << "/" << i;
+      } else {
+        differ += !same;
+      }
+    }
+  }
+  EXPECT_GT(differ, exempt_count * 9 / 10) << "of " << exempt_count;
+
+  // The ranges are not part of the layout's fingerprint: the job reopens
+  // without them, and then decays every element.
+  p.reset();
+  ModelLayout plain = layout;
+  plain.no_weight_decay.clear();
+  opened = JobPipeline::Open(store_.get(), *updater_, "job", plain, options);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  p = *std::move(opened);
+  EXPECT_EQ(p->iteration(), 4u);
+  decayed = ref;
+  run(*p, options, {.seed = 26, .grad_scale = 0.25f}, clip, nullptr);
+  for (size_t l = 0; l < layers; ++l) {
+    EXPECT_EQ(0, std::memcmp(ref[l].w.data(), decayed[l].w.data(),
+                             ref[l].w.size() * 4));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Variants, NoWeightDecayTest,
+    ::testing::Values(
+        // AdamW, resident, each schedule.
+        NoDecayVariant{Schedule::kPipelined, DType::kBFloat16, DType::kFloat32,
+                       false, true, false, false},
+        NoDecayVariant{Schedule::kSerialized, DType::kFloat32, DType::kFloat32,
+                       false, true, false, false},
+        NoDecayVariant{Schedule::kAfterBackward, DType::kFloat16,
+                       DType::kBFloat16, true, true, false, false},
+        // Adam with L2 decay.
+        NoDecayVariant{Schedule::kPipelined, DType::kBFloat16, DType::kFloat32,
+                       false, false, false, false},
+        NoDecayVariant{Schedule::kAfterBackward, DType::kFloat32,
+                       DType::kBFloat16, true, false, true, false},
+        // Streamed gradients and 16-bit weights.
+        NoDecayVariant{Schedule::kPipelined, DType::kBFloat16, DType::kFloat32,
+                       false, true, true, true},
+        NoDecayVariant{Schedule::kSerialized, DType::kFloat16, DType::kFloat32,
+                       true, false, false, true}));
 
 TEST_F(JobPipelineTest, ScratchGradientsNeverOutliveTheirIteration) {
   const ModelLayout layout = SmallLayout(DType::kBFloat16);

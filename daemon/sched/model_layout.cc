@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/optim/optim_types.h"
@@ -48,6 +50,42 @@ absl::Status ValidateLayout(const ModelLayout& layout) {
           " chunks of ", layout.chunk_elements, " parameters"));
     }
   }
+  if (!layout.no_weight_decay.empty() &&
+      layout.no_weight_decay.size() != layout.layer_elements.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model layout: no_weight_decay has ranges for ",
+                     layout.no_weight_decay.size(), " layers, not ",
+                     layout.layer_elements.size()));
+  }
+  for (size_t l = 0; l < layout.no_weight_decay.size(); ++l) {
+    const auto& ranges = layout.no_weight_decay[l];
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      const auto [begin, end] = ranges[i];
+      const std::string name =
+          absl::StrCat("model layout: no_weight_decay range [", begin, ", ",
+                       end, ") of layer ", l);
+      if (begin >= end) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(name, " is empty (begin must be < end)"));
+      }
+      if (end > layout.layer_elements[l]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(name, " ends past the layer's ",
+                         layout.layer_elements[l], " elements"));
+      }
+      if (i == 0) continue;
+      const auto [prev_begin, prev_end] = ranges[i - 1];
+      if (begin < prev_begin) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(name, " comes before [", prev_begin, ", ", prev_end,
+                         "): a layer's ranges must be sorted"));
+      }
+      if (begin < prev_end) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(name, " overlaps [", prev_begin, ", ", prev_end, ")"));
+      }
+    }
+  }
   if (DTypeSize(layout.grad_dtype) == 0) {
     return absl::InvalidArgumentError("model layout: unknown gradient dtype");
   }
@@ -64,6 +102,27 @@ absl::Status ValidateLayout(const ModelLayout& layout) {
   return absl::OkStatus();
 }
 
+absl::Status SetNoWeightDecay(const std::vector<LayerRange>& ranges,
+                              ModelLayout& layout) {
+  const size_t layers = layout.layer_elements.size();
+  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> by_layer;
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const LayerRange& r = ranges[i];
+    if (r.layer >= layers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "no_weight_decay range ", i, " (layer ", r.layer, ", [", r.begin,
+          ", ", r.end, ")): the model has ", layers, " layers"));
+    }
+    if (by_layer.empty()) by_layer.resize(layers);
+    by_layer[r.layer].emplace_back(r.begin, r.end);
+  }
+  for (auto& layer_ranges : by_layer) {
+    std::sort(layer_ranges.begin(), layer_ranges.end());
+  }
+  layout.no_weight_decay = std::move(by_layer);
+  return absl::OkStatus();
+}
+
 uint64_t LayoutFingerprint(const ModelLayout& layout) {
   Fnv1a h;
   h.U64(1);  // Format of the chunk states.
@@ -77,6 +136,7 @@ uint64_t LayoutFingerprint(const ModelLayout& layout) {
 
 StateLayout::StateLayout(const ModelLayout& layout)
     : layer_elements_(layout.layer_elements),
+      no_weight_decay_(layout.no_weight_decay),
       chunk_elements_(layout.chunk_elements),
       moment_size_(DTypeSize(layout.moment_dtype)),
       amsgrad_(layout.adam.amsgrad) {
@@ -93,6 +153,41 @@ size_t StateLayout::num_chunks(size_t layer) const {
 uint64_t StateLayout::chunk_count(size_t layer, size_t chunk) const {
   const uint64_t begin = chunk_begin(chunk);
   return std::min(chunk_elements_, layer_elements_[layer] - begin);
+}
+
+std::vector<StateLayout::Piece> StateLayout::ChunkPieces(size_t layer,
+                                                         size_t chunk) const {
+  const uint64_t first = chunk_begin(chunk);
+  const uint64_t last = first + chunk_count(layer, chunk);
+  std::vector<Piece> pieces;
+  uint64_t at = first;  // Layer index of the next element to place.
+  auto add = [&](uint64_t begin, uint64_t end, bool exempt) {
+    if (exempt && !pieces.empty() && pieces.back().no_weight_decay &&
+        first + pieces.back().begin + pieces.back().count == begin) {
+      pieces.back().count += end - begin;
+    } else {
+      pieces.push_back(Piece{begin - first, end - begin, exempt});
+    }
+    at = end;
+  };
+  if (!no_weight_decay_.empty()) {
+    const auto& ranges = no_weight_decay_[layer];
+    // Sorted and disjoint, so their ends are sorted too: the first range
+    // ending after the chunk's first element.
+    auto it =
+        std::partition_point(ranges.begin(), ranges.end(),
+                             [first](const std::pair<uint64_t, uint64_t>& r) {
+                               return r.second <= first;
+                             });
+    for (; it != ranges.end() && it->first < last; ++it) {
+      const uint64_t begin = std::max(it->first, first);
+      const uint64_t end = std::min(it->second, last);
+      if (begin > at) add(at, begin, false);
+      add(begin, end, true);
+    }
+  }
+  if (at < last) add(at, last, false);
+  return pieces;
 }
 
 uint64_t StateLayout::state_bytes(uint64_t count) const {

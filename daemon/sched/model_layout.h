@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -31,16 +32,40 @@ struct ModelLayout {
   AdamOptions adam;
   // kFloat32, or kBFloat16 to halve the moments' bytes (see adam.h).
   DType moment_dtype = DType::kFloat32;
+  // Elements updated with weight_decay 0 (biases and norm weights, as
+  // torch's no-decay param group); every other Adam option as `adam`.
+  // Empty: none. Otherwise one entry per layer: that layer's element ranges
+  // [first, second), sorted by first, not overlapping (SetNoWeightDecay
+  // builds it from ranges in any order).
+  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> no_weight_decay;
 };
 
 // INVALID_ARGUMENT naming the first problem (no layers, empty layer, zero
-// chunk size, dtypes not allowed, more than 2^20 chunks in a layer).
-// Adam's scalar options are checked by AdamUpdater::Step.
+// chunk size, dtypes not allowed, more than 2^20 chunks in a layer; a
+// no_weight_decay range that is empty, ends past its layer, overlaps the
+// one before it or comes before it, or a no_weight_decay that has neither
+// 0 nor one entry per layer). Adam's scalar options are checked by
+// AdamUpdater::Step.
 absl::Status ValidateLayout(const ModelLayout& layout);
 
+// Elements [begin, end) of layer `layer`.
+struct LayerRange {
+  uint32_t layer = 0;
+  uint64_t begin = 0;
+  uint64_t end = 0;
+};
+
+// Replaces layout.no_weight_decay with `ranges` (any order), grouped by
+// layer and sorted. INVALID_ARGUMENT naming the first range whose layer is
+// out of range (layout.layer_elements must be set); the other checks are
+// ValidateLayout's.
+absl::Status SetNoWeightDecay(const std::vector<LayerRange>& ranges,
+                              ModelLayout& layout);
+
 // A 64-bit hash of what decides the stored states' shape: layer sizes,
-// chunk size, moment dtype and AMSGrad. Learning rate, betas, gradient and
-// weight dtypes may change between runs of a job; these may not.
+// chunk size, moment dtype and AMSGrad. Learning rate, betas, weight decay
+// (and the no_weight_decay ranges), gradient and weight dtypes may change
+// between runs of a job; these may not.
 uint64_t LayoutFingerprint(const ModelLayout& layout);
 
 // One of the Adam moments in a chunk's state (torch's optimizer state
@@ -67,6 +92,20 @@ class StateLayout {
   // First parameter of the chunk within its layer, and its length.
   uint64_t chunk_begin(size_t chunk) const { return chunk * chunk_elements_; }
   uint64_t chunk_count(size_t layer, size_t chunk) const;
+
+  // A run of a chunk's elements updated alike: `count` elements from
+  // `begin` (relative to the chunk's first element), without weight decay
+  // when `no_weight_decay`.
+  struct Piece {
+    uint64_t begin = 0;
+    uint64_t count = 0;
+    bool no_weight_decay = false;
+  };
+  // The chunk cut at the boundaries of the layout's no_weight_decay ranges
+  // that fall inside it, in element order, adjacent exempt runs merged: one
+  // piece (the whole chunk, decayed) when no range touches it, one exempt
+  // piece when ranges cover it.
+  std::vector<Piece> ChunkPieces(size_t layer, size_t chunk) const;
 
   // Bytes of the state tensor of a chunk of `count` parameters.
   uint64_t state_bytes(uint64_t count) const;
@@ -104,6 +143,8 @@ class StateLayout {
 
  private:
   std::vector<uint64_t> layer_elements_;
+  // ModelLayout::no_weight_decay (empty, or one entry per layer).
+  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> no_weight_decay_;
   uint64_t chunk_elements_;
   size_t moment_size_;
   bool amsgrad_;

@@ -1,5 +1,9 @@
 #include "daemon/sched/model_layout.h"
 
+#include <tuple>
+#include <utility>
+#include <vector>
+
 #include "gtest/gtest.h"
 
 namespace lohan {
@@ -91,6 +95,112 @@ TEST(ModelLayoutTest, RejectsBadLayouts) {
   l = Layout();
   l.grad_dtype = static_cast<DType>(9);
   EXPECT_FALSE(ValidateLayout(l).ok());
+}
+
+using Ranges = std::vector<std::pair<uint64_t, uint64_t>>;
+
+TEST(ModelLayoutTest, NoWeightDecayRangesAreGroupedSortedAndChecked) {
+  ModelLayout l = Layout();
+  ASSERT_TRUE(
+      SetNoWeightDecay({{2, 30, 37}, {0, 900, 1200}, {0, 10, 20}}, l).ok());
+  ASSERT_EQ(l.no_weight_decay.size(), 3u);
+  EXPECT_EQ(l.no_weight_decay[0], (Ranges{{10, 20}, {900, 1200}}));
+  EXPECT_TRUE(l.no_weight_decay[1].empty());
+  EXPECT_EQ(l.no_weight_decay[2], (Ranges{{30, 37}}));
+  EXPECT_TRUE(ValidateLayout(l).ok());
+  // Not part of the fingerprint.
+  EXPECT_EQ(LayoutFingerprint(l), LayoutFingerprint(Layout()));
+  ASSERT_TRUE(SetNoWeightDecay({}, l).ok());
+  EXPECT_TRUE(l.no_weight_decay.empty());
+
+  absl::Status s = SetNoWeightDecay({{0, 0, 1}, {3, 0, 1}}, l);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            "no_weight_decay range 1 (layer 3, [0, 1)): the model has 3 "
+            "layers");
+
+  struct Case {
+    std::vector<LayerRange> ranges;
+    const char* message;
+  };
+  const Case cases[] = {
+      {{{1, 5, 5}},
+       "model layout: no_weight_decay range [5, 5) of layer 1 is empty "
+       "(begin must be < end)"},
+      {{{1, 6, 5}},
+       "model layout: no_weight_decay range [6, 5) of layer 1 is empty "
+       "(begin must be < end)"},
+      {{{2, 0, 38}},
+       "model layout: no_weight_decay range [0, 38) of layer 2 ends past "
+       "the layer's 37 elements"},
+      {{{0, 100, 200}, {0, 199, 300}},
+       "model layout: no_weight_decay range [199, 300) of layer 0 overlaps "
+       "[100, 200)"},
+      {{{0, 100, 200}, {0, 100, 150}},
+       "model layout: no_weight_decay range [100, 200) of layer 0 overlaps "
+       "[100, 150)"},
+  };
+  for (const Case& c : cases) {
+    ModelLayout bad = Layout();
+    ASSERT_TRUE(SetNoWeightDecay(c.ranges, bad).ok());
+    s = ValidateLayout(bad);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(s.message(), c.message);
+  }
+  // Built by hand: unsorted, or not one entry per layer.
+  ModelLayout bad = Layout();
+  bad.no_weight_decay = {Ranges{{50, 60}, {10, 20}}, {}, {}};
+  EXPECT_EQ(ValidateLayout(bad).message(),
+            "model layout: no_weight_decay range [10, 20) of layer 0 comes "
+            "before [50, 60): a layer's ranges must be sorted");
+  bad.no_weight_decay = {Ranges{{10, 20}}};
+  EXPECT_EQ(ValidateLayout(bad).code(), absl::StatusCode::kInvalidArgument);
+  // Touching ranges are fine.
+  ModelLayout touching = Layout();
+  ASSERT_TRUE(SetNoWeightDecay({{0, 20, 30}, {0, 10, 20}}, touching).ok());
+  EXPECT_TRUE(ValidateLayout(touching).ok());
+}
+
+std::vector<std::tuple<uint64_t, uint64_t, bool>> Pieces(const StateLayout& s,
+                                                         size_t layer,
+                                                         size_t chunk) {
+  std::vector<std::tuple<uint64_t, uint64_t, bool>> out;
+  for (const StateLayout::Piece& p : s.ChunkPieces(layer, chunk)) {
+    out.emplace_back(p.begin, p.count, p.no_weight_decay);
+  }
+  return out;
+}
+
+TEST(ModelLayoutTest, ChunksAreCutAtNoWeightDecayBoundaries) {
+  using P = std::vector<std::tuple<uint64_t, uint64_t, bool>>;
+  ModelLayout l = Layout();  // {2500, 1000, 37}, chunks of 1000.
+  // Without ranges: every chunk is one decayed piece.
+  StateLayout plain(l);
+  EXPECT_EQ(Pieces(plain, 0, 2), (P{{0, 500, false}}));
+  EXPECT_EQ(Pieces(plain, 2, 0), (P{{0, 37, false}}));
+
+  const std::vector<LayerRange> ranges = {
+      // Layer 0: at its start, inside chunk 0, across 0|1, touching
+      // [1500, 1600) (merged), then covering chunk 2 to the layer's end.
+      {0, 0, 10},
+      {0, 100, 200},
+      {0, 900, 1500},
+      {0, 1500, 1600},
+      {0, 2000, 2500},
+      // Layer 2: all of it.
+      {2, 0, 37}};
+  ASSERT_TRUE(SetNoWeightDecay(ranges, l).ok());
+  ASSERT_TRUE(ValidateLayout(l).ok());
+  StateLayout s(l);
+  EXPECT_EQ(Pieces(s, 0, 0), (P{{0, 10, true},
+                                {10, 90, false},
+                                {100, 100, true},
+                                {200, 700, false},
+                                {900, 100, true}}));
+  EXPECT_EQ(Pieces(s, 0, 1), (P{{0, 600, true}, {600, 400, false}}));
+  EXPECT_EQ(Pieces(s, 0, 2), (P{{0, 500, true}}));
+  EXPECT_EQ(Pieces(s, 1, 0), (P{{0, 1000, false}}));
+  EXPECT_EQ(Pieces(s, 2, 0), (P{{0, 37, true}}));
 }
 
 }  // namespace

@@ -138,6 +138,15 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
                   .amsgrad = adam.amsgrad()};
   layout.moment_dtype =
       adam.bf16_moments() ? DType::kBFloat16 : DType::kFloat32;
+  std::vector<LayerRange> no_weight_decay;
+  no_weight_decay.reserve(spec.no_weight_decay_size());
+  for (const v1::ElementRange& range : spec.no_weight_decay()) {
+    no_weight_decay.push_back(
+        LayerRange{range.layer(), range.begin(), range.end()});
+  }
+  if (absl::Status set = SetNoWeightDecay(no_weight_decay, layout); !set.ok()) {
+    return set;
+  }
   if (absl::Status valid = ValidateLayout(layout); !valid.ok()) return valid;
   model.clip = ClipOptions{.max_grad_norm = spec.max_grad_norm(),
                            .skip_nonfinite = spec.skip_nonfinite()};

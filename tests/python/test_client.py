@@ -491,6 +491,106 @@ def test_streamed_slots_alias_one_buffer(lohand):
             lib.lohan_model_destroy(handle)
 
 
+def test_no_weight_decay_ranges_match_torch_param_groups(lohand):
+    """A 1-layer fp32 model with exempt ranges (no_weight_decay): those
+    elements follow torch AdamW with weight_decay=0, the rest AdamW with the
+    decay, as torch's usual two param groups. Bad ranges and a NULL array
+    with a count are INVALID_ARGUMENT; a spec that ends before the fields
+    has none."""
+    import ctypes
+
+    import torch
+
+    from lohan import _native
+
+    n = 40
+    exempt = [(0, 30, 40), (0, 3, 9)]  # any order; one at the layer's end
+    torch.manual_seed(3)
+    initial = torch.randn(n)
+    grads = [torch.randn(n), torch.randn(n) * 3]
+    lr, wd = 1e-2, 0.1
+
+    # torch: the layer cut into its pieces (begin, end, decayed), the
+    # exempt ones in a param group with weight_decay=0.
+    cuts = [(0, 3, True), (3, 9, False), (9, 30, True), (30, 40, False)]
+    pieces = [torch.nn.Parameter(initial[a:b].clone()) for a, b, _ in cuts]
+    optimizer = torch.optim.AdamW(
+        [{"params": [p for p, c in zip(pieces, cuts) if c[2]],
+          "weight_decay": wd},
+         {"params": [p for p, c in zip(pieces, cuts) if not c[2]],
+          "weight_decay": 0.0}], lr=lr)
+    everywhere = torch.nn.Parameter(initial.clone())  # decay on every element
+    decayed_all = torch.optim.AdamW([everywhere], lr=lr, weight_decay=wd)
+
+    with Client(lohand.socket) as client:
+        job = client.create_job("no-decay", host_pool_bytes=1 << 20)
+        client.attach_job(job.id)
+        with client.open_data_plane(job.id) as plane:
+            model = plane.register_model(job.id, [n], lr=lr, weight_decay=wd,
+                                         no_weight_decay=exempt)
+            staging = torch.frombuffer(model.staging, dtype=torch.float32)
+            staging[:n] = initial
+            model.init_weights(0)
+            for g in grads:
+                _step(model, [n], [g])
+                for p, (a, b, _) in zip(pieces, cuts):
+                    p.grad = g[a:b].clone()
+                optimizer.step()
+                everywhere.grad = g.clone()
+                decayed_all.step()
+            ours = _read(model, staging, [n], None)[0]
+        expected = torch.cat([p.detach() for p in pieces])
+        torch.testing.assert_close(ours, expected, rtol=1e-6, atol=0.0)
+        mask = torch.zeros(n, dtype=torch.bool)
+        mask[3:9] = True
+        mask[30:40] = True
+        # The decay made a difference where it was applied, and only there.
+        assert not torch.isclose(ours[mask], everywhere.detach()[mask],
+                                 rtol=1e-5, atol=0.0).any()
+        torch.testing.assert_close(ours[~mask], everywhere.detach()[~mask],
+                                   rtol=1e-6, atol=0.0)
+
+        refused = client.create_job("no-decay-bad", host_pool_bytes=1 << 20)
+        client.attach_job(refused.id)
+        with client.open_data_plane(refused.id) as plane:
+            for ranges, text in [
+                    ([(1, 0, 1)], "(layer 1, [0, 1)): the model has 1 layers"),
+                    ([(0, 4, 4)], "[4, 4) of layer 0 is empty"),
+                    ([(0, 0, 41)], "ends past the layer's 40 elements"),
+                    ([(0, 10, 20), (0, 5, 11)],
+                     "[10, 20) of layer 0 overlaps [5, 11)")]:
+                with pytest.raises(LohanError) as error:
+                    plane.register_model(refused.id, [n], weight_decay=wd,
+                                         no_weight_decay=ranges)
+                assert error.value.code == StatusCode.INVALID_ARGUMENT
+                assert text in error.value.message
+            with pytest.raises(ValueError):
+                plane.register_model(refused.id, [n],
+                                     no_weight_decay=[(0, -1, 3)])
+
+            lib = _native.library()
+            elements = (ctypes.c_uint64 * 1)(n)
+
+            def raw(struct_size):
+                spec = _native.ModelSpec(
+                    struct_size=struct_size, dtype=1, layer_elements=elements,
+                    num_layers=1, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8,
+                    num_no_weight_decay=2)  # no_weight_decay left NULL
+                handle = ctypes.c_void_p()
+                status = lib.lohan_model_register(
+                    client._handle, plane._handle, refused.id.encode(),
+                    ctypes.byref(spec), ctypes.byref(handle))
+                return status, handle
+
+            status, _ = raw(ctypes.sizeof(_native.ModelSpec))
+            assert status == StatusCode.INVALID_ARGUMENT
+            assert b"no_weight_decay is NULL" in lib.lohan_last_error()
+            # An older caller's spec ends before the new fields: none.
+            status, handle = raw(_native.ModelSpec.no_weight_decay.offset)
+            assert status == 0, lib.lohan_last_error()
+            lib.lohan_model_destroy(handle)
+
+
 def test_async_requests_many_in_flight_waited_in_reverse(lohand):
     """submit_* return tickets at once; several in flight, waited for in
     reverse order; failures land on their own ticket with their own text."""

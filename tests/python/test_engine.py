@@ -212,6 +212,49 @@ def test_fp32_matches_torch_adamw_and_keeps_tied_weights(lohand):
     assert losses[-1] < losses[0]
 
 
+def test_no_weight_decay_for_1d_parameters_matches_two_param_groups(lohand):
+    """The usual recipe: biases and norm weights without weight decay. The
+    reference is torch AdamW with two parameter groups; names or a callable
+    pick the same parameters as "1d"."""
+    reference = tiny_gpt()
+    data = batches(4)
+    decay = [p for p in reference.parameters() if p.dim() >= 2]
+    no_decay = [p for p in reference.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=LR, betas=BETAS, eps=EPS)
+    start = copy.deepcopy(reference)
+    ref_losses = []
+    for step in data:
+        loss = lm_loss(reference, step[0])
+        loss.backward()
+        ref_losses.append(loss.item())
+        opt.step()
+        opt.zero_grad()
+    runs = []
+    names = [n for n, p in start.named_parameters() if p.dim() < 2]
+    for rule in ("1d", lambda name, p: p.dim() < 2, names):
+        model = copy.deepcopy(start)
+        with engine_for(model, lohand, weight_decay=0.1, no_weight_decay=rule,
+                        job_name=f"no-decay-{len(runs)}") as engine:
+            losses = train_lohan(engine, model, data)
+        assert_fp32_close(model, reference, losses, ref_losses)
+        runs.append([p.detach().clone() for p in model.parameters()])
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            assert torch.equal(a, b)
+    # Without the exemption the biases decay: the check above would fail.
+    model = copy.deepcopy(start)
+    with engine_for(model, lohand, weight_decay=0.1,
+                    job_name="no-decay-none") as engine:
+        train_lohan(engine, model, data)
+    ln = dict(model.named_parameters())["blocks.0.ln1.weight"]
+    expected = dict(reference.named_parameters())["blocks.0.ln1.weight"]
+    assert (ln - expected).abs().max() > 1e-5
+    with pytest.raises(ValueError, match="does not have"):
+        engine_for(tiny_gpt(), lohand, no_weight_decay=["nope.bias"])
+
+
 def test_clipping_matches_clip_grad_norm(lohand):
     reference = tiny_gpt()
     model = copy.deepcopy(reference)

@@ -205,6 +205,18 @@ typedef struct lohan_model_spec {
    * resumes at its stored iteration: a nonzero value other than that is
    * LOHAN_FAILED_PRECONDITION; 0 means whatever is stored. */
   uint64_t initial_iteration;
+  /* Added after initial_iteration (a spec whose struct_size ends before
+   * num_no_weight_decay means none). Elements updated without weight decay
+   * (biases and norm weights, as torch's param group with weight_decay 0):
+   * num_no_weight_decay triples (layer, begin, end), the elements
+   * [begin, end) of that layer, which get weight_decay 0 (neither AdamW's
+   * decay nor Adam's L2 term; lr, betas, eps, clipping as the rest). Any
+   * order; layer < num_layers, begin < end <= the layer's elements, and a
+   * layer's ranges must not overlap (LOHAN_INVALID_ARGUMENT naming the
+   * range otherwise, as for NULL with a nonzero count). The daemon copies
+   * them: the array need not outlive the call. */
+  const uint64_t* no_weight_decay; /* triples: layer, begin, end */
+  uint32_t num_no_weight_decay;
 } lohan_model_spec;
 
 /* `plane` must stay open while the model is used. */

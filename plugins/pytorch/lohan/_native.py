@@ -52,6 +52,9 @@ class ModelSpec(ctypes.Structure):
         ("weight_slots", ctypes.c_uint32),
         # A new job's starting iteration (a restored checkpoint's step).
         ("initial_iteration", ctypes.c_uint64),
+        # Elements without weight decay: (layer, begin, end) triples.
+        ("no_weight_decay", ctypes.POINTER(ctypes.c_uint64)),
+        ("num_no_weight_decay", ctypes.c_uint32),
     ]
 
 

@@ -6,7 +6,7 @@ import ctypes
 import enum
 import json
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from lohan import _native
 
@@ -317,7 +317,9 @@ class DataPlane:
                        activation_bytes: int = 0,
                        grad_slots: int = 0,
                        weight_slots: int = 0,
-                       initial_iteration: int = 0) -> Model:
+                       initial_iteration: int = 0,
+                       no_weight_decay: Iterable[Tuple[int, int, int]] = ()
+                       ) -> Model:
         """Registers the model of `job_id` (this process attached it and
         opened this data plane); see lohan_client.h.
 
@@ -328,7 +330,13 @@ class DataPlane:
         `initial_iteration`: for a job without states yet, the iteration it
         starts at (its first update is Adam step initial_iteration + 1), to
         restore a checkpoint with init_weights and init_state; a job with
-        states refuses another nonzero value (FAILED_PRECONDITION)."""
+        states refuses another nonzero value (FAILED_PRECONDITION).
+
+        `no_weight_decay`: (layer, begin, end) tuples, in any order; the
+        elements [begin, end) of that layer's flat vector are updated with
+        weight_decay 0 (biases and norm weights, as torch's param group
+        with weight_decay=0); a layer's ranges must not overlap
+        (INVALID_ARGUMENT naming the range otherwise)."""
         if dtype not in _DTYPES:
             raise ValueError(f"dtype {dtype!r} is not supported; use one of "
                              f"{sorted(_DTYPES)}")
@@ -336,6 +344,15 @@ class DataPlane:
             raise ValueError(f"initial_iteration must be >= 0, got "
                              f"{initial_iteration}")
         elements = (ctypes.c_uint64 * len(layer_elements))(*layer_elements)
+        triples: List[int] = []
+        for entry in no_weight_decay:
+            layer, begin, end = entry
+            for value in (layer, begin, end):
+                if int(value) < 0:
+                    raise ValueError(f"no_weight_decay range {tuple(entry)} "
+                                     f"has a negative value")
+            triples += [int(layer), int(begin), int(end)]
+        exempt = (ctypes.c_uint64 * len(triples))(*triples)
         spec = _native.ModelSpec(
             struct_size=ctypes.sizeof(_native.ModelSpec),
             dtype=_DTYPES[dtype][0], layer_elements=elements,
@@ -345,7 +362,8 @@ class DataPlane:
             bf16_moments=int(bf16_moments), max_grad_norm=max_grad_norm,
             skip_nonfinite=int(skip_nonfinite), chunk_elements=chunk_elements,
             activation_bytes=activation_bytes, grad_slots=grad_slots,
-            weight_slots=weight_slots, initial_iteration=initial_iteration)
+            weight_slots=weight_slots, initial_iteration=initial_iteration,
+            no_weight_decay=exempt, num_no_weight_decay=len(triples) // 3)
         handle = ctypes.c_void_p()
         _check(self._lib.lohan_model_register(
             self._client._handle, self._handle, job_id.encode(),

@@ -86,6 +86,9 @@ class Engine:
                  grad_accumulation_steps: int = 1,
                  adamw: bool = True, amsgrad: bool = False,
                  bf16_moments: bool = False,
+                 no_weight_decay: Union[None, str, Callable[[str, nn.Parameter],
+                                                         bool],
+                                        Any] = None,
                  skip_nonfinite: bool = True, chunk_elements: int = 0,
                  activations: str = "offload",
                  activation_host_bytes: Optional[int] = None,
@@ -192,6 +195,7 @@ class Engine:
             raise ValueError("stream_buffers must be an int >= 1, got "
                              f"{stream_buffers!r}")
 
+        exempt = self._exempt_ranges(no_weight_decay)
         element_bytes = torch.empty((), dtype=self.dtype).element_size()
         elements = [layer.numel for layer in self.layers]
         try:
@@ -210,6 +214,7 @@ class Engine:
                 dtype=WIRE_NAMES[self.dtype], lr=lr, betas=tuple(betas),
                 eps=eps, weight_decay=weight_decay, adamw=adamw,
                 amsgrad=amsgrad, bf16_moments=bool(bf16_moments),
+                no_weight_decay=exempt,
                 max_grad_norm=max_grad_norm,
                 skip_nonfinite=skip_nonfinite, chunk_elements=chunk_elements,
                 activation_bytes=area_bytes, grad_slots=slots,
@@ -269,6 +274,45 @@ class Engine:
         self._delete_on_failure = False
 
     # ----------------------------------------------------------------- setup
+
+    def _exempt_ranges(self, rule: Any) -> List[Tuple[int, int, int]]:
+        """(layer, begin, end) element ranges updated without weight decay:
+        the parameters `rule` picks. None: none (torch AdamW with one
+        group); "1d": every parameter with fewer than 2 dimensions (biases,
+        norm weights: the usual fine-tuning recipe); a callable(name,
+        param) -> bool; or parameter names (any of a tied one's names)."""
+        if rule is None:
+            return []
+        if rule == "1d":
+            picks = lambda name, param: param.dim() < 2  # noqa: E731
+        elif callable(rule):
+            picks = rule
+        elif isinstance(rule, str):
+            raise ValueError(f"no_weight_decay={rule!r}: use None, '1d', a "
+                             "callable(name, param) or a list of names")
+        else:
+            names = set(rule)
+            aliases = {name: id(param) for name, param in
+                       self.model.named_parameters(remove_duplicate=False)}
+            unknown = sorted(names - set(aliases))
+            if unknown:
+                raise ValueError("no_weight_decay names parameters the model "
+                                 f"does not have: {unknown[:5]}")
+            chosen = {aliases[name] for name in names}
+            picks = lambda name, param: id(param) in chosen  # noqa: E731
+        ranges: List[Tuple[int, int, int]] = []
+        for layer in self.layers:
+            for name, param, offset in zip(layer.names, layer.params,
+                                           layer.offsets):
+                if not picks(name, param):
+                    continue
+                end = offset + param.numel()
+                if ranges and ranges[-1][0] == layer.index and (
+                        ranges[-1][2] == offset):
+                    ranges[-1] = (layer.index, ranges[-1][1], end)
+                else:
+                    ranges.append((layer.index, offset, end))
+        return ranges
 
     def _open_job_with_buffers(self, client: Client, resume: bool,
                                buffers: str, stream_buffers: int,
@@ -775,6 +819,7 @@ def init(model: nn.Module, **options: Any) -> Engine:
     """Hands `model`'s optimizer to lohand; see Engine for the options
     (lr, betas, eps, weight_decay, max_grad_norm, blocks, socket, job_name,
     dtype, resume, grad_accumulation_steps, adamw, amsgrad, bf16_moments,
+    no_weight_decay,
     skip_nonfinite, activations, activation_host_bytes,
     activation_buffer_bytes, loss_scale, loss_scale_growth_interval)."""
     return Engine(model, **options)

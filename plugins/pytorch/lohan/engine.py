@@ -816,10 +816,12 @@ class Engine:
 
 
 def init(model: nn.Module, **options: Any) -> Engine:
-    """Hands `model`'s optimizer to lohand; see Engine for the options
-    (lr, betas, eps, weight_decay, max_grad_norm, blocks, socket, job_name,
-    dtype, resume, grad_accumulation_steps, adamw, amsgrad, bf16_moments,
-    no_weight_decay,
-    skip_nonfinite, activations, activation_host_bytes,
-    activation_buffer_bytes, loss_scale, loss_scale_growth_interval)."""
+    """Hands `model`'s optimizer to lohand and returns the Engine. Options
+    (docs/pytorch.md explains each): lr, betas, eps, weight_decay,
+    no_weight_decay, max_grad_norm, adamw, amsgrad, bf16_moments,
+    skip_nonfinite, dtype, loss_scale, loss_scale_growth_interval,
+    grad_accumulation_steps, blocks, activations, activation_host_bytes,
+    activation_buffer_bytes, params, buffers, stream_buffers,
+    chunk_elements, socket, job_name, resume (True: this user's job of that
+    name on the daemon; a directory: a checkpoint from engine.save)."""
     return Engine(model, **options)

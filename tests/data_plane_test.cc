@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <thread>
 
 #include "client/control_client.h"
@@ -228,6 +229,19 @@ TEST_F(DataPlaneTest, DaemonKilledWhileRequestsWaitFailsThemInsteadOfHanging) {
 
   // The daemon freezes with requests in flight and waiters on them...
   ASSERT_EQ(kill(daemon_->pid(), SIGSTOP), 0);
+  // SIGSTOP takes effect asynchronously: wait until the process is stopped
+  // ("T" in /proc/PID/stat), or it may still serve what comes next.
+  bool stopped = false;
+  for (int i = 0; i < 2000 && !stopped; ++i) {
+    std::ifstream stat("/proc/" + std::to_string(daemon_->pid()) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    const size_t paren = line.rfind(')');
+    stopped = paren != std::string::npos && paren + 2 < line.size() &&
+              line[paren + 2] == 'T';
+    if (!stopped) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_TRUE(stopped) << "lohand did not stop";
   SubmissionEntry get = put;
   get.op = static_cast<uint16_t>(RingOp::kActGet);
   std::vector<DataPlane::Ticket> tickets;

@@ -1,7 +1,8 @@
 // lohanctl: shows and steers a running lohand.
 //   lohanctl status [--json]      daemon, config summary and your jobs
 //   lohanctl jobs [--json]        the jobs you may see (all of them as root)
-//   lohanctl jobs delete JOB_ID   deletes a detached job
+//   lohanctl jobs delete JOB_ID   deletes a detached job and frees its SSD
+//                                 space
 #include <google/protobuf/util/json_util.h>
 
 #include <CLI/CLI.hpp>
@@ -72,15 +73,16 @@ void PrintJobTable(const std::vector<v1::Job>& jobs) {
     std::printf("no jobs\n");
     return;
   }
-  const char* format = "%-10s %-20s %-12s %-9s %-8s %-10s %s\n";
+  const char* format = "%-10s %-20s %-12s %-9s %-8s %-10s %-10s %s\n";
   std::printf(format, "ID", "NAME", "OWNER", "STATE", "PID", "HOST POOL",
-              "CREATED");
+              "ON SSDS", "CREATED");
   for (const v1::Job& job : jobs) {
     std::printf(
         format, job.id().c_str(), job.spec().name().c_str(),
         job.owner_name().c_str(), StateName(job.state()).c_str(),
         job.attached_pid() ? std::to_string(job.attached_pid()).c_str() : "-",
         FormatByteSize(job.spec().host_pool_bytes()).c_str(),
+        FormatByteSize(job.ssd_bytes()).c_str(),
         LocalTime(job.created_unix_seconds()).c_str());
   }
 }

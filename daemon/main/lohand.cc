@@ -206,13 +206,20 @@ int Run(const CommandLine& command_line) {
   // Streamed gradients of iterations a crash cut short: never committed,
   // never needed again; free their space now rather than at the job's next
   // registration.
+  std::vector<std::string> known;
   for (const v1::Job& job : (*jobs)->List(Caller{.uid = 0})) {
+    known.push_back(job.id());
     if (absl::Status dropped =
             JobPipeline::DropScratchTensors(store->get(), job.id());
         !dropped.ok()) {
       spdlog::warn("job {}: dropping scratch tensors: {}", job.id(),
                    std::string(dropped.message()));
     }
+  }
+  // Tensors of jobs deleted while their space could not be freed (a crash
+  // in between, an I/O error).
+  for (const std::string& job : (*store)->DeleteJobsExcept(known)) {
+    spdlog::info("freed the SSD space of deleted job {}", job);
   }
   absl::StatusOr<Optimizer> optimizer = StartOptimizer(*config);
   if (!optimizer.ok()) return Fail(optimizer.status());

@@ -110,12 +110,28 @@ grpc::Status ControlService::DeleteJob(grpc::ServerContext* context,
                                        const v1::DeleteJobRequest* request,
                                        v1::DeleteJobResponse* response) {
   LOHAN_IDENTIFY_CALLER(context, caller);
-  absl::Status status = jobs_->Delete(caller, request->job_id());
-  if (status.ok()) {
-    spdlog::info("job {} deleted by uid {} (pid {})", request->job_id(),
-                 caller.uid, caller.pid);
+  for (const v1::SessionStatus& session : parts_.sessions->Status()) {
+    if (session.job_id() == request->job_id()) {
+      return ToGrpc(absl::FailedPreconditionError(absl::StrCat(
+          "job ", request->job_id(), " has an open data plane (process ",
+          session.pid(), "); close it first")));
+    }
   }
-  return ToGrpc(status);
+  absl::Status status = jobs_->Delete(caller, request->job_id());
+  if (!status.ok()) return ToGrpc(status);
+  // Its states, copies and activations: the space is the scarce thing on
+  // a shared server. What fails here the next start frees (lohand.cc).
+  const uint64_t bytes = SsdBytesOf(request->job_id());
+  if (absl::Status freed = parts_.store->DeleteJob(request->job_id());
+      !freed.ok()) {
+    spdlog::warn(
+        "job {} deleted, but freeing its SSD space failed (retried "
+        "at the next start): {}",
+        request->job_id(), std::string(freed.message()));
+  }
+  spdlog::info("job {} deleted by uid {} (pid {}), {} bytes freed on the SSDs",
+               request->job_id(), caller.uid, caller.pid, bytes);
+  return grpc::Status::OK;
 }
 
 grpc::Status ControlService::ListJobs(grpc::ServerContext* context,
@@ -123,9 +139,21 @@ grpc::Status ControlService::ListJobs(grpc::ServerContext* context,
                                       v1::ListJobsResponse* response) {
   LOHAN_IDENTIFY_CALLER(context, caller);
   for (v1::Job& job : jobs_->List(caller)) {
+    job.set_ssd_bytes(SsdBytesOf(job.id()));
     *response->add_jobs() = std::move(job);
   }
   return grpc::Status::OK;
+}
+
+uint64_t ControlService::SsdBytesOf(const std::string& job_id) const {
+  uint64_t bytes = 0;
+  for (const std::string& name : parts_.store->List(job_id)) {
+    absl::StatusOr<TensorInfo> info = parts_.store->Stat(job_id, name);
+    if (!info.ok()) continue;  // deleted meanwhile
+    bytes += info->bytes * ((info->committed_version != 0 ? 1 : 0) +
+                            (info->pending_version != 0 ? 1 : 0));
+  }
+  return bytes;
 }
 
 grpc::Status ControlService::GetStatus(grpc::ServerContext* context,
@@ -151,6 +179,7 @@ grpc::Status ControlService::GetStatus(grpc::ServerContext* context,
   std::set<std::string> visible;
   for (v1::Job& job : jobs_->List(caller)) {
     visible.insert(job.id());
+    job.set_ssd_bytes(SsdBytesOf(job.id()));
     *response->add_jobs() = std::move(job);
   }
   for (v1::SessionStatus& session : parts_.sessions->Status()) {

@@ -21,7 +21,7 @@ namespace lohan {
 struct DaemonParts {
   const DaemonConfig* config = nullptr;
   JobRegistry* jobs = nullptr;
-  const TensorStore* store = nullptr;
+  TensorStore* store = nullptr;
   const AdamUpdater* optimizer = nullptr;
   uint32_t optimizer_threads = 0;
   const HostPool* pool = nullptr;
@@ -62,6 +62,9 @@ class ControlService final : public v1::Lohan::Service {
                              v1::RegisterModelResponse* response) override;
 
  private:
+  // Bytes job `job_id`'s tensors hold on the SSDs (every version).
+  uint64_t SsdBytesOf(const std::string& job_id) const;
+
   const DaemonParts parts_;
   const DaemonConfig* const config_;
   const PeerTable* const peers_;

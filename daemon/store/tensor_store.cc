@@ -592,6 +592,40 @@ std::vector<std::string> TensorStore::List(absl::string_view job) const {
   return names;
 }
 
+std::vector<std::string> TensorStore::Jobs() const {
+  std::vector<std::string> jobs;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [key, entry] : tensors_) {
+      if (jobs.empty() || jobs.back() != key.first) jobs.push_back(key.first);
+    }
+  }
+  std::sort(jobs.begin(), jobs.end());
+  jobs.erase(std::unique(jobs.begin(), jobs.end()), jobs.end());
+  return jobs;
+}
+
+absl::Status TensorStore::DeleteJob(absl::string_view job) {
+  absl::Status first;
+  for (const std::string& name : List(job)) {
+    absl::Status deleted = Delete(job, name);
+    if (!deleted.ok() && !absl::IsNotFound(deleted) && first.ok()) {
+      first = deleted;
+    }
+  }
+  return first;
+}
+
+std::vector<std::string> TensorStore::DeleteJobsExcept(
+    const std::vector<std::string>& keep) {
+  std::vector<std::string> freed;
+  for (const std::string& job : Jobs()) {
+    if (std::find(keep.begin(), keep.end(), job) != keep.end()) continue;
+    if (DeleteJob(job).ok()) freed.push_back(job);
+  }
+  return freed;
+}
+
 StoreStats TensorStore::Stats() const {
   StoreStats stats;
   stats.devices = array_->Stats();

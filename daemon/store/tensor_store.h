@@ -141,6 +141,15 @@ class TensorStore {
                                   absl::string_view name) const;
   // Names of the tensors of `job`, sorted.
   std::vector<std::string> List(absl::string_view job) const;
+  // The jobs that have tensors, sorted.
+  std::vector<std::string> Jobs() const;
+  // Deletes every tensor of `job`; the first error (the others are still
+  // tried). Frees a deleted job's space.
+  absl::Status DeleteJob(absl::string_view job);
+  // DeleteJob for every job with tensors that is not in `keep` (jobs
+  // deleted while their space could not be freed); the jobs it freed.
+  std::vector<std::string> DeleteJobsExcept(
+      const std::vector<std::string>& keep);
   StoreStats Stats() const;
 
  private:

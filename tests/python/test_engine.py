@@ -255,6 +255,25 @@ def test_no_weight_decay_for_1d_parameters_matches_two_param_groups(lohand):
         engine_for(tiny_gpt(), lohand, no_weight_decay=["nope.bias"])
 
 
+def test_status_shows_what_each_job_holds_on_the_ssds(lohand):
+    """lohanctl's ON SSDS column: after a step a job holds its fp32
+    weights and two moments (12 bytes a parameter, committed), plus the
+    meta; deleting the job gives it back."""
+    model = tiny_gpt()
+    params = sum(p.numel() for p in model.parameters())  # tied: once
+    with engine_for(model, lohand, job_name="on-ssds") as engine:
+        train_lohan(engine, model, batches(1))
+        job_id = engine._job.id
+        with lohan.Client(lohand.socket) as client:
+            (job,) = [j for j in client.status()["jobs"] if j["id"] == job_id]
+        held = int(job["ssd_bytes"])
+        assert 12 * params <= held <= 12 * params + 64 * 1024
+    with lohan.Client(lohand.socket) as client:
+        client.delete_job(job_id)
+        assert all(j["id"] != job_id for j in client.status()["jobs"])
+        assert int(client.status()["store"]["tensors"]) == 0
+
+
 def test_clipping_matches_clip_grad_norm(lohand):
     reference = tiny_gpt()
     model = copy.deepcopy(reference)

@@ -32,6 +32,7 @@ from torch.utils import _pytree as pytree
 from torch.utils.checkpoint import checkpoint
 
 from lohan.client import LohanError, StatusCode
+from lohan.devices import copy_stream
 
 POLICIES = ("keep", "recompute", "offload")
 
@@ -115,7 +116,6 @@ class ActivationStore:
             self._buffers = [_Buffer(0, area[:half]),
                              _Buffer(half, area[half:2 * half])]
         self._next_buffer = 0
-        self._streams: Dict[int, Any] = {}  # copy stream per GPU
         self._ids = itertools.count(1)
         self._dropped: List[Tuple[Any, ...]] = []
         # Inputs on the SSDs not brought back yet, in put order (backward
@@ -201,9 +201,7 @@ class ActivationStore:
         the compute stream has produced the tensor, so the copy overlaps
         the next kernels; returns it with the copy's event."""
         device = tensor.device
-        stream = self._streams.get(device.index)
-        if stream is None:
-            stream = self._streams[device.index] = torch.cuda.Stream(device)
+        stream = copy_stream(device)
         produced = torch.cuda.Event()
         produced.record(torch.cuda.current_stream(device))
         host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)

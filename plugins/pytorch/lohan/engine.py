@@ -445,9 +445,7 @@ class Engine:
             self._remote.init_weights(index)
             self._convert(layer)
             if self.dtype != torch.float32:
-                if self.buffers == "streamed":
-                    self._remote.fetch_params(index)
-                self._copy_into_params(layer, self._weight_views[index])
+                self._copy_weight16_into_params(layer)
 
     def _load_checkpoint(self, checkpoint: CheckpointReader) -> None:
         """A new job's states from a checkpoint, layer by layer: the fp32
@@ -488,9 +486,7 @@ class Engine:
             if self.dtype == torch.float32:
                 self._copy_into_params(layer, self._staging)
             else:
-                if self.buffers == "streamed":
-                    self._remote.fetch_params(index)
-                self._copy_into_params(layer, self._weight_views[index])
+                self._copy_weight16_into_params(layer)
             for part in parts:
                 self._staging[:layer.numel].copy_(flat(layer, part))
                 self._remote.init_state(index, part)
@@ -499,6 +495,14 @@ class Engine:
         for param in layer.params:
             if param.dtype != self.dtype:
                 param.data = param.data.to(self.dtype)
+
+    def _copy_weight16_into_params(self, layer: Layer) -> None:
+        """The layer's committed 16-bit weights, as the daemon wrote them
+        into its weight buffer, into the model (fetched first when the
+        buffer is shared by several layers)."""
+        if self.buffers == "streamed":
+            self._remote.fetch_params(layer.index)
+        self._copy_into_params(layer, self._weight_views[layer.index])
 
     @staticmethod
     def _copy_into_params(layer: Layer, flat: torch.Tensor) -> None:
@@ -536,6 +540,13 @@ class Engine:
         self._buffer_tickets[self._grad_views[layer].data_ptr()] = (
             self._remote.submit_grad_ready(layer))
 
+    def _take_grad_tickets(self) -> List[int]:
+        """Every GRAD_READY of this step not waited for yet (from host
+        buffers and from GPU copies); the engine forgets them."""
+        tickets = self._grad_tickets + list(self._buffer_tickets.values())
+        self._grad_tickets, self._buffer_tickets = [], {}
+        return tickets
+
     def _device_grad_ready(self, layer: int, flat: torch.Tensor) -> None:
         """`flat`: the layer's gradients back to back on the GPU. The copy
         into the layer's slot runs on the current stream; the C library
@@ -571,8 +582,7 @@ class Engine:
         router.flush()  # on an error here the iteration stays open
         # GRAD_READYs posted from CUDA host functions must reach the daemon
         # before ITER_END does.
-        tickets = self._grad_tickets + list(self._buffer_tickets.values())
-        self._grad_tickets, self._buffer_tickets = [], {}
+        tickets = self._take_grad_tickets()
         try:
             for ticket in tickets:
                 self._remote.wait(ticket)
@@ -627,9 +637,7 @@ class Engine:
                 self._remote.read_weights(layer.index)
                 self._copy_into_params(layer, self._staging)
             else:
-                if self.buffers == "streamed":  # the buffer is shared
-                    self._remote.fetch_params(layer.index)
-                self._copy_into_params(layer, self._weight_views[layer.index])
+                self._copy_weight16_into_params(layer)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Gradients are cleared as they are handed over; this clears any
@@ -650,9 +658,7 @@ class Engine:
         moments and step count as after the last step()). A no-op between
         steps."""
         self._check_open()
-        tickets = self._grad_tickets + list(self._buffer_tickets.values())
-        self._grad_tickets, self._buffer_tickets = [], {}
-        for ticket in tickets:
+        for ticket in self._take_grad_tickets():
             try:
                 self._remote.wait(ticket)
             except LohanError:

@@ -25,11 +25,6 @@ def has_lohan_hook(param: torch.Tensor) -> bool:
     return any(getattr(h, "_lohan_hook", False) for h in hooks.values())
 
 
-def view_dtype(router: "GradientRouter", layer: int) -> torch.dtype:
-    """The dtype the daemon wants the layer's gradient in."""
-    return router._grad_views[layer].dtype
-
-
 class GradientRouter:
     def __init__(self, layers: List[Layer], grad_views: List[torch.Tensor],
                  accumulation_steps: int,
@@ -87,7 +82,7 @@ class GradientRouter:
         if device.type == "cuda" and self._device_grad_ready is not None:
             flat = torch.cat([
                 (param.grad if param.grad is not None else
-                 torch.zeros(param.numel(), dtype=view_dtype(self, layer),
+                 torch.zeros(param.numel(), dtype=self._grad_views[layer].dtype,
                              device=device)).reshape(-1)
                 for param in spec.params])
             for param in spec.params:

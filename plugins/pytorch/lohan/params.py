@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from lohan.blocks import Layer
+from lohan.devices import to_device
 
 MODES = ("auto", "resident", "offload")
 
@@ -75,7 +76,6 @@ class FrozenWeights:
         self._travel = Travel()
         self._live: Dict[int, int] = {}
         self._ready: Dict[int, List[Tuple[torch.Tensor, Any]]] = {}
-        self._streams: Dict[int, Any] = {}
         self.prefetched = 0
         self.host_bytes = sum(home.numel() * home.element_size()
                               for entries in self._homes.values()
@@ -85,18 +85,11 @@ class FrozenWeights:
     def __bool__(self) -> bool:
         return bool(self._order)
 
-    def _copy(self, home: torch.Tensor,
+    @staticmethod
+    def _copy(home: torch.Tensor,
               device: torch.device) -> Tuple[torch.Tensor, Any]:
-        if device.type != "cuda":
-            return home, None  # the host copy is the parameter's storage
-        stream = self._streams.get(device.index)
-        if stream is None:
-            stream = self._streams[device.index] = torch.cuda.Stream(device)
-        with torch.cuda.stream(stream):
-            copy = home.to(device, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(stream)
-        return copy, event
+        # On the CPU the host copy is the parameter's storage.
+        return to_device(home, device, private=False)
 
     def materialize(self, block: nn.Module) -> None:
         key = id(block)
@@ -247,7 +240,6 @@ class ParameterResidency:
         self._ready: Dict[int, Tuple[torch.Tensor, Any]] = {}
         self._step = 0
         self._travel = Travel()
-        self._streams: Dict[int, Any] = {}  # copy stream per GPU
         self.fetches = 0      # FETCH_PARAMS requests
         self.prefetched = 0   # blocks whose weights were on the device early
         # GPU copies out of a weight buffer still in flight: a fetch into
@@ -320,18 +312,12 @@ class ParameterResidency:
 
     def _to_device(self, source: torch.Tensor,
                    device: torch.device) -> Tuple[torch.Tensor, Any]:
-        """A private copy of `source` on `device`; on a GPU asynchronous
-        on the copy stream (from the pinned arena), with its event."""
-        if device.type != "cuda":
-            return source.clone(), None
-        stream = self._streams.get(device.index)
-        if stream is None:
-            stream = self._streams[device.index] = torch.cuda.Stream(device)
-        with torch.cuda.stream(stream):
-            flat = source.to(device, copy=True, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(stream)
-        self._copies[source.data_ptr()] = event
+        """A private copy of `source` (an arena buffer) on `device`; on a
+        GPU asynchronous on the copy stream, with its event, which a fetch
+        into that buffer waits for."""
+        flat, event = to_device(source, device, private=True)
+        if event is not None:
+            self._copies[source.data_ptr()] = event
         return flat, event
 
     def _neighbour(self, position: int) -> Optional[Layer]:
@@ -362,9 +348,7 @@ class ParameterResidency:
                 current = torch.cuda.current_stream(device)
                 current.wait_event(event)
                 flat.record_stream(current)
-        for param, offset, shape in zip(layer.params, layer.offsets,
-                                        self._shapes[layer.index]):
-            param.data = flat[offset:offset + shape.numel()].view(shape)
+        self._assign(layer, flat)
         position = self._position[layer.index]
         self._travel.enter(position)
         nxt = self._neighbour(position)
@@ -401,6 +385,12 @@ class ParameterResidency:
         self._ready[nxt.index] = self._to_device(self._views[nxt.index],
                                                  device)
 
+    def _assign(self, layer: Layer, flat: torch.Tensor) -> None:
+        """The layer's parameters become views of `flat`."""
+        for param, offset, shape in zip(layer.params, layer.offsets,
+                                        self._shapes[layer.index]):
+            param.data = flat[offset:offset + shape.numel()].view(shape)
+
     def _drop(self, layer: Layer) -> None:
         for param, placeholder in zip(layer.params,
                                       self._placeholders[layer.index]):
@@ -420,9 +410,7 @@ class ParameterResidency:
                                               layer.index][0].device)
             if event is not None:
                 event.synchronize()
-            for param, offset, shape in zip(layer.params, layer.offsets,
-                                            self._shapes[layer.index]):
-                param.data = flat[offset:offset + shape.numel()].view(shape)
+            self._assign(layer, flat)
 
     def release_all(self) -> None:
         """Every block back to its placeholder (at step(), whatever a

@@ -40,6 +40,10 @@ struct lohan_model {
   uint64_t element_bytes = 0;
   lohan::RingDtype ring_dtype = lohan::RingDtype::kNone;
   uint64_t sequence = 0;  // the next ITER_BEGIN's number
+  // An ITER_BEGIN succeeded and no ITER_END / ITER_ABORT went out since:
+  // only then does ending one move `sequence` on (a refused end, with no
+  // iteration begun, does not).
+  bool in_iteration = false;
 };
 
 struct lohan_job_list {
@@ -594,7 +598,9 @@ int lohan_model_init_state(lohan_model* model, uint32_t layer, int part) {
 }
 
 int lohan_model_iter_begin(lohan_model* model) {
-  return RingCall(model, lohan::RingOp::kIterBegin, 0);
+  const int status = RingCall(model, lohan::RingOp::kIterBegin, 0);
+  if (status == LOHAN_OK) model->in_iteration = true;
+  return status;
 }
 
 int lohan_model_iter_begin_with(lohan_model* model, float grad_scale,
@@ -605,7 +611,10 @@ int lohan_model_iter_begin_with(lohan_model* model, float grad_scale,
   if (!(lr >= 0.0) || !std::isfinite(lr)) {
     return InvalidArgument("lr must be finite and >= 0 (0: as registered)");
   }
-  return RingCall(model, lohan::RingOp::kIterBegin, 0, nullptr, grad_scale, lr);
+  const int status =
+      RingCall(model, lohan::RingOp::kIterBegin, 0, nullptr, grad_scale, lr);
+  if (status == LOHAN_OK) model->in_iteration = true;
+  return status;
 }
 
 int lohan_model_fetch_params(lohan_model* model, uint32_t layer) {
@@ -639,25 +648,34 @@ int lohan_model_act_free(lohan_model* model, uint64_t id) {
   return ActivationCall(model, lohan::RingOp::kActFree, id, 0, 0);
 }
 
+namespace {
+
+// ITER_END or ITER_ABORT. Gradients still being copied from a GPU go
+// first: their GRAD_READY is submitted from a CUDA host function, and the
+// end must not overtake them. An iteration begun is over afterwards
+// whatever the answer (the daemon rolled it back on an error).
+int EndIteration(lohan_model* model, lohan::RingOp op,
+                 lohan::CompletionEntry* completion) {
+  if (model == nullptr) return InvalidArgument("model is NULL");
+  if (absl::Status pending = model->plane->WaitForReserved(kRingCallTimeout);
+      !pending.ok()) {
+    return Report(pending);
+  }
+  const int status = RingCall(model, op, 0, completion);
+  if (model->in_iteration) {
+    ++model->sequence;
+    model->in_iteration = false;
+  }
+  return status;
+}
+
+}  // namespace
+
 int lohan_model_iter_end(lohan_model* model, double* global_norm, int* clipped,
                          int* skipped) {
-  if (model != nullptr) {
-    // Gradients still being copied from a GPU go first: their GRAD_READY
-    // is submitted from a CUDA host function, and ITER_END must not
-    // overtake them.
-    if (absl::Status pending = model->plane->WaitForReserved(kRingCallTimeout);
-        !pending.ok()) {
-      return Report(pending);
-    }
-  }
   lohan::CompletionEntry completion{};
-  const int status = RingCall(model, lohan::RingOp::kIterEnd, 0, &completion);
-  if (status != LOHAN_OK) {
-    // The iteration is over either way (the daemon rolled it back).
-    if (model != nullptr) ++model->sequence;
-    return status;
-  }
-  ++model->sequence;
+  const int status = EndIteration(model, lohan::RingOp::kIterEnd, &completion);
+  if (status != LOHAN_OK) return status;
   double norm = 0;
   std::memcpy(&norm, &completion.detail, sizeof(norm));
   if (global_norm != nullptr) *global_norm = norm;
@@ -671,18 +689,7 @@ int lohan_model_iter_end(lohan_model* model, double* global_norm, int* clipped,
 }
 
 int lohan_model_iter_abort(lohan_model* model) {
-  if (model != nullptr) {
-    // As in iter_end: GRAD_READYs still coming from CUDA host functions
-    // must land inside the iteration they belong to.
-    if (absl::Status pending = model->plane->WaitForReserved(kRingCallTimeout);
-        !pending.ok()) {
-      return Report(pending);
-    }
-  }
-  const int status = RingCall(model, lohan::RingOp::kIterAbort, 0);
-  // The iteration is over either way.
-  if (model != nullptr) ++model->sequence;
-  return status;
+  return EndIteration(model, lohan::RingOp::kIterAbort, nullptr);
 }
 
 int lohan_client_status_json(lohan_client* client, char** json_out) {

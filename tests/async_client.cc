@@ -338,6 +338,7 @@ void CheckNulls(lohan_model* model, lohan_data_plane* plane) {
        lohan_model_read_state(nullptr, 0, LOHAN_STATE_EXP_AVG)},
       {"init_state(NULL)",
        lohan_model_init_state(nullptr, 0, LOHAN_STATE_EXP_AVG)},
+      {"iter_abort(NULL)", lohan_model_iter_abort(nullptr)},
   };
   int invalid = 0;
   for (const auto& [what, status] : calls) {

@@ -664,3 +664,72 @@ def test_async_requests_many_in_flight_waited_in_reverse(lohand):
                     model.grad_ready_from_device(0, 1, 64)
                 assert error.value.code in (StatusCode.FAILED_PRECONDITION,
                                             StatusCode.UNIMPLEMENTED)
+
+
+def test_iter_abort_outside_an_iteration_is_refused_and_inside_rolls_back(
+        lohand):
+    """ITER_ABORT with no iteration begun: FAILED_PRECONDITION, the session
+    serves on. Inside one, after some gradients were taken: the weights are
+    the committed ones and the next iteration is step 1 again."""
+    import torch
+
+    sizes = [8, 4]
+    with Client(lohand.socket) as client:
+        job = client.create_job("abort", host_pool_bytes=1 << 20)
+        client.attach_job(job.id)
+        with client.open_data_plane(job.id) as plane:
+            model = plane.register_model(job.id, sizes, lr=0.1)
+            staging = torch.frombuffer(model.staging, dtype=torch.float32)
+            for layer, n in enumerate(sizes):
+                staging[:n] = torch.arange(n, dtype=torch.float32)
+                model.init_weights(layer)
+            with pytest.raises(LohanError) as refused:
+                model.iter_abort()
+            assert refused.value.code == StatusCode.FAILED_PRECONDITION
+            model.iter_begin()
+            torch.frombuffer(model.grad_buffer(1), dtype=torch.float32)[:] = 1
+            model.grad_ready(1)
+            model.iter_abort()
+            for layer, n in enumerate(sizes):
+                model.read_weights(layer)
+                assert torch.equal(staging[:n],
+                                   torch.arange(n, dtype=torch.float32))
+            model.iter_begin()  # numbered after the aborted one
+            for layer in (1, 0):
+                torch.frombuffer(model.grad_buffer(layer),
+                                 dtype=torch.float32)[:] = 1
+                model.grad_ready(layer)
+            norm, clipped, skipped = model.iter_end()
+            assert not skipped and norm == pytest.approx(12 ** 0.5)
+            model.read_weights(1)
+            # Adam's first step moves every weight by lr (bias-corrected).
+            assert torch.allclose(staging[:4], torch.arange(4.0) - 0.1)
+            model.close()
+        client.detach_job(job.id)
+
+
+def test_a_job_with_an_open_data_plane_is_not_deleted(lohand):
+    """Deleting frees the job's SSD space, which its open session still
+    uses: refused until the data plane is closed."""
+    with Client(lohand.socket) as client:
+        job = client.create_job("busy", host_pool_bytes=1 << 20)
+        client.attach_job(job.id)
+        plane = client.open_data_plane(job.id)
+        plane.register_model(job.id, [16])
+        client.detach_job(job.id)
+        with pytest.raises(LohanError) as refused:
+            client.delete_job(job.id)
+        assert refused.value.code == StatusCode.FAILED_PRECONDITION
+        assert "open data plane" in refused.value.message
+        plane.close()
+        deadline = time.monotonic() + 30
+        while True:  # the daemon sees the connection close
+            try:
+                client.delete_job(job.id)
+                break
+            except LohanError as error:
+                if time.monotonic() > deadline:
+                    raise
+                assert error.code == StatusCode.FAILED_PRECONDITION
+                time.sleep(0.01)
+        assert all(j.id != job.id for j in client.jobs())

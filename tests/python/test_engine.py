@@ -1131,6 +1131,15 @@ def test_activation_policies_rerun_blocks_and_match_keep(lohand):
     with pytest.raises(ValueError):
         lohan.init(_ActivationProbe([]), socket=lohand.socket,
                    job_name="acts-bad", activation_host_bytes=-1)
+    bad_options = [dict(buffers="somewhere"), dict(stream_buffers=0),
+                   dict(no_weight_decay="2d"),
+                   dict(activation_host_bytes=0, activation_buffer_bytes=100)]
+    for options in bad_options:
+        with pytest.raises(ValueError):
+            lohan.init(_ActivationProbe([]), socket=lohand.socket,
+                       job_name="bad-option", **options)
+    with lohan.Client(lohand.socket) as client:  # nothing was left behind
+        assert all(j.name != "bad-option" for j in client.jobs())
 
 
 class _ContextBlock(nn.Module):

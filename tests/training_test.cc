@@ -62,19 +62,7 @@ class TrainingTest : public ::testing::Test {
   RunResult Train(const std::vector<std::string>& extra,
                   const std::string& layers = "1000,5000,333",
                   const std::string& job = "synthetic") {
-    std::vector<std::string> argv = {Runfile("tests/train_client"),
-                                     "--socket",
-                                     daemon_->socket(),
-                                     "--job",
-                                     job,
-                                     "--layers",
-                                     layers,
-                                     "--seed",
-                                     "7",
-                                     "--out",
-                                     dir_.path() + "/weights"};
-    for (const std::string& arg : extra) argv.push_back(arg);
-    return RunCommand(argv);
+    return RunTrainer({Runfile("tests/train_client")}, job, layers, extra);
   }
 
   // The same model through the C ABI alone, asynchronously
@@ -82,20 +70,23 @@ class TrainingTest : public ::testing::Test {
   // without waiting, the tickets waited for before ITER_END.
   RunResult TrainAsync(const std::vector<std::string>& extra,
                        const std::string& layers = "1000,5000,333") {
-    std::vector<std::string> argv = {Runfile("tests/async_client"),
-                                     "train",
-                                     "--socket",
-                                     daemon_->socket(),
-                                     "--job",
-                                     "synthetic-async",
-                                     "--layers",
-                                     layers,
-                                     "--seed",
-                                     "7",
-                                     "--out",
-                                     dir_.path() + "/weights"};
-    for (const std::string& arg : extra) argv.push_back(arg);
-    return RunCommand(argv);
+    return RunTrainer({Runfile("tests/async_client"), "train"},
+                      "synthetic-async", layers, extra);
+  }
+
+  // `command` on the synthetic model (seed 7, weights dumped for
+  // ExpectWeights).
+  RunResult RunTrainer(std::vector<std::string> command, const std::string& job,
+                       const std::string& layers,
+                       const std::vector<std::string>& extra) {
+    for (const std::string& arg :
+         {std::string("--socket"), daemon_->socket(), std::string("--job"), job,
+          std::string("--layers"), layers, std::string("--seed"),
+          std::string("7"), std::string("--out"), dir_.path() + "/weights"}) {
+      command.push_back(arg);
+    }
+    for (const std::string& arg : extra) command.push_back(arg);
+    return RunCommand(command);
   }
 
   // Waits until the daemon has given every arena back to its host pool.

@@ -670,10 +670,8 @@ absl::Status JobPipeline::InitializeWeights(size_t layer,
   absl::MutexLock api(&api_mu_);
   {
     absl::MutexLock lock(&mu_);
-    if (layer >= state_.num_layers()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("layer ", layer, " out of range (the model has ",
-                       state_.num_layers(), ")"));
+    if (absl::Status in_range = LayerInRange(layer); !in_range.ok()) {
+      return in_range;
     }
     if (weights == nullptr) {
       return absl::InvalidArgumentError("InitializeWeights: null weights");
@@ -720,13 +718,18 @@ absl::Status JobPipeline::InitializeWeights(size_t layer,
   return absl::OkStatus();
 }
 
+absl::Status JobPipeline::LayerInRange(size_t layer) const {
+  if (layer < state_.num_layers()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("layer ", layer, " out of range (the model has ",
+                   state_.num_layers(), ")"));
+}
+
 absl::Status JobPipeline::CheckReadable(size_t layer, const void* out,
                                         absl::string_view what) const {
   absl::MutexLock lock(&mu_);
-  if (layer >= state_.num_layers()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("layer ", layer, " out of range (the model has ",
-                     state_.num_layers(), ")"));
+  if (absl::Status in_range = LayerInRange(layer); !in_range.ok()) {
+    return in_range;
   }
   if (out == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": null output"));
@@ -916,10 +919,8 @@ absl::Status JobPipeline::CheckSubmitLocked(size_t layer, const void* grad,
         phase_ == Phase::kIdle ? "gradients submitted outside an iteration"
                                : "gradients submitted after EndIteration");
   }
-  if (layer >= state_.num_layers()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("layer ", layer, " out of range (the model has ",
-                     state_.num_layers(), ")"));
+  if (absl::Status in_range = LayerInRange(layer); !in_range.ok()) {
+    return in_range;
   }
   if (grad == nullptr) {
     return absl::InvalidArgumentError(

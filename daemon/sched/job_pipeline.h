@@ -260,6 +260,8 @@ class JobPipeline {
     void* out = nullptr;
   };
 
+  // INVALID_ARGUMENT naming the model's layer count unless `layer` < it.
+  absl::Status LayerInRange(size_t layer) const;
   // OK when `layer` exists, has states and `out` is not null; `what` names
   // the caller in the error.
   absl::Status CheckReadable(size_t layer, const void* out,

@@ -121,7 +121,8 @@ grpc::Status ControlService::DeleteJob(grpc::ServerContext* context,
   if (!status.ok()) return ToGrpc(status);
   // Its states, copies and activations: the space is the scarce thing on
   // a shared server. What fails here the next start frees (lohand.cc).
-  const uint64_t bytes = SsdBytesOf(request->job_id());
+  const uint64_t bytes =
+      SsdBytesOf(parts_.store->BytesByJob(), request->job_id());
   if (absl::Status freed = parts_.store->DeleteJob(request->job_id());
       !freed.ok()) {
     spdlog::warn(
@@ -138,22 +139,18 @@ grpc::Status ControlService::ListJobs(grpc::ServerContext* context,
                                       const v1::ListJobsRequest* request,
                                       v1::ListJobsResponse* response) {
   LOHAN_IDENTIFY_CALLER(context, caller);
+  const std::map<std::string, uint64_t> ssd = parts_.store->BytesByJob();
   for (v1::Job& job : jobs_->List(caller)) {
-    job.set_ssd_bytes(SsdBytesOf(job.id()));
+    job.set_ssd_bytes(SsdBytesOf(ssd, job.id()));
     *response->add_jobs() = std::move(job);
   }
   return grpc::Status::OK;
 }
 
-uint64_t ControlService::SsdBytesOf(const std::string& job_id) const {
-  uint64_t bytes = 0;
-  for (const std::string& name : parts_.store->List(job_id)) {
-    absl::StatusOr<TensorInfo> info = parts_.store->Stat(job_id, name);
-    if (!info.ok()) continue;  // deleted meanwhile
-    bytes += info->bytes * ((info->committed_version != 0 ? 1 : 0) +
-                            (info->pending_version != 0 ? 1 : 0));
-  }
-  return bytes;
+uint64_t ControlService::SsdBytesOf(
+    const std::map<std::string, uint64_t>& by_job, const std::string& job_id) {
+  auto it = by_job.find(job_id);
+  return it == by_job.end() ? 0 : it->second;
 }
 
 grpc::Status ControlService::GetStatus(grpc::ServerContext* context,
@@ -177,9 +174,10 @@ grpc::Status ControlService::GetStatus(grpc::ServerContext* context,
   summary->set_optimizer_threads(parts_.optimizer_threads);
   summary->set_log_level(config_->log_level);
   std::set<std::string> visible;
+  const std::map<std::string, uint64_t> ssd = parts_.store->BytesByJob();
   for (v1::Job& job : jobs_->List(caller)) {
     visible.insert(job.id());
-    job.set_ssd_bytes(SsdBytesOf(job.id()));
+    job.set_ssd_bytes(SsdBytesOf(ssd, job.id()));
     *response->add_jobs() = std::move(job);
   }
   for (v1::SessionStatus& session : parts_.sessions->Status()) {

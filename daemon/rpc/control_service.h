@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <map>
 
 #include "daemon/config/config.h"
 #include "daemon/jobs/job_registry.h"
@@ -62,8 +63,9 @@ class ControlService final : public v1::Lohan::Service {
                              v1::RegisterModelResponse* response) override;
 
  private:
-  // Bytes job `job_id`'s tensors hold on the SSDs (every version).
-  uint64_t SsdBytesOf(const std::string& job_id) const;
+  // Job `job_id`'s entry of TensorStore::BytesByJob (0 when absent).
+  static uint64_t SsdBytesOf(const std::map<std::string, uint64_t>& by_job,
+                             const std::string& job_id);
 
   const DaemonParts parts_;
   const DaemonConfig* const config_;

@@ -605,6 +605,16 @@ std::vector<std::string> TensorStore::Jobs() const {
   return jobs;
 }
 
+std::map<std::string, uint64_t> TensorStore::BytesByJob() const {
+  std::map<std::string, uint64_t> bytes;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [key, entry] : tensors_) {
+    bytes[key.first] += entry->bytes * ((entry->committed != nullptr ? 1 : 0) +
+                                        (entry->pending != nullptr ? 1 : 0));
+  }
+  return bytes;
+}
+
 absl::Status TensorStore::DeleteJob(absl::string_view job) {
   absl::Status first;
   for (const std::string& name : List(job)) {

@@ -2,6 +2,7 @@
 #define LOHAN_DAEMON_STORE_TENSOR_STORE_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -143,6 +144,9 @@ class TensorStore {
   std::vector<std::string> List(absl::string_view job) const;
   // The jobs that have tensors, sorted.
   std::vector<std::string> Jobs() const;
+  // Per job, the bytes its tensors' versions (committed and pending) hold:
+  // one pass over the catalog in memory.
+  std::map<std::string, uint64_t> BytesByJob() const;
   // Deletes every tensor of `job`; the first error (the others are still
   // tried). Frees a deleted job's space.
   absl::Status DeleteJob(absl::string_view job);

@@ -203,6 +203,10 @@ TEST_F(TensorStoreTest, DeletedJobsGiveTheirSpaceBackAlsoAfterARestart) {
   }
   ASSERT_TRUE(store->Write("j-2", "a", Pattern(2, n)).ok());  // pending too
   EXPECT_EQ(store->Jobs(), (std::vector<std::string>{"j-1", "j-2", "j-3"}));
+  // j-2's "a" holds a committed and a pending version.
+  EXPECT_EQ(store->BytesByJob(),
+            (std::map<std::string, uint64_t>{
+                {"j-1", 2 * n}, {"j-2", 3 * n}, {"j-3", 2 * n}}));
   const uint64_t before = Used(*store);
   ASSERT_TRUE(store->DeleteJob("j-2").ok());
   EXPECT_TRUE(store->List("j-2").empty());
@@ -217,6 +221,8 @@ TEST_F(TensorStoreTest, DeletedJobsGiveTheirSpaceBackAlsoAfterARestart) {
   EXPECT_EQ(store->DeleteJobsExcept({"j-1"}),
             (std::vector<std::string>{"j-3"}));
   EXPECT_EQ(store->Jobs(), (std::vector<std::string>{"j-1"}));
+  EXPECT_EQ(store->BytesByJob(),
+            (std::map<std::string, uint64_t>{{"j-1", 2 * n}}));
   EXPECT_EQ(Used(*store), 2 * Padded(n));
   std::vector<uint8_t> back(n);
   ASSERT_TRUE(store->Read("j-1", "b", absl::MakeSpan(back)).ok());

@@ -33,6 +33,8 @@ inline StoreOptions CrashStoreOptions(const std::string& state_dir) {
   o.stripe_unit = 65536;
   o.queue_depth = 8;
   o.device_capacity_bytes = 16 << 20;
+  // Small, so that kills also land during online catalog compactions.
+  o.catalog_compact_bytes = 4 << 10;
   return o;
 }
 

@@ -117,13 +117,17 @@ absl::StatusOr<std::unique_ptr<RecordLog>> RecordLog::Rewrite(
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     return ErrnoToStatus(errno, absl::StrCat("rename ", tmp, " to ", path));
   }
+  auto log = std::unique_ptr<RecordLog>(
+      new RecordLog(path, std::move(fd), data.size()));
   const std::string dir = DirName(path);
   UniqueFd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!dir_fd.valid() || ::fsync(dir_fd.get()) != 0) {
-    return ErrnoToStatus(errno, absl::StrCat("fsync directory ", dir));
+    // The new file is already in place (the old one is gone), so the caller
+    // must not go on with the old one; this one refuses to append, as after
+    // a failed sync, since the rename may not survive a crash.
+    log->broken_ = ErrnoToStatus(errno, absl::StrCat("fsync directory ", dir));
   }
-  return std::unique_ptr<RecordLog>(
-      new RecordLog(path, std::move(fd), data.size()));
+  return log;
 }
 
 RecordLog::RecordLog(std::string path, UniqueFd fd, uint64_t end)

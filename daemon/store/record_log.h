@@ -33,7 +33,9 @@ class RecordLog {
 
   // Atomically replaces the log at `path` by one holding `records`: writes
   // `<path>.tmp`, fsyncs it, renames it over `path`, fsyncs the directory.
-  // Returns the new log, open for appending.
+  // Returns the new log, open for appending. An error means the old log is
+  // still in place; if only the directory fsync fails, the new log is
+  // returned but refuses appends and syncs with that error.
   static absl::StatusOr<std::unique_ptr<RecordLog>> Rewrite(
       const std::string& path, const std::vector<std::string>& records);
 

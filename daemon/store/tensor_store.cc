@@ -10,6 +10,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -160,12 +161,7 @@ absl::Status TensorStore::Recover() {
                  static_cast<unsigned long long>(contents->valid_bytes));
   }
 
-  struct Replayed {
-    uint64_t bytes = 0;
-    uint64_t version = 0;
-    std::optional<Placement> placement;
-  };
-  std::map<Key, Replayed> replayed;
+  CatalogState replayed;
   for (size_t i = 0; i < contents->records.size(); ++i) {
     absl::StatusOr<CatalogRecord> rec =
         CatalogRecord::Decode(contents->records[i]);
@@ -191,82 +187,27 @@ absl::Status TensorStore::Recover() {
       }
       continue;
     }
-    Key key(rec->job, rec->name);
-    switch (rec->kind) {
-      case CatalogRecord::Kind::kCreate:
-        replayed[key] = Replayed{rec->bytes, 0, std::nullopt};
-        break;
-      case CatalogRecord::Kind::kCommit: {
-        auto it = replayed.find(key);
-        if (it == replayed.end() || it->second.bytes != rec->placement.bytes) {
-          return absl::DataLossError(absl::StrCat(path, " record ", i,
-                                                  " commits unknown tensor ",
-                                                  Describe(key, rec->version)));
-        }
-        it->second.version = rec->version;
-        it->second.placement = std::move(rec->placement);
-        break;
-      }
-      case CatalogRecord::Kind::kCommitBatch: {
-        // Checked whole before any of it applies.
-        for (const CatalogRecord::CommittedVersion& c : rec->commits) {
-          auto it = replayed.find(Key(rec->job, c.name));
-          if (it == replayed.end() || it->second.bytes != c.placement.bytes) {
-            return absl::DataLossError(absl::StrCat(
-                path, " record ", i, " (batch) commits unknown tensor ",
-                Describe(Key(rec->job, c.name), c.version)));
-          }
-        }
-        for (CatalogRecord::CommittedVersion& c : rec->commits) {
-          Replayed& r = replayed[Key(rec->job, c.name)];
-          r.version = c.version;
-          r.placement = std::move(c.placement);
-        }
-        break;
-      }
-      case CatalogRecord::Kind::kDelete:
-        replayed.erase(key);
-        break;
-      case CatalogRecord::Kind::kStoreInfo:
-        return absl::DataLossError(
-            absl::StrCat(path, " record ", i, " repeats the store record"));
+    absl::Status applied = replayed.Apply(*std::move(rec));
+    if (!applied.ok()) {
+      return absl::DataLossError(
+          absl::StrCat(path, " record ", i, " ", applied.message()));
     }
   }
 
-  CatalogRecord info;
-  info.kind = CatalogRecord::Kind::kStoreInfo;
-  info.stripe_unit = options_.stripe_unit;
-  info.block_size = options_.block_size;
-  info.device_paths = options_.ssd_paths;
-  std::vector<std::string> snapshot = {info.Encode()};
-
   absl::MutexLock lock(&mu_);
-  for (auto& [key, r] : replayed) {
+  for (const auto& [key, tensor] : replayed.tensors()) {
     auto entry = std::make_shared<Entry>();
-    entry->bytes = r.bytes;
-    entry->last_version = r.version;
-    CatalogRecord create;
-    create.kind = CatalogRecord::Kind::kCreate;
-    create.job = key.first;
-    create.name = key.second;
-    create.bytes = r.bytes;
-    snapshot.push_back(create.Encode());
-    if (r.placement.has_value()) {
-      absl::Status s = array_->Reserve(*r.placement);
+    entry->bytes = tensor.bytes;
+    entry->last_version = tensor.committed_version;
+    if (tensor.placement.has_value()) {
+      absl::Status s = array_->Reserve(*tensor.placement);
       if (!s.ok()) {
-        return absl::DataLossError(absl::StrCat("catalog entry of tensor ",
-                                                Describe(key, r.version), ": ",
-                                                s.message()));
+        return absl::DataLossError(absl::StrCat(
+            "catalog entry of tensor ", Describe(key, tensor.committed_version),
+            ": ", s.message()));
       }
-      auto version = std::make_shared<Version>(array_.get(), *r.placement);
-      version->number = r.version;
-      CatalogRecord commit;
-      commit.kind = CatalogRecord::Kind::kCommit;
-      commit.job = key.first;
-      commit.name = key.second;
-      commit.version = r.version;
-      commit.placement = *r.placement;
-      snapshot.push_back(commit.Encode());
+      auto version = std::make_shared<Version>(array_.get(), *tensor.placement);
+      version->number = tensor.committed_version;
       entry->committed = std::move(version);
     }
     tensors_[key] = std::move(entry);
@@ -274,19 +215,60 @@ absl::Status TensorStore::Recover() {
 
   // Compact: the log now holds exactly the live state.
   absl::StatusOr<std::unique_ptr<RecordLog>> log =
-      RecordLog::Rewrite(path, snapshot);
+      RecordLog::Rewrite(path, replayed.Snapshot(StoreInfoRecord()));
   if (!log.ok()) return log.status();
   absl::MutexLock log_lock(&log_mu_);
   log_ = *std::move(log);
+  catalog_ = std::move(replayed);
+  compact_at_bytes_ =
+      std::max(options_.catalog_compact_bytes, 2 * log_->size());
   return absl::OkStatus();
 }
 
-absl::Status TensorStore::AppendToCatalog(const std::string& record,
-                                          bool sync) {
+CatalogRecord TensorStore::StoreInfoRecord() const {
+  CatalogRecord info;
+  info.kind = CatalogRecord::Kind::kStoreInfo;
+  info.stripe_unit = options_.stripe_unit;
+  info.block_size = options_.block_size;
+  info.device_paths = options_.ssd_paths;
+  return info;
+}
+
+absl::Status TensorStore::AppendToCatalog(CatalogRecord record, bool sync) {
   absl::MutexLock lock(&log_mu_);
-  absl::Status s = log_->Append(record);
-  if (s.ok() && sync) s = log_->Sync();
+  absl::Status s = log_->Append(record.Encode());
+  if (!s.ok()) return s;
+  // Appended, durable or not: from now on a snapshot must say it too.
+  absl::Status applied = catalog_.Apply(std::move(record));
+  if (!applied.ok()) {
+    return absl::InternalError(absl::StrCat(
+        "catalog record out of step with the store: ", applied.message()));
+  }
+  if (sync) {
+    s = log_->Sync();
+    if (s.ok()) MaybeCompactCatalog();
+  }
   return s;
+}
+
+void TensorStore::MaybeCompactCatalog() {
+  if (log_->size() < compact_at_bytes_) return;
+  const std::string path = CatalogPath(options_.state_dir);
+  absl::StatusOr<std::unique_ptr<RecordLog>> log =
+      RecordLog::Rewrite(path, catalog_.Snapshot(StoreInfoRecord()));
+  if (!log.ok()) {
+    // Rewrite replaces the log only once the snapshot is durable, so the old
+    // one is still in place and complete: go on appending to it, and try
+    // again once it has doubled.
+    std::fprintf(stderr, "lohan store: could not compact %s (%s); will retry\n",
+                 path.c_str(), std::string(log.status().message()).c_str());
+    compact_at_bytes_ = 2 * log_->size();
+    return;
+  }
+  log_ = *std::move(log);
+  ++compactions_;
+  compact_at_bytes_ =
+      std::max(options_.catalog_compact_bytes, 2 * log_->size());
 }
 
 absl::StatusOr<std::shared_ptr<TensorStore::Entry>> TensorStore::BeginMutation(
@@ -336,7 +318,7 @@ absl::Status TensorStore::Create(absl::string_view job, absl::string_view name,
   create.job = key.first;
   create.name = key.second;
   create.bytes = bytes;
-  absl::Status s = AppendToCatalog(create.Encode(), /*sync=*/false);
+  absl::Status s = AppendToCatalog(std::move(create), /*sync=*/false);
   absl::MutexLock lock(&mu_);
   if (!s.ok()) {
     entry->deleted = true;
@@ -409,7 +391,7 @@ absl::Status TensorStore::Commit(absl::string_view job,
     commit.name = std::string(name);
     commit.version = pending->number;
     commit.placement = pending->placement;
-    s = AppendToCatalog(commit.Encode(), /*sync=*/true);
+    s = AppendToCatalog(std::move(commit), /*sync=*/true);
   }
   absl::MutexLock lock(&mu_);
   entry.busy = false;
@@ -463,7 +445,7 @@ absl::Status TensorStore::CommitBatch(absl::string_view job,
   }
   // The data must be durable before the record that points at it.
   absl::Status s = array_->FlushAll();
-  if (s.ok()) s = AppendToCatalog(batch.Encode(), /*sync=*/true);
+  if (s.ok()) s = AppendToCatalog(std::move(batch), /*sync=*/true);
   absl::MutexLock lock(&mu_);
   for (const auto& e : entries) {
     e->busy = false;
@@ -552,7 +534,7 @@ absl::Status TensorStore::Delete(absl::string_view job,
   // committed version's space is named in the catalog: without one, a lost
   // record brings back an empty tensor after a crash, nothing worse, and
   // per-iteration scratch tensors must not cost an fdatasync each.
-  absl::Status s = AppendToCatalog(del.Encode(), /*sync=*/committed);
+  absl::Status s = AppendToCatalog(std::move(del), /*sync=*/committed);
   absl::MutexLock lock(&mu_);
   entry.busy = false;
   if (!s.ok()) return s;
@@ -639,8 +621,13 @@ std::vector<std::string> TensorStore::DeleteJobsExcept(
 StoreStats TensorStore::Stats() const {
   StoreStats stats;
   stats.devices = array_->Stats();
-  absl::MutexLock lock(&mu_);
-  stats.tensors = tensors_.size();
+  {
+    absl::MutexLock lock(&mu_);
+    stats.tensors = tensors_.size();
+  }
+  absl::MutexLock log_lock(&log_mu_);
+  stats.catalog_bytes = log_->size();
+  stats.catalog_compactions = compactions_;
   return stats;
 }
 

@@ -17,6 +17,8 @@
 #include "absl/types/span.h"
 #include "daemon/common/unique_fd.h"
 #include "daemon/store/block_device.h"
+#include "daemon/store/catalog_record.h"
+#include "daemon/store/catalog_state.h"
 #include "daemon/store/record_log.h"
 #include "daemon/store/ssd_array.h"
 
@@ -43,6 +45,11 @@ struct StoreOptions {
   // Accept SSD paths whose filesystem refuses O_DIRECT, with buffered I/O
   // (logged as slower). Without it such a path is FAILED_PRECONDITION.
   bool allow_buffered_io = false;
+  // The catalog is rewritten as a snapshot of the live state once it has
+  // grown past this many bytes and past twice the last snapshot, so a long
+  // run (one commit record per iteration) keeps it, and the replay at the
+  // next open, bounded.
+  uint64_t catalog_compact_bytes = 64ull << 20;
 };
 
 struct TensorInfo {
@@ -57,6 +64,9 @@ struct TensorInfo {
 struct StoreStats {
   std::vector<DeviceStats> devices;  // Capacity and bytes used per SSD.
   uint64_t tensors = 0;
+  uint64_t catalog_bytes = 0;  // Size of catalog.log now.
+  uint64_t catalog_compactions =
+      0;  // Rewrites since open (not the one at open).
 };
 
 // Versioned tensors on a striped SSD array, the daemon's SSD store.
@@ -170,8 +180,12 @@ class TensorStore {
                                                        absl::string_view name)
       ABSL_LOCKS_EXCLUDED(mu_);
   void EndMutation(Entry& entry) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status AppendToCatalog(const std::string& record, bool sync)
+  // Appends `record` (synced if `sync`), keeps catalog_ in step with it, and
+  // compacts the log when it has grown enough.
+  absl::Status AppendToCatalog(CatalogRecord record, bool sync)
       ABSL_LOCKS_EXCLUDED(log_mu_);
+  void MaybeCompactCatalog() ABSL_EXCLUSIVE_LOCKS_REQUIRED(log_mu_);
+  CatalogRecord StoreInfoRecord() const;
   static std::string Describe(const Key& key, uint64_t version);
   absl::StatusOr<uint64_t> ReadVersion(absl::string_view job,
                                        absl::string_view name,
@@ -182,8 +196,12 @@ class TensorStore {
   const UniqueFd lock_fd_;  // flock'd: one process per state_dir.
   const std::unique_ptr<SsdArray> array_;  // Outlives every Version.
 
-  absl::Mutex log_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  mutable absl::Mutex log_mu_ ABSL_ACQUIRED_AFTER(mu_);
   std::unique_ptr<RecordLog> log_ ABSL_GUARDED_BY(log_mu_);
+  // What the log says: each appended record is applied here.
+  CatalogState catalog_ ABSL_GUARDED_BY(log_mu_);
+  uint64_t compact_at_bytes_ ABSL_GUARDED_BY(log_mu_) = 0;
+  uint64_t compactions_ ABSL_GUARDED_BY(log_mu_) = 0;
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<Key, std::shared_ptr<Entry>> tensors_

@@ -269,6 +269,75 @@ TEST_F(TensorStoreTest, ReopenKeepsCommittedDropsPendingAndCompacts) {
   EXPECT_EQ(*w, 21u);
 }
 
+TEST_F(TensorStoreTest, CatalogStaysBoundedOverALongRunWhileMutationsRace) {
+  // A training run commits every tensor once per iteration; the catalog
+  // must not grow with the number of iterations.
+  StoreOptions o = Options(2);
+  o.catalog_compact_bytes = 8 << 10;
+  constexpr int kThreads = 4;
+  constexpr uint64_t kCommits = 150;
+  const uint64_t n = 3 * kStripe + 17;
+  std::vector<uint64_t> last_committed(kThreads);
+  uint64_t max_catalog = 0;
+  {
+    auto store = OpenOrDie(o);
+    ASSERT_NE(store, nullptr);
+    for (int t = 0; t < kThreads; ++t) {
+      ASSERT_TRUE(store->Create("j", "t" + std::to_string(t), n).ok());
+      // Scratch: created and deleted unsynced, as a streamed gradient is.
+    }
+    std::atomic<bool> failed{false};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        const std::string name = "t" + std::to_string(t);
+        const std::string scratch = "scratch" + std::to_string(t);
+        for (uint64_t i = 1; i <= kCommits && !failed; ++i) {
+          auto v = store->Write("j", name, Pattern(t * 1000 + i, n));
+          absl::Status s = v.ok() ? store->Commit("j", name) : v.status();
+          if (s.ok()) s = store->Create("j", scratch, 100);
+          if (s.ok()) s = store->Delete("j", scratch);
+          if (!s.ok()) {
+            ADD_FAILURE() << s;
+            failed = true;
+            return;
+          }
+          last_committed[t] = *v;
+        }
+      });
+    }
+    // Watches the catalog while the writers run.
+    std::atomic<bool> done{false};
+    std::thread watcher([&] {
+      while (!done) {
+        max_catalog = std::max(max_catalog, store->Stats().catalog_bytes);
+        std::this_thread::yield();
+      }
+    });
+    for (auto& th : threads) th.join();
+    done = true;
+    watcher.join();
+    ASSERT_FALSE(failed);
+    const StoreStats stats = store->Stats();
+    EXPECT_GT(stats.catalog_compactions, 3u);
+    // Without compaction: kThreads * kCommits commit records of ~100 bytes.
+    EXPECT_LE(max_catalog, 2 * o.catalog_compact_bytes + 4096);
+    EXPECT_EQ(Used(*store), kThreads * Padded(n));
+  }
+  // What the compacted catalog says is what was committed last.
+  auto store = OpenOrDie(o);
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ(Used(*store), kThreads * Padded(n));
+  EXPECT_EQ(store->List("j").size(), static_cast<size_t>(kThreads));
+  for (int t = 0; t < kThreads; ++t) {
+    std::vector<uint8_t> back(n);
+    auto v = store->Read("j", "t" + std::to_string(t), absl::MakeSpan(back));
+    ASSERT_TRUE(v.ok()) << v.status();
+    EXPECT_EQ(*v, last_committed[t]);
+    EXPECT_EQ(back, Pattern(t * 1000 + kCommits, n));
+  }
+}
+
 TEST_F(TensorStoreTest, TornCatalogTailIsIgnored) {
   const StoreOptions o = Options(1);
   {

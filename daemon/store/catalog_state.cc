@@ -1,0 +1,80 @@
+#include "daemon/store/catalog_state.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace lohan {
+namespace {
+
+std::string Describe(const std::string& job, const std::string& name,
+                     uint64_t version) {
+  return absl::StrCat("'", job, "/", name, "' version ", version);
+}
+
+}  // namespace
+
+absl::Status CatalogState::Apply(CatalogRecord record) {
+  switch (record.kind) {
+    case CatalogRecord::Kind::kCreate:
+      tensors_[Key(record.job, record.name)] = Tensor{record.bytes, 0, {}};
+      return absl::OkStatus();
+    case CatalogRecord::Kind::kCommit: {
+      auto it = tensors_.find(Key(record.job, record.name));
+      if (it == tensors_.end() || it->second.bytes != record.placement.bytes) {
+        return absl::DataLossError(
+            absl::StrCat("commits unknown tensor ",
+                         Describe(record.job, record.name, record.version)));
+      }
+      it->second.committed_version = record.version;
+      it->second.placement = std::move(record.placement);
+      return absl::OkStatus();
+    }
+    case CatalogRecord::Kind::kCommitBatch: {
+      // Checked whole before any of it applies.
+      for (const CatalogRecord::CommittedVersion& c : record.commits) {
+        auto it = tensors_.find(Key(record.job, c.name));
+        if (it == tensors_.end() || it->second.bytes != c.placement.bytes) {
+          return absl::DataLossError(
+              absl::StrCat("(batch) commits unknown tensor ",
+                           Describe(record.job, c.name, c.version)));
+        }
+      }
+      for (CatalogRecord::CommittedVersion& c : record.commits) {
+        Tensor& t = tensors_[Key(record.job, c.name)];
+        t.committed_version = c.version;
+        t.placement = std::move(c.placement);
+      }
+      return absl::OkStatus();
+    }
+    case CatalogRecord::Kind::kDelete:
+      tensors_.erase(Key(record.job, record.name));
+      return absl::OkStatus();
+    case CatalogRecord::Kind::kStoreInfo:
+      break;
+  }
+  return absl::DataLossError("repeats the store record");
+}
+
+std::vector<std::string> CatalogState::Snapshot(
+    const CatalogRecord& store_info) const {
+  std::vector<std::string> records = {store_info.Encode()};
+  for (const auto& [key, tensor] : tensors_) {
+    CatalogRecord create;
+    create.kind = CatalogRecord::Kind::kCreate;
+    create.job = key.first;
+    create.name = key.second;
+    create.bytes = tensor.bytes;
+    records.push_back(create.Encode());
+    if (tensor.placement.has_value()) {
+      CatalogRecord commit;
+      commit.kind = CatalogRecord::Kind::kCommit;
+      commit.job = key.first;
+      commit.name = key.second;
+      commit.version = tensor.committed_version;
+      commit.placement = *tensor.placement;
+      records.push_back(commit.Encode());
+    }
+  }
+  return records;
+}
+
+}  // namespace lohan

@@ -1,0 +1,51 @@
+#ifndef LOHAN_DAEMON_STORE_CATALOG_STATE_H_
+#define LOHAN_DAEMON_STORE_CATALOG_STATE_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "daemon/store/catalog_record.h"
+#include "daemon/store/ssd_array.h"
+
+namespace lohan {
+
+// What a catalog says once its records are applied in order: every tensor,
+// its size, and its committed version with the placement of that version.
+// The store replays the log into one at open and keeps one in step with
+// every record it appends, so the log can be rewritten as a snapshot at any
+// moment without waiting for mutations in progress (they have either
+// appended their record or not).
+//
+// Not thread-safe: the owner serializes calls.
+class CatalogState {
+ public:
+  struct Tensor {
+    uint64_t bytes = 0;
+    uint64_t committed_version = 0;  // 0: none.
+    std::optional<Placement> placement;
+  };
+  using Key = std::pair<std::string, std::string>;  // (job, name)
+
+  // Applies one record other than the store record. DATA_LOSS (nothing
+  // applied) if it commits a tensor that does not exist or with the wrong
+  // size, or repeats the store record.
+  absl::Status Apply(CatalogRecord record);
+
+  // The records of a log holding exactly this state: `store_info`, then a
+  // create (and a commit where there is a committed version) per tensor.
+  std::vector<std::string> Snapshot(const CatalogRecord& store_info) const;
+
+  const std::map<Key, Tensor>& tensors() const { return tensors_; }
+
+ private:
+  std::map<Key, Tensor> tensors_;
+};
+
+}  // namespace lohan
+
+#endif  // LOHAN_DAEMON_STORE_CATALOG_STATE_H_

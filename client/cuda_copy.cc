@@ -1,5 +1,7 @@
 #include "client/cuda_copy.h"
 
+#include <memory>
+
 #include "absl/strings/str_cat.h"
 
 #if defined(LOHAN_WITH_CUDA) && LOHAN_WITH_CUDA
@@ -148,51 +150,73 @@ absl::Status UnregisterHost(void* base) {
   return absl::OkStatus();
 }
 
-absl::Status CopyToHostAsync(void* host_destination, const void* device_source,
-                             size_t bytes, void* stream) {
+namespace {
+
+struct Pending {
+  AfterCopy after;
+  void* argument;
+};
+
+void CUDART_CB RunAfterCopy(cudaStream_t, cudaError_t status, void* data) {
+  std::unique_ptr<Pending> pending(static_cast<Pending*>(data));
+  // No CUDA call in here (not even for the error's name).
+  pending->after(
+      pending->argument,
+      status == cudaSuccess
+          ? absl::OkStatus()
+          : absl::InternalError(absl::StrCat(
+                "CUDA error ", static_cast<int>(status),
+                " on the stream before the copy to or from the arena "
+                "completed (see torch.cuda for the cause)")));
+}
+
+absl::Status CopyThen(void* destination, const void* source, size_t bytes,
+                      cudaMemcpyKind kind, void* stream, AfterCopy after,
+                      void* argument) {
   if (absl::Status available = Available(); !available.ok()) return available;
+  const bool to_host = kind == cudaMemcpyDeviceToHost;
   OnDeviceOf device;
   if (absl::Status entered =
-          device.Enter(device_source, "the gradient's device pointer");
+          device.Enter(to_host ? source : destination,
+                       to_host ? "the gradient's device pointer"
+                               : "the weights' device pointer");
       !entered.ok()) {
     return entered;
   }
-  if (cudaError_t error = cudaMemcpyAsync(host_destination, device_source,
-                                          bytes, cudaMemcpyDeviceToHost,
-                                          static_cast<cudaStream_t>(stream));
+  auto cuda_stream = static_cast<cudaStream_t>(stream);
+  if (cudaError_t error =
+          cudaMemcpyAsync(destination, source, bytes, kind, cuda_stream);
       error != cudaSuccess) {
-    return Failed(error, "cudaMemcpyAsync device to arena");
+    return Failed(error, to_host ? "cudaMemcpyAsync device to arena"
+                                 : "cudaMemcpyAsync arena to device");
   }
+  auto pending = std::make_unique<Pending>(Pending{after, argument});
+  if (cudaError_t error = cudaStreamAddCallback(cuda_stream, &RunAfterCopy,
+                                                pending.get(), /*flags=*/0);
+      error != cudaSuccess) {
+    // The copy is enqueued: let it land (or fail) before the caller frees
+    // or reuses the arena bytes it touches.
+    (void)cudaStreamSynchronize(cuda_stream);
+    return Failed(error, "cudaStreamAddCallback");
+  }
+  (void)pending.release();  // RunAfterCopy owns it now.
   return absl::OkStatus();
 }
 
-absl::Status CopyToDeviceAsync(void* device_destination,
-                               const void* host_source, size_t bytes,
-                               void* stream) {
-  if (absl::Status available = Available(); !available.ok()) return available;
-  OnDeviceOf device;
-  if (absl::Status entered =
-          device.Enter(device_destination, "the weights' device pointer");
-      !entered.ok()) {
-    return entered;
-  }
-  if (cudaError_t error = cudaMemcpyAsync(device_destination, host_source,
-                                          bytes, cudaMemcpyHostToDevice,
-                                          static_cast<cudaStream_t>(stream));
-      error != cudaSuccess) {
-    return Failed(error, "cudaMemcpyAsync arena to device");
-  }
-  return absl::OkStatus();
-}
+}  // namespace
 
-absl::Status LaunchHostFunc(void* stream, void (*function)(void*),
+absl::Status CopyToHostThen(void* host_destination, const void* device_source,
+                            size_t bytes, void* stream, AfterCopy after,
                             void* argument) {
-  if (cudaError_t error = cudaLaunchHostFunc(static_cast<cudaStream_t>(stream),
-                                             function, argument);
-      error != cudaSuccess) {
-    return Failed(error, "cudaLaunchHostFunc");
-  }
-  return absl::OkStatus();
+  return CopyThen(host_destination, device_source, bytes,
+                  cudaMemcpyDeviceToHost, stream, after, argument);
+}
+
+absl::Status CopyToDeviceThen(void* device_destination, const void* host_source,
+                              size_t bytes, void* stream, AfterCopy after,
+                              void* argument) {
+  return CopyThen(device_destination, host_source, bytes,
+                  cudaMemcpyHostToDevice, stream, after, argument);
 }
 
 #else  // built without CUDA
@@ -212,13 +236,12 @@ bool BuiltWith() { return false; }
 absl::Status Available() { return NotBuilt(); }
 absl::Status RegisterHost(void*, size_t) { return NotBuilt(); }
 absl::Status UnregisterHost(void*) { return NotBuilt(); }
-absl::Status CopyToHostAsync(void*, const void*, size_t, void*) {
+absl::Status CopyToHostThen(void*, const void*, size_t, void*, AfterCopy,
+                            void*) {
   return NotBuilt();
 }
-absl::Status CopyToDeviceAsync(void*, const void*, size_t, void*) {
-  return NotBuilt();
-}
-absl::Status LaunchHostFunc(void*, void (*)(void*), void*) {
+absl::Status CopyToDeviceThen(void*, const void*, size_t, void*, AfterCopy,
+                              void*) {
   return NotBuilt();
 }
 

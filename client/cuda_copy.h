@@ -44,19 +44,23 @@ absl::Status Available();
 absl::Status RegisterHost(void* base, size_t bytes);
 absl::Status UnregisterHost(void* base);
 
-// cudaMemcpyAsync on `stream` (a cudaStream_t; NULL is the legacy default
-// stream), on the device that holds the device pointer.
-absl::Status CopyToHostAsync(void* host_destination, const void* device_source,
-                             size_t bytes, void* stream);
-absl::Status CopyToDeviceAsync(void* device_destination,
-                               const void* host_source, size_t bytes,
-                               void* stream);
+// Called exactly once, on a CUDA thread, when what was enqueued on the
+// stream before it (the copy) is done: with OK, or with the stream's error
+// (the copy then did not complete). Must not call CUDA.
+using AfterCopy = void (*)(void* argument, absl::Status copied);
 
-// cudaLaunchHostFunc: `function(argument)` runs on a CUDA thread once
-// everything enqueued on `stream` before it is done. `function` must not
-// call CUDA.
-absl::Status LaunchHostFunc(void* stream, void (*function)(void*),
+// cudaMemcpyAsync on `stream` (a cudaStream_t; NULL is the legacy default
+// stream), then `after(argument, ...)` from a stream callback on the same
+// stream, both enqueued on the device that holds the device pointer (so the
+// legacy stream is that device's for both). The callback also runs when the
+// stream hits an error, so whoever waits on it is never left hanging. On an
+// error return `after` never runs and no copy is in flight.
+absl::Status CopyToHostThen(void* host_destination, const void* device_source,
+                            size_t bytes, void* stream, AfterCopy after,
                             void* argument);
+absl::Status CopyToDeviceThen(void* device_destination, const void* host_source,
+                              size_t bytes, void* stream, AfterCopy after,
+                              void* argument);
 
 }  // namespace lohan::cuda
 

@@ -189,6 +189,24 @@ void DataPlane::Cancel(Ticket ticket) {
   progress_.SignalAll();
 }
 
+void DataPlane::FailReserved(Ticket ticket, absl::Status error) {
+  absl::MutexLock lock(&mu_);
+  FailReservedLocked(ticket, std::move(error));
+}
+
+void DataPlane::FailReservedLocked(Ticket ticket, absl::Status error) {
+  auto it = requests_.find(ticket);
+  if (it == requests_.end() || it->second.state != State::kReserved) return;
+  --reserved_;
+  if (it->second.abandoned) {
+    requests_.erase(it);
+  } else {
+    it->second.state = State::kDone;
+    it->second.result = std::move(error);
+  }
+  progress_.SignalAll();
+}
+
 absl::StatusOr<DataPlane::Ticket> DataPlane::AdmitLocked(Ticket reserved,
                                                          absl::Time deadline) {
   if (reserved == 0 && requests_.size() >= kMaxOutstandingTickets) {
@@ -248,20 +266,8 @@ absl::StatusOr<DataPlane::Ticket> DataPlane::SubmitAs(Ticket reserved,
     absl::MutexLock lock(&mu_);
     absl::StatusOr<Ticket> admitted = AdmitLocked(reserved, deadline);
     if (!admitted.ok()) {
-      if (reserved != 0) {
-        // The failure is the reserved ticket's result.
-        auto it = requests_.find(reserved);
-        if (it != requests_.end() && it->second.state == State::kReserved) {
-          --reserved_;
-          if (it->second.abandoned) {
-            requests_.erase(it);
-          } else {
-            it->second.state = State::kDone;
-            it->second.result = admitted.status();
-          }
-        }
-        progress_.SignalAll();
-      }
+      // The failure is the reserved ticket's result.
+      if (reserved != 0) FailReservedLocked(reserved, admitted.status());
       return admitted.status();
     }
     ticket = *admitted;

@@ -102,6 +102,10 @@ class DataPlane {
       ABSL_LOCKS_EXCLUDED(submit_mu_, mu_);
   // Forgets a reserved ticket that was never handed to anyone.
   void Cancel(Ticket ticket) ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends a reserved ticket, never submitted, with `error` as its result
+  // (e.g. the copy that was to fill its buffer failed): whoever waits for it
+  // learns why, and its arena bytes are free again.
+  void FailReserved(Ticket ticket, absl::Status error) ABSL_LOCKS_EXCLUDED(mu_);
 
   // The completion of `ticket`'s request, or its error (the daemon's code
   // and text), waiting up to `timeout`. Consumes the ticket, except on
@@ -154,6 +158,8 @@ class DataPlane {
   DataPlane(UniqueFd connection, uint8_t* base, ArenaGrant grant,
             RingProducer submissions, RingConsumer completions);
 
+  void FailReservedLocked(Ticket ticket, absl::Status error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits (draining when nobody else does) until a request may be
   // submitted; then registers `reserved` (or a new ticket) as in flight.
   absl::StatusOr<Ticket> AdmitLocked(Ticket reserved, absl::Time deadline)

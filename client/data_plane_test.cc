@@ -496,5 +496,34 @@ TEST(DataPlaneAsync, ABufferInUseIsHeldUntilItsRequestCompletes) {
   EXPECT_TRUE(plane->Wait(*next, kLong).ok());
 }
 
+TEST(DataPlaneAsync, AFailedReservationEndsItsTicketWithTheErrorAndFreesIt) {
+  FakeDaemon daemon;
+  auto plane = daemon.Plane();
+  auto reserved = plane->Reserve(8192, 512, kLong);
+  ASSERT_TRUE(reserved.ok());
+  absl::StatusOr<CompletionEntry> result;
+  std::thread waiter([&] { result = plane->Wait(*reserved, kLong); });
+  std::thread refill([&] {
+    // As a FETCH_PARAMS that would refill the buffer waits.
+    EXPECT_TRUE(plane->WaitForRange(8192, 512, kLong).ok());
+  });
+  // As a CUDA stream callback does when the copy hit a device error.
+  absl::SleepFor(absl::Milliseconds(20));
+  plane->FailReserved(*reserved, absl::InternalError("CUDA error 700"));
+  waiter.join();
+  refill.join();
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(result.status().message(), HasSubstr("CUDA error 700"));
+  EXPECT_TRUE(plane->WaitForReserved(absl::ZeroDuration()).ok());
+  // Only a reserved ticket can be failed; nothing reached the daemon.
+  plane->FailReserved(*reserved, absl::InternalError("again"));
+  EXPECT_EQ(plane->Wait(*reserved, kLong).status().code(),
+            absl::StatusCode::kNotFound);
+  // Nothing of it reached the daemon: the next submission is the first.
+  auto next = plane->Submit(Request(5), kLong);
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(daemon.Take(1)[0].request_id, *next);
+}
+
 }  // namespace
 }  // namespace lohan

@@ -367,6 +367,17 @@ int BuildEntry(const lohan_model* model, lohan::RingOp op, uint32_t layer,
   return LOHAN_OK;
 }
 
+// A FETCH_PARAMS refills the layer's weight buffer: first wait until no
+// request still uses it (a copy to a GPU reading it, a shared buffer's
+// earlier fetch).
+int WaitBeforeRefill(lohan_model* model, const lohan::SubmissionEntry& entry) {
+  if (static_cast<lohan::RingOp>(entry.op) != lohan::RingOp::kFetchParams) {
+    return LOHAN_OK;
+  }
+  return Report(model->plane->WaitForRange(entry.slot_offset, entry.length,
+                                           kRingCallTimeout));
+}
+
 int RingCall(lohan_model* model, lohan::RingOp op, uint32_t layer,
              lohan::CompletionEntry* completion_out = nullptr,
              float grad_scale = 0.0f, double lr = 0.0) {
@@ -375,6 +386,7 @@ int RingCall(lohan_model* model, lohan::RingOp op, uint32_t layer,
       built != LOHAN_OK) {
     return built;
   }
+  if (int idle = WaitBeforeRefill(model, entry); idle != LOHAN_OK) return idle;
   return Finish(model, entry, completion_out);
 }
 
@@ -385,6 +397,7 @@ int SubmitRing(lohan_model* model, lohan::RingOp op, uint32_t layer,
   if (int built = BuildEntry(model, op, layer, entry); built != LOHAN_OK) {
     return built;
   }
+  if (int idle = WaitBeforeRefill(model, entry); idle != LOHAN_OK) return idle;
   return SubmitEntry(model, entry, ticket);
 }
 
@@ -404,19 +417,31 @@ int LayerEntry(const lohan_model* model, lohan::RingOp op, uint32_t layer,
   return LOHAN_OK;
 }
 
-// A gradient copied from the GPU: its GRAD_READY is submitted by a CUDA
-// host function once the copy is done (no CUDA calls in there).
-struct PendingGrad {
+// A copy between the GPU and the arena, holding the arena bytes it touches
+// (a reserved ticket) until it is done. For a gradient, its GRAD_READY is
+// then submitted; for weights, the bytes are just released. Runs from a
+// CUDA stream callback: no CUDA calls in there.
+struct PendingCopy {
   lohan::DataPlane* plane;
   lohan::DataPlane::Ticket ticket;
-  lohan::SubmissionEntry entry;
+  lohan::SubmissionEntry entry;  // kGradReady; unused for weights.
 };
 
-void SubmitWhenCopied(void* argument) {
-  std::unique_ptr<PendingGrad> pending(static_cast<PendingGrad*>(argument));
+void SubmitWhenCopied(void* argument, absl::Status copied) {
+  std::unique_ptr<PendingCopy> pending(static_cast<PendingCopy*>(argument));
+  if (!copied.ok()) {
+    // The gradient never arrived: whoever waits learns why.
+    pending->plane->FailReserved(pending->ticket, std::move(copied));
+    return;
+  }
   // A failure becomes the ticket's result: whoever waits learns of it.
   (void)pending->plane->SubmitReserved(pending->ticket, pending->entry,
                                        kRingCallTimeout);
+}
+
+void ReleaseWhenCopied(void* argument, absl::Status) {
+  std::unique_ptr<PendingCopy> pending(static_cast<PendingCopy*>(argument));
+  pending->plane->Cancel(pending->ticket);
 }
 
 }  // namespace
@@ -864,34 +889,27 @@ int lohan_model_grad_ready_from_device(lohan_model* model, uint32_t layer,
     return Report(available);
   }
   // The ticket exists before the copy is enqueued, so the caller can wait
-  // for it while the host function has not run yet; it holds the gradient
+  // for it while the callback has not run yet; it holds the gradient
   // buffer (which may be shared with other layers: then this waits until
   // the last request using it has completed).
   absl::StatusOr<lohan::DataPlane::Ticket> reserved =
       model->plane->Reserve(entry.slot_offset, entry.length, kRingCallTimeout);
   if (!reserved.ok()) return Report(reserved.status());
-  if (absl::Status copied = lohan::cuda::CopyToHostAsync(
-          model->plane->arena() + entry.slot_offset, device_source, bytes,
-          cuda_stream);
-      !copied.ok()) {
-    model->plane->Cancel(*reserved);
-    return Report(copied);
-  }
-  auto* pending =
-      new (std::nothrow) PendingGrad{model->plane, *reserved, entry};
+  auto pending = std::unique_ptr<PendingCopy>(
+      new (std::nothrow) PendingCopy{model->plane, *reserved, entry});
   if (pending == nullptr) {
     model->plane->Cancel(*reserved);
     return Report(absl::ResourceExhaustedError("out of memory"));
   }
-  if (absl::Status launched =
-          lohan::cuda::LaunchHostFunc(cuda_stream, &SubmitWhenCopied, pending);
-      !launched.ok()) {
-    // The copy may still land in the gradient buffer; nothing reads it
-    // until a GRAD_READY for the layer, which the caller has to redo.
-    delete pending;
+  if (absl::Status copied = lohan::cuda::CopyToHostThen(
+          model->plane->arena() + entry.slot_offset, device_source, bytes,
+          cuda_stream, &SubmitWhenCopied, pending.get());
+      !copied.ok()) {
+    // Nothing is in flight: the buffer is free again.
     model->plane->Cancel(*reserved);
-    return Report(launched);
+    return Report(copied);
   }
+  (void)pending.release();  // SubmitWhenCopied owns it now.
   *ticket = *reserved;
   return Report(absl::OkStatus());
 }
@@ -913,14 +931,26 @@ int lohan_model_weights_to_device(const lohan_model* model, uint32_t layer,
   if (absl::Status available = lohan::cuda::Available(); !available.ok()) {
     return Report(available);
   }
-  if (absl::Status idle = model->plane->WaitForRange(
-          entry.slot_offset, entry.length, kRingCallTimeout);
-      !idle.ok()) {
-    return Report(idle);
+  // Held until the copy has read the buffer, so a FETCH_PARAMS that would
+  // refill it (a weight buffer shared by several layers) waits for that.
+  absl::StatusOr<lohan::DataPlane::Ticket> reserved =
+      model->plane->Reserve(entry.slot_offset, entry.length, kRingCallTimeout);
+  if (!reserved.ok()) return Report(reserved.status());
+  auto pending = std::unique_ptr<PendingCopy>(
+      new (std::nothrow) PendingCopy{model->plane, *reserved, entry});
+  if (pending == nullptr) {
+    model->plane->Cancel(*reserved);
+    return Report(absl::ResourceExhaustedError("out of memory"));
   }
-  return Report(lohan::cuda::CopyToDeviceAsync(
-      device_destination, model->plane->arena() + entry.slot_offset, bytes,
-      cuda_stream));
+  if (absl::Status copied = lohan::cuda::CopyToDeviceThen(
+          device_destination, model->plane->arena() + entry.slot_offset, bytes,
+          cuda_stream, &ReleaseWhenCopied, pending.get());
+      !copied.ok()) {
+    model->plane->Cancel(*reserved);
+    return Report(copied);
+  }
+  (void)pending.release();  // ReleaseWhenCopied owns it now.
+  return Report(absl::OkStatus());
 }
 
 }  // extern "C"

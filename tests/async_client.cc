@@ -632,17 +632,25 @@ void CheckCuda(lohan_model* model, lohan_data_plane* plane) {
   }
   Check(std::memcmp(lohan_model_grad_buffer(model, 0), host.data(), bytes) == 0,
         "gradient copied from the device");
+  // The updated weights: what the daemon committed (read into staging)
+  // must be what reaches the device after FETCH_PARAMS.
+  Check(lohan_model_read_weights(model, 0) == LOHAN_OK, "read_weights");
+  std::vector<float> committed(lohan_model_staging(model),
+                               lohan_model_staging(model) + host.size());
+  Check(lohan_model_fetch_params(model, 0) == LOHAN_OK, "fetch_params");
   std::vector<float> back(host.size(), -1.0f);
   Check(lohan_model_weights_to_device(model, 0, device, bytes, stream) ==
             LOHAN_OK,
         "weights_to_device");
+  // The buffer is held until the copy has read it; the refill waits.
+  Check(lohan_model_fetch_params(model, 0) == LOHAN_OK,
+        "fetch_params after weights_to_device");
   Check(cudaStreamSynchronize(stream) == cudaSuccess, "sync");
   Check(cudaMemcpy(back.data(), device, bytes, cudaMemcpyDeviceToHost) ==
             cudaSuccess,
         "cudaMemcpy back");
-  Check(
-      std::memcmp(back.data(), lohan_model_weight_buffer(model, 0), bytes) == 0,
-      "weights copied to the device");
+  Check(std::memcmp(back.data(), committed.data(), bytes) == 0,
+        "committed weights copied to the device");
   cudaStreamDestroy(stream);
   cudaFree(device);
   std::printf("cuda-roundtrip: %s\n", failures == 0 ? "ok" : "FAILED");

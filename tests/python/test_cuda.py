@@ -1,28 +1,42 @@
 """The engine on a GPU: the CUDA path of liblohan_client (pinned arena,
-gradients copied out on torch's stream with GRAD_READY posted from a CUDA
-host function) and of the engine (block weights fetched one block ahead on
-a side stream, block inputs copied to pinned host memory on a side stream).
+gradients copied out on a side stream with GRAD_READY posted from a CUDA
+stream callback) and of the engine (block weights fetched one block ahead on
+a side stream, block inputs copied to pinned host memory on a side stream,
+RNG replayed on the device in the recompute).
 
 These need a GPU and a liblohan_client built with the CUDA toolkit; without
 both they are skipped, saying which is missing. The CPU tests cover the same
-engine logic with CPU tensors; only the device copies and streams are
+engine logic with CPU tensors; the device copies, streams and CUDA RNG are
 specific to these.
 
+Determinism: GPU kernels may accumulate in a different order from run to
+run (atomics), which would blur a comparison between two runs. These tests
+ask torch for its deterministic kernels and use the math attention kernel,
+so two runs of the same computation agree bit for bit and the tolerances
+are the CPU tests' (test_engine.py states them).
+
 On a GPU machine: `.venv/bin/pytest -q tests/python/test_cuda.py` (with
-LOHAN_BAZEL_BIN pointing at the build).
+LOHAN_BAZEL_BIN pointing at the build); scripts/device_pack packs them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import os
+from typing import Dict, List, Tuple
+
+# Before CUDA starts: cuBLAS is deterministic only with a fixed workspace.
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 import pytest
 import torch
+from torch import nn
 
 import lohan
 from lohan.client import Model
-from test_engine import (BATCH, BETAS, EPS, LR, SEQ, VOCAB, WD,
-                         assert_fp32_close, tiny_gpt)
+from test_engine import (BATCH, BETAS, EPS, LR, SEQ, VOCAB, WD, _Fuse,
+                         _FusedProbe, assert_fp32_close, tiny_gpt)
 
 
 def _cuda_or_skip() -> None:
@@ -31,6 +45,17 @@ def _cuda_or_skip() -> None:
     available, reason = Model.cuda_available()
     if not available:
         pytest.skip(f"liblohan_client cannot use CUDA: {reason}")
+
+
+@contextlib.contextmanager
+def _deterministic():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        with sdpa_kernel(SDPBackend.MATH):
+            yield
+    finally:
+        torch.use_deterministic_algorithms(False)
 
 
 def _data(steps: int, device: torch.device) -> torch.Tensor:
@@ -45,26 +70,12 @@ def _loss(model, ids: torch.Tensor) -> torch.Tensor:
         logits.float().reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
 
 
-@pytest.mark.parametrize("params", ["resident", "offload"])
-def test_gpu_training_matches_torch_adamw(lohand, params):
-    _cuda_or_skip()
-    device = torch.device("cuda")
-    reference = tiny_gpt().to(device)
-    model = copy.deepcopy(reference)
-    model.head.weight = model.tok.weight
-    data = _data(5, device)
-    opt = torch.optim.AdamW(reference.parameters(), lr=LR, betas=BETAS,
-                            eps=EPS, weight_decay=WD)
-    ref_losses = []
-    for ids in data:
-        loss = _loss(reference, ids)
-        loss.backward()
-        ref_losses.append(loss.item())
-        opt.step()
-        opt.zero_grad()
-    with lohan.init(model, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
-                    socket=lohand.socket, job_name=f"gpu-{params}",
-                    params=params) as engine:
+def _train(model: nn.Module, lohand, data: torch.Tensor, job: str,
+           **options) -> Tuple[List[float], Dict[str, torch.Tensor], dict]:
+    """Trains through lohan; (losses, final weights on the CPU, counters)."""
+    options.setdefault("weight_decay", WD)
+    with lohan.init(model, lr=LR, betas=BETAS, eps=EPS, socket=lohand.socket,
+                    job_name=job, **options) as engine:
         assert engine._cuda, "the engine did not take the CUDA path"
         losses = []
         for ids in data:
@@ -72,38 +83,159 @@ def test_gpu_training_matches_torch_adamw(lohand, params):
             engine.backward(loss)
             losses.append(loss.item())
             engine.step()
-        if params == "offload":
-            # Forward and backward of every step after the first block of
-            # each found their weights already on the device.
-            assert engine._residency.prefetched > 0
-    # fp32 on the GPU: torch's kernels differ from the CPU's, the tolerance
-    # is the CPU tests' (test_engine.py explains it).
+        counters = {"activations": engine.activation_stats}
+        if engine._residency is not None:
+            counters["prefetched"] = engine._residency.prefetched
+    weights = {n: p.detach().cpu().clone() for n, p in model.named_parameters()}
+    return losses, weights, counters
+
+
+@pytest.mark.parametrize("params", ["resident", "offload"])
+def test_gpu_training_matches_torch_adamw(lohand, params):
+    _cuda_or_skip()
+    device = torch.device("cuda")
+    with _deterministic():
+        reference = tiny_gpt().to(device)
+        model = copy.deepcopy(reference)
+        model.head.weight = model.tok.weight
+        data = _data(5, device)
+        opt = torch.optim.AdamW(reference.parameters(), lr=LR, betas=BETAS,
+                                eps=EPS, weight_decay=WD)
+        ref_losses = []
+        for ids in data:
+            loss = _loss(reference, ids)
+            loss.backward()
+            ref_losses.append(loss.item())
+            opt.step()
+            opt.zero_grad()
+        losses, _, counters = _train(model, lohand, data, f"gpu-{params}",
+                                     params=params)
+    if params == "offload":
+        # Every block after the first in each pass found its weights
+        # already on the device.
+        assert counters["prefetched"] > 0
     assert_fp32_close(model.cpu(), reference.cpu(), losses, ref_losses)
 
 
-def test_gpu_block_inputs_offloaded_to_ssd_match_keep(lohand):
+def test_gpu_bf16_streamed_offloaded_everything_matches_resident(lohand):
+    """bf16 with everything away from the GPU (weights fetched per block,
+    2 shared gradient/weight buffers, block inputs on the SSDs) equals the
+    run with everything resident on the same GPU, bit for bit."""
     _cuda_or_skip()
     device = torch.device("cuda")
-    results = []
-    for options in (dict(activations="keep", params="resident"),
-                    dict(activations="offload", activation_host_bytes=0,
-                         activation_buffer_bytes=1 << 20)):
-        model = tiny_gpt().to(device)
-        with lohan.init(model, lr=LR, socket=lohand.socket,
-                        job_name=f"gpu-acts-{len(results)}",
-                        **options) as engine:
-            losses = []
-            for ids in _data(3, device):
-                loss = _loss(model, ids)
-                engine.backward(loss)
-                losses.append(loss.item())
-                engine.step()
-            stats = engine.activation_stats
-        results.append((losses, stats))
-    keep, spilled = results
-    # The recompute runs the same kernels on the same inputs; GPU backward
-    # kernels may accumulate in a different order between runs (atomics),
-    # so equal up to float rounding rather than bit for bit.
-    for a, b in zip(keep[0], spilled[0]):
-        assert abs(a - b) <= 1e-5 * abs(b), (keep[0], spilled[0])
-    assert spilled[1].ssd_puts == 3 * 3 and spilled[1].prefetched > 0
+    data = _data(4, device)
+    runs = {}
+    with _deterministic():
+        for name, options in (
+                ("resident", dict(params="resident", buffers="resident")),
+                ("away", dict(params="offload", buffers="streamed",
+                              stream_buffers=2, activation_host_bytes=0,
+                              activation_buffer_bytes=1 << 20))):
+            model = tiny_gpt().to(device).to(torch.bfloat16)
+            runs[name] = _train(model, lohand, data, f"gpu-bf16-{name}",
+                                max_grad_norm=0.5, **options)
+    resident, away = runs["resident"], runs["away"]
+    assert away[0] == resident[0], (away[0], resident[0])
+    for name, weight in resident[1].items():
+        assert torch.equal(weight, away[1][name]), name
+    assert away[2]["activations"].ssd_puts > 0
+
+
+class _DropoutStack(nn.Module):
+    """Blocks with dropout, given their input by keyword, and an unused
+    parameter: the recompute must replay the device's RNG, and the unused
+    parameter's (empty, offloaded) placeholder gets a zero gradient."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            _DropoutBlock() for _ in range(3))
+        self.blocks[1].unused = nn.Parameter(torch.zeros(5))
+        self.head = nn.Linear(32, 1)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(hidden=x)
+        return self.head(x)
+
+
+class _DropoutBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(32, 32)
+        self.drop = nn.Dropout(0.3)
+
+    def forward(self, hidden):
+        return self.drop(torch.tanh(self.fc(hidden)))
+
+
+def test_gpu_dropout_is_replayed_in_the_recompute(lohand):
+    _cuda_or_skip()
+    device = torch.device("cuda")
+    xs = torch.randn(3, 8, 32, generator=torch.Generator().manual_seed(3))
+    runs = []
+    with _deterministic():
+        for policy, params in (("keep", "resident"), ("offload", "offload")):
+            torch.manual_seed(0)
+            model = _DropoutStack().to(device)
+            torch.cuda.manual_seed(7)
+            with pytest.warns(UserWarning, match="unused"), lohan.init(
+                    model, lr=1e-2, socket=lohand.socket,
+                    job_name=f"gpu-drop-{policy}", activations=policy,
+                    params=params) as engine:
+                losses = []
+                for x in xs:
+                    loss = model(x.to(device)).pow(2).mean()
+                    loss.backward()
+                    losses.append(loss.item())
+                    engine.step()
+            runs.append((losses, [p.detach().cpu() for p in
+                                  model.parameters()]))
+    (keep_losses, keep_weights), (off_losses, off_weights) = runs
+    assert keep_losses == off_losses
+    for a, b in zip(keep_weights, off_weights):
+        assert torch.equal(a, b)
+
+
+def test_gpu_backward_failing_half_way_then_zero_grad_and_close(lohand):
+    """Gradient copies from the device are in flight when backward raises:
+    zero_grad() discards the step (training goes on as if the batch had
+    never been seen), and close() with copies in flight is clean."""
+    _cuda_or_skip()
+    device = torch.device("cuda")
+    xs = [torch.randn(4, 16, generator=torch.Generator().manual_seed(n))
+          .to(device) for n in range(3)]
+    runs = []
+    with _deterministic():
+        for fail in (False, True):
+            torch.manual_seed(0)
+            model = _FusedProbe([]).to(device)
+            with lohan.init(model, lr=1e-2, socket=lohand.socket,
+                            job_name=f"gpu-fuse-{fail}", params="offload",
+                            buffers="streamed", stream_buffers=1) as engine:
+                if fail:
+                    _Fuse.armed = True
+                    try:
+                        with pytest.raises(RuntimeError, match="half-way"):
+                            model(xs[0]).pow(2).mean().backward()
+                    finally:
+                        _Fuse.armed = False
+                    engine.zero_grad()
+                    assert engine.iteration == 0
+                for x in xs[1:]:
+                    model(x).pow(2).mean().backward()
+                    engine.step()
+                runs.append(engine.master_weights())
+        for name, weight in runs[0].items():
+            assert torch.equal(weight, runs[1][name]), name
+        # An exception in backward, then straight out of the with block.
+        model = _FusedProbe([]).to(device)
+        with pytest.raises(RuntimeError, match="half-way"):
+            with lohan.init(model, lr=1e-2, socket=lohand.socket,
+                            job_name="gpu-fuse-close", params="offload"):
+                _Fuse.armed = True
+                try:
+                    model(xs[0]).pow(2).mean().backward()
+                finally:
+                    _Fuse.armed = False
+        assert all(p.numel() > 0 for p in model.parameters())

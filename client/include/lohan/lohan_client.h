@@ -157,7 +157,7 @@ LOHAN_CLIENT_API void lohan_data_plane_destroy(lohan_data_plane* plane);
  *   lohan_model_grad_ready_from_device(layer, grad, stream, &ticket[layer])
  *                                     for each layer, in backward: copies on
  *                                     the stream, then submits GRAD_READY
- *                                     from a CUDA host function; no wait
+ *                                     from a CUDA stream callback; no wait
  *   lohan_model_wait(ticket[layer])   for each layer (any order)
  *   lohan_model_iter_end
  * Without CUDA, lohan_model_grad_ready_from_host / lohan_model_weights_to_host
@@ -395,20 +395,26 @@ LOHAN_CLIENT_API int lohan_cuda_available(void);
  * at full PCIe speed. Once per plane; undone by lohan_data_plane_destroy. */
 LOHAN_CLIENT_API int lohan_data_plane_cuda_register(lohan_data_plane* plane);
 /* Enqueues on `cuda_stream` a copy of the layer's gradient from
- * `device_source` into its gradient buffer, then a host function that
+ * `device_source` into its gradient buffer, then a stream callback that
  * submits GRAD_READY once the copy is done; returns at once with `ticket`
  * (wait for it like any other; a failure to submit becomes its result).
+ * The buffer counts as in use from the call until the request completes (a
+ * buffer shared by several layers is waited for first). If the stream hits
+ * a CUDA error before the copy is done, the ticket completes with
+ * LOHAN_INTERNAL saying so and no GRAD_READY is sent.
  * lohan_model_iter_end first waits until every such GRAD_READY is
- * submitted, so it never overtakes a gradient still on its way. If the
- * stream fails before the host function runs (a sticky CUDA error), the
- * ticket never completes: wait with a timeout where that matters.
+ * submitted, so it never overtakes a gradient still on its way.
  * REQUIRES: the model and plane outlive the copy (wait for the ticket). */
 LOHAN_CLIENT_API int lohan_model_grad_ready_from_device(
     lohan_model* model, uint32_t layer, const void* device_source,
     uint64_t bytes, void* cuda_stream, uint64_t* ticket);
 /* Enqueues on `cuda_stream` a copy of the layer's weight buffer to
  * `device_destination`; work enqueued after it on the stream sees the
- * weights. */
+ * weights. The buffer counts as in use until the copy has read it: a
+ * FETCH_PARAMS that would refill it (a buffer shared by several layers)
+ * waits for that. Resident 16-bit weights are rewritten by the daemon's
+ * update after the layer's GRAD_READY: enqueue that GRAD_READY's copy on the
+ * same stream (or after a sync), as the loop above does. */
 LOHAN_CLIENT_API int lohan_model_weights_to_device(const lohan_model* model,
                                                    uint32_t layer,
                                                    void* device_destination,

@@ -201,7 +201,7 @@ class ActivationStore:
         the compute stream has produced the tensor, so the copy overlaps
         the next kernels; returns it with the copy's event."""
         device = tensor.device
-        stream = copy_stream(device)
+        stream = copy_stream(device, outbound=True)
         produced = torch.cuda.Event()
         produced.record(torch.cuda.current_stream(device))
         host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
@@ -499,8 +499,17 @@ def _offloaded_forward(original: Callable, store: ActivationStore,
         kept = [None if i in set(stored) else leaf
                 for i, leaf in enumerate(leaves)]
         replay = _Replay(original, spec, kept, stored, store, weights)
-        devices = sorted({t.device.index or 0 for t in inputs
-                          if t.device.type == "cuda"})
+        # Every GPU a tensor of the call is on (keyword ones too: a block
+        # given its hidden states by keyword still draws dropout masks on
+        # their device), else the current one if CUDA is in use: the
+        # recompute must replay the same RNG.
+        devices = sorted({
+            leaf.device.index if leaf.device.index is not None
+            else torch.cuda.current_device()
+            for leaf in leaves
+            if isinstance(leaf, torch.Tensor) and leaf.device.type == "cuda"})
+        if not devices and torch.cuda.is_initialized():
+            devices = [torch.cuda.current_device()]
         if devices:
             replay.capture_cuda_rng(devices)
         tensors = _OffloadedBlock.apply(replay, anchor, *inputs)

@@ -109,6 +109,12 @@ class Layer:
         self.offsets.append(self.numel)
         self.numel += param.numel()
 
+    def sizes(self) -> List[int]:
+        """Elements of each parameter, from the layout: an offloaded
+        parameter's tensor is an empty placeholder between uses."""
+        ends = self.offsets[1:] + [self.numel]
+        return [end - begin for begin, end in zip(self.offsets, ends)]
+
 
 def plan_layers(model: nn.Module, blocks: List[nn.Module]) -> List[Layer]:
     """Layer 0 is the rest layer (absent when empty), then one layer per

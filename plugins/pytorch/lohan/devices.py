@@ -1,6 +1,7 @@
-"""Side streams for copies between host memory and a GPU, one per device,
-shared by the engine's parts (weights in, block inputs out), so copies
-overlap the compute stream's kernels."""
+"""Side streams for copies between host memory and a GPU, two per device
+(host to device: weights in; device to host: gradients and block inputs
+out), shared by the engine's parts, so copies overlap the compute stream's
+kernels and copies in one direction do not queue behind the other's."""
 
 from __future__ import annotations
 
@@ -8,16 +9,18 @@ from typing import Any, Dict, Tuple
 
 import torch
 
-_COPY_STREAMS: Dict[int, Any] = {}
+_COPY_STREAMS: Dict[Tuple[int, bool], Any] = {}
 
 
-def copy_stream(device: torch.device) -> "torch.cuda.Stream":
-    """The copy stream of a CUDA `device` (made on first use)."""
+def copy_stream(device: torch.device,
+                outbound: bool = False) -> "torch.cuda.Stream":
+    """The copy stream of a CUDA `device` into it, or with `outbound` out
+    of it (made on first use)."""
     index = device.index if device.index is not None else (
         torch.cuda.current_device())
-    stream = _COPY_STREAMS.get(index)
+    stream = _COPY_STREAMS.get((index, outbound))
     if stream is None:
-        stream = _COPY_STREAMS[index] = torch.cuda.Stream(index)
+        stream = _COPY_STREAMS[(index, outbound)] = torch.cuda.Stream(index)
     return stream
 
 

@@ -29,6 +29,7 @@ from lohan.blocks import (BlocksArg, Layer, WIRE_NAMES, find_blocks,
 from lohan.checkpoint import (CheckpointReader, parameter_aliases,
                               write_checkpoint)
 from lohan.client import Client, LohanError, StatusCode
+from lohan.devices import copy_stream
 from lohan.hooks import GradientRouter, has_lohan_hook
 from lohan.params import Both, FrozenWeights, ParameterResidency
 from lohan.params import resolve_mode as resolve_params_mode
@@ -549,15 +550,22 @@ class Engine:
 
     def _device_grad_ready(self, layer: int, flat: torch.Tensor) -> None:
         """`flat`: the layer's gradients back to back on the GPU. The copy
-        into the layer's slot runs on the current stream; the C library
-        posts GRAD_READY from a host function once it is done, so the
-        Python thread goes on with backward at once."""
+        into the layer's slot runs on the outbound copy stream once the
+        compute stream has produced them, so backward's next kernels do
+        not wait for it; the C library posts GRAD_READY from a host
+        function once it is done, so the Python thread goes on at once."""
         if not self._in_iteration:
             self._begin_iteration()
-        stream = torch.cuda.current_stream(flat.device).cuda_stream
+        side = copy_stream(flat.device, outbound=True)
+        # Everything queued on the compute stream so far comes first: the
+        # gradients, and the waits for this layer's weight copies out of
+        # the arena (the update that follows GRAD_READY rewrites them).
+        side.wait_stream(torch.cuda.current_stream(flat.device))
+        # Its memory must not be reused before the copy has read it.
+        flat.record_stream(side)
         self._grad_tickets.append(self._remote.grad_ready_from_device(
             layer, flat.data_ptr(), flat.numel() * flat.element_size(),
-            stream))
+            side.cuda_stream))
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """`loss.backward(**kwargs)`, with the loss multiplied by
@@ -761,12 +769,33 @@ class Engine:
         if self._closed:
             raise RuntimeError("lohan: this engine is closed")
 
+    def _settle_device_copies(self, timeout: float = 60.0) -> None:
+        """Before the arena is unpinned and unmapped: lets every gradient
+        copy from a GPU land and its GRAD_READY go out (a step cut short
+        by an exception in backward leaves some in flight)."""
+        if getattr(self, "_cuda", False):  # close() of a half-made engine
+            devices = {p.device for layer in self.layers for p in layer.params
+                       if p.device.type == "cuda"}
+            for device in devices:
+                try:
+                    torch.cuda.synchronize(device)
+                except RuntimeError:
+                    pass  # a broken context copies nothing any more
+        if getattr(self, "_remote", None) is None:
+            return
+        for ticket in self._take_grad_tickets():
+            try:
+                self._remote.wait(ticket, timeout=timeout)
+            except LohanError:
+                pass  # failed, the daemon is gone, or never to be posted
+
     def close(self) -> None:
         """Removes the hooks and detaches from the job (its states stay with
         the daemon for a resume). An unfinished step is rolled back."""
         if self._closed:
             return
         self._closed = True
+        self._settle_device_copies()
         if self._frozen is not None:
             self._frozen.restore_all()
             self._frozen = None

@@ -79,20 +79,23 @@ class GradientRouter:
         missing = [name for name, param in zip(spec.names, spec.params)
                    if param.grad is None]
         device = spec.params[0].device
+        # Sizes from the layout: a parameter whose weights are offloaded is
+        # an empty placeholder here when it got no gradient.
+        sizes = spec.sizes()
         if device.type == "cuda" and self._device_grad_ready is not None:
             flat = torch.cat([
                 (param.grad if param.grad is not None else
-                 torch.zeros(param.numel(), dtype=self._grad_views[layer].dtype,
+                 torch.zeros(size, dtype=self._grad_views[layer].dtype,
                              device=device)).reshape(-1)
-                for param in spec.params])
+                for param, size in zip(spec.params, sizes)])
             for param in spec.params:
                 param.grad = None
         else:
             flat = None
             self._claim(layer)
             view = self._grad_views[layer]
-            for param, offset in zip(spec.params, spec.offsets):
-                target = view[offset:offset + param.numel()]
+            for param, offset, size in zip(spec.params, spec.offsets, sizes):
+                target = view[offset:offset + size]
                 if param.grad is None:
                     target.zero_()
                 else:

@@ -153,7 +153,15 @@ class FrozenWeights:
                 tensor, event = self._copy(home, placeholder.device)
                 if event is not None:
                     event.synchronize()
+                    _owned_by_compute_stream(tensor)
                 param.data = tensor
+
+
+def _owned_by_compute_stream(tensor: torch.Tensor) -> None:
+    """`tensor` was made on a copy stream and stays as a parameter's
+    storage: when it is freed, the allocator must also wait for the compute
+    stream's kernels that used it before handing the memory out again."""
+    tensor.record_stream(torch.cuda.current_stream(tensor.device))
 
 
 class Travel:
@@ -410,6 +418,7 @@ class ParameterResidency:
                                               layer.index][0].device)
             if event is not None:
                 event.synchronize()
+                _owned_by_compute_stream(flat)
             self._assign(layer, flat)
 
     def release_all(self) -> None:

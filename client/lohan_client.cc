@@ -444,6 +444,37 @@ void ReleaseWhenCopied(void* argument, absl::Status) {
   pending->plane->Cancel(pending->ticket);
 }
 
+// Reserves the entry's arena bytes (its slot), then enqueues on `stream` the
+// copy between them and `device` (to the host: a gradient, GRAD_READY
+// submitted once it is done; else weights, the bytes released once read).
+// The reservation's ticket, or the error, with nothing left in flight.
+absl::StatusOr<lohan::DataPlane::Ticket> CopyHoldingBuffer(
+    lohan::DataPlane* plane, const lohan::SubmissionEntry& entry, bool to_host,
+    void* device, void* stream) {
+  absl::StatusOr<lohan::DataPlane::Ticket> reserved =
+      plane->Reserve(entry.slot_offset, entry.length, kRingCallTimeout);
+  if (!reserved.ok()) return reserved.status();
+  auto pending = std::unique_ptr<PendingCopy>(
+      new (std::nothrow) PendingCopy{plane, *reserved, entry});
+  if (pending == nullptr) {
+    plane->Cancel(*reserved);
+    return absl::ResourceExhaustedError("out of memory");
+  }
+  uint8_t* buffer = plane->arena() + entry.slot_offset;
+  absl::Status copied =
+      to_host
+          ? lohan::cuda::CopyToHostThen(buffer, device, entry.length, stream,
+                                        &SubmitWhenCopied, pending.get())
+          : lohan::cuda::CopyToDeviceThen(device, buffer, entry.length, stream,
+                                          &ReleaseWhenCopied, pending.get());
+  if (!copied.ok()) {
+    plane->Cancel(*reserved);  // nothing is in flight: the bytes are free
+    return copied;
+  }
+  (void)pending.release();  // the callback owns it now
+  return *reserved;
+}
+
 }  // namespace
 
 int lohan_model_register(lohan_client* client, lohan_data_plane* plane,
@@ -893,23 +924,9 @@ int lohan_model_grad_ready_from_device(lohan_model* model, uint32_t layer,
   // buffer (which may be shared with other layers: then this waits until
   // the last request using it has completed).
   absl::StatusOr<lohan::DataPlane::Ticket> reserved =
-      model->plane->Reserve(entry.slot_offset, entry.length, kRingCallTimeout);
+      CopyHoldingBuffer(model->plane, entry, /*to_host=*/true,
+                        const_cast<void*>(device_source), cuda_stream);
   if (!reserved.ok()) return Report(reserved.status());
-  auto pending = std::unique_ptr<PendingCopy>(
-      new (std::nothrow) PendingCopy{model->plane, *reserved, entry});
-  if (pending == nullptr) {
-    model->plane->Cancel(*reserved);
-    return Report(absl::ResourceExhaustedError("out of memory"));
-  }
-  if (absl::Status copied = lohan::cuda::CopyToHostThen(
-          model->plane->arena() + entry.slot_offset, device_source, bytes,
-          cuda_stream, &SubmitWhenCopied, pending.get());
-      !copied.ok()) {
-    // Nothing is in flight: the buffer is free again.
-    model->plane->Cancel(*reserved);
-    return Report(copied);
-  }
-  (void)pending.release();  // SubmitWhenCopied owns it now.
   *ticket = *reserved;
   return Report(absl::OkStatus());
 }
@@ -933,24 +950,9 @@ int lohan_model_weights_to_device(const lohan_model* model, uint32_t layer,
   }
   // Held until the copy has read the buffer, so a FETCH_PARAMS that would
   // refill it (a weight buffer shared by several layers) waits for that.
-  absl::StatusOr<lohan::DataPlane::Ticket> reserved =
-      model->plane->Reserve(entry.slot_offset, entry.length, kRingCallTimeout);
-  if (!reserved.ok()) return Report(reserved.status());
-  auto pending = std::unique_ptr<PendingCopy>(
-      new (std::nothrow) PendingCopy{model->plane, *reserved, entry});
-  if (pending == nullptr) {
-    model->plane->Cancel(*reserved);
-    return Report(absl::ResourceExhaustedError("out of memory"));
-  }
-  if (absl::Status copied = lohan::cuda::CopyToDeviceThen(
-          device_destination, model->plane->arena() + entry.slot_offset, bytes,
-          cuda_stream, &ReleaseWhenCopied, pending.get());
-      !copied.ok()) {
-    model->plane->Cancel(*reserved);
-    return Report(copied);
-  }
-  (void)pending.release();  // ReleaseWhenCopied owns it now.
-  return Report(absl::OkStatus());
+  return Report(CopyHoldingBuffer(model->plane, entry, /*to_host=*/false,
+                                  device_destination, cuda_stream)
+                    .status());
 }
 
 }  // extern "C"

@@ -101,19 +101,21 @@ class Layer:
     names: List[str] = field(default_factory=list)
     params: List[nn.Parameter] = field(default_factory=list)
     offsets: List[int] = field(default_factory=list)
+    # Each parameter's shape as registered: an offloaded parameter's tensor
+    # is an empty placeholder between uses, so go by these, not by it.
+    shapes: List[torch.Size] = field(default_factory=list)
     numel: int = 0
 
     def add(self, name: str, param: nn.Parameter) -> None:
         self.names.append(name)
         self.params.append(param)
         self.offsets.append(self.numel)
+        self.shapes.append(param.shape)
         self.numel += param.numel()
 
     def sizes(self) -> List[int]:
-        """Elements of each parameter, from the layout: an offloaded
-        parameter's tensor is an empty placeholder between uses."""
-        ends = self.offsets[1:] + [self.numel]
-        return [end - begin for begin, end in zip(self.offsets, ends)]
+        """Elements of each parameter (see shapes)."""
+        return [shape.numel() for shape in self.shapes]
 
 
 def plan_layers(model: nn.Module, blocks: List[nn.Module]) -> List[Layer]:

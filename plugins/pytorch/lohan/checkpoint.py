@@ -101,9 +101,9 @@ def write_checkpoint(directory: Union[str, os.PathLike],
 
     def declare(prefixes: List[str]) -> List[Tuple[str, torch.Size]]:
         # Per layer, every part of it: the order the data is read in.
-        return [(prefix + name, param.shape)
+        return [(prefix + name, shape)
                 for layer in layers for prefix in prefixes
-                for name, param in zip(layer.names, layer.params)]
+                for name, shape in zip(layer.names, layer.shapes)]
 
     moments = [p for p in parts if p != "weights"]
     files = [(WEIGHTS_FILE, ["weights"])]
@@ -118,8 +118,7 @@ def write_checkpoint(directory: Union[str, os.PathLike],
                 for part, prefix in zip(file_parts, prefixes):
                     flat = read_layer(layer, part)
                     for name, offset, shape in zip(
-                            layer.names, layer.offsets,
-                            [p.shape for p in layer.params]):
+                            layer.names, layer.offsets, layer.shapes):
                         writer.write(prefix + name,
                                      flat[offset:offset + shape.numel()])
             writer.close()

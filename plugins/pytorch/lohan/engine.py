@@ -303,11 +303,11 @@ class Engine:
             picks = lambda name, param: id(param) in chosen  # noqa: E731
         ranges: List[Tuple[int, int, int]] = []
         for layer in self.layers:
-            for name, param, offset in zip(layer.names, layer.params,
-                                           layer.offsets):
+            for name, param, offset, size in zip(layer.names, layer.params,
+                                                 layer.offsets, layer.sizes()):
                 if not picks(name, param):
                     continue
-                end = offset + param.numel()
+                end = offset + size
                 if ranges and ranges[-1][0] == layer.index and (
                         ranges[-1][2] == offset):
                     ranges[-1] = (layer.index, ranges[-1][1], end)
@@ -457,19 +457,19 @@ class Engine:
 
         def flat(layer: Layer, part: str) -> torch.Tensor:
             values = []
-            for name, param in zip(layer.names, layer.params):
+            for name, param, shape in zip(layer.names, layer.params,
+                                          layer.shapes):
                 found = checkpoint.find(aliases.get(id(param), [name]), part)
                 if found is None:
                     raise LohanError(
                         StatusCode.NOT_FOUND,
                         f"{checkpoint.path}: no {part} for parameter {name} "
                         "(the checkpoint is of another model?)")
-                if tuple(found.shape) != tuple(param.shape):
+                if tuple(found.shape) != tuple(shape):
                     raise LohanError(
                         StatusCode.INVALID_ARGUMENT,
                         f"{checkpoint.path}: {name} ({part}) has shape "
-                        f"{tuple(found.shape)}, the model's "
-                        f"{tuple(param.shape)}")
+                        f"{tuple(found.shape)}, the model's {tuple(shape)}")
                 values.append(found.reshape(-1).to(torch.float32))
             return torch.cat(values)
 
@@ -508,9 +508,9 @@ class Engine:
     @staticmethod
     def _copy_into_params(layer: Layer, flat: torch.Tensor) -> None:
         with torch.no_grad():
-            for param, offset in zip(layer.params, layer.offsets):
-                param.copy_(flat[offset:offset + param.numel()]
-                            .view(param.shape))
+            for param, offset, shape in zip(layer.params, layer.offsets,
+                                            layer.shapes):
+                param.copy_(flat[offset:offset + shape.numel()].view(shape))
 
     # -------------------------------------------------------------- training
 
@@ -721,10 +721,10 @@ class Engine:
         weights: Dict[str, torch.Tensor] = {}
         for layer in self.layers:
             self._remote.read_weights(layer.index)
-            for name, param, offset in zip(layer.names, layer.params,
-                                           layer.offsets):
-                weights[name] = (self._staging[offset:offset + param.numel()]
-                                 .clone().view(param.shape))
+            for name, offset, shape in zip(layer.names, layer.offsets,
+                                           layer.shapes):
+                weights[name] = (self._staging[offset:offset + shape.numel()]
+                                 .clone().view(shape))
         return weights
 
     def save(self, directory: Union[str, os.PathLike],

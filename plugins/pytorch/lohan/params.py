@@ -231,9 +231,7 @@ class ParameterResidency:
         self._position: Dict[int, int] = {
             l.index: n for n, l in enumerate(blocks)}
         self._placeholders: Dict[int, List[torch.Tensor]] = {}
-        self._shapes: Dict[int, List[torch.Size]] = {}
         for layer in blocks:
-            self._shapes[layer.index] = [p.shape for p in layer.params]
             self._placeholders[layer.index] = [
                 torch.empty(0, dtype=p.dtype, device=p.device)
                 for p in layer.params]
@@ -396,7 +394,7 @@ class ParameterResidency:
     def _assign(self, layer: Layer, flat: torch.Tensor) -> None:
         """The layer's parameters become views of `flat`."""
         for param, offset, shape in zip(layer.params, layer.offsets,
-                                        self._shapes[layer.index]):
+                                        layer.shapes):
             param.data = flat[offset:offset + shape.numel()].view(shape)
 
     def _drop(self, layer: Layer) -> None:

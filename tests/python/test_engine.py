@@ -841,6 +841,48 @@ def test_frozen_block_weights_are_offloaded_too(lohand):
         assert torch.equal(weight, runs["offload"][1][name]), name
 
 
+@pytest.mark.parametrize("make", [tiny_gpt, _LoraModel])
+def test_state_dict_of_offloaded_blocks_holds_the_weights(lohand, make):
+    """Between uses an offloaded block's parameters are empty placeholders;
+    model.state_dict() (and so torch.save, save_pretrained) still holds
+    every weight, equal to the resident run's, and loads into a fresh
+    model. In the middle of a step it refuses, saying why."""
+    def ids(step: int) -> torch.Tensor:
+        if make is tiny_gpt:
+            return batches(1, seed=step)[0, 0]
+        return torch.randn(8, 16,
+                           generator=torch.Generator().manual_seed(step))
+
+    def loss_of(model: nn.Module, step: int) -> torch.Tensor:
+        if make is tiny_gpt:
+            return lm_loss(model, ids(step))
+        return model(ids(step)).pow(2).mean()
+
+    states = {}
+    for params in ("resident", "offload"):
+        model = make()
+        with engine_for(model, lohand, job_name=f"sd-{make.__name__}-{params}",
+                        params=params) as engine:
+            for step in range(2):
+                loss_of(model, step).backward()
+                engine.step()
+            state = model.state_dict()
+            if params == "offload":
+                loss_of(model, 2).backward()
+                with pytest.raises(RuntimeError, match="middle of a step"):
+                    model.state_dict()
+                engine.zero_grad()
+        states[params] = state
+    resident, offload = states["resident"], states["offload"]
+    assert sorted(resident) == sorted(offload)
+    for key, value in resident.items():
+        assert torch.equal(value, offload[key]), key
+    fresh = make()
+    fresh.load_state_dict(offload)
+    for key, value in fresh.state_dict().items():
+        assert torch.equal(value, resident[key]), key
+
+
 def test_params_offload_needs_the_offload_activation_policy(lohand):
     with pytest.raises(ValueError, match="activations='offload'"):
         lohan.init(tiny_gpt(), socket=lohand.socket, job_name="po-keep",
@@ -1081,6 +1123,13 @@ def test_model_without_repeated_blocks_asks_for_blocks(tmp_path):
     with pytest.raises(ValueError, match="no such submodule"):
         lohan.init(tiny_gpt(), blocks="nope",
                    socket=str(tmp_path / "unused.sock"))
+
+
+def test_a_model_split_over_devices_is_refused(tmp_path):
+    model = tiny_gpt()
+    model.head.weight = nn.Parameter(model.head.weight.detach().to("meta"))
+    with pytest.raises(ValueError, match="on cpu, meta; one engine trains"):
+        lohan.init(model, lr=LR, socket=str(tmp_path / "none.sock"))
 
 
 def test_unsupported_dtypes_are_refused(tmp_path):

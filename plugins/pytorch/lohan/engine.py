@@ -123,6 +123,15 @@ class Engine:
         self.eps = float(eps)
         self.weight_decay = float(weight_decay)
         self._optimizer: Any = None
+        devices = sorted({str(p.device) for p in model.parameters()})
+        if len(devices) > 1:
+            # Autograd runs each device's backward on its own thread, and
+            # the engine's hooks keep per-step state that is not locked.
+            raise ValueError(
+                f"lohan: the model's parameters are on {', '.join(devices)}; "
+                "one engine trains a model on one device: move it there "
+                "first (lohan offloads what does not fit, to host memory "
+                "and SSDs)")
         self.blocks = find_blocks(model, blocks)
         self.layers: List[Layer] = plan_layers(model, self.blocks)
         self.dtype: torch.dtype = resolve_dtype(dtype, self.layers)
@@ -263,6 +272,11 @@ class Engine:
                                                  self._weight_views)
             self._residency.release_all()
             self._frozen = FrozenWeights(self.blocks)
+            self._state_dict_hooks = [
+                block.register_state_dict_post_hook(
+                    self._offloaded_state_dict(
+                        self._residency.layer_of(block)))
+                for block in self.blocks]
         if activations == "offload":
             area = (torch.frombuffer(self._remote.activations,
                                      dtype=torch.uint8)
@@ -273,6 +287,45 @@ class Engine:
             model, self.blocks, activations, self._activations,
             Both(self._residency, self._frozen) if self._residency else None)
         self._delete_on_failure = False
+
+    def _offloaded_state_dict(
+            self, layer: Optional[Layer]) -> Callable[..., None]:
+        """A state_dict post-hook for an offloaded block: between uses its
+        parameters are empty placeholders, so the entries state_dict made
+        of them are replaced by the weights themselves (host tensors: the
+        daemon's current 16-bit weights, the frozen ones' host copies).
+        model.state_dict(), torch.save and save_pretrained then see the
+        model as it is, not the placeholders. `layer`: the block's trained
+        parameters (None: it has only frozen ones)."""
+        where = {} if layer is None else {
+            id(param): (offset, shape) for param, offset, shape in zip(
+                layer.params, layer.offsets, layer.shapes)}
+
+        def hook(block: nn.Module, state: Dict[str, Any], prefix: str,
+                 metadata: Any) -> None:
+            if self._closed:
+                return
+            frozen = self._frozen.homes(block) if self._frozen else {}
+            flat: Optional[torch.Tensor] = None
+            for name, param in block.named_parameters(remove_duplicate=False):
+                key = prefix + name
+                if key not in state or param.numel() > 0:
+                    continue  # not saved, or materialized: already right
+                if id(param) in frozen:
+                    state[key] = frozen[id(param)]
+                    continue
+                if id(param) not in where:
+                    continue
+                if self._in_iteration:
+                    raise RuntimeError(
+                        "lohan: state_dict() of a model with offloaded "
+                        "block weights in the middle of a step (the daemon "
+                        "is updating them); call it after engine.step()")
+                if flat is None:
+                    flat = self._residency.current_weights(layer)
+                offset, shape = where[id(param)]
+                state[key] = flat[offset:offset + shape.numel()].view(shape)
+        return hook
 
     # ----------------------------------------------------------------- setup
 
@@ -796,6 +849,8 @@ class Engine:
             return
         self._closed = True
         self._settle_device_copies()
+        for handle in getattr(self, "_state_dict_hooks", []):
+            handle.remove()
         if self._frozen is not None:
             self._frozen.restore_all()
             self._frozen = None

@@ -13,8 +13,8 @@ params=...)`).
   when its gradients have been handed over) the parameters go back to the
   placeholder. Device memory then holds the weights of the block running,
   not of the model; `engine.master_weights()` / `engine.save()` read the
-  weights from the daemon, and `model.state_dict()` shows placeholders for
-  offloaded blocks.
+  weights from the daemon, and `model.state_dict()` gets the weights in
+  place of the placeholders from a hook (engine.py), as host tensors.
 """
 
 from __future__ import annotations
@@ -84,6 +84,11 @@ class FrozenWeights:
 
     def __bool__(self) -> bool:
         return bool(self._order)
+
+    def homes(self, block: nn.Module) -> Dict[int, torch.Tensor]:
+        """The block's frozen parameters' host copies, by id(param)."""
+        return {id(param): home
+                for param, home, _ in self._homes.get(id(block), [])}
 
     @staticmethod
     def _copy(home: torch.Tensor,
@@ -255,6 +260,11 @@ class ParameterResidency:
     @property
     def layers(self) -> List[Layer]:
         return list(self._order)
+
+    def current_weights(self, layer: Layer) -> torch.Tensor:
+        """The layer's current weights, flat, in a private host tensor (for
+        a state_dict between steps)."""
+        return self._fetch(layer).clone()
 
     def layer_of(self, block: nn.Module) -> Optional[Layer]:
         return self._by_block.get(id(block))

@@ -417,6 +417,28 @@ int LayerEntry(const lohan_model* model, lohan::RingOp op, uint32_t layer,
   return LOHAN_OK;
 }
 
+// (layer, begin, end) triples into `ranges`; INVALID_ARGUMENT for a layer
+// that cannot be one (the daemon checks the rest).
+absl::Status CopyRanges(
+    const uint64_t* triples, uint32_t count, absl::string_view what,
+    uint32_t layers,
+    google::protobuf::RepeatedPtrField<lohan::v1::ElementRange>* ranges) {
+  for (uint32_t i = 0; i < count; ++i) {
+    const uint64_t* triple = triples + 3 * size_t{i};
+    if (triple[0] > UINT32_MAX) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("lohan_model_register: ", what, " range ", i, " (layer ",
+                       triple[0], ", [", triple[1], ", ", triple[2],
+                       ")): the model has ", layers, " layers"));
+    }
+    lohan::v1::ElementRange* range = ranges->Add();
+    range->set_layer(static_cast<uint32_t>(triple[0]));
+    range->set_begin(triple[1]);
+    range->set_end(triple[2]);
+  }
+  return absl::OkStatus();
+}
+
 // A copy between the GPU and the arena, holding the arena bytes it touches
 // (a reserved ticket) until it is done. For a gradient, its GRAD_READY is
 // then submitted; for weights, the bytes are just released. Runs from a
@@ -505,6 +527,11 @@ int lohan_model_register(lohan_client* client, lohan_data_plane* plane,
                                sizeof(spec->num_no_weight_decay);
   const uint32_t num_no_weight_decay =
       has_no_weight_decay ? spec->num_no_weight_decay : 0;
+  const bool has_param_groups =
+      spec->struct_size >= offsetof(lohan_model_spec, num_param_groups) +
+                               sizeof(spec->num_param_groups);
+  const uint32_t num_param_groups =
+      has_param_groups ? spec->num_param_groups : 0;
   if (spec->num_layers == 0 || spec->layer_elements == nullptr) {
     return InvalidArgument("lohan_model_register: a model needs layers");
   }
@@ -513,6 +540,21 @@ int lohan_model_register(lohan_client* client, lohan_data_plane* plane,
         absl::StrCat("lohan_model_register: spec->no_weight_decay is NULL but "
                      "num_no_weight_decay is ",
                      num_no_weight_decay)));
+  }
+  if (num_param_groups != 0 && spec->param_groups == nullptr) {
+    return Report(absl::InvalidArgumentError(
+        absl::StrCat("lohan_model_register: spec->param_groups is NULL but "
+                     "num_param_groups is ",
+                     num_param_groups)));
+  }
+  for (uint32_t g = 0; g < num_param_groups; ++g) {
+    if (spec->param_groups[g].num_ranges != 0 &&
+        spec->param_groups[g].ranges == nullptr) {
+      return Report(absl::InvalidArgumentError(
+          absl::StrCat("lohan_model_register: param_groups[", g,
+                       "].ranges is NULL but num_ranges is ",
+                       spec->param_groups[g].num_ranges)));
+    }
   }
   lohan::v1::RegisterModelRequest request;
   request.set_job_id(job_id);
@@ -538,18 +580,23 @@ int lohan_model_register(lohan_client* client, lohan_data_plane* plane,
   model_spec->set_weight_slots(has_slots ? spec->weight_slots : 0);
   model_spec->set_initial_iteration(
       has_initial_iteration ? spec->initial_iteration : 0);
-  for (uint32_t i = 0; i < num_no_weight_decay; ++i) {
-    const uint64_t* triple = spec->no_weight_decay + 3 * size_t{i};
-    if (triple[0] > UINT32_MAX) {
-      return Report(absl::InvalidArgumentError(
-          absl::StrCat("lohan_model_register: no_weight_decay range ", i,
-                       " (layer ", triple[0], ", [", triple[1], ", ", triple[2],
-                       ")): the model has ", spec->num_layers, " layers")));
+  if (absl::Status copied = CopyRanges(
+          spec->no_weight_decay, num_no_weight_decay, "no_weight_decay",
+          spec->num_layers, model_spec->mutable_no_weight_decay());
+      !copied.ok()) {
+    return Report(copied);
+  }
+  for (uint32_t g = 0; g < num_param_groups; ++g) {
+    const lohan_param_group& from = spec->param_groups[g];
+    lohan::v1::ParamGroup* group = model_spec->add_param_groups();
+    group->set_lr_scale(from.lr_scale);
+    group->set_weight_decay(from.weight_decay);
+    if (absl::Status copied = CopyRanges(
+            from.ranges, from.num_ranges, absl::StrCat("param_groups[", g, "]"),
+            spec->num_layers, group->mutable_ranges());
+        !copied.ok()) {
+      return Report(copied);
     }
-    lohan::v1::ElementRange* range = model_spec->add_no_weight_decay();
-    range->set_layer(static_cast<uint32_t>(triple[0]));
-    range->set_begin(triple[1]);
-    range->set_end(triple[2]);
   }
   auto registration = client->impl->RegisterModel(request);
   if (!registration.ok()) return Report(registration.status());

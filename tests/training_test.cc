@@ -14,6 +14,7 @@
 #include <cmath>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -387,6 +388,66 @@ TEST_F(TrainingTest, RegisterModelRefusesBadNoWeightDecayRanges) {
   // In any order, touching, up to a layer's last element: registered.
   auto registered = client.RegisterModel(
       request({{1, 0, 50}, {0, 90, 100}, {0, 0, 10}, {0, 10, 12}}));
+  EXPECT_TRUE(registered.ok()) << registered.status() << daemon_->Log();
+}
+
+TEST_F(TrainingTest, RegisterModelRefusesBadParamGroups) {
+  OpenJob opened;
+  ASSERT_NO_FATAL_FAILURE(Open("groups", 1 << 20, opened));
+  ControlClient& client = *opened.client;
+  struct Group {
+    double lr_scale;
+    double weight_decay;
+    std::vector<std::array<uint64_t, 3>> ranges;
+  };
+  auto request = [&](const std::vector<Group>& groups) {
+    v1::RegisterModelRequest r =
+        ModelRequest(opened.job.id(), {100, 50}, v1::DTYPE_BF16);
+    v1::ElementRange* exempt = r.mutable_model()->add_no_weight_decay();
+    exempt->set_layer(0);
+    exempt->set_begin(0);
+    exempt->set_end(10);
+    for (const Group& g : groups) {
+      v1::ParamGroup* group = r.mutable_model()->add_param_groups();
+      group->set_lr_scale(g.lr_scale);
+      group->set_weight_decay(g.weight_decay);
+      for (const auto& [layer, begin, end] : g.ranges) {
+        v1::ElementRange* range = group->add_ranges();
+        range->set_layer(static_cast<uint32_t>(layer));
+        range->set_begin(begin);
+        range->set_end(end);
+      }
+    }
+    return r;
+  };
+  struct Case {
+    std::vector<Group> groups;
+    std::string message;
+  };
+  const Case cases[] = {
+      {{{0.5, 0.0, {{3, 0, 1}}}},
+       "param_groups[0] range 0 (layer 3, [0, 1)): the model has 2 layers"},
+      {{{0.5, 0.0, {{0, 20, 30}}}, {2.0, 0.1, {{0, 25, 40}}}},
+       "param_groups[1] range [25, 40) of layer 0 overlaps [20, 30) "
+       "(param_groups[0])"},
+      {{{0.5, 0.0, {{0, 5, 15}}}},
+       "param_groups[0] range [5, 15) of layer 0 overlaps [0, 10) "
+       "(no_weight_decay)"},
+      {{{-0.5, 0.0, {{1, 0, 5}}}},
+       "param_groups[0] has lr_scale -0.5 and weight_decay 0; both must be "
+       "finite and >= 0"},
+      {{{1.0, std::numeric_limits<double>::infinity(), {{1, 0, 5}}}},
+       "param_groups[0] has lr_scale 1 and weight_decay inf"},
+      {{{1.0, 0.0, {{1, 7, 7}}}},
+       "param_groups[0] range [7, 7) of layer 1 is empty"},
+  };
+  for (const Case& c : cases) {
+    absl::Status status = client.RegisterModel(request(c.groups)).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_THAT(std::string(status.message()), HasSubstr(c.message));
+  }
+  auto registered = client.RegisterModel(request(
+      {{0.5, 0.0, {{0, 10, 20}, {1, 0, 50}}}, {3.0, 0.2, {{0, 90, 100}}}}));
   EXPECT_TRUE(registered.ok()) << registered.status() << daemon_->Log();
 }
 

@@ -390,9 +390,10 @@ absl::StatusOr<StepStats> JobPipeline::StepChunk(const Task& task) const {
   const size_t grad_size = DTypeSize(layout_.grad_dtype);
   AdamOptions adam = layout_.adam;
   adam.lr = task.lr;
-  // The chunk's pieces with and without weight decay (one, the whole
-  // chunk, unless no_weight_decay ranges fall in it), each one Step from
-  // the same committed step, with its own offset into every buffer.
+  // The chunk's pieces, each with its element group's lr and weight decay
+  // (one piece, the whole chunk, unless group ranges fall in it), each one
+  // Step from the same committed step, with its own offset into every
+  // buffer.
   StepStats total;
   bool first = true;
   for (const StateLayout::Piece& piece :
@@ -415,7 +416,11 @@ absl::StatusOr<StepStats> JobPipeline::StepChunk(const Task& task) const {
     HalfOutput out{task.out == nullptr ? nullptr : task.out + at * 2,
                    layout_.weight16_dtype};
     AdamOptions piece_adam = adam;
-    if (piece.no_weight_decay) piece_adam.weight_decay = 0.0;
+    if (piece.group != StateLayout::kNoGroup) {
+      const ElementGroup& group = state_.group(piece.group);
+      piece_adam.lr = adam.lr * group.lr_scale;
+      piece_adam.weight_decay = group.weight_decay;
+    }
     absl::StatusOr<StepStats> stats =
         updater_.Step(piece_adam, tensor, grad, out);
     if (!stats.ok()) return stats.status();

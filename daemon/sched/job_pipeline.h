@@ -304,8 +304,8 @@ class JobPipeline {
   void ToWeight16(const float* weights, uint64_t count, uint16_t* out) const;
 
   // The Adam update of an update task's chunk (its state in task.buffer):
-  // one AdamUpdater::Step per StateLayout::ChunkPieces piece, weight_decay
-  // 0 on the no_weight_decay ones; the pieces' gradient sums of squares
+  // one AdamUpdater::Step per StateLayout::ChunkPieces piece, with its
+  // element group's lr and weight decay; the pieces' gradient sums of squares
   // added in order, their non-finite flags or-ed.
   absl::StatusOr<StepStats> StepChunk(const Task& task) const;
   // Stage loops, one thread each.

@@ -41,31 +41,39 @@ float FromHalf(uint16_t x, DType dtype) {
 // `step` is the count before this step; g the gradient's exact values.
 // Elements i with no_decay[i] (when given) get weight_decay 0: neither
 // AdamW's decay nor Adam's L2 term.
-void RefAdamStep(const AdamOptions& o, DType moment_dtype, int64_t step,
+// `group` (per element, -1: none) and `groups`: element groups' lr scale
+// and weight decay in place of o's, as the pipeline applies them.
+void RefAdamStep(const AdamOptions& job, DType moment_dtype, int64_t step,
                  const std::vector<float>& g_values, float inv_scale,
-                 RefLayer& L, const std::vector<bool>* no_decay = nullptr) {
+                 RefLayer& L, const std::vector<int>* group = nullptr,
+                 const std::vector<ElementGroup>* groups = nullptr) {
   const double t = static_cast<double>(step + 1);
-  const double bc1 = 1.0 - std::pow(o.beta1, t);
-  const double bc2 = 1.0 - std::pow(o.beta2, t);
-  const float neg_step = static_cast<float>(-(o.lr / bc1));
+  const double bc1 = 1.0 - std::pow(job.beta1, t);
+  const double bc2 = 1.0 - std::pow(job.beta2, t);
   const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-  const float decay = static_cast<float>(
-      o.decoupled_weight_decay ? 1.0 - o.lr * o.weight_decay : 1.0);
-  const float b1 = static_cast<float>(o.beta1);
-  const float omb1 = static_cast<float>(1.0 - o.beta1);
-  const float b2 = static_cast<float>(o.beta2);
-  const float omb2 = static_cast<float>(1.0 - o.beta2);
-  const float eps = static_cast<float>(o.eps);
-  // Adam (not AdamW): g += wd * w.
-  const bool use_l2 = !o.decoupled_weight_decay && o.weight_decay != 0.0;
-  const float l2 = static_cast<float>(o.weight_decay);
+  const float b1 = static_cast<float>(job.beta1);
+  const float omb1 = static_cast<float>(1.0 - job.beta1);
+  const float b2 = static_cast<float>(job.beta2);
+  const float omb2 = static_cast<float>(1.0 - job.beta2);
+  const float eps = static_cast<float>(job.eps);
   const bool bf16 = moment_dtype == DType::kBFloat16;
   auto keep = [&](float x) { return bf16 ? Bf16ToFloat(FloatToBf16(x)) : x; };
   for (size_t i = 0; i < L.w.size(); ++i) {
-    const bool decayed = no_decay == nullptr || !(*no_decay)[i];
+    AdamOptions o = job;
+    if (group != nullptr && (*group)[i] >= 0) {
+      const ElementGroup& g = (*groups)[(*group)[i]];
+      o.lr = job.lr * g.lr_scale;
+      o.weight_decay = g.weight_decay;
+    }
+    const float neg_step = static_cast<float>(-(o.lr / bc1));
+    const float decay = static_cast<float>(
+        o.decoupled_weight_decay ? 1.0 - o.lr * o.weight_decay : 1.0);
+    // Adam (not AdamW): g += wd * w.
+    const bool use_l2 = !o.decoupled_weight_decay && o.weight_decay != 0.0;
+    const float l2 = static_cast<float>(o.weight_decay);
     float g = g_values[i] * inv_scale;
-    float w = decayed ? L.w[i] * decay : L.w[i];
-    if (use_l2 && decayed) g = std::fma(l2, w, g);
+    float w = L.w[i] * decay;
+    if (use_l2) g = std::fma(l2, w, g);
     const float m = std::fma(b1, L.m[i], omb1 * g);
     float v = std::fma(b2, L.v[i], (omb2 * g) * g);
     L.m[i] = keep(m);
@@ -913,8 +921,8 @@ struct NoDecayVariant {
   bool stream_weight16;
 };
 
-class NoWeightDecayTest : public JobPipelineTest,
-                          public ::testing::WithParamInterface<NoDecayVariant> {
+class ElementGroupTest : public JobPipelineTest,
+                         public ::testing::WithParamInterface<NoDecayVariant> {
 };
 
 // SmallLayout's layers {2500, 1000, 37, 4097} in chunks of 1000, with
@@ -928,23 +936,36 @@ std::vector<LayerRange> ExemptRanges() {
           {3, 17, 18}};
 }
 
-TEST_P(NoWeightDecayTest, ExemptElementsMatchReferenceWithoutDecay) {
+// A param group with half the lr and its own weight decay, next to the
+// exempt ranges (touching them: pieces of different groups never merge),
+// covering a chunk exactly and ending at a layer's last exempt range.
+std::vector<LayerRange> ScaledRanges() {
+  return {{0, 7, 130}, {0, 1013, 1500}, {2, 0, 5},
+          {2, 6, 36},  {3, 2000, 2500}, {3, 4001, 4090}};
+}
+
+TEST_P(ElementGroupTest, GroupedElementsMatchReferenceWithTheirOptions) {
   const NoDecayVariant v = GetParam();
   ModelLayout layout = SmallLayout(v.grad_dtype);
   layout.moment_dtype = v.moment_dtype;
   layout.adam.amsgrad = v.amsgrad;
   layout.adam.decoupled_weight_decay = v.adamw;
   layout.adam.weight_decay = 0.1;
-  ASSERT_TRUE(SetNoWeightDecay(ExemptRanges(), layout).ok());
+  ASSERT_TRUE(
+      AddElementGroup(NoWeightDecayGroup(), ExemptRanges(), layout).ok());
+  ASSERT_TRUE(
+      AddElementGroup(ElementGroup{"scaled", 0.5, 0.3}, ScaledRanges(), layout)
+          .ok());
+  ASSERT_TRUE(ValidateLayout(layout).ok());
   const size_t layers = layout.layer_elements.size();
-  // Per element: exempt or not; and how many.
-  std::vector<std::vector<bool>> exempt(layers);
+  // Per element: its group (-1: none); and how many are in one.
+  std::vector<std::vector<int>> exempt(layers);
   size_t exempt_count = 0;
   for (size_t l = 0; l < layers; ++l) {
-    exempt[l].assign(layout.layer_elements[l], false);
-    for (const auto& [begin, end] : layout.no_weight_decay[l]) {
-      for (uint64_t i = begin; i < end; ++i) exempt[l][i] = true;
-      exempt_count += end - begin;
+    exempt[l].assign(layout.layer_elements[l], -1);
+    for (const GroupRange& r : layout.group_ranges[l]) {
+      for (uint64_t i = r.begin; i < r.end; ++i) exempt[l][i] = r.group;
+      exempt_count += r.end - r.begin;
     }
   }
   PipelineOptions options;
@@ -969,7 +990,7 @@ TEST_P(NoWeightDecayTest, ExemptElementsMatchReferenceWithoutDecay) {
   // `mask` (null: every element decayed).
   auto run = [&](JobPipeline& pipeline, const PipelineOptions& opts,
                  const StepInput& in, const ClipOptions& clip,
-                 const std::vector<std::vector<bool>>* mask) {
+                 const std::vector<std::vector<int>>* mask) {
     StepResult r = Step(pipeline, layout, opts, in, clip, out);
     std::mt19937 rng(in.seed);  // Step's gradients, regenerated.
     std::vector<Grad> grads;
@@ -995,7 +1016,8 @@ TEST_P(NoWeightDecayTest, ExemptElementsMatchReferenceWithoutDecay) {
       if (in.lr > 0) adam.lr = in.lr;
       for (size_t l = 0; l < layers; ++l) {
         RefAdamStep(adam, layout.moment_dtype, ref_step, grads[l].values,
-                    inv_scale, ref[l], mask == nullptr ? nullptr : &(*mask)[l]);
+                    inv_scale, ref[l], mask == nullptr ? nullptr : &(*mask)[l],
+                    &layout.groups);
         RefAdamStep(adam, layout.moment_dtype, ref_step, grads[l].values,
                     inv_scale, decayed[l]);
       }
@@ -1038,7 +1060,7 @@ TEST_P(NoWeightDecayTest, ExemptElementsMatchReferenceWithoutDecay) {
   for (size_t l = 0; l < layers; ++l) {
     for (size_t i = 0; i < ref[l].w.size(); ++i) {
       const bool same = std::memcmp(&ref[l].w[i], &decayed[l].w[i], 4) == 0;
-      if (!exempt[l][i]) {
+      if (exempt[l][i] < 0) {
         ASSERT_TRUE(same) << l << "/" << i;
       } else {
         differ += !same;
@@ -1051,7 +1073,8 @@ TEST_P(NoWeightDecayTest, ExemptElementsMatchReferenceWithoutDecay) {
   // without them, and then decays every element.
   p.reset();
   ModelLayout plain = layout;
-  plain.no_weight_decay.clear();
+  plain.groups.clear();
+  plain.group_ranges.clear();
   opened = JobPipeline::Open(store_.get(), *updater_, "job", plain, options);
   ASSERT_TRUE(opened.ok()) << opened.status();
   p = *std::move(opened);
@@ -1065,7 +1088,7 @@ TEST_P(NoWeightDecayTest, ExemptElementsMatchReferenceWithoutDecay) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Variants, NoWeightDecayTest,
+    Variants, ElementGroupTest,
     ::testing::Values(
         // AdamW, resident, each schedule.
         NoDecayVariant{Schedule::kPipelined, DType::kBFloat16, DType::kFloat32,

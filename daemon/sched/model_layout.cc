@@ -1,6 +1,7 @@
 #include "daemon/sched/model_layout.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <utility>
@@ -50,39 +51,57 @@ absl::Status ValidateLayout(const ModelLayout& layout) {
           " chunks of ", layout.chunk_elements, " parameters"));
     }
   }
-  if (!layout.no_weight_decay.empty() &&
-      layout.no_weight_decay.size() != layout.layer_elements.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model layout: no_weight_decay has ranges for ",
-                     layout.no_weight_decay.size(), " layers, not ",
-                     layout.layer_elements.size()));
+  for (const ElementGroup& group : layout.groups) {
+    if (!(group.lr_scale >= 0.0) || !std::isfinite(group.lr_scale) ||
+        !(group.weight_decay >= 0.0) || !std::isfinite(group.weight_decay)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model layout: ", group.name, " has lr_scale ",
+                       group.lr_scale, " and weight_decay ", group.weight_decay,
+                       "; both must be finite and >= 0"));
+    }
   }
-  for (size_t l = 0; l < layout.no_weight_decay.size(); ++l) {
-    const auto& ranges = layout.no_weight_decay[l];
+  if (!layout.group_ranges.empty() &&
+      layout.group_ranges.size() != layout.layer_elements.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model layout: group ranges for ", layout.group_ranges.size(),
+        " layers, not ", layout.layer_elements.size()));
+  }
+  for (size_t l = 0; l < layout.group_ranges.size(); ++l) {
+    const auto& ranges = layout.group_ranges[l];
     for (size_t i = 0; i < ranges.size(); ++i) {
-      const auto [begin, end] = ranges[i];
+      const GroupRange& r = ranges[i];
+      if (r.group >= layout.groups.size()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "model layout: range [", r.begin, ", ", r.end, ") of layer ", l,
+            " names group ", r.group, " of ", layout.groups.size()));
+      }
       const std::string name =
-          absl::StrCat("model layout: no_weight_decay range [", begin, ", ",
-                       end, ") of layer ", l);
-      if (begin >= end) {
+          absl::StrCat("model layout: ", layout.groups[r.group].name,
+                       " range [", r.begin, ", ", r.end, ") of layer ", l);
+      if (r.begin >= r.end) {
         return absl::InvalidArgumentError(
             absl::StrCat(name, " is empty (begin must be < end)"));
       }
-      if (end > layout.layer_elements[l]) {
+      if (r.end > layout.layer_elements[l]) {
         return absl::InvalidArgumentError(
             absl::StrCat(name, " ends past the layer's ",
                          layout.layer_elements[l], " elements"));
       }
       if (i == 0) continue;
-      const auto [prev_begin, prev_end] = ranges[i - 1];
-      if (begin < prev_begin) {
+      const GroupRange& prev = ranges[i - 1];
+      // Only a range of another group says which it is.
+      const std::string other =
+          prev.group == r.group || prev.group >= layout.groups.size()
+              ? ""
+              : absl::StrCat(" (", layout.groups[prev.group].name, ")");
+      if (r.begin < prev.begin) {
         return absl::InvalidArgumentError(
-            absl::StrCat(name, " comes before [", prev_begin, ", ", prev_end,
-                         "): a layer's ranges must be sorted"));
+            absl::StrCat(name, " comes before [", prev.begin, ", ", prev.end,
+                         ")", other, ": a layer's ranges must be sorted"));
       }
-      if (begin < prev_end) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(name, " overlaps [", prev_begin, ", ", prev_end, ")"));
+      if (r.begin < prev.end) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            name, " overlaps [", prev.begin, ", ", prev.end, ")", other));
       }
     }
   }
@@ -102,24 +121,35 @@ absl::Status ValidateLayout(const ModelLayout& layout) {
   return absl::OkStatus();
 }
 
-absl::Status SetNoWeightDecay(const std::vector<LayerRange>& ranges,
-                              ModelLayout& layout) {
+ElementGroup NoWeightDecayGroup() {
+  return ElementGroup{"no_weight_decay", 1.0, 0.0};
+}
+
+absl::Status AddElementGroup(ElementGroup group,
+                             const std::vector<LayerRange>& ranges,
+                             ModelLayout& layout) {
   const size_t layers = layout.layer_elements.size();
-  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> by_layer;
   for (size_t i = 0; i < ranges.size(); ++i) {
     const LayerRange& r = ranges[i];
     if (r.layer >= layers) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "no_weight_decay range ", i, " (layer ", r.layer, ", [", r.begin,
-          ", ", r.end, ")): the model has ", layers, " layers"));
+          group.name, " range ", i, " (layer ", r.layer, ", [", r.begin, ", ",
+          r.end, ")): the model has ", layers, " layers"));
     }
-    if (by_layer.empty()) by_layer.resize(layers);
-    by_layer[r.layer].emplace_back(r.begin, r.end);
   }
-  for (auto& layer_ranges : by_layer) {
-    std::sort(layer_ranges.begin(), layer_ranges.end());
+  const auto index = static_cast<uint32_t>(layout.groups.size());
+  layout.groups.push_back(std::move(group));
+  if (ranges.empty()) return absl::OkStatus();
+  if (layout.group_ranges.empty()) layout.group_ranges.resize(layers);
+  for (const LayerRange& r : ranges) {
+    layout.group_ranges[r.layer].push_back(GroupRange{r.begin, r.end, index});
   }
-  layout.no_weight_decay = std::move(by_layer);
+  for (auto& layer_ranges : layout.group_ranges) {
+    std::sort(layer_ranges.begin(), layer_ranges.end(),
+              [](const GroupRange& a, const GroupRange& b) {
+                return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+              });
+  }
   return absl::OkStatus();
 }
 
@@ -136,7 +166,8 @@ uint64_t LayoutFingerprint(const ModelLayout& layout) {
 
 StateLayout::StateLayout(const ModelLayout& layout)
     : layer_elements_(layout.layer_elements),
-      no_weight_decay_(layout.no_weight_decay),
+      groups_(layout.groups),
+      group_ranges_(layout.group_ranges),
       chunk_elements_(layout.chunk_elements),
       moment_size_(DTypeSize(layout.moment_dtype)),
       amsgrad_(layout.adam.amsgrad) {
@@ -161,32 +192,30 @@ std::vector<StateLayout::Piece> StateLayout::ChunkPieces(size_t layer,
   const uint64_t last = first + chunk_count(layer, chunk);
   std::vector<Piece> pieces;
   uint64_t at = first;  // Layer index of the next element to place.
-  auto add = [&](uint64_t begin, uint64_t end, bool exempt) {
-    if (exempt && !pieces.empty() && pieces.back().no_weight_decay &&
+  auto add = [&](uint64_t begin, uint64_t end, int32_t group) {
+    if (!pieces.empty() && pieces.back().group == group &&
         first + pieces.back().begin + pieces.back().count == begin) {
       pieces.back().count += end - begin;
     } else {
-      pieces.push_back(Piece{begin - first, end - begin, exempt});
+      pieces.push_back(Piece{begin - first, end - begin, group});
     }
     at = end;
   };
-  if (!no_weight_decay_.empty()) {
-    const auto& ranges = no_weight_decay_[layer];
+  if (!group_ranges_.empty()) {
+    const auto& ranges = group_ranges_[layer];
     // Sorted and disjoint, so their ends are sorted too: the first range
     // ending after the chunk's first element.
-    auto it =
-        std::partition_point(ranges.begin(), ranges.end(),
-                             [first](const std::pair<uint64_t, uint64_t>& r) {
-                               return r.second <= first;
-                             });
-    for (; it != ranges.end() && it->first < last; ++it) {
-      const uint64_t begin = std::max(it->first, first);
-      const uint64_t end = std::min(it->second, last);
-      if (begin > at) add(at, begin, false);
-      add(begin, end, true);
+    auto it = std::partition_point(
+        ranges.begin(), ranges.end(),
+        [first](const GroupRange& r) { return r.end <= first; });
+    for (; it != ranges.end() && it->begin < last; ++it) {
+      const uint64_t begin = std::max(it->begin, first);
+      const uint64_t end = std::min(it->end, last);
+      if (begin > at) add(at, begin, kNoGroup);
+      add(begin, end, static_cast<int32_t>(it->group));
     }
   }
-  if (at < last) add(at, last, false);
+  if (at < last) add(at, last, kNoGroup);
   return pieces;
 }
 

@@ -16,6 +16,29 @@
 
 namespace lohan {
 
+// Elements trained with their own learning rate and weight decay, as
+// torch's param groups: lr x lr_scale, and this weight_decay in place of
+// the job's (AdamW's decoupled decay or Adam's L2 term); betas, eps, the
+// step, clipping and grad_scale as for the rest. `name` labels its ranges
+// in errors ("no_weight_decay", "param_groups[1]").
+struct ElementGroup {
+  std::string name;
+  double lr_scale = 1.0;
+  double weight_decay = 0.0;
+};
+
+// The elements [begin, end) of a layer, in group `group` (an index into
+// ModelLayout::groups).
+struct GroupRange {
+  uint64_t begin = 0;
+  uint64_t end = 0;
+  uint32_t group = 0;
+  bool operator==(const GroupRange&) const = default;
+};
+
+// The usual fine-tuning group: biases and norm weights without decay.
+ElementGroup NoWeightDecayGroup();
+
 // A job's model: layers, each one flat vector of parameters (the client
 // flattens a layer's tensors in a fixed order), and how they are trained.
 struct ModelLayout {
@@ -32,19 +55,21 @@ struct ModelLayout {
   AdamOptions adam;
   // kFloat32, or kBFloat16 to halve the moments' bytes (see adam.h).
   DType moment_dtype = DType::kFloat32;
-  // Elements updated with weight_decay 0 (biases and norm weights, as
-  // torch's no-decay param group); every other Adam option as `adam`.
-  // Empty: none. Otherwise one entry per layer: that layer's element ranges
-  // [first, second), sorted by first, not overlapping (SetNoWeightDecay
-  // builds it from ranges in any order).
-  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> no_weight_decay;
+  // Element groups with their own lr and weight decay (ElementGroup), and
+  // where their elements are: group_ranges is empty (no groups) or has one
+  // entry per layer, that layer's ranges sorted by begin, not overlapping,
+  // whatever their groups. Elements in no range are trained with `adam`.
+  // AddElementGroup builds both from ranges in any order.
+  std::vector<ElementGroup> groups;
+  std::vector<std::vector<GroupRange>> group_ranges;
 };
 
 // INVALID_ARGUMENT naming the first problem (no layers, empty layer, zero
-// chunk size, dtypes not allowed, more than 2^20 chunks in a layer; a
-// no_weight_decay range that is empty, ends past its layer, overlaps the
-// one before it or comes before it, or a no_weight_decay that has neither
-// 0 nor one entry per layer). Adam's scalar options are checked by
+// chunk size, dtypes not allowed, more than 2^20 chunks in a layer; a group
+// whose lr_scale or weight_decay is negative or not finite; a group range
+// that is empty, ends past its layer, overlaps the one before it (of any
+// group) or comes before it, or names no group; group_ranges with neither 0
+// nor one entry per layer). Adam's scalar options are checked by
 // AdamUpdater::Step.
 absl::Status ValidateLayout(const ModelLayout& layout);
 
@@ -55,17 +80,19 @@ struct LayerRange {
   uint64_t end = 0;
 };
 
-// Replaces layout.no_weight_decay with `ranges` (any order), grouped by
-// layer and sorted. INVALID_ARGUMENT naming the first range whose layer is
-// out of range (layout.layer_elements must be set); the other checks are
-// ValidateLayout's.
-absl::Status SetNoWeightDecay(const std::vector<LayerRange>& ranges,
-                              ModelLayout& layout);
+// Adds `group` to layout.groups and its `ranges` (any order) to
+// layout.group_ranges, kept sorted per layer. INVALID_ARGUMENT naming the
+// first range whose layer is out of range (layout.layer_elements must be
+// set); nothing is added then. The other checks are ValidateLayout's. A
+// group with no ranges is added all the same (it trains nothing).
+absl::Status AddElementGroup(ElementGroup group,
+                             const std::vector<LayerRange>& ranges,
+                             ModelLayout& layout);
 
 // A 64-bit hash of what decides the stored states' shape: layer sizes,
 // chunk size, moment dtype and AMSGrad. Learning rate, betas, weight decay
-// (and the no_weight_decay ranges), gradient and weight dtypes may change
-// between runs of a job; these may not.
+// (and the element groups), gradient and weight dtypes may change between
+// runs of a job; these may not.
 uint64_t LayoutFingerprint(const ModelLayout& layout);
 
 // One of the Adam moments in a chunk's state (torch's optimizer state
@@ -93,19 +120,22 @@ class StateLayout {
   uint64_t chunk_begin(size_t chunk) const { return chunk * chunk_elements_; }
   uint64_t chunk_count(size_t layer, size_t chunk) const;
 
+  static constexpr int32_t kNoGroup = -1;
   // A run of a chunk's elements updated alike: `count` elements from
-  // `begin` (relative to the chunk's first element), without weight decay
-  // when `no_weight_decay`.
+  // `begin` (relative to the chunk's first element), in element group
+  // `group` (kNoGroup: the job's own options).
   struct Piece {
     uint64_t begin = 0;
     uint64_t count = 0;
-    bool no_weight_decay = false;
+    int32_t group = kNoGroup;
   };
-  // The chunk cut at the boundaries of the layout's no_weight_decay ranges
-  // that fall inside it, in element order, adjacent exempt runs merged: one
-  // piece (the whole chunk, decayed) when no range touches it, one exempt
-  // piece when ranges cover it.
+  // The chunk cut at the boundaries of the layout's group ranges that fall
+  // inside it, in element order, adjacent runs of one group merged: one
+  // piece (the whole chunk, no group) when no range touches it, one piece
+  // of a group when its ranges cover it.
   std::vector<Piece> ChunkPieces(size_t layer, size_t chunk) const;
+  // REQUIRES: 0 <= index < the layout's groups.
+  const ElementGroup& group(int32_t index) const { return groups_[index]; }
 
   // Bytes of the state tensor of a chunk of `count` parameters.
   uint64_t state_bytes(uint64_t count) const;
@@ -143,8 +173,9 @@ class StateLayout {
 
  private:
   std::vector<uint64_t> layer_elements_;
-  // ModelLayout::no_weight_decay (empty, or one entry per layer).
-  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> no_weight_decay_;
+  std::vector<ElementGroup> groups_;
+  // ModelLayout::group_ranges (empty, or one entry per layer).
+  std::vector<std::vector<GroupRange>> group_ranges_;
   uint64_t chunk_elements_;
   size_t moment_size_;
   bool amsgrad_;

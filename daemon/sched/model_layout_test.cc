@@ -1,5 +1,6 @@
 #include "daemon/sched/model_layout.h"
 
+#include <cmath>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -97,89 +98,138 @@ TEST(ModelLayoutTest, RejectsBadLayouts) {
   EXPECT_FALSE(ValidateLayout(l).ok());
 }
 
-using Ranges = std::vector<std::pair<uint64_t, uint64_t>>;
+using Ranges = std::vector<GroupRange>;
 
-TEST(ModelLayoutTest, NoWeightDecayRangesAreGroupedSortedAndChecked) {
-  ModelLayout l = Layout();
-  ASSERT_TRUE(
-      SetNoWeightDecay({{2, 30, 37}, {0, 900, 1200}, {0, 10, 20}}, l).ok());
-  ASSERT_EQ(l.no_weight_decay.size(), 3u);
-  EXPECT_EQ(l.no_weight_decay[0], (Ranges{{10, 20}, {900, 1200}}));
-  EXPECT_TRUE(l.no_weight_decay[1].empty());
-  EXPECT_EQ(l.no_weight_decay[2], (Ranges{{30, 37}}));
+TEST(ModelLayoutTest, GroupRangesAreSortedPerLayerAndChecked) {
+  ModelLayout l = Layout();  // {2500, 1000, 37}
+  ASSERT_TRUE(AddElementGroup(NoWeightDecayGroup(),
+                              {{2, 30, 37}, {0, 900, 1200}, {0, 10, 20}}, l)
+                  .ok());
+  ASSERT_TRUE(AddElementGroup(ElementGroup{"param_groups[0]", 0.1, 0.5},
+                              {{0, 20, 30}, {2, 0, 30}}, l)
+                  .ok());
+  ASSERT_EQ(l.groups.size(), 2u);
+  EXPECT_EQ(l.groups[1].lr_scale, 0.1);
+  ASSERT_EQ(l.group_ranges.size(), 3u);
+  EXPECT_EQ(l.group_ranges[0],
+            (Ranges{{10, 20, 0}, {20, 30, 1}, {900, 1200, 0}}));
+  EXPECT_TRUE(l.group_ranges[1].empty());
+  EXPECT_EQ(l.group_ranges[2], (Ranges{{0, 30, 1}, {30, 37, 0}}));
   EXPECT_TRUE(ValidateLayout(l).ok());
   // Not part of the fingerprint.
   EXPECT_EQ(LayoutFingerprint(l), LayoutFingerprint(Layout()));
-  ASSERT_TRUE(SetNoWeightDecay({}, l).ok());
-  EXPECT_TRUE(l.no_weight_decay.empty());
+  // A group without ranges trains nothing and needs no per-layer lists.
+  ModelLayout empty = Layout();
+  ASSERT_TRUE(AddElementGroup(NoWeightDecayGroup(), {}, empty).ok());
+  EXPECT_TRUE(empty.group_ranges.empty());
+  EXPECT_TRUE(ValidateLayout(empty).ok());
 
-  absl::Status s = SetNoWeightDecay({{0, 0, 1}, {3, 0, 1}}, l);
+  ModelLayout out_of_range = Layout();
+  absl::Status s = AddElementGroup(NoWeightDecayGroup(), {{0, 0, 1}, {3, 0, 1}},
+                                   out_of_range);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(s.message(),
             "no_weight_decay range 1 (layer 3, [0, 1)): the model has 3 "
             "layers");
+  EXPECT_TRUE(out_of_range.groups.empty());  // nothing added
 
   struct Case {
-    std::vector<LayerRange> ranges;
+    std::vector<LayerRange> no_decay;
+    std::vector<LayerRange> scaled;
+    ElementGroup scaled_group;
     const char* message;
   };
+  const ElementGroup kScaled{"param_groups[0]", 2.0, 0.0};
   const Case cases[] = {
       {{{1, 5, 5}},
+       {},
+       kScaled,
        "model layout: no_weight_decay range [5, 5) of layer 1 is empty "
        "(begin must be < end)"},
       {{{1, 6, 5}},
+       {},
+       kScaled,
        "model layout: no_weight_decay range [6, 5) of layer 1 is empty "
        "(begin must be < end)"},
       {{{2, 0, 38}},
+       {},
+       kScaled,
        "model layout: no_weight_decay range [0, 38) of layer 2 ends past "
        "the layer's 37 elements"},
       {{{0, 100, 200}, {0, 199, 300}},
+       {},
+       kScaled,
        "model layout: no_weight_decay range [199, 300) of layer 0 overlaps "
        "[100, 200)"},
       {{{0, 100, 200}, {0, 100, 150}},
+       {},
+       kScaled,
        "model layout: no_weight_decay range [100, 200) of layer 0 overlaps "
        "[100, 150)"},
+      // Across groups: an element is in one group at most.
+      {{{0, 100, 200}},
+       {{0, 150, 160}},
+       kScaled,
+       "model layout: param_groups[0] range [150, 160) of layer 0 overlaps "
+       "[100, 200) (no_weight_decay)"},
+      {{},
+       {{0, 1, 2}},
+       ElementGroup{"param_groups[0]", -1.0, 0.0},
+       "model layout: param_groups[0] has lr_scale -1 and weight_decay 0; "
+       "both must be finite and >= 0"},
+      {{},
+       {{0, 1, 2}},
+       ElementGroup{"param_groups[0]", 1.0, std::nan("")},
+       "model layout: param_groups[0] has lr_scale 1 and weight_decay nan; "
+       "both must be finite and >= 0"},
   };
   for (const Case& c : cases) {
     ModelLayout bad = Layout();
-    ASSERT_TRUE(SetNoWeightDecay(c.ranges, bad).ok());
+    ASSERT_TRUE(AddElementGroup(NoWeightDecayGroup(), c.no_decay, bad).ok());
+    ASSERT_TRUE(AddElementGroup(c.scaled_group, c.scaled, bad).ok());
     s = ValidateLayout(bad);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(s.message(), c.message);
   }
-  // Built by hand: unsorted, or not one entry per layer.
+  // Built by hand: unsorted, not one entry per layer, an unknown group.
   ModelLayout bad = Layout();
-  bad.no_weight_decay = {Ranges{{50, 60}, {10, 20}}, {}, {}};
+  bad.groups = {NoWeightDecayGroup()};
+  bad.group_ranges = {Ranges{{50, 60, 0}, {10, 20, 0}}, {}, {}};
   EXPECT_EQ(ValidateLayout(bad).message(),
             "model layout: no_weight_decay range [10, 20) of layer 0 comes "
             "before [50, 60): a layer's ranges must be sorted");
-  bad.no_weight_decay = {Ranges{{10, 20}}};
+  bad.group_ranges = {Ranges{{10, 20, 0}}};
   EXPECT_EQ(ValidateLayout(bad).code(), absl::StatusCode::kInvalidArgument);
+  bad.group_ranges = {Ranges{{10, 20, 1}}, {}, {}};
+  EXPECT_EQ(ValidateLayout(bad).message(),
+            "model layout: range [10, 20) of layer 0 names group 1 of 1");
   // Touching ranges are fine.
   ModelLayout touching = Layout();
-  ASSERT_TRUE(SetNoWeightDecay({{0, 20, 30}, {0, 10, 20}}, touching).ok());
+  ASSERT_TRUE(AddElementGroup(NoWeightDecayGroup(), {{0, 20, 30}, {0, 10, 20}},
+                              touching)
+                  .ok());
+  ASSERT_TRUE(AddElementGroup(kScaled, {{0, 30, 40}}, touching).ok());
   EXPECT_TRUE(ValidateLayout(touching).ok());
 }
 
-std::vector<std::tuple<uint64_t, uint64_t, bool>> Pieces(const StateLayout& s,
-                                                         size_t layer,
-                                                         size_t chunk) {
-  std::vector<std::tuple<uint64_t, uint64_t, bool>> out;
+using P = std::vector<std::tuple<uint64_t, uint64_t, int>>;
+
+P Pieces(const StateLayout& s, size_t layer, size_t chunk) {
+  P out;
   for (const StateLayout::Piece& p : s.ChunkPieces(layer, chunk)) {
-    out.emplace_back(p.begin, p.count, p.no_weight_decay);
+    out.emplace_back(p.begin, p.count, p.group);
   }
   return out;
 }
 
-TEST(ModelLayoutTest, ChunksAreCutAtNoWeightDecayBoundaries) {
-  using P = std::vector<std::tuple<uint64_t, uint64_t, bool>>;
+TEST(ModelLayoutTest, ChunksAreCutAtGroupBoundaries) {
   ModelLayout l = Layout();  // {2500, 1000, 37}, chunks of 1000.
-  // Without ranges: every chunk is one decayed piece.
+  // Without ranges: every chunk is one piece of no group.
   StateLayout plain(l);
-  EXPECT_EQ(Pieces(plain, 0, 2), (P{{0, 500, false}}));
-  EXPECT_EQ(Pieces(plain, 2, 0), (P{{0, 37, false}}));
+  EXPECT_EQ(Pieces(plain, 0, 2), (P{{0, 500, -1}}));
+  EXPECT_EQ(Pieces(plain, 2, 0), (P{{0, 37, -1}}));
 
-  const std::vector<LayerRange> ranges = {
+  const std::vector<LayerRange> no_decay = {
       // Layer 0: at its start, inside chunk 0, across 0|1, touching
       // [1500, 1600) (merged), then covering chunk 2 to the layer's end.
       {0, 0, 10},
@@ -189,18 +239,25 @@ TEST(ModelLayoutTest, ChunksAreCutAtNoWeightDecayBoundaries) {
       {0, 2000, 2500},
       // Layer 2: all of it.
       {2, 0, 37}};
-  ASSERT_TRUE(SetNoWeightDecay(ranges, l).ok());
+  // Touching no-decay ranges of layer 0: never merged with them.
+  const std::vector<LayerRange> scaled = {{0, 10, 20}, {0, 1600, 1700}};
+  ASSERT_TRUE(AddElementGroup(NoWeightDecayGroup(), no_decay, l).ok());
+  ASSERT_TRUE(
+      AddElementGroup(ElementGroup{"param_groups[0]", 0.5, 0.0}, scaled, l)
+          .ok());
   ASSERT_TRUE(ValidateLayout(l).ok());
   StateLayout s(l);
-  EXPECT_EQ(Pieces(s, 0, 0), (P{{0, 10, true},
-                                {10, 90, false},
-                                {100, 100, true},
-                                {200, 700, false},
-                                {900, 100, true}}));
-  EXPECT_EQ(Pieces(s, 0, 1), (P{{0, 600, true}, {600, 400, false}}));
-  EXPECT_EQ(Pieces(s, 0, 2), (P{{0, 500, true}}));
-  EXPECT_EQ(Pieces(s, 1, 0), (P{{0, 1000, false}}));
-  EXPECT_EQ(Pieces(s, 2, 0), (P{{0, 37, true}}));
+  EXPECT_EQ(Pieces(s, 0, 0), (P{{0, 10, 0},
+                                {10, 10, 1},
+                                {20, 80, -1},
+                                {100, 100, 0},
+                                {200, 700, -1},
+                                {900, 100, 0}}));
+  EXPECT_EQ(Pieces(s, 0, 1), (P{{0, 600, 0}, {600, 100, 1}, {700, 300, -1}}));
+  EXPECT_EQ(Pieces(s, 0, 2), (P{{0, 500, 0}}));
+  EXPECT_EQ(Pieces(s, 1, 0), (P{{0, 1000, -1}}));
+  EXPECT_EQ(Pieces(s, 2, 0), (P{{0, 37, 0}}));
+  EXPECT_EQ(s.group(1).lr_scale, 0.5);
 }
 
 }  // namespace

@@ -138,14 +138,31 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
                   .amsgrad = adam.amsgrad()};
   layout.moment_dtype =
       adam.bf16_moments() ? DType::kBFloat16 : DType::kFloat32;
-  std::vector<LayerRange> no_weight_decay;
-  no_weight_decay.reserve(spec.no_weight_decay_size());
-  for (const v1::ElementRange& range : spec.no_weight_decay()) {
-    no_weight_decay.push_back(
-        LayerRange{range.layer(), range.begin(), range.end()});
+  auto ranges_of = [](const google::protobuf::RepeatedPtrField<
+                       v1::ElementRange>& from) {
+    std::vector<LayerRange> ranges;
+    ranges.reserve(from.size());
+    for (const v1::ElementRange& range : from) {
+      ranges.push_back(LayerRange{range.layer(), range.begin(), range.end()});
+    }
+    return ranges;
+  };
+  if (spec.no_weight_decay_size() > 0) {
+    if (absl::Status added = AddElementGroup(
+            NoWeightDecayGroup(), ranges_of(spec.no_weight_decay()), layout);
+        !added.ok()) {
+      return added;
+    }
   }
-  if (absl::Status set = SetNoWeightDecay(no_weight_decay, layout); !set.ok()) {
-    return set;
+  for (int g = 0; g < spec.param_groups_size(); ++g) {
+    const v1::ParamGroup& group = spec.param_groups(g);
+    if (absl::Status added = AddElementGroup(
+            ElementGroup{absl::StrCat("param_groups[", g, "]"),
+                         group.lr_scale(), group.weight_decay()},
+            ranges_of(group.ranges()), layout);
+        !added.ok()) {
+      return added;
+    }
   }
   if (absl::Status valid = ValidateLayout(layout); !valid.ok()) return valid;
   model.clip = ClipOptions{.max_grad_norm = spec.max_grad_norm(),

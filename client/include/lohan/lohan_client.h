@@ -217,7 +217,28 @@ typedef struct lohan_model_spec {
    * them: the array need not outlive the call. */
   const uint64_t* no_weight_decay; /* triples: layer, begin, end */
   uint32_t num_no_weight_decay;
+  /* Added after num_no_weight_decay (a spec whose struct_size ends before
+   * num_param_groups means none). Elements trained with their own learning
+   * rate and weight decay, as torch's param groups: see lohan_param_group.
+   * No element may be in two groups, nor in a group and in
+   * no_weight_decay. Copied by the daemon, like no_weight_decay. */
+  const struct lohan_param_group* param_groups;
+  uint32_t num_param_groups;
 } lohan_model_spec;
+
+/* One param group: its num_ranges triples (layer, begin, end), ranges as
+ * no_weight_decay's, are updated with the iteration's lr x lr_scale and
+ * this weight_decay in place of the spec's (AdamW's decay or Adam's L2
+ * term); betas, eps, the step and clipping as the rest. torch's group
+ * {"lr": g, "weight_decay": w} in a job whose lr is l: lr_scale g / l.
+ * lr_scale and weight_decay finite and >= 0 (LOHAN_INVALID_ARGUMENT
+ * otherwise, naming "param_groups[i]"). */
+typedef struct lohan_param_group {
+  double lr_scale;
+  double weight_decay;
+  const uint64_t* ranges; /* triples: layer, begin, end */
+  uint32_t num_ranges;
+} lohan_param_group;
 
 /* `plane` must stay open while the model is used. */
 LOHAN_CLIENT_API int lohan_model_register(lohan_client* client,

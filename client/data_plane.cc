@@ -151,7 +151,7 @@ absl::StatusOr<DataPlane::Ticket> DataPlane::Reserve(uint64_t offset,
           absl::StrCat("request ", user, " still uses arena bytes [", offset,
                        ", ", offset + length, ")"));
     }
-    ProgressLocked(deadline);
+    WaitForLocked(user, deadline);
   }
   if (!gone_.ok()) return gone_;
   if (requests_.size() >= kMaxOutstandingTickets) {
@@ -298,6 +298,18 @@ absl::StatusOr<DataPlane::Ticket> DataPlane::SubmitAs(Ticket reserved,
 }
 
 // ---------------------------------------------------------------- draining
+
+void DataPlane::WaitForLocked(Ticket ticket, absl::Time deadline) {
+  auto it = requests_.find(ticket);
+  if (it != requests_.end() && it->second.state == State::kReserved) {
+    // Only SubmitReserved, Cancel or FailReserved moves it on, and they
+    // signal progress_: draining would sleep on the completion ring instead
+    // and notice only at its next wake-up.
+    progress_.WaitWithDeadline(&mu_, deadline);
+    return;
+  }
+  ProgressLocked(deadline);
+}
 
 void DataPlane::ProgressLocked(absl::Time deadline) {
   if (!draining_ && in_flight_ > 0) {
@@ -479,7 +491,7 @@ absl::StatusOr<CompletionEntry> DataPlane::Wait(Ticket ticket,
                                                : "in flight",
           " (wait again)"));
     }
-    ProgressLocked(deadline);
+    WaitForLocked(ticket, deadline);
   }
 }
 
@@ -547,7 +559,7 @@ absl::Status DataPlane::WaitForRange(uint64_t offset, uint64_t length,
           absl::StrCat("request ", user, " still uses arena bytes [", offset,
                        ", ", offset + length, ")"));
     }
-    ProgressLocked(deadline);
+    WaitForLocked(user, deadline);
   }
   return absl::OkStatus();
 }

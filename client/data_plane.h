@@ -160,6 +160,11 @@ class DataPlane {
 
   void FailReservedLocked(Ticket ticket, absl::Status error)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One step of waiting for `ticket` to move on: for a reserved one, on
+  // progress_ (its submitter, Cancel or FailReserved signals it); else
+  // ProgressLocked.
+  void WaitForLocked(Ticket ticket, absl::Time deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits (draining when nobody else does) until a request may be
   // submitted; then registers `reserved` (or a new ticket) as in flight.
   absl::StatusOr<Ticket> AdmitLocked(Ticket reserved, absl::Time deadline)

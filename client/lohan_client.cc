@@ -4,7 +4,9 @@
 
 #include <google/protobuf/util/json_util.h>
 
+#include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -31,10 +33,15 @@ struct lohan_job_info {
 struct lohan_data_plane {
   std::unique_ptr<lohan::DataPlane> impl;
   bool cuda_registered = false;  // lohan_data_plane_cuda_register
+  // CUDA copies whose stream callback has not finished: each still touches
+  // the plane (and the copy the arena), so destroy waits for them. Plain
+  // atomic, polled: the callback's decrement is its very last touch.
+  std::atomic<int64_t> callbacks_pending{0};
 };
 
 struct lohan_model {
   lohan::DataPlane* plane;
+  std::atomic<int64_t>* callbacks_pending;  // the plane's
   lohan::v1::RegisterModelResponse registration;
   std::vector<uint64_t> elements;
   uint64_t element_bytes = 0;
@@ -266,7 +273,23 @@ uint64_t lohan_data_plane_arena_size(const lohan_data_plane* plane) {
 }
 
 void lohan_data_plane_destroy(lohan_data_plane* plane) {
-  if (plane != nullptr && plane->cuda_registered) {
+  if (plane == nullptr) return;
+  // A callback still to run would use the plane after it is freed (and its
+  // copy would DMA into unpinned or unmapped pages): wait for them. One
+  // that never runs (a CUDA context torn down under it) leaves the plane
+  // mapped rather than freed under it.
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (plane->callbacks_pending.load(std::memory_order_acquire) > 0) {
+    if (absl::Now() >= deadline) {
+      std::fprintf(stderr,
+                   "liblohan_client: %lld CUDA copies to or from the arena "
+                   "never completed; the data plane is left mapped\n",
+                   static_cast<long long>(plane->callbacks_pending.load()));
+      return;
+    }
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  if (plane->cuda_registered) {
     (void)lohan::cuda::UnregisterHost(plane->impl->arena());
   }
   delete plane;
@@ -367,15 +390,26 @@ int BuildEntry(const lohan_model* model, lohan::RingOp op, uint32_t layer,
   return LOHAN_OK;
 }
 
-// A FETCH_PARAMS refills the layer's weight buffer: first wait until no
-// request still uses it (a copy to a GPU reading it, a shared buffer's
-// earlier fetch).
-int WaitBeforeRefill(lohan_model* model, const lohan::SubmissionEntry& entry) {
-  if (static_cast<lohan::RingOp>(entry.op) != lohan::RingOp::kFetchParams) {
-    return LOHAN_OK;
+// A FETCH_PARAMS refills the layer's weight buffer: it takes the buffer
+// once no request uses it any more (a copy to a GPU still reading it, a
+// shared buffer's earlier fetch) and is submitted under that ticket, so no
+// other request can take the buffer in between.
+absl::StatusOr<lohan::DataPlane::Ticket> SubmitRefill(
+    lohan_model* model, const lohan::SubmissionEntry& entry) {
+  absl::StatusOr<lohan::DataPlane::Ticket> reserved =
+      model->plane->Reserve(entry.slot_offset, entry.length, kRingCallTimeout);
+  if (!reserved.ok()) return reserved.status();
+  if (absl::Status submitted =
+          model->plane->SubmitReserved(*reserved, entry, kRingCallTimeout);
+      !submitted.ok()) {
+    model->plane->Abandon(*reserved);  // its result is this failure
+    return submitted;
   }
-  return Report(model->plane->WaitForRange(entry.slot_offset, entry.length,
-                                           kRingCallTimeout));
+  return *reserved;
+}
+
+bool IsRefill(const lohan::SubmissionEntry& entry) {
+  return static_cast<lohan::RingOp>(entry.op) == lohan::RingOp::kFetchParams;
 }
 
 int RingCall(lohan_model* model, lohan::RingOp op, uint32_t layer,
@@ -386,8 +420,17 @@ int RingCall(lohan_model* model, lohan::RingOp op, uint32_t layer,
       built != LOHAN_OK) {
     return built;
   }
-  if (int idle = WaitBeforeRefill(model, entry); idle != LOHAN_OK) return idle;
-  return Finish(model, entry, completion_out);
+  if (!IsRefill(entry)) return Finish(model, entry, completion_out);
+  absl::StatusOr<lohan::DataPlane::Ticket> ticket = SubmitRefill(model, entry);
+  if (!ticket.ok()) return Report(ticket.status());
+  absl::StatusOr<lohan::CompletionEntry> completion =
+      model->plane->Wait(*ticket, kRingCallTimeout);
+  if (absl::IsDeadlineExceeded(completion.status())) {
+    model->plane->Abandon(*ticket);
+  }
+  if (!completion.ok()) return Report(completion.status());
+  if (completion_out != nullptr) *completion_out = *completion;
+  return Report(absl::OkStatus());
 }
 
 int SubmitRing(lohan_model* model, lohan::RingOp op, uint32_t layer,
@@ -397,8 +440,12 @@ int SubmitRing(lohan_model* model, lohan::RingOp op, uint32_t layer,
   if (int built = BuildEntry(model, op, layer, entry); built != LOHAN_OK) {
     return built;
   }
-  if (int idle = WaitBeforeRefill(model, entry); idle != LOHAN_OK) return idle;
-  return SubmitEntry(model, entry, ticket);
+  if (!IsRefill(entry)) return SubmitEntry(model, entry, ticket);
+  absl::StatusOr<lohan::DataPlane::Ticket> submitted =
+      SubmitRefill(model, entry);
+  if (!submitted.ok()) return Report(submitted.status());
+  *ticket = *submitted;
+  return Report(absl::OkStatus());
 }
 
 // The entry that hands over (kGradReady) or fills (kFetchParams) `layer`'s
@@ -447,23 +494,33 @@ struct PendingCopy {
   lohan::DataPlane* plane;
   lohan::DataPlane::Ticket ticket;
   lohan::SubmissionEntry entry;  // kGradReady; unused for weights.
+  std::atomic<int64_t>* callbacks_pending;
 };
+
+// The callback's last touch of anything the plane owns.
+void Done(std::unique_ptr<PendingCopy> pending) {
+  std::atomic<int64_t>* counter = pending->callbacks_pending;
+  pending.reset();
+  counter->fetch_sub(1, std::memory_order_release);
+}
 
 void SubmitWhenCopied(void* argument, absl::Status copied) {
   std::unique_ptr<PendingCopy> pending(static_cast<PendingCopy*>(argument));
   if (!copied.ok()) {
     // The gradient never arrived: whoever waits learns why.
     pending->plane->FailReserved(pending->ticket, std::move(copied));
-    return;
+  } else {
+    // A failure becomes the ticket's result: whoever waits learns of it.
+    (void)pending->plane->SubmitReserved(pending->ticket, pending->entry,
+                                         kRingCallTimeout);
   }
-  // A failure becomes the ticket's result: whoever waits learns of it.
-  (void)pending->plane->SubmitReserved(pending->ticket, pending->entry,
-                                       kRingCallTimeout);
+  Done(std::move(pending));
 }
 
 void ReleaseWhenCopied(void* argument, absl::Status) {
   std::unique_ptr<PendingCopy> pending(static_cast<PendingCopy*>(argument));
   pending->plane->Cancel(pending->ticket);
+  Done(std::move(pending));
 }
 
 // Reserves the entry's arena bytes (its slot), then enqueues on `stream` the
@@ -471,18 +528,20 @@ void ReleaseWhenCopied(void* argument, absl::Status) {
 // submitted once it is done; else weights, the bytes released once read).
 // The reservation's ticket, or the error, with nothing left in flight.
 absl::StatusOr<lohan::DataPlane::Ticket> CopyHoldingBuffer(
-    lohan::DataPlane* plane, const lohan::SubmissionEntry& entry, bool to_host,
+    const lohan_model* model, const lohan::SubmissionEntry& entry, bool to_host,
     void* device, void* stream) {
+  lohan::DataPlane* plane = model->plane;
   absl::StatusOr<lohan::DataPlane::Ticket> reserved =
       plane->Reserve(entry.slot_offset, entry.length, kRingCallTimeout);
   if (!reserved.ok()) return reserved.status();
-  auto pending = std::unique_ptr<PendingCopy>(
-      new (std::nothrow) PendingCopy{plane, *reserved, entry});
+  auto pending = std::unique_ptr<PendingCopy>(new (std::nothrow) PendingCopy{
+      plane, *reserved, entry, model->callbacks_pending});
   if (pending == nullptr) {
     plane->Cancel(*reserved);
     return absl::ResourceExhaustedError("out of memory");
   }
   uint8_t* buffer = plane->arena() + entry.slot_offset;
+  model->callbacks_pending->fetch_add(1, std::memory_order_relaxed);
   absl::Status copied =
       to_host
           ? lohan::cuda::CopyToHostThen(buffer, device, entry.length, stream,
@@ -491,6 +550,7 @@ absl::StatusOr<lohan::DataPlane::Ticket> CopyHoldingBuffer(
                                           &ReleaseWhenCopied, pending.get());
   if (!copied.ok()) {
     plane->Cancel(*reserved);  // nothing is in flight: the bytes are free
+    model->callbacks_pending->fetch_sub(1, std::memory_order_relaxed);
     return copied;
   }
   (void)pending.release();  // the callback owns it now
@@ -602,6 +662,7 @@ int lohan_model_register(lohan_client* client, lohan_data_plane* plane,
   if (!registration.ok()) return Report(registration.status());
   auto model = std::make_unique<lohan_model>();
   model->plane = plane->impl.get();
+  model->callbacks_pending = &plane->callbacks_pending;
   model->registration = *std::move(registration);
   model->elements.assign(spec->layer_elements,
                          spec->layer_elements + spec->num_layers);
@@ -971,7 +1032,7 @@ int lohan_model_grad_ready_from_device(lohan_model* model, uint32_t layer,
   // buffer (which may be shared with other layers: then this waits until
   // the last request using it has completed).
   absl::StatusOr<lohan::DataPlane::Ticket> reserved =
-      CopyHoldingBuffer(model->plane, entry, /*to_host=*/true,
+      CopyHoldingBuffer(model, entry, /*to_host=*/true,
                         const_cast<void*>(device_source), cuda_stream);
   if (!reserved.ok()) return Report(reserved.status());
   *ticket = *reserved;
@@ -997,7 +1058,7 @@ int lohan_model_weights_to_device(const lohan_model* model, uint32_t layer,
   }
   // Held until the copy has read the buffer, so a FETCH_PARAMS that would
   // refill it (a weight buffer shared by several layers) waits for that.
-  return Report(CopyHoldingBuffer(model->plane, entry, /*to_host=*/false,
+  return Report(CopyHoldingBuffer(model, entry, /*to_host=*/false,
                                   device_destination, cuda_stream)
                     .status());
 }

@@ -12,10 +12,10 @@ std::string Describe(const std::string& job, const std::string& name,
 
 }  // namespace
 
-absl::Status CatalogState::Apply(CatalogRecord record) {
+absl::Status CatalogState::Check(const CatalogRecord& record) const {
   switch (record.kind) {
     case CatalogRecord::Kind::kCreate:
-      tensors_[Key(record.job, record.name)] = Tensor{record.bytes, 0, {}};
+    case CatalogRecord::Kind::kDelete:
       return absl::OkStatus();
     case CatalogRecord::Kind::kCommit: {
       auto it = tensors_.find(Key(record.job, record.name));
@@ -24,12 +24,9 @@ absl::Status CatalogState::Apply(CatalogRecord record) {
             absl::StrCat("commits unknown tensor ",
                          Describe(record.job, record.name, record.version)));
       }
-      it->second.committed_version = record.version;
-      it->second.placement = std::move(record.placement);
       return absl::OkStatus();
     }
-    case CatalogRecord::Kind::kCommitBatch: {
-      // Checked whole before any of it applies.
+    case CatalogRecord::Kind::kCommitBatch:
       for (const CatalogRecord::CommittedVersion& c : record.commits) {
         auto it = tensors_.find(Key(record.job, c.name));
         if (it == tensors_.end() || it->second.bytes != c.placement.bytes) {
@@ -38,20 +35,39 @@ absl::Status CatalogState::Apply(CatalogRecord record) {
                            Describe(record.job, c.name, c.version)));
         }
       }
-      for (CatalogRecord::CommittedVersion& c : record.commits) {
-        Tensor& t = tensors_[Key(record.job, c.name)];
-        t.committed_version = c.version;
-        t.placement = std::move(c.placement);
-      }
-      return absl::OkStatus();
-    }
-    case CatalogRecord::Kind::kDelete:
-      tensors_.erase(Key(record.job, record.name));
       return absl::OkStatus();
     case CatalogRecord::Kind::kStoreInfo:
       break;
   }
   return absl::DataLossError("repeats the store record");
+}
+
+absl::Status CatalogState::Apply(CatalogRecord record) {
+  if (absl::Status valid = Check(record); !valid.ok()) return valid;
+  switch (record.kind) {
+    case CatalogRecord::Kind::kCreate:
+      tensors_[Key(record.job, record.name)] = Tensor{record.bytes, 0, {}};
+      break;
+    case CatalogRecord::Kind::kCommit: {
+      Tensor& t = tensors_[Key(record.job, record.name)];
+      t.committed_version = record.version;
+      t.placement = std::move(record.placement);
+      break;
+    }
+    case CatalogRecord::Kind::kCommitBatch:
+      for (CatalogRecord::CommittedVersion& c : record.commits) {
+        Tensor& t = tensors_[Key(record.job, c.name)];
+        t.committed_version = c.version;
+        t.placement = std::move(c.placement);
+      }
+      break;
+    case CatalogRecord::Kind::kDelete:
+      tensors_.erase(Key(record.job, record.name));
+      break;
+    case CatalogRecord::Kind::kStoreInfo:
+      break;  // refused by Check
+  }
+  return absl::OkStatus();
 }
 
 std::vector<std::string> CatalogState::Snapshot(

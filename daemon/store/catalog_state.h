@@ -31,9 +31,12 @@ class CatalogState {
   };
   using Key = std::pair<std::string, std::string>;  // (job, name)
 
-  // Applies one record other than the store record. DATA_LOSS (nothing
-  // applied) if it commits a tensor that does not exist or with the wrong
-  // size, or repeats the store record.
+  // Whether Apply would take `record`: DATA_LOSS if it commits a tensor
+  // that does not exist or with the wrong size, or repeats the store
+  // record.
+  absl::Status Check(const CatalogRecord& record) const;
+  // Applies one record other than the store record; Check's errors, with
+  // nothing applied.
   absl::Status Apply(CatalogRecord record);
 
   // The records of a log holding exactly this state: `store_info`, then a

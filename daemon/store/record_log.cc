@@ -107,27 +107,44 @@ absl::StatusOr<std::unique_ptr<RecordLog>> RecordLog::Rewrite(
   UniqueFd fd(
       ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
   if (!fd.valid()) return ErrnoToStatus(errno, absl::StrCat("create ", tmp));
+  // A partial snapshot (a full disk, most likely) must not stay behind.
+  auto failed = [&tmp](absl::Status error) {
+    (void)::unlink(tmp.c_str());
+    return error;
+  };
+  size_t bytes = 0;
+  for (const std::string& r : records) bytes += kHeader + r.size();
   std::string data;
+  data.reserve(bytes);
   for (const std::string& r : records) data += Frame(r);
   absl::Status s = WriteAll(fd.get(), data, 0, tmp);
-  if (!s.ok()) return s;
+  if (!s.ok()) return failed(s);
   if (::fsync(fd.get()) != 0) {
-    return ErrnoToStatus(errno, absl::StrCat("fsync ", tmp));
+    return failed(ErrnoToStatus(errno, absl::StrCat("fsync ", tmp)));
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    return ErrnoToStatus(errno, absl::StrCat("rename ", tmp, " to ", path));
+    return failed(
+        ErrnoToStatus(errno, absl::StrCat("rename ", tmp, " to ", path)));
   }
+  // The new file is in place (the old one is gone), so the caller goes on
+  // with it whatever happens next. Until the directory is synced the
+  // rename may not survive a crash: Sync() retries that first, so nothing
+  // appended here counts as durable before it has.
   auto log = std::unique_ptr<RecordLog>(
       new RecordLog(path, std::move(fd), data.size()));
-  const std::string dir = DirName(path);
+  log->directory_unsynced_ = true;
+  (void)log->SyncDirectory();
+  return log;
+}
+
+absl::Status RecordLog::SyncDirectory() {
+  const std::string dir = DirName(path_);
   UniqueFd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!dir_fd.valid() || ::fsync(dir_fd.get()) != 0) {
-    // The new file is already in place (the old one is gone), so the caller
-    // must not go on with the old one; this one refuses to append, as after
-    // a failed sync, since the rename may not survive a crash.
-    log->broken_ = ErrnoToStatus(errno, absl::StrCat("fsync directory ", dir));
+    return ErrnoToStatus(errno, absl::StrCat("fsync directory ", dir));
   }
-  return log;
+  directory_unsynced_ = false;
+  return absl::OkStatus();
 }
 
 RecordLog::RecordLog(std::string path, UniqueFd fd, uint64_t end)
@@ -151,6 +168,9 @@ absl::Status RecordLog::Append(absl::string_view payload) {
 
 absl::Status RecordLog::Sync() {
   if (!broken_.ok()) return broken_;
+  if (directory_unsynced_) {
+    if (absl::Status synced = SyncDirectory(); !synced.ok()) return synced;
+  }
   if (::fdatasync(fd_.get()) != 0) {
     broken_ = ErrnoToStatus(errno, absl::StrCat("fdatasync ", path_));
     return broken_;

@@ -34,8 +34,9 @@ class RecordLog {
   // Atomically replaces the log at `path` by one holding `records`: writes
   // `<path>.tmp`, fsyncs it, renames it over `path`, fsyncs the directory.
   // Returns the new log, open for appending. An error means the old log is
-  // still in place; if only the directory fsync fails, the new log is
-  // returned but refuses appends and syncs with that error.
+  // still in place (and no <path>.tmp is left). If only the directory fsync
+  // fails, the new log is returned and each Sync() retries that fsync
+  // first, failing (without breaking the log) until it succeeds.
   static absl::StatusOr<std::unique_ptr<RecordLog>> Rewrite(
       const std::string& path, const std::vector<std::string>& records);
 
@@ -55,11 +56,13 @@ class RecordLog {
  private:
   RecordLog(std::string path, UniqueFd fd, uint64_t end);
   static std::string Frame(absl::string_view payload);
+  absl::Status SyncDirectory();
 
   const std::string path_;
   const UniqueFd fd_;
   uint64_t end_;
   absl::Status broken_;
+  bool directory_unsynced_ = false;  // after Rewrite's rename
 };
 
 }  // namespace lohan

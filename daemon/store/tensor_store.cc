@@ -219,6 +219,7 @@ absl::Status TensorStore::Recover() {
   if (!log.ok()) return log.status();
   absl::MutexLock log_lock(&log_mu_);
   log_ = *std::move(log);
+  catalog_bytes_.store(log_->size(), std::memory_order_relaxed);
   catalog_ = std::move(replayed);
   compact_at_bytes_ =
       std::max(options_.catalog_compact_bytes, 2 * log_->size());
@@ -236,14 +237,16 @@ CatalogRecord TensorStore::StoreInfoRecord() const {
 
 absl::Status TensorStore::AppendToCatalog(CatalogRecord record, bool sync) {
   absl::MutexLock lock(&log_mu_);
+  // Checked first, so that what the log says and catalog_ never part.
+  if (absl::Status valid = catalog_.Check(record); !valid.ok()) {
+    return absl::InternalError(absl::StrCat(
+        "catalog record out of step with the store: ", valid.message()));
+  }
   absl::Status s = log_->Append(record.Encode());
   if (!s.ok()) return s;
   // Appended, durable or not: from now on a snapshot must say it too.
-  absl::Status applied = catalog_.Apply(std::move(record));
-  if (!applied.ok()) {
-    return absl::InternalError(absl::StrCat(
-        "catalog record out of step with the store: ", applied.message()));
-  }
+  (void)catalog_.Apply(std::move(record));
+  catalog_bytes_.store(log_->size(), std::memory_order_relaxed);
   if (sync) {
     s = log_->Sync();
     if (s.ok()) MaybeCompactCatalog();
@@ -266,7 +269,8 @@ void TensorStore::MaybeCompactCatalog() {
     return;
   }
   log_ = *std::move(log);
-  ++compactions_;
+  compactions_.fetch_add(1, std::memory_order_relaxed);
+  catalog_bytes_.store(log_->size(), std::memory_order_relaxed);
   compact_at_bytes_ =
       std::max(options_.catalog_compact_bytes, 2 * log_->size());
 }
@@ -625,9 +629,9 @@ StoreStats TensorStore::Stats() const {
     absl::MutexLock lock(&mu_);
     stats.tensors = tensors_.size();
   }
-  absl::MutexLock log_lock(&log_mu_);
-  stats.catalog_bytes = log_->size();
-  stats.catalog_compactions = compactions_;
+  // Not under log_mu_: a compaction in progress must not hold up status.
+  stats.catalog_bytes = catalog_bytes_.load(std::memory_order_relaxed);
+  stats.catalog_compactions = compactions_.load(std::memory_order_relaxed);
   return stats;
 }
 

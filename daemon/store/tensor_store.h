@@ -1,6 +1,7 @@
 #ifndef LOHAN_DAEMON_STORE_TENSOR_STORE_H_
 #define LOHAN_DAEMON_STORE_TENSOR_STORE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -196,12 +197,14 @@ class TensorStore {
   const UniqueFd lock_fd_;  // flock'd: one process per state_dir.
   const std::unique_ptr<SsdArray> array_;  // Outlives every Version.
 
-  mutable absl::Mutex log_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  absl::Mutex log_mu_ ABSL_ACQUIRED_AFTER(mu_);
   std::unique_ptr<RecordLog> log_ ABSL_GUARDED_BY(log_mu_);
   // What the log says: each appended record is applied here.
   CatalogState catalog_ ABSL_GUARDED_BY(log_mu_);
   uint64_t compact_at_bytes_ ABSL_GUARDED_BY(log_mu_) = 0;
-  uint64_t compactions_ ABSL_GUARDED_BY(log_mu_) = 0;
+  // Written under log_mu_, read by Stats without it.
+  std::atomic<uint64_t> catalog_bytes_{0};
+  std::atomic<uint64_t> compactions_{0};
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<Key, std::shared_ptr<Entry>> tensors_

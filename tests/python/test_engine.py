@@ -931,8 +931,10 @@ def test_unused_parameter_is_flushed_with_a_warning(lohand, params):
     model.blocks[1].unused = nn.Parameter(torch.zeros(3))
     with engine_for(model, lohand, params=params) as engine:
         assert engine.step() is None  # no gradients yet: a no-op
-        lm_loss(model, batches(1)[0, 0]).backward()
+        # Warned at the hand-over: in backward once the block's pass is
+        # complete (offload policy), else at step().
         with pytest.warns(UserWarning, match="blocks.1.unused"):
+            lm_loss(model, batches(1)[0, 0]).backward()
             result = engine.step()
         assert result.iteration == 1
     assert torch.equal(model.blocks[1].unused.detach(), torch.zeros(3))
@@ -1462,7 +1464,7 @@ def test_learning_rate_schedule_matches_torch_lambda_lr(lohand):
             schedule.step()
             opt.zero_grad()
             again_losses.append(loss.item())
-        with pytest.raises(ValueError, match="one parameter group"):
+        with pytest.raises(ValueError, match="param groups are fixed"):
             opt.add_param_group({"params": [torch.nn.Parameter(
                 torch.zeros(1))]})
     assert again_losses == losses
@@ -1536,3 +1538,233 @@ def test_backward_failing_half_way_then_zero_grad_discards_the_step(
         assert torch.equal(weight, runs[1][0][name]), name
     for a, b in zip(runs[0][1], runs[1][1]):
         assert torch.equal(a, b)
+
+
+# ----------------------------------------------------- param groups, misuse
+
+
+@pytest.mark.parametrize("params", ["resident", "offload"])
+def test_param_groups_match_torch_adamw_param_groups(lohand, params):
+    """Groups with their own lr and weight decay, next to no_weight_decay
+    for the rest, under an LR schedule: as torch AdamW with the same
+    groups and LambdaLR."""
+    data = batches(5)
+    reference = tiny_gpt()
+    model = copy.deepcopy(reference)
+    block = {id(p) for p in reference.blocks[1].parameters()}
+    tied = {id(reference.tok.weight)}
+    rest = [p for p in reference.parameters()
+            if id(p) not in block | tied]
+    opt = torch.optim.AdamW([
+        {"params": [p for p in rest if p.dim() >= 2]},
+        {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},
+        {"params": list(reference.blocks[1].parameters()), "lr": 3 * LR,
+         "weight_decay": 0.0},
+        {"params": [reference.tok.weight], "lr": 0.5 * LR,
+         "weight_decay": 0.3},
+    ], lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+
+    def warmup(step: int) -> float:
+        return min(1.0, (step + 1) / 3)
+
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, warmup)
+    ref_losses = []
+    for step in data:
+        loss = lm_loss(reference, step[0])
+        loss.backward()
+        ref_losses.append(loss.item())
+        opt.step()
+        opt.zero_grad()
+        schedule.step()
+
+    with engine_for(model, lohand, params=params, no_weight_decay="1d",
+                    job_name=f"groups-{params}", param_groups=[
+                        {"params": list(model.blocks[1].parameters()),
+                         "lr": 3 * LR, "weight_decay": 0.0},
+                        {"params": ["head.weight"], "lr": 0.5 * LR,
+                         "weight_decay": 0.3}]) as engine:
+        optimizer = engine.optimizer
+        in_block = len(list(model.blocks[1].parameters()))
+        assert [len(g["params"]) for g in optimizer.param_groups] == [
+            len(list(model.parameters())) - in_block - 1, in_block, 1]
+        lambda_lr = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup)
+        losses = []
+        for step in data:
+            loss = lm_loss(model, step[0])
+            loss.backward()
+            losses.append(loss.item())
+            optimizer.step()
+            optimizer.zero_grad()
+            lambda_lr.step()
+    assert_fp32_close(model, reference, losses, ref_losses)
+
+
+def test_param_groups_are_checked(lohand):
+    model = tiny_gpt()
+    block = list(model.blocks[0].parameters())
+    frozen = nn.Parameter(torch.zeros(2), requires_grad=False)
+    model.blocks[2].frozen = frozen
+    cases = [
+        ({"params": block, "betas": (0.8, 0.9)},
+         ValueError, "sets betas: the daemon runs one"),
+        ([{"params": block}, {"params": block[:1]}],
+         ValueError, r"param_groups\[0\] and \[1\] both hold blocks.0"),
+        ({"params": ["blocks.9.fc.weight"]}, ValueError,
+         "names 'blocks.9.fc.weight', which the model does not have"),
+        ({"params": [frozen]}, ValueError, "does not train"),
+        ({"params": block, "weight_decay": -1.0}, ValueError,
+         "must be finite and >= 0"),
+        ({"params": block}, TypeError, "list of dicts"),
+    ]
+    for groups, error, message in cases:
+        groups = [groups] if error is not TypeError and isinstance(
+            groups, dict) else groups
+        with pytest.raises(error, match=message):
+            engine_for(model, lohand, param_groups=groups)
+    with pytest.raises(ValueError, match="lohan.init's lr is 0"):
+        lohan.init(model, lr=0.0, socket=lohand.socket,
+                   param_groups=[{"params": block, "lr": 1e-3}])
+    with pytest.raises(ValueError, match=r"betas\[1\]=1.0 must be in"):
+        lohan.init(model, betas=(0.9, 1.0), socket=lohand.socket)
+    with pytest.raises(ValueError, match="lr=-0.1 must be in"):
+        lohan.init(model, lr=-0.1, socket=lohand.socket)
+    with lohan.Client(lohand.socket) as client:
+        assert client.jobs() == []  # nothing was left behind
+
+
+def test_optimizer_settings_the_daemon_cannot_follow_are_refused(lohand):
+    data = batches(3)
+    model = tiny_gpt()
+    with engine_for(model, lohand, param_groups=[
+            {"params": list(model.blocks[0].parameters()), "lr": 2 * LR}]
+                    ) as engine:
+        optimizer = engine.optimizer
+        lm_loss(model, data[0, 0]).backward()
+        optimizer.step()
+        # Momentum cycled by a scheduler: the daemon runs one beta1.
+        optimizer.param_groups[0]["betas"] = (0.85, BETAS[1])
+        with pytest.raises(RuntimeError, match="has betas"):
+            lm_loss(model, data[1, 0]).backward()
+        engine.zero_grad()
+        optimizer.param_groups[0]["betas"] = BETAS
+        # Group 1's lr no longer twice group 0's.
+        optimizer.param_groups[1]["lr"] = 5 * LR
+        with pytest.raises(RuntimeError, match="fixed multiple"):
+            lm_loss(model, data[1, 0]).backward()
+        engine.zero_grad()
+        for group, lr in zip(optimizer.param_groups, (LR / 2, LR)):
+            group["lr"] = lr  # both halved: fine
+        lm_loss(model, data[1, 0]).backward()
+        assert engine.step().iteration == 2
+
+
+def test_weights_loaded_behind_the_engine_are_refused(lohand):
+    data = batches(2)
+    model = tiny_gpt()
+    pretrained = tiny_gpt(seed=5).state_dict()
+    with engine_for(model, lohand) as engine:
+        lm_loss(model, data[0, 0]).backward()
+        engine.step()
+        model.load_state_dict(pretrained)
+        with pytest.raises(RuntimeError, match="changed in place since the "
+                                               "last step"):
+            lm_loss(model, data[1, 0]).backward()
+        engine.zero_grad()
+
+
+@pytest.mark.parametrize("options", [
+    dict(),
+    dict(params="offload", buffers="streamed", stream_buffers=1,
+         activation_host_bytes=0, activation_buffer_bytes=2 * 4096)])
+def test_model_called_twice_before_one_backward_matches_torch(lohand,
+                                                               options):
+    """Each block is recomputed once per call, in the outer backward; its
+    layer is handed over once every call of it has been differentiated,
+    also over accumulated micro-batches."""
+    data = batches(3, micro=2)
+    reference = tiny_gpt()
+    model = copy.deepcopy(reference)
+    opt = torch.optim.AdamW(reference.parameters(), lr=LR, betas=BETAS,
+                            eps=EPS, weight_decay=WD)
+
+    def two_calls(net: nn.Module, step: torch.Tensor) -> torch.Tensor:
+        return lm_loss(net, step[0]) + lm_loss(net, step[1])
+
+    ref_losses = []
+    for step in data:
+        loss = two_calls(reference, step)
+        loss.backward()
+        ref_losses.append(loss.item())
+        opt.step()
+        opt.zero_grad()
+    with engine_for(model, lohand, **options) as engine:
+        losses = []
+        for step in data:
+            loss = two_calls(model, step)
+            loss.backward()
+            losses.append(loss.item())
+            engine.step()
+    assert_fp32_close(model, reference, losses, ref_losses)
+
+    # Accumulated: two backward passes of two calls each per step.
+    again = tiny_gpt()
+    with engine_for(again, lohand, grad_accumulation_steps=2,
+                    job_name="twice-accumulated", **options) as engine:
+        for step in data[:2]:
+            for ids in step:
+                (lm_loss(again, ids) + lm_loss(again, ids)).backward()
+            assert engine.step() is not None
+
+
+def test_what_offloaded_blocks_cannot_do_is_a_clear_error(lohand):
+    model = tiny_gpt()
+    ids = batches(1)[0, 0]
+    with engine_for(model, lohand) as engine:
+        # Gradients of an input, not of the parameters.
+        x = model.tok(ids[:, :-1]).detach().requires_grad_()
+        out = model.blocks[0](x)
+        with pytest.raises(RuntimeError, match="torch.autograd.grad"):
+            torch.autograd.grad(out.sum(), x)
+        engine.zero_grad()
+        # A block input changed in place after the block ran.
+        h = model.tok(ids[:, :-1]) + model.pos(torch.arange(SEQ))
+        for block in model.blocks:
+            out = block(h)
+            h += out  # in place: the block's input changes
+        with pytest.raises(RuntimeError, match="modified in place"):
+            model.head(model.ln_f(h)).sum().backward()
+        engine.zero_grad()
+        # Training goes on.
+        lm_loss(model, ids).backward()
+        assert engine.step().iteration == 1
+    # A second backward over the same forward (accumulating, so the
+    # layers that are not blocks may take two).
+    with engine_for(model, lohand, grad_accumulation_steps=2,
+                    job_name="twice-backward") as engine:
+        loss = lm_loss(model, ids)
+        loss.backward(retain_graph=True)
+        with pytest.raises(RuntimeError, match="second time"):
+            loss.backward()
+        engine.zero_grad()
+
+
+def test_discard_step_drops_what_was_not_handed_over(lohand):
+    """discard_step() in the middle of an accumulation throws the
+    micro-batches away, as if they had never been seen."""
+    data = batches(3, micro=2)
+    runs = []
+    for discard in (False, True):
+        model = tiny_gpt()
+        with engine_for(model, lohand, grad_accumulation_steps=2,
+                        job_name=f"discard-{discard}") as engine:
+            if discard:
+                lm_loss(model, data[2, 0]).backward()  # half a step
+                engine.discard_step()
+                assert all(p.grad is None for p in model.parameters())
+            for step in data[:2]:
+                for ids in step:
+                    lm_loss(model, ids).backward()
+                engine.step()
+            runs.append(engine.master_weights())
+    for name, weight in runs[0].items():
+        assert torch.equal(weight, runs[1][name]), name

@@ -27,6 +27,17 @@ def _candidates() -> List[str]:
     return found
 
 
+class ParamGroup(ctypes.Structure):
+    """lohan_param_group from lohan_client.h."""
+
+    _fields_ = [
+        ("lr_scale", ctypes.c_double),
+        ("weight_decay", ctypes.c_double),
+        ("ranges", ctypes.POINTER(ctypes.c_uint64)),
+        ("num_ranges", ctypes.c_uint32),
+    ]
+
+
 class ModelSpec(ctypes.Structure):
     """lohan_model_spec from lohan_client.h (field order matters)."""
 
@@ -55,6 +66,9 @@ class ModelSpec(ctypes.Structure):
         # Elements without weight decay: (layer, begin, end) triples.
         ("no_weight_decay", ctypes.POINTER(ctypes.c_uint64)),
         ("num_no_weight_decay", ctypes.c_uint32),
+        # Param groups with their own lr (a scale of the job's) and decay.
+        ("param_groups", ctypes.POINTER(ParamGroup)),
+        ("num_param_groups", ctypes.c_uint32),
     ]
 
 

@@ -57,7 +57,8 @@ class _Handle:
     away) give their storage back on the store's next call."""
 
     __slots__ = ("store", "tensor", "ids", "nbytes", "shape", "dtype",
-                 "device", "prefetch", "copied", "counted", "__weakref__")
+                 "device", "prefetch", "copied", "counted", "version",
+                 "__weakref__")
 
     def __init__(self, store: "ActivationStore", nbytes: int,
                  shape: torch.Size, dtype: torch.dtype,
@@ -73,6 +74,9 @@ class _Handle:
         self.prefetch: Optional[Tuple["_Buffer", int]] = None
         self.copied: Any = None  # GPU -> host: the copy's CUDA event
         self.counted = False  # in the store's stats (a put that finished)
+        # A tensor kept as it is (no copy): its version at the put. Changed
+        # in place before backward, the recompute would see other values.
+        self.version: Optional[int] = None
 
     def __del__(self) -> None:
         store = self.store
@@ -240,6 +244,7 @@ class ActivationStore:
         if fits or not self._buffers:
             if tensor.device.type == "cpu":
                 handle.tensor = tensor  # already in host memory
+                handle.version = tensor._version
             else:
                 handle.tensor, handle.copied = self._to_host(tensor)
             handle.counted = True
@@ -267,6 +272,15 @@ class ActivationStore:
     def get(self, handle: _Handle) -> torch.Tensor:
         """The stored tensor, on its original device; the handle is spent
         (its storage goes back at the next sweep)."""
+        if (handle.version is not None
+                and handle.tensor._version != handle.version):
+            raise RuntimeError(
+                "lohan: a block's input was modified in place after the "
+                f"block ran (version {handle.version} -> "
+                f"{handle.tensor._version}); backward would recompute the "
+                "block from other values. Use an out-of-place op (x = x + y, "
+                "not x += y), as torch's autograd requires of tensors it "
+                "saved for backward")
         self.stats.gets += 1
         if handle.tensor is not None:
             tensor = handle.tensor
@@ -342,6 +356,43 @@ def _autocast_state() -> List[Tuple[str, torch.dtype]]:
 _TENSOR = object()
 
 
+class BlockPasses:
+    """Tells the gradient router when a block's backward pass is complete.
+    A block recomputed here is differentiated once per call (its own
+    backward inside the outer one), so one outer backward can reach its
+    parameters several times (a model called twice before one backward);
+    the block's gradients are complete once every call of it that is
+    still to be differentiated has been. `inner(block)` is a context held
+    while one call's gradients accumulate; `done(block)` says the block has
+    no call left to differentiate. Calls whose graph is dropped without a
+    backward stop counting when it goes (then the step hands the layer
+    over)."""
+
+    def __init__(self, inner: Callable[[nn.Module], Any],
+                 done: Callable[[nn.Module], None]):
+        self._inner = inner
+        self._done = done
+        self._live: Dict[int, int] = {}
+
+    def called(self, block: nn.Module, replay: "_Replay") -> None:
+        key = id(block)
+        self._live[key] = self._live.get(key, 0) + 1
+        replay.finalizer = weakref.finalize(replay, self._forget, key)
+
+    def _forget(self, key: int) -> None:
+        self._live[key] -= 1
+
+    def inner(self, block: nn.Module) -> Any:
+        return self._inner(block)
+
+    def differentiated(self, block: nn.Module, replay: "_Replay") -> None:
+        replay.finalizer.detach()
+        key = id(block)
+        self._live[key] -= 1
+        if self._live[key] == 0:
+            self._done(block)
+
+
 class _Replay:
     """What a block's recompute needs besides its stored inputs."""
 
@@ -360,6 +411,10 @@ class _Replay:
         self.output_spec: Any = None
         self.output_leaves: List[Any] = []  # _TENSOR where a tensor goes
         self.handles: List[_Handle] = []
+        self.block: Optional[nn.Module] = None
+        self.passes: Optional[BlockPasses] = None
+        self.finalizer: Any = None
+        self.differentiated = False
 
     def capture_cuda_rng(self, devices: Sequence[int]) -> None:
         self.cuda_rng = [(d, torch.cuda.get_rng_state(d)) for d in devices]
@@ -393,6 +448,21 @@ class _OffloadedBlock(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads: torch.Tensor):
         replay: _Replay = ctx.replay
+        if not torch.autograd._is_checkpoint_valid():
+            raise RuntimeError(
+                "lohan: activations='offload' recomputes each block inside "
+                "loss.backward() and accumulates its parameters' gradients "
+                "there; torch.autograd.grad() or backward(inputs=...) "
+                "through a block is not supported with it. Use "
+                "activations='recompute' or 'keep' for that")
+        if replay.differentiated:
+            raise RuntimeError(
+                "lohan: a block's backward ran a second time over the same "
+                "forward (backward(retain_graph=True) twice): "
+                "activations='offload' stores each block input for one "
+                "backward. Run the forward again, or use "
+                "activations='recompute' or 'keep'")
+        replay.differentiated = True
         inputs = []
         for handle, needs in zip(replay.handles, ctx.needs_grad):
             tensor = replay.store.get(handle).detach()
@@ -421,7 +491,11 @@ class _OffloadedBlock(torch.autograd.Function):
                     outputs.append(tensor)
                     output_grads.append(grad)
             if outputs:
+                if replay.passes is not None:
+                    stack.enter_context(replay.passes.inner(replay.block))
                 torch.autograd.backward(outputs, output_grads)
+        if replay.passes is not None:
+            replay.passes.differentiated(replay.block, replay)
         return (None, None, *[t.grad if needs else None
                               for t, needs in zip(inputs, ctx.needs_grad)])
 
@@ -470,7 +544,8 @@ class _Weights:
 
 def _offloaded_forward(original: Callable, store: ActivationStore,
                        anchor: torch.Tensor, warned: List[bool],
-                       weights: _Weights):
+                       weights: _Weights, block: nn.Module,
+                       passes: Optional[BlockPasses]):
     def forward(*args, **kwargs):
         if not torch.is_grad_enabled():
             with weights:
@@ -512,6 +587,9 @@ def _offloaded_forward(original: Callable, store: ActivationStore,
             devices = [torch.cuda.current_device()]
         if devices:
             replay.capture_cuda_rng(devices)
+        if passes is not None:
+            replay.block, replay.passes = block, passes
+            passes.called(block, replay)
         tensors = _OffloadedBlock.apply(replay, anchor, *inputs)
         tensors = iter(tensors)
         flat = [next(tensors) if leaf is _TENSOR else leaf
@@ -523,7 +601,8 @@ def _offloaded_forward(original: Callable, store: ActivationStore,
 
 def install(model: nn.Module, blocks: Sequence[nn.Module], policy: str,
             store: Optional[ActivationStore] = None,
-            residency: Any = None) -> Callable[[], None]:
+            residency: Any = None,
+            passes: Optional[BlockPasses] = None) -> Callable[[], None]:
     """Applies `policy` to every block (`store` for "offload"; with
     `residency`, a params.ParameterResidency, the blocks' weights are
     materialized around each run); returns the function that undoes it."""
@@ -553,7 +632,8 @@ def install(model: nn.Module, blocks: Sequence[nn.Module], policy: str,
         originals.append((block, original))
         if policy == "offload":
             block.forward = _offloaded_forward(original, store, anchor, warned,
-                                               _Weights(block, residency))
+                                               _Weights(block, residency),
+                                               block, passes)
             continue
 
         def forward(*args, _original=original, **kwargs):

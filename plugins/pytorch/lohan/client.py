@@ -318,7 +318,10 @@ class DataPlane:
                        grad_slots: int = 0,
                        weight_slots: int = 0,
                        initial_iteration: int = 0,
-                       no_weight_decay: Iterable[Tuple[int, int, int]] = ()
+                       no_weight_decay: Iterable[Tuple[int, int, int]] = (),
+                       param_groups: Iterable[
+                           Tuple[float, float,
+                                 Iterable[Tuple[int, int, int]]]] = ()
                        ) -> Model:
         """Registers the model of `job_id` (this process attached it and
         opened this data plane); see lohan_client.h.
@@ -336,7 +339,12 @@ class DataPlane:
         elements [begin, end) of that layer's flat vector are updated with
         weight_decay 0 (biases and norm weights, as torch's param group
         with weight_decay=0); a layer's ranges must not overlap
-        (INVALID_ARGUMENT naming the range otherwise)."""
+        (INVALID_ARGUMENT naming the range otherwise).
+
+        `param_groups`: (lr_scale, weight_decay, ranges) per group, ranges
+        as no_weight_decay's: those elements are updated with lr x
+        lr_scale and that weight decay (torch's param groups); no element
+        in two groups, nor in a group and in no_weight_decay."""
         if dtype not in _DTYPES:
             raise ValueError(f"dtype {dtype!r} is not supported; use one of "
                              f"{sorted(_DTYPES)}")
@@ -344,15 +352,28 @@ class DataPlane:
             raise ValueError(f"initial_iteration must be >= 0, got "
                              f"{initial_iteration}")
         elements = (ctypes.c_uint64 * len(layer_elements))(*layer_elements)
-        triples: List[int] = []
-        for entry in no_weight_decay:
-            layer, begin, end = entry
-            for value in (layer, begin, end):
-                if int(value) < 0:
-                    raise ValueError(f"no_weight_decay range {tuple(entry)} "
-                                     f"has a negative value")
-            triples += [int(layer), int(begin), int(end)]
-        exempt = (ctypes.c_uint64 * len(triples))(*triples)
+
+        def flat_ranges(ranges: Iterable[Tuple[int, int, int]],
+                        what: str) -> Tuple[Any, int]:
+            triples: List[int] = []
+            for entry in ranges:
+                layer, begin, end = entry
+                for value in (layer, begin, end):
+                    if int(value) < 0:
+                        raise ValueError(f"{what} range {tuple(entry)} has a "
+                                         "negative value")
+                triples += [int(layer), int(begin), int(end)]
+            return (ctypes.c_uint64 * len(triples))(*triples), len(triples) // 3
+
+        exempt, num_exempt = flat_ranges(no_weight_decay, "no_weight_decay")
+        # Kept alive until the call returns (the structs point into them).
+        group_ranges = [flat_ranges(ranges, f"param_groups[{n}]")
+                        for n, (_, _, ranges) in enumerate(param_groups)]
+        groups = (_native.ParamGroup * len(group_ranges))(*[
+            _native.ParamGroup(lr_scale=float(scale), weight_decay=float(wd),
+                               ranges=array, num_ranges=count)
+            for (scale, wd, _), (array, count) in zip(param_groups,
+                                                      group_ranges)])
         spec = _native.ModelSpec(
             struct_size=ctypes.sizeof(_native.ModelSpec),
             dtype=_DTYPES[dtype][0], layer_elements=elements,
@@ -363,7 +384,8 @@ class DataPlane:
             skip_nonfinite=int(skip_nonfinite), chunk_elements=chunk_elements,
             activation_bytes=activation_bytes, grad_slots=grad_slots,
             weight_slots=weight_slots, initial_iteration=initial_iteration,
-            no_weight_decay=exempt, num_no_weight_decay=len(triples) // 3)
+            no_weight_decay=exempt, num_no_weight_decay=num_exempt,
+            param_groups=groups, num_param_groups=len(group_ranges))
         handle = ctypes.c_void_p()
         _check(self._lib.lohan_model_register(
             self._client._handle, self._handle, job_id.encode(),

@@ -11,18 +11,20 @@ weights into the model's parameters.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import (Any, Callable, Dict, List, Optional, Sequence, Set,
+                    Tuple, Union)
 
 import torch
 from torch import nn
 
 from lohan.activations import POLICIES as ACTIVATION_POLICIES
-from lohan.activations import ActivationStats, ActivationStore
+from lohan.activations import ActivationStats, ActivationStore, BlockPasses
 from lohan.activations import install as install_activation_policy
 from lohan.blocks import (BlocksArg, Layer, WIRE_NAMES, find_blocks,
                           plan_layers, resolve_dtype)
@@ -73,6 +75,17 @@ class StepResult:
     iteration: int      # committed steps after this one
 
 
+@dataclass
+class _ParamGroup:
+    """One of lohan.init's param_groups, as the daemon runs it."""
+
+    ids: Set[int]                       # id() of its parameters
+    lr: float                           # at init
+    weight_decay: float
+    lr_scale: float                     # lr / the job's lr
+    ranges: List[Tuple[int, int, int]]  # (layer, begin, end)
+
+
 class Engine:
     """Trains `model` with Adam/AdamW run by lohand. Build it with
     lohan.init(). Not thread-safe: one training loop drives it."""
@@ -90,6 +103,7 @@ class Engine:
                  no_weight_decay: Union[None, str, Callable[[str, nn.Parameter],
                                                          bool],
                                         Any] = None,
+                 param_groups: Optional[Sequence[Dict[str, Any]]] = None,
                  skip_nonfinite: bool = True, chunk_elements: int = 0,
                  activations: str = "offload",
                  activation_host_bytes: Optional[int] = None,
@@ -122,6 +136,16 @@ class Engine:
         self.betas = (float(betas[0]), float(betas[1]))
         self.eps = float(eps)
         self.weight_decay = float(weight_decay)
+        for name, value, low, high in (("lr", self.lr, 0.0, math.inf),
+                                       ("betas[0]", self.betas[0], 0.0, 1.0),
+                                       ("betas[1]", self.betas[1], 0.0, 1.0),
+                                       ("weight_decay", self.weight_decay, 0.0,
+                                        math.inf)):
+            if not (low <= value < high) or not math.isfinite(value):
+                raise ValueError(f"lohan.init: {name}={value} must be in "
+                                 f"[{low}, {high})")
+        if not (self.eps > 0.0 and math.isfinite(self.eps)):
+            raise ValueError(f"lohan.init: eps={self.eps} must be > 0")
         self._optimizer: Any = None
         devices = sorted({str(p.device) for p in model.parameters()})
         if len(devices) > 1:
@@ -205,7 +229,9 @@ class Engine:
             raise ValueError("stream_buffers must be an int >= 1, got "
                              f"{stream_buffers!r}")
 
-        exempt = self._exempt_ranges(no_weight_decay)
+        self._groups = self._param_groups(param_groups)
+        grouped = set().union(*(g.ids for g in self._groups))
+        exempt = self._exempt_ranges(no_weight_decay, grouped)
         element_bytes = torch.empty((), dtype=self.dtype).element_size()
         elements = [layer.numel for layer in self.layers]
         try:
@@ -225,6 +251,8 @@ class Engine:
                 eps=eps, weight_decay=weight_decay, adamw=adamw,
                 amsgrad=amsgrad, bf16_moments=bool(bf16_moments),
                 no_weight_decay=exempt,
+                param_groups=[(g.lr_scale, g.weight_decay, g.ranges)
+                              for g in self._groups],
                 max_grad_norm=max_grad_norm,
                 skip_nonfinite=skip_nonfinite, chunk_elements=chunk_elements,
                 activation_bytes=area_bytes, grad_slots=slots,
@@ -283,9 +311,25 @@ class Engine:
                     if spill else None)
             self._activations = ActivationStore(activation_host_bytes,
                                                 self._remote, area)
+        layer_of_block = {id(layer.block): layer.index
+                          for layer in self.layers if layer.block is not None}
+        router = self._router
+
+        def inside(block: nn.Module) -> Any:
+            layer = layer_of_block.get(id(block))
+            return (router.inside(layer) if layer is not None
+                    else contextlib.nullcontext())
+
+        def passed(block: nn.Module) -> None:
+            layer = layer_of_block.get(id(block))
+            if layer is not None:
+                router.block_passed(layer)
+
         self._uninstall_activations = install_activation_policy(
             model, self.blocks, activations, self._activations,
-            Both(self._residency, self._frozen) if self._residency else None)
+            Both(self._residency, self._frozen) if self._residency else None,
+            BlockPasses(inside, passed))
+        self._remember_weights()
         self._delete_on_failure = False
 
     def _offloaded_state_dict(
@@ -329,12 +373,14 @@ class Engine:
 
     # ----------------------------------------------------------------- setup
 
-    def _exempt_ranges(self, rule: Any) -> List[Tuple[int, int, int]]:
+    def _exempt_ranges(self, rule: Any,
+                       grouped: Set[int]) -> List[Tuple[int, int, int]]:
         """(layer, begin, end) element ranges updated without weight decay:
-        the parameters `rule` picks. None: none (torch AdamW with one
-        group); "1d": every parameter with fewer than 2 dimensions (biases,
-        norm weights: the usual fine-tuning recipe); a callable(name,
-        param) -> bool; or parameter names (any of a tied one's names)."""
+        the parameters `rule` picks, but for those in a param group (whose
+        own weight_decay holds). None: none (torch AdamW with one group);
+        "1d": every parameter with fewer than 2 dimensions (biases, norm
+        weights: the usual fine-tuning recipe); a callable(name, param) ->
+        bool; or parameter names (any of a tied one's names)."""
         if rule is None:
             return []
         if rule == "1d":
@@ -354,6 +400,13 @@ class Engine:
                                  f"does not have: {unknown[:5]}")
             chosen = {aliases[name] for name in names}
             picks = lambda name, param: id(param) in chosen  # noqa: E731
+        return self._ranges_of(
+            lambda name, param: id(param) not in grouped and picks(name, param))
+
+    def _ranges_of(self, picks: Callable[[str, nn.Parameter], bool]
+                   ) -> List[Tuple[int, int, int]]:
+        """(layer, begin, end) element ranges of the trained parameters
+        `picks` chooses, adjacent ones merged."""
         ranges: List[Tuple[int, int, int]] = []
         for layer in self.layers:
             for name, param, offset, size in zip(layer.names, layer.params,
@@ -367,6 +420,125 @@ class Engine:
                 else:
                     ranges.append((layer.index, offset, end))
         return ranges
+
+    def _param_groups(self, groups: Any) -> List["_ParamGroup"]:
+        """torch-style param groups, [{"params": [...], "lr": x,
+        "weight_decay": y}, ...] (parameters or names): those parameters
+        are trained with that lr and weight decay; the rest with lohan.init's.
+        The daemon runs each group's lr as a fixed multiple of the job's
+        (a schedule scales them all alike, as torch's schedulers do)."""
+        if groups is None:
+            return []
+        if isinstance(groups, dict) or not isinstance(groups, (list, tuple)):
+            raise TypeError("param_groups must be a list of dicts, as "
+                            "torch.optim's")
+        names = {id(p): name for layer in self.layers
+                 for name, p in zip(layer.names, layer.params)}
+        aliases = dict(self.model.named_parameters(remove_duplicate=False))
+        owner: Dict[int, int] = {}
+        result: List[_ParamGroup] = []
+        for n, group in enumerate(groups):
+            if not isinstance(group, dict) or "params" not in group:
+                raise ValueError(f"param_groups[{n}] must be a dict with "
+                                 "'params'")
+            unsupported = sorted(set(group) - {"params", "lr", "weight_decay"})
+            if unsupported:
+                raise ValueError(
+                    f"param_groups[{n}] sets {', '.join(unsupported)}: the "
+                    "daemon runs one of each per job (give it to lohan.init); "
+                    "a group may set only 'lr' and 'weight_decay'")
+            params = group["params"]
+            if isinstance(params, (torch.Tensor, str)):
+                params = [params]
+            ids = set()
+            for item in params:
+                param = aliases.get(item) if isinstance(item, str) else item
+                if param is None:
+                    raise ValueError(f"param_groups[{n}] names {item!r}, "
+                                     "which the model does not have")
+                if id(param) not in names:
+                    raise ValueError(
+                        f"param_groups[{n}] holds a parameter the engine does "
+                        "not train (frozen, or not this model's)")
+                if owner.setdefault(id(param), n) != n:
+                    raise ValueError(
+                        f"param_groups[{owner[id(param)]}] and [{n}] both "
+                        f"hold {names[id(param)]}")
+                ids.add(id(param))
+            lr = float(group.get("lr", self.lr))
+            wd = float(group.get("weight_decay", self.weight_decay))
+            if not (lr >= 0 and math.isfinite(lr)) or not (
+                    wd >= 0 and math.isfinite(wd)):
+                raise ValueError(f"param_groups[{n}]: lr {lr} and "
+                                 f"weight_decay {wd} must be finite and >= 0")
+            if self.lr == 0 and lr != 0:
+                raise ValueError(
+                    f"param_groups[{n}] has lr {lr} but lohan.init's lr is 0: "
+                    "a group runs at a fixed multiple of the job's lr")
+            result.append(_ParamGroup(
+                ids=ids, lr=lr, weight_decay=wd,
+                lr_scale=lr / self.lr if self.lr > 0 else 1.0,
+                ranges=self._ranges_of(
+                    lambda name, param, ids=ids: id(param) in ids)))
+        return result
+
+    def _remember_weights(self) -> None:
+        """The version counters of the model's resident trained parameters
+        now: one changed behind the engine's back (load_state_dict, an
+        in-place init) would be silently overwritten at the next step by
+        the daemon's weights, so the next step refuses it."""
+        offloaded = ({layer.index for layer in self._residency.layers}
+                     if self._residency is not None else set())
+        self._versions = [(name, param, param._version)
+                          for layer in self.layers
+                          if layer.index not in offloaded
+                          for name, param in zip(layer.names, layer.params)]
+
+    def _check_weights_unchanged(self) -> None:
+        changed = [name for name, param, version in self._versions
+                   if param._version != version]
+        if changed:
+            raise RuntimeError(
+                "lohan: the model's weights were changed in place since the "
+                f"last step ({', '.join(changed[:3])}"
+                f"{' ...' if len(changed) > 3 else ''}: load_state_dict, "
+                "an init function?); the daemon holds the weights it trains "
+                "and would overwrite them. To train from other weights, "
+                "close this engine and call lohan.init again (or pass "
+                "resume=<checkpoint directory>)")
+
+    def _check_optimizer_groups(self, groups: List[Dict[str, Any]]) -> None:
+        """What a scheduler or the user set in engine.optimizer's groups
+        must be what the daemon runs: the lr of group 0 drives the job, the
+        others keep their ratio to it; betas, eps and weight decay are the
+        job's."""
+        expected_decay = [self.weight_decay] + [
+            g.weight_decay for g in self._groups]
+        for n, group in enumerate(groups):
+            for key, have, want in (
+                    ("betas", tuple(group["betas"]), self.betas),
+                    ("eps", group["eps"], self.eps),
+                    ("weight_decay", group["weight_decay"],
+                     expected_decay[n])):
+                if have != want:
+                    raise RuntimeError(
+                        f"lohan: engine.optimizer's param group {n} has "
+                        f"{key} {have}, but the daemon runs {want} for the "
+                        "whole job (given to lohan.init); a scheduler that "
+                        "cycles momentum needs that off (OneCycleLR("
+                        "cycle_momentum=False))")
+            if n == 0:
+                continue
+            want_lr = self.lr * self._groups[n - 1].lr_scale
+            if not math.isclose(group["lr"], want_lr, rel_tol=1e-9,
+                                abs_tol=1e-300):
+                raise RuntimeError(
+                    f"lohan: engine.optimizer's param group {n} has lr "
+                    f"{group['lr']}, not {want_lr} (its lr_scale "
+                    f"{self._groups[n - 1].lr_scale} of group 0's "
+                    f"{self.lr}): the daemon keeps each group's lr a fixed "
+                    "multiple of the job's, as schedulers that scale every "
+                    "group alike do")
 
     def _open_job_with_buffers(self, client: Client, resume: bool,
                                buffers: str, stream_buffers: int,
@@ -568,10 +740,13 @@ class Engine:
     # -------------------------------------------------------------- training
 
     def _begin_iteration(self) -> None:
+        self._check_weights_unchanged()
         if self._optimizer is not None:
             # An LR scheduler sets the rate in the optimizer's group, and
             # the iteration (which carries it) begins during backward.
-            self.lr = float(self._optimizer.param_groups[0]["lr"])
+            groups = self._optimizer.param_groups
+            self.lr = float(groups[0]["lr"])
+            self._check_optimizer_groups(groups)
         # Gradients of a loss scaled by engine.backward come back to scale 1
         # in the daemon, exactly (the scale is a power of two).
         self._remote.iter_begin(
@@ -699,6 +874,7 @@ class Engine:
                 self._copy_into_params(layer, self._staging)
             else:
                 self._copy_weight16_into_params(layer)
+        self._remember_weights()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Gradients are cleared as they are handed over; this clears any
@@ -730,7 +906,13 @@ class Engine:
             finally:
                 self._in_iteration = False
                 self._scaled_backward = False
-                self._router.reset()
+        # What backward accumulated and had not handed over yet goes too
+        # (a micro-batch of an accumulation, the layers a failed backward
+        # reached).
+        self._router.reset()
+        for layer in self.layers:
+            for param in layer.params:
+                param.grad = None
         if self._residency is not None:
             self._residency.release_all()
             self._frozen.release_all()
@@ -908,7 +1090,7 @@ class Engine:
 def init(model: nn.Module, **options: Any) -> Engine:
     """Hands `model`'s optimizer to lohand and returns the Engine. Options
     (docs/pytorch.md explains each): lr, betas, eps, weight_decay,
-    no_weight_decay, max_grad_norm, adamw, amsgrad, bf16_moments,
+    no_weight_decay, param_groups, max_grad_norm, adamw, amsgrad, bf16_moments,
     skip_nonfinite, dtype, loss_scale, loss_scale_growth_interval,
     grad_accumulation_steps, blocks, activations, activation_host_bytes,
     activation_buffer_bytes, params, buffers, stream_buffers,

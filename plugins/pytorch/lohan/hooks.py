@@ -7,12 +7,20 @@ gradients (torch's accumulated sum, exactly what an optimizer would see) are
 copied flat into the layer's gradient slot, the parameters' `.grad` are
 cleared, and the daemon is told the layer is ready: its update starts while
 backward goes on through the earlier layers.
+
+A block recomputed by the offload policy is differentiated once per call,
+inside the outer backward, so its parameters can be reached several times
+in one pass (a model called twice before one backward). For those the
+policy tells the router when the block's pass is complete (block_passed);
+the hooks that fire inside such a block's own backward only note that a
+gradient arrived.
 """
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from typing import Callable, List, Optional
+from typing import Callable, Iterator, List, Optional
 
 import torch
 
@@ -46,6 +54,10 @@ class GradientRouter:
         self._arrivals: List[List[int]] = [[0] * len(l.params) for l in layers]
         self._waiting: List[int] = [len(l.params) for l in layers]
         self.handed: List[bool] = [False] * len(layers)
+        # Per layer: inside its block's own backward (offload policy), and
+        # the block passes completed since the last hand-over.
+        self._inner: List[int] = [0] * len(layers)
+        self._passes: List[int] = [0] * len(layers)
         self._handles = []
         for layer in layers:
             for position, param in enumerate(layer.params):
@@ -58,13 +70,38 @@ class GradientRouter:
         on_grad._lohan_hook = True  # type: ignore[attr-defined]
         return on_grad
 
-    def _arrived(self, layer: int, position: int, param: torch.Tensor) -> None:
+    def _again(self, layer: int) -> RuntimeError:
+        return RuntimeError(
+            f"lohan: layer {layer} got a gradient again after it was "
+            "handed to the daemon in this step. Call engine.step() after "
+            "each backward, or pass grad_accumulation_steps=k to "
+            "lohan.init to accumulate k backward passes per step")
+
+    @contextlib.contextmanager
+    def inside(self, layer: int) -> Iterator[None]:
+        """While one call of the layer's block is differentiated."""
         if self.handed[layer]:
-            raise RuntimeError(
-                f"lohan: layer {layer} got a gradient again after it was "
-                "handed to the daemon in this step. Call engine.step() after "
-                "each backward, or pass grad_accumulation_steps=k to "
-                "lohan.init to accumulate k backward passes per step")
+            raise self._again(layer)
+        self._inner[layer] += 1
+        try:
+            yield
+        finally:
+            self._inner[layer] -= 1
+
+    def block_passed(self, layer: int) -> None:
+        """Every call of the layer's block in this backward has been
+        differentiated: one more pass."""
+        if self.handed[layer]:
+            raise self._again(layer)
+        self._passes[layer] += 1
+        if self._passes[layer] == self._steps:
+            self.hand_over(layer)
+
+    def _arrived(self, layer: int, position: int, param: torch.Tensor) -> None:
+        if self._inner[layer]:
+            return  # counted by block_passed
+        if self.handed[layer]:
+            raise self._again(layer)
         count = self._arrivals[layer][position] + 1
         self._arrivals[layer][position] = count
         if count == self._steps:
@@ -131,6 +168,7 @@ class GradientRouter:
             self._arrivals[layer] = [0] * len(self._layers[layer].params)
             self._waiting[layer] = len(self._layers[layer].params)
             self.handed[layer] = False
+            self._passes[layer] = 0
 
     def remove(self) -> None:
         for handle in self._handles:

@@ -1368,7 +1368,8 @@ class _ActivationProbe(torch.nn.Module):
         return self.head(x)
 
 
-def test_fp16_dynamic_loss_scaling_backs_off_on_overflow_and_trains(lohand):
+def test_fp16_dynamic_loss_scaling_backs_off_on_overflow_and_trains(
+        lohand, tmp_path):
     """fp16 defaults to dynamic loss scaling: a scale so large that the
     gradients overflow makes the daemon skip the step (weights unchanged)
     and the engine halve the scale, until steps go through; the result then
@@ -1408,6 +1409,13 @@ def test_fp16_dynamic_loss_scaling_backs_off_on_overflow_and_trains(lohand):
         assert skipped >= 1  # 2**16 overflows fp16 at the first backward
         assert engine.loss_scale < 2.0 ** 16
         scaled_losses = [lm_loss(scaled_model, data[-1][0]).item()]
+        engine.save(tmp_path / "fp16", optimizer_state=True)
+        scale, good = engine.loss_scale, engine._good_steps
+    # A resumed run's dynamic scale goes on from where it was.
+    with engine_for(tiny_gpt().to(torch.float16), lohand,
+                    job_name="fp16-resumed", loss_scale_growth_interval=3,
+                    resume=tmp_path / "fp16") as resumed:
+        assert (resumed.loss_scale, resumed._good_steps) == (scale, good)
     final_plain = lm_loss(plain_model, data[-1][0]).item()
     assert abs(scaled_losses[0] - final_plain) <= 2e-2 * abs(final_plain), (
         scaled_losses, final_plain)

@@ -290,6 +290,14 @@ class Engine:
                            else float(loss_scale))
         self._growth_interval = int(loss_scale_growth_interval)
         self._good_steps = 0
+        scaling = (self._checkpoint.meta.get("loss_scaling")
+                   if self._checkpoint is not None else None)
+        if self._dynamic_scale and isinstance(scaling, dict):
+            # A dynamic scale goes on where the checkpointed run left it
+            # (else a resumed fp16 run would start again at 2^16 and skip
+            # steps finding its way down).
+            self.loss_scale = float(scaling.get("scale", self.loss_scale))
+            self._good_steps = int(scaling.get("good_steps", 0))
         self._router = GradientRouter(
             self.layers, self._grad_views, grad_accumulation_steps,
             self._grad_ready,
@@ -996,6 +1004,9 @@ class Engine:
             "dtype": WIRE_NAMES[self.dtype],
             "layers": [layer.names for layer in self.layers],
             "adam": {"lr": self.lr, "amsgrad": self._amsgrad},
+            "loss_scaling": {"scale": self.loss_scale,
+                             "good_steps": self._good_steps,
+                             "dynamic": self._dynamic_scale},
         })
 
     # ------------------------------------------------------------- teardown
@@ -1039,8 +1050,14 @@ class Engine:
         if self._residency is not None:
             try:
                 self._residency.restore_all()  # before the arena goes
-            except LohanError:
-                pass  # the daemon is gone: the blocks keep placeholders
+            except LohanError as error:
+                warnings.warn(
+                    "lohan: the daemon could not give the offloaded blocks "
+                    f"their weights back ({error}); they keep empty "
+                    "placeholders. Their trained weights are with the "
+                    "daemon's job (restart it and lohan.init(..., "
+                    "resume=True)) or in your last engine.save()",
+                    stacklevel=2)
             self._residency = None
         self._uninstall_activations()
         if self._activations is not None:

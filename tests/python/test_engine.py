@@ -1776,3 +1776,15 @@ def test_discard_step_drops_what_was_not_handed_over(lohand):
             runs.append(engine.master_weights())
     for name, weight in runs[0].items():
         assert torch.equal(weight, runs[1][name]), name
+
+
+def test_a_parameter_unfrozen_after_init_is_named(lohand):
+    model = tiny_gpt()
+    model.ln_f.requires_grad_(False)
+    with engine_for(model, lohand) as engine:
+        model.ln_f.requires_grad_(True)
+        lm_loss(model, batches(1)[0, 0]).backward()
+        with pytest.warns(UserWarning, match="ln_f.weight, ln_f.bias got "
+                                             "gradients but the engine does "
+                                             "not train them"):
+            engine.step()

@@ -338,6 +338,7 @@ class Engine:
             Both(self._residency, self._frozen) if self._residency else None,
             BlockPasses(inside, passed))
         self._remember_weights()
+        self._warned_untrained = False
         self._delete_on_failure = False
 
     def _offloaded_state_dict(
@@ -489,6 +490,22 @@ class Engine:
                 ranges=self._ranges_of(
                     lambda name, param, ids=ids: id(param) in ids)))
         return result
+
+    def _warn_untrained_gradients(self) -> None:
+        """A parameter unfrozen after lohan.init gets gradients that no one
+        applies (and that pile up): say so, once."""
+        if self._warned_untrained:
+            return
+        trained = {id(p) for layer in self.layers for p in layer.params}
+        stray = [name for name, p in self.model.named_parameters()
+                 if p.grad is not None and id(p) not in trained]
+        if stray:
+            self._warned_untrained = True
+            warnings.warn(
+                f"lohan: {', '.join(stray[:3])}{' ...' if len(stray) > 3 else ''}"
+                " got gradients but the engine does not train them (they "
+                "were frozen when lohan.init ran); to train them, close the "
+                "engine and call lohan.init again", stacklevel=3)
 
     def _remember_weights(self) -> None:
         """The version counters of the model's resident trained parameters
@@ -821,6 +838,7 @@ class Engine:
         (returns None), as torch.optim's."""
         self._check_open()
         router = self._router
+        self._warn_untrained_gradients()
         if not router.any_gradient():
             return None
         router.flush()  # on an error here the iteration stays open

@@ -1,6 +1,7 @@
 #include "daemon/store/catalog_state.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 namespace lohan {
 namespace {
@@ -10,6 +11,19 @@ std::string Describe(const std::string& job, const std::string& name,
   return absl::StrCat("'", job, "/", name, "' version ", version);
 }
 
+// A commit must name a tensor that exists, with its size.
+absl::Status CheckCommitted(
+    const std::map<CatalogState::Key, CatalogState::Tensor>& tensors,
+    const std::string& job, const std::string& name, uint64_t version,
+    uint64_t bytes, absl::string_view what) {
+  auto it = tensors.find(CatalogState::Key(job, name));
+  if (it == tensors.end() || it->second.bytes != bytes) {
+    return absl::DataLossError(absl::StrCat(what, "commits unknown tensor ",
+                                            Describe(job, name, version)));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status CatalogState::Check(const CatalogRecord& record) const {
@@ -17,22 +31,16 @@ absl::Status CatalogState::Check(const CatalogRecord& record) const {
     case CatalogRecord::Kind::kCreate:
     case CatalogRecord::Kind::kDelete:
       return absl::OkStatus();
-    case CatalogRecord::Kind::kCommit: {
-      auto it = tensors_.find(Key(record.job, record.name));
-      if (it == tensors_.end() || it->second.bytes != record.placement.bytes) {
-        return absl::DataLossError(
-            absl::StrCat("commits unknown tensor ",
-                         Describe(record.job, record.name, record.version)));
-      }
-      return absl::OkStatus();
-    }
+    case CatalogRecord::Kind::kCommit:
+      return CheckCommitted(tensors_, record.job, record.name, record.version,
+                            record.placement.bytes, "");
     case CatalogRecord::Kind::kCommitBatch:
       for (const CatalogRecord::CommittedVersion& c : record.commits) {
-        auto it = tensors_.find(Key(record.job, c.name));
-        if (it == tensors_.end() || it->second.bytes != c.placement.bytes) {
-          return absl::DataLossError(
-              absl::StrCat("(batch) commits unknown tensor ",
-                           Describe(record.job, c.name, c.version)));
+        if (absl::Status s =
+                CheckCommitted(tensors_, record.job, c.name, c.version,
+                               c.placement.bytes, "(batch) ");
+            !s.ok()) {
+          return s;
         }
       }
       return absl::OkStatus();

@@ -43,7 +43,7 @@ import math
 import signal
 import warnings
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytest
 import torch
@@ -134,6 +134,20 @@ def train_torch(model: nn.Module, data: torch.Tensor, max_norm: float = 0.0,
             torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
         opt.step()
         opt.zero_grad()
+    return losses
+
+
+def torch_with_schedule(model: nn.Module, opt: torch.optim.Optimizer,
+                        schedule: Any, data: torch.Tensor) -> List[float]:
+    """A torch.optim loop with an LR scheduler stepped after each step."""
+    losses = []
+    for step in data:
+        loss = lm_loss(model, step[0])
+        loss.backward()
+        losses.append(loss.item())
+        opt.step()
+        opt.zero_grad()
+        schedule.step()
     return losses
 
 
@@ -1439,14 +1453,7 @@ def test_learning_rate_schedule_matches_torch_lambda_lr(lohand):
     opt = torch.optim.AdamW(reference.parameters(), lr=LR, betas=BETAS,
                             eps=EPS, weight_decay=WD)
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, warmup)
-    ref_losses = []
-    for step in data:
-        loss = lm_loss(reference, step[0])
-        loss.backward()
-        ref_losses.append(loss.item())
-        opt.step()
-        opt.zero_grad()
-        schedule.step()
+    ref_losses = torch_with_schedule(reference, opt, schedule, data)
     with engine_for(model, lohand, job_name="lr-schedule") as engine:
         losses = []
         for number, step in enumerate(data):
@@ -1576,14 +1583,7 @@ def test_param_groups_match_torch_adamw_param_groups(lohand, params):
         return min(1.0, (step + 1) / 3)
 
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, warmup)
-    ref_losses = []
-    for step in data:
-        loss = lm_loss(reference, step[0])
-        loss.backward()
-        ref_losses.append(loss.item())
-        opt.step()
-        opt.zero_grad()
-        schedule.step()
+    ref_losses = torch_with_schedule(reference, opt, schedule, data)
 
     with engine_for(model, lohand, params=params, no_weight_decay="1d",
                     job_name=f"groups-{params}", param_groups=[

@@ -239,3 +239,32 @@ def test_gpu_backward_failing_half_way_then_zero_grad_and_close(lohand):
                 finally:
                     _Fuse.armed = False
         assert all(p.numel() > 0 for p in model.parameters())
+
+
+def test_gpu_model_given_on_the_cpu_trains_on_the_device(lohand):
+    """A model larger than the GPU is built on the CPU and handed over with
+    device="cuda": the layers outside the blocks and the buffers go to the
+    GPU, the blocks' weights come from the daemon one block at a time. The
+    run equals the one of the same model moved to the GPU first, and
+    close() gives the model back on the CPU with the trained weights."""
+    _cuda_or_skip()
+    device = torch.device("cuda")
+    data = _data(3, device)
+    runs = []
+    with _deterministic():
+        for given_on_cpu in (False, True):
+            model = tiny_gpt()
+            if not given_on_cpu:
+                model = model.to(device)
+            options = dict(device="cuda") if given_on_cpu else {}
+            losses, weights, _ = _train(model, lohand, data,
+                                        f"gpu-given-{given_on_cpu}",
+                                        params="offload", **options)
+            expected = torch.device("cpu") if given_on_cpu else device
+            assert all(p.device.type == expected.type
+                       for p in model.parameters())
+            runs.append((losses, weights))
+    (on_gpu_losses, on_gpu), (given_losses, given) = runs
+    assert given_losses == on_gpu_losses
+    for name, weight in on_gpu.items():
+        assert torch.equal(weight, given[name]), name

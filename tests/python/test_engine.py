@@ -1788,3 +1788,26 @@ def test_a_parameter_unfrozen_after_init_is_named(lohand):
                                              "gradients but the engine does "
                                              "not train them"):
             engine.step()
+
+
+def test_device_is_where_the_model_computes(lohand):
+    """device= names where the model computes; a model larger than the GPU
+    is given on the CPU (tests/python/test_cuda.py trains one that way).
+    Here: the CPU named explicitly is the default, and a device that is
+    not there, or a model on another accelerator, are refused."""
+    data = batches(2)
+    runs = []
+    for device in (None, "cpu"):
+        model = tiny_gpt()
+        with engine_for(model, lohand, device=device,
+                        job_name=f"device-{device}") as engine:
+            assert engine.device == torch.device("cpu")
+            assert engine.params_mode == "resident"
+            runs.append(train_lohan(engine, model, data))
+    assert runs[0] == runs[1]
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="torch sees no CUDA device"):
+            lohan.init(tiny_gpt(), device="cuda", socket=lohand.socket)
+    meta = tiny_gpt().to("meta")
+    with pytest.raises(ValueError, match="give a model on the CPU"):
+        lohan.init(meta, device="cpu", socket=lohand.socket)

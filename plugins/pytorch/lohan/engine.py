@@ -75,6 +75,15 @@ class StepResult:
     iteration: int      # committed steps after this one
 
 
+def _normalized(device: torch.device) -> torch.device:
+    """"cuda" as the device index it means now, so that two names of one
+    device compare equal."""
+    if device.type == "cuda" and device.index is None and (
+            torch.cuda.is_available()):
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 @dataclass
 class _ParamGroup:
     """One of lohan.init's param_groups, as the daemon runs it."""
@@ -104,6 +113,7 @@ class Engine:
                                                          bool],
                                         Any] = None,
                  param_groups: Optional[Sequence[Dict[str, Any]]] = None,
+                 device: Union[None, str, torch.device] = None,
                  skip_nonfinite: bool = True, chunk_elements: int = 0,
                  activations: str = "offload",
                  activation_host_bytes: Optional[int] = None,
@@ -153,9 +163,23 @@ class Engine:
             # the engine's hooks keep per-step state that is not locked.
             raise ValueError(
                 f"lohan: the model's parameters are on {', '.join(devices)}; "
-                "one engine trains a model on one device: move it there "
-                "first (lohan offloads what does not fit, to host memory "
-                "and SSDs)")
+                "one engine trains a model on one device: build it on the "
+                "CPU and pass device=... (lohan puts on the device what "
+                "stays there and offloads the blocks' weights)")
+        # Where the model computes, and where its parameters were given
+        # (close() gives the model back there).
+        self._home_device = torch.device(devices[0] if devices else "cpu")
+        self.device = _normalized(torch.device(device) if device is not None
+                                  else self._home_device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"lohan: device={self.device} but torch sees no "
+                             "CUDA device here")
+        if (self.device != _normalized(self._home_device)
+                and self._home_device.type != "cpu"):
+            raise ValueError(
+                f"lohan: device={self.device} but the model is on "
+                f"{self._home_device}: give a model on the CPU (a model "
+                "larger than the GPU) or on that device")
         self.blocks = find_blocks(model, blocks)
         self.layers: List[Layer] = plan_layers(model, self.blocks)
         self.dtype: torch.dtype = resolve_dtype(dtype, self.layers)
@@ -208,7 +232,10 @@ class Engine:
         area_bytes = (_round_up(activation_buffer_bytes, _SLOT_ALIGNMENT)
                       if spill else 0)
         self._activations: Optional[ActivationStore] = None
-        self.params_mode = resolve_params_mode(params, self.blocks)
+        self.params_mode = resolve_params_mode(params, self.device)
+        if self.params_mode == "resident" and self.device != _normalized(
+                self._home_device):
+            model.to(self.device)  # all of it: asked for resident weights
         if self.params_mode == "offload" and activations != "offload":
             raise ValueError(
                 f"params='offload' needs activations='offload', got "
@@ -305,9 +332,18 @@ class Engine:
             self._claim_grad_buffer)
         if self.params_mode == "offload":
             self._residency = ParameterResidency(self.layers, self._remote,
-                                                 self._weight_views)
+                                                 self._weight_views,
+                                                 self.device)
             self._residency.release_all()
-            self._frozen = FrozenWeights(self.blocks)
+            self._frozen = FrozenWeights(self.blocks, self.device)
+            # A model given on the CPU: what stays on the device (the
+            # layers outside the blocks, buffers) goes there now; the
+            # blocks hold placeholders there already.
+            try:
+                model.to(self.device)
+            except BaseException:
+                self.close()
+                raise
             self._state_dict_hooks = [
                 block.register_state_dict_post_hook(
                     self._offloaded_state_dict(
@@ -652,9 +688,7 @@ class Engine:
         library copy gradients out on torch's stream. False (plain tensor
         copies, synchronous) for a CPU model, or when the library cannot
         use CUDA here (the reason is warned once)."""
-        on_gpu = any(p.device.type == "cuda" for layer in self.layers
-                     for p in layer.params)
-        if not on_gpu:
+        if self.device.type != "cuda":
             return False
         available, reason = self._remote.cuda_available()
         if not available:
@@ -1038,13 +1072,10 @@ class Engine:
         copy from a GPU land and its GRAD_READY go out (a step cut short
         by an exception in backward leaves some in flight)."""
         if getattr(self, "_cuda", False):  # close() of a half-made engine
-            devices = {p.device for layer in self.layers for p in layer.params
-                       if p.device.type == "cuda"}
-            for device in devices:
-                try:
-                    torch.cuda.synchronize(device)
-                except RuntimeError:
-                    pass  # a broken context copies nothing any more
+            try:
+                torch.cuda.synchronize(self.device)
+            except RuntimeError:
+                pass  # a broken context copies nothing any more
         if getattr(self, "_remote", None) is None:
             return
         for ticket in self._take_grad_tickets():
@@ -1062,12 +1093,15 @@ class Engine:
         self._settle_device_copies()
         for handle in getattr(self, "_state_dict_hooks", []):
             handle.remove()
+        # The model goes back where it was given (a model larger than the
+        # GPU: to the CPU), with the weights trained.
+        home = getattr(self, "_home_device", None)
         if self._frozen is not None:
-            self._frozen.restore_all()
+            self._frozen.restore_all(home)
             self._frozen = None
         if self._residency is not None:
             try:
-                self._residency.restore_all()  # before the arena goes
+                self._residency.restore_all(home)  # before the arena goes
             except LohanError as error:
                 warnings.warn(
                     "lohan: the daemon could not give the offloaded blocks "
@@ -1078,6 +1112,8 @@ class Engine:
                     stacklevel=2)
             self._residency = None
         self._uninstall_activations()
+        if home is not None and _normalized(home) != self.device:
+            self.model.to(home)
         if self._activations is not None:
             self._activations.close()
         if self._router is not None:
@@ -1124,7 +1160,7 @@ class Engine:
 
 def init(model: nn.Module, **options: Any) -> Engine:
     """Hands `model`'s optimizer to lohand and returns the Engine. Options
-    (docs/pytorch.md explains each): lr, betas, eps, weight_decay,
+    (docs/pytorch.md explains each): device, lr, betas, eps, weight_decay,
     no_weight_decay, param_groups, max_grad_norm, adamw, amsgrad, bf16_moments,
     skip_nonfinite, dtype, loss_scale, loss_scale_growth_interval,
     grad_accumulation_steps, blocks, activations, activation_host_bytes,

@@ -30,17 +30,15 @@ from lohan.devices import to_device
 MODES = ("auto", "resident", "offload")
 
 
-def resolve_mode(mode: str, blocks: List[nn.Module]) -> str:
-    """"auto": offload when the blocks' parameters are on an accelerator
-    (their weights then need not all fit it), else resident."""
+def resolve_mode(mode: str, device: torch.device) -> str:
+    """"auto": offload when the model computes on an accelerator (its
+    weights then need not all fit it), else resident."""
     if mode not in MODES:
         raise ValueError(f"params={mode!r} is not supported; use one of "
                          f"{', '.join(MODES)}")
     if mode != "auto":
         return mode
-    on_device = any(p.device.type != "cpu" for block in blocks
-                    for p in block.parameters())
-    return "offload" if on_device else "resident"
+    return "offload" if device.type != "cpu" else "resident"
 
 
 class FrozenWeights:
@@ -53,7 +51,9 @@ class FrozenWeights:
     copied to the device one block ahead (on a side stream on a GPU).
     Not thread-safe."""
 
-    def __init__(self, blocks: List[nn.Module]):
+    def __init__(self, blocks: List[nn.Module], device: torch.device):
+        """`device`: where the blocks compute (their parameters may still
+        be on the CPU: a model larger than the GPU)."""
         self._order: List[nn.Module] = []
         self._homes: Dict[int, List[Tuple[nn.Parameter, torch.Tensor,
                                           torch.Tensor]]] = {}
@@ -64,10 +64,10 @@ class FrozenWeights:
                 if param.requires_grad or id(param) in seen:
                     continue
                 seen.add(id(param))
-                home = (param.data if param.device.type == "cpu"
+                home = (param.data if device.type == "cpu"
+                        and param.device.type == "cpu"
                         else param.data.to("cpu").pin_memory())
-                placeholder = torch.empty(0, dtype=param.dtype,
-                                          device=param.device)
+                placeholder = torch.empty(0, dtype=param.dtype, device=device)
                 frozen.append((param, home, placeholder))
             if frozen:
                 self._homes[id(block)] = frozen
@@ -148,14 +148,15 @@ class FrozenWeights:
             for param, _, placeholder in entries:
                 param.data = placeholder
 
-    def restore_all(self) -> None:
-        """Every frozen parameter back in its own storage on its device,
-        for good (the engine is closing)."""
+    def restore_all(self, device: Optional[torch.device] = None) -> None:
+        """Every frozen parameter back in its own storage on `device`
+        (None: where the blocks compute), for good (the engine is
+        closing)."""
         self._ready.clear()
         self._live.clear()
         for entries in self._homes.values():
             for param, home, placeholder in entries:
-                tensor, event = self._copy(home, placeholder.device)
+                tensor, event = self._copy(home, device or placeholder.device)
                 if event is not None:
                     event.synchronize()
                     _owned_by_compute_stream(tensor)
@@ -226,7 +227,7 @@ class ParameterResidency:
     thread."""
 
     def __init__(self, layers: List[Layer], remote, weight_views:
-                 List[torch.Tensor]):
+                 List[torch.Tensor], device: torch.device):
         self._remote = remote
         self._views = weight_views  # per layer, into the arena
         blocks = [layer for layer in layers if layer.block is not None]
@@ -238,7 +239,7 @@ class ParameterResidency:
         self._placeholders: Dict[int, List[torch.Tensor]] = {}
         for layer in blocks:
             self._placeholders[layer.index] = [
-                torch.empty(0, dtype=p.dtype, device=p.device)
+                torch.empty(0, dtype=p.dtype, device=device)
                 for p in layer.params]
         self._live: Dict[int, int] = {}  # layer -> nested materializations
         # Which (layer, step) each arena weight buffer holds: layers may
@@ -412,18 +413,19 @@ class ParameterResidency:
                                       self._placeholders[layer.index]):
             param.data = placeholder
 
-    def restore_all(self) -> None:
-        """Gives every block its current weights in its own storage for
-        good (the engine is closing)."""
+    def restore_all(self, device: Optional[torch.device] = None) -> None:
+        """Gives every block its current weights in its own storage on
+        `device` (None: where the blocks compute) for good (the engine is
+        closing)."""
         self._settle()
         self._ready.clear()
         self._live.clear()
         for layer in self._order:
             self._live.clear()
             self._travel.reset()
-            flat, event = self._to_device(self._fetch(layer),
-                                          self._placeholders[
-                                              layer.index][0].device)
+            flat, event = self._to_device(
+                self._fetch(layer),
+                device or self._placeholders[layer.index][0].device)
             if event is not None:
                 event.synchronize()
                 _owned_by_compute_stream(flat)

@@ -897,6 +897,46 @@ def test_state_dict_of_offloaded_blocks_holds_the_weights(lohand, make):
         assert torch.equal(value, resident[key]), key
 
 
+def test_frozen_block_weights_beyond_the_host_budget_go_to_the_ssds(lohand):
+    """frozen_host_bytes: the frozen weights beyond it (here all) wait on
+    the daemon's SSDs, read back whenever their block runs; the run equals
+    the one with them in host memory, state_dict() shows them, and close()
+    gives them back unchanged."""
+    runs = {}
+    for budget in (None, 0):
+        model = _LoraModel()
+        frozen = {n: p.detach().clone() for n, p in model.named_parameters()
+                  if not p.requires_grad}
+        with lohan.init(model, lr=1e-2, socket=lohand.socket,
+                        job_name=f"lora-ssd-{budget}", params="offload",
+                        frozen_host_bytes=budget,
+                        activation_buffer_bytes=2 * 4096) as engine:
+            if budget == 0:
+                assert engine._frozen.host_bytes == 0
+                assert engine._frozen.ssd_bytes == sum(
+                    v.numel() * 4 for v in frozen.values())
+            losses = []
+            for step in range(3):
+                x = torch.randn(8, 16,
+                                generator=torch.Generator().manual_seed(step))
+                loss = model(x).pow(2).mean()
+                loss.backward()
+                engine.step()
+                losses.append(loss.item())
+            state = model.state_dict()
+        for name, value in frozen.items():
+            assert torch.equal(state[name], value), name
+            assert torch.equal(dict(model.named_parameters())[name], value)
+        runs[budget] = (losses, {n: p.detach().clone()
+                                 for n, p in model.named_parameters()})
+    assert runs[None][0] == runs[0][0]
+    for name, weight in runs[None][1].items():
+        assert torch.equal(weight, runs[0][1][name]), name
+    with pytest.raises(ValueError, match="frozen_host_bytes"):
+        lohan.init(_LoraModel(), socket=lohand.socket, params="resident",
+                   frozen_host_bytes=0)
+
+
 def test_params_offload_needs_the_offload_activation_policy(lohand):
     with pytest.raises(ValueError, match="activations='offload'"):
         lohan.init(tiny_gpt(), socket=lohand.socket, job_name="po-keep",

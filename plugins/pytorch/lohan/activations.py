@@ -253,15 +253,7 @@ class ActivationStore:
             stats.host_peak_bytes = max(stats.host_peak_bytes,
                                         stats.host_bytes)
             return handle
-        source = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
-        for begin in range(0, nbytes, self.piece_bytes):
-            length = min(self.piece_bytes, nbytes - begin)
-            buffer = self._buffer()
-            buffer.view[:length].copy_(source[begin:begin + length])
-            activation_id = next(self._ids)
-            buffer.ticket = self._remote.submit_act_put(
-                activation_id, buffer.offset, length)
-            handle.ids.append((activation_id, begin, length))
+        self._write_pieces(handle, tensor)
         self._on_ssd.append(weakref.ref(handle))
         handle.counted = True
         stats.ssd_puts += 1
@@ -269,9 +261,35 @@ class ActivationStore:
         stats.ssd_peak_bytes = max(stats.ssd_peak_bytes, stats.ssd_bytes)
         return handle
 
+    def _write_pieces(self, handle: _Handle, tensor: torch.Tensor) -> None:
+        """The tensor's bytes to the daemon's SSDs (ACT_PUT), a buffer's
+        worth at a time, without waiting for the last ones."""
+        source = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+        for begin in range(0, handle.nbytes, self.piece_bytes):
+            length = min(self.piece_bytes, handle.nbytes - begin)
+            buffer = self._buffer()
+            buffer.view[:length].copy_(source[begin:begin + length])
+            activation_id = next(self._ids)
+            buffer.ticket = self._remote.submit_act_put(
+                activation_id, buffer.offset, length)
+            handle.ids.append((activation_id, begin, length))
+
+    def keep_on_ssd(self, tensor: torch.Tensor) -> _Handle:
+        """Stores a CPU tensor on the daemon's SSDs for as long as the
+        handle is held, to be read with get() any number of times (frozen
+        block weights). Not counted as an activation, nor read ahead."""
+        if not self._buffers:
+            raise RuntimeError("lohan: no activation area to reach the SSDs")
+        self._sweep()
+        handle = _Handle(self, tensor.numel() * tensor.element_size(),
+                         tensor.shape, tensor.dtype, tensor.device)
+        self._write_pieces(handle, tensor)
+        return handle
+
     def get(self, handle: _Handle) -> torch.Tensor:
         """The stored tensor, on its original device; the handle is spent
-        (its storage goes back at the next sweep)."""
+        (its storage goes back at the next sweep), but for one from
+        keep_on_ssd, which may be read again."""
         if (handle.version is not None
                 and handle.tensor._version != handle.version):
             raise RuntimeError(

@@ -114,6 +114,7 @@ class Engine:
                                         Any] = None,
                  param_groups: Optional[Sequence[Dict[str, Any]]] = None,
                  device: Union[None, str, torch.device] = None,
+                 frozen_host_bytes: Optional[int] = None,
                  skip_nonfinite: bool = True, chunk_elements: int = 0,
                  activations: str = "offload",
                  activation_host_bytes: Optional[int] = None,
@@ -221,7 +222,8 @@ class Engine:
                              f"or an int >= 0, got {activation_host_bytes!r}")
         # Block inputs beyond the host budget go to the daemon's SSDs in
         # pieces of this many bytes (the arena's activation area).
-        spill = activations == "offload" and activation_host_bytes is not None
+        spill = activations == "offload" and (
+            activation_host_bytes is not None or frozen_host_bytes is not None)
         # Two buffers of whole pages: one put or get in flight while the
         # other is filled or emptied.
         if spill and (not isinstance(activation_buffer_bytes, int)
@@ -233,6 +235,13 @@ class Engine:
                       if spill else 0)
         self._activations: Optional[ActivationStore] = None
         self.params_mode = resolve_params_mode(params, self.device)
+        if frozen_host_bytes is not None and (
+                not isinstance(frozen_host_bytes, int) or frozen_host_bytes < 0
+                or self.params_mode != "offload"):
+            raise ValueError(
+                f"frozen_host_bytes={frozen_host_bytes!r}: an int >= 0, with "
+                "params='offload' (the frozen block weights beyond it go to "
+                "the daemon's SSDs)")
         if self.params_mode == "resident" and self.device != _normalized(
                 self._home_device):
             model.to(self.device)  # all of it: asked for resident weights
@@ -330,16 +339,24 @@ class Engine:
             self._grad_ready,
             self._device_grad_ready if self._cuda else None,
             self._claim_grad_buffer)
+        if activations == "offload":
+            area = (torch.frombuffer(self._remote.activations,
+                                     dtype=torch.uint8)
+                    if spill else None)
+            self._activations = ActivationStore(activation_host_bytes,
+                                                self._remote, area)
         if self.params_mode == "offload":
             self._residency = ParameterResidency(self.layers, self._remote,
                                                  self._weight_views,
                                                  self.device)
             self._residency.release_all()
-            self._frozen = FrozenWeights(self.blocks, self.device)
-            # A model given on the CPU: what stays on the device (the
-            # layers outside the blocks, buffers) goes there now; the
-            # blocks hold placeholders there already.
             try:
+                self._frozen = FrozenWeights(self.blocks, self.device,
+                                             frozen_host_bytes,
+                                             self._activations)
+                # A model given on the CPU: what stays on the device (the
+                # layers outside the blocks, buffers) goes there now; the
+                # blocks hold placeholders there already.
                 model.to(self.device)
             except BaseException:
                 self.close()
@@ -349,12 +366,6 @@ class Engine:
                     self._offloaded_state_dict(
                         self._residency.layer_of(block)))
                 for block in self.blocks]
-        if activations == "offload":
-            area = (torch.frombuffer(self._remote.activations,
-                                     dtype=torch.uint8)
-                    if spill else None)
-            self._activations = ActivationStore(activation_host_bytes,
-                                                self._remote, area)
         layer_of_block = {id(layer.block): layer.index
                           for layer in self.layers if layer.block is not None}
         router = self._router
@@ -1160,7 +1171,8 @@ class Engine:
 
 def init(model: nn.Module, **options: Any) -> Engine:
     """Hands `model`'s optimizer to lohand and returns the Engine. Options
-    (docs/pytorch.md explains each): device, lr, betas, eps, weight_decay,
+    (docs/pytorch.md explains each): device, frozen_host_bytes, lr, betas,
+    eps, weight_decay,
     no_weight_decay, param_groups, max_grad_norm, adamw, amsgrad, bf16_moments,
     skip_nonfinite, dtype, loss_scale, loss_scale_growth_interval,
     grad_accumulation_steps, blocks, activations, activation_host_bytes,

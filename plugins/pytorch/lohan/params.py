@@ -46,17 +46,25 @@ class FrozenWeights:
     base weights, say) under params="offload". The daemon does not train
     them, so their home between uses is a host copy kept here: the tensor
     itself for a CPU model, a pinned copy made once for a GPU model (whose
-    device memory then holds only the running block's). Like the trained
-    weights, they are placeholders between uses and the next block's are
-    copied to the device one block ahead (on a side stream on a GPU).
-    Not thread-safe."""
+    device memory then holds only the running block's), up to `host_bytes`
+    (None: all of them); beyond that, the daemon's SSDs (through `store`,
+    the activation store's arena area: read back each time the block
+    runs). Like the trained weights, they are placeholders between uses and
+    the next block's are copied to the device one block ahead (on a side
+    stream on a GPU). Not thread-safe."""
 
-    def __init__(self, blocks: List[nn.Module], device: torch.device):
+    def __init__(self, blocks: List[nn.Module], device: torch.device,
+                 host_bytes: Optional[int] = None, store: Any = None):
         """`device`: where the blocks compute (their parameters may still
         be on the CPU: a model larger than the GPU)."""
+        self._store = store
         self._order: List[nn.Module] = []
-        self._homes: Dict[int, List[Tuple[nn.Parameter, torch.Tensor,
+        # Per block: (parameter, its home: a host tensor or an SSD handle,
+        # its placeholder).
+        self._homes: Dict[int, List[Tuple[nn.Parameter, Any,
                                           torch.Tensor]]] = {}
+        self.host_bytes = 0  # frozen weights in host memory
+        self.ssd_bytes = 0   # on the daemon's SSDs
         seen = set()
         for block in blocks:
             frozen = []
@@ -64,9 +72,16 @@ class FrozenWeights:
                 if param.requires_grad or id(param) in seen:
                     continue
                 seen.add(id(param))
-                home = (param.data if device.type == "cpu"
-                        and param.device.type == "cpu"
-                        else param.data.to("cpu").pin_memory())
+                nbytes = param.numel() * param.element_size()
+                if host_bytes is not None and (
+                        self.host_bytes + nbytes > host_bytes):
+                    home = store.keep_on_ssd(param.data.to("cpu"))
+                    self.ssd_bytes += nbytes
+                else:
+                    home = (param.data if device.type == "cpu"
+                            and param.device.type == "cpu"
+                            else param.data.to("cpu").pin_memory())
+                    self.host_bytes += nbytes
                 placeholder = torch.empty(0, dtype=param.dtype, device=device)
                 frozen.append((param, home, placeholder))
             if frozen:
@@ -77,24 +92,26 @@ class FrozenWeights:
         self._live: Dict[int, int] = {}
         self._ready: Dict[int, List[Tuple[torch.Tensor, Any]]] = {}
         self.prefetched = 0
-        self.host_bytes = sum(home.numel() * home.element_size()
-                              for entries in self._homes.values()
-                              for _, home, _ in entries)
         self.release_all()
 
     def __bool__(self) -> bool:
         return bool(self._order)
 
     def homes(self, block: nn.Module) -> Dict[int, torch.Tensor]:
-        """The block's frozen parameters' host copies, by id(param)."""
-        return {id(param): home
+        """The block's frozen parameters' values on the host, by
+        id(param)."""
+        return {id(param): self._on_host(home)
                 for param, home, _ in self._homes.get(id(block), [])}
 
-    @staticmethod
-    def _copy(home: torch.Tensor,
+    def _on_host(self, home: Any) -> torch.Tensor:
+        return home if isinstance(home, torch.Tensor) else self._store.get(
+            home)
+
+    def _copy(self, home: Any,
               device: torch.device) -> Tuple[torch.Tensor, Any]:
-        # On the CPU the host copy is the parameter's storage.
-        return to_device(home, device, private=False)
+        # On the CPU the host copy is the parameter's storage (one read
+        # from the SSDs is a fresh tensor already).
+        return to_device(self._on_host(home), device, private=False)
 
     def materialize(self, block: nn.Module) -> None:
         key = id(block)

@@ -36,7 +36,8 @@ from torch import nn
 import lohan
 from lohan.client import Model
 from test_engine import (BATCH, BETAS, EPS, LR, SEQ, VOCAB, WD, _Fuse,
-                         _FusedProbe, assert_fp32_close, tiny_gpt)
+                         _FusedProbe, _LoraModel, assert_fp32_close,
+                         tiny_gpt)
 
 
 def _cuda_or_skip() -> None:
@@ -268,3 +269,33 @@ def test_gpu_model_given_on_the_cpu_trains_on_the_device(lohand):
     assert given_losses == on_gpu_losses
     for name, weight in on_gpu.items():
         assert torch.equal(weight, given[name]), name
+
+
+def test_gpu_lora_base_on_the_ssds_matches_base_in_host_memory(lohand):
+    """A LoRA model given on the CPU, trained on the GPU with its frozen
+    base weights on the daemon's SSDs (frozen_host_bytes=0), equals the run
+    with the base pinned in host memory."""
+    _cuda_or_skip()
+    runs = []
+    with _deterministic():
+        for budget in (None, 0):
+            model = _LoraModel()
+            with lohan.init(model, lr=1e-2, socket=lohand.socket,
+                            job_name=f"gpu-lora-{budget}", device="cuda",
+                            frozen_host_bytes=budget,
+                            activation_buffer_bytes=1 << 20) as engine:
+                assert engine._cuda and engine.params_mode == "offload"
+                losses = []
+                for step in range(3):
+                    x = torch.randn(8, 16, generator=torch.Generator()
+                                    .manual_seed(step)).to("cuda")
+                    loss = model(x).pow(2).mean()
+                    loss.backward()
+                    engine.step()
+                    losses.append(loss.item())
+            runs.append((losses, {n: p.detach().clone()
+                                  for n, p in model.named_parameters()}))
+    assert runs[0][0] == runs[1][0]
+    for name, weight in runs[0][1].items():
+        assert weight.device.type == "cpu"  # given back where it was
+        assert torch.equal(weight, runs[1][1][name]), name

@@ -1851,3 +1851,26 @@ def test_device_is_where_the_model_computes(lohand):
     meta = tiny_gpt().to("meta")
     with pytest.raises(ValueError, match="give a model on the CPU"):
         lohan.init(meta, device="cpu", socket=lohand.socket)
+
+
+@pytest.mark.parametrize("policy", ["offload", "recompute"])
+def test_a_copy_of_the_model_runs_its_own_blocks(lohand, policy, tmp_path):
+    """An EMA or teacher copy (copy.deepcopy) made while an engine drives
+    the model computes with its own weights, and torch.save(model) works;
+    close() leaves no forward of the engine's on the blocks."""
+    model = tiny_gpt()
+    ids = batches(1)[0, 0]
+    with engine_for(model, lohand, activations=policy,
+                    job_name=f"copy-{policy}") as engine:
+        lm_loss(model, ids).backward()
+        engine.step()
+        teacher = copy.deepcopy(model)
+        with torch.no_grad():
+            for p in teacher.blocks.parameters():
+                p.zero_()
+            assert not torch.equal(teacher(ids[:, :-1]), model(ids[:, :-1]))
+        torch.save(model, tmp_path / "model.pt")
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    with torch.no_grad():
+        assert torch.equal(loaded(ids[:, :-1]), model(ids[:, :-1]))
+    assert all("forward" not in block.__dict__ for block in model.blocks)

@@ -617,6 +617,32 @@ def _offloaded_forward(original: Callable, store: ActivationStore,
     return forward
 
 
+class _PolicyForward:
+    """The forward a policy sets on a block instance. A copy of the block
+    (copy.deepcopy: an EMA or teacher model) or a pickled one
+    (torch.save(model)) gets the block's own forward instead: the policy,
+    its stores and its weights belong to this engine and this block."""
+
+    def __init__(self, block: nn.Module, function: Callable):
+        self._block = block
+        self._function = function
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._function(*args, **kwargs)
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> Any:
+        twin = memo.get(id(self._block))
+        return self if twin is None else _own_forward(twin)
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        return (_own_forward, (self._block,))
+
+
+def _own_forward(block: nn.Module) -> Callable:
+    """The block's class forward, bound to it."""
+    return type(block).forward.__get__(block)
+
+
 def install(model: nn.Module, blocks: Sequence[nn.Module], policy: str,
             store: Optional[ActivationStore] = None,
             residency: Any = None,
@@ -647,11 +673,13 @@ def install(model: nn.Module, blocks: Sequence[nn.Module], policy: str,
     originals: List[tuple] = []
     for block in blocks:
         original = block.forward
-        originals.append((block, original))
+        # A forward set on the instance before (someone else's wrapper)
+        # goes back; else the class's shows through again.
+        originals.append((block, block.__dict__.get("forward")))
         if policy == "offload":
-            block.forward = _offloaded_forward(original, store, anchor, warned,
-                                               _Weights(block, residency),
-                                               block, passes)
+            block.forward = _PolicyForward(block, _offloaded_forward(
+                original, store, anchor, warned, _Weights(block, residency),
+                block, passes))
             continue
 
         def forward(*args, _original=original, **kwargs):
@@ -660,11 +688,14 @@ def install(model: nn.Module, blocks: Sequence[nn.Module], policy: str,
             args, kwargs = _without_caches(args, kwargs)
             return checkpoint(_original, *args, use_reentrant=False, **kwargs)
 
-        block.forward = forward
+        block.forward = _PolicyForward(block, forward)
 
     def uninstall() -> None:
-        for block, original in originals:
-            block.forward = original
+        for block, own in originals:
+            if own is not None:
+                block.forward = own
+            elif isinstance(block.__dict__.get("forward"), _PolicyForward):
+                del block.forward
         if restore_cache is not None:
             config.use_cache = restore_cache
 

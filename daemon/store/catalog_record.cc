@@ -58,7 +58,11 @@ class Reader {
   // Reads a count of elements of at least `min_size` bytes each, rejecting
   // counts the remaining input cannot hold.
   bool Count(uint32_t& n, size_t min_size) {
-    return U32(n) && n <= in_.size() / min_size;
+    return U32(n) && Fits(n, min_size);
+  }
+  // Whether `n` elements of at least `min_size` bytes can still follow.
+  bool Fits(uint32_t n, size_t min_size) const {
+    return n <= in_.size() / min_size;
   }
   bool done() const { return in_.empty(); }
 
@@ -66,22 +70,37 @@ class Reader {
   absl::string_view in_;
 };
 
+// The device count's top bit says more runs follow the CRCs (a placement
+// split over several runs of a device): without them a placement encodes
+// as it always did.
+constexpr uint32_t kHasMoreRuns = 0x80000000u;
+
 void PutPlacement(Writer& w, const Placement& placement) {
   w.U64(placement.bytes);
   w.U32(placement.first_device);
-  w.U32(static_cast<uint32_t>(placement.region_offset.size()));
+  w.U32(static_cast<uint32_t>(placement.region_offset.size()) |
+        (placement.more_runs.empty() ? 0 : kHasMoreRuns));
   for (size_t d = 0; d < placement.region_offset.size(); ++d) {
     w.U64(placement.region_offset[d]);
     w.U64(placement.region_length[d]);
   }
   w.U32(static_cast<uint32_t>(placement.chunk_crc.size()));
   for (uint32_t crc : placement.chunk_crc) w.U32(crc);
+  if (placement.more_runs.empty()) return;
+  w.U32(static_cast<uint32_t>(placement.more_runs.size()));
+  for (const Placement::Run& run : placement.more_runs) {
+    w.U32(run.device);
+    w.U64(run.offset);
+    w.U64(run.length);
+  }
 }
 
 bool GetPlacement(Reader& r, Placement& placement) {
   uint32_t n = 0;
-  bool ok =
-      r.U64(placement.bytes) && r.U32(placement.first_device) && r.Count(n, 16);
+  bool ok = r.U64(placement.bytes) && r.U32(placement.first_device) && r.U32(n);
+  const bool more_runs = (n & kHasMoreRuns) != 0;
+  n &= ~kHasMoreRuns;
+  ok = ok && r.Fits(n, 16);
   for (uint32_t d = 0; ok && d < n; ++d) {
     uint64_t off = 0, len = 0;
     ok = r.U64(off) && r.U64(len);
@@ -94,6 +113,13 @@ bool GetPlacement(Reader& r, Placement& placement) {
     uint32_t crc = 0;
     ok = r.U32(crc);
     placement.chunk_crc.push_back(crc);
+  }
+  uint32_t runs = 0;
+  ok = ok && (!more_runs || (r.Count(runs, 20) && runs > 0));
+  for (uint32_t i = 0; ok && i < runs; ++i) {
+    Placement::Run run;
+    ok = r.U32(run.device) && r.U64(run.offset) && r.U64(run.length);
+    placement.more_runs.push_back(run);
   }
   return ok;
 }

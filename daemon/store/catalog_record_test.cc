@@ -106,5 +106,53 @@ TEST(CatalogRecordTest, CommitBatchRoundTripsAndRejectsEveryTruncation) {
   EXPECT_FALSE(CatalogRecord::Decode(empty.Encode()).ok());
 }
 
+TEST(CatalogRecordTest, PlacementsInSeveralRunsRoundTripInBatches) {
+  Placement split;
+  split.bytes = 5 * 65536 + 100;
+  split.first_device = 0;
+  split.region_offset = {0, 65536};
+  split.region_length = {65536, 65536};
+  split.more_runs = {
+      {0, 4 * 65536, 65536}, {1, 9 * 65536, 65536}, {0, 7 * 65536, 4096}};
+  split.chunk_crc = {1, 2, 3, 4, 5, 6};
+  Placement whole;
+  whole.bytes = 4096;
+  whole.first_device = 1;
+  whole.region_offset = {0, 3 * 65536};
+  whole.region_length = {0, 4096};
+  whole.chunk_crc = {9};
+  CatalogRecord batch;
+  batch.kind = Kind::kCommitBatch;
+  batch.job = "j";
+  batch.commits = {{"a", 3, split}, {"b", 4, whole}, {"c", 5, split}};
+  auto decoded = CatalogRecord::Decode(batch.Encode());
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  ASSERT_EQ(decoded->commits.size(), 3u);
+  EXPECT_EQ(decoded->commits, batch.commits);
+
+  // A placement in one run per device encodes as before the runs existed.
+  CatalogRecord plain;
+  plain.kind = Kind::kCommit;
+  plain.job = "j";
+  plain.name = "b";
+  plain.version = 4;
+  plain.placement = whole;
+  CatalogRecord with_runs = plain;
+  with_runs.placement = split;
+  // kind 1, job 4+1, name 4+1, version 8, bytes 8, first device 4,
+  // device count 4, 2 x (offset, length) 32, CRC count 4, 1 CRC 4.
+  EXPECT_EQ(plain.Encode().size(), 75u);
+  EXPECT_GT(with_runs.Encode().size(), 75u);
+  const std::string bytes = with_runs.Encode();
+  // Truncated inside the runs: malformed, not misread.
+  for (size_t cut : {size_t{1}, size_t{4}, size_t{21}}) {
+    EXPECT_EQ(CatalogRecord::Decode(bytes.substr(0, bytes.size() - cut))
+                  .status()
+                  .code(),
+              absl::StatusCode::kDataLoss)
+        << cut;
+  }
+}
+
 }  // namespace
 }  // namespace lohan

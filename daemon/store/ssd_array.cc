@@ -119,8 +119,51 @@ SsdArray::Chunk SsdArray::ChunkAt(const Placement& p, size_t i) const {
   c.device = static_cast<uint32_t>((p.first_device + i) % n);
   c.logical_offset = i * stripe_unit_;
   c.length = std::min<uint64_t>(stripe_unit_, padded - c.logical_offset);
-  c.device_offset = p.region_offset[c.device] + (i / n) * stripe_unit_;
+  uint64_t at = (i / n) * stripe_unit_;  // into the device's runs
+  c.device_offset = p.region_offset[c.device] + at;
+  if (at >= p.region_length[c.device]) {
+    at -= p.region_length[c.device];
+    for (const Placement::Run& run : p.more_runs) {
+      if (run.device != c.device) continue;
+      if (at < run.length) {
+        c.device_offset = run.offset + at;
+        break;
+      }
+      at -= run.length;
+    }
+  }
   return c;
+}
+
+absl::Status SsdArray::GatherRunsLocked(uint32_t d, uint64_t need, Placement& p,
+                                        std::vector<Placement::Run>& taken) {
+  uint64_t remaining = need;
+  bool first = true;
+  while (remaining > 0) {
+    const uint64_t largest = allocators_[d].largest_free_run();
+    // A run before the last must end on a stripe boundary: a chunk never
+    // spans two runs.
+    const uint64_t take = remaining <= largest
+                              ? remaining
+                              : largest / stripe_unit_ * stripe_unit_;
+    if (take == 0) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("no room for ", need, " bytes (", remaining,
+                       " still wanted, largest free run ", largest, " bytes)"));
+    }
+    absl::StatusOr<uint64_t> offset = allocators_[d].Allocate(take);
+    LOHAN_CHECK(offset.ok());
+    taken.push_back(Placement::Run{d, *offset, take});
+    if (first) {
+      p.region_offset[d] = *offset;
+      p.region_length[d] = take;
+      first = false;
+    } else {
+      p.more_runs.push_back(Placement::Run{d, *offset, take});
+    }
+    remaining -= take;
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Placement> SsdArray::Allocate(uint64_t bytes) {
@@ -139,21 +182,27 @@ absl::StatusOr<Placement> SsdArray::Allocate(uint64_t bytes) {
   for (size_t i = 0; i < chunks; ++i) {
     p.region_length[(p.first_device + i) % n] += ChunkAt(p, i).length;
   }
+  std::vector<Placement::Run> taken;
   for (size_t d = 0; d < n; ++d) {
-    if (p.region_length[d] == 0) continue;
-    absl::StatusOr<uint64_t> offset =
-        allocators_[d].Allocate(p.region_length[d]);
-    if (!offset.ok()) {
-      for (size_t u = 0; u < d; ++u) {
-        if (p.region_length[u] > 0) {
-          allocators_[u].Free(p.region_offset[u], p.region_length[u]);
-        }
-      }
-      return absl::ResourceExhaustedError(
-          absl::StrCat("SSD ", devices_[d]->path(),
-                       " is full: ", offset.status().message()));
+    const uint64_t need = p.region_length[d];
+    if (need == 0) continue;
+    absl::StatusOr<uint64_t> offset = allocators_[d].Allocate(need);
+    if (offset.ok()) {
+      p.region_offset[d] = *offset;
+      taken.push_back(Placement::Run{static_cast<uint32_t>(d), *offset, need});
+      continue;
     }
-    p.region_offset[d] = *offset;
+    // No free run is long enough: a fragmented device still holds the
+    // version if its free runs add up.
+    absl::Status gathered =
+        GatherRunsLocked(static_cast<uint32_t>(d), need, p, taken);
+    if (!gathered.ok()) {
+      for (const Placement::Run& run : taken) {
+        allocators_[run.device].Free(run.offset, run.length);
+      }
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "SSD ", devices_[d]->path(), " is full: ", gathered.message()));
+    }
   }
   return p;
 }
@@ -166,26 +215,46 @@ absl::Status SsdArray::Reserve(const Placement& p) {
     return absl::DataLossError(absl::StrCat(
         "catalog placement does not fit an array of ", n, " devices"));
   }
+  // Every run of a device but its last must be whole stripes, and the
+  // runs must add up to the device's share of the chunks.
   std::vector<uint64_t> expected(n, 0);
   for (size_t i = 0; i < p.chunk_crc.size(); ++i) {
     expected[(p.first_device + i) % n] += ChunkAt(p, i).length;
   }
-  if (expected != p.region_length) {
+  std::vector<Placement::Run> runs;
+  std::vector<uint64_t> total(n, 0);
+  for (size_t d = 0; d < n; ++d) {
+    if (p.region_length[d] == 0) continue;
+    runs.push_back(Placement::Run{static_cast<uint32_t>(d), p.region_offset[d],
+                                  p.region_length[d]});
+  }
+  for (const Placement::Run& run : p.more_runs) {
+    if (run.device >= n || run.length == 0 ||
+        p.region_length[run.device] == 0) {
+      return absl::DataLossError("catalog placement has a bad extra run");
+    }
+    runs.push_back(run);
+  }
+  for (const Placement::Run& run : runs) {
+    if (total[run.device] % stripe_unit_ != 0) {
+      return absl::DataLossError(
+          "catalog placement has a run that does not end on a stripe");
+    }
+    total[run.device] += run.length;
+  }
+  if (expected != total) {
     return absl::DataLossError("catalog placement has inconsistent lengths");
   }
   absl::MutexLock lock(&mu_);
-  for (size_t d = 0; d < n; ++d) {
-    if (p.region_length[d] == 0) continue;
-    absl::Status s =
-        allocators_[d].Reserve(p.region_offset[d], p.region_length[d]);
+  for (size_t r = 0; r < runs.size(); ++r) {
+    const Placement::Run& run = runs[r];
+    absl::Status s = allocators_[run.device].Reserve(run.offset, run.length);
     if (!s.ok()) {
-      for (size_t u = 0; u < d; ++u) {
-        if (p.region_length[u] > 0) {
-          allocators_[u].Free(p.region_offset[u], p.region_length[u]);
-        }
+      for (size_t u = 0; u < r; ++u) {
+        allocators_[runs[u].device].Free(runs[u].offset, runs[u].length);
       }
-      return absl::DataLossError(
-          absl::StrCat("device ", devices_[d]->path(), ": ", s.message()));
+      return absl::DataLossError(absl::StrCat(
+          "device ", devices_[run.device]->path(), ": ", s.message()));
     }
   }
   return absl::OkStatus();
@@ -197,6 +266,9 @@ void SsdArray::Free(const Placement& p) {
     if (p.region_length[d] > 0) {
       allocators_[d].Free(p.region_offset[d], p.region_length[d]);
     }
+  }
+  for (const Placement::Run& run : p.more_runs) {
+    allocators_[run.device].Free(run.offset, run.length);
   }
 }
 

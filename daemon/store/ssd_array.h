@@ -18,14 +18,25 @@ namespace lohan {
 
 // Where one tensor version lives. Its bytes, padded with zeros to the block
 // size, are cut into stripe-unit chunks ("extents"); chunk i lives on device
-// (first_device + i) % N at region_offset[d] + (i / N) * stripe_unit, so a
-// large tensor spreads over the whole array and reading it keeps every device
-// busy. Each device holds one contiguous region per version.
+// d = (first_device + i) % N, as that device's (i / N)-th stripe, so a large
+// tensor spreads over the whole array and reading it keeps every device
+// busy. A device's stripes of a version fill its runs in turn: normally one
+// contiguous region (region_offset[d], region_length[d]), so the chunk is at
+// region_offset[d] + (i / N) * stripe_unit; on a nearly full, fragmented
+// SSD, where no free run was long enough, that region and then more_runs of
+// the device, in order, each a whole number of stripe units but the last.
 struct Placement {
+  struct Run {
+    uint32_t device = 0;
+    uint64_t offset = 0;
+    uint64_t length = 0;
+    bool operator==(const Run&) const = default;
+  };
   uint64_t bytes = 0;  // Logical size.
   uint32_t first_device = 0;
-  std::vector<uint64_t> region_offset;  // Per device.
+  std::vector<uint64_t> region_offset;  // Per device: its first run.
   std::vector<uint64_t> region_length;  // Per device; 0: unused.
+  std::vector<Run> more_runs;           // Usually none.
   std::vector<uint32_t> chunk_crc;      // CRC32C of each padded chunk.
 
   bool operator==(const Placement&) const = default;
@@ -50,9 +61,10 @@ class SsdArray {
   SsdArray(const SsdArray&) = delete;
   SsdArray& operator=(const SsdArray&) = delete;
 
-  // Allocates space for `bytes` (> 0). RESOURCE_EXHAUSTED naming the device
-  // when one lacks space; nothing stays allocated then. chunk_crc is sized
-  // but filled by Write.
+  // Allocates space for `bytes` (> 0): one free run per device where one is
+  // long enough, else several (see Placement). RESOURCE_EXHAUSTED naming the
+  // device when one lacks space; nothing stays allocated then. chunk_crc is
+  // sized but filled by Write.
   absl::StatusOr<Placement> Allocate(uint64_t bytes);
   // Marks a placement from the catalog used (replay). DATA_LOSS if it does
   // not fit the array or overlaps another.
@@ -88,6 +100,11 @@ class SsdArray {
     uint64_t length;  // Padded, multiple of block_size_.
   };
   Chunk ChunkAt(const Placement& placement, size_t index) const;
+  // Takes `need` bytes of device `d` in runs, longest first, into the
+  // placement's region of d and more_runs; `taken` records each run.
+  absl::Status GatherRunsLocked(uint32_t d, uint64_t need, Placement& p,
+                                std::vector<Placement::Run>& taken)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   size_t ChunkCount(uint64_t bytes) const;
   // Bounds and waits for the chunk I/Os of one Read or Write.
   class Batch;

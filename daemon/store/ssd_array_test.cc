@@ -119,5 +119,60 @@ TEST_F(SsdArrayTest, ReserveRejectsOverlapsAndBadShapes) {
   EXPECT_TRUE(array_->Reserve(*p).ok());
 }
 
+TEST_F(SsdArrayTest, AFragmentedDeviceHoldsAVersionInSeveralRuns) {
+  // 16 stripes per device, every other one taken: 8 stripes free, no two
+  // together.
+  Open(2, 16 * kStripe);
+  std::vector<Placement> taken;
+  for (int i = 0; i < 32; ++i) {
+    auto p = array_->Allocate(kStripe);  // one stripe, devices alternate
+    ASSERT_TRUE(p.ok()) << p.status();
+    taken.push_back(*p);
+  }
+  for (size_t i = 0; i < taken.size(); i += 4) {
+    array_->Free(taken[i]);      // device A
+    array_->Free(taken[i + 1]);  // device B
+  }
+  // 5 stripes and a short tail over two devices: 3 runs on one, 3 on the
+  // other, where before it was RESOURCE_EXHAUSTED with 16 stripes free.
+  const uint64_t bytes = 5 * kStripe + 5000;
+  auto p = array_->Allocate(bytes);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->more_runs.size(), 4u);
+  std::vector<uint8_t> data = Pattern(11, bytes);
+  ASSERT_TRUE(array_->Write(data.data(), *p, "split").ok());
+  std::vector<uint8_t> back(bytes);
+  ASSERT_TRUE(array_->Read(*p, back.data(), "split").ok());
+  EXPECT_EQ(back, data);
+  // The chunks are where the runs say: each run's bytes on its file.
+  std::vector<std::string> raw;
+  for (const auto& f : files_) raw.push_back(testing_util::ReadWholeFile(f));
+  for (const Placement::Run& run : p->more_runs) {
+    ASSERT_GE(raw[run.device].size(), run.offset + run.length);
+    EXPECT_EQ(run.length % 4096, 0u);
+  }
+  // What the catalog replays: the same runs, refused while in use.
+  EXPECT_EQ(array_->Reserve(*p).code(), absl::StatusCode::kDataLoss);
+  array_->Free(*p);
+  ASSERT_TRUE(array_->Reserve(*p).ok());
+  ASSERT_TRUE(array_->Read(*p, back.data(), "split").ok());
+  EXPECT_EQ(back, data);
+  // A run that does not end on a stripe (but a device's last) is refused.
+  array_->Free(*p);
+  Placement bad = *p;
+  bad.region_length[bad.more_runs[0].device] -= 4096;
+  bad.more_runs[0].length += 4096;
+  EXPECT_EQ(array_->Reserve(bad).code(), absl::StatusCode::kDataLoss);
+  // More than the free space, however split: refused, nothing leaked.
+  uint64_t used = 0;
+  for (const auto& s : array_->Stats()) used += s.used_bytes;
+  auto too_big = array_->Allocate(17 * kStripe);
+  EXPECT_EQ(too_big.status().code(), absl::StatusCode::kResourceExhausted)
+      << too_big.status();
+  uint64_t after = 0;
+  for (const auto& s : array_->Stats()) after += s.used_bytes;
+  EXPECT_EQ(after, used);
+}
+
 }  // namespace
 }  // namespace lohan

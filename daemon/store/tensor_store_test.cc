@@ -338,6 +338,43 @@ TEST_F(TensorStoreTest, CatalogStaysBoundedOverALongRunWhileMutationsRace) {
   }
 }
 
+TEST_F(TensorStoreTest, AVersionSplitOverAFragmentedSsdSurvivesAReopen) {
+  // One SSD of 16 stripes, filled with one-stripe tensors, every other one
+  // deleted: 8 stripes free, no two together.
+  const StoreOptions o = Options(1, 16 * kStripe);
+  const uint64_t n = 5 * kStripe + 123;
+  {
+    auto store = OpenOrDie(o);
+    ASSERT_NE(store, nullptr);
+    for (int i = 0; i < 16; ++i) {
+      const std::string name = "small" + std::to_string(i);
+      ASSERT_TRUE(store->Create("j", name, kStripe).ok());
+      ASSERT_TRUE(store->Write("j", name, Pattern(i, kStripe)).ok());
+      ASSERT_TRUE(store->Commit("j", name).ok());
+    }
+    for (int i = 0; i < 16; i += 2) {
+      ASSERT_TRUE(store->Delete("j", "small" + std::to_string(i)).ok());
+    }
+    ASSERT_TRUE(store->Create("j", "big", n).ok());
+    auto written = store->Write("j", "big", Pattern(77, n));
+    ASSERT_TRUE(written.ok()) << written.status();
+    ASSERT_TRUE(store->Commit("j", "big").ok());
+  }
+  auto store = OpenOrDie(o);
+  ASSERT_NE(store, nullptr);
+  std::vector<uint8_t> back(n);
+  ASSERT_TRUE(store->Read("j", "big", absl::MakeSpan(back)).ok());
+  EXPECT_EQ(back, Pattern(77, n));
+  for (int i = 1; i < 16; i += 2) {
+    std::vector<uint8_t> small(kStripe);
+    ASSERT_TRUE(
+        store->Read("j", "small" + std::to_string(i), absl::MakeSpan(small))
+            .ok());
+    EXPECT_EQ(small, Pattern(i, kStripe)) << i;
+  }
+  EXPECT_EQ(Used(*store), 8 * kStripe + Padded(n));
+}
+
 TEST_F(TensorStoreTest, TornCatalogTailIsIgnored) {
   const StoreOptions o = Options(1);
   {

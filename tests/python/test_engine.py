@@ -1636,14 +1636,7 @@ def test_param_groups_match_torch_adamw_param_groups(lohand, params):
         assert [len(g["params"]) for g in optimizer.param_groups] == [
             len(list(model.parameters())) - in_block - 1, in_block, 1]
         lambda_lr = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup)
-        losses = []
-        for step in data:
-            loss = lm_loss(model, step[0])
-            loss.backward()
-            losses.append(loss.item())
-            optimizer.step()
-            optimizer.zero_grad()
-            lambda_lr.step()
+        losses = torch_with_schedule(model, optimizer, lambda_lr, data)
     assert_fp32_close(model, reference, losses, ref_losses)
 
 

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <linux/fs.h>
 #include <sys/eventfd.h>
+#include <sys/file.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -99,6 +100,18 @@ absl::StatusOr<std::unique_ptr<AioBlockDevice>> AioBlockDevice::Open(
     if (!fd.valid()) {
       return ErrnoToStatus(errno, absl::StrCat("open ", file_path));
     }
+  }
+
+  // One store per SSD: another lohand (or a second store here) writing the
+  // same file would overwrite this one's tensors. Held while fd is open.
+  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "SSD path ", options.path, " (", file_path,
+          ") is in use by another lohand store (it holds the file's lock); "
+          "give each daemon its own SSD paths"));
+    }
+    return ErrnoToStatus(errno, absl::StrCat("flock ", file_path));
   }
 
   uint64_t size = 0;

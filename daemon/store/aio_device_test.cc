@@ -65,6 +65,23 @@ TEST(AioBlockDeviceTest, ReopenUsesExistingSize) {
   EXPECT_EQ(device->capacity(), 4u << 20);
 }
 
+TEST(AioBlockDeviceTest, AnSsdPathServesOneStoreAtATime) {
+  // Two daemons on one SSD file would overwrite each other's tensors.
+  TempDir dir;
+  AioDeviceOptions o;
+  o.path = dir.path();
+  o.capacity_bytes = 1 << 20;
+  auto first = AioBlockDevice::Open(o);
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = AioBlockDevice::Open(o);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(second.status().message().find("in use by another lohand"),
+            std::string::npos)
+      << second.status();
+  first->reset();  // closing it lets the next one in
+  EXPECT_TRUE(AioBlockDevice::Open(o).ok());
+}
+
 TEST(AioBlockDeviceTest, EmptyDirectoryWithoutCapacityIsAnError) {
   TempDir dir;
   AioDeviceOptions options;

@@ -66,6 +66,11 @@ std::string TensorStore::Describe(const Key& key, uint64_t version) {
 
 absl::StatusOr<std::unique_ptr<TensorStore>> TensorStore::Open(
     const StoreOptions& options) {
+  // Before any device is opened (a path given twice would find its own lock).
+  if (std::set<std::string>(options.ssd_paths.begin(), options.ssd_paths.end())
+          .size() != options.ssd_paths.size()) {
+    return absl::InvalidArgumentError("ssd_paths lists a path twice");
+  }
   std::vector<std::unique_ptr<BlockDevice>> devices;
   for (const std::string& path : options.ssd_paths) {
     AioDeviceOptions device_options;

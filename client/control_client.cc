@@ -29,11 +29,15 @@ absl::Status ControlClient::FromGrpc(const grpc::Status& status) const {
   if (status.ok()) return absl::OkStatus();
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
       status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    const bool denied =
+        status.error_message().find("Permission denied") != std::string::npos;
     return absl::UnavailableError(absl::StrCat(
         "no lohand answers at ", options_.socket_path, " (",
-        status.error_message(),
-        "); is it running? ('systemctl status lohand', or pass the socket "
-        "with --socket / LOHAN_SOCKET)"));
+        status.error_message(), "); ",
+        denied ? "you may not open that socket: is your user allowed to use "
+                 "lohan (the socket's group, see deploy/)?"
+               : "is it running? ('systemctl status lohand', or pass the "
+                 "socket with --socket / LOHAN_SOCKET)"));
   }
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                       status.error_message());

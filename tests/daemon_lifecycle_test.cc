@@ -105,6 +105,32 @@ TEST(DaemonLifecycle, SecondDaemonOnTheSameStateIsRefused) {
   EXPECT_FALSE(Exists(dir.path() + "/other.sock"));
 }
 
+TEST(DaemonLifecycle, SecondDaemonOnTheSameSsdIsRefused) {
+  // Its own socket and state, but the first one's SSD file: it would
+  // overwrite the first daemon's tensors.
+  PublicTempDir dir;
+  auto first = DaemonProcess::Start(dir.path());
+  ASSERT_TRUE(first.ok()) << first.status();
+  std::vector<std::string> argv = DaemonProcess::Command(dir.path());
+  argv.push_back("--socket=" + dir.path() + "/other.sock");
+  argv.push_back("--state-dir=" + dir.path() + "/other-state");
+  RunResult second = RunCommand(argv);
+  EXPECT_EQ(second.exit_code, 1);
+  EXPECT_THAT(second.err, HasSubstr("is in use by another lohand store"));
+  EXPECT_TRUE(Connect((*first)->socket()).ok());
+}
+
+TEST(DaemonLifecycle, ABadFlagIsBlamedOnTheCommandLine) {
+  PublicTempDir dir;
+  std::vector<std::string> argv = DaemonProcess::Command(dir.path());
+  argv.push_back("--ssd-capacity=0");
+  argv.push_back("--check-config");
+  RunResult result = RunCommand(argv);
+  EXPECT_EQ(result.exit_code, 1) << result.out;
+  EXPECT_THAT(result.err, HasSubstr("the command line's options: key "
+                                    "'store.capacity_per_ssd'"));
+}
+
 TEST(DaemonLifecycle, JobsSurviveRestartDetached) {
   PublicTempDir dir;
   std::string job_id;

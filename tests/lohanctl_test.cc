@@ -1,6 +1,9 @@
 // lohanctl against a real daemon, in both output forms.
 #include <google/protobuf/util/json_util.h>
 
+#include <sstream>
+#include <string>
+
 #include "client/control_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -58,9 +61,10 @@ TEST_F(LohanctlTest, StatusText) {
   EXPECT_THAT(result.out, HasSubstr("0 B used of 64.0 MiB (0%)"));
   EXPECT_THAT(result.out, MatchesRegex("(.|\n)*  optimizer    [0-9]+ "
                                        "threads, kernel [a-z0-9+]+\n(.|\n)*"));
+  EXPECT_THAT(result.out, HasSubstr("  host pool    64.0 MiB, 0 B in use "
+                                    "(0 arenas of yours)"));
   EXPECT_THAT(result.out,
-              HasSubstr("  host pool    64.0 MiB, 0 B in 0 arenas"));
-  EXPECT_THAT(result.out, HasSubstr("  jobs         1 (1 attached)"));
+              HasSubstr("  jobs         1 on the daemon, 1 attached"));
   EXPECT_THAT(result.out, HasSubstr(job_id_ + "   gpt-small"));
   EXPECT_THAT(result.out, HasSubstr("attached  " + std::to_string(getpid())));
   EXPECT_THAT(result.out, HasSubstr("8.0 MiB"));
@@ -112,10 +116,34 @@ TEST_F(LohanctlTest, DeleteRefusesAttachedThenDeletes) {
   RunResult refused = Lohanctl({"jobs", "delete", job_id_});
   EXPECT_EQ(refused.exit_code, 1);
   EXPECT_THAT(refused.err, HasSubstr("is attached by process"));
-  ASSERT_TRUE(client_->DetachJob(job_id_).ok());
+  // The owner unbinds it from the process holding it (here: this test).
+  RunResult detached = Lohanctl({"jobs", "detach", job_id_});
+  EXPECT_EQ(detached.exit_code, 0) << detached.err;
+  EXPECT_EQ(detached.out, "detached " + job_id_ + "\n");
+  EXPECT_THAT(Lohanctl({"jobs"}).out, HasSubstr("detached"));
+  EXPECT_EQ(Lohanctl({"jobs", "detach", "j-999999"}).exit_code, 1);
   RunResult deleted = Lohanctl({"jobs", "delete", job_id_});
   EXPECT_EQ(deleted.exit_code, 0) << deleted.err;
   EXPECT_THAT(Lohanctl({"jobs"}).out, HasSubstr("no jobs"));
+}
+
+TEST_F(LohanctlTest, LongJobNamesKeepTheColumns) {
+  const std::string name(64, 'n');
+  v1::JobSpec spec;
+  spec.set_name(name);
+  ASSERT_TRUE(client_->CreateJob(spec).ok());
+  RunResult table = Lohanctl({"jobs"});
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  // Every row's OWNER column starts where the header's does.
+  const size_t header = table.out.find("OWNER");
+  std::istringstream lines(table.out);
+  std::string line;
+  std::getline(lines, line);
+  while (std::getline(lines, line)) {
+    ASSERT_GT(line.size(), header) << line;
+    EXPECT_NE(line[header], ' ') << line;
+    EXPECT_EQ(line[header - 1], ' ') << line;
+  }
 }
 
 TEST_F(LohanctlTest, NoDaemonNamesTheSocket) {

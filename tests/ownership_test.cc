@@ -69,7 +69,7 @@ TEST_F(OwnershipTest, OtherUidIsDeniedRootSeesAll) {
   RunResult attach = AsNobody({"attach", root_job});
   EXPECT_EQ(attach.exit_code, kPermissionDenied) << attach.out << attach.err;
   EXPECT_THAT(attach.out, HasSubstr("PERMISSION_DENIED"));
-  EXPECT_THAT(attach.out, HasSubstr("belongs to another user (uid 0)"));
+  EXPECT_THAT(attach.out, HasSubstr("belongs to another user\n"));
   RunResult remove = AsNobody({"delete", root_job});
   EXPECT_EQ(remove.exit_code, kPermissionDenied) << remove.out;
   // ...nor see it.
@@ -94,6 +94,24 @@ TEST_F(OwnershipTest, OtherUidIsDeniedRootSeesAll) {
   EXPECT_EQ(AsRoot({"attach", nobody_job}).exit_code, 0);
   EXPECT_EQ(AsRoot({"delete", nobody_job}).exit_code, 0);
   EXPECT_EQ(AsNobody({"list"}).out, "");
+}
+
+TEST_F(OwnershipTest, StatusNamesNoOtherUsersJobs) {
+  RunResult created = AsRoot({"create", "roots-arena", "8388608"});
+  ASSERT_EQ(created.exit_code, 0) << created.out << created.err;
+  const std::string root_job(absl::StripAsciiWhitespace(created.out));
+  auto holder = BackgroundProcess::Start(
+      {bin_ + "/lohan_c_client", daemon_->socket(), "arena-hold", root_job},
+      {"LD_LIBRARY_PATH=" + bin_});
+  ASSERT_TRUE(holder.ok()) << holder.status();
+  // Root sees its arena; nobody sees the pool in use but not whose.
+  RunResult root_status = AsRoot({"status"});
+  ASSERT_EQ(root_status.exit_code, 0) << root_status.out;
+  EXPECT_THAT(root_status.out, HasSubstr("\"job_id\":\"" + root_job));
+  RunResult nobody_status = AsNobody({"status"});
+  ASSERT_EQ(nobody_status.exit_code, 0) << nobody_status.out;
+  EXPECT_THAT(nobody_status.out, HasSubstr("\"used_bytes\":\"8388608\""));
+  EXPECT_THAT(nobody_status.out, ::testing::Not(HasSubstr(root_job)));
 }
 
 TEST_F(OwnershipTest, SameNameForTwoUsersIsTwoJobs) {

@@ -6,6 +6,7 @@
 #include <google/protobuf/util/json_util.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <ctime>
 #include <string>
@@ -73,12 +74,19 @@ void PrintJobTable(const std::vector<v1::Job>& jobs) {
     std::printf("no jobs\n");
     return;
   }
-  const char* format = "%-10s %-20s %-12s %-9s %-8s %-10s %-10s %s\n";
-  std::printf(format, "ID", "NAME", "OWNER", "STATE", "PID", "HOST POOL",
-              "ON SSDS", "CREATED");
+  // As wide as the longest name (up to 64 characters), not less than 20.
+  int name_width = 20;
+  for (const v1::Job& job : jobs) {
+    name_width =
+        std::max(name_width, static_cast<int>(job.spec().name().size()));
+  }
+  const std::string format = absl::StrCat("%-10s %-", name_width,
+                                          "s %-12s %-9s %-8s %-10s %-10s %s\n");
+  std::printf(format.c_str(), "ID", "NAME", "OWNER", "STATE", "PID",
+              "HOST POOL", "ON SSDS", "CREATED");
   for (const v1::Job& job : jobs) {
     std::printf(
-        format, job.id().c_str(), job.spec().name().c_str(),
+        format.c_str(), job.id().c_str(), job.spec().name().c_str(),
         job.owner_name().c_str(), StateName(job.state()).c_str(),
         job.attached_pid() ? std::to_string(job.attached_pid()).c_str() : "-",
         FormatByteSize(job.spec().host_pool_bytes()).c_str(),
@@ -118,7 +126,7 @@ int Status(const std::string& socket, bool json) {
   std::printf("  socket       %s\n", config.socket_path().c_str());
   std::printf("  state dir    %s\n", config.state_dir().c_str());
   const v1::PoolStatus& pool = status->pool();
-  std::printf("  host pool    %s, %s in %d arena%s\n",
+  std::printf("  host pool    %s, %s in use (%d arena%s of yours)\n",
               FormatByteSize(pool.capacity_bytes()).c_str(),
               FormatByteSize(pool.used_bytes()).c_str(), pool.arenas_size(),
               pool.arenas_size() == 1 ? "" : "s");
@@ -143,8 +151,8 @@ int Status(const std::string& socket, bool json) {
               status->optimizer().threads(),
               status->optimizer().kernel().c_str());
   std::printf("  log level    %s\n", config.log_level().c_str());
-  std::printf("  jobs         %u (%u attached)\n\n", status->total_jobs(),
-              status->attached_jobs());
+  std::printf("  jobs         %u on the daemon, %u attached (yours below)\n\n",
+              status->total_jobs(), status->attached_jobs());
   PrintJobTable({status->jobs().begin(), status->jobs().end()});
   if (status->sessions_size() > 0) {
     std::printf("\ntraining (open data planes)\n");
@@ -198,6 +206,15 @@ int Jobs(const std::string& socket, bool json) {
   return 0;
 }
 
+int DetachJob(const std::string& socket, const std::string& job_id) {
+  auto client = Connect(socket);
+  if (!client.ok()) return Fail(client.status());
+  auto job = (*client)->DetachJob(job_id);
+  if (!job.ok()) return Fail(job.status());
+  std::printf("detached %s\n", job_id.c_str());
+  return 0;
+}
+
 int DeleteJob(const std::string& socket, const std::string& job_id) {
   auto client = Connect(socket);
   if (!client.ok()) return Fail(client.status());
@@ -233,6 +250,13 @@ int main(int argc, char** argv) {
       jobs->add_subcommand("delete", "delete a detached job");
   jobs_delete->add_option("job_id", delete_id, "the job's id, e.g. j-000001")
       ->required();
+  std::string detach_id;
+  CLI::App* jobs_detach = jobs->add_subcommand(
+      "detach",
+      "unbind a job from the process attached to it (a process that hangs "
+      "on to a job it no longer trains); yours, or any as root");
+  jobs_detach->add_option("job_id", detach_id, "the job's id, e.g. j-000001")
+      ->required();
 
   CLI11_PARSE(app, argc, argv);
   if (!status->parsed() && !jobs->parsed()) {
@@ -242,5 +266,6 @@ int main(int argc, char** argv) {
   }
   if (status->parsed()) return lohan::Status(socket, status_json);
   if (jobs_delete->parsed()) return lohan::DeleteJob(socket, delete_id);
+  if (jobs_detach->parsed()) return lohan::DetachJob(socket, detach_id);
   return lohan::Jobs(socket, jobs_json);
 }

@@ -330,6 +330,11 @@ absl::Status ValidateConfig(const DaemonConfig& config) {
                      ") is smaller than one stripe unit (",
                      FormatByteSize(config.stripe_unit_bytes), ")"));
   }
+  if (config.host_pool_bytes == 0) {
+    // A pool nothing fits in: every job would be refused.
+    return absl::InvalidArgumentError(
+        "key 'pool.host_pool_size' must be more than 0");
+  }
   if (std::find(std::begin(kOptimizerIsas), std::end(kOptimizerIsas),
                 config.optimizer_isa) == std::end(kOptimizerIsas)) {
     return absl::InvalidArgumentError(

@@ -217,6 +217,8 @@ TEST(ValidateConfig, RefusesBadValues) {
           "is smaller than one stripe unit");
   refused([](DaemonConfig& c) { c.optimizer_isa = "avx1024"; },
           "'optimizer.isa' is 'avx1024'");
+  refused([](DaemonConfig& c) { c.host_pool_bytes = 0; },
+          "'pool.host_pool_size' must be more than 0");
 }
 
 TEST(EffectiveOptimizerThreads, AutoIsHalfTheCoresAtLeastOne) {

@@ -168,10 +168,30 @@ absl::StatusOr<JobRegistry::Entry*> JobRegistry::FindOwned(
   }
   if (!caller.is_root() && found->second.job.owner_uid() != caller.uid) {
     return absl::PermissionDeniedError(
-        absl::StrCat("job ", job_id, " belongs to another user (uid ",
-                     found->second.job.owner_uid(), ")"));
+        absl::StrCat("job ", job_id, " belongs to another user"));
   }
   return &found->second;
+}
+
+absl::Status JobRegistry::PoolFitsLocked(const std::string& name,
+                                         uint64_t bytes,
+                                         const std::string& except) const {
+  uint64_t in_use = 0;
+  for (const auto& [id, entry] : jobs_) {
+    if (id != except && entry.job.state() == v1::JOB_STATE_ATTACHED) {
+      in_use += entry.job.spec().host_pool_bytes();
+    }
+  }
+  const uint64_t left = options_.host_pool_capacity_bytes > in_use
+                            ? options_.host_pool_capacity_bytes - in_use
+                            : 0;
+  if (bytes <= left) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "job '", name, "' asks for ", FormatByteSize(bytes),
+      " of host pool but only ", FormatByteSize(left), " of ",
+      FormatByteSize(options_.host_pool_capacity_bytes),
+      " is free (the rest is held by running jobs; it comes back as they "
+      "end)"));
 }
 
 absl::StatusOr<v1::Job> JobRegistry::Create(const Caller& caller,
@@ -180,7 +200,7 @@ absl::StatusOr<v1::Job> JobRegistry::Create(const Caller& caller,
     return status;
   }
   absl::MutexLock lock(&mu_);
-  uint64_t pool_in_use = 0;
+  ReapDeadAttachments();
   for (const auto& [id, entry] : jobs_) {
     if (entry.job.owner_uid() == caller.uid &&
         entry.job.spec().name() == spec.name()) {
@@ -188,18 +208,11 @@ absl::StatusOr<v1::Job> JobRegistry::Create(const Caller& caller,
           absl::StrCat("you already have a job named '", spec.name(), "' (", id,
                        "); attach to it or delete it first"));
     }
-    pool_in_use += entry.job.spec().host_pool_bytes();
   }
-  const uint64_t pool_left =
-      options_.host_pool_capacity_bytes > pool_in_use
-          ? options_.host_pool_capacity_bytes - pool_in_use
-          : 0;
-  if (spec.host_pool_bytes() > pool_left) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "job '", spec.name(), "' asks for ",
-        FormatByteSize(spec.host_pool_bytes()), " of host pool but only ",
-        FormatByteSize(pool_left), " of ",
-        FormatByteSize(options_.host_pool_capacity_bytes), " is free"));
+  if (absl::Status fits = PoolFitsLocked(spec.name(), spec.host_pool_bytes(),
+                                         /*except=*/"");
+      !fits.ok()) {
+    return fits;
   }
   v1::Job job;
   job.set_id(absl::StrFormat("j-%06d", next_job_number_));
@@ -235,7 +248,14 @@ absl::StatusOr<v1::Job> JobRegistry::Attach(const Caller& caller,
     if ((*entry)->attached_process == *process) return job;
     return absl::FailedPreconditionError(absl::StrCat(
         "job ", job_id, " is attached by process ", job.attached_pid(),
-        "; detach it there (or 'lohanctl' as its owner) first"));
+        "; detach it there (engine.close()), end that process, or 'lohanctl "
+        "jobs detach ",
+        job_id, "' as its owner"));
+  }
+  if (absl::Status fits = PoolFitsLocked(job.spec().name(),
+                                         job.spec().host_pool_bytes(), job_id);
+      !fits.ok()) {
+    return fits;
   }
   job.set_state(v1::JOB_STATE_ATTACHED);
   job.set_attached_pid(caller.pid);

@@ -28,7 +28,9 @@ class JobRegistry {
   struct Options {
     // Directory for jobs.binpb; must exist.
     std::string state_dir;
-    // Sum of host_pool_bytes over all jobs may not exceed this.
+    // Sum of host_pool_bytes over the attached jobs (and one being created)
+    // may not exceed this. A detached job holds none of it: an idle job,
+    // anyone's, must not keep others out.
     uint64_t host_pool_capacity_bytes = 0;
   };
 
@@ -40,12 +42,14 @@ class JobRegistry {
   JobRegistry& operator=(const JobRegistry&) = delete;
 
   // INVALID_ARGUMENT for a bad name; ALREADY_EXISTS when the caller has a job
-  // of that name; RESOURCE_EXHAUSTED when the pool request does not fit.
-  // Durable before it returns.
+  // of that name; RESOURCE_EXHAUSTED when the pool request does not fit
+  // beside the attached jobs' now. Durable before it returns.
   absl::StatusOr<v1::Job> Create(const Caller& caller, const v1::JobSpec& spec);
 
   // Binds the job to the calling process. Idempotent for the same process;
-  // FAILED_PRECONDITION while another live process holds it.
+  // FAILED_PRECONDITION while another live process holds it;
+  // RESOURCE_EXHAUSTED when its pool request does not fit beside the other
+  // attached jobs' (try again when one ends).
   absl::StatusOr<v1::Job> Attach(const Caller& caller,
                                  const std::string& job_id);
 
@@ -81,6 +85,11 @@ class JobRegistry {
 
   // Detaches jobs whose attached process is gone.
   void ReapDeadAttachments() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RESOURCE_EXHAUSTED naming the job unless `bytes` fit beside the
+  // attached jobs' reservations (but `except`'s).
+  absl::Status PoolFitsLocked(const std::string& name, uint64_t bytes,
+                              const std::string& except) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // NOT_FOUND or PERMISSION_DENIED, else the entry.
   absl::StatusOr<Entry*> FindOwned(const Caller& caller,
                                    const std::string& job_id)

@@ -121,11 +121,26 @@ TEST_F(JobRegistryTest, MalformedJobIdIsInvalidArgument) {
 }
 
 TEST_F(JobRegistryTest, PoolAdmission) {
-  ASSERT_TRUE(registry_->Create(alice_, Spec("a", 600)).ok());
+  // Only attached jobs hold the pool: an idle one, anyone's, keeps nobody
+  // out (a bug hunt found one user's idle job blocking every other user).
+  absl::StatusOr<v1::Job> a = registry_->Create(alice_, Spec("a", 600));
+  ASSERT_TRUE(a.ok());
+  absl::StatusOr<v1::Job> idle = registry_->Create(bob_, Spec("idle", 900));
+  ASSERT_TRUE(idle.ok()) << idle.status();
+  ASSERT_TRUE(registry_->Attach(alice_, a->id()).ok());
   absl::Status status = registry_->Create(bob_, Spec("b", 500)).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(std::string(status.message()), HasSubstr("400 B"));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("running jobs"));
   EXPECT_TRUE(registry_->Create(bob_, Spec("b", 400)).ok());
+  // Attaching the big idle job must wait until alice's ends.
+  status = registry_->Attach(bob_, idle->id()).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  ASSERT_TRUE(registry_->Detach(alice_, a->id()).ok());
+  EXPECT_TRUE(registry_->Attach(bob_, idle->id()).ok());
+  // More than the whole pool never fits.
+  EXPECT_EQ(registry_->Create(alice_, Spec("huge", 1001)).status().code(),
+            absl::StatusCode::kResourceExhausted);
 }
 
 TEST_F(JobRegistryTest, JobsSurviveReopenDetached) {

@@ -83,13 +83,18 @@ absl::StatusOr<DaemonConfig> ResolveConfig(const CommandLine& command_line) {
     config = *std::move(loaded);
     origin = kSystemConfigPath;
   }
+  // Name what set a bad value: the file (or the defaults) if it is bad on
+  // its own, else the command line's options, which override it.
+  const bool base_valid = ValidateConfig(config).ok();
   if (absl::Status status = ApplyOverrides(command_line.overrides, config);
       !status.ok()) {
     return status;
   }
   if (absl::Status status = ValidateConfig(config); !status.ok()) {
+    const std::string culprit =
+        base_valid ? "the command line's options" : origin;
     return absl::Status(status.code(),
-                        absl::StrCat(origin, ": ", status.message()));
+                        absl::StrCat(culprit, ": ", status.message()));
   }
   return config;
 }

@@ -206,6 +206,8 @@ grpc::Status ControlService::GetStatus(grpc::ServerContext* context,
   pool_status->set_capacity_bytes(pool.capacity_bytes);
   pool_status->set_used_bytes(pool.used_bytes);
   for (const HostPool::JobUse& use : pool.jobs) {
+    // Other users' jobs count in used_bytes but are not named.
+    if (visible.count(use.job_id) == 0) continue;
     v1::ArenaStatus* arena = pool_status->add_arenas();
     arena->set_job_id(use.job_id);
     arena->set_bytes(use.bytes);

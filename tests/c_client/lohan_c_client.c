@@ -153,8 +153,10 @@ int main(int argc, char** argv) {
   if (strcmp(command, "roundtrip") == 0 && arg) {
     status = roundtrip(client, arg);
   } else if (strcmp(command, "create") == 0 && arg) {
+    /* Optional 4th argument: host pool bytes. */
+    const uint64_t pool = argc > 4 ? strtoull(argv[4], NULL, 10) : 0;
     lohan_job_info* job = NULL;
-    status = lohan_job_create(client, arg, 0, 0, &job);
+    status = lohan_job_create(client, arg, pool, 0, &job);
     if (status == LOHAN_OK)
       printf("%s\n", lohan_job_info_id(job));
     else
@@ -188,6 +190,14 @@ int main(int argc, char** argv) {
       printf("delete: ok\n");
     else
       failed("delete", status);
+  } else if (strcmp(command, "status") == 0) {
+    char* json = NULL;
+    status = lohan_client_status_json(client, &json);
+    if (status == LOHAN_OK)
+      printf("%s\n", json);
+    else
+      failed("status", status);
+    lohan_string_free(json);
   } else if (strcmp(command, "list") == 0) {
     lohan_job_list* list = NULL;
     status = lohan_jobs_list(client, &list);

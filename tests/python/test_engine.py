@@ -752,6 +752,11 @@ def test_daemon_killed_mid_step_then_resumed_exactly(tmp_path):
         with pytest.raises(LohanError) as error:
             engine.step()
         assert error.value.code == StatusCode.UNAVAILABLE
+        # The next step says the same, not "got a gradient again".
+        for _ in range(2):
+            with pytest.raises(LohanError) as error:
+                lm_loss(model, data[3][0]).backward()
+            assert error.value.code == StatusCode.UNAVAILABLE
         engine.close()
         daemon = Daemon(tmp_path)
         resumed = tiny_gpt()  # weights come from the daemon

@@ -819,10 +819,18 @@ class Engine:
             self._check_optimizer_groups(groups)
         # Gradients of a loss scaled by engine.backward come back to scale 1
         # in the daemon, exactly (the scale is a power of two).
-        self._remote.iter_begin(
-            grad_scale=(1.0 / self.loss_scale
-                        if self._scaled_backward else 1.0),
-            lr=self.lr)
+        try:
+            self._remote.iter_begin(
+                grad_scale=(1.0 / self.loss_scale
+                            if self._scaled_backward else 1.0),
+                lr=self.lr)
+        except BaseException:
+            # No step began (the daemon is gone, say): what this backward
+            # handed over so far is lost with it, and the next backward
+            # must start clean rather than find layers "handed over".
+            self._router.reset()
+            self._scaled_backward = False
+            raise
         self._in_iteration = True
 
     def _claim_grad_buffer(self, layer: int) -> None:

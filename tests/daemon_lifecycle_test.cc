@@ -120,6 +120,35 @@ TEST(DaemonLifecycle, SecondDaemonOnTheSameSsdIsRefused) {
   EXPECT_TRUE(Connect((*first)->socket()).ok());
 }
 
+TEST(DaemonLifecycle, CheckConfigSeesWhatTheStartWouldRefuse) {
+  PublicTempDir dir;
+  auto first = DaemonProcess::Start(dir.path());
+  ASSERT_TRUE(first.ok()) << first.status();
+  std::vector<std::string> check = DaemonProcess::Command(dir.path());
+  check.push_back("--check-config");
+  // A running daemon on that socket and state.
+  RunResult busy = RunCommand(check);
+  EXPECT_EQ(busy.exit_code, 1) << busy.out;
+  EXPECT_THAT(busy.err, HasSubstr("is held by a running lohand"));
+  {
+    auto client = Connect((*first)->socket());
+    ASSERT_TRUE(client.ok());
+    v1::JobSpec spec;
+    spec.set_name("gpt");
+    ASSERT_TRUE((*client)->CreateJob(spec).ok());
+  }
+  (*first)->Stop(SIGTERM);  // its catalog stays, made for one SSD
+  RunResult fine = RunCommand(check);
+  EXPECT_EQ(fine.exit_code, 0) << fine.err;
+  // A second SSD path, as an admin might add to the config.
+  std::vector<std::string> more = check;
+  ASSERT_EQ(mkdir((dir.path() + "/ssd-more").c_str(), 0755), 0);
+  more.push_back("--ssd-path=" + dir.path() + "/ssd-more");
+  RunResult added = RunCommand(more);
+  EXPECT_EQ(added.exit_code, 1) << added.out;
+  EXPECT_THAT(added.err, HasSubstr("was made for ssd_paths"));
+}
+
 TEST(DaemonLifecycle, ABadFlagIsBlamedOnTheCommandLine) {
   PublicTempDir dir;
   std::vector<std::string> argv = DaemonProcess::Command(dir.path());

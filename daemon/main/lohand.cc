@@ -1,7 +1,9 @@
 // lohand: the lohan daemon. Reads its config (built-in defaults, then the
 // config file, then flags), checks the machine, serves the control plane on a
 // unix socket until SIGTERM or SIGINT, then shuts down cleanly.
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -19,6 +21,7 @@
 #include "daemon/common/byte_size.h"
 #include "daemon/common/caller.h"
 #include "daemon/common/errno_status.h"
+#include "daemon/common/unique_fd.h"
 #include "daemon/common/version.h"
 #include "daemon/config/config.h"
 #include "daemon/config/host_check.h"
@@ -103,8 +106,7 @@ absl::Status Prefixed(const absl::Status& status, absl::string_view prefix) {
   return absl::Status(status.code(), absl::StrCat(prefix, status.message()));
 }
 
-absl::StatusOr<std::unique_ptr<TensorStore>> OpenStore(
-    const DaemonConfig& config) {
+StoreOptions StoreOptionsOf(const DaemonConfig& config) {
   StoreOptions options;
   options.ssd_paths = config.ssd_paths;
   options.state_dir = absl::StrCat(config.state_dir, "/store");
@@ -113,8 +115,13 @@ absl::StatusOr<std::unique_ptr<TensorStore>> OpenStore(
   options.queue_depth = config.queue_depth;
   options.device_capacity_bytes = config.ssd_capacity_bytes;
   options.allow_buffered_io = config.allow_buffered_io;
+  return options;
+}
+
+absl::StatusOr<std::unique_ptr<TensorStore>> OpenStore(
+    const DaemonConfig& config) {
   absl::StatusOr<std::unique_ptr<TensorStore>> store =
-      TensorStore::Open(options);
+      TensorStore::Open(StoreOptionsOf(config));
   if (!store.ok()) {
     return Prefixed(store.status(), "opening the SSD store (keys store.*): ");
   }
@@ -176,6 +183,20 @@ int Run(const CommandLine& command_line) {
     return Fail(status);
   }
   if (command_line.check_only) {
+    // What the real start would refuse about the state it finds: another
+    // daemon on it, or a store made for other SSDs or a larger capacity.
+    const std::string socket_lock = absl::StrCat(config->socket_path, ".lock");
+    UniqueFd lock(open(socket_lock.c_str(), O_RDONLY | O_CLOEXEC));
+    if (lock.valid() && flock(lock.get(), LOCK_EX | LOCK_NB) != 0 &&
+        errno == EWOULDBLOCK) {
+      return Fail(absl::FailedPreconditionError(
+          absl::StrCat("key 'daemon.socket': ", config->socket_path,
+                       " is held by a running lohand")));
+    }
+    if (absl::Status status = TensorStore::Check(StoreOptionsOf(*config));
+        !status.ok()) {
+      return Fail(Prefixed(status, "the SSD store (keys store.*): "));
+    }
     LogConfig(*config);
     std::printf("lohand: configuration OK\n");
     return 0;

@@ -87,6 +87,93 @@ absl::StatusOr<std::unique_ptr<TensorStore>> TensorStore::Open(
   return OpenWithDevices(options, std::move(devices));
 }
 
+namespace {
+
+// FAILED_PRECONDITION if another process holds `path`'s flock (a missing
+// file is fine).
+absl::Status CheckNotLocked(const std::string& path, absl::string_view what) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return absl::OkStatus();
+  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " ", path, " is in use by a running lohand"));
+  }
+  return absl::OkStatus();  // closing fd lets go of the lock again
+}
+
+}  // namespace
+
+absl::Status TensorStore::Check(const StoreOptions& options) {
+  if (absl::Status s =
+          CheckNotLocked(options.state_dir + "/LOCK", "the store state in");
+      !s.ok()) {
+    return s;
+  }
+  for (const std::string& path : options.ssd_paths) {
+    struct stat st;
+    const std::string file =
+        ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)
+            ? path + "/lohan.data"
+            : path;
+    if (absl::Status s = CheckNotLocked(file, "SSD file"); !s.ok()) return s;
+  }
+  const std::string path = CatalogPath(options.state_dir);
+  absl::StatusOr<RecordLog::Contents> contents = RecordLog::Read(path);
+  if (!contents.ok()) return contents.status();
+  if (contents->records.empty()) return absl::OkStatus();  // a new store
+  CatalogState state;
+  for (size_t i = 0; i < contents->records.size(); ++i) {
+    absl::StatusOr<CatalogRecord> rec =
+        CatalogRecord::Decode(contents->records[i]);
+    if (!rec.ok()) {
+      return absl::DataLossError(
+          absl::StrCat(path, " record ", i, ": ", rec.status().message()));
+    }
+    if (i == 0) {
+      if (rec->device_paths != options.ssd_paths ||
+          rec->stripe_unit != options.stripe_unit ||
+          rec->block_size != options.block_size) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "the catalog in ", options.state_dir, " was made for ssd_paths [",
+            absl::StrJoin(rec->device_paths, ", "), "] stripe_unit ",
+            rec->stripe_unit, " block_size ", rec->block_size,
+            "; the options give [", absl::StrJoin(options.ssd_paths, ", "),
+            "] stripe_unit ", options.stripe_unit, " block_size ",
+            options.block_size));
+      }
+      continue;
+    }
+    if (absl::Status s = state.Apply(*std::move(rec)); !s.ok()) {
+      return absl::DataLossError(
+          absl::StrCat(path, " record ", i, " ", s.message()));
+    }
+  }
+  if (options.device_capacity_bytes == 0) return absl::OkStatus();
+  for (const auto& [key, tensor] : state.tensors()) {
+    if (!tensor.placement.has_value()) continue;
+    const Placement& p = *tensor.placement;
+    std::vector<Placement::Run> runs = p.more_runs;
+    for (size_t d = 0; d < p.region_offset.size(); ++d) {
+      runs.push_back(Placement::Run{static_cast<uint32_t>(d),
+                                    p.region_offset[d], p.region_length[d]});
+    }
+    for (const Placement::Run& run : runs) {
+      if (run.length > 0 &&
+          run.offset + run.length > options.device_capacity_bytes) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "the catalog keeps tensor '", key.first, "/", key.second,
+            "' up to byte ", run.offset + run.length, " of SSD ",
+            run.device < options.ssd_paths.size()
+                ? options.ssd_paths[run.device]
+                : std::string("?"),
+            ", past the ", options.device_capacity_bytes,
+            " bytes the options give it"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<TensorStore>> TensorStore::OpenWithDevices(
     const StoreOptions& options,
     std::vector<std::unique_ptr<BlockDevice>> devices) {

@@ -104,6 +104,13 @@ class TensorStore {
       const StoreOptions& options,
       std::vector<std::unique_ptr<BlockDevice>> devices);
 
+  // What Open would refuse, found without opening (nothing is written or
+  // locked for good): the state_dir or an SSD file in use by an open store,
+  // a catalog made for other ssd_paths, stripe unit or block size, or one
+  // naming space past options.device_capacity_bytes (when set). For
+  // `lohand --check-config` after a config change.
+  static absl::Status Check(const StoreOptions& options);
+
   TensorStore(const TensorStore&) = delete;
   TensorStore& operator=(const TensorStore&) = delete;
   // REQUIRES: no call in progress.

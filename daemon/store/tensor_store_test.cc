@@ -375,6 +375,41 @@ TEST_F(TensorStoreTest, AVersionSplitOverAFragmentedSsdSurvivesAReopen) {
   EXPECT_EQ(Used(*store), 8 * kStripe + Padded(n));
 }
 
+TEST_F(TensorStoreTest, CheckFindsWhatOpenWouldRefuseWithoutOpening) {
+  StoreOptions o = Options(1, 1 << 20);
+  EXPECT_TRUE(TensorStore::Check(o).ok());  // nothing there yet
+  {
+    auto store = OpenOrDie(o);
+    ASSERT_NE(store, nullptr);
+    absl::Status busy = TensorStore::Check(o);
+    EXPECT_EQ(busy.code(), absl::StatusCode::kFailedPrecondition) << busy;
+    EXPECT_NE(busy.message().find("in use by a running lohand"),
+              std::string::npos)
+        << busy;
+    for (int i = 0; i < 4; ++i) {
+      const std::string name = "t" + std::to_string(i);
+      ASSERT_TRUE(store->Create("j", name, 4 * kStripe).ok());
+      ASSERT_TRUE(store->Write("j", name, Pattern(i, 4 * kStripe)).ok());
+      ASSERT_TRUE(store->Commit("j", name).ok());
+    }
+  }
+  EXPECT_TRUE(TensorStore::Check(o).ok());
+  StoreOptions smaller = o;
+  smaller.device_capacity_bytes = 512 << 10;
+  absl::Status past = TensorStore::Check(smaller);
+  EXPECT_EQ(past.code(), absl::StatusCode::kFailedPrecondition) << past;
+  EXPECT_NE(past.message().find("past the 524288 bytes"), std::string::npos)
+      << past;
+  StoreOptions other_stripe = o;
+  other_stripe.stripe_unit = 2 * kStripe;
+  EXPECT_EQ(TensorStore::Check(other_stripe).code(),
+            absl::StatusCode::kFailedPrecondition);
+  // Check wrote nothing: the store opens as before.
+  auto store = OpenOrDie(o);
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ(store->List("j").size(), 4u);
+}
+
 TEST_F(TensorStoreTest, TornCatalogTailIsIgnored) {
   const StoreOptions o = Options(1);
   {

@@ -57,6 +57,12 @@ absl::Status WriteFileDurably(const std::string& dir, const std::string& name,
                               const std::string& bytes) {
   const std::string path = absl::StrCat(dir, "/", name);
   const std::string temp = absl::StrCat(path, ".tmp");
+  // A partial file (a full disk, most likely) must not stay behind.
+  auto failed = [&temp](const std::string& what) {
+    absl::Status status = ErrnoToStatus(errno, absl::StrCat(what, temp));
+    unlink(temp.c_str());
+    return status;
+  };
   {
     UniqueFd file(
         open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
@@ -66,16 +72,12 @@ absl::Status WriteFileDurably(const std::string& dir, const std::string& name,
       ssize_t n =
           write(file.get(), bytes.data() + written, bytes.size() - written);
       if (n < 0 && errno == EINTR) continue;
-      if (n < 0) return ErrnoToStatus(errno, absl::StrCat("writing ", temp));
+      if (n < 0) return failed("writing ");
       written += static_cast<size_t>(n);
     }
-    if (fsync(file.get()) != 0) {
-      return ErrnoToStatus(errno, absl::StrCat("syncing ", temp));
-    }
+    if (fsync(file.get()) != 0) return failed("syncing ");
   }
-  if (rename(temp.c_str(), path.c_str()) != 0) {
-    return ErrnoToStatus(errno, absl::StrCat("renaming ", temp));
-  }
+  if (rename(temp.c_str(), path.c_str()) != 0) return failed("renaming ");
   UniqueFd directory(open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!directory || fsync(directory.get()) != 0) {
     return ErrnoToStatus(errno, absl::StrCat("syncing directory ", dir));

@@ -101,6 +101,46 @@ absl::Status CheckNotLocked(const std::string& path, absl::string_view what) {
   return absl::OkStatus();  // closing fd lets go of the lock again
 }
 
+// What the catalog's records say, checked: the first is the store record
+// of an array with these options (FAILED_PRECONDITION otherwise: the
+// options changed), the rest apply in order (DATA_LOSS otherwise).
+absl::StatusOr<CatalogState> Replay(const StoreOptions& options,
+                                    const std::string& path,
+                                    const RecordLog::Contents& contents) {
+  CatalogState state;
+  for (size_t i = 0; i < contents.records.size(); ++i) {
+    absl::StatusOr<CatalogRecord> rec =
+        CatalogRecord::Decode(contents.records[i]);
+    if (!rec.ok()) {
+      return absl::DataLossError(
+          absl::StrCat(path, " record ", i, ": ", rec.status().message()));
+    }
+    if (i > 0) {
+      if (absl::Status s = state.Apply(*std::move(rec)); !s.ok()) {
+        return absl::DataLossError(
+            absl::StrCat(path, " record ", i, " ", s.message()));
+      }
+      continue;
+    }
+    if (rec->kind != CatalogRecord::Kind::kStoreInfo) {
+      return absl::DataLossError(
+          absl::StrCat(path, " does not start with a store record"));
+    }
+    if (rec->device_paths != options.ssd_paths ||
+        rec->stripe_unit != options.stripe_unit ||
+        rec->block_size != options.block_size) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the catalog in ", options.state_dir, " was made for ssd_paths [",
+          absl::StrJoin(rec->device_paths, ", "), "] stripe_unit ",
+          rec->stripe_unit, " block_size ", rec->block_size,
+          "; the options give [", absl::StrJoin(options.ssd_paths, ", "),
+          "] stripe_unit ", options.stripe_unit, " block_size ",
+          options.block_size));
+    }
+  }
+  return state;
+}
+
 }  // namespace
 
 absl::Status TensorStore::Check(const StoreOptions& options) {
@@ -121,35 +161,10 @@ absl::Status TensorStore::Check(const StoreOptions& options) {
   absl::StatusOr<RecordLog::Contents> contents = RecordLog::Read(path);
   if (!contents.ok()) return contents.status();
   if (contents->records.empty()) return absl::OkStatus();  // a new store
-  CatalogState state;
-  for (size_t i = 0; i < contents->records.size(); ++i) {
-    absl::StatusOr<CatalogRecord> rec =
-        CatalogRecord::Decode(contents->records[i]);
-    if (!rec.ok()) {
-      return absl::DataLossError(
-          absl::StrCat(path, " record ", i, ": ", rec.status().message()));
-    }
-    if (i == 0) {
-      if (rec->device_paths != options.ssd_paths ||
-          rec->stripe_unit != options.stripe_unit ||
-          rec->block_size != options.block_size) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "the catalog in ", options.state_dir, " was made for ssd_paths [",
-            absl::StrJoin(rec->device_paths, ", "), "] stripe_unit ",
-            rec->stripe_unit, " block_size ", rec->block_size,
-            "; the options give [", absl::StrJoin(options.ssd_paths, ", "),
-            "] stripe_unit ", options.stripe_unit, " block_size ",
-            options.block_size));
-      }
-      continue;
-    }
-    if (absl::Status s = state.Apply(*std::move(rec)); !s.ok()) {
-      return absl::DataLossError(
-          absl::StrCat(path, " record ", i, " ", s.message()));
-    }
-  }
+  absl::StatusOr<CatalogState> state = Replay(options, path, *contents);
+  if (!state.ok()) return state.status();
   if (options.device_capacity_bytes == 0) return absl::OkStatus();
-  for (const auto& [key, tensor] : state.tensors()) {
+  for (const auto& [key, tensor] : state->tensors()) {
     if (!tensor.placement.has_value()) continue;
     const Placement& p = *tensor.placement;
     std::vector<Placement::Run> runs = p.more_runs;
@@ -253,41 +268,11 @@ absl::Status TensorStore::Recover() {
                  static_cast<unsigned long long>(contents->valid_bytes));
   }
 
-  CatalogState replayed;
-  for (size_t i = 0; i < contents->records.size(); ++i) {
-    absl::StatusOr<CatalogRecord> rec =
-        CatalogRecord::Decode(contents->records[i]);
-    if (!rec.ok()) {
-      return absl::DataLossError(
-          absl::StrCat(path, " record ", i, ": ", rec.status().message()));
-    }
-    if (i == 0) {
-      if (rec->kind != CatalogRecord::Kind::kStoreInfo) {
-        return absl::DataLossError(
-            absl::StrCat(path, " does not start with a store record"));
-      }
-      if (rec->device_paths != options_.ssd_paths ||
-          rec->stripe_unit != options_.stripe_unit ||
-          rec->block_size != options_.block_size) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "the catalog in ", options_.state_dir, " was made for ssd_paths [",
-            absl::StrJoin(rec->device_paths, ", "), "] stripe_unit ",
-            rec->stripe_unit, " block_size ", rec->block_size,
-            "; the options give [", absl::StrJoin(options_.ssd_paths, ", "),
-            "] stripe_unit ", options_.stripe_unit, " block_size ",
-            options_.block_size));
-      }
-      continue;
-    }
-    absl::Status applied = replayed.Apply(*std::move(rec));
-    if (!applied.ok()) {
-      return absl::DataLossError(
-          absl::StrCat(path, " record ", i, " ", applied.message()));
-    }
-  }
+  absl::StatusOr<CatalogState> replayed = Replay(options_, path, *contents);
+  if (!replayed.ok()) return replayed.status();
 
   absl::MutexLock lock(&mu_);
-  for (const auto& [key, tensor] : replayed.tensors()) {
+  for (const auto& [key, tensor] : replayed->tensors()) {
     auto entry = std::make_shared<Entry>();
     entry->bytes = tensor.bytes;
     entry->last_version = tensor.committed_version;
@@ -307,12 +292,12 @@ absl::Status TensorStore::Recover() {
 
   // Compact: the log now holds exactly the live state.
   absl::StatusOr<std::unique_ptr<RecordLog>> log =
-      RecordLog::Rewrite(path, replayed.Snapshot(StoreInfoRecord()));
+      RecordLog::Rewrite(path, replayed->Snapshot(StoreInfoRecord()));
   if (!log.ok()) return log.status();
   absl::MutexLock log_lock(&log_mu_);
   log_ = *std::move(log);
   catalog_bytes_.store(log_->size(), std::memory_order_relaxed);
-  catalog_ = std::move(replayed);
+  catalog_ = *std::move(replayed);
   compact_at_bytes_ =
       std::max(options_.catalog_compact_bytes, 2 * log_->size());
   return absl::OkStatus();

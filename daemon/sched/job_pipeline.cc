@@ -751,6 +751,15 @@ absl::Status JobPipeline::ReadWeights(size_t layer, float* out) const {
       !readable.ok()) {
     return readable;
   }
+  return ForEachCommittedChunk(
+      layer, [&](size_t c, uint64_t count, const uint8_t* state) {
+        std::memcpy(out + state_.chunk_begin(c), state, count * 4);
+      });
+}
+
+absl::Status JobPipeline::ForEachCommittedChunk(
+    size_t layer,
+    absl::FunctionRef<void(size_t, uint64_t, const uint8_t*)> use) const {
   AlignedBuffer buffer(RoundUp(state_.max_state_bytes(), kBufferAlignment),
                        kBufferAlignment);
   for (size_t c = 0; c < state_.num_chunks(layer); ++c) {
@@ -758,8 +767,11 @@ absl::Status JobPipeline::ReadWeights(size_t layer, float* out) const {
     absl::StatusOr<uint64_t> r =
         store_->Read(job_, chunk_names_[FlatIndex(layer, c)],
                      absl::MakeSpan(buffer.data(), state_.state_bytes(count)));
-    if (!r.ok()) return r.status();
-    std::memcpy(out + state_.chunk_begin(c), buffer.data(), count * 4);
+    if (!r.ok()) {
+      return Annotate(r.status(), absl::StrCat("reading the states of layer ",
+                                               layer, " chunk ", c));
+    }
+    use(c, count, buffer.data());
   }
   return absl::OkStatus();
 }
@@ -820,27 +832,17 @@ absl::Status JobPipeline::ReadState(size_t layer, StatePart part,
     return access;
   }
   const bool bf16 = layout_.moment_dtype == DType::kBFloat16;
-  AlignedBuffer buffer(RoundUp(state_.max_state_bytes(), kBufferAlignment),
-                       kBufferAlignment);
-  for (size_t c = 0; c < state_.num_chunks(layer); ++c) {
-    const uint64_t count = state_.chunk_count(layer, c);
-    absl::StatusOr<uint64_t> r =
-        store_->Read(job_, chunk_names_[FlatIndex(layer, c)],
-                     absl::MakeSpan(buffer.data(), state_.state_bytes(count)));
-    if (!r.ok()) {
-      return Annotate(r.status(), absl::StrCat("reading the states of layer ",
-                                               layer, " chunk ", c));
-    }
-    const uint8_t* moment = buffer.data() + state_.moment_offset(part, count);
-    float* dest = out + state_.chunk_begin(c);
-    if (bf16) {
-      const uint16_t* halves = reinterpret_cast<const uint16_t*>(moment);
-      for (uint64_t i = 0; i < count; ++i) dest[i] = Bf16ToFloat(halves[i]);
-    } else {
-      std::memcpy(dest, moment, count * 4);
-    }
-  }
-  return absl::OkStatus();
+  return ForEachCommittedChunk(
+      layer, [&](size_t c, uint64_t count, const uint8_t* state) {
+        const uint8_t* moment = state + state_.moment_offset(part, count);
+        float* dest = out + state_.chunk_begin(c);
+        if (bf16) {
+          const uint16_t* halves = reinterpret_cast<const uint16_t*>(moment);
+          for (uint64_t i = 0; i < count; ++i) dest[i] = Bf16ToFloat(halves[i]);
+        } else {
+          std::memcpy(dest, moment, count * 4);
+        }
+      });
 }
 
 absl::Status JobPipeline::InitState(size_t layer, StatePart part,

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -307,6 +308,12 @@ class JobPipeline {
   // one AdamUpdater::Step per StateLayout::ChunkPieces piece, with its
   // element group's lr and weight decay; the pieces' gradient sums of squares
   // added in order, their non-finite flags or-ed.
+  // Reads each chunk's committed state of `layer` in turn into one buffer
+  // and hands it to use(chunk, count, state); a failed read names the layer
+  // and chunk.
+  absl::Status ForEachCommittedChunk(
+      size_t layer,
+      absl::FunctionRef<void(size_t, uint64_t, const uint8_t*)> use) const;
   absl::StatusOr<StepStats> StepChunk(const Task& task) const;
   // Stage loops, one thread each.
   void ReadLoop();

@@ -678,7 +678,17 @@ def test_streamed_buffers_match_resident(lohand, dtype):
             assert torch.equal(weight, reference[1][name]), (key, name)
 
 
-class _WideStack(nn.Module):
+class _BlocksThenHead(nn.Module):
+    """self.blocks in turn, then self.head: the shape of the small test
+    models below."""
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+class _WideStack(_BlocksThenHead):
     """6 blocks of 256x256 fp32: one gradient and one weight buffer per
     layer need 5 MiB of arena, two shared ones of each 3 MiB."""
 
@@ -688,11 +698,6 @@ class _WideStack(nn.Module):
         self.blocks = nn.ModuleList(
             nn.Sequential(nn.Linear(256, 256), nn.Tanh()) for _ in range(6))
         self.head = nn.Linear(256, 1)
-
-    def forward(self, x):
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
 
 
 def test_auto_streams_the_buffers_when_the_host_pool_is_small(tmp_path):
@@ -810,7 +815,7 @@ class _LoraLinear(nn.Module):
         return self.base(x) + x @ self.down.t() @ self.up.t()
 
 
-class _LoraModel(nn.Module):
+class _LoraModel(_BlocksThenHead):
     def __init__(self):
         super().__init__()
         torch.manual_seed(0)
@@ -820,11 +825,6 @@ class _LoraModel(nn.Module):
         self.blocks[1][0].down.requires_grad_(False)
         self.blocks[1][0].up.requires_grad_(False)
         self.head = nn.Linear(16, 1)
-
-    def forward(self, x):
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
 
 
 def test_frozen_block_weights_are_offloaded_too(lohand):
@@ -1413,18 +1413,13 @@ class _CountingTanh(torch.nn.Module):
         return torch.tanh(x)
 
 
-class _ActivationProbe(torch.nn.Module):
+class _ActivationProbe(_BlocksThenHead):
     def __init__(self, calls):
         super().__init__()
         self.blocks = torch.nn.ModuleList(
             torch.nn.Sequential(torch.nn.Linear(16, 16), _CountingTanh(calls))
             for _ in range(3))
         self.head = torch.nn.Linear(16, 1)
-
-    def forward(self, x):
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
 
 
 def test_fp16_dynamic_loss_scaling_backs_off_on_overflow_and_trains(
@@ -1872,3 +1867,38 @@ def test_a_copy_of_the_model_runs_its_own_blocks(lohand, policy, tmp_path):
     with torch.no_grad():
         assert torch.equal(loaded(ids[:, :-1]), model(ids[:, :-1]))
     assert all("forward" not in block.__dict__ for block in model.blocks)
+
+
+def test_a_failed_gradient_request_at_step_leaves_a_clean_engine(lohand):
+    """step() that finds one of the step's GRAD_READY requests failed (as
+    when the daemon dies with them in flight) throws the step away, daemon
+    side too, so the next backward and step run as if it never happened.
+    The failure is injected into the engine's wait for that request."""
+    data = batches(3)
+    runs = []
+    for fail in (False, True):
+        model = tiny_gpt()
+        with engine_for(model, lohand, job_name=f"failed-grad-{fail}") as engine:
+            if fail:
+                lm_loss(model, data[2, 0]).backward()
+                real_wait = engine._remote.wait
+                calls = []
+
+                def failing_wait(ticket, timeout=None):
+                    calls.append(ticket)
+                    if len(calls) == 1:
+                        real_wait(ticket, timeout)
+                        raise LohanError(StatusCode.UNAVAILABLE, "injected")
+                    return real_wait(ticket, timeout)
+
+                engine._remote.wait = failing_wait
+                with pytest.raises(LohanError, match="injected"):
+                    engine.step()
+                engine._remote.wait = real_wait
+                assert engine.iteration == 0
+            for step in data[:2]:
+                lm_loss(model, step[0]).backward()
+                engine.step()
+            runs.append(engine.master_weights())
+    for name, weight in runs[0].items():
+        assert torch.equal(weight, runs[1][name]), name

@@ -902,13 +902,18 @@ class Engine:
             for ticket in tickets:
                 self._remote.wait(ticket)
         except BaseException:
-            # The iteration cannot end well: abandon it so that the next
-            # step starts clean (the daemon rolls it back).
+            # The iteration cannot end well: abandon it (the daemon rolls
+            # back what it ran) so that the next step starts clean; the
+            # error raised is the first one.
             for ticket in tickets:
                 try:
                     self._remote.wait(ticket, timeout=0)
                 except LohanError:
                     pass
+            try:
+                self.discard_step()
+            except LohanError:
+                pass  # the daemon is gone: this side is clean all the same
             raise
         if self._activations is not None:
             self._activations.drain()  # an activation put's error lands here
@@ -979,9 +984,12 @@ class Engine:
                 self._remote.wait(ticket)
             except LohanError:
                 pass  # the step is being thrown away
+        refused: Optional[LohanError] = None
         if self._in_iteration:
             try:
                 self._remote.iter_abort()
+            except LohanError as error:
+                refused = error  # raised once this side is clean
             finally:
                 self._in_iteration = False
                 self._scaled_backward = False
@@ -1004,6 +1012,8 @@ class Engine:
         # The model's resident parameters are written at step() only, and
         # the daemon put the committed 16-bit weights back in the arena:
         # nothing to copy.
+        if refused is not None:
+            raise refused
 
     @property
     def optimizer(self) -> "torch.optim.Optimizer":

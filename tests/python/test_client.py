@@ -585,7 +585,42 @@ def test_no_weight_decay_ranges_match_torch_param_groups(lohand):
             status, _ = raw(ctypes.sizeof(_native.ModelSpec))
             assert status == StatusCode.INVALID_ARGUMENT
             assert b"no_weight_decay is NULL" in lib.lohan_last_error()
-            # An older caller's spec ends before the new fields: none.
+
+            # Param groups: NULL arrays with counts, bad values.
+            def with_groups(groups, count):
+                spec = _native.ModelSpec(
+                    struct_size=ctypes.sizeof(_native.ModelSpec), dtype=1,
+                    layer_elements=elements, num_layers=1, lr=1e-3,
+                    beta1=0.9, beta2=0.999, eps=1e-8, param_groups=groups,
+                    num_param_groups=count)
+                handle = ctypes.c_void_p()
+                status = lib.lohan_model_register(
+                    client._handle, plane._handle, refused.id.encode(),
+                    ctypes.byref(spec), ctypes.byref(handle))
+                return status, handle
+
+            status, _ = with_groups(None, 1)
+            assert status == StatusCode.INVALID_ARGUMENT
+            assert b"param_groups is NULL" in lib.lohan_last_error()
+            no_ranges = (_native.ParamGroup * 1)(_native.ParamGroup(
+                lr_scale=2.0, weight_decay=0.0, num_ranges=3))
+            status, _ = with_groups(no_ranges, 1)
+            assert status == StatusCode.INVALID_ARGUMENT
+            assert b"param_groups[0].ranges is NULL" in lib.lohan_last_error()
+            for groups, text in [
+                    ([(-1.0, 0.0, [(0, 0, 5)])], "has lr_scale -1"),
+                    ([(1.0, 0.1, [(0, 0, 5)]), (2.0, 0.0, [(0, 4, 9)])],
+                     "param_groups[1] range [4, 9) of layer 0 overlaps"),
+                    ([(1.0, 0.0, [(3, 0, 5)])], "the model has 1 layers")]:
+                with pytest.raises(LohanError) as error:
+                    plane.register_model(refused.id, [n], param_groups=groups)
+                assert error.value.code == StatusCode.INVALID_ARGUMENT
+                assert text in error.value.message, error.value.message
+            with pytest.raises(ValueError):
+                plane.register_model(refused.id, [n],
+                                     param_groups=[(1.0, 0.0, [(0, -2, 3)])])
+            # An older caller's spec ends before the new fields: none of
+            # them (and, after all the refusals above, it registers).
             status, handle = raw(_native.ModelSpec.no_weight_decay.offset)
             assert status == 0, lib.lohan_last_error()
             lib.lohan_model_destroy(handle)

@@ -51,6 +51,13 @@ int ProbeRead(int fd, uint32_t block_size) {
 
 }  // namespace
 
+std::string AioBlockDevice::DataFilePath(const std::string& ssd_path) {
+  struct stat st;
+  return ::stat(ssd_path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)
+             ? absl::StrCat(ssd_path, "/lohan.data")
+             : ssd_path;
+}
+
 absl::StatusOr<std::unique_ptr<AioBlockDevice>> AioBlockDevice::Open(
     const AioDeviceOptions& options) {
   const uint32_t bs = options.block_size;

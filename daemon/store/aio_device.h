@@ -54,6 +54,9 @@ class AioBlockDevice final : public BlockDevice {
   // options.allow_buffered_io.
   static absl::StatusOr<std::unique_ptr<AioBlockDevice>> Open(
       const AioDeviceOptions& options);
+  // The file an SSD path stands for: `<path>/lohan.data` for a directory,
+  // else the path itself (a block device or a regular file).
+  static std::string DataFilePath(const std::string& ssd_path);
 
   AioBlockDevice(const AioBlockDevice&) = delete;
   AioBlockDevice& operator=(const AioBlockDevice&) = delete;

@@ -150,12 +150,11 @@ absl::Status TensorStore::Check(const StoreOptions& options) {
     return s;
   }
   for (const std::string& path : options.ssd_paths) {
-    struct stat st;
-    const std::string file =
-        ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)
-            ? path + "/lohan.data"
-            : path;
-    if (absl::Status s = CheckNotLocked(file, "SSD file"); !s.ok()) return s;
+    if (absl::Status s =
+            CheckNotLocked(AioBlockDevice::DataFilePath(path), "SSD file");
+        !s.ok()) {
+      return s;
+    }
   }
   const std::string path = CatalogPath(options.state_dir);
   absl::StatusOr<RecordLog::Contents> contents = RecordLog::Read(path);

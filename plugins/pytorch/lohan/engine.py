@@ -385,7 +385,11 @@ class Engine:
             Both(self._residency, self._frozen) if self._residency else None,
             BlockPasses(inside, passed))
         self._remember_weights()
-        self._warned_untrained = False
+        # The model's parameters the engine does not train (frozen at init):
+        # one that gets gradients anyway was unfrozen later (see step()).
+        trained = {id(p) for layer in self.layers for p in layer.params}
+        self._untrained = [(name, p) for name, p in model.named_parameters()
+                           if id(p) not in trained]
         self._delete_on_failure = False
 
     def _offloaded_state_dict(
@@ -541,13 +545,9 @@ class Engine:
     def _warn_untrained_gradients(self) -> None:
         """A parameter unfrozen after lohan.init gets gradients that no one
         applies (and that pile up): say so, once."""
-        if self._warned_untrained:
-            return
-        trained = {id(p) for layer in self.layers for p in layer.params}
-        stray = [name for name, p in self.model.named_parameters()
-                 if p.grad is not None and id(p) not in trained]
+        stray = [name for name, p in self._untrained if p.grad is not None]
         if stray:
-            self._warned_untrained = True
+            self._untrained = []  # said once
             warnings.warn(
                 f"lohan: {', '.join(stray[:3])}{' ...' if len(stray) > 3 else ''}"
                 " got gradients but the engine does not train them (they "

@@ -120,4 +120,19 @@ absl::StatusOr<StepStats> AdamUpdater::Step(const AdamOptions& options,
   return StepStats{sum_squares, !std::isfinite(sum_squares)};
 }
 
+absl::StatusOr<double> AdamUpdater::GradSumSquares(const GradientView& grad,
+                                                   std::size_t size) const {
+  if (absl::Status s = optim_internal::CheckGradient(grad, size); !s.ok()) {
+    return s;
+  }
+  const optim_internal::SumSquaresFn kernel =
+      kernels_->sum_squares[static_cast<int>(grad.dtype)];
+  const std::size_t grad_size = DTypeSize(grad.dtype);
+  return optim_internal::RunChunked(
+      pool_, size, [&](std::size_t begin, std::size_t count) {
+        return kernel(static_cast<const char*>(grad.data) + begin * grad_size,
+                      count, grad.inv_scale);
+      });
+}
+
 }  // namespace lohan

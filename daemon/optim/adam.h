@@ -80,6 +80,15 @@ class AdamUpdater {
                                  const GradientView& grad,
                                  const HalfOutput& out = HalfOutput{}) const;
 
+  // The sum of squares of `size` gradient elements, each times
+  // grad.inv_scale: bit for bit the grad_sum_squares that Step returns for
+  // the same gradient (the same chunks, lanes and order, on every ISA), with
+  // no state read or written, so a caller can know the global norm before
+  // it decides to update. inf/NaN if an element is. InvalidArgument as Step
+  // for the gradient.
+  absl::StatusOr<double> GradSumSquares(const GradientView& grad,
+                                        std::size_t size) const;
+
  private:
   AdamUpdater(WorkerPool* pool, Isa isa,
               const optim_internal::KernelTable* kernels)

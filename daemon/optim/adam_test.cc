@@ -355,6 +355,65 @@ TEST_P(AdamIsaTest, RejectsBadArguments) {
   EXPECT_EQ(s->grad_sum_squares, 0.0);
 }
 
+TEST_P(AdamIsaTest, GradSumSquaresIsStepsSumBitForBit) {
+  // The scheduler learns the global norm from GradSumSquares before it
+  // updates, and clips with it: it must be exactly the sum Step computes.
+  const float kInf = std::numeric_limits<float>::infinity();
+  auto pool = WorkerPool::Create({3, true});
+  ASSERT_TRUE(pool.ok());
+  absl::StatusOr<AdamUpdater> pooled =
+      AdamUpdater::Create(pool->get(), GetParam());
+  ASSERT_TRUE(pooled.ok());
+  for (std::size_t n :
+       {std::size_t{0}, std::size_t{1}, std::size_t{15}, std::size_t{17},
+        std::size_t{1023}, 3 * optim_internal::kChunkElements + 77}) {
+    for (DType gdt : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+      for (float inv_scale : {1.0f, 0.37f, 1.0f / 65536.0f}) {
+        for (bool poison : {false, true}) {
+          if (poison && n == 0) continue;
+          SCOPED_TRACE(testing::Message()
+                       << "n=" << n << " " << DTypeName(gdt) << " scale "
+                       << inv_scale << (poison ? " with inf" : ""));
+          std::vector<float> raw = RandomFloats(n, 70 + n, 3e-2f);
+          if (poison) raw[n / 2] = kInf;
+          const TestGrad g = MakeGrad(raw, gdt);
+          const GradientView view{g.data(), gdt, inv_scale};
+          AdamCase c(n, 5);
+          absl::StatusOr<StepStats> stats =
+              updater_->Step(AdamOptions{}, c.tensor, view);
+          ASSERT_TRUE(stats.ok()) << stats.status();
+          for (const AdamUpdater* u : {updater_.get(), &*pooled}) {
+            absl::StatusOr<double> sum = u->GradSumSquares(view, n);
+            ASSERT_TRUE(sum.ok()) << sum.status();
+            if (std::isnan(stats->grad_sum_squares)) {
+              EXPECT_TRUE(std::isnan(*sum));
+            } else {
+              EXPECT_EQ(optim_test::FirstBitDifference(
+                            &*sum, &stats->grad_sum_squares, 1, 8),
+                        -1)
+                  << *sum << " vs " << stats->grad_sum_squares;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(
+      updater_->GradSumSquares(GradientView{nullptr, DType::kBFloat16, 1}, 4)
+          .status()
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+  float one = 1.0f;
+  EXPECT_EQ(updater_
+                ->GradSumSquares(
+                    GradientView{&one, DType::kFloat32,
+                                 std::numeric_limits<float>::quiet_NaN()},
+                    1)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 INSTANTIATE_TEST_SUITE_P(AllIsas, AdamIsaTest,
                          testing::ValuesIn(optim_test::AllIsas()),
                          optim_test::IsaTestName);

@@ -240,6 +240,27 @@ double SgdChunk(const SgdChunkArgs& a) {
   return V::AccReduce(acc);
 }
 
+// The gradient part of AdamBlock/SgdBlock alone: the same lanes, the same
+// zero-padded tail and the same reduction, so the sum is theirs bit for bit.
+template <class V, DType G>
+double SumSquaresChunk(const void* grad, std::size_t n, float inv_scale) {
+  constexpr std::size_t kW = V::kWidth;
+  typename V::Acc acc = V::AccZero();
+  const typename V::F scale = V::Set(inv_scale);
+  std::size_t i = 0;
+  for (; i + kW <= n; i += kW) {
+    if constexpr (V::kPrefetchElements > 0) Prefetch<V, G>(grad, i, false);
+    V::AccSq(acc, V::Mul(Load<V, G>(grad, i), scale));
+  }
+  if (i < n) {
+    alignas(64) unsigned char g[kW * 4] = {};
+    std::memcpy(g, static_cast<const char*>(grad) + i * kSize<G>,
+                (n - i) * kSize<G>);
+    V::AccSq(acc, V::Mul(Load<V, G>(g, 0), scale));
+  }
+  return V::AccReduce(acc);
+}
+
 // Array conversions (used by tests and tools).
 template <class V, DType T>
 void ToHalf(const float* in, uint16_t* out, std::size_t n) {
@@ -297,6 +318,8 @@ KernelTable MakeTable(const char* name) {
            &SgdChunk<V, kBf16, 2>},
           {&SgdChunk<V, kF16, 0>, &SgdChunk<V, kF16, 1>, &SgdChunk<V, kF16, 2>},
       },
+      {&SumSquaresChunk<V, kF32>, &SumSquaresChunk<V, kBf16>,
+       &SumSquaresChunk<V, kF16>},
       &ToHalf<V, kBf16>,
       &ToHalf<V, kF16>,
       &FromHalf<V, kBf16>,

@@ -86,6 +86,12 @@ struct SgdChunkArgs {
 // Returns the chunk's gradient sum of squares (inf/NaN if any element is).
 using AdamChunkFn = double (*)(const AdamChunkArgs&);
 using SgdChunkFn = double (*)(const SgdChunkArgs&);
+// The gradient sum of squares alone, for n elements of one chunk:
+//   g = grad * inv_scale;  sum_sq += double(g) * double(g)
+// with the Adam and SGD kernels' vector lanes and reduction, so it returns
+// bit for bit what they return for the same chunk.
+using SumSquaresFn = double (*)(const void* grad, std::size_t n,
+                                float inv_scale);
 using ToHalfFn = void (*)(const float* in, uint16_t* out, std::size_t n);
 using FromHalfFn = void (*)(const uint16_t* in, float* out, std::size_t n);
 
@@ -98,6 +104,7 @@ struct KernelTable {
   const char* name;
   AdamChunkFn adam[kNumGradTypes][kNumMomentTypes][kNumOutKinds];
   SgdChunkFn sgd[kNumGradTypes][kNumOutKinds];
+  SumSquaresFn sum_squares[kNumGradTypes];
   ToHalfFn float_to_bf16;
   ToHalfFn float_to_fp16;
   FromHalfFn bf16_to_float;

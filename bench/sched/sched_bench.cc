@@ -10,7 +10,8 @@
 //   sched_bench [--dir=/tmp] [--layers=8] [--params=16777216]
 //       [--chunk=4194304] [--ssds=2] [--threads=2] [--buffers=4]
 //       [--rounds=2] [--backward_ms=0] [--grad=bf16|fp32|fp16]
-//       [--clip=never|always] [--compare=schedules|layouts] [--slots=2]
+//       [--clip=never|always] [--compare=schedules|layouts|clip]
+//       [--slots=2] [--layout=resident|streamed]
 // --backward_ms simulates the GPU's backward: the bench sleeps that long
 // before submitting each layer's gradient (0: all at once).
 // --compare=layouts: instead of the three schedules, the pipelined
@@ -23,6 +24,17 @@
 // The streamed client has --slots gradient buffers: its GRAD_READYs are
 // served in order on another thread, and backward waits only for a
 // buffer still being stored.
+// --compare=clip: the clip schedules (ClipSchedule::kRedoAll, today's
+// eager updates with a full redo when the iteration clips, against
+// kDeferWhenCertain with predict_clipping), pipelined, on two jobs of the
+// same shape interleaved round by round, in four regimes: the limit never
+// reached, always reached (clipping certain at the first chunk), reached
+// only in the last layer handed over, and alternating between never and
+// always (every prediction wrong). Reports time per iteration, the tail
+// after backward (last gradient handed over to EndIteration's return) and
+// the SSD bytes each moves (the process's /proc/self/io read_bytes and
+// write_bytes, and the pipeline's own count), per parameter. --layout
+// picks resident or streamed gradients and 16-bit weights.
 
 #include <ftw.h>
 #include <unistd.h>
@@ -65,8 +77,13 @@ struct Flags {
   double backward_ms = 0;
   DType grad = DType::kBFloat16;
   bool clip_always = false;
-  bool compare_layouts = false;
-  size_t slots = 2;  // --compare=layouts: the streamed client's K.
+  enum class Compare {
+    kSchedules,
+    kLayouts,
+    kClip
+  } compare = Compare::kSchedules;
+  bool streamed = false;  // --compare=clip: --layout=streamed.
+  size_t slots = 2;       // --compare=layouts: the streamed client's K.
 };
 
 double Now() {
@@ -134,9 +151,19 @@ Flags ParseFlags(int argc, char** argv) {
       ok = absl::SimpleAtoi(value, &f.slots) && f.slots > 0;
     } else if (key == "compare") {
       if (value == "schedules") {
-        f.compare_layouts = false;
+        f.compare = Flags::Compare::kSchedules;
       } else if (value == "layouts") {
-        f.compare_layouts = true;
+        f.compare = Flags::Compare::kLayouts;
+      } else if (value == "clip") {
+        f.compare = Flags::Compare::kClip;
+      } else {
+        ok = false;
+      }
+    } else if (key == "layout") {
+      if (value == "resident") {
+        f.streamed = false;
+      } else if (value == "streamed") {
+        f.streamed = true;
       } else {
         ok = false;
       }
@@ -247,7 +274,9 @@ int CompareLayouts(const Flags& flags, TensorStore* store,
       const int k = (i + round) % 2;  // Each goes first equally often.
       JobPipeline& p = *jobs[k];
       const double t0 = Now();
-      Check(p.BeginIteration(), "begin");
+      ClipOptions clip;
+      clip.max_grad_norm = flags.clip_always ? 1e-6 : 1e9;
+      Check(p.BeginIteration(1.0f, 0.0, clip), "begin");
       double slot_wait = 0;
       if (k == 0) {
         for (size_t j = 0; j < flags.layers; ++j) {
@@ -290,9 +319,7 @@ int CompareLayouts(const Flags& flags, TensorStore* store,
         }
         server.join();
       }
-      ClipOptions clip;
-      clip.max_grad_norm = flags.clip_always ? 1e-6 : 1e9;
-      auto r = p.EndIteration(clip);
+      auto r = p.EndIteration();
       Check(r.status(), "end iteration");
       const double seconds = Now() - t0;
       if (r->skipped || r->clipped != flags.clip_always) {
@@ -362,6 +389,152 @@ int CompareLayouts(const Flags& flags, TensorStore* store,
   return 0;
 }
 
+// The process's storage bytes so far (/proc/self/io read_bytes and
+// write_bytes: what reached the block layer, O_DIRECT included).
+struct ProcIo {
+  uint64_t read = 0;
+  uint64_t written = 0;
+};
+
+ProcIo ReadProcIo() {
+  ProcIo io;
+  FILE* f = std::fopen("/proc/self/io", "r");
+  if (f == nullptr) return io;
+  char key[64];
+  unsigned long long value;
+  while (std::fscanf(f, "%63[^:]: %llu\n", key, &value) == 2) {
+    if (std::strcmp(key, "read_bytes") == 0) io.read = value;
+    if (std::strcmp(key, "write_bytes") == 0) io.written = value;
+  }
+  std::fclose(f);
+  return io;
+}
+
+// ClipSchedule::kRedoAll against kDeferWhenCertain, interleaved by round.
+int CompareClip(const Flags& flags, TensorStore* store,
+                const AdamUpdater& updater, const ModelLayout& layout,
+                uint64_t state_total,
+                const std::vector<std::vector<uint8_t>>& grads,
+                std::vector<std::vector<uint16_t>>& outs) {
+  // The limits: from the gradients' exact sums of squares (the bench's
+  // gradients are the same every iteration).
+  std::vector<double> layer_squares;
+  for (size_t l = 0; l < flags.layers; ++l) {
+    auto sum = updater.GradSumSquares(
+        GradientView{grads[l].data(), flags.grad, 1.0f}, flags.params);
+    Check(sum.status(), "sum of squares");
+    layer_squares.push_back(*sum);
+  }
+  double before_last = 0;  // Backward hands layer 0 over last.
+  for (size_t l = 1; l < flags.layers; ++l) before_last += layer_squares[l];
+  const double late = std::sqrt(before_last + layer_squares[0] / 2);
+  struct Regime {
+    const char* name;
+    double limits[2];  // Alternating by iteration; equal for the others.
+  };
+  const Regime regimes[] = {{"never", {1e9, 1e9}},
+                            {"always", {1e-6, 1e-6}},
+                            {"late", {late, late}},
+                            {"alternate", {1e9, 1e-6}}};
+  const char* const names[2] = {"redo-all", "deferred"};
+  std::unique_ptr<JobPipeline> jobs[2];
+  for (int k = 0; k < 2; ++k) {
+    PipelineOptions options;
+    options.buffers = flags.buffers;
+    options.stream_gradients = flags.streamed;
+    options.stream_weight16 = flags.streamed;
+    options.clip_schedule =
+        k == 0 ? ClipSchedule::kRedoAll : ClipSchedule::kDeferWhenCertain;
+    auto p = JobPipeline::Open(store, updater, names[k], layout, options);
+    Check(p.status(), "open job");
+    jobs[k] = *std::move(p);
+    std::vector<float> w(flags.params, 0.01f);
+    for (size_t l = 0; l < flags.layers; ++l) {
+      Check(jobs[k]->InitializeWeights(l, w.data()), "init");
+    }
+  }
+  struct ClipTotals {
+    double seconds = 0, tail = 0;
+    double io_read = 0, io_written = 0, own_read = 0, own_written = 0;
+    uint64_t clipped = 0, redone = 0, deferred = 0;
+    int n = 0;
+  };
+  const double params = static_cast<double>(TotalParams(flags));
+  std::printf(
+      "\nclip schedules, pipelined, %s layout (bytes per parameter per "
+      "iteration; states alone: %.1f each way):\n",
+      flags.streamed ? "streamed" : "resident", state_total / params);
+  std::printf("%-10s %-9s %8s %8s %7s %8s %8s %8s %8s %8s %8s\n", "regime",
+              "schedule", "iter s", "tail s", "vs old", "io read", "io wrt",
+              "own rd", "own wrt", "clipped", "redone");
+  for (const Regime& regime : regimes) {
+    ClipTotals totals[2];
+    std::vector<uint8_t> slot;
+    for (int round = 0; round <= flags.rounds; ++round) {
+      // Each iteration of the alternating regime flips the limit; both
+      // jobs see the same sequence.
+      for (int i = 0; i < 2; ++i) {
+        const int k = (i + round) % 2;
+        JobPipeline& p = *jobs[k];
+        ClipOptions clip;
+        clip.max_grad_norm = regime.limits[round % 2];
+        const ProcIo io0 = ReadProcIo();
+        const double t0 = Now();
+        Check(p.BeginIteration(1.0f, 0.0, clip), "begin");
+        for (size_t j = 0; j < flags.layers; ++j) {
+          const size_t l = flags.layers - 1 - j;
+          if (flags.backward_ms > 0) {
+            std::this_thread::sleep_for(
+                std::chrono::duration<double, std::milli>(flags.backward_ms));
+          }
+          Check(p.SubmitGradients(l, grads[l].data(),
+                                  flags.streamed ? nullptr : outs[l].data()),
+                "submit");
+        }
+        const double backward_done = Now();
+        auto r = p.EndIteration();
+        Check(r.status(), "end iteration");
+        const double t1 = Now();
+        const ProcIo io1 = ReadProcIo();
+        if (round == 0) continue;
+        ClipTotals& t = totals[k];
+        t.seconds += t1 - t0;
+        t.tail += t1 - backward_done;
+        t.io_read += io1.read - io0.read;
+        t.io_written += io1.written - io0.written;
+        t.own_read += r->busy.bytes_read;
+        t.own_written += r->busy.bytes_written;
+        t.clipped += r->clipped;
+        t.redone += r->redone_chunks;
+        t.deferred += r->deferred_chunks;
+        ++t.n;
+      }
+    }
+    const double base = totals[0].seconds / totals[0].n;
+    for (int k = 0; k < 2; ++k) {
+      const ClipTotals& t = totals[k];
+      const double per = t.n * params;
+      std::printf(
+          "%-10s %-9s %8.3f %8.3f %6.2fx %8.2f %8.2f %8.2f %8.2f %5llu/%-2d "
+          "%8llu\n",
+          k == 0 ? regime.name : "", names[k], t.seconds / t.n, t.tail / t.n,
+          t.seconds / t.n / base, t.io_read / per, t.io_written / per,
+          t.own_read / per, t.own_written / per,
+          static_cast<unsigned long long>(t.clipped), t.n,
+          static_cast<unsigned long long>(t.redone));
+    }
+  }
+  std::printf(
+      "(iter s: BeginIteration to EndIteration's return; tail s: from the "
+      "last gradient handed over to that return, the optimizer work backward "
+      "did not hide; mean of %d rounds per regime after a warm-up, the two "
+      "jobs' order alternated per round; io: /proc/self/io, catalog "
+      "included; own: the pipeline's count of state, gradient and 16-bit "
+      "bytes; redone: chunks updated twice, summed over the rounds)\n",
+      flags.rounds);
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   const Flags flags = ParseFlags(argc, argv);
   std::string tmpl = flags.dir + "/sched_bench_XXXXXX";
@@ -397,7 +570,7 @@ int Main(int argc, char** argv) {
   const uint64_t params_total = TotalParams(flags);
   const uint64_t grad_bytes = params_total * DTypeSize(flags.grad);
   const uint64_t needed =
-      flags.compare_layouts
+      flags.compare != Flags::Compare::kSchedules
           ? state_total * 4 + state_total / 2 + params_total * 4 + grad_bytes
           : state_total * 2 + state_total / 4;
   so.device_capacity_bytes =
@@ -505,7 +678,15 @@ int Main(int argc, char** argv) {
     raw_compute = Now() - t0;
   }
 
-  if (flags.compare_layouts) {
+  if (flags.compare == Flags::Compare::kClip) {
+    PrintRawStages(flags, state_total, raw_read, raw_compute, raw_write);
+    const int status = CompareClip(flags, store.get(), updater, layout,
+                                   state_total, grads, outs);
+    store.reset();
+    ::nftw(root.c_str(), RemoveEntry, 16, FTW_DEPTH | FTW_PHYS);
+    return status;
+  }
+  if (flags.compare == Flags::Compare::kLayouts) {
     PrintRawStages(flags, state_total, raw_read, raw_compute, raw_write);
     const int status = CompareLayouts(flags, store.get(), updater, layout,
                                       state_total, grads, outs);
@@ -540,7 +721,11 @@ int Main(int argc, char** argv) {
           JobPipeline::Open(store.get(), updater, "bench", layout, options);
       Check(p.status(), "open job");
       const double t0 = Now();
-      Check((*p)->BeginIteration(), "begin");
+      ClipOptions clip;
+      // The norm is computed and checked every iteration. --clip=never:
+      // the bound never triggers; --clip=always: it always does.
+      clip.max_grad_norm = flags.clip_always ? 1e-6 : 1e9;
+      Check((*p)->BeginIteration(1.0f, 0.0, clip), "begin");
       for (size_t i = 0; i < flags.layers; ++i) {
         const size_t l = flags.layers - 1 - i;  // Backward order.
         if (flags.backward_ms > 0) {
@@ -550,12 +735,7 @@ int Main(int argc, char** argv) {
         Check((*p)->SubmitGradients(l, grads[l].data(), outs[l].data()),
               "submit");
       }
-      ClipOptions clip;
-      // The norm is computed and checked every iteration. --clip=never:
-      // the bound never triggers; --clip=always: it always does, and the
-      // iteration pays the redo (one more pass over every chunk).
-      clip.max_grad_norm = flags.clip_always ? 1e-6 : 1e9;
-      auto r = (*p)->EndIteration(clip);
+      auto r = (*p)->EndIteration();
       Check(r.status(), "end iteration");
       const double seconds = Now() - t0;
       if (r->skipped || r->clipped != flags.clip_always) {

@@ -82,7 +82,9 @@ JobPipeline::JobPipeline(TensorStore* store, const AdamUpdater& updater,
     }
   }
   sum_squares_.assign(chunk_names_.size(), 0.0);
+  norm_squares_.assign(chunk_names_.size(), 0.0);
   absl::MutexLock lock(&mu_);
+  fates_.assign(chunk_names_.size(), Fate::kNone);
   initialized_.assign(state_.num_layers(), false);
   submissions_.assign(state_.num_layers(), Submission{});
 }
@@ -344,6 +346,14 @@ void JobPipeline::ReadLoop() {
       Finish(*task, absl::OkStatus());
       continue;
     }
+    if (task->decide) {
+      // Before any state is read: a deferred chunk costs no SSD traffic now.
+      absl::StatusOr<bool> deferred = DecideChunk(*task);
+      if (!deferred.ok() || *deferred) {
+        Finish(*task, deferred.status());
+        continue;
+      }
+    }
     task->buffer = pool_.Acquire();
     if (task->buffer == nullptr) {  // Shutting down.
       Finish(*task, absl::OkStatus());
@@ -433,6 +443,51 @@ absl::StatusOr<StepStats> JobPipeline::StepChunk(const Task& task) const {
     }
   }
   return total;
+}
+
+absl::StatusOr<double> JobPipeline::ChunkSumSquares(size_t layer, size_t chunk,
+                                                    const uint8_t* grad,
+                                                    float inv_scale) const {
+  // StepChunk's pieces, summed in the same order.
+  const size_t grad_size = DTypeSize(layout_.grad_dtype);
+  double sum = 0.0;
+  for (const StateLayout::Piece& piece : state_.ChunkPieces(layer, chunk)) {
+    absl::StatusOr<double> part =
+        updater_.GradSumSquares(GradientView{grad + piece.begin * grad_size,
+                                             layout_.grad_dtype, inv_scale},
+                                piece.count);
+    if (!part.ok()) return part.status();
+    sum += *part;
+  }
+  return sum;
+}
+
+absl::StatusOr<bool> JobPipeline::DecideChunk(const Task& task) {
+  const size_t flat = FlatIndex(task.layer, task.chunk);
+  if (!options_.stream_gradients) {
+    // The gradient is in the client's buffer; reading it is a pass over
+    // host memory, far cheaper than the state read it may save.
+    const double start = Now();
+    absl::StatusOr<double> sum =
+        ChunkSumSquares(task.layer, task.chunk, task.grad, task.inv_scale);
+    if (!sum.ok()) return sum.status();
+    norm_squares_[flat] = *sum;
+    absl::MutexLock lock(&mu_);
+    busy_.norm += Now() - start;
+  }
+  absl::MutexLock lock(&mu_);
+  running_sum_ += norm_squares_[flat];
+  if (!deferring_ && OutcomeCertain(running_sum_)) deferring_ = true;
+  fates_[flat] = deferring_ ? Fate::kDeferred : Fate::kEager;
+  return deferring_;
+}
+
+bool JobPipeline::OutcomeCertain(double sum_squares) const {
+  // Sums of squares only grow, so what holds for a part holds for the
+  // whole; EndIteration decides again on the exact sum either way.
+  if (!std::isfinite(sum_squares)) return clip_.skip_nonfinite;
+  return clip_.max_grad_norm > 0.0 &&
+         clip_.max_grad_norm / (std::sqrt(sum_squares) + 1e-6) < 1.0;
 }
 
 void JobPipeline::ComputeLoop() {
@@ -526,30 +581,35 @@ void JobPipeline::BeginPassLocked() {
 }
 
 void JobPipeline::EnqueueLayerLocked(size_t layer, TaskKind kind,
-                                     float inv_scale) {
+                                     float inv_scale, bool decide) {
+  for (size_t c = 0; c < state_.num_chunks(layer); ++c) {
+    EnqueueChunkLocked(layer, c, kind, inv_scale, decide);
+  }
+}
+
+void JobPipeline::EnqueueChunkLocked(size_t layer, size_t chunk, TaskKind kind,
+                                     float inv_scale, bool decide) {
   const Submission& sub = submissions_[layer];
   if (kind == TaskKind::kRepublish && sub.out == nullptr) return;
   const size_t grad_size = DTypeSize(layout_.grad_dtype);
-  for (size_t c = 0; c < state_.num_chunks(layer); ++c) {
-    Task task;
-    task.layer = static_cast<uint32_t>(layer);
-    task.chunk = static_cast<uint32_t>(c);
-    task.kind = kind;
-    task.inv_scale = inv_scale;
-    task.lr = lr_;
-    task.step = static_cast<int64_t>(iteration_);
-    const uint64_t begin = state_.chunk_begin(c);
-    // Streamed gradients: the read stage points it into the task's buffer.
-    if (sub.grad != nullptr) {
-      task.grad = static_cast<const uint8_t*>(sub.grad) + begin * grad_size;
-    }
-    if (sub.out != nullptr)
-      task.out = static_cast<uint8_t*>(sub.out) + begin * 2;
-    ++enqueued_;
-    // Never waits: the queue holds every chunk of the job, and a pass
-    // enqueues each chunk once.
-    if (!read_queue_.Push(task)) ++done_;  // Shutting down.
+  Task task;
+  task.layer = static_cast<uint32_t>(layer);
+  task.chunk = static_cast<uint32_t>(chunk);
+  task.kind = kind;
+  task.inv_scale = inv_scale;
+  task.decide = decide;
+  task.lr = lr_;
+  task.step = static_cast<int64_t>(iteration_);
+  const uint64_t begin = state_.chunk_begin(chunk);
+  // Streamed gradients: the read stage points it into the task's buffer.
+  if (sub.grad != nullptr) {
+    task.grad = static_cast<const uint8_t*>(sub.grad) + begin * grad_size;
   }
+  if (sub.out != nullptr) task.out = static_cast<uint8_t*>(sub.out) + begin * 2;
+  ++enqueued_;
+  // Never waits: the queue holds every chunk of the job, and a pass
+  // enqueues each chunk once.
+  if (!read_queue_.Push(task)) ++done_;  // Shutting down.
 }
 
 absl::Status JobPipeline::WaitPass() {
@@ -567,6 +627,22 @@ absl::Status JobPipeline::RunPass(TaskKind kind, float inv_scale) {
     BeginPassLocked();
     for (size_t layer : submit_order_)
       EnqueueLayerLocked(layer, kind, inv_scale);
+  }
+  return WaitPass();
+}
+
+absl::Status JobPipeline::RunChunkPass(
+    TaskKind kind, float inv_scale, absl::FunctionRef<bool(size_t)> include) {
+  {
+    absl::MutexLock lock(&mu_);
+    BeginPassLocked();
+    for (size_t l = 0; l < state_.num_layers(); ++l) {
+      for (size_t c = 0; c < state_.num_chunks(l); ++c) {
+        if (include(FlatIndex(l, c))) {
+          EnqueueChunkLocked(l, c, kind, inv_scale, /*decide=*/false);
+        }
+      }
+    }
   }
   return WaitPass();
 }
@@ -618,7 +694,8 @@ void JobPipeline::ToWeight16(const float* weights, uint64_t count,
   }
 }
 
-absl::Status JobPipeline::WriteGradScratch(size_t layer, const uint8_t* grad) {
+absl::Status JobPipeline::WriteGradScratch(size_t layer, const uint8_t* grad,
+                                           float inv_scale) {
   const size_t grad_size = DTypeSize(layout_.grad_dtype);
   uint64_t written = 0;
   const double start = Now();
@@ -626,6 +703,17 @@ absl::Status JobPipeline::WriteGradScratch(size_t layer, const uint8_t* grad) {
   for (size_t c = 0; s.ok() && c < state_.num_chunks(layer); ++c) {
     const std::string& name = scratch_names_[FlatIndex(layer, c)];
     const uint64_t bytes = state_.chunk_count(layer, c) * grad_size;
+    if (defers()) {
+      // Now, while the gradient is in memory: a deferred chunk's decision
+      // then needs no read of it from the store.
+      absl::StatusOr<double> sum = ChunkSumSquares(
+          layer, c, grad + state_.chunk_begin(c) * grad_size, inv_scale);
+      if (!sum.ok()) {
+        s = sum.status();
+        break;
+      }
+      norm_squares_[FlatIndex(layer, c)] = *sum;
+    }
     s = store_->Create(job_, name, bytes);
     if (s.code() == absl::StatusCode::kAlreadyExists) s = absl::OkStatus();
     if (s.ok()) {
@@ -889,7 +977,13 @@ absl::Status JobPipeline::InitState(size_t layer, StatePart part,
   return absl::OkStatus();
 }
 
-absl::Status JobPipeline::BeginIteration(float grad_scale, double lr) {
+absl::Status JobPipeline::BeginIteration(float grad_scale, double lr,
+                                         const ClipOptions& clip) {
+  if (!(clip.max_grad_norm >= 0.0) || std::isinf(clip.max_grad_norm)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_grad_norm must be finite and >= 0 (0: no clipping), got ",
+        clip.max_grad_norm));
+  }
   if (!(grad_scale > 0.0f) || !std::isfinite(grad_scale)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "gradient scale must be finite and > 0, got ", grad_scale));
@@ -914,6 +1008,14 @@ absl::Status JobPipeline::BeginIteration(float grad_scale, double lr) {
   busy_ = StageBusy{};
   grad_scale_ = grad_scale;
   lr_ = lr > 0.0 ? lr : layout_.adam.lr;
+  clip_ = clip;
+  running_sum_ = 0.0;
+  for (Fate& fate : fates_) fate = Fate::kNone;
+  for (double& sum : norm_squares_) sum = 0.0;
+  deferring_ = defers() && (options_.schedule == Schedule::kAfterBackward ||
+                            (options_.predict_clipping && last_clipped_ &&
+                             clip.max_grad_norm > 0.0));
+  started_deferred_ = deferring_;
   BeginPassLocked();
   phase_ = Phase::kInIteration;
   return absl::OkStatus();
@@ -957,7 +1059,7 @@ absl::Status JobPipeline::SubmitGradients(size_t layer, const void* grad,
     submissions_[layer] = Submission{true, grad, weight16_out};
     submit_order_.push_back(layer);
     if (options_.schedule != Schedule::kAfterBackward) {
-      EnqueueLayerLocked(layer, TaskKind::kUpdate, grad_scale_);
+      EnqueueLayerLocked(layer, TaskKind::kUpdate, grad_scale_, defers());
     }
     return absl::OkStatus();
   }
@@ -965,6 +1067,7 @@ absl::Status JobPipeline::SubmitGradients(size_t layer, const void* grad,
   // reuses its buffer once it returns). api_mu_ keeps EndIteration and
   // other submissions out meanwhile; stage work never waits for it.
   absl::MutexLock api(&api_mu_);
+  float grad_scale;
   {
     absl::MutexLock lock(&mu_);
     if (absl::Status s = CheckSubmitLocked(layer, grad, weight16_out);
@@ -972,15 +1075,16 @@ absl::Status JobPipeline::SubmitGradients(size_t layer, const void* grad,
       return s;
     }
     scratch_layers_.push_back(layer);
+    grad_scale = grad_scale_;
   }
   absl::Status written =
-      WriteGradScratch(layer, static_cast<const uint8_t*>(grad));
+      WriteGradScratch(layer, static_cast<const uint8_t*>(grad), grad_scale);
   if (!written.ok()) return written;  // Its scratch goes with the iteration.
   absl::MutexLock lock(&mu_);
   submissions_[layer] = Submission{true, nullptr, weight16_out};
   submit_order_.push_back(layer);
   if (options_.schedule != Schedule::kAfterBackward) {
-    EnqueueLayerLocked(layer, TaskKind::kUpdate, grad_scale_);
+    EnqueueLayerLocked(layer, TaskKind::kUpdate, grad_scale_, defers());
   }
   return absl::OkStatus();
 }
@@ -1002,15 +1106,13 @@ absl::Status JobPipeline::AbortIteration() {
   return s;
 }
 
-absl::StatusOr<IterationReport> JobPipeline::EndIteration(
-    const ClipOptions& clip) {
+absl::StatusOr<IterationReport> JobPipeline::EndIteration() {
   const double start = Now();
   absl::MutexLock api(&api_mu_);
-  if (!(clip.max_grad_norm >= 0.0)) {
-    return absl::InvalidArgumentError(
-        "max_grad_norm must be >= 0 (0: no clipping)");
-  }
   uint64_t iteration;
+  ClipOptions clip;
+  float grad_scale;
+  bool started_deferred;
   {
     absl::MutexLock lock(&mu_);
     if (phase_ != Phase::kInIteration) {
@@ -1018,9 +1120,12 @@ absl::StatusOr<IterationReport> JobPipeline::EndIteration(
     }
     phase_ = Phase::kEnding;
     iteration = iteration_;
+    clip = clip_;
+    grad_scale = grad_scale_;
+    started_deferred = started_deferred_;
     if (options_.schedule == Schedule::kAfterBackward) {
       for (size_t layer : submit_order_) {
-        EnqueueLayerLocked(layer, TaskKind::kUpdate, grad_scale_);
+        EnqueueLayerLocked(layer, TaskKind::kUpdate, grad_scale_, defers());
       }
     }
   }
@@ -1044,40 +1149,29 @@ absl::StatusOr<IterationReport> JobPipeline::EndIteration(
   if (!s.ok()) return fail(s);
 
   IterationReport report;
+  report.started_deferred = started_deferred;
   double sum = 0.0;
-  for (double x : sum_squares_) sum += x;  // Fixed (layer, chunk) order.
+  // Fixed (layer, chunk) order; both sources hold the same bits.
+  for (double x : defers() ? norm_squares_ : sum_squares_) sum += x;
   report.global_norm = std::sqrt(sum);
   report.nonfinite = !std::isfinite(sum);
   report.iteration = iteration;
-
-  if (report.nonfinite && clip.skip_nonfinite) {
-    const double redo_start = Now();
-    s = RollbackAll();
-    if (s.ok()) s = RunPass(TaskKind::kRepublish, 1.0f);
-    if (!s.ok()) return fail(s);
-    report.skipped = true;
-    report.redo_seconds = Now() - redo_start;
-  } else {
-    if (!report.nonfinite && clip.max_grad_norm > 0.0) {
-      const double scale = clip.max_grad_norm / (report.global_norm + 1e-6);
-      if (scale < 1.0) {
-        const double redo_start = Now();
-        report.clipped = true;
-        report.clip_scale = scale;
-        s = RollbackAll();
-        float grad_scale;
-        {
-          absl::MutexLock lock(&mu_);
-          grad_scale = grad_scale_;
-        }
-        if (s.ok()) {
-          s = RunPass(TaskKind::kUpdate,
-                      static_cast<float>(scale * grad_scale));
-        }
-        if (!s.ok()) return fail(s);
-        report.redo_seconds = Now() - redo_start;
-      }
+  report.skipped = report.nonfinite && clip.skip_nonfinite;
+  if (!report.nonfinite && clip.max_grad_norm > 0.0) {
+    const double scale = clip.max_grad_norm / (report.global_norm + 1e-6);
+    if (scale < 1.0) {
+      report.clipped = true;
+      report.clip_scale = scale;
     }
+  }
+  const double redo_start = Now();
+  s = defers() ? FinishDeferred(report, grad_scale)
+               : FinishRedoAll(report, grad_scale);
+  if (!s.ok()) return fail(s);
+  if (report.clipped || report.skipped || report.deferred_chunks > 0) {
+    report.redo_seconds = Now() - redo_start;
+  }
+  if (!report.skipped) {
     const double commit_start = Now();
     s = Commit(iteration + 1);
     if (!s.ok()) return fail(Annotate(s, "committing the iteration"));
@@ -1087,11 +1181,61 @@ absl::StatusOr<IterationReport> JobPipeline::EndIteration(
   DropScratch();
   absl::MutexLock lock(&mu_);
   iteration_ = report.iteration;
+  if (!report.skipped) last_clipped_ = report.clipped;
   report.busy = busy_;
   busy_ = StageBusy{};
   phase_ = Phase::kIdle;
   report.wait_seconds = Now() - start;
   return report;
+}
+
+absl::Status JobPipeline::FinishRedoAll(IterationReport& report,
+                                        float grad_scale) {
+  report.eager_chunks = state_.total_chunks();
+  if (report.skipped) {
+    absl::Status s = RollbackAll();
+    return s.ok() ? RunPass(TaskKind::kRepublish, 1.0f) : s;
+  }
+  if (!report.clipped) return absl::OkStatus();
+  report.redone_chunks = state_.total_chunks();
+  absl::Status s = RollbackAll();
+  if (!s.ok()) return s;
+  return RunPass(TaskKind::kUpdate,
+                 static_cast<float>(report.clip_scale * grad_scale));
+}
+
+absl::Status JobPipeline::FinishDeferred(IterationReport& report,
+                                         float grad_scale) {
+  std::vector<Fate> fates;
+  {
+    absl::MutexLock lock(&mu_);
+    fates = fates_;
+  }
+  for (Fate fate : fates) {
+    if (fate == Fate::kEager) ++report.eager_chunks;
+    if (fate == Fate::kDeferred) ++report.deferred_chunks;
+  }
+  auto eager = [&](size_t flat) { return fates[flat] == Fate::kEager; };
+  auto deferred = [&](size_t flat) { return fates[flat] == Fate::kDeferred; };
+  if (report.skipped) {
+    // Only the eager updates touched anything: their pending versions, and
+    // the client's 16-bit buffers, which get the committed weights back.
+    absl::Status s = report.eager_chunks > 0 ? RollbackAll() : absl::OkStatus();
+    return s.ok() && report.eager_chunks > 0
+               ? RunChunkPass(TaskKind::kRepublish, 1.0f, eager)
+               : s;
+  }
+  if (report.clipped) {
+    report.redone_chunks = report.eager_chunks;
+    if (report.eager_chunks > 0) {
+      if (absl::Status s = RollbackAll(); !s.ok()) return s;
+    }
+    return RunChunkPass(TaskKind::kUpdate,
+                        static_cast<float>(report.clip_scale * grad_scale),
+                        [](size_t) { return true; });
+  }
+  if (report.deferred_chunks == 0) return absl::OkStatus();
+  return RunChunkPass(TaskKind::kUpdate, grad_scale, deferred);
 }
 
 }  // namespace lohan

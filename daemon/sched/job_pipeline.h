@@ -45,8 +45,33 @@ enum class Schedule {
   kAfterBackward,
 };
 
+// What a clipped (or skipped) iteration costs.
+enum class ClipSchedule {
+  // Every chunk is updated as its gradient arrives; when the global norm
+  // then calls for clipping, every update is rolled back and redone with
+  // the clip scale (a second pass over all states).
+  kRedoAll,
+  // Each chunk's gradient sum of squares is taken before its update. While
+  // the running sum leaves the outcome open, chunks update as they arrive;
+  // once it makes clipping (or, with skip_nonfinite, a skip) certain, the
+  // remaining chunks wait for EndIteration, which then runs them and redoes
+  // only the chunks updated before, in forward order (layer 0 first). An
+  // iteration may also start deferred (PipelineOptions::predict_clipping).
+  // Results are bit-identical to kRedoAll's: the same norm (see
+  // AdamUpdater::GradSumSquares), the same scale, the same updates.
+  kDeferWhenCertain,
+};
+
 struct PipelineOptions {
   Schedule schedule = Schedule::kPipelined;
+  ClipSchedule clip_schedule = ClipSchedule::kDeferWhenCertain;
+  // kDeferWhenCertain: an iteration starts deferred (no chunk updated
+  // before the norm is known) when the last committed iteration of this
+  // pipeline clipped, since clipping runs in streaks (a run that clips
+  // mostly clips again). Only the time depends on it: a wrong guess costs
+  // updating after backward instead of during it, never an extra pass.
+  // kAfterBackward always starts deferred.
+  bool predict_clipping = true;
   // Chunk buffers (each the largest chunk's state, block-aligned): the
   // host memory in flight. >= 3 lets a read, a compute and a write run at
   // once; kSerialized always uses 1.
@@ -85,7 +110,9 @@ struct ClipOptions {
   // it is < 1). 0: off. Negative or NaN: INVALID_ARGUMENT.
   double max_grad_norm = 0.0;
   // A gradient with inf/NaN: true skips the iteration (states untouched,
-  // step not advanced, weight16_out re-filled from the committed weights);
+  // step not advanced; every weight16_out chunk updated before the skip was
+  // certain is re-filled from the committed weights, the others were not
+  // written);
   // false commits the update as computed, as torch would (no clipping).
   bool skip_nonfinite = true;
 };
@@ -97,6 +124,9 @@ struct StageBusy {  // Seconds each stage thread spent working.
   // Streamed gradients: seconds SubmitGradients spent storing them (on the
   // caller's thread, before it returned).
   double grad_store = 0.0;
+  // kDeferWhenCertain with resident gradients: seconds the read stage spent
+  // taking chunks' gradient sums of squares before deciding.
+  double norm = 0.0;
   // Bytes moved to and from the store: states, streamed gradients and
   // 16-bit copies (not the meta, nor the commit's sync).
   uint64_t bytes_read = 0;
@@ -104,14 +134,22 @@ struct StageBusy {  // Seconds each stage thread spent working.
 };
 
 struct IterationReport {
-  uint64_t iteration = 0;       // Committed iterations (= Adam steps) after it.
-  double global_norm = 0.0;     // Of the submitted (unclipped) gradients.
-  bool nonfinite = false;       // A gradient held inf/NaN.
-  bool clipped = false;         // The update was redone with scaled gradients.
-  double clip_scale = 1.0;      // The gradient scale of the committed update.
-  bool skipped = false;         // Nothing committed (non-finite, skipped).
-  double wait_seconds = 0.0;    // From EndIteration's call to its return.
-  double redo_seconds = 0.0;    // Clip redo or 16-bit re-publish pass.
+  uint64_t iteration = 0;  // Committed iterations (= Adam steps) after it.
+  // Chunks updated before the norm was known, chunks left for EndIteration
+  // (kDeferWhenCertain), and chunks updated twice (a clip redo).
+  uint64_t eager_chunks = 0;
+  uint64_t deferred_chunks = 0;
+  uint64_t redone_chunks = 0;
+  bool started_deferred = false;  // Predicted (or kAfterBackward).
+  double global_norm = 0.0;       // Of the submitted (unclipped) gradients.
+  bool nonfinite = false;         // A gradient held inf/NaN.
+  bool clipped = false;       // The update was redone with scaled gradients.
+  double clip_scale = 1.0;    // The gradient scale of the committed update.
+  bool skipped = false;       // Nothing committed (non-finite, skipped).
+  double wait_seconds = 0.0;  // From EndIteration's call to its return.
+  // The pass after the norm is known: a clip redo, deferred updates, or a
+  // 16-bit re-publish after a skip.
+  double redo_seconds = 0.0;
   double commit_seconds = 0.0;  // Meta write + CommitBatch.
   StageBusy busy;               // All passes of the iteration.
 };
@@ -199,10 +237,13 @@ class JobPipeline {
   // (1/loss_scale with fp16 loss scaling; the global norm is then that of
   // the unscaled gradients). FAILED_PRECONDITION if one is in progress or a
   // layer has no states yet; INVALID_ARGUMENT for a scale that is not
-  // finite and > 0.
+  // finite and > 0, or a max_grad_norm that is not >= 0.
   // `lr` > 0 replaces the layout's learning rate for this iteration (a
-  // schedule's value); 0 keeps it.
-  absl::Status BeginIteration(float grad_scale = 1.0f, double lr = 0.0)
+  // schedule's value); 0 keeps it. `clip` is what EndIteration applies; it
+  // is known from the start so that updates can wait for the norm once
+  // clipping is certain (ClipSchedule::kDeferWhenCertain).
+  absl::Status BeginIteration(float grad_scale = 1.0f, double lr = 0.0,
+                              const ClipOptions& clip = {})
       ABSL_LOCKS_EXCLUDED(api_mu_, mu_);
   // Hands over `layer`'s gradient (layer_elements(layer) elements of the
   // layout's grad_dtype) and where its new 16-bit weights go (as many
@@ -222,13 +263,14 @@ class JobPipeline {
   absl::Status SubmitGradients(size_t layer, const void* grad,
                                void* weight16_out)
       ABSL_LOCKS_EXCLUDED(api_mu_, mu_);
-  // Waits for every submitted layer, then commits, clips (redo) or skips;
-  // see ClipOptions. Every layer must have been submitted
-  // (FAILED_PRECONDITION otherwise). On any error the iteration ends with
-  // every pending version rolled back and the step not advanced; the
+  // Waits for every submitted layer, then commits, clips or skips as the
+  // iteration's ClipOptions say (running the deferred chunks and redoing
+  // the updated ones as needed, see ClipSchedule). Every layer must have been
+  // submitted (FAILED_PRECONDITION otherwise). On any error the iteration ends
+  // with every pending version rolled back and the step not advanced; the
   // weight16_out buffers then hold unspecified values. Store errors name the
   // layer, chunk and tensor.
-  absl::StatusOr<IterationReport> EndIteration(const ClipOptions& clip)
+  absl::StatusOr<IterationReport> EndIteration()
       ABSL_LOCKS_EXCLUDED(api_mu_, mu_);
   // Ends the iteration in progress with nothing committed: work not begun
   // is dropped, work in progress finishes, every pending version and the
@@ -247,6 +289,10 @@ class JobPipeline {
     uint32_t chunk = 0;
     TaskKind kind = TaskKind::kUpdate;
     float inv_scale = 1.0f;
+    // The first pass of kDeferWhenCertain: the read stage takes the chunk's
+    // gradient sum of squares first and defers the chunk when the running
+    // sum makes its update certain to be redone or dropped.
+    bool decide = false;
     double lr = 0.0;   // of the iteration
     int64_t step = 0;  // Adam steps the chunk's committed state has.
     // The chunk's first gradient element (streamed: in `buffer`, once read).
@@ -255,6 +301,8 @@ class JobPipeline {
     uint8_t* out = nullptr;
     uint8_t* buffer = nullptr;  // From pool_, once read.
   };
+  // What became of a chunk in an iteration's first pass.
+  enum class Fate : uint8_t { kNone, kEager, kDeferred };
   struct Submission {
     bool submitted = false;
     const void* grad = nullptr;
@@ -293,8 +341,11 @@ class JobPipeline {
   absl::Status CheckSubmitLocked(size_t layer, const void* grad,
                                  const void* weight16_out) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Streaming gradients: writes `layer`'s gradient into its scratch tensors.
-  absl::Status WriteGradScratch(size_t layer, const uint8_t* grad);
+  // Streaming gradients: writes `layer`'s gradient into its scratch tensors
+  // (kDeferWhenCertain: and takes each chunk's sum of squares, the gradient
+  // times `inv_scale`, into norm_squares_ on the way).
+  absl::Status WriteGradScratch(size_t layer, const uint8_t* grad,
+                                float inv_scale);
   // Deletes the scratch tensors of this iteration's layers (best effort;
   // the next Open sweeps what is left).
   void DropScratch() ABSL_LOCKS_EXCLUDED(mu_);
@@ -315,6 +366,20 @@ class JobPipeline {
       size_t layer,
       absl::FunctionRef<void(size_t, uint64_t, const uint8_t*)> use) const;
   absl::StatusOr<StepStats> StepChunk(const Task& task) const;
+  // The gradient sum of squares StepChunk would return for `layer`'s chunk
+  // `chunk`, whose first gradient element is `grad`, bit for bit.
+  absl::StatusOr<double> ChunkSumSquares(size_t layer, size_t chunk,
+                                         const uint8_t* grad,
+                                         float inv_scale) const;
+  // A decide task's chunk: its sum of squares into norm_squares_ (resident
+  // gradients; streamed ones had it taken at submit), added to the running
+  // sum. Returns whether the chunk waits for EndIteration.
+  absl::StatusOr<bool> DecideChunk(const Task& task) ABSL_LOCKS_EXCLUDED(mu_);
+  // With the running sum `sum_squares` of some gradients, the iteration
+  // will certainly clip (or skip): an update made now would be redone or
+  // dropped.
+  bool OutcomeCertain(double sum_squares) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Stage loops, one thread each.
   void ReadLoop();
   void ComputeLoop();
@@ -327,7 +392,12 @@ class JobPipeline {
 
   // Starts a pass: resets the counters and first error.
   void BeginPassLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void EnqueueLayerLocked(size_t layer, TaskKind kind, float inv_scale)
+  // `decide`: the chunks' tasks are first-pass decide tasks (Task::decide).
+  void EnqueueLayerLocked(size_t layer, TaskKind kind, float inv_scale,
+                          bool decide = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EnqueueChunkLocked(size_t layer, size_t chunk, TaskKind kind,
+                          float inv_scale, bool decide)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool PassDone() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return done_ == enqueued_;
@@ -336,6 +406,22 @@ class JobPipeline {
   absl::Status WaitPass() ABSL_LOCKS_EXCLUDED(mu_);
   // Runs a whole pass over every layer (after the first one).
   absl::Status RunPass(TaskKind kind, float inv_scale) ABSL_LOCKS_EXCLUDED(mu_);
+  // Runs a pass over the chunks `include` takes (by flat index), in
+  // forward order.
+  absl::Status RunChunkPass(TaskKind kind, float inv_scale,
+                            absl::FunctionRef<bool(size_t)> include)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // kDeferWhenCertain's end of an iteration, once the norm decided: the
+  // work left (see ClipSchedule), counted in `report`. REQUIRES: the first
+  // pass done.
+  absl::Status FinishDeferred(IterationReport& report, float grad_scale)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // kRedoAll's: roll back and redo or republish everything as needed.
+  absl::Status FinishRedoAll(IterationReport& report, float grad_scale)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  bool defers() const {
+    return options_.clip_schedule == ClipSchedule::kDeferWhenCertain;
+  }
   // Drops every pending version of the job's tensors; NOT_FOUND and "no
   // pending version" are fine. Returns the first other error.
   absl::Status RollbackAll();
@@ -365,6 +451,12 @@ class JobPipeline {
   // EndIteration after WaitPass (which orders them): per-chunk gradient
   // sums of squares of the current pass, by flat index.
   std::vector<double> sum_squares_;
+  // kDeferWhenCertain: per-chunk gradient sums of squares of the iteration
+  // (GradSumSquares), by flat index; the global norm comes from them.
+  // Written by the read stage (resident gradients) or SubmitGradients
+  // (streamed, before the chunk is enqueued), read by the read stage and
+  // by EndIteration after the first pass (ordered by the queues and mu_).
+  std::vector<double> norm_squares_;
 
   BufferPool pool_;
   BoundedQueue<Task> read_queue_;  // Holds every chunk: Push never waits.
@@ -379,7 +471,17 @@ class JobPipeline {
   Phase phase_ ABSL_GUARDED_BY(mu_) = Phase::kIdle;
   uint64_t iteration_ ABSL_GUARDED_BY(mu_) = 0;
   float grad_scale_ ABSL_GUARDED_BY(mu_) = 1.0f;  // of this iteration
-  double lr_ ABSL_GUARDED_BY(mu_) = 0.0;          // of this iteration
+  ClipOptions clip_ ABSL_GUARDED_BY(mu_);         // of this iteration
+  // kDeferWhenCertain, this iteration: the running sum of the chunks'
+  // gradient sums of squares in the order they were decided, whether
+  // updates now wait for the norm, and each chunk's fate (by flat index).
+  double running_sum_ ABSL_GUARDED_BY(mu_) = 0.0;
+  bool deferring_ ABSL_GUARDED_BY(mu_) = false;
+  bool started_deferred_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<Fate> fates_ ABSL_GUARDED_BY(mu_);
+  // Whether the last committed iteration clipped (predict_clipping).
+  bool last_clipped_ ABSL_GUARDED_BY(mu_) = false;
+  double lr_ ABSL_GUARDED_BY(mu_) = 0.0;  // of this iteration
   std::vector<bool> initialized_ ABSL_GUARDED_BY(mu_);
   std::vector<Submission> submissions_ ABSL_GUARDED_BY(mu_);
   std::vector<size_t> submit_order_ ABSL_GUARDED_BY(mu_);

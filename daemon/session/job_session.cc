@@ -459,7 +459,8 @@ absl::Status JobSession::Handle(const SubmissionEntry& entry, uint64_t& detail,
     case RingOp::kIterBegin:
       iteration_began_ = absl::Now();
       return model.pipeline->BeginIteration(
-          entry.grad_scale == 0.0f ? 1.0f : entry.grad_scale, entry.lr);
+          entry.grad_scale == 0.0f ? 1.0f : entry.grad_scale, entry.lr,
+          model.clip);
     case RingOp::kGradReady:
       // Streamed gradients: this returns once the gradient is in the
       // store, so the completion frees the slot. Streamed (or fp32)
@@ -486,8 +487,7 @@ absl::Status JobSession::Handle(const SubmissionEntry& entry, uint64_t& detail,
       return absl::OkStatus();
     }
     case RingOp::kIterEnd: {
-      absl::StatusOr<IterationReport> report =
-          model.pipeline->EndIteration(model.clip);
+      absl::StatusOr<IterationReport> report = model.pipeline->EndIteration();
       if (!report.ok()) {
         // The 16-bit copies are unspecified now: put the committed ones
         // back before the client's next forward. (Streamed: the store

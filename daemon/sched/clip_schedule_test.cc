@@ -1,0 +1,373 @@
+// ClipSchedule::kDeferWhenCertain against kRedoAll: two jobs of the same
+// shape and initial weights, driven with the same gradients, must end every
+// iteration with the same bits (norm, scale, outcome, fp32 weights, moments,
+// 16-bit copies), while the deferred schedule updates each chunk once when
+// the outcome is certain early and redoes only what it updated before.
+// (job_pipeline_test checks the default schedule, kDeferWhenCertain,
+// against a reference AdamW bit for bit.)
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "daemon/optim/adam.h"
+#include "daemon/optim/half.h"
+#include "daemon/sched/job_pipeline.h"
+#include "daemon/store/tensor_store.h"
+#include "daemon/store/test_util.h"
+#include "gtest/gtest.h"
+
+namespace lohan {
+namespace {
+
+using testing_util::TempDir;
+
+// Layers {2500, 1000, 37, 4097} in chunks of 1000: 3 + 1 + 1 + 5 chunks.
+// Backward hands them over last layer first, so decisions run over layer
+// 3's five chunks, then 2, 1, and layer 0's three.
+constexpr size_t kChunks = 10;
+
+ModelLayout Layout(DType grad_dtype) {
+  ModelLayout layout;
+  layout.layer_elements = {2500, 1000, 37, 4097};
+  layout.chunk_elements = 1000;
+  layout.grad_dtype = grad_dtype;
+  layout.weight16_dtype = DType::kBFloat16;
+  layout.adam.lr = 1e-2;
+  layout.adam.weight_decay = 0.1;
+  return layout;
+}
+
+struct Variant {
+  Schedule schedule;
+  DType grad_dtype;
+  bool streamed;  // Gradients and 16-bit weights through the store.
+  bool predict;
+};
+
+// One iteration's gradients: bytes in the layout's dtype, with the exact
+// sums of squares (double) of each layer and of each chunk, in backward
+// order, to place the clip limit.
+struct Gradients {
+  std::vector<std::vector<uint8_t>> bytes;
+  // Cumulative sum of squares after each chunk, in decision order.
+  std::vector<double> cumulative;
+};
+
+Gradients MakeGradients(const ModelLayout& layout, uint32_t seed,
+                        float grad_scale, int nan_layer) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 0.1f);
+  const size_t size = layout.grad_dtype == DType::kFloat32 ? 4 : 2;
+  Gradients g;
+  std::vector<std::vector<double>> chunk_sums(layout.layer_elements.size());
+  for (size_t l = 0; l < layout.layer_elements.size(); ++l) {
+    const uint64_t n = layout.layer_elements[l];
+    g.bytes.emplace_back(n * size);
+    for (uint64_t i = 0; i < n; ++i) {
+      float x = dist(rng);
+      if (size == 4) {
+        std::memcpy(&g.bytes[l][4 * i], &x, 4);
+      } else {
+        const uint16_t h = layout.grad_dtype == DType::kBFloat16
+                               ? FloatToBf16(x)
+                               : FloatToFp16(x);
+        std::memcpy(&g.bytes[l][2 * i], &h, 2);
+        x = layout.grad_dtype == DType::kBFloat16 ? Bf16ToFloat(h)
+                                                  : Fp16ToFloat(h);
+      }
+      if (i % layout.chunk_elements == 0) chunk_sums[l].push_back(0.0);
+      const double scaled = static_cast<double>(x * grad_scale);
+      chunk_sums[l].back() += scaled * scaled;
+    }
+  }
+  if (nan_layer >= 0) {
+    // 0xffff is a NaN in bf16 and fp16, and half of an fp32 NaN's bytes.
+    g.bytes[nan_layer][6] = 0xff;
+    g.bytes[nan_layer][7] = 0xff;
+  }
+  double running = 0.0;
+  for (size_t j = 0; j < chunk_sums.size(); ++j) {
+    for (double s : chunk_sums[chunk_sums.size() - 1 - j]) {
+      running += s;
+      g.cumulative.push_back(running);
+    }
+  }
+  return g;
+}
+
+// What one job produced in an iteration.
+struct Outcome {
+  IterationReport report;
+  std::vector<std::vector<float>> weights, exp_avg, exp_avg_sq;
+  std::vector<std::vector<uint16_t>> weight16;
+};
+
+class ClipScheduleTest : public ::testing::TestWithParam<Variant> {
+ protected:
+  void SetUp() override {
+    auto updater = AdamUpdater::Create(nullptr, std::nullopt);
+    ASSERT_TRUE(updater.ok()) << updater.status();
+    updater_.emplace(*updater);
+    StoreOptions o;
+    o.ssd_paths = {dir_.Subdir("ssd0"), dir_.Subdir("ssd1")};
+    o.state_dir = dir_.path() + "/state";
+    o.stripe_unit = 64 << 10;
+    o.queue_depth = 8;
+    o.device_capacity_bytes = 16 << 20;
+    auto store = TensorStore::Open(o);
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = *std::move(store);
+    layout_ = Layout(GetParam().grad_dtype);
+    for (int k = 0; k < 2; ++k) {
+      PipelineOptions options;
+      options.schedule = GetParam().schedule;
+      options.buffers = 3;
+      options.stream_gradients = GetParam().streamed;
+      options.stream_weight16 = GetParam().streamed;
+      options.clip_schedule =
+          k == 0 ? ClipSchedule::kRedoAll : ClipSchedule::kDeferWhenCertain;
+      options.predict_clipping = GetParam().predict;
+      auto p = JobPipeline::Open(store_.get(), *updater_,
+                                 k == 0 ? "old" : "new", layout_, options);
+      ASSERT_TRUE(p.ok()) << p.status();
+      jobs_[k] = *std::move(p);
+      std::mt19937 rng(7);
+      std::normal_distribution<float> dist(0.0f, 0.5f);
+      out_[k].resize(layout_.layer_elements.size());
+      for (size_t l = 0; l < layout_.layer_elements.size(); ++l) {
+        std::vector<float> w(layout_.layer_elements[l]);
+        for (float& x : w) x = dist(rng);
+        ASSERT_TRUE(jobs_[k]->InitializeWeights(l, w.data()).ok());
+        // What a client's buffer holds: the committed weights' copy.
+        out_[k][l].resize(w.size());
+        for (size_t i = 0; i < w.size(); ++i) out_[k][l][i] = FloatToBf16(w[i]);
+      }
+    }
+  }
+
+  Outcome Run(int k, const Gradients& g, float grad_scale,
+              const ClipOptions& clip) {
+    JobPipeline& p = *jobs_[k];
+    const size_t layers = layout_.layer_elements.size();
+    EXPECT_TRUE(p.BeginIteration(grad_scale, 0.0, clip).ok());
+    std::vector<uint8_t> slot;
+    for (size_t j = 0; j < layers; ++j) {
+      const size_t l = layers - 1 - j;
+      if (GetParam().streamed) {
+        // One reused buffer: the pipeline may not look after the call.
+        slot = g.bytes[l];
+        EXPECT_TRUE(p.SubmitGradients(l, slot.data(), nullptr).ok());
+        std::fill(slot.begin(), slot.end(), 0x7f);
+      } else {
+        EXPECT_TRUE(
+            p.SubmitGradients(l, g.bytes[l].data(), out_[k][l].data()).ok());
+      }
+    }
+    Outcome o;
+    absl::StatusOr<IterationReport> report = p.EndIteration();
+    EXPECT_TRUE(report.ok()) << report.status();
+    if (report.ok()) o.report = *report;
+    for (size_t l = 0; l < layers; ++l) {
+      const size_t n = layout_.layer_elements[l];
+      o.weights.emplace_back(n);
+      o.exp_avg.emplace_back(n);
+      o.exp_avg_sq.emplace_back(n);
+      EXPECT_TRUE(p.ReadWeights(l, o.weights.back().data()).ok());
+      EXPECT_TRUE(
+          p.ReadState(l, StatePart::kExpAvg, o.exp_avg.back().data()).ok());
+      EXPECT_TRUE(
+          p.ReadState(l, StatePart::kExpAvgSq, o.exp_avg_sq.back().data())
+              .ok());
+      if (GetParam().streamed) {
+        o.weight16.emplace_back(n);
+        EXPECT_TRUE(p.ReadWeight16(l, o.weight16.back().data()).ok());
+      } else {
+        o.weight16.push_back(out_[k][l]);
+      }
+    }
+    return o;
+  }
+
+  // Runs both jobs on the same iteration and checks they agree bit for bit;
+  // returns the deferred job's report, with the redo-all job's in `old`.
+  IterationReport RunBoth(uint32_t seed, const ClipOptions& clip,
+                          float grad_scale = 1.0f, int nan_layer = -1,
+                          IterationReport* old = nullptr) {
+    const Gradients g = MakeGradients(layout_, seed, grad_scale, nan_layer);
+    const Outcome a = Run(0, g, grad_scale, clip);
+    const Outcome b = Run(1, g, grad_scale, clip);
+    EXPECT_EQ(0, std::memcmp(&a.report.global_norm, &b.report.global_norm, 8))
+        << a.report.global_norm << " vs " << b.report.global_norm;
+    EXPECT_EQ(a.report.clipped, b.report.clipped);
+    EXPECT_EQ(a.report.skipped, b.report.skipped);
+    EXPECT_EQ(a.report.nonfinite, b.report.nonfinite);
+    EXPECT_EQ(a.report.iteration, b.report.iteration);
+    EXPECT_EQ(0, std::memcmp(&a.report.clip_scale, &b.report.clip_scale, 8));
+    for (size_t l = 0; l < layout_.layer_elements.size(); ++l) {
+      const size_t n = layout_.layer_elements[l];
+      EXPECT_EQ(0, std::memcmp(a.weights[l].data(), b.weights[l].data(), 4 * n))
+          << "fp32 weights of layer " << l;
+      EXPECT_EQ(0, std::memcmp(a.exp_avg[l].data(), b.exp_avg[l].data(), 4 * n))
+          << "exp_avg of layer " << l;
+      EXPECT_EQ(
+          0, std::memcmp(a.exp_avg_sq[l].data(), b.exp_avg_sq[l].data(), 4 * n))
+          << "exp_avg_sq of layer " << l;
+      EXPECT_EQ(a.weight16[l], b.weight16[l]) << "16-bit copy of layer " << l;
+      size_t stale = 0;
+      for (size_t i = 0; i < n; ++i) {
+        stale += b.weight16[l][i] != FloatToBf16(b.weights[l][i]);
+      }
+      EXPECT_EQ(stale, 0u) << "16-bit copies of layer " << l
+                           << " that are not the committed weights'";
+    }
+    for (const char* job : {"old", "new"}) {
+      for (const std::string& name : store_->List(job)) {
+        EXPECT_EQ(store_->Stat(job, name)->pending_version, 0u) << name;
+        EXPECT_NE(name.rfind(StateLayout::kScratchPrefix, 0), 0u) << name;
+      }
+    }
+    if (old != nullptr) *old = a.report;
+    return b.report;
+  }
+
+  // A limit whose square lies halfway between the cumulative sums before
+  // and after decision `chunk` (0-based): clipping becomes certain exactly
+  // at that chunk.
+  double LimitCrossingAt(uint32_t seed, size_t chunk, float grad_scale = 1) {
+    const Gradients g = MakeGradients(layout_, seed, grad_scale, -1);
+    const double before = chunk == 0 ? 0.0 : g.cumulative[chunk - 1];
+    return std::sqrt((before + g.cumulative[chunk]) / 2);
+  }
+
+  // Streamed: the bytes of one iteration's gradients stored at submit.
+  uint64_t GradBytes() const {
+    if (!GetParam().streamed) return 0;
+    uint64_t elements = 0;
+    for (uint64_t n : layout_.layer_elements) elements += n;
+    return elements * (layout_.grad_dtype == DType::kFloat32 ? 4 : 2);
+  }
+
+  bool AfterBackward() const {
+    return GetParam().schedule == Schedule::kAfterBackward;
+  }
+
+  TempDir dir_;
+  std::optional<AdamUpdater> updater_;
+  std::unique_ptr<TensorStore> store_;
+  ModelLayout layout_;
+  std::unique_ptr<JobPipeline> jobs_[2];
+  std::vector<std::vector<uint16_t>> out_[2];
+};
+
+TEST_P(ClipScheduleTest, NeverClippedUpdatesEagerlyAndOnce) {
+  for (uint32_t seed : {1, 2}) {
+    IterationReport old;
+    const IterationReport r =
+        RunBoth(seed, ClipOptions{.max_grad_norm = 1e9}, 1.0f, -1, &old);
+    EXPECT_FALSE(r.clipped);
+    EXPECT_EQ(r.eager_chunks, AfterBackward() ? 0u : kChunks);
+    EXPECT_EQ(r.deferred_chunks, AfterBackward() ? kChunks : 0u);
+    EXPECT_EQ(r.redone_chunks, 0u);
+    EXPECT_EQ(r.busy.bytes_read, old.busy.bytes_read);
+    EXPECT_EQ(r.busy.bytes_written, old.busy.bytes_written);
+  }
+}
+
+TEST_P(ClipScheduleTest, ClippedFromTheFirstChunkPaysOnePass) {
+  IterationReport old;
+  const IterationReport r = RunBoth(
+      3, ClipOptions{.max_grad_norm = LimitCrossingAt(3, 0)}, 1.0f, -1, &old);
+  EXPECT_TRUE(r.clipped);
+  EXPECT_EQ(r.eager_chunks, 0u);
+  EXPECT_EQ(r.deferred_chunks, kChunks);
+  EXPECT_EQ(r.redone_chunks, 0u);
+  EXPECT_EQ(old.redone_chunks, kChunks);
+  // Each chunk's state read and written once: what redo-all moves for its
+  // first pass alone.
+  EXPECT_EQ(r.busy.bytes_read * 2, old.busy.bytes_read);
+  // Streamed, both store each gradient once at submit.
+  EXPECT_EQ(r.busy.bytes_written * 2, old.busy.bytes_written + GradBytes());
+}
+
+TEST_P(ClipScheduleTest, CrossingLateRedoesOnlyTheChunksBefore) {
+  // Certain at decision 7: layer 0's first chunk, after layers 3, 2 and 1.
+  const IterationReport r =
+      RunBoth(4, ClipOptions{.max_grad_norm = LimitCrossingAt(4, 7)});
+  EXPECT_TRUE(r.clipped);
+  EXPECT_EQ(r.eager_chunks, AfterBackward() ? 0u : 7u);
+  EXPECT_EQ(r.deferred_chunks, AfterBackward() ? kChunks : 3u);
+  EXPECT_EQ(r.redone_chunks, r.eager_chunks);
+  // Crossing in the middle of layer 3 (decision 2), with a loss scale
+  // (after a clipped iteration, unless the start is not predicted).
+  const IterationReport mid = RunBoth(
+      5, ClipOptions{.max_grad_norm = LimitCrossingAt(5, 2, 0.5f)}, 0.5f);
+  EXPECT_TRUE(mid.clipped);
+  EXPECT_EQ(mid.eager_chunks, AfterBackward() || GetParam().predict ? 0u : 2u);
+  EXPECT_EQ(mid.redone_chunks, mid.eager_chunks);
+}
+
+TEST_P(ClipScheduleTest, ClippingStreaksStartDeferredWhenPredicted) {
+  const ClipOptions clip{.max_grad_norm = LimitCrossingAt(6, 8)};
+  const IterationReport first = RunBoth(6, clip);
+  EXPECT_TRUE(first.clipped);
+  EXPECT_EQ(first.started_deferred, AfterBackward());
+  // The same gradients and limit again: the history says clip.
+  const IterationReport second = RunBoth(6, clip);
+  EXPECT_TRUE(second.clipped);
+  const bool predicted = GetParam().predict || AfterBackward();
+  EXPECT_EQ(second.started_deferred, predicted);
+  EXPECT_EQ(second.eager_chunks, predicted ? 0u : 8u);
+  // A wrong guess: the next iteration does not clip. Its updates wait for
+  // the norm, but each is made once, with the same result.
+  const IterationReport third = RunBoth(8, ClipOptions{.max_grad_norm = 1e9});
+  EXPECT_FALSE(third.clipped);
+  EXPECT_EQ(third.started_deferred, predicted);
+  EXPECT_EQ(third.redone_chunks, 0u);
+  EXPECT_EQ(third.deferred_chunks, predicted ? kChunks : 0u);
+  // And the one after that is eager again.
+  const IterationReport fourth = RunBoth(9, ClipOptions{.max_grad_norm = 1e9});
+  EXPECT_EQ(fourth.started_deferred, AfterBackward());
+}
+
+TEST_P(ClipScheduleTest, NonFiniteGradientsSkipAtAnyPoint) {
+  // inf/NaN in the first layer handed over (layer 3) and in the last
+  // (layer 0): the skip is certain at once, or after seven updates that
+  // are then rolled back and their 16-bit copies restored.
+  // A limit the finite gradients never reach: only the inf/NaN decides.
+  const ClipOptions clip{.max_grad_norm = 1e9, .skip_nonfinite = true};
+  RunBoth(10, ClipOptions{.max_grad_norm = 1e9});
+  const IterationReport early = RunBoth(11, clip, 1.0f, /*nan_layer=*/3);
+  EXPECT_TRUE(early.skipped);
+  EXPECT_EQ(early.eager_chunks, 0u);
+  const IterationReport late = RunBoth(12, clip, 1.0f, /*nan_layer=*/0);
+  EXPECT_TRUE(late.skipped);
+  EXPECT_EQ(late.iteration, 1u);
+  EXPECT_EQ(late.eager_chunks, AfterBackward() ? 0u : 7u);
+  // Without skipping, the update is committed as computed, unclipped, also
+  // when the finite part had made clipping look certain (a norm of about
+  // 2.8 against 1.0) and the chunks after it waited.
+  const IterationReport kept = RunBoth(
+      13, ClipOptions{.max_grad_norm = 1.0, .skip_nonfinite = false}, 1.0f, 0);
+  EXPECT_FALSE(kept.skipped);
+  EXPECT_FALSE(kept.clipped);
+  EXPECT_EQ(kept.iteration, 2u);
+  EXPECT_GT(kept.deferred_chunks, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Variants, ClipScheduleTest,
+    ::testing::Values(
+        Variant{Schedule::kPipelined, DType::kBFloat16, false, true},
+        Variant{Schedule::kPipelined, DType::kBFloat16, false, false},
+        Variant{Schedule::kPipelined, DType::kFloat32, true, true},
+        Variant{Schedule::kPipelined, DType::kFloat16, true, false},
+        Variant{Schedule::kSerialized, DType::kBFloat16, false, true},
+        Variant{Schedule::kAfterBackward, DType::kBFloat16, false, true},
+        Variant{Schedule::kAfterBackward, DType::kBFloat16, true, false}));
+
+}  // namespace
+}  // namespace lohan

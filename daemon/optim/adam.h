@@ -68,6 +68,11 @@ class AdamUpdater {
                                             std::optional<Isa> isa);
 
   Isa isa() const { return isa_; }
+  // The same kernels with no pool: every call runs on the caller's thread
+  // (for work that must not queue behind the pool's loops). Same results.
+  AdamUpdater OnCallingThread() const {
+    return AdamUpdater(nullptr, isa_, kernels_);
+  }
   // The kernel variant in use, e.g. "avx512+bf16".
   const char* kernel_name() const;
 

@@ -64,8 +64,10 @@ JobPipeline::JobPipeline(TensorStore* store, const AdamUpdater& updater,
           (options.stream_weight16
                ? RoundUp(state_.max_chunk_count() * 2, kBufferAlignment)
                : 0)),
+      norm_updater_(updater.OnCallingThread()),
       pool_(options.schedule == Schedule::kSerialized ? 1 : options.buffers,
             buffer_bytes_, kBufferAlignment),
+      decide_queue_(state_.total_chunks()),
       read_queue_(state_.total_chunks()),
       compute_queue_(pool_.count()),
       write_queue_(pool_.count()) {
@@ -304,6 +306,7 @@ absl::Status JobPipeline::DropScratchTensors(TensorStore* store,
 }
 
 void JobPipeline::StartThreads() {
+  threads_.emplace_back([this] { DecideLoop(); });
   threads_.emplace_back([this] { ReadLoop(); });
   threads_.emplace_back([this] { ComputeLoop(); });
   threads_.emplace_back([this] { WriteLoop(); });
@@ -317,6 +320,7 @@ JobPipeline::~JobPipeline() {
     in_iteration = phase_ != Phase::kIdle;
   }
   abandon_.store(true);
+  decide_queue_.Close();
   read_queue_.Close();
   compute_queue_.Close();
   write_queue_.Close();
@@ -340,19 +344,28 @@ bool JobPipeline::layer_initialized(size_t layer) const {
 
 // ---------------------------------------------------------------- stages
 
+void JobPipeline::DecideLoop() {
+  while (std::optional<Task> task = decide_queue_.Pop()) {
+    if (abandon_.load()) {
+      Finish(*task, absl::OkStatus());
+      continue;
+    }
+    // Before any state is read: a deferred chunk costs no SSD traffic now.
+    absl::StatusOr<bool> deferred = DecideChunk(*task);
+    if (!deferred.ok() || *deferred) {
+      Finish(*task, deferred.status());
+      continue;
+    }
+    Task next = *task;
+    if (!read_queue_.Push(next)) Finish(*task, absl::OkStatus());
+  }
+}
+
 void JobPipeline::ReadLoop() {
   while (std::optional<Task> task = read_queue_.Pop()) {
     if (abandon_.load()) {
       Finish(*task, absl::OkStatus());
       continue;
-    }
-    if (task->decide) {
-      // Before any state is read: a deferred chunk costs no SSD traffic now.
-      absl::StatusOr<bool> deferred = DecideChunk(*task);
-      if (!deferred.ok() || *deferred) {
-        Finish(*task, deferred.status());
-        continue;
-      }
     }
     task->buffer = pool_.Acquire();
     if (task->buffer == nullptr) {  // Shutting down.
@@ -452,10 +465,10 @@ absl::StatusOr<double> JobPipeline::ChunkSumSquares(size_t layer, size_t chunk,
   const size_t grad_size = DTypeSize(layout_.grad_dtype);
   double sum = 0.0;
   for (const StateLayout::Piece& piece : state_.ChunkPieces(layer, chunk)) {
-    absl::StatusOr<double> part =
-        updater_.GradSumSquares(GradientView{grad + piece.begin * grad_size,
-                                             layout_.grad_dtype, inv_scale},
-                                piece.count);
+    absl::StatusOr<double> part = norm_updater_.GradSumSquares(
+        GradientView{grad + piece.begin * grad_size, layout_.grad_dtype,
+                     inv_scale},
+        piece.count);
     if (!part.ok()) return part.status();
     sum += *part;
   }
@@ -465,8 +478,8 @@ absl::StatusOr<double> JobPipeline::ChunkSumSquares(size_t layer, size_t chunk,
 absl::StatusOr<bool> JobPipeline::DecideChunk(const Task& task) {
   const size_t flat = FlatIndex(task.layer, task.chunk);
   if (!options_.stream_gradients) {
-    // The gradient is in the client's buffer; reading it is a pass over
-    // host memory, far cheaper than the state read it may save.
+    // The gradient is in the client's buffer: a pass over host memory (2 or
+    // 4 bytes a parameter), far cheaper than the state read it may save.
     const double start = Now();
     absl::StatusOr<double> sum =
         ChunkSumSquares(task.layer, task.chunk, task.grad, task.inv_scale);
@@ -607,9 +620,10 @@ void JobPipeline::EnqueueChunkLocked(size_t layer, size_t chunk, TaskKind kind,
   }
   if (sub.out != nullptr) task.out = static_cast<uint8_t*>(sub.out) + begin * 2;
   ++enqueued_;
-  // Never waits: the queue holds every chunk of the job, and a pass
+  // Never waits: the queues hold every chunk of the job, and a pass
   // enqueues each chunk once.
-  if (!read_queue_.Push(task)) ++done_;  // Shutting down.
+  BoundedQueue<Task>& queue = decide ? decide_queue_ : read_queue_;
+  if (!queue.Push(task)) ++done_;  // Shutting down.
 }
 
 absl::Status JobPipeline::WaitPass() {

@@ -160,8 +160,8 @@ struct IterationReport {
 //
 // Thread-safety: all methods may be called from any thread. Control calls
 // (InitializeWeights, BeginIteration, EndIteration) run one at a time;
-// SubmitGradients never waits for stage work. Owns three stage threads,
-// joined by the destructor.
+// SubmitGradients never waits for stage work. Owns four stage threads
+// (decide, read, compute, write), joined by the destructor.
 class JobPipeline {
  public:
   // Opens job `job`: a new one gets its tensors and a meta at iteration
@@ -371,16 +371,20 @@ class JobPipeline {
   absl::StatusOr<double> ChunkSumSquares(size_t layer, size_t chunk,
                                          const uint8_t* grad,
                                          float inv_scale) const;
-  // A decide task's chunk: its sum of squares into norm_squares_ (resident
-  // gradients; streamed ones had it taken at submit), added to the running
-  // sum. Returns whether the chunk waits for EndIteration.
+  // A decide task's chunk (on the decide thread): its sum of squares into
+  // norm_squares_ (resident gradients; streamed ones had it taken at
+  // submit), added to the running sum. Returns whether the chunk waits for
+  // EndIteration.
   absl::StatusOr<bool> DecideChunk(const Task& task) ABSL_LOCKS_EXCLUDED(mu_);
   // With the running sum `sum_squares` of some gradients, the iteration
   // will certainly clip (or skip): an update made now would be redone or
   // dropped.
   bool OutcomeCertain(double sum_squares) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Stage loops, one thread each.
+  // Stage loops, one thread each. The decide stage (kDeferWhenCertain)
+  // runs ahead of the read stage, so sums of squares never wait for SSD
+  // reads and reads never wait for them.
+  void DecideLoop();
   void ReadLoop();
   void ComputeLoop();
   void WriteLoop();
@@ -458,8 +462,14 @@ class JobPipeline {
   // by EndIteration after the first pass (ordered by the queues and mu_).
   std::vector<double> norm_squares_;
 
+  // Takes gradient sums of squares on the decide thread, not on the
+  // optimizer's worker pool (whose loops the compute stage runs).
+  const AdamUpdater norm_updater_;
+
   BufferPool pool_;
-  BoundedQueue<Task> read_queue_;  // Holds every chunk: Push never waits.
+  // Each holds every chunk: Push never waits.
+  BoundedQueue<Task> decide_queue_;
+  BoundedQueue<Task> read_queue_;
   BoundedQueue<Task> compute_queue_;
   BoundedQueue<Task> write_queue_;
   std::vector<std::thread> threads_;

@@ -592,6 +592,9 @@ int lohan_model_register(lohan_client* client, lohan_data_plane* plane,
                                sizeof(spec->num_param_groups);
   const uint32_t num_param_groups =
       has_param_groups ? spec->num_param_groups : 0;
+  const bool has_overlap =
+      spec->struct_size >= offsetof(lohan_model_spec, overlap_updates) +
+                               sizeof(spec->overlap_updates);
   if (spec->num_layers == 0 || spec->layer_elements == nullptr) {
     return InvalidArgument("lohan_model_register: a model needs layers");
   }
@@ -640,6 +643,7 @@ int lohan_model_register(lohan_client* client, lohan_data_plane* plane,
   model_spec->set_weight_slots(has_slots ? spec->weight_slots : 0);
   model_spec->set_initial_iteration(
       has_initial_iteration ? spec->initial_iteration : 0);
+  model_spec->set_overlap_updates(has_overlap && spec->overlap_updates != 0);
   if (absl::Status copied = CopyRanges(
           spec->no_weight_decay, num_no_weight_decay, "no_weight_decay",
           spec->num_layers, model_spec->mutable_no_weight_decay());

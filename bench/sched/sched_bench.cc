@@ -11,7 +11,7 @@
 //       [--chunk=4194304] [--ssds=2] [--threads=2] [--buffers=4]
 //       [--rounds=2] [--backward_ms=0] [--grad=bf16|fp32|fp16]
 //       [--clip=never|always] [--compare=schedules|layouts|clip]
-//       [--slots=2] [--layout=resident|streamed]
+//       [--slots=2] [--layout=resident|streamed] [--forward_ms=0] [--steps=3]
 // --backward_ms simulates the GPU's backward: the bench sleeps that long
 // before submitting each layer's gradient (0: all at once).
 // --compare=layouts: instead of the three schedules, the pipelined
@@ -24,17 +24,21 @@
 // The streamed client has --slots gradient buffers: its GRAD_READYs are
 // served in order on another thread, and backward waits only for a
 // buffer still being stored.
-// --compare=clip: the clip schedules (ClipSchedule::kRedoAll, today's
-// eager updates with a full redo when the iteration clips, against
-// kDeferWhenCertain with predict_clipping), pipelined, on two jobs of the
-// same shape interleaved round by round, in four regimes: the limit never
-// reached, always reached (clipping certain at the first chunk), reached
-// only in the last layer handed over, and alternating between never and
-// always (every prediction wrong). Reports time per iteration, the tail
-// after backward (last gradient handed over to EndIteration's return) and
-// the SSD bytes each moves (the process's /proc/self/io read_bytes and
-// write_bytes, and the pipeline's own count), per parameter. --layout
-// picks resident or streamed gradients and 16-bit weights.
+// --compare=clip: the clip schedules on three jobs of the same shape:
+// redo-all (ClipSchedule::kRedoAll: eager updates, a full redo when the
+// iteration clips), deferred (kDeferWhenCertain with predict_clipping) and
+// +overlap (deferred, and settle_in_background: the last updates run
+// during the next forward, each layer's fetch waiting for its own). Each
+// job runs --steps iterations back to back per round (a simulated forward
+// of --forward_ms per layer that first fetches the layer's weights, the
+// backward, EndIteration), the jobs' order rotated per round, in four
+// regimes: the limit never reached, always reached (clipping certain at
+// the first chunk), reached only in the last layer handed over, and
+// alternating by iteration (every prediction wrong). Reports the time per
+// iteration, the part of it spent waiting for the optimizer (in
+// EndIteration and in the next forward's fetches), and the SSD bytes per
+// parameter (the process's /proc/self/io). --layout picks resident or
+// streamed gradients and 16-bit weights.
 
 #include <ftw.h>
 #include <unistd.h>
@@ -75,6 +79,8 @@ struct Flags {
   size_t buffers = 4;
   int rounds = 2;
   double backward_ms = 0;
+  double forward_ms = 0;  // --compare=clip: simulated forward per layer.
+  int steps = 3;          // --compare=clip: iterations per job and round.
   DType grad = DType::kBFloat16;
   bool clip_always = false;
   enum class Compare {
@@ -167,6 +173,10 @@ Flags ParseFlags(int argc, char** argv) {
       } else {
         ok = false;
       }
+    } else if (key == "forward_ms") {
+      ok = absl::SimpleAtod(value, &f.forward_ms);
+    } else if (key == "steps") {
+      ok = absl::SimpleAtoi(value, &f.steps) && f.steps > 0;
     } else if (key == "backward_ms") {
       ok = absl::SimpleAtod(value, &f.backward_ms);
     } else if (key == "grad") {
@@ -410,7 +420,8 @@ ProcIo ReadProcIo() {
   return io;
 }
 
-// ClipSchedule::kRedoAll against kDeferWhenCertain, interleaved by round.
+// The clip schedules, each job running --steps iterations back to back
+// per round (forward, backward, EndIteration), interleaved by round.
 int CompareClip(const Flags& flags, TensorStore* store,
                 const AdamUpdater& updater, const ModelLayout& layout,
                 uint64_t state_total,
@@ -430,21 +441,23 @@ int CompareClip(const Flags& flags, TensorStore* store,
   const double late = std::sqrt(before_last + layer_squares[0] / 2);
   struct Regime {
     const char* name;
-    double limits[2];  // Alternating by iteration; equal for the others.
+    double limits[2];  // By iteration parity; equal but for "alternate".
   };
   const Regime regimes[] = {{"never", {1e9, 1e9}},
                             {"always", {1e-6, 1e-6}},
                             {"late", {late, late}},
                             {"alternate", {1e9, 1e-6}}};
-  const char* const names[2] = {"redo-all", "deferred"};
-  std::unique_ptr<JobPipeline> jobs[2];
-  for (int k = 0; k < 2; ++k) {
+  constexpr int kJobs = 3;
+  const char* const names[kJobs] = {"redo-all", "deferred", "+overlap"};
+  std::unique_ptr<JobPipeline> jobs[kJobs];
+  for (int k = 0; k < kJobs; ++k) {
     PipelineOptions options;
     options.buffers = flags.buffers;
     options.stream_gradients = flags.streamed;
     options.stream_weight16 = flags.streamed;
     options.clip_schedule =
         k == 0 ? ClipSchedule::kRedoAll : ClipSchedule::kDeferWhenCertain;
+    options.settle_in_background = k == 2;
     auto p = JobPipeline::Open(store, updater, names[k], layout, options);
     Check(p.status(), "open job");
     jobs[k] = *std::move(p);
@@ -453,84 +466,110 @@ int CompareClip(const Flags& flags, TensorStore* store,
       Check(jobs[k]->InitializeWeights(l, w.data()), "init");
     }
   }
+  auto sleep_ms = [](double ms) {
+    if (ms > 0) {
+      std::this_thread::sleep_for(
+          std::chrono::duration<double, std::milli>(ms));
+    }
+  };
   struct ClipTotals {
-    double seconds = 0, tail = 0;
-    double io_read = 0, io_written = 0, own_read = 0, own_written = 0;
-    uint64_t clipped = 0, redone = 0, deferred = 0;
-    int n = 0;
+    double seconds = 0, exposed = 0;
+    double io_read = 0, io_written = 0;
+    uint64_t clipped = 0, redone = 0;
+    int n = 0;  // Iterations.
   };
   const double params = static_cast<double>(TotalParams(flags));
+  const double compute_ms = (flags.forward_ms + flags.backward_ms) *
+                            static_cast<double>(flags.layers);
   std::printf(
-      "\nclip schedules, pipelined, %s layout (bytes per parameter per "
-      "iteration; states alone: %.1f each way):\n",
-      flags.streamed ? "streamed" : "resident", state_total / params);
-  std::printf("%-10s %-9s %8s %8s %7s %8s %8s %8s %8s %8s %8s\n", "regime",
-              "schedule", "iter s", "tail s", "vs old", "io read", "io wrt",
-              "own rd", "own wrt", "clipped", "redone");
+      "\nclip schedules, pipelined, %s layout, simulated forward %.0f ms and "
+      "backward %.0f ms per layer (%.3f s of compute an iteration); bytes "
+      "per parameter per iteration (states alone: %.1f each way):\n",
+      flags.streamed ? "streamed" : "resident", flags.forward_ms,
+      flags.backward_ms, compute_ms / 1e3, state_total / params);
+  std::printf("%-10s %-9s %8s %9s %7s %8s %8s %8s %8s\n", "regime", "schedule",
+              "iter s", "exposed s", "vs old", "io read", "io wrt", "clipped",
+              "redone");
   for (const Regime& regime : regimes) {
-    ClipTotals totals[2];
-    std::vector<uint8_t> slot;
+    ClipTotals totals[kJobs];
     for (int round = 0; round <= flags.rounds; ++round) {
-      // Each iteration of the alternating regime flips the limit; both
-      // jobs see the same sequence.
-      for (int i = 0; i < 2; ++i) {
-        const int k = (i + round) % 2;
+      for (int i = 0; i < kJobs; ++i) {
+        const int k = (i + round) % kJobs;
         JobPipeline& p = *jobs[k];
-        ClipOptions clip;
-        clip.max_grad_norm = regime.limits[round % 2];
+        ClipTotals block;
+        double waited = 0;  // The "GPU" waiting for the optimizer.
+        // The next forward: each layer's weights, then its compute.
+        auto forward = [&] {
+          for (size_t l = 0; l < flags.layers; ++l) {
+            const double w0 = Now();
+            Check(flags.streamed ? p.ReadWeight16(l, outs[l].data())
+                                 : p.WaitLayer(l),
+                  "fetch");
+            waited += Now() - w0;
+            sleep_ms(flags.forward_ms);
+          }
+        };
         const ProcIo io0 = ReadProcIo();
         const double t0 = Now();
-        Check(p.BeginIteration(1.0f, 0.0, clip), "begin");
-        for (size_t j = 0; j < flags.layers; ++j) {
-          const size_t l = flags.layers - 1 - j;
-          if (flags.backward_ms > 0) {
-            std::this_thread::sleep_for(
-                std::chrono::duration<double, std::milli>(flags.backward_ms));
+        for (int step = 0; step < flags.steps; ++step) {
+          forward();
+          ClipOptions clip;
+          clip.max_grad_norm = regime.limits[(round * flags.steps + step) % 2];
+          Check(p.BeginIteration(1.0f, 0.0, clip), "begin");
+          for (size_t j = 0; j < flags.layers; ++j) {
+            const size_t l = flags.layers - 1 - j;
+            sleep_ms(flags.backward_ms);
+            Check(p.SubmitGradients(l, grads[l].data(),
+                                    flags.streamed ? nullptr : outs[l].data()),
+                  "submit");
           }
-          Check(p.SubmitGradients(l, grads[l].data(),
-                                  flags.streamed ? nullptr : outs[l].data()),
-                "submit");
+          const double e0 = Now();
+          auto r = p.EndIteration();
+          Check(r.status(), "end iteration");
+          waited += Now() - e0;
+          block.clipped += r->clipped;
+          block.redone += r->redone_chunks;
         }
-        const double backward_done = Now();
-        auto r = p.EndIteration();
-        Check(r.status(), "end iteration");
-        const double t1 = Now();
+        forward();  // The last iteration's updates, where they still run.
+        // And its commit, so the next job finds the disk quiet.
+        Check(p.BeginIteration(), "begin");
+        Check(p.AbortIteration(), "abort");
+        const double seconds =
+            Now() - t0 - flags.forward_ms * flags.layers / 1e3;
         const ProcIo io1 = ReadProcIo();
         if (round == 0) continue;
         ClipTotals& t = totals[k];
-        t.seconds += t1 - t0;
-        t.tail += t1 - backward_done;
+        t.seconds += seconds;
+        t.exposed += waited;
         t.io_read += io1.read - io0.read;
         t.io_written += io1.written - io0.written;
-        t.own_read += r->busy.bytes_read;
-        t.own_written += r->busy.bytes_written;
-        t.clipped += r->clipped;
-        t.redone += r->redone_chunks;
-        t.deferred += r->deferred_chunks;
-        ++t.n;
+        t.clipped += block.clipped;
+        t.redone += block.redone;
+        t.n += flags.steps;
       }
     }
     const double base = totals[0].seconds / totals[0].n;
-    for (int k = 0; k < 2; ++k) {
+    for (int k = 0; k < kJobs; ++k) {
       const ClipTotals& t = totals[k];
       const double per = t.n * params;
       std::printf(
-          "%-10s %-9s %8.3f %8.3f %6.2fx %8.2f %8.2f %8.2f %8.2f %5llu/%-2d "
-          "%8llu\n",
-          k == 0 ? regime.name : "", names[k], t.seconds / t.n, t.tail / t.n,
+          "%-10s %-9s %8.3f %9.3f %6.2fx %8.2f %8.2f %5llu/%-3d %6llu\n",
+          k == 0 ? regime.name : "", names[k], t.seconds / t.n, t.exposed / t.n,
           t.seconds / t.n / base, t.io_read / per, t.io_written / per,
-          t.own_read / per, t.own_written / per,
           static_cast<unsigned long long>(t.clipped), t.n,
           static_cast<unsigned long long>(t.redone));
     }
   }
   std::printf(
-      "(iter s: BeginIteration to EndIteration's return; tail s: from the "
-      "last gradient handed over to that return, the optimizer work backward "
-      "did not hide; mean of %d rounds per regime after a warm-up, the two "
-      "jobs' order alternated per round; io: /proc/self/io, catalog "
-      "included; own: the pipeline's count of state, gradient and 16-bit "
-      "bytes; redone: chunks updated twice, summed over the rounds)\n",
+      "(iter s: per iteration of forward + backward + EndIteration, --steps "
+      "of them back to back per round and the forward after the last one "
+      "(its weight waits counted, its compute not); exposed s: the part of "
+      "it the training loop waited for the optimizer: in EndIteration and "
+      "for a layer's weights in the next forward; mean of %d rounds after "
+      "a warm-up, the jobs' order rotated per round; redone: chunks updated "
+      "twice; io: /proc/self/io, catalog included; redo-all: eager updates "
+      "and a full redo when clipped; deferred: kDeferWhenCertain; "
+      "+overlap: and settle_in_background)\n",
       flags.rounds);
   return 0;
 }

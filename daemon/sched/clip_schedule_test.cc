@@ -16,6 +16,8 @@
 #include "daemon/optim/adam.h"
 #include "daemon/optim/half.h"
 #include "daemon/sched/job_pipeline.h"
+#include "daemon/store/aio_device.h"
+#include "daemon/store/fault_injection_device.h"
 #include "daemon/store/tensor_store.h"
 #include "daemon/store/test_util.h"
 #include "gtest/gtest.h"
@@ -46,6 +48,7 @@ struct Variant {
   DType grad_dtype;
   bool streamed;  // Gradients and 16-bit weights through the store.
   bool predict;
+  bool settle = false;  // The deferred job's settle_in_background.
 };
 
 // One iteration's gradients: bytes in the layout's dtype, with the exact
@@ -131,6 +134,7 @@ class ClipScheduleTest : public ::testing::TestWithParam<Variant> {
       options.clip_schedule =
           k == 0 ? ClipSchedule::kRedoAll : ClipSchedule::kDeferWhenCertain;
       options.predict_clipping = GetParam().predict;
+      options.settle_in_background = k == 1 && GetParam().settle;
       auto p = JobPipeline::Open(store_.get(), *updater_,
                                  k == 0 ? "old" : "new", layout_, options);
       ASSERT_TRUE(p.ok()) << p.status();
@@ -171,8 +175,13 @@ class ClipScheduleTest : public ::testing::TestWithParam<Variant> {
     absl::StatusOr<IterationReport> report = p.EndIteration();
     EXPECT_TRUE(report.ok()) << report.status();
     if (report.ok()) o.report = *report;
+    EXPECT_EQ(o.report.settling,
+              k == 1 && GetParam().settle && !o.report.skipped &&
+                  (o.report.deferred_chunks > 0 || o.report.redone_chunks > 0));
     for (size_t l = 0; l < layers; ++l) {
       const size_t n = layout_.layer_elements[l];
+      // As the next forward would: this layer's update, and only it.
+      EXPECT_TRUE(p.WaitLayer(l).ok());
       o.weights.emplace_back(n);
       o.exp_avg.emplace_back(n);
       o.exp_avg_sq.emplace_back(n);
@@ -272,8 +281,10 @@ TEST_P(ClipScheduleTest, NeverClippedUpdatesEagerlyAndOnce) {
     EXPECT_EQ(r.eager_chunks, AfterBackward() ? 0u : kChunks);
     EXPECT_EQ(r.deferred_chunks, AfterBackward() ? kChunks : 0u);
     EXPECT_EQ(r.redone_chunks, 0u);
-    EXPECT_EQ(r.busy.bytes_read, old.busy.bytes_read);
-    EXPECT_EQ(r.busy.bytes_written, old.busy.bytes_written);
+    if (!GetParam().settle) {  // Else counted in the next report.
+      EXPECT_EQ(r.busy.bytes_read, old.busy.bytes_read);
+      EXPECT_EQ(r.busy.bytes_written, old.busy.bytes_written);
+    }
   }
 }
 
@@ -288,9 +299,11 @@ TEST_P(ClipScheduleTest, ClippedFromTheFirstChunkPaysOnePass) {
   EXPECT_EQ(old.redone_chunks, kChunks);
   // Each chunk's state read and written once: what redo-all moves for its
   // first pass alone.
-  EXPECT_EQ(r.busy.bytes_read * 2, old.busy.bytes_read);
-  // Streamed, both store each gradient once at submit.
-  EXPECT_EQ(r.busy.bytes_written * 2, old.busy.bytes_written + GradBytes());
+  if (!GetParam().settle) {  // Else counted in the next report.
+    EXPECT_EQ(r.busy.bytes_read * 2, old.busy.bytes_read);
+    // Streamed, both store each gradient once at submit.
+    EXPECT_EQ(r.busy.bytes_written * 2, old.busy.bytes_written + GradBytes());
+  }
 }
 
 TEST_P(ClipScheduleTest, CrossingLateRedoesOnlyTheChunksBefore) {
@@ -358,6 +371,239 @@ TEST_P(ClipScheduleTest, NonFiniteGradientsSkipAtAnyPoint) {
   EXPECT_GT(kept.deferred_chunks, 0u);
 }
 
+// ------------------------------------------------------------ settling
+
+// settle_in_background on a store whose reads are slowed: the iteration's
+// last updates run after EndIteration returned, each layer is usable once
+// WaitLayer says so and not before, the commit follows, and a failure
+// there is reported and rolled back.
+class SettleTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto updater = AdamUpdater::Create(nullptr, std::nullopt);
+    ASSERT_TRUE(updater.ok()) << updater.status();
+    updater_.emplace(*updater);
+    OpenStore();
+  }
+
+  void OpenStore() {
+    store_.reset();
+    faults_.clear();
+    StoreOptions o;
+    o.ssd_paths = {dir_.Subdir("ssd0"), dir_.Subdir("ssd1")};
+    o.state_dir = dir_.path() + "/state";
+    o.stripe_unit = 64 << 10;
+    o.queue_depth = 8;
+    o.device_capacity_bytes = 16 << 20;
+    std::vector<std::unique_ptr<BlockDevice>> devices;
+    for (const std::string& path : o.ssd_paths) {
+      auto aio = AioBlockDevice::Open(
+          AioDeviceOptions{.path = path,
+                           .capacity_bytes = o.device_capacity_bytes,
+                           .queue_depth = o.queue_depth});
+      ASSERT_TRUE(aio.ok()) << aio.status();
+      auto f = std::make_unique<FaultInjectionDevice>(*std::move(aio));
+      faults_.push_back(f.get());
+      devices.push_back(std::move(f));
+    }
+    auto s = TensorStore::OpenWithDevices(o, std::move(devices));
+    ASSERT_TRUE(s.ok()) << s.status();
+    store_ = *std::move(s);
+  }
+
+  std::unique_ptr<JobPipeline> Open(const std::string& job, bool settle) {
+    PipelineOptions options;
+    options.buffers = 3;
+    options.settle_in_background = settle;
+    auto p = JobPipeline::Open(store_.get(), *updater_, job, layout_, options);
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? *std::move(p) : nullptr;
+  }
+
+  void Initialize(JobPipeline& p, std::vector<std::vector<uint16_t>>& out) {
+    out.resize(layout_.layer_elements.size());
+    for (size_t l = 0; l < layout_.layer_elements.size(); ++l) {
+      std::vector<float> w(layout_.layer_elements[l], 0.25f + 0.01f * l);
+      ASSERT_TRUE(p.InitializeWeights(l, w.data()).ok());
+      out[l].assign(w.size(), FloatToBf16(w[0]));
+    }
+  }
+
+  // Begins an iteration that clips from its first chunk (so every update
+  // waits for the norm) and hands over every layer, last layer first.
+  void Backward(JobPipeline& p, const Gradients& g,
+                std::vector<std::vector<uint16_t>>& out) {
+    ASSERT_TRUE(
+        p.BeginIteration(1.0f, 0.0, ClipOptions{.max_grad_norm = 1e-3}).ok());
+    for (size_t j = 0; j < g.bytes.size(); ++j) {
+      const size_t l = g.bytes.size() - 1 - j;
+      ASSERT_TRUE(p.SubmitGradients(l, g.bytes[l].data(), out[l].data()).ok());
+    }
+  }
+
+  void SlowReads(int delay_ms) {
+    for (FaultInjectionDevice* f : faults_) {
+      f->Inject({.fault = FaultInjectionDevice::Fault::kDelay,
+                 .op = IoRequest::Op::kRead,
+                 .count = 1000,
+                 .delay_ms = delay_ms});
+    }
+  }
+
+  TempDir dir_;
+  std::optional<AdamUpdater> updater_;
+  std::unique_ptr<TensorStore> store_;
+  std::vector<FaultInjectionDevice*> faults_;
+  const ModelLayout layout_ = Layout(DType::kBFloat16);
+};
+
+TEST_F(SettleTest, EachLayerWaitsForItsOwnUpdateOnly) {
+  auto ref = Open("ref", /*settle=*/false);
+  auto job = Open("job", /*settle=*/true);
+  ASSERT_TRUE(ref && job);
+  std::vector<std::vector<uint16_t>> ref_out, out;
+  Initialize(*ref, ref_out);
+  Initialize(*job, out);
+  const Gradients g = MakeGradients(layout_, 21, 1.0f, -1);
+  Backward(*ref, g, ref_out);
+  absl::StatusOr<IterationReport> want = ref->EndIteration();
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_TRUE(want->clipped);
+
+  Backward(*job, g, out);
+  // Every state read of the settle pass takes 100 ms: ten chunks, layer 0's
+  // three first.
+  SlowReads(100);
+  absl::StatusOr<IterationReport> r = job->EndIteration();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->settling);
+  EXPECT_TRUE(r->clipped);
+  EXPECT_EQ(r->iteration, 1u);
+  EXPECT_EQ(r->deferred_chunks, kChunks);
+  EXPECT_EQ(job->iteration(), 0u);  // Not committed yet.
+  ASSERT_TRUE(job->WaitLayer(0).ok());
+  // Layer 0 has its new weights while layer 3's five reads are still to
+  // come: the commit has not happened.
+  EXPECT_EQ(out[0], ref_out[0]);
+  EXPECT_EQ(job->iteration(), 0u);
+  for (size_t l = 1; l < layout_.layer_elements.size(); ++l) {
+    ASSERT_TRUE(job->WaitLayer(l).ok());
+    EXPECT_EQ(out[l], ref_out[l]) << "layer " << l;
+  }
+  for (FaultInjectionDevice* f : faults_) f->ClearFaults();
+  // The next iteration begins once the commit is done.
+  ASSERT_TRUE(job->BeginIteration().ok());
+  EXPECT_EQ(job->iteration(), 1u);
+  ASSERT_TRUE(job->AbortIteration().ok());
+  for (size_t l = 0; l < layout_.layer_elements.size(); ++l) {
+    std::vector<float> a(layout_.layer_elements[l]), b(a.size());
+    ASSERT_TRUE(ref->ReadWeights(l, a.data()).ok());
+    ASSERT_TRUE(job->ReadWeights(l, b.data()).ok());
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), 4 * a.size())) << l;
+  }
+}
+
+TEST_F(SettleTest, ReadsOfTheWeightsWaitAndSeeTheNewOnes) {
+  auto ref = Open("ref", /*settle=*/false);
+  auto job = Open("job", /*settle=*/true);
+  ASSERT_TRUE(ref && job);
+  std::vector<std::vector<uint16_t>> ref_out, out;
+  Initialize(*ref, ref_out);
+  Initialize(*job, out);
+  const Gradients g = MakeGradients(layout_, 22, 1.0f, -1);
+  Backward(*ref, g, ref_out);
+  ASSERT_TRUE(ref->EndIteration().ok());
+  Backward(*job, g, out);
+  SlowReads(30);
+  ASSERT_TRUE(job->EndIteration().ok());
+  // ReadWeights of the last layer in forward order, mid-settle: the new
+  // fp32 weights (pending until the commit), as the reference committed.
+  std::vector<float> a(layout_.layer_elements[3]), b(a.size());
+  ASSERT_TRUE(job->ReadWeights(3, b.data()).ok());
+  for (FaultInjectionDevice* f : faults_) f->ClearFaults();
+  ASSERT_TRUE(ref->ReadWeights(3, a.data()).ok());
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), 4 * a.size()));
+  // States are read between iterations only: after the commit.
+  std::vector<float> m(layout_.layer_elements[0]);
+  ASSERT_TRUE(job->ReadState(0, StatePart::kExpAvg, m.data()).ok());
+  EXPECT_EQ(job->iteration(), 1u);
+}
+
+TEST_F(SettleTest, AFailedSettleIsRolledBackAndReported) {
+  auto job = Open("job", /*settle=*/true);
+  ASSERT_TRUE(job);
+  std::vector<std::vector<uint16_t>> out;
+  Initialize(*job, out);
+  std::vector<float> before(layout_.layer_elements[3]);
+  ASSERT_TRUE(job->ReadWeights(3, before.data()).ok());
+  // Resident: the pipeline reads the gradients until the iteration ends.
+  const Gradients g = MakeGradients(layout_, 23, 1.0f, -1);
+  Backward(*job, g, out);
+  // The settle pass's writes fail (after a delay, so EndIteration returns
+  // first).
+  for (FaultInjectionDevice* f : faults_) {
+    f->Inject({.fault = FaultInjectionDevice::Fault::kDelay,
+               .op = IoRequest::Op::kRead,
+               .count = 1,
+               .delay_ms = 50});
+    f->Inject({.fault = FaultInjectionDevice::Fault::kEio,
+               .op = IoRequest::Op::kWrite,
+               .count = 1000});
+  }
+  absl::StatusOr<IterationReport> r = job->EndIteration();
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->settling) << r->deferred_chunks << " deferred, clipped "
+                           << r->clipped << " norm " << r->global_norm;
+  absl::Status waited = job->WaitLayer(3);
+  EXPECT_EQ(waited.code(), absl::StatusCode::kAborted) << waited;
+  EXPECT_NE(waited.message().find("stays at iteration 0"), std::string::npos)
+      << waited;
+  EXPECT_EQ(job->iteration(), 0u);
+  // Refused from now on, with the same words.
+  EXPECT_EQ(job->BeginIteration().code(), absl::StatusCode::kAborted);
+  for (FaultInjectionDevice* f : faults_) f->ClearFaults();
+  job.reset();
+  // Opened again: at iteration 0, the weights as they were, and trainable.
+  job = Open("job", /*settle=*/true);
+  ASSERT_TRUE(job);
+  EXPECT_EQ(job->iteration(), 0u);
+  std::vector<float> after(before.size());
+  ASSERT_TRUE(job->ReadWeights(3, after.data()).ok());
+  EXPECT_EQ(before, after);
+  const Gradients next = MakeGradients(layout_, 24, 1.0f, -1);
+  Backward(*job, next, out);
+  ASSERT_TRUE(job->EndIteration().ok());
+  ASSERT_TRUE(job->BeginIteration().ok());
+  EXPECT_EQ(job->iteration(), 1u);
+}
+
+TEST_F(SettleTest, ClosingWhileSettlingCommitsFirst) {
+  auto ref = Open("ref", /*settle=*/false);
+  auto job = Open("job", /*settle=*/true);
+  ASSERT_TRUE(ref && job);
+  std::vector<std::vector<uint16_t>> ref_out, out;
+  Initialize(*ref, ref_out);
+  Initialize(*job, out);
+  const Gradients g = MakeGradients(layout_, 25, 1.0f, -1);
+  Backward(*ref, g, ref_out);
+  ASSERT_TRUE(ref->EndIteration().ok());
+  Backward(*job, g, out);
+  SlowReads(20);
+  absl::StatusOr<IterationReport> r = job->EndIteration();
+  ASSERT_TRUE(r.ok() && r->settling);
+  job.reset();  // The step was reported done: it must not be lost.
+  for (FaultInjectionDevice* f : faults_) f->ClearFaults();
+  job = Open("job", /*settle=*/true);
+  ASSERT_TRUE(job);
+  EXPECT_EQ(job->iteration(), 1u);
+  for (size_t l = 0; l < layout_.layer_elements.size(); ++l) {
+    std::vector<float> a(layout_.layer_elements[l]), b(a.size());
+    ASSERT_TRUE(ref->ReadWeights(l, a.data()).ok());
+    ASSERT_TRUE(job->ReadWeights(l, b.data()).ok());
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), 4 * a.size())) << l;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Variants, ClipScheduleTest,
     ::testing::Values(
@@ -367,7 +613,10 @@ INSTANTIATE_TEST_SUITE_P(
         Variant{Schedule::kPipelined, DType::kFloat16, true, false},
         Variant{Schedule::kSerialized, DType::kBFloat16, false, true},
         Variant{Schedule::kAfterBackward, DType::kBFloat16, false, true},
-        Variant{Schedule::kAfterBackward, DType::kBFloat16, true, false}));
+        Variant{Schedule::kAfterBackward, DType::kBFloat16, true, false},
+        Variant{Schedule::kPipelined, DType::kBFloat16, false, true, true},
+        Variant{Schedule::kPipelined, DType::kFloat32, true, false, true},
+        Variant{Schedule::kAfterBackward, DType::kFloat16, false, true, true}));
 
 }  // namespace
 }  // namespace lohan

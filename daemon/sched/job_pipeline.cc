@@ -87,6 +87,7 @@ JobPipeline::JobPipeline(TensorStore* store, const AdamUpdater& updater,
   norm_squares_.assign(chunk_names_.size(), 0.0);
   absl::MutexLock lock(&mu_);
   fates_.assign(chunk_names_.size(), Fate::kNone);
+  layer_left_.assign(state_.num_layers(), 0);
   initialized_.assign(state_.num_layers(), false);
   submissions_.assign(state_.num_layers(), Submission{});
 }
@@ -306,6 +307,7 @@ absl::Status JobPipeline::DropScratchTensors(TensorStore* store,
 }
 
 void JobPipeline::StartThreads() {
+  threads_.emplace_back([this] { SettleLoop(); });
   threads_.emplace_back([this] { DecideLoop(); });
   threads_.emplace_back([this] { ReadLoop(); });
   threads_.emplace_back([this] { ComputeLoop(); });
@@ -316,6 +318,10 @@ JobPipeline::~JobPipeline() {
   bool in_iteration;
   {
     absl::MutexLock lock(&mu_);
+    // A settling iteration was reported done to the caller: let it commit.
+    mu_.Await(absl::Condition(
+        +[](Phase* phase) { return *phase != Phase::kSettling; }, &phase_));
+    stop_settler_ = true;
     shutting_down_ = true;
     in_iteration = phase_ != Phase::kIdle;
   }
@@ -580,12 +586,14 @@ void JobPipeline::Finish(Task& task, const absl::Status& status) {
                                       " chunk ", task.chunk));
     abandon_.store(true);
   }
+  if (layer_left_[task.layer] > 0) --layer_left_[task.layer];
   ++done_;
 }
 
 // ---------------------------------------------------------------- passes
 
 void JobPipeline::BeginPassLocked() {
+  for (size_t& left : layer_left_) left = 0;
   enqueued_ = 0;
   done_ = 0;
   first_error_ = absl::OkStatus();
@@ -620,6 +628,7 @@ void JobPipeline::EnqueueChunkLocked(size_t layer, size_t chunk, TaskKind kind,
   }
   if (sub.out != nullptr) task.out = static_cast<uint8_t*>(sub.out) + begin * 2;
   ++enqueued_;
+  ++layer_left_[layer];
   // Never waits: the queues hold every chunk of the job, and a pass
   // enqueues each chunk once.
   BoundedQueue<Task>& queue = decide ? decide_queue_ : read_queue_;
@@ -635,18 +644,19 @@ absl::Status JobPipeline::WaitPass() {
   return first_error_;
 }
 
-absl::Status JobPipeline::RunPass(TaskKind kind, float inv_scale) {
+absl::Status JobPipeline::RunPass(TaskKind kind, float inv_scale, bool wait) {
   {
     absl::MutexLock lock(&mu_);
     BeginPassLocked();
     for (size_t layer : submit_order_)
       EnqueueLayerLocked(layer, kind, inv_scale);
   }
-  return WaitPass();
+  return wait ? WaitPass() : absl::OkStatus();
 }
 
-absl::Status JobPipeline::RunChunkPass(
-    TaskKind kind, float inv_scale, absl::FunctionRef<bool(size_t)> include) {
+absl::Status JobPipeline::RunChunkPass(TaskKind kind, float inv_scale,
+                                       absl::FunctionRef<bool(size_t)> include,
+                                       bool wait) {
   {
     absl::MutexLock lock(&mu_);
     BeginPassLocked();
@@ -658,7 +668,7 @@ absl::Status JobPipeline::RunChunkPass(
       }
     }
   }
-  return WaitPass();
+  return wait ? WaitPass() : absl::OkStatus();
 }
 
 absl::Status JobPipeline::RollbackAll() {
@@ -767,6 +777,7 @@ void JobPipeline::DropScratch() {
 
 void JobPipeline::EndIterationIdle() {
   absl::MutexLock lock(&mu_);
+  busy_ = StageBusy{};
   phase_ = Phase::kIdle;
 }
 
@@ -782,6 +793,9 @@ absl::Status JobPipeline::InitializeWeights(size_t layer,
     }
     if (weights == nullptr) {
       return absl::InvalidArgumentError("InitializeWeights: null weights");
+    }
+    if (absl::Status settled = AwaitSettledLocked(); !settled.ok()) {
+      return settled;
     }
     if (phase_ != Phase::kIdle) {
       return absl::FailedPreconditionError(
@@ -853,22 +867,29 @@ absl::Status JobPipeline::ReadWeights(size_t layer, float* out) const {
       !readable.ok()) {
     return readable;
   }
+  if (absl::Status updated = WaitLayer(layer); !updated.ok()) {
+    return updated;
+  }
   return ForEachCommittedChunk(
-      layer, [&](size_t c, uint64_t count, const uint8_t* state) {
+      layer,
+      [&](size_t c, uint64_t count, const uint8_t* state) {
         std::memcpy(out + state_.chunk_begin(c), state, count * 4);
-      });
+      },
+      /*current=*/true);
 }
 
 absl::Status JobPipeline::ForEachCommittedChunk(
-    size_t layer,
-    absl::FunctionRef<void(size_t, uint64_t, const uint8_t*)> use) const {
+    size_t layer, absl::FunctionRef<void(size_t, uint64_t, const uint8_t*)> use,
+    bool current) const {
   AlignedBuffer buffer(RoundUp(state_.max_state_bytes(), kBufferAlignment),
                        kBufferAlignment);
   for (size_t c = 0; c < state_.num_chunks(layer); ++c) {
     const uint64_t count = state_.chunk_count(layer, c);
+    const std::string& name = chunk_names_[FlatIndex(layer, c)];
+    const absl::Span<uint8_t> out =
+        absl::MakeSpan(buffer.data(), state_.state_bytes(count));
     absl::StatusOr<uint64_t> r =
-        store_->Read(job_, chunk_names_[FlatIndex(layer, c)],
-                     absl::MakeSpan(buffer.data(), state_.state_bytes(count)));
+        current ? ReadCurrent(name, out) : store_->Read(job_, name, out);
     if (!r.ok()) {
       return Annotate(r.status(), absl::StrCat("reading the states of layer ",
                                                layer, " chunk ", c));
@@ -888,11 +909,14 @@ absl::Status JobPipeline::ReadWeight16(size_t layer, void* out) const {
       !readable.ok()) {
     return readable;
   }
+  if (absl::Status updated = WaitLayer(layer); !updated.ok()) {
+    return updated;
+  }
   uint8_t* dest = static_cast<uint8_t*>(out);
   for (size_t c = 0; c < state_.num_chunks(layer); ++c) {
     const uint64_t count = state_.chunk_count(layer, c);
-    absl::StatusOr<uint64_t> r = store_->Read(
-        job_, weight16_names_[FlatIndex(layer, c)],
+    absl::StatusOr<uint64_t> r = ReadCurrent(
+        weight16_names_[FlatIndex(layer, c)],
         absl::MakeSpan(dest + state_.chunk_begin(c) * 2, count * 2));
     if (!r.ok()) return r.status();
   }
@@ -918,6 +942,9 @@ absl::Status JobPipeline::CheckStateAccess(size_t layer, StatePart part,
         "' does not use"));
   }
   absl::MutexLock lock(&mu_);
+  if (absl::Status settled = AwaitSettledLocked(); !settled.ok()) {
+    return settled;
+  }
   if (phase_ != Phase::kIdle) {
     return absl::FailedPreconditionError(
         absl::StrCat(what,
@@ -1008,6 +1035,9 @@ absl::Status JobPipeline::BeginIteration(float grad_scale, double lr,
   }
   absl::MutexLock api(&api_mu_);
   absl::MutexLock lock(&mu_);
+  if (absl::Status settled = AwaitSettledLocked(); !settled.ok()) {
+    return settled;
+  }
   if (phase_ != Phase::kIdle) {
     return absl::FailedPreconditionError("an iteration is in progress");
   }
@@ -1019,7 +1049,6 @@ absl::Status JobPipeline::BeginIteration(float grad_scale, double lr,
   }
   submissions_.assign(state_.num_layers(), Submission{});
   submit_order_.clear();
-  busy_ = StageBusy{};
   grad_scale_ = grad_scale;
   lr_ = lr > 0.0 ? lr : layout_.adam.lr;
   clip_ = clip;
@@ -1107,6 +1136,9 @@ absl::Status JobPipeline::AbortIteration() {
   absl::MutexLock api(&api_mu_);
   {
     absl::MutexLock lock(&mu_);
+    if (absl::Status settled = AwaitSettledLocked(); !settled.ok()) {
+      return settled;
+    }
     if (phase_ != Phase::kInIteration) {
       return absl::FailedPreconditionError("no iteration in progress");
     }
@@ -1129,6 +1161,9 @@ absl::StatusOr<IterationReport> JobPipeline::EndIteration() {
   bool started_deferred;
   {
     absl::MutexLock lock(&mu_);
+    if (absl::Status settled = AwaitSettledLocked(); !settled.ok()) {
+      return settled;
+    }
     if (phase_ != Phase::kInIteration) {
       return absl::FailedPreconditionError("no iteration in progress");
     }
@@ -1179,9 +1214,24 @@ absl::StatusOr<IterationReport> JobPipeline::EndIteration() {
     }
   }
   const double redo_start = Now();
-  s = defers() ? FinishDeferred(report, grad_scale)
-               : FinishRedoAll(report, grad_scale);
-  if (!s.ok()) return fail(s);
+  const bool wait = !options_.settle_in_background;
+  absl::StatusOr<bool> running = defers()
+                                     ? FinishDeferred(report, grad_scale, wait)
+                                     : FinishRedoAll(report, grad_scale, wait);
+  if (!running.ok()) return fail(running.status());
+  if (*running) {
+    // The rest runs while the caller goes on; SettleLoop commits it.
+    absl::MutexLock lock(&mu_);
+    settle_iteration_ = iteration + 1;
+    last_clipped_ = report.clipped;
+    report.iteration = iteration + 1;
+    report.settling = true;
+    report.busy = busy_;
+    busy_ = StageBusy{};
+    phase_ = Phase::kSettling;
+    report.wait_seconds = Now() - start;
+    return report;
+  }
   if (report.clipped || report.skipped || report.deferred_chunks > 0) {
     report.redo_seconds = Now() - redo_start;
   }
@@ -1203,23 +1253,28 @@ absl::StatusOr<IterationReport> JobPipeline::EndIteration() {
   return report;
 }
 
-absl::Status JobPipeline::FinishRedoAll(IterationReport& report,
-                                        float grad_scale) {
+absl::StatusOr<bool> JobPipeline::FinishRedoAll(IterationReport& report,
+                                                float grad_scale, bool wait) {
   report.eager_chunks = state_.total_chunks();
   if (report.skipped) {
     absl::Status s = RollbackAll();
-    return s.ok() ? RunPass(TaskKind::kRepublish, 1.0f) : s;
+    if (s.ok()) s = RunPass(TaskKind::kRepublish, 1.0f);
+    if (!s.ok()) return s;
+    return false;
   }
-  if (!report.clipped) return absl::OkStatus();
+  if (!report.clipped) return false;
   report.redone_chunks = state_.total_chunks();
   absl::Status s = RollbackAll();
+  if (s.ok()) {
+    s = RunPass(TaskKind::kUpdate,
+                static_cast<float>(report.clip_scale * grad_scale), wait);
+  }
   if (!s.ok()) return s;
-  return RunPass(TaskKind::kUpdate,
-                 static_cast<float>(report.clip_scale * grad_scale));
+  return !wait;
 }
 
-absl::Status JobPipeline::FinishDeferred(IterationReport& report,
-                                         float grad_scale) {
+absl::StatusOr<bool> JobPipeline::FinishDeferred(IterationReport& report,
+                                                 float grad_scale, bool wait) {
   std::vector<Fate> fates;
   {
     absl::MutexLock lock(&mu_);
@@ -1231,25 +1286,98 @@ absl::Status JobPipeline::FinishDeferred(IterationReport& report,
   }
   auto eager = [&](size_t flat) { return fates[flat] == Fate::kEager; };
   auto deferred = [&](size_t flat) { return fates[flat] == Fate::kDeferred; };
+  absl::Status s;
   if (report.skipped) {
     // Only the eager updates touched anything: their pending versions, and
     // the client's 16-bit buffers, which get the committed weights back.
-    absl::Status s = report.eager_chunks > 0 ? RollbackAll() : absl::OkStatus();
-    return s.ok() && report.eager_chunks > 0
-               ? RunChunkPass(TaskKind::kRepublish, 1.0f, eager)
-               : s;
+    if (report.eager_chunks > 0) {
+      s = RollbackAll();
+      if (s.ok()) s = RunChunkPass(TaskKind::kRepublish, 1.0f, eager);
+    }
+    if (!s.ok()) return s;
+    return false;
   }
   if (report.clipped) {
     report.redone_chunks = report.eager_chunks;
-    if (report.eager_chunks > 0) {
-      if (absl::Status s = RollbackAll(); !s.ok()) return s;
+    if (report.eager_chunks > 0) s = RollbackAll();
+    if (s.ok()) {
+      s = RunChunkPass(
+          TaskKind::kUpdate, static_cast<float>(report.clip_scale * grad_scale),
+          [](size_t) { return true; }, wait);
     }
-    return RunChunkPass(TaskKind::kUpdate,
-                        static_cast<float>(report.clip_scale * grad_scale),
-                        [](size_t) { return true; });
+  } else if (report.deferred_chunks > 0) {
+    s = RunChunkPass(TaskKind::kUpdate, grad_scale, deferred, wait);
+  } else {
+    return false;
   }
-  if (report.deferred_chunks == 0) return absl::OkStatus();
-  return RunChunkPass(TaskKind::kUpdate, grad_scale, deferred);
+  if (!s.ok()) return s;
+  return !wait;
+}
+
+void JobPipeline::SettleLoop() {
+  absl::MutexLock lock(&mu_);
+  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stop_settler_ || (phase_ == Phase::kSettling && PassDone());
+  };
+  while (true) {
+    mu_.Await(absl::Condition(&ready));
+    if (phase_ != Phase::kSettling) return;  // Stopping, nothing to commit.
+    const uint64_t iteration = settle_iteration_;
+    absl::Status s = first_error_;
+    mu_.Unlock();
+    if (s.ok()) s = Annotate(Commit(iteration), "committing the iteration");
+    if (!s.ok()) (void)RollbackAll();
+    DropScratch();
+    mu_.Lock();
+    if (!s.ok()) {
+      settle_error_ = absl::AbortedError(absl::StrCat(
+          "job '", job_, "': iteration ", iteration,
+          " failed after EndIteration returned (its last updates run while "
+          "the next forward goes on): ",
+          s.message(), "; it is rolled back, the job stays at iteration ",
+          iteration - 1, " (open it again to go on from there)"));
+    } else {
+      iteration_ = iteration;
+    }
+    phase_ = Phase::kIdle;
+  }
+}
+
+absl::Status JobPipeline::AwaitSettledLocked() const {
+  mu_.Await(absl::Condition(
+      +[](const Phase* phase) { return *phase != Phase::kSettling; }, &phase_));
+  return settle_error_;
+}
+
+absl::Status JobPipeline::WaitLayer(size_t layer) const {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status in_range = LayerInRange(layer); !in_range.ok()) {
+    return in_range;
+  }
+  auto updated = [this, layer]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return phase_ != Phase::kSettling || layer_left_[layer] == 0 ||
+           !first_error_.ok();
+  };
+  mu_.Await(absl::Condition(&updated));
+  if (phase_ == Phase::kSettling && !first_error_.ok()) {
+    return AwaitSettledLocked();  // Its error, once rolled back.
+  }
+  return settle_error_;
+}
+
+absl::StatusOr<uint64_t> JobPipeline::ReadCurrent(
+    const std::string& name, absl::Span<uint8_t> out) const {
+  bool settling;
+  {
+    absl::MutexLock lock(&mu_);
+    settling = phase_ == Phase::kSettling;
+  }
+  if (settling) {
+    absl::StatusOr<uint64_t> r = store_->ReadPending(job_, name, out);
+    // Committed meanwhile: the same bytes are now the committed version.
+    if (r.ok() || !IsNoPending(r.status())) return r;
+  }
+  return store_->Read(job_, name, out);
 }
 
 }  // namespace lohan

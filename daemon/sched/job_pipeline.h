@@ -72,6 +72,14 @@ struct PipelineOptions {
   // updating after backward instead of during it, never an extra pass.
   // kAfterBackward always starts deferred.
   bool predict_clipping = true;
+  // EndIteration returns once the global norm has decided the outcome; the
+  // updates still to run then (deferred chunks, a clip redo) go on in
+  // forward order, layer 0 first, while the caller runs its next forward,
+  // and the iteration commits when they are done (IterationReport::
+  // settling). The caller must WaitLayer(l) (ReadWeight16 and ReadWeights
+  // do it) before it uses layer l's new 16-bit weights, so no weight is used
+  // before its update; every other control call waits for the commit.
+  bool settle_in_background = false;
   // Chunk buffers (each the largest chunk's state, block-aligned): the
   // host memory in flight. >= 3 lets a read, a compute and a write run at
   // once; kSerialized always uses 1.
@@ -141,8 +149,11 @@ struct IterationReport {
   uint64_t deferred_chunks = 0;
   uint64_t redone_chunks = 0;
   bool started_deferred = false;  // Predicted (or kAfterBackward).
-  double global_norm = 0.0;       // Of the submitted (unclipped) gradients.
-  bool nonfinite = false;         // A gradient held inf/NaN.
+  // Returned with updates still running (settle_in_background): `iteration`
+  // is the one they commit. Their work is counted in the next report's busy.
+  bool settling = false;
+  double global_norm = 0.0;   // Of the submitted (unclipped) gradients.
+  bool nonfinite = false;     // A gradient held inf/NaN.
   bool clipped = false;       // The update was redone with scaled gradients.
   double clip_scale = 1.0;    // The gradient scale of the committed update.
   bool skipped = false;       // Nothing committed (non-finite, skipped).
@@ -272,6 +283,15 @@ class JobPipeline {
   // layer, chunk and tensor.
   absl::StatusOr<IterationReport> EndIteration()
       ABSL_LOCKS_EXCLUDED(api_mu_, mu_);
+  // With settle_in_background: waits until `layer`'s updates of the
+  // iteration settling now are done (its new 16-bit copy written), at once
+  // when none is settling or the layer has none left. ABORTED when that
+  // iteration's updates failed: it is rolled back (iteration() stays at the
+  // one before), and this pipeline refuses every later call with that
+  // error (open the job again to go on from the committed iteration).
+  // INVALID_ARGUMENT for a layer out of range.
+  absl::Status WaitLayer(size_t layer) const ABSL_LOCKS_EXCLUDED(mu_);
+
   // Ends the iteration in progress with nothing committed: work not begun
   // is dropped, work in progress finishes, every pending version and the
   // iteration's scratch are dropped, the step does not advance (the
@@ -282,7 +302,8 @@ class JobPipeline {
   absl::Status AbortIteration() ABSL_LOCKS_EXCLUDED(api_mu_, mu_);
 
  private:
-  enum class Phase { kIdle, kInIteration, kEnding };
+  // kSettling: EndIteration returned, its last updates still run.
+  enum class Phase { kIdle, kInIteration, kEnding, kSettling };
   enum class TaskKind : uint8_t { kUpdate, kRepublish };
   struct Task {  // One chunk through the stages.
     uint32_t layer = 0;
@@ -362,9 +383,11 @@ class JobPipeline {
   // Reads each chunk's committed state of `layer` in turn into one buffer
   // and hands it to use(chunk, count, state); a failed read names the layer
   // and chunk.
+  // `current`: the version ReadCurrent reads instead of the committed one.
   absl::Status ForEachCommittedChunk(
       size_t layer,
-      absl::FunctionRef<void(size_t, uint64_t, const uint8_t*)> use) const;
+      absl::FunctionRef<void(size_t, uint64_t, const uint8_t*)> use,
+      bool current = false) const;
   absl::StatusOr<StepStats> StepChunk(const Task& task) const;
   // The gradient sum of squares StepChunk would return for `layer`'s chunk
   // `chunk`, whose first gradient element is `grad`, bit for bit.
@@ -386,6 +409,16 @@ class JobPipeline {
   // reads and reads never wait for them.
   void DecideLoop();
   void ReadLoop();
+  // Commits (or rolls back) an iteration once its settling pass is done.
+  void SettleLoop();
+  // Waits while an iteration settles; then its error, if it failed.
+  absl::Status AwaitSettledLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reads `name`'s version a reader of the weights should see: while an
+  // iteration settles (its chunks all have their new pending version),
+  // that one; otherwise the committed one.
+  absl::StatusOr<uint64_t> ReadCurrent(const std::string& name,
+                                       absl::Span<uint8_t> out) const
+      ABSL_LOCKS_EXCLUDED(mu_);
   void ComputeLoop();
   void WriteLoop();
   // Ends a task: releases its buffer (if any), records the first error.
@@ -409,20 +442,23 @@ class JobPipeline {
   // Waits until every task of the pass finished; its first error.
   absl::Status WaitPass() ABSL_LOCKS_EXCLUDED(mu_);
   // Runs a whole pass over every layer (after the first one).
-  absl::Status RunPass(TaskKind kind, float inv_scale) ABSL_LOCKS_EXCLUDED(mu_);
+  // `wait` false: returns once they are enqueued.
+  absl::Status RunPass(TaskKind kind, float inv_scale, bool wait = true)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Runs a pass over the chunks `include` takes (by flat index), in
-  // forward order.
+  // forward order. `wait` false: returns once they are enqueued.
   absl::Status RunChunkPass(TaskKind kind, float inv_scale,
-                            absl::FunctionRef<bool(size_t)> include)
-      ABSL_LOCKS_EXCLUDED(mu_);
+                            absl::FunctionRef<bool(size_t)> include,
+                            bool wait = true) ABSL_LOCKS_EXCLUDED(mu_);
   // kDeferWhenCertain's end of an iteration, once the norm decided: the
-  // work left (see ClipSchedule), counted in `report`. REQUIRES: the first
-  // pass done.
-  absl::Status FinishDeferred(IterationReport& report, float grad_scale)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // work left (see ClipSchedule), counted in `report`. With `wait` false an
+  // update pass is left running; returns whether one is. REQUIRES: the
+  // first pass done.
+  absl::StatusOr<bool> FinishDeferred(IterationReport& report, float grad_scale,
+                                      bool wait) ABSL_LOCKS_EXCLUDED(mu_);
   // kRedoAll's: roll back and redo or republish everything as needed.
-  absl::Status FinishRedoAll(IterationReport& report, float grad_scale)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<bool> FinishRedoAll(IterationReport& report, float grad_scale,
+                                     bool wait) ABSL_LOCKS_EXCLUDED(mu_);
   bool defers() const {
     return options_.clip_schedule == ClipSchedule::kDeferWhenCertain;
   }
@@ -497,10 +533,18 @@ class JobPipeline {
   std::vector<size_t> submit_order_ ABSL_GUARDED_BY(mu_);
   // Layers whose gradient scratch tensors may exist this iteration.
   std::vector<size_t> scratch_layers_ ABSL_GUARDED_BY(mu_);
+  // Chunks of the current pass not finished yet, per layer (WaitLayer).
+  std::vector<size_t> layer_left_ ABSL_GUARDED_BY(mu_);
+  // The iteration a settling pass commits; the error of one that failed
+  // (sticky).
+  uint64_t settle_iteration_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status settle_error_ ABSL_GUARDED_BY(mu_);
+  bool stop_settler_ ABSL_GUARDED_BY(mu_) = false;
   size_t enqueued_ ABSL_GUARDED_BY(mu_) = 0;
   size_t done_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  // Stage work since the last report (a settle pass's goes into the next).
   StageBusy busy_ ABSL_GUARDED_BY(mu_);
   // Set with first_error_ or at shutdown: stages skip work still queued.
   std::atomic<bool> abandon_{false};

@@ -255,6 +255,7 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
   // fp32 models have no 16-bit copy: FETCH_PARAMS reads the masters.
   options.stream_weight16 =
       model.streamed_weights && model.dtype != v1::DTYPE_FP32;
+  options.settle_in_background = spec.overlap_updates();
   absl::StatusOr<std::unique_ptr<JobPipeline>> pipeline =
       JobPipeline::Open(store, updater, job_id(), layout, options);
   if (!pipeline.ok()) return pipeline.status();
@@ -479,6 +480,11 @@ absl::Status JobSession::Handle(const SubmissionEntry& entry, uint64_t& detail,
       if (model.streamed_weights) {
         // The committed copy (the validator checked the slot and length).
         return model.pipeline->ReadWeight16(entry.layer, destination);
+      }
+      // The layer's update may still run (ModelSpec.overlap_updates).
+      if (absl::Status updated = model.pipeline->WaitLayer(entry.layer);
+          !updated.ok()) {
+        return updated;
       }
       const Slot& weights = model.weight_slots[entry.layer];
       if (entry.slot_offset != weights.offset) {

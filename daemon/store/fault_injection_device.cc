@@ -1,8 +1,10 @@
 #include "daemon/store/fault_injection_device.h"
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <optional>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -31,6 +33,7 @@ uint64_t FaultInjectionDevice::faults_fired() const {
 
 void FaultInjectionDevice::Submit(IoRequest request) {
   std::optional<Fault> fault;
+  int delay_ms = 0;
   {
     absl::MutexLock lock(&mu_);
     for (Rule& rule : rules_) {
@@ -42,6 +45,7 @@ void FaultInjectionDevice::Submit(IoRequest request) {
       --rule.count;
       ++fired_;
       fault = rule.fault;
+      delay_ms = rule.delay_ms;
       break;
     }
   }
@@ -54,6 +58,10 @@ void FaultInjectionDevice::Submit(IoRequest request) {
       absl::StrCat(op, " ", path(), " at offset ", request.offset, " length ",
                    request.length, " (injected)");
   switch (*fault) {
+    case Fault::kDelay:
+      std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+      base_->Submit(std::move(request));
+      return;
     case Fault::kEio:
     case Fault::kEnospc: {
       const int error = *fault == Fault::kEio ? EIO : ENOSPC;

@@ -25,6 +25,8 @@ class FaultInjectionDevice final : public BlockDevice {
     kShortTransfer,  // Does the I/O, reports half of it done (DATA_LOSS).
     kBitFlip,        // Read: flips a bit of the data returned. Write: stores
                      // the data with one bit flipped; both report success.
+    kDelay,          // Sleeps delay_ms on the submitting thread, then does
+                     // the I/O (a slow device, for tests of ordering).
   };
   struct Rule {
     Fault fault = Fault::kEio;
@@ -34,6 +36,7 @@ class FaultInjectionDevice final : public BlockDevice {
     // Only requests overlapping [begin, end) match.
     uint64_t begin = 0;
     uint64_t end = std::numeric_limits<uint64_t>::max();
+    int delay_ms = 0;  // kDelay
   };
 
   // Takes ownership of `base`.

@@ -224,6 +224,17 @@ typedef struct lohan_model_spec {
    * no_weight_decay. Copied by the daemon, like no_weight_decay. */
   const struct lohan_param_group* param_groups;
   uint32_t num_param_groups;
+  /* Added after num_param_groups (a spec whose struct_size ends before it
+   * means 0). 1: the caller fetches each layer (lohan_model_fetch_params or
+   * its submit form, also with resident weight buffers, where it only
+   * waits) before it uses the layer's new weights; lohan_model_iter_end
+   * then returns as soon as the global norm has decided the iteration, and
+   * its last updates (exact clipping's deferred ones, the first layers'
+   * tail) run in forward order during the next forward, each fetch waiting
+   * for its own layer only. A failure in them fails the next call with
+   * LOHAN_ABORTED; the job stays at the iteration before. 0: iter_end
+   * returns once every update is committed. */
+  int32_t overlap_updates;
 } lohan_model_spec;
 
 /* One param group: its num_ranges triples (layer, begin, end), ranges as

@@ -69,6 +69,9 @@ class ModelSpec(ctypes.Structure):
         # Param groups with their own lr (a scale of the job's) and decay.
         ("param_groups", ctypes.POINTER(ParamGroup)),
         ("num_param_groups", ctypes.c_uint32),
+        # 1: the client fetches each layer before use; iter_end returns
+        # before the iteration's last updates are done.
+        ("overlap_updates", ctypes.c_int32),
     ]
 
 

@@ -321,8 +321,8 @@ class DataPlane:
                        no_weight_decay: Iterable[Tuple[int, int, int]] = (),
                        param_groups: Iterable[
                            Tuple[float, float,
-                                 Iterable[Tuple[int, int, int]]]] = ()
-                       ) -> Model:
+                                 Iterable[Tuple[int, int, int]]]] = (),
+                       overlap_updates: bool = False) -> Model:
         """Registers the model of `job_id` (this process attached it and
         opened this data plane); see lohan_client.h.
 
@@ -344,7 +344,13 @@ class DataPlane:
         `param_groups`: (lr_scale, weight_decay, ranges) per group, ranges
         as no_weight_decay's: those elements are updated with lr x
         lr_scale and that weight decay (torch's param groups); no element
-        in two groups, nor in a group and in no_weight_decay."""
+        in two groups, nor in a group and in no_weight_decay.
+
+        `overlap_updates`: this client fetches every layer (fetch_params,
+        also with resident weight buffers, where it only waits) before it
+        uses the layer's new weights; iter_end then returns once the norm
+        has decided the iteration, and its last updates run in forward
+        order during the next forward."""
         if dtype not in _DTYPES:
             raise ValueError(f"dtype {dtype!r} is not supported; use one of "
                              f"{sorted(_DTYPES)}")
@@ -385,7 +391,8 @@ class DataPlane:
             activation_bytes=activation_bytes, grad_slots=grad_slots,
             weight_slots=weight_slots, initial_iteration=initial_iteration,
             no_weight_decay=exempt, num_no_weight_decay=num_exempt,
-            param_groups=groups, num_param_groups=len(group_ranges))
+            param_groups=groups, num_param_groups=len(group_ranges),
+            overlap_updates=int(overlap_updates))
         handle = ctypes.c_void_p()
         _check(self._lib.lohan_model_register(
             self._client._handle, self._handle, job_id.encode(),

@@ -293,6 +293,11 @@ class Engine:
                 skip_nonfinite=skip_nonfinite, chunk_elements=chunk_elements,
                 activation_bytes=area_bytes, grad_slots=slots,
                 weight_slots=slots,
+                # Every layer is fetched before its weights are used (see
+                # _copy_weight16_into_params and ParameterResidency), so
+                # step() returns before the last updates are done and they
+                # run during the next forward.
+                overlap_updates=True,
                 initial_iteration=(self._checkpoint.iteration
                                    if self._checkpoint is not None
                                    and self._checkpoint.moments else 0))
@@ -793,11 +798,12 @@ class Engine:
                 param.data = param.data.to(self.dtype)
 
     def _copy_weight16_into_params(self, layer: Layer) -> None:
-        """The layer's committed 16-bit weights, as the daemon wrote them
-        into its weight buffer, into the model (fetched first when the
-        buffer is shared by several layers)."""
-        if self.buffers == "streamed":
-            self._remote.fetch_params(layer.index)
+        """The layer's new 16-bit weights, as the daemon wrote them into its
+        weight buffer, into the model. Fetched first: a streamed buffer is
+        shared by several layers, and a resident one may still be waiting
+        for its update (the daemon answers once the layer's update is
+        done)."""
+        self._remote.fetch_params(layer.index)
         self._copy_into_params(layer, self._weight_views[layer.index])
 
     @staticmethod

@@ -352,12 +352,14 @@ bool JobPipeline::layer_initialized(size_t layer) const {
 
 void JobPipeline::DecideLoop() {
   while (std::optional<Task> task = decide_queue_.Pop()) {
-    if (abandon_.load()) {
-      Finish(*task, absl::OkStatus());
-      continue;
-    }
     // Before any state is read: a deferred chunk costs no SSD traffic now.
-    absl::StatusOr<bool> deferred = DecideChunk(*task);
+    // An abandoned one counts as deferred (nothing to do).
+    absl::StatusOr<bool> deferred =
+        abandon_.load() ? absl::StatusOr<bool>(true) : DecideChunk(*task);
+    {
+      absl::MutexLock lock(&mu_);
+      --decide_left_;
+    }
     if (!deferred.ok() || *deferred) {
       Finish(*task, deferred.status());
       continue;
@@ -594,6 +596,7 @@ void JobPipeline::Finish(Task& task, const absl::Status& status) {
 
 void JobPipeline::BeginPassLocked() {
   for (size_t& left : layer_left_) left = 0;
+  decide_left_ = 0;
   enqueued_ = 0;
   done_ = 0;
   first_error_ = absl::OkStatus();
@@ -629,10 +632,27 @@ void JobPipeline::EnqueueChunkLocked(size_t layer, size_t chunk, TaskKind kind,
   if (sub.out != nullptr) task.out = static_cast<uint8_t*>(sub.out) + begin * 2;
   ++enqueued_;
   ++layer_left_[layer];
+  if (decide) ++decide_left_;
   // Never waits: the queues hold every chunk of the job, and a pass
   // enqueues each chunk once.
   BoundedQueue<Task>& queue = decide ? decide_queue_ : read_queue_;
-  if (!queue.Push(task)) ++done_;  // Shutting down.
+  if (!queue.Push(task)) {  // Shutting down.
+    ++done_;
+    --layer_left_[layer];
+    if (decide) --decide_left_;
+  }
+}
+
+absl::Status JobPipeline::WaitDecisions() {
+  absl::MutexLock lock(&mu_);
+  auto decided = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return decide_left_ == 0 || !first_error_.ok();
+  };
+  mu_.Await(absl::Condition(&decided));
+  if (shutting_down_ && first_error_.ok()) {
+    return absl::CancelledError("job pipeline is shutting down");
+  }
+  return first_error_;
 }
 
 absl::Status JobPipeline::WaitPass() {
@@ -656,10 +676,10 @@ absl::Status JobPipeline::RunPass(TaskKind kind, float inv_scale, bool wait) {
 
 absl::Status JobPipeline::RunChunkPass(TaskKind kind, float inv_scale,
                                        absl::FunctionRef<bool(size_t)> include,
-                                       bool wait) {
+                                       bool wait, bool append) {
   {
     absl::MutexLock lock(&mu_);
-    BeginPassLocked();
+    if (!append) BeginPassLocked();
     for (size_t l = 0; l < state_.num_layers(); ++l) {
       for (size_t c = 0; c < state_.num_chunks(l); ++c) {
         if (include(FlatIndex(l, c))) {
@@ -1178,7 +1198,10 @@ absl::StatusOr<IterationReport> JobPipeline::EndIteration() {
       }
     }
   }
-  absl::Status s = WaitPass();
+  // Settling in the background, the norm is all EndIteration waits for:
+  // eager updates still running go on into the settle.
+  absl::Status s =
+      defers() && options_.settle_in_background ? WaitDecisions() : WaitPass();
   if (s.ok()) {
     absl::MutexLock lock(&mu_);
     for (size_t l = 0; l < submissions_.size(); ++l) {
@@ -1190,6 +1213,8 @@ absl::StatusOr<IterationReport> JobPipeline::EndIteration() {
     }
   }
   auto fail = [&](const absl::Status& error) {
+    abandon_.store(true);  // What still runs lands as pending, rolled back.
+    (void)WaitPass();
     (void)RollbackAll();
     DropScratch();
     EndIterationIdle();
@@ -1287,6 +1312,12 @@ absl::StatusOr<bool> JobPipeline::FinishDeferred(IterationReport& report,
   auto eager = [&](size_t flat) { return fates[flat] == Fate::kEager; };
   auto deferred = [&](size_t flat) { return fates[flat] == Fate::kDeferred; };
   absl::Status s;
+  if (report.skipped || report.clipped) {
+    // Eager updates may still run (settling in the background): they end
+    // before anything of theirs is rolled back.
+    s = WaitPass();
+    if (!s.ok()) return s;
+  }
   if (report.skipped) {
     // Only the eager updates touched anything: their pending versions, and
     // the client's 16-bit buffers, which get the committed weights back.
@@ -1305,9 +1336,18 @@ absl::StatusOr<bool> JobPipeline::FinishDeferred(IterationReport& report,
           TaskKind::kUpdate, static_cast<float>(report.clip_scale * grad_scale),
           [](size_t) { return true; }, wait);
     }
-  } else if (report.deferred_chunks > 0) {
-    s = RunChunkPass(TaskKind::kUpdate, grad_scale, deferred, wait);
   } else {
+    // Unclipped: the eager updates stand; the deferred ones join them.
+    if (report.deferred_chunks > 0) {
+      s = RunChunkPass(TaskKind::kUpdate, grad_scale, deferred, wait,
+                       /*append=*/true);
+    } else if (wait) {
+      s = WaitPass();
+    }
+    if (!s.ok()) return s;
+    absl::MutexLock lock(&mu_);
+    if (!PassDone()) return true;  // SettleLoop checks how it ended.
+    if (!first_error_.ok()) return first_error_;
     return false;
   }
   if (!s.ok()) return s;

@@ -441,15 +441,20 @@ class JobPipeline {
   }
   // Waits until every task of the pass finished; its first error.
   absl::Status WaitPass() ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits until every decide task of the pass has decided; the pass's
+  // first error.
+  absl::Status WaitDecisions() ABSL_LOCKS_EXCLUDED(mu_);
   // Runs a whole pass over every layer (after the first one).
   // `wait` false: returns once they are enqueued.
   absl::Status RunPass(TaskKind kind, float inv_scale, bool wait = true)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Runs a pass over the chunks `include` takes (by flat index), in
-  // forward order. `wait` false: returns once they are enqueued.
+  // forward order. `wait` false: returns once they are enqueued. `append`:
+  // adds them to the pass in progress (its counters and first error go on).
   absl::Status RunChunkPass(TaskKind kind, float inv_scale,
                             absl::FunctionRef<bool(size_t)> include,
-                            bool wait = true) ABSL_LOCKS_EXCLUDED(mu_);
+                            bool wait = true, bool append = false)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // kDeferWhenCertain's end of an iteration, once the norm decided: the
   // work left (see ClipSchedule), counted in `report`. With `wait` false an
   // update pass is left running; returns whether one is. REQUIRES: the
@@ -533,6 +538,9 @@ class JobPipeline {
   std::vector<size_t> submit_order_ ABSL_GUARDED_BY(mu_);
   // Layers whose gradient scratch tensors may exist this iteration.
   std::vector<size_t> scratch_layers_ ABSL_GUARDED_BY(mu_);
+  // Decide tasks not decided yet (EndIteration waits for these alone when
+  // it settles in the background: the norm needs no update to be done).
+  size_t decide_left_ ABSL_GUARDED_BY(mu_) = 0;
   // Chunks of the current pass not finished yet, per layer (WaitLayer).
   std::vector<size_t> layer_left_ ABSL_GUARDED_BY(mu_);
   // The iteration a settling pass commits; the error of one that failed

@@ -595,6 +595,9 @@ int lohan_model_register(lohan_client* client, lohan_data_plane* plane,
   const bool has_overlap =
       spec->struct_size >= offsetof(lohan_model_spec, overlap_updates) +
                                sizeof(spec->overlap_updates);
+  const bool has_clip_schedule =
+      spec->struct_size >=
+      offsetof(lohan_model_spec, clip_schedule) + sizeof(spec->clip_schedule);
   if (spec->num_layers == 0 || spec->layer_elements == nullptr) {
     return InvalidArgument("lohan_model_register: a model needs layers");
   }
@@ -644,6 +647,9 @@ int lohan_model_register(lohan_client* client, lohan_data_plane* plane,
   model_spec->set_initial_iteration(
       has_initial_iteration ? spec->initial_iteration : 0);
   model_spec->set_overlap_updates(has_overlap && spec->overlap_updates != 0);
+  // The daemon refuses values it does not know, naming them.
+  model_spec->set_clip_schedule(static_cast<lohan::v1::ClipSchedule>(
+      has_clip_schedule ? spec->clip_schedule : LOHAN_CLIP_DEFERRED));
   if (absl::Status copied = CopyRanges(
           spec->no_weight_decay, num_no_weight_decay, "no_weight_decay",
           spec->num_layers, model_spec->mutable_no_weight_decay());

@@ -4,6 +4,7 @@
 // A FIFO between pipeline stages: Push waits while it is full, Pop while it
 // is empty; Close wakes everyone and ends both.
 
+#include <algorithm>
 #include <cstddef>
 #include <deque>
 #include <optional>
@@ -41,6 +42,14 @@ class BoundedQueue {
     items_.pop_front();
     return item;
   }
+  // Reorders the items queued now (stable): what is needed first goes
+  // first. Items a consumer took already are not affected.
+  template <class Less>
+  void Sort(Less less) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    std::stable_sort(items_.begin(), items_.end(), less);
+  }
+
   void Close() ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     closed_ = true;

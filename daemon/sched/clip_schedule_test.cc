@@ -509,6 +509,38 @@ TEST_F(SettleTest, EachLayerWaitsForItsOwnUpdateOnly) {
   }
 }
 
+TEST_F(SettleTest, UnclippedTailRunsLayerZeroFirst) {
+  // Nothing clips: every chunk was handed to the stages in backward order
+  // (layer 3 first), and reads are slow, so most of them are still queued
+  // when EndIteration returns. Those left go in forward order: layer 0's
+  // update is done while later layers' still run.
+  auto job = Open("job", /*settle=*/true);
+  ASSERT_TRUE(job);
+  std::vector<std::vector<uint16_t>> out;
+  Initialize(*job, out);
+  const Gradients g = MakeGradients(layout_, 26, 1.0f, -1);
+  SlowReads(100);
+  ASSERT_TRUE(
+      job->BeginIteration(1.0f, 0.0, ClipOptions{.max_grad_norm = 1e9}).ok());
+  for (size_t j = 0; j < g.bytes.size(); ++j) {
+    const size_t l = g.bytes.size() - 1 - j;
+    ASSERT_TRUE(job->SubmitGradients(l, g.bytes[l].data(), out[l].data()).ok());
+  }
+  absl::StatusOr<IterationReport> r = job->EndIteration();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->clipped);
+  EXPECT_EQ(r->eager_chunks, kChunks);
+  ASSERT_TRUE(r->settling);
+  ASSERT_TRUE(job->WaitLayer(0).ok());
+  EXPECT_GT(job->layers_settling(), 0u);
+  ASSERT_TRUE(job->WaitLayer(3).ok());
+  for (FaultInjectionDevice* f : faults_) f->ClearFaults();
+  ASSERT_TRUE(job->BeginIteration().ok());
+  EXPECT_EQ(job->iteration(), 1u);
+  EXPECT_EQ(job->layers_settling(), 0u);
+  ASSERT_TRUE(job->AbortIteration().ok());
+}
+
 TEST_F(SettleTest, ReadsOfTheWeightsWaitAndSeeTheNewOnes) {
   auto ref = Open("ref", /*settle=*/false);
   auto job = Open("job", /*settle=*/true);

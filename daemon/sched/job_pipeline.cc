@@ -356,16 +356,16 @@ void JobPipeline::DecideLoop() {
     // An abandoned one counts as deferred (nothing to do).
     absl::StatusOr<bool> deferred =
         abandon_.load() ? absl::StatusOr<bool>(true) : DecideChunk(*task);
-    {
-      absl::MutexLock lock(&mu_);
-      --decide_left_;
-    }
     if (!deferred.ok() || *deferred) {
       Finish(*task, deferred.status());
-      continue;
+    } else {
+      Task next = *task;
+      if (!read_queue_.Push(next)) Finish(*task, absl::OkStatus());
     }
-    Task next = *task;
-    if (!read_queue_.Push(next)) Finish(*task, absl::OkStatus());
+    // Only now: a chunk counted as decided is in the read queue already
+    // (EndIteration reorders that queue once everything is decided).
+    absl::MutexLock lock(&mu_);
+    --decide_left_;
   }
 }
 
@@ -1345,6 +1345,13 @@ absl::StatusOr<bool> JobPipeline::FinishDeferred(IterationReport& report,
       s = WaitPass();
     }
     if (!s.ok()) return s;
+    if (!wait) {
+      // Eager updates not begun were queued in backward order; the next
+      // forward needs layer 0 first.
+      read_queue_.Sort([this](const Task& a, const Task& b) {
+        return FlatIndex(a.layer, a.chunk) < FlatIndex(b.layer, b.chunk);
+      });
+    }
     absl::MutexLock lock(&mu_);
     if (!PassDone()) return true;  // SettleLoop checks how it ended.
     if (!first_error_.ok()) return first_error_;
@@ -1381,6 +1388,14 @@ void JobPipeline::SettleLoop() {
     }
     phase_ = Phase::kIdle;
   }
+}
+
+size_t JobPipeline::layers_settling() const {
+  absl::MutexLock lock(&mu_);
+  if (phase_ != Phase::kSettling) return 0;
+  return static_cast<size_t>(
+      std::count_if(layer_left_.begin(), layer_left_.end(),
+                    [](size_t left) { return left > 0; }));
 }
 
 absl::Status JobPipeline::AwaitSettledLocked() const {

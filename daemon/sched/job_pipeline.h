@@ -291,6 +291,9 @@ class JobPipeline {
   // error (open the job again to go on from the committed iteration).
   // INVALID_ARGUMENT for a layer out of range.
   absl::Status WaitLayer(size_t layer) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Layers whose updates of the settling iteration are not all done yet
+  // (0 when none is settling): how far the optimizer trails the caller.
+  size_t layers_settling() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Ends the iteration in progress with nothing committed: work not begun
   // is dropped, work in progress finishes, every pending version and the

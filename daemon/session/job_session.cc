@@ -114,6 +114,12 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
     return absl::InvalidArgumentError(absl::StrCat(
         "max_grad_norm must be >= 0 and finite, got ", spec.max_grad_norm()));
   }
+  if (spec.clip_schedule() != v1::CLIP_SCHEDULE_DEFERRED &&
+      spec.clip_schedule() != v1::CLIP_SCHEDULE_REDO_ALL) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("clip_schedule ", static_cast<int>(spec.clip_schedule()),
+                     " is not 0 (deferred) or 1 (redo-all)"));
+  }
   Model model;
   model.dtype = spec.dtype();
   model.element_bytes = DTypeSize(dtypes->first);
@@ -256,6 +262,9 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
   options.stream_weight16 =
       model.streamed_weights && model.dtype != v1::DTYPE_FP32;
   options.settle_in_background = spec.overlap_updates();
+  options.clip_schedule = spec.clip_schedule() == v1::CLIP_SCHEDULE_REDO_ALL
+                              ? ClipSchedule::kRedoAll
+                              : ClipSchedule::kDeferWhenCertain;
   absl::StatusOr<std::unique_ptr<JobPipeline>> pipeline =
       JobPipeline::Open(store, updater, job_id(), layout, options);
   if (!pipeline.ok()) return pipeline.status();

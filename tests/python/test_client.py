@@ -619,6 +619,21 @@ def test_no_weight_decay_ranges_match_torch_param_groups(lohand):
             with pytest.raises(ValueError):
                 plane.register_model(refused.id, [n],
                                      param_groups=[(1.0, 0.0, [(0, -2, 3)])])
+            # A clip schedule the daemon does not know, past the Python
+            # check: refused by the daemon, naming it.
+            spec = _native.ModelSpec(
+                struct_size=ctypes.sizeof(_native.ModelSpec), dtype=1,
+                layer_elements=elements, num_layers=1, lr=1e-3, beta1=0.9,
+                beta2=0.999, eps=1e-8, clip_schedule=7)
+            handle = ctypes.c_void_p()
+            status = lib.lohan_model_register(
+                client._handle, plane._handle, refused.id.encode(),
+                ctypes.byref(spec), ctypes.byref(handle))
+            assert status == StatusCode.INVALID_ARGUMENT
+            assert b"clip_schedule 7 is not 0 (deferred) or 1" in (
+                lib.lohan_last_error())
+            with pytest.raises(ValueError, match="clip_schedule"):
+                plane.register_model(refused.id, [n], clip_schedule="fast")
             # An older caller's spec ends before the new fields: none of
             # them (and, after all the refusals above, it registers).
             status, handle = raw(_native.ModelSpec.no_weight_decay.offset)

@@ -235,7 +235,19 @@ typedef struct lohan_model_spec {
    * LOHAN_ABORTED; the job stays at the iteration before. 0: iter_end
    * returns once every update is committed. */
   int32_t overlap_updates;
+  /* Added after overlap_updates (a spec whose struct_size ends before it
+   * means LOHAN_CLIP_DEFERRED). How an iteration that clips or skips is
+   * updated; the results are the same bits. LOHAN_CLIP_DEFERRED: a layer
+   * updates as it arrives while the global norm may still stay under
+   * max_grad_norm; once clipping is certain the rest wait for the norm and
+   * only those updated before are redone (one pass over the states).
+   * LOHAN_CLIP_REDO_ALL: every layer updates at once and a clipped
+   * iteration redoes them all (two passes), for comparison. Any other
+   * value: LOHAN_INVALID_ARGUMENT. */
+  uint32_t clip_schedule;
 } lohan_model_spec;
+
+enum { LOHAN_CLIP_DEFERRED = 0, LOHAN_CLIP_REDO_ALL = 1 };
 
 /* One param group: its num_ranges triples (layer, begin, end), ranges as
  * no_weight_decay's, are updated with the iteration's lr x lr_scale and

@@ -72,6 +72,8 @@ class ModelSpec(ctypes.Structure):
         # 1: the client fetches each layer before use; iter_end returns
         # before the iteration's last updates are done.
         ("overlap_updates", ctypes.c_int32),
+        # 0: deferred (one pass when clipping), 1: redo-all (comparison).
+        ("clip_schedule", ctypes.c_uint32),
     ]
 
 

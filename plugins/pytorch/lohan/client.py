@@ -72,6 +72,8 @@ class Job:
 
 
 _DTYPES = {"fp32": (1, 4), "bf16": (2, 2), "fp16": (3, 2)}
+# lohan_model_spec.clip_schedule values.
+_CLIP_SCHEDULES = {"deferred": 0, "redo-all": 1}
 
 # Adam moments by torch's optimizer state names (LOHAN_STATE_* in
 # lohan_client.h).
@@ -322,7 +324,8 @@ class DataPlane:
                        param_groups: Iterable[
                            Tuple[float, float,
                                  Iterable[Tuple[int, int, int]]]] = (),
-                       overlap_updates: bool = False) -> Model:
+                       overlap_updates: bool = False,
+                       clip_schedule: str = "deferred") -> Model:
         """Registers the model of `job_id` (this process attached it and
         opened this data plane); see lohan_client.h.
 
@@ -350,10 +353,17 @@ class DataPlane:
         also with resident weight buffers, where it only waits) before it
         uses the layer's new weights; iter_end then returns once the norm
         has decided the iteration, and its last updates run in forward
-        order during the next forward."""
+        order during the next forward.
+
+        `clip_schedule`: "deferred" (one pass over the states when the
+        iteration clips) or "redo-all" (eager updates redone when it clips,
+        for comparison); the same results either way."""
         if dtype not in _DTYPES:
             raise ValueError(f"dtype {dtype!r} is not supported; use one of "
                              f"{sorted(_DTYPES)}")
+        if clip_schedule not in _CLIP_SCHEDULES:
+            raise ValueError(f"clip_schedule {clip_schedule!r} is not one of "
+                             f"{sorted(_CLIP_SCHEDULES)}")
         if initial_iteration < 0:
             raise ValueError(f"initial_iteration must be >= 0, got "
                              f"{initial_iteration}")
@@ -392,7 +402,8 @@ class DataPlane:
             weight_slots=weight_slots, initial_iteration=initial_iteration,
             no_weight_decay=exempt, num_no_weight_decay=num_exempt,
             param_groups=groups, num_param_groups=len(group_ranges),
-            overlap_updates=int(overlap_updates))
+            overlap_updates=int(overlap_updates),
+            clip_schedule=_CLIP_SCHEDULES[clip_schedule])
         handle = ctypes.c_void_p()
         _check(self._lib.lohan_model_register(
             self._client._handle, self._handle, job_id.encode(),

@@ -122,7 +122,8 @@ class Engine:
                  params: str = "auto",
                  buffers: str = "auto", stream_buffers: int = 4,
                  loss_scale: Union[None, str, float] = None,
-                 loss_scale_growth_interval: int = 2000):
+                 loss_scale_growth_interval: int = 2000,
+                 clip_schedule: str = "deferred"):
         if not isinstance(model, nn.Module):
             raise TypeError(f"lohan.init wants an nn.Module, got "
                             f"{type(model).__name__}")
@@ -135,6 +136,9 @@ class Engine:
                     and math.isfinite(loss_scale) and loss_scale > 0)):
             raise ValueError(f"loss_scale={loss_scale!r}: use None (dynamic "
                              "for fp16, else 1), 'dynamic' or a number > 0")
+        if clip_schedule not in ("deferred", "redo-all"):
+            raise ValueError(f"clip_schedule={clip_schedule!r}: use "
+                             "'deferred' (the default) or 'redo-all'")
         if any(has_lohan_hook(p) for p in model.parameters()):
             raise RuntimeError(
                 f"lohan: this {type(model).__name__} is driven by an open "
@@ -289,7 +293,7 @@ class Engine:
                 no_weight_decay=exempt,
                 param_groups=[(g.lr_scale, g.weight_decay, g.ranges)
                               for g in self._groups],
-                max_grad_norm=max_grad_norm,
+                max_grad_norm=max_grad_norm, clip_schedule=clip_schedule,
                 skip_nonfinite=skip_nonfinite, chunk_elements=chunk_elements,
                 activation_bytes=area_bytes, grad_slots=slots,
                 weight_slots=slots,
@@ -1198,7 +1202,8 @@ def init(model: nn.Module, **options: Any) -> Engine:
     (docs/pytorch.md explains each): device, frozen_host_bytes, lr, betas,
     eps, weight_decay,
     no_weight_decay, param_groups, max_grad_norm, adamw, amsgrad, bf16_moments,
-    skip_nonfinite, dtype, loss_scale, loss_scale_growth_interval,
+    skip_nonfinite, clip_schedule, dtype, loss_scale,
+    loss_scale_growth_interval,
     grad_accumulation_steps, blocks, activations, activation_host_bytes,
     activation_buffer_bytes, params, buffers, stream_buffers,
     chunk_elements, socket, job_name, resume (True: this user's job of that

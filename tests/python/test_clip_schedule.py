@@ -1,0 +1,106 @@
+"""The clip schedules through the plugin: clip_schedule="deferred" (the
+default: a layer's update waits for the global norm once clipping is
+certain, the iteration's last updates overlap the next forward) against
+"redo-all" (every update made at once and redone when the step clips).
+Both must give the same losses and weights bit for bit, never clipping,
+always clipping and clipping on some steps only, with accumulation,
+resident and offloaded parameters, resident and streamed buffers; and the
+fp32 run stays within the tolerance of torch AdamW with clip_grad_norm_."""
+
+from __future__ import annotations
+
+import copy
+import statistics
+from typing import Dict, List, Tuple
+
+import pytest
+import torch
+
+import lohan
+from test_engine import (assert_fp32_close, batches, engine_for, lm_loss,
+                         tiny_gpt, train_lohan, train_torch)
+
+Run = Tuple[List[float], Dict[str, torch.Tensor], List[bool]]
+
+
+def run(lohand, schedule: str, limit: float, dtype: torch.dtype,
+        data: torch.Tensor, name: str, **options) -> Run:
+    model = tiny_gpt().to(dtype)
+    with engine_for(model, lohand, max_grad_norm=limit,
+                    grad_accumulation_steps=data.shape[1],
+                    clip_schedule=schedule, job_name=name,
+                    **options) as engine:
+        clipped = []
+        losses = []
+        for step in data:
+            for ids in step:
+                loss = lm_loss(model, ids) / len(step)
+                engine.backward(loss)
+                losses.append(loss.item())
+            clipped.append(engine.step().clipped)
+        weights = {n: p.detach().clone() for n, p in model.named_parameters()}
+    return losses, weights, clipped
+
+
+def torch_norms(data: torch.Tensor) -> List[float]:
+    """The global norm of each step's gradients in plain PyTorch."""
+    model = tiny_gpt()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    norms = []
+    for step in data:
+        for ids in step:
+            (lm_loss(model, ids) / len(step)).backward()
+        norms.append(torch.nn.utils.clip_grad_norm_(
+            model.parameters(), float("inf")).item())
+        opt.step()
+        opt.zero_grad()
+    return norms
+
+
+LAYOUTS = [
+    pytest.param(dict(params="resident", buffers="resident"), torch.float32,
+                 id="resident-fp32"),
+    pytest.param(dict(params="offload", buffers="streamed", stream_buffers=1),
+                 torch.bfloat16, id="offload-streamed-bf16"),
+]
+
+
+@pytest.mark.parametrize("options,dtype", LAYOUTS)
+def test_clip_schedules_give_the_same_bits(lohand, options, dtype):
+    data = batches(5, micro=2)
+    near = statistics.median(torch_norms(data))
+    for limit, regime in ((1e9, "never"), (1e-3, "always"), (near, "some")):
+        runs = {schedule: run(lohand, schedule, limit, dtype, data,
+                              f"clip-{regime}-{schedule}-{dtype}", **options)
+                for schedule in ("deferred", "redo-all")}
+        losses, weights, clipped = runs["deferred"]
+        assert losses == runs["redo-all"][0], regime
+        assert clipped == runs["redo-all"][2], regime
+        for name, weight in weights.items():
+            assert torch.equal(weight, runs["redo-all"][1][name]), (regime,
+                                                                     name)
+        if regime == "never":
+            assert not any(clipped)
+        elif regime == "always":
+            assert all(clipped)
+        else:
+            assert any(clipped) and not all(clipped), clipped
+
+
+def test_deferred_clipping_matches_torch(lohand):
+    data = batches(5, micro=2)
+    near = statistics.median(torch_norms(data))
+    reference = tiny_gpt()
+    model = copy.deepcopy(reference)
+    ref_losses = train_torch(reference, data, max_norm=near)
+    with engine_for(model, lohand, max_grad_norm=near,
+                    grad_accumulation_steps=2,
+                    job_name="clip-vs-torch") as engine:
+        losses = train_lohan(engine, model, data)
+    assert_fp32_close(model, reference, losses, ref_losses)
+
+
+def test_a_bad_clip_schedule_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="clip_schedule='fast'"):
+        lohan.init(tiny_gpt(), clip_schedule="fast",
+                   socket=str(tmp_path / "unused.sock"))

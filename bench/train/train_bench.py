@@ -3,6 +3,8 @@ same run, on the same model and data (the demo's GPT-2 shape by default).
 
     bazel build //daemon/main:lohand //client:liblohan_client.so
     .venv/bin/python bench/train/train_bench.py [--steps 60] [--rounds 3]
+    .venv/bin/python bench/train/train_bench.py --compare clip \
+        [--layers 8 --width 512 --batch 8]
 
 Starts its own lohand (socket, state and SSD directory in a scratch
 directory). Each configuration runs --steps steps after 5 warm-up steps;
@@ -10,6 +12,14 @@ configurations are interleaved round by round and the median per
 configuration is reported with its ratio to plain PyTorch (higher is
 slower). On a CPU-only machine the optimizer and the model share the cores,
 so this measures lohan's overhead, not the overlap a GPU would give.
+
+--compare clip: the clip schedules through the plugin, clip_schedule=
+"redo-all" (every update made at once, all redone when the step clips)
+against "deferred" (the default), with max_grad_norm never reached, always
+reached and near the gradients' median norm (so some steps clip), and
+plain PyTorch AdamW with clip_grad_norm_ at the same limits; reports the
+time per step and lohand's SSD bytes read and written per parameter per
+step (its /proc/<pid>/io), interleaved round by round.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Dict, List, Tuple
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "plugins" / "pytorch"))
@@ -94,6 +105,105 @@ def run_lohan(args, data, socket: str, name: str, **options) -> float:
     return rate
 
 
+def daemon_io(pid: int) -> Tuple[int, int]:
+    """lohand's read_bytes and write_bytes so far (what reached storage)."""
+    fields = dict(line.split(": ") for line in
+                  Path(f"/proc/{pid}/io").read_text().splitlines())
+    return int(fields["read_bytes"]), int(fields["write_bytes"])
+
+
+def run_torch_clipped(args, data, limit: float) -> float:
+    model = make_model(args)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    start = 0.0
+    for n, ids in enumerate(data):
+        if n == 5:
+            start = time.perf_counter()
+        model(input_ids=ids, labels=ids).loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), limit)
+        opt.step()
+        opt.zero_grad()
+    return (time.perf_counter() - start) / (len(data) - 5)
+
+
+def run_lohan_clipped(args, data, socket: str, daemon_pid: int, name: str,
+                      **options) -> Tuple[float, float, float, List[float],
+                                          int]:
+    """Seconds per step, SSD bytes read and written per parameter per step,
+    the norms, and how many timed steps clipped."""
+    model = make_model(args)
+    params = sum(p.numel() for p in model.parameters())
+    norms: List[float] = []
+    clipped = 0
+    with lohan.init(model, lr=1e-3, socket=socket, job_name=name,
+                    dtype=args.dtype, **options) as engine:
+        start, io0 = 0.0, (0, 0)
+        for n, ids in enumerate(data):
+            if n == 5:
+                start, io0 = time.perf_counter(), daemon_io(daemon_pid)
+            model(input_ids=ids, labels=ids).loss.backward()
+            result = engine.step()
+            norms.append(result.global_norm)
+            clipped += n >= 5 and result.clipped
+        # The last step's updates, which may still run: every layer's.
+        engine.master_weights()
+        seconds = time.perf_counter() - start
+        io1 = daemon_io(daemon_pid)
+    with lohan.Client(socket) as client:
+        for job in client.jobs():
+            if job.name == name:
+                client.delete_job(job.id)
+    steps = len(data) - 5
+    return (seconds / steps, (io1[0] - io0[0]) / params / steps,
+            (io1[1] - io0[1]) / params / steps, norms, clipped)
+
+
+def compare_clip(args, data, socket: str, daemon_pid: int) -> None:
+    # The limit near the gradients' median norm, from an unclipped run.
+    norms = run_lohan_clipped(args, data, socket, daemon_pid, "clip-probe",
+                              max_grad_norm=1e9)[3]
+    near = statistics.median(norms[5:])
+    limits = {"never": 1e9, "always": 1e-6, "near": near}
+    schedules = ("redo-all", "deferred")
+    results: Dict[Tuple[str, str], List[Tuple[float, float, float, int]]] = {}
+    for round_ in range(args.rounds):
+        for regime, limit in limits.items():
+            torch_seconds = run_torch_clipped(args, data, limit)
+            results.setdefault((regime, "torch"), []).append(
+                (torch_seconds, 0.0, 0.0, 0))
+            for k, schedule in enumerate(schedules):
+                seconds, read, written, _, clipped = run_lohan_clipped(
+                    args, data, socket, daemon_pid,
+                    f"clip-{round_}-{regime}-{k}", max_grad_norm=limit,
+                    clip_schedule=schedule)
+                results.setdefault((regime, schedule), []).append(
+                    (seconds, read, written, clipped))
+                print(f"round {round_ + 1} {regime:6s} {schedule:8s} "
+                      f"{seconds:6.3f} s/step, SSD {read:5.1f} read "
+                      f"{written:5.1f} written B/param, {clipped} of "
+                      f"{args.steps} clipped", flush=True)
+    parameters = sum(p.numel() for p in make_model(args).parameters())
+    print(f"\nGPT-2 {args.layers} blocks, width {args.width}, {parameters:,} "
+          f"parameters, batch {args.batch}x{args.seq}, torch threads "
+          f"{args.threads}; lohan in {args.dtype}; median of {args.rounds} "
+          f"rounds of {args.steps} steps; near = {near:.3f}")
+    print(f"{'regime':7s} {'schedule':9s} {'s/step':>7s} {'vs torch':>8s} "
+          f"{'vs never':>8s} {'read B/p':>8s} {'wrt B/p':>8s} "
+          f"{'clipped':>7s}")
+    for schedule in ("torch",) + schedules:
+        never = statistics.median(r[0] for r in results[("never", schedule)])
+        for regime in limits:
+            rows = results[(regime, schedule)]
+            seconds = statistics.median(r[0] for r in rows)
+            torch_s = statistics.median(r[0] for r in results[(regime,
+                                                               "torch")])
+            print(f"{regime:7s} {schedule:9s} {seconds:7.3f} "
+                  f"{seconds / torch_s:7.2f}x {seconds / never:7.2f}x "
+                  f"{statistics.median(r[1] for r in rows):8.2f} "
+                  f"{statistics.median(r[2] for r in rows):8.2f} "
+                  f"{statistics.median(r[3] for r in rows):7.0f}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=60)
@@ -104,6 +214,11 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (leave a core to the daemon)")
+    parser.add_argument("--compare", choices=("configs", "clip"),
+                        default="configs")
+    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
+                        help="--compare clip: lohan's training dtype (torch "
+                        "runs fp32)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     bazel_bin = Path(os.environ.get("LOHAN_BAZEL_BIN", REPO / "bazel-bin"))
@@ -120,6 +235,16 @@ def main() -> int:
                                         stream_buffers=1),
     }
     data = batches(args, args.steps + 5)
+    if args.compare == "clip":
+        with tempfile.TemporaryDirectory(prefix="lohan-train-bench-") as tmp:
+            daemon = start_daemon(Path(tmp), bazel_bin)
+            try:
+                compare_clip(args, data, str(Path(tmp) / "lohand.sock"),
+                             daemon.pid)
+            finally:
+                daemon.send_signal(signal.SIGTERM)
+                daemon.wait(timeout=60)
+        return 0
     rates = {name: [] for name in configs}
     with tempfile.TemporaryDirectory(prefix="lohan-train-bench-") as tmp:
         daemon = start_daemon(Path(tmp), bazel_bin)

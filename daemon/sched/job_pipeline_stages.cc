@@ -1,0 +1,472 @@
+// JobPipeline's stages (decide, read, compute, write) and passes.
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
+#include "daemon/optim/half.h"
+#include "daemon/optim/optim_types.h"
+#include "daemon/sched/job_meta.h"
+#include "daemon/sched/job_pipeline.h"
+#include "daemon/sched/pipeline_util.h"
+
+namespace lohan {
+
+using sched_internal::Annotate;
+using sched_internal::IsNoPending;
+using sched_internal::Now;
+
+// ---------------------------------------------------------------- stages
+
+void JobPipeline::DecideLoop() {
+  while (std::optional<Task> task = decide_queue_.Pop()) {
+    // Before any state is read: a deferred chunk costs no SSD traffic now.
+    // An abandoned one counts as deferred (nothing to do).
+    absl::StatusOr<bool> deferred =
+        abandon_.load() ? absl::StatusOr<bool>(true) : DecideChunk(*task);
+    if (!deferred.ok() || *deferred) {
+      Finish(*task, deferred.status());
+    } else {
+      Task next = *task;
+      if (!read_queue_.Push(next)) Finish(*task, absl::OkStatus());
+    }
+    // Only now: a chunk counted as decided is in the read queue already
+    // (EndIteration reorders that queue once everything is decided).
+    absl::MutexLock lock(&mu_);
+    --decide_left_;
+  }
+}
+
+void JobPipeline::ReadLoop() {
+  while (std::optional<Task> task = read_queue_.Pop()) {
+    if (abandon_.load()) {
+      Finish(*task, absl::OkStatus());
+      continue;
+    }
+    task->buffer = pool_.Acquire();
+    if (task->buffer == nullptr) {  // Shutting down.
+      Finish(*task, absl::OkStatus());
+      continue;
+    }
+    const size_t flat = FlatIndex(task->layer, task->chunk);
+    const uint64_t count = state_.chunk_count(task->layer, task->chunk);
+    const bool update = task->kind == TaskKind::kUpdate;
+    uint64_t bytes = state_.state_bytes(count);
+    const double start = Now();
+    absl::StatusOr<uint64_t> r = store_->Read(
+        job_, chunk_names_[flat], absl::MakeSpan(task->buffer, bytes));
+    if (r.ok() && update && options_.stream_gradients) {
+      // The gradient SubmitGradients stored, next to the states it updates.
+      const uint64_t grad_bytes = count * DTypeSize(layout_.grad_dtype);
+      r = store_->ReadPending(
+          job_, scratch_names_[flat],
+          absl::MakeSpan(task->buffer + grad_offset_, grad_bytes));
+      task->grad = task->buffer + grad_offset_;
+      bytes += grad_bytes;
+    }
+    if (update && options_.stream_weight16) {
+      task->out = task->buffer + weight16_offset_;
+    }
+    const double seconds = Now() - start;
+    {
+      absl::MutexLock lock(&mu_);
+      busy_.read += seconds;
+      if (r.ok()) busy_.bytes_read += bytes;
+    }
+    if (!r.ok()) {
+      Finish(*task, r.status());
+      continue;
+    }
+    Task next = *task;
+    if (!compute_queue_.Push(next)) Finish(*task, absl::OkStatus());
+  }
+}
+
+absl::StatusOr<StepStats> JobPipeline::StepChunk(const Task& task) const {
+  const uint64_t count = state_.chunk_count(task.layer, task.chunk);
+  uint8_t* const state = task.buffer;
+  const size_t moment_size = state_.moment_size();
+  const size_t grad_size = DTypeSize(layout_.grad_dtype);
+  AdamOptions adam = layout_.adam;
+  adam.lr = task.lr;
+  // The chunk's pieces, each with its element group's lr and weight decay
+  // (one piece, the whole chunk, unless group ranges fall in it), each one
+  // Step from the same committed step, with its own offset into every
+  // buffer.
+  StepStats total;
+  bool first = true;
+  for (const StateLayout::Piece& piece :
+       state_.ChunkPieces(task.layer, task.chunk)) {
+    const uint64_t at = piece.begin;
+    AdamTensor tensor;
+    tensor.size = piece.count;
+    tensor.weight = reinterpret_cast<float*>(state) + at;
+    tensor.exp_avg = state + state_.exp_avg_offset(count) + at * moment_size;
+    tensor.exp_avg_sq =
+        state + state_.exp_avg_sq_offset(count) + at * moment_size;
+    if (state_.amsgrad()) {
+      tensor.max_exp_avg_sq =
+          state + state_.max_exp_avg_sq_offset(count) + at * moment_size;
+    }
+    tensor.moment_dtype = layout_.moment_dtype;
+    tensor.step = task.step;
+    GradientView grad{task.grad + at * grad_size, layout_.grad_dtype,
+                      task.inv_scale};
+    HalfOutput out{task.out == nullptr ? nullptr : task.out + at * 2,
+                   layout_.weight16_dtype};
+    AdamOptions piece_adam = adam;
+    if (piece.group != StateLayout::kNoGroup) {
+      const ElementGroup& group = state_.group(piece.group);
+      piece_adam.lr = adam.lr * group.lr_scale;
+      piece_adam.weight_decay = group.weight_decay;
+    }
+    absl::StatusOr<StepStats> stats =
+        updater_.Step(piece_adam, tensor, grad, out);
+    if (!stats.ok()) return stats.status();
+    if (first) {
+      total = *stats;  // A chunk of one piece: exactly that Step's stats.
+      first = false;
+    } else {
+      total.grad_sum_squares += stats->grad_sum_squares;
+      total.grad_nonfinite = total.grad_nonfinite || stats->grad_nonfinite;
+    }
+  }
+  return total;
+}
+
+absl::StatusOr<double> JobPipeline::ChunkSumSquares(size_t layer, size_t chunk,
+                                                    const uint8_t* grad,
+                                                    float inv_scale) const {
+  // StepChunk's pieces, summed in the same order.
+  const size_t grad_size = DTypeSize(layout_.grad_dtype);
+  double sum = 0.0;
+  for (const StateLayout::Piece& piece : state_.ChunkPieces(layer, chunk)) {
+    absl::StatusOr<double> part = norm_updater_.GradSumSquares(
+        GradientView{grad + piece.begin * grad_size, layout_.grad_dtype,
+                     inv_scale},
+        piece.count);
+    if (!part.ok()) return part.status();
+    sum += *part;
+  }
+  return sum;
+}
+
+absl::StatusOr<bool> JobPipeline::DecideChunk(const Task& task) {
+  const size_t flat = FlatIndex(task.layer, task.chunk);
+  if (!options_.stream_gradients) {
+    // The gradient is in the client's buffer: a pass over host memory (2 or
+    // 4 bytes a parameter), far cheaper than the state read it may save.
+    const double start = Now();
+    absl::StatusOr<double> sum =
+        ChunkSumSquares(task.layer, task.chunk, task.grad, task.inv_scale);
+    if (!sum.ok()) return sum.status();
+    norm_squares_[flat] = *sum;
+    absl::MutexLock lock(&mu_);
+    busy_.norm += Now() - start;
+  }
+  absl::MutexLock lock(&mu_);
+  running_sum_ += norm_squares_[flat];
+  if (!deferring_ && OutcomeCertain(running_sum_)) deferring_ = true;
+  fates_[flat] = deferring_ ? Fate::kDeferred : Fate::kEager;
+  return deferring_;
+}
+
+bool JobPipeline::OutcomeCertain(double sum_squares) const {
+  // Sums of squares only grow, so what holds for a part holds for the
+  // whole; EndIteration decides again on the exact sum either way.
+  if (!std::isfinite(sum_squares)) return clip_.skip_nonfinite;
+  return clip_.max_grad_norm > 0.0 &&
+         clip_.max_grad_norm / (std::sqrt(sum_squares) + 1e-6) < 1.0;
+}
+
+void JobPipeline::ComputeLoop() {
+  while (std::optional<Task> task = compute_queue_.Pop()) {
+    if (abandon_.load()) {
+      Finish(*task, absl::OkStatus());
+      continue;
+    }
+    const uint64_t count = state_.chunk_count(task->layer, task->chunk);
+    const double start = Now();
+    absl::Status s;
+    if (task->kind == TaskKind::kRepublish) {
+      // The committed weights' 16-bit copy (no update).
+      ToWeight16(reinterpret_cast<const float*>(task->buffer), count,
+                 reinterpret_cast<uint16_t*>(task->out));
+    } else {
+      absl::StatusOr<StepStats> stats = StepChunk(*task);
+      if (stats.ok()) {
+        sum_squares_[FlatIndex(task->layer, task->chunk)] =
+            stats->grad_sum_squares;
+      } else {
+        s = stats.status();
+      }
+    }
+    const double seconds = Now() - start;
+    {
+      absl::MutexLock lock(&mu_);
+      busy_.compute += seconds;
+    }
+    if (!s.ok() || task->kind == TaskKind::kRepublish) {
+      Finish(*task, s);
+      continue;
+    }
+    Task next = *task;
+    if (!write_queue_.Push(next)) Finish(*task, absl::OkStatus());
+  }
+}
+
+void JobPipeline::WriteLoop() {
+  while (std::optional<Task> task = write_queue_.Pop()) {
+    if (abandon_.load()) {
+      Finish(*task, absl::OkStatus());
+      continue;
+    }
+    const size_t flat = FlatIndex(task->layer, task->chunk);
+    const uint64_t count = state_.chunk_count(task->layer, task->chunk);
+    uint64_t bytes = state_.state_bytes(count);
+    const double start = Now();
+    absl::StatusOr<uint64_t> w = store_->Write(
+        job_, chunk_names_[flat], absl::MakeConstSpan(task->buffer, bytes));
+    if (w.ok() && options_.stream_weight16) {
+      // The new 16-bit copy, pending with the states it was made from.
+      w = store_->Write(
+          job_, weight16_names_[flat],
+          absl::MakeConstSpan(task->buffer + weight16_offset_, count * 2));
+      bytes += count * 2;
+    }
+    const double seconds = Now() - start;
+    {
+      absl::MutexLock lock(&mu_);
+      busy_.write += seconds;
+      if (w.ok()) busy_.bytes_written += bytes;
+    }
+    Finish(*task, w.status());
+  }
+}
+
+void JobPipeline::Finish(Task& task, const absl::Status& status) {
+  if (task.buffer != nullptr) {
+    pool_.Release(task.buffer);
+    task.buffer = nullptr;
+  }
+  absl::MutexLock lock(&mu_);
+  if (!status.ok() && first_error_.ok()) {
+    first_error_ =
+        Annotate(status, absl::StrCat("job '", job_, "' layer ", task.layer,
+                                      " chunk ", task.chunk));
+    abandon_.store(true);
+  }
+  if (layer_left_[task.layer] > 0) --layer_left_[task.layer];
+  ++done_;
+}
+
+// ---------------------------------------------------------------- passes
+
+void JobPipeline::BeginPassLocked() {
+  for (size_t& left : layer_left_) left = 0;
+  decide_left_ = 0;
+  enqueued_ = 0;
+  done_ = 0;
+  first_error_ = absl::OkStatus();
+  abandon_.store(shutting_down_);
+  for (double& s : sum_squares_) s = 0.0;
+}
+
+void JobPipeline::EnqueueLayerLocked(size_t layer, TaskKind kind,
+                                     float inv_scale, bool decide) {
+  for (size_t c = 0; c < state_.num_chunks(layer); ++c) {
+    EnqueueChunkLocked(layer, c, kind, inv_scale, decide);
+  }
+}
+
+void JobPipeline::EnqueueChunkLocked(size_t layer, size_t chunk, TaskKind kind,
+                                     float inv_scale, bool decide) {
+  const Submission& sub = submissions_[layer];
+  if (kind == TaskKind::kRepublish && sub.out == nullptr) return;
+  const size_t grad_size = DTypeSize(layout_.grad_dtype);
+  Task task;
+  task.layer = static_cast<uint32_t>(layer);
+  task.chunk = static_cast<uint32_t>(chunk);
+  task.kind = kind;
+  task.inv_scale = inv_scale;
+  task.decide = decide;
+  task.lr = lr_;
+  task.step = static_cast<int64_t>(iteration_);
+  const uint64_t begin = state_.chunk_begin(chunk);
+  // Streamed gradients: the read stage points it into the task's buffer.
+  if (sub.grad != nullptr) {
+    task.grad = static_cast<const uint8_t*>(sub.grad) + begin * grad_size;
+  }
+  if (sub.out != nullptr) task.out = static_cast<uint8_t*>(sub.out) + begin * 2;
+  ++enqueued_;
+  ++layer_left_[layer];
+  if (decide) ++decide_left_;
+  // Never waits: the queues hold every chunk of the job, and a pass
+  // enqueues each chunk once.
+  BoundedQueue<Task>& queue = decide ? decide_queue_ : read_queue_;
+  if (!queue.Push(task)) {  // Shutting down.
+    ++done_;
+    --layer_left_[layer];
+    if (decide) --decide_left_;
+  }
+}
+
+absl::Status JobPipeline::WaitDecisions() {
+  absl::MutexLock lock(&mu_);
+  auto decided = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return decide_left_ == 0 || !first_error_.ok();
+  };
+  mu_.Await(absl::Condition(&decided));
+  if (shutting_down_ && first_error_.ok()) {
+    return absl::CancelledError("job pipeline is shutting down");
+  }
+  return first_error_;
+}
+
+absl::Status JobPipeline::WaitPass() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(this, &JobPipeline::PassDone));
+  if (shutting_down_ && first_error_.ok()) {
+    return absl::CancelledError("job pipeline is shutting down");
+  }
+  return first_error_;
+}
+
+absl::Status JobPipeline::RunPass(TaskKind kind, float inv_scale, bool wait) {
+  {
+    absl::MutexLock lock(&mu_);
+    BeginPassLocked();
+    for (size_t layer : submit_order_)
+      EnqueueLayerLocked(layer, kind, inv_scale);
+  }
+  return wait ? WaitPass() : absl::OkStatus();
+}
+
+absl::Status JobPipeline::RunChunkPass(TaskKind kind, float inv_scale,
+                                       absl::FunctionRef<bool(size_t)> include,
+                                       bool wait, bool append) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!append) BeginPassLocked();
+    for (size_t l = 0; l < state_.num_layers(); ++l) {
+      for (size_t c = 0; c < state_.num_chunks(l); ++c) {
+        if (include(FlatIndex(l, c))) {
+          EnqueueChunkLocked(l, c, kind, inv_scale, /*decide=*/false);
+        }
+      }
+    }
+  }
+  return wait ? WaitPass() : absl::OkStatus();
+}
+
+absl::Status JobPipeline::RollbackAll() {
+  absl::Status first;
+  auto rollback = [&](const std::string& name) {
+    absl::Status s = store_->Rollback(job_, name);
+    if (!s.ok() && !IsNoPending(s) && s.code() != absl::StatusCode::kNotFound &&
+        first.ok()) {
+      first = s;
+    }
+  };
+  for (const std::string& name : chunk_names_) rollback(name);
+  for (const std::string& name : weight16_names_) rollback(name);
+  rollback(StateLayout::MetaName());
+  return first;
+}
+
+absl::Status JobPipeline::WriteMeta(uint64_t iteration) {
+  JobMeta meta;
+  meta.layout_fingerprint = fingerprint_;
+  meta.iteration = iteration;
+  // A commit by a pipeline that does not stream them leaves the 16-bit
+  // copies in the store stale.
+  meta.has_weight16 = options_.stream_weight16;
+  meta.weight16_dtype = layout_.weight16_dtype;
+  const std::string bytes = meta.Encode();
+  return store_
+      ->Write(job_, StateLayout::MetaName(),
+              absl::MakeConstSpan(
+                  reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()))
+      .status();
+}
+
+absl::Status JobPipeline::Commit(uint64_t new_iteration) {
+  if (absl::Status s = WriteMeta(new_iteration); !s.ok()) return s;
+  std::vector<std::string> names = chunk_names_;
+  names.insert(names.end(), weight16_names_.begin(), weight16_names_.end());
+  names.push_back(StateLayout::MetaName());
+  return store_->CommitBatch(job_, names);
+}
+
+void JobPipeline::ToWeight16(const float* weights, uint64_t count,
+                             uint16_t* out) const {
+  const bool bf16 = layout_.weight16_dtype == DType::kBFloat16;
+  for (uint64_t i = 0; i < count; ++i) {
+    out[i] = bf16 ? FloatToBf16(weights[i]) : FloatToFp16(weights[i]);
+  }
+}
+
+absl::Status JobPipeline::WriteGradScratch(size_t layer, const uint8_t* grad,
+                                           float inv_scale) {
+  const size_t grad_size = DTypeSize(layout_.grad_dtype);
+  uint64_t written = 0;
+  const double start = Now();
+  absl::Status s;
+  for (size_t c = 0; s.ok() && c < state_.num_chunks(layer); ++c) {
+    const std::string& name = scratch_names_[FlatIndex(layer, c)];
+    const uint64_t bytes = state_.chunk_count(layer, c) * grad_size;
+    if (defers()) {
+      // Now, while the gradient is in memory: a deferred chunk's decision
+      // then needs no read of it from the store.
+      absl::StatusOr<double> sum = ChunkSumSquares(
+          layer, c, grad + state_.chunk_begin(c) * grad_size, inv_scale);
+      if (!sum.ok()) {
+        s = sum.status();
+        break;
+      }
+      norm_squares_[FlatIndex(layer, c)] = *sum;
+    }
+    s = store_->Create(job_, name, bytes);
+    if (s.code() == absl::StatusCode::kAlreadyExists) s = absl::OkStatus();
+    if (s.ok()) {
+      s = store_
+              ->Write(job_, name,
+                      absl::MakeConstSpan(
+                          grad + state_.chunk_begin(c) * grad_size, bytes))
+              .status();
+    }
+    if (s.ok()) written += bytes;
+    if (!s.ok()) {
+      s = Annotate(s, absl::StrCat("job '", job_, "' layer ", layer, " chunk ",
+                                   c, ": storing the streamed gradient"));
+    }
+  }
+  const double seconds = Now() - start;
+  absl::MutexLock lock(&mu_);
+  busy_.grad_store += seconds;
+  busy_.bytes_written += written;
+  return s;
+}
+
+void JobPipeline::DropScratch() {
+  std::vector<size_t> layers;
+  {
+    absl::MutexLock lock(&mu_);
+    layers.swap(scratch_layers_);
+  }
+  for (size_t layer : layers) {
+    for (size_t c = 0; c < state_.num_chunks(layer); ++c) {
+      // NOT_FOUND: the layer's write failed before this chunk. Anything
+      // else leaves a tensor that the next Open deletes.
+      (void)store_->Delete(job_, scratch_names_[FlatIndex(layer, c)]);
+    }
+  }
+}
+
+void JobPipeline::EndIterationIdle() {
+  absl::MutexLock lock(&mu_);
+  busy_ = StageBusy{};
+  phase_ = Phase::kIdle;
+}
+
+}  // namespace lohan

@@ -1,0 +1,42 @@
+#ifndef LOHAN_DAEMON_SCHED_PIPELINE_UTIL_H_
+#define LOHAN_DAEMON_SCHED_PIPELINE_UTIL_H_
+
+// Internal to daemon/sched: small helpers the JobPipeline files share.
+
+#include <chrono>
+#include <cstddef>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+
+namespace lohan::sched_internal {
+
+// O_DIRECT-friendly alignment for chunk buffers (the store copies through
+// bounce buffers otherwise).
+inline constexpr size_t kBufferAlignment = 4096;
+
+inline double Now() {
+  return std::chrono::duration<double>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+inline size_t RoundUp(size_t n, size_t unit) {
+  return (n + unit - 1) / unit * unit;
+}
+
+// `s` with `context` before its message (OK stays OK).
+inline absl::Status Annotate(const absl::Status& s, absl::string_view context) {
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat(context, ": ", s.message()));
+}
+
+// The store's answer when a tensor has no pending version.
+inline bool IsNoPending(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kFailedPrecondition;
+}
+
+}  // namespace lohan::sched_internal
+
+#endif  // LOHAN_DAEMON_SCHED_PIPELINE_UTIL_H_

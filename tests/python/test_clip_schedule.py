@@ -1,4 +1,4 @@
-"""The clip schedules through the plugin: clip_schedule="deferred" (the
+"""The clip schedules and overlap_step through the plugin: clip_schedule="deferred" (the
 default: a layer's update waits for the global norm once clipping is
 certain, the iteration's last updates overlap the next forward) against
 "redo-all" (every update made at once and redone when the step clips).
@@ -104,3 +104,76 @@ def test_a_bad_clip_schedule_is_refused(tmp_path):
     with pytest.raises(ValueError, match="clip_schedule='fast'"):
         lohan.init(tiny_gpt(), clip_schedule="fast",
                    socket=str(tmp_path / "unused.sock"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_overlap_step_gives_the_same_model_at_every_use(lohand, dtype):
+    """overlap_step=True: step() returns before the blocks' updates are
+    done and each block's weights are copied just before it runs. Every
+    use sees what the plain run has: the losses and weights, an eval
+    forward between steps, model.state_dict() right after step() (before
+    any forward), and the model close() gives back."""
+    data = batches(4, micro=2)
+    near = statistics.median(torch_norms(data))
+    runs = []
+    for overlap in (False, True):
+        model = tiny_gpt().to(dtype)
+        probe = data[0][0]
+        with engine_for(model, lohand, max_grad_norm=near,
+                        grad_accumulation_steps=2, overlap_step=overlap,
+                        job_name=f"overlap-{overlap}-{dtype}") as engine:
+            losses, evals, states = [], [], []
+            for n, step in enumerate(data):
+                for ids in step:
+                    loss = lm_loss(model, ids) / len(step)
+                    engine.backward(loss)
+                    losses.append(loss.item())
+                engine.step()
+                if n % 2 == 0:
+                    states.append({k: v.clone()
+                                   for k, v in model.state_dict().items()})
+                else:
+                    with torch.no_grad():
+                        evals.append(lm_loss(model, probe).item())
+        runs.append((losses, evals, states,
+                     {n: p.detach().clone()
+                      for n, p in model.named_parameters()}))
+    plain, lazy = runs
+    assert lazy[0] == plain[0] and lazy[1] == plain[1]
+    for a, b in zip(plain[2], lazy[2]):
+        for key in a:
+            assert torch.equal(a[key], b[key]), key
+    for name, weight in plain[3].items():
+        assert torch.equal(weight, lazy[3][name]), name
+
+
+def test_overlap_step_sync_weights_and_changes_behind_its_back(lohand):
+    model = tiny_gpt()
+    data = batches(2)
+    with engine_for(model, lohand, overlap_step=True,
+                    job_name="overlap-sync") as engine:
+        loss = lm_loss(model, data[0][0])
+        loss.backward()
+        engine.step()
+        block = model.blocks[1].fc.weight
+        before = block.detach().clone()
+        engine.sync_weights()  # an EMA of the weights would start here
+        after = block.detach().clone()
+        assert not torch.equal(before, after)  # the new step's weights
+        weights = engine.master_weights()
+        assert torch.equal(after, weights["blocks.1.fc.weight"])
+        engine.step()  # nothing handed over: a no-op
+        loss = lm_loss(model, data[1][0])
+        loss.backward()
+        engine.step()
+        # Changed in place before the block ran again: refused, as a
+        # change between steps is, rather than overwritten.
+        with torch.no_grad():
+            model.blocks[2].fc.weight.add_(1.0)
+        with pytest.raises(RuntimeError, match="changed in place"):
+            lm_loss(model, data[0][0])
+        changed = model.blocks[2].fc.weight.detach().clone()
+        with pytest.warns(UserWarning, match="keeps the weights it has"):
+            engine.close()
+    # Left as the user made it, not overwritten.
+    assert torch.equal(model.blocks[2].fc.weight.detach(), changed)

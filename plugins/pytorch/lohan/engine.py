@@ -33,6 +33,7 @@ from lohan.checkpoint import (CheckpointReader, parameter_aliases,
 from lohan.client import Client, LohanError, StatusCode
 from lohan.devices import copy_stream
 from lohan.hooks import GradientRouter, has_lohan_hook
+from lohan.lazy_weights import LazyWeights
 from lohan.params import Both, FrozenWeights, ParameterResidency
 from lohan.params import resolve_mode as resolve_params_mode
 
@@ -123,7 +124,8 @@ class Engine:
                  buffers: str = "auto", stream_buffers: int = 4,
                  loss_scale: Union[None, str, float] = None,
                  loss_scale_growth_interval: int = 2000,
-                 clip_schedule: str = "deferred"):
+                 clip_schedule: str = "deferred",
+                 overlap_step: bool = False):
         if not isinstance(model, nn.Module):
             raise TypeError(f"lohan.init wants an nn.Module, got "
                             f"{type(model).__name__}")
@@ -255,6 +257,7 @@ class Engine:
                 f"{activations!r}: with it autograd would keep the weights "
                 "it saved for backward on the device")
         self._residency: Optional[ParameterResidency] = None
+        self._lazy: Optional[LazyWeights] = None
         self._frozen: Optional[FrozenWeights] = None
         self._cuda = False  # gradients leave the GPU through the C library
         self._grad_tickets: List[int] = []
@@ -393,6 +396,12 @@ class Engine:
             model, self.blocks, activations, self._activations,
             Both(self._residency, self._frozen) if self._residency else None,
             BlockPasses(inside, passed))
+        if overlap_step:
+            resident_blocks = [
+                layer for layer in self.layers if layer.block is not None
+                and (self._residency is None
+                     or self._residency.layer_of(layer.block) is not layer)]
+            self._lazy = LazyWeights(resident_blocks, self._pull_layer_lazily)
         self._remember_weights()
         # The model's parameters the engine does not train (frozen at init):
         # one that gets gradients anyway was unfrozen later (see step()).
@@ -570,13 +579,17 @@ class Engine:
         the daemon's weights, so the next step refuses it."""
         offloaded = ({layer.index for layer in self._residency.layers}
                      if self._residency is not None else set())
-        self._versions = [(name, param, param._version)
+        self._versions = {id(param): (name, param, param._version)
                           for layer in self.layers
                           if layer.index not in offloaded
-                          for name, param in zip(layer.names, layer.params)]
+                          for name, param in zip(layer.names, layer.params)}
 
-    def _check_weights_unchanged(self) -> None:
-        changed = [name for name, param, version in self._versions
+    def _check_weights_unchanged(self,
+                                 layer: Optional[Layer] = None) -> None:
+        """All resident trained parameters, or `layer`'s."""
+        entries = (self._versions.values() if layer is None else
+                   [self._versions[id(p)] for p in layer.params])
+        changed = [name for name, param, version in entries
                    if param._version != version]
         if changed:
             raise RuntimeError(
@@ -821,6 +834,8 @@ class Engine:
 
     def _begin_iteration(self) -> None:
         self._check_weights_unchanged()
+        if self._lazy is not None:
+            self._lazy.pull_all()  # blocks this step's forward did not run
         if self._optimizer is not None:
             # An LR scheduler sets the rate in the optimizer's group, and
             # the iteration (which carries it) begins during backward.
@@ -963,12 +978,37 @@ class Engine:
             if self._residency is not None and layer.block is not None and (
                     self._residency.layer_of(layer.block) is layer):
                 continue
-            if self.dtype == torch.float32:
-                self._remote.read_weights(layer.index)
-                self._copy_into_params(layer, self._staging)
-            else:
-                self._copy_weight16_into_params(layer)
+            if self._lazy is not None and layer in self._lazy:
+                continue  # copied just before its block next runs
+            self._pull_layer(layer)
+        if self._lazy is not None:
+            self._lazy.mark_stale()
         self._remember_weights()
+
+    def _pull_layer(self, layer: Layer) -> None:
+        """The layer's new weights from the daemon into the model (the
+        fetch waits for the layer's update)."""
+        if self.dtype == torch.float32:
+            self._remote.read_weights(layer.index)
+            self._copy_into_params(layer, self._staging)
+        else:
+            self._copy_weight16_into_params(layer)
+
+    def _pull_layer_lazily(self, layer: Layer) -> None:
+        # Changed in place since step() (load_state_dict): refused, as at
+        # the next step, rather than overwritten.
+        self._check_weights_unchanged(layer)
+        self._pull_layer(layer)
+        for name, param in zip(layer.names, layer.params):
+            self._versions[id(param)] = (name, param, param._version)
+
+    def sync_weights(self) -> None:
+        """With overlap_step=True: brings every block's parameters up to
+        date now (each waits for its update), for code that reads them
+        between step() and the next forward. A no-op otherwise."""
+        self._check_open()
+        if self._lazy is not None:
+            self._lazy.pull_all()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Gradients are cleared as they are handed over; this clears any
@@ -1128,6 +1168,21 @@ class Engine:
         the daemon for a resume). An unfinished step is rolled back."""
         if self._closed:
             return
+        if self._lazy is not None:
+            # The model goes back trained; a block that cannot be brought
+            # up to date keeps what it has, with a word.
+            for layer in self._lazy.stale():
+                try:
+                    self._lazy.pull(layer)
+                except (LohanError, RuntimeError) as error:
+                    warnings.warn(
+                        f"lohan: block layer {layer.index} keeps the weights "
+                        f"it has, not its last step's: {error}. The trained "
+                        "weights are with the daemon's job (lohan.init(..., "
+                        "resume=True)) or in your last engine.save()",
+                        stacklevel=2)
+            self._lazy.remove()
+            self._lazy = None
         self._closed = True
         self._settle_device_copies()
         for handle in getattr(self, "_state_dict_hooks", []):
@@ -1202,7 +1257,7 @@ def init(model: nn.Module, **options: Any) -> Engine:
     (docs/pytorch.md explains each): device, frozen_host_bytes, lr, betas,
     eps, weight_decay,
     no_weight_decay, param_groups, max_grad_norm, adamw, amsgrad, bf16_moments,
-    skip_nonfinite, clip_schedule, dtype, loss_scale,
+    skip_nonfinite, clip_schedule, overlap_step, dtype, loss_scale,
     loss_scale_growth_interval,
     grad_accumulation_steps, blocks, activations, activation_host_bytes,
     activation_buffer_bytes, params, buffers, stream_buffers,

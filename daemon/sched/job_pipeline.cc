@@ -688,13 +688,9 @@ absl::Status JobPipeline::AbortIteration() {
   absl::MutexLock api(&api_mu_);
   {
     absl::MutexLock lock(&mu_);
-    if (absl::Status settled = AwaitSettledLocked(); !settled.ok()) {
-      return settled;
+    if (absl::Status ending = StartEndingLocked(); !ending.ok()) {
+      return ending;
     }
-    if (phase_ != Phase::kInIteration) {
-      return absl::FailedPreconditionError("no iteration in progress");
-    }
-    phase_ = Phase::kEnding;
     abandon_.store(true);  // the stages skip what they have not begun
   }
   (void)WaitPass();  // what is in progress lands as pending, rolled back

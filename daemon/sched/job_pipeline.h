@@ -414,6 +414,10 @@ class JobPipeline {
   void ReadLoop();
   // Commits (or rolls back) an iteration once its settling pass is done.
   void SettleLoop();
+  // EndIteration's and AbortIteration's start: once no iteration settles,
+  // the one in progress moves to kEnding (FAILED_PRECONDITION without one;
+  // a failed settle's error).
+  absl::Status StartEndingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits while an iteration settles; then its error, if it failed.
   absl::Status AwaitSettledLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reads `name`'s version a reader of the weights should see: while an

@@ -25,13 +25,9 @@ absl::StatusOr<IterationReport> JobPipeline::EndIteration() {
   bool started_deferred;
   {
     absl::MutexLock lock(&mu_);
-    if (absl::Status settled = AwaitSettledLocked(); !settled.ok()) {
-      return settled;
+    if (absl::Status ending = StartEndingLocked(); !ending.ok()) {
+      return ending;
     }
-    if (phase_ != Phase::kInIteration) {
-      return absl::FailedPreconditionError("no iteration in progress");
-    }
-    phase_ = Phase::kEnding;
     iteration = iteration_;
     clip = clip_;
     grad_scale = grad_scale_;
@@ -240,6 +236,17 @@ size_t JobPipeline::layers_settling() const {
   return static_cast<size_t>(
       std::count_if(layer_left_.begin(), layer_left_.end(),
                     [](size_t left) { return left > 0; }));
+}
+
+absl::Status JobPipeline::StartEndingLocked() {
+  if (absl::Status settled = AwaitSettledLocked(); !settled.ok()) {
+    return settled;
+  }
+  if (phase_ != Phase::kInIteration) {
+    return absl::FailedPreconditionError("no iteration in progress");
+  }
+  phase_ = Phase::kEnding;
+  return absl::OkStatus();
 }
 
 absl::Status JobPipeline::AwaitSettledLocked() const {

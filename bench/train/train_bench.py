@@ -74,7 +74,9 @@ def batches(args, count: int):
             for _ in range(count)]
 
 
-def run_torch(args, data) -> float:
+def torch_seconds_per_step(args, data, limit: float = 0.0) -> float:
+    """Plain PyTorch AdamW (with clip_grad_norm_ to `limit` when > 0):
+    seconds per step after 5 warm-up steps."""
     model = make_model(args)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     start = 0.0
@@ -82,9 +84,15 @@ def run_torch(args, data) -> float:
         if n == 5:
             start = time.perf_counter()
         model(input_ids=ids, labels=ids).loss.backward()
+        if limit > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), limit)
         opt.step()
         opt.zero_grad()
-    return (len(data) - 5) / (time.perf_counter() - start)
+    return (time.perf_counter() - start) / (len(data) - 5)
+
+
+def run_torch(args, data) -> float:
+    return 1.0 / torch_seconds_per_step(args, data)
 
 
 def run_lohan(args, data, socket: str, name: str, **options) -> float:
@@ -110,20 +118,6 @@ def daemon_io(pid: int) -> Tuple[int, int]:
     fields = dict(line.split(": ") for line in
                   Path(f"/proc/{pid}/io").read_text().splitlines())
     return int(fields["read_bytes"]), int(fields["write_bytes"])
-
-
-def run_torch_clipped(args, data, limit: float) -> float:
-    model = make_model(args)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    start = 0.0
-    for n, ids in enumerate(data):
-        if n == 5:
-            start = time.perf_counter()
-        model(input_ids=ids, labels=ids).loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), limit)
-        opt.step()
-        opt.zero_grad()
-    return (time.perf_counter() - start) / (len(data) - 5)
 
 
 def run_lohan_clipped(args, data, socket: str, daemon_pid: int, name: str,
@@ -168,7 +162,7 @@ def compare_clip(args, data, socket: str, daemon_pid: int) -> None:
     results: Dict[Tuple[str, str], List[Tuple[float, float, float, int]]] = {}
     for round_ in range(args.rounds):
         for regime, limit in limits.items():
-            torch_seconds = run_torch_clipped(args, data, limit)
+            torch_seconds = torch_seconds_per_step(args, data, limit)
             results.setdefault((regime, "torch"), []).append(
                 (torch_seconds, 0.0, 0.0, 0))
             for k, schedule in enumerate(schedules):

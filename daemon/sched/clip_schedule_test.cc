@@ -447,6 +447,31 @@ class SettleTest : public ::testing::Test {
     }
   }
 
+  // A reference job that settles in the foreground and a job that settles
+  // in the background, both initialized alike; the reference then runs the
+  // iteration of `g` to its commit.
+  void OpenPairAndRunReference(const Gradients& g) {
+    ref_ = Open("ref", /*settle=*/false);
+    job_ = Open("job", /*settle=*/true);
+    ASSERT_TRUE(ref_ && job_);
+    Initialize(*ref_, ref_out_);
+    Initialize(*job_, out_);
+    Backward(*ref_, g, ref_out_);
+    absl::StatusOr<IterationReport> want = ref_->EndIteration();
+    ASSERT_TRUE(want.ok()) << want.status();
+    ASSERT_TRUE(want->clipped);
+  }
+
+  // The reference's and the job's fp32 weights, bit for bit.
+  void ExpectSameWeights() {
+    for (size_t l = 0; l < layout_.layer_elements.size(); ++l) {
+      std::vector<float> a(layout_.layer_elements[l]), b(a.size());
+      ASSERT_TRUE(ref_->ReadWeights(l, a.data()).ok());
+      ASSERT_TRUE(job_->ReadWeights(l, b.data()).ok());
+      EXPECT_EQ(0, std::memcmp(a.data(), b.data(), 4 * a.size())) << l;
+    }
+  }
+
   void SlowReads(int delay_ms) {
     for (FaultInjectionDevice* f : faults_) {
       f->Inject({.fault = FaultInjectionDevice::Fault::kDelay,
@@ -461,21 +486,16 @@ class SettleTest : public ::testing::Test {
   std::unique_ptr<TensorStore> store_;
   std::vector<FaultInjectionDevice*> faults_;
   const ModelLayout layout_ = Layout(DType::kBFloat16);
+  std::unique_ptr<JobPipeline> ref_, job_;
+  std::vector<std::vector<uint16_t>> ref_out_, out_;
 };
 
 TEST_F(SettleTest, EachLayerWaitsForItsOwnUpdateOnly) {
-  auto ref = Open("ref", /*settle=*/false);
-  auto job = Open("job", /*settle=*/true);
-  ASSERT_TRUE(ref && job);
-  std::vector<std::vector<uint16_t>> ref_out, out;
-  Initialize(*ref, ref_out);
-  Initialize(*job, out);
   const Gradients g = MakeGradients(layout_, 21, 1.0f, -1);
-  Backward(*ref, g, ref_out);
-  absl::StatusOr<IterationReport> want = ref->EndIteration();
-  ASSERT_TRUE(want.ok()) << want.status();
-  ASSERT_TRUE(want->clipped);
-
+  OpenPairAndRunReference(g);
+  JobPipeline* job = job_.get();
+  std::vector<std::vector<uint16_t>>& out = out_;
+  const std::vector<std::vector<uint16_t>>& ref_out = ref_out_;
   Backward(*job, g, out);
   // Every state read of the settle pass takes 100 ms: ten chunks, layer 0's
   // three first.
@@ -501,12 +521,7 @@ TEST_F(SettleTest, EachLayerWaitsForItsOwnUpdateOnly) {
   ASSERT_TRUE(job->BeginIteration().ok());
   EXPECT_EQ(job->iteration(), 1u);
   ASSERT_TRUE(job->AbortIteration().ok());
-  for (size_t l = 0; l < layout_.layer_elements.size(); ++l) {
-    std::vector<float> a(layout_.layer_elements[l]), b(a.size());
-    ASSERT_TRUE(ref->ReadWeights(l, a.data()).ok());
-    ASSERT_TRUE(job->ReadWeights(l, b.data()).ok());
-    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), 4 * a.size())) << l;
-  }
+  ExpectSameWeights();
 }
 
 TEST_F(SettleTest, UnclippedTailRunsLayerZeroFirst) {
@@ -542,16 +557,11 @@ TEST_F(SettleTest, UnclippedTailRunsLayerZeroFirst) {
 }
 
 TEST_F(SettleTest, ReadsOfTheWeightsWaitAndSeeTheNewOnes) {
-  auto ref = Open("ref", /*settle=*/false);
-  auto job = Open("job", /*settle=*/true);
-  ASSERT_TRUE(ref && job);
-  std::vector<std::vector<uint16_t>> ref_out, out;
-  Initialize(*ref, ref_out);
-  Initialize(*job, out);
   const Gradients g = MakeGradients(layout_, 22, 1.0f, -1);
-  Backward(*ref, g, ref_out);
-  ASSERT_TRUE(ref->EndIteration().ok());
-  Backward(*job, g, out);
+  OpenPairAndRunReference(g);
+  JobPipeline* ref = ref_.get();
+  JobPipeline* job = job_.get();
+  Backward(*job, g, out_);
   SlowReads(30);
   ASSERT_TRUE(job->EndIteration().ok());
   // ReadWeights of the last layer in forward order, mid-settle: the new
@@ -616,30 +626,18 @@ TEST_F(SettleTest, AFailedSettleIsRolledBackAndReported) {
 }
 
 TEST_F(SettleTest, ClosingWhileSettlingCommitsFirst) {
-  auto ref = Open("ref", /*settle=*/false);
-  auto job = Open("job", /*settle=*/true);
-  ASSERT_TRUE(ref && job);
-  std::vector<std::vector<uint16_t>> ref_out, out;
-  Initialize(*ref, ref_out);
-  Initialize(*job, out);
   const Gradients g = MakeGradients(layout_, 25, 1.0f, -1);
-  Backward(*ref, g, ref_out);
-  ASSERT_TRUE(ref->EndIteration().ok());
-  Backward(*job, g, out);
+  OpenPairAndRunReference(g);
+  Backward(*job_, g, out_);
   SlowReads(20);
-  absl::StatusOr<IterationReport> r = job->EndIteration();
+  absl::StatusOr<IterationReport> r = job_->EndIteration();
   ASSERT_TRUE(r.ok() && r->settling);
-  job.reset();  // The step was reported done: it must not be lost.
+  job_.reset();  // The step was reported done: it must not be lost.
   for (FaultInjectionDevice* f : faults_) f->ClearFaults();
-  job = Open("job", /*settle=*/true);
-  ASSERT_TRUE(job);
-  EXPECT_EQ(job->iteration(), 1u);
-  for (size_t l = 0; l < layout_.layer_elements.size(); ++l) {
-    std::vector<float> a(layout_.layer_elements[l]), b(a.size());
-    ASSERT_TRUE(ref->ReadWeights(l, a.data()).ok());
-    ASSERT_TRUE(job->ReadWeights(l, b.data()).ok());
-    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), 4 * a.size())) << l;
-  }
+  job_ = Open("job", /*settle=*/true);
+  ASSERT_TRUE(job_);
+  EXPECT_EQ(job_->iteration(), 1u);
+  ExpectSameWeights();
 }
 
 INSTANTIATE_TEST_SUITE_P(

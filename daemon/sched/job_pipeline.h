@@ -206,16 +206,19 @@ class JobPipeline {
   // in progress.
   absl::Status InitializeWeights(size_t layer, const float* weights)
       ABSL_LOCKS_EXCLUDED(api_mu_, mu_);
-  // The committed fp32 master weights of `layer` into `out`
-  // (layer_elements(layer) floats). Reads only committed versions, so it
-  // may run during an iteration (and then returns the previous weights).
+  // The current fp32 master weights of `layer` into `out`
+  // (layer_elements(layer) floats): during an iteration the committed ones
+  // (the previous weights); while an iteration settles, once WaitLayer says
+  // the layer is updated, its new (pending) ones; otherwise the committed
+  // ones.
   absl::Status ReadWeights(size_t layer, float* out) const
       ABSL_LOCKS_EXCLUDED(mu_);
-  // With stream_weight16: the committed 16-bit copy of `layer`'s weights
-  // (layer_elements(layer) elements of weight16_dtype) into `out`; like
-  // ReadWeights it may run during an iteration and then returns the
-  // previous iteration's copy. FAILED_PRECONDITION without stream_weight16
-  // or before the layer has states.
+  // With stream_weight16: the current 16-bit copy of `layer`'s weights
+  // (layer_elements(layer) elements of weight16_dtype) into `out`, chosen
+  // as ReadWeights chooses (the previous iteration's during one; the new
+  // one of a settling iteration once the layer is updated).
+  // FAILED_PRECONDITION without stream_weight16 or before the layer has
+  // states; ABORTED after a failed settle (see WaitLayer).
   absl::Status ReadWeight16(size_t layer, void* out) const
       ABSL_LOCKS_EXCLUDED(mu_);
 

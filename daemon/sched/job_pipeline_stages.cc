@@ -153,6 +153,7 @@ absl::StatusOr<double> JobPipeline::ChunkSumSquares(size_t layer, size_t chunk,
 
 absl::StatusOr<bool> JobPipeline::DecideChunk(const Task& task) {
   const size_t flat = FlatIndex(task.layer, task.chunk);
+  double seconds = 0.0;
   if (!options_.stream_gradients) {
     // The gradient is in the client's buffer: a pass over host memory (2 or
     // 4 bytes a parameter), far cheaper than the state read it may save.
@@ -161,10 +162,10 @@ absl::StatusOr<bool> JobPipeline::DecideChunk(const Task& task) {
         ChunkSumSquares(task.layer, task.chunk, task.grad, task.inv_scale);
     if (!sum.ok()) return sum.status();
     norm_squares_[flat] = *sum;
-    absl::MutexLock lock(&mu_);
-    busy_.norm += Now() - start;
+    seconds = Now() - start;
   }
   absl::MutexLock lock(&mu_);
+  busy_.norm += seconds;
   running_sum_ += norm_squares_[flat];
   if (!deferring_ && OutcomeCertain(running_sum_)) deferring_ = true;
   fates_[flat] = deferring_ ? Fate::kDeferred : Fate::kEager;

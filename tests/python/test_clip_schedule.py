@@ -100,10 +100,12 @@ def test_deferred_clipping_matches_torch(lohand):
     assert_fp32_close(model, reference, losses, ref_losses)
 
 
-def test_a_bad_clip_schedule_is_refused(tmp_path):
+def test_bad_clip_options_are_refused(tmp_path):
+    socket = str(tmp_path / "unused.sock")
     with pytest.raises(ValueError, match="clip_schedule='fast'"):
-        lohan.init(tiny_gpt(), clip_schedule="fast",
-                   socket=str(tmp_path / "unused.sock"))
+        lohan.init(tiny_gpt(), clip_schedule="fast", socket=socket)
+    with pytest.raises(TypeError, match="overlap_step must be True or False"):
+        lohan.init(tiny_gpt(), overlap_step="yes", socket=socket)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -177,3 +179,51 @@ def test_overlap_step_sync_weights_and_changes_behind_its_back(lohand):
             engine.close()
     # Left as the user made it, not overwritten.
     assert torch.equal(model.blocks[2].fc.weight.detach(), changed)
+
+
+_CHILD = """
+import os, signal, sys
+sys.path.insert(0, {tests!r})
+from test_engine import batches, engine_for, lm_loss, tiny_gpt
+class Lohand:
+    socket = {socket!r}
+model = tiny_gpt()
+engine = engine_for(model, Lohand, max_grad_norm=1e-3, job_name={job!r})
+for step in batches(2):
+    lm_loss(model, step[0]).backward()
+    result = engine.step()
+    assert result.clipped
+# The last step's updates (deferred: the step before clipped) may still
+# be running in the daemon: die without a word.
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_client_killed_while_its_step_settles_loses_nothing(lohand):
+    """step() returned, so the step counts: the daemon finishes and commits
+    its updates although the process is gone, keeps serving, and the job
+    resumes at that step with the weights of an uninterrupted run. (The
+    path through a real process; that a pipeline closed mid-settle commits
+    first, whatever the timing, is daemon/sched's SettleTest with a slowed
+    store.)"""
+    import subprocess
+    import sys
+    from pathlib import Path
+    code = _CHILD.format(tests=str(Path(__file__).parent),
+                         socket=lohand.socket, job="killed-settling")
+    child = subprocess.run([sys.executable, "-c", code], timeout=300)
+    assert child.returncode == -9
+    model = tiny_gpt()
+    with engine_for(model, lohand, max_grad_norm=1e-3,
+                    job_name="unkilled") as engine:
+        for step in batches(2):
+            lm_loss(model, step[0]).backward()
+            engine.step()
+        want = engine.master_weights()
+    resumed = tiny_gpt(seed=5)  # its weights come from the daemon
+    with engine_for(resumed, lohand, max_grad_norm=1e-3,
+                    job_name="killed-settling", resume=True) as engine:
+        assert engine.iteration == 2
+        got = engine.master_weights()
+    for name, weight in want.items():
+        assert torch.equal(weight, got[name]), name

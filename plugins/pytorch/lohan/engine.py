@@ -138,6 +138,9 @@ class Engine:
                     and math.isfinite(loss_scale) and loss_scale > 0)):
             raise ValueError(f"loss_scale={loss_scale!r}: use None (dynamic "
                              "for fp16, else 1), 'dynamic' or a number > 0")
+        if not isinstance(overlap_step, bool):
+            raise TypeError(f"overlap_step must be True or False, got "
+                            f"{overlap_step!r}")
         if clip_schedule not in ("deferred", "redo-all"):
             raise ValueError(f"clip_schedule={clip_schedule!r}: use "
                              "'deferred' (the default) or 'redo-all'")

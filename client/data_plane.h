@@ -54,7 +54,7 @@ class DataPlane {
 
   // Connects to `data_socket_path` (HelloResponse.data_socket_path) and asks
   // for `job_id`'s arena. The daemon's refusal comes back as its status
-  // (e.g. PERMISSION_DENIED for another user's job, FAILED_PRECONDITION when
+  // (e.g. NOT_FOUND for another user's job, FAILED_PRECONDITION when
   // this process has not attached the job); UNAVAILABLE when no daemon
   // answers there.
   static absl::StatusOr<std::unique_ptr<DataPlane>> Open(

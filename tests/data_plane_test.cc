@@ -138,15 +138,15 @@ TEST_F(DataPlaneTest, AnotherUidCannotObtainTheArena) {
   // Neither through the front door (attach) nor around it.
   for (const char* command : {"arena", "arena-only"}) {
     RunResult result = CClient({command, job_id_}, as_nobody, env);
-    EXPECT_EQ(result.exit_code, 7) << command << ": " << result.out;
-    EXPECT_THAT(result.out, HasSubstr("belongs to another user"));
+    EXPECT_EQ(result.exit_code, 5) << command << ": " << result.out;
+    EXPECT_THAT(result.out, HasSubstr("no job '" + job_id_ + "' of yours"));
   }
   // Not even while root's process holds the arena open.
   auto holder = BackgroundProcess::Start(
       {binary_, daemon_->socket(), "arena-hold", job_id_}, env);
   ASSERT_TRUE(holder.ok()) << holder.status();
   RunResult result = CClient({"arena-only", job_id_}, as_nobody, env);
-  EXPECT_EQ(result.exit_code, 7) << result.out;
+  EXPECT_EQ(result.exit_code, 5) << result.out;
   EXPECT_EQ(Pool().used_bytes(), kArenaBytes);
 }
 

@@ -17,7 +17,7 @@ namespace {
 using ::testing::HasSubstr;
 
 constexpr int kNobody = 65534;
-constexpr int kPermissionDenied = 7;
+constexpr int kNotFound = 5;
 
 class OwnershipTest : public ::testing::Test {
  protected:
@@ -65,13 +65,16 @@ TEST_F(OwnershipTest, OtherUidIsDeniedRootSeesAll) {
   ASSERT_EQ(created.exit_code, 0) << created.out << created.err;
   const std::string root_job(absl::StripAsciiWhitespace(created.out));
 
-  // nobody cannot touch root's job...
+  // nobody cannot touch root's job, nor tell it from a missing one...
   RunResult attach = AsNobody({"attach", root_job});
-  EXPECT_EQ(attach.exit_code, kPermissionDenied) << attach.out << attach.err;
-  EXPECT_THAT(attach.out, HasSubstr("PERMISSION_DENIED"));
-  EXPECT_THAT(attach.out, HasSubstr("belongs to another user\n"));
+  EXPECT_EQ(attach.exit_code, kNotFound) << attach.out << attach.err;
+  EXPECT_THAT(attach.out, HasSubstr("NOT_FOUND"));
+  RunResult missing = AsNobody({"attach", "j-999999"});
+  std::string as_missing = attach.out;
+  as_missing.replace(as_missing.find(root_job), root_job.size(), "j-999999");
+  EXPECT_EQ(as_missing, missing.out);
   RunResult remove = AsNobody({"delete", root_job});
-  EXPECT_EQ(remove.exit_code, kPermissionDenied) << remove.out;
+  EXPECT_EQ(remove.exit_code, kNotFound) << remove.out;
   // ...nor see it.
   RunResult nobody_list = AsNobody({"list"});
   ASSERT_EQ(nobody_list.exit_code, 0) << nobody_list.out << nobody_list.err;

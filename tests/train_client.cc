@@ -22,6 +22,8 @@
 // The dump holds, per layer, the fp32 master weights and the weights
 // FETCH_PARAMS gives after training (the 16-bit copy, or fp32 weights).
 // --hold: after training, keep the data plane open until killed.
+// --pause-after K --resume-file F: after K iterations, create F.paused and
+// wait (data plane open) until F exists, then go on.
 #include <signal.h>
 #include <unistd.h>
 
@@ -62,6 +64,8 @@ struct Args {
   uint32_t weight_slots = 0;
   uint64_t host_pool = uint64_t{16} << 20;
   bool hold = false;
+  int pause_after = 0;
+  std::string resume_file;
 };
 
 int Run(const Args& args) {
@@ -142,6 +146,15 @@ int Run(const Args& args) {
   uint64_t sequence = registered->iteration();
   const uint64_t first = registered->iteration();
   for (int t = 0; t < args.iterations; ++t) {
+    if (args.pause_after != 0 && t == args.pause_after) {
+      // Whoever waits for this line may stop reading: later lines must not
+      // kill us (SIGPIPE).
+      signal(SIGPIPE, SIG_IGN);
+      std::printf("paused after %d iterations\n", t);
+      std::fflush(stdout);
+      std::ofstream(args.resume_file + ".paused") << "paused\n";
+      while (access(args.resume_file.c_str(), F_OK) != 0) usleep(10 * 1000);
+    }
     const uint64_t step = first + t;  // gradients of the step-th iteration
     SubmissionEntry begin{};
     begin.op = static_cast<uint16_t>(RingOp::kIterBegin);
@@ -262,6 +275,9 @@ int main(int argc, char** argv) {
   app.add_option("--host-pool", args.host_pool);
   app.add_option("--out", args.out)->required();
   app.add_flag("--hold", args.hold, "after training, wait until killed");
+  app.add_option("--pause-after", args.pause_after,
+                 "iterations after which to wait for --resume-file");
+  app.add_option("--resume-file", args.resume_file);
   CLI11_PARSE(app, argc, argv);
   return lohan::testing::Run(args);
 }

@@ -24,6 +24,7 @@
 #include "daemon/optim/half.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/dumped_weights.h"
 #include "tests/harness/daemon_process.h"
 #include "tests/harness/subprocess.h"
 #include "tests/synthetic_model.h"
@@ -129,40 +130,16 @@ class TrainingTest : public ::testing::Test {
   }
   void ExpectWeightsOf(const std::vector<uint64_t>& layers, int iterations,
                        bool bf16, double max_norm, double grad_scale) {
-    auto grad = [&](int t, size_t l, uint64_t i) -> double {
-      const float g = Gradient(kSeed, t, l, i, grad_scale);
-      return bf16 ? Bf16ToFloat(FloatToBf16(g)) : g;
-    };
-    const auto reference = ReferenceAdamW(layers, kSeed, iterations,
-                                          SyntheticAdam(), max_norm, grad);
-    std::ifstream in(dir_.path() + "/weights", std::ios::binary);
-    ASSERT_TRUE(in) << "no weights written";
     double worst = 0;
-    for (size_t l = 0; l < layers.size(); ++l) {
-      std::vector<float> master(layers[l]);
-      in.read(reinterpret_cast<char*>(master.data()), layers[l] * 4);
-      std::vector<uint8_t> copy(layers[l] * (bf16 ? 2 : 4));
-      in.read(reinterpret_cast<char*>(copy.data()), copy.size());
-      ASSERT_TRUE(in) << "short weights file";
-      for (uint64_t i = 0; i < layers[l]; ++i) {
-        const double expected = reference[l][i];
-        const double error = std::abs(master[i] - expected);
-        worst = std::max(worst, error / (1 + std::abs(expected)));
-        ASSERT_LE(error, 2e-5 * (1 + std::abs(expected)))
-            << "layer " << l << " element " << i << " after " << iterations
-            << " iterations";
-        // What the next forward gets (FETCH_PARAMS) is exactly the master
-        // weight, rounded (an fp32 model's: the master itself).
-        if (bf16) {
-          uint16_t published;
-          std::memcpy(&published, copy.data() + 2 * i, 2);
-          ASSERT_EQ(published, FloatToBf16(master[i])) << l << "/" << i;
-        } else {
-          ASSERT_EQ(std::memcmp(copy.data() + 4 * i, &master[i], 4), 0)
-              << l << "/" << i;
-        }
-      }
-    }
+    const absl::Status matches = CheckDumpedWeights(dir_.path() + "/weights",
+                                                    {.layers = layers,
+                                                     .iterations = iterations,
+                                                     .bf16 = bf16,
+                                                     .max_norm = max_norm,
+                                                     .grad_scale = grad_scale,
+                                                     .seed = kSeed},
+                                                    &worst);
+    ASSERT_TRUE(matches.ok()) << matches;
     RecordProperty("worst_relative_error", absl::StrCat(worst));
   }
 

@@ -18,11 +18,17 @@ struct ProcessIdentity {
   bool operator==(const ProcessIdentity&) const = default;
 };
 
-// NOT_FOUND when no such process is running.
+// NOT_FOUND when no such process is running; UNAVAILABLE when /proc cannot
+// be read now (the daemon is short of file descriptors or memory): that
+// says nothing about the process.
 absl::StatusOr<ProcessIdentity> IdentifyProcess(pid_t pid);
 
-// True while the very process `identity` names is running (not a zombie).
-bool IsRunning(const ProcessIdentity& identity);
+enum class ProcessState {
+  kRunning,  // the very process `identity` names, not a zombie
+  kGone,     // exited (or its pid now names another process)
+  kUnknown,  // /proc could not be read; treat as running
+};
+ProcessState CheckRunning(const ProcessIdentity& identity);
 
 }  // namespace lohan
 

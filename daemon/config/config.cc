@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -62,26 +63,31 @@ Setter StringSetter(std::string DaemonConfig::*field, const char* key) {
 }
 
 // A byte size: an integer, or a string with units ("8GiB").
+absl::StatusOr<uint64_t> SizeValue(const toml::node& node,
+                                   absl::string_view origin,
+                                   absl::string_view key) {
+  if (std::optional<int64_t> as_int = node.value_exact<int64_t>()) {
+    if (*as_int < 0) return BadValue(origin, node, key, "a non-negative size");
+    return static_cast<uint64_t>(*as_int);
+  }
+  std::optional<std::string> as_text = node.value_exact<std::string>();
+  if (!as_text) {
+    return BadValue(origin, node, key,
+                    "a size such as \"8GiB\" or a byte count");
+  }
+  absl::StatusOr<uint64_t> bytes = ParseByteSize(*as_text);
+  if (!bytes.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Where(origin, node), ": key '", key, "': ", bytes.status().message()));
+  }
+  return *bytes;
+}
+
 Setter SizeSetter(uint64_t DaemonConfig::*field, const char* key) {
   return [field, key](const toml::node& node, absl::string_view origin,
                       DaemonConfig& config) -> absl::Status {
-    if (std::optional<int64_t> as_int = node.value_exact<int64_t>()) {
-      if (*as_int < 0)
-        return BadValue(origin, node, key, "a non-negative size");
-      config.*field = static_cast<uint64_t>(*as_int);
-      return absl::OkStatus();
-    }
-    std::optional<std::string> as_text = node.value_exact<std::string>();
-    if (!as_text) {
-      return BadValue(origin, node, key,
-                      "a size such as \"8GiB\" or a byte count");
-    }
-    absl::StatusOr<uint64_t> bytes = ParseByteSize(*as_text);
-    if (!bytes.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(Where(origin, node), ": key '", key,
-                       "': ", bytes.status().message()));
-    }
+    absl::StatusOr<uint64_t> bytes = SizeValue(node, origin, key);
+    if (!bytes.ok()) return bytes.status();
     config.*field = *bytes;
     return absl::OkStatus();
   };
@@ -100,6 +106,111 @@ Setter IntegerSetter(uint32_t DaemonConfig::*field, const char* key,
         config.*field = static_cast<uint32_t>(*value);
         return absl::OkStatus();
       };
+}
+
+// A per-user limit (UserLimits field) in [quotas] or [quotas.user.NAME]: a
+// count (0 = no limit) or, for sizes, a byte size.
+template <typename T>
+absl::StatusOr<T> LimitValue(const toml::node& node, absl::string_view origin,
+                             absl::string_view key) {
+  if constexpr (std::is_same_v<T, uint64_t>) {
+    return SizeValue(node, origin, key);
+  } else {
+    std::optional<int64_t> value = node.value_exact<int64_t>();
+    if (!value || *value < 0 || *value > (int64_t{1} << 31)) {
+      return BadValue(origin, node, key,
+                      "a count from 0 (no limit) to 2147483648");
+    }
+    return static_cast<T>(*value);
+  }
+}
+
+// The keys a [quotas] section (or a user's) may hold.
+struct LimitKey {
+  const char* name;
+  absl::Status (*set)(const toml::node&, absl::string_view origin,
+                      const std::string& key, UserLimitOverrides&);
+};
+template <typename T, std::optional<T> UserLimitOverrides::*field>
+absl::Status SetLimit(const toml::node& node, absl::string_view origin,
+                      const std::string& key, UserLimitOverrides& limits) {
+  absl::StatusOr<T> value = LimitValue<T>(node, origin, key);
+  if (!value.ok()) return value.status();
+  limits.*field = *value;
+  return absl::OkStatus();
+}
+constexpr LimitKey kLimitKeys[] = {
+    {"jobs", SetLimit<uint32_t, &UserLimitOverrides::jobs>},
+    {"data_planes", SetLimit<uint32_t, &UserLimitOverrides::data_planes>},
+    {"control_connections",
+     SetLimit<uint32_t, &UserLimitOverrides::control_connections>},
+    {"host_pool", SetLimit<uint64_t, &UserLimitOverrides::host_pool_bytes>},
+    {"ssd", SetLimit<uint64_t, &UserLimitOverrides::ssd_bytes>},
+};
+
+// Applies the limit keys of `table` (a [quotas...] section, named `section`)
+// to `limits`.
+absl::Status ParseLimits(const toml::table& table, absl::string_view origin,
+                         const std::string& section,
+                         UserLimitOverrides& limits) {
+  for (const auto& [key, node] : table) {
+    const std::string name(key.str());
+    const std::string full_key = absl::StrCat(section, ".", name);
+    const LimitKey* found = nullptr;
+    for (const LimitKey& limit : kLimitKeys) {
+      if (name == limit.name) found = &limit;
+    }
+    if (found == nullptr) {
+      std::vector<std::string> known;
+      for (const LimitKey& limit : kLimitKeys) known.push_back(limit.name);
+      return absl::InvalidArgumentError(absl::StrCat(
+          Where(origin, node), ": unknown key '", full_key,
+          "' (a quota section holds: ", absl::StrJoin(known, ", "), ")"));
+    }
+    if (absl::Status set = found->set(node, origin, full_key, limits);
+        !set.ok()) {
+      return set;
+    }
+  }
+  return absl::OkStatus();
+}
+
+// [quotas] itself, and its [quotas.user.NAME] tables.
+absl::Status ParseQuotas(const toml::table& quotas, absl::string_view origin,
+                         DaemonConfig& config) {
+  toml::table own;
+  for (const auto& [key, node] : quotas) {
+    if (key.str() != "user") {
+      own.insert(key, node);
+      continue;
+    }
+    const toml::table* users = node.as_table();
+    if (users == nullptr) {
+      return BadValue(origin, node, "quotas.user",
+                      "tables, one per user: [quotas.user.NAME]");
+    }
+    for (const auto& [user, limits] : *users) {
+      const toml::table* table = limits.as_table();
+      const std::string section =
+          absl::StrCat("quotas.user.", std::string(user.str()));
+      if (table == nullptr) {
+        return BadValue(origin, limits, section, "a table of limits");
+      }
+      UserLimitOverrides& overrides =
+          config.quota_users[std::string(user.str())];
+      if (absl::Status parsed = ParseLimits(*table, origin, section, overrides);
+          !parsed.ok()) {
+        return parsed;
+      }
+    }
+  }
+  UserLimitOverrides defaults;
+  if (absl::Status parsed = ParseLimits(own, origin, "quotas", defaults);
+      !parsed.ok()) {
+    return parsed;
+  }
+  config.quota_defaults = defaults.Over(config.quota_defaults);
+  return absl::OkStatus();
 }
 
 Setter BoolSetter(bool DaemonConfig::*field, const char* key) {
@@ -121,6 +232,9 @@ const std::map<std::string, Setter>& KeySetters() {
        StringSetter(&DaemonConfig::state_dir, "daemon.state_dir")},
       {"daemon.log_level",
        StringSetter(&DaemonConfig::log_level, "daemon.log_level")},
+      {"daemon.control_idle_timeout",
+       IntegerSetter(&DaemonConfig::control_idle_timeout_seconds,
+                     "daemon.control_idle_timeout", 1, 86400)},
       {"store.ssd_paths",
        [](const toml::node& node, absl::string_view origin,
           DaemonConfig& config) -> absl::Status {
@@ -195,7 +309,14 @@ absl::StatusOr<DaemonConfig> ParseConfigToml(absl::string_view text,
       return absl::InvalidArgumentError(absl::StrCat(
           Where(origin, section_node), ": unknown key '", section,
           "' (keys live in the sections [daemon], [store], [pool], "
-          "[optimizer])"));
+          "[optimizer], [quotas])"));
+    }
+    if (section == "quotas") {
+      if (absl::Status parsed = ParseQuotas(*section_table, origin, config);
+          !parsed.ok()) {
+        return parsed;
+      }
+      continue;
     }
     for (const auto& [key, node] : *section_table) {
       const std::string full_key =

@@ -2,6 +2,7 @@
 #define LOHAN_DAEMON_CONFIG_CONFIG_H_
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -9,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "daemon/quota/user_limits.h"
 
 namespace lohan {
 
@@ -29,6 +31,13 @@ struct DaemonConfig {
   uint32_t optimizer_threads = 0;
   // "auto", "avx512", "avx2" or "scalar".
   std::string optimizer_isa;
+  // A control connection that carries no call for this long is closed (the
+  // client reconnects when it next calls).
+  uint32_t control_idle_timeout_seconds = 0;
+  // [quotas]: every user's limits, and [quotas.user.NAME]: one user's own
+  // (by login name; resolved when the daemon starts).
+  UserLimits quota_defaults;
+  std::map<std::string, UserLimitOverrides> quota_users;
 };
 
 // Values given on the command line; each one set replaces the file's value.

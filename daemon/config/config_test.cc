@@ -39,7 +39,37 @@ TEST(DefaultConfig, IsTheDeployedFile) {
   EXPECT_EQ(defaults.block_size, 4096u);
   EXPECT_EQ(defaults.queue_depth, 32u);
   EXPECT_FALSE(defaults.allow_buffered_io);
+  EXPECT_EQ(defaults.control_idle_timeout_seconds, 600u);
+  EXPECT_EQ(defaults.quota_defaults,
+            (UserLimits{.jobs = 64,
+                        .data_planes = 16,
+                        .control_connections = 64,
+                        .host_pool_bytes = 0,
+                        .ssd_bytes = 0}));
+  EXPECT_TRUE(defaults.quota_users.empty());
   EXPECT_TRUE(ValidateConfig(defaults).ok());
+}
+
+TEST(ParseConfigToml, QuotasForEveryoneAndForOneUser) {
+  absl::StatusOr<DaemonConfig> config = ParseConfigToml(
+      "[quotas.user.alice]\nssd = \"4TiB\"\njobs = 200\n"
+      "[quotas]\nssd = \"1TiB\"\nhost_pool = 1073741824\n"
+      "[quotas.user.bob]\ndata_planes = 0\n",
+      "test.toml", DefaultConfig());
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->quota_defaults.ssd_bytes, 1ull << 40);
+  EXPECT_EQ(config->quota_defaults.host_pool_bytes, 1ull << 30);
+  EXPECT_EQ(config->quota_defaults.jobs, 64u);  // kept from the default
+  ASSERT_EQ(config->quota_users.size(), 2u);
+  const UserLimits alice =
+      config->quota_users.at("alice").Over(config->quota_defaults);
+  EXPECT_EQ(alice.ssd_bytes, 4ull << 40);
+  EXPECT_EQ(alice.jobs, 200u);
+  EXPECT_EQ(alice.host_pool_bytes, 1ull << 30);  // the section order is free
+  const UserLimits bob =
+      config->quota_users.at("bob").Over(config->quota_defaults);
+  EXPECT_EQ(bob.data_planes, 0u);
+  EXPECT_EQ(bob.ssd_bytes, 1ull << 40);
 }
 
 TEST(ParseConfigToml, OverridesOnlyGivenKeys) {
@@ -130,6 +160,16 @@ INSTANTIATE_TEST_SUITE_P(
                 "'store.allow_buffered_io' must be true or false"},
         BadCase{"[store]\ncapacity_per_ssd = \"big\"\n",
                 "'store.capacity_per_ssd': 'big' is not a byte size"},
+        BadCase{"[quotas]\nsdd = 1\n", "unknown key 'quotas.sdd'"},
+        BadCase{"[quotas]\njobs = -1\n", "'quotas.jobs' must be a count"},
+        BadCase{"[quotas]\nssd = \"much\"\n", "'quotas.ssd': 'much'"},
+        BadCase{"[quotas]\nuser = 3\n", "'quotas.user' must be tables"},
+        BadCase{"[quotas.user.alice]\njob = 3\n",
+                "unknown key 'quotas.user.alice.job'"},
+        BadCase{"[quotas.user]\nalice = 3\n",
+                "'quotas.user.alice' must be a table"},
+        BadCase{"[daemon]\ncontrol_idle_timeout = 0\n",
+                "'daemon.control_idle_timeout' must be an integer from 1"},
         BadCase{"[daemon\nsocket = 1\n", "not valid TOML"}));
 
 TEST(ParseConfigToml, ErrorCarriesLineNumber) {

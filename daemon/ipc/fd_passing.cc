@@ -1,5 +1,7 @@
 #include "daemon/ipc/fd_passing.h"
 
+#include <fcntl.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -8,6 +10,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "daemon/common/errno_status.h"
 
 namespace lohan {
@@ -44,8 +48,28 @@ void CollectFds(msghdr* msg, std::vector<UniqueFd>* fds) {
 // Reads exactly `size` bytes into `buffer`, collecting fds from every
 // recvmsg (they arrive with the first byte; collecting from all of them
 // means none can slip past).
+// Waits until `socket_fd` is readable or `deadline` (none when infinite).
+absl::Status WaitReadable(int socket_fd, absl::Time deadline, size_t done,
+                          size_t size) {
+  while (true) {
+    int timeout_ms = -1;
+    if (deadline != absl::InfiniteFuture()) {
+      timeout_ms = static_cast<int>(std::max<int64_t>(
+          0, absl::ToInt64Milliseconds(deadline - absl::Now())));
+    }
+    pollfd fd{.fd = socket_fd, .events = POLLIN};
+    const int ready = poll(&fd, 1, timeout_ms);
+    if (ready > 0) return absl::OkStatus();
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready < 0) return IoError(errno, "poll");
+    return absl::DeadlineExceededError(
+        absl::StrCat("fd message: ", done, " of ", size,
+                     " bytes arrived in time, the rest did not"));
+  }
+}
+
 absl::Status ReadExactly(int socket_fd, uint8_t* buffer, size_t size,
-                         std::vector<UniqueFd>* fds) {
+                         std::vector<UniqueFd>* fds, absl::Time deadline) {
   size_t done = 0;
   while (done < size) {
     iovec iov{buffer + done, size - done};
@@ -58,6 +82,13 @@ absl::Status ReadExactly(int socket_fd, uint8_t* buffer, size_t size,
     const ssize_t n = recvmsg(socket_fd, &msg, MSG_CMSG_CLOEXEC);
     if (n < 0) {
       if (errno == EINTR) continue;
+      // On a blocking socket EAGAIN is its SO_RCVTIMEO running out.
+      if ((errno == EAGAIN || errno == EWOULDBLOCK) &&
+          (fcntl(socket_fd, F_GETFL) & O_NONBLOCK) != 0) {
+        absl::Status waited = WaitReadable(socket_fd, deadline, done, size);
+        if (!waited.ok()) return waited;
+        continue;
+      }
       return IoError(errno, "recvmsg");
     }
     CollectFds(&msg, fds);
@@ -137,11 +168,14 @@ absl::Status SendWithFds(int socket_fd, absl::Span<const uint8_t> payload,
 
 absl::StatusOr<FdMessage> ReceiveWithFds(int socket_fd,
                                          size_t max_payload_bytes,
-                                         size_t expected_fds) {
+                                         size_t expected_fds, int timeout_ms) {
+  const absl::Time deadline =
+      timeout_ms < 0 ? absl::InfiniteFuture()
+                     : absl::Now() + absl::Milliseconds(timeout_ms);
   FdMessage message;
   uint8_t header[kHeaderBytes];
   absl::Status status =
-      ReadExactly(socket_fd, header, kHeaderBytes, &message.fds);
+      ReadExactly(socket_fd, header, kHeaderBytes, &message.fds, deadline);
   if (!status.ok()) return status;  // message.fds closes whatever came
   const uint32_t length = uint32_t{header[0]} | uint32_t{header[1]} << 8 |
                           uint32_t{header[2]} << 16 | uint32_t{header[3]} << 24;
@@ -151,7 +185,8 @@ absl::StatusOr<FdMessage> ReceiveWithFds(int socket_fd,
         std::min(max_payload_bytes, kMaxFdMessageBytes)));
   }
   message.payload.resize(length);
-  status = ReadExactly(socket_fd, message.payload.data(), length, &message.fds);
+  status = ReadExactly(socket_fd, message.payload.data(), length, &message.fds,
+                       deadline);
   if (!status.ok()) return status;
   if (message.fds.size() != expected_fds) {
     return absl::InvalidArgumentError(absl::StrCat("fd message: expected ",

@@ -46,9 +46,14 @@ struct FdMessage {
 // closed. Fds are received with MSG_CMSG_CLOEXEC. UNAVAILABLE when the peer
 // closed the connection (also mid-frame); INVALID_ARGUMENT for a frame that
 // breaks the rules above (the stream is then out of step: close it).
+// A frame may arrive in any number of pieces; on a non-blocking socket the
+// call waits for the rest, and DEADLINE_EXCEEDED when the whole frame has
+// not come within `timeout_ms` of the call (-1: no limit), so a peer that
+// sends a byte and stops holds nothing for long.
 absl::StatusOr<FdMessage> ReceiveWithFds(int socket_fd,
                                          size_t max_payload_bytes,
-                                         size_t expected_fds);
+                                         size_t expected_fds,
+                                         int timeout_ms = -1);
 
 // The peer of a connected AF_UNIX socket as the kernel saw it at connect()
 // time (SO_PEERCRED).

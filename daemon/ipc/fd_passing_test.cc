@@ -9,6 +9,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <thread>
 
 #include "daemon/pool/shared_arena.h"
 #include "gtest/gtest.h"
@@ -174,6 +175,36 @@ TEST(FdPassingTest, ReceiveTimeoutIsDeadlineExceeded) {
             0);
   EXPECT_EQ(ReceiveWithFds(sockets.b.get(), 64, 0).status().code(),
             absl::StatusCode::kDeadlineExceeded);
+}
+
+// The daemon's sockets are non-blocking: a frame that comes in pieces is
+// still one frame, and a peer that stops halfway is dropped at the timeout.
+TEST(FdPassingTest, NonBlockingReceiverWaitsForAFrameInPieces) {
+  SocketPair sockets = MakeSocketPair();
+  ASSERT_EQ(fcntl(sockets.b.get(), F_SETFL, O_NONBLOCK), 0);
+  // What SendWithFds would write for "hello": a 4-byte length, the bytes.
+  const std::string frame = std::string("\x05\0\0\0", 4) + "hello";
+  const int sender = sockets.a.get();
+  std::thread pieces([&] {
+    for (size_t at = 0; at < frame.size(); at += 3) {
+      usleep(20 * 1000);
+      ASSERT_GT(write(sender, frame.data() + at,
+                      std::min<size_t>(3, frame.size() - at)),
+                0);
+    }
+  });
+  absl::StatusOr<FdMessage> message =
+      ReceiveWithFds(sockets.b.get(), 64, 0, /*timeout_ms=*/10000);
+  pieces.join();
+  ASSERT_TRUE(message.ok()) << message.status();
+  EXPECT_EQ(Text(message->payload), "hello");
+
+  ASSERT_EQ(write(sender, frame.data(), 2), 2);
+  absl::StatusOr<FdMessage> stalled =
+      ReceiveWithFds(sockets.b.get(), 64, 0, /*timeout_ms=*/50);
+  EXPECT_EQ(stalled.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(stalled.status().message().find("2 of 4 bytes"), std::string::npos)
+      << stalled.status();
 }
 
 TEST(FdPassingTest, PeerCredentials) {

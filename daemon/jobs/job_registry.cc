@@ -22,6 +22,7 @@ namespace {
 constexpr size_t kMaxJobNameLength = 64;
 constexpr size_t kMaxJobIdLength = 32;
 constexpr char kRegistryFile[] = "jobs.binpb";
+const QuotaTable kNoQuotas;
 
 absl::Status ValidateJobName(const std::string& name) {
   if (name.empty() || name.size() > kMaxJobNameLength) {
@@ -87,7 +88,9 @@ absl::Status WriteFileDurably(const std::string& dir, const std::string& name,
 
 }  // namespace
 
-JobRegistry::JobRegistry(Options options) : options_(std::move(options)) {}
+JobRegistry::JobRegistry(Options options) : options_(std::move(options)) {
+  if (options_.quotas == nullptr) options_.quotas = &kNoQuotas;
+}
 
 std::string JobRegistry::RegistryPath() const {
   return absl::StrCat(options_.state_dir, "/", kRegistryFile);
@@ -145,8 +148,10 @@ absl::Status JobRegistry::Persist(const std::map<std::string, Entry>& jobs,
 
 void JobRegistry::ReapDeadAttachments() {
   for (auto& [id, entry] : jobs_) {
+    // Only a process known to be gone is; one the daemon cannot look at
+    // now (short of file descriptors, say) stays attached.
     if (entry.job.state() == v1::JOB_STATE_ATTACHED &&
-        !IsRunning(entry.attached_process)) {
+        CheckRunning(entry.attached_process) == ProcessState::kGone) {
       entry.job.set_state(v1::JOB_STATE_DETACHED);
       entry.job.clear_attached_pid();
       entry.job.clear_attached_unix_seconds();
@@ -163,37 +168,59 @@ absl::StatusOr<JobRegistry::Entry*> JobRegistry::FindOwned(
                      " characters (e.g. j-000001), got ", job_id.size()));
   }
   auto found = jobs_.find(job_id);
-  if (found == jobs_.end()) {
+  // Another user's job is answered exactly as a missing one: job ids must
+  // not tell anyone which jobs exist.
+  if (found == jobs_.end() ||
+      (!caller.is_root() && found->second.job.owner_uid() != caller.uid)) {
     return absl::NotFoundError(
         absl::StrCat("no job '", absl::CHexEscape(job_id),
-                     "'; 'lohanctl jobs' lists the jobs you can see"));
-  }
-  if (!caller.is_root() && found->second.job.owner_uid() != caller.uid) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("job ", job_id, " belongs to another user"));
+                     "' of yours; 'lohanctl jobs' lists the jobs you can see"));
   }
   return &found->second;
 }
 
-absl::Status JobRegistry::PoolFitsLocked(const std::string& name,
-                                         uint64_t bytes,
-                                         const std::string& except) const {
-  uint64_t in_use = 0;
+absl::Status JobRegistry::CheckRequestLocked(const Caller& caller,
+                                             const v1::JobSpec& spec) const {
+  const UserLimits& limits = options_.quotas->For(caller.uid);
+  uint32_t owned = 0;
   for (const auto& [id, entry] : jobs_) {
-    if (id != except && entry.job.state() == v1::JOB_STATE_ATTACHED) {
-      in_use += entry.job.spec().host_pool_bytes();
-    }
+    if (entry.job.owner_uid() == caller.uid) ++owned;
   }
-  const uint64_t left = options_.host_pool_capacity_bytes > in_use
-                            ? options_.host_pool_capacity_bytes - in_use
-                            : 0;
-  if (bytes <= left) return absl::OkStatus();
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "job '", name, "' asks for ", FormatByteSize(bytes),
-      " of host pool but only ", FormatByteSize(left), " of ",
-      FormatByteSize(options_.host_pool_capacity_bytes),
-      " is free (the rest is held by running jobs; it comes back as they "
-      "end)"));
+  if (limits.jobs != 0 && owned >= limits.jobs) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "job '", spec.name(), "': uid ", caller.uid, " has ", owned,
+        " jobs and the quota is ", limits.jobs,
+        " ([quotas] jobs in lohand.toml); delete one you no longer need "
+        "('lohanctl delete JOB')"));
+  }
+  auto too_large = [&](const char* what, uint64_t asked, uint64_t limit,
+                       const std::string& which) -> absl::Status {
+    if (limit == 0 || asked <= limit) return absl::OkStatus();
+    return absl::ResourceExhaustedError(
+        absl::StrCat("job '", spec.name(), "' asks for ", asked, " bytes (",
+                     FormatByteSize(asked), ") of ", what, " but ", which,
+                     " is ", limit, " (", FormatByteSize(limit), ")"));
+  };
+  if (absl::Status s =
+          too_large("host pool", spec.host_pool_bytes(),
+                    options_.host_pool_capacity_bytes, "the whole pool");
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = too_large(
+          "host pool", spec.host_pool_bytes(), limits.host_pool_bytes,
+          absl::StrCat("uid ", caller.uid, "'s quota ([quotas] host_pool)"));
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s =
+          too_large("SSD space", spec.ssd_bytes(), options_.ssd_capacity_bytes,
+                    "the whole SSD array");
+      !s.ok()) {
+    return s;
+  }
+  return too_large("SSD space", spec.ssd_bytes(), limits.ssd_bytes,
+                   absl::StrCat("uid ", caller.uid, "'s quota ([quotas] ssd)"));
 }
 
 absl::StatusOr<v1::Job> JobRegistry::Create(const Caller& caller,
@@ -211,9 +238,7 @@ absl::StatusOr<v1::Job> JobRegistry::Create(const Caller& caller,
                        "); attach to it or delete it first"));
     }
   }
-  if (absl::Status fits = PoolFitsLocked(spec.name(), spec.host_pool_bytes(),
-                                         /*except=*/"");
-      !fits.ok()) {
+  if (absl::Status fits = CheckRequestLocked(caller, spec); !fits.ok()) {
     return fits;
   }
   v1::Job job;
@@ -237,6 +262,11 @@ absl::StatusOr<v1::Job> JobRegistry::Create(const Caller& caller,
 absl::StatusOr<v1::Job> JobRegistry::Attach(const Caller& caller,
                                             const std::string& job_id) {
   absl::StatusOr<ProcessIdentity> process = IdentifyProcess(caller.pid);
+  if (absl::IsUnavailable(process.status())) {
+    return absl::UnavailableError(
+        absl::StrCat("lohand cannot look at calling process ", caller.pid,
+                     " now (", process.status().message(), "); try again"));
+  }
   if (!process.ok()) {
     return absl::FailedPreconditionError(
         absl::StrCat("calling process ", caller.pid, " is gone"));
@@ -253,11 +283,6 @@ absl::StatusOr<v1::Job> JobRegistry::Attach(const Caller& caller,
         "; detach it there (engine.close()), end that process, or 'lohanctl "
         "jobs detach ",
         job_id, "' as its owner"));
-  }
-  if (absl::Status fits = PoolFitsLocked(job.spec().name(),
-                                         job.spec().host_pool_bytes(), job_id);
-      !fits.ok()) {
-    return fits;
   }
   job.set_state(v1::JOB_STATE_ATTACHED);
   job.set_attached_pid(caller.pid);

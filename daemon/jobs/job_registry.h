@@ -15,23 +15,30 @@
 #include "absl/synchronization/mutex.h"
 #include "daemon/common/caller.h"
 #include "daemon/common/process_identity.h"
+#include "daemon/quota/user_limits.h"
 #include "proto/lohan.pb.h"
 
 namespace lohan {
 
 // The daemon's jobs. Every call takes the caller and enforces ownership: a job
-// belongs to the uid that created it; any other non-root uid gets
-// PERMISSION_DENIED; root may act on every job.
+// belongs to the uid that created it; to any other non-root uid it does not
+// exist (NOT_FOUND, word for word as for a missing id); root may act on
+// every job.
 // Thread-safe.
 class JobRegistry {
  public:
   struct Options {
     // Directory for jobs.binpb; must exist.
     std::string state_dir;
-    // Sum of host_pool_bytes over the attached jobs (and one being created)
-    // may not exceed this. A detached job holds none of it: an idle job,
-    // anyone's, must not keep others out.
+    // A job may not ask for more host pool (JobSpec.host_pool_bytes) or
+    // SSD space (JobSpec.ssd_bytes) than these; 0: no bound. The pool is
+    // claimed when a data plane opens (daemon/session), not here: an idle
+    // or attached job without one holds none of it.
     uint64_t host_pool_capacity_bytes = 0;
+    uint64_t ssd_capacity_bytes = 0;
+    // Per-user limits (jobs, and what one job may ask for); null: none.
+    // REQUIRES: outlives the registry.
+    const QuotaTable* quotas = nullptr;
   };
 
   // Loads the registry from options.state_dir (empty if there is none yet).
@@ -42,14 +49,13 @@ class JobRegistry {
   JobRegistry& operator=(const JobRegistry&) = delete;
 
   // INVALID_ARGUMENT for a bad name; ALREADY_EXISTS when the caller has a job
-  // of that name; RESOURCE_EXHAUSTED when the pool request does not fit
-  // beside the attached jobs' now. Durable before it returns.
+  // of that name; RESOURCE_EXHAUSTED when the caller has its quota of jobs,
+  // or asks for more pool or SSD space than the daemon has or the caller's
+  // quota allows (the message has the numbers). Durable before it returns.
   absl::StatusOr<v1::Job> Create(const Caller& caller, const v1::JobSpec& spec);
 
   // Binds the job to the calling process. Idempotent for the same process;
-  // FAILED_PRECONDITION while another live process holds it;
-  // RESOURCE_EXHAUSTED when its pool request does not fit beside the other
-  // attached jobs' (try again when one ends).
+  // FAILED_PRECONDITION while another live process holds it.
   absl::StatusOr<v1::Job> Attach(const Caller& caller,
                                  const std::string& job_id);
 
@@ -58,8 +64,7 @@ class JobRegistry {
                                  const std::string& job_id);
 
   // The job, if the calling process is the one attached to it (the data
-  // plane is only for that process). NOT_FOUND / PERMISSION_DENIED as
-  // elsewhere; FAILED_PRECONDITION when another process, or none, holds it.
+  // plane is only for that process). NOT_FOUND as elsewhere; FAILED_PRECONDITION when another process, or none, holds it.
   absl::StatusOr<v1::Job> CheckAttachedBy(const Caller& caller,
                                           const std::string& job_id);
 
@@ -85,12 +90,11 @@ class JobRegistry {
 
   // Detaches jobs whose attached process is gone.
   void ReapDeadAttachments() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // RESOURCE_EXHAUSTED naming the job unless `bytes` fit beside the
-  // attached jobs' reservations (but `except`'s).
-  absl::Status PoolFitsLocked(const std::string& name, uint64_t bytes,
-                              const std::string& except) const
+  // The caller's job quota and what `spec` asks for (see Create).
+  absl::Status CheckRequestLocked(const Caller& caller,
+                                  const v1::JobSpec& spec) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // NOT_FOUND or PERMISSION_DENIED, else the entry.
+  // NOT_FOUND (missing or not the caller's), else the entry.
   absl::StatusOr<Entry*> FindOwned(const Caller& caller,
                                    const std::string& job_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -101,7 +105,7 @@ class JobRegistry {
   std::string RegistryPath() const;
 
   // Constant after construction.
-  const Options options_;
+  Options options_;
 
   absl::Mutex mu_;
   std::map<std::string, Entry> jobs_ ABSL_GUARDED_BY(mu_);

@@ -56,12 +56,21 @@ TEST_F(JobRegistryTest, OwnerAndRootMayActOthersMayNot) {
   EXPECT_EQ(job->id(), "j-000001");
   EXPECT_EQ(job->state(), v1::JOB_STATE_DETACHED);
 
-  EXPECT_EQ(registry_->Attach(bob_, job->id()).status().code(),
-            absl::StatusCode::kPermissionDenied);
-  EXPECT_EQ(registry_->Detach(bob_, job->id()).status().code(),
-            absl::StatusCode::kPermissionDenied);
-  EXPECT_EQ(registry_->Delete(bob_, job->id()).code(),
-            absl::StatusCode::kPermissionDenied);
+  // To bob, alice's job is exactly a missing one: the same code and the
+  // same words, so ids tell him nothing.
+  const absl::Status missing = registry_->Attach(bob_, "j-000077").status();
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
+  const std::string missing_text = std::string(missing.message());
+  auto as_missing = [&](const absl::Status& status) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << status;
+    std::string text(status.message());
+    text.replace(text.find(job->id()), job->id().size(), "j-000077");
+    EXPECT_EQ(text, missing_text);
+  };
+  as_missing(registry_->Attach(bob_, job->id()).status());
+  as_missing(registry_->Detach(bob_, job->id()).status());
+  as_missing(registry_->Delete(bob_, job->id()));
+  as_missing(registry_->CheckAttachedBy(bob_, job->id()).status());
   EXPECT_TRUE(registry_->List(bob_).empty());
   EXPECT_EQ(registry_->List(alice_).size(), 1u);
   EXPECT_EQ(registry_->List(root_).size(), 1u);
@@ -87,7 +96,7 @@ TEST_F(JobRegistryTest, CheckAttachedByNamesTheProcess) {
   ASSERT_TRUE(registry_->Attach(alice_, job->id()).ok());
   EXPECT_TRUE(registry_->CheckAttachedBy(alice_, job->id()).ok());
   EXPECT_EQ(registry_->CheckAttachedBy(bob_, job->id()).status().code(),
-            absl::StatusCode::kPermissionDenied);
+            absl::StatusCode::kNotFound);
   Caller other_process{.uid = kAlice, .pid = getppid()};
   EXPECT_EQ(
       registry_->CheckAttachedBy(other_process, job->id()).status().code(),
@@ -120,26 +129,56 @@ TEST_F(JobRegistryTest, MalformedJobIdIsInvalidArgument) {
             absl::StatusCode::kInvalidArgument);
 }
 
-TEST_F(JobRegistryTest, PoolAdmission) {
-  // Only attached jobs hold the pool: an idle one, anyone's, keeps nobody
-  // out (a bug hunt found one user's idle job blocking every other user).
-  absl::StatusOr<v1::Job> a = registry_->Create(alice_, Spec("a", 600));
+TEST_F(JobRegistryTest, AttachingClaimsNoPoolAskingBeyondThePoolIsRefused) {
+  // The pool is claimed by an open data plane (daemon/session), not by an
+  // attachment: attached jobs that never open one keep nobody out.
+  absl::StatusOr<v1::Job> a = registry_->Create(alice_, Spec("a", 900));
   ASSERT_TRUE(a.ok());
-  absl::StatusOr<v1::Job> idle = registry_->Create(bob_, Spec("idle", 900));
-  ASSERT_TRUE(idle.ok()) << idle.status();
-  ASSERT_TRUE(registry_->Attach(alice_, a->id()).ok());
-  absl::Status status = registry_->Create(bob_, Spec("b", 500)).status();
-  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(std::string(status.message()), HasSubstr("400 B"));
-  EXPECT_THAT(std::string(status.message()), HasSubstr("running jobs"));
-  EXPECT_TRUE(registry_->Create(bob_, Spec("b", 400)).ok());
-  // Attaching the big idle job must wait until alice's ends.
-  status = registry_->Attach(bob_, idle->id()).status();
-  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
-  ASSERT_TRUE(registry_->Detach(alice_, a->id()).ok());
-  EXPECT_TRUE(registry_->Attach(bob_, idle->id()).ok());
+  absl::StatusOr<v1::Job> b = registry_->Create(bob_, Spec("b", 900));
+  ASSERT_TRUE(b.ok());
+  EXPECT_TRUE(registry_->Attach(alice_, a->id()).ok());
+  EXPECT_TRUE(registry_->Attach(bob_, b->id()).ok());
   // More than the whole pool never fits.
-  EXPECT_EQ(registry_->Create(alice_, Spec("huge", 1001)).status().code(),
+  absl::Status huge = registry_->Create(alice_, Spec("huge", 1001)).status();
+  EXPECT_EQ(huge.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(huge.message()),
+              HasSubstr("asks for 1001 bytes (1001 B) of host pool but the "
+                        "whole pool is 1000"));
+}
+
+TEST_F(JobRegistryTest, QuotasBoundJobsAndWhatOneJobMayAskFor) {
+  const QuotaTable quotas(
+      UserLimits{.jobs = 2},
+      {{kBob, UserLimits{.jobs = 1, .host_pool_bytes = 500, .ssd_bytes = 7}}});
+  auto registry = JobRegistry::Open({.state_dir = state_dir_,
+                                     .host_pool_capacity_bytes = 1000,
+                                     .ssd_capacity_bytes = 100,
+                                     .quotas = &quotas});
+  ASSERT_TRUE(registry.ok()) << registry.status();
+  ASSERT_TRUE((*registry)->Create(alice_, Spec("one")).ok());
+  ASSERT_TRUE((*registry)->Create(alice_, Spec("two")).ok());
+  absl::Status third = (*registry)->Create(alice_, Spec("three")).status();
+  EXPECT_EQ(third.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(third.message()),
+              HasSubstr("uid 1001 has 2 jobs and the quota is 2"));
+  // Deleting one makes room.
+  ASSERT_TRUE((*registry)->Delete(alice_, "j-000001").ok());
+  EXPECT_TRUE((*registry)->Create(alice_, Spec("three")).ok());
+
+  absl::Status pool = (*registry)->Create(bob_, Spec("big", 501)).status();
+  EXPECT_EQ(pool.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(pool.message()),
+              HasSubstr("uid 1002's quota ([quotas] host_pool) is 500"));
+  v1::JobSpec ssd = Spec("ssd");
+  ssd.set_ssd_bytes(8);
+  absl::Status space = (*registry)->Create(bob_, ssd).status();
+  EXPECT_THAT(std::string(space.message()),
+              HasSubstr("8 bytes (8 B) of SSD space but uid 1002's quota"));
+  ssd.set_ssd_bytes(101);
+  space = (*registry)->Create(root_, ssd).status();
+  EXPECT_THAT(std::string(space.message()), HasSubstr("the whole SSD array"));
+  ASSERT_TRUE((*registry)->Create(bob_, Spec("only", 500)).ok());
+  EXPECT_EQ((*registry)->Create(bob_, Spec("second")).status().code(),
             absl::StatusCode::kResourceExhausted);
 }
 

@@ -2,6 +2,7 @@
 // config file, then flags), checks the machine, serves the control plane on a
 // unix socket until SIGTERM or SIGINT, then shuts down cleanly.
 #include <fcntl.h>
+#include <pwd.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -11,6 +12,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -30,6 +32,8 @@
 #include "daemon/optim/isa.h"
 #include "daemon/optim/worker_pool.h"
 #include "daemon/pool/host_pool.h"
+#include "daemon/quota/space_ledger.h"
+#include "daemon/quota/user_limits.h"
 #include "daemon/rpc/control_server.h"
 #include "daemon/rpc/unix_listener.h"
 #include "daemon/sched/job_pipeline.h"
@@ -165,6 +169,25 @@ void LogConfig(const DaemonConfig& config) {
           config, static_cast<uint32_t>(sysconf(_SC_NPROCESSORS_ONLN))));
 }
 
+// [quotas] with every [quotas.user.NAME] resolved to its uid now: a name
+// that is no user stops the daemon rather than silently limiting nobody.
+absl::StatusOr<QuotaTable> ResolveQuotas(const DaemonConfig& config) {
+  std::map<uid_t, UserLimits> by_uid;
+  for (const auto& [name, overrides] : config.quota_users) {
+    passwd entry{};
+    passwd* found = nullptr;
+    char buffer[4096];
+    if (getpwnam_r(name.c_str(), &entry, buffer, sizeof(buffer), &found) != 0 ||
+        found == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("section [quotas.user.", name, "]: no user named '",
+                       name, "' on this machine"));
+    }
+    by_uid[found->pw_uid] = overrides.Over(config.quota_defaults);
+  }
+  return QuotaTable(config.quota_defaults, std::move(by_uid));
+}
+
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "lohand: %s\n", std::string(status.message()).c_str());
   return 1;
@@ -182,6 +205,12 @@ int Run(const CommandLine& command_line) {
   if (absl::Status status = CheckHost(*config); !status.ok()) {
     return Fail(status);
   }
+  // Declared before the store: the store gives space back to the ledger
+  // until it is destroyed.
+  absl::StatusOr<QuotaTable> quotas = ResolveQuotas(*config);
+  if (!quotas.ok()) return Fail(quotas.status());
+  SpaceLedger ledger(config->ssd_capacity_bytes * config->ssd_paths.size(),
+                     &*quotas);
   if (command_line.check_only) {
     // What the real start would refuse about the state it finds: another
     // daemon on it, or a store made for other SSDs or a larger capacity.
@@ -224,7 +253,9 @@ int Run(const CommandLine& command_line) {
 
   absl::StatusOr<std::unique_ptr<JobRegistry>> jobs =
       JobRegistry::Open({.state_dir = config->state_dir,
-                         .host_pool_capacity_bytes = config->host_pool_bytes});
+                         .host_pool_capacity_bytes = config->host_pool_bytes,
+                         .ssd_capacity_bytes = ledger.capacity_bytes(),
+                         .quotas = &*quotas});
   if (!jobs.ok()) return Fail(jobs.status());
 
   absl::StatusOr<std::unique_ptr<TensorStore>> store = OpenStore(*config);
@@ -247,13 +278,21 @@ int Run(const CommandLine& command_line) {
   for (const std::string& job : (*store)->DeleteJobsExcept(known)) {
     spdlog::info("freed the SSD space of deleted job {}", job);
   }
+  for (const v1::Job& job : (*jobs)->List(Caller{.uid = 0})) {
+    ledger.Track(job.id(), job.owner_uid(), job.spec().ssd_bytes());
+  }
+  (*store)->SetSpaceBudget(&ledger);
   absl::StatusOr<Optimizer> optimizer = StartOptimizer(*config);
   if (!optimizer.ok()) return Fail(optimizer.status());
 
   HostPool pool({.capacity_bytes = config->host_pool_bytes});
-  std::unique_ptr<SessionManager> sessions =
-      SessionManager::Start(*std::move(data_listener), jobs->get(), &pool,
-                            store->get(), &*optimizer->updater);
+  std::unique_ptr<SessionManager> sessions = SessionManager::Start(
+      *std::move(data_listener), {.jobs = jobs->get(),
+                                  .pool = &pool,
+                                  .store = store->get(),
+                                  .updater = &*optimizer->updater,
+                                  .quotas = &*quotas,
+                                  .ledger = &ledger});
 
   const DaemonParts parts{.config = &*config,
                           .jobs = jobs->get(),
@@ -262,7 +301,9 @@ int Run(const CommandLine& command_line) {
                           .optimizer_threads = static_cast<uint32_t>(
                               optimizer->pool->num_threads()),
                           .pool = &pool,
-                          .sessions = sessions.get()};
+                          .sessions = sessions.get(),
+                          .quotas = &*quotas,
+                          .ledger = &ledger};
   absl::StatusOr<std::unique_ptr<ControlServer>> server =
       ControlServer::Start(parts, *std::move(listener));
   if (!server.ok()) return Fail(server.status());

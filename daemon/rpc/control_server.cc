@@ -5,6 +5,8 @@
 
 #include <chrono>
 
+#include "absl/strings/str_cat.h"
+#include "daemon/rpc/malformed_request_interceptor.h"
 #include "spdlog/spdlog.h"
 
 namespace lohan {
@@ -25,20 +27,46 @@ absl::StatusOr<std::unique_ptr<ControlServer>> ControlServer::Start(
       new ControlServer(parts, std::move(listener)));
   grpc::ServerBuilder builder;
   builder.RegisterService(&server->service_);
+  std::vector<
+      std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+      interceptors;
+  interceptors.push_back(
+      std::make_unique<MalformedRequestInterceptorFactory>());
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  // A connection that carries no call is closed after a while: nobody can
+  // hold the daemon's file descriptors with idle connections for good.
+  builder.AddChannelArgument(
+      GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+      static_cast<int>(parts.config->control_idle_timeout_seconds * 1000));
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr) {
     return absl::InternalError("cannot start the gRPC server");
   }
   grpc::Server* grpc_server = server->server_.get();
-  PeerTable* peers = &server->peers_;
-  server->listener_->Start(
-      [grpc_server, peers](UniqueFd connection, const Caller& caller) {
-        peers->Register(connection.get(), caller);
-        spdlog::debug("connection fd {} from uid {} pid {}", connection.get(),
-                      caller.uid, caller.pid);
-        // gRPC takes ownership of the fd.
-        grpc::AddInsecureChannelFromFd(grpc_server, connection.release());
-      });
+  ControlServer* self = server.get();
+  const QuotaTable* quotas = parts.quotas;
+  server->listener_->Start([grpc_server, self, quotas](UniqueFd connection,
+                                                       const Caller& caller) {
+    absl::Status admitted = self->peers_.Admit(
+        connection.get(), caller, quotas->For(caller.uid).control_connections);
+    if (!admitted.ok()) {
+      // Closed unserved: the client sees the connection reset.
+      if (std::optional<uint64_t> dropped =
+              self->log_limiter_.Admit(absl::StrCat(caller.uid))) {
+        spdlog::warn(
+            "control connection refused to pid {} (uid {}): {}{}", caller.pid,
+            caller.uid, std::string(admitted.message()),
+            *dropped == 0
+                ? ""
+                : absl::StrCat(" (", *dropped, " more refusals not logged)"));
+      }
+      return;
+    }
+    spdlog::debug("connection fd {} from uid {} pid {}", connection.get(),
+                  caller.uid, caller.pid);
+    // gRPC takes ownership of the fd.
+    grpc::AddInsecureChannelFromFd(grpc_server, connection.release());
+  });
   return server;
 }
 

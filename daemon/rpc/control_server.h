@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "daemon/common/log_limiter.h"
 #include "daemon/config/config.h"
 #include "daemon/jobs/job_registry.h"
 #include "daemon/rpc/control_service.h"
@@ -37,6 +38,7 @@ class ControlServer {
                 std::unique_ptr<UnixListener> listener);
 
   PeerTable peers_;
+  LogLimiter log_limiter_{5, absl::Seconds(10)};
   ControlService service_;
   std::unique_ptr<UnixListener> listener_;
   std::unique_ptr<grpc::Server> server_;

@@ -3,6 +3,7 @@
 #include <ctime>
 #include <set>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/common/check.h"
 #include "daemon/common/version.h"
@@ -15,6 +16,15 @@ grpc::Status ToGrpc(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
                       std::string(status.message()));
+}
+
+// A client's free text, fit for a log line or an error message: at most
+// kMaxEchoedBytes, escaped.
+constexpr size_t kMaxEchoedBytes = 64;
+std::string Echo(const std::string& text) {
+  std::string shown = absl::CHexEscape(text.substr(0, kMaxEchoedBytes));
+  if (text.size() > kMaxEchoedBytes) absl::StrAppend(&shown, "...");
+  return shown;
 }
 
 void SetProtocol(v1::ProtocolVersion* version) {
@@ -34,6 +44,7 @@ ControlService::ControlService(const DaemonParts& parts, const PeerTable* peers)
   LOHAN_CHECK(parts.config != nullptr && parts.jobs != nullptr &&
               parts.store != nullptr && parts.optimizer != nullptr &&
               parts.pool != nullptr && parts.sessions != nullptr &&
+              parts.quotas != nullptr && parts.ledger != nullptr &&
               peers != nullptr);
 }
 
@@ -51,12 +62,13 @@ grpc::Status ControlService::Hello(grpc::ServerContext* context,
   if (client_major != kProtocolMajor) {
     return grpc::Status(
         grpc::StatusCode::FAILED_PRECONDITION,
-        absl::StrCat("client '", request->client_name(), "' speaks protocol ",
-                     client_major, ".x but lohand ", kLohanVersion, " speaks ",
-                     kProtocolMajor, ".x; install matching versions"));
+        absl::StrCat("client '", Echo(request->client_name()),
+                     "' speaks protocol ", client_major, ".x but lohand ",
+                     kLohanVersion, " speaks ", kProtocolMajor,
+                     ".x; install matching versions"));
   }
-  spdlog::debug("hello from '{}' (uid {}, pid {})", request->client_name(),
-                caller.uid, caller.pid);
+  spdlog::debug("hello from '{}' (uid {}, pid {})",
+                Echo(request->client_name()), caller.uid, caller.pid);
   SetProtocol(response->mutable_daemon_protocol());
   response->set_daemon_version(kLohanVersion);
   response->add_capabilities("jobs");
@@ -76,6 +88,7 @@ grpc::Status ControlService::CreateJob(grpc::ServerContext* context,
   LOHAN_IDENTIFY_CALLER(context, caller);
   absl::StatusOr<v1::Job> job = jobs_->Create(caller, request->spec());
   if (!job.ok()) return ToGrpc(job.status());
+  parts_.ledger->Track(job->id(), job->owner_uid(), job->spec().ssd_bytes());
   spdlog::info("job {} '{}' created by uid {} (pid {})", job->id(),
                job->spec().name(), caller.uid, caller.pid);
   *response->mutable_job() = *std::move(job);
@@ -110,8 +123,14 @@ grpc::Status ControlService::DeleteJob(grpc::ServerContext* context,
                                        const v1::DeleteJobRequest* request,
                                        v1::DeleteJobResponse* response) {
   LOHAN_IDENTIFY_CALLER(context, caller);
+  // Ownership first: whether another user's job is running is not the
+  // caller's to learn (JobRegistry::Delete answers NOT_FOUND for it).
+  bool owned = false;
+  for (const v1::Job& job : jobs_->List(caller)) {
+    owned = owned || job.id() == request->job_id();
+  }
   for (const v1::SessionStatus& session : parts_.sessions->Status()) {
-    if (session.job_id() == request->job_id()) {
+    if (owned && session.job_id() == request->job_id()) {
       return ToGrpc(absl::FailedPreconditionError(absl::StrCat(
           "job ", request->job_id(), " has an open data plane (process ",
           session.pid(), "); close it first")));
@@ -123,8 +142,9 @@ grpc::Status ControlService::DeleteJob(grpc::ServerContext* context,
   // a shared server. What fails here the next start frees (lohand.cc).
   const uint64_t bytes =
       SsdBytesOf(parts_.store->BytesByJob(), request->job_id());
-  if (absl::Status freed = parts_.store->DeleteJob(request->job_id());
-      !freed.ok()) {
+  absl::Status freed = parts_.store->DeleteJob(request->job_id());
+  parts_.ledger->Forget(request->job_id());
+  if (!freed.ok()) {
     spdlog::warn(
         "job {} deleted, but freeing its SSD space failed (retried "
         "at the next start): {}",

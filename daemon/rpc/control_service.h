@@ -27,6 +27,8 @@ struct DaemonParts {
   uint32_t optimizer_threads = 0;
   const HostPool* pool = nullptr;
   SessionManager* sessions = nullptr;
+  const QuotaTable* quotas = nullptr;
+  SpaceLedger* ledger = nullptr;
 };
 
 // The lohan.v1.Lohan gRPC service: identifies the caller, translates requests

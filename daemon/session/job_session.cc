@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "daemon/optim/half.h"
+#include "daemon/session/model_spec_checks.h"
 #include "spdlog/spdlog.h"
 
 namespace lohan {
@@ -97,10 +98,14 @@ JobSession::~JobSession() {
   // goes; then the arena returns to the pool.
   absl::MutexLock lock(&mu_);
   model_.reset();
+  if (ledger_ != nullptr) {
+    ledger_->ClearSetAside(job_id(), reinterpret_cast<uintptr_t>(this));
+  }
 }
 
 absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
-    const v1::ModelSpec& spec, TensorStore* store, const AdamUpdater& updater) {
+    const v1::ModelSpec& spec, TensorStore* store, const AdamUpdater& updater,
+    SpaceLedger* ledger) {
   absl::MutexLock lock(&mu_);
   if (model_.has_value()) {
     return absl::FailedPreconditionError(
@@ -108,18 +113,12 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
                      " has registered its model on this data plane "
                      "already"));
   }
+  // Nothing is allocated for a spec before it is checked whole.
+  if (absl::Status checked = CheckModelSpec(spec); !checked.ok()) {
+    return checked;
+  }
   absl::StatusOr<std::pair<DType, RingDtype>> dtypes = DTypes(spec.dtype());
   if (!dtypes.ok()) return dtypes.status();
-  if (!(spec.max_grad_norm() >= 0.0) || std::isinf(spec.max_grad_norm())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "max_grad_norm must be >= 0 and finite, got ", spec.max_grad_norm()));
-  }
-  if (spec.clip_schedule() != v1::CLIP_SCHEDULE_DEFERRED &&
-      spec.clip_schedule() != v1::CLIP_SCHEDULE_REDO_ALL) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("clip_schedule ", static_cast<int>(spec.clip_schedule()),
-                     " is not 0 (deferred) or 1 (redo-all)"));
-  }
   Model model;
   model.dtype = spec.dtype();
   model.element_bytes = DTypeSize(dtypes->first);
@@ -180,9 +179,6 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
   uint64_t largest = 0;
   for (uint64_t elements : layout.layer_elements) {
     largest = std::max(largest, elements);
-    if (elements > (uint64_t{1} << 40)) {
-      return absl::InvalidArgumentError("a layer of more than 2^40 elements");
-    }
   }
   const size_t num_layers = layout.layer_elements.size();
   // K >= layers would only waste room: that is the resident layout.
@@ -269,6 +265,15 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
       JobPipeline::Open(store, updater, job_id(), layout, options);
   if (!pipeline.ok()) return pipeline.status();
   model.pipeline = *std::move(pipeline);
+  if (ledger != nullptr) {
+    if (absl::Status set_aside =
+            ledger->SetAside(job_id(), UpdateSpace(*store, options),
+                             reinterpret_cast<uintptr_t>(this));
+        !set_aside.ok()) {
+      return set_aside;
+    }
+    ledger_ = ledger;
+  }
 
   // The validator learns the layout the way a client would tell it, from a
   // table in the arena; it copies the table before checking it.
@@ -361,6 +366,24 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
       job_id(), layers, response.grad_slots(), response.weight_slots(),
       response.iteration());
   return response;
+}
+
+uint64_t JobSession::UpdateSpace(const TensorStore& store,
+                                 const PipelineOptions& options) const {
+  // Every state tensor has a committed and a pending version during an
+  // iteration; a tensor rewritten while pending (a clip redo) briefly has
+  // a third, one per chunk buffer in flight.
+  uint64_t footprint = 0;
+  uint64_t largest = 0;
+  for (const std::string& name : store.List(job_id())) {
+    if (name.rfind("act.", 0) == 0) continue;
+    absl::StatusOr<TensorInfo> info = store.Stat(job_id(), name);
+    if (!info.ok()) continue;
+    const uint64_t bytes = store.FootprintBytes(info->bytes);
+    footprint += bytes;
+    largest = std::max(largest, bytes);
+  }
+  return 2 * footprint + (options.buffers + 1) * largest;
 }
 
 absl::Status JobSession::PublishWeights(size_t layer) {

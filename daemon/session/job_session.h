@@ -19,6 +19,7 @@
 #include "daemon/optim/adam.h"
 #include "daemon/pool/host_pool.h"
 #include "daemon/pool/slot_allocator.h"
+#include "daemon/quota/space_ledger.h"
 #include "daemon/sched/job_pipeline.h"
 #include "daemon/store/tensor_store.h"
 #include "proto/lohan.pb.h"
@@ -36,8 +37,9 @@ namespace lohan {
 // text in the error slot); it never crashes the daemon or touches another
 // job.
 // Destroying the session stops the thread, abandons an iteration in flight
-// (its pending versions are rolled back; the last committed iteration stays)
-// and returns the arena's bytes to the pool.
+// (its pending versions are rolled back; the last committed iteration stays),
+// gives back the model's SSD set-aside and returns the arena's bytes to the
+// pool.
 class JobSession {
  public:
   static constexpr uint32_t kRingCapacity = 1024;
@@ -70,12 +72,16 @@ class JobSession {
   // weight_slots of them, shared by all layers, the layers' data kept in
   // the store instead; see ModelSpec). INVALID_ARGUMENT for a bad spec;
   // RESOURCE_EXHAUSTED when the slots do not fit the arena (the message
-  // suggests streaming); FAILED_PRECONDITION when a model is registered
-  // already or the job's stored states have another shape.
-  // REQUIRES: `store` and `updater`'s worker pool outlive the session.
+  // suggests streaming) or `ledger` cannot set aside the SSD space the
+  // model's updates need (SpaceLedger::SetAside; kept until the session's
+  // owner clears it); FAILED_PRECONDITION when a model is registered
+  // already or the job's stored states have another shape. The spec is
+  // checked whole (CheckModelSpec) before anything is allocated.
+  // REQUIRES: `store`, `updater`'s worker pool and `ledger` (may be null:
+  // no quotas) outlive the session.
   absl::StatusOr<v1::RegisterModelResponse> RegisterModel(
-      const v1::ModelSpec& spec, TensorStore* store, const AdamUpdater& updater)
-      ABSL_LOCKS_EXCLUDED(mu_);
+      const v1::ModelSpec& spec, TensorStore* store, const AdamUpdater& updater,
+      SpaceLedger* ledger) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Model {
@@ -100,6 +106,10 @@ class JobSession {
   JobSession(std::unique_ptr<PooledArena> arena,
              std::unique_ptr<SlotAllocator> slots, ArenaGrant grant);
   uint8_t* base() const { return arena_->arena().base(); }
+  // The SSD space the job's updates need at most, from its tensors in
+  // `store` once the pipeline has opened them.
+  uint64_t UpdateSpace(const TensorStore& store,
+                       const PipelineOptions& options) const;
 
   void Serve();
   // Acts on one submission; returns the completion's status, setting
@@ -133,6 +143,8 @@ class JobSession {
   // Set once by RegisterModel, then used only by the serving thread.
   std::optional<Model> model_ ABSL_GUARDED_BY(mu_);
   Model* served_ = nullptr;  // = &*model_ once serving
+  // Holds the model's SSD set-aside, given back when the session ends.
+  SpaceLedger* ledger_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::optional<EntryValidator> validator_;
   std::optional<RingConsumer> submissions_;
   std::optional<RingProducer> completions_;

@@ -7,6 +7,7 @@
 #include <cerrno>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/common/byte_size.h"
 #include "daemon/common/check.h"
 #include "daemon/ipc/arena_access.h"
 #include "daemon/ipc/attach_protocol.h"
@@ -16,24 +17,21 @@
 namespace lohan {
 
 SessionManager::SessionManager(std::unique_ptr<UnixListener> listener,
-                               JobRegistry* jobs, HostPool* pool,
-                               TensorStore* store, const AdamUpdater* updater,
-                               UniqueFd stop_event)
+                               const Parts& parts, UniqueFd stop_event)
     : listener_(std::move(listener)),
-      jobs_(jobs),
-      pool_(pool),
-      store_(store),
-      updater_(updater),
+      parts_(parts),
       stop_event_(std::move(stop_event)) {}
 
 std::unique_ptr<SessionManager> SessionManager::Start(
-    std::unique_ptr<UnixListener> listener, JobRegistry* jobs, HostPool* pool,
-    TensorStore* store, const AdamUpdater* updater) {
+    std::unique_ptr<UnixListener> listener, const Parts& parts) {
+  LOHAN_CHECK(parts.jobs != nullptr && parts.pool != nullptr &&
+              parts.store != nullptr && parts.updater != nullptr &&
+              parts.quotas != nullptr);
   UniqueFd stop_event(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   // Without an eventfd the daemon cannot stop its threads: our bug to fix.
   LOHAN_CHECK(stop_event.valid());
-  std::unique_ptr<SessionManager> manager(new SessionManager(
-      std::move(listener), jobs, pool, store, updater, std::move(stop_event)));
+  std::unique_ptr<SessionManager> manager(
+      new SessionManager(std::move(listener), parts, std::move(stop_event)));
   SessionManager* self = manager.get();
   manager->listener_->Start([self](UniqueFd connection, const Caller& caller) {
     self->Accept(std::move(connection), caller);
@@ -54,16 +52,48 @@ void SessionManager::JoinFinished() {
   }
 }
 
+void SessionManager::Refused(const Caller& caller, absl::string_view kind,
+                             const absl::Status& why) {
+  std::optional<uint64_t> dropped =
+      log_limiter_.Admit(absl::StrCat(kind, ":", caller.uid));
+  if (!dropped.has_value()) return;
+  spdlog::info("data plane refused to pid {} (uid {}): {}{}", caller.pid,
+               caller.uid, std::string(why.message()),
+               *dropped == 0 ? ""
+                             : absl::StrCat(" (", *dropped,
+                                            " more such refusals not "
+                                            "logged)"));
+}
+
 void SessionManager::Accept(UniqueFd connection, const Caller& caller) {
   absl::MutexLock lock(&mu_);
   JoinFinished();
   if (stopping_) return;
-  if (connections_.size() >= kMaxConnections) {
-    spdlog::warn("data plane: {} connections open, refusing pid {}",
-                 connections_.size(), caller.pid);
+  const uint32_t limit = parts_.quotas->For(caller.uid).data_planes;
+  size_t by_user = 0;
+  for (const Connection& open : connections_) {
+    if (open.uid == caller.uid && !open.finished.load()) ++by_user;
+  }
+  absl::Status refused;
+  if (limit != 0 && by_user >= limit) {
+    refused = absl::ResourceExhaustedError(absl::StrCat(
+        "uid ", caller.uid, " has ", by_user,
+        " data-plane connections open and the quota is ", limit,
+        " ([quotas] data_planes in lohand.toml); close one first"));
+  } else if (connections_.size() >= kMaxConnections) {
+    refused = absl::ResourceExhaustedError(
+        absl::StrCat("lohand has ", connections_.size(),
+                     " data-plane connections open, its most; try again"));
+  }
+  if (!refused.ok()) {
+    // Best effort and never blocking (the socket is non-blocking): the
+    // client reads why before it sees the hang-up.
+    (void)SendWithFds(connection.get(), EncodeAttachReply(refused), {});
+    Refused(caller, "connection", refused);
     return;
   }
   Connection& slot = connections_.emplace_back();
+  slot.uid = caller.uid;
   slot.thread =
       std::thread([this, &slot, caller, fd = std::move(connection)]() mutable {
         Serve(fd.get(), caller);
@@ -73,7 +103,7 @@ void SessionManager::Accept(UniqueFd connection, const Caller& caller) {
 }
 
 absl::StatusOr<std::unique_ptr<JobSession>> SessionManager::OpenSession(
-    int connection, const Caller& caller) {
+    int connection, const Caller& caller, uint64_t& claim_id) {
   pollfd fds[2] = {{.fd = connection, .events = POLLIN},
                    {.fd = stop_event_.get(), .events = POLLIN}};
   int ready;
@@ -84,11 +114,11 @@ absl::StatusOr<std::unique_ptr<JobSession>> SessionManager::OpenSession(
     return absl::DeadlineExceededError("no attach request in time");
   }
   absl::StatusOr<FdMessage> message =
-      ReceiveWithFds(connection, kAttachRequestBytes, 0);
+      ReceiveWithFds(connection, kAttachRequestBytes, 0, kHandshakeTimeoutMs);
   if (!message.ok()) return message.status();
   absl::StatusOr<std::string> job_id = DecodeAttachRequest(message->payload);
   if (!job_id.ok()) return job_id.status();
-  absl::StatusOr<v1::Job> job = jobs_->CheckAttachedBy(caller, *job_id);
+  absl::StatusOr<v1::Job> job = parts_.jobs->CheckAttachedBy(caller, *job_id);
   if (!job.ok()) return job.status();
   if (absl::Status allowed = AuthorizeArenaAccess(caller, job->owner_uid());
       !allowed.ok()) {
@@ -100,8 +130,38 @@ absl::StatusOr<std::unique_ptr<JobSession>> SessionManager::OpenSession(
       return absl::FailedPreconditionError(
           absl::StrCat("job ", *job_id, " already has a data plane open"));
     }
+    absl::StatusOr<uint64_t> claim = ClaimPoolLocked(
+        *job_id, job->owner_uid(), job->spec().host_pool_bytes());
+    if (!claim.ok()) return claim.status();
+    claim_id = *claim;
   }
-  return JobSession::Create(pool_, *job_id, job->spec().host_pool_bytes());
+  absl::StatusOr<std::unique_ptr<JobSession>> session =
+      JobSession::Create(parts_.pool, *job_id, job->spec().host_pool_bytes());
+  if (!session.ok()) {
+    absl::MutexLock lock(&mu_);
+    pool_claims_.erase(claim_id);
+  }
+  return session;
+}
+
+absl::StatusOr<uint64_t> SessionManager::ClaimPoolLocked(
+    const std::string& job_id, uid_t owner, uint64_t bytes) {
+  const uint64_t limit = parts_.quotas->For(owner).host_pool_bytes;
+  uint64_t held = 0;
+  for (const auto& [id, claim] : pool_claims_) {
+    if (claim.owner == owner) held += claim.bytes;
+  }
+  if (limit != 0 && held + bytes > limit) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "job ", job_id, "'s arena needs ", bytes, " bytes (",
+        FormatByteSize(bytes), ") of host pool; uid ", owner, " holds ", held,
+        " (", FormatByteSize(held), ") in open data planes and the quota is ",
+        limit, " (", FormatByteSize(limit),
+        ", [quotas] host_pool); close another data plane first"));
+  }
+  const uint64_t id = ++last_claim_;
+  pool_claims_[id] = PoolClaim{.owner = owner, .bytes = bytes};
+  return id;
 }
 
 void SessionManager::WaitForHangUp(int connection) {
@@ -119,11 +179,12 @@ void SessionManager::WaitForHangUp(int connection) {
 }
 
 void SessionManager::Serve(int connection, const Caller& caller) {
+  uint64_t claim_id = 0;
   absl::StatusOr<std::unique_ptr<JobSession>> session =
-      OpenSession(connection, caller);
+      OpenSession(connection, caller, claim_id);
   if (!session.ok()) {
-    spdlog::info("data plane refused to pid {} (uid {}): {}", caller.pid,
-                 caller.uid, std::string(session.status().message()));
+    Refused(caller, absl::StatusCodeToString(session.status().code()),
+            session.status());
     // Best effort: the peer may already be gone.
     (void)SendWithFds(connection, EncodeAttachReply(session.status()), {});
     return;
@@ -135,6 +196,7 @@ void SessionManager::Serve(int connection, const Caller& caller) {
       session_pids_[job_id] = caller.pid;
     }
     if (stopping_ || !sessions_.emplace(job_id, session->get()).second) {
+      pool_claims_.erase(claim_id);
       (void)SendWithFds(connection,
                         EncodeAttachReply(absl::UnavailableError(
                             "the daemon is stopping or the job's data plane "
@@ -160,7 +222,11 @@ void SessionManager::Serve(int connection, const Caller& caller) {
     sessions_.erase(job_id);
     session_pids_.erase(job_id);
   }
-  session->reset();
+  session->reset();  // the arena is back in the pool: so is the claim
+  {
+    absl::MutexLock lock(&mu_);
+    pool_claims_.erase(claim_id);
+  }
   spdlog::info("data plane closed for job {} (pid {}); arena freed", job_id,
                caller.pid);
 }
@@ -187,7 +253,7 @@ void SessionManager::Shutdown() {
 absl::StatusOr<v1::RegisterModelResponse> SessionManager::RegisterModel(
     const Caller& caller, const v1::RegisterModelRequest& request) {
   absl::StatusOr<v1::Job> job =
-      jobs_->CheckAttachedBy(caller, request.job_id());
+      parts_.jobs->CheckAttachedBy(caller, request.job_id());
   if (!job.ok()) return job.status();
   // Held throughout, so the session cannot be closed under us; a closing
   // connection waits (RegisterModel is short but for opening the states).
@@ -198,7 +264,8 @@ absl::StatusOr<v1::RegisterModelResponse> SessionManager::RegisterModel(
         "job ", request.job_id(),
         " has no data plane open; open it (lohan_data_plane_open) first"));
   }
-  return found->second->RegisterModel(request.model(), store_, *updater_);
+  return found->second->RegisterModel(request.model(), parts_.store,
+                                      *parts_.updater, parts_.ledger);
 }
 
 std::vector<v1::SessionStatus> SessionManager::Status() const {

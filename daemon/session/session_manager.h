@@ -12,9 +12,12 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/common/caller.h"
+#include "daemon/common/log_limiter.h"
 #include "daemon/common/unique_fd.h"
 #include "daemon/jobs/job_registry.h"
 #include "daemon/pool/host_pool.h"
+#include "daemon/quota/space_ledger.h"
+#include "daemon/quota/user_limits.h"
 #include "daemon/rpc/unix_listener.h"
 #include "daemon/session/job_session.h"
 
@@ -29,17 +32,29 @@ namespace lohan {
 //
 // Each connection is served on a thread of its own, so a client that
 // connects and says nothing holds up nobody (and is dropped after
-// kHandshakeTimeout). Thread-safe.
+// kHandshakeTimeout). Per user (QuotaTable): at most data_planes
+// connections, open or opening (one more is answered RESOURCE_EXHAUSTED and
+// closed at once, no thread started), and at most host_pool_bytes over the
+// user's arenas. A registered model's SSD set-aside (SpaceLedger) is given
+// back when its connection closes. Refusals are logged, rate-limited.
+// Thread-safe.
 class SessionManager {
  public:
   static constexpr int kHandshakeTimeoutMs = 5000;
   static constexpr size_t kMaxConnections = 1024;
 
-  // REQUIRES: `jobs`, `pool`, `store` and `updater` (with its worker pool)
-  // outlive the manager.
+  struct Parts {
+    JobRegistry* jobs = nullptr;
+    HostPool* pool = nullptr;
+    TensorStore* store = nullptr;
+    const AdamUpdater* updater = nullptr;
+    const QuotaTable* quotas = nullptr;
+    SpaceLedger* ledger = nullptr;  // may be null: no SSD accounting
+  };
+  // REQUIRES: every part (and the updater's worker pool) outlives the
+  // manager.
   static std::unique_ptr<SessionManager> Start(
-      std::unique_ptr<UnixListener> listener, JobRegistry* jobs, HostPool* pool,
-      TensorStore* store, const AdamUpdater* updater);
+      std::unique_ptr<UnixListener> listener, const Parts& parts);
 
   SessionManager(const SessionManager&) = delete;
   SessionManager& operator=(const SessionManager&) = delete;
@@ -62,30 +77,43 @@ class SessionManager {
 
  private:
   struct Connection {
+    uid_t uid = 0;
     std::thread thread;
     std::atomic<bool> finished{false};
   };
+  // An open (or opening) session's claim on its owner's pool quota.
+  struct PoolClaim {
+    uid_t owner = 0;
+    uint64_t bytes = 0;
+  };
 
-  SessionManager(std::unique_ptr<UnixListener> listener, JobRegistry* jobs,
-                 HostPool* pool, TensorStore* store, const AdamUpdater* updater,
+  SessionManager(std::unique_ptr<UnixListener> listener, const Parts& parts,
                  UniqueFd stop_event);
   void Accept(UniqueFd connection, const Caller& caller);
   void Serve(int connection, const Caller& caller);
   // The session for `caller`'s job, or the reason there is none.
+  // `claim_id` gets its claim on the owner's pool quota (the caller gives
+  // it back once the session is gone).
   absl::StatusOr<std::unique_ptr<JobSession>> OpenSession(int connection,
-                                                          const Caller& caller);
+                                                          const Caller& caller,
+                                                          uint64_t& claim_id);
   // Waits until the peer hangs up (or sends anything: not allowed) or the
   // manager stops.
   void WaitForHangUp(int connection);
   void JoinFinished() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Claims `bytes` of `owner`'s pool quota for `job_id`'s session: the
+  // claim's id, or RESOURCE_EXHAUSTED with the numbers.
+  absl::StatusOr<uint64_t> ClaimPoolLocked(const std::string& job_id,
+                                           uid_t owner, uint64_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Refused(const Caller& caller, absl::string_view kind,
+               const absl::Status& why);
 
   // Constant after construction.
   std::unique_ptr<UnixListener> listener_;
-  JobRegistry* const jobs_;
-  HostPool* const pool_;
-  TensorStore* const store_;
-  const AdamUpdater* const updater_;
+  const Parts parts_;
   const UniqueFd stop_event_;  // eventfd: readable once Shutdown starts
+  LogLimiter log_limiter_{5, absl::Seconds(10)};
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
@@ -94,6 +122,10 @@ class SessionManager {
   // connection thread destroys it; RegisterModel holds mu_ while it uses one.
   std::map<std::string, JobSession*> sessions_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, pid_t> session_pids_ ABSL_GUARDED_BY(mu_);
+  // By claim id: a job's closing session and its next one may both hold
+  // one for a moment.
+  std::map<uint64_t, PoolClaim> pool_claims_ ABSL_GUARDED_BY(mu_);
+  uint64_t last_claim_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace lohan

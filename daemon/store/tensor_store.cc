@@ -27,11 +27,20 @@ struct TensorStore::Version {
       : array(array), placement(std::move(placement)) {}
   Version(const Version&) = delete;
   Version& operator=(const Version&) = delete;
-  ~Version() { array->Free(placement); }
+  ~Version() {
+    array->Free(placement);
+    if (budget != nullptr) budget->Release(job, charged);
+  }
 
   SsdArray* const array;
   uint64_t number = 0;  // Set before the version is published.
   Placement placement;
+  // Set when the version's bytes are counted in a SpaceBudget (by Write, or
+  // by SetSpaceBudget before the store serves anyone), which the destructor
+  // gives them back to.
+  mutable SpaceBudget* budget = nullptr;
+  mutable std::string job;
+  mutable uint64_t charged = 0;
 };
 
 // All fields are protected by TensorStore::mu_.
@@ -427,15 +436,32 @@ absl::StatusOr<uint64_t> TensorStore::Write(absl::string_view job,
         absl::StrCat("tensor '", job, "/", name, "' has ", bytes,
                      " bytes, the write ", data.size()));
   }
+  const uint64_t footprint = FootprintBytes(bytes);
+  if (budget_ != nullptr) {
+    if (absl::Status allowed = budget_->Reserve(job, footprint);
+        !allowed.ok()) {
+      EndMutation(entry);
+      return absl::Status(allowed.code(),
+                          absl::StrCat("write of tensor '", job, "/", name,
+                                       "': ", allowed.message()));
+    }
+  }
   absl::StatusOr<Placement> placement = array_->Allocate(bytes);
   if (!placement.ok()) {
+    if (budget_ != nullptr) budget_->Release(job, footprint);
     EndMutation(entry);
     return absl::Status(placement.status().code(),
                         absl::StrCat("write of tensor '", job, "/", name,
                                      "': ", placement.status().message()));
   }
-  // From here the version frees its space on every exit path.
+  // From here the version frees its space (and its budget) on every exit
+  // path.
   auto version = std::make_shared<Version>(array_.get(), *std::move(placement));
+  if (budget_ != nullptr) {
+    version->budget = budget_;
+    version->job = std::string(job);
+    version->charged = footprint;
+  }
   absl::Status s = array_->Write(data.data(), version->placement,
                                  Describe(Key(job, name), next));
   absl::MutexLock lock(&mu_);
@@ -665,6 +691,27 @@ std::vector<std::string> TensorStore::Jobs() const {
   std::sort(jobs.begin(), jobs.end());
   jobs.erase(std::unique(jobs.begin(), jobs.end()), jobs.end());
   return jobs;
+}
+
+uint64_t TensorStore::FootprintBytes(uint64_t tensor_bytes) const {
+  // Whole stripes, then the last chunk padded to the block size.
+  const uint64_t block = options_.block_size;
+  return (tensor_bytes + block - 1) / block * block;
+}
+
+void TensorStore::SetSpaceBudget(SpaceBudget* budget) {
+  absl::MutexLock lock(&mu_);
+  budget_ = budget;
+  for (const auto& [key, entry] : tensors_) {
+    for (const std::shared_ptr<const Version>& version :
+         {entry->committed, entry->pending}) {
+      if (version == nullptr || version->budget != nullptr) continue;
+      version->charged = FootprintBytes(version->placement.bytes);
+      budget->Charge(key.first, version->charged);
+      version->budget = budget;
+      version->job = key.first;
+    }
+  }
 }
 
 std::map<std::string, uint64_t> TensorStore::BytesByJob() const {

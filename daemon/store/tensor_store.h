@@ -21,6 +21,7 @@
 #include "daemon/store/catalog_record.h"
 #include "daemon/store/catalog_state.h"
 #include "daemon/store/record_log.h"
+#include "daemon/store/space_budget.h"
 #include "daemon/store/ssd_array.h"
 
 namespace lohan {
@@ -174,6 +175,17 @@ class TensorStore {
       const std::vector<std::string>& keep);
   StoreStats Stats() const;
 
+  // The SSD space one version of a tensor of `tensor_bytes` takes: what a
+  // SpaceBudget is asked for and given back.
+  uint64_t FootprintBytes(uint64_t tensor_bytes) const;
+
+  // From now on every Write asks `budget` first (its refusal is the
+  // write's error) and every version's space is given back to it when
+  // freed; the versions held now are charged to it. REQUIRES: called once,
+  // before the store is shared (no call in progress); `budget` outlives
+  // the store.
+  void SetSpaceBudget(SpaceBudget* budget) ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
   struct Version;
   struct Entry;
@@ -216,6 +228,8 @@ class TensorStore {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<Key, std::shared_ptr<Entry>> tensors_
       ABSL_GUARDED_BY(mu_);
+  // Set once before the store is shared, then only read.
+  SpaceBudget* budget_ = nullptr;
 };
 
 }  // namespace lohan

@@ -90,7 +90,8 @@ LOHAN_CLIENT_API int lohan_job_create(lohan_client* client, const char* name,
                                       uint64_t host_pool_bytes,
                                       uint64_t ssd_bytes, lohan_job_info** out);
 /* Binds the job to this process until lohan_job_detach or process exit.
- * LOHAN_PERMISSION_DENIED on another user's job; LOHAN_FAILED_PRECONDITION
+ * LOHAN_NOT_FOUND for a missing or another user's job (the daemon answers
+ * both alike); LOHAN_FAILED_PRECONDITION
  * while another live process holds it. `out` may be NULL. */
 LOHAN_CLIENT_API int lohan_job_attach(lohan_client* client, const char* job_id,
                                       lohan_job_info** out);
@@ -120,7 +121,7 @@ LOHAN_CLIENT_API void lohan_job_info_destroy(lohan_job_info* job);
 typedef struct lohan_data_plane lohan_data_plane;
 
 /* Opens the data plane of a job this process has attached
- * (lohan_job_attach). LOHAN_PERMISSION_DENIED for another user's job,
+ * (lohan_job_attach). LOHAN_NOT_FOUND for another user's job,
  * LOHAN_FAILED_PRECONDITION when this process is not the one attached or the
  * job's data plane is already open, LOHAN_RESOURCE_EXHAUSTED when the host
  * pool cannot hold the arena. The arena stays mapped until

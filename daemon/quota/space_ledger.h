@@ -1,0 +1,103 @@
+#ifndef LOHAN_DAEMON_QUOTA_SPACE_LEDGER_H_
+#define LOHAN_DAEMON_QUOTA_SPACE_LEDGER_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/quota/user_limits.h"
+#include "daemon/store/space_budget.h"
+
+namespace lohan {
+
+// Who holds how much of the SSD array, and who may take more: the store's
+// SpaceBudget for the daemon.
+//
+// A job holds max(used, set aside): `used` is the space its tensor versions
+// take now; `set aside` is what a job with an open data plane needs to run
+// its updates (its states' committed and pending versions), claimed when it
+// registers its model and kept for it until the data plane closes. A write
+// within a job's set-aside always succeeds, whatever anyone else does; a
+// write beyond it (activations, or a job that never registered) must fit
+// (1) the job's own limit (CreateJob's ssd_bytes, when not 0), (2) its
+// owner's quota (UserLimits.ssd_bytes), and (3) what the array has left
+// beside everything every job holds. So no job can fill the array under
+// another job's running update.
+//
+// A job the ledger was not told about (Track) counts against the array
+// alone. Thread-safe; never calls into the store.
+class SpaceLedger : public SpaceBudget {
+ public:
+  // REQUIRES: `quotas` outlives the ledger.
+  SpaceLedger(uint64_t capacity_bytes, const QuotaTable* quotas);
+
+  // `job` belongs to `owner`; `job_limit` is its own cap (0: none).
+  void Track(const std::string& job, uid_t owner, uint64_t job_limit)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Forgets a deleted job (its space is given back by the store).
+  void Forget(const std::string& job) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Sets aside `bytes` for the job on behalf of `holder` (a token unique
+  // among live holders, e.g. the session's address), replacing what it had
+  // set aside, or RESOURCE_EXHAUSTED naming the limit it would pass, with
+  // the numbers (needed, held, limit), and changes nothing.
+  absl::Status SetAside(const std::string& job, uint64_t bytes,
+                        uintptr_t holder) ABSL_LOCKS_EXCLUDED(mu_);
+  // Gives the set-aside back if `holder` still holds it (a newer session of
+  // the job may have set aside its own since).
+  void ClearSetAside(const std::string& job, uintptr_t holder)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  struct JobUsage {
+    uint64_t used = 0;
+    uint64_t set_aside = 0;
+  };
+  JobUsage UsageOf(const std::string& job) const ABSL_LOCKS_EXCLUDED(mu_);
+  // What `uid`'s jobs hold (max of used and set aside, summed).
+  uint64_t HeldBy(uid_t uid) const ABSL_LOCKS_EXCLUDED(mu_);
+  // What every job holds.
+  uint64_t HeldByAll() const ABSL_LOCKS_EXCLUDED(mu_);
+  uint64_t capacity_bytes() const { return capacity_bytes_; }
+
+  // SpaceBudget.
+  absl::Status Reserve(absl::string_view job, uint64_t bytes) override
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void Charge(absl::string_view job, uint64_t bytes) override
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void Release(absl::string_view job, uint64_t bytes) override
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Job {
+    bool tracked = false;
+    uid_t owner = 0;
+    uint64_t limit = 0;
+    uint64_t used = 0;
+    uint64_t set_aside = 0;
+    uintptr_t holder = 0;
+    uint64_t Held() const { return used > set_aside ? used : set_aside; }
+  };
+
+  // OK when `job` may go from holding job.Held() to `held_after`.
+  absl::Status FitsLocked(const std::string& name, const Job& job,
+                          uint64_t held_after, uint64_t needed,
+                          const char* what) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t HeldByLocked(uid_t uid) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const uint64_t capacity_bytes_;
+  const QuotaTable* const quotas_;
+
+  mutable absl::Mutex mu_;
+  std::map<std::string, Job, std::less<>> jobs_ ABSL_GUARDED_BY(mu_);
+  uint64_t held_by_all_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace lohan
+
+#endif  // LOHAN_DAEMON_QUOTA_SPACE_LEDGER_H_

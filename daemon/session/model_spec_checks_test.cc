@@ -1,0 +1,83 @@
+#include "daemon/session/model_spec_checks.h"
+
+#include <cmath>
+#include <functional>
+#include <limits>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace lohan {
+namespace {
+
+using ::testing::HasSubstr;
+
+v1::ModelSpec Good() {
+  v1::ModelSpec spec;
+  spec.add_layer_elements(100);
+  spec.set_dtype(v1::DTYPE_BF16);
+  spec.mutable_adam()->set_lr(1e-3);
+  spec.mutable_adam()->set_beta1(0.9);
+  spec.mutable_adam()->set_beta2(0.999);
+  spec.mutable_adam()->set_eps(1e-8);
+  return spec;
+}
+
+struct Case {
+  const char* what;
+  std::function<void(v1::ModelSpec&)> mutate;
+  const char* message;
+};
+
+TEST(CheckModelSpec, AcceptsAGoodSpec) {
+  EXPECT_TRUE(CheckModelSpec(Good()).ok());
+}
+
+TEST(CheckModelSpec, RefusesEachBadFieldByName) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  const Case cases[] = {
+      {"no layers", [](auto& s) { s.clear_layer_elements(); },
+       "a model has 1 to 65536 layers, got 0"},
+      {"too many layers",
+       [](auto& s) {
+         for (int i = 0; i < 70000; ++i) s.add_layer_elements(1);
+       },
+       "got 70001"},
+      {"empty layer", [](auto& s) { s.add_layer_elements(0); },
+       "layer_elements[1] must be 1 to"},
+      {"huge layer", [](auto& s) { s.add_layer_elements(uint64_t{1} << 41); },
+       "layer_elements[1]"},
+      {"dtype", [](auto& s) { s.set_dtype(v1::DTYPE_UNSPECIFIED); },
+       "model dtype DTYPE_UNSPECIFIED is not supported"},
+      {"unknown dtype", [](auto& s) { s.set_dtype(static_cast<v1::DType>(9)); },
+       "model dtype 9 is not supported"},
+      {"nan lr", [nan](auto& s) { s.mutable_adam()->set_lr(nan); },
+       "adam.lr must be finite"},
+      {"negative lr", [](auto& s) { s.mutable_adam()->set_lr(-1); }, "adam.lr"},
+      {"beta1 1", [](auto& s) { s.mutable_adam()->set_beta1(1.0); },
+       "adam.beta1 must be in [0, 1)"},
+      {"beta2 nan", [nan](auto& s) { s.mutable_adam()->set_beta2(nan); },
+       "adam.beta2"},
+      {"eps inf", [inf](auto& s) { s.mutable_adam()->set_eps(inf); },
+       "adam.eps"},
+      {"decay", [](auto& s) { s.mutable_adam()->set_weight_decay(-0.1); },
+       "adam.weight_decay"},
+      {"norm", [](auto& s) { s.set_max_grad_norm(-1); }, "max_grad_norm"},
+      {"schedule",
+       [](auto& s) { s.set_clip_schedule(static_cast<v1::ClipSchedule>(7)); },
+       "clip_schedule 7"},
+      {"iteration", [](auto& s) { s.set_initial_iteration(uint64_t{1} << 50); },
+       "initial_iteration must be at most"},
+  };
+  for (const Case& c : cases) {
+    v1::ModelSpec spec = Good();
+    c.mutate(spec);
+    const absl::Status status = CheckModelSpec(spec);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.what;
+    EXPECT_THAT(std::string(status.message()), HasSubstr(c.message)) << c.what;
+  }
+}
+
+}  // namespace
+}  // namespace lohan

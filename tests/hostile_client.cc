@@ -1,0 +1,281 @@
+// What a second user could try against a shared lohand, one attack per
+// command, for tests/multi_user_test.cc (run as another uid with setpriv).
+// Each command prints one result line first (so BackgroundProcess sees it),
+// and the holding ones then keep what they took until killed.
+//
+//   hostile_client fill-ssd SOCKET NAME BYTES   ACT_PUT BYTES at a time, then
+//                                               less, until a block is
+//                                               refused; hold
+//   hostile_client flood-data SOCKET N          N idle data-plane connections;
+//                                               hold
+//   hostile_client flood-control SOCKET N       N idle control connections;
+//                                               hold
+//   hostile_client register-huge SOCKET LAYERS  RegisterModel of LAYERS
+//                                               one-element layers
+//   hostile_client create-many SOCKET N         CreateJob N times
+//   hostile_client probe SOCKET JOB             attach, detach, delete JOB
+//                                               and a missing id
+//   hostile_client raw-call SOCKET METHOD TEXT  METHOD with TEXT as its
+//                                               serialized request
+//   hostile_client attach-hold SOCKET NAME POOL a job asking for POOL bytes,
+//                                               attached without a data
+//                                               plane; hold
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "client/control_client.h"
+#include "client/data_plane.h"
+
+namespace lohan::testing {
+namespace {
+
+constexpr absl::Duration kTimeout = absl::Seconds(60);
+
+[[noreturn]] void Hold() {
+  std::fflush(stdout);
+  for (;;) pause();
+}
+
+std::string Describe(const absl::Status& status) {
+  return absl::StrCat(absl::StatusCodeToString(status.code()), ": ",
+                      status.message());
+}
+
+int Fail(const char* step, const absl::Status& status) {
+  std::printf("%s failed: %s\n", step, Describe(status).c_str());
+  return 1;
+}
+
+uint64_t Number(const char* text) {
+  uint64_t value = 0;
+  if (!absl::SimpleAtoi(text, &value)) {
+    std::fprintf(stderr, "not a number: %s\n", text);
+    std::exit(2);
+  }
+  return value;
+}
+
+// A job of the caller's, attached by this process.
+absl::StatusOr<v1::Job> CreateAttached(ControlClient& client,
+                                       const std::string& name,
+                                       uint64_t pool_bytes) {
+  v1::JobSpec spec;
+  spec.set_name(name);
+  spec.set_host_pool_bytes(pool_bytes);
+  absl::StatusOr<v1::Job> job = client.CreateJob(spec);
+  if (!job.ok()) return job.status();
+  if (auto attached = client.AttachJob(job->id()); !attached.ok()) {
+    return attached.status();
+  }
+  return job;
+}
+
+v1::RegisterModelRequest OneLayerModel(const std::string& job_id,
+                                       uint64_t activation_bytes) {
+  v1::RegisterModelRequest request;
+  request.set_job_id(job_id);
+  request.mutable_model()->add_layer_elements(1024);
+  request.mutable_model()->set_dtype(v1::DTYPE_BF16);
+  request.mutable_model()->mutable_adam()->set_lr(1e-3);
+  request.mutable_model()->mutable_adam()->set_beta1(0.9);
+  request.mutable_model()->mutable_adam()->set_beta2(0.999);
+  request.mutable_model()->mutable_adam()->set_eps(1e-8);
+  request.mutable_model()->set_activation_bytes(activation_bytes);
+  return request;
+}
+
+int FillSsd(ControlClient& client, const std::string& name, uint64_t bytes) {
+  absl::StatusOr<v1::Job> job = CreateAttached(client, name, 16 << 20);
+  if (!job.ok()) return Fail("create", job.status());
+  auto plane = DataPlane::Open(client.hello().data_socket_path(), job->id());
+  if (!plane.ok()) return Fail("data plane", plane.status());
+  auto registered = client.RegisterModel(OneLayerModel(job->id(), bytes));
+  if (!registered.ok()) return Fail("register", registered.status());
+  (*plane)->SetErrorText(registered->error_text_offset(),
+                         registered->error_text_bytes());
+  // Smaller and smaller puts once refused, down to one block: the array is
+  // then as full as the daemon lets anyone make it.
+  uint64_t stored = 0;
+  uint64_t length = bytes;
+  for (uint64_t id = 1;; ++id) {
+    SubmissionEntry put{};
+    put.op = static_cast<uint16_t>(RingOp::kActPut);
+    put.activation_id = id;
+    put.slot_offset = registered->activation_offset();
+    put.length = length;
+    absl::StatusOr<CompletionEntry> done = (*plane)->Call(put, kTimeout);
+    if (done.ok()) {
+      stored += length;
+    } else if (length > 4096) {
+      length /= 2;
+    } else {
+      std::printf("stored %llu bytes, then %s\n",
+                  static_cast<unsigned long long>(stored),
+                  Describe(done.status()).c_str());
+      Hold();
+    }
+  }
+}
+
+// A connected unix socket to `path`, or -1.
+int ConnectTo(const std::string& path) {
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::snprintf(address.sun_path, sizeof(address.sun_path), "%s", path.c_str());
+  if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&address),
+                        sizeof(address)) != 0) {
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Opens `count` connections to `path` and says nothing on them; after a
+// moment, counts those the daemon answered or closed.
+int Flood(const std::string& path, uint64_t count) {
+  std::vector<int> fds;
+  for (uint64_t i = 0; i < count; ++i) {
+    const int fd = ConnectTo(path);
+    if (fd >= 0) fds.push_back(fd);
+  }
+  usleep(500 * 1000);
+  size_t answered = 0;
+  for (int fd : fds) {
+    pollfd ready{.fd = fd, .events = POLLIN};
+    if (poll(&ready, 1, 0) > 0) ++answered;
+  }
+  std::printf("connected %zu, answered or closed %zu\n", fds.size(), answered);
+  Hold();
+}
+
+int RegisterHuge(ControlClient& client, uint64_t layers) {
+  absl::StatusOr<v1::Job> job = CreateAttached(client, "huge", 16 << 20);
+  if (!job.ok()) return Fail("create", job.status());
+  auto plane = DataPlane::Open(client.hello().data_socket_path(), job->id());
+  if (!plane.ok()) return Fail("data plane", plane.status());
+  v1::RegisterModelRequest request = OneLayerModel(job->id(), 0);
+  request.mutable_model()->clear_layer_elements();
+  for (uint64_t l = 0; l < layers; ++l) {
+    request.mutable_model()->add_layer_elements(1);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status status = client.RegisterModel(request).status();
+  const double ms = std::chrono::duration<double, std::milli>(
+                        std::chrono::steady_clock::now() - start)
+                        .count();
+  std::printf("%s (%.0f ms)\n", Describe(status).c_str(), ms);
+  return 0;
+}
+
+int CreateMany(ControlClient& client, uint64_t count) {
+  uint64_t created = 0;
+  for (uint64_t i = 0; i < count; ++i) {
+    v1::JobSpec spec;
+    spec.set_name(absl::StrCat("many-", i));
+    absl::StatusOr<v1::Job> job = client.CreateJob(spec);
+    if (!job.ok()) {
+      std::printf("created %llu, then %s\n",
+                  static_cast<unsigned long long>(created),
+                  Describe(job.status()).c_str());
+      return 0;
+    }
+    ++created;
+  }
+  std::printf("created %llu\n", static_cast<unsigned long long>(created));
+  return 0;
+}
+
+int Probe(ControlClient& client, const std::string& job_id) {
+  for (const std::string& id : {job_id, std::string("j-999999")}) {
+    std::printf("attach %s\n", Describe(client.AttachJob(id).status()).c_str());
+    std::printf("detach %s\n", Describe(client.DetachJob(id).status()).c_str());
+    std::printf("delete %s\n", Describe(client.DeleteJob(id)).c_str());
+  }
+  return 0;
+}
+
+int RawCall(const std::string& socket, const std::string& method,
+            const std::string& bytes) {
+  auto channel =
+      grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(30));
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer request(&slice, 1);
+  grpc::ByteBuffer response;
+  grpc::Status status;
+  bool done = false;
+  absl::Mutex mu;
+  stub.UnaryCall(&context, method, grpc::StubOptions(), &request, &response,
+                 [&](grpc::Status s) {
+                   absl::MutexLock lock(&mu);
+                   status = std::move(s);
+                   done = true;
+                 });
+  absl::MutexLock lock(&mu);
+  mu.Await(absl::Condition(&done));
+  std::printf("%s: %s\n",
+              absl::StatusCodeToString(
+                  static_cast<absl::StatusCode>(status.error_code()))
+                  .c_str(),
+              status.error_message().c_str());
+  return 0;
+}
+
+int AttachHold(ControlClient& client, const std::string& name,
+               uint64_t pool_bytes) {
+  absl::StatusOr<v1::Job> job = CreateAttached(client, name, pool_bytes);
+  if (!job.ok()) return Fail("create", job.status());
+  std::printf("attached %s\n", job->id().c_str());
+  Hold();
+}
+
+int Main(int argc, char** argv) {
+  if (argc < 4) {
+    std::fprintf(stderr, "usage: %s COMMAND SOCKET ARG...\n", argv[0]);
+    return 2;
+  }
+  const std::string command = argv[1];
+  const std::string socket = argv[2];
+  if (command == "flood-data") return Flood(socket + ".data", Number(argv[3]));
+  if (command == "flood-control") return Flood(socket, Number(argv[3]));
+  if (command == "raw-call" && argc == 5) {
+    return RawCall(socket, argv[3], argv[4]);
+  }
+  auto client = ControlClient::Connect({.socket_path = socket});
+  if (!client.ok()) return Fail("connect", client.status());
+  if (command == "fill-ssd" && argc == 5) {
+    return FillSsd(**client, argv[3], Number(argv[4]));
+  }
+  if (command == "register-huge") {
+    return RegisterHuge(**client, Number(argv[3]));
+  }
+  if (command == "create-many") return CreateMany(**client, Number(argv[3]));
+  if (command == "probe") return Probe(**client, argv[3]);
+  if (command == "attach-hold" && argc == 5) {
+    return AttachHold(**client, argv[3], Number(argv[4]));
+  }
+  std::fprintf(stderr, "unknown command or arguments: %s\n", command.c_str());
+  return 2;
+}
+
+}  // namespace
+}  // namespace lohan::testing
+
+int main(int argc, char** argv) { return lohan::testing::Main(argc, argv); }

@@ -1,0 +1,264 @@
+// A second user against a shared lohand: each test runs an attack as
+// `nobody` (setpriv) while root's job trains, then checks that root's job
+// is still attached, still trains, and lost nothing (its weights against the
+// float64 AdamW reference, as in training_test), and that the attack got a
+// clear, bounded refusal.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "client/control_client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/dumped_weights.h"
+#include "tests/harness/daemon_process.h"
+#include "tests/harness/subprocess.h"
+
+namespace lohan::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+const std::vector<uint64_t> kLayers = {1000, 5000, 333};
+
+class MultiUserTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (getuid() != 0) GTEST_SKIP() << "needs root to run a client as nobody";
+    // nobody cannot reach Bazel's output tree: the attacker's binary goes
+    // into the public test directory.
+    bin_ = dir_.path() + "/bin";
+    ASSERT_EQ(mkdir(bin_.c_str(), 0755), 0);
+    ASSERT_EQ(RunCommand({"/bin/cp", Runfile("tests/hostile_client"), bin_})
+                  .exit_code,
+              0);
+  }
+
+  void StartDaemon(const std::string& config_toml = "") {
+    std::vector<std::string> extra;
+    if (!config_toml.empty()) {
+      const std::string path = dir_.path() + "/lohand.toml";
+      std::ofstream(path) << config_toml;
+      extra = {"--config", path};
+    }
+    auto daemon = DaemonProcess::Start(dir_.path(), extra);
+    ASSERT_TRUE(daemon.ok()) << daemon.status();
+    daemon_ = *std::move(daemon);
+    auto client = ControlClient::Connect({.socket_path = daemon_->socket()});
+    ASSERT_TRUE(client.ok()) << client.status();
+    root_ = *std::move(client);
+  }
+
+  std::vector<std::string> Nobody(const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {"/usr/bin/setpriv", "--reuid=65534",
+                                     "--regid=65534", "--clear-groups",
+                                     bin_ + "/hostile_client"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return argv;
+  }
+
+  // Root's job: trains `iterations` of the synthetic model, pausing after
+  // the first two (data plane open, model registered) until Resume().
+  void StartVictim(int iterations = 4) {
+    auto victim = BackgroundProcess::Start(
+        {Runfile("tests/train_client"), "--socket", daemon_->socket(), "--job",
+         "victim", "--layers", "1000,5000,333", "--iterations",
+         std::to_string(iterations), "--pause-after", "2", "--resume-file",
+         dir_.path() + "/go", "--out", dir_.path() + "/weights"});
+    ASSERT_TRUE(victim.ok()) << victim.status();
+    victim_ = *std::move(victim);
+    ASSERT_TRUE(WaitForFile(dir_.path() + "/go.paused"));
+  }
+
+  // Lets the victim finish; it must exit cleanly with exact weights.
+  void ResumeAndCheckVictim(int iterations = 4) {
+    std::ofstream(dir_.path() + "/go") << "go\n";
+    EXPECT_EQ(victim_->Stop(0), 0) << daemon_->Log();
+    const absl::Status exact =
+        CheckDumpedWeights(dir_.path() + "/weights",
+                           {.layers = kLayers, .iterations = iterations});
+    EXPECT_TRUE(exact.ok()) << exact;
+  }
+
+  static bool WaitForFile(const std::string& path) {
+    for (int i = 0; i < 12000; ++i) {
+      if (access(path.c_str(), F_OK) == 0) return true;
+      usleep(10 * 1000);
+    }
+    return false;
+  }
+
+  v1::Job VictimJob() {
+    auto jobs = root_->ListJobs();
+    EXPECT_TRUE(jobs.ok()) << jobs.status();
+    for (const v1::Job& job : *jobs) {
+      if (job.spec().name() == "victim") return job;
+    }
+    ADD_FAILURE() << "no victim job";
+    return {};
+  }
+
+  // The leading number of `text` after `prefix` ("stored 123 bytes" -> 123).
+  static uint64_t NumberAfter(const std::string& text,
+                              const std::string& prefix) {
+    const size_t at = text.find(prefix);
+    if (at == std::string::npos) return 0;
+    std::string rest = text.substr(at + prefix.size());
+    rest = rest.substr(0, rest.find_first_not_of("0123456789"));
+    uint64_t value = 0;
+    (void)absl::SimpleAtoi(rest, &value);
+    return value;
+  }
+
+  size_t LogLinesWith(const std::string& needle) {
+    std::istringstream log(daemon_->Log());
+    size_t count = 0;
+    for (std::string line; std::getline(log, line);) {
+      if (line.find(needle) != std::string::npos) ++count;
+    }
+    return count;
+  }
+
+  PublicTempDir dir_;
+  std::string bin_;
+  std::unique_ptr<DaemonProcess> daemon_;
+  std::unique_ptr<ControlClient> root_;
+  std::unique_ptr<BackgroundProcess> victim_;
+};
+
+TEST_F(MultiUserTest, ASecondUserCannotFillTheSsdsUnderARunningJob) {
+  StartDaemon();
+  StartVictim();
+  // nobody swaps out 1 MiB activations until the daemon says no, and keeps
+  // them.
+  auto greedy = BackgroundProcess::Start(
+      Nobody({"fill-ssd", daemon_->socket(), "greedy", "1048576"}));
+  ASSERT_TRUE(greedy.ok()) << greedy.status();
+  const std::string said = (*greedy)->first_line();
+  EXPECT_THAT(said, HasSubstr("RESOURCE_EXHAUSTED: "));
+  EXPECT_THAT(said, HasSubstr("the SSD array is full: jobs hold "));
+  // It got what nobody else needed (the 64 MiB array but the victim's
+  // set-aside), not less.
+  EXPECT_GE(NumberAfter(said, "stored "), uint64_t{48} << 20) << said;
+  // Root's job runs its next two iterations into the full array.
+  ResumeAndCheckVictim();
+}
+
+TEST_F(MultiUserTest, ConnectionFloodsNeitherDetachNorStarveALiveJob) {
+  StartDaemon();
+  StartVictim();
+  auto data_flood = BackgroundProcess::Start(
+      Nobody({"flood-data", daemon_->socket(), "600"}));
+  ASSERT_TRUE(data_flood.ok()) << data_flood.status();
+  auto control_flood = BackgroundProcess::Start(
+      Nobody({"flood-control", daemon_->socket(), "600"}));
+  ASSERT_TRUE(control_flood.ok()) << control_flood.status();
+  // Every connection past nobody's quotas (16 data planes, 64 control
+  // connections) was answered or closed at once.
+  for (const auto& [flood, quota] :
+       {std::pair{data_flood->get(), 16}, {control_flood->get(), 64}}) {
+    const std::string said = flood->first_line();
+    const uint64_t connected = NumberAfter(said, "connected ");
+    EXPECT_EQ(connected, 600u) << said;
+    EXPECT_GE(NumberAfter(said, "answered or closed "), connected - quota)
+        << said;
+  }
+  // Root is still served, and its job is still attached by its process.
+  auto status = root_->GetStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  const v1::Job victim = VictimJob();
+  EXPECT_EQ(victim.state(), v1::JOB_STATE_ATTACHED);
+  EXPECT_EQ(victim.attached_pid(), victim_->pid());
+  // The refusals are in the log, a few lines of them, not 1,100.
+  EXPECT_GE(LogLinesWith("refused to pid"), 2u);
+  EXPECT_LE(LogLinesWith("refused to pid"), 20u);
+  ResumeAndCheckVictim();
+}
+
+TEST_F(MultiUserTest, HostileRequestsGetClearCheapRefusals) {
+  StartDaemon();
+  StartVictim();
+  const v1::Job victim = VictimJob();
+  auto before = root_->GetStatus();
+  ASSERT_TRUE(before.ok());
+
+  // A million one-element layers: refused before anything is made.
+  RunResult huge =
+      RunCommand(Nobody({"register-huge", daemon_->socket(), "1000000"}));
+  EXPECT_THAT(huge.out, HasSubstr("INVALID_ARGUMENT: ModelSpec layer_elements: "
+                                  "a model has 1 to 65536 layers, got 1000000"))
+      << huge.out << huge.err;
+  auto after = root_->GetStatus();
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->store().tensors(), before->store().tensors());
+
+  // Jobs beyond the quota (64, one of them "huge").
+  RunResult many =
+      RunCommand(Nobody({"create-many", daemon_->socket(), "100"}));
+  EXPECT_THAT(many.out, HasSubstr("created 63, then RESOURCE_EXHAUSTED: "));
+  EXPECT_THAT(many.out, HasSubstr("uid 65534 has 64 jobs and the quota is 64"));
+
+  // Root's job, attached and with its data plane open, is to nobody exactly
+  // a missing one: no code, word or pid tells them apart.
+  RunResult probe =
+      RunCommand(Nobody({"probe", daemon_->socket(), victim.id()}));
+  std::vector<std::string> lines =
+      absl::StrSplit(absl::StripTrailingAsciiWhitespace(probe.out), '\n');
+  ASSERT_EQ(lines.size(), 6u) << probe.out;
+  for (int i = 0; i < 3; ++i) {
+    std::string real = lines[i];
+    real.replace(real.find(victim.id()), victim.id().size(), "j-999999");
+    EXPECT_EQ(real, lines[i + 3]);
+    EXPECT_THAT(lines[i], HasSubstr("NOT_FOUND"));
+    EXPECT_THAT(lines[i], Not(HasSubstr(std::to_string(victim_->pid()))));
+  }
+
+  // Bytes that are no CreateJobRequest.
+  RunResult garbage =
+      RunCommand(Nobody({"raw-call", daemon_->socket(),
+                         "/lohan.v1.Lohan/CreateJob", "\xff\xff"}));
+  EXPECT_THAT(garbage.out, HasSubstr("INVALID_ARGUMENT")) << garbage.out;
+  ResumeAndCheckVictim();
+}
+
+TEST_F(MultiUserTest, AnAttachedJobWithoutADataPlaneHoldsNoPool) {
+  StartDaemon();
+  // nobody's job asks for 48 of the 64 MiB pool and never opens its data
+  // plane; root's 16 MiB arena still fits beside it.
+  auto idle = BackgroundProcess::Start(
+      Nobody({"attach-hold", daemon_->socket(), "idle", "50331648"}));
+  ASSERT_TRUE(idle.ok()) << idle.status();
+  EXPECT_THAT((*idle)->first_line(), HasSubstr("attached "));
+  StartVictim();
+  ResumeAndCheckVictim();
+}
+
+TEST_F(MultiUserTest, PerUserQuotasFromTheConfigBoundTheirUser) {
+  StartDaemon(
+      "[quotas.user.nobody]\n"
+      "ssd = \"8MiB\"\n"
+      "host_pool = \"16MiB\"\n");
+  StartVictim();
+  auto greedy = BackgroundProcess::Start(
+      Nobody({"fill-ssd", daemon_->socket(), "greedy", "1048576"}));
+  ASSERT_TRUE(greedy.ok()) << greedy.status();
+  const std::string said = (*greedy)->first_line();
+  EXPECT_THAT(said, HasSubstr("its owner (uid 65534) holds "));
+  EXPECT_THAT(said, HasSubstr("the quota is 8388608 (8.0 MiB)"));
+  EXPECT_GE(NumberAfter(said, "stored "), uint64_t{6} << 20) << said;
+  RunResult big =
+      RunCommand(Nobody({"attach-hold", daemon_->socket(), "big", "33554432"}));
+  EXPECT_THAT(big.out, HasSubstr("uid 65534's quota ([quotas] host_pool) is "
+                                 "16777216 (16.0 MiB)"))
+      << big.out;
+  ResumeAndCheckVictim();
+}
+
+}  // namespace
+}  // namespace lohan::testing

@@ -598,6 +598,9 @@ int lohan_model_register(lohan_client* client, lohan_data_plane* plane,
   const bool has_clip_schedule =
       spec->struct_size >=
       offsetof(lohan_model_spec, clip_schedule) + sizeof(spec->clip_schedule);
+  const bool has_in_order =
+      spec->struct_size >= offsetof(lohan_model_spec, in_order_service) +
+                               sizeof(spec->in_order_service);
   if (spec->num_layers == 0 || spec->layer_elements == nullptr) {
     return InvalidArgument("lohan_model_register: a model needs layers");
   }
@@ -650,6 +653,8 @@ int lohan_model_register(lohan_client* client, lohan_data_plane* plane,
   // The daemon refuses values it does not know, naming them.
   model_spec->set_clip_schedule(static_cast<lohan::v1::ClipSchedule>(
       has_clip_schedule ? spec->clip_schedule : LOHAN_CLIP_DEFERRED));
+  model_spec->set_in_order_service(has_in_order &&
+                                   spec->in_order_service != 0);
   if (absl::Status copied = CopyRanges(
           spec->no_weight_decay, num_no_weight_decay, "no_weight_decay",
           spec->num_layers, model_spec->mutable_no_weight_decay());

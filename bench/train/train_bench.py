@@ -20,6 +20,14 @@ reached and near the gradients' median norm (so some steps clip), and
 plain PyTorch AdamW with clip_grad_norm_ at the same limits; reports the
 time per step and lohand's SSD bytes read and written per parameter per
 step (its /proc/<pid>/io), interleaved round by round.
+
+--compare streaming: resident buffers against streamed ones (one gradient
+and one weight buffer, the gradients and 16-bit weights through the SSDs),
+the latter with the daemon's lanes (service="lanes", the default) and in
+arrival order (service="in-order"); beside each round, fio's sequential
+O_DIRECT read and write bandwidth on the daemon's SSD directory. Reports
+the time per step, SSD bytes per parameter per step, and what the
+streamed layout's extra bytes cost at fio's speed against what it costs.
 """
 
 from __future__ import annotations
@@ -152,6 +160,68 @@ def run_lohan_clipped(args, data, socket: str, daemon_pid: int, name: str,
             (io1[1] - io0[1]) / params / steps, norms, clipped)
 
 
+def fio_bandwidth(directory: Path) -> Tuple[float, float]:
+    """Sequential read and write bytes per second with O_DIRECT, 1 MiB
+    blocks, queue depth 32, on a 512 MiB file in `directory` (removed)."""
+    rates = []
+    for mode in ("write", "read"):
+        out = subprocess.run(
+            ["fio", "--name=bw", f"--directory={directory}", "--size=512M",
+             f"--rw={mode}", "--bs=1M", "--iodepth=32", "--direct=1",
+             "--ioengine=libaio", "--minimal"],
+            capture_output=True, text=True, check=True).stdout
+        fields = out.strip().split(";")
+        # Terse format v3: read KiB/s is field 7, write KiB/s field 48.
+        rates.append(float(fields[6 if mode == "read" else 47]) * 1024)
+    for leftover in directory.glob("bw.*"):
+        leftover.unlink()
+    return rates[1], rates[0]
+
+
+def compare_streaming(args, data, socket: str, daemon_pid: int,
+                      ssd_dir: Path) -> None:
+    configs = {
+        "resident": dict(buffers="resident"),
+        "streamed, lanes": dict(buffers="streamed", stream_buffers=1),
+        "streamed, in order": dict(buffers="streamed", stream_buffers=1,
+                                   service="in-order"),
+    }
+    rows: Dict[str, List[Tuple[float, float, float]]] = {c: [] for c in configs}
+    disk: List[Tuple[float, float]] = []
+    for round_ in range(args.rounds):
+        disk.append(fio_bandwidth(ssd_dir))
+        order = list(configs) if round_ % 2 == 0 else list(configs)[::-1]
+        for name in order:
+            seconds, read, written, _, _ = run_lohan_clipped(
+                args, data, socket, daemon_pid,
+                f"stream-{round_}-{list(configs).index(name)}",
+                max_grad_norm=1.0, **configs[name])
+            rows[name].append((seconds, read, written))
+            print(f"round {round_ + 1} {name:20s} {seconds:6.3f} s/step, "
+                  f"SSD {read:5.1f} read {written:5.1f} written B/param",
+                  flush=True)
+    parameters = sum(p.numel() for p in make_model(args).parameters())
+    read_bw = statistics.median(d[0] for d in disk)
+    write_bw = statistics.median(d[1] for d in disk)
+    print(f"\nGPT-2 {args.layers} blocks, width {args.width}, {parameters:,} "
+          f"parameters, batch {args.batch}x{args.seq}, lohan in {args.dtype}, "
+          f"clip 1.0; median of {args.rounds} rounds of {args.steps} steps; "
+          f"fio {read_bw / 1e9:.2f} GB/s read, {write_bw / 1e9:.2f} GB/s "
+          "write")
+    base = [statistics.median(r[i] for r in rows["resident"]) for i in range(3)]
+    print(f"{'layout':20s} {'s/step':>7s} {'read B/p':>8s} {'wrt B/p':>8s} "
+          f"{'extra s':>8s} {'at fio':>7s} {'ratio':>6s}")
+    for name in configs:
+        seconds, read, written = [statistics.median(r[i] for r in rows[name])
+                                  for i in range(3)]
+        at_disk = ((read - base[1]) / read_bw
+                   + (written - base[2]) / write_bw) * parameters
+        extra = seconds - base[0]
+        ratio = extra / at_disk if at_disk > 0 else float("nan")
+        print(f"{name:20s} {seconds:7.3f} {read:8.2f} {written:8.2f} "
+              f"{extra:8.3f} {at_disk:7.3f} {ratio:6.2f}")
+
+
 def compare_clip(args, data, socket: str, daemon_pid: int) -> None:
     # The limit near the gradients' median norm, from an unclipped run.
     norms = run_lohan_clipped(args, data, socket, daemon_pid, "clip-probe",
@@ -208,11 +278,11 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (leave a core to the daemon)")
-    parser.add_argument("--compare", choices=("configs", "clip"),
+    parser.add_argument("--compare", choices=("configs", "clip", "streaming"),
                         default="configs")
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
-                        help="--compare clip: lohan's training dtype (torch "
-                        "runs fp32)")
+                        help="--compare clip / streaming: lohan's training "
+                        "dtype (torch runs fp32)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     bazel_bin = Path(os.environ.get("LOHAN_BAZEL_BIN", REPO / "bazel-bin"))
@@ -227,14 +297,23 @@ def main() -> int:
         "lohan offload, streamed": dict(activations="offload",
                                         buffers="streamed",
                                         stream_buffers=1),
+        "lohan offload, streamed, in order": dict(activations="offload",
+                                                  buffers="streamed",
+                                                  stream_buffers=1,
+                                                  service="in-order"),
     }
     data = batches(args, args.steps + 5)
-    if args.compare == "clip":
+    if args.compare in ("clip", "streaming"):
         with tempfile.TemporaryDirectory(prefix="lohan-train-bench-") as tmp:
             daemon = start_daemon(Path(tmp), bazel_bin)
             try:
-                compare_clip(args, data, str(Path(tmp) / "lohand.sock"),
-                             daemon.pid)
+                if args.compare == "clip":
+                    compare_clip(args, data, str(Path(tmp) / "lohand.sock"),
+                                 daemon.pid)
+                else:
+                    compare_streaming(args, data,
+                                      str(Path(tmp) / "lohand.sock"),
+                                      daemon.pid, Path(tmp) / "ssd0")
             finally:
                 daemon.send_signal(signal.SIGTERM)
                 daemon.wait(timeout=60)
@@ -250,7 +329,7 @@ def main() -> int:
                             run_lohan(args, data, socket,
                                       f"bench-{round_}-{n}", **options))
                     rates[name].append(rate)
-                    print(f"round {round_ + 1} {name:26s} {rate:7.1f} "
+                    print(f"round {round_ + 1} {name:34s} {rate:7.1f} "
                           "steps/s", flush=True)
         finally:
             daemon.send_signal(signal.SIGTERM)
@@ -263,7 +342,7 @@ def main() -> int:
     reference = statistics.median(rates["torch AdamW"])
     for name, values in rates.items():
         median = statistics.median(values)
-        print(f"{name:26s} {median:7.1f} steps/s  time per step "
+        print(f"{name:34s} {median:7.1f} steps/s  time per step "
               f"{reference / median:5.2f}x torch")
     return 0
 

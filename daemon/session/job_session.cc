@@ -86,13 +86,17 @@ absl::StatusOr<std::unique_ptr<JobSession>> JobSession::Create(
                            grant.completion_bytes, kRingEntryBytes);
   if (!completions.ok()) return completions.status();
   session->submissions_.emplace(*std::move(submissions));
-  session->completions_.emplace(*std::move(completions));
+  {
+    absl::MutexLock lock(&session->complete_mu_);
+    session->completions_.emplace(*std::move(completions));
+  }
   return session;
 }
 
 JobSession::~JobSession() {
   stopping_.store(true);
   if (server_.joinable()) server_.join();
+  lanes_.reset();  // drops what has not begun, waits for what runs
   if (served_ != nullptr) DropActivations();
   // The pipeline (inside model_) rolls back an unfinished iteration as it
   // goes; then the arena returns to the pool.
@@ -359,6 +363,7 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
     stats_.set_grad_slots(response.grad_slots());
     stats_.set_weight_slots(response.weight_slots());
   }
+  lanes_ = std::make_unique<ServeLanes>(spec.in_order_service());
   server_ = std::thread([this] { Serve(); });
   spdlog::info(
       "job {}: model of {} layers registered ({} gradient and {} weight "
@@ -431,7 +436,12 @@ absl::Status JobSession::CheckStaging(const SubmissionEntry& entry) const {
         " with length ", bytes, " for layer ", entry.layer, "; got offset ",
         entry.slot_offset, " length ", entry.length));
   }
-  if (validator_->in_iteration()) {
+  bool in_iteration;
+  {
+    absl::MutexLock lock(&validator_mu_);
+    in_iteration = validator_->in_iteration();
+  }
+  if (in_iteration) {
     return absl::FailedPreconditionError(
         absl::StrCat(name, ": ", state ? "optimizer states" : "weights",
                      " are staged only between iterations"));
@@ -485,45 +495,13 @@ absl::Status JobSession::Handle(const SubmissionEntry& entry, uint64_t& detail,
       }
     }
   }
-  if (absl::Status valid = validator_->Accept(entry); !valid.ok()) {
-    return valid;
-  }
+  if (absl::Status valid = AcceptEntry(entry); !valid.ok()) return valid;
   switch (op) {
     case RingOp::kIterBegin:
       iteration_began_ = absl::Now();
       return model.pipeline->BeginIteration(
           entry.grad_scale == 0.0f ? 1.0f : entry.grad_scale, entry.lr,
           model.clip);
-    case RingOp::kGradReady:
-      // Streamed gradients: this returns once the gradient is in the
-      // store, so the completion frees the slot. Streamed (or fp32)
-      // weights: no 16-bit copy in the arena.
-      return model.pipeline->SubmitGradients(
-          entry.layer, base() + entry.slot_offset,
-          model.dtype == v1::DTYPE_FP32 || model.streamed_weights
-              ? nullptr
-              : base() + model.weight_slots[entry.layer].offset);
-    case RingOp::kFetchParams: {
-      uint8_t* destination = base() + entry.slot_offset;
-      if (model.dtype == v1::DTYPE_FP32) {
-        return model.pipeline->ReadWeights(
-            entry.layer, reinterpret_cast<float*>(destination));
-      }
-      if (model.streamed_weights) {
-        // The committed copy (the validator checked the slot and length).
-        return model.pipeline->ReadWeight16(entry.layer, destination);
-      }
-      // The layer's update may still run (ModelSpec.overlap_updates).
-      if (absl::Status updated = model.pipeline->WaitLayer(entry.layer);
-          !updated.ok()) {
-        return updated;
-      }
-      const Slot& weights = model.weight_slots[entry.layer];
-      if (entry.slot_offset != weights.offset) {
-        std::memmove(destination, base() + weights.offset, entry.length);
-      }
-      return absl::OkStatus();
-    }
     case RingOp::kIterEnd: {
       absl::StatusOr<IterationReport> report = model.pipeline->EndIteration();
       if (!report.ok()) {
@@ -574,13 +552,60 @@ absl::Status JobSession::Handle(const SubmissionEntry& entry, uint64_t& detail,
       }
       return aborted;
     }
-    case RingOp::kActPut:
-    case RingOp::kActGet:
     case RingOp::kActFree:
       return SwapActivation(entry);
     default:
-      return absl::InternalError("validator accepted an unknown op");
+      return absl::InternalError(
+          absl::StrCat("op ", entry.op, " reached the in-order path"));
   }
+}
+
+absl::Status JobSession::Execute(const SubmissionEntry& entry, uint64_t& detail,
+                                 uint32_t& flags) {
+  Model& model = *served_;
+  switch (static_cast<RingOp>(entry.op)) {
+    case RingOp::kGradReady:
+      // Streamed gradients: this returns once the gradient is in the
+      // store, so the completion frees the slot. Streamed (or fp32)
+      // weights: no 16-bit copy in the arena.
+      return model.pipeline->SubmitGradients(
+          entry.layer, base() + entry.slot_offset,
+          model.dtype == v1::DTYPE_FP32 || model.streamed_weights
+              ? nullptr
+              : base() + model.weight_slots[entry.layer].offset);
+    case RingOp::kFetchParams: {
+      uint8_t* destination = base() + entry.slot_offset;
+      if (model.dtype == v1::DTYPE_FP32) {
+        return model.pipeline->ReadWeights(
+            entry.layer, reinterpret_cast<float*>(destination));
+      }
+      if (model.streamed_weights) {
+        // The committed copy (the validator checked the slot and length).
+        return model.pipeline->ReadWeight16(entry.layer, destination);
+      }
+      // The layer's update may still run (ModelSpec.overlap_updates).
+      if (absl::Status updated = model.pipeline->WaitLayer(entry.layer);
+          !updated.ok()) {
+        return updated;
+      }
+      const Slot& weights = model.weight_slots[entry.layer];
+      if (entry.slot_offset != weights.offset) {
+        std::memmove(destination, base() + weights.offset, entry.length);
+      }
+      return absl::OkStatus();
+    }
+    case RingOp::kActPut:
+    case RingOp::kActGet:
+      return SwapActivation(entry);
+    default:
+      return absl::InternalError(
+          absl::StrCat("op ", entry.op, " reached a lane"));
+  }
+}
+
+absl::Status JobSession::AcceptEntry(const SubmissionEntry& entry) {
+  absl::MutexLock lock(&validator_mu_);
+  return validator_->Accept(entry);
 }
 
 v1::SessionStatus JobSession::Status() const {
@@ -620,7 +645,7 @@ absl::Status JobSession::SwapActivation(const SubmissionEntry& entry) {
     SubmissionEntry undo{};
     undo.op = static_cast<uint16_t>(RingOp::kActFree);
     undo.activation_id = entry.activation_id;
-    (void)validator_->Accept(undo);
+    (void)AcceptEntry(undo);
   }
   return stored;
 }
@@ -646,6 +671,16 @@ void JobSession::CountSwapped(int64_t activations, int64_t bytes) {
 void JobSession::Complete(const SubmissionEntry& entry,
                           const absl::Status& status, uint64_t detail,
                           uint32_t flags) {
+  {
+    absl::MutexLock stats_lock(&stats_mu_);
+    stats_.set_requests(stats_.requests() + 1);
+    if (!status.ok()) stats_.set_failed_requests(stats_.failed_requests() + 1);
+  }
+  if (!status.ok()) {
+    spdlog::debug("job {}: request {} failed: {}", job_id(), entry.request_id,
+                  std::string(status.message()));
+  }
+  absl::MutexLock lock(&complete_mu_);
   CompletionEntry completion{};
   completion.request_id = entry.request_id;
   completion.status_code = static_cast<uint32_t>(status.code());
@@ -694,21 +729,59 @@ void JobSession::Serve() {
       }
       continue;
     }
+    Dispatch(entry);
+  }
+}
+
+std::optional<ServeLanes::Lane> JobSession::LaneOf(RingOp op) {
+  switch (op) {
+    case RingOp::kFetchParams:
+    case RingOp::kActGet:
+      return ServeLanes::Lane::kUrgent;
+    case RingOp::kGradReady:
+    case RingOp::kActPut:
+      return ServeLanes::Lane::kBulk;
+    default:
+      return std::nullopt;
+  }
+}
+
+void JobSession::Dispatch(const SubmissionEntry& entry) {
+  const RingOp op = static_cast<RingOp>(entry.op);
+  std::optional<ServeLanes::Lane> lane = LaneOf(op);
+  if (!lane.has_value()) {
+    // It must see every request before it done.
+    lanes_->Drain();
     uint64_t detail = 0;
     uint32_t flags = 0;
     absl::Status status = Handle(entry, detail, flags);
-    {
-      absl::MutexLock stats_lock(&stats_mu_);
-      stats_.set_requests(stats_.requests() + 1);
-      if (!status.ok())
-        stats_.set_failed_requests(stats_.failed_requests() + 1);
+    Complete(entry, status, detail, flags);
+    return;
+  }
+  // Admitted in arrival order: the validator follows the client's
+  // protocol (iteration numbers, slots, activation ids) as sent.
+  if (absl::Status admitted = AcceptEntry(entry); !admitted.ok()) {
+    Complete(entry, admitted, 0, 0);
+    return;
+  }
+  {
+    absl::MutexLock lock(&puts_mu_);
+    // A get of an activation whose put is still queued goes behind it.
+    if (op == RingOp::kActGet && puts_in_flight_.count(entry.activation_id)) {
+      lane = ServeLanes::Lane::kBulk;
     }
-    if (!status.ok()) {
-      spdlog::debug("job {}: request {} failed: {}", job_id(), entry.request_id,
-                    std::string(status.message()));
+    if (op == RingOp::kActPut) puts_in_flight_.insert(entry.activation_id);
+  }
+  lanes_->Post(*lane, [this, entry, op] {
+    uint64_t detail = 0;
+    uint32_t flags = 0;
+    absl::Status status = Execute(entry, detail, flags);
+    if (op == RingOp::kActPut) {
+      absl::MutexLock lock(&puts_mu_);
+      puts_in_flight_.erase(entry.activation_id);
     }
     Complete(entry, status, detail, flags);
-  }
+  });
 }
 
 }  // namespace lohan

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,6 +22,7 @@
 #include "daemon/pool/slot_allocator.h"
 #include "daemon/quota/space_ledger.h"
 #include "daemon/sched/job_pipeline.h"
+#include "daemon/session/serve_lanes.h"
 #include "daemon/store/tensor_store.h"
 #include "proto/lohan.pb.h"
 
@@ -112,10 +114,23 @@ class JobSession {
                        const PipelineOptions& options) const;
 
   void Serve();
-  // Acts on one submission; returns the completion's status, setting
-  // `detail`/`flags` for ops that report something.
+  // The lane a request runs in (ServeLanes); none: it runs on the serving
+  // thread once both lanes are drained.
+  static std::optional<ServeLanes::Lane> LaneOf(RingOp op);
+  // Admits one submission and runs it (Handle) or posts it to its lane
+  // (Execute); either way it is completed.
+  void Dispatch(const SubmissionEntry& entry);
+  // Acts on one submission that runs in order (staging, ITER_*,
+  // ACT_FREE); returns the completion's status, setting `detail`/`flags`
+  // for ops that report something.
   absl::Status Handle(const SubmissionEntry& entry, uint64_t& detail,
                       uint32_t& flags);
+  // Acts on an admitted lane request (GRAD_READY, FETCH_PARAMS, ACT_PUT,
+  // ACT_GET), on its lane's thread.
+  absl::Status Execute(const SubmissionEntry& entry, uint64_t& detail,
+                       uint32_t& flags);
+  absl::Status AcceptEntry(const SubmissionEntry& entry)
+      ABSL_LOCKS_EXCLUDED(validator_mu_);
   // A staging op (INIT/READ_WEIGHTS, READ/INIT_STATE): its fields
   // (CheckStagingEntry), the layer, the staging slot's offset and the
   // layer's fp32 length, and no iteration in progress.
@@ -145,10 +160,17 @@ class JobSession {
   Model* served_ = nullptr;  // = &*model_ once serving
   // Holds the model's SSD set-aside, given back when the session ends.
   SpaceLedger* ledger_ ABSL_GUARDED_BY(mu_) = nullptr;
-  std::optional<EntryValidator> validator_;
-  std::optional<RingConsumer> submissions_;
-  std::optional<RingProducer> completions_;
-  uint64_t error_sequence_ = 0;
+  mutable absl::Mutex validator_mu_;
+  std::optional<EntryValidator> validator_;  // Accept under validator_mu_
+  std::optional<RingConsumer> submissions_;  // the serving thread's
+  // Completions come from the serving thread and both lanes.
+  absl::Mutex complete_mu_;
+  std::optional<RingProducer> completions_ ABSL_GUARDED_BY(complete_mu_);
+  uint64_t error_sequence_ ABSL_GUARDED_BY(complete_mu_) = 0;
+  std::unique_ptr<ServeLanes> lanes_;  // created before serving starts
+  // ACT_PUTs posted and not done, by activation id.
+  absl::Mutex puts_mu_;
+  std::set<uint64_t> puts_in_flight_ ABSL_GUARDED_BY(puts_mu_);
   // Written by the serving thread (and RegisterModel), read by Status().
   mutable absl::Mutex stats_mu_;
   v1::SessionStatus stats_ ABSL_GUARDED_BY(stats_mu_);

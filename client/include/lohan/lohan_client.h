@@ -246,6 +246,12 @@ typedef struct lohan_model_spec {
    * iteration redoes them all (two passes), for comparison. Any other
    * value: LOHAN_INVALID_ARGUMENT. */
   uint32_t clip_schedule;
+  /* Added after clip_schedule (absent means 0). 0: requests the device
+   * waits for (fetch_params, act_get) are served beside, not behind, the
+   * SSD writes of streamed gradients and act_put; 1: every request in
+   * arrival order on one thread (the service before, for comparison). The
+   * same results either way. */
+  int32_t in_order_service;
 } lohan_model_spec;
 
 enum { LOHAN_CLIP_DEFERRED = 0, LOHAN_CLIP_REDO_ALL = 1 };

@@ -74,6 +74,8 @@ class ModelSpec(ctypes.Structure):
         ("overlap_updates", ctypes.c_int32),
         # 0: deferred (one pass when clipping), 1: redo-all (comparison).
         ("clip_schedule", ctypes.c_uint32),
+        # 1: every request served in arrival order (comparison).
+        ("in_order_service", ctypes.c_int32),
     ]
 
 

@@ -325,7 +325,8 @@ class DataPlane:
                            Tuple[float, float,
                                  Iterable[Tuple[int, int, int]]]] = (),
                        overlap_updates: bool = False,
-                       clip_schedule: str = "deferred") -> Model:
+                       clip_schedule: str = "deferred",
+                       in_order_service: bool = False) -> Model:
         """Registers the model of `job_id` (this process attached it and
         opened this data plane); see lohan_client.h.
 
@@ -357,7 +358,12 @@ class DataPlane:
 
         `clip_schedule`: "deferred" (one pass over the states when the
         iteration clips) or "redo-all" (eager updates redone when it clips,
-        for comparison); the same results either way."""
+        for comparison); the same results either way.
+
+        `in_order_service`: every request served in arrival order on one
+        daemon thread, instead of fetch_params and act_get beside the SSD
+        writes of streamed gradients and act_put (for comparison); the same
+        results either way."""
         if dtype not in _DTYPES:
             raise ValueError(f"dtype {dtype!r} is not supported; use one of "
                              f"{sorted(_DTYPES)}")
@@ -403,7 +409,8 @@ class DataPlane:
             no_weight_decay=exempt, num_no_weight_decay=num_exempt,
             param_groups=groups, num_param_groups=len(group_ranges),
             overlap_updates=int(overlap_updates),
-            clip_schedule=_CLIP_SCHEDULES[clip_schedule])
+            clip_schedule=_CLIP_SCHEDULES[clip_schedule],
+            in_order_service=int(bool(in_order_service)))
         handle = ctypes.c_void_p()
         _check(self._lib.lohan_model_register(
             self._client._handle, self._handle, job_id.encode(),

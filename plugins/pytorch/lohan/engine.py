@@ -125,7 +125,8 @@ class Engine:
                  loss_scale: Union[None, str, float] = None,
                  loss_scale_growth_interval: int = 2000,
                  clip_schedule: str = "deferred",
-                 overlap_step: bool = False):
+                 overlap_step: bool = False,
+                 service: str = "lanes"):
         if not isinstance(model, nn.Module):
             raise TypeError(f"lohan.init wants an nn.Module, got "
                             f"{type(model).__name__}")
@@ -144,6 +145,9 @@ class Engine:
         if clip_schedule not in ("deferred", "redo-all"):
             raise ValueError(f"clip_schedule={clip_schedule!r}: use "
                              "'deferred' (the default) or 'redo-all'")
+        if service not in ("lanes", "in-order"):
+            raise ValueError(f"service={service!r}: use 'lanes' (the "
+                             "default) or 'in-order'")
         if any(has_lohan_hook(p) for p in model.parameters()):
             raise RuntimeError(
                 f"lohan: this {type(model).__name__} is driven by an open "
@@ -308,6 +312,7 @@ class Engine:
                 # step() returns before the last updates are done and they
                 # run during the next forward.
                 overlap_updates=True,
+                in_order_service=service == "in-order",
                 initial_iteration=(self._checkpoint.iteration
                                    if self._checkpoint is not None
                                    and self._checkpoint.moments else 0))
@@ -1260,7 +1265,7 @@ def init(model: nn.Module, **options: Any) -> Engine:
     (docs/pytorch.md explains each): device, frozen_host_bytes, lr, betas,
     eps, weight_decay,
     no_weight_decay, param_groups, max_grad_norm, adamw, amsgrad, bf16_moments,
-    skip_nonfinite, clip_schedule, overlap_step, dtype, loss_scale,
+    skip_nonfinite, clip_schedule, overlap_step, service, dtype, loss_scale,
     loss_scale_growth_interval,
     grad_accumulation_steps, blocks, activations, activation_host_bytes,
     activation_buffer_bytes, params, buffers, stream_buffers,

@@ -95,6 +95,17 @@ absl::StatusOr<v1::Job> ControlClient::AttachJob(const std::string& job_id) {
   return response.job();
 }
 
+absl::StatusOr<std::string> ControlClient::StopJob(const std::string& job_id,
+                                                   bool drain) {
+  v1::StopJobRequest request;
+  request.set_job_id(job_id);
+  request.set_drain(drain);
+  v1::StopJobResponse response;
+  absl::Status status = Invoke(&v1::Lohan::Stub::StopJob, request, &response);
+  if (!status.ok()) return status;
+  return response.outcome();
+}
+
 absl::StatusOr<v1::Job> ControlClient::DetachJob(const std::string& job_id) {
   v1::DetachJobRequest request;
   request.set_job_id(job_id);

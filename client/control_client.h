@@ -37,6 +37,9 @@ class ControlClient {
   absl::StatusOr<v1::Job> CreateJob(const v1::JobSpec& spec);
   absl::StatusOr<v1::Job> AttachJob(const std::string& job_id);
   absl::StatusOr<v1::Job> DetachJob(const std::string& job_id);
+  // Drains (after the iteration in progress) or kills a job's training;
+  // what the daemon did, in words.
+  absl::StatusOr<std::string> StopJob(const std::string& job_id, bool drain);
   absl::Status DeleteJob(const std::string& job_id);
   absl::StatusOr<std::vector<v1::Job>> ListJobs();
   absl::StatusOr<v1::GetStatusResponse> GetStatus();

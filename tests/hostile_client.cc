@@ -13,8 +13,8 @@
 //   hostile_client register-huge SOCKET LAYERS  RegisterModel of LAYERS
 //                                               one-element layers
 //   hostile_client create-many SOCKET N         CreateJob N times
-//   hostile_client probe SOCKET JOB             attach, detach, delete JOB
-//                                               and a missing id
+//   hostile_client probe SOCKET JOB             attach, detach, delete, kill
+//                                               JOB and a missing id
 //   hostile_client raw-call SOCKET METHOD TEXT  METHOD with TEXT as its
 //                                               serialized request
 //   hostile_client attach-hold SOCKET NAME POOL a job asking for POOL bytes,
@@ -204,6 +204,8 @@ int Probe(ControlClient& client, const std::string& job_id) {
     std::printf("attach %s\n", Describe(client.AttachJob(id).status()).c_str());
     std::printf("detach %s\n", Describe(client.DetachJob(id).status()).c_str());
     std::printf("delete %s\n", Describe(client.DeleteJob(id)).c_str());
+    std::printf("kill %s\n",
+                Describe(client.StopJob(id, /*drain=*/false).status()).c_str());
   }
   return 0;
 }

@@ -210,11 +210,11 @@ TEST_F(MultiUserTest, HostileRequestsGetClearCheapRefusals) {
       RunCommand(Nobody({"probe", daemon_->socket(), victim.id()}));
   std::vector<std::string> lines =
       absl::StrSplit(absl::StripTrailingAsciiWhitespace(probe.out), '\n');
-  ASSERT_EQ(lines.size(), 6u) << probe.out;
-  for (int i = 0; i < 3; ++i) {
+  ASSERT_EQ(lines.size(), 8u) << probe.out;
+  for (int i = 0; i < 4; ++i) {
     std::string real = lines[i];
     real.replace(real.find(victim.id()), victim.id().size(), "j-999999");
-    EXPECT_EQ(real, lines[i + 3]);
+    EXPECT_EQ(real, lines[i + 4]);
     EXPECT_THAT(lines[i], HasSubstr("NOT_FOUND"));
     EXPECT_THAT(lines[i], Not(HasSubstr(std::to_string(victim_->pid()))));
   }

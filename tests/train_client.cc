@@ -23,7 +23,8 @@
 // FETCH_PARAMS gives after training (the 16-bit copy, or fp32 weights).
 // --hold: after training, keep the data plane open until killed.
 // --pause-after K --resume-file F: after K iterations, create F.paused and
-// wait (data plane open) until F exists, then go on.
+// wait (data plane open) until F exists, then go on. With --pause-mid, the
+// pause is half-way through the next iteration's backward instead.
 #include <signal.h>
 #include <unistd.h>
 
@@ -66,7 +67,20 @@ struct Args {
   bool hold = false;
   int pause_after = 0;
   std::string resume_file;
+  bool pause_mid = false;
 };
+
+// See --pause-after.
+void PauseUntilResumed(const Args& args, int iterations_done) {
+  // Whoever waits for this line may stop reading: later lines must not
+  // kill us (SIGPIPE).
+  signal(SIGPIPE, SIG_IGN);
+  std::printf("paused after %d iterations%s\n", iterations_done,
+              args.pause_mid ? " and half a backward" : "");
+  std::fflush(stdout);
+  std::ofstream(args.resume_file + ".paused") << "paused\n";
+  while (access(args.resume_file.c_str(), F_OK) != 0) usleep(10 * 1000);
+}
 
 int Run(const Args& args) {
   std::vector<uint64_t> layers;
@@ -146,14 +160,8 @@ int Run(const Args& args) {
   uint64_t sequence = registered->iteration();
   const uint64_t first = registered->iteration();
   for (int t = 0; t < args.iterations; ++t) {
-    if (args.pause_after != 0 && t == args.pause_after) {
-      // Whoever waits for this line may stop reading: later lines must not
-      // kill us (SIGPIPE).
-      signal(SIGPIPE, SIG_IGN);
-      std::printf("paused after %d iterations\n", t);
-      std::fflush(stdout);
-      std::ofstream(args.resume_file + ".paused") << "paused\n";
-      while (access(args.resume_file.c_str(), F_OK) != 0) usleep(10 * 1000);
+    if (args.pause_after != 0 && t == args.pause_after && !args.pause_mid) {
+      PauseUntilResumed(args, t);
     }
     const uint64_t step = first + t;  // gradients of the step-th iteration
     SubmissionEntry begin{};
@@ -177,6 +185,10 @@ int Run(const Args& args) {
       if (args.die_in_iteration == t + 1 && back == layers.size() / 2) {
         std::fflush(stdout);
         kill(getpid(), SIGKILL);
+      }
+      if (args.pause_mid && args.pause_after == t &&
+          back == layers.size() / 2) {
+        PauseUntilResumed(args, t);
       }
       if (args.hold_in_iteration == t + 1 && back == layers.size() / 2) {
         std::printf("holding mid-iteration\n");
@@ -278,6 +290,8 @@ int main(int argc, char** argv) {
   app.add_option("--pause-after", args.pause_after,
                  "iterations after which to wait for --resume-file");
   app.add_option("--resume-file", args.resume_file);
+  app.add_flag("--pause-mid", args.pause_mid,
+               "pause half-way through backward instead");
   CLI11_PARSE(app, argc, argv);
   return lohan::testing::Run(args);
 }

@@ -1,9 +1,15 @@
 // lohanctl: shows and steers a running lohand.
 //   lohanctl status [--json]      daemon, config summary and your jobs
+//   lohanctl status --watch [--interval S] [--count N] [--json]
+//                                 refreshes like top (see watch.h)
+//   lohanctl drain JOB_ID         ends a job's training after the iteration
+//                                 in progress, then detaches it
+//   lohanctl kill JOB_ID          ends it now (that iteration rolled back)
 //   lohanctl jobs [--json]        the jobs you may see (all of them as root)
 //   lohanctl jobs delete JOB_ID   deletes a detached job and frees its SSD
 //                                 space
 #include <google/protobuf/util/json_util.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -16,6 +22,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/control_client.h"
+#include "client/ctl/watch.h"
 #include "daemon/common/byte_size.h"
 #include "daemon/common/version.h"
 
@@ -215,6 +222,29 @@ int DetachJob(const std::string& socket, const std::string& job_id) {
   return 0;
 }
 
+// Drain or kill; a drain waits until the job is detached, saying so.
+int StopJob(const std::string& socket, const std::string& job_id, bool drain) {
+  auto client = Connect(socket);
+  if (!client.ok()) return Fail(client.status());
+  auto outcome = (*client)->StopJob(job_id, drain);
+  if (!outcome.ok()) return Fail(outcome.status());
+  std::printf("%s: %s\n", job_id.c_str(), outcome->c_str());
+  std::fflush(stdout);
+  while (true) {
+    auto jobs = (*client)->ListJobs();
+    if (!jobs.ok()) return Fail(jobs.status());
+    bool attached = false;
+    for (const v1::Job& job : *jobs) {
+      attached = attached ||
+                 (job.id() == job_id && job.state() == v1::JOB_STATE_ATTACHED);
+    }
+    if (!attached) break;
+    usleep(100 * 1000);
+  }
+  std::printf("%s: detached\n", job_id.c_str());
+  return 0;
+}
+
 int DeleteJob(const std::string& socket, const std::string& job_id) {
   auto client = Connect(socket);
   if (!client.ok()) return Fail(client.status());
@@ -237,9 +267,37 @@ int main(int argc, char** argv) {
                  "/run/lohan/lohand.sock)");
 
   bool status_json = false;
+  bool watch = false;
+  lohan::WatchOptions watch_options;
+  watch_options.clear = isatty(STDOUT_FILENO) != 0;
   CLI::App* status = app.add_subcommand(
       "status", "daemon version, uptime, config summary and your jobs");
-  status->add_flag("--json", status_json, "print JSON");
+  status->add_flag("--json", status_json,
+                   "print JSON (with --watch: one object per line)");
+  status->add_flag("-w,--watch", watch,
+                   "refresh like top: per job SSD rates, optimizer share, "
+                   "queues; totals; your quota");
+  status
+      ->add_option("--interval", watch_options.interval_seconds,
+                   "--watch: seconds between refreshes (default 2)")
+      ->check(CLI::PositiveNumber);
+  status
+      ->add_option("--count", watch_options.count,
+                   "--watch: refreshes, then exit (default: until ^C)")
+      ->check(CLI::NonNegativeNumber);
+  std::string drain_id, kill_id;
+  CLI::App* drain = app.add_subcommand(
+      "drain",
+      "end a job's training after the iteration in progress, then detach "
+      "it (yours, or any as root); waits until it is detached");
+  drain->add_option("job_id", drain_id, "the job's id, e.g. j-000001")
+      ->required();
+  CLI::App* kill = app.add_subcommand(
+      "kill",
+      "end a job's training now: the iteration in progress is rolled back, "
+      "the committed ones kept; then detach it");
+  kill->add_option("job_id", kill_id, "the job's id, e.g. j-000001")
+      ->required();
 
   bool jobs_json = false;
   CLI::App* jobs =
@@ -259,10 +317,20 @@ int main(int argc, char** argv) {
       ->required();
 
   CLI11_PARSE(app, argc, argv);
-  if (!status->parsed() && !jobs->parsed()) {
+  if (!status->parsed() && !jobs->parsed() && !drain->parsed() &&
+      !kill->parsed()) {
     std::fprintf(stderr,
-                 "lohanctl: name a command: status, jobs (see --help)\n");
+                 "lohanctl: name a command: status, jobs, drain, kill (see "
+                 "--help)\n");
     return 2;
+  }
+  if (drain->parsed()) return lohan::StopJob(socket, drain_id, true);
+  if (kill->parsed()) return lohan::StopJob(socket, kill_id, false);
+  if (status->parsed() && watch) {
+    auto client = lohan::Connect(socket);
+    if (!client.ok()) return lohan::Fail(client.status());
+    watch_options.json = status_json;
+    return lohan::Watch(**client, watch_options);
   }
   if (status->parsed()) return lohan::Status(socket, status_json);
   if (jobs_delete->parsed()) return lohan::DeleteJob(socket, delete_id);

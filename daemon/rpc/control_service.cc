@@ -125,10 +125,7 @@ grpc::Status ControlService::DeleteJob(grpc::ServerContext* context,
   LOHAN_IDENTIFY_CALLER(context, caller);
   // Ownership first: whether another user's job is running is not the
   // caller's to learn (JobRegistry::Delete answers NOT_FOUND for it).
-  bool owned = false;
-  for (const v1::Job& job : jobs_->List(caller)) {
-    owned = owned || job.id() == request->job_id();
-  }
+  const bool owned = CheckOwned(caller, request->job_id()).ok();
   for (const v1::SessionStatus& session : parts_.sessions->Status()) {
     if (owned && session.job_id() == request->job_id()) {
       return ToGrpc(absl::FailedPreconditionError(absl::StrCat(
@@ -235,6 +232,7 @@ grpc::Status ControlService::GetStatus(grpc::ServerContext* context,
   }
   response->mutable_optimizer()->set_threads(parts_.optimizer_threads);
   response->mutable_optimizer()->set_kernel(parts_.optimizer->kernel_name());
+  FillQuota(caller, response->mutable_quota());
   return grpc::Status::OK;
 }
 
@@ -249,6 +247,55 @@ grpc::Status ControlService::RegisterModel(
   return grpc::Status::OK;
 }
 
+grpc::Status ControlService::StopJob(grpc::ServerContext* context,
+                                     const v1::StopJobRequest* request,
+                                     v1::StopJobResponse* response) {
+  LOHAN_IDENTIFY_CALLER(context, caller);
+  if (absl::Status owned = CheckOwned(caller, request->job_id()); !owned.ok()) {
+    return ToGrpc(owned);
+  }
+  absl::StatusOr<std::string> outcome =
+      parts_.sessions->StopSession(request->job_id(), request->drain());
+  if (absl::IsNotFound(outcome.status())) {
+    // No data plane: an attachment alone is ended by detaching.
+    absl::StatusOr<v1::Job> job = jobs_->Detach(caller, request->job_id());
+    if (!job.ok()) return ToGrpc(job.status());
+    outcome = std::string("no data plane was open; detached");
+  }
+  if (!outcome.ok()) return ToGrpc(outcome.status());
+  spdlog::info("job {}: {} by uid {} (pid {}): {}", request->job_id(),
+               request->drain() ? "drain" : "kill", caller.uid, caller.pid,
+               *outcome);
+  response->set_outcome(*std::move(outcome));
+  return grpc::Status::OK;
+}
+
 #undef LOHAN_IDENTIFY_CALLER
+
+absl::Status ControlService::CheckOwned(const Caller& caller,
+                                        const std::string& job_id) {
+  for (const v1::Job& job : jobs_->List(caller)) {
+    if (job.id() == job_id) return absl::OkStatus();
+  }
+  // Not the caller's: the registry's own words for it (NOT_FOUND, or
+  // INVALID_ARGUMENT for a malformed id).
+  absl::Status status = jobs_->CheckAttachedBy(caller, job_id).status();
+  return status.ok() ? absl::NotFoundError("no such job") : status;
+}
+
+void ControlService::FillQuota(const Caller& caller, v1::QuotaStatus* quota) {
+  const UserLimits& limits = parts_.quotas->For(caller.uid);
+  quota->set_jobs_limit(limits.jobs);
+  quota->set_data_planes_limit(limits.data_planes);
+  quota->set_control_connections_limit(limits.control_connections);
+  quota->set_host_pool_limit_bytes(limits.host_pool_bytes);
+  quota->set_ssd_limit_bytes(limits.ssd_bytes);
+  uint32_t owned = 0;
+  for (const v1::Job& job : jobs_->List(caller)) {
+    if (job.owner_uid() == caller.uid) ++owned;
+  }
+  quota->set_jobs(owned);
+  quota->set_ssd_held_bytes(parts_.ledger->HeldBy(caller.uid));
+}
 
 }  // namespace lohan

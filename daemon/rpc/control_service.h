@@ -63,8 +63,16 @@ class ControlService final : public v1::Lohan::Service {
   grpc::Status RegisterModel(grpc::ServerContext* context,
                              const v1::RegisterModelRequest* request,
                              v1::RegisterModelResponse* response) override;
+  grpc::Status StopJob(grpc::ServerContext* context,
+                       const v1::StopJobRequest* request,
+                       v1::StopJobResponse* response) override;
 
  private:
+  // NOT_FOUND (as JobRegistry says it) unless the caller owns the job or
+  // is root.
+  absl::Status CheckOwned(const Caller& caller, const std::string& job_id);
+  // The caller's limits and holdings.
+  void FillQuota(const Caller& caller, v1::QuotaStatus* quota);
   // Job `job_id`'s entry of TensorStore::BytesByJob (0 when absent).
   static uint64_t SsdBytesOf(const std::map<std::string, uint64_t>& by_job,
                              const std::string& job_id);

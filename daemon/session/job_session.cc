@@ -96,6 +96,7 @@ absl::StatusOr<std::unique_ptr<JobSession>> JobSession::Create(
 JobSession::~JobSession() {
   stopping_.store(true);
   if (server_.joinable()) server_.join();
+  lanes_ready_.store(nullptr);
   lanes_.reset();  // drops what has not begun, waits for what runs
   if (served_ != nullptr) DropActivations();
   // The pipeline (inside model_) rolls back an unfinished iteration as it
@@ -277,6 +278,8 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
       return set_aside;
     }
     ledger_ = ledger;
+    absl::MutexLock stats_lock(&stats_mu_);
+    stats_.set_ssd_set_aside_bytes(ledger->UsageOf(job_id()).set_aside);
   }
 
   // The validator learns the layout the way a client would tell it, from a
@@ -364,6 +367,7 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
     stats_.set_weight_slots(response.weight_slots());
   }
   lanes_ = std::make_unique<ServeLanes>(spec.in_order_service());
+  lanes_ready_.store(lanes_.get());
   server_ = std::thread([this] { Serve(); });
   spdlog::info(
       "job {}: model of {} layers registered ({} gradient and {} weight "
@@ -520,8 +524,20 @@ absl::Status JobSession::Handle(const SubmissionEntry& entry, uint64_t& detail,
       {
         absl::MutexLock stats_lock(&stats_mu_);
         stats_.set_iteration(report->iteration);
-        stats_.set_last_iteration_seconds(
-            absl::ToDoubleSeconds(absl::Now() - iteration_began_));
+        const double seconds =
+            absl::ToDoubleSeconds(absl::Now() - iteration_began_);
+        stats_.set_last_iteration_seconds(seconds);
+        const uint64_t iterations = stats_.session_iterations() + 1;
+        stats_.set_mean_iteration_seconds(
+            (stats_.mean_iteration_seconds() * (iterations - 1) + seconds) /
+            iterations);
+        stats_.set_session_iterations(iterations);
+        stats_.set_optimizer_seconds(stats_.optimizer_seconds() +
+                                     report->busy.compute);
+        stats_.set_ssd_read_bytes(stats_.ssd_read_bytes() +
+                                  report->busy.bytes_read);
+        stats_.set_ssd_written_bytes(stats_.ssd_written_bytes() +
+                                     report->busy.bytes_written);
         stats_.set_last_end_wait_seconds(report->wait_seconds);
         stats_.set_last_global_norm(report->global_norm);
         if (report->clipped) {
@@ -576,11 +592,13 @@ absl::Status JobSession::Execute(const SubmissionEntry& entry, uint64_t& detail,
     case RingOp::kFetchParams: {
       uint8_t* destination = base() + entry.slot_offset;
       if (model.dtype == v1::DTYPE_FP32) {
+        CountSsd(entry.length, 0);
         return model.pipeline->ReadWeights(
             entry.layer, reinterpret_cast<float*>(destination));
       }
       if (model.streamed_weights) {
         // The committed copy (the validator checked the slot and length).
+        CountSsd(entry.length, 0);
         return model.pipeline->ReadWeight16(entry.layer, destination);
       }
       // The layer's update may still run (ModelSpec.overlap_updates).
@@ -613,6 +631,13 @@ v1::SessionStatus JobSession::Status() const {
   v1::SessionStatus status = stats_;
   status.set_job_id(job_id());
   status.set_arena_bytes(grant_.arena_bytes);
+  status.set_draining(drain_requested_.load());
+  if (const ServeLanes* lanes = lanes_ready_.load()) {
+    status.set_urgent_queued(
+        static_cast<uint32_t>(lanes->Queued(ServeLanes::Lane::kUrgent)));
+    status.set_bulk_queued(
+        static_cast<uint32_t>(lanes->Queued(ServeLanes::Lane::kBulk)));
+  }
   return status;
 }
 
@@ -634,11 +659,15 @@ absl::Status JobSession::SwapActivation(const SubmissionEntry& entry) {
   if (op == RingOp::kActGet) {
     absl::StatusOr<uint64_t> read =
         model.store->ReadPending(job_id(), name, bytes);
+    if (read.ok()) CountSsd(entry.length, 0);
     return read.status();
   }
   absl::Status stored = model.store->Create(job_id(), name, entry.length);
   if (stored.ok()) stored = model.store->Write(job_id(), name, bytes).status();
-  if (stored.ok()) CountSwapped(1, int64_t(entry.length));
+  if (stored.ok()) {
+    CountSwapped(1, int64_t(entry.length));
+    CountSsd(0, entry.length);
+  }
   if (!stored.ok()) {
     // Not held after all: undo the validator's bookkeeping and the store's.
     (void)model.store->Delete(job_id(), name);
@@ -659,6 +688,12 @@ void JobSession::DropActivations() {
   absl::MutexLock stats_lock(&stats_mu_);
   stats_.set_swapped_activations(0);
   stats_.set_swapped_activation_bytes(0);
+}
+
+void JobSession::CountSsd(uint64_t read, uint64_t written) {
+  absl::MutexLock stats_lock(&stats_mu_);
+  stats_.set_ssd_read_bytes(stats_.ssd_read_bytes() + read);
+  stats_.set_ssd_written_bytes(stats_.ssd_written_bytes() + written);
 }
 
 void JobSession::CountSwapped(int64_t activations, int64_t bytes) {
@@ -711,8 +746,23 @@ void JobSession::Complete(const SubmissionEntry& entry,
   }
 }
 
+bool JobSession::InIteration() const {
+  absl::MutexLock lock(&validator_mu_);
+  return validator_->in_iteration();
+}
+
+void JobSession::RequestDrain() { drain_requested_.store(true); }
+
 void JobSession::Serve() {
   while (!stopping_.load()) {
+    if (drain_requested_.load() && !InIteration()) {
+      // Between iterations: nothing is lost by ending here.
+      lanes_->Drain();
+      spdlog::info("job {}: drained at iteration {}", job_id(),
+                   served_->pipeline->iteration());
+      if (on_drained_) on_drained_();
+      return;
+    }
     SubmissionEntry entry;
     absl::StatusOr<bool> popped = submissions_->TryPop(&entry);
     if (!popped.ok()) {

@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <set>
@@ -66,6 +67,22 @@ class JobSession {
   // Progress for `lohanctl status` (pid is the manager's to fill in).
   v1::SessionStatus Status() const ABSL_LOCKS_EXCLUDED(stats_mu_);
   const ArenaGrant& grant() const { return grant_; }
+
+  // Ends serving once no iteration is in progress (at once between
+  // iterations, else after ITER_END or ITER_ABORT), then calls `drained`
+  // (on the serving thread): the owner closes the session. Entries the
+  // client sent after that iteration are left unserved.
+  // REQUIRES: SetDrainedCallback before RegisterModel.
+  void RequestDrain();
+  void SetDrainedCallback(std::function<void()> drained) {
+    on_drained_ = std::move(drained);
+  }
+  // Whether RegisterModel succeeded. REQUIRES: not concurrent with
+  // RegisterModel (SessionManager calls both under its lock).
+  bool registered() const { return served_ != nullptr; }
+  // Whether an iteration is in progress (between ITER_BEGIN and its end).
+  // REQUIRES: the model is registered.
+  bool InIteration() const ABSL_LOCKS_EXCLUDED(validator_mu_);
   int arena_fd() const { return arena_->arena().fd(); }
 
   // Lays out the model's slots in the arena, opens (or reopens) its states
@@ -146,6 +163,8 @@ class JobSession {
   // "act.<id>" tensors of the job, for the life of the session.
   absl::Status SwapActivation(const SubmissionEntry& entry);
   void DropActivations();
+  // Adds to the session's SSD byte counts (status).
+  void CountSsd(uint64_t read, uint64_t written) ABSL_LOCKS_EXCLUDED(stats_mu_);
   // Adds to the session's count of swapped-out activations (status).
   void CountSwapped(int64_t activations, int64_t bytes)
       ABSL_LOCKS_EXCLUDED(stats_mu_);
@@ -168,6 +187,9 @@ class JobSession {
   std::optional<RingProducer> completions_ ABSL_GUARDED_BY(complete_mu_);
   uint64_t error_sequence_ ABSL_GUARDED_BY(complete_mu_) = 0;
   std::unique_ptr<ServeLanes> lanes_;  // created before serving starts
+  std::atomic<const ServeLanes*> lanes_ready_{nullptr};  // for Status()
+  std::atomic<bool> drain_requested_{false};
+  std::function<void()> on_drained_;
   // ACT_PUTs posted and not done, by activation id.
   absl::Mutex puts_mu_;
   std::set<uint64_t> puts_in_flight_ ABSL_GUARDED_BY(puts_mu_);

@@ -37,6 +37,11 @@ void ServeLanes::Post(Lane lane, std::function<void()> task) {
   queue.tasks.push_back(std::move(task));
 }
 
+size_t ServeLanes::Queued(Lane lane) const {
+  absl::MutexLock lock(&mu_);
+  return queues_[static_cast<size_t>(lane)].tasks.size();
+}
+
 void ServeLanes::Drain() {
   if (in_order_) return;
   absl::MutexLock lock(&mu_);

@@ -43,6 +43,8 @@ class ServeLanes {
   void Post(Lane lane, std::function<void()> task) ABSL_LOCKS_EXCLUDED(mu_);
   void Drain() ABSL_LOCKS_EXCLUDED(mu_);
   bool in_order() const { return in_order_; }
+  // Tasks queued (not begun) in `lane` now.
+  size_t Queued(Lane lane) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Queue {
@@ -52,7 +54,7 @@ class ServeLanes {
   void Run(Lane lane) ABSL_LOCKS_EXCLUDED(mu_);
 
   const bool in_order_;
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   std::array<Queue, 2> queues_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::array<std::thread, 2> threads_;

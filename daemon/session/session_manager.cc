@@ -164,18 +164,55 @@ absl::StatusOr<uint64_t> SessionManager::ClaimPoolLocked(
   return id;
 }
 
-void SessionManager::WaitForHangUp(int connection) {
-  pollfd fds[2] = {{.fd = connection, .events = POLLIN | POLLRDHUP},
-                   {.fd = stop_event_.get(), .events = POLLIN}};
+void SessionManager::WaitForHangUp(int connection, int end_event) {
+  pollfd fds[3] = {{.fd = connection, .events = POLLIN | POLLRDHUP},
+                   {.fd = stop_event_.get(), .events = POLLIN},
+                   {.fd = end_event, .events = POLLIN}};
   while (true) {
-    if (poll(fds, 2, -1) < 0) {
+    if (poll(fds, 3, -1) < 0) {
       if (errno == EINTR) continue;
       return;
     }
-    // Hang-up, error, stop, or bytes the protocol does not allow: all end
-    // the session.
-    if (fds[0].revents != 0 || fds[1].revents != 0) return;
+    // Hang-up, error, stop, an end asked for, or bytes the protocol does
+    // not allow: all end the session.
+    for (const pollfd& fd : fds) {
+      if (fd.revents != 0) return;
+    }
   }
+}
+
+void SessionManager::EndSessionLocked(const std::string& job_id) {
+  auto found = end_events_.find(job_id);
+  if (found == end_events_.end()) return;
+  const uint64_t one = 1;
+  if (write(found->second, &one, sizeof(one)) != sizeof(one)) {
+    spdlog::error("cannot wake job {}'s data-plane thread", job_id);
+  }
+}
+
+absl::StatusOr<std::string> SessionManager::StopSession(
+    const std::string& job_id, bool drain) {
+  absl::MutexLock lock(&mu_);
+  auto found = sessions_.find(job_id);
+  if (found == sessions_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("job ", job_id, " has no data plane open"));
+  }
+  JobSession* session = found->second;
+  const bool in_iteration = session->registered() && session->InIteration();
+  const uint64_t iteration = session->Status().iteration();
+  if (drain && in_iteration) {
+    session->RequestDrain();
+    return absl::StrCat("draining: the data plane closes once iteration ",
+                        iteration + 1, " ends");
+  }
+  EndSessionLocked(job_id);
+  if (in_iteration) {
+    return absl::StrCat("killed: iteration ", iteration + 1,
+                        " rolled back; the job keeps iteration ", iteration);
+  }
+  return absl::StrCat(drain ? "drained" : "killed", " between iterations at ",
+                      iteration);
 }
 
 void SessionManager::Serve(int connection, const Caller& caller) {
@@ -205,6 +242,17 @@ void SessionManager::Serve(int connection, const Caller& caller) {
       return;
     }
   }
+  UniqueFd end_event(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  LOHAN_CHECK(end_event.valid());
+  bool stopped_from_outside = false;
+  {
+    absl::MutexLock lock(&mu_);
+    end_events_[job_id] = end_event.get();
+  }
+  (*session)->SetDrainedCallback([this, job_id] {
+    absl::MutexLock lock(&mu_);
+    EndSessionLocked(job_id);
+  });
   const int arena_fd = (*session)->arena_fd();
   absl::Status sent =
       SendWithFds(connection, EncodeAttachReply(absl::OkStatus()), {});
@@ -215,12 +263,16 @@ void SessionManager::Serve(int connection, const Caller& caller) {
   if (sent.ok()) {
     spdlog::info("data plane open for job {} (pid {}, {} byte arena)", job_id,
                  caller.pid, (*session)->grant().arena_bytes);
-    WaitForHangUp(connection);
+    WaitForHangUp(connection, end_event.get());
+    uint64_t ended = 0;
+    stopped_from_outside =
+        read(end_event.get(), &ended, sizeof(ended)) == sizeof(ended);
   }
   {
     absl::MutexLock lock(&mu_);
     sessions_.erase(job_id);
     session_pids_.erase(job_id);
+    end_events_.erase(job_id);
   }
   session->reset();  // the arena is back in the pool: so is the claim
   {
@@ -229,6 +281,13 @@ void SessionManager::Serve(int connection, const Caller& caller) {
   }
   spdlog::info("data plane closed for job {} (pid {}); arena freed", job_id,
                caller.pid);
+  if (stopped_from_outside) {
+    // lohanctl jobs drain / kill: the process keeps running but holds the
+    // job no more (the connection's owner may detach its own job).
+    (void)parts_.jobs->Detach(caller, job_id);
+    spdlog::info("job {} detached from pid {} (stopped from outside)", job_id,
+                 caller.pid);
+  }
 }
 
 void SessionManager::Shutdown() {

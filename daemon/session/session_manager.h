@@ -69,6 +69,15 @@ class SessionManager {
   // Every open data plane's progress, by job id.
   std::vector<v1::SessionStatus> Status() const;
 
+  // Ends `job_id`'s data plane from outside its process: `drain` once the
+  // iteration in progress is over (at once between iterations), else now
+  // (an iteration in progress is rolled back). Either way the connection
+  // closes and the job is detached. Returns what will happen, for the
+  // caller. NOT_FOUND when the job has no data plane open. The caller
+  // (owner or root) is checked by the control service.
+  absl::StatusOr<std::string> StopSession(const std::string& job_id,
+                                          bool drain);
+
   // RegisterModel for the job's open data plane, called by the process
   // attached to the job. FAILED_PRECONDITION when the job has no data plane
   // open (open it first) or the caller is not the attached process.
@@ -91,15 +100,18 @@ class SessionManager {
                  UniqueFd stop_event);
   void Accept(UniqueFd connection, const Caller& caller);
   void Serve(int connection, const Caller& caller);
+  // Wakes the connection thread of `job_id` to close its session.
+  void EndSessionLocked(const std::string& job_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The session for `caller`'s job, or the reason there is none.
   // `claim_id` gets its claim on the owner's pool quota (the caller gives
   // it back once the session is gone).
   absl::StatusOr<std::unique_ptr<JobSession>> OpenSession(int connection,
                                                           const Caller& caller,
                                                           uint64_t& claim_id);
-  // Waits until the peer hangs up (or sends anything: not allowed) or the
-  // manager stops.
-  void WaitForHangUp(int connection);
+  // Waits until the peer hangs up (or sends anything: not allowed), the
+  // manager stops or `end_event` (an eventfd) is signalled.
+  void WaitForHangUp(int connection, int end_event);
   void JoinFinished() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Claims `bytes` of `owner`'s pool quota for `job_id`'s session: the
   // claim's id, or RESOURCE_EXHAUSTED with the numbers.
@@ -122,6 +134,8 @@ class SessionManager {
   // connection thread destroys it; RegisterModel holds mu_ while it uses one.
   std::map<std::string, JobSession*> sessions_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, pid_t> session_pids_ ABSL_GUARDED_BY(mu_);
+  // Each open session's eventfd: signalled, its connection thread closes it.
+  std::map<std::string, int> end_events_ ABSL_GUARDED_BY(mu_);
   // By claim id: a job's closing session and its next one may both hold
   // one for a moment.
   std::map<uint64_t, PoolClaim> pool_claims_ ABSL_GUARDED_BY(mu_);

@@ -1,0 +1,153 @@
+#include "client/ctl/watch.h"
+
+#include <google/protobuf/util/json_util.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_format.h"
+#include "daemon/common/byte_size.h"
+
+namespace lohan {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// One job's counters at one refresh.
+struct Sample {
+  Clock::time_point at;
+  uint64_t read = 0;
+  uint64_t written = 0;
+  double optimizer_seconds = 0;
+};
+
+std::string Limit(uint64_t limit, bool bytes) {
+  if (limit == 0) return "no limit";
+  return bytes ? FormatByteSize(limit) : std::to_string(limit);
+}
+
+std::string Rate(double bytes_per_second) {
+  return absl::StrFormat("%.2f", bytes_per_second / 1e9);
+}
+
+void PrintTable(const v1::GetStatusResponse& status,
+                const std::map<std::string, Sample>& before,
+                std::map<std::string, Sample>& now, Clock::time_point at) {
+  std::map<std::string, std::string> owners;
+  for (const v1::Job& job : status.jobs()) owners[job.id()] = job.owner_name();
+  std::printf(
+      "lohand %s, up %.0f s; %u jobs, %u attached; pool %s of %s in "
+      "use; optimizer %u threads (%s)\n",
+      status.daemon_version().c_str(), status.uptime_seconds(),
+      status.total_jobs(), status.attached_jobs(),
+      FormatByteSize(status.pool().used_bytes()).c_str(),
+      FormatByteSize(status.pool().capacity_bytes()).c_str(),
+      status.optimizer().threads(), status.optimizer().kernel().c_str());
+  uint64_t capacity = 0, used = 0;
+  for (const v1::SsdStatus& ssd : status.store().ssds()) {
+    capacity += ssd.capacity_bytes();
+    used += ssd.used_bytes();
+  }
+  std::printf("SSD array: %d SSD%s, %s of %s used\n\n",
+              status.store().ssds_size(),
+              status.store().ssds_size() == 1 ? "" : "s",
+              FormatByteSize(used).c_str(), FormatByteSize(capacity).c_str());
+  const char* format = "%-10s %-10s %-7s %-15s %-9s %-9s %-6s %-10s %-10s %s\n";
+  std::printf(format, "JOB", "OWNER", "STEP", "ITER s last/avg", "READ GB/s",
+              "WRITE GB/s", "OPT %", "ARENA", "SET ASIDE", "QUEUED urg/bulk");
+  double total_read = 0, total_written = 0, total_optimizer = 0;
+  const double threads = std::max(1u, status.optimizer().threads());
+  for (const v1::SessionStatus& session : status.sessions()) {
+    Sample sample{.at = at,
+                  .read = session.ssd_read_bytes(),
+                  .written = session.ssd_written_bytes(),
+                  .optimizer_seconds = session.optimizer_seconds()};
+    now[session.job_id()] = sample;
+    std::string read = "-", written = "-", optimizer = "-";
+    auto previous = before.find(session.job_id());
+    if (previous != before.end()) {
+      const double dt =
+          std::chrono::duration<double>(at - previous->second.at).count();
+      if (dt > 0) {
+        const double r = (sample.read - previous->second.read) / dt;
+        const double w = (sample.written - previous->second.written) / dt;
+        const double o =
+            (sample.optimizer_seconds - previous->second.optimizer_seconds) /
+            (dt * threads);
+        total_read += r;
+        total_written += w;
+        total_optimizer += o;
+        read = Rate(r);
+        written = Rate(w);
+        optimizer = absl::StrFormat("%.0f", 100 * o);
+      }
+    }
+    std::printf(
+        format, session.job_id().c_str(), owners[session.job_id()].c_str(),
+        std::to_string(session.iteration()).c_str(),
+        absl::StrFormat("%.2f/%.2f%s", session.last_iteration_seconds(),
+                        session.mean_iteration_seconds(),
+                        session.draining() ? " D" : "")
+            .c_str(),
+        read.c_str(), written.c_str(), optimizer.c_str(),
+        FormatByteSize(session.arena_bytes()).c_str(),
+        FormatByteSize(session.ssd_set_aside_bytes()).c_str(),
+        absl::StrFormat("%u/%u", session.urgent_queued(), session.bulk_queued())
+            .c_str());
+  }
+  if (status.sessions_size() == 0) std::printf("(no job is training)\n");
+  std::printf("%-10s %-10s %-7s %-15s %-9s %-9s %-6s\n", "total", "", "", "",
+              Rate(total_read).c_str(), Rate(total_written).c_str(),
+              absl::StrFormat("%.0f", 100 * total_optimizer).c_str());
+  const v1::QuotaStatus& quota = status.quota();
+  std::printf(
+      "\nyour quota: jobs %u of %s, SSD %s held of %s, host pool %s, %s "
+      "data planes, %s control connections (D: draining)\n",
+      quota.jobs(), Limit(quota.jobs_limit(), false).c_str(),
+      FormatByteSize(quota.ssd_held_bytes()).c_str(),
+      Limit(quota.ssd_limit_bytes(), true).c_str(),
+      Limit(quota.host_pool_limit_bytes(), true).c_str(),
+      Limit(quota.data_planes_limit(), false).c_str(),
+      Limit(quota.control_connections_limit(), false).c_str());
+}
+
+}  // namespace
+
+int Watch(ControlClient& client, const WatchOptions& options) {
+  std::map<std::string, Sample> before;
+  for (int refresh = 0; options.count == 0 || refresh < options.count;
+       ++refresh) {
+    if (refresh > 0) {
+      std::this_thread::sleep_for(
+          std::chrono::duration<double>(options.interval_seconds));
+    }
+    absl::StatusOr<v1::GetStatusResponse> status = client.GetStatus();
+    const Clock::time_point at = Clock::now();
+    if (!status.ok()) {
+      std::fprintf(stderr, "lohanctl: %s\n",
+                   std::string(status.status().message()).c_str());
+      return 1;
+    }
+    if (options.json) {
+      std::string line;
+      google::protobuf::util::JsonPrintOptions json;
+      json.preserve_proto_field_names = true;
+      json.always_print_primitive_fields = true;
+      (void)google::protobuf::util::MessageToJsonString(*status, &line, json);
+      std::printf("%s\n", line.c_str());
+    } else {
+      if (options.clear) std::printf("\033[H\033[2J");
+      std::map<std::string, Sample> now;
+      PrintTable(*status, before, now, at);
+      before = std::move(now);
+    }
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace lohan

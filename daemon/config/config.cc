@@ -146,6 +146,7 @@ constexpr LimitKey kLimitKeys[] = {
      SetLimit<uint32_t, &UserLimitOverrides::control_connections>},
     {"host_pool", SetLimit<uint64_t, &UserLimitOverrides::host_pool_bytes>},
     {"ssd", SetLimit<uint64_t, &UserLimitOverrides::ssd_bytes>},
+    {"weight", SetLimit<uint32_t, &UserLimitOverrides::weight>},
 };
 
 // Applies the limit keys of `table` (a [quotas...] section, named `section`)
@@ -170,6 +171,9 @@ absl::Status ParseLimits(const toml::table& table, absl::string_view origin,
     if (absl::Status set = found->set(node, origin, full_key, limits);
         !set.ok()) {
       return set;
+    }
+    if (name == "weight" && (*limits.weight < 1 || *limits.weight > 1000)) {
+      return BadValue(origin, node, full_key, "an integer from 1 to 1000");
     }
   }
   return absl::OkStatus();

@@ -40,12 +40,12 @@ TEST(DefaultConfig, IsTheDeployedFile) {
   EXPECT_EQ(defaults.queue_depth, 32u);
   EXPECT_FALSE(defaults.allow_buffered_io);
   EXPECT_EQ(defaults.control_idle_timeout_seconds, 600u);
-  EXPECT_EQ(defaults.quota_defaults,
-            (UserLimits{.jobs = 64,
-                        .data_planes = 16,
-                        .control_connections = 64,
-                        .host_pool_bytes = 0,
-                        .ssd_bytes = 0}));
+  EXPECT_EQ(defaults.quota_defaults, (UserLimits{.jobs = 64,
+                                                 .data_planes = 16,
+                                                 .control_connections = 64,
+                                                 .host_pool_bytes = 0,
+                                                 .ssd_bytes = 0,
+                                                 .weight = 1}));
   EXPECT_TRUE(defaults.quota_users.empty());
   EXPECT_TRUE(ValidateConfig(defaults).ok());
 }
@@ -54,7 +54,7 @@ TEST(ParseConfigToml, QuotasForEveryoneAndForOneUser) {
   absl::StatusOr<DaemonConfig> config = ParseConfigToml(
       "[quotas.user.alice]\nssd = \"4TiB\"\njobs = 200\n"
       "[quotas]\nssd = \"1TiB\"\nhost_pool = 1073741824\n"
-      "[quotas.user.bob]\ndata_planes = 0\n",
+      "[quotas.user.bob]\ndata_planes = 0\nweight = 3\n",
       "test.toml", DefaultConfig());
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->quota_defaults.ssd_bytes, 1ull << 40);
@@ -69,6 +69,8 @@ TEST(ParseConfigToml, QuotasForEveryoneAndForOneUser) {
   const UserLimits bob =
       config->quota_users.at("bob").Over(config->quota_defaults);
   EXPECT_EQ(bob.data_planes, 0u);
+  EXPECT_EQ(bob.weight, 3u);
+  EXPECT_EQ(alice.weight, 1u);
   EXPECT_EQ(bob.ssd_bytes, 1ull << 40);
 }
 
@@ -161,6 +163,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"[store]\ncapacity_per_ssd = \"big\"\n",
                 "'store.capacity_per_ssd': 'big' is not a byte size"},
         BadCase{"[quotas]\nsdd = 1\n", "unknown key 'quotas.sdd'"},
+        BadCase{"[quotas]\nweight = 0\n",
+                "'quotas.weight' must be an integer from 1 to 1000"},
         BadCase{"[quotas]\njobs = -1\n", "'quotas.jobs' must be a count"},
         BadCase{"[quotas]\nssd = \"much\"\n", "'quotas.ssd': 'much'"},
         BadCase{"[quotas]\nuser = 3\n", "'quotas.user' must be tables"},

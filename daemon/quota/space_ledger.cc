@@ -156,6 +156,13 @@ SpaceLedger::JobUsage SpaceLedger::UsageOf(const std::string& job) const {
   return {.used = found->second.used, .set_aside = found->second.set_aside};
 }
 
+std::optional<uid_t> SpaceLedger::OwnerOf(absl::string_view job) const {
+  absl::MutexLock lock(&mu_);
+  auto found = jobs_.find(job);
+  if (found == jobs_.end() || !found->second.tracked) return std::nullopt;
+  return found->second.owner;
+}
+
 uint64_t SpaceLedger::HeldBy(uid_t uid) const {
   absl::MutexLock lock(&mu_);
   return HeldByLocked(uid);

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -58,6 +59,9 @@ class SpaceLedger : public SpaceBudget {
     uint64_t set_aside = 0;
   };
   JobUsage UsageOf(const std::string& job) const ABSL_LOCKS_EXCLUDED(mu_);
+  // The owner Track gave `job`, if any.
+  std::optional<uid_t> OwnerOf(absl::string_view job) const
+      ABSL_LOCKS_EXCLUDED(mu_);
   // What `uid`'s jobs hold (max of used and set aside, summed).
   uint64_t HeldBy(uid_t uid) const ABSL_LOCKS_EXCLUDED(mu_);
   // What every job holds.

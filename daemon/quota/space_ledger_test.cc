@@ -25,7 +25,9 @@ TEST_F(SpaceLedgerTest, AJobsSetAsideIsItsWhateverOthersWrite) {
   EXPECT_TRUE(ledger_.Reserve("alice-greedy", 400).ok());
   absl::Status full = ledger_.Reserve("alice-greedy", 1);
   ASSERT_TRUE(absl::IsResourceExhausted(full)) << full;
-  EXPECT_THAT(full.message(), HasSubstr("SSD array is full: jobs hold 1000 (1000 B) of its 1000 "));
+  EXPECT_THAT(
+      full.message(),
+      HasSubstr("SSD array is full: jobs hold 1000 (1000 B) of its 1000 "));
   // ...while the running job writes into its own set-aside.
   EXPECT_TRUE(ledger_.Reserve("alice-train", 600).ok());
   EXPECT_EQ(ledger_.HeldByAll(), 1000u);

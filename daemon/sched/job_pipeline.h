@@ -27,6 +27,7 @@
 #include "daemon/optim/adam.h"
 #include "daemon/sched/bounded_queue.h"
 #include "daemon/sched/buffer_pool.h"
+#include "daemon/sched/fair_queue.h"
 #include "daemon/sched/job_meta.h"
 #include "daemon/sched/model_layout.h"
 #include "daemon/store/tensor_store.h"
@@ -110,6 +111,12 @@ struct PipelineOptions {
   // initial_iteration other than that is FAILED_PRECONDITION at Open (0:
   // whatever is stored).
   uint64_t initial_iteration = 0;
+  // Shares the optimizer with other jobs: each chunk's update waits for
+  // this job's turn (its flow is the job, weighed `weight`, cost the
+  // chunk's parameters). Null: the pipeline updates as soon as it can.
+  // REQUIRES: outlives the pipeline.
+  FairQueue* optimizer_queue = nullptr;
+  double weight = 1.0;
 };
 
 struct ClipOptions {

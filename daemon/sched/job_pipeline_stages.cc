@@ -187,6 +187,12 @@ void JobPipeline::ComputeLoop() {
       continue;
     }
     const uint64_t count = state_.chunk_count(task->layer, task->chunk);
+    // The job's turn on the optimizer's threads (not counted as busy).
+    FairQueue::Grant turn;
+    if (options_.optimizer_queue != nullptr &&
+        task->kind == TaskKind::kUpdate) {
+      turn = options_.optimizer_queue->Acquire(job_, options_.weight, count);
+    }
     const double start = Now();
     absl::Status s;
     if (task->kind == TaskKind::kRepublish) {
@@ -203,6 +209,7 @@ void JobPipeline::ComputeLoop() {
       }
     }
     const double seconds = Now() - start;
+    turn = FairQueue::Grant();  // the optimizer is free for the next job
     {
       absl::MutexLock lock(&mu_);
       busy_.compute += seconds;

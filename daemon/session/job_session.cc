@@ -110,7 +110,7 @@ JobSession::~JobSession() {
 
 absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
     const v1::ModelSpec& spec, TensorStore* store, const AdamUpdater& updater,
-    SpaceLedger* ledger) {
+    SpaceLedger* ledger, FairQueue* optimizer_queue, double weight) {
   absl::MutexLock lock(&mu_);
   if (model_.has_value()) {
     return absl::FailedPreconditionError(
@@ -263,6 +263,8 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
   options.stream_weight16 =
       model.streamed_weights && model.dtype != v1::DTYPE_FP32;
   options.settle_in_background = spec.overlap_updates();
+  options.optimizer_queue = optimizer_queue;
+  options.weight = weight;
   options.clip_schedule = spec.clip_schedule() == v1::CLIP_SCHEDULE_REDO_ALL
                               ? ClipSchedule::kRedoAll
                               : ClipSchedule::kDeferWhenCertain;

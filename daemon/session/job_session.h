@@ -22,6 +22,7 @@
 #include "daemon/pool/host_pool.h"
 #include "daemon/pool/slot_allocator.h"
 #include "daemon/quota/space_ledger.h"
+#include "daemon/sched/fair_queue.h"
 #include "daemon/sched/job_pipeline.h"
 #include "daemon/session/serve_lanes.h"
 #include "daemon/store/tensor_store.h"
@@ -98,9 +99,12 @@ class JobSession {
   // checked whole (CheckModelSpec) before anything is allocated.
   // REQUIRES: `store`, `updater`'s worker pool and `ledger` (may be null:
   // no quotas) outlive the session.
+  // `optimizer_queue` (may be null) shares the optimizer with other jobs,
+  // this one weighed `weight` (PipelineOptions).
   absl::StatusOr<v1::RegisterModelResponse> RegisterModel(
       const v1::ModelSpec& spec, TensorStore* store, const AdamUpdater& updater,
-      SpaceLedger* ledger) ABSL_LOCKS_EXCLUDED(mu_);
+      SpaceLedger* ledger, FairQueue* optimizer_queue = nullptr,
+      double weight = 1.0) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Model {

@@ -323,8 +323,9 @@ absl::StatusOr<v1::RegisterModelResponse> SessionManager::RegisterModel(
         "job ", request.job_id(),
         " has no data plane open; open it (lohan_data_plane_open) first"));
   }
-  return found->second->RegisterModel(request.model(), parts_.store,
-                                      *parts_.updater, parts_.ledger);
+  return found->second->RegisterModel(
+      request.model(), parts_.store, *parts_.updater, parts_.ledger,
+      parts_.optimizer_queue, parts_.quotas->For(job->owner_uid()).weight);
 }
 
 std::vector<v1::SessionStatus> SessionManager::Status() const {

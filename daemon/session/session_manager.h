@@ -50,6 +50,9 @@ class SessionManager {
     const AdamUpdater* updater = nullptr;
     const QuotaTable* quotas = nullptr;
     SpaceLedger* ledger = nullptr;  // may be null: no SSD accounting
+    // Shares the optimizer among jobs by their owners' weights; may be
+    // null.
+    FairQueue* optimizer_queue = nullptr;
   };
   // REQUIRES: every part (and the updater's worker pool) outlives the
   // manager.

@@ -11,8 +11,9 @@ namespace lohan {
 // Who may place how many bytes on the SSDs: the store asks before it
 // allocates a tensor version and tells when a version's space is free again
 // (once no reader holds it). Bytes are SSD space
-// (TensorStore::FootprintBytes: the tensor's size padded to the block size). The daemon's quotas implement it (daemon/quota); the store knows
-// nothing of users or limits.
+// (TensorStore::FootprintBytes: the tensor's size padded to the block size).
+// The daemon's quotas implement it (daemon/quota); the store knows nothing of
+// users or limits.
 //
 // Implementations must be thread-safe and must not call into the store.
 class SpaceBudget {

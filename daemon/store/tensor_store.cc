@@ -462,8 +462,14 @@ absl::StatusOr<uint64_t> TensorStore::Write(absl::string_view job,
     version->job = std::string(job);
     version->charged = footprint;
   }
-  absl::Status s = array_->Write(data.data(), version->placement,
-                                 Describe(Key(job, name), next));
+  absl::Status s;
+  {
+    std::unique_ptr<IoGate::Pass> pass =
+        gate_ != nullptr ? gate_->Enter(job, bytes, IoGate::Direction::kWrite)
+                         : nullptr;
+    s = array_->Write(data.data(), version->placement,
+                      Describe(Key(job, name), next));
+  }
   absl::MutexLock lock(&mu_);
   entry.busy = false;
   if (!s.ok()) return s;
@@ -616,6 +622,10 @@ absl::StatusOr<uint64_t> TensorStore::ReadVersion(absl::string_view job,
         absl::StrCat("tensor '", job, "/", name, "' has no ",
                      pending ? "pending" : "committed", " version"));
   }
+  std::unique_ptr<IoGate::Pass> pass =
+      gate_ != nullptr
+          ? gate_->Enter(job, dest.size(), IoGate::Direction::kRead)
+          : nullptr;
   absl::Status s = array_->Read(version->placement, dest.data(),
                                 Describe(key, version->number));
   if (!s.ok()) return s;
@@ -698,6 +708,8 @@ uint64_t TensorStore::FootprintBytes(uint64_t tensor_bytes) const {
   const uint64_t block = options_.block_size;
   return (tensor_bytes + block - 1) / block * block;
 }
+
+void TensorStore::SetIoGate(IoGate* gate) { gate_ = gate; }
 
 void TensorStore::SetSpaceBudget(SpaceBudget* budget) {
   absl::MutexLock lock(&mu_);

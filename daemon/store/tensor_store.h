@@ -20,6 +20,7 @@
 #include "daemon/store/block_device.h"
 #include "daemon/store/catalog_record.h"
 #include "daemon/store/catalog_state.h"
+#include "daemon/store/io_gate.h"
 #include "daemon/store/record_log.h"
 #include "daemon/store/space_budget.h"
 #include "daemon/store/ssd_array.h"
@@ -185,6 +186,9 @@ class TensorStore {
   // before the store is shared (no call in progress); `budget` outlives
   // the store.
   void SetSpaceBudget(SpaceBudget* budget) ABSL_LOCKS_EXCLUDED(mu_);
+  // From now on every version's transfer (Write, Read, ReadPending) passes
+  // `gate` first. REQUIRES: as SetSpaceBudget.
+  void SetIoGate(IoGate* gate);
 
  private:
   struct Version;
@@ -230,6 +234,7 @@ class TensorStore {
       ABSL_GUARDED_BY(mu_);
   // Set once before the store is shared, then only read.
   SpaceBudget* budget_ = nullptr;
+  IoGate* gate_ = nullptr;
 };
 
 }  // namespace lohan

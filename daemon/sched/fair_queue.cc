@@ -1,0 +1,126 @@
+#include "daemon/sched/fair_queue.h"
+
+#include <algorithm>
+
+#include "absl/time/clock.h"
+#include "daemon/common/check.h"
+
+namespace lohan {
+
+FairQueue::Grant& FairQueue::Grant::operator=(Grant&& other) noexcept {
+  if (this != &other) {
+    if (queue_ != nullptr) queue_->Release(start_, flow_);
+    queue_ = other.queue_;
+    start_ = other.start_;
+    flow_ = std::move(other.flow_);
+    other.queue_ = nullptr;
+  }
+  return *this;
+}
+
+FairQueue::Grant::~Grant() {
+  if (queue_ != nullptr) queue_->Release(start_, flow_);
+}
+
+FairQueue::FairQueue(size_t slots, absl::Duration anticipation)
+    : slots_(slots), anticipation_(anticipation), free_(slots) {
+  LOHAN_CHECK(slots >= 1);
+}
+
+FairQueue::Grant FairQueue::Acquire(absl::string_view flow, double weight,
+                                    uint64_t cost) {
+  const absl::Time asked = absl::Now();
+  absl::MutexLock lock(&mu_);
+  auto found = flows_.find(flow);
+  if (found == flows_.end()) {
+    found = flows_.emplace(std::string(flow), Flow{}).first;
+  }
+  Flow& state = found->second;
+  Waiter waiter;
+  waiter.start = std::max(virtual_time_, state.finish);
+  waiter.sequence = next_sequence_++;
+  waiter.flow = &found->first;
+  state.finish =
+      waiter.start + static_cast<double>(cost) / (weight > 0 ? weight : 1.0);
+  ++state.waiting;
+  waiting_.insert(&waiter);
+  DispatchLocked();
+  while (!waiter.granted) {
+    if (anticipation_ == absl::ZeroDuration()) {
+      mu_.Await(absl::Condition(&waiter.granted));
+      continue;
+    }
+    // A slot may be held for another flow (perhaps after this request
+    // began waiting): look again when such a hold would have run out.
+    if (!mu_.AwaitWithTimeout(absl::Condition(&waiter.granted),
+                              anticipation_) &&
+        !held_for_.empty() && absl::Now() >= held_until_) {
+      held_for_.clear();  // its flow did not come back in time
+      DispatchLocked();
+    }
+  }
+  // The flow may have been forgotten meanwhile: count into it afresh.
+  Flow& counted = flows_[std::string(flow)];
+  ++counted.stats.grants;
+  counted.stats.cost += cost;
+  counted.stats.waited_seconds += absl::ToDoubleSeconds(absl::Now() - asked);
+  return Grant(this, waiter.start, std::string(flow));
+}
+
+void FairQueue::DispatchLocked() {
+  while (free_ > 0 && !waiting_.empty()) {
+    Waiter* next = *waiting_.begin();
+    if (!held_for_.empty()) {
+      // Held: only the flow it is held for, or a request that would have
+      // gone before it anyway.
+      if (*next->flow != held_for_ && next->start >= held_tag_ &&
+          absl::Now() < held_until_) {
+        return;
+      }
+      held_for_.clear();
+    }
+    waiting_.erase(waiting_.begin());
+    --flows_[*next->flow].waiting;
+    in_service_.insert(next->start);
+    virtual_time_ = *in_service_.begin();
+    next->granted = true;
+    --free_;
+  }
+}
+
+void FairQueue::Release(double start, const std::string& flow) {
+  absl::MutexLock lock(&mu_);
+  in_service_.erase(in_service_.find(start));
+  if (!in_service_.empty()) {
+    virtual_time_ = *in_service_.begin();
+  }
+  ++free_;
+  auto found = flows_.find(flow);
+  if (anticipation_ > absl::ZeroDuration() && held_for_.empty() &&
+      !waiting_.empty() && found != flows_.end() &&
+      found->second.waiting == 0) {
+    const double next_start = std::max(virtual_time_, found->second.finish);
+    if (next_start < (*waiting_.begin())->start) {
+      held_for_ = flow;
+      held_tag_ = next_start;
+      held_until_ = absl::Now() + anticipation_;
+    }
+  }
+  DispatchLocked();
+}
+
+void FairQueue::Forget(absl::string_view flow) {
+  absl::MutexLock lock(&mu_);
+  auto found = flows_.find(flow);
+  // A flow with requests waiting keeps its entry (they point at its key).
+  if (found != flows_.end() && found->second.waiting == 0) flows_.erase(found);
+}
+
+std::map<std::string, FairQueue::FlowStats> FairQueue::Stats() const {
+  absl::MutexLock lock(&mu_);
+  std::map<std::string, FlowStats> stats;
+  for (const auto& [name, flow] : flows_) stats[name] = flow.stats;
+  return stats;
+}
+
+}  // namespace lohan

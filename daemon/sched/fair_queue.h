@@ -1,0 +1,126 @@
+#ifndef LOHAN_DAEMON_SCHED_FAIR_QUEUE_H_
+#define LOHAN_DAEMON_SCHED_FAIR_QUEUE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace lohan {
+
+// Weighted fair sharing of one resource (the SSD array, the optimizer's
+// threads) among flows (jobs), by start-time fair queueing: `slots`
+// requests hold the resource at once; each waiting request of flow f gets
+// the start tag S = max(V, F_f) and moves F_f to S + cost / weight; a free
+// slot goes to the waiting request with the smallest S. V, the virtual
+// time, is the smallest S among the requests holding a slot (the last one
+// granted when none does). So while flows are backlogged each gets cost in
+// proportion to its weight, whatever its rate of asking, and a flow that was
+// idle starts at V (no credit hoarded, none lost). Costs are bytes (SSD) or
+// parameters (optimizer).
+//
+// A job's pipeline has one transfer of each kind in flight and asks for the
+// next only once that one is done, so at the moment a slot frees its flow
+// has nothing waiting and a plain work-conserving queue would hand the slot
+// to the other flow every time: round robin, whatever the weights. So when
+// a flow gives back a slot that its next request would win (its finish tag
+// is below every waiting start tag), the slot is held for it for up to
+// `anticipation` (a pipeline turns around in microseconds); a request of
+// another flow with an earlier tag still goes first, and once the wait runs
+// out the slot goes to the waiting requests as usual. Zero: no holding.
+// Thread-safe; Acquire blocks.
+class FairQueue {
+ public:
+  // Holds one slot until destroyed.
+  class Grant {
+   public:
+    Grant() = default;
+    Grant(Grant&& other) noexcept
+        : queue_(other.queue_),
+          start_(other.start_),
+          flow_(std::move(other.flow_)) {
+      other.queue_ = nullptr;
+    }
+    Grant& operator=(Grant&& other) noexcept;
+    Grant(const Grant&) = delete;
+    Grant& operator=(const Grant&) = delete;
+    ~Grant();
+
+   private:
+    friend class FairQueue;
+    Grant(FairQueue* queue, double start, std::string flow)
+        : queue_(queue), start_(start), flow_(std::move(flow)) {}
+    FairQueue* queue_ = nullptr;
+    double start_ = 0;
+    std::string flow_;
+  };
+
+  struct FlowStats {
+    uint64_t grants = 0;
+    uint64_t cost = 0;  // granted
+    double waited_seconds = 0;
+  };
+
+  // REQUIRES: slots >= 1.
+  explicit FairQueue(size_t slots,
+                     absl::Duration anticipation = absl::ZeroDuration());
+  FairQueue(const FairQueue&) = delete;
+  FairQueue& operator=(const FairQueue&) = delete;
+
+  // Waits for `flow`'s turn (weight > 0; a non-positive weight counts as
+  // 1) and returns its slot.
+  Grant Acquire(absl::string_view flow, double weight, uint64_t cost)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Forgets a flow's tag and counts (a job that ended).
+  void Forget(absl::string_view flow) ABSL_LOCKS_EXCLUDED(mu_);
+  std::map<std::string, FlowStats> Stats() const ABSL_LOCKS_EXCLUDED(mu_);
+  size_t slots() const { return slots_; }
+
+ private:
+  struct Waiter {
+    double start = 0;
+    uint64_t sequence = 0;
+    bool granted = false;
+    const std::string* flow = nullptr;  // the key in flows_
+    bool operator<(const Waiter& other) const {
+      return start != other.start ? start < other.start
+                                  : sequence < other.sequence;
+    }
+  };
+  struct Flow {
+    double finish = 0;
+    size_t waiting = 0;  // its requests in waiting_
+    FlowStats stats;
+  };
+  struct ByStart {
+    bool operator()(const Waiter* a, const Waiter* b) const { return *a < *b; }
+  };
+
+  void Release(double start, const std::string& flow) ABSL_LOCKS_EXCLUDED(mu_);
+  void DispatchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const size_t slots_;
+  const absl::Duration anticipation_;
+  mutable absl::Mutex mu_;
+  size_t free_ ABSL_GUARDED_BY(mu_);
+  double virtual_time_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;
+  std::set<Waiter*, ByStart> waiting_ ABSL_GUARDED_BY(mu_);
+  std::multiset<double> in_service_ ABSL_GUARDED_BY(mu_);
+  // A slot held for `held_for_` (empty: none) until `held_until_`, for its
+  // next request, whose start tag will be `held_tag_`.
+  std::string held_for_ ABSL_GUARDED_BY(mu_);
+  absl::Time held_until_ ABSL_GUARDED_BY(mu_);
+  double held_tag_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, Flow, std::less<>> flows_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace lohan
+
+#endif  // LOHAN_DAEMON_SCHED_FAIR_QUEUE_H_

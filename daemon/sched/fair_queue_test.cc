@@ -1,0 +1,138 @@
+#include "daemon/sched/fair_queue.h"
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+
+namespace lohan {
+namespace {
+
+// Flows that ask as fast as they can (each from its own threads) for a
+// fixed time of work per grant; returns each flow's granted cost once the
+// total reaches `total`.
+std::vector<uint64_t> Contend(FairQueue& queue,
+                              const std::vector<double>& weights,
+                              const std::vector<int>& threads_per_flow,
+                              const std::vector<uint64_t>& costs,
+                              uint64_t total) {
+  std::atomic<uint64_t> granted{0};
+  std::vector<std::atomic<uint64_t>> per_flow(weights.size());
+  std::vector<std::thread> threads;
+  for (size_t f = 0; f < weights.size(); ++f) {
+    for (int t = 0; t < threads_per_flow[f]; ++t) {
+      threads.emplace_back([&, f] {
+        while (granted.load() < total) {
+          FairQueue::Grant grant =
+              queue.Acquire(absl::StrCat("flow", f), weights[f], costs[f]);
+          // Holding the slot takes time in proportion to the cost (an I/O
+          // of that many bytes), so requests queue up behind it.
+          absl::SleepFor(absl::Microseconds(costs[f]));
+          per_flow[f] += costs[f];
+          granted += costs[f];
+        }
+      });
+    }
+  }
+  for (std::thread& thread : threads) thread.join();
+  std::vector<uint64_t> result;
+  for (auto& value : per_flow) result.push_back(value.load());
+  return result;
+}
+
+TEST(FairQueue, EqualWeightsShareEquallyWhateverEachFlowAsks) {
+  FairQueue queue(1);
+  // Flow 0 asks from 6 threads, flow 1 from 1: still half each.
+  std::vector<uint64_t> got =
+      Contend(queue, {1, 1}, {6, 1}, {100, 100}, 400000);
+  const double share = static_cast<double>(got[1]) / (got[0] + got[1]);
+  EXPECT_NEAR(share, 0.5, 0.05) << got[0] << " vs " << got[1];
+}
+
+TEST(FairQueue, WeightsTwoToOneGiveTwoToOneInCostNotInGrants) {
+  FairQueue queue(2);
+  // Flow 1 asks in grants 4x as large: shares follow cost x weight. (Each
+  // flow keeps requests waiting, as a backlogged job does.)
+  std::vector<uint64_t> got =
+      Contend(queue, {2, 1}, {6, 3}, {100, 400}, 600000);
+  const double ratio = static_cast<double>(got[0]) / got[1];
+  EXPECT_NEAR(ratio, 2.0, 0.2) << got[0] << " vs " << got[1];
+}
+
+TEST(FairQueue, FourFlowsEachGetAQuarter) {
+  FairQueue queue(2);
+  std::vector<uint64_t> got =
+      Contend(queue, {1, 1, 1, 1}, {1, 2, 3, 4}, {100, 100, 100, 100}, 800000);
+  const double sum = got[0] + got[1] + got[2] + got[3];
+  for (size_t f = 0; f < 4; ++f) {
+    EXPECT_NEAR(got[f] / sum, 0.25, 0.025) << "flow " << f;
+  }
+}
+
+// Each flow asks for its next grant only once its last is done (a job's
+// read stage): without holding the slot for it, the flows alternate
+// whatever their weights; with it, weights 2:1 give 2:1.
+TEST(FairQueue, ClosedLoopFlowsFollowTheirWeightsOnlyWithAnticipation) {
+  for (absl::Duration anticipation :
+       {absl::ZeroDuration(), absl::Milliseconds(2)}) {
+    FairQueue queue(1, anticipation);
+    std::vector<uint64_t> got =
+        Contend(queue, {2, 1}, {1, 1}, {1000, 1000}, 400000);
+    const double ratio = static_cast<double>(got[0]) / got[1];
+    if (anticipation == absl::ZeroDuration()) {
+      EXPECT_NEAR(ratio, 1.0, 0.1) << got[0] << " vs " << got[1];
+    } else {
+      EXPECT_NEAR(ratio, 2.0, 0.2) << got[0] << " vs " << got[1];
+    }
+  }
+}
+
+TEST(FairQueue, AHeldSlotGoesOnWhenItsFlowDoesNotComeBack) {
+  FairQueue queue(1, absl::Milliseconds(20));
+  // a's next request would win, so its slot is held for it...
+  { FairQueue::Grant first = queue.Acquire("b", 1, 100); }
+  FairQueue::Grant a = queue.Acquire("a", 1, 1);
+  std::thread b([&] { FairQueue::Grant grant = queue.Acquire("b", 1, 100); });
+  absl::SleepFor(absl::Milliseconds(5));  // b waits
+  const absl::Time released = absl::Now();
+  a = FairQueue::Grant();
+  // ...but a never asks again: b gets the slot once the hold runs out.
+  b.join();
+  EXPECT_GE(absl::Now() - released, absl::Milliseconds(15));
+  EXPECT_EQ(queue.Stats().at("b").grants, 2u);
+}
+
+TEST(FairQueue, AnIdleFlowNeitherHoardsNorLosesItsTurn) {
+  FairQueue queue(1);
+  // Flow a alone for a while...
+  for (int i = 0; i < 1000; ++i) queue.Acquire("a", 1, 100);
+  // ...then b arrives: it is served next, not after a's 1000 grants' worth
+  // (no credit for a's past), and a is not starved after (no debt for b).
+  std::vector<std::string> order;
+  FairQueue::Grant held = queue.Acquire("a", 1, 100);
+  std::vector<std::thread> waiters;
+  absl::Mutex mu;
+  for (const char* flow : {"a", "b", "a", "b"}) {
+    waiters.emplace_back([&, flow] {
+      FairQueue::Grant grant = queue.Acquire(flow, 1, 100);
+      absl::MutexLock lock(&mu);
+      order.push_back(flow);
+    });
+    absl::SleepFor(absl::Milliseconds(20));  // arrive in this order
+  }
+  held = FairQueue::Grant();
+  for (std::thread& waiter : waiters) waiter.join();
+  ASSERT_EQ(order.size(), 4u);
+  // b starts at V, ahead of a's next (V + a's last cost), and from then on
+  // they alternate.
+  EXPECT_EQ(order, (std::vector<std::string>{"b", "a", "b", "a"}));
+  const auto stats = queue.Stats();
+  EXPECT_EQ(stats.at("a").grants, 1003u);
+  EXPECT_EQ(stats.at("b").cost, 200u);
+}
+
+}  // namespace
+}  // namespace lohan

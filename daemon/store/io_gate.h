@@ -1,0 +1,32 @@
+#ifndef LOHAN_DAEMON_STORE_IO_GATE_H_
+#define LOHAN_DAEMON_STORE_IO_GATE_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/strings/string_view.h"
+
+namespace lohan {
+
+// Who moves bytes on the SSDs when: the store enters the gate before each
+// version it writes or reads and leaves it when the transfer is done. The
+// daemon shares the array among jobs through it (daemon/sched/fair_gates.h);
+// the store knows nothing of jobs' weights.
+// Implementations must be thread-safe and must not call into the store.
+class IoGate {
+ public:
+  class Pass {
+   public:
+    virtual ~Pass() = default;
+  };
+  enum class Direction { kRead, kWrite };
+  virtual ~IoGate() = default;
+  // Waits until `job` may move `bytes` in `direction`; held (not
+  // destroyed) for the transfer.
+  virtual std::unique_ptr<Pass> Enter(absl::string_view job, uint64_t bytes,
+                                      Direction direction) = 0;
+};
+
+}  // namespace lohan
+
+#endif  // LOHAN_DAEMON_STORE_IO_GATE_H_

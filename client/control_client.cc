@@ -50,6 +50,16 @@ absl::StatusOr<std::unique_ptr<ControlClient>> ControlClient::Connect(
   // Unix sockets need no reconnect back-off; fail fast and say so.
   arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // lohand closes a control connection that stayed idle (its
+  // control_idle_timeout); the first call after that finds the connection
+  // gone before its request went out. One more attempt on a fresh
+  // connection makes that invisible; a daemon that is really gone still
+  // fails (UNAVAILABLE) after it.
+  arguments.SetServiceConfigJSON(R"({"methodConfig": [{
+      "name": [{"service": "lohan.v1.Lohan"}],
+      "retryPolicy": {"maxAttempts": 2, "initialBackoff": "0.05s",
+                      "maxBackoff": "0.05s", "backoffMultiplier": 1,
+                      "retryableStatusCodes": ["UNAVAILABLE"]}}]})");
   auto channel =
       grpc::CreateCustomChannel(absl::StrCat("unix:", options.socket_path),
                                 grpc::InsecureChannelCredentials(), arguments);

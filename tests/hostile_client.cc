@@ -17,6 +17,9 @@
 //                                               JOB and a missing id
 //   hostile_client raw-call SOCKET METHOD TEXT  METHOD with TEXT as its
 //                                               serialized request
+//   hostile_client idle SOCKET SECONDS          one control connection that
+//                                               says nothing: when was it
+//                                               closed?
 //   hostile_client attach-hold SOCKET NAME POOL a job asking for POOL bytes,
 //                                               attached without a data
 //                                               plane; hold
@@ -162,6 +165,28 @@ int Flood(const std::string& path, uint64_t count) {
   Hold();
 }
 
+// Connects to the control socket, says nothing, and reports when the daemon
+// closed the connection (or that it did not within `seconds`).
+int Idle(const std::string& path, uint64_t seconds) {
+  const int fd = ConnectTo(path);
+  if (fd < 0) return Fail("connect", absl::UnavailableError(path));
+  const auto start = std::chrono::steady_clock::now();
+  pollfd ready{.fd = fd, .events = POLLIN | POLLRDHUP};
+  while (poll(&ready, 1, static_cast<int>(seconds * 1000)) > 0) {
+    char byte[256];
+    if (read(fd, byte, sizeof(byte)) <= 0) {
+      std::printf("closed after %.1f s\n",
+                  std::chrono::duration<double>(
+                      std::chrono::steady_clock::now() - start)
+                      .count());
+      return 0;
+    }
+  }
+  std::printf("still open after %llu s\n",
+              static_cast<unsigned long long>(seconds));
+  return 0;
+}
+
 int RegisterHuge(ControlClient& client, uint64_t layers) {
   absl::StatusOr<v1::Job> job = CreateAttached(client, "huge", 16 << 20);
   if (!job.ok()) return Fail("create", job.status());
@@ -257,6 +282,7 @@ int Main(int argc, char** argv) {
   const std::string socket = argv[2];
   if (command == "flood-data") return Flood(socket + ".data", Number(argv[3]));
   if (command == "flood-control") return Flood(socket, Number(argv[3]));
+  if (command == "idle") return Idle(socket, Number(argv[3]));
   if (command == "raw-call" && argc == 5) {
     return RawCall(socket, argv[3], argv[4]);
   }

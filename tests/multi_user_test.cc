@@ -227,6 +227,16 @@ TEST_F(MultiUserTest, HostileRequestsGetClearCheapRefusals) {
   ResumeAndCheckVictim();
 }
 
+TEST_F(MultiUserTest, IdleControlConnectionsAreClosed) {
+  StartDaemon("[daemon]\ncontrol_idle_timeout = 1\n");
+  RunResult idle = RunCommand(Nobody({"idle", daemon_->socket(), "30"}));
+  EXPECT_THAT(idle.out, HasSubstr("closed after ")) << idle.out << idle.err;
+  // Root's client, idle as long, reconnects by itself on its next call.
+  sleep(2);
+  auto status = root_->GetStatus();
+  EXPECT_TRUE(status.ok()) << status.status();
+}
+
 TEST_F(MultiUserTest, AnAttachedJobWithoutADataPlaneHoldsNoPool) {
   StartDaemon();
   // nobody's job asks for 48 of the 64 MiB pool and never opens its data

@@ -14,11 +14,11 @@ class GrantPass : public IoGate::Pass {
 }  // namespace
 
 std::unique_ptr<IoGate::Pass> FairSsdGate::Enter(absl::string_view job,
-                                                  uint64_t bytes,
-                                                  Direction direction) {
+                                                 uint64_t bytes,
+                                                 Direction direction) {
   FairQueue* queue = direction == Direction::kRead ? reads_ : writes_;
-  return std::make_unique<GrantPass>(
-      queue->Acquire(job, weight_of_(job), bytes));
+  return std::make_unique<GrantPass>(queue->Acquire(
+      job, weight_of_(job), bytes, /*urgent=*/UrgentScope::Active()));
 }
 
 }  // namespace lohan

@@ -15,7 +15,8 @@ namespace lohan {
 // pipeline keeps one read and one write in flight, so with one slot per
 // direction every job that wants more waits at each turn and the weights
 // decide every turn, while a read and a write still share the SSDs. A
-// light job is served within a transfer of asking.
+// light job is served within a transfer of asking. A transfer made under
+// an IoGate::UrgentScope goes before the same job's others.
 class FairSsdGate : public IoGate {
  public:
   using WeightOf = std::function<double(absl::string_view job)>;

@@ -28,7 +28,7 @@ FairQueue::FairQueue(size_t slots, absl::Duration anticipation)
 }
 
 FairQueue::Grant FairQueue::Acquire(absl::string_view flow, double weight,
-                                    uint64_t cost) {
+                                    uint64_t cost, bool urgent) {
   const absl::Time asked = absl::Now();
   absl::MutexLock lock(&mu_);
   auto found = flows_.find(flow);
@@ -40,9 +40,11 @@ FairQueue::Grant FairQueue::Acquire(absl::string_view flow, double weight,
   waiter.start = std::max(virtual_time_, state.finish);
   waiter.sequence = next_sequence_++;
   waiter.flow = &found->first;
+  waiter.urgent = urgent;
   state.finish =
       waiter.start + static_cast<double>(cost) / (weight > 0 ? weight : 1.0);
   ++state.waiting;
+  if (urgent) state.urgent.insert(&waiter);
   waiting_.insert(&waiter);
   DispatchLocked();
   while (!waiter.granted) {
@@ -79,8 +81,12 @@ void FairQueue::DispatchLocked() {
       }
       held_for_.clear();
     }
-    waiting_.erase(waiting_.begin());
-    --flows_[*next->flow].waiting;
+    // The flow's turn; its most urgent request takes it.
+    Flow& flow = flows_[*next->flow];
+    if (!next->urgent && !flow.urgent.empty()) next = *flow.urgent.begin();
+    waiting_.erase(next);
+    if (next->urgent) flow.urgent.erase(next);
+    --flow.waiting;
     in_service_.insert(next->start);
     virtual_time_ = *in_service_.begin();
     next->granted = true;

@@ -105,6 +105,29 @@ TEST(FairQueue, AHeldSlotGoesOnWhenItsFlowDoesNotComeBack) {
   EXPECT_EQ(queue.Stats().at("b").grants, 2u);
 }
 
+TEST(FairQueue, AnUrgentRequestTakesItsFlowsTurnButNotAnotherFlows) {
+  FairQueue queue(1);
+  FairQueue::Grant held = queue.Acquire("a", 1, 100);
+  std::vector<std::string> order;
+  absl::Mutex mu;
+  std::vector<std::thread> waiters;
+  // a queues two plain requests, b one, then a an urgent one.
+  for (auto [flow, urgent] : std::vector<std::pair<const char*, bool>>{
+           {"a", false}, {"b", false}, {"a", false}, {"a", true}}) {
+    waiters.emplace_back([&, flow = flow, urgent = urgent] {
+      FairQueue::Grant grant = queue.Acquire(flow, 1, 100, urgent);
+      absl::MutexLock lock(&mu);
+      order.push_back(absl::StrCat(flow, urgent ? "!" : ""));
+    });
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  held = FairQueue::Grant();
+  for (std::thread& waiter : waiters) waiter.join();
+  // b (idle until now) starts at V, ahead of a's waiting ones; then a's
+  // turn, which its urgent request takes; a's plain ones follow.
+  EXPECT_EQ(order, (std::vector<std::string>{"b", "a!", "a", "a"}));
+}
+
 TEST(FairQueue, AnIdleFlowNeitherHoardsNorLosesItsTurn) {
   FairQueue queue(1);
   // Flow a alone for a while...

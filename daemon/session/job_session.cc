@@ -8,6 +8,7 @@
 #include "absl/time/time.h"
 #include "daemon/optim/half.h"
 #include "daemon/session/model_spec_checks.h"
+#include "daemon/store/io_gate.h"
 #include "spdlog/spdlog.h"
 
 namespace lohan {
@@ -824,10 +825,18 @@ void JobSession::Dispatch(const SubmissionEntry& entry) {
     }
     if (op == RingOp::kActPut) puts_in_flight_.insert(entry.activation_id);
   }
-  lanes_->Post(*lane, [this, entry, op] {
+  const bool urgent = *lane == ServeLanes::Lane::kUrgent;
+  lanes_->Post(*lane, [this, entry, op, urgent] {
     uint64_t detail = 0;
     uint32_t flags = 0;
-    absl::Status status = Execute(entry, detail, flags);
+    absl::Status status;
+    if (urgent) {
+      // Its SSD reads go ahead of this job's state traffic (FairSsdGate).
+      IoGate::UrgentScope scope;
+      status = Execute(entry, detail, flags);
+    } else {
+      status = Execute(entry, detail, flags);
+    }
     if (op == RingOp::kActPut) {
       absl::MutexLock lock(&puts_mu_);
       puts_in_flight_.erase(entry.activation_id);

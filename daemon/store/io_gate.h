@@ -20,6 +20,21 @@ class IoGate {
     virtual ~Pass() = default;
   };
   enum class Direction { kRead, kWrite };
+  // Marks the transfers its thread makes while it lives as ones a client's
+  // device waits for (a weight fetch, an activation coming back): a gate
+  // may serve them before the same job's other transfers.
+  class UrgentScope {
+   public:
+    UrgentScope() : outer_(urgent_) { urgent_ = true; }
+    ~UrgentScope() { urgent_ = outer_; }
+    UrgentScope(const UrgentScope&) = delete;
+    UrgentScope& operator=(const UrgentScope&) = delete;
+    static bool Active() { return urgent_; }
+
+   private:
+    static inline thread_local bool urgent_ = false;
+    const bool outer_;
+  };
   virtual ~IoGate() = default;
   // Waits until `job` may move `bytes` in `direction`; held (not
   // destroyed) for the transfer.

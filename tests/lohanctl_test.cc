@@ -54,6 +54,10 @@ TEST_F(LohanctlTest, StatusText) {
   EXPECT_THAT(result.out, HasSubstr("lohand 0.1.0 (protocol 1.0), pid " +
                                     std::to_string(daemon_->pid()) + ", up "));
   EXPECT_THAT(result.out, HasSubstr("  socket       " + daemon_->socket()));
+  EXPECT_THAT(result.out,
+              HasSubstr("  your quota   jobs 1 of 64, SSD 0 B held of no "
+                        "limit, host pool no limit, data planes 16, control "
+                        "connections 64\n"));
   EXPECT_THAT(result.out, HasSubstr("  SSD array    1 SSD, 1.0 MiB stripes, "
                                     "4096 B blocks, queue depth 32, 0 "
                                     "tensors"));

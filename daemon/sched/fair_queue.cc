@@ -48,15 +48,17 @@ FairQueue::Grant FairQueue::Acquire(absl::string_view flow, double weight,
   waiting_.insert(&waiter);
   DispatchLocked();
   while (!waiter.granted) {
-    if (anticipation_ == absl::ZeroDuration()) {
-      mu_.Await(absl::Condition(&waiter.granted));
-      continue;
-    }
-    // A slot may be held for another flow (perhaps after this request
-    // began waiting): look again when such a hold would have run out.
-    if (!mu_.AwaitWithTimeout(absl::Condition(&waiter.granted),
-                              anticipation_) &&
-        !held_for_.empty() && absl::Now() >= held_until_) {
+    if (held_for_.empty()) {
+      // Woken when granted, or when a slot starts being held (then the
+      // wait must end by the hold's deadline).
+      const uint64_t holds = holds_;
+      auto woken = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return waiter.granted || holds_ != holds;
+      };
+      mu_.Await(absl::Condition(&woken));
+    } else if (!mu_.AwaitWithDeadline(absl::Condition(&waiter.granted),
+                                      held_until_) &&
+               !held_for_.empty() && absl::Now() >= held_until_) {
       held_for_.clear();  // its flow did not come back in time
       DispatchLocked();
     }
@@ -110,6 +112,7 @@ void FairQueue::Release(double start, const std::string& flow) {
       held_for_ = flow;
       held_tag_ = next_start;
       held_until_ = absl::Now() + anticipation_;
+      ++holds_;
     }
   }
   DispatchLocked();

@@ -123,6 +123,7 @@ class FairQueue {
   std::string held_for_ ABSL_GUARDED_BY(mu_);
   absl::Time held_until_ ABSL_GUARDED_BY(mu_);
   double held_tag_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t holds_ ABSL_GUARDED_BY(mu_) = 0;  // holds begun, to wake waiters
   std::map<std::string, Flow, std::less<>> flows_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -323,7 +323,12 @@ int Run(const CommandLine& command_line) {
                           .pool = &pool,
                           .sessions = sessions.get(),
                           .quotas = &*quotas,
-                          .ledger = &ledger};
+                          .ledger = &ledger,
+                          .job_deleted = [&](const std::string& job_id) {
+                            ssd_reads.Forget(job_id);
+                            ssd_writes.Forget(job_id);
+                            optimizer_queue.Forget(job_id);
+                          }};
   absl::StatusOr<std::unique_ptr<ControlServer>> server =
       ControlServer::Start(parts, *std::move(listener));
   if (!server.ok()) return Fail(server.status());

@@ -141,6 +141,7 @@ grpc::Status ControlService::DeleteJob(grpc::ServerContext* context,
       SsdBytesOf(parts_.store->BytesByJob(), request->job_id());
   absl::Status freed = parts_.store->DeleteJob(request->job_id());
   parts_.ledger->Forget(request->job_id());
+  if (parts_.job_deleted) parts_.job_deleted(request->job_id());
   if (!freed.ok()) {
     spdlog::warn(
         "job {} deleted, but freeing its SSD space failed (retried "

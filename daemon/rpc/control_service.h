@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <functional>
 #include <map>
 
 #include "daemon/config/config.h"
@@ -29,6 +30,9 @@ struct DaemonParts {
   SessionManager* sessions = nullptr;
   const QuotaTable* quotas = nullptr;
   SpaceLedger* ledger = nullptr;
+  // Called with a job's id once it is deleted (the fair queues forget its
+  // flow); may be empty.
+  std::function<void(const std::string& job_id)> job_deleted;
 };
 
 // The lohan.v1.Lohan gRPC service: identifies the caller, translates requests

@@ -128,6 +128,18 @@ TEST(FairQueue, AnUrgentRequestTakesItsFlowsTurnButNotAnotherFlows) {
   EXPECT_EQ(order, (std::vector<std::string>{"b", "a!", "a", "a"}));
 }
 
+TEST(FairQueue, AForgottenFlowLeavesNoEntryAndStartsAfreshAtV) {
+  FairQueue queue(1);
+  for (int i = 0; i < 10; ++i) queue.Acquire("gone", 1, 100);
+  queue.Acquire("stays", 1, 100);
+  queue.Forget("gone");
+  const auto stats = queue.Stats();
+  EXPECT_EQ(stats.count("gone"), 0u);
+  EXPECT_EQ(stats.at("stays").grants, 1u);
+  queue.Acquire("gone", 1, 100);
+  EXPECT_EQ(queue.Stats().at("gone").grants, 1u);
+}
+
 TEST(FairQueue, AnIdleFlowNeitherHoardsNorLosesItsTurn) {
   FairQueue queue(1);
   // Flow a alone for a while...

@@ -327,6 +327,9 @@ class JobPipeline {
     // gradient sum of squares first and defers the chunk when the running
     // sum makes its update certain to be redone or dropped.
     bool decide = false;
+    // The pass it was enqueued in (pass_ then): a count of an earlier,
+    // abandoned pass is never taken off the current one's.
+    uint64_t pass = 0;
     double lr = 0.0;   // of the iteration
     int64_t step = 0;  // Adam steps the chunk's committed state has.
     // The chunk's first gradient element (streamed: in `buffer`, once read).
@@ -558,6 +561,7 @@ class JobPipeline {
   // Decide tasks not decided yet (EndIteration waits for these alone when
   // it settles in the background: the norm needs no update to be done).
   size_t decide_left_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t pass_ ABSL_GUARDED_BY(mu_) = 0;  // passes begun
   // Chunks of the current pass not finished yet, per layer (WaitLayer).
   std::vector<size_t> layer_left_ ABSL_GUARDED_BY(mu_);
   // The iteration a settling pass commits; the error of one that failed

@@ -31,9 +31,11 @@ void JobPipeline::DecideLoop() {
       if (!read_queue_.Push(next)) Finish(*task, absl::OkStatus());
     }
     // Only now: a chunk counted as decided is in the read queue already
-    // (EndIteration reorders that queue once everything is decided).
+    // (EndIteration reorders that queue once everything is decided). By
+    // now the chunk may be finished and its pass over (an abort waits only
+    // for that), and a new pass begun: its count is not this chunk's.
     absl::MutexLock lock(&mu_);
-    --decide_left_;
+    if (task->pass == pass_ && decide_left_ > 0) --decide_left_;
   }
 }
 
@@ -273,6 +275,7 @@ void JobPipeline::Finish(Task& task, const absl::Status& status) {
 void JobPipeline::BeginPassLocked() {
   for (size_t& left : layer_left_) left = 0;
   decide_left_ = 0;
+  ++pass_;
   enqueued_ = 0;
   done_ = 0;
   first_error_ = absl::OkStatus();
@@ -300,6 +303,7 @@ void JobPipeline::EnqueueChunkLocked(size_t layer, size_t chunk, TaskKind kind,
   task.decide = decide;
   task.lr = lr_;
   task.step = static_cast<int64_t>(iteration_);
+  task.pass = pass_;
   const uint64_t begin = state_.chunk_begin(chunk);
   // Streamed gradients: the read stage points it into the task's buffer.
   if (sub.grad != nullptr) {

@@ -1,0 +1,157 @@
+// JobSession: serving the rings (the dispatch of each submission to the
+// serving thread or a lane, and the completions). The rest of the class is
+// in job_session.cc.
+#include "absl/strings/str_cat.h"
+#include "daemon/session/job_session.h"
+#include "daemon/store/io_gate.h"
+#include "spdlog/spdlog.h"
+
+namespace lohan {
+namespace {
+
+// How often the serving thread looks up from an idle ring to see whether the
+// session is stopping.
+constexpr absl::Duration kIdleWake = absl::Milliseconds(100);
+
+}  // namespace
+
+void JobSession::Complete(const SubmissionEntry& entry,
+                          const absl::Status& status, uint64_t detail,
+                          uint32_t flags) {
+  {
+    absl::MutexLock stats_lock(&stats_mu_);
+    stats_.set_requests(stats_.requests() + 1);
+    if (!status.ok()) stats_.set_failed_requests(stats_.failed_requests() + 1);
+  }
+  if (!status.ok()) {
+    spdlog::debug("job {}: request {} failed: {}", job_id(), entry.request_id,
+                  std::string(status.message()));
+  }
+  absl::MutexLock lock(&complete_mu_);
+  CompletionEntry completion{};
+  completion.request_id = entry.request_id;
+  completion.status_code = static_cast<uint32_t>(status.code());
+  completion.flags = flags;
+  completion.detail = detail;
+  if (!status.ok()) {
+    // The text goes to its record of the error area first (see
+    // kErrorTextRecordBytes): sequence 0, the text, then the sequence; the
+    // completion's release ordering publishes it. One record per failure,
+    // round robin, so the texts of several requests failing while the
+    // client is not reading stay apart.
+    completion.detail = ++error_sequence_;
+    WriteErrorText(
+        base() + served_->error_text.offset, served_->error_text.length,
+        error_sequence_,
+        std::string_view(status.message().data(), status.message().size()));
+  }
+  while (!stopping_.load()) {
+    absl::StatusOr<bool> pushed = completions_->TryPush(&completion);
+    if (!pushed.ok()) {
+      spdlog::warn("job {}: completion ring broken: {}", job_id(),
+                   std::string(pushed.status().message()));
+      stopping_.store(true);
+      return;
+    }
+    if (*pushed) return;
+    (void)completions_->WaitForSpace(kIdleWake);
+  }
+}
+
+bool JobSession::InIteration() const {
+  absl::MutexLock lock(&validator_mu_);
+  return validator_->in_iteration();
+}
+
+void JobSession::RequestDrain() { drain_requested_.store(true); }
+
+void JobSession::Serve() {
+  while (!stopping_.load()) {
+    if (drain_requested_.load() && !InIteration()) {
+      // Between iterations: nothing is lost by ending here.
+      lanes_->Drain();
+      spdlog::info("job {}: drained at iteration {}", job_id(),
+                   served_->pipeline->iteration());
+      if (on_drained_) on_drained_();
+      return;
+    }
+    SubmissionEntry entry;
+    absl::StatusOr<bool> popped = submissions_->TryPop(&entry);
+    if (!popped.ok()) {
+      spdlog::warn("job {}: submission ring broken, serving stops: {}",
+                   job_id(), std::string(popped.status().message()));
+      return;
+    }
+    if (!*popped) {
+      absl::Status waited = submissions_->WaitForEntries(kIdleWake);
+      if (!waited.ok() && !absl::IsDeadlineExceeded(waited)) {
+        spdlog::warn("job {}: waiting on the submission ring: {}", job_id(),
+                     std::string(waited.message()));
+        return;
+      }
+      continue;
+    }
+    Dispatch(entry);
+  }
+}
+
+std::optional<ServeLanes::Lane> JobSession::LaneOf(RingOp op) {
+  switch (op) {
+    case RingOp::kFetchParams:
+    case RingOp::kActGet:
+      return ServeLanes::Lane::kUrgent;
+    case RingOp::kGradReady:
+    case RingOp::kActPut:
+      return ServeLanes::Lane::kBulk;
+    default:
+      return std::nullopt;
+  }
+}
+
+void JobSession::Dispatch(const SubmissionEntry& entry) {
+  const RingOp op = static_cast<RingOp>(entry.op);
+  std::optional<ServeLanes::Lane> lane = LaneOf(op);
+  if (!lane.has_value()) {
+    // It must see every request before it done.
+    lanes_->Drain();
+    uint64_t detail = 0;
+    uint32_t flags = 0;
+    absl::Status status = Handle(entry, detail, flags);
+    Complete(entry, status, detail, flags);
+    return;
+  }
+  // Admitted in arrival order: the validator follows the client's
+  // protocol (iteration numbers, slots, activation ids) as sent.
+  if (absl::Status admitted = AcceptEntry(entry); !admitted.ok()) {
+    Complete(entry, admitted, 0, 0);
+    return;
+  }
+  {
+    absl::MutexLock lock(&puts_mu_);
+    // A get of an activation whose put is still queued goes behind it.
+    if (op == RingOp::kActGet && puts_in_flight_.count(entry.activation_id)) {
+      lane = ServeLanes::Lane::kBulk;
+    }
+    if (op == RingOp::kActPut) puts_in_flight_.insert(entry.activation_id);
+  }
+  const bool urgent = *lane == ServeLanes::Lane::kUrgent;
+  lanes_->Post(*lane, [this, entry, op, urgent] {
+    uint64_t detail = 0;
+    uint32_t flags = 0;
+    absl::Status status;
+    if (urgent) {
+      // Its SSD reads go ahead of this job's state traffic (FairSsdGate).
+      IoGate::UrgentScope scope;
+      status = Execute(entry, detail, flags);
+    } else {
+      status = Execute(entry, detail, flags);
+    }
+    if (op == RingOp::kActPut) {
+      absl::MutexLock lock(&puts_mu_);
+      puts_in_flight_.erase(entry.activation_id);
+    }
+    Complete(entry, status, detail, flags);
+  });
+}
+
+}  // namespace lohan

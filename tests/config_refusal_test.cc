@@ -58,6 +58,26 @@ TEST_F(ConfigRefusalTest, BadLogLevelInFile) {
   ExpectRefused(Lohand({"--config", config}), "'daemon.log_level' is 'chatty'");
 }
 
+TEST_F(ConfigRefusalTest, QuotaForAUserThatDoesNotExist) {
+  const std::string config =
+      WriteConfig("[quotas.user.no-such-user-here]\nssd = \"1TiB\"\n");
+  ExpectRefused(Lohand({"--config", config}),
+                "section [quotas.user.no-such-user-here]: no user named "
+                "'no-such-user-here' on this machine");
+  // --check-config says the same.
+  RunResult checked = Lohand({"--config", config, "--check-config"});
+  EXPECT_EQ(checked.exit_code, 1);
+  EXPECT_THAT(checked.err, HasSubstr("no user named 'no-such-user-here'"));
+}
+
+TEST_F(ConfigRefusalTest, QuotaWeightOutOfRange) {
+  const std::string config = WriteConfig("[quotas]\nweight = 5000\n");
+  ExpectRefused(Lohand({"--config", config}),
+                config +
+                    ":2: key 'quotas.weight' must be an integer from 1 "
+                    "to 1000");
+}
+
 TEST_F(ConfigRefusalTest, MissingConfigFile) {
   ExpectRefused(Lohand({"--config", dir_.path() + "/absent.toml"}),
                 "cannot read config file '" + dir_.path() + "/absent.toml'");

@@ -170,6 +170,10 @@ TEST_F(LohanctlSteerTest, DrainBetweenIterationsIsAtOnceAndUnknownJobsFail) {
   EXPECT_THAT(drain.out, HasSubstr(id + ": drained between iterations at 2"));
   std::ofstream(dir_.path() + "/go") << "go\n";
   EXPECT_NE(trainer_->Stop(0), 0);
+  // Again, now that it has no data plane: it is only (still) detached.
+  RunResult again = Lohanctl({"kill", id});
+  EXPECT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_THAT(again.out, HasSubstr(id + ": no data plane was open; detached"));
   RunResult missing = Lohanctl({"kill", "j-999999"});
   EXPECT_EQ(missing.exit_code, 1);
   EXPECT_THAT(missing.err, HasSubstr("no job 'j-999999' of yours"));

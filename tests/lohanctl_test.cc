@@ -171,6 +171,19 @@ TEST_F(LohanctlTest, UsageErrors) {
   RunResult unknown = Lohanctl({"frobnicate"});
   EXPECT_NE(unknown.exit_code, 0);
   EXPECT_THAT(unknown.err + unknown.out, HasSubstr("frobnicate"));
+  RunResult interval = Lohanctl({"status", "--watch", "--interval", "0"});
+  EXPECT_NE(interval.exit_code, 0);
+  EXPECT_THAT(interval.err + interval.out, HasSubstr("--interval"));
+  RunResult count = Lohanctl({"status", "--watch", "--count", "-1"});
+  EXPECT_NE(count.exit_code, 0);
+  RunResult drain = Lohanctl({"drain"});
+  EXPECT_NE(drain.exit_code, 0);
+  EXPECT_THAT(drain.err + drain.out, HasSubstr("job_id"));
+  RunResult malformed = Lohanctl({"kill", std::string(40, 'j')});
+  EXPECT_EQ(malformed.exit_code, 1);
+  EXPECT_THAT(malformed.err, HasSubstr("a job id is 1 to 32 characters"));
+  // The daemon serves on.
+  EXPECT_EQ(Lohanctl({"status"}).exit_code, 0);
 }
 
 }  // namespace

@@ -150,12 +150,13 @@ constexpr LimitKey kLimitKeys[] = {
 };
 
 // Applies the limit keys of `table` (a [quotas...] section, named `section`)
-// to `limits`.
+// to `limits`; a key named `skip` is left to the caller.
 absl::Status ParseLimits(const toml::table& table, absl::string_view origin,
-                         const std::string& section,
-                         UserLimitOverrides& limits) {
+                         const std::string& section, UserLimitOverrides& limits,
+                         absl::string_view skip = "") {
   for (const auto& [key, node] : table) {
     const std::string name(key.str());
+    if (!skip.empty() && name == skip) continue;
     const std::string full_key = absl::StrCat(section, ".", name);
     const LimitKey* found = nullptr;
     for (const LimitKey& limit : kLimitKeys) {
@@ -182,12 +183,8 @@ absl::Status ParseLimits(const toml::table& table, absl::string_view origin,
 // [quotas] itself, and its [quotas.user.NAME] tables.
 absl::Status ParseQuotas(const toml::table& quotas, absl::string_view origin,
                          DaemonConfig& config) {
-  toml::table own;
   for (const auto& [key, node] : quotas) {
-    if (key.str() != "user") {
-      own.insert(key, node);
-      continue;
-    }
+    if (key.str() != "user") continue;
     const toml::table* users = node.as_table();
     if (users == nullptr) {
       return BadValue(origin, node, "quotas.user",
@@ -209,7 +206,8 @@ absl::Status ParseQuotas(const toml::table& quotas, absl::string_view origin,
     }
   }
   UserLimitOverrides defaults;
-  if (absl::Status parsed = ParseLimits(own, origin, "quotas", defaults);
+  if (absl::Status parsed =
+          ParseLimits(quotas, origin, "quotas", defaults, /*skip=*/"user");
       !parsed.ok()) {
     return parsed;
   }

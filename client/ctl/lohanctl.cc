@@ -160,21 +160,7 @@ int Status(const std::string& socket, bool json) {
   std::printf("  log level    %s\n", config.log_level().c_str());
   std::printf("  jobs         %u on the daemon, %u attached (yours below)\n",
               status->total_jobs(), status->attached_jobs());
-  const v1::QuotaStatus& quota = status->quota();
-  auto limit = [](uint64_t value, bool bytes) {
-    return value == 0 ? std::string("no limit")
-           : bytes    ? FormatByteSize(value)
-                      : std::to_string(value);
-  };
-  std::printf(
-      "  your quota   jobs %u of %s, SSD %s held of %s, host pool %s, data "
-      "planes %s, control connections %s\n\n",
-      quota.jobs(), limit(quota.jobs_limit(), false).c_str(),
-      FormatByteSize(quota.ssd_held_bytes()).c_str(),
-      limit(quota.ssd_limit_bytes(), true).c_str(),
-      limit(quota.host_pool_limit_bytes(), true).c_str(),
-      limit(quota.data_planes_limit(), false).c_str(),
-      limit(quota.control_connections_limit(), false).c_str());
+  std::printf("  your quota   %s\n\n", QuotaLine(status->quota()).c_str());
   PrintJobTable({status->jobs().begin(), status->jobs().end()});
   if (status->sessions_size() > 0) {
     std::printf("\ntraining (open data planes)\n");

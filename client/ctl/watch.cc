@@ -103,19 +103,23 @@ void PrintTable(const v1::GetStatusResponse& status,
   std::printf("%-10s %-10s %-7s %-15s %-9s %-9s %-6s\n", "total", "", "", "",
               Rate(total_read).c_str(), Rate(total_written).c_str(),
               absl::StrFormat("%.0f", 100 * total_optimizer).c_str());
-  const v1::QuotaStatus& quota = status.quota();
-  std::printf(
-      "\nyour quota: jobs %u of %s, SSD %s held of %s, host pool %s, %s "
-      "data planes, %s control connections (D: draining)\n",
-      quota.jobs(), Limit(quota.jobs_limit(), false).c_str(),
-      FormatByteSize(quota.ssd_held_bytes()).c_str(),
-      Limit(quota.ssd_limit_bytes(), true).c_str(),
-      Limit(quota.host_pool_limit_bytes(), true).c_str(),
-      Limit(quota.data_planes_limit(), false).c_str(),
-      Limit(quota.control_connections_limit(), false).c_str());
+  std::printf("\nyour quota: %s (D: draining)\n",
+              QuotaLine(status.quota()).c_str());
 }
 
 }  // namespace
+
+std::string QuotaLine(const v1::QuotaStatus& quota) {
+  return absl::StrFormat(
+      "jobs %u of %s, SSD %s held of %s, host pool %s, data planes %s, "
+      "control connections %s",
+      quota.jobs(), Limit(quota.jobs_limit(), false),
+      FormatByteSize(quota.ssd_held_bytes()),
+      Limit(quota.ssd_limit_bytes(), true),
+      Limit(quota.host_pool_limit_bytes(), true),
+      Limit(quota.data_planes_limit(), false),
+      Limit(quota.control_connections_limit(), false));
+}
 
 int Watch(ControlClient& client, const WatchOptions& options) {
   std::map<std::string, Sample> before;

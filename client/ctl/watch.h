@@ -1,6 +1,8 @@
 #ifndef LOHAN_CLIENT_CTL_WATCH_H_
 #define LOHAN_CLIENT_CTL_WATCH_H_
 
+#include <string>
+
 #include "client/control_client.h"
 
 namespace lohan {
@@ -19,6 +21,10 @@ struct WatchOptions {
 // refreshes. Then totals over the jobs shown, and the caller's quota.
 // Returns the exit code.
 int Watch(ControlClient& client, const WatchOptions& options);
+
+// "jobs 1 of 64, SSD 0 B held of no limit, ...": the caller's quota and
+// holdings, for `status` and `status --watch`.
+std::string QuotaLine(const v1::QuotaStatus& quota);
 
 }  // namespace lohan
 

@@ -192,9 +192,11 @@ grpc::Status ControlService::GetStatus(grpc::ServerContext* context,
   summary->set_optimizer_threads(parts_.optimizer_threads);
   summary->set_log_level(config_->log_level);
   std::set<std::string> visible;
+  uint32_t jobs_owned = 0;
   const std::map<std::string, uint64_t> ssd = parts_.store->BytesByJob();
   for (v1::Job& job : jobs_->List(caller)) {
     visible.insert(job.id());
+    if (job.owner_uid() == caller.uid) ++jobs_owned;
     job.set_ssd_bytes(SsdBytesOf(ssd, job.id()));
     *response->add_jobs() = std::move(job);
   }
@@ -233,7 +235,7 @@ grpc::Status ControlService::GetStatus(grpc::ServerContext* context,
   }
   response->mutable_optimizer()->set_threads(parts_.optimizer_threads);
   response->mutable_optimizer()->set_kernel(parts_.optimizer->kernel_name());
-  FillQuota(caller, response->mutable_quota());
+  FillQuota(caller, jobs_owned, response->mutable_quota());
   return grpc::Status::OK;
 }
 
@@ -284,18 +286,15 @@ absl::Status ControlService::CheckOwned(const Caller& caller,
   return status.ok() ? absl::NotFoundError("no such job") : status;
 }
 
-void ControlService::FillQuota(const Caller& caller, v1::QuotaStatus* quota) {
+void ControlService::FillQuota(const Caller& caller, uint32_t jobs_owned,
+                               v1::QuotaStatus* quota) {
   const UserLimits& limits = parts_.quotas->For(caller.uid);
   quota->set_jobs_limit(limits.jobs);
   quota->set_data_planes_limit(limits.data_planes);
   quota->set_control_connections_limit(limits.control_connections);
   quota->set_host_pool_limit_bytes(limits.host_pool_bytes);
   quota->set_ssd_limit_bytes(limits.ssd_bytes);
-  uint32_t owned = 0;
-  for (const v1::Job& job : jobs_->List(caller)) {
-    if (job.owner_uid() == caller.uid) ++owned;
-  }
-  quota->set_jobs(owned);
+  quota->set_jobs(jobs_owned);
   quota->set_ssd_held_bytes(parts_.ledger->HeldBy(caller.uid));
 }
 

@@ -75,8 +75,9 @@ class ControlService final : public v1::Lohan::Service {
   // NOT_FOUND (as JobRegistry says it) unless the caller owns the job or
   // is root.
   absl::Status CheckOwned(const Caller& caller, const std::string& job_id);
-  // The caller's limits and holdings.
-  void FillQuota(const Caller& caller, v1::QuotaStatus* quota);
+  // The caller's limits and holdings (`jobs_owned`: the caller's own jobs).
+  void FillQuota(const Caller& caller, uint32_t jobs_owned,
+                 v1::QuotaStatus* quota);
   // Job `job_id`'s entry of TensorStore::BytesByJob (0 when absent).
   static uint64_t SsdBytesOf(const std::map<std::string, uint64_t>& by_job,
                              const std::string& job_id);

@@ -182,10 +182,10 @@ void SessionManager::WaitForHangUp(int connection, int end_event) {
 }
 
 void SessionManager::EndSessionLocked(const std::string& job_id) {
-  auto found = end_events_.find(job_id);
-  if (found == end_events_.end()) return;
+  auto found = sessions_.find(job_id);
+  if (found == sessions_.end()) return;
   const uint64_t one = 1;
-  if (write(found->second, &one, sizeof(one)) != sizeof(one)) {
+  if (write(found->second.end_event, &one, sizeof(one)) != sizeof(one)) {
     spdlog::error("cannot wake job {}'s data-plane thread", job_id);
   }
 }
@@ -198,7 +198,7 @@ absl::StatusOr<std::string> SessionManager::StopSession(
     return absl::NotFoundError(
         absl::StrCat("job ", job_id, " has no data plane open"));
   }
-  JobSession* session = found->second;
+  JobSession* session = found->second.session;
   const bool in_iteration = session->registered() && session->InIteration();
   const uint64_t iteration = session->Status().iteration();
   if (drain && in_iteration) {
@@ -227,12 +227,21 @@ void SessionManager::Serve(int connection, const Caller& caller) {
     return;
   }
   const std::string job_id = (*session)->job_id();
+  UniqueFd end_event(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  LOHAN_CHECK(end_event.valid());
+  // Before the session is reachable: RegisterModel may come at once.
+  (*session)->SetDrainedCallback([this, job_id] {
+    absl::MutexLock lock(&mu_);
+    EndSessionLocked(job_id);
+  });
   {
     absl::MutexLock lock(&mu_);
-    if (!stopping_ && sessions_.count(job_id) == 0) {
-      session_pids_[job_id] = caller.pid;
-    }
-    if (stopping_ || !sessions_.emplace(job_id, session->get()).second) {
+    if (stopping_ ||
+        !sessions_
+             .emplace(job_id, LiveSession{.session = session->get(),
+                                          .pid = caller.pid,
+                                          .end_event = end_event.get()})
+             .second) {
       pool_claims_.erase(claim_id);
       (void)SendWithFds(connection,
                         EncodeAttachReply(absl::UnavailableError(
@@ -242,17 +251,7 @@ void SessionManager::Serve(int connection, const Caller& caller) {
       return;
     }
   }
-  UniqueFd end_event(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  LOHAN_CHECK(end_event.valid());
   bool stopped_from_outside = false;
-  {
-    absl::MutexLock lock(&mu_);
-    end_events_[job_id] = end_event.get();
-  }
-  (*session)->SetDrainedCallback([this, job_id] {
-    absl::MutexLock lock(&mu_);
-    EndSessionLocked(job_id);
-  });
   const int arena_fd = (*session)->arena_fd();
   absl::Status sent =
       SendWithFds(connection, EncodeAttachReply(absl::OkStatus()), {});
@@ -271,8 +270,6 @@ void SessionManager::Serve(int connection, const Caller& caller) {
   {
     absl::MutexLock lock(&mu_);
     sessions_.erase(job_id);
-    session_pids_.erase(job_id);
-    end_events_.erase(job_id);
   }
   session->reset();  // the arena is back in the pool: so is the claim
   {
@@ -323,7 +320,7 @@ absl::StatusOr<v1::RegisterModelResponse> SessionManager::RegisterModel(
         "job ", request.job_id(),
         " has no data plane open; open it (lohan_data_plane_open) first"));
   }
-  return found->second->RegisterModel(
+  return found->second.session->RegisterModel(
       request.model(), parts_.store, *parts_.updater, parts_.ledger,
       parts_.optimizer_queue, parts_.quotas->For(job->owner_uid()).weight);
 }
@@ -331,10 +328,9 @@ absl::StatusOr<v1::RegisterModelResponse> SessionManager::RegisterModel(
 std::vector<v1::SessionStatus> SessionManager::Status() const {
   absl::MutexLock lock(&mu_);
   std::vector<v1::SessionStatus> statuses;
-  for (const auto& [job_id, session] : sessions_) {
-    v1::SessionStatus status = session->Status();
-    auto pid = session_pids_.find(job_id);
-    if (pid != session_pids_.end()) status.set_pid(pid->second);
+  for (const auto& [job_id, open] : sessions_) {
+    v1::SessionStatus status = open.session->Status();
+    status.set_pid(open.pid);
     statuses.push_back(std::move(status));
   }
   return statuses;

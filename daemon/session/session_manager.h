@@ -93,6 +93,12 @@ class SessionManager {
     std::thread thread;
     std::atomic<bool> finished{false};
   };
+  // An open session, as the other threads may reach it.
+  struct LiveSession {
+    JobSession* session = nullptr;
+    pid_t pid = 0;
+    int end_event = -1;  // eventfd: signalled, its connection thread ends it
+  };
   // An open (or opening) session's claim on its owner's pool quota.
   struct PoolClaim {
     uid_t owner = 0;
@@ -135,10 +141,7 @@ class SessionManager {
   std::list<Connection> connections_ ABSL_GUARDED_BY(mu_);
   // Sessions by job id. A session is removed (under mu_) before its
   // connection thread destroys it; RegisterModel holds mu_ while it uses one.
-  std::map<std::string, JobSession*> sessions_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, pid_t> session_pids_ ABSL_GUARDED_BY(mu_);
-  // Each open session's eventfd: signalled, its connection thread closes it.
-  std::map<std::string, int> end_events_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, LiveSession> sessions_ ABSL_GUARDED_BY(mu_);
   // By claim id: a job's closing session and its next one may both hold
   // one for a moment.
   std::map<uint64_t, PoolClaim> pool_claims_ ABSL_GUARDED_BY(mu_);

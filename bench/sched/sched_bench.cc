@@ -12,6 +12,7 @@
 //       [--rounds=2] [--backward_ms=0] [--grad=bf16|fp32|fp16]
 //       [--clip=never|always] [--compare=schedules|layouts|clip]
 //       [--slots=2] [--layout=resident|streamed] [--forward_ms=0] [--steps=3]
+//       [--read_ahead_mib=256]
 // --backward_ms simulates the GPU's backward: the bench sleeps that long
 // before submitting each layer's gradient (0: all at once).
 // --compare=layouts: instead of the three schedules, the pipelined
@@ -24,11 +25,13 @@
 // The streamed client has --slots gradient buffers: its GRAD_READYs are
 // served in order on another thread, and backward waits only for a
 // buffer still being stored.
-// --compare=clip: the clip schedules on three jobs of the same shape:
+// --compare=clip: the clip schedules on four jobs of the same shape:
 // redo-all (ClipSchedule::kRedoAll: eager updates, a full redo when the
 // iteration clips), deferred (kDeferWhenCertain with predict_clipping) and
 // +overlap (deferred, and settle_in_background: the last updates run
-// during the next forward, each layer's fetch waiting for its own). Each
+// during the next forward, each layer's fetch waiting for its own) and
+// +read-ahead (+overlap with --read_ahead_mib of states read during
+// backward for the updates that wait for the norm). Each
 // job runs --steps iterations back to back per round (a simulated forward
 // of --forward_ms per layer that first fetches the layer's weights, the
 // backward, EndIteration), the jobs' order rotated per round, in four
@@ -58,6 +61,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "bench/sched/bench_common.h"
+#include "bench/sched/clip_compare.h"
 #include "daemon/optim/adam.h"
 #include "daemon/optim/half.h"
 #include "daemon/optim/optim_types.h"
@@ -67,56 +72,8 @@
 #include "daemon/store/tensor_store.h"
 
 namespace lohan {
+namespace sched_bench {
 namespace {
-
-struct Flags {
-  std::string dir = "/tmp";
-  size_t layers = 8;
-  uint64_t params = uint64_t{16} << 20;
-  uint64_t chunk = uint64_t{4} << 20;
-  size_t ssds = 2;
-  int threads = 2;
-  size_t buffers = 4;
-  int rounds = 2;
-  double backward_ms = 0;
-  double forward_ms = 0;  // --compare=clip: simulated forward per layer.
-  int steps = 3;          // --compare=clip: iterations per job and round.
-  DType grad = DType::kBFloat16;
-  bool clip_always = false;
-  enum class Compare {
-    kSchedules,
-    kLayouts,
-    kClip
-  } compare = Compare::kSchedules;
-  bool streamed = false;  // --compare=clip: --layout=streamed.
-  size_t slots = 2;       // --compare=layouts: the streamed client's K.
-};
-
-double Now() {
-  return std::chrono::duration<double>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-uint64_t TotalParams(const Flags& flags) { return flags.params * flags.layers; }
-
-int RemoveEntry(const char* path, const struct stat*, int, struct FTW*) {
-  return ::remove(path);
-}
-
-std::string g_root;  // The bench's temporary directory, once made.
-
-[[noreturn]] void Die(const std::string& message) {
-  std::fprintf(stderr, "sched_bench: %s\n", message.c_str());
-  if (!g_root.empty()) {
-    ::nftw(g_root.c_str(), RemoveEntry, 16, FTW_DEPTH | FTW_PHYS);
-  }
-  std::exit(1);
-}
-
-void Check(const absl::Status& s, const char* what) {
-  if (!s.ok()) Die(absl::StrCat(what, ": ", s.ToString()));
-}
 
 Flags ParseFlags(int argc, char** argv) {
   Flags f;
@@ -173,6 +130,8 @@ Flags ParseFlags(int argc, char** argv) {
       } else {
         ok = false;
       }
+    } else if (key == "read_ahead_mib") {
+      ok = absl::SimpleAtoi(value, &f.read_ahead_mib);
     } else if (key == "forward_ms") {
       ok = absl::SimpleAtod(value, &f.forward_ms);
     } else if (key == "steps") {
@@ -399,181 +358,6 @@ int CompareLayouts(const Flags& flags, TensorStore* store,
   return 0;
 }
 
-// The process's storage bytes so far (/proc/self/io read_bytes and
-// write_bytes: what reached the block layer, O_DIRECT included).
-struct ProcIo {
-  uint64_t read = 0;
-  uint64_t written = 0;
-};
-
-ProcIo ReadProcIo() {
-  ProcIo io;
-  FILE* f = std::fopen("/proc/self/io", "r");
-  if (f == nullptr) return io;
-  char key[64];
-  unsigned long long value;
-  while (std::fscanf(f, "%63[^:]: %llu\n", key, &value) == 2) {
-    if (std::strcmp(key, "read_bytes") == 0) io.read = value;
-    if (std::strcmp(key, "write_bytes") == 0) io.written = value;
-  }
-  std::fclose(f);
-  return io;
-}
-
-// The clip schedules, each job running --steps iterations back to back
-// per round (forward, backward, EndIteration), interleaved by round.
-int CompareClip(const Flags& flags, TensorStore* store,
-                const AdamUpdater& updater, const ModelLayout& layout,
-                uint64_t state_total,
-                const std::vector<std::vector<uint8_t>>& grads,
-                std::vector<std::vector<uint16_t>>& outs) {
-  // The limits: from the gradients' exact sums of squares (the bench's
-  // gradients are the same every iteration).
-  std::vector<double> layer_squares;
-  for (size_t l = 0; l < flags.layers; ++l) {
-    auto sum = updater.GradSumSquares(
-        GradientView{grads[l].data(), flags.grad, 1.0f}, flags.params);
-    Check(sum.status(), "sum of squares");
-    layer_squares.push_back(*sum);
-  }
-  double before_last = 0;  // Backward hands layer 0 over last.
-  for (size_t l = 1; l < flags.layers; ++l) before_last += layer_squares[l];
-  const double late = std::sqrt(before_last + layer_squares[0] / 2);
-  struct Regime {
-    const char* name;
-    double limits[2];  // By iteration parity; equal but for "alternate".
-  };
-  const Regime regimes[] = {{"never", {1e9, 1e9}},
-                            {"always", {1e-6, 1e-6}},
-                            {"late", {late, late}},
-                            {"alternate", {1e9, 1e-6}}};
-  constexpr int kJobs = 3;
-  const char* const names[kJobs] = {"redo-all", "deferred", "+overlap"};
-  std::unique_ptr<JobPipeline> jobs[kJobs];
-  for (int k = 0; k < kJobs; ++k) {
-    PipelineOptions options;
-    options.buffers = flags.buffers;
-    options.stream_gradients = flags.streamed;
-    options.stream_weight16 = flags.streamed;
-    options.clip_schedule =
-        k == 0 ? ClipSchedule::kRedoAll : ClipSchedule::kDeferWhenCertain;
-    options.settle_in_background = k == 2;
-    auto p = JobPipeline::Open(store, updater, names[k], layout, options);
-    Check(p.status(), "open job");
-    jobs[k] = *std::move(p);
-    std::vector<float> w(flags.params, 0.01f);
-    for (size_t l = 0; l < flags.layers; ++l) {
-      Check(jobs[k]->InitializeWeights(l, w.data()), "init");
-    }
-  }
-  auto sleep_ms = [](double ms) {
-    if (ms > 0) {
-      std::this_thread::sleep_for(
-          std::chrono::duration<double, std::milli>(ms));
-    }
-  };
-  struct ClipTotals {
-    double seconds = 0, exposed = 0;
-    double io_read = 0, io_written = 0;
-    uint64_t clipped = 0, redone = 0;
-    int n = 0;  // Iterations.
-  };
-  const double params = static_cast<double>(TotalParams(flags));
-  const double compute_ms = (flags.forward_ms + flags.backward_ms) *
-                            static_cast<double>(flags.layers);
-  std::printf(
-      "\nclip schedules, pipelined, %s layout, simulated forward %.0f ms and "
-      "backward %.0f ms per layer (%.3f s of compute an iteration); bytes "
-      "per parameter per iteration (states alone: %.1f each way):\n",
-      flags.streamed ? "streamed" : "resident", flags.forward_ms,
-      flags.backward_ms, compute_ms / 1e3, state_total / params);
-  std::printf("%-10s %-9s %8s %9s %7s %8s %8s %8s %8s\n", "regime", "schedule",
-              "iter s", "exposed s", "vs old", "io read", "io wrt", "clipped",
-              "redone");
-  for (const Regime& regime : regimes) {
-    ClipTotals totals[kJobs];
-    for (int round = 0; round <= flags.rounds; ++round) {
-      for (int i = 0; i < kJobs; ++i) {
-        const int k = (i + round) % kJobs;
-        JobPipeline& p = *jobs[k];
-        ClipTotals block;
-        double waited = 0;  // The "GPU" waiting for the optimizer.
-        // The next forward: each layer's weights, then its compute.
-        auto forward = [&] {
-          for (size_t l = 0; l < flags.layers; ++l) {
-            const double w0 = Now();
-            Check(flags.streamed ? p.ReadWeight16(l, outs[l].data())
-                                 : p.WaitLayer(l),
-                  "fetch");
-            waited += Now() - w0;
-            sleep_ms(flags.forward_ms);
-          }
-        };
-        const ProcIo io0 = ReadProcIo();
-        const double t0 = Now();
-        for (int step = 0; step < flags.steps; ++step) {
-          forward();
-          ClipOptions clip;
-          clip.max_grad_norm = regime.limits[(round * flags.steps + step) % 2];
-          Check(p.BeginIteration(1.0f, 0.0, clip), "begin");
-          for (size_t j = 0; j < flags.layers; ++j) {
-            const size_t l = flags.layers - 1 - j;
-            sleep_ms(flags.backward_ms);
-            Check(p.SubmitGradients(l, grads[l].data(),
-                                    flags.streamed ? nullptr : outs[l].data()),
-                  "submit");
-          }
-          const double e0 = Now();
-          auto r = p.EndIteration();
-          Check(r.status(), "end iteration");
-          waited += Now() - e0;
-          block.clipped += r->clipped;
-          block.redone += r->redone_chunks;
-        }
-        forward();  // The last iteration's updates, where they still run.
-        // And its commit, so the next job finds the disk quiet.
-        Check(p.BeginIteration(), "begin");
-        Check(p.AbortIteration(), "abort");
-        const double seconds =
-            Now() - t0 - flags.forward_ms * flags.layers / 1e3;
-        const ProcIo io1 = ReadProcIo();
-        if (round == 0) continue;
-        ClipTotals& t = totals[k];
-        t.seconds += seconds;
-        t.exposed += waited;
-        t.io_read += io1.read - io0.read;
-        t.io_written += io1.written - io0.written;
-        t.clipped += block.clipped;
-        t.redone += block.redone;
-        t.n += flags.steps;
-      }
-    }
-    const double base = totals[0].seconds / totals[0].n;
-    for (int k = 0; k < kJobs; ++k) {
-      const ClipTotals& t = totals[k];
-      const double per = t.n * params;
-      std::printf(
-          "%-10s %-9s %8.3f %9.3f %6.2fx %8.2f %8.2f %5llu/%-3d %6llu\n",
-          k == 0 ? regime.name : "", names[k], t.seconds / t.n, t.exposed / t.n,
-          t.seconds / t.n / base, t.io_read / per, t.io_written / per,
-          static_cast<unsigned long long>(t.clipped), t.n,
-          static_cast<unsigned long long>(t.redone));
-    }
-  }
-  std::printf(
-      "(iter s: per iteration of forward + backward + EndIteration, --steps "
-      "of them back to back per round and the forward after the last one "
-      "(its weight waits counted, its compute not); exposed s: the part of "
-      "it the training loop waited for the optimizer: in EndIteration and "
-      "for a layer's weights in the next forward; mean of %d rounds after "
-      "a warm-up, the jobs' order rotated per round; redone: chunks updated "
-      "twice; io: /proc/self/io, catalog included; redo-all: eager updates "
-      "and a full redo when clipped; deferred: kDeferWhenCertain; "
-      "+overlap: and settle_in_background)\n",
-      flags.rounds);
-  return 0;
-}
-
 int Main(int argc, char** argv) {
   const Flags flags = ParseFlags(argc, argv);
   std::string tmpl = flags.dir + "/sched_bench_XXXXXX";
@@ -603,15 +387,18 @@ int Main(int argc, char** argv) {
     if (::mkdir(so.ssd_paths.back().c_str(), 0700) != 0) Die("mkdir");
   }
   so.state_dir = root + "/state";
-  // Committed + pending versions, with room for striping slack; comparing
-  // layouts: two jobs, and the streamed one's 16-bit copies (committed +
-  // pending) and gradient scratch.
+  // Per job: committed + pending versions, with room for striping slack,
+  // and (streamed) its 16-bit copies (committed + pending) and gradient
+  // scratch. Comparing layouts: two jobs; clip schedules: four.
   const uint64_t params_total = TotalParams(flags);
   const uint64_t grad_bytes = params_total * DTypeSize(flags.grad);
-  const uint64_t needed =
-      flags.compare != Flags::Compare::kSchedules
-          ? state_total * 4 + state_total / 2 + params_total * 4 + grad_bytes
-          : state_total * 2 + state_total / 4;
+  const uint64_t per_job =
+      state_total * 2 + state_total / 4 + params_total * 4 + grad_bytes;
+  const uint64_t needed = flags.compare == Flags::Compare::kSchedules
+                              ? state_total * 2 + state_total / 4
+                          : flags.compare == Flags::Compare::kClip
+                              ? per_job * 4
+                              : per_job * 2;
   so.device_capacity_bytes =
       (needed / flags.ssds + (64 << 20)) / (1 << 20) * (1 << 20);
   auto store_or = TensorStore::Open(so);
@@ -722,7 +509,7 @@ int Main(int argc, char** argv) {
     const int status = CompareClip(flags, store.get(), updater, layout,
                                    state_total, grads, outs);
     store.reset();
-    ::nftw(root.c_str(), RemoveEntry, 16, FTW_DEPTH | FTW_PHYS);
+    RemoveTree(root);
     return status;
   }
   if (flags.compare == Flags::Compare::kLayouts) {
@@ -730,7 +517,7 @@ int Main(int argc, char** argv) {
     const int status = CompareLayouts(flags, store.get(), updater, layout,
                                       state_total, grads, outs);
     store.reset();
-    ::nftw(root.c_str(), RemoveEntry, 16, FTW_DEPTH | FTW_PHYS);
+    RemoveTree(root);
     return status;
   }
 
@@ -811,11 +598,12 @@ int Main(int argc, char** argv) {
       "stage-thread busy seconds)\n",
       flags.rounds);
   store.reset();
-  ::nftw(root.c_str(), RemoveEntry, 16, FTW_DEPTH | FTW_PHYS);
+  RemoveTree(root);
   return 0;
 }
 
 }  // namespace
+}  // namespace sched_bench
 }  // namespace lohan
 
-int main(int argc, char** argv) { return lohan::Main(argc, argv); }
+int main(int argc, char** argv) { return lohan::sched_bench::Main(argc, argv); }

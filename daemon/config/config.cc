@@ -275,6 +275,9 @@ const std::map<std::string, Setter>& KeySetters() {
                      kMaxOptimizerThreads)},
       {"optimizer.isa",
        StringSetter(&DaemonConfig::optimizer_isa, "optimizer.isa")},
+      {"optimizer.read_ahead",
+       SizeSetter(&DaemonConfig::optimizer_read_ahead_bytes,
+                  "optimizer.read_ahead")},
   };
   return *setters;
 }

@@ -34,6 +34,7 @@ TEST(DefaultConfig, IsTheDeployedFile) {
   EXPECT_EQ(defaults.host_pool_bytes, 4ull << 30);
   EXPECT_EQ(defaults.optimizer_threads, 0u);
   EXPECT_EQ(defaults.optimizer_isa, "auto");
+  EXPECT_EQ(defaults.optimizer_read_ahead_bytes, 1ull << 30);
   EXPECT_EQ(defaults.ssd_capacity_bytes, 64ull << 30);
   EXPECT_EQ(defaults.stripe_unit_bytes, 1u << 20);
   EXPECT_EQ(defaults.block_size, 4096u);
@@ -103,6 +104,7 @@ queue_depth = 128
 allow_buffered_io = true
 [optimizer]
 isa = "avx2"
+read_ahead = 0
 )");
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->ssd_capacity_bytes, 2ull << 40);
@@ -111,6 +113,7 @@ isa = "avx2"
   EXPECT_EQ(config->queue_depth, 128u);
   EXPECT_TRUE(config->allow_buffered_io);
   EXPECT_EQ(config->optimizer_isa, "avx2");
+  EXPECT_EQ(config->optimizer_read_ahead_bytes, 0u);
   EXPECT_TRUE(ValidateConfig(*config).ok());
 }
 
@@ -153,6 +156,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"[pool]\nhost_pool_size = -4\n", "pool.host_pool_size"},
         BadCase{"[pool]\nhost_pool_size = 1.5\n", "pool.host_pool_size"},
         BadCase{"[optimizer]\nthreads = -1\n", "'optimizer.threads' must be"},
+        BadCase{"[optimizer]\nread_ahead = \"plenty\"\n",
+                "'optimizer.read_ahead': 'plenty' is not a byte size"},
         BadCase{"[optimizer]\nthreads = \"4\"\n", "'optimizer.threads'"},
         BadCase{"[store]\nqueue_depth = 0\n",
                 "'store.queue_depth' must be an integer from 1 to 1024"},

@@ -163,12 +163,13 @@ absl::StatusOr<Optimizer> StartOptimizer(const DaemonConfig& config) {
 void LogConfig(const DaemonConfig& config) {
   spdlog::info(
       "socket {}, state dir {}, SSD paths [{}], host pool {}, "
-      "optimizer threads {}",
+      "optimizer threads {}, read-ahead {} per job",
       config.socket_path, config.state_dir,
       absl::StrJoin(config.ssd_paths, ", "),
       FormatByteSize(config.host_pool_bytes),
       EffectiveOptimizerThreads(
-          config, static_cast<uint32_t>(sysconf(_SC_NPROCESSORS_ONLN))));
+          config, static_cast<uint32_t>(sysconf(_SC_NPROCESSORS_ONLN))),
+      FormatByteSize(config.optimizer_read_ahead_bytes));
 }
 
 // [quotas] with every [quotas.user.NAME] resolved to its uid now: a name
@@ -306,13 +307,15 @@ int Run(const CommandLine& command_line) {
 
   HostPool pool({.capacity_bytes = config->host_pool_bytes});
   std::unique_ptr<SessionManager> sessions = SessionManager::Start(
-      *std::move(data_listener), {.jobs = jobs->get(),
-                                  .pool = &pool,
-                                  .store = store->get(),
-                                  .updater = &*optimizer->updater,
-                                  .quotas = &*quotas,
-                                  .ledger = &ledger,
-                                  .optimizer_queue = &optimizer_queue});
+      *std::move(data_listener),
+      {.jobs = jobs->get(),
+       .pool = &pool,
+       .store = store->get(),
+       .updater = &*optimizer->updater,
+       .quotas = &*quotas,
+       .ledger = &ledger,
+       .optimizer_queue = &optimizer_queue,
+       .read_ahead_bytes = config->optimizer_read_ahead_bytes});
 
   const DaemonParts parts{.config = &*config,
                           .jobs = jobs->get(),

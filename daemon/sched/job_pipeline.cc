@@ -25,6 +25,20 @@ using sched_internal::kBufferAlignment;
 
 using sched_internal::RoundUp;
 
+namespace {
+
+size_t ReadAheadChunks(const StateLayout& state, const PipelineOptions& options,
+                       size_t buffer_bytes) {
+  if (options.clip_schedule != ClipSchedule::kDeferWhenCertain ||
+      options.schedule != Schedule::kPipelined) {
+    return 0;
+  }
+  return static_cast<size_t>(std::min<uint64_t>(
+      state.total_chunks(), options.read_ahead_bytes / buffer_bytes));
+}
+
+}  // namespace
+
 JobPipeline::JobPipeline(TensorStore* store, const AdamUpdater& updater,
                          std::string job, const ModelLayout& layout,
                          const PipelineOptions& options)
@@ -53,9 +67,13 @@ JobPipeline::JobPipeline(TensorStore* store, const AdamUpdater& updater,
       pool_(options.schedule == Schedule::kSerialized ? 1 : options.buffers,
             buffer_bytes_, kBufferAlignment),
       decide_queue_(state_.total_chunks()),
-      read_queue_(state_.total_chunks()),
+      // Every chunk, and the read-ahead of this iteration and of the one
+      // before (stale tasks the stage has not dropped yet).
+      read_queue_(state_.total_chunks() +
+                  2 * ReadAheadChunks(state_, options, buffer_bytes_)),
       compute_queue_(pool_.count()),
-      write_queue_(pool_.count()) {
+      write_queue_(pool_.count()),
+      read_ahead_chunks_(ReadAheadChunks(state_, options, buffer_bytes_)) {
   for (size_t l = 0; l < state_.num_layers(); ++l) {
     chunk_base_.push_back(chunk_names_.size());
     for (size_t c = 0; c < state_.num_chunks(l); ++c) {
@@ -72,6 +90,7 @@ JobPipeline::JobPipeline(TensorStore* store, const AdamUpdater& updater,
   norm_squares_.assign(chunk_names_.size(), 0.0);
   absl::MutexLock lock(&mu_);
   fates_.assign(chunk_names_.size(), Fate::kNone);
+  staged_.resize(chunk_names_.size());
   layer_left_.assign(state_.num_layers(), 0);
   initialized_.assign(state_.num_layers(), false);
   submissions_.assign(state_.num_layers(), Submission{});
@@ -611,7 +630,10 @@ absl::Status JobPipeline::BeginIteration(float grad_scale, double lr,
                             (options_.predict_clipping && last_clipped_ &&
                              clip.max_grad_norm > 0.0));
   started_deferred_ = deferring_;
+  norm_known_ = false;
+  ++read_ahead_epoch_;  // (Every end of an iteration started one, too.)
   BeginPassLocked();
+  if (started_deferred_) EnqueueReadAheadLocked();
   phase_ = Phase::kInIteration;
   return absl::OkStatus();
 }

@@ -30,6 +30,7 @@
 #include "daemon/sched/fair_queue.h"
 #include "daemon/sched/job_meta.h"
 #include "daemon/sched/model_layout.h"
+#include "daemon/store/aligned_buffer.h"
 #include "daemon/store/tensor_store.h"
 
 namespace lohan {
@@ -85,6 +86,15 @@ struct PipelineOptions {
   // host memory in flight. >= 3 lets a read, a compute and a write run at
   // once; kSerialized always uses 1.
   size_t buffers = 4;
+  // kDeferWhenCertain, kPipelined: host memory (bytes, rounded down to
+  // whole chunk buffers) this job may fill, during backward, with the
+  // committed states of chunks whose updates wait for the norm, so that
+  // those updates need no SSD read after it. Read ahead in forward order
+  // (layer 0 first: the chunks the settle runs first) once waiting is
+  // certain or predicted; allocated while in use, freed when the chunk's
+  // update is written or the iteration ends. 0: no read-ahead. Only the
+  // time depends on it, never the results.
+  uint64_t read_ahead_bytes = 0;
   // Streamed gradients (a client with fewer gradient buffers than layers):
   // SubmitGradients copies the gradient into per-iteration scratch tensors
   // of the store (StateLayout::GradScratchName) before it returns, so the
@@ -142,6 +152,8 @@ struct StageBusy {  // Seconds each stage thread spent working.
   // kDeferWhenCertain with resident gradients: seconds the read stage spent
   // taking chunks' gradient sums of squares before deciding.
   double norm = 0.0;
+  // Chunks whose update found its state read ahead (read_ahead_bytes).
+  uint64_t read_ahead_used = 0;
   // Bytes moved to and from the store: states, streamed gradients and
   // 16-bit copies (not the meta, nor the commit's sync).
   uint64_t bytes_read = 0;
@@ -155,6 +167,9 @@ struct IterationReport {
   uint64_t eager_chunks = 0;
   uint64_t deferred_chunks = 0;
   uint64_t redone_chunks = 0;
+  // Of the eager chunks, those whose update had not begun when the outcome
+  // became certain: dropped then, run once after the norm (not redone).
+  uint64_t dropped_chunks = 0;
   bool started_deferred = false;  // Predicted (or kAfterBackward).
   // Returned with updates still running (settle_in_background): `iteration`
   // is the one they commit. Their work is counted in the next report's busy.
@@ -304,6 +319,11 @@ class JobPipeline {
   // Layers whose updates of the settling iteration are not all done yet
   // (0 when none is settling): how far the optimizer trails the caller.
   size_t layers_settling() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Read-ahead (PipelineOptions::read_ahead_bytes): the chunks the budget
+  // holds (0: off), and those whose states are read ahead now, waiting for
+  // their update.
+  size_t read_ahead_budget_chunks() const { return read_ahead_chunks_; }
+  size_t chunks_read_ahead() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Ends the iteration in progress with nothing committed: work not begun
   // is dropped, work in progress finishes, every pending version and the
@@ -317,7 +337,9 @@ class JobPipeline {
  private:
   // kSettling: EndIteration returned, its last updates still run.
   enum class Phase { kIdle, kInIteration, kEnding, kSettling };
-  enum class TaskKind : uint8_t { kUpdate, kRepublish };
+  // kReadAhead: read a chunk's committed state into a buffer of its own
+  // and keep it (staged_) for the chunk's update after the norm.
+  enum class TaskKind : uint8_t { kUpdate, kRepublish, kReadAhead };
   struct Task {  // One chunk through the stages.
     uint32_t layer = 0;
     uint32_t chunk = 0;
@@ -328,7 +350,8 @@ class JobPipeline {
     // sum makes its update certain to be redone or dropped.
     bool decide = false;
     // The pass it was enqueued in (pass_ then): a count of an earlier,
-    // abandoned pass is never taken off the current one's.
+    // abandoned pass is never taken off the current one's. kReadAhead: the
+    // read-ahead epoch instead (read_ahead_epoch_ then).
     uint64_t pass = 0;
     double lr = 0.0;   // of the iteration
     int64_t step = 0;  // Adam steps the chunk's committed state has.
@@ -336,10 +359,19 @@ class JobPipeline {
     const uint8_t* grad = nullptr;
     // Its first 16-bit weight (streamed: in `buffer`), or null.
     uint8_t* out = nullptr;
-    uint8_t* buffer = nullptr;  // From pool_, once read.
+    uint8_t* buffer = nullptr;  // From pool_ (or staged_), once read.
+    // `buffer` is the chunk's read-ahead buffer (staged_), not pool_'s.
+    bool staged = false;
   };
-  // What became of a chunk in an iteration's first pass.
-  enum class Fate : uint8_t { kNone, kEager, kDeferred };
+  // What became of a chunk in an iteration's first pass. kDropped: decided
+  // eager, but not begun when the outcome became certain (so never updated
+  // before the norm).
+  enum class Fate : uint8_t { kNone, kEager, kDeferred, kDropped };
+  // A chunk's state read ahead for its update after the norm.
+  struct Staged {
+    std::unique_ptr<AlignedBuffer> buffer;
+    bool taken = false;  // An update task holds it (Finish frees it).
+  };
   struct Submission {
     bool submitted = false;
     const void* grad = nullptr;
@@ -425,6 +457,25 @@ class JobPipeline {
   // reads and reads never wait for them.
   void DecideLoop();
   void ReadLoop();
+  // The read stage's kReadAhead task: the state into a new buffer, kept in
+  // staged_ unless its iteration ended meanwhile. A failed read is
+  // dropped: the update reads again, and reports the error.
+  void ReadAhead(const Task& task);
+  // An update task after the norm takes its chunk's read-ahead state;
+  // a first-pass eager task not begun once the outcome is certain is
+  // dropped (kDropped). Returns whether the task is done (dropped).
+  bool TakeStagedOrDrop(Task& task) ABSL_LOCKS_EXCLUDED(mu_);
+  // Queues read-ahead of the first read_ahead_chunks_ chunks in forward
+  // order (once per iteration).
+  void EnqueueReadAheadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // At the end of an iteration: the read-ahead states no task took go
+  // back to spare_ (freed, with every spare, when this iteration read
+  // nothing ahead: buffers are kept only while iterations use them), and
+  // a new epoch starts (read-ahead still in flight is then dropped).
+  void EndReadAheadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A buffer for a read-ahead: a spare one, or a new one.
+  std::unique_ptr<AlignedBuffer> TakeSpareLocked()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Commits (or rolls back) an iteration once its settling pass is done.
   void SettleLoop();
   // EndIteration's and AbortIteration's start: once no iteration settles,
@@ -549,7 +600,19 @@ class JobPipeline {
   double running_sum_ ABSL_GUARDED_BY(mu_) = 0.0;
   bool deferring_ ABSL_GUARDED_BY(mu_) = false;
   bool started_deferred_ ABSL_GUARDED_BY(mu_) = false;
+  // EndIteration has taken the chunks' fates: none is dropped any more.
+  bool norm_known_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<Fate> fates_ ABSL_GUARDED_BY(mu_);
+  // Read-ahead (PipelineOptions::read_ahead_bytes): chunks it may hold at
+  // once (0: off), the states it holds by flat index, buffers kept for the
+  // next iteration's (allocating and faulting in hundreds of MiB each
+  // iteration costs as much as reading them), the epoch its tasks belong
+  // to (one per iteration), whether this iteration's was queued.
+  const size_t read_ahead_chunks_;
+  std::vector<Staged> staged_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<AlignedBuffer>> spare_ ABSL_GUARDED_BY(mu_);
+  uint64_t read_ahead_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  bool read_ahead_queued_ ABSL_GUARDED_BY(mu_) = false;
   // Whether the last committed iteration clipped (predict_clipping).
   bool last_clipped_ ABSL_GUARDED_BY(mu_) = false;
   double lr_ ABSL_GUARDED_BY(mu_) = 0.0;  // of this iteration

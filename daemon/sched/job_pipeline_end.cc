@@ -109,6 +109,7 @@ absl::StatusOr<IterationReport> JobPipeline::EndIteration() {
   }
   DropScratch();
   absl::MutexLock lock(&mu_);
+  EndReadAheadLocked();
   iteration_ = report.iteration;
   if (!report.skipped) last_clipped_ = report.clipped;
   report.busy = busy_;
@@ -143,14 +144,19 @@ absl::StatusOr<bool> JobPipeline::FinishDeferred(IterationReport& report,
   std::vector<Fate> fates;
   {
     absl::MutexLock lock(&mu_);
+    norm_known_ = true;  // No eager task is dropped after this.
     fates = fates_;
   }
   for (Fate fate : fates) {
-    if (fate == Fate::kEager) ++report.eager_chunks;
+    if (fate == Fate::kEager || fate == Fate::kDropped) ++report.eager_chunks;
+    if (fate == Fate::kDropped) ++report.dropped_chunks;
     if (fate == Fate::kDeferred) ++report.deferred_chunks;
   }
+  // Updated before the norm (or updating now), and waiting for it.
   auto eager = [&](size_t flat) { return fates[flat] == Fate::kEager; };
-  auto deferred = [&](size_t flat) { return fates[flat] == Fate::kDeferred; };
+  auto deferred = [&](size_t flat) {
+    return fates[flat] == Fate::kDeferred || fates[flat] == Fate::kDropped;
+  };
   absl::Status s;
   if (report.skipped || report.clipped) {
     // Eager updates may still run (settling in the background): they end
@@ -161,7 +167,7 @@ absl::StatusOr<bool> JobPipeline::FinishDeferred(IterationReport& report,
   if (report.skipped) {
     // Only the eager updates touched anything: their pending versions, and
     // the client's 16-bit buffers, which get the committed weights back.
-    if (report.eager_chunks > 0) {
+    if (report.eager_chunks > report.dropped_chunks) {
       s = RollbackAll();
       if (s.ok()) s = RunChunkPass(TaskKind::kRepublish, 1.0f, eager);
     }
@@ -169,8 +175,8 @@ absl::StatusOr<bool> JobPipeline::FinishDeferred(IterationReport& report,
     return false;
   }
   if (report.clipped) {
-    report.redone_chunks = report.eager_chunks;
-    if (report.eager_chunks > 0) s = RollbackAll();
+    report.redone_chunks = report.eager_chunks - report.dropped_chunks;
+    if (report.redone_chunks > 0) s = RollbackAll();
     if (s.ok()) {
       s = RunChunkPass(
           TaskKind::kUpdate, static_cast<float>(report.clip_scale * grad_scale),
@@ -178,7 +184,7 @@ absl::StatusOr<bool> JobPipeline::FinishDeferred(IterationReport& report,
     }
   } else {
     // Unclipped: the eager updates stand; the deferred ones join them.
-    if (report.deferred_chunks > 0) {
+    if (report.deferred_chunks + report.dropped_chunks > 0) {
       s = RunChunkPass(TaskKind::kUpdate, grad_scale, deferred, wait,
                        /*append=*/true);
     } else if (wait) {
@@ -187,8 +193,12 @@ absl::StatusOr<bool> JobPipeline::FinishDeferred(IterationReport& report,
     if (!s.ok()) return s;
     if (!wait) {
       // Eager updates not begun were queued in backward order; the next
-      // forward needs layer 0 first.
+      // forward needs layer 0 first. Read-ahead still queued goes first:
+      // the updates of its chunks come after it.
       read_queue_.Sort([this](const Task& a, const Task& b) {
+        const bool a_ahead = a.kind == TaskKind::kReadAhead;
+        const bool b_ahead = b.kind == TaskKind::kReadAhead;
+        if (a_ahead != b_ahead) return a_ahead;
         return FlatIndex(a.layer, a.chunk) < FlatIndex(b.layer, b.chunk);
       });
     }
@@ -226,6 +236,7 @@ void JobPipeline::SettleLoop() {
     } else {
       iteration_ = iteration;
     }
+    EndReadAheadLocked();
     phase_ = Phase::kIdle;
   }
 }
@@ -236,6 +247,14 @@ size_t JobPipeline::layers_settling() const {
   return static_cast<size_t>(
       std::count_if(layer_left_.begin(), layer_left_.end(),
                     [](size_t left) { return left > 0; }));
+}
+
+size_t JobPipeline::chunks_read_ahead() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<size_t>(
+      std::count_if(staged_.begin(), staged_.end(), [](const Staged& staged) {
+        return staged.buffer != nullptr && !staged.taken;
+      }));
 }
 
 absl::Status JobPipeline::StartEndingLocked() {

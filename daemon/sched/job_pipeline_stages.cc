@@ -41,11 +41,16 @@ void JobPipeline::DecideLoop() {
 
 void JobPipeline::ReadLoop() {
   while (std::optional<Task> task = read_queue_.Pop()) {
+    if (task->kind == TaskKind::kReadAhead) {
+      ReadAhead(*task);
+      continue;
+    }
     if (abandon_.load()) {
       Finish(*task, absl::OkStatus());
       continue;
     }
-    task->buffer = pool_.Acquire();
+    if (TakeStagedOrDrop(*task)) continue;
+    if (!task->staged) task->buffer = pool_.Acquire();
     if (task->buffer == nullptr) {  // Shutting down.
       Finish(*task, absl::OkStatus());
       continue;
@@ -53,10 +58,14 @@ void JobPipeline::ReadLoop() {
     const size_t flat = FlatIndex(task->layer, task->chunk);
     const uint64_t count = state_.chunk_count(task->layer, task->chunk);
     const bool update = task->kind == TaskKind::kUpdate;
-    uint64_t bytes = state_.state_bytes(count);
+    uint64_t bytes = 0;
     const double start = Now();
-    absl::StatusOr<uint64_t> r = store_->Read(
-        job_, chunk_names_[flat], absl::MakeSpan(task->buffer, bytes));
+    absl::StatusOr<uint64_t> r = uint64_t{0};
+    if (!task->staged) {
+      bytes = state_.state_bytes(count);
+      r = store_->Read(job_, chunk_names_[flat],
+                       absl::MakeSpan(task->buffer, bytes));
+    }
     if (r.ok() && update && options_.stream_gradients) {
       // The gradient SubmitGradients stored, next to the states it updates.
       const uint64_t grad_bytes = count * DTypeSize(layout_.grad_dtype);
@@ -74,6 +83,7 @@ void JobPipeline::ReadLoop() {
       absl::MutexLock lock(&mu_);
       busy_.read += seconds;
       if (r.ok()) busy_.bytes_read += bytes;
+      if (task->staged) ++busy_.read_ahead_used;
     }
     if (!r.ok()) {
       Finish(*task, r.status());
@@ -82,6 +92,106 @@ void JobPipeline::ReadLoop() {
     Task next = *task;
     if (!compute_queue_.Push(next)) Finish(*task, absl::OkStatus());
   }
+}
+
+bool JobPipeline::TakeStagedOrDrop(Task& task) {
+  if (task.kind != TaskKind::kUpdate) return false;
+  const size_t flat = FlatIndex(task.layer, task.chunk);
+  {
+    absl::MutexLock lock(&mu_);
+    if (task.decide) {
+      // Decided eager, and the outcome is certain now: its update would be
+      // redone or dropped, and it has not begun. After the norm it runs
+      // once (clipped) or not at all (skipped).
+      if (!deferring_ || started_deferred_ || norm_known_ ||
+          fates_[flat] != Fate::kEager) {
+        return false;
+      }
+      fates_[flat] = Fate::kDropped;
+    } else {
+      Staged& staged = staged_[flat];
+      if (staged.buffer != nullptr && !staged.taken) {
+        staged.taken = true;
+        task.buffer = staged.buffer->data();
+        task.staged = true;
+      }
+      return false;
+    }
+  }
+  Finish(task, absl::OkStatus());
+  return true;
+}
+
+void JobPipeline::ReadAhead(const Task& task) {
+  const size_t flat = FlatIndex(task.layer, task.chunk);
+  // Once the norm is known the chunk's update is queued behind this task:
+  // reading ahead then would only hold it up.
+  auto current = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !abandon_.load() && task.pass == read_ahead_epoch_ && !norm_known_ &&
+           staged_[flat].buffer == nullptr;
+  };
+  std::unique_ptr<AlignedBuffer> buffer;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!current()) return;
+    buffer = TakeSpareLocked();
+  }
+  const uint64_t bytes =
+      state_.state_bytes(state_.chunk_count(task.layer, task.chunk));
+  const double start = Now();
+  absl::StatusOr<uint64_t> r = store_->Read(
+      job_, chunk_names_[flat], absl::MakeSpan(buffer->data(), bytes));
+  const double seconds = Now() - start;
+  absl::MutexLock lock(&mu_);
+  busy_.read += seconds;
+  if (r.ok()) busy_.bytes_read += bytes;
+  // Late (the norm came meanwhile) it is still good: the update finds it
+  // unless it has begun. A failed read leaves the update to read again.
+  if (r.ok() && !abandon_.load() && task.pass == read_ahead_epoch_ &&
+      staged_[flat].buffer == nullptr) {
+    staged_[flat].buffer = std::move(buffer);
+  } else {
+    spare_.push_back(std::move(buffer));
+  }
+}
+
+std::unique_ptr<AlignedBuffer> JobPipeline::TakeSpareLocked() {
+  if (spare_.empty()) {
+    return std::make_unique<AlignedBuffer>(buffer_bytes_,
+                                           sched_internal::kBufferAlignment);
+  }
+  std::unique_ptr<AlignedBuffer> buffer = std::move(spare_.back());
+  spare_.pop_back();
+  return buffer;
+}
+
+void JobPipeline::EnqueueReadAheadLocked() {
+  if (read_ahead_chunks_ == 0 || read_ahead_queued_) return;
+  read_ahead_queued_ = true;
+  size_t queued = 0;
+  for (size_t l = 0; l < state_.num_layers(); ++l) {
+    for (size_t c = 0; c < state_.num_chunks(l); ++c) {
+      if (queued++ == read_ahead_chunks_) return;
+      Task task;
+      task.layer = static_cast<uint32_t>(l);
+      task.chunk = static_cast<uint32_t>(c);
+      task.kind = TaskKind::kReadAhead;
+      task.pass = read_ahead_epoch_;
+      // Never waits: the queue has room for two iterations' read-ahead.
+      if (!read_queue_.Push(task)) return;  // Shutting down.
+    }
+  }
+}
+
+void JobPipeline::EndReadAheadLocked() {
+  ++read_ahead_epoch_;
+  for (Staged& staged : staged_) {
+    if (!staged.taken && staged.buffer != nullptr) {
+      spare_.push_back(std::move(staged.buffer));
+    }
+  }
+  if (!read_ahead_queued_) spare_.clear();
+  read_ahead_queued_ = false;
 }
 
 absl::StatusOr<StepStats> JobPipeline::StepChunk(const Task& task) const {
@@ -169,7 +279,12 @@ absl::StatusOr<bool> JobPipeline::DecideChunk(const Task& task) {
   absl::MutexLock lock(&mu_);
   busy_.norm += seconds;
   running_sum_ += norm_squares_[flat];
-  if (!deferring_ && OutcomeCertain(running_sum_)) deferring_ = true;
+  if (!deferring_ && OutcomeCertain(running_sum_)) {
+    deferring_ = true;
+    // Clipping is certain: every chunk's update runs after the norm, from
+    // its committed state. (A skip needs no state.)
+    if (std::isfinite(running_sum_)) EnqueueReadAheadLocked();
+  }
   fates_[flat] = deferring_ ? Fate::kDeferred : Fate::kEager;
   return deferring_;
 }
@@ -255,11 +370,15 @@ void JobPipeline::WriteLoop() {
 }
 
 void JobPipeline::Finish(Task& task, const absl::Status& status) {
-  if (task.buffer != nullptr) {
-    pool_.Release(task.buffer);
-    task.buffer = nullptr;
-  }
+  if (task.buffer != nullptr && !task.staged) pool_.Release(task.buffer);
+  task.buffer = nullptr;
   absl::MutexLock lock(&mu_);
+  if (task.staged) {
+    Staged& staged = staged_[FlatIndex(task.layer, task.chunk)];
+    spare_.push_back(std::move(staged.buffer));
+    staged = Staged{};
+    task.staged = false;
+  }
   if (!status.ok() && first_error_.ok()) {
     first_error_ =
         Annotate(status, absl::StrCat("job '", job_, "' layer ", task.layer,
@@ -477,6 +596,7 @@ void JobPipeline::DropScratch() {
 
 void JobPipeline::EndIterationIdle() {
   absl::MutexLock lock(&mu_);
+  EndReadAheadLocked();
   busy_ = StageBusy{};
   phase_ = Phase::kIdle;
 }

@@ -106,8 +106,9 @@ JobSession::~JobSession() {
 }
 
 absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
-    const v1::ModelSpec& spec, TensorStore* store, const AdamUpdater& updater,
-    SpaceLedger* ledger, FairQueue* optimizer_queue, double weight) {
+    const v1::ModelSpec& spec, const UpdateParts& parts) {
+  TensorStore* const store = parts.store;
+  SpaceLedger* const ledger = parts.ledger;
   absl::MutexLock lock(&mu_);
   if (model_.has_value()) {
     return absl::FailedPreconditionError(
@@ -260,13 +261,14 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
   options.stream_weight16 =
       model.streamed_weights && model.dtype != v1::DTYPE_FP32;
   options.settle_in_background = spec.overlap_updates();
-  options.optimizer_queue = optimizer_queue;
-  options.weight = weight;
+  options.optimizer_queue = parts.optimizer_queue;
+  options.weight = parts.weight;
+  options.read_ahead_bytes = parts.read_ahead_bytes;
   options.clip_schedule = spec.clip_schedule() == v1::CLIP_SCHEDULE_REDO_ALL
                               ? ClipSchedule::kRedoAll
                               : ClipSchedule::kDeferWhenCertain;
   absl::StatusOr<std::unique_ptr<JobPipeline>> pipeline =
-      JobPipeline::Open(store, updater, job_id(), layout, options);
+      JobPipeline::Open(store, *parts.updater, job_id(), layout, options);
   if (!pipeline.ok()) return pipeline.status();
   model.pipeline = *std::move(pipeline);
   if (ledger != nullptr) {

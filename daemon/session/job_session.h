@@ -97,14 +97,25 @@ class JobSession {
   // owner clears it); FAILED_PRECONDITION when a model is registered
   // already or the job's stored states have another shape. The spec is
   // checked whole (CheckModelSpec) before anything is allocated.
-  // REQUIRES: `store`, `updater`'s worker pool and `ledger` (may be null:
-  // no quotas) outlive the session.
-  // `optimizer_queue` (may be null) shares the optimizer with other jobs,
-  // this one weighed `weight` (PipelineOptions).
+  // What a registered model's updates run on and share.
+  struct UpdateParts {
+    TensorStore* store = nullptr;
+    const AdamUpdater* updater = nullptr;
+    // May be null: no quotas. Else SetAside's ledger (see above).
+    SpaceLedger* ledger = nullptr;
+    // May be null. Shares the optimizer with other jobs, this one weighed
+    // `weight` (PipelineOptions).
+    FairQueue* optimizer_queue = nullptr;
+    double weight = 1.0;
+    // PipelineOptions::read_ahead_bytes: host memory the job may fill with
+    // states read ahead of updates that wait for the norm.
+    uint64_t read_ahead_bytes = 0;
+  };
+  // REQUIRES: every part (and the updater's worker pool) outlives the
+  // session.
   absl::StatusOr<v1::RegisterModelResponse> RegisterModel(
-      const v1::ModelSpec& spec, TensorStore* store, const AdamUpdater& updater,
-      SpaceLedger* ledger, FairQueue* optimizer_queue = nullptr,
-      double weight = 1.0) ABSL_LOCKS_EXCLUDED(mu_);
+      const v1::ModelSpec& spec, const UpdateParts& parts)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Model {

@@ -321,8 +321,12 @@ absl::StatusOr<v1::RegisterModelResponse> SessionManager::RegisterModel(
         " has no data plane open; open it (lohan_data_plane_open) first"));
   }
   return found->second.session->RegisterModel(
-      request.model(), parts_.store, *parts_.updater, parts_.ledger,
-      parts_.optimizer_queue, parts_.quotas->For(job->owner_uid()).weight);
+      request.model(), {.store = parts_.store,
+                        .updater = parts_.updater,
+                        .ledger = parts_.ledger,
+                        .optimizer_queue = parts_.optimizer_queue,
+                        .weight = parts_.quotas->For(job->owner_uid()).weight,
+                        .read_ahead_bytes = parts_.read_ahead_bytes});
 }
 
 std::vector<v1::SessionStatus> SessionManager::Status() const {

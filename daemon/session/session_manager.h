@@ -53,6 +53,9 @@ class SessionManager {
     // Shares the optimizer among jobs by their owners' weights; may be
     // null.
     FairQueue* optimizer_queue = nullptr;
+    // Each job's PipelineOptions::read_ahead_bytes ([optimizer]
+    // read_ahead).
+    uint64_t read_ahead_bytes = 0;
   };
   // REQUIRES: every part (and the updater's worker pool) outlives the
   // manager.

@@ -1,0 +1,64 @@
+#include "bench/sched/bench_common.h"
+
+#include <ftw.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace lohan {
+namespace sched_bench {
+namespace {
+
+int RemoveEntry(const char* path, const struct stat*, int, struct FTW*) {
+  return ::remove(path);
+}
+
+}  // namespace
+
+void RemoveTree(const std::string& path) {
+  ::nftw(path.c_str(), RemoveEntry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+double Now() {
+  return std::chrono::duration<double>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+uint64_t TotalParams(const Flags& flags) { return flags.params * flags.layers; }
+
+std::string g_root;
+
+[[noreturn]] void Die(const std::string& message) {
+  std::fprintf(stderr, "sched_bench: %s\n", message.c_str());
+  if (!g_root.empty()) {
+    RemoveTree(g_root);
+  }
+  std::exit(1);
+}
+
+void Check(const absl::Status& s, const char* what) {
+  if (!s.ok()) Die(absl::StrCat(what, ": ", s.ToString()));
+}
+
+ProcIo ReadProcIo() {
+  ProcIo io;
+  FILE* f = std::fopen("/proc/self/io", "r");
+  if (f == nullptr) return io;
+  char key[64];
+  unsigned long long value;
+  while (std::fscanf(f, "%63[^:]: %llu\n", key, &value) == 2) {
+    if (std::strcmp(key, "read_bytes") == 0) io.read = value;
+    if (std::strcmp(key, "write_bytes") == 0) io.written = value;
+  }
+  std::fclose(f);
+  return io;
+}
+
+}  // namespace sched_bench
+}  // namespace lohan

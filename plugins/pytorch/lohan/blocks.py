@@ -1,23 +1,27 @@
 """How a model is cut into the daemon's layers.
 
 One layer per repeated block (the children of the model's block list) plus
-one "rest" layer holding every trainable parameter outside the blocks
-(embeddings, head, final norm). A parameter object that several modules share
-(tied weights) appears once; one shared between two layers goes to the rest
-layer. Parameters are flattened in `model.named_parameters()` order.
+two "rest" layers for the trainable parameters outside the blocks: those of
+modules registered before the last block (embeddings), and those of modules
+after it (final norm, head). The forward uses the second last and backward
+hands it over first, so its update runs during backward, not after it like
+the embeddings' (whose gradient comes last). A parameter object that several
+modules share (tied weights) appears once, under its first name; one shared
+between two blocks goes to a rest layer. Parameters are flattened in
+`model.named_parameters()` order.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
 
 BlocksArg = Union[None, str, nn.ModuleList, Sequence[nn.Module]]
 
-REST = -1  # owner index of the rest layer while the plan is built
+REST = -1  # owner index of a rest layer while the plan is built
 
 
 def _is_repeated(modules: nn.ModuleList) -> bool:
@@ -97,7 +101,7 @@ class Layer:
     """One daemon layer: its parameters, flattened back to back."""
 
     index: int
-    block: Optional[nn.Module]  # None for the rest layer
+    block: Optional[nn.Module]  # None for a rest layer
     names: List[str] = field(default_factory=list)
     params: List[nn.Parameter] = field(default_factory=list)
     offsets: List[int] = field(default_factory=list)
@@ -118,9 +122,28 @@ class Layer:
         return [shape.numel() for shape in self.shapes]
 
 
+def _after_the_blocks(model: nn.Module,
+                      blocks: List[nn.Module]) -> Callable[[str], bool]:
+    """Whether a parameter (by its first name) belongs to a module that
+    comes after every block in the model's module order."""
+    position = {id(m): i for i, (_, m) in enumerate(model.named_modules())}
+    last = max((position[id(m)] for block in blocks for m in block.modules()
+                if id(m) in position), default=-1)
+
+    def after(name: str) -> bool:
+        owner = name.rpartition(".")[0]
+        module = model.get_submodule(owner) if owner else model
+        return position.get(id(module), -1) > last
+    return after
+
+
 def plan_layers(model: nn.Module, blocks: List[nn.Module]) -> List[Layer]:
-    """Layer 0 is the rest layer (absent when empty), then one layer per
-    block that has trainable parameters, in block order."""
+    """Layer 0: the rest before the blocks, layer 1: the rest after them
+    (each absent when empty), then one layer per block that has trainable
+    parameters, in block order. The rest layers come first because the
+    daemon runs what is left of an iteration's updates in layer order while
+    the next forward starts: the embeddings and the head are brought up to
+    date at step(), the blocks as they run."""
     owner: Dict[int, int] = {}
     for index, block in enumerate(blocks):
         for param in block.parameters():  # deduplicated within the block
@@ -129,17 +152,23 @@ def plan_layers(model: nn.Module, blocks: List[nn.Module]) -> List[Layer]:
             previous = owner.get(id(param))
             owner[id(param)] = index if previous in (None, index) else REST
 
-    rest = Layer(index=0, block=None)
+    before = Layer(index=0, block=None)
+    after = Layer(index=0, block=None)
     per_block = [Layer(index=0, block=b) for b in blocks]
+    is_after = _after_the_blocks(model, blocks)
     # named_parameters() yields each parameter object once, under its first
     # name: that is the name checkpoints use.
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
         where = owner.get(id(param), REST)
-        (rest if where == REST else per_block[where]).add(name, param)
+        if where != REST:
+            per_block[where].add(name, param)
+        else:
+            (after if is_after(name) else before).add(name, param)
 
-    layers = [layer for layer in [rest] + per_block if layer.numel > 0]
+    layers = [layer for layer in [before, after] + per_block
+              if layer.numel > 0]
     for index, layer in enumerate(layers):
         layer.index = index
     if not layers:

@@ -263,7 +263,9 @@ TEST_P(ClipScheduleTest, ClippedFromTheFirstChunkPaysOnePass) {
   // first pass alone (read ahead or not).
   if (!GetParam().settle) {  // Else counted in the next report.
     const size_t budget = jobs_[1]->read_ahead_budget_chunks();
-    if (GetParam().read_ahead == kReadAheadAll) {
+    if (GetParam().streamed) {
+      EXPECT_EQ(budget, 0u);
+    } else if (GetParam().read_ahead == kReadAheadAll) {
       EXPECT_EQ(budget, kChunks);
     } else if (GetParam().read_ahead > 0) {
       EXPECT_GE(budget, 2u);
@@ -365,9 +367,12 @@ INSTANTIATE_TEST_SUITE_P(
         Variant{Schedule::kAfterBackward, DType::kFloat16, false, true, true},
         Variant{Schedule::kPipelined, DType::kBFloat16, false, true, false,
                 kReadAheadAll},
-        Variant{Schedule::kPipelined, DType::kFloat32, true, false, false,
+        Variant{Schedule::kPipelined, DType::kFloat32, false, false, false,
                 kReadAheadSome},
-        Variant{Schedule::kPipelined, DType::kFloat16, true, true, true,
+        Variant{Schedule::kPipelined, DType::kFloat16, false, true, true,
+                kReadAheadAll},
+        // Streamed gradients: read-ahead stays off.
+        Variant{Schedule::kPipelined, DType::kBFloat16, true, true, false,
                 kReadAheadAll},
         Variant{Schedule::kPipelined, DType::kBFloat16, false, false, true,
                 kReadAheadSome}));

@@ -29,8 +29,11 @@ namespace {
 
 size_t ReadAheadChunks(const StateLayout& state, const PipelineOptions& options,
                        size_t buffer_bytes) {
+  // Streamed gradients are stored during backward, and backward waits for
+  // each store: reading ahead beside them slows backward by more than it
+  // saves after it (docs/benchmarks-sched.md), so it stays off there.
   if (options.clip_schedule != ClipSchedule::kDeferWhenCertain ||
-      options.schedule != Schedule::kPipelined) {
+      options.schedule != Schedule::kPipelined || options.stream_gradients) {
     return 0;
   }
   return static_cast<size_t>(std::min<uint64_t>(

@@ -86,7 +86,8 @@ struct PipelineOptions {
   // host memory in flight. >= 3 lets a read, a compute and a write run at
   // once; kSerialized always uses 1.
   size_t buffers = 4;
-  // kDeferWhenCertain, kPipelined: host memory (bytes, rounded down to
+  // kDeferWhenCertain, kPipelined, resident gradients (streamed ones keep
+  // the SSDs busy in backward): host memory (bytes, rounded down to
   // whole chunk buffers) this job may fill, during backward, with the
   // committed states of chunks whose updates wait for the norm, so that
   // those updates need no SSD read after it. Read ahead in forward order

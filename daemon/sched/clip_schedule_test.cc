@@ -230,6 +230,8 @@ class ClipScheduleTest : public ::testing::TestWithParam<Variant> {
   std::unique_ptr<JobPipeline> jobs_[2];
   // Run waits for the deferred job's read-ahead before EndIteration.
   bool await_read_ahead_ = false;
+  // Gradients handed over in an aborted iteration (alive past it).
+  std::vector<std::vector<uint8_t>> kept_;
   std::vector<std::vector<uint16_t>> out_[2];
 };
 
@@ -350,6 +352,43 @@ TEST_P(ClipScheduleTest, NonFiniteGradientsSkipAtAnyPoint) {
   EXPECT_FALSE(kept.clipped);
   EXPECT_EQ(kept.iteration, 2u);
   EXPECT_GT(kept.deferred_chunks, 0u);
+}
+
+TEST_P(ClipScheduleTest, AnAbortedIterationChangesNothing) {
+  // Both jobs: an iteration that clips from its first chunk (so the next
+  // one is predicted to clip, and reads ahead) abandoned after two layers,
+  // one abandoned after all four, then clipped and unclipped ones: every
+  // later iteration agrees bit for bit, from the weights before the aborts.
+  RunBoth(14, ClipOptions{.max_grad_norm = LimitCrossingAt(14, 0)});
+  const Gradients g = MakeGradients(layout_, 15, 1.0f, -1);
+  for (int k = 0; k < 2; ++k) {
+    for (size_t handed : {size_t{2}, size_t{4}}) {
+      JobPipeline& p = *jobs_[k];
+      ASSERT_TRUE(
+          p.BeginIteration(1.0f, 0.0, ClipOptions{.max_grad_norm = 1e-3}).ok());
+      for (size_t j = 0; j < handed; ++j) {
+        const size_t l = 3 - j;
+        std::vector<uint8_t> slot = g.bytes[l];
+        ASSERT_TRUE(
+            p.SubmitGradients(l, slot.data(),
+                              GetParam().streamed ? nullptr : out_[k][l].data())
+                .ok());
+        if (!GetParam().streamed) {
+          // The buffer must outlive the iteration: keep it alive.
+          kept_.push_back(std::move(slot));
+        }
+      }
+      ASSERT_TRUE(p.AbortIteration().ok());
+      EXPECT_EQ(p.iteration(), 1u);
+    }
+  }
+  const IterationReport clipped =
+      RunBoth(16, ClipOptions{.max_grad_norm = LimitCrossingAt(16, 4)});
+  EXPECT_TRUE(clipped.clipped);
+  EXPECT_EQ(clipped.iteration, 2u);
+  const IterationReport unclipped = RunBoth(17, ClipOptions{});
+  EXPECT_FALSE(unclipped.clipped);
+  EXPECT_EQ(unclipped.iteration, 3u);
 }
 
 INSTANTIATE_TEST_SUITE_P(

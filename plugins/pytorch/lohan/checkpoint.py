@@ -1,25 +1,39 @@
-"""Checkpoints: safetensors files written layer by layer.
+"""Checkpoints: safetensors files written layer by layer, replaced whole.
 
 A checkpoint directory holds
 - `model.safetensors`: the fp32 master weights by parameter name;
 - `optimizer.safetensors` (optional): the Adam moments of every parameter,
   `exp_avg/<name>`, `exp_avg_sq/<name>` (and `max_exp_avg_sq/<name>` with
   AMSGrad), fp32;
-- `lohan.json`: the job, the step (Adam steps taken), the layer plan and
-  whether the optimizer state is there.
+- `lohan.json`: the job, the step (Adam steps taken), the layer plan,
+  whether the optimizer state is there, and the manifest: this save's id
+  and each file's size and CRC-32 (the id is also in each file's
+  safetensors metadata).
 
 The writer streams: its header (every tensor's name, shape and offset) is
 known before any data, so each layer's tensors are written as they are read
-from the daemon, and memory never holds more than one layer. Files are
-written beside their final name and renamed into place: a crash never
-leaves a torn checkpoint.
+from the daemon, and memory never holds more than one layer.
+
+A save is all or nothing: it writes a complete new checkpoint into a hidden
+sibling directory (`.<name>.lohan-save-<pid>-<id>`), with everything else
+the old directory held linked in (the user's own files stay), syncs it, and
+exchanges it with the old directory in one rename (renameat2
+RENAME_EXCHANGE; where the filesystem lacks it, two renames, and a reader
+that finds the directory missing names the previous checkpoint left
+beside it). An interrupted save leaves the previous checkpoint as it was. A
+reader checks the manifest and refuses a torn or mixed directory.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
 import os
+import shutil
 import struct
+import uuid
+import zlib
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
@@ -29,17 +43,25 @@ from torch import nn
 WEIGHTS_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
 META_FILE = "lohan.json"
+CHECKPOINT_FILES = (WEIGHTS_FILE, OPTIMIZER_FILE, META_FILE)
 MOMENT_PREFIXES = ("exp_avg/", "exp_avg_sq/", "max_exp_avg_sq/")
+SAVE_ID_KEY = "lohan_save_id"
+_SAVE_TAG = ".lohan-save-"
+_OLD_TAG = ".lohan-old-"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that is torn, mixed or damaged."""
 
 
 class SafetensorsWriter:
     """Writes one safetensors file of fp32 tensors declared up front, whose
-    data then arrives in declaration order (write())."""
+    data then arrives in declaration order (write()); close() syncs it and
+    returns its size and CRC-32."""
 
     def __init__(self, path: Path, tensors: List[Tuple[str, torch.Size]],
                  metadata: Dict[str, str]):
-        self._final = path
-        self._partial = path.with_name(path.name + ".partial")
+        self._path = path
         header: Dict[str, Any] = {"__metadata__": metadata}
         offset = 0
         self._order: List[Tuple[str, int]] = []
@@ -51,9 +73,16 @@ class SafetensorsWriter:
             offset += nbytes
         encoded = json.dumps(header, separators=(",", ":")).encode()
         encoded += b" " * (-len(encoded) % 8)  # data starts 8-aligned
-        self._file = open(self._partial, "wb")
-        self._file.write(struct.pack("<Q", len(encoded)) + encoded)
+        self._file = open(path, "wb")
+        self._bytes = 0
+        self._crc = 0
+        self._put(struct.pack("<Q", len(encoded)) + encoded)
         self._next = 0
+
+    def _put(self, data: bytes) -> None:
+        self._file.write(data)
+        self._bytes += len(data)
+        self._crc = zlib.crc32(data, self._crc)
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
         expected, nbytes = self._order[self._next]
@@ -64,40 +93,161 @@ class SafetensorsWriter:
         if 4 * data.numel() != nbytes:
             raise RuntimeError(f"checkpoint: {name} has {4 * data.numel()} "
                                f"bytes, {nbytes} declared")
-        self._file.write(data.numpy().tobytes())
+        self._put(data.numpy().tobytes())
         self._next += 1
 
-    def close(self) -> None:
+    def close(self) -> Dict[str, int]:
+        """The file's manifest entry: {"bytes", "crc32"}."""
+        self._file.flush()
         if self._next != len(self._order):
             self._file.close()
-            os.unlink(self._partial)
             raise RuntimeError(f"checkpoint: {len(self._order) - self._next} "
                                "declared tensors were not written")
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        _fsync(self._file.fileno())
         self._file.close()
-        os.replace(self._partial, self._final)
+        return {"bytes": self._bytes, "crc32": self._crc}
 
     def abandon(self) -> None:
         self._file.close()
-        if self._partial.exists():
-            os.unlink(self._partial)
+
+
+def _fsync(fd: int) -> None:
+    os.fsync(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        _fsync(fd)
+    finally:
+        os.close(fd)
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swaps two directories in one step; False where the system cannot."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is None:
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b),
+                 _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+        return False
+    raise OSError(code, f"exchanging {a} and {b}: {os.strerror(code)}")
+
+
+def _switch(staging: Path, final: Path) -> Optional[Path]:
+    """Puts `staging` in place of `final`; returns where the previous
+    checkpoint is now (to delete), or None."""
+    if not final.exists():
+        os.rename(staging, final)
+        return None
+    if _exchange(staging, final):
+        return staging
+    old = final.with_name(f".{final.name}{_OLD_TAG}{staging.name[-12:]}")
+    os.rename(final, old)
+    os.rename(staging, final)
+    return old
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_stale_saves(final: Path) -> None:
+    """What interrupted saves into `final` left beside it: their staging
+    directories (a new checkpoint not switched in, or an old one switched
+    out) once their process is gone; previous checkpoints set aside by the
+    two-rename switch once `final` is whole again."""
+    prefix = f".{final.name}"
+    for entry in final.parent.glob(prefix + ".lohan-*"):
+        rest = entry.name[len(prefix):]
+        if rest.startswith(_SAVE_TAG):
+            pid = rest[len(_SAVE_TAG):].split("-", 1)[0]
+            if pid.isdigit() and (int(pid) == os.getpid()
+                                  or not _alive(int(pid))):
+                shutil.rmtree(entry, ignore_errors=True)
+        elif rest.startswith(_OLD_TAG) and (final / META_FILE).exists():
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _link_tree(source: Path, target: Path) -> None:
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+def _keep_foreign_entries(final: Path, staging: Path) -> None:
+    """Everything but lohan's own files in the old directory, linked (or
+    copied) into the new one, so a save never drops a user's file."""
+    if not final.is_dir():
+        return
+    for entry in final.iterdir():
+        if entry.name in CHECKPOINT_FILES or entry.name.endswith(".partial"):
+            continue
+        target = staging / entry.name
+        if entry.is_symlink():
+            os.symlink(os.readlink(entry), target)
+        elif entry.is_dir():
+            shutil.copytree(entry, target, symlinks=True,
+                            copy_function=_link_tree)
+        else:
+            _link_tree(entry, target)
 
 
 def write_checkpoint(directory: Union[str, os.PathLike],
                      layers: Iterable[Any],
                      read_layer: Callable[[Any, str], torch.Tensor],
                      parts: List[str], meta: Dict[str, Any]) -> str:
-    """Writes a checkpoint of `layers` (blocks.Layer). `read_layer(layer,
-    part)` returns the layer's flat fp32 values of `part` ("weights",
-    "exp_avg", ...): weights go to model.safetensors, the other parts to
-    optimizer.safetensors. Returns the weights file's path."""
-    path = Path(directory)
-    path.mkdir(parents=True, exist_ok=True)
-    layers = list(layers)
-    meta = dict(meta, optimizer_state=[p for p in parts if p != "weights"])
+    """Writes a checkpoint of `layers` (blocks.Layer) to `directory`,
+    replacing what it held as a whole (see the module doc). `read_layer(
+    layer, part)` returns the layer's flat fp32 values of `part`
+    ("weights", "exp_avg", ...): weights go to model.safetensors, the other
+    parts to optimizer.safetensors. Returns the weights file's path."""
+    final = Path(directory).absolute()
+    if final.exists() and not final.is_dir():
+        raise NotADirectoryError(f"checkpoint path {final} is a file; "
+                                 "engine.save writes a directory")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_saves(final)
+    save_id = uuid.uuid4().hex
+    staging = final.with_name(
+        f".{final.name}{_SAVE_TAG}{os.getpid()}-{save_id[:12]}")
+    staging.mkdir()
+    try:
+        _write_files(staging, list(layers), read_layer, parts, meta, save_id)
+        _keep_foreign_entries(final, staging)
+        _fsync_dir(staging)
+        previous = _switch(staging, final)
+        _fsync_dir(final.parent)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if previous is not None:
+        shutil.rmtree(previous, ignore_errors=True)
+    return str(final / WEIGHTS_FILE)
+
+
+def _write_files(path: Path, layers: List[Any],
+                 read_layer: Callable[[Any, str], torch.Tensor],
+                 parts: List[str], meta: Dict[str, Any],
+                 save_id: str) -> None:
     metadata = {"format": "pt", "lohan_job": str(meta["job_name"]),
-                "lohan_iteration": str(meta["iteration"])}
+                "lohan_iteration": str(meta["iteration"]),
+                SAVE_ID_KEY: save_id}
 
     def declare(prefixes: List[str]) -> List[Tuple[str, torch.Size]]:
         # Per layer, every part of it: the order the data is read in.
@@ -109,6 +259,7 @@ def write_checkpoint(directory: Union[str, os.PathLike],
     files = [(WEIGHTS_FILE, ["weights"])]
     if moments:
         files.append((OPTIMIZER_FILE, moments))
+    manifest: Dict[str, Dict[str, int]] = {}
     for file_name, file_parts in files:
         prefixes = ["" if p == "weights" else p + "/" for p in file_parts]
         writer = SafetensorsWriter(path / file_name, declare(prefixes),
@@ -121,16 +272,92 @@ def write_checkpoint(directory: Union[str, os.PathLike],
                             layer.names, layer.offsets, layer.shapes):
                         writer.write(prefix + name,
                                      flat[offset:offset + shape.numel()])
-            writer.close()
+            manifest[file_name] = writer.close()
         except BaseException:
             writer.abandon()
             raise
-    if not moments and (path / OPTIMIZER_FILE).exists():
-        os.unlink(path / OPTIMIZER_FILE)  # stale: from an earlier save
-    meta_partial = path / (META_FILE + ".partial")
-    meta_partial.write_text(json.dumps(meta, indent=1) + "\n")
-    os.replace(meta_partial, path / META_FILE)
-    return str(path / WEIGHTS_FILE)
+    meta = dict(meta, optimizer_state=moments, save_id=save_id,
+                files=manifest)
+    with open(path / META_FILE, "w") as out:
+        out.write(json.dumps(meta, indent=1) + "\n")
+        out.flush()
+        _fsync(out.fileno())
+
+
+def _safetensors_metadata(file: Path) -> Dict[str, str]:
+    with open(file, "rb") as data:
+        head = data.read(8)
+        if len(head) < 8:
+            return {}
+        (length,) = struct.unpack("<Q", head)
+        if length > 100 << 20:
+            return {}
+        try:
+            header = json.loads(data.read(length))
+        except ValueError:
+            return {}
+    found = header.get("__metadata__", {}) if isinstance(header, dict) else {}
+    return found if isinstance(found, dict) else {}
+
+
+def check_checkpoint(directory: Union[str, os.PathLike],
+                     meta: Dict[str, Any], crc: bool = False) -> None:
+    """Raises CheckpointError unless every file lohan.json's manifest lists
+    is there, of its size and from the same save (with `crc`, also of its
+    CRC-32: a read of every byte). A checkpoint written before manifests
+    existed (no save_id) passes."""
+    path = Path(directory)
+    save_id = meta.get("save_id")
+    if save_id is None:
+        return
+    for name, entry in meta.get("files", {}).items():
+        file = path / name
+        if not file.exists():
+            raise CheckpointError(
+                f"checkpoint {path} is incomplete: {META_FILE} lists {name}, "
+                "which is missing")
+        size = file.stat().st_size
+        if size != entry["bytes"]:
+            raise CheckpointError(
+                f"checkpoint {path} is torn: {name} has {size} bytes, "
+                f"{META_FILE} says {entry['bytes']}")
+        found = _safetensors_metadata(file).get(SAVE_ID_KEY)
+        if found != save_id:
+            raise CheckpointError(
+                f"checkpoint {path} is mixed: {name} comes from save "
+                f"{found or '(none)'}, {META_FILE} from save {save_id}; "
+                "it was assembled from two saves, load neither part "
+                "without the other")
+        if crc:
+            value = 0
+            with open(file, "rb") as data:
+                while chunk := data.read(16 << 20):
+                    value = zlib.crc32(chunk, value)
+            if value != entry["crc32"]:
+                raise CheckpointError(
+                    f"checkpoint {path}: {name} is damaged (CRC-32 "
+                    f"{value:08x}, {META_FILE} says {entry['crc32']:08x})")
+
+
+def _missing_checkpoint(path: Path, what: Path) -> FileNotFoundError:
+    left = sorted(path.parent.glob(f".{path.name}{_OLD_TAG}*"))
+    if left:
+        return FileNotFoundError(
+            f"{what} does not exist: a save into {path} was interrupted "
+            f"between its two renames; the previous checkpoint is whole in "
+            f"{left[0]} (rename it to {path.name})")
+    return FileNotFoundError(f"{what} does not exist: not a lohan "
+                             "checkpoint (engine.save(dir) writes one)")
+
+
+def verify_checkpoint(directory: Union[str, os.PathLike]) -> None:
+    """Reads every file of a checkpoint and checks it against its manifest
+    (sizes, save id, CRC-32); raises CheckpointError on any difference."""
+    path = Path(directory)
+    meta_file = path / META_FILE
+    if not meta_file.exists():
+        raise _missing_checkpoint(path, meta_file)
+    check_checkpoint(path, json.loads(meta_file.read_text()), crc=True)
 
 
 class CheckpointReader:
@@ -144,11 +371,11 @@ class CheckpointReader:
         self.path = Path(directory)
         weights = self.path / WEIGHTS_FILE
         if not weights.exists():
-            raise FileNotFoundError(f"{weights} does not exist: not a lohan "
-                                    "checkpoint (engine.save(dir) writes one)")
+            raise _missing_checkpoint(self.path, weights)
         meta_file = self.path / META_FILE
         self.meta: Dict[str, Any] = (json.loads(meta_file.read_text())
                                      if meta_file.exists() else {})
+        check_checkpoint(self.path, self.meta)
         self._weights = safe_open(str(weights), "pt")
         optimizer = self.path / OPTIMIZER_FILE
         self._optimizer = (safe_open(str(optimizer), "pt")
@@ -194,9 +421,11 @@ def load_state(model: nn.Module, directory: Union[str, os.PathLike],
     file = Path(directory) / WEIGHTS_FILE
     if Path(directory).is_file():
         file = Path(directory)
+    elif (Path(directory) / META_FILE).exists():
+        check_checkpoint(directory, json.loads(
+            (Path(directory) / META_FILE).read_text()))
     if not file.exists():
-        raise FileNotFoundError(f"{file} does not exist; engine.save(dir) "
-                                "writes it")
+        raise _missing_checkpoint(Path(directory), file)
     stored = load_file(str(file))
     used = set()
     missing: List[str] = []

@@ -3,7 +3,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <fstream>
+#include <iterator>
+#include <string>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -152,6 +155,36 @@ TEST_F(ConfigRefusalTest, CheckConfigAcceptsAGoodOne) {
   RunResult result = Lohand({"--config", config, "--check-config"});
   EXPECT_EQ(result.exit_code, 0) << result.err;
   EXPECT_THAT(result.out, HasSubstr("configuration OK"));
+}
+
+// A damaged store catalog: lohand refuses to start, naming the file and the
+// offset and pointing to --salvage, and changes nothing; --salvage rebuilds
+// it and reports; then lohand starts.
+TEST_F(ConfigRefusalTest, DamagedCatalogIsRefusedUntilSalvaged) {
+  {
+    absl::StatusOr<std::unique_ptr<DaemonProcess>> daemon =
+        DaemonProcess::Start(dir_.path());
+    ASSERT_TRUE(daemon.ok()) << daemon.status();
+    EXPECT_EQ((*daemon)->Stop(SIGTERM), 0);
+  }
+  const std::string catalog = dir_.path() + "/state/store/catalog.log";
+  std::string data;
+  {
+    std::ifstream in(catalog, std::ios::binary);
+    data.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  ASSERT_GT(data.size(), 12u);
+  data[10] = static_cast<char>(data[10] ^ 0x04);  // the store record
+  std::ofstream(catalog, std::ios::binary | std::ios::trunc) << data;
+  ExpectRefused(Lohand({}), "is damaged at offset 0");
+  EXPECT_THAT(Lohand({}).err, HasSubstr("lohand --salvage"));
+  RunResult salvage = Lohand({"--salvage"});
+  EXPECT_EQ(salvage.exit_code, 0) << salvage.err;
+  EXPECT_THAT(salvage.out, HasSubstr("rebuilt from the configuration"));
+  EXPECT_THAT(salvage.out, HasSubstr("catalog.log.damaged-"));
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> daemon =
+      DaemonProcess::Start(dir_.path());
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
 }
 
 }  // namespace

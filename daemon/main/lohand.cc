@@ -53,6 +53,7 @@ struct CommandLine {
   std::optional<std::string> config_path;
   ConfigOverrides overrides;
   bool check_only = false;
+  bool salvage = false;
 };
 
 absl::Status MakeDirectories(const std::string& path, mode_t mode) {
@@ -205,6 +206,18 @@ int Run(const CommandLine& command_line) {
   logger->set_level(spdlog::level::from_str(config->log_level));
   spdlog::set_default_logger(logger);
 
+  if (command_line.salvage) {
+    // The operator's answer to a damaged catalog, which a normal start
+    // refuses: rebuilt from what is intact, with a report.
+    absl::StatusOr<std::string> report =
+        TensorStore::Salvage(StoreOptionsOf(*config));
+    if (!report.ok()) {
+      return Fail(Prefixed(report.status(), "--salvage: "));
+    }
+    std::printf("lohand: salvaged the store catalog in %s\n%s\n",
+                config->state_dir.c_str(), report->c_str());
+    return 0;
+  }
   if (absl::Status status = CheckHost(*config); !status.ok()) {
     return Fail(status);
   }
@@ -400,6 +413,10 @@ int main(int argc, char** argv) {
                  "[daemon.log_level]");
   app.add_flag("--check-config", command_line.check_only,
                "check the config and this machine, then exit");
+  app.add_flag("--salvage", command_line.salvage,
+               "rebuild a damaged store catalog (which lohand refuses to "
+               "start with) from what is intact, report what was left "
+               "out, then exit; lohand must not be running");
   // A flag given twice: the last one wins, as in most daemons' command lines.
   for (CLI::Option* option : app.get_options()) {
     if (option->get_name() != "--ssd-path") {

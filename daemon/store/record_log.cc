@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/common/errno_status.h"
@@ -68,11 +69,13 @@ std::string RecordLog::Frame(absl::string_view payload) {
   return out;
 }
 
-absl::StatusOr<RecordLog::Contents> RecordLog::Read(const std::string& path) {
-  Contents contents;
+namespace {
+
+absl::StatusOr<std::optional<std::string>> ReadWholeFile(
+    const std::string& path) {
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd.valid()) {
-    if (errno == ENOENT) return contents;
+    if (errno == ENOENT) return std::optional<std::string>();
     return ErrnoToStatus(errno, absl::StrCat("open ", path));
   }
   std::string data;
@@ -86,19 +89,90 @@ absl::StatusOr<RecordLog::Contents> RecordLog::Read(const std::string& path) {
     if (n == 0) break;
     data.append(buf, static_cast<size_t>(n));
   }
+  return std::optional<std::string>(std::move(data));
+}
+
+// The intact record at `pos` of `data`: its payload length, or nullopt.
+std::optional<uint32_t> IntactAt(const std::string& data, size_t pos) {
+  if (data.size() - pos < kHeader) return std::nullopt;
+  const uint32_t length = GetU32(data.data() + pos);
+  const uint32_t crc = GetU32(data.data() + pos + 4);
+  if (length > kMaxRecord || data.size() - pos - kHeader < length) {
+    return std::nullopt;
+  }
+  if (FrameCrc(length, data.data() + pos + kHeader) != crc) return std::nullopt;
+  return length;
+}
+
+// Whether data[from, to) ends in a run of zero bytes starting at `from` or
+// at a 512-byte boundary: a block allocated and never written, as a crash
+// mid-append leaves.
+bool EndsInZeroBlocks(const std::string& data, size_t from, size_t to) {
+  size_t zero_from = to;
+  while (zero_from > from && data[zero_from - 1] == 0) --zero_from;
+  if (zero_from == to) return false;
+  return zero_from == from || zero_from % 512 == 0;
+}
+
+}  // namespace
+
+absl::StatusOr<RecordLog::Scan> RecordLog::ScanFile(const std::string& path) {
+  absl::StatusOr<std::optional<std::string>> read = ReadWholeFile(path);
+  if (!read.ok()) return read.status();
+  Scan scan;
+  if (!read->has_value()) return scan;
+  const std::string& data = **read;
+  scan.exists = true;
+  scan.file_bytes = data.size();
   size_t pos = 0;
-  while (data.size() - pos >= kHeader) {
+  while (std::optional<uint32_t> length = IntactAt(data, pos)) {
+    scan.prefix.records.emplace_back(data.data() + pos + kHeader, *length);
+    pos += kHeader + *length;
+  }
+  scan.prefix.valid_bytes = pos;
+  scan.prefix.torn_tail = pos != data.size();
+  if (!scan.prefix.torn_tail) return scan;
+
+  const size_t left = data.size() - pos;
+  if (left < kHeader) {
+    scan.bad = absl::StrCat(left, " bytes, less than a record header");
+  } else {
     const uint32_t length = GetU32(data.data() + pos);
     const uint32_t crc = GetU32(data.data() + pos + 4);
-    if (length > kMaxRecord || data.size() - pos - kHeader < length) break;
-    const char* payload = data.data() + pos + kHeader;
-    if (FrameCrc(length, payload) != crc) break;
-    contents.records.emplace_back(payload, length);
-    pos += kHeader + length;
+    if (length > kMaxRecord) {
+      scan.bad = absl::StrCat("a record length of ", length,
+                              " bytes, over the limit of ", kMaxRecord);
+    } else if (left - kHeader < length) {
+      scan.bad = absl::StrCat("a record of ", length, " bytes with only ",
+                              left - kHeader, " left in the file");
+      // The bytes to the end are a whole record under their true length:
+      // the length field was changed, not the append cut short.
+      const uint32_t present = static_cast<uint32_t>(left - kHeader);
+      scan.bad_is_whole = FrameCrc(present, data.data() + pos + kHeader) == crc;
+    } else {
+      scan.bad = absl::StrCat("a record of ", length,
+                              " bytes whose checksum does not match");
+      scan.bad_is_whole = !EndsInZeroBlocks(data, pos, pos + kHeader + length);
+    }
   }
-  contents.valid_bytes = pos;
-  contents.torn_tail = pos != data.size();
-  return contents;
+  // Intact records further on, found byte by byte, then record by record.
+  for (size_t at = pos + 1; at + kHeader <= data.size();) {
+    std::optional<uint32_t> length = IntactAt(data, at);
+    if (!length.has_value()) {
+      ++at;
+      continue;
+    }
+    scan.after.push_back(
+        Scan::Found{at, std::string(data.data() + at + kHeader, *length)});
+    at += kHeader + *length;
+  }
+  return scan;
+}
+
+absl::StatusOr<RecordLog::Contents> RecordLog::Read(const std::string& path) {
+  absl::StatusOr<Scan> scan = ScanFile(path);
+  if (!scan.ok()) return scan.status();
+  return std::move(scan->prefix);
 }
 
 absl::StatusOr<std::unique_ptr<RecordLog>> RecordLog::Rewrite(

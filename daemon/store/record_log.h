@@ -16,9 +16,11 @@ namespace lohan {
 // An append-only file of framed records: each is
 //   [u32 payload length][u32 masked CRC32C of length+payload][payload]
 // (little-endian).
-// A record is durable once Sync() returns after its Append(). A torn or
-// corrupt record ends the log: reading stops there and what follows is
-// ignored (a crash mid-append loses only that record).
+// A record is durable once Sync() returns after its Append(). Read stops at
+// the first record that is not intact; whether what follows it is a torn
+// append (a crash mid-append: only records appended since the last sync)
+// or damage is for the owner to judge from Scan, which knows nothing of
+// what the payloads mean.
 //
 // Not thread-safe: the owner serializes Append/Sync.
 class RecordLog {
@@ -30,6 +32,28 @@ class RecordLog {
   };
   // Reads the intact records of the log at `path`; a missing file is empty.
   static absl::StatusOr<Contents> Read(const std::string& path);
+
+  // The log at `path` record by record, and past the first record that is
+  // not intact: what it held and the intact records found after it.
+  struct Scan {
+    bool exists = false;
+    uint64_t file_bytes = 0;
+    Contents prefix;  // The intact prefix (prefix.torn_tail: bytes follow).
+    // When bytes follow the prefix: the first of them, described ("a
+    // record of 120 bytes whose checksum does not match"), and whether
+    // they are certainly no torn append: a complete record (its length in
+    // the file, not ending in zero-filled blocks) whose checksum fails, or
+    // a length past the end whose bytes up to the end are the record
+    // whole (a damaged length field).
+    std::string bad;
+    bool bad_is_whole = false;
+    struct Found {
+      uint64_t offset = 0;
+      std::string payload;
+    };
+    std::vector<Found> after;  // Intact records after the first bad byte.
+  };
+  static absl::StatusOr<Scan> ScanFile(const std::string& path);
 
   // Atomically replaces the log at `path` by one holding `records`: writes
   // `<path>.tmp`, fsyncs it, renames it over `path`, fsyncs the directory.

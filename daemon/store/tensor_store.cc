@@ -17,6 +17,7 @@
 #include "daemon/common/errno_status.h"
 #include "daemon/store/aio_device.h"
 #include "daemon/store/catalog_record.h"
+#include "daemon/store/catalog_recovery.h"
 
 namespace lohan {
 
@@ -166,8 +167,9 @@ absl::Status TensorStore::Check(const StoreOptions& options) {
     }
   }
   const std::string path = CatalogPath(options.state_dir);
-  absl::StatusOr<RecordLog::Contents> contents = RecordLog::Read(path);
-  if (!contents.ok()) return contents.status();
+  absl::StatusOr<CatalogRead> read = ReadCatalog(path);
+  if (!read.ok()) return read.status();
+  const RecordLog::Contents* contents = &read->contents;
   if (contents->records.empty()) return absl::OkStatus();  // a new store
   absl::StatusOr<CatalogState> state = Replay(options, path, *contents);
   if (!state.ok()) return state.status();
@@ -266,15 +268,14 @@ TensorStore::~TensorStore() {
 
 absl::Status TensorStore::Recover() {
   const std::string path = CatalogPath(options_.state_dir);
-  absl::StatusOr<RecordLog::Contents> contents = RecordLog::Read(path);
-  if (!contents.ok()) return contents.status();
-  if (contents->torn_tail) {
-    std::fprintf(stderr,
-                 "lohan store: ignored a torn record at the end of %s "
-                 "(offset %llu): an interrupted, uncommitted append\n",
-                 path.c_str(),
-                 static_cast<unsigned long long>(contents->valid_bytes));
+  // Damage is refused here, before anything is rewritten (the compaction
+  // below would make it permanent).
+  absl::StatusOr<CatalogRead> read = ReadCatalog(path);
+  if (!read.ok()) return read.status();
+  if (!read->torn.empty()) {
+    std::fprintf(stderr, "lohan store: %s\n", read->torn.c_str());
   }
+  const RecordLog::Contents* contents = &read->contents;
 
   absl::StatusOr<CatalogState> replayed = Replay(options_, path, *contents);
   if (!replayed.ok()) return replayed.status();
@@ -311,13 +312,30 @@ absl::Status TensorStore::Recover() {
   return absl::OkStatus();
 }
 
-CatalogRecord TensorStore::StoreInfoRecord() const {
+CatalogRecord TensorStore::StoreInfoOf(const StoreOptions& options) {
   CatalogRecord info;
   info.kind = CatalogRecord::Kind::kStoreInfo;
-  info.stripe_unit = options_.stripe_unit;
-  info.block_size = options_.block_size;
-  info.device_paths = options_.ssd_paths;
+  info.stripe_unit = options.stripe_unit;
+  info.block_size = options.block_size;
+  info.device_paths = options.ssd_paths;
   return info;
+}
+
+absl::StatusOr<std::string> TensorStore::Salvage(const StoreOptions& options) {
+  const std::string lock_path = options.state_dir + "/LOCK";
+  UniqueFd lock_fd(::open(lock_path.c_str(), O_RDWR | O_CLOEXEC));
+  if (!lock_fd.valid()) {
+    return ErrnoToStatus(errno, absl::StrCat("open ", lock_path));
+  }
+  if (::flock(lock_fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("state_dir ", options.state_dir,
+                       " is in use by a running lohand: stop it first"));
+    }
+    return ErrnoToStatus(errno, absl::StrCat("flock ", lock_path));
+  }
+  return SalvageCatalog(CatalogPath(options.state_dir), StoreInfoOf(options));
 }
 
 absl::Status TensorStore::AppendToCatalog(CatalogRecord record, bool sync) {

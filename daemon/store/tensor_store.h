@@ -112,6 +112,12 @@ class TensorStore {
   // naming space past options.device_capacity_bytes (when set). For
   // `lohand --check-config` after a config change.
   static absl::Status Check(const StoreOptions& options);
+  // The operator's way out of a damaged catalog (which Open refuses, naming
+  // the damage): rebuilds it from the records that are intact and apply
+  // (see SalvageCatalog), keeping the damaged file beside it, and returns
+  // the report of what was kept and left out. FAILED_PRECONDITION when the
+  // state_dir is in use by an open store or the catalog is not damaged.
+  static absl::StatusOr<std::string> Salvage(const StoreOptions& options);
 
   TensorStore(const TensorStore&) = delete;
   TensorStore& operator=(const TensorStore&) = delete;
@@ -209,7 +215,8 @@ class TensorStore {
   absl::Status AppendToCatalog(CatalogRecord record, bool sync)
       ABSL_LOCKS_EXCLUDED(log_mu_);
   void MaybeCompactCatalog() ABSL_EXCLUSIVE_LOCKS_REQUIRED(log_mu_);
-  CatalogRecord StoreInfoRecord() const;
+  CatalogRecord StoreInfoRecord() const { return StoreInfoOf(options_); }
+  static CatalogRecord StoreInfoOf(const StoreOptions& options);
   static std::string Describe(const Key& key, uint64_t version);
   absl::StatusOr<uint64_t> ReadVersion(absl::string_view job,
                                        absl::string_view name,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -50,11 +51,21 @@ class Daemon:
                  "--log-level", "debug"],
                 stdout=log, stderr=subprocess.STDOUT)
         # Only bounds a hung start; a healthy daemon answers in milliseconds.
+        # The socket file appears when it is bound, a moment before it
+        # listens: wait until a connection is taken.
         deadline = time.monotonic() + 60
-        while not os.path.exists(self.socket):
+        while not self._accepts():
             if self.process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("lohand did not start: " + self.log())
             time.sleep(0.01)
+
+    def _accepts(self) -> bool:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(self.socket)
+            except OSError:
+                return False
+        return True
 
     def log(self) -> str:
         return self.log_path.read_text()

@@ -195,9 +195,20 @@ def _killed_save(target: Path, layers: List[Layer], kill_at: int) -> int:
     return int(total) if total else 0
 
 
-def test_a_save_killed_at_any_step_leaves_one_whole_checkpoint(tmp_path):
+@pytest.fixture
+def one_thread():
+    """The test forks: no thread pool of torch's may be running then. The
+    count is put back after (other tests compare bits with processes that
+    run at the default)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_a_save_killed_at_any_step_leaves_one_whole_checkpoint(
+        tmp_path, one_thread):
     layers = layers_of_net()
-    torch.set_num_threads(1)  # the test forks
     target = tmp_path / "ckpt"
     save(target, layers, 1.0, 10)
     total = _killed_save(target, layers, kill_at=0)  # counts the steps

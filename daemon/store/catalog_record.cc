@@ -136,6 +136,7 @@ std::string CatalogRecord::Encode() const {
       w.U32(block_size);
       w.U32(static_cast<uint32_t>(device_paths.size()));
       for (const std::string& p : device_paths) w.Str(p);
+      if (!store_id.empty()) w.Str(store_id);
       break;
     case Kind::kCreate:
       w.Str(job);
@@ -181,6 +182,7 @@ absl::StatusOr<CatalogRecord> CatalogRecord::Decode(absl::string_view payload) {
           rec.device_paths.emplace_back();
           ok = r.Str(rec.device_paths.back());
         }
+        if (ok && !r.done()) ok = r.Str(rec.store_id);  // absent: older
         break;
       }
       case Kind::kCreate:

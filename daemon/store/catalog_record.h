@@ -32,6 +32,9 @@ struct CatalogRecord {
   uint64_t stripe_unit = 0;
   uint32_t block_size = 0;
   std::vector<std::string> device_paths;
+  // The store's identity (store_identity.h), also kept beside each SSD's
+  // data file; empty in catalogs written before stores had one.
+  std::string store_id;
 
   // One tensor's new committed version inside a kCommitBatch record.
   struct CommittedVersion {

@@ -18,6 +18,7 @@
 #include "daemon/store/aio_device.h"
 #include "daemon/store/catalog_record.h"
 #include "daemon/store/catalog_recovery.h"
+#include "daemon/store/store_identity.h"
 
 namespace lohan {
 
@@ -55,6 +56,13 @@ struct TensorStore::Entry {
 };
 
 namespace {
+
+DeviceIdentity DeviceGeometry(const StoreOptions& options,
+                              const std::string& store_id) {
+  return DeviceIdentity{.store_id = store_id,
+                        .stripe_unit = options.stripe_unit,
+                        .block_size = options.block_size};
+}
 
 std::string CatalogPath(const std::string& state_dir) {
   return state_dir + "/catalog.log";
@@ -114,9 +122,11 @@ absl::Status CheckNotLocked(const std::string& path, absl::string_view what) {
 // What the catalog's records say, checked: the first is the store record
 // of an array with these options (FAILED_PRECONDITION otherwise: the
 // options changed), the rest apply in order (DATA_LOSS otherwise).
+// `store_id`, if not null, gets the store record's id ("" if it has none).
 absl::StatusOr<CatalogState> Replay(const StoreOptions& options,
                                     const std::string& path,
-                                    const RecordLog::Contents& contents) {
+                                    const RecordLog::Contents& contents,
+                                    std::string* store_id = nullptr) {
   CatalogState state;
   for (size_t i = 0; i < contents.records.size(); ++i) {
     absl::StatusOr<CatalogRecord> rec =
@@ -136,6 +146,7 @@ absl::StatusOr<CatalogState> Replay(const StoreOptions& options,
       return absl::DataLossError(
           absl::StrCat(path, " does not start with a store record"));
     }
+    if (store_id != nullptr) *store_id = rec->store_id;
     if (rec->device_paths != options.ssd_paths ||
         rec->stripe_unit != options.stripe_unit ||
         rec->block_size != options.block_size) {
@@ -170,9 +181,17 @@ absl::Status TensorStore::Check(const StoreOptions& options) {
   absl::StatusOr<CatalogRead> read = ReadCatalog(path);
   if (!read.ok()) return read.status();
   const RecordLog::Contents* contents = &read->contents;
-  if (contents->records.empty()) return absl::OkStatus();  // a new store
-  absl::StatusOr<CatalogState> state = Replay(options, path, *contents);
+  std::string store_id;
+  absl::StatusOr<CatalogState> state =
+      Replay(options, path, *contents, &store_id);
   if (!state.ok()) return state.status();
+  if (absl::Status s =
+          CheckDevices(options.ssd_paths, DeviceGeometry(options, store_id),
+                       !store_id.empty());
+      !s.ok()) {
+    return s;
+  }
+  if (contents->records.empty()) return absl::OkStatus();  // a new store
   if (options.device_capacity_bytes == 0) return absl::OkStatus();
   for (const auto& [key, tensor] : state->tensors()) {
     if (!tensor.placement.has_value()) continue;
@@ -277,8 +296,20 @@ absl::Status TensorStore::Recover() {
   }
   const RecordLog::Contents* contents = &read->contents;
 
-  absl::StatusOr<CatalogState> replayed = Replay(options_, path, *contents);
+  std::string store_id;
+  absl::StatusOr<CatalogState> replayed =
+      Replay(options_, path, *contents, &store_id);
   if (!replayed.ok()) return replayed.status();
+  // Whose SSDs these are, before anything is written: a new catalog must
+  // not take another store's data for free space.
+  const bool id_known = !store_id.empty();
+  if (!id_known) store_id = NewStoreId();  // a new store, or an older one
+  const DeviceIdentity geometry = DeviceGeometry(options_, store_id);
+  if (absl::Status s = CheckDevices(options_.ssd_paths, geometry, id_known);
+      !s.ok()) {
+    return s;
+  }
+  store_id_ = store_id;
 
   absl::MutexLock lock(&mu_);
   for (const auto& [key, tensor] : replayed->tensors()) {
@@ -303,6 +334,11 @@ absl::Status TensorStore::Recover() {
   absl::StatusOr<std::unique_ptr<RecordLog>> log =
       RecordLog::Rewrite(path, replayed->Snapshot(StoreInfoRecord()));
   if (!log.ok()) return log.status();
+  // After the catalog names the id: a crash in between leaves identity
+  // files missing, which the next open writes.
+  if (absl::Status s = ClaimDevices(options_.ssd_paths, geometry); !s.ok()) {
+    return s;
+  }
   absl::MutexLock log_lock(&log_mu_);
   log_ = *std::move(log);
   catalog_bytes_.store(log_->size(), std::memory_order_relaxed);
@@ -335,7 +371,11 @@ absl::StatusOr<std::string> TensorStore::Salvage(const StoreOptions& options) {
     }
     return ErrnoToStatus(errno, absl::StrCat("flock ", lock_path));
   }
-  return SalvageCatalog(CatalogPath(options.state_dir), StoreInfoOf(options));
+  // A lost store record is rebuilt from the options, with the id the SSDs'
+  // identity files agree on.
+  CatalogRecord info = StoreInfoOf(options);
+  info.store_id = IdOfDevices(options.ssd_paths).value_or("");
+  return SalvageCatalog(CatalogPath(options.state_dir), info);
 }
 
 absl::Status TensorStore::AppendToCatalog(CatalogRecord record, bool sync) {

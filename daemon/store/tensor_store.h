@@ -215,7 +215,13 @@ class TensorStore {
   absl::Status AppendToCatalog(CatalogRecord record, bool sync)
       ABSL_LOCKS_EXCLUDED(log_mu_);
   void MaybeCompactCatalog() ABSL_EXCLUSIVE_LOCKS_REQUIRED(log_mu_);
-  CatalogRecord StoreInfoRecord() const { return StoreInfoOf(options_); }
+  // The store record of the catalog: the options' geometry and this
+  // store's id (store_identity.h).
+  CatalogRecord StoreInfoRecord() const {
+    CatalogRecord info = StoreInfoOf(options_);
+    info.store_id = store_id_;
+    return info;
+  }
   static CatalogRecord StoreInfoOf(const StoreOptions& options);
   static std::string Describe(const Key& key, uint64_t version);
   absl::StatusOr<uint64_t> ReadVersion(absl::string_view job,
@@ -226,6 +232,7 @@ class TensorStore {
   const StoreOptions options_;
   const UniqueFd lock_fd_;  // flock'd: one process per state_dir.
   const std::unique_ptr<SsdArray> array_;  // Outlives every Version.
+  std::string store_id_;                   // Set by Recover, then constant.
 
   absl::Mutex log_mu_ ABSL_ACQUIRED_AFTER(mu_);
   std::unique_ptr<RecordLog> log_ ABSL_GUARDED_BY(log_mu_);

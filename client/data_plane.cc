@@ -29,7 +29,10 @@ absl::Time DeadlineAfter(absl::Duration timeout) {
 absl::Status DaemonGone() {
   return absl::UnavailableError(
       "lohand closed this job's data plane (the daemon exited or restarted, "
-      "or dropped the session); the requests in flight are lost");
+      "or dropped the session), so the requests in flight got no answer; "
+      "whatever was committed is kept: open the job again (in the plugin "
+      "lohan.init(..., resume=True)) and it says which iteration the job "
+      "is at");
 }
 
 }  // namespace

@@ -146,6 +146,10 @@ TEST_F(MultiUserTest, ASecondUserCannotFillTheSsdsUnderARunningJob) {
   // It got what nobody else needed (the 64 MiB array but the victim's
   // set-aside), not less.
   EXPECT_GE(NumberAfter(said, "stored "), uint64_t{48} << 20) << said;
+  // The operator sees it in the daemon's log, once, not per refusal.
+  const std::string log = daemon_->Log();
+  EXPECT_THAT(log, HasSubstr("failed: RESOURCE_EXHAUSTED: "));
+  EXPECT_THAT(log, HasSubstr("the SSD array is full"));
   // Root's job runs its next two iterations into the full array.
   ResumeAndCheckVictim();
 }

@@ -14,6 +14,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "daemon/common/log_limiter.h"
 #include "daemon/ipc/arena_grant.h"
 #include "daemon/ipc/entry_validator.h"
 #include "daemon/ipc/ring.h"
@@ -180,6 +181,9 @@ class JobSession {
   void DropActivations();
   // Adds to the session's SSD byte counts (status).
   void CountSsd(uint64_t read, uint64_t written) ABSL_LOCKS_EXCLUDED(stats_mu_);
+  // A failed request in the log: at warn when the daemon's side failed
+  // (full or failing SSD, damaged data), else at debug.
+  void LogFailure(const SubmissionEntry& entry, const absl::Status& status);
   // Adds to the session's count of swapped-out activations (status).
   void CountSwapped(int64_t activations, int64_t bytes)
       ABSL_LOCKS_EXCLUDED(stats_mu_);
@@ -209,6 +213,8 @@ class JobSession {
   absl::Mutex puts_mu_;
   std::set<uint64_t> puts_in_flight_ ABSL_GUARDED_BY(puts_mu_);
   // Written by the serving thread (and RegisterModel), read by Status().
+  // Failures the operator must see, a few a minute per kind.
+  LogLimiter failure_log_{3, absl::Seconds(60)};
   mutable absl::Mutex stats_mu_;
   v1::SessionStatus stats_ ABSL_GUARDED_BY(stats_mu_);
   absl::Time iteration_began_;  // serving thread only

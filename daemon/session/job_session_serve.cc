@@ -15,6 +15,34 @@ constexpr absl::Duration kIdleWake = absl::Milliseconds(100);
 
 }  // namespace
 
+void JobSession::LogFailure(const SubmissionEntry& entry,
+                            const absl::Status& status) {
+  const std::string message(status.message());
+  switch (status.code()) {
+    // The daemon's side failed (a full or failing SSD, damaged data, a
+    // settle that failed): the operator must see it, with the store's
+    // device and offset in the text. Rate limited per kind and job.
+    case absl::StatusCode::kResourceExhausted:
+    case absl::StatusCode::kDataLoss:
+    case absl::StatusCode::kInternal:
+    case absl::StatusCode::kAborted:
+    case absl::StatusCode::kUnavailable:
+      if (std::optional<uint64_t> dropped =
+              failure_log_.Admit(absl::StatusCodeToString(status.code()))) {
+        spdlog::warn(
+            "job {}: request {} failed: {}: {}{}", job_id(), entry.request_id,
+            absl::StatusCodeToString(status.code()), message,
+            *dropped > 0
+                ? absl::StrCat(" (", *dropped, " more like it not logged)")
+                : std::string());
+      }
+      return;
+    default:  // The client's request was refused: its business.
+      spdlog::debug("job {}: request {} failed: {}", job_id(), entry.request_id,
+                    message);
+  }
+}
+
 void JobSession::Complete(const SubmissionEntry& entry,
                           const absl::Status& status, uint64_t detail,
                           uint32_t flags) {
@@ -23,10 +51,7 @@ void JobSession::Complete(const SubmissionEntry& entry,
     stats_.set_requests(stats_.requests() + 1);
     if (!status.ok()) stats_.set_failed_requests(stats_.failed_requests() + 1);
   }
-  if (!status.ok()) {
-    spdlog::debug("job {}: request {} failed: {}", job_id(), entry.request_id,
-                  std::string(status.message()));
-  }
+  if (!status.ok()) LogFailure(entry, status);
   absl::MutexLock lock(&complete_mu_);
   CompletionEntry completion{};
   completion.request_id = entry.request_id;

@@ -162,6 +162,8 @@ std::string CatalogRecord::Encode() const {
       w.Str(job);
       w.Str(name);
       break;
+    case Kind::kSyncMark:
+      break;
   }
   return w.Take();
 }
@@ -207,6 +209,8 @@ absl::StatusOr<CatalogRecord> CatalogRecord::Decode(absl::string_view payload) {
       }
       case Kind::kDelete:
         ok = r.Str(rec.job) && r.Str(rec.name);
+        break;
+      case Kind::kSyncMark:
         break;
       default:
         return absl::DataLossError(

@@ -24,6 +24,10 @@ struct CatalogRecord {
     // Several tensors of `job` now read the versions in `commits`, all or
     // none: one record, so a torn append drops the whole batch.
     kCommitBatch = 5,
+    // No change: appended after a sync returned (and ending every
+    // snapshot), so bytes before an intact one were durable. What tells
+    // damage from a torn tail (catalog_recovery.h).
+    kSyncMark = 6,
   };
   Kind kind = Kind::kCreate;
 

@@ -17,13 +17,13 @@
 namespace lohan {
 namespace {
 
-// Records appended only as part of a sync: bytes before one were durable.
-bool IsSyncedKind(absl::string_view payload) {
+// A record written only after a sync returned: bytes before it were
+// durable. (A commit record proves nothing by itself: it is synced after
+// it is written, with the unsynced records before it, and a crash before
+// that sync may keep its page and lose theirs.)
+bool IsSyncMark(absl::string_view payload) {
   absl::StatusOr<CatalogRecord> record = CatalogRecord::Decode(payload);
-  if (!record.ok()) return false;
-  return record->kind == CatalogRecord::Kind::kCommit ||
-         record->kind == CatalogRecord::Kind::kCommitBatch ||
-         record->kind == CatalogRecord::Kind::kStoreInfo;
+  return record.ok() && record->kind == CatalogRecord::Kind::kSyncMark;
 }
 
 // Why the bytes after the intact prefix cannot be a torn append; empty
@@ -47,8 +47,8 @@ std::string Damage(const RecordLog::Scan& scan) {
                         "interrupted append");
   }
   for (const RecordLog::Scan::Found& found : scan.after) {
-    if (IsSyncedKind(found.payload)) {
-      return absl::StrCat(what, ", followed by an intact commit record at ",
+    if (IsSyncMark(found.payload)) {
+      return absl::StrCat(what, ", followed by an intact sync mark at ",
                           "offset ", found.offset,
                           " (so these bytes had been synced)");
     }
@@ -72,12 +72,12 @@ absl::StatusOr<CatalogRead> ReadCatalog(const std::string& path) {
   CatalogRead read;
   read.contents = std::move(scan->prefix);
   if (read.contents.torn_tail) {
-    read.torn = absl::StrCat(
-        "ignored ", scan->file_bytes - read.contents.valid_bytes,
-        " bytes at offset ", read.contents.valid_bytes, " of ", path, " (",
-        scan->bad, "; ", scan->after.size(),
-        " intact records after it, none a commit): an interrupted, "
-        "uncommitted append");
+    read.torn =
+        absl::StrCat("ignored ", scan->file_bytes - read.contents.valid_bytes,
+                     " bytes at offset ", read.contents.valid_bytes, " of ",
+                     path, " (", scan->bad, "; ", scan->after.size(),
+                     " intact records after it, none written after a sync): an "
+                     "interrupted, unsynced append");
   }
   return read;
 }

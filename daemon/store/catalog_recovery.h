@@ -2,14 +2,16 @@
 #define LOHAN_DAEMON_STORE_CATALOG_RECOVERY_H_
 
 // Reading the store's catalog after a crash, or after damage. A crash can
-// only tear what was appended since the last sync: the catalog's first
-// record (the store record of a snapshot, synced before the file is put in
-// place) never, and nothing before a commit record (each commit is synced
-// before it is acknowledged). So the bytes after the intact prefix are a
-// torn tail only if they could be an interrupted append and no commit
-// record follows them; anything else is damage, refused with the file, the
-// offset and what was found, and nothing is changed. SalvageCatalog is the
-// operator's way out.
+// only tear what was appended since the last sync: never the catalog's
+// first record (a snapshot is synced before the file is put in place), and
+// nothing before a sync mark (CatalogRecord::kSyncMark: written after each
+// sync returned, and at the end of each snapshot). So the bytes after the
+// intact prefix are a torn tail only if no intact sync mark follows them
+// (and they are not a whole record with a changed length); anything else
+// is damage, refused with the file, the offset and what was found, and
+// nothing is changed. Every acknowledged commit is followed by a mark (but
+// the last, if the crash took its mark too), so damage to one is never
+// read as a torn tail. SalvageCatalog is the operator's way out.
 
 #include <string>
 

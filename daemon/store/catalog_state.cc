@@ -30,6 +30,7 @@ absl::Status CatalogState::Check(const CatalogRecord& record) const {
   switch (record.kind) {
     case CatalogRecord::Kind::kCreate:
     case CatalogRecord::Kind::kDelete:
+    case CatalogRecord::Kind::kSyncMark:
       return absl::OkStatus();
     case CatalogRecord::Kind::kCommit:
       return CheckCommitted(tensors_, record.job, record.name, record.version,
@@ -72,6 +73,8 @@ absl::Status CatalogState::Apply(CatalogRecord record) {
     case CatalogRecord::Kind::kDelete:
       tensors_.erase(Key(record.job, record.name));
       break;
+    case CatalogRecord::Kind::kSyncMark:
+      break;
     case CatalogRecord::Kind::kStoreInfo:
       break;  // refused by Check
   }
@@ -98,6 +101,10 @@ std::vector<std::string> CatalogState::Snapshot(
       records.push_back(commit.Encode());
     }
   }
+  // A snapshot is synced before it is put in place: all of it is durable.
+  CatalogRecord mark;
+  mark.kind = CatalogRecord::Kind::kSyncMark;
+  records.push_back(mark.Encode());
   return records;
 }
 

@@ -40,7 +40,8 @@ class CatalogState {
   absl::Status Apply(CatalogRecord record);
 
   // The records of a log holding exactly this state: `store_info`, then a
-  // create (and a commit where there is a committed version) per tensor.
+  // create (and a commit where there is a committed version) per tensor,
+  // then a sync mark (see CatalogRecord::kSyncMark).
   std::vector<std::string> Snapshot(const CatalogRecord& store_info) const;
 
   const std::map<Key, Tensor>& tensors() const { return tensors_; }

@@ -101,7 +101,10 @@ TEST(CatalogStateTest, SnapshotReplaysToTheSameState) {
   ASSERT_TRUE(state.Apply(Create("uncommitted", 5)).ok());
   ASSERT_TRUE(state.Apply(Commit("a", 7, PlacementOf(10, 4096))).ok());
   const std::vector<std::string> snapshot = state.Snapshot(StoreInfo());
-  ASSERT_EQ(snapshot.size(), 4u);  // Store info, 2 creates, 1 commit.
+  // Store info, 2 creates, 1 commit, the sync mark.
+  ASSERT_EQ(snapshot.size(), 5u);
+  EXPECT_EQ(CatalogRecord::Decode(snapshot.back())->kind,
+            CatalogRecord::Kind::kSyncMark);
   auto first = CatalogRecord::Decode(snapshot[0]);
   ASSERT_TRUE(first.ok());
   EXPECT_EQ(first->device_paths, StoreInfo().device_paths);

@@ -104,16 +104,6 @@ std::optional<uint32_t> IntactAt(const std::string& data, size_t pos) {
   return length;
 }
 
-// Whether data[from, to) ends in a run of zero bytes starting at `from` or
-// at a 512-byte boundary: a block allocated and never written, as a crash
-// mid-append leaves.
-bool EndsInZeroBlocks(const std::string& data, size_t from, size_t to) {
-  size_t zero_from = to;
-  while (zero_from > from && data[zero_from - 1] == 0) --zero_from;
-  if (zero_from == to) return false;
-  return zero_from == from || zero_from % 512 == 0;
-}
-
 }  // namespace
 
 absl::StatusOr<RecordLog::Scan> RecordLog::ScanFile(const std::string& path) {
@@ -150,9 +140,10 @@ absl::StatusOr<RecordLog::Scan> RecordLog::ScanFile(const std::string& path) {
       const uint32_t present = static_cast<uint32_t>(left - kHeader);
       scan.bad_is_whole = FrameCrc(present, data.data() + pos + kHeader) == crc;
     } else {
+      // In the file whole or cut and zero-filled, as a crash leaves it:
+      // only a sync mark after it tells (catalog_recovery.h).
       scan.bad = absl::StrCat("a record of ", length,
                               " bytes whose checksum does not match");
-      scan.bad_is_whole = !EndsInZeroBlocks(data, pos, pos + kHeader + length);
     }
   }
   // Intact records further on, found byte by byte, then record by record.

@@ -41,10 +41,8 @@ class RecordLog {
     Contents prefix;  // The intact prefix (prefix.torn_tail: bytes follow).
     // When bytes follow the prefix: the first of them, described ("a
     // record of 120 bytes whose checksum does not match"), and whether
-    // they are certainly no torn append: a complete record (its length in
-    // the file, not ending in zero-filled blocks) whose checksum fails, or
-    // a length past the end whose bytes up to the end are the record
-    // whole (a damaged length field).
+    // they are certainly no torn append: a length past the end whose bytes
+    // up to the end are the record whole (a damaged length field).
     std::string bad;
     bool bad_is_whole = false;
     struct Found {

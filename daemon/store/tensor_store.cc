@@ -392,7 +392,15 @@ absl::Status TensorStore::AppendToCatalog(CatalogRecord record, bool sync) {
   catalog_bytes_.store(log_->size(), std::memory_order_relaxed);
   if (sync) {
     s = log_->Sync();
-    if (s.ok()) MaybeCompactCatalog();
+    if (!s.ok()) return s;
+    // Written after the sync returned: intact, it proves the bytes before
+    // it durable, so damage there is never taken for a torn tail. Synced
+    // with the next record; losing it in a crash costs nothing.
+    CatalogRecord mark;
+    mark.kind = CatalogRecord::Kind::kSyncMark;
+    (void)log_->Append(mark.Encode());
+    catalog_bytes_.store(log_->size(), std::memory_order_relaxed);
+    MaybeCompactCatalog();
   }
   return s;
 }

@@ -505,8 +505,10 @@ TEST_F(TensorStoreTest, CommitBatchIsReplayedWholeAndATornBatchIsDroppedWhole) {
   }
   // The same catalog with the batch record torn at several points (a crash
   // mid-append): every tensor back at version 1, none at 2.
+  // The log ends [batch record][sync mark (9 bytes)].
+  const uint64_t batch_end = after_batch - 9;
   for (uint64_t cut : {before_batch + 1, before_batch + 9,
-                       (before_batch + after_batch) / 2, after_batch - 1}) {
+                       (before_batch + batch_end) / 2, batch_end - 1}) {
     std::string torn = full.substr(0, cut);
     int fd = ::open(catalog.c_str(), O_WRONLY | O_TRUNC);
     ASSERT_GE(fd, 0);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/store/block_device.h"
 
@@ -50,11 +51,18 @@ class FaultInjectionDevice final : public BlockDevice {
   // How many requests a rule has hit so far.
   uint64_t faults_fired() const;
 
+  // A power cut, LevelDB-style: every write forwarded since the last
+  // successful Flush is lost. PowerCut overwrites those ranges with a
+  // garbage pattern (what an unsynced write leaves after a power loss:
+  // anything), synchronously, and forgets them. Returns how many writes
+  // it undid.
+  absl::StatusOr<size_t> PowerCut();
+
   const std::string& path() const override { return base_->path(); }
   uint64_t capacity() const override { return base_->capacity(); }
   uint32_t block_size() const override { return base_->block_size(); }
   void Submit(IoRequest request) override;
-  absl::Status Flush() override { return base_->Flush(); }
+  absl::Status Flush() override;
 
  private:
   const std::unique_ptr<BlockDevice> base_;
@@ -62,6 +70,11 @@ class FaultInjectionDevice final : public BlockDevice {
   mutable absl::Mutex mu_;
   std::vector<Rule> rules_ ABSL_GUARDED_BY(mu_);
   uint64_t fired_ ABSL_GUARDED_BY(mu_) = 0;
+  struct Range {
+    uint64_t offset = 0;
+    uint64_t length = 0;
+  };
+  std::vector<Range> unsynced_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace lohan

@@ -10,6 +10,7 @@
 
 #include "daemon/optim/half.h"
 #include "daemon/optim/worker_pool.h"
+#include "daemon/sched/clip_test_util.h"
 #include "daemon/store/aio_device.h"
 #include "daemon/store/fault_injection_device.h"
 #include "daemon/store/test_util.h"
@@ -116,17 +117,8 @@ Grad MakeGrad(size_t n, DType dtype, std::mt19937& rng, float scale) {
 // ------------------------------------------------------------ fixture
 
 // 4 layers of odd sizes, chunks of 1000: layer 2 is smaller than a chunk,
-// the others span 2..5 chunks with a short last one.
-ModelLayout SmallLayout(DType grad_dtype) {
-  ModelLayout layout;
-  layout.layer_elements = {2500, 1000, 37, 4097};
-  layout.chunk_elements = 1000;
-  layout.grad_dtype = grad_dtype;
-  layout.weight16_dtype = DType::kBFloat16;
-  layout.adam.lr = 1e-2;
-  layout.adam.weight_decay = 0.1;
-  return layout;
-}
+// the others span 2..5 chunks with a short last one (clip_test_util.h).
+using clip_test::Layout;
 
 class JobPipelineTest : public ::testing::Test {
  protected:
@@ -336,7 +328,7 @@ class JobPipelineVariantTest : public JobPipelineTest,
                                public ::testing::WithParamInterface<Variant> {};
 
 TEST_P(JobPipelineVariantTest, MatchesReferenceAdamWExactly) {
-  ModelLayout layout = SmallLayout(GetParam().grad_dtype);
+  ModelLayout layout = Layout(GetParam().grad_dtype);
   layout.moment_dtype = GetParam().moment_dtype;
   layout.adam.amsgrad = GetParam().amsgrad;
   auto p = OpenJob("job", layout, GetParam().schedule);
@@ -365,7 +357,7 @@ INSTANTIATE_TEST_SUITE_P(
                 false}));
 
 TEST_F(JobPipelineTest, AllSchedulesGiveIdenticalStates) {
-  const ModelLayout layout = SmallLayout(DType::kBFloat16);
+  const ModelLayout layout = Layout(DType::kBFloat16);
   const Schedule schedules[] = {Schedule::kPipelined, Schedule::kSerialized,
                                 Schedule::kAfterBackward};
   std::vector<std::vector<float>> weights[3];
@@ -394,7 +386,7 @@ TEST_F(JobPipelineTest, AllSchedulesGiveIdenticalStates) {
 }
 
 TEST_F(JobPipelineTest, ClipsOnlyWhenTheNormExceedsTheMaximum) {
-  const ModelLayout layout = SmallLayout(DType::kFloat32);
+  const ModelLayout layout = Layout(DType::kFloat32);
   auto p = OpenJob("job", layout, Schedule::kPipelined);
   ASSERT_NE(p, nullptr);
   std::vector<RefLayer> ref = Initialize(*p, layout);
@@ -419,7 +411,7 @@ TEST_F(JobPipelineTest, ClipsOnlyWhenTheNormExceedsTheMaximum) {
 }
 
 TEST_F(JobPipelineTest, NonFiniteGradientSkipsTheIteration) {
-  const ModelLayout layout = SmallLayout(DType::kBFloat16);
+  const ModelLayout layout = Layout(DType::kBFloat16);
   auto p = OpenJob("job", layout, Schedule::kPipelined);
   ASSERT_NE(p, nullptr);
   std::vector<RefLayer> ref = Initialize(*p, layout);
@@ -442,7 +434,7 @@ TEST_F(JobPipelineTest, AbortedIterationLeavesNoTrace) {
   for (Schedule schedule : {Schedule::kPipelined, Schedule::kAfterBackward}) {
     SCOPED_TRACE(static_cast<int>(schedule));
     const std::string job = absl::StrCat("job", static_cast<int>(schedule));
-    const ModelLayout layout = SmallLayout(DType::kBFloat16);
+    const ModelLayout layout = Layout(DType::kBFloat16);
     auto p = OpenJob(job, layout, schedule);
     ASSERT_NE(p, nullptr);
     std::vector<RefLayer> ref = Initialize(*p, layout);
@@ -482,7 +474,7 @@ TEST_F(JobPipelineTest, AbortedIterationLeavesNoTrace) {
 }
 
 TEST_F(JobPipelineTest, ReopenResumesAtTheCommittedStep) {
-  const ModelLayout layout = SmallLayout(DType::kBFloat16);
+  const ModelLayout layout = Layout(DType::kBFloat16);
   std::vector<RefLayer> ref;
   int64_t step = 0;
   {
@@ -505,7 +497,7 @@ TEST_F(JobPipelineTest, ReopenResumesAtTheCommittedStep) {
 }
 
 TEST_F(JobPipelineTest, CrashMidIterationLeavesTheLastCommittedIteration) {
-  const ModelLayout layout = SmallLayout(DType::kBFloat16);
+  const ModelLayout layout = Layout(DType::kBFloat16);
   std::vector<RefLayer> ref;
   int64_t step = 0;
   std::mt19937 rng(9);
@@ -588,7 +580,7 @@ TEST_F(JobPipelineTest,
 }
 
 TEST_F(JobPipelineTest, RejectsBadCallsWithoutCrashing) {
-  const ModelLayout layout = SmallLayout(DType::kBFloat16);
+  const ModelLayout layout = Layout(DType::kBFloat16);
   auto p = OpenJob("job", layout, Schedule::kPipelined);
   ASSERT_NE(p, nullptr);
   std::vector<float> w(4097, 0.5f);
@@ -681,7 +673,7 @@ TEST_F(JobPipelineTest, RejectsBadCallsWithoutCrashing) {
 
 TEST_F(JobPipelineTest, StoreErrorsFailTheIterationAndNameTheTensor) {
   OpenStoreWithFaults();
-  const ModelLayout layout = SmallLayout(DType::kBFloat16);
+  const ModelLayout layout = Layout(DType::kBFloat16);
   auto p = OpenJob("job", layout, Schedule::kPipelined);
   ASSERT_NE(p, nullptr);
   std::vector<RefLayer> ref = Initialize(*p, layout);
@@ -720,7 +712,7 @@ TEST_F(JobPipelineTest, WorksWithAWorkerPoolAndOneBuffer) {
   auto updater = AdamUpdater::Create(pool->get(), std::nullopt);
   ASSERT_TRUE(updater.ok());
   updater_.emplace(*updater);
-  ModelLayout layout = SmallLayout(DType::kFloat16);
+  ModelLayout layout = Layout(DType::kFloat16);
   layout.weight16_dtype = DType::kFloat16;
   PipelineOptions options;
   options.buffers = 1;
@@ -827,7 +819,7 @@ class StreamedPipelineTest
 
 TEST_P(StreamedPipelineTest, BitIdenticalToResident) {
   const StreamVariant v = GetParam();
-  ModelLayout layout = SmallLayout(v.grad_dtype);
+  ModelLayout layout = Layout(v.grad_dtype);
   layout.weight16_dtype = v.weight16_dtype;
   PipelineOptions resident;
   resident.schedule = v.schedule;
@@ -958,7 +950,7 @@ std::vector<LayerRange> ScaledRanges() {
 
 TEST_P(ElementGroupTest, GroupedElementsMatchReferenceWithTheirOptions) {
   const NoDecayVariant v = GetParam();
-  ModelLayout layout = SmallLayout(v.grad_dtype);
+  ModelLayout layout = Layout(v.grad_dtype);
   layout.moment_dtype = v.moment_dtype;
   layout.adam.amsgrad = v.amsgrad;
   layout.adam.decoupled_weight_decay = v.adamw;
@@ -1121,7 +1113,7 @@ INSTANTIATE_TEST_SUITE_P(
                        true, false, false, true}));
 
 TEST_F(JobPipelineTest, ScratchGradientsNeverOutliveTheirIteration) {
-  const ModelLayout layout = SmallLayout(DType::kBFloat16);
+  const ModelLayout layout = Layout(DType::kBFloat16);
   PipelineOptions options;
   options.stream_gradients = true;
   options.stream_weight16 = true;
@@ -1182,7 +1174,7 @@ TEST_F(JobPipelineTest, ScratchGradientsNeverOutliveTheirIteration) {
 
 TEST_F(JobPipelineTest, StreamedStoreErrorsFailTheIterationCleanly) {
   OpenStoreWithFaults();
-  const ModelLayout layout = SmallLayout(DType::kBFloat16);
+  const ModelLayout layout = Layout(DType::kBFloat16);
   PipelineOptions options;
   options.stream_gradients = true;
   options.stream_weight16 = true;
@@ -1230,7 +1222,7 @@ TEST_F(JobPipelineTest, StreamedStoreErrorsFailTheIterationCleanly) {
 }
 
 TEST_F(JobPipelineTest, Weight16CopiesAreRebuiltWhenStale) {
-  ModelLayout layout = SmallLayout(DType::kBFloat16);
+  ModelLayout layout = Layout(DType::kBFloat16);
   PipelineOptions resident;
   PipelineOptions streamed;
   streamed.stream_gradients = true;
@@ -1336,7 +1328,7 @@ class RestorePipelineTest
 // bit-identical to A (weights, 16-bit copies, moments, steps).
 TEST_P(RestorePipelineTest, ANewJobStartedAtStepKContinuesBitIdentically) {
   const RestoreVariant v = GetParam();
-  ModelLayout layout = SmallLayout(DType::kBFloat16);
+  ModelLayout layout = Layout(DType::kBFloat16);
   layout.moment_dtype = v.moment_dtype;
   layout.adam.amsgrad = v.amsgrad;
   const size_t layers = layout.layer_elements.size();
@@ -1462,7 +1454,7 @@ INSTANTIATE_TEST_SUITE_P(
                       RestoreVariant{DType::kBFloat16, true, false}));
 
 TEST_F(JobPipelineTest, InitStateRoundsBf16MomentsToNearestEven) {
-  ModelLayout layout = SmallLayout(DType::kBFloat16);
+  ModelLayout layout = Layout(DType::kBFloat16);
   layout.moment_dtype = DType::kBFloat16;
   auto p = OpenJob("job", layout, Schedule::kPipelined);
   ASSERT_NE(p, nullptr);
@@ -1487,7 +1479,7 @@ TEST_F(JobPipelineTest, InitStateRoundsBf16MomentsToNearestEven) {
 }
 
 TEST_F(JobPipelineTest, StateCallsRefuseBadArgumentsAndStates) {
-  ModelLayout layout = SmallLayout(DType::kBFloat16);
+  ModelLayout layout = Layout(DType::kBFloat16);
   auto p = OpenJob("job", layout, Schedule::kPipelined);
   ASSERT_NE(p, nullptr);
   std::vector<float> buffer(4097, 0.25f);
@@ -1534,7 +1526,7 @@ TEST_F(JobPipelineTest, StateCallsRefuseBadArgumentsAndStates) {
 }
 
 TEST_F(JobPipelineTest, InitialIterationAppliesOnlyToAJobWithoutStates) {
-  const ModelLayout layout = SmallLayout(DType::kBFloat16);
+  const ModelLayout layout = Layout(DType::kBFloat16);
   PipelineOptions options;
   options.initial_iteration = 7;
   {

@@ -210,7 +210,9 @@ TEST_F(CatalogSweepTest, EveryDamageIsReplayedExactlyOrRefused) {
           Open(clean_.substr(0, at), absl::StrCat("cut at ", at), true);
       EXPECT_NE(o, Outcome::kSilentLoss) << "cut at " << at;
       // The first record cut: refused; elsewhere what is left replays.
-      if (r == 0) EXPECT_EQ(o, Outcome::kRefused) << at;
+      if (r == 0) {
+        EXPECT_EQ(o, Outcome::kRefused) << at;
+      }
       ++cut_counts[o];
     }
   }

@@ -150,6 +150,19 @@ TEST_F(MultiUserTest, ASecondUserCannotFillTheSsdsUnderARunningJob) {
   const std::string log = daemon_->Log();
   EXPECT_THAT(log, HasSubstr("failed: RESOURCE_EXHAUSTED: "));
   EXPECT_THAT(log, HasSubstr("the SSD array is full"));
+  // And `lohanctl jobs` says why under the job; the victim has none.
+  auto jobs = root_->ListJobs();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  bool found = false;
+  for (const v1::Job& job : *jobs) {
+    if (job.spec().name() != "greedy") continue;
+    found = true;
+    EXPECT_THAT(job.last_failure(), HasSubstr("RESOURCE_EXHAUSTED: "));
+    EXPECT_THAT(job.last_failure(), HasSubstr("the SSD array is full"));
+    EXPECT_GT(job.last_failure_unix_seconds(), 0);
+  }
+  EXPECT_TRUE(found);
+  EXPECT_EQ(VictimJob().last_failure(), "");
   // Root's job runs its next two iterations into the full array.
   ResumeAndCheckVictim();
 }

@@ -99,6 +99,12 @@ void PrintJobTable(const std::vector<v1::Job>& jobs) {
         FormatByteSize(job.spec().host_pool_bytes()).c_str(),
         FormatByteSize(job.ssd_bytes()).c_str(),
         LocalTime(job.created_unix_seconds()).c_str());
+    if (!job.last_failure().empty()) {
+      // Under its row: why the job stopped (a full SSD, say).
+      std::printf("           last failure at %s: %s\n",
+                  LocalTime(job.last_failure_unix_seconds()).c_str(),
+                  job.last_failure().c_str());
+    }
   }
 }
 

@@ -348,9 +348,23 @@ std::vector<v1::Job> JobRegistry::List(const Caller& caller) {
   for (const auto& [id, entry] : jobs_) {
     if (caller.is_root() || entry.job.owner_uid() == caller.uid) {
       visible.push_back(entry.job);
+      visible.back().set_last_failure(entry.last_failure);
+      visible.back().set_last_failure_unix_seconds(
+          entry.last_failure_unix_seconds);
     }
   }
   return visible;
+}
+
+void JobRegistry::NoteFailure(const std::string& job_id,
+                              const absl::Status& failure) {
+  absl::MutexLock lock(&mu_);
+  auto found = jobs_.find(job_id);
+  if (found == jobs_.end()) return;
+  found->second.last_failure =
+      absl::StrCat(absl::StatusCodeToString(failure.code()), ": ",
+                   failure.message().substr(0, 1000));
+  found->second.last_failure_unix_seconds = absl::ToUnixSeconds(absl::Now());
 }
 
 JobRegistry::Counts JobRegistry::CountAll() {

@@ -64,15 +64,21 @@ class JobRegistry {
                                  const std::string& job_id);
 
   // The job, if the calling process is the one attached to it (the data
-  // plane is only for that process). NOT_FOUND as elsewhere; FAILED_PRECONDITION when another process, or none, holds it.
+  // plane is only for that process). NOT_FOUND as elsewhere;
+  // FAILED_PRECONDITION when another process, or none, holds it.
   absl::StatusOr<v1::Job> CheckAttachedBy(const Caller& caller,
                                           const std::string& job_id);
 
   // FAILED_PRECONDITION while attached. Durable before it returns.
   absl::Status Delete(const Caller& caller, const std::string& job_id);
 
-  // The jobs the caller may see (all for root), ordered by id.
+  // The jobs the caller may see (all for root), ordered by id, each with
+  // its last noted failure.
   std::vector<v1::Job> List(const Caller& caller);
+
+  // Notes a failure on the daemon's side of the job's requests (shown as
+  // Job.last_failure, kept in memory only). A job that is gone: ignored.
+  void NoteFailure(const std::string& job_id, const absl::Status& failure);
 
   struct Counts {
     uint32_t total = 0;
@@ -84,6 +90,8 @@ class JobRegistry {
   struct Entry {
     v1::Job job;
     ProcessIdentity attached_process;  // valid when job.state() == ATTACHED
+    std::string last_failure;          // NoteFailure's, never persisted
+    int64_t last_failure_unix_seconds = 0;
   };
 
   explicit JobRegistry(Options options);

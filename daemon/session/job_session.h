@@ -79,6 +79,11 @@ class JobSession {
   void SetDrainedCallback(std::function<void()> drained) {
     on_drained_ = std::move(drained);
   }
+  // Told of each failure on the daemon's side (see LogFailure), as often
+  // as the log is. REQUIRES: set before RegisterModel, as the above.
+  void SetFailureCallback(std::function<void(const absl::Status&)> failed) {
+    on_failure_ = std::move(failed);
+  }
   // Whether RegisterModel succeeded. REQUIRES: not concurrent with
   // RegisterModel (SessionManager calls both under its lock).
   bool registered() const { return served_ != nullptr; }
@@ -209,6 +214,7 @@ class JobSession {
   std::atomic<const ServeLanes*> lanes_ready_{nullptr};  // for Status()
   std::atomic<bool> drain_requested_{false};
   std::function<void()> on_drained_;
+  std::function<void(const absl::Status&)> on_failure_;
   // ACT_PUTs posted and not done, by activation id.
   absl::Mutex puts_mu_;
   std::set<uint64_t> puts_in_flight_ ABSL_GUARDED_BY(puts_mu_);

@@ -35,6 +35,7 @@ void JobSession::LogFailure(const SubmissionEntry& entry,
             *dropped > 0
                 ? absl::StrCat(" (", *dropped, " more like it not logged)")
                 : std::string());
+        if (on_failure_) on_failure_(status);
       }
       return;
     default:  // The client's request was refused: its business.

@@ -234,6 +234,9 @@ void SessionManager::Serve(int connection, const Caller& caller) {
     absl::MutexLock lock(&mu_);
     EndSessionLocked(job_id);
   });
+  (*session)->SetFailureCallback([this, job_id](const absl::Status& failure) {
+    parts_.jobs->NoteFailure(job_id, failure);
+  });
   {
     absl::MutexLock lock(&mu_);
     if (stopping_ ||
@@ -320,13 +323,28 @@ absl::StatusOr<v1::RegisterModelResponse> SessionManager::RegisterModel(
         "job ", request.job_id(),
         " has no data plane open; open it (lohan_data_plane_open) first"));
   }
-  return found->second.session->RegisterModel(
-      request.model(), {.store = parts_.store,
-                        .updater = parts_.updater,
-                        .ledger = parts_.ledger,
-                        .optimizer_queue = parts_.optimizer_queue,
-                        .weight = parts_.quotas->For(job->owner_uid()).weight,
-                        .read_ahead_bytes = parts_.read_ahead_bytes});
+  absl::StatusOr<v1::RegisterModelResponse> registered =
+      found->second.session->RegisterModel(
+          request.model(),
+          {.store = parts_.store,
+           .updater = parts_.updater,
+           .ledger = parts_.ledger,
+           .optimizer_queue = parts_.optimizer_queue,
+           .weight = parts_.quotas->For(job->owner_uid()).weight,
+           .read_ahead_bytes = parts_.read_ahead_bytes});
+  // A model that did not fit (the SSDs, the arena) or whose states could
+  // not be opened: what `lohanctl jobs` says of the job afterwards.
+  if (!registered.ok() &&
+      (registered.status().code() == absl::StatusCode::kResourceExhausted ||
+       registered.status().code() == absl::StatusCode::kDataLoss ||
+       registered.status().code() == absl::StatusCode::kInternal)) {
+    parts_.jobs->NoteFailure(
+        request.job_id(),
+        absl::Status(registered.status().code(),
+                     absl::StrCat("registering the model: ",
+                                  registered.status().message())));
+  }
+  return registered;
 }
 
 std::vector<v1::SessionStatus> SessionManager::Status() const {

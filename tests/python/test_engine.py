@@ -529,6 +529,14 @@ def test_job_name_conflicts_and_missing_resume_are_explained(lohand):
     assert "max_grad_norm" in error.value.message
     with lohan.Client(lohand.socket) as client:
         assert [job.name for job in client.jobs()] == ["taken"]
+    # None means no clipping, as in torch and Trainer; a string is refused.
+    unclipped = tiny_gpt()
+    with engine_for(unclipped, lohand, job_name="none",
+                    max_grad_norm=None) as engine:
+        train_lohan(engine, unclipped, batches(1))
+        assert not engine.last.clipped
+    with pytest.raises(TypeError, match="max_grad_norm='1'"):
+        engine_for(tiny_gpt(), lohand, job_name="str", max_grad_norm="1")
 
 
 # ------------------------------------------------------------------- bf16

@@ -102,7 +102,8 @@ class Engine:
 
     def __init__(self, model: nn.Module, *, lr: float = 1e-3,
                  betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0, max_grad_norm: float = 0.0,
+                 weight_decay: float = 0.0,
+                 max_grad_norm: Optional[float] = 0.0,
                  blocks: BlocksArg = None, socket: Optional[str] = None,
                  job_name: Optional[str] = None,
                  dtype: Union[None, str, torch.dtype] = None,
@@ -142,6 +143,14 @@ class Engine:
         if not isinstance(overlap_step, bool):
             raise TypeError(f"overlap_step must be True or False, got "
                             f"{overlap_step!r}")
+        # None is the usual way to say "no clipping" (Trainer, torch). The
+        # daemon checks the range, naming it.
+        if max_grad_norm is None:
+            max_grad_norm = 0.0
+        if isinstance(max_grad_norm, bool) or not isinstance(
+                max_grad_norm, (int, float)):
+            raise TypeError(f"max_grad_norm={max_grad_norm!r}: use None or 0 "
+                            "(no clipping) or a number > 0")
         if clip_schedule not in ("deferred", "redo-all"):
             raise ValueError(f"clip_schedule={clip_schedule!r}: use "
                              "'deferred' (the default) or 'redo-all'")

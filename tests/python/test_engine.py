@@ -754,6 +754,41 @@ def test_auto_streams_the_buffers_when_the_host_pool_is_small(tmp_path):
         daemon.stop(signal.SIGKILL)
 
 
+def test_auto_takes_as_many_stream_buffers_as_the_pool_holds(tmp_path):
+    """A pool too small for the 4 shared buffers asked for: auto takes the
+    most that fit (3 here) rather than failing; a pool too small for one
+    says how large it must be and what to change."""
+    from conftest import Daemon
+    from lohan.engine import host_pool_bytes
+    elements = [p.numel() for p in _WideStack().blocks[0].parameters()]
+    layer = sum(elements)
+    layers = [257] + [layer] * 6  # the head after the blocks, then 6 blocks
+    three = host_pool_bytes(layers, 4, 0, 3)
+    assert host_pool_bytes(layers, 4, 0, 4) > three  # 4 do not fit
+    daemon = Daemon(tmp_path, host_pool=f"{three >> 20}MiB")
+    try:
+        with pytest.warns(UserWarning, match="streaming them through 3"):
+            engine = lohan.init(_WideStack(), socket=daemon.socket,
+                                job_name="three", activation_buffer_bytes=0,
+                                activations="keep")
+        assert engine.buffers == "streamed"
+        engine.close()
+    finally:
+        daemon.stop(signal.SIGKILL)
+    (tmp_path / "tiny").mkdir()
+    daemon = Daemon(tmp_path / "tiny", host_pool="1MiB")
+    try:
+        with pytest.raises(LohanError) as refused:
+            lohan.init(_WideStack(), socket=daemon.socket, job_name="none",
+                       activation_buffer_bytes=0, activations="keep")
+        assert refused.value.code == StatusCode.RESOURCE_EXHAUSTED
+        assert "--host-pool-size" in refused.value.message
+        assert f"at least {host_pool_bytes(layers, 4, 0, 1) >> 20} MiB" in (
+            refused.value.message)
+    finally:
+        daemon.stop(signal.SIGKILL)
+
+
 def test_daemon_killed_mid_step_then_resumed_exactly(tmp_path):
     """lohand SIGKILLed while a step's gradients are with it: step() fails
     with UNAVAILABLE (no hang) and close() returns; a daemon restarted on

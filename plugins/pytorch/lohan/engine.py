@@ -686,14 +686,34 @@ class Engine:
         except LohanError as error:
             if error.code != StatusCode.RESOURCE_EXHAUSTED:
                 raise
-        warnings.warn(
-            f"lohan: the daemon's host pool cannot hold one gradient and one "
-            f"weight buffer per layer ({resident_bytes >> 20} MiB); "
-            f"streaming them through {streamed} shared buffers of each "
-            f"({streamed_bytes >> 20} MiB) and its SSDs instead",
-            stacklevel=4)
-        return (self._open_job(client, False, streamed_bytes),
-                lambda arena: streamed)
+            refusal = error
+        # The most shared buffers (up to stream_buffers) the pool holds.
+        for count in range(streamed, 0, -1):
+            need = host_pool_bytes(elements, element_bytes, area_bytes, count)
+            try:
+                job = self._open_job(client, False, need)
+            except LohanError as error:
+                if error.code != StatusCode.RESOURCE_EXHAUSTED:
+                    raise
+                refusal = error
+                continue
+            warnings.warn(
+                f"lohan: the daemon's host pool cannot hold one gradient and "
+                f"one weight buffer per layer ({resident_bytes >> 20} MiB); "
+                f"streaming them through {count} shared buffers of each "
+                f"({need >> 20} MiB) and its SSDs instead",
+                stacklevel=4)
+            return job, (lambda arena, count=count: count)
+        smallest = host_pool_bytes(elements, element_bytes, area_bytes, 1)
+        raise LohanError(
+            StatusCode.RESOURCE_EXHAUSTED,
+            f"{refusal.message}. This model needs {resident_bytes >> 20} MiB "
+            f"of the daemon's host pool with a buffer per layer, and at least "
+            f"{smallest >> 20} MiB streaming through one shared buffer of "
+            f"each: start lohand with a larger pool (--host-pool-size, "
+            f"[pool] host_pool_size)" +
+            (f", or lower activation_buffer_bytes (the activation area is "
+             f"{area_bytes >> 20} MiB of it)" if area_bytes else "")) from None
 
     def _open_job(self, client: Client, resume: bool, pool_bytes: int) -> Any:
         mine = [job for job in client.jobs() if job.name == self.job_name

@@ -34,6 +34,7 @@ from lohan.client import Client, LohanError, StatusCode
 from lohan.devices import copy_stream
 from lohan.hooks import GradientRouter, has_lohan_hook
 from lohan.lazy_weights import LazyWeights
+from lohan.progress import Progress
 from lohan.params import Both, FrozenWeights, ParameterResidency
 from lohan.params import resolve_mode as resolve_params_mode
 
@@ -783,12 +784,17 @@ class Engine:
         if self._checkpoint is not None:
             self._load_checkpoint(self._checkpoint)
             return
+        progress = Progress("loading the job's weights" if self.iteration
+                            else "writing the initial states",
+                            len(self.layers),
+                            sum(layer.numel for layer in self.layers))
         for layer in self.layers:
             index = layer.index
             if self._remote.layer_initialized(index):
                 self._convert(layer)
                 self._remote.read_weights(index)
                 self._copy_into_params(layer, self._staging)
+                progress.advance(layer.numel)
                 continue
             if self.iteration > 0:
                 raise LohanError(
@@ -801,6 +807,8 @@ class Engine:
             self._convert(layer)
             if self.dtype != torch.float32:
                 self._copy_weight16_into_params(layer)
+            progress.advance(layer.numel)
+        progress.done()
 
     def _load_checkpoint(self, checkpoint: CheckpointReader) -> None:
         """A new job's states from a checkpoint, layer by layer: the fp32
@@ -827,6 +835,9 @@ class Engine:
                 values.append(found.reshape(-1).to(torch.float32))
             return torch.cat(values)
 
+        progress = Progress(f"resuming from {checkpoint.path}",
+                            len(self.layers),
+                            sum(layer.numel for layer in self.layers))
         for layer in self.layers:
             index = layer.index
             if self._remote.layer_initialized(index):
@@ -845,6 +856,8 @@ class Engine:
             for part in parts:
                 self._staging[:layer.numel].copy_(flat(layer, part))
                 self._remote.init_state(index, part)
+            progress.advance(layer.numel)
+        progress.done()
 
     def _convert(self, layer: Layer) -> None:
         for param in layer.params:
@@ -1158,14 +1171,20 @@ class Engine:
             if self._amsgrad:
                 parts.append("max_exp_avg_sq")
 
+        progress = Progress(f"saving to {directory}",
+                            len(self.layers) * len(parts),
+                            sum(layer.numel for layer in self.layers) *
+                            len(parts))
+
         def read_layer(layer: Layer, part: str) -> torch.Tensor:
             if part == "weights":
                 self._remote.read_weights(layer.index)
             else:
                 self._remote.read_state(layer.index, part)
+            progress.advance(layer.numel)
             return self._staging[:layer.numel]
 
-        return write_checkpoint(directory, self.layers, read_layer, parts, {
+        path = write_checkpoint(directory, self.layers, read_layer, parts, {
             "job_name": self.job_name,
             "job_id": self._job.id,
             "iteration": self.iteration,
@@ -1176,6 +1195,8 @@ class Engine:
                              "good_steps": self._good_steps,
                              "dynamic": self._dynamic_scale},
         })
+        progress.done()
+        return path
 
     # ------------------------------------------------------------- teardown
 

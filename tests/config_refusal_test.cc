@@ -185,6 +185,15 @@ TEST_F(ConfigRefusalTest, DamagedCatalogIsRefusedUntilSalvaged) {
   absl::StatusOr<std::unique_ptr<DaemonProcess>> daemon =
       DaemonProcess::Start(dir_.path());
   ASSERT_TRUE(daemon.ok()) << daemon.status();
+  // Not while a daemon uses the store; and a healthy catalog is left alone.
+  RunResult busy = Lohand({"--salvage"});
+  EXPECT_EQ(busy.exit_code, 1);
+  EXPECT_THAT(busy.err, HasSubstr("is in use by another open store"));
+  EXPECT_EQ((*daemon)->Stop(SIGTERM), 0);
+  RunResult healthy = Lohand({"--salvage"});
+  EXPECT_EQ(healthy.exit_code, 1);
+  EXPECT_THAT(healthy.err, HasSubstr("is not damaged"));
+  EXPECT_TRUE(DaemonProcess::Start(dir_.path()).ok());
 }
 
 }  // namespace

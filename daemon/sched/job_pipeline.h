@@ -474,7 +474,7 @@ class JobPipeline {
   // nothing ahead: buffers are kept only while iterations use them), and
   // a new epoch starts (read-ahead still in flight is then dropped).
   void EndReadAheadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A buffer for a read-ahead: a spare one, or a new one.
+  // A spare read-ahead buffer, or null when there is none.
   std::unique_ptr<AlignedBuffer> TakeSpareLocked()
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Commits (or rolls back) an iteration once its settling pass is done.

@@ -136,6 +136,11 @@ void JobPipeline::ReadAhead(const Task& task) {
     if (!current()) return;
     buffer = TakeSpareLocked();
   }
+  // A new one is allocated (and zero-filled: tens of MiB) outside mu_.
+  if (buffer == nullptr) {
+    buffer = std::make_unique<AlignedBuffer>(buffer_bytes_,
+                                             sched_internal::kBufferAlignment);
+  }
   const uint64_t bytes =
       state_.state_bytes(state_.chunk_count(task.layer, task.chunk));
   const double start = Now();
@@ -156,10 +161,7 @@ void JobPipeline::ReadAhead(const Task& task) {
 }
 
 std::unique_ptr<AlignedBuffer> JobPipeline::TakeSpareLocked() {
-  if (spare_.empty()) {
-    return std::make_unique<AlignedBuffer>(buffer_bytes_,
-                                           sched_internal::kBufferAlignment);
-  }
+  if (spare_.empty()) return nullptr;
   std::unique_ptr<AlignedBuffer> buffer = std::move(spare_.back());
   spare_.pop_back();
   return buffer;

@@ -11,8 +11,8 @@
 #include "daemon/optim/half.h"
 #include "daemon/optim/worker_pool.h"
 #include "daemon/sched/clip_test_util.h"
-#include "daemon/store/aio_device.h"
 #include "daemon/store/fault_injection_device.h"
+#include "daemon/store/fault_store.h"
 #include "daemon/store/test_util.h"
 #include "gtest/gtest.h"
 
@@ -146,21 +146,7 @@ class JobPipelineTest : public ::testing::Test {
   // Reopens the store with every device wrapped in a FaultInjectionDevice.
   void OpenStoreWithFaults() {
     store_.reset();
-    const StoreOptions o = Options();
-    std::vector<std::unique_ptr<BlockDevice>> devices;
-    faults_.clear();
-    for (const std::string& path : o.ssd_paths) {
-      AioDeviceOptions d;
-      d.path = path;
-      d.capacity_bytes = o.device_capacity_bytes;
-      d.queue_depth = o.queue_depth;
-      auto aio = AioBlockDevice::Open(d);
-      ASSERT_TRUE(aio.ok()) << aio.status();
-      auto f = std::make_unique<FaultInjectionDevice>(*std::move(aio));
-      faults_.push_back(f.get());
-      devices.push_back(std::move(f));
-    }
-    auto s = TensorStore::OpenWithDevices(o, std::move(devices));
+    auto s = testing_util::OpenStoreWithFaults(Options(), &faults_);
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = *std::move(s);
   }

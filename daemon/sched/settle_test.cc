@@ -18,8 +18,8 @@
 #include "daemon/optim/half.h"
 #include "daemon/sched/clip_test_util.h"
 #include "daemon/sched/job_pipeline.h"
-#include "daemon/store/aio_device.h"
 #include "daemon/store/fault_injection_device.h"
+#include "daemon/store/fault_store.h"
 #include "daemon/store/tensor_store.h"
 #include "daemon/store/test_util.h"
 #include "gtest/gtest.h"
@@ -55,18 +55,7 @@ class SettleTest : public ::testing::Test {
     o.stripe_unit = 64 << 10;
     o.queue_depth = 8;
     o.device_capacity_bytes = 16 << 20;
-    std::vector<std::unique_ptr<BlockDevice>> devices;
-    for (const std::string& path : o.ssd_paths) {
-      auto aio = AioBlockDevice::Open(
-          AioDeviceOptions{.path = path,
-                           .capacity_bytes = o.device_capacity_bytes,
-                           .queue_depth = o.queue_depth});
-      ASSERT_TRUE(aio.ok()) << aio.status();
-      auto f = std::make_unique<FaultInjectionDevice>(*std::move(aio));
-      faults_.push_back(f.get());
-      devices.push_back(std::move(f));
-    }
-    auto s = TensorStore::OpenWithDevices(o, std::move(devices));
+    auto s = testing_util::OpenStoreWithFaults(o, &faults_);
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = *std::move(s);
   }

@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "daemon/store/aio_device.h"
 #include "daemon/store/fault_injection_device.h"
+#include "daemon/store/fault_store.h"
 #include "daemon/store/tensor_store.h"
 #include "daemon/store/test_util.h"
 #include "gtest/gtest.h"
@@ -46,19 +46,7 @@ class PowerCutTest : public ::testing::Test {
   }
 
   std::unique_ptr<TensorStore> OpenWithFaults(const StoreOptions& o) {
-    std::vector<std::unique_ptr<BlockDevice>> devices;
-    faults_.clear();
-    for (const std::string& path : o.ssd_paths) {
-      auto aio = AioBlockDevice::Open(
-          AioDeviceOptions{.path = path,
-                           .capacity_bytes = o.device_capacity_bytes,
-                           .queue_depth = o.queue_depth});
-      EXPECT_TRUE(aio.ok()) << aio.status();
-      auto f = std::make_unique<FaultInjectionDevice>(*std::move(aio));
-      faults_.push_back(f.get());
-      devices.push_back(std::move(f));
-    }
-    auto s = TensorStore::OpenWithDevices(o, std::move(devices));
+    auto s = testing_util::OpenStoreWithFaults(o, &faults_);
     EXPECT_TRUE(s.ok()) << s.status();
     return s.ok() ? *std::move(s) : nullptr;
   }

@@ -107,6 +107,26 @@ absl::StatusOr<std::unique_ptr<TensorStore>> TensorStore::Open(
 
 namespace {
 
+// `state_dir`/LOCK (created if missing), flock'd: one store (or salvage) per
+// state directory. FAILED_PRECONDITION while another holds it.
+absl::StatusOr<UniqueFd> LockStateDir(const std::string& state_dir) {
+  const std::string lock_path = state_dir + "/LOCK";
+  UniqueFd lock_fd(
+      ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  if (!lock_fd.valid()) {
+    return ErrnoToStatus(errno, absl::StrCat("open ", lock_path));
+  }
+  if (::flock(lock_fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "state_dir ", state_dir, " is in use by another open store (",
+          lock_path, " is locked): stop the lohand that uses it first"));
+    }
+    return ErrnoToStatus(errno, absl::StrCat("flock ", lock_path));
+  }
+  return lock_fd;
+}
+
 // FAILED_PRECONDITION if another process holds `path`'s flock (a missing
 // file is fine).
 absl::Status CheckNotLocked(const std::string& path, absl::string_view what) {
@@ -249,25 +269,13 @@ absl::StatusOr<std::unique_ptr<TensorStore>> TensorStore::OpenWithDevices(
     return ErrnoToStatus(errno,
                          absl::StrCat("create state_dir ", options.state_dir));
   }
-  const std::string lock_path = options.state_dir + "/LOCK";
-  UniqueFd lock_fd(
-      ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
-  if (!lock_fd.valid()) {
-    return ErrnoToStatus(errno, absl::StrCat("open ", lock_path));
-  }
-  if (::flock(lock_fd.get(), LOCK_EX | LOCK_NB) != 0) {
-    if (errno == EWOULDBLOCK) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "state_dir ", options.state_dir, " is in use by another open store (",
-          lock_path, " is locked)"));
-    }
-    return ErrnoToStatus(errno, absl::StrCat("flock ", lock_path));
-  }
+  absl::StatusOr<UniqueFd> lock_fd = LockStateDir(options.state_dir);
+  if (!lock_fd.ok()) return lock_fd.status();
   absl::StatusOr<std::unique_ptr<SsdArray>> array =
       SsdArray::Create(std::move(devices), options.stripe_unit);
   if (!array.ok()) return array.status();
   std::unique_ptr<TensorStore> store(
-      new TensorStore(options, std::move(lock_fd), *std::move(array)));
+      new TensorStore(options, *std::move(lock_fd), *std::move(array)));
   absl::Status recovered = store->Recover();
   if (!recovered.ok()) return recovered;
   return store;
@@ -358,19 +366,9 @@ CatalogRecord TensorStore::StoreInfoOf(const StoreOptions& options) {
 }
 
 absl::StatusOr<std::string> TensorStore::Salvage(const StoreOptions& options) {
-  const std::string lock_path = options.state_dir + "/LOCK";
-  UniqueFd lock_fd(::open(lock_path.c_str(), O_RDWR | O_CLOEXEC));
-  if (!lock_fd.valid()) {
-    return ErrnoToStatus(errno, absl::StrCat("open ", lock_path));
-  }
-  if (::flock(lock_fd.get(), LOCK_EX | LOCK_NB) != 0) {
-    if (errno == EWOULDBLOCK) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("state_dir ", options.state_dir,
-                       " is in use by a running lohand: stop it first"));
-    }
-    return ErrnoToStatus(errno, absl::StrCat("flock ", lock_path));
-  }
+  // Held while it runs: no store may open the state meanwhile.
+  absl::StatusOr<UniqueFd> lock_fd = LockStateDir(options.state_dir);
+  if (!lock_fd.ok()) return lock_fd.status();
   // A lost store record is rebuilt from the options, with the id the SSDs'
   // identity files agree on.
   CatalogRecord info = StoreInfoOf(options);

@@ -7,8 +7,8 @@
 #include <random>
 #include <thread>
 
-#include "daemon/store/aio_device.h"
 #include "daemon/store/fault_injection_device.h"
+#include "daemon/store/fault_store.h"
 #include "daemon/store/test_util.h"
 #include "gtest/gtest.h"
 
@@ -43,21 +43,7 @@ class TensorStoreTest : public ::testing::Test {
   // Opens with every device wrapped in a FaultInjectionDevice; faults_ gets
   // the wrappers.
   std::unique_ptr<TensorStore> OpenWithFaults(const StoreOptions& o) {
-    std::vector<std::unique_ptr<BlockDevice>> devices;
-    faults_.clear();
-    for (const auto& path : o.ssd_paths) {
-      AioDeviceOptions d;
-      d.path = path;
-      d.capacity_bytes = o.device_capacity_bytes;
-      d.queue_depth = o.queue_depth;
-      auto aio = AioBlockDevice::Open(d);
-      EXPECT_TRUE(aio.ok()) << aio.status();
-      if (!aio.ok()) return nullptr;
-      auto f = std::make_unique<FaultInjectionDevice>(*std::move(aio));
-      faults_.push_back(f.get());
-      devices.push_back(std::move(f));
-    }
-    auto s = TensorStore::OpenWithDevices(o, std::move(devices));
+    auto s = testing_util::OpenStoreWithFaults(o, &faults_);
     EXPECT_TRUE(s.ok()) << s.status();
     return s.ok() ? *std::move(s) : nullptr;
   }

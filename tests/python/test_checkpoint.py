@@ -89,6 +89,15 @@ def test_a_save_replaces_the_checkpoint_and_keeps_the_users_files(tmp_path):
                                   "optimizer.safetensors"}
 
 
+def test_a_save_onto_a_file_is_refused_and_the_file_kept(tmp_path):
+    target = tmp_path / "weights.bin"
+    target.write_text("not a directory")
+    with pytest.raises(NotADirectoryError, match="is a file"):
+        save(target, layers_of_net(), 1.0, 10)
+    assert target.read_text() == "not a directory"
+    assert [p.name for p in tmp_path.iterdir()] == ["weights.bin"]
+
+
 def test_mixed_torn_and_damaged_checkpoints_are_refused(tmp_path):
     layers = layers_of_net()
     first, second = tmp_path / "a", tmp_path / "b"

@@ -343,7 +343,7 @@ int ActivationCall(lohan_model* model, lohan::RingOp op, uint64_t id,
 // Fills `entry` for `op` on `layer`; LOHAN_OK or a reported error.
 int BuildEntry(const lohan_model* model, lohan::RingOp op, uint32_t layer,
                lohan::SubmissionEntry& entry, float grad_scale = 0.0f,
-               double lr = 0.0) {
+               double lr = LOHAN_LR_REGISTERED) {
   if (model == nullptr) return InvalidArgument("model is NULL");
   entry = lohan::SubmissionEntry{};
   entry.op = static_cast<uint16_t>(op);
@@ -377,7 +377,10 @@ int BuildEntry(const lohan_model* model, lohan::RingOp op, uint32_t layer,
     }
     case lohan::RingOp::kIterBegin:
       entry.grad_scale = grad_scale;
-      entry.lr = lr;
+      if (lr >= 0.0) {
+        entry.lr = lr;
+        entry.iter_flags = lohan::kIterBeginLrGiven;
+      }
       entry.iteration = model->sequence;
       break;
     case lohan::RingOp::kIterEnd:
@@ -414,7 +417,7 @@ bool IsRefill(const lohan::SubmissionEntry& entry) {
 
 int RingCall(lohan_model* model, lohan::RingOp op, uint32_t layer,
              lohan::CompletionEntry* completion_out = nullptr,
-             float grad_scale = 0.0f, double lr = 0.0) {
+             float grad_scale = 0.0f, double lr = LOHAN_LR_REGISTERED) {
   lohan::SubmissionEntry entry;
   if (int built = BuildEntry(model, op, layer, entry, grad_scale, lr);
       built != LOHAN_OK) {
@@ -653,8 +656,7 @@ int lohan_model_register(lohan_client* client, lohan_data_plane* plane,
   // The daemon refuses values it does not know, naming them.
   model_spec->set_clip_schedule(static_cast<lohan::v1::ClipSchedule>(
       has_clip_schedule ? spec->clip_schedule : LOHAN_CLIP_DEFERRED));
-  model_spec->set_in_order_service(has_in_order &&
-                                   spec->in_order_service != 0);
+  model_spec->set_in_order_service(has_in_order && spec->in_order_service != 0);
   if (absl::Status copied = CopyRanges(
           spec->no_weight_decay, num_no_weight_decay, "no_weight_decay",
           spec->num_layers, model_spec->mutable_no_weight_decay());
@@ -787,8 +789,10 @@ int lohan_model_iter_begin_with(lohan_model* model, float grad_scale,
   if (!(grad_scale > 0.0f) || !std::isfinite(grad_scale)) {
     return InvalidArgument("grad_scale must be finite and > 0");
   }
-  if (!(lr >= 0.0) || !std::isfinite(lr)) {
-    return InvalidArgument("lr must be finite and >= 0 (0: as registered)");
+  if (!std::isfinite(lr)) {
+    return InvalidArgument(
+        "lr must be finite: >= 0, or LOHAN_LR_REGISTERED (< 0) for the "
+        "registered one");
   }
   const int status =
       RingCall(model, lohan::RingOp::kIterBegin, 0, nullptr, grad_scale, lr);

@@ -107,7 +107,7 @@ int CompareClip(const Flags& flags, TensorStore* store,
           forward();
           ClipOptions clip;
           clip.max_grad_norm = regime.limits[(round * flags.steps + step) % 2];
-          Check(p.BeginIteration(1.0f, 0.0, clip), "begin");
+          Check(p.BeginIteration(1.0f, std::nullopt, clip), "begin");
           for (size_t j = 0; j < flags.layers; ++j) {
             const size_t l = flags.layers - 1 - j;
             sleep_ms(flags.backward_ms);

@@ -245,7 +245,7 @@ int CompareLayouts(const Flags& flags, TensorStore* store,
       const double t0 = Now();
       ClipOptions clip;
       clip.max_grad_norm = flags.clip_always ? 1e-6 : 1e9;
-      Check(p.BeginIteration(1.0f, 0.0, clip), "begin");
+      Check(p.BeginIteration(1.0f, std::nullopt, clip), "begin");
       double slot_wait = 0;
       if (k == 0) {
         for (size_t j = 0; j < flags.layers; ++j) {
@@ -551,7 +551,7 @@ int Main(int argc, char** argv) {
       // The norm is computed and checked every iteration. --clip=never:
       // the bound never triggers; --clip=always: it always does.
       clip.max_grad_norm = flags.clip_always ? 1e-6 : 1e9;
-      Check((*p)->BeginIteration(1.0f, 0.0, clip), "begin");
+      Check((*p)->BeginIteration(1.0f, std::nullopt, clip), "begin");
       for (size_t i = 0; i < flags.layers; ++i) {
         const size_t l = flags.layers - 1 - i;  // Backward order.
         if (flags.backward_ms > 0) {

@@ -155,8 +155,9 @@ absl::Status EntryValidator::Accept(const SubmissionEntry& entry) {
       (!(fields & kSlot) && (entry.slot_offset != 0 || entry.length != 0)) ||
       (!(fields & kActivationId) && entry.activation_id != 0) ||
       (!(fields & kIteration) && entry.iteration != 0) ||
-      (!(fields & kGradScale) &&
-       (entry.grad_scale != 0.0f || entry.lr != 0.0)) ||
+      (!(fields & kGradScale) && (entry.grad_scale != 0.0f || entry.lr != 0.0 ||
+                                  entry.iter_flags != 0)) ||
+      (entry.iter_flags & ~kIterBeginLrGiven) != 0 ||
       std::signbit(entry.grad_scale) || std::signbit(entry.lr)) {
     return absl::InvalidArgumentError(absl::StrCat(
         OpName(op),
@@ -381,7 +382,7 @@ absl::Status CheckStagingEntry(const SubmissionEntry& entry) {
   std::memcpy(&scale_bits, &entry.grad_scale, sizeof(scale_bits));
   std::memcpy(&lr_bits, &entry.lr, sizeof(lr_bits));
   if (entry.dtype != 0 || entry.iteration != 0 || scale_bits != 0 ||
-      lr_bits != 0) {
+      lr_bits != 0 || entry.iter_flags != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         OpName(op),
         ": a field this op does not use is not zero (it uses layer, "

@@ -90,6 +90,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       Require(entry.dtype == 0 && entry.iteration == 0);
       Require(entry.grad_scale == 0.0f && !std::signbit(entry.grad_scale));
       Require(entry.lr == 0.0 && !std::signbit(entry.lr));
+      Require(entry.iter_flags == 0);
       for (uint8_t byte : entry.reserved) Require(byte == 0);
       const RingOp op = static_cast<RingOp>(entry.op);
       if (op == RingOp::kReadState || op == RingOp::kInitState) {

@@ -164,7 +164,11 @@ TEST_F(EntryValidatorTest, StreamedLayoutNamesExactlyOneOfTheSlots) {
 
 TEST_F(EntryValidatorTest, FormatRules) {
   SubmissionEntry entry = Register();
-  entry.reserved[11] = 1;
+  entry.reserved[2] = 1;
+  EXPECT_EQ(Code(entry), absl::StatusCode::kInvalidArgument);
+  // ITER_BEGIN's flags: only on ITER_BEGIN, only the known bit.
+  entry = Register();
+  entry.iter_flags = kIterBeginLrGiven;
   EXPECT_EQ(Code(entry), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Code(Entry(RingOp::kInvalid)), absl::StatusCode::kInvalidArgument);
   SubmissionEntry unknown = Entry(RingOp::kInvalid);
@@ -310,7 +314,19 @@ TEST_F(EntryValidatorTest, IterationStateMachine) {
   EXPECT_EQ(Code(Iter(RingOp::kIterAbort, 2)),
             absl::StatusCode::kFailedPrecondition);  // none in progress
   EXPECT_EQ(Code(Grad(0, kPage)), absl::StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(validator_->Accept(Iter(RingOp::kIterBegin, 2)).ok());
+  // An explicit rate, 0 included (a warmup's first step); unknown flag
+  // bits and a negative rate are refused without starting an iteration.
+  SubmissionEntry begin = Iter(RingOp::kIterBegin, 2);
+  begin.iter_flags = 0x80;
+  EXPECT_EQ(Code(begin), absl::StatusCode::kInvalidArgument);
+  begin.iter_flags = kIterBeginLrGiven;
+  begin.lr = -1e-3;
+  EXPECT_EQ(Code(begin), absl::StatusCode::kInvalidArgument);
+  begin.lr = 0.0;
+  EXPECT_TRUE(validator_->Accept(begin).ok());
+  SubmissionEntry end = Iter(RingOp::kIterEnd, 2);
+  end.iter_flags = kIterBeginLrGiven;  // not an ITER_END field
+  EXPECT_EQ(Code(end), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(EntryValidatorTest, ResumesAtAGivenIteration) {

@@ -56,7 +56,10 @@ inline constexpr uint32_t kRingEntryBytes = 64;
 //   kActGet          activation_id, slot_offset/length: bring it back into
 //                    this slot (length == the length it was put with).
 //   kActFree         activation_id: forget it.
-//   kIterBegin       iteration (previous iteration + 1), grad_scale, lr.
+//   kIterBegin       iteration (previous iteration + 1), grad_scale, lr,
+//                    iter_flags (kIterBeginLrGiven: `lr` is this
+//                    iteration's rate even when 0, the first step of a
+//                    warmup; without it 0 means the registered rate).
 //   kIterEnd         iteration (the one begun). Its completion carries the
 //                    global gradient norm (a double's bits) in `detail` and
 //                    kIterEnd* bits in `flags`.
@@ -111,6 +114,9 @@ enum class RingStatePart : uint64_t {
   kMaxExpAvgSq = 3,  // AMSGrad only
 };
 
+// SubmissionEntry::iter_flags of a kIterBegin.
+inline constexpr uint8_t kIterBeginLrGiven = 1u << 0;
+
 // CompletionEntry::flags of a kIterEnd completion.
 inline constexpr uint32_t kIterEndClipped = 1u << 0;
 inline constexpr uint32_t kIterEndSkipped = 1u << 1;
@@ -136,9 +142,11 @@ struct SubmissionEntry {
   // kIterBegin only: every gradient of the iteration is multiplied by this
   // (1/loss_scale for fp16 loss scaling); 0 means 1.
   float grad_scale;
-  uint8_t reserved[4];  // must be zero
+  uint8_t iter_flags;   // kIterBegin only: kIterBegin* bits
+  uint8_t reserved[3];  // must be zero
   // kIterBegin only: the learning rate of this iteration (a schedule's
-  // value); 0 means the one the model was registered with.
+  // value); with kIterBeginLrGiven clear, 0 means the one the model was
+  // registered with.
   double lr;
 };
 static_assert(sizeof(SubmissionEntry) == kRingEntryBytes);
@@ -151,7 +159,8 @@ static_assert(offsetof(SubmissionEntry, length) == 24);
 static_assert(offsetof(SubmissionEntry, activation_id) == 32);
 static_assert(offsetof(SubmissionEntry, iteration) == 40);
 static_assert(offsetof(SubmissionEntry, grad_scale) == 48);
-static_assert(offsetof(SubmissionEntry, reserved) == 52);
+static_assert(offsetof(SubmissionEntry, iter_flags) == 52);
+static_assert(offsetof(SubmissionEntry, reserved) == 53);
 static_assert(offsetof(SubmissionEntry, lr) == 56);
 
 struct CompletionEntry {

@@ -103,7 +103,7 @@ class ClipScheduleTest : public ::testing::TestWithParam<Variant> {
               const ClipOptions& clip) {
     JobPipeline& p = *jobs_[k];
     const size_t layers = layout_.layer_elements.size();
-    EXPECT_TRUE(p.BeginIteration(grad_scale, 0.0, clip).ok());
+    EXPECT_TRUE(p.BeginIteration(grad_scale, std::nullopt, clip).ok());
     std::vector<uint8_t> slot;
     for (size_t j = 0; j < layers; ++j) {
       const size_t l = layers - 1 - j;
@@ -364,8 +364,9 @@ TEST_P(ClipScheduleTest, AnAbortedIterationChangesNothing) {
   for (int k = 0; k < 2; ++k) {
     for (size_t handed : {size_t{2}, size_t{4}}) {
       JobPipeline& p = *jobs_[k];
-      ASSERT_TRUE(
-          p.BeginIteration(1.0f, 0.0, ClipOptions{.max_grad_norm = 1e-3}).ok());
+      ASSERT_TRUE(p.BeginIteration(1.0f, std::nullopt,
+                                   ClipOptions{.max_grad_norm = 1e-3})
+                      .ok());
       for (size_t j = 0; j < handed; ++j) {
         const size_t l = 3 - j;
         std::vector<uint8_t> slot = g.bytes[l];

@@ -592,7 +592,8 @@ absl::Status JobPipeline::InitState(size_t layer, StatePart part,
   return absl::OkStatus();
 }
 
-absl::Status JobPipeline::BeginIteration(float grad_scale, double lr,
+absl::Status JobPipeline::BeginIteration(float grad_scale,
+                                         std::optional<double> lr,
                                          const ClipOptions& clip) {
   if (!(clip.max_grad_norm >= 0.0) || std::isinf(clip.max_grad_norm)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -603,9 +604,9 @@ absl::Status JobPipeline::BeginIteration(float grad_scale, double lr,
     return absl::InvalidArgumentError(absl::StrCat(
         "gradient scale must be finite and > 0, got ", grad_scale));
   }
-  if (!(lr >= 0.0) || !std::isfinite(lr)) {
+  if (lr.has_value() && (!(*lr >= 0.0) || !std::isfinite(*lr))) {
     return absl::InvalidArgumentError(
-        absl::StrCat("learning rate must be finite and >= 0, got ", lr));
+        absl::StrCat("learning rate must be finite and >= 0, got ", *lr));
   }
   absl::MutexLock api(&api_mu_);
   absl::MutexLock lock(&mu_);
@@ -624,7 +625,7 @@ absl::Status JobPipeline::BeginIteration(float grad_scale, double lr,
   submissions_.assign(state_.num_layers(), Submission{});
   submit_order_.clear();
   grad_scale_ = grad_scale;
-  lr_ = lr > 0.0 ? lr : layout_.adam.lr;
+  lr_ = lr.value_or(layout_.adam.lr);
   clip_ = clip;
   running_sum_ = 0.0;
   for (Fate& fate : fates_) fate = Fate::kNone;

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -275,11 +276,13 @@ class JobPipeline {
   // the unscaled gradients). FAILED_PRECONDITION if one is in progress or a
   // layer has no states yet; INVALID_ARGUMENT for a scale that is not
   // finite and > 0, or a max_grad_norm that is not >= 0.
-  // `lr` > 0 replaces the layout's learning rate for this iteration (a
-  // schedule's value); 0 keeps it. `clip` is what EndIteration applies; it
+  // `lr` (>= 0; 0 too, the first step of a warmup) replaces the layout's
+  // learning rate for this iteration (a schedule's value); nullopt keeps
+  // it. `clip` is what EndIteration applies; it
   // is known from the start so that updates can wait for the norm once
   // clipping is certain (ClipSchedule::kDeferWhenCertain).
-  absl::Status BeginIteration(float grad_scale = 1.0f, double lr = 0.0,
+  absl::Status BeginIteration(float grad_scale = 1.0f,
+                              std::optional<double> lr = std::nullopt,
                               const ClipOptions& clip = {})
       ABSL_LOCKS_EXCLUDED(api_mu_, mu_);
   // Hands over `layer`'s gradient (layer_elements(layer) elements of the

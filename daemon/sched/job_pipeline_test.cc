@@ -220,7 +220,7 @@ class JobPipelineTest : public ::testing::Test {
     for (const Grad& g : grads) {
       for (float x : g.values) sum += static_cast<double>(x) * x;
     }
-    EXPECT_TRUE(p.BeginIteration(1.0f, 0.0, clip).ok());
+    EXPECT_TRUE(p.BeginIteration(1.0f, std::nullopt, clip).ok());
     for (size_t i = 0; i < layers; ++i) {
       const size_t l = layers - 1 - i;
       EXPECT_TRUE(
@@ -589,7 +589,8 @@ TEST_F(JobPipelineTest, RejectsBadCallsWithoutCrashing) {
             absl::StatusCode::kFailedPrecondition);
   for (double bad : {-1.0, std::nan(""), HUGE_VAL}) {
     EXPECT_EQ(
-        p->BeginIteration(1.0f, 0.0, ClipOptions{.max_grad_norm = bad}).code(),
+        p->BeginIteration(1.0f, std::nullopt, ClipOptions{.max_grad_norm = bad})
+            .code(),
         absl::StatusCode::kInvalidArgument)
         << bad;
   }
@@ -760,7 +761,11 @@ StepResult Step(JobPipeline& p, const ModelLayout& layout,
     grads[in.nan_layer].bytes[7] = 0xff;
   }
   StepResult result;
-  EXPECT_TRUE(p.BeginIteration(in.grad_scale, in.lr, clip).ok());
+  EXPECT_TRUE(
+      p.BeginIteration(in.grad_scale,
+                       in.lr > 0 ? std::optional<double>(in.lr) : std::nullopt,
+                       clip)
+          .ok());
   std::vector<uint8_t> slot(largest);
   for (size_t i = 0; i < layers; ++i) {
     const size_t l = layers - 1 - i;

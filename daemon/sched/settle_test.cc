@@ -86,7 +86,7 @@ class SettleTest : public ::testing::Test {
   void Backward(JobPipeline& p, const Gradients& g,
                 std::vector<std::vector<uint16_t>>& out,
                 const ClipOptions& clip = {.max_grad_norm = 1e-3}) {
-    ASSERT_TRUE(p.BeginIteration(1.0f, 0.0, clip).ok());
+    ASSERT_TRUE(p.BeginIteration(1.0f, std::nullopt, clip).ok());
     for (size_t j = 0; j < g.bytes.size(); ++j) {
       const size_t l = g.bytes.size() - 1 - j;
       ASSERT_TRUE(p.SubmitGradients(l, g.bytes[l].data(), out[l].data()).ok());
@@ -204,7 +204,8 @@ TEST_F(SettleTest, UnclippedTailRunsLayerZeroFirst) {
   const Gradients g = MakeGradients(layout_, 26, 1.0f, -1);
   SlowReads(100);
   ASSERT_TRUE(
-      job->BeginIteration(1.0f, 0.0, ClipOptions{.max_grad_norm = 1e9}).ok());
+      job->BeginIteration(1.0f, std::nullopt, ClipOptions{.max_grad_norm = 1e9})
+          .ok());
   for (size_t j = 0; j < g.bytes.size(); ++j) {
     const size_t l = g.bytes.size() - 1 - j;
     ASSERT_TRUE(job->SubmitGradients(l, g.bytes[l].data(), out[l].data()).ok());
@@ -322,8 +323,9 @@ TEST_F(SettleTest, AbortsRightAfterSubmittingNeverStallTheNextIteration) {
   Initialize(*job, out);
   const Gradients g = MakeGradients(layout_, 31, 1.0f, -1);
   for (int round = 0; round < 200; ++round) {
-    ASSERT_TRUE(
-        job->BeginIteration(1.0f, 0.0, ClipOptions{.max_grad_norm = 1e9}).ok());
+    ASSERT_TRUE(job->BeginIteration(1.0f, std::nullopt,
+                                    ClipOptions{.max_grad_norm = 1e9})
+                    .ok());
     for (size_t l = 0; l < g.bytes.size(); ++l) {
       ASSERT_TRUE(
           job->SubmitGradients(l, g.bytes[l].data(), out[l].data()).ok());
@@ -331,7 +333,8 @@ TEST_F(SettleTest, AbortsRightAfterSubmittingNeverStallTheNextIteration) {
     ASSERT_TRUE(job->AbortIteration().ok()) << "round " << round;
   }
   ASSERT_TRUE(
-      job->BeginIteration(1.0f, 0.0, ClipOptions{.max_grad_norm = 1e9}).ok());
+      job->BeginIteration(1.0f, std::nullopt, ClipOptions{.max_grad_norm = 1e9})
+          .ok());
   for (size_t l = 0; l < g.bytes.size(); ++l) {
     ASSERT_TRUE(job->SubmitGradients(l, g.bytes[l].data(), out[l].data()).ok());
   }

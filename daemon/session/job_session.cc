@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <optional>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
@@ -505,7 +506,10 @@ absl::Status JobSession::Handle(const SubmissionEntry& entry, uint64_t& detail,
     case RingOp::kIterBegin:
       iteration_began_ = absl::Now();
       return model.pipeline->BeginIteration(
-          entry.grad_scale == 0.0f ? 1.0f : entry.grad_scale, entry.lr,
+          entry.grad_scale == 0.0f ? 1.0f : entry.grad_scale,
+          (entry.iter_flags & kIterBeginLrGiven) != 0 || entry.lr > 0.0
+              ? std::optional<double>(entry.lr)
+              : std::nullopt,
           model.clip);
     case RingOp::kIterEnd: {
       absl::StatusOr<IterationReport> report = model.pipeline->EndIteration();

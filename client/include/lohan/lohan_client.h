@@ -326,8 +326,10 @@ LOHAN_CLIENT_API int lohan_model_init_state(lohan_model* model, uint32_t layer,
 LOHAN_CLIENT_API int lohan_model_iter_begin(lohan_model* model);
 /* As lohan_model_iter_begin, with every gradient of the iteration multiplied
  * by `grad_scale` (> 0; 1/loss_scale for fp16 loss scaling) and, when
- * `lr` > 0, that learning rate for this iteration (a schedule's value; 0
- * keeps the registered one). */
+ * `lr` >= 0, that learning rate for this iteration (a schedule's value; 0
+ * too, the first step of a warmup); a negative `lr`
+ * (LOHAN_LR_REGISTERED) keeps the registered one. */
+#define LOHAN_LR_REGISTERED (-1.0)
 LOHAN_CLIENT_API int lohan_model_iter_begin_with(lohan_model* model,
                                                  float grad_scale, double lr);
 LOHAN_CLIENT_API int lohan_model_fetch_params(lohan_model* model,

@@ -164,8 +164,9 @@ class Model:
         if grad_scale == 1.0 and lr is None:
             _check(self._lib.lohan_model_iter_begin(self._handle))
         else:
+            # A negative rate: the registered one (0 is a rate: warmup).
             _check(self._lib.lohan_model_iter_begin_with(
-                self._handle, grad_scale, 0.0 if lr is None else lr))
+                self._handle, grad_scale, -1.0 if lr is None else lr))
 
     def fetch_params(self, layer: int) -> None:
         _check(self._lib.lohan_model_fetch_params(self._handle,

@@ -771,10 +771,13 @@ class Engine:
         self._plane.cuda_register()
         return True
 
-    @staticmethod
-    def _flatten(layer: Layer) -> torch.Tensor:
-        return torch.cat([p.detach().reshape(-1).to(torch.float32)
-                          for p in layer.params])
+    def _stage_params(self, layer: Layer) -> None:
+        """The layer's parameters as fp32 into the staging slot, each
+        straight into its place (no flat copy of the layer: the largest,
+        an embedding, can be hundreds of MB)."""
+        for param, offset in zip(layer.params, layer.offsets):
+            self._staging[offset:offset + param.numel()].copy_(
+                param.detach().reshape(-1))
 
     def _load_or_init(self) -> None:
         """Layer by layer (no whole-model copy): a stored layer's weights
@@ -802,7 +805,7 @@ class Engine:
                     f"job {self.job_name!r} is at iteration {self.iteration} "
                     f"but has no weights for layer {index}; it cannot be "
                     "resumed")
-            self._staging[:layer.numel].copy_(self._flatten(layer))
+            self._stage_params(layer)
             self._remote.init_weights(index)
             self._convert(layer)
             if self.dtype != torch.float32:
@@ -817,10 +820,11 @@ class Engine:
         parts = [p for p in checkpoint.moments
                  if p != "max_exp_avg_sq" or self._amsgrad]
 
-        def flat(layer: Layer, part: str) -> torch.Tensor:
-            values = []
-            for name, param, shape in zip(layer.names, layer.params,
-                                          layer.shapes):
+        def stage(layer: Layer, part: str) -> None:
+            """The checkpoint's `part` of the layer into the staging slot,
+            tensor by tensor."""
+            for name, param, shape, offset in zip(layer.names, layer.params,
+                                                  layer.shapes, layer.offsets):
                 found = checkpoint.find(aliases.get(id(param), [name]), part)
                 if found is None:
                     raise LohanError(
@@ -832,8 +836,8 @@ class Engine:
                         StatusCode.INVALID_ARGUMENT,
                         f"{checkpoint.path}: {name} ({part}) has shape "
                         f"{tuple(found.shape)}, the model's {tuple(shape)}")
-                values.append(found.reshape(-1).to(torch.float32))
-            return torch.cat(values)
+                self._staging[offset:offset + shape.numel()].copy_(
+                    found.reshape(-1))
 
         progress = Progress(f"resuming from {checkpoint.path}",
                             len(self.layers),
@@ -846,7 +850,7 @@ class Engine:
                     f"job {self.job_name!r} has states already; resume from "
                     "a checkpoint starts a new job (pass another job_name, "
                     "or resume=True to continue this one)")
-            self._staging[:layer.numel].copy_(flat(layer, "weights"))
+            stage(layer, "weights")
             self._remote.init_weights(index)
             self._convert(layer)
             if self.dtype == torch.float32:
@@ -854,7 +858,7 @@ class Engine:
             else:
                 self._copy_weight16_into_params(layer)
             for part in parts:
-                self._staging[:layer.numel].copy_(flat(layer, part))
+                stage(layer, part)
                 self._remote.init_state(index, part)
             progress.advance(layer.numel)
         progress.done()
@@ -1016,6 +1020,11 @@ class Engine:
             self._activations.sweep()
         self.last = StepResult(float(norm), bool(clipped), bool(skipped),
                                self.iteration)
+        if self._optimizer is not None:
+            # engine.step() is the optimizer's step: torch's LR schedulers
+            # look for this mark (set by a wrapper around
+            # optimizer.step) and warn that step() was never called.
+            self._optimizer._opt_called = True
         return self.last
 
     def _pull_weights(self) -> None:
@@ -1221,11 +1230,14 @@ class Engine:
             except LohanError:
                 pass  # failed, the daemon is gone, or never to be posted
 
-    def close(self) -> None:
+    def close(self, delete_job: bool = False) -> None:
         """Removes the hooks and detaches from the job (its states stay with
-        the daemon for a resume). An unfinished step is rolled back."""
+        the daemon for a resume; with `delete_job=True` the job and its
+        states are deleted, for a run whose checkpoints are elsewhere). An
+        unfinished step is rolled back."""
         if self._closed:
             return
+        self._delete_job_on_close = delete_job
         if self._lazy is not None:
             # The model goes back trained; a block that cannot be brought
             # up to date keeps what it has, with a word.
@@ -1283,7 +1295,8 @@ class Engine:
             if self._job is not None:
                 try:
                     self._client.detach_job(self._job.id)
-                    if self._delete_on_failure:  # init failed half-way
+                    if self._delete_on_failure or getattr(
+                            self, "_delete_job_on_close", False):
                         self._client.delete_job(self._job.id)
                 except LohanError:
                     pass  # not attached, or the daemon is gone

@@ -1,0 +1,3 @@
+"""Adapters from training frameworks to lohan; each imports its framework
+only when used (`from lohan.integrations.transformers import
+LohanTrainer`)."""

@@ -87,7 +87,18 @@ grpc::Status ControlService::CreateJob(grpc::ServerContext* context,
                                        v1::CreateJobResponse* response) {
   LOHAN_IDENTIFY_CALLER(context, caller);
   absl::StatusOr<v1::Job> job = jobs_->Create(caller, request->spec());
-  if (!job.ok()) return ToGrpc(job.status());
+  if (!job.ok()) {
+    if (std::optional<uint64_t> dropped =
+            refusal_log_.Admit(absl::StrCat("create_job:", caller.uid))) {
+      spdlog::info("job '{}' of uid {} (pid {}) not created: {}{}",
+                   request->spec().name(), caller.uid, caller.pid,
+                   job.status().ToString(),
+                   *dropped == 0 ? ""
+                                 : absl::StrCat(" (", *dropped,
+                                                " more refusals not logged)"));
+    }
+    return ToGrpc(job.status());
+  }
   parts_.ledger->Track(job->id(), job->owner_uid(), job->spec().ssd_bytes());
   spdlog::info("job {} '{}' created by uid {} (pid {})", job->id(),
                job->spec().name(), caller.uid, caller.pid);

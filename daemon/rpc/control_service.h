@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 
+#include "daemon/common/log_limiter.h"
 #include "daemon/config/config.h"
 #include "daemon/jobs/job_registry.h"
 #include "daemon/optim/adam.h"
@@ -88,6 +89,9 @@ class ControlService final : public v1::Lohan::Service {
   JobRegistry* const jobs_;
   const std::chrono::steady_clock::time_point started_;
   const int64_t started_unix_seconds_;
+  // Refused CreateJobs are logged (the operator sees why a user's job did
+  // not start), a few per user per minute.
+  LogLimiter refusal_log_{3, absl::Seconds(60)};
 };
 
 }  // namespace lohan

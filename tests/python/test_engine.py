@@ -785,6 +785,10 @@ def test_auto_takes_as_many_stream_buffers_as_the_pool_holds(tmp_path):
         assert "--host-pool-size" in refused.value.message
         assert f"at least {host_pool_bytes(layers, 4, 0, 1) >> 20} MiB" in (
             refused.value.message)
+        # The operator sees it too: each refused size, once per attempt
+        # (the daemon logs a few per user per minute).
+        log = daemon.log()
+        assert "job 'none' of uid" in log and "not created" in log, log
     finally:
         daemon.stop(signal.SIGKILL)
 

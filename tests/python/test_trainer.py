@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
@@ -321,3 +323,37 @@ def test_bfloat16_model_trains_with_fp32_masters(lohand, tmp_path):
     weights = dict(model.named_parameters())
     for name, master in masters.items():
         assert torch.equal(weights[name].detach(), master.to(torch.bfloat16))
+
+
+def test_sharding_and_several_processes_are_refused(lohand, tmp_path):
+    """Two real processes (torchrun, gloo on the CPU): each is refused,
+    saying to run one. fsdp, which Trainer itself takes only in a
+    distributed run, is named among the refusals."""
+    from lohan.integrations.transformers import _refusals
+    sharded = transformers.TrainingArguments(
+        str(tmp_path / "fsdp"), use_cpu=True, fsdp="full_shard",
+        report_to="none")
+    assert any(r.startswith("fsdp=") for r in _refusals(sharded, {}))
+    script = tmp_path / "two.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from test_trainer import LohanTrainer, TokenData, arguments, gpt2\n"
+        "try:\n"
+        "    LohanTrainer(model=gpt2(), train_dataset=TokenData(8, 1),\n"
+        f"                 args=arguments({str(tmp_path / 'out')!r},\n"
+        "                                eval_strategy='no'),\n"
+        f"                 lohan={{'socket': {lohand.socket!r}}})\n"
+        "except ValueError as error:\n"
+        "    print('refused:', error)\n")
+    env = dict(os.environ, PYTHONPATH=str(
+        Path(__file__).resolve().parents[2] / "plugins" / "pytorch"))
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone",
+         "--nproc_per_node=2", str(script)],
+        env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("refused:") == 2, done.stdout + done.stderr
+    assert "2 processes or GPUs" in done.stdout
+    with Client(lohand.socket) as client:
+        assert client.jobs() == []

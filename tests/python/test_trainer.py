@@ -18,12 +18,15 @@ roundings in the forward, and the flips grow (the chaos test_engine.py
 describes). Measured over 20 steps: losses within 7.4e-5, grad norms
 within 2.1e-3, weights within 9.3e-3 of a tensor's largest element. We
 assert 1e-3, 1e-2 and 3e-2: bounds on the forward's sensitivity, with the
-first step pinned down exactly.
+first step pinned down exactly. fp16 (autocast and loss scaling, as
+accelerate runs it on a GPU): the same bounds; measured 7.6e-6, 1.5e-4 and
+1.3e-3, and the same loss scale after every step.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -43,6 +46,7 @@ from lohan.integrations.transformers import LohanTrainer  # noqa: E402
 TOLERANCES = {  # losses, grad norms, weights (see above)
     "fp32": (1e-5, 1e-5, 1e-4),
     "bf16": (1e-3, 1e-2, 3e-2),
+    "fp16": (1e-3, 1e-2, 3e-2),
 }
 STEPS = 20
 LR = 5e-3
@@ -291,19 +295,62 @@ def test_optimizers_and_lohan_options_from_the_arguments_are_refused(
         assert client.jobs() == []
 
 
-def test_fp16_is_refused_with_the_way_out(lohand, tmp_path):
-    # Trainer itself wants a GPU for fp16; the refusal is LohanTrainer's
-    # where Trainer accepts it.
-    try:
-        args = arguments(tmp_path, fp16=True, eval_strategy="no")
-    except ValueError as error:
-        pytest.skip(f"Trainer refuses fp16 here itself: {error}")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with pytest.raises(ValueError, match="fp16=True.*bf16=True"):
-            LohanTrainer(model=gpt2(), args=args,
-                         train_dataset=TokenData(8, 1),
-                         lohan={"socket": lohand.socket})
+class Scales(transformers.TrainerCallback):
+    """The loss scale after each step."""
+
+    def __init__(self) -> None:
+        self.trainer: Any = None
+        self.seen: List[float] = []
+
+    def on_step_end(self, args: Any, state: Any, control: Any,
+                    **kwargs: Any) -> Any:
+        self.seen.append(float(self.trainer.accelerator.scaler.get_scale()))
+        return control
+
+
+def train_fp16(trainer_class: type, output_dir: Path, model: torch.nn.Module,
+               init_scale: float, **kwargs: Any) -> Tuple[List[Dict], List]:
+    """fp16=True as accelerate runs it on a GPU (autocast to fp16 and a
+    GradScaler; on the CPU it makes neither and runs fp32): turned on by
+    hand, so that the scaling, skipping and growing path runs here."""
+    scales = Scales()
+    extra = ({"lohan": kwargs.pop("lohan")}
+             if trainer_class is LohanTrainer else {})
+    trainer = trainer_class(model=model, args=arguments(output_dir,
+                                                        fp16=True, **kwargs),
+                            train_dataset=TokenData(48, 1),
+                            eval_dataset=TokenData(8, 2), callbacks=[scales],
+                            **extra)
+    scales.trainer = trainer
+    trainer.accelerator.native_amp = True
+    trainer.accelerator.scaler = torch.amp.GradScaler(
+        "cpu", init_scale=init_scale, growth_interval=3)
+    trainer.train()
+    return trainer.state.log_history, scales.seen
+
+
+@pytest.mark.parametrize("init_scale", [2.0 ** 16, 2.0 ** 22])
+def test_fp16_loss_scaling_matches_grad_scaler(lohand, tmp_path, init_scale):
+    """2^16: grown every 3 good steps. 2^22: fp16 overflows in the first
+    steps' backward; both skip them (weights, step count and LR schedule
+    unchanged), halve the scale, then grow it and skip again: the same
+    scale after every step."""
+    reference = gpt2()
+    want, want_scales = train_fp16(transformers.Trainer, tmp_path / "adamw",
+                                   reference, init_scale)
+    model = gpt2()
+    got, got_scales = train_fp16(LohanTrainer, tmp_path / "lohan", model,
+                                 init_scale, lohan={"socket": lohand.socket})
+    assert got_scales == want_scales
+    if init_scale > 2.0 ** 16:
+        assert want_scales[:3] == [init_scale / 2, init_scale / 4,
+                                   init_scale / 8]  # three steps skipped
+    assert any(b > a for a, b in zip(want_scales, want_scales[1:]))
+    assert_logs_match([h for h in got if "grad_norm" not in h or
+                       math.isfinite(h["grad_norm"])],
+                      [h for h in want if "grad_norm" not in h or
+                       math.isfinite(h["grad_norm"])], "fp16")
+    assert_weights_match(model, reference, "fp16")
 
 
 def test_bfloat16_model_trains_with_fp32_masters(lohand, tmp_path):

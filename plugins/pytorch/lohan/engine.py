@@ -126,6 +126,7 @@ class Engine:
                  buffers: str = "auto", stream_buffers: int = 4,
                  loss_scale: Union[None, str, float] = None,
                  loss_scale_growth_interval: int = 2000,
+                 initial_loss_scale: float = 2.0 ** 16,
                  clip_schedule: str = "deferred",
                  overlap_step: bool = False,
                  service: str = "lanes"):
@@ -141,6 +142,11 @@ class Engine:
                     and math.isfinite(loss_scale) and loss_scale > 0)):
             raise ValueError(f"loss_scale={loss_scale!r}: use None (dynamic "
                              "for fp16, else 1), 'dynamic' or a number > 0")
+        if not (isinstance(initial_loss_scale, (int, float))
+                and math.isfinite(initial_loss_scale)
+                and initial_loss_scale >= 1):
+            raise ValueError(f"initial_loss_scale={initial_loss_scale!r}: "
+                             "a number >= 1 (the dynamic scale's start)")
         if not isinstance(overlap_step, bool):
             raise TypeError(f"overlap_step must be True or False, got "
                             f"{overlap_step!r}")
@@ -352,7 +358,7 @@ class Engine:
         if loss_scale is None:
             loss_scale = "dynamic" if self.dtype == torch.float16 else 1.0
         self._dynamic_scale = loss_scale == "dynamic"
-        self.loss_scale = (2.0 ** 16 if self._dynamic_scale
+        self.loss_scale = (float(initial_loss_scale) if self._dynamic_scale
                            else float(loss_scale))
         self._growth_interval = int(loss_scale_growth_interval)
         self._good_steps = 0
@@ -1329,7 +1335,7 @@ def init(model: nn.Module, **options: Any) -> Engine:
     eps, weight_decay,
     no_weight_decay, param_groups, max_grad_norm, adamw, amsgrad, bf16_moments,
     skip_nonfinite, clip_schedule, overlap_step, service, dtype, loss_scale,
-    loss_scale_growth_interval,
+    loss_scale_growth_interval, initial_loss_scale,
     grad_accumulation_steps, blocks, activations, activation_host_bytes,
     activation_buffer_bytes, params, buffers, stream_buffers,
     chunk_elements, socket, job_name, resume (True: this user's job of that

@@ -49,10 +49,6 @@ def _refusals(args: Any, lohan: Dict[str, Any]) -> List[str]:
     if args.optim_args:
         found.append(f"optim_args={args.optim_args!r}: AdamW's settings are "
                      "adam_beta1, adam_beta2, adam_epsilon and weight_decay")
-    if args.fp16:
-        found.append("fp16=True: Trainer's fp16 loss scaling does not reach "
-                     "lohan yet; use bf16=True (or a bfloat16 model), or "
-                     "fp16 with lohan's own loop (engine.backward)")
     if args.deepspeed:
         found.append("deepspeed=...: lohan replaces DeepSpeed's offload; "
                      "drop the deepspeed config")
@@ -114,6 +110,67 @@ def last_whole_checkpoint(output_dir: str) -> Optional[str]:
     return None
 
 
+class EngineScaler:
+    """Stands in for accelerate's GradScaler with fp16=True: the loss is
+    scaled by the engine's dynamic scale, the daemon unscales the
+    gradients and skips a step whose gradients are not finite, and the
+    engine halves or grows the scale, as GradScaler would. Trainer sees a
+    skipped step as accelerate reports one (its optimizer step not
+    called), so the LR schedule does not advance on it."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        self.engine._scaled_backward = True
+        return loss * self.engine.loss_scale
+
+    def step(self, optimizer: Any, closure: Any = None) -> Any:
+        result = self.engine.step()
+        if result is not None and result.skipped:
+            return None
+        # The optimizer's (patched) step tells accelerate the step ran;
+        # with the gradients handed over it is a no-op.
+        return optimizer.step(closure)
+
+    def update(self, new_scale: Any = None) -> None:
+        pass  # engine.step() has moved the scale
+
+    def unscale_(self, optimizer: Any) -> None:
+        pass  # the daemon unscales
+
+    def get_scale(self) -> float:
+        return self.engine.loss_scale
+
+    def is_enabled(self) -> bool:
+        return True
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"scale": self.engine.loss_scale,
+                "_growth_tracker": self.engine._good_steps}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.engine.loss_scale = float(state["scale"])
+        self.engine._good_steps = int(state["_growth_tracker"])
+
+    def _lazy_init_scale_growth_tracker(self, device: Any) -> None:
+        pass  # accelerate calls it after load_state_dict
+
+    @staticmethod
+    def options_from(scaler: Any) -> Dict[str, Any]:
+        """lohan.init's loss-scale options for accelerate's scaler."""
+        if (scaler.get_growth_factor() != 2.0
+                or scaler.get_backoff_factor() != 0.5):
+            raise ValueError(
+                "LohanTrainer: fp16 with a GradScaler growth factor "
+                f"{scaler.get_growth_factor()} / backoff "
+                f"{scaler.get_backoff_factor()}: lohan doubles and halves "
+                "the scale (torch's defaults); drop those settings")
+        return {"loss_scale": "dynamic",
+                "initial_loss_scale": float(scaler.get_scale()),
+                "loss_scale_growth_interval": scaler.get_growth_interval()}
+
+
 class LohanTrainer(Trainer):
     """`Trainer` whose optimizer is lohand's AdamW. Change `Trainer(...)` to
     `LohanTrainer(...)`; `lohan={...}` passes options to lohan.init
@@ -123,7 +180,8 @@ class LohanTrainer(Trainer):
     adam_beta1/2, adam_epsilon, weight_decay (not on Trainer's no-decay
     parameters: biases and norms), max_grad_norm (clipped exactly in the
     daemon; the grad_norm logged is the daemon's), and
-    gradient_accumulation_steps. Checkpoints hold lohan's states in
+    gradient_accumulation_steps; bf16 and fp16 (EngineScaler).
+    Checkpoints hold lohan's states in
     `checkpoint-N/lohan/`; resume_from_checkpoint=True takes the newest
     whole checkpoint. At the end of train() the engine closes and its
     daemon job is deleted (the checkpoints and the model hold the run)."""
@@ -157,6 +215,11 @@ class LohanTrainer(Trainer):
         decay = set(self.get_decay_parameter_names(model))
         options = dict(self.lohan_options)
         options.setdefault("device", self.args.device)
+        # fp16 where accelerate scales the loss (a GPU; on the CPU it runs
+        # fp32): the engine's dynamic scale replaces its GradScaler.
+        scaler = getattr(self.accelerator, "scaler", None)
+        if self.args.fp16 and scaler is not None:
+            options.update(EngineScaler.options_from(scaler))
         self.engine = Engine(
             model, lr=self.args.learning_rate,
             betas=(self.args.adam_beta1, self.args.adam_beta2),
@@ -168,6 +231,9 @@ class LohanTrainer(Trainer):
                     if self._lohan_resume else False),
             **options)
         self.optimizer = self.engine.optimizer
+        if self.args.fp16 and scaler is not None:
+            # Before accelerator.prepare hands the scaler to the optimizer.
+            self.accelerator.scaler = EngineScaler(self.engine)
         return self.optimizer
 
     def _move_model_to_device(self, model: Any, device: Any) -> None:

@@ -113,6 +113,12 @@ absl::StatusOr<std::unique_ptr<JobPipeline>> JobPipeline::Open(
   if (options.buffers == 0) {
     return absl::InvalidArgumentError("job pipeline: needs at least 1 buffer");
   }
+  if (options.fp32_weights_out &&
+      (layout.grad_dtype != DType::kFloat32 || options.stream_weight16)) {
+    return absl::InvalidArgumentError(
+        "job pipeline: fp32_weights_out needs an fp32 layout whose weights "
+        "are not streamed (stream_weight16)");
+  }
   std::unique_ptr<JobPipeline> pipeline(
       new JobPipeline(store, updater, std::move(job), layout, options));
   absl::Status s = pipeline->OpenStates();
@@ -449,21 +455,24 @@ absl::Status JobPipeline::ReadWeights(size_t layer, float* out) const {
       [&](size_t c, uint64_t count, const uint8_t* state) {
         std::memcpy(out + state_.chunk_begin(c), state, count * 4);
       },
-      /*current=*/true);
+      /*current=*/true, /*weights_only=*/true);
 }
 
 absl::Status JobPipeline::ForEachCommittedChunk(
     size_t layer, absl::FunctionRef<void(size_t, uint64_t, const uint8_t*)> use,
-    bool current) const {
+    bool current, bool weights_only) const {
   AlignedBuffer buffer(RoundUp(state_.max_state_bytes(), kBufferAlignment),
                        kBufferAlignment);
   for (size_t c = 0; c < state_.num_chunks(layer); ++c) {
     const uint64_t count = state_.chunk_count(layer, c);
     const std::string& name = chunk_names_[FlatIndex(layer, c)];
-    const absl::Span<uint8_t> out =
-        absl::MakeSpan(buffer.data(), state_.state_bytes(count));
-    absl::StatusOr<uint64_t> r =
-        current ? ReadCurrent(name, out) : store_->Read(job_, name, out);
+    // The fp32 weights lead the chunk's state: alone, a prefix read.
+    const absl::Span<uint8_t> out = absl::MakeSpan(
+        buffer.data(), weights_only ? count * 4 : state_.state_bytes(count));
+    absl::StatusOr<uint64_t> r = current ? ReadCurrent(name, out, weights_only)
+                                 : weights_only
+                                     ? store_->ReadPrefix(job_, name, out)
+                                     : store_->Read(job_, name, out);
     if (!r.ok()) {
       return Annotate(r.status(), absl::StrCat("reading the states of layer ",
                                                layer, " chunk ", c));

@@ -115,6 +115,11 @@ struct PipelineOptions {
   // a run that did not stream them). SubmitGradients' weight16_out must then
   // be null.
   bool stream_weight16 = false;
+  // An fp32 layout's weight16_out receives the updated fp32 weights
+  // themselves (4 bytes each) rather than a 16-bit copy: a client keeps
+  // its fp32 model's weights in that buffer and needs no read of the
+  // states for them. Not with stream_weight16.
+  bool fp32_weights_out = false;
   // A job with no states yet (no meta, or a meta left by an earlier Open
   // before any layer got weights): the iteration its meta starts at, so the
   // first update is Adam step initial_iteration + 1 (a checkpoint restored
@@ -286,8 +291,9 @@ class JobPipeline {
                               const ClipOptions& clip = {})
       ABSL_LOCKS_EXCLUDED(api_mu_, mu_);
   // Hands over `layer`'s gradient (layer_elements(layer) elements of the
-  // layout's grad_dtype) and where its new 16-bit weights go (as many
-  // elements of weight16_dtype; null: no copy, or streamed to the store).
+  // layout's grad_dtype) and where a copy of its new weights goes (as many
+  // elements of weight16_dtype, or of fp32 with fp32_weights_out; null: no
+  // copy, or streamed to the store).
   // Returns at once; the update runs in the stage threads (at EndIteration
   // for kAfterBackward).
   // REQUIRES: `grad` and `weight16_out` stay valid, `grad` unchanged and
@@ -427,6 +433,12 @@ class JobPipeline {
   absl::Status WriteMeta(uint64_t iteration);
   // The 16-bit copy of `count` fp32 weights.
   void ToWeight16(const float* weights, uint64_t count, uint16_t* out) const;
+  // Bytes per element of the weight copy written to weight16_out: 4 with
+  // fp32_weights_out, else 2.
+  size_t WeightCopySize() const;
+  // The copy of `count` committed or updated fp32 weights into `out`, in
+  // the copy's dtype.
+  void CopyWeights(const float* weights, uint64_t count, uint8_t* out) const;
 
   // The Adam update of an update task's chunk (its state in task.buffer):
   // one AdamUpdater::Step per StateLayout::ChunkPieces piece, with its
@@ -436,10 +448,12 @@ class JobPipeline {
   // and hands it to use(chunk, count, state); a failed read names the layer
   // and chunk.
   // `current`: the version ReadCurrent reads instead of the committed one.
+  // `weights_only`: only the fp32 weights at the front of each state are
+  // read (a third of it, or less).
   absl::Status ForEachCommittedChunk(
       size_t layer,
       absl::FunctionRef<void(size_t, uint64_t, const uint8_t*)> use,
-      bool current = false) const;
+      bool current = false, bool weights_only = false) const;
   absl::StatusOr<StepStats> StepChunk(const Task& task) const;
   // The gradient sum of squares StepChunk would return for `layer`'s chunk
   // `chunk`, whose first gradient element is `grad`, bit for bit.
@@ -490,9 +504,11 @@ class JobPipeline {
   absl::Status AwaitSettledLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reads `name`'s version a reader of the weights should see: while an
   // iteration settles (its chunks all have their new pending version),
-  // that one; otherwise the committed one.
+  // that one; otherwise the committed one. `prefix`: only out.size()
+  // bytes of it (TensorStore::ReadPrefix).
   absl::StatusOr<uint64_t> ReadCurrent(const std::string& name,
-                                       absl::Span<uint8_t> out) const
+                                       absl::Span<uint8_t> out,
+                                       bool prefix = false) const
       ABSL_LOCKS_EXCLUDED(mu_);
   void ComputeLoop();
   void WriteLoop();

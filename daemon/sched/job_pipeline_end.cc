@@ -290,19 +290,23 @@ absl::Status JobPipeline::WaitLayer(size_t layer) const {
   return settle_error_;
 }
 
-absl::StatusOr<uint64_t> JobPipeline::ReadCurrent(
-    const std::string& name, absl::Span<uint8_t> out) const {
+absl::StatusOr<uint64_t> JobPipeline::ReadCurrent(const std::string& name,
+                                                  absl::Span<uint8_t> out,
+                                                  bool prefix) const {
   bool settling;
   {
     absl::MutexLock lock(&mu_);
     settling = phase_ == Phase::kSettling;
   }
   if (settling) {
-    absl::StatusOr<uint64_t> r = store_->ReadPending(job_, name, out);
+    absl::StatusOr<uint64_t> r =
+        prefix ? store_->ReadPrefix(job_, name, out, /*pending=*/true)
+               : store_->ReadPending(job_, name, out);
     // Committed meanwhile: the same bytes are now the committed version.
     if (r.ok() || !IsNoPending(r.status())) return r;
   }
-  return store_->Read(job_, name, out);
+  return prefix ? store_->ReadPrefix(job_, name, out)
+                : store_->Read(job_, name, out);
 }
 
 }  // namespace lohan

@@ -1,6 +1,7 @@
 // JobPipeline's stages (decide, read, compute, write) and passes.
 
 #include <cmath>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
@@ -226,8 +227,10 @@ absl::StatusOr<StepStats> JobPipeline::StepChunk(const Task& task) const {
     tensor.step = task.step;
     GradientView grad{task.grad + at * grad_size, layout_.grad_dtype,
                       task.inv_scale};
-    HalfOutput out{task.out == nullptr ? nullptr : task.out + at * 2,
-                   layout_.weight16_dtype};
+    const bool full_copy = WeightCopySize() == 4;
+    HalfOutput out{
+        task.out == nullptr || full_copy ? nullptr : task.out + at * 2,
+        layout_.weight16_dtype};
     AdamOptions piece_adam = adam;
     if (piece.group != StateLayout::kNoGroup) {
       const ElementGroup& group = state_.group(piece.group);
@@ -237,6 +240,9 @@ absl::StatusOr<StepStats> JobPipeline::StepChunk(const Task& task) const {
     absl::StatusOr<StepStats> stats =
         updater_.Step(piece_adam, tensor, grad, out);
     if (!stats.ok()) return stats.status();
+    if (full_copy && task.out != nullptr) {
+      std::memcpy(task.out + at * 4, tensor.weight, piece.count * 4);
+    }
     if (first) {
       total = *stats;  // A chunk of one piece: exactly that Step's stats.
       first = false;
@@ -315,9 +321,9 @@ void JobPipeline::ComputeLoop() {
     const double start = Now();
     absl::Status s;
     if (task->kind == TaskKind::kRepublish) {
-      // The committed weights' 16-bit copy (no update).
-      ToWeight16(reinterpret_cast<const float*>(task->buffer), count,
-                 reinterpret_cast<uint16_t*>(task->out));
+      // The committed weights' copy (no update).
+      CopyWeights(reinterpret_cast<const float*>(task->buffer), count,
+                  task->out);
     } else {
       absl::StatusOr<StepStats> stats = StepChunk(*task);
       if (stats.ok()) {
@@ -430,7 +436,9 @@ void JobPipeline::EnqueueChunkLocked(size_t layer, size_t chunk, TaskKind kind,
   if (sub.grad != nullptr) {
     task.grad = static_cast<const uint8_t*>(sub.grad) + begin * grad_size;
   }
-  if (sub.out != nullptr) task.out = static_cast<uint8_t*>(sub.out) + begin * 2;
+  if (sub.out != nullptr) {
+    task.out = static_cast<uint8_t*>(sub.out) + begin * WeightCopySize();
+  }
   ++enqueued_;
   ++layer_left_[layer];
   if (decide) ++decide_left_;
@@ -529,6 +537,19 @@ absl::Status JobPipeline::Commit(uint64_t new_iteration) {
   names.insert(names.end(), weight16_names_.begin(), weight16_names_.end());
   names.push_back(StateLayout::MetaName());
   return store_->CommitBatch(job_, names);
+}
+
+size_t JobPipeline::WeightCopySize() const {
+  return options_.fp32_weights_out ? 4 : 2;
+}
+
+void JobPipeline::CopyWeights(const float* weights, uint64_t count,
+                              uint8_t* out) const {
+  if (WeightCopySize() == 4) {
+    std::memcpy(out, weights, count * 4);
+  } else {
+    ToWeight16(weights, count, reinterpret_cast<uint16_t*>(out));
+  }
 }
 
 void JobPipeline::ToWeight16(const float* weights, uint64_t count,

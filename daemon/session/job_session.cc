@@ -261,6 +261,9 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
   // fp32 models have no 16-bit copy: FETCH_PARAMS reads the masters.
   options.stream_weight16 =
       model.streamed_weights && model.dtype != v1::DTYPE_FP32;
+  // Resident fp32: the updates write the masters into the weight slots.
+  options.fp32_weights_out =
+      !model.streamed_weights && model.dtype == v1::DTYPE_FP32;
   options.settle_in_background = spec.overlap_updates();
   options.optimizer_queue = parts.optimizer_queue;
   options.weight = parts.weight;
@@ -563,11 +566,10 @@ absl::Status JobSession::Handle(const SubmissionEntry& entry, uint64_t& detail,
     }
     case RingOp::kIterAbort: {
       absl::Status aborted = model.pipeline->AbortIteration();
-      // Updates that ran wrote 16-bit weights into the client's buffers:
+      // Updates that ran wrote new weights into the client's buffers:
       // put the committed ones back before its next forward.
       for (size_t layer = 0; layer < model.weight_slots.size(); ++layer) {
-        if (model.dtype != v1::DTYPE_FP32 &&
-            model.pipeline->layer_initialized(layer)) {
+        if (model.pipeline->layer_initialized(layer)) {
           (void)PublishWeights(layer);
         }
       }
@@ -587,16 +589,17 @@ absl::Status JobSession::Execute(const SubmissionEntry& entry, uint64_t& detail,
   switch (static_cast<RingOp>(entry.op)) {
     case RingOp::kGradReady:
       // Streamed gradients: this returns once the gradient is in the
-      // store, so the completion frees the slot. Streamed (or fp32)
-      // weights: no 16-bit copy in the arena.
+      // store, so the completion frees the slot. Resident weights: the
+      // update writes the new ones (16-bit, or the fp32 masters) into the
+      // layer's weight slot; streamed: none in the arena.
       return model.pipeline->SubmitGradients(
           entry.layer, base() + entry.slot_offset,
-          model.dtype == v1::DTYPE_FP32 || model.streamed_weights
+          model.streamed_weights
               ? nullptr
               : base() + model.weight_slots[entry.layer].offset);
     case RingOp::kFetchParams: {
       uint8_t* destination = base() + entry.slot_offset;
-      if (model.dtype == v1::DTYPE_FP32) {
+      if (model.dtype == v1::DTYPE_FP32 && model.streamed_weights) {
         CountSsd(entry.length, 0);
         return model.pipeline->ReadWeights(
             entry.layer, reinterpret_cast<float*>(destination));

@@ -308,17 +308,19 @@ absl::Status SsdArray::Write(const void* data, Placement& p,
 }
 
 absl::Status SsdArray::Read(const Placement& p, void* dest,
-                            absl::string_view what) {
+                            absl::string_view what, uint64_t prefix) {
   const size_t chunks = ChunkCount(p.bytes);
   LOHAN_CHECK(p.chunk_crc.size() == chunks);
+  const uint64_t wanted = std::min(prefix, p.bytes);
   auto batch = std::make_shared<Batch>(max_in_flight_);
   auto name = std::make_shared<std::string>(what);
   uint8_t* dest_base = static_cast<uint8_t*>(dest);
   for (size_t i = 0; i < chunks; ++i) {
     if (batch->failed()) break;
     const Chunk c = ChunkAt(p, i);
+    if (c.logical_offset >= wanted) break;  // chunks are in logical order
     uint8_t* dst = dest_base + c.logical_offset;
-    const uint64_t avail = std::min(c.length, p.bytes - c.logical_offset);
+    const uint64_t avail = std::min(c.length, wanted - c.logical_offset);
     std::shared_ptr<AlignedBuffer> bounce;
     void* buffer = dst;
     if (avail != c.length || !IsAligned(dst, block_size_)) {

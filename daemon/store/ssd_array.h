@@ -79,9 +79,11 @@ class SsdArray {
                      absl::string_view what);
   // Reads the placement into dest[0, placement.bytes), checking every
   // chunk's CRC32C: a mismatch is DATA_LOSS naming `what`, the extent, the
-  // device and offset. I/O errors name the device and offset too.
+  // device and offset. I/O errors name the device and offset too. With
+  // `prefix` < placement.bytes, only dest[0, prefix): the chunks that hold
+  // it are read (and checked) whole, the rest not at all.
   absl::Status Read(const Placement& placement, void* dest,
-                    absl::string_view what);
+                    absl::string_view what, uint64_t prefix = UINT64_MAX);
   // fdatasync on every device.
   absl::Status FlushAll();
 

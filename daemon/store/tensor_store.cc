@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -657,10 +658,17 @@ absl::StatusOr<uint64_t> TensorStore::ReadPending(absl::string_view job,
   return ReadVersion(job, name, dest, /*pending=*/true);
 }
 
+absl::StatusOr<uint64_t> TensorStore::ReadPrefix(absl::string_view job,
+                                                 absl::string_view name,
+                                                 absl::Span<uint8_t> dest,
+                                                 bool pending) {
+  return ReadVersion(job, name, dest, pending, /*prefix=*/true);
+}
+
 absl::StatusOr<uint64_t> TensorStore::ReadVersion(absl::string_view job,
                                                   absl::string_view name,
                                                   absl::Span<uint8_t> dest,
-                                                  bool pending) {
+                                                  bool pending, bool prefix) {
   const Key key(job, name);
   // Held for the read: a concurrent Commit, Rollback or Delete cannot free
   // the space under it.
@@ -676,7 +684,7 @@ absl::StatusOr<uint64_t> TensorStore::ReadVersion(absl::string_view job,
     version = pending ? it->second->pending : it->second->committed;
     bytes = it->second->bytes;
   }
-  if (dest.size() != bytes) {
+  if (prefix ? dest.size() > bytes : dest.size() != bytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("tensor '", job, "/", name, "' has ", bytes,
                      " bytes, the read buffer ", dest.size()));
@@ -690,8 +698,9 @@ absl::StatusOr<uint64_t> TensorStore::ReadVersion(absl::string_view job,
       gate_ != nullptr
           ? gate_->Enter(job, dest.size(), IoGate::Direction::kRead)
           : nullptr;
-  absl::Status s = array_->Read(version->placement, dest.data(),
-                                Describe(key, version->number));
+  absl::Status s = array_->Read(
+      version->placement, dest.data(), Describe(key, version->number),
+      prefix ? dest.size() : std::numeric_limits<uint64_t>::max());
   if (!s.ok()) return s;
   return version->number;
 }

@@ -158,6 +158,13 @@ class TensorStore {
   absl::StatusOr<uint64_t> ReadPending(absl::string_view job,
                                        absl::string_view name,
                                        absl::Span<uint8_t> dest);
+  // As Read (or ReadPending), of the first dest.size() bytes only
+  // (<= the tensor's size): only the stripe chunks that hold them are read.
+  // An fp32 weight, the first part of a chunk's state, costs a third of it.
+  absl::StatusOr<uint64_t> ReadPrefix(absl::string_view job,
+                                      absl::string_view name,
+                                      absl::Span<uint8_t> dest,
+                                      bool pending = false);
   // Removes the tensor and all its versions. Durable when it returns if the
   // tensor had a committed version; a tensor that never had one names no
   // space in the catalog, so its delete record is not synced (a crash may
@@ -226,7 +233,8 @@ class TensorStore {
   static std::string Describe(const Key& key, uint64_t version);
   absl::StatusOr<uint64_t> ReadVersion(absl::string_view job,
                                        absl::string_view name,
-                                       absl::Span<uint8_t> dest, bool pending);
+                                       absl::Span<uint8_t> dest, bool pending,
+                                       bool prefix = false);
 
   // Constant after construction.
   const StoreOptions options_;

@@ -588,6 +588,46 @@ TEST_F(TensorStoreTest, ChecksumMismatchIsDataLossNamingTensorAndExtent) {
   }
 }
 
+TEST_F(TensorStoreTest, ReadPrefixReadsOnlyTheChunksThatHoldIt) {
+  auto store = OpenWithFaults(Options(3));
+  ASSERT_NE(store, nullptr);
+  const uint64_t n = 6 * kStripe + 1000;  // 7 stripe chunks over 3 devices
+  ASSERT_TRUE(store->Create("job", "states", n).ok());
+  ASSERT_TRUE(store->Write("job", "states", Pattern(3, n)).ok());
+  ASSERT_TRUE(store->Commit("job", "states").ok());
+  ASSERT_TRUE(store->Write("job", "states", Pattern(4, n)).ok());  // pending
+  // A zero-delay rule on every device counts its reads.
+  auto reads = [&] {
+    uint64_t total = 0;
+    for (FaultInjectionDevice* f : faults_) total += f->faults_fired();
+    return total;
+  };
+  for (FaultInjectionDevice* f : faults_) {
+    f->Inject({Fault::kDelay, Op::kRead, UINT64_MAX, 0, UINT64_MAX, 0});
+  }
+  for (uint64_t prefix :
+       {uint64_t{1}, uint64_t{4096}, kStripe, kStripe + 17, 3 * kStripe, n}) {
+    std::vector<uint8_t> back(prefix);
+    const uint64_t before = reads();
+    ASSERT_TRUE(store->ReadPrefix("job", "states", absl::MakeSpan(back)).ok())
+        << prefix;
+    const std::vector<uint8_t> want = Pattern(3, n);
+    EXPECT_TRUE(std::equal(back.begin(), back.end(), want.begin())) << prefix;
+    EXPECT_EQ(reads() - before, (prefix + kStripe - 1) / kStripe) << prefix;
+    ASSERT_TRUE(store
+                    ->ReadPrefix("job", "states", absl::MakeSpan(back),
+                                 /*pending=*/true)
+                    .ok());
+    const std::vector<uint8_t> pending = Pattern(4, n);
+    EXPECT_TRUE(std::equal(back.begin(), back.end(), pending.begin()));
+  }
+  std::vector<uint8_t> too_long(n + 1);
+  EXPECT_EQ(store->ReadPrefix("job", "states", absl::MakeSpan(too_long))
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(TensorStoreTest, InjectedIoErrorsNameTheDeviceAndKeepCommittedData) {
   const StoreOptions o = Options(2);
   auto store = OpenWithFaults(o);

@@ -33,7 +33,8 @@ def built(relative: str) -> Path:
 
 
 class Daemon:
-    def __init__(self, directory: Path, host_pool: str = "64MiB"):
+    def __init__(self, directory: Path, host_pool: str = "64MiB",
+                 ssd_capacity: str = "64MiB"):
         self.directory = directory
         self.socket = str(directory / "lohand.sock")
         (directory / "ssd0").mkdir(exist_ok=True)
@@ -46,7 +47,7 @@ class Daemon:
             self.process = subprocess.Popen(
                 [str(built("daemon/main/lohand")), "--socket", self.socket,
                  "--state-dir", str(directory / "state"), "--ssd-path",
-                 str(directory / "ssd0"), "--ssd-capacity", "64MiB",
+                 str(directory / "ssd0"), "--ssd-capacity", ssd_capacity,
                  "--host-pool-size", host_pool,
                  "--log-level", "debug"],
                 stdout=log, stderr=subprocess.STDOUT)

@@ -324,7 +324,7 @@ class Engine:
                 activation_bytes=area_bytes, grad_slots=slots,
                 weight_slots=slots,
                 # Every layer is fetched before its weights are used (see
-                # _copy_weight16_into_params and ParameterResidency), so
+                # _copy_fetched_into_params and ParameterResidency), so
                 # step() returns before the last updates are done and they
                 # run during the next forward.
                 overlap_updates=True,
@@ -815,7 +815,7 @@ class Engine:
             self._remote.init_weights(index)
             self._convert(layer)
             if self.dtype != torch.float32:
-                self._copy_weight16_into_params(layer)
+                self._copy_fetched_into_params(layer)
             progress.advance(layer.numel)
         progress.done()
 
@@ -862,7 +862,7 @@ class Engine:
             if self.dtype == torch.float32:
                 self._copy_into_params(layer, self._staging)
             else:
-                self._copy_weight16_into_params(layer)
+                self._copy_fetched_into_params(layer)
             for part in parts:
                 stage(layer, part)
                 self._remote.init_state(index, part)
@@ -874,10 +874,11 @@ class Engine:
             if param.dtype != self.dtype:
                 param.data = param.data.to(self.dtype)
 
-    def _copy_weight16_into_params(self, layer: Layer) -> None:
-        """The layer's new 16-bit weights, as the daemon wrote them into its
-        weight buffer, into the model. Fetched first: a streamed buffer is
-        shared by several layers, and a resident one may still be waiting
+    def _copy_fetched_into_params(self, layer: Layer) -> None:
+        """The layer's new weights (16-bit, or the fp32 masters), as the
+        daemon wrote them into its weight buffer, into the model. Fetched
+        first: a streamed buffer is shared by several layers (the daemon
+        reads it from its SSDs), and a resident one may still be waiting
         for its update (the daemon answers once the layer's update is
         done)."""
         self._remote.fetch_params(layer.index)
@@ -1053,11 +1054,7 @@ class Engine:
     def _pull_layer(self, layer: Layer) -> None:
         """The layer's new weights from the daemon into the model (the
         fetch waits for the layer's update)."""
-        if self.dtype == torch.float32:
-            self._remote.read_weights(layer.index)
-            self._copy_into_params(layer, self._staging)
-        else:
-            self._copy_weight16_into_params(layer)
+        self._copy_fetched_into_params(layer)
 
     def _pull_layer_lazily(self, layer: Layer) -> None:
         # Changed in place since step() (load_state_dict): refused, as at

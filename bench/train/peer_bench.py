@@ -1,0 +1,271 @@
+"""lohan beside DeepSpeed ZeRO-3 with NVMe offload (ZeRO-Infinity) and plain
+PyTorch AdamW, in the same run, on the same model, data and optimizer
+settings (AdamW, clipping at 1.0, fp32).
+
+    bazel build //daemon/main:lohand //client:liblohan_client.so
+    scripts/setup --peers        # DeepSpeed into .venv
+    .venv/bin/python bench/train/peer_bench.py [--rounds 3] [--steps 8]
+
+Configurations, each in a fresh process, interleaved round by round (the
+order reversed every other round):
+- torch: torch.optim.AdamW, everything in memory (the reference);
+- ds-nvme-opt: ZeRO-3, optimizer states on NVMe, parameters in host memory;
+- ds-nvme-all: ZeRO-3, optimizer states and parameters on NVMe
+  (ZeRO-Infinity);
+- lohan-resident: states on lohand's SSDs, a gradient and a weight buffer
+  per layer in its host pool;
+- lohan-streamed: the same, gradients and weights streamed through
+  --stream-buffers shared buffers of each (4) and the SSDs (a pool that
+  does not hold the model; 1 is the least arena).
+DeepSpeed's NVMe files and lohand's SSD directory are in the same scratch
+directory. Reports seconds per step (median over rounds of each run's mean
+over the timed steps), the ratio to torch and to each DeepSpeed
+configuration, and SSD bytes read and written per parameter per step (from
+/proc/<pid>/io: DeepSpeed's own process, lohand's for lohan). DeepSpeed's
+CPU ops are JIT-built on first use (minutes, cached in
+~/.cache/torch_extensions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIGS = ("torch", "ds-nvme-opt", "ds-nvme-all", "lohan-resident",
+           "lohan-streamed")
+
+
+def io_bytes(pid: int) -> Tuple[int, int]:
+    """read_bytes and write_bytes of `pid` so far (what reached storage)."""
+    fields = dict(line.split(": ") for line in
+                  Path(f"/proc/{pid}/io").read_text().splitlines())
+    return int(fields["read_bytes"]), int(fields["write_bytes"])
+
+
+def build(args: argparse.Namespace):
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(
+        vocab_size=args.vocab, n_positions=args.seq, n_embd=args.width,
+        n_layer=args.layers, n_head=max(1, args.width // 64)))
+    generator = torch.Generator().manual_seed(1)
+    data = [torch.randint(0, args.vocab, (args.batch, args.seq),
+                          generator=generator)
+            for _ in range(args.steps + args.warmup)]
+    return model, data
+
+
+def deepspeed_engine(model, args: argparse.Namespace, nvme: Path,
+                     params_on_nvme: bool):
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
+                      MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(29500 + os.getpid() % 1000))
+    import deepspeed
+    offload_param = ({"device": "nvme", "nvme_path": str(nvme),
+                      "pin_memory": False} if params_on_nvme
+                     else {"device": "cpu", "pin_memory": False})
+    config = {
+        "train_micro_batch_size_per_gpu": args.batch,
+        "gradient_clipping": 1.0,
+        "optimizer": {"type": "AdamW", "params": {
+            "lr": 1e-4, "betas": [0.9, 0.999], "eps": 1e-8,
+            "weight_decay": 0.0}},
+        "zero_optimization": {
+            "stage": 3,
+            "offload_optimizer": {"device": "nvme", "nvme_path": str(nvme),
+                                  "pin_memory": False},
+            "offload_param": offload_param},
+        "steps_per_print": 1 << 30,
+    }
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, model_parameters=model.parameters(), config=config)
+    return engine
+
+
+def worker(args: argparse.Namespace) -> Dict[str, float]:
+    """One configuration: seconds per timed step and SSD bytes per
+    parameter per step."""
+    import torch
+    torch.set_num_threads(args.threads)
+    model, data = build(args)
+    parameters = sum(p.numel() for p in model.parameters())
+    scratch = Path(args.scratch)
+    io_pid = os.getpid()
+    finish = lambda: None  # noqa: E731
+    if args.worker == "torch":
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        def step(ids):
+            model(input_ids=ids, labels=ids).loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad()
+    elif args.worker.startswith("ds-"):
+        nvme = scratch / f"ds-nvme-{os.getpid()}"
+        nvme.mkdir()
+        engine = deepspeed_engine(model, args, nvme,
+                                  args.worker == "ds-nvme-all")
+
+        def step(ids):
+            engine.backward(engine(input_ids=ids, labels=ids).loss)
+            engine.step()
+    else:
+        sys.path.insert(0, str(REPO / "plugins" / "pytorch"))
+        import lohan
+        options = (dict(buffers="streamed",
+                        stream_buffers=args.stream_buffers)
+                   if args.worker == "lohan-streamed"
+                   else dict(buffers="resident"))
+        engine = lohan.init(model, lr=1e-4, max_grad_norm=1.0,
+                            socket=args.socket,
+                            job_name=f"peer-{os.getpid()}", **options)
+        io_pid = args.daemon_pid
+
+        def step(ids):
+            model(input_ids=ids, labels=ids).loss.backward()
+            engine.step()
+
+        def finish():
+            # The last step's updates may still run: wait for all of them.
+            engine.master_weights()
+            engine.close(delete_job=True)
+    for ids in data[:args.warmup]:
+        step(ids)
+    io_before, start = io_bytes(io_pid), time.perf_counter()
+    for ids in data[args.warmup:]:
+        step(ids)
+    if args.worker.startswith("lohan"):
+        engine.master_weights()
+    seconds = time.perf_counter() - start
+    io_after = io_bytes(io_pid)
+    finish()
+    per = parameters * args.steps
+    return {"seconds": seconds / args.steps, "parameters": parameters,
+            "read": (io_after[0] - io_before[0]) / per,
+            "written": (io_after[1] - io_before[1]) / per}
+
+
+def start_daemon(directory: Path, pool: str,
+                 config: str = "") -> subprocess.Popen:
+    bazel_bin = Path(os.environ.get("LOHAN_BAZEL_BIN", REPO / "bazel-bin"))
+    (directory / "ssd0").mkdir()
+    socket = directory / "lohand.sock"
+    process = subprocess.Popen(
+        [str(bazel_bin / "daemon/main/lohand"), "--socket", str(socket),
+         "--state-dir", str(directory / "state"), "--ssd-path",
+         str(directory / "ssd0"), "--ssd-capacity", "8GiB",
+         "--host-pool-size", pool] + (["--config", config] if config else []),
+        stdout=open(directory / "lohand.log", "w"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while not socket.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError((directory / "lohand.log").read_text())
+        time.sleep(0.01)
+    return process
+
+
+def run_worker(config: str, args: argparse.Namespace, scratch: Path,
+               socket: str, daemon_pid: int) -> Dict[str, float]:
+    command = [sys.executable, __file__, "--worker", config,
+               "--scratch", str(scratch), "--socket", socket,
+               "--daemon-pid", str(daemon_pid)]
+    for name in ("steps", "warmup", "layers", "width", "seq", "batch",
+                 "vocab", "threads", "stream_buffers"):
+        command += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{config} failed:\n{done.stdout[-3000:]}\n"
+                           f"{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def report(results: Dict[str, List[Dict[str, float]]],
+           args: argparse.Namespace) -> None:
+    median = {c: {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+              for c, rows in results.items()}
+    parameters = int(next(iter(median.values()))["parameters"])
+    print(f"\nGPT-2 {args.layers} blocks, width {args.width}, vocab "
+          f"{args.vocab}, {parameters:,} parameters, batch {args.batch}x"
+          f"{args.seq}, fp32, AdamW, clip 1.0, torch threads {args.threads};"
+          f" median of {args.rounds} rounds of {args.steps} timed steps")
+    print(f"{'configuration':16s} {'s/step':>7s} {'vs torch':>8s} "
+          f"{'vs ds-opt':>9s} {'vs ds-all':>9s} {'read B/p':>8s} "
+          f"{'wrt B/p':>8s}")
+    for config, row in median.items():
+        ratios = [row["seconds"] / median[ref]["seconds"]
+                  if ref in median else float("nan")
+                  for ref in ("torch", "ds-nvme-opt", "ds-nvme-all")]
+        print(f"{config:16s} {row['seconds']:7.3f} {ratios[0]:7.2f}x "
+              f"{ratios[1]:8.2f}x {ratios[2]:8.2f}x {row['read']:8.2f} "
+              f"{row['written']:8.2f}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--width", type=int, default=512)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--vocab", type=int, default=8192)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--stream-buffers", type=int, default=4,
+                        help="lohan-streamed: shared buffers of each kind "
+                        "(4: what buffers='auto' takes when the pool allows)")
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--pool", default="1GiB",
+                        help="lohand's host pool (streamed: whatever fits)")
+    parser.add_argument("--daemon-config", default="",
+                        help="a lohand.toml for the bench's daemon")
+    parser.add_argument("--worker", choices=CONFIGS, help=argparse.SUPPRESS)
+    parser.add_argument("--scratch", help=argparse.SUPPRESS)
+    parser.add_argument("--socket", help=argparse.SUPPRESS)
+    parser.add_argument("--daemon-pid", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args)))
+        return 0
+    configs = [c for c in args.configs.split(",") if c]
+    unknown = sorted(set(configs) - set(CONFIGS))
+    if unknown:
+        parser.error(f"unknown configurations {unknown}; use {CONFIGS}")
+    results: Dict[str, List[Dict[str, float]]] = {c: [] for c in configs}
+    with tempfile.TemporaryDirectory(prefix="lohan-peer-bench-",
+                                     dir="/var/tmp") as tmp:
+        scratch = Path(tmp)
+        daemon = start_daemon(scratch, args.pool, args.daemon_config)
+        try:
+            for round_ in range(args.rounds):
+                order = configs if round_ % 2 == 0 else configs[::-1]
+                for config in order:
+                    row = run_worker(config, args, scratch,
+                                     str(scratch / "lohand.sock"),
+                                     daemon.pid)
+                    results[config].append(row)
+                    print(f"round {round_ + 1} {config:16s} "
+                          f"{row['seconds']:7.3f} s/step, SSD "
+                          f"{row['read']:6.2f} read {row['written']:6.2f} "
+                          "written B/param", flush=True)
+        finally:
+            daemon.send_signal(signal.SIGTERM)
+            daemon.wait(timeout=60)
+    report(results, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

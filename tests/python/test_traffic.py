@@ -1,0 +1,98 @@
+"""SSD bytes per step against the minimum for the layout, counted where
+they reach storage (lohand's /proc/<pid>/io; its files are O_DIRECT, so no
+page cache hides a read).
+
+An fp32 model, resident buffers: the states are read once and written once
+per step (12 + 12 bytes a parameter); the model's new weights come from
+the arena, not from the states. Streamed: the gradient is written and read
+once more, and each layer's weights are read back as the fp32 weights at
+the front of its states (4 bytes a parameter, not the whole state).
+Catalog records and the per-job meta add a few pages; the bound allows 5%.
+Reads go by stripe unit (each has its checksum), so the weights alone cost
+the stripe units that hold them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Tuple
+
+import pytest
+import torch
+from torch import nn
+
+import lohan
+
+PAGE = 4096
+STRIPE = 1 << 20  # lohand's default store.stripe_unit
+
+
+class Stack(nn.Module):
+    """2 blocks of 1024x1024 (1,049,600 parameters each: a state of 12
+    stripe units and a bit) and a head."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(1024, 1024), nn.Tanh()) for _ in range(2))
+        self.head = nn.Linear(1024, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def io(pid: int) -> Tuple[int, int]:
+    fields = dict(line.split(": ") for line in
+                  Path(f"/proc/{pid}/io").read_text().splitlines())
+    return int(fields["read_bytes"]), int(fields["write_bytes"])
+
+
+def padded(nbytes: int) -> int:
+    return (nbytes + PAGE - 1) // PAGE * PAGE
+
+
+def prefix_read(nbytes: int, tensor_bytes: int) -> int:
+    """What reading the first `nbytes` of a tensor costs: the stripe chunks
+    holding them, each read whole (its checksum covers it)."""
+    return min(-(-nbytes // STRIPE) * STRIPE, padded(tensor_bytes))
+
+
+@pytest.mark.parametrize("buffers", ["resident", "streamed"])
+def test_fp32_ssd_bytes_per_step_are_the_layouts_minimum(tmp_path, buffers):
+    from conftest import Daemon
+    daemon = Daemon(tmp_path, ssd_capacity="256MiB")
+    model = Stack()
+    options = ({"buffers": "streamed", "stream_buffers": 1}
+               if buffers == "streamed" else {"buffers": "resident"})
+    steps = 3
+    try:
+        with lohan.init(model, lr=1e-3, socket=daemon.socket,
+                        job_name="traffic", activations="keep",
+                        **options) as engine:
+            layers = [layer.numel for layer in engine.layers]
+            x = torch.randn(8, 1024,
+                            generator=torch.Generator().manual_seed(1))
+            model(x).pow(2).mean().backward()
+            engine.step()  # the first step, then the ones counted
+            before = io(daemon.process.pid)
+            for _ in range(steps):
+                model(x).pow(2).mean().backward()
+                engine.step()  # every layer's weights fetched: all done
+            after = io(daemon.process.pid)
+    finally:
+        daemon.stop()
+    want_read = want_written = sum(padded(12 * n) for n in layers)
+    if buffers == "streamed":
+        # Each gradient stored and read back; each layer's weights read as
+        # the front of its state.
+        want_read += sum(padded(4 * n) + prefix_read(4 * n, 12 * n)
+                         for n in layers)
+        want_written += sum(padded(4 * n) for n in layers)
+    read = (after[0] - before[0]) / steps
+    written = (after[1] - before[1]) / steps
+    assert want_read * 0.95 <= read <= want_read * 1.05, (read, want_read)
+    assert want_written * 0.95 <= written <= want_written * 1.05, (
+        written, want_written)

@@ -450,29 +450,35 @@ absl::Status JobPipeline::ReadWeights(size_t layer, float* out) const {
   if (absl::Status updated = WaitLayer(layer); !updated.ok()) {
     return updated;
   }
-  return ForEachCommittedChunk(
-      layer,
-      [&](size_t c, uint64_t count, const uint8_t* state) {
-        std::memcpy(out + state_.chunk_begin(c), state, count * 4);
-      },
-      /*current=*/true, /*weights_only=*/true);
+  // The fp32 weights lead each chunk's state: read straight into `out`
+  // (only the stripe units that hold them; no staging buffer, no copy).
+  for (size_t c = 0; c < state_.num_chunks(layer); ++c) {
+    const uint64_t count = state_.chunk_count(layer, c);
+    absl::StatusOr<uint64_t> r = ReadCurrent(
+        chunk_names_[FlatIndex(layer, c)],
+        absl::MakeSpan(reinterpret_cast<uint8_t*>(out + state_.chunk_begin(c)),
+                       count * 4),
+        /*prefix=*/true);
+    if (!r.ok()) {
+      return Annotate(r.status(), absl::StrCat("reading the weights of layer ",
+                                               layer, " chunk ", c));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status JobPipeline::ForEachCommittedChunk(
     size_t layer, absl::FunctionRef<void(size_t, uint64_t, const uint8_t*)> use,
-    bool current, bool weights_only) const {
+    bool current) const {
   AlignedBuffer buffer(RoundUp(state_.max_state_bytes(), kBufferAlignment),
                        kBufferAlignment);
   for (size_t c = 0; c < state_.num_chunks(layer); ++c) {
     const uint64_t count = state_.chunk_count(layer, c);
     const std::string& name = chunk_names_[FlatIndex(layer, c)];
-    // The fp32 weights lead the chunk's state: alone, a prefix read.
-    const absl::Span<uint8_t> out = absl::MakeSpan(
-        buffer.data(), weights_only ? count * 4 : state_.state_bytes(count));
-    absl::StatusOr<uint64_t> r = current ? ReadCurrent(name, out, weights_only)
-                                 : weights_only
-                                     ? store_->ReadPrefix(job_, name, out)
-                                     : store_->Read(job_, name, out);
+    const absl::Span<uint8_t> out =
+        absl::MakeSpan(buffer.data(), state_.state_bytes(count));
+    absl::StatusOr<uint64_t> r =
+        current ? ReadCurrent(name, out) : store_->Read(job_, name, out);
     if (!r.ok()) {
       return Annotate(r.status(), absl::StrCat("reading the states of layer ",
                                                layer, " chunk ", c));

@@ -448,12 +448,10 @@ class JobPipeline {
   // and hands it to use(chunk, count, state); a failed read names the layer
   // and chunk.
   // `current`: the version ReadCurrent reads instead of the committed one.
-  // `weights_only`: only the fp32 weights at the front of each state are
-  // read (a third of it, or less).
   absl::Status ForEachCommittedChunk(
       size_t layer,
       absl::FunctionRef<void(size_t, uint64_t, const uint8_t*)> use,
-      bool current = false, bool weights_only = false) const;
+      bool current = false) const;
   absl::StatusOr<StepStats> StepChunk(const Task& task) const;
   // The gradient sum of squares StepChunk would return for `layer`'s chunk
   // `chunk`, whose first gradient element is `grad`, bit for bit.

@@ -157,15 +157,15 @@ def worker(args: argparse.Namespace) -> Dict[str, float]:
             "written": (io_after[1] - io_before[1]) / per}
 
 
-def start_daemon(directory: Path, pool: str,
-                 config: str = "") -> subprocess.Popen:
+def start_daemon(directory: Path, pool: str, config: str = "",
+                 ssd_capacity: str = "8GiB") -> subprocess.Popen:
     bazel_bin = Path(os.environ.get("LOHAN_BAZEL_BIN", REPO / "bazel-bin"))
     (directory / "ssd0").mkdir()
     socket = directory / "lohand.sock"
     process = subprocess.Popen(
         [str(bazel_bin / "daemon/main/lohand"), "--socket", str(socket),
          "--state-dir", str(directory / "state"), "--ssd-path",
-         str(directory / "ssd0"), "--ssd-capacity", "8GiB",
+         str(directory / "ssd0"), "--ssd-capacity", ssd_capacity,
          "--host-pool-size", pool] + (["--config", config] if config else []),
         stdout=open(directory / "lohand.log", "w"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
@@ -229,6 +229,8 @@ def main() -> int:
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--pool", default="1GiB",
                         help="lohand's host pool (streamed: whatever fits)")
+    parser.add_argument("--ssd-capacity", default="8GiB",
+                        help="lohand's SSD file (twice the states and more)")
     parser.add_argument("--daemon-config", default="",
                         help="a lohand.toml for the bench's daemon")
     parser.add_argument("--worker", choices=CONFIGS, help=argparse.SUPPRESS)
@@ -247,7 +249,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="lohan-peer-bench-",
                                      dir="/var/tmp") as tmp:
         scratch = Path(tmp)
-        daemon = start_daemon(scratch, args.pool, args.daemon_config)
+        daemon = start_daemon(scratch, args.pool, args.daemon_config,
+                              args.ssd_capacity)
         try:
             for round_ in range(args.rounds):
                 order = configs if round_ % 2 == 0 else configs[::-1]

@@ -240,8 +240,12 @@ int Run(const CommandLine& command_line) {
   FairQueue optimizer_queue(1, kAnticipation);
   FairSsdGate ssd_gate(
       &ssd_reads, &ssd_writes, [&ledger, &quotas](absl::string_view job) {
+        // A user's jobs share the user's weight.
         std::optional<uid_t> owner = ledger.OwnerOf(job);
-        return owner.has_value() ? quotas->For(*owner).weight : 1.0;
+        return owner.has_value()
+                   ? FairSsdGate::Share{quotas->For(*owner).weight,
+                                        absl::StrCat("uid ", *owner)}
+                   : FairSsdGate::Share{};
       });
   if (command_line.check_only) {
     // What the real start would refuse about the state it finds: another

@@ -17,8 +17,10 @@ std::unique_ptr<IoGate::Pass> FairSsdGate::Enter(absl::string_view job,
                                                  uint64_t bytes,
                                                  Direction direction) {
   FairQueue* queue = direction == Direction::kRead ? reads_ : writes_;
-  return std::make_unique<GrantPass>(queue->Acquire(
-      job, weight_of_(job), bytes, /*urgent=*/UrgentScope::Active()));
+  const Share share = share_of_(job);
+  return std::make_unique<GrantPass>(
+      queue->Acquire(job, share.weight, bytes,
+                     /*urgent=*/UrgentScope::Active(), share.group));
 }
 
 }  // namespace lohan

@@ -28,22 +28,30 @@ FairQueue::FairQueue(size_t slots, absl::Duration anticipation)
 }
 
 FairQueue::Grant FairQueue::Acquire(absl::string_view flow, double weight,
-                                    uint64_t cost, bool urgent) {
+                                    uint64_t cost, bool urgent,
+                                    absl::string_view group) {
   const absl::Time asked = absl::Now();
   absl::MutexLock lock(&mu_);
+  if (group.empty()) group = flow;
   auto found = flows_.find(flow);
   if (found == flows_.end()) {
-    found = flows_.emplace(std::string(flow), Flow{}).first;
+    found = flows_.emplace(std::string(flow), Flow{std::string(group)}).first;
+    ++groups_[std::string(group)].flows;
   }
   Flow& state = found->second;
+  // A flow keeps the group it first asked in (a job's owner is fixed).
+  auto in_group = groups_.find(state.group);
+  Group& shared = in_group->second;
   Waiter waiter;
-  waiter.start = std::max(virtual_time_, state.finish);
+  waiter.start = std::max(virtual_time_, shared.finish);
   waiter.sequence = next_sequence_++;
   waiter.flow = &found->first;
+  waiter.group = &in_group->first;
   waiter.urgent = urgent;
-  state.finish =
+  shared.finish =
       waiter.start + static_cast<double>(cost) / (weight > 0 ? weight : 1.0);
   ++state.waiting;
+  ++shared.waiting;
   if (urgent) state.urgent.insert(&waiter);
   waiting_.insert(&waiter);
   DispatchLocked();
@@ -64,7 +72,13 @@ FairQueue::Grant FairQueue::Acquire(absl::string_view flow, double weight,
     }
   }
   // The flow may have been forgotten meanwhile: count into it afresh.
-  Flow& counted = flows_[std::string(flow)];
+  auto counted_at = flows_.find(flow);
+  if (counted_at == flows_.end()) {
+    counted_at =
+        flows_.emplace(std::string(flow), Flow{std::string(group)}).first;
+    ++groups_[std::string(group)].flows;
+  }
+  Flow& counted = counted_at->second;
   ++counted.stats.grants;
   counted.stats.cost += cost;
   counted.stats.waited_seconds += absl::ToDoubleSeconds(absl::Now() - asked);
@@ -75,9 +89,9 @@ void FairQueue::DispatchLocked() {
   while (free_ > 0 && !waiting_.empty()) {
     Waiter* next = *waiting_.begin();
     if (!held_for_.empty()) {
-      // Held: only the flow it is held for, or a request that would have
+      // Held: only the group it is held for, or a request that would have
       // gone before it anyway.
-      if (*next->flow != held_for_ && next->start >= held_tag_ &&
+      if (*next->group != held_for_ && next->start >= held_tag_ &&
           absl::Now() < held_until_) {
         return;
       }
@@ -89,6 +103,7 @@ void FairQueue::DispatchLocked() {
     waiting_.erase(next);
     if (next->urgent) flow.urgent.erase(next);
     --flow.waiting;
+    --groups_.find(*next->group)->second.waiting;
     in_service_.insert(next->start);
     virtual_time_ = *in_service_.begin();
     next->granted = true;
@@ -104,12 +119,14 @@ void FairQueue::Release(double start, const std::string& flow) {
   }
   ++free_;
   auto found = flows_.find(flow);
+  auto group =
+      found == flows_.end() ? groups_.end() : groups_.find(found->second.group);
   if (anticipation_ > absl::ZeroDuration() && held_for_.empty() &&
-      !waiting_.empty() && found != flows_.end() &&
-      found->second.waiting == 0) {
-    const double next_start = std::max(virtual_time_, found->second.finish);
+      !waiting_.empty() && group != groups_.end() &&
+      group->second.waiting == 0) {
+    const double next_start = std::max(virtual_time_, group->second.finish);
     if (next_start < (*waiting_.begin())->start) {
-      held_for_ = flow;
+      held_for_ = group->first;
       held_tag_ = next_start;
       held_until_ = absl::Now() + anticipation_;
       ++holds_;
@@ -121,8 +138,15 @@ void FairQueue::Release(double start, const std::string& flow) {
 void FairQueue::Forget(absl::string_view flow) {
   absl::MutexLock lock(&mu_);
   auto found = flows_.find(flow);
-  // A flow with requests waiting keeps its entry (they point at its key).
-  if (found != flows_.end() && found->second.waiting == 0) flows_.erase(found);
+  // A flow with requests waiting keeps its entry (they point at its key),
+  // and a group its entry while it has flows.
+  if (found != flows_.end() && found->second.waiting == 0) {
+    auto group = groups_.find(found->second.group);
+    if (--group->second.flows == 0 && group->second.waiting == 0) {
+      groups_.erase(group);
+    }
+    flows_.erase(found);
+  }
 }
 
 std::map<std::string, FairQueue::FlowStats> FairQueue::Stats() const {

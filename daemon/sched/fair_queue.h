@@ -25,6 +25,12 @@ namespace lohan {
 // idle starts at V (no credit hoarded, none lost). Costs are bytes (SSD) or
 // parameters (optimizer).
 //
+// Flows may be put in groups (a user's jobs): the tags are then the
+// group's, so the group shares the resource with other groups by its
+// weight, however many flows it has (a user's ten jobs get what one would),
+// and its flows are served in their order of asking among themselves.
+// With no group, a flow is a group of its own.
+//
 // A job's pipeline has one transfer of each kind in flight and asks for the
 // next only once that one is done, so at the moment a slot frees its flow
 // has nothing waiting and a plain work-conserving queue would hand the slot
@@ -73,13 +79,15 @@ class FairQueue {
   FairQueue(const FairQueue&) = delete;
   FairQueue& operator=(const FairQueue&) = delete;
 
-  // Waits for `flow`'s turn (weight > 0; a non-positive weight counts as
-  // 1) and returns its slot. An `urgent` request takes its flow's turn
-  // ahead of the flow's other waiting requests (deadline order inside a
-  // flow; between flows the tags still decide, so marking requests urgent
-  // wins a flow nothing against the others).
+  // Waits for `flow`'s turn (weight > 0, its group's: a non-positive
+  // weight counts as 1) and returns its slot. An `urgent` request takes its
+  // flow's turn ahead of the flow's other waiting requests (deadline order
+  // inside a flow; between flows the tags still decide, so marking
+  // requests urgent wins a flow nothing against the others). `group`
+  // empty: the flow alone.
   Grant Acquire(absl::string_view flow, double weight, uint64_t cost,
-                bool urgent = false) ABSL_LOCKS_EXCLUDED(mu_);
+                bool urgent = false, absl::string_view group = {})
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Forgets a flow's tag and counts (a job that ended).
   void Forget(absl::string_view flow) ABSL_LOCKS_EXCLUDED(mu_);
   std::map<std::string, FlowStats> Stats() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -91,7 +99,8 @@ class FairQueue {
     uint64_t sequence = 0;
     bool granted = false;
     bool urgent = false;
-    const std::string* flow = nullptr;  // the key in flows_
+    const std::string* flow = nullptr;   // the key in flows_
+    const std::string* group = nullptr;  // the key in groups_
     bool operator<(const Waiter& other) const {
       return start != other.start ? start < other.start
                                   : sequence < other.sequence;
@@ -101,10 +110,15 @@ class FairQueue {
     bool operator()(const Waiter* a, const Waiter* b) const { return *a < *b; }
   };
   struct Flow {
-    double finish = 0;
+    std::string group;
     size_t waiting = 0;                 // its requests in waiting_
     std::set<Waiter*, ByStart> urgent;  // those of them marked urgent
     FlowStats stats;
+  };
+  struct Group {
+    double finish = 0;
+    size_t waiting = 0;  // its flows' requests in waiting_
+    size_t flows = 0;    // in flows_
   };
 
   void Release(double start, const std::string& flow) ABSL_LOCKS_EXCLUDED(mu_);
@@ -118,13 +132,15 @@ class FairQueue {
   uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;
   std::set<Waiter*, ByStart> waiting_ ABSL_GUARDED_BY(mu_);
   std::multiset<double> in_service_ ABSL_GUARDED_BY(mu_);
-  // A slot held for `held_for_` (empty: none) until `held_until_`, for its
-  // next request, whose start tag will be `held_tag_`.
+  // A slot held for the group `held_for_` (empty: none) until
+  // `held_until_`, for its next request, whose start tag will be
+  // `held_tag_`.
   std::string held_for_ ABSL_GUARDED_BY(mu_);
   absl::Time held_until_ ABSL_GUARDED_BY(mu_);
   double held_tag_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t holds_ ABSL_GUARDED_BY(mu_) = 0;  // holds begun, to wake waiters
   std::map<std::string, Flow, std::less<>> flows_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Group, std::less<>> groups_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace lohan

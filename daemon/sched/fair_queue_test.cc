@@ -1,6 +1,7 @@
 #include "daemon/sched/fair_queue.h"
 
 #include <atomic>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -18,7 +19,8 @@ std::vector<uint64_t> Contend(FairQueue& queue,
                               const std::vector<double>& weights,
                               const std::vector<int>& threads_per_flow,
                               const std::vector<uint64_t>& costs,
-                              uint64_t total) {
+                              uint64_t total,
+                              const std::vector<std::string>& groups = {}) {
   std::atomic<uint64_t> granted{0};
   std::vector<std::atomic<uint64_t>> per_flow(weights.size());
   std::vector<std::thread> threads;
@@ -26,8 +28,9 @@ std::vector<uint64_t> Contend(FairQueue& queue,
     for (int t = 0; t < threads_per_flow[f]; ++t) {
       threads.emplace_back([&, f] {
         while (granted.load() < total) {
-          FairQueue::Grant grant =
-              queue.Acquire(absl::StrCat("flow", f), weights[f], costs[f]);
+          FairQueue::Grant grant = queue.Acquire(
+              absl::StrCat("flow", f), weights[f], costs[f], /*urgent=*/false,
+              groups.empty() ? std::string() : groups[f]);
           // Holding the slot takes time in proportion to the cost (an I/O
           // of that many bytes), so requests queue up behind it.
           absl::SleepFor(absl::Microseconds(costs[f]));
@@ -60,6 +63,23 @@ TEST(FairQueue, WeightsTwoToOneGiveTwoToOneInCostNotInGrants) {
       Contend(queue, {2, 1}, {6, 3}, {100, 400}, 600000);
   const double ratio = static_cast<double>(got[0]) / got[1];
   EXPECT_NEAR(ratio, 2.0, 0.2) << got[0] << " vs " << got[1];
+}
+
+TEST(FairQueue, AGroupSharesItsWeightAmongItsFlows) {
+  FairQueue queue(1);
+  // Two jobs of one user beside one job of another, equal weights: the
+  // users get half each (a third each if jobs were the unit).
+  std::vector<uint64_t> got = Contend(queue, {1, 1, 1}, {2, 2, 2},
+                                      {100, 100, 100}, 600000, {"a", "a", "b"});
+  const double sum = got[0] + got[1] + got[2];
+  EXPECT_NEAR(got[2] / sum, 0.5, 0.05) << got[0] << " " << got[1];
+  EXPECT_NEAR(got[0] / sum, 0.25, 0.06);
+  EXPECT_NEAR(got[1] / sum, 0.25, 0.06);
+  // Weights are the groups': user a at 2 against b at 1.
+  FairQueue weighted(1);
+  got = Contend(weighted, {2, 2, 1}, {2, 2, 2}, {100, 100, 100}, 600000,
+                {"a", "a", "b"});
+  EXPECT_NEAR(static_cast<double>(got[0] + got[1]) / got[2], 2.0, 0.25);
 }
 
 TEST(FairQueue, FourFlowsEachGetAQuarter) {

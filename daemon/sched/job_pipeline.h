@@ -129,11 +129,13 @@ struct PipelineOptions {
   // whatever is stored).
   uint64_t initial_iteration = 0;
   // Shares the optimizer with other jobs: each chunk's update waits for
-  // this job's turn (its flow is the job, weighed `weight`, cost the
-  // chunk's parameters). Null: the pipeline updates as soon as it can.
+  // this job's turn (its flow is the job, in the group `fair_group` (its
+  // owner; empty: alone) weighed `weight`, cost the chunk's parameters).
+  // Null: the pipeline updates as soon as it can.
   // REQUIRES: outlives the pipeline.
   FairQueue* optimizer_queue = nullptr;
   double weight = 1.0;
+  std::string fair_group;
 };
 
 struct ClipOptions {

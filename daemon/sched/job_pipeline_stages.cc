@@ -316,7 +316,9 @@ void JobPipeline::ComputeLoop() {
     FairQueue::Grant turn;
     if (options_.optimizer_queue != nullptr &&
         task->kind == TaskKind::kUpdate) {
-      turn = options_.optimizer_queue->Acquire(job_, options_.weight, count);
+      turn = options_.optimizer_queue->Acquire(job_, options_.weight, count,
+                                               /*urgent=*/false,
+                                               options_.fair_group);
     }
     const double start = Now();
     absl::Status s;

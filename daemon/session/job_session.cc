@@ -267,6 +267,7 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
   options.settle_in_background = spec.overlap_updates();
   options.optimizer_queue = parts.optimizer_queue;
   options.weight = parts.weight;
+  options.fair_group = parts.fair_group;
   options.read_ahead_bytes = parts.read_ahead_bytes;
   options.clip_schedule = spec.clip_schedule() == v1::CLIP_SCHEDULE_REDO_ALL
                               ? ClipSchedule::kRedoAll

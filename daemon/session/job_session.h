@@ -109,10 +109,11 @@ class JobSession {
     const AdamUpdater* updater = nullptr;
     // May be null: no quotas. Else SetAside's ledger (see above).
     SpaceLedger* ledger = nullptr;
-    // May be null. Shares the optimizer with other jobs, this one weighed
-    // `weight` (PipelineOptions).
+    // May be null. Shares the optimizer with other jobs, this one in its
+    // owner's group `fair_group`, weighed `weight` (PipelineOptions).
     FairQueue* optimizer_queue = nullptr;
     double weight = 1.0;
+    std::string fair_group;
     // PipelineOptions::read_ahead_bytes: host memory the job may fill with
     // states read ahead of updates that wait for the norm.
     uint64_t read_ahead_bytes = 0;

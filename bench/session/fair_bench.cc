@@ -245,7 +245,7 @@ void Report(const char* title, const std::vector<JobPlan>& plans,
     const double fair = plan.weight / weights;
     const double s = share.ssd_bytes / ssd,
                  o = share.optimizer_seconds / optimizer;
-    std::printf("  %-10s %6.0f %8.1f%% %8.1f%% %9.3f %8.1f%% %9.3f\n",
+    std::printf("  %-10s %6.1f %8.1f%% %8.1f%% %9.3f %8.1f%% %9.3f\n",
                 plan.name.c_str(), plan.weight, 100 * fair, 100 * s, s / fair,
                 100 * o, o / fair);
   }
@@ -289,6 +289,15 @@ int Run(double window, uint32_t layers, uint64_t elements) {
     plans[0].weight = 2;
     plans[1].as_nobody = true;
     Report("2 users weighted 2:1 (root 2, nobody 1)", plans,
+           RunScenario(dir.path(), bin, plans, window), window);
+    // A user's jobs share the user's weight: root's two jobs, a quarter
+    // each, beside nobody's one, half (the weights below are each job's
+    // share of its user's, for the report).
+    config("");
+    plans = {plan("root-a"), plan("root-b"), plan("nobody")};
+    plans[0].weight = plans[1].weight = 0.5;
+    plans[2].as_nobody = true;
+    Report("2 users, equal weights, root with 2 jobs", plans,
            RunScenario(dir.path(), bin, plans, window), window);
   } else {
     std::printf(

@@ -157,25 +157,6 @@ def worker(args: argparse.Namespace) -> Dict[str, float]:
             "written": (io_after[1] - io_before[1]) / per}
 
 
-def start_daemon(directory: Path, pool: str, config: str = "",
-                 ssd_capacity: str = "8GiB") -> subprocess.Popen:
-    bazel_bin = Path(os.environ.get("LOHAN_BAZEL_BIN", REPO / "bazel-bin"))
-    (directory / "ssd0").mkdir()
-    socket = directory / "lohand.sock"
-    process = subprocess.Popen(
-        [str(bazel_bin / "daemon/main/lohand"), "--socket", str(socket),
-         "--state-dir", str(directory / "state"), "--ssd-path",
-         str(directory / "ssd0"), "--ssd-capacity", ssd_capacity,
-         "--host-pool-size", pool] + (["--config", config] if config else []),
-        stdout=open(directory / "lohand.log", "w"), stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while not socket.exists():
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError((directory / "lohand.log").read_text())
-        time.sleep(0.01)
-    return process
-
-
 def run_worker(config: str, args: argparse.Namespace, scratch: Path,
                socket: str, daemon_pid: int) -> Dict[str, float]:
     command = [sys.executable, __file__, "--worker", config,
@@ -249,8 +230,12 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="lohan-peer-bench-",
                                      dir="/var/tmp") as tmp:
         scratch = Path(tmp)
-        daemon = start_daemon(scratch, args.pool, args.daemon_config,
-                              args.ssd_capacity)
+        sys.path.insert(0, str(Path(__file__).parent))
+        from train_bench import start_daemon
+        bazel_bin = Path(os.environ.get("LOHAN_BAZEL_BIN",
+                                        REPO / "bazel-bin"))
+        daemon = start_daemon(scratch, bazel_bin, args.pool,
+                              args.ssd_capacity, args.daemon_config)
         try:
             for round_ in range(args.rounds):
                 order = configs if round_ % 2 == 0 else configs[::-1]

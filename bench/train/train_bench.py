@@ -52,14 +52,17 @@ from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
 import lohan  # noqa: E402
 
 
-def start_daemon(directory: Path, bazel_bin: Path) -> subprocess.Popen:
+def start_daemon(directory: Path, bazel_bin: Path, pool: str = "512MiB",
+                 ssd_capacity: str = "2GiB",
+                 config: str = "") -> subprocess.Popen:
+    """lohand on a socket, state and SSD directory in `directory`."""
     (directory / "ssd0").mkdir()
     socket = directory / "lohand.sock"
     process = subprocess.Popen(
         [str(bazel_bin / "daemon/main/lohand"), "--socket", str(socket),
          "--state-dir", str(directory / "state"), "--ssd-path",
-         str(directory / "ssd0"), "--ssd-capacity", "2GiB",
-         "--host-pool-size", "512MiB"],
+         str(directory / "ssd0"), "--ssd-capacity", ssd_capacity,
+         "--host-pool-size", pool] + (["--config", config] if config else []),
         stdout=open(directory / "lohand.log", "w"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while not socket.exists():

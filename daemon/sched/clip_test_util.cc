@@ -9,6 +9,16 @@
 namespace lohan {
 namespace clip_test {
 
+StoreOptions SmallStore(testing_util::TempDir& dir) {
+  StoreOptions o;
+  o.ssd_paths = {dir.Subdir("ssd0"), dir.Subdir("ssd1")};
+  o.state_dir = dir.path() + "/state";
+  o.stripe_unit = 64 << 10;
+  o.queue_depth = 8;
+  o.device_capacity_bytes = 16 << 20;
+  return o;
+}
+
 ModelLayout Layout(DType grad_dtype) {
   ModelLayout layout;
   layout.layer_elements = {2500, 1000, 37, 4097};

@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "daemon/sched/model_layout.h"
+#include "daemon/store/tensor_store.h"
+#include "daemon/store/test_util.h"
 
 namespace lohan {
 namespace clip_test {
@@ -21,6 +23,10 @@ constexpr size_t kChunks = 10;
 
 // The layout with gradients of `grad_dtype`, 16-bit copies in bf16.
 ModelLayout Layout(DType grad_dtype);
+
+// The store these tests open: two SSD directories in `dir`, 64 KiB
+// stripes, 16 MiB each.
+StoreOptions SmallStore(testing_util::TempDir& dir);
 
 // One iteration's gradients: bytes in the layout's dtype, with the exact
 // sums of squares (double) of each layer and of each chunk, in backward

@@ -49,13 +49,8 @@ class SettleTest : public ::testing::Test {
   void OpenStore() {
     store_.reset();
     faults_.clear();
-    StoreOptions o;
-    o.ssd_paths = {dir_.Subdir("ssd0"), dir_.Subdir("ssd1")};
-    o.state_dir = dir_.path() + "/state";
-    o.stripe_unit = 64 << 10;
-    o.queue_depth = 8;
-    o.device_capacity_bytes = 16 << 20;
-    auto s = testing_util::OpenStoreWithFaults(o, &faults_);
+    auto s = testing_util::OpenStoreWithFaults(clip_test::SmallStore(dir_),
+                                               &faults_);
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = *std::move(s);
   }

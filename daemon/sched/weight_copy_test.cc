@@ -38,13 +38,7 @@ class WeightCopyTest : public ::testing::TestWithParam<Variant> {
     auto updater = AdamUpdater::Create(nullptr, std::nullopt);
     ASSERT_TRUE(updater.ok()) << updater.status();
     updater_.emplace(*updater);
-    StoreOptions o;
-    o.ssd_paths = {dir_.Subdir("ssd0"), dir_.Subdir("ssd1")};
-    o.state_dir = dir_.path() + "/state";
-    o.stripe_unit = 64 << 10;
-    o.queue_depth = 8;
-    o.device_capacity_bytes = 16 << 20;
-    auto store = TensorStore::Open(o);
+    auto store = TensorStore::Open(clip_test::SmallStore(dir_));
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = *std::move(store);
     PipelineOptions options;

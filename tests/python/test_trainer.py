@@ -404,3 +404,21 @@ def test_sharding_and_several_processes_are_refused(lohand, tmp_path):
     assert "2 processes or GPUs" in done.stdout
     with Client(lohand.socket) as client:
         assert client.jobs() == []
+
+
+def test_load_best_model_at_end_leaves_the_best_checkpoints_weights(
+        lohand, tmp_path):
+    from safetensors.torch import load_file
+    model = gpt2()
+    trainer, _ = train(LohanTrainer, tmp_path, model,
+                       lohan={"socket": lohand.socket},
+                       load_best_model_at_end=True,
+                       metric_for_best_model="eval_loss",
+                       # The higher loss, at step 10: not the last weights.
+                       greater_is_better=True)
+    best = trainer.state.best_model_checkpoint
+    assert best is not None and best.endswith("checkpoint-10"), best
+    saved = load_file(os.path.join(best, "model.safetensors"))
+    weights = model.state_dict()
+    for name, value in saved.items():
+        assert torch.equal(weights[name], value), name

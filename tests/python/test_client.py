@@ -189,7 +189,14 @@ def test_raw_model_ops_unscale_loss_scaled_gradients(lohand):
                 with pytest.raises(LohanError) as error:
                     model.iter_begin(grad_scale=bad)
                 assert error.value.code == StatusCode.INVALID_ARGUMENT
-            model.iter_begin(grad_scale=0.5)  # still usable
+            # A rate that is not a number; a negative one means the
+            # registered rate (LOHAN_LR_REGISTERED), not an error.
+            for bad in (float("inf"), float("nan")):
+                with pytest.raises(LohanError) as error:
+                    model.iter_begin(grad_scale=0.5, lr=bad)
+                assert error.value.code == StatusCode.INVALID_ARGUMENT
+                assert "lr must be finite" in error.value.message
+            model.iter_begin(grad_scale=0.5, lr=-1.0)  # still usable
 
 
 def test_raw_model_ops_follow_a_learning_rate_schedule(lohand):

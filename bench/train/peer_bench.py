@@ -138,8 +138,6 @@ def worker(args: argparse.Namespace) -> Dict[str, float]:
             engine.step()
 
         def finish():
-            # The last step's updates may still run: wait for all of them.
-            engine.master_weights()
             engine.close(delete_job=True)
     for ids in data[:args.warmup]:
         step(ids)
@@ -147,7 +145,7 @@ def worker(args: argparse.Namespace) -> Dict[str, float]:
     for ids in data[args.warmup:]:
         step(ids)
     if args.worker.startswith("lohan"):
-        engine.master_weights()
+        engine.master_weights()  # the last step's updates may still run
     seconds = time.perf_counter() - start
     io_after = io_bytes(io_pid)
     finish()

@@ -129,15 +129,7 @@ class JobPipelineTest : public ::testing::Test {
     OpenStore();
   }
 
-  StoreOptions Options() {
-    StoreOptions o;
-    o.ssd_paths = {dir_.Subdir("ssd0"), dir_.Subdir("ssd1")};
-    o.state_dir = dir_.path() + "/state";
-    o.stripe_unit = 64 << 10;
-    o.queue_depth = 8;
-    o.device_capacity_bytes = 16 << 20;
-    return o;
-  }
+  StoreOptions Options() { return clip_test::SmallStore(dir_); }
   void OpenStore() {
     auto s = TensorStore::Open(Options());
     ASSERT_TRUE(s.ok()) << s.status();

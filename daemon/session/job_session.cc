@@ -404,22 +404,33 @@ uint64_t JobSession::UpdateSpace(const TensorStore& store,
 absl::Status JobSession::PublishWeights(size_t layer) {
   Model& model = *served_;
   if (model.streamed_weights) return absl::OkStatus();
-  const uint64_t elements = model.layout.layer_elements[layer];
   uint8_t* slot = base() + model.weight_slots[layer].offset;
   if (model.dtype == v1::DTYPE_FP32) {
     return model.pipeline->ReadWeights(layer, reinterpret_cast<float*>(slot));
   }
-  std::vector<float> weights(elements);
+  std::vector<float> weights(model.layout.layer_elements[layer]);
   if (absl::Status read = model.pipeline->ReadWeights(layer, weights.data());
       !read.ok()) {
     return read;
+  }
+  PublishWeightsFrom(layer, weights.data());
+  return absl::OkStatus();
+}
+
+void JobSession::PublishWeightsFrom(size_t layer, const float* weights) {
+  Model& model = *served_;
+  if (model.streamed_weights) return;
+  const uint64_t elements = model.layout.layer_elements[layer];
+  uint8_t* slot = base() + model.weight_slots[layer].offset;
+  if (model.dtype == v1::DTYPE_FP32) {
+    std::memcpy(slot, weights, elements * 4);
+    return;
   }
   uint16_t* out = reinterpret_cast<uint16_t*>(slot);
   for (uint64_t i = 0; i < elements; ++i) {
     out[i] = model.dtype == v1::DTYPE_BF16 ? FloatToBf16(weights[i])
                                            : FloatToFp16(weights[i]);
   }
-  return absl::OkStatus();
 }
 
 absl::Status JobSession::CheckStaging(const SubmissionEntry& entry) const {
@@ -477,7 +488,10 @@ absl::Status JobSession::Handle(const SubmissionEntry& entry, uint64_t& detail,
         !stored.ok()) {
       return stored;
     }
-    return PublishWeights(entry.layer);  // Streamed: stored with the states.
+    // From memory: the store holds the same values (streamed: stored with
+    // the states, nothing to publish).
+    PublishWeightsFrom(entry.layer, weights.data());
+    return absl::OkStatus();
   }
   if (op == RingOp::kReadState || op == RingOp::kInitState) {
     if (absl::Status valid = CheckStaging(entry); !valid.ok()) return valid;

@@ -174,11 +174,14 @@ class JobSession {
   // (CheckStagingEntry), the layer, the staging slot's offset and the
   // layer's fp32 length, and no iteration in progress.
   absl::Status CheckStaging(const SubmissionEntry& entry) const;
-  // Resident weights: writes the layer's committed weights into its weight
-  // slot (in the model's dtype): after InitializeWeights, and after a failed
-  // iteration left the 16-bit copies unspecified. (Streamed weights stay in
-  // the store until FETCH_PARAMS.)
+  // Resident weights: writes the layer's committed weights, read from the
+  // store, into its weight slot (in the model's dtype): when a job is
+  // reopened, and after a failed or aborted iteration left the copies
+  // unspecified. (Streamed weights stay in the store until FETCH_PARAMS.)
   absl::Status PublishWeights(size_t layer);
+  // The same from `weights` (the layer's fp32 values) in memory: the
+  // initial weights, just stored.
+  void PublishWeightsFrom(size_t layer, const float* weights);
   void Complete(const SubmissionEntry& entry, const absl::Status& status,
                 uint64_t detail, uint32_t flags);
   // Activations swapped out through the daemon live in the store as

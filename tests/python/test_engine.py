@@ -379,6 +379,14 @@ def test_misuse_is_a_clear_error(lohand, tmp_path):
         engine_for(twin, lohand, job_name="twin").close()
     with engine_for(model, lohand, job_name="again"):
         pass
+    # A loss scale that cannot start a dynamic scale: refused before any
+    # job is made.
+    for bad in (0, 0.5, float("nan"), float("inf"), "big"):
+        with pytest.raises(ValueError, match="initial_loss_scale"):
+            engine_for(model, lohand, job_name="scale",
+                       initial_loss_scale=bad)
+    with lohan.Client(lohand.socket) as client:
+        assert "scale" not in [job.name for job in client.jobs()]
 
 
 # ------------------------------------------------------- save and resume

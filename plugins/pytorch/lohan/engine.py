@@ -966,9 +966,14 @@ class Engine:
         loss.backward(), as with torch's GradScaler."""
         self._check_open()
         if self.loss_scale != 1.0:
-            self._scaled_backward = True
-            loss = loss * self.loss_scale
+            loss = self.scale_loss(loss)
         loss.backward(**kwargs)
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """`loss` times loss_scale, for a backward the caller runs itself
+        (a framework's): the daemon unscales this step's gradients."""
+        self._scaled_backward = True
+        return loss * self.loss_scale
 
     def step(self) -> Optional[StepResult]:
         """Ends the iteration: hands over any layer still holding gradients,
@@ -1046,21 +1051,17 @@ class Engine:
                 continue
             if self._lazy is not None and layer in self._lazy:
                 continue  # copied just before its block next runs
-            self._pull_layer(layer)
+            self._copy_fetched_into_params(layer)
         if self._lazy is not None:
             self._lazy.mark_stale()
         self._remember_weights()
 
-    def _pull_layer(self, layer: Layer) -> None:
-        """The layer's new weights from the daemon into the model (the
-        fetch waits for the layer's update)."""
-        self._copy_fetched_into_params(layer)
 
     def _pull_layer_lazily(self, layer: Layer) -> None:
         # Changed in place since step() (load_state_dict): refused, as at
         # the next step, rather than overwritten.
         self._check_weights_unchanged(layer)
-        self._pull_layer(layer)
+        self._copy_fetched_into_params(layer)
         for name, param in zip(layer.names, layer.params):
             self._versions[id(param)] = (name, param, param._version)
 

@@ -122,8 +122,7 @@ class EngineScaler:
         self.engine = engine
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
-        self.engine._scaled_backward = True
-        return loss * self.engine.loss_scale
+        return self.engine.scale_loss(loss)
 
     def step(self, optimizer: Any, closure: Any = None) -> Any:
         result = self.engine.step()

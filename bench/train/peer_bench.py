@@ -20,7 +20,8 @@ order reversed every other round):
 DeepSpeed's NVMe files and lohand's SSD directory are in the same scratch
 directory. Reports seconds per step (median over rounds of each run's mean
 over the timed steps), the ratio to torch and to each DeepSpeed
-configuration, and SSD bytes read and written per parameter per step (from
+configuration, each phase's median (forward, backward, the optimizer's
+step), and SSD bytes read and written per parameter per step (from
 /proc/<pid>/io: DeepSpeed's own process, lohand's for lohan). DeepSpeed's
 CPU ops are JIT-built on first use (minutes, cached in
 ~/.cache/torch_extensions).
@@ -95,8 +96,9 @@ def deepspeed_engine(model, args: argparse.Namespace, nvme: Path,
 
 
 def worker(args: argparse.Namespace) -> Dict[str, float]:
-    """One configuration: seconds per timed step and SSD bytes per
-    parameter per step."""
+    """One configuration: seconds per timed step (and the medians of its
+    forward, backward and optimizer step) and SSD bytes per parameter per
+    step."""
     import torch
     torch.set_num_threads(args.threads)
     model, data = build(args)
@@ -104,11 +106,12 @@ def worker(args: argparse.Namespace) -> Dict[str, float]:
     scratch = Path(args.scratch)
     io_pid = os.getpid()
     finish = lambda: None  # noqa: E731
+    forward = lambda ids: model(input_ids=ids, labels=ids).loss  # noqa: E731
+    backward = lambda loss: loss.backward()  # noqa: E731
     if args.worker == "torch":
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
-        def step(ids):
-            model(input_ids=ids, labels=ids).loss.backward()
+        def update():
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             optimizer.zero_grad()
@@ -117,10 +120,9 @@ def worker(args: argparse.Namespace) -> Dict[str, float]:
         nvme.mkdir()
         engine = deepspeed_engine(model, args, nvme,
                                   args.worker == "ds-nvme-all")
-
-        def step(ids):
-            engine.backward(engine(input_ids=ids, labels=ids).loss)
-            engine.step()
+        forward = lambda ids: engine(input_ids=ids, labels=ids).loss  # noqa
+        backward = engine.backward
+        update = engine.step
     else:
         sys.path.insert(0, str(REPO / "plugins" / "pytorch"))
         import lohan
@@ -132,15 +134,24 @@ def worker(args: argparse.Namespace) -> Dict[str, float]:
                             socket=args.socket,
                             job_name=f"peer-{os.getpid()}", **options)
         io_pid = args.daemon_pid
-
-        def step(ids):
-            model(input_ids=ids, labels=ids).loss.backward()
-            engine.step()
+        update = engine.step
 
         def finish():
             engine.close(delete_job=True)
+    phases: List[Tuple[float, float, float]] = []
+
+    def step(ids) -> None:
+        t0 = time.perf_counter()
+        loss = forward(ids)
+        t1 = time.perf_counter()
+        backward(loss)
+        t2 = time.perf_counter()
+        update()
+        phases.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
+
     for ids in data[:args.warmup]:
         step(ids)
+    phases.clear()
     io_before, start = io_bytes(io_pid), time.perf_counter()
     for ids in data[args.warmup:]:
         step(ids)
@@ -151,6 +162,9 @@ def worker(args: argparse.Namespace) -> Dict[str, float]:
     finish()
     per = parameters * args.steps
     return {"seconds": seconds / args.steps, "parameters": parameters,
+            "forward": statistics.median(p[0] for p in phases),
+            "backward": statistics.median(p[1] for p in phases),
+            "update": statistics.median(p[2] for p in phases),
             "read": (io_after[0] - io_before[0]) / per,
             "written": (io_after[1] - io_before[1]) / per}
 
@@ -181,14 +195,15 @@ def report(results: Dict[str, List[Dict[str, float]]],
           f" median of {args.rounds} rounds of {args.steps} timed steps")
     print(f"{'configuration':16s} {'s/step':>7s} {'vs torch':>8s} "
           f"{'vs ds-opt':>9s} {'vs ds-all':>9s} {'read B/p':>8s} "
-          f"{'wrt B/p':>8s}")
+          f"{'wrt B/p':>8s}  forward / backward / step (s, medians)")
     for config, row in median.items():
         ratios = [row["seconds"] / median[ref]["seconds"]
                   if ref in median else float("nan")
                   for ref in ("torch", "ds-nvme-opt", "ds-nvme-all")]
         print(f"{config:16s} {row['seconds']:7.3f} {ratios[0]:7.2f}x "
               f"{ratios[1]:8.2f}x {ratios[2]:8.2f}x {row['read']:8.2f} "
-              f"{row['written']:8.2f}")
+              f"{row['written']:8.2f}  {row['forward']:.3f} / "
+              f"{row['backward']:.3f} / {row['update']:.3f}")
 
 
 def main() -> int:

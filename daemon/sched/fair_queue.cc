@@ -22,9 +22,12 @@ FairQueue::Grant::~Grant() {
   if (queue_ != nullptr) queue_->Release(start_, flow_);
 }
 
-FairQueue::FairQueue(size_t slots, absl::Duration anticipation)
-    : slots_(slots), anticipation_(anticipation), free_(slots) {
-  LOHAN_CHECK(slots >= 1);
+FairQueue::FairQueue(size_t slots, absl::Duration anticipation, int catch_up)
+    : slots_(slots),
+      anticipation_(anticipation),
+      catch_up_(catch_up),
+      free_(slots) {
+  LOHAN_CHECK(slots >= 1 && catch_up >= 0);
 }
 
 FairQueue::Grant FairQueue::Acquire(absl::string_view flow, double weight,
@@ -43,13 +46,16 @@ FairQueue::Grant FairQueue::Acquire(absl::string_view flow, double weight,
   auto in_group = groups_.find(state.group);
   Group& shared = in_group->second;
   Waiter waiter;
-  waiter.start = std::max(virtual_time_, shared.finish);
+  const double normalized =
+      static_cast<double>(cost) / (weight > 0 ? weight : 1.0);
+  shared.last_lag = catch_up_ * normalized;
+  waiter.start = StartTagLocked(shared, shared.last_lag);
   waiter.sequence = next_sequence_++;
   waiter.flow = &found->first;
   waiter.group = &in_group->first;
   waiter.urgent = urgent;
-  shared.finish =
-      waiter.start + static_cast<double>(cost) / (weight > 0 ? weight : 1.0);
+  shared.finish = waiter.start + normalized;
+  BecomesActive(state, asked);
   ++state.waiting;
   ++shared.waiting;
   if (urgent) state.urgent.insert(&waiter);
@@ -73,12 +79,17 @@ FairQueue::Grant FairQueue::Acquire(absl::string_view flow, double weight,
   }
   // The flow may have been forgotten meanwhile: count into it afresh.
   auto counted_at = flows_.find(flow);
+  const auto found_again = counted_at;
   if (counted_at == flows_.end()) {
     counted_at =
         flows_.emplace(std::string(flow), Flow{std::string(group)}).first;
     ++groups_[std::string(group)].flows;
   }
   Flow& counted = counted_at->second;
+  if (counted_at != found_again) {
+    BecomesActive(counted, asked);
+    ++counted.in_service;
+  }
   ++counted.stats.grants;
   counted.stats.cost += cost;
   counted.stats.waited_seconds += absl::ToDoubleSeconds(absl::Now() - asked);
@@ -103,9 +114,10 @@ void FairQueue::DispatchLocked() {
     waiting_.erase(next);
     if (next->urgent) flow.urgent.erase(next);
     --flow.waiting;
+    ++flow.in_service;
     --groups_.find(*next->group)->second.waiting;
     in_service_.insert(next->start);
-    virtual_time_ = *in_service_.begin();
+    virtual_time_ = std::max(virtual_time_, *in_service_.begin());
     next->granted = true;
     --free_;
   }
@@ -115,16 +127,21 @@ void FairQueue::Release(double start, const std::string& flow) {
   absl::MutexLock lock(&mu_);
   in_service_.erase(in_service_.find(start));
   if (!in_service_.empty()) {
-    virtual_time_ = *in_service_.begin();
+    virtual_time_ = std::max(virtual_time_, *in_service_.begin());
   }
   ++free_;
   auto found = flows_.find(flow);
+  if (found != flows_.end() && found->second.in_service > 0) {
+    --found->second.in_service;
+    MayBecomeIdle(found->second, absl::Now());
+  }
   auto group =
       found == flows_.end() ? groups_.end() : groups_.find(found->second.group);
   if (anticipation_ > absl::ZeroDuration() && held_for_.empty() &&
       !waiting_.empty() && group != groups_.end() &&
       group->second.waiting == 0) {
-    const double next_start = std::max(virtual_time_, group->second.finish);
+    const double next_start =
+        StartTagLocked(group->second, group->second.last_lag);
     if (next_start < (*waiting_.begin())->start) {
       held_for_ = group->first;
       held_tag_ = next_start;
@@ -152,8 +169,28 @@ void FairQueue::Forget(absl::string_view flow) {
 std::map<std::string, FairQueue::FlowStats> FairQueue::Stats() const {
   absl::MutexLock lock(&mu_);
   std::map<std::string, FlowStats> stats;
-  for (const auto& [name, flow] : flows_) stats[name] = flow.stats;
+  const absl::Time now = absl::Now();
+  for (const auto& [name, flow] : flows_) {
+    FlowStats& counted = stats[name] = flow.stats;
+    if (flow.waiting + flow.in_service > 0) {
+      counted.active_seconds += absl::ToDoubleSeconds(now - flow.active_since);
+    }
+  }
   return stats;
+}
+
+double FairQueue::StartTagLocked(const Group& group, double lag) const {
+  return std::max(virtual_time_ - lag, group.finish);
+}
+
+void FairQueue::BecomesActive(Flow& flow, absl::Time now) {
+  if (flow.waiting + flow.in_service == 0) flow.active_since = now;
+}
+
+void FairQueue::MayBecomeIdle(Flow& flow, absl::Time now) {
+  if (flow.waiting + flow.in_service == 0) {
+    flow.stats.active_seconds += absl::ToDoubleSeconds(now - flow.active_since);
+  }
 }
 
 }  // namespace lohan

@@ -2,18 +2,21 @@
 // with streamed gradients and weights (2 buffers of each), one served in
 // arrival order on one thread (ModelSpec.in_order_service), one in lanes
 // (what the device waits for beside the SSD writes), their iterations
-// interleaved. Each iteration plays backward the way the plugin does: per
-// layer, from the last, FETCH_PARAMS (the recompute needs the weights; the
-// client waits for it: its latency is the figure) and the gradient handed
-// over without waiting (GRAD_READY, which writes it to the SSDs before it
-// completes), then ITER_END.
+// interleaved. Each iteration plays the plugin's activation offload and
+// backward: in forward each layer's input goes out (ACT_PUT, waited); in
+// backward, per layer from the last, FETCH_PARAMS and ACT_GET (the
+// recompute needs the weights and the input; the client waits for both:
+// their latencies are the figures), the gradient handed over without
+// waiting (GRAD_READY, which writes it to the SSDs before it completes) and
+// the input freed (ACT_FREE, waited, as the plugin's sweep does), then
+// ITER_END.
 //
 //   bazel run //bench/session:serve_bench -- [--layers=16]
-//       [--elements=4194304] [--iterations=4]
+//       [--elements=4194304] [--iterations=4] [--activation_bytes=1048576]
 // The daemon's state and its SSD file live in a fresh directory under /tmp.
 //
-// Prints FETCH_PARAMS latency p50/p99 and the iteration time per mode, and
-// the ratios lanes / in order.
+// Prints FETCH_PARAMS, ACT_GET and ACT_FREE latency p50/p99 and the
+// iteration time per mode, and the ratios lanes / in order.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -38,6 +41,7 @@ struct Flags {
   uint32_t layers = 16;
   uint64_t elements = uint64_t{4} << 20;
   int iterations = 4;
+  uint64_t activation_bytes = uint64_t{1} << 20;  // per layer
 };
 
 double Seconds(Clock::duration d) {
@@ -56,7 +60,7 @@ struct Job {
   std::unique_ptr<DataPlane> plane;
   v1::RegisterModelResponse layout;
   uint64_t next_iteration = 0;
-  std::vector<double> fetch_ms;
+  std::vector<double> fetch_ms, get_ms, free_ms;
   std::vector<double> iteration_s;
 };
 
@@ -64,7 +68,8 @@ Job OpenJob(ControlClient& client, const Flags& flags, const std::string& name,
             bool in_order) {
   v1::JobSpec spec;
   spec.set_name(name);
-  spec.set_host_pool_bytes(6 * flags.elements * 2 + (uint64_t{16} << 20));
+  spec.set_host_pool_bytes(6 * flags.elements * 2 + flags.activation_bytes +
+                           (uint64_t{16} << 20));
   auto job = client.CreateJob(spec);
   if (!job.ok()) Die("create", job.status());
   if (auto attached = client.AttachJob(job->id()); !attached.ok()) {
@@ -87,6 +92,7 @@ Job OpenJob(ControlClient& client, const Flags& flags, const std::string& name,
   model->set_grad_slots(2);
   model->set_weight_slots(2);
   model->set_in_order_service(in_order);
+  model->set_activation_bytes(flags.activation_bytes);
   auto registered = client.RegisterModel(request);
   if (!registered.ok()) Die("register", registered.status());
   Job out{.id = job->id(), .plane = *std::move(plane), .layout = *registered};
@@ -112,6 +118,28 @@ Job OpenJob(ControlClient& client, const Flags& flags, const std::string& name,
   return out;
 }
 
+// Calls `entry` and adds its latency to `ms`.
+void Timed(DataPlane& plane, const SubmissionEntry& entry, const char* what,
+           std::vector<double>& ms) {
+  const auto asked = Clock::now();
+  if (auto done = plane.Call(entry, kTimeout); !done.ok()) {
+    Die(what, done.status());
+  }
+  ms.push_back(1e3 * Seconds(Clock::now() - asked));
+}
+
+SubmissionEntry Activation(const Job& job, const Flags& flags, RingOp op,
+                           uint32_t layer) {
+  SubmissionEntry entry{};
+  entry.op = static_cast<uint16_t>(op);
+  entry.activation_id = layer + 1;
+  if (op != RingOp::kActFree) {
+    entry.slot_offset = job.layout.activation_offset();
+    entry.length = flags.activation_bytes;
+  }
+  return entry;
+}
+
 void Iterate(Job& job, const Flags& flags) {
   DataPlane& plane = *job.plane;
   const auto start = Clock::now();
@@ -120,6 +148,10 @@ void Iterate(Job& job, const Flags& flags) {
   begin.iteration = job.next_iteration;
   if (auto done = plane.Call(begin, kTimeout); !done.ok()) {
     Die("begin", done.status());
+  }
+  std::vector<double> put_ms;
+  for (uint32_t l = 0; l < flags.layers; ++l) {
+    Timed(plane, Activation(job, flags, RingOp::kActPut, l), "put", put_ms);
   }
   std::vector<DataPlane::Ticket> grads;
   for (uint32_t back = 0; back < flags.layers; ++back) {
@@ -135,11 +167,8 @@ void Iterate(Job& job, const Flags& flags) {
     fetch.layer = l;
     fetch.slot_offset = slots.weight_offset();
     fetch.length = slots.bytes();
-    const auto asked = Clock::now();
-    if (auto done = plane.Call(fetch, kTimeout); !done.ok()) {
-      Die("fetch", done.status());
-    }
-    job.fetch_ms.push_back(1e3 * Seconds(Clock::now() - asked));
+    Timed(plane, fetch, "fetch", job.fetch_ms);
+    Timed(plane, Activation(job, flags, RingOp::kActGet, l), "get", job.get_ms);
     // The layer's gradient into its (shared) buffer once the buffer's last
     // GRAD_READY is done, then handed over without waiting.
     if (auto free =
@@ -161,6 +190,8 @@ void Iterate(Job& job, const Flags& flags) {
     auto ticket = plane.Submit(ready, kTimeout);
     if (!ticket.ok()) Die("grad-ready", ticket.status());
     grads.push_back(*ticket);
+    Timed(plane, Activation(job, flags, RingOp::kActFree, l), "free",
+          job.free_ms);
   }
   for (DataPlane::Ticket ticket : grads) {
     if (auto done = plane.Wait(ticket, kTimeout); !done.ok()) {
@@ -211,24 +242,35 @@ int Run(const Flags& flags) {
   Iterate(lanes, flags);
   for (Job* job : {&in_order, &lanes}) {
     job->fetch_ms.clear();
+    job->get_ms.clear();
+    job->free_ms.clear();
     job->iteration_s.clear();
   }
   for (int t = 0; t < flags.iterations; ++t) {
     Iterate(t % 2 == 0 ? in_order : lanes, flags);
     Iterate(t % 2 == 0 ? lanes : in_order, flags);
   }
-  std::printf("%-10s %14s %14s %14s\n", "service", "fetch p50 ms",
-              "fetch p99 ms", "iteration s");
+  std::printf("%-10s %19s %19s %19s %12s\n", "service", "fetch p50/p99 ms",
+              "act get p50/p99 ms", "act free p50/p99 ms", "iteration s");
   for (const auto& [name, job] :
        {std::pair{"in order", &in_order}, {"lanes", &lanes}}) {
-    std::printf("%-10s %14.2f %14.2f %14.3f\n", name,
+    std::printf("%-10s %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %12.3f\n", name,
                 Percentile(job->fetch_ms, 0.5), Percentile(job->fetch_ms, 0.99),
+                Percentile(job->get_ms, 0.5), Percentile(job->get_ms, 0.99),
+                Percentile(job->free_ms, 0.5), Percentile(job->free_ms, 0.99),
                 Mean(job->iteration_s));
   }
+  auto ratio = [](const std::vector<double>& a, const std::vector<double>& b,
+                  double p) { return Percentile(a, p) / Percentile(b, p); };
   std::printf(
-      "lanes / in order: fetch p50 %.3fx, p99 %.3fx, iteration %.3fx\n",
-      Percentile(lanes.fetch_ms, 0.5) / Percentile(in_order.fetch_ms, 0.5),
-      Percentile(lanes.fetch_ms, 0.99) / Percentile(in_order.fetch_ms, 0.99),
+      "lanes / in order: fetch p50 %.3fx, p99 %.3fx; act get p50 %.3fx, "
+      "p99 %.3fx; act free p50 %.3fx, p99 %.3fx; iteration %.3fx\n",
+      ratio(lanes.fetch_ms, in_order.fetch_ms, 0.5),
+      ratio(lanes.fetch_ms, in_order.fetch_ms, 0.99),
+      ratio(lanes.get_ms, in_order.get_ms, 0.5),
+      ratio(lanes.get_ms, in_order.get_ms, 0.99),
+      ratio(lanes.free_ms, in_order.free_ms, 0.5),
+      ratio(lanes.free_ms, in_order.free_ms, 0.99),
       Mean(lanes.iteration_s) / Mean(in_order.iteration_s));
   return 0;
 }
@@ -250,6 +292,8 @@ int main(int argc, char** argv) {
       flags.elements = std::strtoull(v, nullptr, 10);
     } else if (const char* v = value("iterations")) {
       flags.iterations = std::atoi(v);
+    } else if (const char* v = value("activation_bytes")) {
+      flags.activation_bytes = std::strtoull(v, nullptr, 10);
     } else {
       std::fprintf(stderr, "serve_bench: unknown flag %s\n", argv[i]);
       return 2;

@@ -470,12 +470,35 @@ absl::Status JobSession::CheckStaging(const SubmissionEntry& entry) const {
   return absl::OkStatus();
 }
 
+absl::Status JobSession::AdmitOrdered(const SubmissionEntry& entry) {
+  const Model& model = *served_;
+  const RingOp op = static_cast<RingOp>(entry.op);
+  if (op == RingOp::kInitWeights || op == RingOp::kReadWeights ||
+      op == RingOp::kReadState || op == RingOp::kInitState) {
+    return CheckStaging(entry);
+  }
+  if (op == RingOp::kIterBegin) {
+    // The validator's state must not advance for an iteration the pipeline
+    // then refuses, so check the pipeline's precondition first (every
+    // INIT_WEIGHTS before has run: see Dispatch).
+    for (size_t layer = 0; layer < model.layout.layer_elements.size();
+         ++layer) {
+      if (!model.pipeline->layer_initialized(layer)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "ITER_BEGIN: layer ", layer,
+            " has no weights yet; send its initial weights (INIT_WEIGHTS) "
+            "first"));
+      }
+    }
+  }
+  return AcceptEntry(entry);
+}
+
 absl::Status JobSession::Handle(const SubmissionEntry& entry, uint64_t& detail,
                                 uint32_t& flags) {
   Model& model = *served_;
   const RingOp op = static_cast<RingOp>(entry.op);
   if (op == RingOp::kInitWeights || op == RingOp::kReadWeights) {
-    if (absl::Status valid = CheckStaging(entry); !valid.ok()) return valid;
     float* staging = reinterpret_cast<float*>(base() + model.staging.offset);
     if (op == RingOp::kReadWeights) {
       return model.pipeline->ReadWeights(entry.layer, staging);
@@ -494,7 +517,6 @@ absl::Status JobSession::Handle(const SubmissionEntry& entry, uint64_t& detail,
     return absl::OkStatus();
   }
   if (op == RingOp::kReadState || op == RingOp::kInitState) {
-    if (absl::Status valid = CheckStaging(entry); !valid.ok()) return valid;
     float* staging = reinterpret_cast<float*>(base() + model.staging.offset);
     const StatePart part = static_cast<StatePart>(entry.activation_id);
     if (op == RingOp::kReadState) {
@@ -506,20 +528,6 @@ absl::Status JobSession::Handle(const SubmissionEntry& entry, uint64_t& detail,
         staging, staging + model.layout.layer_elements[entry.layer]);
     return model.pipeline->InitState(entry.layer, part, values.data());
   }
-  if (op == RingOp::kIterBegin) {
-    // The validator's state must not advance for an iteration the pipeline
-    // then refuses, so check the pipeline's precondition first.
-    for (size_t layer = 0; layer < model.layout.layer_elements.size();
-         ++layer) {
-      if (!model.pipeline->layer_initialized(layer)) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "ITER_BEGIN: layer ", layer,
-            " has no weights yet; send its initial weights (INIT_WEIGHTS) "
-            "first"));
-      }
-    }
-  }
-  if (absl::Status valid = AcceptEntry(entry); !valid.ok()) return valid;
   switch (op) {
     case RingOp::kIterBegin:
       iteration_began_ = absl::Now();
@@ -590,11 +598,9 @@ absl::Status JobSession::Handle(const SubmissionEntry& entry, uint64_t& detail,
       }
       return aborted;
     }
-    case RingOp::kActFree:
-      return SwapActivation(entry);
     default:
       return absl::InternalError(
-          absl::StrCat("op ", entry.op, " reached the in-order path"));
+          absl::StrCat("op ", entry.op, " reached the ordered lane"));
   }
 }
 
@@ -637,6 +643,7 @@ absl::Status JobSession::Execute(const SubmissionEntry& entry, uint64_t& detail,
     }
     case RingOp::kActPut:
     case RingOp::kActGet:
+    case RingOp::kActFree:
       return SwapActivation(entry);
     default:
       return absl::InternalError(

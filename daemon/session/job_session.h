@@ -6,12 +6,13 @@
 #include <functional>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/common/log_limiter.h"
@@ -153,19 +154,22 @@ class JobSession {
                        const PipelineOptions& options) const;
 
   void Serve();
-  // The lane a request runs in (ServeLanes); none: it runs on the serving
-  // thread once both lanes are drained.
-  static std::optional<ServeLanes::Lane> LaneOf(RingOp op);
-  // Admits one submission and runs it (Handle) or posts it to its lane
-  // (Execute); either way it is completed.
+  // The lane a request runs in (ServeLanes) unless an earlier request on
+  // the same activation is still queued (then it follows that one).
+  static ServeLanes::Lane LaneOf(RingOp op);
+  // Admits one submission and posts it to its lane, or completes it with
+  // the refusal. The serving thread makes no store call.
   void Dispatch(const SubmissionEntry& entry);
-  // Acts on one submission that runs in order (staging, ITER_*,
-  // ACT_FREE); returns the completion's status, setting `detail`/`flags`
-  // for ops that report something.
+  // The admission of an ordered request (staging, ITER_*): its checks and
+  // the validator's step, in ring order.
+  absl::Status AdmitOrdered(const SubmissionEntry& entry);
+  // Acts on an admitted ordered request, on the ordered lane; returns the
+  // completion's status, setting `detail`/`flags` for ops that report
+  // something.
   absl::Status Handle(const SubmissionEntry& entry, uint64_t& detail,
                       uint32_t& flags);
-  // Acts on an admitted lane request (GRAD_READY, FETCH_PARAMS, ACT_PUT,
-  // ACT_GET), on its lane's thread.
+  // Acts on an admitted urgent or bulk request (GRAD_READY, FETCH_PARAMS,
+  // ACT_PUT, ACT_GET, ACT_FREE), on its lane's thread.
   absl::Status Execute(const SubmissionEntry& entry, uint64_t& detail,
                        uint32_t& flags);
   absl::Status AcceptEntry(const SubmissionEntry& entry)
@@ -202,7 +206,8 @@ class JobSession {
   const ArenaGrant grant_;
 
   absl::Mutex mu_;
-  // Set once by RegisterModel, then used only by the serving thread.
+  // Set once by RegisterModel, then used by the serving thread and the
+  // lanes.
   std::optional<Model> model_ ABSL_GUARDED_BY(mu_);
   Model* served_ = nullptr;  // = &*model_ once serving
   // Holds the model's SSD set-aside, given back when the session ends.
@@ -210,7 +215,7 @@ class JobSession {
   mutable absl::Mutex validator_mu_;
   std::optional<EntryValidator> validator_;  // Accept under validator_mu_
   std::optional<RingConsumer> submissions_;  // the serving thread's
-  // Completions come from the serving thread and both lanes.
+  // Completions come from the serving thread (refusals) and the lanes.
   absl::Mutex complete_mu_;
   std::optional<RingProducer> completions_ ABSL_GUARDED_BY(complete_mu_);
   uint64_t error_sequence_ ABSL_GUARDED_BY(complete_mu_) = 0;
@@ -219,15 +224,17 @@ class JobSession {
   std::atomic<bool> drain_requested_{false};
   std::function<void()> on_drained_;
   std::function<void(const absl::Status&)> on_failure_;
-  // ACT_PUTs posted and not done, by activation id.
-  absl::Mutex puts_mu_;
-  std::set<uint64_t> puts_in_flight_ ABSL_GUARDED_BY(puts_mu_);
-  // Written by the serving thread (and RegisterModel), read by Status().
+  // Activation requests posted and not done, by activation id: the lane
+  // they run on and how many.
+  absl::Mutex activations_mu_;
+  absl::flat_hash_map<uint64_t, std::pair<ServeLanes::Lane, size_t>>
+      activations_in_flight_ ABSL_GUARDED_BY(activations_mu_);
+  // Written by the lanes (and RegisterModel), read by Status().
   // Failures the operator must see, a few a minute per kind.
   LogLimiter failure_log_{3, absl::Seconds(60)};
   mutable absl::Mutex stats_mu_;
   v1::SessionStatus stats_ ABSL_GUARDED_BY(stats_mu_);
-  absl::Time iteration_began_;  // serving thread only
+  absl::Time iteration_began_;  // the ordered lane only
   std::atomic<bool> stopping_{false};
   std::thread server_;
 };

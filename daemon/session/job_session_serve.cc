@@ -1,5 +1,5 @@
-// JobSession: serving the rings (the dispatch of each submission to the
-// serving thread or a lane, and the completions). The rest of the class is
+// JobSession: serving the rings (the admission of each submission and its
+// dispatch to a lane, and the completions). The rest of the class is
 // in job_session.cc.
 #include "absl/strings/str_cat.h"
 #include "daemon/session/job_session.h"
@@ -121,29 +121,38 @@ void JobSession::Serve() {
   }
 }
 
-std::optional<ServeLanes::Lane> JobSession::LaneOf(RingOp op) {
+ServeLanes::Lane JobSession::LaneOf(RingOp op) {
   switch (op) {
     case RingOp::kFetchParams:
     case RingOp::kActGet:
+    case RingOp::kActFree:  // a catalog update; the client may wait on it
       return ServeLanes::Lane::kUrgent;
     case RingOp::kGradReady:
     case RingOp::kActPut:
       return ServeLanes::Lane::kBulk;
     default:
-      return std::nullopt;
+      return ServeLanes::Lane::kOrdered;
   }
 }
 
 void JobSession::Dispatch(const SubmissionEntry& entry) {
   const RingOp op = static_cast<RingOp>(entry.op);
-  std::optional<ServeLanes::Lane> lane = LaneOf(op);
-  if (!lane.has_value()) {
-    // It must see every request before it done.
-    lanes_->Drain();
-    uint64_t detail = 0;
-    uint32_t flags = 0;
-    absl::Status status = Handle(entry, detail, flags);
-    Complete(entry, status, detail, flags);
+  ServeLanes::Lane lane = LaneOf(op);
+  if (lane == ServeLanes::Lane::kOrdered) {
+    // Admitted once every ordered request before it has run (an
+    // ITER_BEGIN needs its INIT_WEIGHTS done), then run on the ordered
+    // lane once everything before it has; what comes after waits for it.
+    lanes_->WaitOrdered();
+    if (absl::Status admitted = AdmitOrdered(entry); !admitted.ok()) {
+      Complete(entry, admitted, 0, 0);
+      return;
+    }
+    lanes_->Post(lane, [this, entry] {
+      uint64_t detail = 0;
+      uint32_t flags = 0;
+      absl::Status status = Handle(entry, detail, flags);
+      Complete(entry, status, detail, flags);
+    });
     return;
   }
   // Admitted in arrival order: the validator follows the client's
@@ -152,16 +161,19 @@ void JobSession::Dispatch(const SubmissionEntry& entry) {
     Complete(entry, admitted, 0, 0);
     return;
   }
-  {
-    absl::MutexLock lock(&puts_mu_);
-    // A get of an activation whose put is still queued goes behind it.
-    if (op == RingOp::kActGet && puts_in_flight_.count(entry.activation_id)) {
-      lane = ServeLanes::Lane::kBulk;
-    }
-    if (op == RingOp::kActPut) puts_in_flight_.insert(entry.activation_id);
+  const bool activation =
+      op == RingOp::kActPut || op == RingOp::kActGet || op == RingOp::kActFree;
+  if (activation) {
+    absl::MutexLock lock(&activations_mu_);
+    // An activation's requests run in order: one whose put or get is still
+    // queued goes behind it, on its lane.
+    auto [at, added] =
+        activations_in_flight_.try_emplace(entry.activation_id, lane, 0);
+    if (!added) lane = at->second.first;
+    ++at->second.second;
   }
-  const bool urgent = *lane == ServeLanes::Lane::kUrgent;
-  lanes_->Post(*lane, [this, entry, op, urgent] {
+  const bool urgent = lane == ServeLanes::Lane::kUrgent;
+  lanes_->Post(lane, [this, entry, activation, urgent] {
     uint64_t detail = 0;
     uint32_t flags = 0;
     absl::Status status;
@@ -172,9 +184,10 @@ void JobSession::Dispatch(const SubmissionEntry& entry) {
     } else {
       status = Execute(entry, detail, flags);
     }
-    if (op == RingOp::kActPut) {
-      absl::MutexLock lock(&puts_mu_);
-      puts_in_flight_.erase(entry.activation_id);
+    if (activation) {
+      absl::MutexLock lock(&activations_mu_);
+      auto at = activations_in_flight_.find(entry.activation_id);
+      if (--at->second.second == 0) activations_in_flight_.erase(at);
     }
     Complete(entry, status, detail, flags);
   });

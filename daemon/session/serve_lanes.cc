@@ -6,7 +6,7 @@ namespace lohan {
 
 ServeLanes::ServeLanes(bool in_order) : in_order_(in_order) {
   if (in_order_) return;
-  for (Lane lane : {Lane::kUrgent, Lane::kBulk}) {
+  for (Lane lane : {Lane::kUrgent, Lane::kBulk, Lane::kOrdered}) {
     threads_[static_cast<size_t>(lane)] =
         std::thread([this, lane] { Run(lane); });
   }
@@ -34,7 +34,21 @@ void ServeLanes::Post(Lane lane, std::function<void()> task) {
     return queue.tasks.size() < kMaxQueued;
   };
   mu_.Await(absl::Condition(&has_room));
-  queue.tasks.push_back(std::move(task));
+  if (lane == Lane::kOrdered) {
+    queue.tasks.push_back(Task{std::move(task), ordered_posted_++});
+  } else {
+    queue.tasks.push_back(Task{std::move(task), ordered_posted_});
+    ++unfinished_[ordered_posted_];
+  }
+}
+
+void ServeLanes::WaitOrdered() {
+  if (in_order_) return;
+  absl::MutexLock lock(&mu_);
+  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return ordered_done_ == ordered_posted_;
+  };
+  mu_.Await(absl::Condition(&done));
 }
 
 size_t ServeLanes::Queued(Lane lane) const {
@@ -54,14 +68,23 @@ void ServeLanes::Drain() {
   mu_.Await(absl::Condition(&idle));
 }
 
+bool ServeLanes::CanStartLocked(Lane lane) const {
+  const Queue& queue = queues_[static_cast<size_t>(lane)];
+  if (queue.tasks.empty()) return false;
+  const uint64_t epoch = queue.tasks.front().epoch;
+  if (lane != Lane::kOrdered) return epoch <= ordered_done_;
+  // Every task posted before it has finished.
+  return unfinished_.empty() || unfinished_.begin()->first > epoch;
+}
+
 void ServeLanes::Run(Lane lane) {
   Queue& queue = queues_[static_cast<size_t>(lane)];
   while (true) {
-    std::function<void()> task;
+    Task task;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [this, &queue]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stopping_ || !queue.tasks.empty();
+      auto ready = [this, lane]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || CanStartLocked(lane);
       };
       mu_.Await(absl::Condition(&ready));
       if (stopping_) return;
@@ -69,9 +92,14 @@ void ServeLanes::Run(Lane lane) {
       queue.tasks.pop_front();
       queue.running = true;
     }
-    task();
+    task.run();
     absl::MutexLock lock(&mu_);
     queue.running = false;
+    if (lane == Lane::kOrdered) {
+      ++ordered_done_;
+    } else if (auto at = unfinished_.find(task.epoch); --at->second == 0) {
+      unfinished_.erase(at);
+    }
   }
 }
 

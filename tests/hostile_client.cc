@@ -23,6 +23,9 @@
 //   hostile_client attach-hold SOCKET NAME POOL a job asking for POOL bytes,
 //                                               attached without a data
 //                                               plane; hold
+//   hostile_client register-hold SOCKET NAME    a job with a one-layer model
+//                                               registered (its data plane
+//                                               open); hold
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <poll.h>
@@ -273,6 +276,17 @@ int AttachHold(ControlClient& client, const std::string& name,
   Hold();
 }
 
+int RegisterHold(ControlClient& client, const std::string& name) {
+  absl::StatusOr<v1::Job> job = CreateAttached(client, name, 16 << 20);
+  if (!job.ok()) return Fail("create", job.status());
+  auto plane = DataPlane::Open(client.hello().data_socket_path(), job->id());
+  if (!plane.ok()) return Fail("data plane", plane.status());
+  auto registered = client.RegisterModel(OneLayerModel(job->id(), 0));
+  if (!registered.ok()) return Fail("register", registered.status());
+  std::printf("registered %s\n", job->id().c_str());
+  Hold();
+}
+
 int Main(int argc, char** argv) {
   if (argc < 4) {
     std::fprintf(stderr, "usage: %s COMMAND SOCKET ARG...\n", argv[0]);
@@ -299,6 +313,7 @@ int Main(int argc, char** argv) {
   if (command == "attach-hold" && argc == 5) {
     return AttachHold(**client, argv[3], Number(argv[4]));
   }
+  if (command == "register-hold") return RegisterHold(**client, argv[3]);
   std::fprintf(stderr, "unknown command or arguments: %s\n", command.c_str());
   return 2;
 }

@@ -287,5 +287,46 @@ TEST_F(MultiUserTest, PerUserQuotasFromTheConfigBoundTheirUser) {
   ResumeAndCheckVictim();
 }
 
+// The read-ahead memory is the daemon's: split by the users' weights
+// among the jobs that read ahead, and whole again for the one left.
+TEST_F(MultiUserTest, ReadAheadMemoryIsSharedByTheUsersWeights) {
+  StartDaemon(
+      "[optimizer]\n"
+      "read_ahead = \"12MiB\"\n"
+      "[quotas.user.root]\n"
+      "weight = 2\n");
+  StartVictim();
+  auto share_of = [&](const std::string& job_id) -> uint64_t {
+    auto status = root_->GetStatus();
+    EXPECT_TRUE(status.ok()) << status.status();
+    if (!status.ok()) return 0;
+    for (const v1::SessionStatus& session : status->sessions()) {
+      if (session.job_id() == job_id) {
+        EXPECT_LE(session.read_ahead_held_bytes(),
+                  session.read_ahead_share_bytes());
+        return session.read_ahead_share_bytes();
+      }
+    }
+    ADD_FAILURE() << "no session of " << job_id;
+    return 0;
+  };
+  const std::string victim = VictimJob().id();
+  EXPECT_EQ(share_of(victim), uint64_t{12} << 20);
+  auto other = BackgroundProcess::Start(
+      Nobody({"register-hold", daemon_->socket(), "reader"}));
+  ASSERT_TRUE(other.ok()) << other.status();
+  const std::string said = (*other)->first_line();
+  ASSERT_THAT(said, HasSubstr("registered ")) << said;
+  const std::string reader = said.substr(said.find(' ') + 1);
+  EXPECT_EQ(share_of(victim), uint64_t{8} << 20);  // 2 of 3
+  EXPECT_EQ(share_of(reader), uint64_t{4} << 20);
+  other->reset();  // killed: its session ends, its share with it
+  for (int i = 0; i < 3000 && share_of(victim) != uint64_t{12} << 20; ++i) {
+    usleep(10 * 1000);
+  }
+  EXPECT_EQ(share_of(victim), uint64_t{12} << 20);
+  ResumeAndCheckVictim();
+}
+
 }  // namespace
 }  // namespace lohan::testing

@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "daemon/common/byte_size.h"
 
@@ -56,9 +57,11 @@ void PrintTable(const v1::GetStatusResponse& status,
               status.store().ssds_size(),
               status.store().ssds_size() == 1 ? "" : "s",
               FormatByteSize(used).c_str(), FormatByteSize(capacity).c_str());
-  const char* format = "%-10s %-10s %-7s %-15s %-9s %-9s %-6s %-10s %-10s %s\n";
+  const char* format =
+      "%-10s %-10s %-7s %-15s %-9s %-9s %-6s %-10s %-10s %-21s %s\n";
   std::printf(format, "JOB", "OWNER", "STEP", "ITER s last/avg", "READ GB/s",
-              "WRITE GB/s", "OPT %", "ARENA", "SET ASIDE", "QUEUED urg/bulk");
+              "WRITE GB/s", "OPT %", "ARENA", "SET ASIDE",
+              "READ-AHEAD held/share", "QUEUED urg/bulk");
   double total_read = 0, total_written = 0, total_optimizer = 0;
   const double threads = std::max(1u, status.optimizer().threads());
   for (const v1::SessionStatus& session : status.sessions()) {
@@ -96,6 +99,9 @@ void PrintTable(const v1::GetStatusResponse& status,
         read.c_str(), written.c_str(), optimizer.c_str(),
         FormatByteSize(session.arena_bytes()).c_str(),
         FormatByteSize(session.ssd_set_aside_bytes()).c_str(),
+        absl::StrCat(FormatByteSize(session.read_ahead_held_bytes()), "/",
+                     FormatByteSize(session.read_ahead_share_bytes()))
+            .c_str(),
         absl::StrFormat("%u/%u", session.urgent_queued(), session.bulk_queued())
             .c_str());
   }

@@ -31,8 +31,9 @@ struct DaemonConfig {
   uint32_t optimizer_threads = 0;
   // "auto", "avx512", "avx2" or "scalar".
   std::string optimizer_isa;
-  // Host memory each job may fill with optimizer states read ahead of
-  // updates that wait for the gradient norm (0: none).
+  // Host memory all jobs together may fill with optimizer states read
+  // ahead of updates that wait for the gradient norm, shared by their
+  // owners' weights (0: none).
   uint64_t optimizer_read_ahead_bytes = 0;
   // A control connection that carries no call for this long is closed (the
   // client reconnects when it next calls).

@@ -39,6 +39,7 @@
 #include "daemon/sched/fair_gates.h"
 #include "daemon/sched/fair_queue.h"
 #include "daemon/sched/job_pipeline.h"
+#include "daemon/sched/memory_shares.h"
 #include "daemon/session/session_manager.h"
 #include "daemon/store/tensor_store.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
@@ -164,7 +165,7 @@ absl::StatusOr<Optimizer> StartOptimizer(const DaemonConfig& config) {
 void LogConfig(const DaemonConfig& config) {
   spdlog::info(
       "socket {}, state dir {}, SSD paths [{}], host pool {}, "
-      "optimizer threads {}, read-ahead {} per job",
+      "optimizer threads {}, read-ahead {} shared by the jobs",
       config.socket_path, config.state_dir,
       absl::StrJoin(config.ssd_paths, ", "),
       FormatByteSize(config.host_pool_bytes),
@@ -244,6 +245,9 @@ int Run(const CommandLine& command_line) {
   FairQueue ssd_writes(1, kAnticipation, kCatchUp);
   // One Step uses every optimizer thread.
   FairQueue optimizer_queue(1, kAnticipation, kCatchUp);
+  // The read-ahead memory ([optimizer] read_ahead) is the daemon's, shared
+  // by all jobs by their owners' weights: a lone job may fill it.
+  MemoryShares read_ahead_shares(config->optimizer_read_ahead_bytes);
   FairSsdGate ssd_gate(
       &ssd_reads, &ssd_writes, [&ledger, &quotas](absl::string_view job) {
         // A user's jobs share the user's weight.
@@ -338,7 +342,8 @@ int Run(const CommandLine& command_line) {
        .quotas = &*quotas,
        .ledger = &ledger,
        .optimizer_queue = &optimizer_queue,
-       .read_ahead_bytes = config->optimizer_read_ahead_bytes});
+       .read_ahead_bytes = config->optimizer_read_ahead_bytes,
+       .read_ahead_shares = &read_ahead_shares});
 
   const DaemonParts parts{.config = &*config,
                           .jobs = jobs->get(),

@@ -76,7 +76,12 @@ JobPipeline::JobPipeline(TensorStore* store, const AdamUpdater& updater,
                   2 * ReadAheadChunks(state_, options, buffer_bytes_)),
       compute_queue_(pool_.count()),
       write_queue_(pool_.count()),
-      read_ahead_chunks_(ReadAheadChunks(state_, options, buffer_bytes_)) {
+      read_ahead_chunks_(ReadAheadChunks(state_, options, buffer_bytes_)),
+      read_ahead_shares_(read_ahead_chunks_ > 0 ? options.read_ahead_shares
+                                                : nullptr) {
+  if (read_ahead_shares_ != nullptr) {
+    read_ahead_shares_->Join(job_, options.fair_group, options.weight);
+  }
   for (size_t l = 0; l < state_.num_layers(); ++l) {
     chunk_base_.push_back(chunk_names_.size());
     for (size_t c = 0; c < state_.num_chunks(l); ++c) {
@@ -349,6 +354,8 @@ JobPipeline::~JobPipeline() {
     (void)RollbackAll();
     DropScratch();
   }
+  // Its read-ahead buffers go with it.
+  if (read_ahead_shares_ != nullptr) read_ahead_shares_->Leave(job_);
 }
 
 uint64_t JobPipeline::iteration() const {

@@ -30,6 +30,7 @@
 #include "daemon/sched/buffer_pool.h"
 #include "daemon/sched/fair_queue.h"
 #include "daemon/sched/job_meta.h"
+#include "daemon/sched/memory_shares.h"
 #include "daemon/sched/model_layout.h"
 #include "daemon/store/aligned_buffer.h"
 #include "daemon/store/tensor_store.h"
@@ -97,6 +98,12 @@ struct PipelineOptions {
   // update is written or the iteration ends. 0: no read-ahead. Only the
   // time depends on it, never the results.
   uint64_t read_ahead_bytes = 0;
+  // Shares the read-ahead memory with other jobs: a chunk is read ahead
+  // into a new buffer only while this job (flow `job`, in the group
+  // `fair_group`, weighed `weight`) is within its share, and buffers beyond
+  // it are given back at the end of the iteration. Null: read_ahead_bytes
+  // alone bounds it. REQUIRES: outlives the pipeline.
+  MemoryShares* read_ahead_shares = nullptr;
   // Streamed gradients (a client with fewer gradient buffers than layers):
   // SubmitGradients copies the gradient into per-iteration scratch tensors
   // of the store (StateLayout::GradScratchName) before it returns, so the
@@ -335,6 +342,8 @@ class JobPipeline {
   // holds (0: off), and those whose states are read ahead now, waiting for
   // their update.
   size_t read_ahead_budget_chunks() const { return read_ahead_chunks_; }
+  // The bytes of each chunk buffer (one read-ahead takes one).
+  uint64_t chunk_buffer_bytes() const { return buffer_bytes_; }
   size_t chunks_read_ahead() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Ends the iteration in progress with nothing committed: work not begun
@@ -483,6 +492,9 @@ class JobPipeline {
   // a first-pass eager task not begun once the outcome is certain is
   // dropped (kDropped). Returns whether the task is done (dropped).
   bool TakeStagedOrDrop(Task& task) ABSL_LOCKS_EXCLUDED(mu_);
+  // Frees spare read-ahead buffers: all, or those beyond the job's share
+  // of read_ahead_shares_.
+  void TrimSpareLocked(bool all) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queues read-ahead of the first read_ahead_chunks_ chunks in forward
   // order (once per iteration).
   void EnqueueReadAheadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -631,6 +643,7 @@ class JobPipeline {
   const size_t read_ahead_chunks_;
   std::vector<Staged> staged_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<AlignedBuffer>> spare_ ABSL_GUARDED_BY(mu_);
+  MemoryShares* const read_ahead_shares_;  // null: none
   uint64_t read_ahead_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   bool read_ahead_queued_ ABSL_GUARDED_BY(mu_) = false;
   // Whether the last committed iteration clipped (predict_clipping).

@@ -137,8 +137,13 @@ void JobPipeline::ReadAhead(const Task& task) {
     if (!current()) return;
     buffer = TakeSpareLocked();
   }
-  // A new one is allocated (and zero-filled: tens of MiB) outside mu_.
+  // A new one is allocated (and zero-filled: tens of MiB) outside mu_, if
+  // the job's share of the read-ahead memory has room.
   if (buffer == nullptr) {
+    if (read_ahead_shares_ != nullptr &&
+        !read_ahead_shares_->TryTake(job_, buffer_bytes_)) {
+      return;  // The update reads the state itself.
+    }
     buffer = std::make_unique<AlignedBuffer>(buffer_bytes_,
                                              sched_internal::kBufferAlignment);
   }
@@ -171,6 +176,8 @@ std::unique_ptr<AlignedBuffer> JobPipeline::TakeSpareLocked() {
 void JobPipeline::EnqueueReadAheadLocked() {
   if (read_ahead_chunks_ == 0 || read_ahead_queued_) return;
   read_ahead_queued_ = true;
+  // Kept buffers beyond the job's share go back first (a job joined).
+  TrimSpareLocked(/*all=*/false);
   size_t queued = 0;
   for (size_t l = 0; l < state_.num_layers(); ++l) {
     for (size_t c = 0; c < state_.num_chunks(l); ++c) {
@@ -193,8 +200,20 @@ void JobPipeline::EndReadAheadLocked() {
       spare_.push_back(std::move(staged.buffer));
     }
   }
-  if (!read_ahead_queued_) spare_.clear();
+  // Buffers are kept for the next iteration unless this one read nothing
+  // ahead.
+  TrimSpareLocked(/*all=*/!read_ahead_queued_);
   read_ahead_queued_ = false;
+}
+
+void JobPipeline::TrimSpareLocked(bool all) {
+  while (!spare_.empty() && (all || (read_ahead_shares_ != nullptr &&
+                                     read_ahead_shares_->Excess(job_) > 0))) {
+    spare_.pop_back();
+    if (read_ahead_shares_ != nullptr) {
+      read_ahead_shares_->Give(job_, buffer_bytes_);
+    }
+  }
 }
 
 absl::StatusOr<StepStats> JobPipeline::StepChunk(const Task& task) const {

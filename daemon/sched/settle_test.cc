@@ -18,6 +18,7 @@
 #include "daemon/optim/half.h"
 #include "daemon/sched/clip_test_util.h"
 #include "daemon/sched/job_pipeline.h"
+#include "daemon/sched/memory_shares.h"
 #include "daemon/store/fault_injection_device.h"
 #include "daemon/store/fault_store.h"
 #include "daemon/store/tensor_store.h"
@@ -56,11 +57,13 @@ class SettleTest : public ::testing::Test {
   }
 
   std::unique_ptr<JobPipeline> Open(const std::string& job, bool settle,
-                                    uint64_t read_ahead = 0) {
+                                    uint64_t read_ahead = 0,
+                                    MemoryShares* shares = nullptr) {
     PipelineOptions options;
     options.buffers = 3;
     options.settle_in_background = settle;
     options.read_ahead_bytes = read_ahead;
+    options.read_ahead_shares = shares;
     auto p = JobPipeline::Open(store_.get(), *updater_, job, layout_, options);
     EXPECT_TRUE(p.ok()) << p.status();
     return p.ok() ? *std::move(p) : nullptr;
@@ -440,6 +443,47 @@ TEST_F(SettleTest, DroppedUpdatesRunWhenANonFiniteGradientCancelsTheClip) {
   EXPECT_GE(r->dropped_chunks, 1u);
   ExpectSameWeights();
   EXPECT_EQ(out_, ref_out_);
+}
+
+// The read-ahead memory is the daemon's, shared among jobs: alone, a job
+// reads ahead every chunk; once a second job joins, half of them (its
+// share), the buffers beyond it given back; when that job leaves, all
+// again. The results are the reference's throughout.
+TEST_F(SettleTest, ReadAheadTakesOnlyItsShareOfTheDaemonsMemory) {
+  const Gradients g = MakeGradients(layout_, 47, 1.0f, -1);
+  ref_ = Open("ref", /*settle=*/false);
+  ASSERT_TRUE(ref_);
+  const uint64_t buffer = ref_->chunk_buffer_bytes();
+  MemoryShares shares(kChunks * buffer);
+  job_ = Open("job", /*settle=*/false, uint64_t{1} << 30, &shares);
+  ASSERT_TRUE(job_);
+  Initialize(*ref_, ref_out_);
+  Initialize(*job_, out_);
+  auto iterate = [&](size_t read_ahead) {
+    Backward(*ref_, g, ref_out_);
+    ASSERT_TRUE(ref_->EndIteration().ok());
+    Backward(*job_, g, out_);
+    AwaitReadAhead(read_ahead, [] { return true; });
+    absl::StatusOr<IterationReport> r = job_->EndIteration();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->busy.read_ahead_used, read_ahead);
+    EXPECT_EQ(r->busy.bytes_read, StateBytes());
+    ExpectSameWeights();
+    EXPECT_EQ(out_, ref_out_);
+  };
+  iterate(kChunks);
+  EXPECT_EQ(shares.Held("job"), kChunks * buffer);
+  std::unique_ptr<JobPipeline> other =
+      Open("other", /*settle=*/false, uint64_t{1} << 30, &shares);
+  ASSERT_TRUE(other);
+  EXPECT_EQ(shares.ShareOf("job"), kChunks / 2 * buffer);
+  iterate(kChunks / 2);
+  EXPECT_EQ(shares.Held("job"), kChunks / 2 * buffer);
+  other.reset();
+  iterate(kChunks);
+  EXPECT_EQ(shares.Held("job"), kChunks * buffer);
+  job_.reset();
+  EXPECT_EQ(shares.Held("job"), 0u);
 }
 
 }  // namespace

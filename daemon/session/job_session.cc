@@ -269,6 +269,8 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
   options.weight = parts.weight;
   options.fair_group = parts.fair_group;
   options.read_ahead_bytes = parts.read_ahead_bytes;
+  options.read_ahead_shares = parts.read_ahead_shares;
+  read_ahead_shares_.store(parts.read_ahead_shares);
   options.clip_schedule = spec.clip_schedule() == v1::CLIP_SCHEDULE_REDO_ALL
                               ? ClipSchedule::kRedoAll
                               : ClipSchedule::kDeferWhenCertain;
@@ -662,6 +664,10 @@ v1::SessionStatus JobSession::Status() const {
   status.set_job_id(job_id());
   status.set_arena_bytes(grant_.arena_bytes);
   status.set_draining(drain_requested_.load());
+  if (const MemoryShares* shares = read_ahead_shares_.load()) {
+    status.set_read_ahead_held_bytes(shares->Held(job_id()));
+    status.set_read_ahead_share_bytes(shares->ShareOf(job_id()));
+  }
   if (const ServeLanes* lanes = lanes_ready_.load()) {
     status.set_urgent_queued(
         static_cast<uint32_t>(lanes->Queued(ServeLanes::Lane::kUrgent)));

@@ -26,6 +26,7 @@
 #include "daemon/quota/space_ledger.h"
 #include "daemon/sched/fair_queue.h"
 #include "daemon/sched/job_pipeline.h"
+#include "daemon/sched/memory_shares.h"
 #include "daemon/session/serve_lanes.h"
 #include "daemon/store/tensor_store.h"
 #include "proto/lohan.pb.h"
@@ -116,8 +117,10 @@ class JobSession {
     double weight = 1.0;
     std::string fair_group;
     // PipelineOptions::read_ahead_bytes: host memory the job may fill with
-    // states read ahead of updates that wait for the norm.
+    // states read ahead of updates that wait for the norm; and
+    // read_ahead_shares (may be null), that memory shared among jobs.
     uint64_t read_ahead_bytes = 0;
+    MemoryShares* read_ahead_shares = nullptr;
   };
   // REQUIRES: every part (and the updater's worker pool) outlives the
   // session.
@@ -221,6 +224,8 @@ class JobSession {
   uint64_t error_sequence_ ABSL_GUARDED_BY(complete_mu_) = 0;
   std::unique_ptr<ServeLanes> lanes_;  // created before serving starts
   std::atomic<const ServeLanes*> lanes_ready_{nullptr};  // for Status()
+  // The read-ahead memory's shares, once registered (may stay null).
+  std::atomic<const MemoryShares*> read_ahead_shares_{nullptr};
   std::atomic<bool> drain_requested_{false};
   std::function<void()> on_drained_;
   std::function<void(const absl::Status&)> on_failure_;

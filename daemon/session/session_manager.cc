@@ -332,7 +332,8 @@ absl::StatusOr<v1::RegisterModelResponse> SessionManager::RegisterModel(
            .optimizer_queue = parts_.optimizer_queue,
            .weight = parts_.quotas->For(job->owner_uid()).weight,
            .fair_group = absl::StrCat("uid ", job->owner_uid()),
-           .read_ahead_bytes = parts_.read_ahead_bytes});
+           .read_ahead_bytes = parts_.read_ahead_bytes,
+           .read_ahead_shares = parts_.read_ahead_shares});
   // A model that did not fit (the SSDs, the arena) or whose states could
   // not be opened: what `lohanctl jobs` says of the job afterwards.
   if (!registered.ok() &&

@@ -19,6 +19,7 @@
 #include "daemon/quota/space_ledger.h"
 #include "daemon/quota/user_limits.h"
 #include "daemon/rpc/unix_listener.h"
+#include "daemon/sched/memory_shares.h"
 #include "daemon/session/job_session.h"
 
 namespace lohan {
@@ -54,8 +55,10 @@ class SessionManager {
     // null.
     FairQueue* optimizer_queue = nullptr;
     // Each job's PipelineOptions::read_ahead_bytes ([optimizer]
-    // read_ahead).
+    // read_ahead), and the memory all jobs' read-ahead shares by their
+    // owners' weights (may be null: each job up to read_ahead_bytes).
     uint64_t read_ahead_bytes = 0;
+    MemoryShares* read_ahead_shares = nullptr;
   };
   // REQUIRES: every part (and the updater's worker pool) outlives the
   // manager.

@@ -46,6 +46,28 @@ std::vector<uint64_t> Contend(FairQueue& queue,
   return result;
 }
 
+// While `holder` holds the only slot, requests of cost 100 (weight 1) of
+// `arrivals`' flows arrive in that order; then the slot is released.
+// Returns the order they were served in.
+std::vector<std::string> ServedOrder(FairQueue& queue, const char* holder,
+                                     const std::vector<const char*>& arrivals) {
+  FairQueue::Grant held = queue.Acquire(holder, 1, 100);
+  std::vector<std::string> order;
+  absl::Mutex mu;
+  std::vector<std::thread> waiters;
+  for (const char* flow : arrivals) {
+    waiters.emplace_back([&, flow] {
+      FairQueue::Grant grant = queue.Acquire(flow, 1, 100);
+      absl::MutexLock lock(&mu);
+      order.push_back(flow);
+    });
+    absl::SleepFor(absl::Milliseconds(20));  // arrive in this order
+  }
+  held = FairQueue::Grant();
+  for (std::thread& waiter : waiters) waiter.join();
+  return order;
+}
+
 TEST(FairQueue, EqualWeightsShareEquallyWhateverEachFlowAsks) {
   FairQueue queue(1);
   // Flow 0 asks from 6 threads, flow 1 from 1: still half each.
@@ -207,21 +229,8 @@ TEST(FairQueue, AnIdleFlowNeitherHoardsNorLosesItsTurn) {
   for (int i = 0; i < 1000; ++i) queue.Acquire("a", 1, 100);
   // ...then b arrives: it is served next, not after a's 1000 grants' worth
   // (no credit for a's past), and a is not starved after (no debt for b).
-  std::vector<std::string> order;
-  FairQueue::Grant held = queue.Acquire("a", 1, 100);
-  std::vector<std::thread> waiters;
-  absl::Mutex mu;
-  for (const char* flow : {"a", "b", "a", "b"}) {
-    waiters.emplace_back([&, flow] {
-      FairQueue::Grant grant = queue.Acquire(flow, 1, 100);
-      absl::MutexLock lock(&mu);
-      order.push_back(flow);
-    });
-    absl::SleepFor(absl::Milliseconds(20));  // arrive in this order
-  }
-  held = FairQueue::Grant();
-  for (std::thread& waiter : waiters) waiter.join();
-  ASSERT_EQ(order.size(), 4u);
+  const std::vector<std::string> order =
+      ServedOrder(queue, "a", {"a", "b", "a", "b"});
   // b starts at V, ahead of a's next (V + a's last cost), and from then on
   // they alternate.
   EXPECT_EQ(order, (std::vector<std::string>{"b", "a", "b", "a"}));
@@ -235,22 +244,8 @@ TEST(FairQueue, AnIdleFlowNeitherHoardsNorLosesItsTurn) {
 TEST(FairQueue, AFlowBackFromIdleIsAheadByAtMostCatchUpRequests) {
   FairQueue queue(1, absl::ZeroDuration(), /*catch_up=*/2);
   for (int i = 0; i < 1000; ++i) queue.Acquire("a", 1, 100);
-  FairQueue::Grant held = queue.Acquire("a", 1, 100);
-  std::vector<std::string> order;
-  absl::Mutex mu;
-  std::vector<std::thread> waiters;
-  for (int i = 0; i < 4; ++i) {
-    for (const char* flow : {"a", "b"}) {
-      waiters.emplace_back([&, flow] {
-        FairQueue::Grant grant = queue.Acquire(flow, 1, 100);
-        absl::MutexLock lock(&mu);
-        order.push_back(flow);
-      });
-      absl::SleepFor(absl::Milliseconds(20));  // arrive in this order
-    }
-  }
-  held = FairQueue::Grant();
-  for (std::thread& waiter : waiters) waiter.join();
+  const std::vector<std::string> order =
+      ServedOrder(queue, "a", {"a", "b", "a", "b", "a", "b", "a", "b"});
   // b starts 2 requests' worth before V: its first three go before a's
   // next (which starts at V + a's cost), then they alternate until b has
   // none left.

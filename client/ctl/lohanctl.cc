@@ -22,9 +22,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/control_client.h"
+#include "client/ctl/plan_command.h"
 #include "client/ctl/watch.h"
 #include "daemon/common/byte_size.h"
 #include "daemon/common/version.h"
+#include "daemon/plan/model_shape.h"
 
 namespace lohan {
 namespace {
@@ -323,12 +325,63 @@ int main(int argc, char** argv) {
   jobs_detach->add_option("job_id", detach_id, "the job's id, e.g. j-000001")
       ->required();
 
+  lohan::PlanOptions plan_options;
+  std::vector<uint64_t> batches;
+  CLI::App* plan = app.add_subcommand(
+      "plan",
+      "what fits on a machine, how fast, and why: the activation plan "
+      "(keep, host, SSD or recompute per saved tensor), the predicted "
+      "iteration time by resource, the largest batch and model (needs no "
+      "daemon)");
+  plan->add_option("--model", plan_options.model,
+                   "a preset (" + absl::StrJoin(lohan::PresetNames(), ", ") +
+                       ") or a Hugging Face config.json")
+      ->required();
+  plan->add_option("--batch", batches, "batch sizes, e.g. 8,16,32,64")
+      ->required()
+      ->delimiter(',')
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 20));
+  plan->add_option("--seq", plan_options.seq, "sequence length (1024)")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 20));
+  plan->add_option("--device-memory", plan_options.device_memory,
+                   "the GPU's memory, e.g. 24GiB");
+  plan->add_option("--device-tflops", plan_options.device_tflops,
+                   "its sustained 16-bit TFLOPS");
+  plan->add_option("--h2d-gbps", plan_options.h2d_gbps,
+                   "host-to-device GB/s (PCIe 4.0 x16: about 25)");
+  plan->add_option("--d2h-gbps", plan_options.d2h_gbps, "device-to-host GB/s");
+  plan->add_option("--host-memory", plan_options.host_memory,
+                   "host memory lohand may pin for the job, e.g. 256GiB");
+  plan->add_option("--ssds", plan_options.ssds, "NVMe SSDs in the array");
+  plan->add_option("--ssd-read-gbps", plan_options.ssd_read_gbps,
+                   "read GB/s of each SSD");
+  plan->add_option("--ssd-write-gbps", plan_options.ssd_write_gbps,
+                   "write GB/s of each SSD");
+  plan->add_option("--ssd-capacity", plan_options.ssd_capacity,
+                   "all SSDs' space lohand may use (default: no limit)");
+  plan->add_option("--optimizer-gparams", plan_options.optimizer_gparams,
+                   "the CPU optimizer's billions of parameters per second "
+                   "(default: hidden behind backward)");
+  plan->add_flag("--eager-attention", plan_options.eager_attention,
+                 "attention that saves its scores (transformers' \"eager\"); "
+                 "default: a fused kernel (\"sdpa\")");
+  plan->add_flag("--json", plan_options.json, "print JSON");
+  plan->add_flag("--tensors", plan_options.tensors,
+                 "also print each block's decisions");
+  plan->add_option("--plot", plan_options.plot_path,
+                   "write an SVG of predicted iteration time against "
+                   "offloaded activations, the chosen points marked");
+
   CLI11_PARSE(app, argc, argv);
+  if (plan->parsed()) {
+    plan_options.batches = batches;
+    return lohan::RunPlan(plan_options);
+  }
   if (!status->parsed() && !jobs->parsed() && !drain->parsed() &&
       !kill->parsed()) {
     std::fprintf(stderr,
-                 "lohanctl: name a command: status, jobs, drain, kill (see "
-                 "--help)\n");
+                 "lohanctl: name a command: status, jobs, drain, kill, plan "
+                 "(see --help)\n");
     return 2;
   }
   if (drain->parsed()) return lohan::StopJob(socket, drain_id, true);

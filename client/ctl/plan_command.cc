@@ -1,0 +1,444 @@
+#include "client/ctl/plan_command.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "daemon/common/byte_size.h"
+#include "daemon/plan/planner.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace lohan {
+namespace {
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "lohanctl plan: %s\n",
+               std::string(status.message()).c_str());
+  return 2;
+}
+
+absl::StatusOr<ModelShape> LoadShape(const std::string& model) {
+  if (!absl::EndsWith(model, ".json")) return PresetShape(model);
+  std::ifstream in(model);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot read ", model, " (a config.json, or a preset: ",
+                     absl::StrJoin(PresetNames(), ", "), ")"));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  const size_t slash = model.rfind('/');
+  std::string name =
+      slash == std::string::npos ? model : model.substr(slash + 1);
+  if (name == "config.json" && slash != std::string::npos && slash > 0) {
+    const size_t before = model.rfind('/', slash - 1);
+    name = model.substr(before == std::string::npos ? 0 : before + 1,
+                        slash - (before == std::string::npos ? 0 : before + 1));
+  }
+  return ShapeFromHfConfig(text.str(), name);
+}
+
+absl::StatusOr<Machine> Described(const PlanOptions& o) {
+  std::vector<std::string> missing;
+  auto size = [&](const std::string& text, const char* flag,
+                  uint64_t& out) -> absl::Status {
+    if (text.empty()) {
+      missing.push_back(flag);
+      return absl::OkStatus();
+    }
+    absl::StatusOr<uint64_t> bytes = ParseByteSize(text);
+    if (!bytes.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, ": ", bytes.status().message()));
+    }
+    out = *bytes;
+    return absl::OkStatus();
+  };
+  Machine m;
+  for (auto [text, flag, out] :
+       {std::tuple{&o.device_memory, "--device-memory", &m.device_bytes},
+        std::tuple{&o.host_memory, "--host-memory", &m.host_bytes}}) {
+    if (absl::Status s = size(*text, flag, *out); !s.ok()) return s;
+  }
+  if (!o.ssd_capacity.empty()) {
+    if (absl::Status s = size(o.ssd_capacity, "--ssd-capacity", m.ssd_bytes);
+        !s.ok()) {
+      return s;
+    }
+  }
+  for (auto [value, flag] : {std::pair{o.device_tflops, "--device-tflops"},
+                             std::pair{o.h2d_gbps, "--h2d-gbps"},
+                             std::pair{o.d2h_gbps, "--d2h-gbps"},
+                             std::pair{static_cast<double>(o.ssds), "--ssds"},
+                             std::pair{o.ssd_read_gbps, "--ssd-read-gbps"},
+                             std::pair{o.ssd_write_gbps, "--ssd-write-gbps"}}) {
+    if (value <= 0) missing.push_back(flag);
+  }
+  if (!missing.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "describe the machine: ", absl::StrJoin(missing, ", "),
+        " (e.g. --device-memory 24GiB --device-tflops 165 --h2d-gbps 25 "
+        "--d2h-gbps 25 --host-memory 256GiB --ssds 3 --ssd-read-gbps 6.5 "
+        "--ssd-write-gbps 3.4)"));
+  }
+  m.device_flops = o.device_tflops * 1e12;
+  m.host_to_device = o.h2d_gbps * 1e9;
+  m.device_to_host = o.d2h_gbps * 1e9;
+  m.ssds = o.ssds;
+  m.ssd_read = o.ssd_read_gbps * 1e9;
+  m.ssd_write = o.ssd_write_gbps * 1e9;
+  m.optimizer_params = o.optimizer_gparams * 1e9;
+  if (absl::Status valid = ValidateMachine(m); !valid.ok()) return valid;
+  return m;
+}
+
+std::string Gb(uint64_t bytes) {
+  return absl::StrFormat("%.1f GB", static_cast<double>(bytes) / 1e9);
+}
+
+std::string Split(const StageTime& stage) {
+  const Resource binding = stage.binding();
+  auto part = [&](Resource r, double seconds) {
+    return absl::StrFormat("%s %.2f%s", ResourceName(r), seconds,
+                           r == binding ? " <- binds" : "");
+  };
+  std::vector<std::string> parts = {
+      part(Resource::kCompute, stage.compute),
+      part(Resource::kDeviceToHost, stage.device_to_host),
+      part(Resource::kHostToDevice, stage.host_to_device),
+      part(Resource::kSsd, stage.ssd)};
+  if (stage.optimizer > 0) {
+    parts.push_back(part(Resource::kOptimizer, stage.optimizer));
+  }
+  return absl::StrJoin(parts, ", ");
+}
+
+void PrintDetail(const Plan& plan, bool per_block) {
+  std::printf("\nbatch %llu: %.2f s per iteration, %.1f TFLOPS (case %d)\n",
+              static_cast<unsigned long long>(plan.batch),
+              plan.estimate.seconds(), plan.model_flops_per_second() / 1e12,
+              plan.search_case);
+  std::printf("  forward  %.2f s: %s\n", plan.estimate.forward.seconds(),
+              Split(plan.estimate.forward).c_str());
+  std::printf("  backward %.2f s: %s\n", plan.estimate.backward.seconds(),
+              Split(plan.estimate.backward).c_str());
+  std::printf(
+      "  memory: device %s working + %s kept; host %s lohan's (16-bit "
+      "weights %s) + %s activations; SSDs %s states + %s activations\n",
+      Gb(plan.device_working_bytes).c_str(), Gb(plan.device_bytes).c_str(),
+      Gb(plan.host_fixed_bytes).c_str(),
+      plan.weights_in_host ? "resident" : "streamed from the SSDs",
+      Gb(plan.host_bytes).c_str(), Gb(plan.ssd_states_bytes).c_str(),
+      Gb(plan.ssd_bytes).c_str());
+  // Per tensor class: how many blocks put it where.
+  std::map<std::string, std::map<Decision, uint32_t>> where;
+  std::map<std::string, std::pair<uint64_t, double>> size;
+  std::vector<std::string> classes;
+  for (const TensorPlan& tensor : plan.tensors) {
+    if (!where.count(tensor.name)) classes.push_back(tensor.name);
+    ++where[tensor.name][tensor.decision];
+    size[tensor.name] = {tensor.bytes, tensor.benefit};
+  }
+  std::printf("  %-10s %12s %14s %7s %7s %7s %10s   (blocks)\n", "saved",
+              "per block", "FLOP per byte", "device", "host", "SSD",
+              "recompute");
+  for (const std::string& name : classes) {
+    auto& count = where[name];
+    std::printf("  %-10s %12s %14.0f %7u %7u %7u %10u\n", name.c_str(),
+                FormatByteSize(size[name].first).c_str(), size[name].second,
+                count[Decision::kDevice], count[Decision::kHost],
+                count[Decision::kSsd], count[Decision::kRecompute]);
+  }
+  if (!per_block) return;
+  std::printf("  per block (d device, h host, s SSD, r recompute):\n");
+  for (uint32_t b = 0; b < plan.shape.layers; ++b) {
+    std::string row;
+    for (const TensorPlan& tensor : plan.tensors) {
+      if (tensor.block == b) row += "dhsr"[static_cast<int>(tensor.decision)];
+    }
+    std::printf("    block %3u  %s\n", b, row.c_str());
+  }
+}
+
+google::protobuf::Value Number(double value) {
+  google::protobuf::Value v;
+  v.set_number_value(value);
+  return v;
+}
+
+google::protobuf::Value Text(const std::string& value) {
+  google::protobuf::Value v;
+  v.set_string_value(value);
+  return v;
+}
+
+google::protobuf::Value StageJson(const StageTime& stage) {
+  google::protobuf::Value v;
+  auto& f = *v.mutable_struct_value()->mutable_fields();
+  f["seconds"] = Number(stage.seconds());
+  f["compute"] = Number(stage.compute);
+  f["device_to_host"] = Number(stage.device_to_host);
+  f["host_to_device"] = Number(stage.host_to_device);
+  f["ssd"] = Number(stage.ssd);
+  f["optimizer"] = Number(stage.optimizer);
+  f["binding"] = Text(ResourceName(stage.binding()));
+  return v;
+}
+
+google::protobuf::Value PlanJson(const Plan& plan) {
+  google::protobuf::Value v;
+  auto& f = *v.mutable_struct_value()->mutable_fields();
+  f["batch"] = Number(plan.batch);
+  f["seq"] = Number(plan.seq);
+  f["case"] = Number(plan.search_case);
+  f["iteration_seconds"] = Number(plan.estimate.seconds());
+  f["tflops"] = Number(plan.model_flops_per_second() / 1e12);
+  f["forward"] = StageJson(plan.estimate.forward);
+  f["backward"] = StageJson(plan.estimate.backward);
+  f["device_working_bytes"] = Number(plan.device_working_bytes);
+  f["device_kept_bytes"] = Number(plan.device_bytes);
+  f["host_fixed_bytes"] = Number(plan.host_fixed_bytes);
+  f["host_activation_bytes"] = Number(plan.host_bytes);
+  f["ssd_states_bytes"] = Number(plan.ssd_states_bytes);
+  f["ssd_activation_bytes"] = Number(plan.ssd_bytes);
+  f["recomputed_bytes"] = Number(plan.recomputed_bytes);
+  f["weights_in_host"] = Number(plan.weights_in_host ? 1 : 0);
+  auto* tensors = f["tensors"].mutable_list_value();
+  for (const TensorPlan& tensor : plan.tensors) {
+    google::protobuf::Value t;
+    auto& tf = *t.mutable_struct_value()->mutable_fields();
+    tf["block"] = Number(tensor.block);
+    tf["name"] = Text(tensor.name);
+    tf["bytes"] = Number(tensor.bytes);
+    tf["decision"] = Text(DecisionName(tensor.decision));
+    *tensors->add_values() = t;
+  }
+  auto* curve = f["curve"].mutable_list_value();
+  for (const Estimate& e : plan.curve) {
+    google::protobuf::Value point;
+    auto& pf = *point.mutable_struct_value()->mutable_fields();
+    pf["offloaded_bytes"] = Number(e.offloaded_bytes);
+    pf["iteration_seconds"] = Number(e.seconds());
+    *curve->add_values() = point;
+  }
+  f["chosen"] = Number(plan.chosen);
+  return v;
+}
+
+std::string Escaped(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '&') {
+      out += "&amp;";
+    } else if (c == '<') {
+      out += "&lt;";
+    } else if (c == '>') {
+      out += "&gt;";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+// Predicted iteration time against offloaded bytes, one line per batch,
+// the chosen point circled.
+absl::Status WritePlot(const std::string& path, const std::vector<Plan>& plans,
+                       const std::string& title) {
+  constexpr double kWidth = 720, kHeight = 440, kLeft = 70, kBottom = 50,
+                   kTop = 40, kRight = 150;
+  double max_x = 0, max_y = 0;
+  for (const Plan& plan : plans) {
+    for (const Estimate& e : plan.curve) {
+      max_x = std::max(max_x, static_cast<double>(e.offloaded_bytes) / 1e9);
+      max_y = std::max(max_y, e.seconds());
+    }
+  }
+  if (max_x <= 0 || max_y <= 0) {
+    return absl::FailedPreconditionError("nothing to plot");
+  }
+  auto x = [&](double gb) {
+    return kLeft + gb / max_x * (kWidth - kLeft - kRight);
+  };
+  auto y = [&](double s) {
+    return kHeight - kBottom - s / (1.1 * max_y) * (kHeight - kBottom - kTop);
+  };
+  static const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c",
+                                  "#9467bd", "#ff7f0e", "#8c564b"};
+  std::string svg = absl::StrFormat(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" "
+      "height=\"%.0f\" font-family=\"sans-serif\" font-size=\"12\">\n"
+      "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n"
+      "<text x=\"%.0f\" y=\"22\" font-size=\"14\">%s</text>\n"
+      "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" "
+      "stroke=\"black\"/>\n<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" "
+      "y2=\"%.0f\" stroke=\"black\"/>\n"
+      "<text x=\"%.0f\" y=\"%.0f\">activations offloaded (GB)</text>\n"
+      "<text x=\"14\" y=\"%.0f\" transform=\"rotate(-90 14 %.0f)\">"
+      "predicted iteration time (s)</text>\n",
+      kWidth, kHeight, kLeft, Escaped(title), kLeft, kHeight - kBottom,
+      kWidth - kRight, kHeight - kBottom, kLeft, kHeight - kBottom, kLeft, kTop,
+      kLeft + 120, kHeight - 12, kHeight / 2, kHeight / 2);
+  for (int tick = 0; tick <= 4; ++tick) {
+    const double gb = max_x * tick / 4, s = 1.1 * max_y * tick / 4;
+    svg += absl::StrFormat(
+        "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">%.0f</text>\n"
+        "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"end\">%.1f</text>\n",
+        x(gb), kHeight - kBottom + 16, gb, kLeft - 6, y(s) + 4, s);
+  }
+  for (size_t i = 0; i < plans.size(); ++i) {
+    const Plan& plan = plans[i];
+    const char* color = kColors[i % 6];
+    std::string points;
+    for (const Estimate& e : plan.curve) {
+      absl::StrAppendFormat(&points, "%.1f,%.1f ",
+                            x(static_cast<double>(e.offloaded_bytes) / 1e9),
+                            y(e.seconds()));
+    }
+    const Estimate& chosen = plan.curve[plan.chosen];
+    svg += absl::StrFormat(
+        "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" "
+        "points=\"%s\"/>\n<circle cx=\"%.1f\" cy=\"%.1f\" r=\"5\" "
+        "fill=\"none\" stroke=\"%s\" stroke-width=\"2\"/>\n"
+        "<text x=\"%.0f\" y=\"%.0f\" fill=\"%s\">batch %llu</text>\n",
+        color, points, x(static_cast<double>(chosen.offloaded_bytes) / 1e9),
+        y(chosen.seconds()), color, kWidth - kRight + 12, kTop + 18 * (i + 1),
+        color, static_cast<unsigned long long>(plan.batch));
+  }
+  svg += "</svg>\n";
+  std::ofstream out(path);
+  out << svg;
+  if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", path));
+  return absl::OkStatus();
+}
+
+// The largest preset (by parameters) that fits at `batch` x `seq`.
+std::string LargestPreset(uint64_t batch, uint64_t seq, const Machine& m,
+                          Attention attention) {
+  std::string best = "none";
+  uint64_t best_parameters = 0;
+  for (const std::string& name : PresetNames()) {
+    const ModelShape shape = *PresetShape(name);
+    const uint64_t parameters = CountModel(shape, 1, 1).parameters;
+    if (parameters > best_parameters &&
+        MakePlan(shape, batch, seq, m, attention).ok()) {
+      best = name;
+      best_parameters = parameters;
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+int RunPlan(const PlanOptions& options) {
+  absl::StatusOr<ModelShape> shape = LoadShape(options.model);
+  if (!shape.ok()) return Fail(shape.status());
+  absl::StatusOr<Machine> machine = Described(options);
+  if (!machine.ok()) return Fail(machine.status());
+  const Attention attention =
+      options.eager_attention ? Attention::kEager : Attention::kFused;
+  std::vector<Plan> plans;
+  std::vector<std::pair<uint64_t, std::string>> refused;
+  for (uint64_t batch : options.batches) {
+    absl::StatusOr<Plan> plan =
+        MakePlan(*shape, batch, options.seq, *machine, attention);
+    if (!plan.ok()) {
+      if (!absl::IsFailedPrecondition(plan.status()))
+        return Fail(plan.status());
+      refused.push_back({batch, std::string(plan.status().message())});
+      continue;
+    }
+    plans.push_back(*std::move(plan));
+  }
+  const uint64_t largest_batch =
+      LargestBatch(*shape, options.seq, *machine, 4096, attention);
+  const std::string largest_model =
+      LargestPreset(options.batches.front(), options.seq, *machine, attention);
+  const ModelCounts counts = CountModel(*shape, 1, 1);
+  if (options.json) {
+    google::protobuf::Value out;
+    auto& f = *out.mutable_struct_value()->mutable_fields();
+    f["model"] = Text(shape->name);
+    f["parameters"] = Number(counts.parameters);
+    f["layers"] = Number(shape->layers);
+    f["largest_batch"] = Number(largest_batch);
+    f["largest_preset"] = Text(largest_model);
+    auto* list = f["plans"].mutable_list_value();
+    for (const Plan& plan : plans) *list->add_values() = PlanJson(plan);
+    auto* refusals = f["refused"].mutable_list_value();
+    for (const auto& [batch, why] : refused) {
+      google::protobuf::Value r;
+      (*r.mutable_struct_value()->mutable_fields())["batch"] = Number(batch);
+      (*r.mutable_struct_value()->mutable_fields())["why"] = Text(why);
+      *refusals->add_values() = r;
+    }
+    std::string text;
+    (void)google::protobuf::util::MessageToJsonString(out, &text);
+    std::printf("%s\n", text.c_str());
+  } else {
+    const Machine& m = *machine;
+    std::printf(
+        "model %s: %.2f B parameters, %llu blocks x %llu wide, sequence "
+        "%llu, %s attention\n"
+        "machine: device %s at %.0f TFLOPS; host->device %.1f GB/s, "
+        "device->host %.1f GB/s; host memory %s; %u SSDs x %.1f GB/s read, "
+        "%.1f GB/s write\n\n",
+        shape->name.c_str(), static_cast<double>(counts.parameters) / 1e9,
+        static_cast<unsigned long long>(shape->layers),
+        static_cast<unsigned long long>(shape->hidden),
+        static_cast<unsigned long long>(options.seq),
+        options.eager_attention ? "eager (scores saved)" : "fused",
+        FormatByteSize(m.device_bytes).c_str(), m.device_flops / 1e12,
+        m.host_to_device / 1e9, m.device_to_host / 1e9,
+        FormatByteSize(m.host_bytes).c_str(), m.ssds, m.ssd_read / 1e9,
+        m.ssd_write / 1e9);
+    std::printf("%6s %5s %12s %8s %-22s %-22s %10s %10s %10s %10s\n", "batch",
+                "case", "iteration s", "TFLOPS", "forward binds",
+                "backward binds", "on device", "host", "SSD", "recomputed");
+    for (const Plan& plan : plans) {
+      std::printf("%6llu %5d %12.2f %8.1f %-22s %-22s %10s %10s %10s %10s\n",
+                  static_cast<unsigned long long>(plan.batch), plan.search_case,
+                  plan.estimate.seconds(), plan.model_flops_per_second() / 1e12,
+                  ResourceName(plan.estimate.forward.binding()),
+                  ResourceName(plan.estimate.backward.binding()),
+                  Gb(plan.device_bytes).c_str(), Gb(plan.host_bytes).c_str(),
+                  Gb(plan.ssd_bytes).c_str(),
+                  Gb(plan.recomputed_bytes).c_str());
+    }
+    for (const auto& [batch, why] : refused) {
+      std::printf("%6llu  does not fit: %s\n",
+                  static_cast<unsigned long long>(batch), why.c_str());
+    }
+    std::printf(
+        "\nlargest batch that fits at sequence %llu: %llu; largest preset "
+        "model that fits at batch %llu: %s\n",
+        static_cast<unsigned long long>(options.seq),
+        static_cast<unsigned long long>(largest_batch),
+        static_cast<unsigned long long>(options.batches.front()),
+        largest_model.c_str());
+    for (const Plan& plan : plans) PrintDetail(plan, options.tensors);
+  }
+  if (!options.plot_path.empty() && !plans.empty()) {
+    if (absl::Status written =
+            WritePlot(options.plot_path, plans,
+                      absl::StrCat(shape->name, ", sequence ", options.seq));
+        !written.ok()) {
+      return Fail(written);
+    }
+    if (!options.json) {
+      std::printf("\nplot: %s\n", options.plot_path.c_str());
+    }
+  }
+  return refused.empty() ? 0 : 1;
+}
+
+}  // namespace lohan

@@ -1,0 +1,35 @@
+#ifndef LOHAN_CLIENT_CTL_PLAN_COMMAND_H_
+#define LOHAN_CLIENT_CTL_PLAN_COMMAND_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace lohan {
+
+// `lohanctl plan`: what fits on a described machine, how fast, and why.
+// Needs no daemon.
+struct PlanOptions {
+  std::string model;  // a preset name or a config.json path
+  std::vector<uint64_t> batches;
+  uint64_t seq = 1024;
+  // The machine, as the user describes it (sizes as "24GiB"; rates in GB/s
+  // and TFLOPS).
+  std::string device_memory, host_memory, ssd_capacity;
+  double device_tflops = 0, h2d_gbps = 0, d2h_gbps = 0;
+  uint32_t ssds = 0;
+  double ssd_read_gbps = 0, ssd_write_gbps = 0;
+  double optimizer_gparams = 0;  // 0: not a limit
+  bool eager_attention = false;  // saves the scores (else fused)
+  bool json = false;
+  bool tensors = false;   // the decision of every tensor class per block
+  std::string plot_path;  // an SVG of iteration time vs offloaded bytes
+};
+
+// Prints the plans; returns the process's exit code (2: bad options, 1: a
+// batch does not fit, 0: all fit).
+int RunPlan(const PlanOptions& options);
+
+}  // namespace lohan
+
+#endif  // LOHAN_CLIENT_CTL_PLAN_COMMAND_H_

@@ -1,0 +1,108 @@
+#include "daemon/plan/model_counts.h"
+
+#include <algorithm>
+
+namespace lohan {
+namespace {
+
+// Elementwise costs per element (FLOPs): a LayerNorm (mean, variance,
+// scale, shift) or an RMSNorm, GELU's tanh form, SiLU times the up
+// projection, rotary embedding, softmax (max, exp, sum, divide).
+constexpr double kLayerNormFlops = 8;
+constexpr double kRmsNormFlops = 4;
+constexpr double kGeluFlops = 8;
+constexpr double kSwiGluFlops = 6;
+constexpr double kRotaryFlops = 6;
+constexpr double kSoftmaxFlops = 5;
+
+constexpr uint64_t kActivationBytes = 2;  // 16-bit activations
+
+uint64_t BlockParameters(const ModelShape& s) {
+  const uint64_t h = s.hidden, f = s.ffn, kv = s.kv_width();
+  if (s.family == ModelShape::Family::kGpt) {
+    // Q, K, V and the output projection with biases, two MLP matrices
+    // with biases, two LayerNorms (scale and shift).
+    return h * (h + 2 * kv) + (h + 2 * kv) + h * h + h + 2 * h * f + f + h +
+           4 * h;
+  }
+  // No biases; gate, up and down; two RMSNorms (scale).
+  return h * (h + 2 * kv) + h * h + 3 * h * f + 2 * h;
+}
+
+uint64_t EmbeddingParameters(const ModelShape& s) {
+  if (s.family == ModelShape::Family::kGpt) {
+    // Tokens and positions; the final LayerNorm; the head is the embedding.
+    return s.vocab * s.hidden + s.max_positions * s.hidden + 2 * s.hidden;
+  }
+  // Tokens, an untied head, the final RMSNorm.
+  return 2 * s.vocab * s.hidden + s.hidden;
+}
+
+}  // namespace
+
+ModelCounts CountModel(const ModelShape& s, uint64_t batch, uint64_t seq,
+                       Attention attention) {
+  ModelCounts counts;
+  const double tokens = static_cast<double>(batch * seq);
+  const double h = static_cast<double>(s.hidden);
+  const double f = static_cast<double>(s.ffn);
+  const double kv = static_cast<double>(s.kv_width());
+  const double heads = static_cast<double>(s.heads);
+  const double sq = static_cast<double>(seq);
+  const bool gpt = s.family == ModelShape::Family::kGpt;
+  counts.block_parameters = BlockParameters(s);
+  counts.parameters =
+      s.layers * counts.block_parameters + EmbeddingParameters(s);
+  counts.largest_layer_parameters =
+      std::max(s.vocab * s.hidden, counts.block_parameters);
+
+  const double norm = gpt ? kLayerNormFlops : kRmsNormFlops;
+  // Per token unless noted; attention's two products are per sequence
+  // position pair (b x s x s), softmax per head and pair.
+  const double qkv = 2 * h * (h + 2 * kv) + (gpt ? 0 : kRotaryFlops * (h + kv));
+  const double pairs = static_cast<double>(batch) * sq * sq;
+  const double scores = 2 * pairs * h + kSoftmaxFlops * pairs * heads;
+  const double context = 2 * pairs * h;
+  const double projection = 2 * h * h;
+  const double up = gpt ? 2 * h * f : 4 * h * f;  // fc1, or gate and up
+  const double act = gpt ? kGeluFlops * f : kSwiGluFlops * f;
+  const double down = 2 * f * h;
+  const auto bytes = [&](double elements) {
+    return static_cast<uint64_t>(elements) * kActivationBytes;
+  };
+  counts.block_tensors = {
+      {"input", bytes(tokens * h), 0, true},
+      {"ln1", bytes(tokens * h), norm * h * tokens, false},
+      {"qkv", bytes(tokens * (h + 2 * kv)), qkv * tokens, false}};
+  if (attention == Attention::kEager) {
+    counts.block_tensors.push_back(
+        {"scores", bytes(pairs * heads), scores, false});
+    counts.block_tensors.push_back(
+        {"context", bytes(tokens * h), context, false});
+  } else {
+    // The output and an fp32 log-sum-exp per head and position; making
+    // them again is the whole attention forward.
+    counts.block_tensors.push_back(
+        {"context",
+         bytes(tokens * h) + static_cast<uint64_t>(tokens * heads) * 4,
+         scores + context, false});
+  }
+  counts.block_tensors.insert(
+      counts.block_tensors.end(),
+      {{"attn_out", bytes(tokens * h), projection * tokens, false},
+       {"ln2", bytes(tokens * h), norm * h * tokens, false},
+       {"mlp_up", bytes(tokens * (gpt ? f : 2 * f)), up * tokens, false},
+       {"mlp_act", bytes(tokens * f), act * tokens, false}});
+  counts.block_forward_flops = down * tokens;
+  for (const SavedTensor& tensor : counts.block_tensors) {
+    counts.block_activation_bytes += tensor.bytes;
+    counts.block_forward_flops += tensor.recompute_flops;
+  }
+  const double head = 2 * tokens * h * static_cast<double>(s.vocab);
+  counts.forward_flops =
+      static_cast<double>(s.layers) * counts.block_forward_flops + head;
+  counts.logits_bytes = batch * seq * s.vocab * (2 + 4);
+  return counts;
+}
+
+}  // namespace lohan

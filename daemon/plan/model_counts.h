@@ -1,0 +1,70 @@
+#ifndef LOHAN_DAEMON_PLAN_MODEL_COUNTS_H_
+#define LOHAN_DAEMON_PLAN_MODEL_COUNTS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "daemon/plan/model_shape.h"
+
+namespace lohan {
+
+// One tensor autograd saves in every block for backward, for one batch.
+struct SavedTensor {
+  std::string name;  // its class: "input", "ln1", "qkv", "scores", ...
+  uint64_t bytes = 0;
+  // FLOPs to make it again from what it was made of (its producing op):
+  // what discarding it costs in backward.
+  double recompute_flops = 0;
+  // The block's input: the checkpoint everything else is recomputed from,
+  // so it is always offloaded, never recomputed.
+  bool inter_block = false;
+  // FLOPs saved per byte offloaded: the paper's offloading benefit.
+  double benefit() const {
+    return bytes == 0 ? 0 : recompute_flops / static_cast<double>(bytes);
+  }
+};
+
+// Exact counts for a model shape at a batch and sequence length, with
+// 16-bit activations, weights and gradients and fp32 optimizer states
+// (master weights and Adam's two moments), as lohan trains it.
+struct ModelCounts {
+  uint64_t parameters = 0;
+  uint64_t block_parameters = 0;          // one block's
+  uint64_t largest_layer_parameters = 0;  // the embedding, usually
+  // Forward FLOPs of the whole model for the batch (matrix products and
+  // attention; 2 per multiply-add), and of one block.
+  double forward_flops = 0;
+  double block_forward_flops = 0;
+  // One block's saved tensors (every block alike), in the order the
+  // forward makes them.
+  std::vector<SavedTensor> block_tensors;
+  uint64_t block_activation_bytes = 0;  // their sum
+  // The head's logits for the loss: 16-bit, and fp32 for the softmax.
+  uint64_t logits_bytes = 0;
+
+  // Model states by tier, as lohan keeps them: 16-bit weights (2 bytes a
+  // parameter) and, on the SSDs, fp32 masters and moments (12 bytes).
+  uint64_t weight16_bytes() const { return 2 * parameters; }
+  uint64_t optimizer_state_bytes() const { return 12 * parameters; }
+};
+
+// How attention keeps what its backward needs.
+enum class Attention {
+  // One kernel (PyTorch's scaled_dot_product_attention with a flash or
+  // memory-efficient backend, transformers' default "sdpa"): it saves its
+  // output and the softmax's log-sum-exp, and its backward recomputes the
+  // scores inside the kernel.
+  kFused,
+  // Separate products and softmax ("eager"): the softmax output, b x heads
+  // x s x s, is saved.
+  kEager,
+};
+
+// REQUIRES: ValidateShape(shape).ok(), batch >= 1, seq >= 1.
+ModelCounts CountModel(const ModelShape& shape, uint64_t batch, uint64_t seq,
+                       Attention attention = Attention::kFused);
+
+}  // namespace lohan
+
+#endif  // LOHAN_DAEMON_PLAN_MODEL_COUNTS_H_

@@ -1,0 +1,80 @@
+#include "daemon/plan/model_counts.h"
+
+#include "gtest/gtest.h"
+
+namespace lohan {
+namespace {
+
+ModelShape Preset(const char* name) { return *PresetShape(name); }
+
+// Parameter counts as the reference implementations have them.
+TEST(ModelCounts, ParametersMatchTheReferenceModels) {
+  // GPT-2 small (transformers' GPT2LMHeadModel, tied head): 124,439,808.
+  ModelShape gpt2{.name = "gpt2",
+                  .family = ModelShape::Family::kGpt,
+                  .layers = 12,
+                  .hidden = 768,
+                  .heads = 12,
+                  .kv_heads = 12,
+                  .ffn = 3072,
+                  .vocab = 50257,
+                  .max_positions = 1024};
+  EXPECT_EQ(CountModel(gpt2, 1, 1).parameters, 124439808u);
+  EXPECT_EQ(CountModel(gpt2, 1, 1).block_parameters, 7087872u);
+  // Llama 2 7B and 70B (grouped-query attention): 6,738,415,616 and
+  // 68,976,648,192.
+  EXPECT_EQ(CountModel(Preset("llama-7b"), 1, 1).parameters, 6738415616u);
+  EXPECT_EQ(CountModel(Preset("llama-70b"), 1, 1).parameters, 68976648192u);
+  // GPT-3's 13B and 175B, as the paper rounds them.
+  const double p13 = CountModel(Preset("gpt-13b"), 1, 1).parameters;
+  EXPECT_GT(p13, 12.5e9);
+  EXPECT_LT(p13, 13.2e9);
+  const double p175 = CountModel(Preset("gpt-175b"), 1, 1).parameters;
+  EXPECT_GT(p175, 174e9);
+  EXPECT_LT(p175, 176e9);
+}
+
+// Without dropout, a GPT block saves 32 s b h + 2 a s^2 b bytes in 16 bits
+// (Korthikanti et al.'s 34 s b h + 5 a s^2 b, less the dropout masks and
+// outputs).
+TEST(ModelCounts, AGptBlockSavesWhatTheLiteratureCounts) {
+  const ModelShape shape = Preset("gpt-13b");
+  const uint64_t b = 4, s = 1024, h = shape.hidden, a = shape.heads;
+  const ModelCounts counts = CountModel(shape, b, s, Attention::kEager);
+  EXPECT_EQ(counts.block_activation_bytes, 32 * s * b * h + 2 * a * s * s * b);
+  // Fused attention keeps no scores: its output and log-sum-exp instead.
+  const ModelCounts fused = CountModel(shape, b, s, Attention::kFused);
+  EXPECT_EQ(fused.block_activation_bytes, 32 * s * b * h + 4 * a * s * b);
+  EXPECT_EQ(fused.block_forward_flops, counts.block_forward_flops);
+  EXPECT_EQ(counts.block_tensors.front().name, "input");
+  EXPECT_TRUE(counts.block_tensors.front().inter_block);
+  EXPECT_EQ(counts.block_tensors.front().bytes, 2 * s * b * h);
+  EXPECT_EQ(counts.logits_bytes, b * s * shape.vocab * 6);
+}
+
+// Forward FLOPs: 24 b s h^2 (the block's matrices) + 4 b s^2 h
+// (attention), plus elementwise work under 1%.
+TEST(ModelCounts, ForwardFlopsAreTheMatrixProductsAndAttention) {
+  const ModelShape shape = Preset("gpt-13b");
+  const double b = 8, s = 1024, h = shape.hidden;
+  const ModelCounts counts = CountModel(shape, 8, 1024);
+  const double products = 24 * b * s * h * h + 4 * b * s * s * h;
+  EXPECT_GT(counts.block_forward_flops, products);
+  EXPECT_LT(counts.block_forward_flops, 1.01 * products);
+  // The head on top: 2 b s h V.
+  EXPECT_NEAR(
+      counts.forward_flops,
+      shape.layers * counts.block_forward_flops + 2 * b * s * h * shape.vocab,
+      1);
+  // Recomputing every saved tensor costs the block's forward but its last
+  // product (whose output is the next block's input, kept).
+  double recompute = 0;
+  for (const SavedTensor& tensor : counts.block_tensors) {
+    recompute += tensor.recompute_flops;
+  }
+  EXPECT_NEAR(recompute, counts.block_forward_flops - 2 * b * s * h * 4 * h,
+              1e3);
+}
+
+}  // namespace
+}  // namespace lohan

@@ -1,0 +1,353 @@
+#include "daemon/plan/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/common/byte_size.h"
+
+namespace lohan {
+namespace {
+
+// lohan's host buffers for one job beside the activations: gradient and
+// weight buffers streamed in turn (4 of each, 16-bit, the largest layer),
+// the fp32 staging slot, and the update pipeline's chunk buffers (4 chunks
+// of 4 Mi parameters: fp32 master, two moments, a 16-bit gradient and
+// copy).
+constexpr uint64_t kStreamBuffers = 4;
+constexpr uint64_t kChunkBuffers = 4;
+constexpr uint64_t kChunkParameters = uint64_t{4} << 20;
+constexpr uint64_t kChunkBytesPerParameter = 12 + 2 + 2;
+
+// Bytes per parameter the optimizer reads and writes on the SSDs each
+// iteration: fp32 master weights and Adam's two moments.
+constexpr double kStateBytes = 12;
+
+struct Derived {
+  double parameters = 0;
+  uint64_t host_room = 0;  // for activations
+  bool weights_in_host = false;
+  double ssd_read = 0, ssd_write = 0;  // whole array
+  uint64_t ssd_room = 0;  // for activations; UINT64_MAX: not a limit
+};
+
+struct Entry {
+  uint32_t block = 0;
+  size_t tensor = 0;  // index into counts.block_tensors
+};
+
+// The iteration time with `offloaded` bytes of saved tensors sent off the
+// device, `spilled` of them on to the SSDs, and `recompute` FLOPs redone.
+Estimate Estimated(const Machine& m, const ModelCounts& c, const Derived& d,
+                   uint64_t offloaded, uint64_t spilled, double recompute) {
+  Estimate e;
+  e.offloaded_bytes = offloaded;
+  e.ssd_bytes = spilled;
+  e.recompute_flops = recompute;
+  const double a = static_cast<double>(offloaded);
+  const double spill = static_cast<double>(e.ssd_bytes);
+  const double p = d.parameters;
+  // The 16-bit weights come from the SSDs unless resident in host memory
+  // (both passes read them; the update writes the new ones).
+  const double weights16_ssd = d.weights_in_host ? 0 : 2 * p;
+  e.forward.compute = c.forward_flops / m.device_flops;
+  e.forward.device_to_host = a / m.device_to_host;
+  e.forward.host_to_device = 2 * p / m.host_to_device;
+  e.forward.ssd = weights16_ssd / d.ssd_read + spill / d.ssd_write;
+  e.backward.compute = (2 * c.forward_flops + recompute) / m.device_flops;
+  e.backward.device_to_host = 2 * p / m.device_to_host;  // the gradients
+  e.backward.host_to_device = (2 * p + a) / m.host_to_device;
+  e.backward.ssd = (kStateBytes * p + weights16_ssd + spill) / d.ssd_read +
+                   (kStateBytes * p + weights16_ssd) / d.ssd_write;
+  e.backward.optimizer = m.optimizer_params > 0 ? p / m.optimizer_params : 0;
+  return e;
+}
+
+absl::Status Short(const char* what, uint64_t needed, uint64_t have,
+                   const std::string& hint) {
+  return absl::FailedPreconditionError(
+      absl::StrCat(what, " needs ", FormatByteSize(needed),
+                   ", the machine has ", FormatByteSize(have), ": ", hint));
+}
+
+}  // namespace
+
+absl::Status ValidateMachine(const Machine& m) {
+  const std::map<const char*, double> rates = {
+      {"device memory", static_cast<double>(m.device_bytes)},
+      {"device FLOP/s", m.device_flops},
+      {"host-to-device bandwidth", m.host_to_device},
+      {"device-to-host bandwidth", m.device_to_host},
+      {"host memory", static_cast<double>(m.host_bytes)},
+      {"SSD count", static_cast<double>(m.ssds)},
+      {"SSD read bandwidth", m.ssd_read},
+      {"SSD write bandwidth", m.ssd_write}};
+  for (const auto& [name, value] : rates) {
+    if (!(value > 0) || !std::isfinite(value)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("machine: ", name, " must be a positive number"));
+    }
+  }
+  if (m.optimizer_params < 0 || !std::isfinite(m.optimizer_params)) {
+    return absl::InvalidArgumentError(
+        "machine: optimizer parameters per second must be 0 (no limit) or "
+        "positive");
+  }
+  return absl::OkStatus();
+}
+
+const char* DecisionName(Decision decision) {
+  switch (decision) {
+    case Decision::kDevice:
+      return "device";
+    case Decision::kHost:
+      return "host";
+    case Decision::kSsd:
+      return "ssd";
+    case Decision::kRecompute:
+      return "recompute";
+  }
+  return "?";
+}
+
+const char* ResourceName(Resource resource) {
+  switch (resource) {
+    case Resource::kCompute:
+      return "device compute";
+    case Resource::kDeviceToHost:
+      return "device-to-host link";
+    case Resource::kHostToDevice:
+      return "host-to-device link";
+    case Resource::kSsd:
+      return "SSDs";
+    case Resource::kOptimizer:
+      return "CPU optimizer";
+  }
+  return "?";
+}
+
+double StageTime::seconds() const {
+  return std::max({compute, device_to_host, host_to_device, ssd, optimizer});
+}
+
+Resource StageTime::binding() const {
+  const std::pair<double, Resource> all[] = {
+      {compute, Resource::kCompute},
+      {device_to_host, Resource::kDeviceToHost},
+      {host_to_device, Resource::kHostToDevice},
+      {ssd, Resource::kSsd},
+      {optimizer, Resource::kOptimizer}};
+  return std::max_element(
+             std::begin(all), std::end(all),
+             [](const auto& a, const auto& b) { return a.first < b.first; })
+      ->second;
+}
+
+double Plan::model_flops_per_second() const {
+  const double seconds = estimate.seconds();
+  return seconds > 0 ? 3 * counts.forward_flops / seconds : 0;
+}
+
+absl::StatusOr<Plan> MakePlan(const ModelShape& shape, uint64_t batch,
+                              uint64_t seq, const Machine& m,
+                              Attention attention) {
+  if (absl::Status valid = ValidateShape(shape); !valid.ok()) return valid;
+  if (absl::Status valid = ValidateMachine(m); !valid.ok()) return valid;
+  if (batch == 0 || seq == 0 || batch > (1u << 20) || seq > (1u << 20)) {
+    return absl::InvalidArgumentError(
+        "batch and sequence length must be from 1 to 2^20");
+  }
+  Plan plan;
+  plan.shape = shape;
+  plan.batch = batch;
+  plan.seq = seq;
+  plan.counts = CountModel(shape, batch, seq, attention);
+  const ModelCounts& c = plan.counts;
+
+  // The device: two blocks' 16-bit weights (one computing, the next on its
+  // way), a block's gradients, one block's saved tensors while its
+  // backward runs (recomputed ones included), the head's weights and
+  // gradients and its logits.
+  const uint64_t head = shape.vocab * shape.hidden;
+  plan.device_working_bytes = 3 * 2 * c.block_parameters +
+                              c.block_activation_bytes + 2 * 2 * head +
+                              c.logits_bytes;
+  if (plan.device_working_bytes > m.device_bytes) {
+    return Short(
+        "The device's working set (weights and gradients of a "
+        "block, one block's activations, the head and its logits)",
+        plan.device_working_bytes, m.device_bytes,
+        "use a smaller batch or sequence");
+  }
+  // The host: lohan's buffers first; the 16-bit weights resident if they
+  // fit beside them; activations get the rest (the paper's order).
+  const uint64_t largest = c.largest_layer_parameters;
+  const uint64_t buffers =
+      2 * kStreamBuffers * 2 * largest + 4 * largest +
+      kChunkBuffers * kChunkParameters * kChunkBytesPerParameter;
+  if (buffers > m.host_bytes) {
+    return Short(
+        "lohan's host buffers (gradients and weights streamed in "
+        "turn, staging, the optimizer's chunks)",
+        buffers, m.host_bytes, "give lohand a larger host pool");
+  }
+  Derived d;
+  d.parameters = static_cast<double>(c.parameters);
+  d.weights_in_host = buffers + c.weight16_bytes() <= m.host_bytes;
+  plan.weights_in_host = d.weights_in_host;
+  plan.host_fixed_bytes =
+      buffers + (d.weights_in_host ? c.weight16_bytes() : 0);
+  d.host_room = m.host_bytes - plan.host_fixed_bytes;
+  d.ssd_read = m.ssds * m.ssd_read;
+  d.ssd_write = m.ssds * m.ssd_write;
+  // The SSDs: the states and the 16-bit copies (unless resident), twice
+  // (an update writes new versions before the old ones go).
+  plan.ssd_states_bytes = 2 * (c.optimizer_state_bytes() +
+                               (d.weights_in_host ? 0 : c.weight16_bytes()));
+  d.ssd_room = UINT64_MAX;
+  if (m.ssd_bytes > 0) {
+    if (plan.ssd_states_bytes > m.ssd_bytes) {
+      return Short(
+          "The model's states on the SSDs (fp32 weights and Adam's "
+          "moments, 16-bit copies, room for the new versions)",
+          plan.ssd_states_bytes, m.ssd_bytes,
+          "add SSDs or pick a smaller model");
+    }
+    d.ssd_room = m.ssd_bytes - plan.ssd_states_bytes;
+  }
+
+  // Algorithm 1 over every block's saved tensors, highest offloading
+  // benefit first, from the block inputs alone (always offloaded).
+  std::vector<Entry> order;
+  uint64_t offloaded = 0;
+  double recompute = 0;
+  for (uint32_t b = 0; b < shape.layers; ++b) {
+    for (size_t t = 0; t < c.block_tensors.size(); ++t) {
+      const SavedTensor& tensor = c.block_tensors[t];
+      if (tensor.inter_block) {
+        offloaded += tensor.bytes;
+      } else {
+        order.push_back({b, t});
+        recompute += tensor.recompute_flops;
+      }
+    }
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [&](const Entry& x, const Entry& y) {
+                     const double bx = c.block_tensors[x.tensor].benefit();
+                     const double by = c.block_tensors[y.tensor].benefit();
+                     return bx != by ? bx > by : x.block > y.block;
+                   });
+  plan.curve.push_back(Estimated(
+      m, c, d, offloaded, offloaded > d.host_room ? offloaded - d.host_room : 0,
+      recompute));
+  // The whole curve (for the plot and the tests), as far as the SSDs can
+  // take the spill; Algorithm 1 stops at its first step that does not
+  // improve (convexity makes that the minimum).
+  bool stopped = false;
+  for (const Entry& entry : order) {
+    const SavedTensor& tensor = c.block_tensors[entry.tensor];
+    offloaded += tensor.bytes;
+    recompute -= tensor.recompute_flops;
+    const uint64_t spilled =
+        offloaded > d.host_room ? offloaded - d.host_room : 0;
+    if (spilled > d.ssd_room) break;  // the SSDs cannot take more
+    plan.curve.push_back(Estimated(m, c, d, offloaded, spilled, recompute));
+    if (!stopped &&
+        plan.curve.back().seconds() >= plan.curve[plan.chosen].seconds()) {
+      stopped = true;
+    }
+    if (!stopped) plan.chosen = plan.curve.size() - 1;
+  }
+  // Entries of `order` offloaded at the chosen point.
+  const size_t taken = plan.chosen;
+  plan.search_case = !stopped ? 2 : plan.chosen == 0 ? 1 : 3;
+
+  // Decisions: the block inputs and the taken entries are offloaded; the
+  // device keeps what its spare memory holds of them, last blocks first
+  // (the first backward needs); the rest goes to host memory in forward
+  // order until its room is used, then to the SSDs.
+  std::vector<std::vector<Decision>> decided(
+      shape.layers,
+      std::vector<Decision>(c.block_tensors.size(), Decision::kRecompute));
+  for (uint32_t b = 0; b < shape.layers; ++b) {
+    for (size_t t = 0; t < c.block_tensors.size(); ++t) {
+      if (c.block_tensors[t].inter_block) decided[b][t] = Decision::kHost;
+    }
+  }
+  for (size_t i = 0; i < taken; ++i) {
+    decided[order[i].block][order[i].tensor] = Decision::kHost;
+  }
+  uint64_t spare = m.device_bytes - plan.device_working_bytes;
+  for (uint32_t b = shape.layers; b-- > 0;) {
+    for (size_t t = 0; t < c.block_tensors.size(); ++t) {
+      const uint64_t bytes = c.block_tensors[t].bytes;
+      if (decided[b][t] == Decision::kHost && bytes <= spare) {
+        decided[b][t] = Decision::kDevice;
+        spare -= bytes;
+      }
+    }
+  }
+  uint64_t host_left = d.host_room;
+  for (uint32_t b = 0; b < shape.layers; ++b) {
+    for (size_t t = 0; t < c.block_tensors.size(); ++t) {
+      const SavedTensor& tensor = c.block_tensors[t];
+      Decision& decision = decided[b][t];
+      if (decision == Decision::kHost) {
+        if (tensor.bytes <= host_left) {
+          host_left -= tensor.bytes;
+        } else {
+          decision = Decision::kSsd;
+        }
+      }
+      switch (decision) {
+        case Decision::kDevice:
+          plan.device_bytes += tensor.bytes;
+          break;
+        case Decision::kHost:
+          plan.host_bytes += tensor.bytes;
+          break;
+        case Decision::kSsd:
+          plan.ssd_bytes += tensor.bytes;
+          break;
+        case Decision::kRecompute:
+          plan.recomputed_bytes += tensor.bytes;
+          break;
+      }
+      plan.tensors.push_back(
+          {tensor.name, b, tensor.bytes, tensor.benefit(), decision});
+    }
+  }
+  // Whole tensors: what spills is what did not fit whole.
+  plan.estimate =
+      Estimated(m, c, d, plan.host_bytes + plan.ssd_bytes, plan.ssd_bytes,
+                plan.curve[plan.chosen].recompute_flops);
+  return plan;
+}
+
+uint64_t LargestBatch(const ModelShape& shape, uint64_t seq,
+                      const Machine& machine, uint64_t limit,
+                      Attention attention) {
+  auto fits = [&](uint64_t batch) {
+    return MakePlan(shape, batch, seq, machine, attention).ok();
+  };
+  if (!fits(1)) return 0;
+  uint64_t good = 1, bad = 0;
+  while (bad == 0 && good < limit) {
+    const uint64_t next = std::min(limit, 2 * good);
+    if (fits(next)) {
+      good = next;
+    } else {
+      bad = next;
+    }
+  }
+  if (bad == 0) return good;
+  while (bad - good > 1) {
+    const uint64_t mid = good + (bad - good) / 2;
+    (fits(mid) ? good : bad) = mid;
+  }
+  return good;
+}
+
+}  // namespace lohan

@@ -1,0 +1,115 @@
+#ifndef LOHAN_DAEMON_PLAN_PLANNER_H_
+#define LOHAN_DAEMON_PLAN_PLANNER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "daemon/plan/model_counts.h"
+#include "daemon/plan/model_shape.h"
+
+namespace lohan {
+
+// What the planner knows of a machine: measured (the profiler) or
+// described (lohanctl plan's flags). Rates are bytes or FLOPs per second.
+struct Machine {
+  uint64_t device_bytes = 0;
+  double device_flops = 0;  // sustained, for the training's math
+  double host_to_device = 0;
+  double device_to_host = 0;
+  // Host memory lohan may use for the job: its pinned pool's share.
+  uint64_t host_bytes = 0;
+  uint32_t ssds = 0;
+  double ssd_read = 0;     // per SSD
+  double ssd_write = 0;    // per SSD
+  uint64_t ssd_bytes = 0;  // all SSDs together; 0: not a limit
+  // The CPU optimizer's parameters per second, all its threads; 0: not a
+  // limit (it hides behind backward).
+  double optimizer_params = 0;
+};
+
+// INVALID_ARGUMENT naming the field when a rate or size is missing or not
+// a positive finite number.
+absl::Status ValidateMachine(const Machine& machine);
+
+enum class Decision { kDevice, kHost, kSsd, kRecompute };
+const char* DecisionName(Decision decision);
+
+// The resources a stage's time is the maximum of (the paper's Equations 4
+// and 5, with lohan's own model-state traffic).
+enum class Resource {
+  kCompute,
+  kDeviceToHost,
+  kHostToDevice,
+  kSsd,
+  kOptimizer
+};
+const char* ResourceName(Resource resource);
+
+struct StageTime {
+  double compute = 0, device_to_host = 0, host_to_device = 0, ssd = 0,
+         optimizer = 0;
+  double seconds() const;
+  Resource binding() const;
+};
+
+// The iteration time at one offloaded amount.
+struct Estimate {
+  uint64_t offloaded_bytes = 0;  // A_G2M: host and SSD, kept ones excluded
+  uint64_t ssd_bytes = 0;        // of them, spilled past the host's room
+  double recompute_flops = 0;
+  StageTime forward, backward;
+  double seconds() const { return forward.seconds() + backward.seconds(); }
+};
+
+struct TensorPlan {
+  std::string name;
+  uint32_t block = 0;
+  uint64_t bytes = 0;
+  double benefit = 0;  // recompute FLOPs per byte
+  Decision decision = Decision::kRecompute;
+};
+
+struct Plan {
+  ModelShape shape;
+  uint64_t batch = 0, seq = 0;
+  ModelCounts counts;
+  // Algorithm 1's outcome: 1, iteration time only grows with offloading
+  // (only the block inputs are offloaded); 2, it only shrinks (everything
+  // is); 3, a minimum in between.
+  int search_case = 0;
+  // Along the greedy order (highest offloading benefit first), from the
+  // block inputs alone (curve[0]) to every saved tensor offloaded (or as
+  // many as the SSDs can take): curve[i] has the first i offloaded.
+  std::vector<Estimate> curve;
+  size_t chosen = 0;                // index into curve: Algorithm 1's stop
+  Estimate estimate;                // the chosen point, after keeping on device
+  std::vector<TensorPlan> tensors;  // per block and class, in forward order
+  // Bytes per tier of the saved tensors.
+  uint64_t device_bytes = 0, host_bytes = 0, ssd_bytes = 0;
+  uint64_t recomputed_bytes = 0;
+  // Memory the plan needs besides the activations.
+  uint64_t device_working_bytes = 0;      // weights, gradients, one block's
+                                          // activations in backward, logits
+  uint64_t host_fixed_bytes = 0;          // lohan's buffers, resident weights
+  bool weights_in_host = false;           // 16-bit weights resident in the pool
+  uint64_t ssd_states_bytes = 0;          // states, 16-bit copies, set-aside
+  double model_flops_per_second() const;  // useful FLOPs / iteration time
+};
+
+// The plan for `shape` at `batch` x `seq` on `machine`: FAILED_PRECONDITION
+// saying which memory is short, by how much, when it cannot fit (the
+// device's working set, the host's fixed needs, the SSDs' capacity).
+absl::StatusOr<Plan> MakePlan(const ModelShape& shape, uint64_t batch,
+                              uint64_t seq, const Machine& machine,
+                              Attention attention = Attention::kFused);
+
+// The largest batch (up to `limit`) that fits, 0 if none does.
+uint64_t LargestBatch(const ModelShape& shape, uint64_t seq,
+                      const Machine& machine, uint64_t limit = 1 << 16,
+                      Attention attention = Attention::kFused);
+
+}  // namespace lohan
+
+#endif  // LOHAN_DAEMON_PLAN_PLANNER_H_

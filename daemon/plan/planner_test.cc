@@ -1,0 +1,205 @@
+#include "daemon/plan/planner.h"
+
+#include <cmath>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace lohan {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr uint64_t kGiB = uint64_t{1} << 30;
+
+ModelShape Preset(const char* name) { return *PresetShape(name); }
+
+// A machine whose host memory and SSDs are never what binds, with the
+// host-device links `link` bytes/s each way.
+Machine Roomy(double link, uint64_t device_bytes = 80 * kGiB) {
+  return Machine{.device_bytes = device_bytes,
+                 .device_flops = 100e12,
+                 .host_to_device = link,
+                 .device_to_host = link,
+                 .host_bytes = 4096 * kGiB,
+                 .ssds = 64,
+                 .ssd_read = 50e9,
+                 .ssd_write = 50e9};
+}
+
+// The link speed at which sending every saved tensor off the device takes
+// twice the forward's compute: recompute-everything and offload-everything
+// then cost about alike, and the best point is in between.
+double BalancedLink(const ModelShape& shape, uint64_t batch, uint64_t seq) {
+  const ModelCounts c = CountModel(shape, batch, seq);
+  const double all =
+      static_cast<double>(shape.layers * c.block_activation_bytes);
+  return all / (2 * c.forward_flops / 100e12);
+}
+
+TEST(Planner, TheThreeCasesOfAlgorithmOne) {
+  const ModelShape shape = Preset("gpt-1.3b");
+  const double balanced = BalancedLink(shape, 8, 1024);
+  // A narrow link: offloading only costs; the block inputs alone.
+  absl::StatusOr<Plan> narrow =
+      MakePlan(shape, 8, 1024, Roomy(balanced / 100, 12 * kGiB));
+  ASSERT_TRUE(narrow.ok()) << narrow.status();
+  EXPECT_EQ(narrow->search_case, 1);
+  EXPECT_EQ(narrow->chosen, 0u);
+  // A wide one: compute binds even with nothing recomputed.
+  absl::StatusOr<Plan> wide =
+      MakePlan(shape, 8, 1024, Roomy(balanced * 100, 12 * kGiB));
+  ASSERT_TRUE(wide.ok()) << wide.status();
+  EXPECT_EQ(wide->search_case, 2);
+  EXPECT_EQ(wide->chosen, wide->curve.size() - 1);
+  EXPECT_EQ(wide->recomputed_bytes, 0u);
+  EXPECT_EQ(wide->estimate.recompute_flops, 0);
+  // In between: a minimum inside.
+  absl::StatusOr<Plan> balanced_plan =
+      MakePlan(shape, 8, 1024, Roomy(balanced, 12 * kGiB));
+  ASSERT_TRUE(balanced_plan.ok()) << balanced_plan.status();
+  EXPECT_EQ(balanced_plan->search_case, 3);
+  EXPECT_GT(balanced_plan->chosen, 0u);
+  EXPECT_LT(balanced_plan->chosen, balanced_plan->curve.size() - 1);
+  EXPECT_LT(balanced_plan->curve[balanced_plan->chosen].seconds(),
+            balanced_plan->curve.front().seconds());
+  EXPECT_LT(balanced_plan->curve[balanced_plan->chosen].seconds(),
+            balanced_plan->curve.back().seconds());
+}
+
+// Along the greedy order the iteration time is convex in the offloaded
+// bytes (slopes never decrease), so Algorithm 1's first non-improving step
+// is the minimum of the whole curve.
+TEST(Planner, IterationTimeIsConvexAlongTheGreedyOrder) {
+  for (const char* name : {"gpt-1.3b", "gpt-13b", "llama-7b"}) {
+    const ModelShape shape = Preset(name);
+    for (double scale : {0.01, 0.3, 1.0, 3.0, 100.0}) {
+      for (uint64_t host : {uint64_t{64}, uint64_t{4096}}) {
+        Machine machine = Roomy(scale * BalancedLink(shape, 8, 1024));
+        machine.host_bytes = host * kGiB;  // 64 GiB: activations spill
+        machine.ssds = 2;
+        machine.ssd_read = 6.5e9;
+        machine.ssd_write = 3.4e9;
+        absl::StatusOr<Plan> plan = MakePlan(shape, 8, 1024, machine);
+        ASSERT_TRUE(plan.ok()) << plan.status();
+        const std::vector<Estimate>& curve = plan->curve;
+        double last_slope = -INFINITY;
+        for (size_t i = 1; i < curve.size(); ++i) {
+          const double slope =
+              (curve[i].seconds() - curve[i - 1].seconds()) /
+              static_cast<double>(curve[i].offloaded_bytes -
+                                  curve[i - 1].offloaded_bytes);
+          EXPECT_GE(slope, last_slope - 1e-18)
+              << name << " x" << scale << " host " << host << " at " << i;
+          last_slope = slope;
+        }
+        size_t best = 0;
+        for (size_t i = 0; i < curve.size(); ++i) {
+          if (curve[i].seconds() < curve[best].seconds()) best = i;
+        }
+        EXPECT_NEAR(curve[plan->chosen].seconds(), curve[best].seconds(),
+                    1e-9 * curve[best].seconds())
+            << name << " x" << scale;
+      }
+    }
+  }
+}
+
+// Every decision honours every memory limit: the device holds its working
+// set and what it keeps, host memory lohan's buffers and what goes there,
+// the SSDs the states and what spills.
+TEST(Planner, EveryPlanFitsEveryMemory) {
+  for (const char* name : {"gpt-1.3b", "gpt-13b", "gpt-175b", "llama-70b"}) {
+    const ModelShape shape = Preset(name);
+    for (uint64_t batch : {1, 8, 32}) {
+      for (uint64_t host : {uint64_t{128}, uint64_t{256}, uint64_t{768}}) {
+        Machine machine = Roomy(BalancedLink(shape, batch, 1024), 24 * kGiB);
+        machine.host_bytes = host * kGiB;
+        machine.ssds = 12;
+        machine.ssd_read = 6.5e9;
+        machine.ssd_write = 3.4e9;
+        machine.ssd_bytes = 12 * 4000 * kGiB;
+        absl::StatusOr<Plan> plan = MakePlan(shape, batch, 1024, machine);
+        if (!plan.ok()) {
+          EXPECT_TRUE(absl::IsFailedPrecondition(plan.status()))
+              << plan.status();
+          continue;
+        }
+        uint64_t device = 0, host_used = 0, ssd = 0;
+        for (const TensorPlan& tensor : plan->tensors) {
+          if (tensor.decision == Decision::kDevice) device += tensor.bytes;
+          if (tensor.decision == Decision::kHost) host_used += tensor.bytes;
+          if (tensor.decision == Decision::kSsd) ssd += tensor.bytes;
+          if (tensor.name == "input") {
+            EXPECT_NE(tensor.decision, Decision::kRecompute);
+          }
+        }
+        EXPECT_EQ(device, plan->device_bytes);
+        EXPECT_EQ(ssd, plan->ssd_bytes);
+        EXPECT_LE(plan->device_working_bytes + device, machine.device_bytes);
+        EXPECT_LE(plan->host_fixed_bytes + host_used, machine.host_bytes);
+        EXPECT_LE(plan->ssd_states_bytes + ssd, machine.ssd_bytes);
+        EXPECT_EQ(plan->tensors.size(),
+                  shape.layers * plan->counts.block_tensors.size());
+      }
+    }
+  }
+}
+
+TEST(Planner, WhatDoesNotFitSaysWhichMemoryAndByHowMuch) {
+  Machine machine = Roomy(16e9, 24 * kGiB);
+  // A batch whose one block's activations alone pass 24 GiB.
+  absl::StatusOr<Plan> plan = MakePlan(Preset("gpt-175b"), 64, 4096, machine);
+  EXPECT_TRUE(absl::IsFailedPrecondition(plan.status()));
+  EXPECT_THAT(plan.status().message(), HasSubstr("device's working set"));
+  EXPECT_THAT(plan.status().message(), HasSubstr("smaller batch"));
+  // States larger than the SSDs.
+  machine.ssd_bytes = 100 * kGiB;
+  plan = MakePlan(Preset("gpt-175b"), 1, 1024, machine);
+  EXPECT_TRUE(absl::IsFailedPrecondition(plan.status()));
+  EXPECT_THAT(plan.status().message(), HasSubstr("states on the SSDs"));
+  // Host memory smaller than lohan's own buffers.
+  machine = Roomy(16e9, 24 * kGiB);
+  machine.host_bytes = kGiB / 4;
+  plan = MakePlan(Preset("gpt-13b"), 1, 1024, machine);
+  EXPECT_TRUE(absl::IsFailedPrecondition(plan.status()));
+  EXPECT_THAT(plan.status().message(), HasSubstr("host pool"));
+  // A machine description with a hole in it.
+  machine = Roomy(16e9);
+  machine.ssd_write = 0;
+  EXPECT_THAT(MakePlan(Preset("gpt-13b"), 1, 1024, machine).status().message(),
+              HasSubstr("SSD write bandwidth"));
+}
+
+TEST(Planner, WeightsStayInHostMemoryWhenTheyFitAndSpillOtherwise) {
+  const ModelShape shape = Preset("gpt-13b");
+  Machine machine = Roomy(25e9, 24 * kGiB);
+  machine.ssds = 3;
+  machine.ssd_read = 6.5e9;
+  machine.ssd_write = 3.4e9;
+  machine.host_bytes = 256 * kGiB;
+  absl::StatusOr<Plan> big = MakePlan(shape, 32, 1024, machine);
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_TRUE(big->weights_in_host);
+  EXPECT_EQ(big->estimate.forward.ssd, big->estimate.ssd_bytes / (3 * 3.4e9));
+  // Less than the 26 GB of 16-bit weights, and than the 13 GB of block
+  // inputs.
+  machine.host_bytes = 8 * kGiB;
+  absl::StatusOr<Plan> small = MakePlan(shape, 32, 1024, machine);
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_FALSE(small->weights_in_host);
+  EXPECT_GT(small->ssd_bytes, 0u);  // little room: activations spill too
+  EXPECT_GT(small->estimate.seconds(), big->estimate.seconds());
+}
+
+TEST(Planner, TheLargestBatchIsTheLastThatFits) {
+  const ModelShape shape = Preset("gpt-13b");
+  const Machine machine = Roomy(25e9, 24 * kGiB);
+  const uint64_t largest = LargestBatch(shape, 1024, machine);
+  ASSERT_GT(largest, 0u);
+  EXPECT_TRUE(MakePlan(shape, largest, 1024, machine).ok());
+  EXPECT_FALSE(MakePlan(shape, largest + 1, 1024, machine).ok());
+}
+
+}  // namespace
+}  // namespace lohan

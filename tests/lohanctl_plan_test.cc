@@ -1,0 +1,118 @@
+// `lohanctl plan` as a user runs it: presets and config.json files, text,
+// JSON and the plot, and the refusals. It needs no daemon.
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/harness/subprocess.h"
+
+namespace lohan::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+// The RTX 4090 server of the LoHan paper, 256 GB and 3 SSDs.
+const std::vector<std::string> kMachine = {
+    "--device-memory", "24GiB",  "--device-tflops",  "165",
+    "--h2d-gbps",      "25",     "--d2h-gbps",       "25",
+    "--host-memory",   "256GiB", "--ssds",           "3",
+    "--ssd-read-gbps", "6.5",    "--ssd-write-gbps", "3.4"};
+
+RunResult Plan(std::vector<std::string> args, bool machine = true) {
+  std::vector<std::string> argv = {Runfile("client/ctl/lohanctl"), "plan"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  if (machine) argv.insert(argv.end(), kMachine.begin(), kMachine.end());
+  return RunCommand(argv);
+}
+
+TEST(LohanctlPlan, APresetOnADescribedMachine) {
+  RunResult result = Plan({"--model", "gpt-13b", "--batch", "8,16"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_THAT(result.out, HasSubstr("model gpt-13b: 12.85 B parameters, 40 "
+                                    "blocks x 5120 wide, sequence 1024"));
+  EXPECT_THAT(result.out, HasSubstr("largest batch that fits at sequence"));
+  EXPECT_THAT(result.out, HasSubstr("batch 8: "));
+  EXPECT_THAT(result.out, HasSubstr("batch 16: "));
+  EXPECT_THAT(result.out, HasSubstr("<- binds"));
+  EXPECT_THAT(result.out, HasSubstr("mlp_up"));
+}
+
+TEST(LohanctlPlan, JsonHasEveryTensorAndTheCurve) {
+  RunResult result = Plan({"--model", "llama-7b", "--batch", "4", "--json"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  google::protobuf::Struct json;
+  ASSERT_TRUE(
+      google::protobuf::util::JsonStringToMessage(result.out, &json).ok())
+      << result.out;
+  EXPECT_EQ(json.fields().at("parameters").number_value(), 6738415616.0);
+  const auto& plans = json.fields().at("plans").list_value();
+  ASSERT_EQ(plans.values_size(), 1);
+  const auto& plan = plans.values(0).struct_value().fields();
+  // 32 blocks x 8 saved tensors (fused attention: no scores).
+  EXPECT_EQ(plan.at("tensors").list_value().values_size(), 32 * 8);
+  EXPECT_GE(plan.at("curve").list_value().values_size(), 1);
+  EXPECT_GT(plan.at("iteration_seconds").number_value(), 0);
+}
+
+TEST(LohanctlPlan, AConfigJsonAndAPlot) {
+  PublicTempDir dir;
+  const std::string config = dir.path() + "/my-gpt2/config.json";
+  ASSERT_EQ(RunCommand({"/bin/mkdir", "-p", dir.path() + "/my-gpt2"}).exit_code,
+            0);
+  std::ofstream(config) << R"({"model_type": "gpt2", "n_embd": 768,
+      "n_head": 12, "n_layer": 12, "n_positions": 1024,
+      "vocab_size": 50257})";
+  const std::string plot = dir.path() + "/plan.svg";
+  RunResult result = Plan({"--model", config, "--batch", "8,32", "--plot", plot,
+                           "--eager-attention", "--tensors"});
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_THAT(result.out, HasSubstr("model my-gpt2: 0.12 B parameters"));
+  EXPECT_THAT(result.out, HasSubstr("eager (scores saved) attention"));
+  EXPECT_THAT(result.out, HasSubstr("block  11  "));
+  std::ifstream in(plot);
+  std::stringstream svg;
+  svg << in.rdbuf();
+  EXPECT_THAT(svg.str(), HasSubstr("<svg"));
+  EXPECT_THAT(svg.str(), HasSubstr("batch 32"));
+  EXPECT_THAT(svg.str(), HasSubstr("<polyline"));
+}
+
+TEST(LohanctlPlan, WhatDoesNotFitIsSaidAndTheExitCodeIsOne) {
+  RunResult result = Plan({"--model", "gpt-175b", "--batch", "8,256"});
+  EXPECT_EQ(result.exit_code, 1) << result.err;
+  EXPECT_THAT(result.out, HasSubstr("   256  does not fit: The device's "
+                                    "working set"));
+  EXPECT_THAT(result.out, HasSubstr("batch 8: "));
+}
+
+TEST(LohanctlPlan, BadInputIsRefusedWithTheWayOut) {
+  RunResult unknown = Plan({"--model", "gpt-9000b", "--batch", "8"});
+  EXPECT_EQ(unknown.exit_code, 2);
+  EXPECT_THAT(unknown.err, HasSubstr("no preset model 'gpt-9000b'; presets: "));
+  RunResult missing =
+      Plan({"--model", "gpt-13b", "--batch", "8", "--device-memory", "24GiB"},
+           /*machine=*/false);
+  EXPECT_EQ(missing.exit_code, 2);
+  EXPECT_THAT(missing.err, HasSubstr("describe the machine: --host-memory"));
+  RunResult no_file =
+      Plan({"--model", "/nonexistent/config.json", "--batch", "8"});
+  EXPECT_EQ(no_file.exit_code, 2);
+  EXPECT_THAT(no_file.err, HasSubstr("cannot read /nonexistent/config.json"));
+  RunResult bad_size =
+      Plan({"--model", "gpt-13b", "--batch", "8", "--device-memory", "lots",
+            "--host-memory", "1GiB"},
+           /*machine=*/false);
+  EXPECT_EQ(bad_size.exit_code, 2);
+  EXPECT_THAT(bad_size.err, HasSubstr("--device-memory"));
+  RunResult zero_batch = Plan({"--model", "gpt-13b", "--batch", "0"});
+  EXPECT_NE(zero_batch.exit_code, 0);
+}
+
+}  // namespace
+}  // namespace lohan::testing

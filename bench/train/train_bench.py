@@ -62,7 +62,9 @@ def start_daemon(directory: Path, bazel_bin: Path, pool: str = "512MiB",
         [str(bazel_bin / "daemon/main/lohand"), "--socket", str(socket),
          "--state-dir", str(directory / "state"), "--ssd-path",
          str(directory / "ssd0"), "--ssd-capacity", ssd_capacity,
-         "--host-pool-size", pool] + (["--config", config] if config else []),
+         "--host-pool-size", pool,
+         # The planner's SSD probe would run beside the first steps.
+         "--profile-probe", "0"] + (["--config", config] if config else []),
         stdout=open(directory / "lohand.log", "w"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while not socket.exists():

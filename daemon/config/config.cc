@@ -268,6 +268,8 @@ const std::map<std::string, Setter>& KeySetters() {
        IntegerSetter(&DaemonConfig::queue_depth, "store.queue_depth", 1, 1024)},
       {"store.allow_buffered_io",
        BoolSetter(&DaemonConfig::allow_buffered_io, "store.allow_buffered_io")},
+      {"store.profile_probe",
+       SizeSetter(&DaemonConfig::profile_probe_bytes, "store.profile_probe")},
       {"pool.host_pool_size",
        SizeSetter(&DaemonConfig::host_pool_bytes, "pool.host_pool_size")},
       {"optimizer.threads",
@@ -375,6 +377,14 @@ absl::Status ApplyOverrides(const ConfigOverrides& overrides,
           absl::StrCat("flag --host-pool-size: ", bytes.status().message()));
     }
     config.host_pool_bytes = *bytes;
+  }
+  if (overrides.profile_probe) {
+    absl::StatusOr<uint64_t> bytes = ParseByteSize(*overrides.profile_probe);
+    if (!bytes.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("flag --profile-probe: ", bytes.status().message()));
+    }
+    config.profile_probe_bytes = *bytes;
   }
   if (overrides.optimizer_threads) {
     if (*overrides.optimizer_threads < 0 ||

@@ -26,6 +26,9 @@ struct DaemonConfig {
   uint32_t block_size = 0;
   uint32_t queue_depth = 0;
   bool allow_buffered_io = false;
+  // Bytes written then read on each SSD to measure it for the planner (a
+  // probe file beside the data file); 0: the SSDs are not measured.
+  uint64_t profile_probe_bytes = 0;
   uint64_t host_pool_bytes = 0;
   // 0 = half of the online cores, at least 1 (see EffectiveOptimizerThreads).
   uint32_t optimizer_threads = 0;
@@ -52,6 +55,7 @@ struct ConfigOverrides {
   std::optional<std::vector<std::string>> ssd_paths;
   std::optional<std::string> ssd_capacity;    // unparsed, e.g. "64GiB"
   std::optional<std::string> host_pool_size;  // unparsed, e.g. "8GiB"
+  std::optional<std::string> profile_probe;   // unparsed, e.g. "256MiB"
   std::optional<int64_t> optimizer_threads;
 };
 

@@ -40,6 +40,7 @@ TEST(DefaultConfig, IsTheDeployedFile) {
   EXPECT_EQ(defaults.block_size, 4096u);
   EXPECT_EQ(defaults.queue_depth, 32u);
   EXPECT_FALSE(defaults.allow_buffered_io);
+  EXPECT_EQ(defaults.profile_probe_bytes, uint64_t{256} << 20);
   EXPECT_EQ(defaults.control_idle_timeout_seconds, 600u);
   EXPECT_EQ(defaults.quota_defaults, (UserLimits{.jobs = 64,
                                                  .data_planes = 16,
@@ -163,6 +164,8 @@ INSTANTIATE_TEST_SUITE_P(
                 "'store.queue_depth' must be an integer from 1 to 1024"},
         BadCase{"[store]\nblock_size = 100\n",
                 "'store.block_size' must be an integer from 512"},
+        BadCase{"[store]\nprofile_probe = \"some\"\n",
+                "'store.profile_probe': 'some' is not a byte size"},
         BadCase{"[store]\nallow_buffered_io = \"yes\"\n",
                 "'store.allow_buffered_io' must be true or false"},
         BadCase{"[store]\ncapacity_per_ssd = \"big\"\n",

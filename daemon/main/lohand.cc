@@ -32,6 +32,7 @@
 #include "daemon/optim/isa.h"
 #include "daemon/optim/worker_pool.h"
 #include "daemon/pool/host_pool.h"
+#include "daemon/profile/host_profile.h"
 #include "daemon/quota/space_ledger.h"
 #include "daemon/quota/user_limits.h"
 #include "daemon/rpc/control_server.h"
@@ -55,6 +56,7 @@ struct CommandLine {
   ConfigOverrides overrides;
   bool check_only = false;
   bool salvage = false;
+  bool reprofile = false;
 };
 
 absl::Status MakeDirectories(const std::string& path, mode_t mode) {
@@ -332,6 +334,18 @@ int Run(const CommandLine& command_line) {
   absl::StatusOr<Optimizer> optimizer = StartOptimizer(*config);
   if (!optimizer.ok()) return Fail(optimizer.status());
 
+  // Measured beside the serving (cached in the state directory).
+  const HostProfiler profiler(config->state_dir,
+                              {.ssd_paths = config->ssd_paths,
+                               .block_size = config->block_size,
+                               .queue_depth = config->queue_depth,
+                               .allow_buffered_io = config->allow_buffered_io,
+                               .probe_bytes = config->profile_probe_bytes,
+                               .updater = &*optimizer->updater,
+                               .optimizer_threads = static_cast<uint32_t>(
+                                   optimizer->pool->num_threads())},
+                              command_line.reprofile);
+
   HostPool pool({.capacity_bytes = config->host_pool_bytes});
   std::unique_ptr<SessionManager> sessions = SessionManager::Start(
       *std::move(data_listener),
@@ -355,6 +369,7 @@ int Run(const CommandLine& command_line) {
                           .sessions = sessions.get(),
                           .quotas = &*quotas,
                           .ledger = &ledger,
+                          .profiler = &profiler,
                           .job_deleted = [&](const std::string& job_id) {
                             ssd_reads.Forget(job_id);
                             ssd_writes.Forget(job_id);
@@ -430,6 +445,13 @@ int main(int argc, char** argv) {
                  "[daemon.log_level]");
   app.add_flag("--check-config", command_line.check_only,
                "check the config and this machine, then exit");
+  std::string profile_probe;
+  app.add_option("--profile-probe", profile_probe,
+                 "bytes to write and read on each SSD to measure it, 0: "
+                 "none [store.profile_probe]");
+  app.add_flag("--reprofile", command_line.reprofile,
+               "measure the machine again for the planner (lohanctl plan "
+               "--this-machine), even if its profile is cached");
   app.add_flag("--salvage", command_line.salvage,
                "rebuild a damaged store catalog (which lohand refuses to "
                "start with) from what is intact, report what was left "
@@ -449,6 +471,7 @@ int main(int argc, char** argv) {
   if (app.count("--ssd-path")) overrides.ssd_paths = ssd_paths;
   if (app.count("--host-pool-size")) overrides.host_pool_size = pool_size;
   if (app.count("--ssd-capacity")) overrides.ssd_capacity = ssd_capacity;
+  if (app.count("--profile-probe")) overrides.profile_probe = profile_probe;
   if (app.count("--optimizer-threads")) overrides.optimizer_threads = threads;
   if (app.count("--log-level")) overrides.log_level = log_level;
   return lohan::Run(command_line);

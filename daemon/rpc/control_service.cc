@@ -246,6 +246,11 @@ grpc::Status ControlService::GetStatus(grpc::ServerContext* context,
   }
   response->mutable_optimizer()->set_threads(parts_.optimizer_threads);
   response->mutable_optimizer()->set_kernel(parts_.optimizer->kernel_name());
+  if (parts_.profiler != nullptr) {
+    if (std::optional<v1::HostProfile> profile = parts_.profiler->Get()) {
+      *response->mutable_profile() = *std::move(profile);
+    }
+  }
   FillQuota(caller, jobs_owned, response->mutable_quota());
   return grpc::Status::OK;
 }

@@ -12,6 +12,7 @@
 #include "daemon/jobs/job_registry.h"
 #include "daemon/optim/adam.h"
 #include "daemon/pool/host_pool.h"
+#include "daemon/profile/host_profile.h"
 #include "daemon/rpc/peer_table.h"
 #include "daemon/session/session_manager.h"
 #include "daemon/store/tensor_store.h"
@@ -31,6 +32,8 @@ struct DaemonParts {
   SessionManager* sessions = nullptr;
   const QuotaTable* quotas = nullptr;
   SpaceLedger* ledger = nullptr;
+  // The machine's profile, for GetStatus; may be null.
+  const HostProfiler* profiler = nullptr;
   // Called with a job's id once it is deleted (the fair queues forget its
   // flow); may be empty.
   std::function<void(const std::string& job_id)> job_deleted;

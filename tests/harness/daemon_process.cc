@@ -25,11 +25,12 @@ constexpr auto kStartBound = std::chrono::seconds(60);
 }  // namespace
 
 std::vector<std::string> DaemonProcess::Flags(const std::string& dir) {
-  return {"--socket",         dir + "/lohand.sock",
-          "--state-dir",      dir + "/state",
-          "--ssd-path",       dir + "/ssd0",
-          "--ssd-capacity",   "64MiB",
-          "--host-pool-size", "64MiB"};
+  return {"--socket", dir + "/lohand.sock", "--state-dir", dir + "/state",
+          "--ssd-path", dir + "/ssd0", "--ssd-capacity", "64MiB",
+          "--host-pool-size", "64MiB",
+          // A small measurement of the SSD for the planner: tests start
+          // hundreds of daemons.
+          "--profile-probe", "4MiB"};
 }
 
 std::vector<std::string> DaemonProcess::Command(

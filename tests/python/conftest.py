@@ -48,7 +48,7 @@ class Daemon:
                 [str(built("daemon/main/lohand")), "--socket", self.socket,
                  "--state-dir", str(directory / "state"), "--ssd-path",
                  str(directory / "ssd0"), "--ssd-capacity", ssd_capacity,
-                 "--host-pool-size", host_pool,
+                 "--host-pool-size", host_pool, "--profile-probe", "4MiB",
                  "--log-level", "debug"],
                 stdout=log, stderr=subprocess.STDOUT)
         # Only bounds a hung start; a healthy daemon answers in milliseconds.

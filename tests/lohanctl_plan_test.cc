@@ -2,14 +2,17 @@
 // JSON and the plot, and the refusals. It needs no daemon.
 #include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "client/control_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/harness/daemon_process.h"
 #include "tests/harness/subprocess.h"
 
 namespace lohan::testing {
@@ -99,7 +102,8 @@ TEST(LohanctlPlan, BadInputIsRefusedWithTheWayOut) {
       Plan({"--model", "gpt-13b", "--batch", "8", "--device-memory", "24GiB"},
            /*machine=*/false);
   EXPECT_EQ(missing.exit_code, 2);
-  EXPECT_THAT(missing.err, HasSubstr("describe the machine: --host-memory"));
+  EXPECT_THAT(missing.err,
+              HasSubstr("describe the machine: --device-tflops, --h2d-gbps"));
   RunResult no_file =
       Plan({"--model", "/nonexistent/config.json", "--batch", "8"});
   EXPECT_EQ(no_file.exit_code, 2);
@@ -112,6 +116,64 @@ TEST(LohanctlPlan, BadInputIsRefusedWithTheWayOut) {
   EXPECT_THAT(bad_size.err, HasSubstr("--device-memory"));
   RunResult zero_batch = Plan({"--model", "gpt-13b", "--batch", "0"});
   EXPECT_NE(zero_batch.exit_code, 0);
+}
+
+// --this-machine: host memory, SSDs and optimizer from a real lohand's
+// pool and its measured profile; the device from the flags.
+TEST(LohanctlPlan, ThisMachineTakesWhatLohandMeasured) {
+  PublicTempDir dir;
+  auto daemon = DaemonProcess::Start(dir.path());
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  auto client = ControlClient::Connect({.socket_path = (*daemon)->socket()});
+  ASSERT_TRUE(client.ok()) << client.status();
+  // Measured beside the serving: there within moments.
+  absl::StatusOr<v1::GetStatusResponse> status;
+  for (int i = 0; i < 3000; ++i) {
+    status = (*client)->GetStatus();
+    ASSERT_TRUE(status.ok()) << status.status();
+    if (status->has_profile()) break;
+    usleep(10 * 1000);
+  }
+  ASSERT_TRUE(status->has_profile()) << (*daemon)->Log();
+  const v1::HostProfile& profile = status->profile();
+  ASSERT_EQ(profile.ssds_size(), 1);
+  EXPECT_GT(profile.ssds(0).read_bytes_per_second(), 0);
+  EXPECT_GT(profile.ssds(0).write_bytes_per_second(), 0);
+  EXPECT_GT(profile.optimizer_parameters_per_second_per_thread(), 0);
+  EXPECT_EQ(profile.probe_bytes(), uint64_t{4} << 20);
+  const std::vector<std::string> lohanctl = {Runfile("client/ctl/lohanctl"),
+                                             "--socket", (*daemon)->socket()};
+  auto run = [&](std::vector<std::string> args) {
+    std::vector<std::string> argv = lohanctl;
+    argv.insert(argv.end(), args.begin(), args.end());
+    return RunCommand(argv);
+  };
+  RunResult shown = run({"status"});
+  EXPECT_THAT(shown.out, HasSubstr("  measured     SSDs "));
+  // The test daemon's 64 MiB pool is too small for gpt-13b's buffers: the
+  // refusal says so, from this machine's numbers.
+  RunResult small =
+      run({"plan", "--this-machine", "--model", "gpt-13b", "--batch", "1",
+           "--device-memory", "24GiB", "--device-tflops", "165", "--h2d-gbps",
+           "25", "--d2h-gbps", "25"});
+  EXPECT_EQ(small.exit_code, 1) << small.err;
+  EXPECT_THAT(small.out, HasSubstr("host memory 64.0 MiB; 1 SSDs x"));
+  EXPECT_THAT(small.out, HasSubstr("give lohand a larger host pool"));
+  // Flags override what lohand said: with more host memory and SSD space
+  // than the test daemon's, the same question fits.
+  RunResult bigger = run(
+      {"plan", "--this-machine", "--model", "gpt-13b", "--batch", "1",
+       "--device-memory", "24GiB", "--device-tflops", "165", "--h2d-gbps", "25",
+       "--d2h-gbps", "25", "--host-memory", "64GiB", "--ssd-capacity", "1TiB"});
+  EXPECT_EQ(bigger.exit_code, 0) << bigger.err << bigger.out;
+  EXPECT_THAT(bigger.out, HasSubstr("host memory 64.0 GiB; 1 SSDs x"));
+  // The device is not lohand's to know.
+  RunResult no_device =
+      run({"plan", "--this-machine", "--model", "gpt-13b", "--batch", "1"});
+  EXPECT_EQ(no_device.exit_code, 2);
+  EXPECT_THAT(no_device.err,
+              HasSubstr("describe the machine: --device-memory, "
+                        "--device-tflops, --h2d-gbps, --d2h-gbps ("));
 }
 
 }  // namespace

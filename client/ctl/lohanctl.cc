@@ -165,6 +165,20 @@ int Status(const std::string& socket, bool json) {
   std::printf("  optimizer    %u threads, kernel %s\n",
               status->optimizer().threads(),
               status->optimizer().kernel().c_str());
+  if (status->has_profile()) {
+    const v1::HostProfile& p = status->profile();
+    std::printf(
+        "  measured     SSDs %.2f GB/s read, %.2f GB/s write (%d together); "
+        "memcpy %.1f GB/s; optimizer %.0f M parameters/s per thread\n",
+        p.array_read_bytes_per_second() / 1e9,
+        p.array_write_bytes_per_second() / 1e9, p.ssds_size(),
+        p.memcpy_bytes_per_second() / 1e9,
+        p.optimizer_parameters_per_second_per_thread() / 1e6);
+  } else {
+    std::printf(
+        "  measured     not yet (lohand measures its machine at "
+        "start)\n");
+  }
   std::printf("  log level    %s\n", config.log_level().c_str());
   std::printf("  jobs         %u on the daemon, %u attached (yours below)\n",
               status->total_jobs(), status->attached_jobs());
@@ -365,6 +379,10 @@ int main(int argc, char** argv) {
   plan->add_flag("--eager-attention", plan_options.eager_attention,
                  "attention that saves its scores (transformers' \"eager\"); "
                  "default: a fused kernel (\"sdpa\")");
+  plan->add_flag("--this-machine", plan_options.this_machine,
+                 "take host memory (lohand's pool, or your quota), the SSDs "
+                 "(as lohand measured them) and the optimizer from the "
+                 "running lohand; describe the device with the flags");
   plan->add_flag("--json", plan_options.json, "print JSON");
   plan->add_flag("--tensors", plan_options.tensors,
                  "also print each block's decisions");
@@ -375,6 +393,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (plan->parsed()) {
     plan_options.batches = batches;
+    plan_options.socket = socket;
     return lohan::RunPlan(plan_options);
   }
   if (!status->parsed() && !jobs->parsed() && !drain->parsed() &&

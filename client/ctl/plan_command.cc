@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "client/control_client.h"
 #include "daemon/common/byte_size.h"
 #include "daemon/plan/planner.h"
 #include "google/protobuf/struct.pb.h"
@@ -46,14 +47,12 @@ absl::StatusOr<ModelShape> LoadShape(const std::string& model) {
   return ShapeFromHfConfig(text.str(), name);
 }
 
-absl::StatusOr<Machine> Described(const PlanOptions& o) {
-  std::vector<std::string> missing;
+// The machine from `base` (this machine's measured parts, or nothing)
+// with every flag given on top of it.
+absl::StatusOr<Machine> Described(const PlanOptions& o, Machine m) {
   auto size = [&](const std::string& text, const char* flag,
                   uint64_t& out) -> absl::Status {
-    if (text.empty()) {
-      missing.push_back(flag);
-      return absl::OkStatus();
-    }
+    if (text.empty()) return absl::OkStatus();
     absl::StatusOr<uint64_t> bytes = ParseByteSize(text);
     if (!bytes.ok()) {
       return absl::InvalidArgumentError(
@@ -62,41 +61,77 @@ absl::StatusOr<Machine> Described(const PlanOptions& o) {
     out = *bytes;
     return absl::OkStatus();
   };
-  Machine m;
   for (auto [text, flag, out] :
        {std::tuple{&o.device_memory, "--device-memory", &m.device_bytes},
-        std::tuple{&o.host_memory, "--host-memory", &m.host_bytes}}) {
+        std::tuple{&o.host_memory, "--host-memory", &m.host_bytes},
+        std::tuple{&o.ssd_capacity, "--ssd-capacity", &m.ssd_bytes}}) {
     if (absl::Status s = size(*text, flag, *out); !s.ok()) return s;
   }
-  if (!o.ssd_capacity.empty()) {
-    if (absl::Status s = size(o.ssd_capacity, "--ssd-capacity", m.ssd_bytes);
-        !s.ok()) {
-      return s;
-    }
+  for (auto [value, scale, out] :
+       {std::tuple{o.device_tflops, 1e12, &m.device_flops},
+        std::tuple{o.h2d_gbps, 1e9, &m.host_to_device},
+        std::tuple{o.d2h_gbps, 1e9, &m.device_to_host},
+        std::tuple{o.ssd_read_gbps, 1e9, &m.ssd_read},
+        std::tuple{o.ssd_write_gbps, 1e9, &m.ssd_write},
+        std::tuple{o.optimizer_gparams, 1e9, &m.optimizer_params}}) {
+    if (value > 0) *out = value * scale;
   }
-  for (auto [value, flag] : {std::pair{o.device_tflops, "--device-tflops"},
-                             std::pair{o.h2d_gbps, "--h2d-gbps"},
-                             std::pair{o.d2h_gbps, "--d2h-gbps"},
-                             std::pair{static_cast<double>(o.ssds), "--ssds"},
-                             std::pair{o.ssd_read_gbps, "--ssd-read-gbps"},
-                             std::pair{o.ssd_write_gbps, "--ssd-write-gbps"}}) {
-    if (value <= 0) missing.push_back(flag);
+  if (o.ssds > 0) m.ssds = o.ssds;
+  std::vector<std::string> missing;
+  for (auto [value, flag] :
+       {std::pair{static_cast<double>(m.device_bytes), "--device-memory"},
+        std::pair{m.device_flops, "--device-tflops"},
+        std::pair{m.host_to_device, "--h2d-gbps"},
+        std::pair{m.device_to_host, "--d2h-gbps"},
+        std::pair{static_cast<double>(m.host_bytes), "--host-memory"},
+        std::pair{static_cast<double>(m.ssds), "--ssds"},
+        std::pair{m.ssd_read, "--ssd-read-gbps"},
+        std::pair{m.ssd_write, "--ssd-write-gbps"}}) {
+    if (!(value > 0)) missing.push_back(flag);
   }
   if (!missing.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "describe the machine: ", absl::StrJoin(missing, ", "),
         " (e.g. --device-memory 24GiB --device-tflops 165 --h2d-gbps 25 "
         "--d2h-gbps 25 --host-memory 256GiB --ssds 3 --ssd-read-gbps 6.5 "
-        "--ssd-write-gbps 3.4)"));
+        "--ssd-write-gbps 3.4; --this-machine takes the host memory, the "
+        "SSDs and the optimizer from lohand)"));
   }
-  m.device_flops = o.device_tflops * 1e12;
-  m.host_to_device = o.h2d_gbps * 1e9;
-  m.device_to_host = o.d2h_gbps * 1e9;
-  m.ssds = o.ssds;
-  m.ssd_read = o.ssd_read_gbps * 1e9;
-  m.ssd_write = o.ssd_write_gbps * 1e9;
-  m.optimizer_params = o.optimizer_gparams * 1e9;
   if (absl::Status valid = ValidateMachine(m); !valid.ok()) return valid;
+  return m;
+}
+
+// What lohand knows of this machine: its pool (or the caller's host-pool
+// quota, if smaller), its SSDs as measured and their capacity left, its
+// optimizer. UNAVAILABLE while it is still measuring.
+absl::StatusOr<Machine> ThisMachine(const std::string& socket) {
+  absl::StatusOr<std::unique_ptr<ControlClient>> client =
+      ControlClient::Connect({.socket_path = socket});
+  if (!client.ok()) return client.status();
+  absl::StatusOr<v1::GetStatusResponse> status = (*client)->GetStatus();
+  if (!status.ok()) return status.status();
+  if (!status->has_profile()) {
+    return absl::UnavailableError(absl::StrCat(
+        "lohand on ", socket,
+        " has no machine profile yet: it measures its SSDs when it starts "
+        "(see its log); try again in a few seconds"));
+  }
+  const v1::HostProfile& profile = status->profile();
+  Machine m;
+  m.host_bytes = status->pool().capacity_bytes();
+  const uint64_t quota = status->quota().host_pool_limit_bytes();
+  if (quota > 0) m.host_bytes = std::min(m.host_bytes, quota);
+  m.ssds = static_cast<uint32_t>(profile.ssds_size());
+  if (m.ssds > 0) {
+    m.ssd_read = profile.array_read_bytes_per_second() / m.ssds;
+    m.ssd_write = profile.array_write_bytes_per_second() / m.ssds;
+  }
+  for (const v1::SsdStatus& ssd : status->store().ssds()) {
+    m.ssd_bytes +=
+        ssd.capacity_bytes() - std::min(ssd.capacity_bytes(), ssd.used_bytes());
+  }
+  m.optimizer_params = profile.optimizer_parameters_per_second_per_thread() *
+                       profile.optimizer_threads();
   return m;
 }
 
@@ -342,7 +377,13 @@ std::string LargestPreset(uint64_t batch, uint64_t seq, const Machine& m,
 int RunPlan(const PlanOptions& options) {
   absl::StatusOr<ModelShape> shape = LoadShape(options.model);
   if (!shape.ok()) return Fail(shape.status());
-  absl::StatusOr<Machine> machine = Described(options);
+  Machine base;
+  if (options.this_machine) {
+    absl::StatusOr<Machine> here = ThisMachine(options.socket);
+    if (!here.ok()) return Fail(here.status());
+    base = *here;
+  }
+  absl::StatusOr<Machine> machine = Described(options, base);
   if (!machine.ok()) return Fail(machine.status());
   const Attention attention =
       options.eager_attention ? Attention::kEager : Attention::kFused;

@@ -20,6 +20,10 @@ struct PlanOptions {
   uint32_t ssds = 0;
   double ssd_read_gbps = 0, ssd_write_gbps = 0;
   double optimizer_gparams = 0;  // 0: not a limit
+  // Host memory, SSDs and optimizer from the daemon on `socket` (its pool
+  // and its measured profile); flags given override them.
+  bool this_machine = false;
+  std::string socket;
   bool eager_attention = false;  // saves the scores (else fused)
   bool json = false;
   bool tensors = false;   // the decision of every tensor class per block

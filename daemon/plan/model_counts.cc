@@ -30,12 +30,15 @@ uint64_t BlockParameters(const ModelShape& s) {
 }
 
 uint64_t EmbeddingParameters(const ModelShape& s) {
+  const uint64_t tokens = s.vocab * s.hidden;
+  const uint64_t head = s.tied_embeddings ? 0 : s.vocab * s.hidden;
   if (s.family == ModelShape::Family::kGpt) {
-    // Tokens and positions; the final LayerNorm; the head is the embedding.
-    return s.vocab * s.hidden + s.max_positions * s.hidden + 2 * s.hidden;
+    // Tokens and positions; the final LayerNorm.
+    return tokens + head + (s.max_positions + s.position_offset) * s.hidden +
+           2 * s.hidden;
   }
-  // Tokens, an untied head, the final RMSNorm.
-  return 2 * s.vocab * s.hidden + s.hidden;
+  // Tokens, the final RMSNorm.
+  return tokens + head + s.hidden;
 }
 
 }  // namespace

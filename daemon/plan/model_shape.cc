@@ -37,7 +37,8 @@ ModelShape Llama(const char* name, uint64_t layers, uint64_t hidden,
                     .kv_heads = kv_heads,
                     .ffn = ffn,
                     .vocab = 32000,
-                    .max_positions = 0};
+                    .max_positions = 0,
+                    .tied_embeddings = false};
 }
 
 // The GPT shapes of the GPT-3 and OPT papers (1.3B: OPT's 32 heads of 64)
@@ -179,6 +180,24 @@ absl::StatusOr<ModelShape> ShapeFromHfConfig(absl::string_view json,
   shape.ffn = ffn->value_or(4 * shape.hidden);
   shape.max_positions =
       shape.family == Family::kGpt ? positions->value_or(2048) : 0;
+  // OPT's learned positions have 2 rows more (its offset).
+  shape.position_offset = model_type == "opt" ? 2 : 0;
+  shape.tied_embeddings = shape.family == Family::kGpt;
+  if (auto tied = config.fields().find("tie_word_embeddings");
+      tied != config.fields().end()) {
+    if (tied->second.kind_case() != google::protobuf::Value::kBoolValue) {
+      return absl::InvalidArgumentError(
+          "config.json: \"tie_word_embeddings\" must be true or false");
+    }
+    shape.tied_embeddings = tied->second.bool_value();
+  }
+  if (auto projection = config.fields().find("word_embed_proj_dim");
+      projection != config.fields().end() &&
+      projection->second.number_value() != static_cast<double>(*hidden)) {
+    return absl::InvalidArgumentError(
+        "config.json: word_embed_proj_dim other than hidden_size (OPT-350m's "
+        "projections) is not modelled");
+  }
   if (absl::Status valid = ValidateShape(shape); !valid.ok()) return valid;
   return shape;
 }

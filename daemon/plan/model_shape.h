@@ -31,6 +31,11 @@ struct ModelShape {
   uint64_t ffn = 0;       // the MLP's inner width
   uint64_t vocab = 0;
   uint64_t max_positions = 0;  // learned positions (kGpt); 0 for kLlama
+  // Rows of the position table beyond max_positions (OPT keeps 2).
+  uint64_t position_offset = 0;
+  // The head shares the token embedding's matrix (GPT-2, OPT; Llama's is
+  // its own unless its config ties them).
+  bool tied_embeddings = true;
 
   uint64_t head_dim() const { return hidden / heads; }
   // Width of K (and of V): kv_heads x head_dim.

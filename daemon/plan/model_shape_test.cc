@@ -52,6 +52,26 @@ TEST(ModelShape, ReadsALlamaConfigWithGroupedQueryAttention) {
   EXPECT_EQ(shape->max_positions, 0u);  // rotary
 }
 
+TEST(ModelShape, TiedHeadsAndOptsPositionOffsetComeFromTheConfig) {
+  absl::StatusOr<ModelShape> llama = ShapeFromHfConfig(R"({
+      "model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
+      "num_hidden_layers": 2, "vocab_size": 100,
+      "tie_word_embeddings": true})",
+                                                       "tied");
+  ASSERT_TRUE(llama.ok()) << llama.status();
+  EXPECT_TRUE(llama->tied_embeddings);
+  absl::StatusOr<ModelShape> opt = ShapeFromHfConfig(R"({
+      "model_type": "opt", "hidden_size": 64, "num_attention_heads": 4,
+      "num_hidden_layers": 2, "vocab_size": 100, "ffn_dim": 256,
+      "max_position_embeddings": 64, "word_embed_proj_dim": 64})",
+                                                     "opt");
+  ASSERT_TRUE(opt.ok()) << opt.status();
+  EXPECT_EQ(opt->position_offset, 2u);
+  EXPECT_EQ(opt->ffn, 256u);
+  EXPECT_TRUE(opt->tied_embeddings);
+  EXPECT_FALSE(PresetShape("llama-7b")->tied_embeddings);
+}
+
 TEST(ModelShape, BadConfigsSayWhatIsWrong) {
   struct Case {
     const char* json;
@@ -70,6 +90,13 @@ TEST(ModelShape, BadConfigsSayWhatIsWrong) {
            {R"({"n_layer": 2, "n_embd": 768, "n_head": 10,
                 "vocab_size": 5})",
             "10 heads do not divide hidden size 768"},
+           {R"({"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 5,
+                "tie_word_embeddings": "yes"})",
+            "\"tie_word_embeddings\" must be true or false"},
+           {R"({"model_type": "opt", "num_hidden_layers": 2,
+                "hidden_size": 64, "num_attention_heads": 4,
+                "word_embed_proj_dim": 32, "vocab_size": 5})",
+            "word_embed_proj_dim other than hidden_size"},
            {R"({"model_type": "llama", "num_hidden_layers": 2,
                 "hidden_size": 64, "num_attention_heads": 8,
                 "num_key_value_heads": 3, "vocab_size": 5})",

@@ -41,7 +41,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "plugins" / "pytorch"))
@@ -53,18 +53,20 @@ import lohan  # noqa: E402
 
 
 def start_daemon(directory: Path, bazel_bin: Path, pool: str = "512MiB",
-                 ssd_capacity: str = "2GiB",
-                 config: str = "") -> subprocess.Popen:
-    """lohand on a socket, state and SSD directory in `directory`."""
+                 ssd_capacity: str = "2GiB", config: str = "",
+                 extra: Sequence[str] = ("--profile-probe", "0")
+                 ) -> subprocess.Popen:
+    """lohand on a socket, state and SSD directory in `directory`. `extra`
+    flags go last (by default no SSD probe for the planner: it would run
+    beside the first steps)."""
     (directory / "ssd0").mkdir()
     socket = directory / "lohand.sock"
     process = subprocess.Popen(
         [str(bazel_bin / "daemon/main/lohand"), "--socket", str(socket),
          "--state-dir", str(directory / "state"), "--ssd-path",
          str(directory / "ssd0"), "--ssd-capacity", ssd_capacity,
-         "--host-pool-size", pool,
-         # The planner's SSD probe would run beside the first steps.
-         "--profile-probe", "0"] + (["--config", config] if config else []),
+         "--host-pool-size", pool, *extra] + (
+             ["--config", config] if config else []),
         stdout=open(directory / "lohand.log", "w"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while not socket.exists():

@@ -383,6 +383,9 @@ int main(int argc, char** argv) {
                  "take host memory (lohand's pool, or your quota), the SSDs "
                  "(as lohand measured them) and the optimizer from the "
                  "running lohand; describe the device with the flags");
+  plan->add_flag("--device-is-host", plan_options.device_is_host,
+                 "training runs on the CPU itself (no GPU): backward's "
+                 "compute and the CPU optimizer share the cores");
   plan->add_flag("--json", plan_options.json, "print JSON");
   plan->add_flag("--tensors", plan_options.tensors,
                  "also print each block's decisions");

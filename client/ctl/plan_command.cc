@@ -77,6 +77,7 @@ absl::StatusOr<Machine> Described(const PlanOptions& o, Machine m) {
     if (value > 0) *out = value * scale;
   }
   if (o.ssds > 0) m.ssds = o.ssds;
+  m.device_is_host = o.device_is_host;
   std::vector<std::string> missing;
   for (auto [value, flag] :
        {std::pair{static_cast<double>(m.device_bytes), "--device-memory"},

@@ -23,6 +23,7 @@ struct PlanOptions {
   // Host memory, SSDs and optimizer from the daemon on `socket` (its pool
   // and its measured profile); flags given override them.
   bool this_machine = false;
+  bool device_is_host = false;  // training on the CPU itself
   std::string socket;
   bool eager_attention = false;  // saves the scores (else fused)
   bool json = false;

@@ -61,6 +61,10 @@ Estimate Estimated(const Machine& m, const ModelCounts& c, const Derived& d,
   e.backward.ssd = (kStateBytes * p + weights16_ssd + spill) / d.ssd_read +
                    (kStateBytes * p + weights16_ssd) / d.ssd_write;
   e.backward.optimizer = m.optimizer_params > 0 ? p / m.optimizer_params : 0;
+  if (m.device_is_host) {
+    e.backward.compute += e.backward.optimizer;
+    e.backward.optimizer = 0;
+  }
   return e;
 }
 

@@ -27,6 +27,10 @@ struct Machine {
   // The CPU optimizer's parameters per second, all its threads; 0: not a
   // limit (it hides behind backward).
   double optimizer_params = 0;
+  // The training device is the CPU the optimizer runs on (a machine
+  // without a GPU): backward's compute and the optimizer take turns on the
+  // same cores, so their times add instead of overlapping.
+  bool device_is_host = false;
 };
 
 // INVALID_ARGUMENT naming the field when a rate or size is missing or not

@@ -192,6 +192,22 @@ TEST(Planner, WeightsStayInHostMemoryWhenTheyFitAndSpillOtherwise) {
   EXPECT_GT(small->estimate.seconds(), big->estimate.seconds());
 }
 
+TEST(Planner, OnACpuOnlyMachineTheOptimizerAddsToBackward) {
+  const ModelShape shape = Preset("gpt-1.3b");
+  Machine machine = Roomy(25e9);
+  machine.optimizer_params = 1e9;
+  absl::StatusOr<Plan> apart = MakePlan(shape, 4, 1024, machine);
+  machine.device_is_host = true;
+  absl::StatusOr<Plan> shared = MakePlan(shape, 4, 1024, machine);
+  ASSERT_TRUE(apart.ok() && shared.ok());
+  const Estimate& a = apart->curve.front();
+  const Estimate& s = shared->curve.front();
+  EXPECT_DOUBLE_EQ(s.backward.compute,
+                   a.backward.compute + a.backward.optimizer);
+  EXPECT_EQ(s.backward.optimizer, 0);
+  EXPECT_GE(s.seconds(), a.seconds());
+}
+
 TEST(Planner, TheLargestBatchIsTheLastThatFits) {
   const ModelShape shape = Preset("gpt-13b");
   const Machine machine = Roomy(25e9, 24 * kGiB);

@@ -1,0 +1,213 @@
+"""The planner's prediction against a measured run on this machine.
+
+    bazel build //daemon/main:lohand //client:liblohan_client.so \
+        //client/ctl:lohanctl
+    .venv/bin/python bench/train/plan_bench.py [--layers 8 --width 512
+        --seq 128 --batch 4 --steps 8 --rounds 3]
+
+Starts its own lohand (it measures its SSD, memcpy and optimizer at start:
+the machine profile) and measures the training device here, the CPU: the
+best FLOP/s of a square matrix product in bf16 on the torch threads, and
+memcpy as the host-device link. `lohanctl plan --this-machine
+--device-is-host` then predicts the iteration time of a GPT-2 shape (bf16)
+at each point of Algorithm 1's curve; the plugin today trains at the
+curve's first point (each block's input offloaded, everything else
+recomputed: `activations="offload"`), which this bench runs through lohan
+for --steps steps after 3 warm-up steps, --rounds times. Prints predicted
+against measured, the planner's own choice, and the machine it assumed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "plugins" / "pytorch"))
+sys.path.insert(0, str(REPO / "bench" / "train"))
+
+import torch  # noqa: E402
+from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
+
+import lohan  # noqa: E402
+from train_bench import start_daemon  # noqa: E402
+
+
+def matmul_flops(dtype: torch.dtype, n: int = 1024, rounds: int = 5) -> float:
+    """Best FLOP/s of an n x n product on the torch threads."""
+    a = torch.randn(n, n).to(dtype)
+    b = torch.randn(n, n).to(dtype)
+    torch.matmul(a, b)
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        torch.matmul(a, b)
+        best = min(best, time.perf_counter() - start)
+    return 2 * n ** 3 / best
+
+
+def copy_bandwidth(nbytes: int = 256 << 20, rounds: int = 3) -> float:
+    """Best bytes/s of one large tensor copy (the CPU's "link")."""
+    src = torch.ones(nbytes, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - start)
+    return nbytes / best
+
+
+def config(args) -> GPT2Config:
+    return GPT2Config(vocab_size=args.vocab, n_positions=args.seq,
+                      n_embd=args.width, n_layer=args.layers,
+                      n_head=max(1, args.width // 64), resid_pdrop=0.0,
+                      embd_pdrop=0.0, attn_pdrop=0.0)
+
+
+def wait_for_profile(socket: str) -> Dict[str, Any]:
+    deadline = time.monotonic() + 120
+    with lohan.Client(socket) as client:
+        while time.monotonic() < deadline:
+            profile = client.status().get("profile")
+            if profile:
+                return profile
+            time.sleep(0.2)
+    raise RuntimeError("lohand measured no machine profile (see its log)")
+
+
+def predict(args, bazel_bin: Path, socket: str, config_path: Path,
+            flops: float, link: float) -> Dict[str, Any]:
+    available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    out = subprocess.run(
+        [str(bazel_bin / "client/ctl/lohanctl"), "--socket", socket, "plan",
+         "--this-machine", "--device-is-host", "--model", str(config_path),
+         "--batch", str(args.batch), "--seq", str(args.seq),
+         "--device-memory", str(available), "--device-tflops",
+         str(flops / 1e12), "--h2d-gbps", str(link / 1e9), "--d2h-gbps",
+         str(link / 1e9), "--json"],
+        capture_output=True, text=True, check=True).stdout
+    return json.loads(out)
+
+
+def measure(args, socket: str, data: List[torch.Tensor],
+            name: str) -> Tuple[float, float, float, float]:
+    """Seconds per step through lohan with the plugin's fixed policy, and
+    the medians of its forward, backward and step() calls."""
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(config(args))
+    phases: List[Tuple[float, float, float]] = []
+    with lohan.init(model, lr=1e-3, socket=socket, job_name=name,
+                    dtype="bf16", activations="offload") as engine:
+        start = 0.0
+        for n, ids in enumerate(data):
+            if n == 3:
+                start = time.perf_counter()
+            t0 = time.perf_counter()
+            loss = model(input_ids=ids, labels=ids).loss
+            t1 = time.perf_counter()
+            loss.backward()
+            t2 = time.perf_counter()
+            engine.step()
+            phases.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
+        engine.master_weights()  # the last updates, done
+        seconds = (time.perf_counter() - start) / (len(data) - 3)
+    with lohan.Client(socket) as client:
+        for job in client.jobs():
+            if job.name == name:
+                client.delete_job(job.id)
+    timed = phases[3:]
+    return (seconds, statistics.median(p[0] for p in timed),
+            statistics.median(p[1] for p in timed),
+            statistics.median(p[2] for p in timed))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--width", type=int, default=512)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--vocab", type=int, default=8192)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    bazel_bin = Path(os.environ.get("LOHAN_BAZEL_BIN", REPO / "bazel-bin"))
+    with tempfile.TemporaryDirectory(prefix="lohan-plan-bench-") as scratch:
+        directory = Path(scratch)
+        daemon = start_daemon(directory, bazel_bin, pool="1GiB",
+                              ssd_capacity="8GiB",
+                              extra=["--profile-probe", "256MiB"])
+        try:
+            socket = str(directory / "lohand.sock")
+            profile = wait_for_profile(socket)
+            flops = matmul_flops(torch.bfloat16)
+            link = copy_bandwidth()
+            config_path = directory / "bench-gpt2" / "config.json"
+            config_path.parent.mkdir()
+            config(args).to_json_file(str(config_path))
+            plan = predict(args, bazel_bin, socket, config_path, flops, link)
+            g = torch.Generator().manual_seed(1)
+            data = [torch.randint(0, args.vocab, (args.batch, args.seq),
+                                  generator=g)
+                    for _ in range(args.steps + 3)]
+            measured = [measure(args, socket, data, f"plan-bench-{r}")
+                        for r in range(args.rounds)]
+        finally:
+            daemon.terminate()
+            daemon.wait(timeout=60)
+    report(args, plan, profile, flops, link, measured)
+
+
+def report(args, plan: Dict[str, Any], profile: Dict[str, Any], flops: float,
+           link: float, runs: List[Tuple[float, float, float, float]]) -> None:
+    chosen = plan["plans"][0]
+    curve = chosen["curve"]
+    first = curve[0]["iteration_seconds"]
+    measured = [run[0] for run in runs]
+    median = statistics.median(measured)
+    print(f"GPT-2 {args.layers} blocks x {args.width}, vocab {args.vocab}, "
+          f"{plan['parameters']:,} parameters, batch {args.batch} x "
+          f"{args.seq}, bf16, torch threads {args.threads}")
+    print(f"machine: CPU {flops / 1e12:.3f} TFLOPS (bf16 matmul), copy "
+          f"{link / 1e9:.1f} GB/s; lohand: SSD "
+          f"{profile['array_read_bytes_per_second'] / 1e9:.2f} GB/s read, "
+          f"{profile['array_write_bytes_per_second'] / 1e9:.2f} GB/s write, "
+          f"optimizer "
+          f"{profile['optimizer_parameters_per_second_per_thread'] / 1e6:.0f}"
+          f" M parameters/s x {profile['optimizer_threads']} threads")
+    print(f"predicted at the plugin's point (block inputs offloaded, all "
+          f"recomputed): {first:.3f} s/step")
+    print(f"measured (activations='offload'), {args.rounds} rounds of "
+          f"{args.steps} steps: " +
+          ", ".join(f"{m:.3f}" for m in measured) + f" s/step; median "
+          f"{median:.3f}")
+    print(f"measured / predicted: {median / first:.2f}x")
+    forward, backward, step = (statistics.median(run[i] for run in runs)
+                               for i in (1, 2, 3))
+    print(f"measured phases (medians): forward {forward:.3f}, backward "
+          f"{backward:.3f}, step() {step:.3f} s")
+    if chosen["chosen"] == 0:
+        f, b = chosen["forward"], chosen["backward"]
+        print(f"predicted stages: forward {f['seconds']:.3f} (compute "
+              f"{f['compute']:.3f}, link {f['host_to_device']:.3f}, SSDs "
+              f"{f['ssd']:.3f}), backward {b['seconds']:.3f} (compute "
+              f"{b['compute']:.3f}, SSDs {b['ssd']:.3f})")
+    print(f"planner's choice: case {chosen['case']}, point {chosen['chosen']} "
+          f"of {len(curve) - 1}, {chosen['iteration_seconds']:.3f} s/step "
+          f"predicted (forward binds {chosen['forward']['binding']}, "
+          f"backward binds {chosen['backward']['binding']})")
+
+
+if __name__ == "__main__":
+    main()

@@ -167,6 +167,10 @@ void PrintDetail(const Plan& plan, bool per_block) {
   std::printf("  backward %.2f s: %s\n", plan.estimate.backward.seconds(),
               Split(plan.estimate.backward).c_str());
   std::printf(
+      "  after    %.2f s: the embedding's update, which nothing "
+      "hides\n",
+      plan.estimate.tail);
+  std::printf(
       "  memory: device %s working + %s kept; host %s lohan's (16-bit "
       "weights %s) + %s activations; SSDs %s states + %s activations\n",
       Gb(plan.device_working_bytes).c_str(), Gb(plan.device_bytes).c_str(),
@@ -239,6 +243,7 @@ google::protobuf::Value PlanJson(const Plan& plan) {
   f["tflops"] = Number(plan.model_flops_per_second() / 1e12);
   f["forward"] = StageJson(plan.estimate.forward);
   f["backward"] = StageJson(plan.estimate.backward);
+  f["tail_seconds"] = Number(plan.estimate.tail);
   f["device_working_bytes"] = Number(plan.device_working_bytes);
   f["device_kept_bytes"] = Number(plan.device_bytes);
   f["host_fixed_bytes"] = Number(plan.host_fixed_bytes);

@@ -30,6 +30,7 @@ struct Derived {
   bool weights_in_host = false;
   double ssd_read = 0, ssd_write = 0;  // whole array
   uint64_t ssd_room = 0;  // for activations; UINT64_MAX: not a limit
+  uint64_t last_layer_parameters = 0;  // updated after backward ends
 };
 
 struct Entry {
@@ -65,6 +66,11 @@ Estimate Estimated(const Machine& m, const ModelCounts& c, const Derived& d,
     e.backward.compute += e.backward.optimizer;
     e.backward.optimizer = 0;
   }
+  const double last = static_cast<double>(d.last_layer_parameters);
+  const double last16 = d.weights_in_host ? 0 : 2 * last;
+  e.tail = (kStateBytes * last + last16) / d.ssd_read +
+           (kStateBytes * last + last16) / d.ssd_write +
+           (m.optimizer_params > 0 ? last / m.optimizer_params : 0);
   return e;
 }
 
@@ -203,6 +209,9 @@ absl::StatusOr<Plan> MakePlan(const ModelShape& shape, uint64_t batch,
   plan.host_fixed_bytes =
       buffers + (d.weights_in_host ? c.weight16_bytes() : 0);
   d.host_room = m.host_bytes - plan.host_fixed_bytes;
+  d.last_layer_parameters =
+      shape.vocab * shape.hidden +
+      (shape.max_positions + shape.position_offset) * shape.hidden;
   d.ssd_read = m.ssds * m.ssd_read;
   d.ssd_write = m.ssds * m.ssd_write;
   // The SSDs: the states and the 16-bit copies (unless resident), twice

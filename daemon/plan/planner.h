@@ -64,7 +64,13 @@ struct Estimate {
   uint64_t ssd_bytes = 0;        // of them, spilled past the host's room
   double recompute_flops = 0;
   StageTime forward, backward;
-  double seconds() const { return forward.seconds() + backward.seconds(); }
+  // After backward: the update of the layer whose gradient comes last
+  // (the token embedding, used first in forward), which nothing hides:
+  // its states read and written, its Adam step.
+  double tail = 0;
+  double seconds() const {
+    return forward.seconds() + backward.seconds() + tail;
+  }
 };
 
 struct TensorPlan {

@@ -159,22 +159,13 @@ double Plan::model_flops_per_second() const {
   return seconds > 0 ? 3 * counts.forward_flops / seconds : 0;
 }
 
-absl::StatusOr<Plan> MakePlan(const ModelShape& shape, uint64_t batch,
-                              uint64_t seq, const Machine& m,
-                              Attention attention) {
-  if (absl::Status valid = ValidateShape(shape); !valid.ok()) return valid;
-  if (absl::Status valid = ValidateMachine(m); !valid.ok()) return valid;
-  if (batch == 0 || seq == 0 || batch > (1u << 20) || seq > (1u << 20)) {
-    return absl::InvalidArgumentError(
-        "batch and sequence length must be from 1 to 2^20");
-  }
-  Plan plan;
-  plan.shape = shape;
-  plan.batch = batch;
-  plan.seq = seq;
-  plan.counts = CountModel(shape, batch, seq, attention);
-  const ModelCounts& c = plan.counts;
+namespace {
 
+// Sizes what the plan needs besides the activations in each memory and
+// what is left there for them; FAILED_PRECONDITION when one is short.
+absl::Status SizeMemories(const Machine& m, Plan& plan, Derived& d) {
+  const ModelShape& shape = plan.shape;
+  const ModelCounts& c = plan.counts;
   // The device: two blocks' 16-bit weights (one computing, the next on its
   // way), a block's gradients, one block's saved tensors while its
   // backward runs (recomputed ones included), the head's weights and
@@ -202,7 +193,6 @@ absl::StatusOr<Plan> MakePlan(const ModelShape& shape, uint64_t batch,
         "turn, staging, the optimizer's chunks)",
         buffers, m.host_bytes, "give lohand a larger host pool");
   }
-  Derived d;
   d.parameters = static_cast<double>(c.parameters);
   d.weights_in_host = buffers + c.weight16_bytes() <= m.host_bytes;
   plan.weights_in_host = d.weights_in_host;
@@ -230,6 +220,14 @@ absl::StatusOr<Plan> MakePlan(const ModelShape& shape, uint64_t batch,
     d.ssd_room = m.ssd_bytes - plan.ssd_states_bytes;
   }
 
+  return absl::OkStatus();
+}
+
+// Fills plan.curve, plan.chosen and plan.search_case; returns the saved
+// tensors in the greedy order (plan.chosen of them offloaded).
+std::vector<Entry> Search(const Machine& m, const Derived& d, Plan& plan) {
+  const ModelShape& shape = plan.shape;
+  const ModelCounts& c = plan.counts;
   // Algorithm 1 over every block's saved tensors, highest offloading
   // benefit first, from the block inputs alone (always offloaded).
   std::vector<Entry> order;
@@ -273,10 +271,18 @@ absl::StatusOr<Plan> MakePlan(const ModelShape& shape, uint64_t batch,
     }
     if (!stopped) plan.chosen = plan.curve.size() - 1;
   }
+  plan.search_case = !stopped ? 2 : plan.chosen == 0 ? 1 : 3;
+  return order;
+}
+
+// Each saved tensor's decision and the bytes per tier; the estimate at
+// them.
+void Place(const Machine& m, const Derived& d, const std::vector<Entry>& order,
+           Plan& plan) {
+  const ModelShape& shape = plan.shape;
+  const ModelCounts& c = plan.counts;
   // Entries of `order` offloaded at the chosen point.
   const size_t taken = plan.chosen;
-  plan.search_case = !stopped ? 2 : plan.chosen == 0 ? 1 : 3;
-
   // Decisions: the block inputs and the taken entries are offloaded; the
   // device keeps what its spare memory holds of them, last blocks first
   // (the first backward needs); the rest goes to host memory in forward
@@ -336,6 +342,28 @@ absl::StatusOr<Plan> MakePlan(const ModelShape& shape, uint64_t batch,
   plan.estimate =
       Estimated(m, c, d, plan.host_bytes + plan.ssd_bytes, plan.ssd_bytes,
                 plan.curve[plan.chosen].recompute_flops);
+}
+
+}  // namespace
+
+absl::StatusOr<Plan> MakePlan(const ModelShape& shape, uint64_t batch,
+                              uint64_t seq, const Machine& m,
+                              Attention attention) {
+  if (absl::Status valid = ValidateShape(shape); !valid.ok()) return valid;
+  if (absl::Status valid = ValidateMachine(m); !valid.ok()) return valid;
+  if (batch == 0 || seq == 0 || batch > (1u << 20) || seq > (1u << 20)) {
+    return absl::InvalidArgumentError(
+        "batch and sequence length must be from 1 to 2^20");
+  }
+  Plan plan;
+  plan.shape = shape;
+  plan.batch = batch;
+  plan.seq = seq;
+  plan.counts = CountModel(shape, batch, seq, attention);
+  Derived d;
+  if (absl::Status fits = SizeMemories(m, plan, d); !fits.ok()) return fits;
+  const std::vector<Entry> order = Search(m, d, plan);
+  Place(m, d, order, plan);
   return plan;
 }
 

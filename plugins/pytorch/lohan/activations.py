@@ -10,6 +10,12 @@ Policies (`lohan.init(..., activations=...)`):
   the daemon's SSDs through the job's arena (ACT_PUT); backward brings it
   back just before the block is recomputed. Activation memory on the device
   is then one block's intermediates.
+- A plan: one mode per block (a list, in the blocks' order; what
+  `lohanctl plan` decides per block): "offload" as above; "swap": nothing
+  is recomputed, every tensor autograd saves inside the block (but its
+  parameters and tensors under 64 KiB) goes to the same store as block
+  inputs do (host memory, beyond the budget the SSDs) and comes back when
+  backward needs it; "keep": torch's default for that block.
 
 The recompute of "offload" is our own autograd.Function (the input must be
 handed to the store, which torch's checkpoint keeps in a closure). It
@@ -35,6 +41,11 @@ from lohan.client import LohanError, StatusCode
 from lohan.devices import copy_stream
 
 POLICIES = ("keep", "recompute", "offload")
+# The modes a plan gives each block.
+BLOCK_MODES = ("offload", "swap", "keep")
+# Saved tensors smaller than this stay where autograd keeps them (a norm's
+# statistics, a mask): storing them would cost more than they hold.
+_MIN_SWAP_BYTES = 64 * 1024
 
 
 @dataclass
@@ -617,6 +628,76 @@ def _offloaded_forward(original: Callable, store: ActivationStore,
     return forward
 
 
+class _Swapped:
+    """A saved tensor handed to the store; brought back once, then held for
+    any further unpack of the same saved tensor."""
+
+    __slots__ = ("handle", "tensor")
+
+    def __init__(self, handle: _Handle):
+        self.handle: Optional[_Handle] = handle
+        self.tensor: Optional[torch.Tensor] = None
+
+    def take(self, store: ActivationStore) -> torch.Tensor:
+        if self.tensor is None:
+            self.tensor = store.get(self.handle)
+            self.handle = None
+        return self.tensor
+
+
+def _swapped_forward(original: Callable, store: ActivationStore,
+                     block: nn.Module):
+    """The block's forward with every tensor autograd saves in it (but its
+    parameters and small ones) in `store` until backward needs it."""
+
+    def forward(*args, **kwargs):
+        if not torch.is_grad_enabled():
+            return original(*args, **kwargs)
+        args, kwargs = _without_caches(args, kwargs)
+        weights = {p.untyped_storage().data_ptr() for p in block.parameters()}
+
+        def pack(tensor: torch.Tensor) -> Any:
+            if (tensor.numel() * tensor.element_size() < _MIN_SWAP_BYTES
+                    or tensor.untyped_storage().data_ptr() in weights):
+                return tensor
+            return _Swapped(store.put(tensor))
+
+        def unpack(saved: Any) -> torch.Tensor:
+            return saved.take(store) if isinstance(saved, _Swapped) else saved
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            return original(*args, **kwargs)
+
+    return forward
+
+
+def block_modes(policy: Any, blocks: int) -> List[str]:
+    """Each block's mode for `policy` (a policy name, or a plan: one mode
+    per block); ValueError saying what is wrong."""
+    if isinstance(policy, str):
+        if policy not in POLICIES:
+            raise ValueError(f"activations={policy!r} is not supported; use "
+                             f"one of {', '.join(POLICIES)}, or a plan (one "
+                             f"of {', '.join(BLOCK_MODES)} per block)")
+        return [policy] * blocks
+    modes = list(policy)
+    if len(modes) != blocks:
+        raise ValueError(f"activations: a plan has one mode per block; the "
+                         f"model has {blocks} blocks, the plan {len(modes)}")
+    for index, mode in enumerate(modes):
+        if mode not in BLOCK_MODES:
+            raise ValueError(f"activations: block {index}'s mode {mode!r} "
+                             f"is not one of {', '.join(BLOCK_MODES)}")
+    return modes
+
+
+def uses_store(policy: Any) -> bool:
+    """Whether `policy` hands tensors to an ActivationStore."""
+    if isinstance(policy, str):
+        return policy == "offload"
+    return any(mode in ("offload", "swap") for mode in policy)
+
+
 class _PolicyForward:
     """The forward a policy sets on a block instance. A copy of the block
     (copy.deepcopy: an EMA or teacher model) or a pickled one
@@ -643,21 +724,20 @@ def _own_forward(block: nn.Module) -> Callable:
     return type(block).forward.__get__(block)
 
 
-def install(model: nn.Module, blocks: Sequence[nn.Module], policy: str,
+def install(model: nn.Module, blocks: Sequence[nn.Module], policy: Any,
             store: Optional[ActivationStore] = None,
             residency: Any = None,
             passes: Optional[BlockPasses] = None) -> Callable[[], None]:
-    """Applies `policy` to every block (`store` for "offload"; with
-    `residency`, a params.ParameterResidency, the blocks' weights are
-    materialized around each run); returns the function that undoes it."""
-    if policy not in POLICIES:
-        raise ValueError(f"activations={policy!r} is not supported; use one "
-                         f"of {', '.join(POLICIES)}")
-    if policy == "keep":
+    """Applies `policy` (a name, or a plan: one of BLOCK_MODES per block)
+    to every block (`store` for "offload" and "swap"; with `residency`, a
+    params.ParameterResidency, the blocks' weights are materialized around
+    each run); returns the function that undoes it."""
+    modes = block_modes(policy, len(blocks))
+    if all(mode == "keep" for mode in modes):
         return lambda: None
-    if policy == "offload" and store is None:
+    if uses_store(modes) and store is None:
         raise ValueError("the offload policy needs an ActivationStore")
-    if residency is not None and policy != "offload":
+    if residency is not None and any(mode != "offload" for mode in modes):
         raise ValueError(f"params='offload' needs activations='offload' "
                          f"(with {policy!r} autograd would keep the "
                          "offloaded weights it saved for backward)")
@@ -671,12 +751,18 @@ def install(model: nn.Module, blocks: Sequence[nn.Module], policy: str,
     anchor = torch.empty(0, requires_grad=True)
     warned = [False]
     originals: List[tuple] = []
-    for block in blocks:
+    for block, mode in zip(blocks, modes):
+        if mode == "keep":
+            continue
         original = block.forward
         # A forward set on the instance before (someone else's wrapper)
         # goes back; else the class's shows through again.
         originals.append((block, block.__dict__.get("forward")))
-        if policy == "offload":
+        if mode == "swap":
+            block.forward = _PolicyForward(
+                block, _swapped_forward(original, store, block))
+            continue
+        if mode == "offload":
             block.forward = _PolicyForward(block, _offloaded_forward(
                 original, store, anchor, warned, _Weights(block, residency),
                 block, passes))

@@ -23,9 +23,10 @@ from typing import (Any, Callable, Dict, List, Optional, Sequence, Set,
 import torch
 from torch import nn
 
-from lohan.activations import POLICIES as ACTIVATION_POLICIES
 from lohan.activations import ActivationStats, ActivationStore, BlockPasses
+from lohan.activations import block_modes
 from lohan.activations import install as install_activation_policy
+from lohan.activations import uses_store
 from lohan.blocks import (BlocksArg, Layer, WIRE_NAMES, find_blocks,
                           plan_layers, resolve_dtype)
 from lohan.checkpoint import (CheckpointReader, parameter_aliases,
@@ -119,7 +120,7 @@ class Engine:
                  device: Union[None, str, torch.device] = None,
                  frozen_host_bytes: Optional[int] = None,
                  skip_nonfinite: bool = True, chunk_elements: int = 0,
-                 activations: str = "offload",
+                 activations: Union[str, Sequence[str]] = "offload",
                  activation_host_bytes: Optional[int] = None,
                  activation_buffer_bytes: int = 16 * _MIB,
                  params: str = "auto",
@@ -241,9 +242,11 @@ class Engine:
         self._delete_on_failure = False  # a job this init created
         self._uninstall_activations: Callable[[], None] = lambda: None
         self._scaled_backward = False
-        if activations not in ACTIVATION_POLICIES:
-            raise ValueError(f"activations={activations!r} is not supported; "
-                             f"use one of {', '.join(ACTIVATION_POLICIES)}")
+        # A name, or a plan (one mode per block): checked against the
+        # blocks once they are found.
+        activation_modes = block_modes(
+            activations, len(self.blocks)
+            if not isinstance(activations, str) else 1)
         if activation_host_bytes is not None and (
                 not isinstance(activation_host_bytes, int)
                 or activation_host_bytes < 0):
@@ -251,7 +254,7 @@ class Engine:
                              f"or an int >= 0, got {activation_host_bytes!r}")
         # Block inputs beyond the host budget go to the daemon's SSDs in
         # pieces of this many bytes (the arena's activation area).
-        spill = activations == "offload" and (
+        spill = uses_store(activation_modes) and (
             activation_host_bytes is not None or frozen_host_bytes is not None)
         # Two buffers of whole pages: one put or get in flight while the
         # other is filled or emptied.
@@ -274,7 +277,8 @@ class Engine:
         if self.params_mode == "resident" and self.device != _normalized(
                 self._home_device):
             model.to(self.device)  # all of it: asked for resident weights
-        if self.params_mode == "offload" and activations != "offload":
+        if self.params_mode == "offload" and any(
+                mode != "offload" for mode in activation_modes):
             raise ValueError(
                 f"params='offload' needs activations='offload', got "
                 f"{activations!r}: with it autograd would keep the weights "
@@ -375,7 +379,7 @@ class Engine:
             self._grad_ready,
             self._device_grad_ready if self._cuda else None,
             self._claim_grad_buffer)
-        if activations == "offload":
+        if uses_store(activation_modes):
             area = (torch.frombuffer(self._remote.activations,
                                      dtype=torch.uint8)
                     if spill else None)

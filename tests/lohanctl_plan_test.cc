@@ -46,6 +46,33 @@ TEST(LohanctlPlan, APresetOnADescribedMachine) {
   EXPECT_THAT(result.out, HasSubstr("mlp_up"));
 }
 
+TEST(LohanctlPlan, PerBlockPlansAreWhatThePluginTakes) {
+  // The paper's 768 GB, 12-SSD server: a minimum inside, some blocks swapped.
+  std::vector<std::string> args = {"--model", "gpt-13b", "--batch", "16",
+                                   "--per-block"};
+  for (size_t i = 0; i < kMachine.size(); i += 2) {
+    const bool host = kMachine[i] == "--host-memory";
+    const bool ssds = kMachine[i] == "--ssds";
+    args.push_back(kMachine[i]);
+    args.push_back(host ? "768GiB" : ssds ? "12" : kMachine[i + 1]);
+  }
+  RunResult result = Plan(args, /*machine=*/false);
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  EXPECT_THAT(result.out, HasSubstr("  plugin: activations=[\"offload\"] * "));
+  EXPECT_THAT(result.out, HasSubstr("[\"swap\"] * "));
+  RunResult json =
+      Plan({"--model", "gpt-13b", "--batch", "16", "--per-block", "--json"});
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  google::protobuf::Struct parsed;
+  ASSERT_TRUE(
+      google::protobuf::util::JsonStringToMessage(json.out, &parsed).ok());
+  const auto& plan =
+      parsed.fields().at("plans").list_value().values(0).struct_value();
+  EXPECT_EQ(plan.fields().at("block_modes").list_value().values_size(), 40);
+  // One point per block, and the first (nothing but inputs offloaded).
+  EXPECT_EQ(plan.fields().at("curve").list_value().values_size(), 41);
+}
+
 TEST(LohanctlPlan, JsonHasEveryTensorAndTheCurve) {
   RunResult result = Plan({"--model", "llama-7b", "--batch", "4", "--json"});
   ASSERT_EQ(result.exit_code, 0) << result.err;

@@ -386,6 +386,10 @@ int main(int argc, char** argv) {
   plan->add_flag("--device-is-host", plan_options.device_is_host,
                  "training runs on the CPU itself (no GPU): backward's "
                  "compute and the CPU optimizer share the cores");
+  plan->add_flag("--per-block", plan_options.per_block,
+                 "decide whole blocks (recompute, swap or keep each), as "
+                 "the plugin applies plans today; default: each saved "
+                 "tensor");
   plan->add_flag("--json", plan_options.json, "print JSON");
   plan->add_flag("--tensors", plan_options.tensors,
                  "also print each block's decisions");

@@ -197,6 +197,16 @@ void PrintDetail(const Plan& plan, bool per_block) {
                 count[Decision::kDevice], count[Decision::kHost],
                 count[Decision::kSsd], count[Decision::kRecompute]);
   }
+  // The plan as lohan.init(activations=...) takes it, in runs.
+  std::vector<std::string> runs;
+  const std::vector<std::string> modes = plan.block_modes();
+  for (size_t b = 0; b < modes.size();) {
+    size_t end = b;
+    while (end < modes.size() && modes[end] == modes[b]) ++end;
+    runs.push_back(absl::StrCat("[\"", modes[b], "\"] * ", end - b));
+    b = end;
+  }
+  std::printf("  plugin: activations=%s\n", absl::StrJoin(runs, " + ").c_str());
   if (!per_block) return;
   std::printf("  per block (d device, h host, s SSD, r recompute):\n");
   for (uint32_t b = 0; b < plan.shape.layers; ++b) {
@@ -271,6 +281,10 @@ google::protobuf::Value PlanJson(const Plan& plan) {
     *curve->add_values() = point;
   }
   f["chosen"] = Number(plan.chosen);
+  auto* modes = f["block_modes"].mutable_list_value();
+  for (const std::string& mode : plan.block_modes()) {
+    *modes->add_values() = Text(mode);
+  }
   return v;
 }
 
@@ -396,8 +410,9 @@ int RunPlan(const PlanOptions& options) {
   std::vector<Plan> plans;
   std::vector<std::pair<uint64_t, std::string>> refused;
   for (uint64_t batch : options.batches) {
-    absl::StatusOr<Plan> plan =
-        MakePlan(*shape, batch, options.seq, *machine, attention);
+    absl::StatusOr<Plan> plan = MakePlan(
+        *shape, batch, options.seq, *machine, attention,
+        options.per_block ? Granularity::kBlock : Granularity::kTensor);
     if (!plan.ok()) {
       if (!absl::IsFailedPrecondition(plan.status()))
         return Fail(plan.status());

@@ -33,9 +33,16 @@ struct Derived {
   uint64_t last_layer_parameters = 0;  // updated after backward ends
 };
 
+// A step of the greedy search: one saved tensor of a block, or (per-block
+// decisions) all of a block's but its input.
 struct Entry {
   uint32_t block = 0;
-  size_t tensor = 0;  // index into counts.block_tensors
+  std::vector<size_t> tensors;  // indices into counts.block_tensors
+  uint64_t bytes = 0;
+  double recompute_flops = 0;
+  double benefit() const {
+    return bytes == 0 ? 0 : recompute_flops / static_cast<double>(bytes);
+  }
 };
 
 // The iteration time with `offloaded` bytes of saved tensors sent off the
@@ -154,6 +161,23 @@ Resource StageTime::binding() const {
       ->second;
 }
 
+std::vector<std::string> Plan::block_modes() const {
+  std::vector<std::string> modes;
+  for (uint32_t b = 0; b < shape.layers; ++b) {
+    bool recomputed = false, swapped = false;
+    for (const TensorPlan& tensor : tensors) {
+      if (tensor.block != b || tensor.name == "input") continue;
+      recomputed |= tensor.decision == Decision::kRecompute;
+      swapped |= tensor.decision == Decision::kHost ||
+                 tensor.decision == Decision::kSsd;
+    }
+    // A block partly recomputed is recomputed whole by the plugin (the
+    // memory-safe reading of a per-tensor plan).
+    modes.push_back(recomputed ? "offload" : swapped ? "swap" : "keep");
+  }
+  return modes;
+}
+
 double Plan::model_flops_per_second() const {
   const double seconds = estimate.seconds();
   return seconds > 0 ? 3 * counts.forward_flops / seconds : 0;
@@ -225,31 +249,40 @@ absl::Status SizeMemories(const Machine& m, Plan& plan, Derived& d) {
 
 // Fills plan.curve, plan.chosen and plan.search_case; returns the saved
 // tensors in the greedy order (plan.chosen of them offloaded).
-std::vector<Entry> Search(const Machine& m, const Derived& d, Plan& plan) {
+std::vector<Entry> Search(const Machine& m, const Derived& d,
+                          Granularity granularity, Plan& plan) {
   const ModelShape& shape = plan.shape;
   const ModelCounts& c = plan.counts;
-  // Algorithm 1 over every block's saved tensors, highest offloading
-  // benefit first, from the block inputs alone (always offloaded).
+  // Algorithm 1 over every block's saved tensors (or whole blocks),
+  // highest offloading benefit first, from the block inputs alone (always
+  // offloaded); among equals, the last blocks first (the first backward
+  // needs).
   std::vector<Entry> order;
   uint64_t offloaded = 0;
   double recompute = 0;
   for (uint32_t b = 0; b < shape.layers; ++b) {
+    Entry whole{.block = b};
     for (size_t t = 0; t < c.block_tensors.size(); ++t) {
       const SavedTensor& tensor = c.block_tensors[t];
       if (tensor.inter_block) {
         offloaded += tensor.bytes;
-      } else {
-        order.push_back({b, t});
-        recompute += tensor.recompute_flops;
+        continue;
       }
+      recompute += tensor.recompute_flops;
+      Entry& entry = granularity == Granularity::kBlock
+                         ? whole
+                         : order.emplace_back(Entry{.block = b});
+      entry.tensors.push_back(t);
+      entry.bytes += tensor.bytes;
+      entry.recompute_flops += tensor.recompute_flops;
     }
+    if (granularity == Granularity::kBlock) order.push_back(whole);
   }
-  std::stable_sort(order.begin(), order.end(),
-                   [&](const Entry& x, const Entry& y) {
-                     const double bx = c.block_tensors[x.tensor].benefit();
-                     const double by = c.block_tensors[y.tensor].benefit();
-                     return bx != by ? bx > by : x.block > y.block;
-                   });
+  std::stable_sort(
+      order.begin(), order.end(), [](const Entry& x, const Entry& y) {
+        return x.benefit() != y.benefit() ? x.benefit() > y.benefit()
+                                          : x.block > y.block;
+      });
   plan.curve.push_back(Estimated(
       m, c, d, offloaded, offloaded > d.host_room ? offloaded - d.host_room : 0,
       recompute));
@@ -258,9 +291,8 @@ std::vector<Entry> Search(const Machine& m, const Derived& d, Plan& plan) {
   // improve (convexity makes that the minimum).
   bool stopped = false;
   for (const Entry& entry : order) {
-    const SavedTensor& tensor = c.block_tensors[entry.tensor];
-    offloaded += tensor.bytes;
-    recompute -= tensor.recompute_flops;
+    offloaded += entry.bytes;
+    recompute -= entry.recompute_flops;
     const uint64_t spilled =
         offloaded > d.host_room ? offloaded - d.host_room : 0;
     if (spilled > d.ssd_room) break;  // the SSDs cannot take more
@@ -296,7 +328,9 @@ void Place(const Machine& m, const Derived& d, const std::vector<Entry>& order,
     }
   }
   for (size_t i = 0; i < taken; ++i) {
-    decided[order[i].block][order[i].tensor] = Decision::kHost;
+    for (size_t t : order[i].tensors) {
+      decided[order[i].block][t] = Decision::kHost;
+    }
   }
   uint64_t spare = m.device_bytes - plan.device_working_bytes;
   for (uint32_t b = shape.layers; b-- > 0;) {
@@ -348,7 +382,7 @@ void Place(const Machine& m, const Derived& d, const std::vector<Entry>& order,
 
 absl::StatusOr<Plan> MakePlan(const ModelShape& shape, uint64_t batch,
                               uint64_t seq, const Machine& m,
-                              Attention attention) {
+                              Attention attention, Granularity granularity) {
   if (absl::Status valid = ValidateShape(shape); !valid.ok()) return valid;
   if (absl::Status valid = ValidateMachine(m); !valid.ok()) return valid;
   if (batch == 0 || seq == 0 || batch > (1u << 20) || seq > (1u << 20)) {
@@ -362,7 +396,7 @@ absl::StatusOr<Plan> MakePlan(const ModelShape& shape, uint64_t batch,
   plan.counts = CountModel(shape, batch, seq, attention);
   Derived d;
   if (absl::Status fits = SizeMemories(m, plan, d); !fits.ok()) return fits;
-  const std::vector<Entry> order = Search(m, d, plan);
+  const std::vector<Entry> order = Search(m, d, granularity, plan);
   Place(m, d, order, plan);
   return plan;
 }

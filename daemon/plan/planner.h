@@ -96,6 +96,10 @@ struct Plan {
   size_t chosen = 0;                // index into curve: Algorithm 1's stop
   Estimate estimate;                // the chosen point, after keeping on device
   std::vector<TensorPlan> tensors;  // per block and class, in forward order
+  // Per block, what the plugin's plan says for it: "offload" (its input
+  // out, the rest recomputed), "swap" (what it saves goes to host memory
+  // or the SSDs) or "keep" (all on the device).
+  std::vector<std::string> block_modes() const;
   // Bytes per tier of the saved tensors.
   uint64_t device_bytes = 0, host_bytes = 0, ssd_bytes = 0;
   uint64_t recomputed_bytes = 0;
@@ -111,9 +115,16 @@ struct Plan {
 // The plan for `shape` at `batch` x `seq` on `machine`: FAILED_PRECONDITION
 // saying which memory is short, by how much, when it cannot fit (the
 // device's working set, the host's fixed needs, the SSDs' capacity).
+// What one step of the search decides: one saved tensor of a block, or
+// all of a block's (the paper's per-layer decisions, and what the plugin
+// applies today: a block recomputed, or every tensor it saves kept or
+// swapped out).
+enum class Granularity { kTensor, kBlock };
+
 absl::StatusOr<Plan> MakePlan(const ModelShape& shape, uint64_t batch,
                               uint64_t seq, const Machine& machine,
-                              Attention attention = Attention::kFused);
+                              Attention attention = Attention::kFused,
+                              Granularity granularity = Granularity::kTensor);
 
 // The largest batch (up to `limit`) that fits, 0 if none does.
 uint64_t LargestBatch(const ModelShape& shape, uint64_t seq,

@@ -208,6 +208,30 @@ TEST(Planner, OnACpuOnlyMachineTheOptimizerAddsToBackward) {
   EXPECT_GE(s.seconds(), a.seconds());
 }
 
+// Per-block decisions: one step per block, the last blocks first, and a
+// plan the plugin can take as it is.
+TEST(Planner, PerBlockDecisionsStepAWholeBlockAtATime) {
+  const ModelShape shape = Preset("gpt-1.3b");
+  const Machine machine = Roomy(BalancedLink(shape, 8, 1024), 12 * kGiB);
+  absl::StatusOr<Plan> plan =
+      MakePlan(shape, 8, 1024, machine, Attention::kFused, Granularity::kBlock);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->curve.size(), shape.layers + 1);
+  const uint64_t step = plan->counts.block_activation_bytes -
+                        plan->counts.block_tensors.front().bytes;
+  for (size_t i = 1; i < plan->curve.size(); ++i) {
+    EXPECT_EQ(plan->curve[i].offloaded_bytes,
+              plan->curve[i - 1].offloaded_bytes + step);
+  }
+  const std::vector<std::string> modes = plan->block_modes();
+  ASSERT_EQ(modes.size(), shape.layers);
+  // The chosen number of blocks skip the recompute, the last ones.
+  for (size_t b = 0; b < shape.layers; ++b) {
+    EXPECT_EQ(modes[b] == "offload", b < shape.layers - plan->chosen) << b;
+  }
+  EXPECT_EQ(plan->search_case, 3);
+}
+
 TEST(Planner, TheLargestBatchIsTheLastThatFits) {
   const ModelShape shape = Preset("gpt-13b");
   const Machine machine = Roomy(25e9, 24 * kGiB);

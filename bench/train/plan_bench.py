@@ -15,6 +15,13 @@ curve's first point (each block's input offloaded, everything else
 recomputed: `activations="offload"`), which this bench runs through lohan
 for --steps steps after 3 warm-up steps, --rounds times. Prints predicted
 against measured, the planner's own choice, and the machine it assumed.
+
+--sweep: the per-block curve instead (`lohanctl plan --per-block`): the
+last k blocks swap (every tensor they save kept aside, nothing
+recomputed), the others offload and recompute, for k = 0, L/4, L/2, 3L/4
+and L, each measured (rounds interleaved, the order reversed every other
+round) beside its predicted point; and the predicted best k against the
+measured best.
 """
 
 from __future__ import annotations
@@ -100,7 +107,7 @@ def wait_for_profile(socket: str) -> Dict[str, Any]:
 
 
 def predict(args, bazel_bin: Path, socket: str, config_path: Path,
-            flops: float, link: float) -> Dict[str, Any]:
+            flops: float, link: float, *extra: str) -> Dict[str, Any]:
     available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     out = subprocess.run(
         [str(bazel_bin / "client/ctl/lohanctl"), "--socket", socket, "plan",
@@ -108,20 +115,21 @@ def predict(args, bazel_bin: Path, socket: str, config_path: Path,
          "--batch", str(args.batch), "--seq", str(args.seq),
          "--device-memory", str(available), "--device-tflops",
          str(flops / 1e12), "--h2d-gbps", str(link / 1e9), "--d2h-gbps",
-         str(link / 1e9), "--json"],
+         str(link / 1e9), "--json", *extra],
         capture_output=True, text=True, check=True).stdout
     return json.loads(out)
 
 
-def measure(args, socket: str, data: List[torch.Tensor],
-            name: str) -> Tuple[float, float, float, float]:
+def measure(args, socket: str, data: List[torch.Tensor], name: str,
+            activations: Any = "offload") -> Tuple[float, float, float,
+                                                   float]:
     """Seconds per step through lohan with the plugin's fixed policy, and
     the medians of its forward, backward and step() calls."""
     torch.manual_seed(0)
     model = GPT2LMHeadModel(config(args))
     phases: List[Tuple[float, float, float]] = []
     with lohan.init(model, lr=1e-3, socket=socket, job_name=name,
-                    dtype="bf16", activations="offload") as engine:
+                    dtype="bf16", activations=activations) as engine:
         start = 0.0
         for n, ids in enumerate(data):
             if n == 3:
@@ -155,6 +163,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--sweep", action="store_true",
+                        help="the per-block curve, measured point by point")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     bazel_bin = Path(os.environ.get("LOHAN_BAZEL_BIN", REPO / "bazel-bin"))
@@ -182,6 +192,11 @@ def main() -> None:
             data = [torch.randint(0, args.vocab, (args.batch, args.seq),
                                   generator=g)
                     for _ in range(args.steps + 3)]
+            if args.sweep:
+                per_block = predict(args, bazel_bin, socket, config_path,
+                                    model_rate, link, "--per-block")
+                sweep(args, socket, data, per_block, profile, model_rate)
+                return
             measured = [measure(args, socket, data, f"plan-bench-{r}")
                         for r in range(args.rounds)]
         finally:
@@ -191,6 +206,38 @@ def main() -> None:
     print(f"\nwith the device's rate from a measured forward of the model "
           f"({model_rate / 1e12:.3f} TFLOPS):")
     report_prediction(calibrated, statistics.median(m[0] for m in measured))
+
+
+def sweep(args, socket: str, data: List[torch.Tensor], plan: Dict[str, Any],
+          profile: Dict[str, Any], rate: float) -> None:
+    """Measures the per-block curve at five points beside its prediction."""
+    chosen = plan["plans"][0]
+    curve = chosen["curve"]
+    layers = args.layers
+    points = sorted({0, layers // 4, layers // 2, 3 * layers // 4, layers})
+    times: Dict[int, List[float]] = {k: [] for k in points}
+    for round_ in range(args.rounds):
+        for k in points if round_ % 2 == 0 else points[::-1]:
+            modes = ["offload"] * (layers - k) + ["swap"] * k
+            times[k].append(measure(args, socket, data,
+                                    f"plan-sweep-{round_}-{k}", modes)[0])
+    print(f"GPT-2 {layers} blocks x {args.width}, batch {args.batch} x "
+          f"{args.seq}, bf16: the last k blocks swap, the others recompute")
+    print(f"machine: CPU {rate / 1e12:.3f} TFLOPS (the model's forward); "
+          f"lohand: SSD "
+          f"{profile['array_read_bytes_per_second'] / 1e9:.2f} GB/s read, "
+          f"{profile['array_write_bytes_per_second'] / 1e9:.2f} GB/s write")
+    print(f"{'k':>3} {'predicted s':>12} {'measured s':>11} "
+          f"{'measured/predicted':>19}")
+    for k in points:
+        predicted = curve[k]["iteration_seconds"]
+        measured = statistics.median(times[k])
+        print(f"{k:>3} {predicted:>12.3f} {measured:>11.3f} "
+              f"{measured / predicted:>18.2f}x")
+    best = min(points, key=lambda k: statistics.median(times[k]))
+    print(f"predicted best k: {chosen['chosen']} (case {chosen['case']}, "
+          f"{chosen['iteration_seconds']:.3f} s); measured best of the "
+          f"points: k = {best}")
 
 
 def report(args, plan: Dict[str, Any], profile: Dict[str, Any], flops: float,

@@ -144,6 +144,14 @@ const char* ResourceName(Resource resource) {
   return "?";
 }
 
+double StageTime::work() const {
+  return compute + device_to_host + host_to_device + ssd + optimizer;
+}
+
+double Estimate::work() const {
+  return forward.work() + backward.work() + tail;
+}
+
 double StageTime::seconds() const {
   return std::max({compute, device_to_host, host_to_device, ssd, optimizer});
 }
@@ -247,6 +255,20 @@ absl::Status SizeMemories(const Machine& m, Plan& plan, Derived& d) {
   return absl::OkStatus();
 }
 
+// Algorithm 1's step test: a shorter iteration, or as short (within
+// rounding) with less work. The paper stops at the first step that is not
+// shorter; where the binding resource hides the step's saving (a backward
+// bound by the SSDs hides recompute), less work is the better point:
+// overlap is never perfect (on a machine without a GPU the device, the
+// optimizer and the I/O share cores). Still convex: along the greedy
+// order the work is a sum of convex terms.
+bool Better(const Estimate& next, const Estimate& best) {
+  const double tolerance = 1e-9 * best.seconds();
+  if (next.seconds() < best.seconds() - tolerance) return true;
+  return next.seconds() <= best.seconds() + tolerance &&
+         next.work() < best.work();
+}
+
 // Fills plan.curve, plan.chosen and plan.search_case; returns the saved
 // tensors in the greedy order (plan.chosen of them offloaded).
 std::vector<Entry> Search(const Machine& m, const Derived& d,
@@ -297,8 +319,7 @@ std::vector<Entry> Search(const Machine& m, const Derived& d,
         offloaded > d.host_room ? offloaded - d.host_room : 0;
     if (spilled > d.ssd_room) break;  // the SSDs cannot take more
     plan.curve.push_back(Estimated(m, c, d, offloaded, spilled, recompute));
-    if (!stopped &&
-        plan.curve.back().seconds() >= plan.curve[plan.chosen].seconds()) {
+    if (!stopped && !Better(plan.curve.back(), plan.curve[plan.chosen])) {
       stopped = true;
     }
     if (!stopped) plan.chosen = plan.curve.size() - 1;

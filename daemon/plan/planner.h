@@ -55,6 +55,7 @@ struct StageTime {
   double compute = 0, device_to_host = 0, host_to_device = 0, ssd = 0,
          optimizer = 0;
   double seconds() const;
+  double work() const;  // the sum of the terms
   Resource binding() const;
 };
 
@@ -71,6 +72,10 @@ struct Estimate {
   double seconds() const {
     return forward.seconds() + backward.seconds() + tail;
   }
+  // Every resource's busy time added up: between two points of equal
+  // iteration time, the one with less work (fewer FLOPs recomputed, fewer
+  // bytes moved) is better once overlap is not perfect.
+  double work() const;
 };
 
 struct TensorPlan {

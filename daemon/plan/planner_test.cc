@@ -232,6 +232,26 @@ TEST(Planner, PerBlockDecisionsStepAWholeBlockAtATime) {
   EXPECT_EQ(plan->search_case, 3);
 }
 
+// A backward bound by slow SSDs hides the recompute: the iteration time is
+// flat along the curve, and the search goes on while the work falls (each
+// step saves more compute than its bytes cost on a fast link).
+TEST(Planner, WhereTheTimeIsFlatLessWorkWins) {
+  const ModelShape shape = Preset("gpt-1.3b");
+  Machine machine = Roomy(1e12, 40 * kGiB);
+  machine.ssds = 1;
+  machine.ssd_read = machine.ssd_write = 0.5e9;
+  absl::StatusOr<Plan> plan =
+      MakePlan(shape, 4, 1024, machine, Attention::kFused, Granularity::kBlock);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const std::vector<Estimate>& curve = plan->curve;
+  for (const Estimate& e : curve) {
+    EXPECT_DOUBLE_EQ(e.seconds(), curve.front().seconds());
+    EXPECT_EQ(e.backward.binding(), Resource::kSsd);
+  }
+  EXPECT_EQ(plan->chosen, curve.size() - 1);
+  EXPECT_LT(curve.back().work(), curve.front().work());
+}
+
 TEST(Planner, TheLargestBatchIsTheLastThatFits) {
   const ModelShape shape = Preset("gpt-13b");
   const Machine machine = Roomy(25e9, 24 * kGiB);

@@ -157,7 +157,7 @@ std::string Split(const StageTime& stage) {
   return absl::StrJoin(parts, ", ");
 }
 
-void PrintDetail(const Plan& plan, bool per_block) {
+void PrintDetail(const Plan& plan, bool whole_blocks, bool every_block) {
   std::printf("\nbatch %llu: %.2f s per iteration, %.1f TFLOPS (case %d)\n",
               static_cast<unsigned long long>(plan.batch),
               plan.estimate.seconds(), plan.model_flops_per_second() / 1e12,
@@ -206,8 +206,13 @@ void PrintDetail(const Plan& plan, bool per_block) {
     runs.push_back(absl::StrCat("[\"", modes[b], "\"] * ", end - b));
     b = end;
   }
-  std::printf("  plugin: activations=%s\n", absl::StrJoin(runs, " + ").c_str());
-  if (!per_block) return;
+  std::printf("  plugin: activations=%s%s\n",
+              absl::StrJoin(runs, " + ").c_str(),
+              whole_blocks ? ""
+                           : " (it takes whole blocks: a block with any tensor "
+                             "recomputed is recomputed; --per-block plans for "
+                             "that)");
+  if (!every_block) return;
   std::printf("  per block (d device, h host, s SSD, r recompute):\n");
   for (uint32_t b = 0; b < plan.shape.layers; ++b) {
     std::string row;
@@ -487,7 +492,9 @@ int RunPlan(const PlanOptions& options) {
         static_cast<unsigned long long>(largest_batch),
         static_cast<unsigned long long>(options.batches.front()),
         largest_model.c_str());
-    for (const Plan& plan : plans) PrintDetail(plan, options.tensors);
+    for (const Plan& plan : plans) {
+      PrintDetail(plan, options.per_block, options.tensors);
+    }
   }
   if (!options.plot_path.empty() && !plans.empty()) {
     if (absl::Status written =

@@ -294,6 +294,10 @@ absl::StatusOr<v1::HostProfile> LoadOrMeasureHost(const std::string& state_dir,
                                                   bool* measured) {
   const std::string path = absl::StrCat(state_dir, "/", kCacheFile);
   *measured = false;
+  // A probe a killed daemon left behind goes, measured again or not.
+  for (const std::string& ssd : options.ssd_paths) {
+    unlink(absl::StrCat(ssd, "/lohan.probe").c_str());
+  }
   if (!remeasure) {
     std::ifstream in(path, std::ios::binary);
     v1::HostProfile cached;

@@ -39,7 +39,8 @@ absl::StatusOr<v1::HostProfile> MeasureHost(const ProfileOptions& options);
 
 // The profile cached in `state_dir` if its key matches and `remeasure` is
 // false; else measures and caches it (a failure to cache is logged, not
-// fatal). `*measured` says which.
+// fatal). `*measured` says which. Either way a probe file left on an SSD
+// path by a daemon killed while measuring is removed.
 absl::StatusOr<v1::HostProfile> LoadOrMeasureHost(const std::string& state_dir,
                                                   const ProfileOptions& options,
                                                   bool remeasure,

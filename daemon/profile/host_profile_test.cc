@@ -85,6 +85,13 @@ TEST_F(HostProfileTest, IsCachedUntilWhatItWasMeasuredForChanges) {
   ASSERT_TRUE(fewer.ok());
   EXPECT_TRUE(measured);
   EXPECT_EQ(fewer->ssds_size(), 1);
+  // A probe left by a daemon killed while measuring goes, even when the
+  // profile is taken from the cache.
+  const std::string stale = options_.ssd_paths[0] + "/lohan.probe";
+  std::ofstream(stale) << "half a probe";
+  ASSERT_TRUE(LoadOrMeasureHost(state, options_, false, &measured).ok());
+  EXPECT_FALSE(measured);
+  EXPECT_FALSE(Exists(stale));
   // A damaged cache is measured over, not trusted.
   std::ofstream(state + "/host_profile.pb") << "garbage";
   ASSERT_TRUE(LoadOrMeasureHost(state, options_, false, &measured).ok());

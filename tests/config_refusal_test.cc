@@ -89,6 +89,8 @@ TEST_F(ConfigRefusalTest, MissingConfigFile) {
 TEST_F(ConfigRefusalTest, BadFlagValue) {
   ExpectRefused(Lohand({"--host-pool-size", "a lot"}),
                 "flag --host-pool-size: 'a lot' is not a byte size");
+  ExpectRefused(Lohand({"--profile-probe", "some"}),
+                "flag --profile-probe: 'some' is not a byte size");
 }
 
 TEST_F(ConfigRefusalTest, MissingSsdPath) {

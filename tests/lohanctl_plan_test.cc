@@ -143,6 +143,22 @@ TEST(LohanctlPlan, BadInputIsRefusedWithTheWayOut) {
   EXPECT_THAT(bad_size.err, HasSubstr("--device-memory"));
   RunResult zero_batch = Plan({"--model", "gpt-13b", "--batch", "0"});
   EXPECT_NE(zero_batch.exit_code, 0);
+  RunResult unwritable = Plan({"--model", "gpt-13b", "--batch", "8", "--plot",
+                               "/nonexistent/dir/plan.svg"});
+  EXPECT_EQ(unwritable.exit_code, 2);
+  EXPECT_THAT(unwritable.err, HasSubstr("cannot write /nonexistent/dir"));
+  std::vector<std::string> argv = {Runfile("client/ctl/lohanctl"),
+                                   "--socket",
+                                   "/nonexistent/lohand.sock",
+                                   "plan",
+                                   "--this-machine",
+                                   "--model",
+                                   "gpt-13b",
+                                   "--batch",
+                                   "8"};
+  RunResult no_daemon = RunCommand(argv);
+  EXPECT_EQ(no_daemon.exit_code, 2);
+  EXPECT_THAT(no_daemon.err, HasSubstr("/nonexistent/lohand.sock"));
 }
 
 // --this-machine: host memory, SSDs and optimizer from a real lohand's

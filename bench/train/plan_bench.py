@@ -183,9 +183,8 @@ def main() -> None:
             config(args).to_json_file(str(config_path))
             plan = predict(args, bazel_bin, socket, config_path, flops, link)
             # Again with the device's rate taken from the model's forward.
-            chosen = plan["plans"][0]
-            forward_flops = chosen["forward"]["compute"] * flops
-            model_rate = forward_flops_rate(args, forward_flops)
+            model_rate = forward_flops_rate(
+                args, plan["plans"][0]["forward_flops"])
             calibrated = predict(args, bazel_bin, socket, config_path,
                                  model_rate, link)
             g = torch.Generator().manual_seed(1)
@@ -269,14 +268,15 @@ def report(args, plan: Dict[str, Any], profile: Dict[str, Any], flops: float,
 def report_prediction(plan: Dict[str, Any], measured: float) -> None:
     chosen = plan["plans"][0]
     first = chosen["curve"][0]["iteration_seconds"]
-    if chosen["chosen"] == 0:
-        f, b = chosen["forward"], chosen["backward"]
-        print(f"predicted stages: forward {f['seconds']:.3f} (compute "
-              f"{f['compute']:.3f}, link {f['host_to_device']:.3f}, SSDs "
-              f"{f['ssd']:.3f}), backward {b['seconds']:.3f} (compute "
-              f"{b['compute']:.3f}, SSDs {b['ssd']:.3f}), after "
-              f"{chosen['tail_seconds']:.3f}")
-    print(f"predicted {first:.3f} s/step; measured / predicted "
+    f, b = chosen["forward"], chosen["backward"]
+    print(f"predicted stages at the planner's choice: forward "
+          f"{f['seconds']:.3f} (compute "
+          f"{f['compute']:.3f}, link {f['host_to_device']:.3f}, SSDs "
+          f"{f['ssd']:.3f}), backward {b['seconds']:.3f} (compute "
+          f"{b['compute']:.3f}, SSDs {b['ssd']:.3f}), after "
+          f"{chosen['tail_seconds']:.3f}")
+    print(f"predicted at the plugin's point {first:.3f} s/step; measured / "
+          f"predicted "
           f"{measured / first:.2f}x")
     print(f"planner's choice: case {chosen['case']}, point {chosen['chosen']} "
           f"of {len(chosen['curve']) - 1}, "

@@ -256,6 +256,7 @@ google::protobuf::Value PlanJson(const Plan& plan) {
   f["case"] = Number(plan.search_case);
   f["iteration_seconds"] = Number(plan.estimate.seconds());
   f["tflops"] = Number(plan.model_flops_per_second() / 1e12);
+  f["forward_flops"] = Number(plan.counts.forward_flops);
   f["forward"] = StageJson(plan.estimate.forward);
   f["backward"] = StageJson(plan.estimate.backward);
   f["tail_seconds"] = Number(plan.estimate.tail);

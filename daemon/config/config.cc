@@ -356,35 +356,43 @@ absl::StatusOr<DaemonConfig> LoadConfigFile(const std::string& path) {
   return ParseConfigToml(text.str(), path, DefaultConfig());
 }
 
+namespace {
+
+// A size flag given as text ("64GiB") into `out`; nothing when not given.
+absl::Status SetSize(const std::optional<std::string>& text, const char* flag,
+                     uint64_t& out) {
+  if (!text) return absl::OkStatus();
+  absl::StatusOr<uint64_t> bytes = ParseByteSize(*text);
+  if (!bytes.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("flag ", flag, ": ", bytes.status().message()));
+  }
+  out = *bytes;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ApplyOverrides(const ConfigOverrides& overrides,
                             DaemonConfig& config) {
   if (overrides.socket_path) config.socket_path = *overrides.socket_path;
   if (overrides.state_dir) config.state_dir = *overrides.state_dir;
   if (overrides.log_level) config.log_level = *overrides.log_level;
   if (overrides.ssd_paths) config.ssd_paths = *overrides.ssd_paths;
-  if (overrides.ssd_capacity) {
-    absl::StatusOr<uint64_t> bytes = ParseByteSize(*overrides.ssd_capacity);
-    if (!bytes.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("flag --ssd-capacity: ", bytes.status().message()));
-    }
-    config.ssd_capacity_bytes = *bytes;
+  if (absl::Status set = SetSize(overrides.ssd_capacity, "--ssd-capacity",
+                                 config.ssd_capacity_bytes);
+      !set.ok()) {
+    return set;
   }
-  if (overrides.host_pool_size) {
-    absl::StatusOr<uint64_t> bytes = ParseByteSize(*overrides.host_pool_size);
-    if (!bytes.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("flag --host-pool-size: ", bytes.status().message()));
-    }
-    config.host_pool_bytes = *bytes;
+  if (absl::Status set = SetSize(overrides.host_pool_size, "--host-pool-size",
+                                 config.host_pool_bytes);
+      !set.ok()) {
+    return set;
   }
-  if (overrides.profile_probe) {
-    absl::StatusOr<uint64_t> bytes = ParseByteSize(*overrides.profile_probe);
-    if (!bytes.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("flag --profile-probe: ", bytes.status().message()));
-    }
-    config.profile_probe_bytes = *bytes;
+  if (absl::Status set = SetSize(overrides.profile_probe, "--profile-probe",
+                                 config.profile_probe_bytes);
+      !set.ok()) {
+    return set;
   }
   if (overrides.optimizer_threads) {
     if (*overrides.optimizer_threads < 0 ||

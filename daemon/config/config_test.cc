@@ -208,7 +208,9 @@ TEST(ApplyOverrides, FlagsWinOverFile) {
   overrides.optimizer_threads = 5;
   overrides.log_level = "debug";
   overrides.ssd_capacity = "1GiB";
+  overrides.profile_probe = "0";
   ASSERT_TRUE(ApplyOverrides(overrides, config).ok());
+  EXPECT_EQ(config.profile_probe_bytes, 0u);
   EXPECT_EQ(config.socket_path, "/tmp/s.sock");
   EXPECT_EQ(config.ssd_paths, (std::vector<std::string>{"/x", "/y"}));
   EXPECT_EQ(config.host_pool_bytes, 2ull << 30);
@@ -228,6 +230,10 @@ TEST(ApplyOverrides, BadFlagValuesNameTheFlag) {
   bad_capacity.ssd_capacity = "-1";
   EXPECT_THAT(std::string(ApplyOverrides(bad_capacity, config).message()),
               HasSubstr("--ssd-capacity"));
+  ConfigOverrides bad_probe;
+  bad_probe.profile_probe = "lots";
+  EXPECT_THAT(std::string(ApplyOverrides(bad_probe, config).message()),
+              HasSubstr("--profile-probe"));
   ConfigOverrides bad_threads;
   bad_threads.optimizer_threads = -2;
   EXPECT_THAT(std::string(ApplyOverrides(bad_threads, config).message()),

@@ -93,16 +93,28 @@ absl::StatusOr<uint64_t> Required(const google::protobuf::Struct& config,
 }  // namespace
 
 absl::Status ValidateShape(const ModelShape& shape) {
-  const std::map<const char*, uint64_t> sizes = {
-      {"layers", shape.layers}, {"hidden", shape.hidden},
-      {"heads", shape.heads},   {"kv_heads", shape.kv_heads},
-      {"ffn", shape.ffn},       {"vocab", shape.vocab}};
-  for (const auto& [field, value] : sizes) {
-    if (value == 0 || value > (uint64_t{1} << 30)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("model ", shape.name, ": ", field,
-                       " must be from 1 to 2^30, got ", value));
+  // Bounds well past any model (and lohand's 65,536 layers), so that every
+  // count stays exact in 64 bits and the search stays short.
+  struct Bound {
+    const char* field;
+    uint64_t value, most;
+  };
+  for (const Bound& bound : {Bound{"layers", shape.layers, 1 << 16},
+                             Bound{"hidden", shape.hidden, 1 << 20},
+                             Bound{"heads", shape.heads, 1 << 16},
+                             Bound{"kv_heads", shape.kv_heads, 1 << 16},
+                             Bound{"ffn", shape.ffn, 1 << 22},
+                             Bound{"vocab", shape.vocab, 1 << 24}}) {
+    if (bound.value == 0 || bound.value > bound.most) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model ", shape.name, ": ", bound.field, " must be from 1 to ",
+          bound.most, ", got ", bound.value));
     }
+  }
+  if (shape.max_positions > (uint64_t{1} << 24)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model ", shape.name, ": max_positions must be at most ",
+                     uint64_t{1} << 24, ", got ", shape.max_positions));
   }
   if (shape.hidden % shape.heads != 0) {
     return absl::InvalidArgumentError(

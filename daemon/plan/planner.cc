@@ -410,6 +410,16 @@ absl::StatusOr<Plan> MakePlan(const ModelShape& shape, uint64_t batch,
     return absl::InvalidArgumentError(
         "batch and sequence length must be from 1 to 2^20");
   }
+  // The largest count the plan makes: a block's attention scores (eager),
+  // b x heads x s^2 two-byte elements. Past 2^60 bytes nothing fits any
+  // machine, and counts would leave 64 bits.
+  if (static_cast<double>(batch) * static_cast<double>(seq) *
+          static_cast<double>(seq) * static_cast<double>(shape.heads) * 2 >
+      std::ldexp(1.0, 60)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch ", batch, " x sequence ", seq, " is too large to plan for ",
+        shape.heads, " heads (a block's attention alone passes 2^60 bytes)"));
+  }
   Plan plan;
   plan.shape = shape;
   plan.batch = batch;

@@ -164,6 +164,10 @@ TEST(Planner, WhatDoesNotFitSaysWhichMemoryAndByHowMuch) {
   plan = MakePlan(Preset("gpt-13b"), 1, 1024, machine);
   EXPECT_TRUE(absl::IsFailedPrecondition(plan.status()));
   EXPECT_THAT(plan.status().message(), HasSubstr("host pool"));
+  // A batch and sequence whose attention alone leaves 64 bits.
+  plan = MakePlan(Preset("gpt-175b"), 1 << 20, 1 << 20, Roomy(16e9));
+  EXPECT_TRUE(absl::IsInvalidArgument(plan.status()));
+  EXPECT_THAT(plan.status().message(), HasSubstr("too large to plan"));
   // A machine description with a hole in it.
   machine = Roomy(16e9);
   machine.ssd_write = 0;

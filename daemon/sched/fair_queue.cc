@@ -77,19 +77,17 @@ FairQueue::Grant FairQueue::Acquire(absl::string_view flow, double weight,
       DispatchLocked();
     }
   }
-  // The flow may have been forgotten meanwhile: count into it afresh.
+  // The flow may have been forgotten meanwhile: count into it afresh,
+  // this grant in service.
   auto counted_at = flows_.find(flow);
-  const auto found_again = counted_at;
   if (counted_at == flows_.end()) {
     counted_at =
         flows_.emplace(std::string(flow), Flow{std::string(group)}).first;
     ++groups_[std::string(group)].flows;
+    BecomesActive(counted_at->second, asked);
+    ++counted_at->second.in_service;
   }
   Flow& counted = counted_at->second;
-  if (counted_at != found_again) {
-    BecomesActive(counted, asked);
-    ++counted.in_service;
-  }
   ++counted.stats.grants;
   counted.stats.cost += cost;
   counted.stats.waited_seconds += absl::ToDoubleSeconds(absl::Now() - asked);

@@ -139,6 +139,9 @@ class ActivationStore:
         # (storage, offset, shape, stride, dtype, device, version) ->
         # (the tensor, its handle), both weakly: what is stored now.
         self._stored: Dict[tuple, Tuple[Any, Any]] = {}
+        # _stored is cleared of dead entries once it has doubled since the
+        # last time (a swapped block puts many tensors per forward).
+        self._prune_at = 64
         self.stats = ActivationStats()
         self._closed = False
 
@@ -246,8 +249,10 @@ class ActivationStore:
         nbytes = tensor.numel() * tensor.element_size()
         handle = _Handle(self, nbytes, tensor.shape, tensor.dtype,
                          tensor.device)
-        self._stored = {k: v for k, v in self._stored.items()
-                        if v[0]() is not None and v[1]() is not None}
+        if len(self._stored) >= self._prune_at:
+            self._stored = {k: v for k, v in self._stored.items()
+                            if v[0]() is not None and v[1]() is not None}
+            self._prune_at = max(64, 2 * len(self._stored))
         self._stored[key] = (weakref.ref(tensor), weakref.ref(handle))
         stats = self.stats
         fits = (self.host_limit is None

@@ -242,11 +242,8 @@ class Engine:
         self._delete_on_failure = False  # a job this init created
         self._uninstall_activations: Callable[[], None] = lambda: None
         self._scaled_backward = False
-        # A name, or a plan (one mode per block): checked against the
-        # blocks once they are found.
-        activation_modes = block_modes(
-            activations, len(self.blocks)
-            if not isinstance(activations, str) else 1)
+        # A name, or a plan (one mode per block).
+        activation_modes = block_modes(activations, len(self.blocks))
         if activation_host_bytes is not None and (
                 not isinstance(activation_host_bytes, int)
                 or activation_host_bytes < 0):

@@ -157,4 +157,12 @@ absl::StatusOr<v1::RegisterModelResponse> ControlClient::RegisterModel(
   return response;
 }
 
+absl::StatusOr<v1::JobPlan> ControlClient::PlanJob(
+    const v1::PlanJobRequest& request) {
+  v1::PlanJobResponse response;
+  absl::Status status = Invoke(&v1::Lohan::Stub::PlanJob, request, &response);
+  if (!status.ok()) return status;
+  return response.plan();
+}
+
 }  // namespace lohan

@@ -45,6 +45,9 @@ class ControlClient {
   absl::StatusOr<v1::GetStatusResponse> GetStatus();
   absl::StatusOr<v1::RegisterModelResponse> RegisterModel(
       const v1::RegisterModelRequest& request);
+  // The activation plan for the caller's job (attached by this process,
+  // its model registered), kept by the daemon with the job's session.
+  absl::StatusOr<v1::JobPlan> PlanJob(const v1::PlanJobRequest& request);
 
  private:
   ControlClient(Options options, std::unique_ptr<v1::Lohan::Stub> stub);

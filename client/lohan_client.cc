@@ -85,6 +85,17 @@ int ReturnJob(const absl::StatusOr<lohan::v1::Job>& job, lohan_job_info** out) {
   return Report(absl::OkStatus());
 }
 
+// A malloc'ed copy of `text` in *out (lohan_string_free frees it).
+int CopyOut(const std::string& text, char** out) {
+  char* copy = static_cast<char*>(std::malloc(text.size() + 1));
+  if (copy == nullptr) {
+    return Report(absl::ResourceExhaustedError("out of memory"));
+  }
+  std::memcpy(copy, text.c_str(), text.size() + 1);
+  *out = copy;
+  return Report(absl::OkStatus());
+}
+
 }  // namespace
 
 extern "C" {
@@ -890,13 +901,35 @@ int lohan_client_status_json(lohan_client* client, char** json_out) {
            .ok()) {
     return Report(absl::InternalError("cannot render the status as JSON"));
   }
-  char* copy = static_cast<char*>(std::malloc(json.size() + 1));
-  if (copy == nullptr) {
-    return Report(absl::ResourceExhaustedError("out of memory"));
+  return CopyOut(json, json_out);
+}
+
+int lohan_job_plan_json(lohan_client* client, const char* job_id,
+                        const char* request_json, char** plan_json_out) {
+  if (client == nullptr || job_id == nullptr || request_json == nullptr ||
+      plan_json_out == nullptr) {
+    return InvalidArgument(
+        "lohan_job_plan_json: client, job_id, request_json and "
+        "plan_json_out are required");
   }
-  std::memcpy(copy, json.c_str(), json.size() + 1);
-  *json_out = copy;
-  return Report(absl::OkStatus());
+  lohan::v1::PlanJobRequest request;
+  const auto parsed =
+      google::protobuf::util::JsonStringToMessage(request_json, &request);
+  if (!parsed.ok()) {
+    return Report(absl::InvalidArgumentError(absl::StrCat(
+        "lohan_job_plan_json: request_json is not a PlanJobRequest: ",
+        absl::string_view(parsed.message().data(), parsed.message().size()))));
+  }
+  request.set_job_id(job_id);
+  absl::StatusOr<lohan::v1::JobPlan> plan = client->impl->PlanJob(request);
+  if (!plan.ok()) return Report(plan.status());
+  std::string json;
+  google::protobuf::util::JsonPrintOptions print;
+  print.always_print_primitive_fields = true;
+  if (!google::protobuf::util::MessageToJsonString(*plan, &json, print).ok()) {
+    return Report(absl::InternalError("cannot render the plan as JSON"));
+  }
+  return CopyOut(json, plan_json_out);
 }
 
 void lohan_string_free(char* text) { std::free(text); }

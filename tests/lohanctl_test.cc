@@ -5,6 +5,7 @@
 #include <string>
 
 #include "client/control_client.h"
+#include "client/data_plane.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/harness/daemon_process.h"
@@ -98,6 +99,123 @@ TEST_F(LohanctlTest, StatusJsonIsTheProtoSchema) {
   EXPECT_EQ(status.jobs(0).attached_pid(), getpid());
   EXPECT_EQ(status.total_jobs(), 1u);
   EXPECT_EQ(status.attached_jobs(), 1u);
+}
+
+// A training session with an activation plan (PlanJob) gets one line
+// under its row: the plan against the iterations since; --json carries it.
+TEST_F(LohanctlTest, StatusShowsASessionsPlan) {
+  constexpr absl::Duration kTimeout = absl::Seconds(60);
+  auto plane = DataPlane::Open(client_->hello().data_socket_path(), job_id_);
+  ASSERT_TRUE(plane.ok()) << plane.status();
+  constexpr uint32_t kLayers = 3;
+  v1::RegisterModelRequest registration;
+  registration.set_job_id(job_id_);
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    registration.mutable_model()->add_layer_elements(64);
+  }
+  registration.mutable_model()->set_dtype(v1::DTYPE_FP32);
+  registration.mutable_model()->mutable_adam()->set_lr(1e-3);
+  registration.mutable_model()->mutable_adam()->set_beta1(0.9);
+  registration.mutable_model()->mutable_adam()->set_beta2(0.999);
+  registration.mutable_model()->mutable_adam()->set_eps(1e-8);
+  auto layout = client_->RegisterModel(registration);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  (*plane)->SetErrorText(layout->error_text_offset(),
+                         layout->error_text_bytes());
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    SubmissionEntry init{};
+    init.op = static_cast<uint16_t>(RingOp::kInitWeights);
+    init.layer = l;
+    init.slot_offset = layout->staging_offset();
+    init.length = 64 * 4;
+    ASSERT_TRUE((*plane)->Call(init, kTimeout).ok());
+  }
+  // Without a plan, no plan line.
+  EXPECT_THAT(Lohanctl({"status"}).out, Not(HasSubstr("plan: ")));
+
+  // 2 blocks of 2 saved tensors, the first always offloaded, the second
+  // dear to recompute; a device with room for everything: every block
+  // kept.
+  v1::PlanJobRequest request;
+  request.set_job_id(job_id_);
+  request.set_activation_host_bytes(1 << 20);
+  v1::ClientProfile* profile = request.mutable_profile();
+  profile->set_device_bytes(uint64_t{1} << 30);
+  profile->set_device_flops(1e12);
+  profile->set_host_to_device_bytes_per_second(1e10);
+  profile->set_device_to_host_bytes_per_second(1e10);
+  profile->set_blocks(2);
+  profile->set_parameters(192);
+  profile->set_block_parameters(64);
+  profile->set_largest_layer_parameters(64);
+  profile->set_head_parameters(64);
+  profile->set_first_layer_parameters(64);
+  profile->set_forward_flops(1e6);
+  profile->set_block_forward_flops(4e5);
+  profile->set_batch(1);
+  profile->set_seq(16);
+  for (bool always : {true, false}) {
+    v1::MeasuredTensor* tensor = profile->add_block_tensors();
+    tensor->set_bytes(4096);
+    tensor->set_recompute_flops(1e12);  // dear to make again
+    tensor->set_always_offloaded(always);
+  }
+  absl::StatusOr<v1::JobPlan> plan = client_->PlanJob(request);
+  for (int tries = 0; absl::IsUnavailable(plan.status()) && tries < 1200;
+       ++tries) {
+    absl::SleepFor(absl::Milliseconds(50));  // lohand is still measuring
+    plan = client_->PlanJob(request);
+  }
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->block_modes_size(), 2);
+  EXPECT_EQ(plan->block_modes(0), "keep");
+  EXPECT_THAT(Lohanctl({"status"}).out,
+              HasSubstr("plan: case " + std::to_string(plan->search_case()) +
+                        ", predicted "));
+  EXPECT_THAT(Lohanctl({"status"}).out,
+              HasSubstr("no iteration measured since; blocks: 2 keep\n"));
+
+  for (uint64_t i = 0; i < 2; ++i) {
+    SubmissionEntry begin{};
+    begin.op = static_cast<uint16_t>(RingOp::kIterBegin);
+    begin.iteration = layout->iteration() + i;
+    ASSERT_TRUE((*plane)->Call(begin, kTimeout).ok());
+    for (uint32_t l = kLayers; l-- > 0;) {
+      SubmissionEntry ready{};
+      ready.op = static_cast<uint16_t>(RingOp::kGradReady);
+      ready.dtype = static_cast<uint16_t>(RingDtype::kFp32);
+      ready.layer = l;
+      ready.slot_offset = layout->layers(l).grad_offset();
+      ready.length = layout->layers(l).bytes();
+      ASSERT_TRUE((*plane)->Call(ready, kTimeout).ok());
+    }
+    SubmissionEntry end{};
+    end.op = static_cast<uint16_t>(RingOp::kIterEnd);
+    end.iteration = begin.iteration;
+    ASSERT_TRUE((*plane)->Call(end, kTimeout).ok());
+  }
+  RunResult text = Lohanctl({"status"});
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_THAT(text.out,
+              MatchesRegex("(.|\n)*\n           plan: case [123], predicted "
+                           "[0-9.e+-]+ s/iteration \\(bound by [a-zA-Z -]+ / "
+                           "[a-zA-Z -]+\\), measured [0-9.e+-]+ s over 2 "
+                           "iterations \\([0-9.e+-]+x\\); blocks: 2 "
+                           "keep\n(.|\n)*"))
+      << text.out;
+
+  RunResult json = Lohanctl({"status", "--json"});
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  EXPECT_THAT(json.out, HasSubstr("\"planned_iterations\": \"2\""));
+  EXPECT_THAT(json.out, HasSubstr("\"predicted_iteration_seconds\""));
+  v1::GetStatusResponse status;
+  ASSERT_TRUE(
+      google::protobuf::util::JsonStringToMessage(json.out, &status).ok());
+  ASSERT_EQ(status.sessions_size(), 1);
+  EXPECT_EQ(status.sessions(0).plan().search_case(), plan->search_case());
+  EXPECT_EQ(status.sessions(0).plan().blocks_size(), 2);
+  EXPECT_EQ(status.sessions(0).planned_iterations(), 2u);
+  EXPECT_GT(status.sessions(0).planned_mean_iteration_seconds(), 0);
 }
 
 TEST_F(LohanctlTest, JobsBothForms) {

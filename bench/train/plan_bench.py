@@ -16,6 +16,11 @@ recomputed: `activations="offload"`), which this bench runs through lohan
 for --steps steps after 3 warm-up steps, --rounds times. Prints predicted
 against measured, the planner's own choice, and the machine it assumed.
 
+--live: activations="auto" instead: the plugin profiles its first
+iteration and lohand plans per saved tensor (PlanJob); printed per round:
+the live plan's predicted time against the measured one, and auto against
+"offload" (rounds interleaved).
+
 --sweep: the per-block curve instead (`lohanctl plan --per-block`): the
 last k blocks swap (every tensor they save kept aside, nothing
 recomputed), the others offload and recompute, for k = 0, L/4, L/2, 3L/4
@@ -121,10 +126,11 @@ def predict(args, bazel_bin: Path, socket: str, config_path: Path,
 
 
 def measure(args, socket: str, data: List[torch.Tensor], name: str,
-            activations: Any = "offload") -> Tuple[float, float, float,
-                                                   float]:
+            activations: Any = "offload",
+            plans: Any = None) -> Tuple[float, float, float, float]:
     """Seconds per step through lohan with the plugin's fixed policy, and
-    the medians of its forward, backward and step() calls."""
+    the medians of its forward, backward and step() calls. With
+    activations="auto", the live plan goes into `plans`."""
     torch.manual_seed(0)
     model = GPT2LMHeadModel(config(args))
     phases: List[Tuple[float, float, float]] = []
@@ -143,6 +149,8 @@ def measure(args, socket: str, data: List[torch.Tensor], name: str,
             phases.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
         engine.master_weights()  # the last updates, done
         seconds = (time.perf_counter() - start) / (len(data) - 3)
+        if plans is not None:
+            plans.append(engine.activation_plan)
     with lohan.Client(socket) as client:
         for job in client.jobs():
             if job.name == name:
@@ -165,6 +173,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--sweep", action="store_true",
                         help="the per-block curve, measured point by point")
+    parser.add_argument("--live", action="store_true",
+                        help="activations='auto': the plugin's own profile "
+                        "and lohand's plan, against 'offload'")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     bazel_bin = Path(os.environ.get("LOHAN_BAZEL_BIN", REPO / "bazel-bin"))
@@ -191,6 +202,9 @@ def main() -> None:
             data = [torch.randint(0, args.vocab, (args.batch, args.seq),
                                   generator=g)
                     for _ in range(args.steps + 3)]
+            if args.live:
+                live(args, socket, data)
+                return
             if args.sweep:
                 per_block = predict(args, bazel_bin, socket, config_path,
                                     model_rate, link, "--per-block")
@@ -205,6 +219,46 @@ def main() -> None:
     print(f"\nwith the device's rate from a measured forward of the model "
           f"({model_rate / 1e12:.3f} TFLOPS):")
     report_prediction(calibrated, statistics.median(m[0] for m in measured))
+
+
+def live(args, socket: str, data: List[torch.Tensor]) -> None:
+    """activations="auto" (its first iteration profiles; lohand plans per
+    saved tensor) and "offload", rounds interleaved: the live plan's
+    prediction against the measured time, and auto's speed against
+    offload's."""
+    times: Dict[str, List[float]] = {"auto": [], "offload": []}
+    plans: List[Any] = []
+    for round_ in range(args.rounds):
+        order = ["auto", "offload"] if round_ % 2 == 0 else ["offload",
+                                                               "auto"]
+        for policy in order:
+            times[policy].append(measure(
+                args, socket, data, f"plan-live-{round_}-{policy}", policy,
+                plans if policy == "auto" else None)[0])
+    print(f"GPT-2 {args.layers} blocks x {args.width}, batch {args.batch} x "
+          f"{args.seq}, bf16, torch threads {args.threads}; "
+          f"{args.rounds} rounds of {args.steps} steps")
+    print(f"{'round':>5} {'predicted s':>12} {'auto s':>8} "
+          f"{'measured/predicted':>19} {'offload s':>10} {'auto/offload':>13}"
+          "  plan")
+    for round_, plan in enumerate(plans):
+        if plan is None:
+            print(f"{round_:>5}  (no plan: see the warning above)")
+            continue
+        predicted = float(plan["predictedIterationSeconds"])
+        auto, offload = times["auto"][round_], times["offload"][round_]
+        modes = plan.get("blockModes", [])
+        summary = ", ".join(f"{modes.count(m)} {m}"
+                            for m in sorted(set(modes)))
+        print(f"{round_:>5} {predicted:>12.3f} {auto:>8.3f} "
+              f"{auto / predicted:>18.2f}x {offload:>10.3f} "
+              f"{auto / offload:>12.2f}x  case {plan.get('searchCase')}, "
+              f"{summary}; forward binds {plan.get('forwardBinding')}, "
+              f"backward {plan.get('backwardBinding')}")
+    auto = statistics.median(times["auto"])
+    offload = statistics.median(times["offload"])
+    print(f"medians: auto {auto:.3f} s/step, offload {offload:.3f} "
+          f"({auto / offload:.2f}x)")
 
 
 def sweep(args, socket: str, data: List[torch.Tensor], plan: Dict[str, Any],

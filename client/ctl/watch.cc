@@ -127,6 +127,35 @@ std::string QuotaLine(const v1::QuotaStatus& quota) {
       Limit(quota.control_connections_limit(), false));
 }
 
+std::string PlanLine(const v1::SessionStatus& session) {
+  if (!session.has_plan()) return "";
+  const v1::JobPlan& plan = session.plan();
+  const double predicted = plan.predicted_iteration_seconds();
+  std::string measured = "no iteration measured since";
+  if (session.planned_iterations() > 0) {
+    const double mean = session.planned_mean_iteration_seconds();
+    measured = absl::StrFormat("measured %.3g s over %d iteration%s", mean,
+                               session.planned_iterations(),
+                               session.planned_iterations() == 1 ? "" : "s");
+    if (predicted > 0) {
+      absl::StrAppendFormat(&measured, " (%.2fx)", mean / predicted);
+    }
+  }
+  std::string blocks;
+  for (const char* mode : {"offload", "swap", "keep", "mixed"}) {
+    int count = 0;
+    for (const std::string& m : plan.block_modes()) count += m == mode;
+    if (count == 0) continue;
+    absl::StrAppendFormat(&blocks, "%s%d %s", blocks.empty() ? "" : ", ", count,
+                          mode);
+  }
+  return absl::StrFormat(
+      "plan: case %d, predicted %.3g s/iteration (bound by %s / %s), %s; "
+      "blocks: %s",
+      plan.search_case(), predicted, plan.forward_binding(),
+      plan.backward_binding(), measured, blocks.empty() ? "none" : blocks);
+}
+
 int Watch(ControlClient& client, const WatchOptions& options) {
   std::map<std::string, Sample> before;
   for (int refresh = 0; options.count == 0 || refresh < options.count;

@@ -53,11 +53,15 @@ ModelCounts CountModel(const ModelShape& s, uint64_t batch, uint64_t seq,
   const double heads = static_cast<double>(s.heads);
   const double sq = static_cast<double>(seq);
   const bool gpt = s.family == ModelShape::Family::kGpt;
+  counts.layers = s.layers;
   counts.block_parameters = BlockParameters(s);
   counts.parameters =
       s.layers * counts.block_parameters + EmbeddingParameters(s);
   counts.largest_layer_parameters =
       std::max(s.vocab * s.hidden, counts.block_parameters);
+  counts.head_parameters = s.vocab * s.hidden;
+  counts.first_layer_parameters =
+      s.vocab * s.hidden + (s.max_positions + s.position_offset) * s.hidden;
 
   const double norm = gpt ? kLayerNormFlops : kRmsNormFlops;
   // Per token unless noted; attention's two products are per sequence

@@ -16,8 +16,11 @@ struct SavedTensor {
   // FLOPs to make it again from what it was made of (its producing op):
   // what discarding it costs in backward.
   double recompute_flops = 0;
-  // The block's input: the checkpoint everything else is recomputed from,
-  // so it is always offloaded, never recomputed.
+  // Never recomputed: always offloaded (or kept on the device). The block's
+  // input is (the checkpoint everything else is recomputed from), and so is
+  // a measured tensor backward cannot make again (MeasuredTensor's
+  // always_offloaded: it depends on the input, a random operator or
+  // something else not kept).
   bool inter_block = false;
   // FLOPs saved per byte offloaded: the paper's offloading benefit.
   double benefit() const {
@@ -29,9 +32,16 @@ struct SavedTensor {
 // 16-bit activations, weights and gradients and fp32 optimizer states
 // (master weights and Adam's two moments), as lohan trains it.
 struct ModelCounts {
+  uint64_t layers = 0;  // the blocks
   uint64_t parameters = 0;
   uint64_t block_parameters = 0;          // one block's
   uint64_t largest_layer_parameters = 0;  // the embedding, usually
+  // The output head's weights, on the device beside the blocks' (vocab x
+  // hidden, tied or not).
+  uint64_t head_parameters = 0;
+  // What forward uses first and backward's gradients reach last (the token
+  // and position embeddings): the update nothing hides.
+  uint64_t first_layer_parameters = 0;
   // Forward FLOPs of the whole model for the batch (matrix products and
   // attention; 2 per multiply-add), and of one block.
   double forward_flops = 0;

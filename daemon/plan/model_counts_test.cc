@@ -21,6 +21,13 @@ TEST(ModelCounts, ParametersMatchTheReferenceModels) {
                   .max_positions = 1024};
   EXPECT_EQ(CountModel(gpt2, 1, 1).parameters, 124439808u);
   EXPECT_EQ(CountModel(gpt2, 1, 1).block_parameters, 7087872u);
+  // What the planner needs beside the blocks: the tied head (vocab x
+  // hidden) on the device, and the embeddings (tokens and positions),
+  // whose update comes last.
+  EXPECT_EQ(CountModel(gpt2, 1, 1).layers, 12u);
+  EXPECT_EQ(CountModel(gpt2, 1, 1).head_parameters, 50257u * 768);
+  EXPECT_EQ(CountModel(gpt2, 1, 1).first_layer_parameters,
+            (50257u + 1024) * 768);
   // Llama 2 7B and 70B (grouped-query attention): 6,738,415,616 and
   // 68,976,648,192.
   EXPECT_EQ(CountModel(Preset("llama-7b"), 1, 1).parameters, 6738415616u);

@@ -24,6 +24,13 @@ constexpr uint64_t kChunkBytesPerParameter = 12 + 2 + 2;
 // iteration: fp32 master weights and Adam's two moments.
 constexpr double kStateBytes = 12;
 
+// lohan's host buffers for a job whose largest layer has `largest`
+// parameters (see kStreamBuffers).
+uint64_t HostBuffers(uint64_t largest) {
+  return 2 * kStreamBuffers * 2 * largest + 4 * largest +
+         kChunkBuffers * kChunkParameters * kChunkBytesPerParameter;
+}
+
 struct Derived {
   double parameters = 0;
   uint64_t host_room = 0;  // for activations
@@ -90,16 +97,22 @@ absl::Status Short(const char* what, uint64_t needed, uint64_t have,
 
 }  // namespace
 
-absl::Status ValidateMachine(const Machine& m) {
-  const std::map<const char*, double> rates = {
+namespace {
+
+// ValidateMachine; `host_memory` false: machine.host_bytes is not used
+// (a job's layout stands in for it).
+absl::Status CheckMachine(const Machine& m, bool host_memory) {
+  std::map<const char*, double> rates = {
       {"device memory", static_cast<double>(m.device_bytes)},
       {"device FLOP/s", m.device_flops},
       {"host-to-device bandwidth", m.host_to_device},
       {"device-to-host bandwidth", m.device_to_host},
-      {"host memory", static_cast<double>(m.host_bytes)},
       {"SSD count", static_cast<double>(m.ssds)},
       {"SSD read bandwidth", m.ssd_read},
       {"SSD write bandwidth", m.ssd_write}};
+  if (host_memory) {
+    rates.emplace("host memory", static_cast<double>(m.host_bytes));
+  }
   for (const auto& [name, value] : rates) {
     if (!(value > 0) || !std::isfinite(value)) {
       return absl::InvalidArgumentError(
@@ -110,6 +123,109 @@ absl::Status ValidateMachine(const Machine& m) {
     return absl::InvalidArgumentError(
         "machine: optimizer parameters per second must be 0 (no limit) or "
         "positive");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateMachine(const Machine& m) { return CheckMachine(m, true); }
+
+namespace {
+
+// FLOP counts past this are no model's (1e40 at 1e18 FLOP/s is 3e14 years);
+// below it every sum the search makes stays finite.
+constexpr double kMaxFlops = 1e40;
+
+absl::Status CheckFlops(const std::string& field, double flops) {
+  if (!std::isfinite(flops) || flops < 0 || flops > kMaxFlops) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, " must be a finite number from 0 to 1e40, got ", flops));
+  }
+  return absl::OkStatus();
+}
+
+// a x b + c, false when it leaves 64 bits.
+bool MulAdd(uint64_t a, uint64_t b, uint64_t c, uint64_t& out) {
+  uint64_t product;
+  return !__builtin_mul_overflow(a, b, &product) &&
+         !__builtin_add_overflow(product, c, &out);
+}
+
+}  // namespace
+
+absl::Status ValidateCounts(const ModelCounts& c) {
+  if (c.layers == 0 || c.layers > kMaxPlanLayers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layers (blocks) must be from 1 to ", kMaxPlanLayers,
+                     ", got ", c.layers));
+  }
+  if (c.block_tensors.size() > kMaxBlockTensors) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "block_tensors has ", c.block_tensors.size(), " entries, at most ",
+        kMaxBlockTensors, " are planned per block"));
+  }
+  if (c.layers * c.block_tensors.size() > kMaxPlanTensors) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(c.layers, " blocks of ", c.block_tensors.size(),
+                     " saved tensors are ", c.layers * c.block_tensors.size(),
+                     ", at most ", kMaxPlanTensors, " are planned"));
+  }
+  for (const auto& [field, flops] :
+       {std::pair<const char*, double>{"forward_flops", c.forward_flops},
+        {"block_forward_flops", c.block_forward_flops}}) {
+    if (absl::Status valid = CheckFlops(field, flops); !valid.ok()) {
+      return valid;
+    }
+  }
+  uint64_t block_bytes = 0;
+  for (size_t t = 0; t < c.block_tensors.size(); ++t) {
+    const SavedTensor& tensor = c.block_tensors[t];
+    if (absl::Status valid =
+            CheckFlops(absl::StrCat("block_tensors[", t, "].recompute_flops"),
+                       tensor.recompute_flops);
+        !valid.ok()) {
+      return valid;
+    }
+    if (__builtin_add_overflow(block_bytes, tensor.bytes, &block_bytes)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("block_tensors' bytes add up past 64 bits at "
+                       "block_tensors[",
+                       t, "]"));
+    }
+  }
+  for (const auto& [field, value] :
+       {std::pair<const char*, uint64_t>{"block_parameters",
+                                         c.block_parameters},
+        {"largest_layer_parameters", c.largest_layer_parameters},
+        {"head_parameters", c.head_parameters},
+        {"first_layer_parameters", c.first_layer_parameters}}) {
+    if (value > c.parameters) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameters (", c.parameters, ") must be at least ",
+                       field, " (", value, ")"));
+    }
+  }
+  // The sums the plan makes: every block's saved tensors, the device's
+  // working set, lohan's host buffers, the states on the SSDs (twice the
+  // fp32 states and 16-bit copies).
+  uint64_t all_blocks, working, head, buffers, states;
+  if (!MulAdd(c.layers, block_bytes, 0, all_blocks)) {
+    return absl::InvalidArgumentError(
+        "every block's saved tensors add up past 64 bits");
+  }
+  if (!MulAdd(6, c.block_parameters, block_bytes, working) ||
+      !MulAdd(4, c.head_parameters, c.logits_bytes, head) ||
+      __builtin_add_overflow(working, head, &working)) {
+    return absl::InvalidArgumentError(
+        "the device's working set (block_parameters, a block's saved "
+        "tensors, head_parameters, logits_bytes) adds up past 64 bits");
+  }
+  if (!MulAdd(20, c.largest_layer_parameters, HostBuffers(0), buffers) ||
+      !MulAdd(28, c.parameters, 0, states)) {
+    return absl::InvalidArgumentError(
+        "parameters or largest_layer_parameters too large (the states' or "
+        "lohan's buffers' bytes pass 64 bits)");
   }
   return absl::OkStatus();
 }
@@ -170,18 +286,21 @@ Resource StageTime::binding() const {
 }
 
 std::vector<std::string> Plan::block_modes() const {
-  std::vector<std::string> modes;
-  for (uint32_t b = 0; b < shape.layers; ++b) {
-    bool recomputed = false, swapped = false;
-    for (const TensorPlan& tensor : tensors) {
-      if (tensor.block != b || tensor.name == "input") continue;
-      recomputed |= tensor.decision == Decision::kRecompute;
-      swapped |= tensor.decision == Decision::kHost ||
-                 tensor.decision == Decision::kSsd;
+  std::vector<bool> recomputed(counts.layers), swapped(counts.layers);
+  for (const TensorPlan& tensor : tensors) {
+    if (tensor.inter_block) continue;
+    if (tensor.decision == Decision::kRecompute)
+      recomputed[tensor.block] = true;
+    if (tensor.decision == Decision::kHost ||
+        tensor.decision == Decision::kSsd) {
+      swapped[tensor.block] = true;
     }
+  }
+  std::vector<std::string> modes;
+  for (uint64_t b = 0; b < counts.layers; ++b) {
     // A block partly recomputed is recomputed whole by the plugin (the
     // memory-safe reading of a per-tensor plan).
-    modes.push_back(recomputed ? "offload" : swapped ? "swap" : "keep");
+    modes.push_back(recomputed[b] ? "offload" : swapped[b] ? "swap" : "keep");
   }
   return modes;
 }
@@ -194,18 +313,18 @@ double Plan::model_flops_per_second() const {
 namespace {
 
 // Sizes what the plan needs besides the activations in each memory and
-// what is left there for them; FAILED_PRECONDITION when one is short.
-absl::Status SizeMemories(const Machine& m, Plan& plan, Derived& d) {
-  const ModelShape& shape = plan.shape;
+// what is left there for them (`layout`'s rooms where given);
+// FAILED_PRECONDITION when one is short.
+absl::Status SizeMemories(const Machine& m, const PlanLayout* layout,
+                          Plan& plan, Derived& d) {
   const ModelCounts& c = plan.counts;
   // The device: two blocks' 16-bit weights (one computing, the next on its
   // way), a block's gradients, one block's saved tensors while its
   // backward runs (recomputed ones included), the head's weights and
   // gradients and its logits.
-  const uint64_t head = shape.vocab * shape.hidden;
   plan.device_working_bytes = 3 * 2 * c.block_parameters +
-                              c.block_activation_bytes + 2 * 2 * head +
-                              c.logits_bytes;
+                              c.block_activation_bytes +
+                              2 * 2 * c.head_parameters + c.logits_bytes;
   if (plan.device_working_bytes > m.device_bytes) {
     return Short(
         "The device's working set (weights and gradients of a "
@@ -213,29 +332,36 @@ absl::Status SizeMemories(const Machine& m, Plan& plan, Derived& d) {
         plan.device_working_bytes, m.device_bytes,
         "use a smaller batch or sequence");
   }
+  d.parameters = static_cast<double>(c.parameters);
+  d.last_layer_parameters = c.first_layer_parameters;
+  d.ssd_read = m.ssds * m.ssd_read;
+  d.ssd_write = m.ssds * m.ssd_write;
+  if (layout != nullptr) {
+    // A running job: its arena and weight buffers are laid out, its states
+    // are on the SSDs; what is left for activations is the layout's.
+    d.weights_in_host = layout->weights_in_host;
+    plan.weights_in_host = d.weights_in_host;
+    plan.host_fixed_bytes = layout->host_fixed_bytes;
+    d.host_room = layout->activation_host_bytes;
+    plan.ssd_states_bytes = 2 * (c.optimizer_state_bytes() +
+                                 (d.weights_in_host ? 0 : c.weight16_bytes()));
+    d.ssd_room = layout->activation_ssd_bytes;
+    return absl::OkStatus();
+  }
   // The host: lohan's buffers first; the 16-bit weights resident if they
   // fit beside them; activations get the rest (the paper's order).
-  const uint64_t largest = c.largest_layer_parameters;
-  const uint64_t buffers =
-      2 * kStreamBuffers * 2 * largest + 4 * largest +
-      kChunkBuffers * kChunkParameters * kChunkBytesPerParameter;
+  const uint64_t buffers = HostBuffers(c.largest_layer_parameters);
   if (buffers > m.host_bytes) {
     return Short(
         "lohan's host buffers (gradients and weights streamed in "
         "turn, staging, the optimizer's chunks)",
         buffers, m.host_bytes, "give lohand a larger host pool");
   }
-  d.parameters = static_cast<double>(c.parameters);
   d.weights_in_host = buffers + c.weight16_bytes() <= m.host_bytes;
   plan.weights_in_host = d.weights_in_host;
   plan.host_fixed_bytes =
       buffers + (d.weights_in_host ? c.weight16_bytes() : 0);
   d.host_room = m.host_bytes - plan.host_fixed_bytes;
-  d.last_layer_parameters =
-      shape.vocab * shape.hidden +
-      (shape.max_positions + shape.position_offset) * shape.hidden;
-  d.ssd_read = m.ssds * m.ssd_read;
-  d.ssd_write = m.ssds * m.ssd_write;
   // The SSDs: the states and the 16-bit copies (unless resident), twice
   // (an update writes new versions before the old ones go).
   plan.ssd_states_bytes = 2 * (c.optimizer_state_bytes() +
@@ -273,7 +399,6 @@ bool Better(const Estimate& next, const Estimate& best) {
 // tensors in the greedy order (plan.chosen of them offloaded).
 std::vector<Entry> Search(const Machine& m, const Derived& d,
                           Granularity granularity, Plan& plan) {
-  const ModelShape& shape = plan.shape;
   const ModelCounts& c = plan.counts;
   // Algorithm 1 over every block's saved tensors (or whole blocks),
   // highest offloading benefit first, from the block inputs alone (always
@@ -282,7 +407,7 @@ std::vector<Entry> Search(const Machine& m, const Derived& d,
   std::vector<Entry> order;
   uint64_t offloaded = 0;
   double recompute = 0;
-  for (uint32_t b = 0; b < shape.layers; ++b) {
+  for (uint32_t b = 0; b < c.layers; ++b) {
     Entry whole{.block = b};
     for (size_t t = 0; t < c.block_tensors.size(); ++t) {
       const SavedTensor& tensor = c.block_tensors[t];
@@ -329,10 +454,11 @@ std::vector<Entry> Search(const Machine& m, const Derived& d,
 }
 
 // Each saved tensor's decision and the bytes per tier; the estimate at
-// them.
-void Place(const Machine& m, const Derived& d, const std::vector<Entry>& order,
-           Plan& plan) {
-  const ModelShape& shape = plan.shape;
+// them. A tensor that fits neither the host's room nor the SSDs' (whole
+// tensors leave gaps the search's byte counts do not) is recomputed;
+// FAILED_PRECONDITION when it is one that never is.
+absl::Status Place(const Machine& m, const Derived& d,
+                   const std::vector<Entry>& order, Plan& plan) {
   const ModelCounts& c = plan.counts;
   // Entries of `order` offloaded at the chosen point.
   const size_t taken = plan.chosen;
@@ -341,9 +467,9 @@ void Place(const Machine& m, const Derived& d, const std::vector<Entry>& order,
   // (the first backward needs); the rest goes to host memory in forward
   // order until its room is used, then to the SSDs.
   std::vector<std::vector<Decision>> decided(
-      shape.layers,
+      c.layers,
       std::vector<Decision>(c.block_tensors.size(), Decision::kRecompute));
-  for (uint32_t b = 0; b < shape.layers; ++b) {
+  for (uint32_t b = 0; b < c.layers; ++b) {
     for (size_t t = 0; t < c.block_tensors.size(); ++t) {
       if (c.block_tensors[t].inter_block) decided[b][t] = Decision::kHost;
     }
@@ -354,7 +480,7 @@ void Place(const Machine& m, const Derived& d, const std::vector<Entry>& order,
     }
   }
   uint64_t spare = m.device_bytes - plan.device_working_bytes;
-  for (uint32_t b = shape.layers; b-- > 0;) {
+  for (uint32_t b = c.layers; b-- > 0;) {
     for (size_t t = 0; t < c.block_tensors.size(); ++t) {
       const uint64_t bytes = c.block_tensors[t].bytes;
       if (decided[b][t] == Decision::kHost && bytes <= spare) {
@@ -364,15 +490,30 @@ void Place(const Machine& m, const Derived& d, const std::vector<Entry>& order,
     }
   }
   uint64_t host_left = d.host_room;
-  for (uint32_t b = 0; b < shape.layers; ++b) {
+  uint64_t ssd_left = d.ssd_room;
+  double recompute = plan.curve[plan.chosen].recompute_flops;
+  for (uint32_t b = 0; b < c.layers; ++b) {
     for (size_t t = 0; t < c.block_tensors.size(); ++t) {
       const SavedTensor& tensor = c.block_tensors[t];
       Decision& decision = decided[b][t];
       if (decision == Decision::kHost) {
         if (tensor.bytes <= host_left) {
           host_left -= tensor.bytes;
-        } else {
+        } else if (tensor.bytes <= ssd_left) {
+          ssd_left -= tensor.bytes;
           decision = Decision::kSsd;
+        } else if (!tensor.inter_block) {
+          decision = Decision::kRecompute;
+          recompute += tensor.recompute_flops;
+        } else {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "The saved tensors that are never recomputed (block inputs "
+              "and the like) do not fit: block ",
+              b, "'s tensor ", t, " (", FormatByteSize(tensor.bytes),
+              ") finds no room in host memory (", FormatByteSize(d.host_room),
+              " for activations) nor on the SSDs (", FormatByteSize(d.ssd_room),
+              "); give the job more host memory or SSD space for "
+              "activations, or use a smaller batch or sequence"));
         }
       }
       switch (decision) {
@@ -389,14 +530,14 @@ void Place(const Machine& m, const Derived& d, const std::vector<Entry>& order,
           plan.recomputed_bytes += tensor.bytes;
           break;
       }
-      plan.tensors.push_back(
-          {tensor.name, b, tensor.bytes, tensor.benefit(), decision});
+      plan.tensors.push_back({tensor.name, b, tensor.bytes, tensor.benefit(),
+                              decision, tensor.inter_block});
     }
   }
   // Whole tensors: what spills is what did not fit whole.
-  plan.estimate =
-      Estimated(m, c, d, plan.host_bytes + plan.ssd_bytes, plan.ssd_bytes,
-                plan.curve[plan.chosen].recompute_flops);
+  plan.estimate = Estimated(m, c, d, plan.host_bytes + plan.ssd_bytes,
+                            plan.ssd_bytes, recompute);
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -420,15 +561,42 @@ absl::StatusOr<Plan> MakePlan(const ModelShape& shape, uint64_t batch,
         "batch ", batch, " x sequence ", seq, " is too large to plan for ",
         shape.heads, " heads (a block's attention alone passes 2^60 bytes)"));
   }
+  absl::StatusOr<Plan> plan =
+      PlanFromCounts(CountModel(shape, batch, seq, attention), batch, seq, m,
+                     nullptr, granularity);
+  if (plan.ok()) plan->shape = shape;
+  return plan;
+}
+
+absl::StatusOr<Plan> PlanFromCounts(const ModelCounts& counts, uint64_t batch,
+                                    uint64_t seq, const Machine& m,
+                                    const PlanLayout* layout,
+                                    Granularity granularity) {
+  if (absl::Status valid = ValidateCounts(counts); !valid.ok()) return valid;
+  if (absl::Status valid = CheckMachine(m, layout == nullptr); !valid.ok()) {
+    return valid;
+  }
+  if (batch == 0 || seq == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch and seq must be at least 1, got batch ", batch,
+                     " and seq ", seq));
+  }
   Plan plan;
-  plan.shape = shape;
   plan.batch = batch;
   plan.seq = seq;
-  plan.counts = CountModel(shape, batch, seq, attention);
+  plan.counts = counts;
+  plan.counts.block_activation_bytes = 0;
+  for (const SavedTensor& tensor : counts.block_tensors) {
+    plan.counts.block_activation_bytes += tensor.bytes;  // checked above
+  }
   Derived d;
-  if (absl::Status fits = SizeMemories(m, plan, d); !fits.ok()) return fits;
+  if (absl::Status fits = SizeMemories(m, layout, plan, d); !fits.ok()) {
+    return fits;
+  }
   const std::vector<Entry> order = Search(m, d, granularity, plan);
-  Place(m, d, order, plan);
+  if (absl::Status placed = Place(m, d, order, plan); !placed.ok()) {
+    return placed;
+  }
   return plan;
 }
 

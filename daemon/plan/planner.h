@@ -84,10 +84,11 @@ struct TensorPlan {
   uint64_t bytes = 0;
   double benefit = 0;  // recompute FLOPs per byte
   Decision decision = Decision::kRecompute;
+  bool inter_block = false;  // its SavedTensor's: never recomputed
 };
 
 struct Plan {
-  ModelShape shape;
+  ModelShape shape;  // MakePlan's; left empty by PlanFromCounts
   uint64_t batch = 0, seq = 0;
   ModelCounts counts;
   // Algorithm 1's outcome: 1, iteration time only grows with offloading
@@ -102,8 +103,9 @@ struct Plan {
   Estimate estimate;                // the chosen point, after keeping on device
   std::vector<TensorPlan> tensors;  // per block and class, in forward order
   // Per block, what the plugin's plan says for it: "offload" (its input
-  // out, the rest recomputed), "swap" (what it saves goes to host memory
-  // or the SSDs) or "keep" (all on the device).
+  // out, the rest recomputed: any of its tensors but the never-recomputed
+  // ones is), "swap" (what it saves goes to host memory or the SSDs) or
+  // "keep" (all on the device).
   std::vector<std::string> block_modes() const;
   // Bytes per tier of the saved tensors.
   uint64_t device_bytes = 0, host_bytes = 0, ssd_bytes = 0;
@@ -130,6 +132,54 @@ absl::StatusOr<Plan> MakePlan(const ModelShape& shape, uint64_t batch,
                               uint64_t seq, const Machine& machine,
                               Attention attention = Attention::kFused,
                               Granularity granularity = Granularity::kTensor);
+
+// What a running job's layout already fixes, in place of the planner's
+// model of lohan's host and SSD needs (which MakePlan sizes from the
+// counts): the room each memory has left for activations.
+struct PlanLayout {
+  // Host memory for swapped activations before the SSDs (the client's
+  // activation_host_bytes).
+  uint64_t activation_host_bytes = 0;
+  // The 16-bit weights are resident in host memory (the registered
+  // layout's weight buffers cover every layer); else they stream from the
+  // SSDs.
+  bool weights_in_host = false;
+  // lohan's host bytes for the job (its arena: buffers, staging, resident
+  // weights).
+  uint64_t host_fixed_bytes = 0;
+  // SSD space for activations: what the job's quota and the array's free
+  // space leave it (its states are there already).
+  uint64_t activation_ssd_bytes = 0;
+};
+
+// Bounds on the counts PlanFromCounts takes.
+constexpr uint64_t kMaxPlanLayers = 65536;
+constexpr size_t kMaxBlockTensors = 4096;
+// Saved tensors in all (layers x block_tensors): what the plan lists one
+// by one.
+constexpr uint64_t kMaxPlanTensors = uint64_t{1} << 20;
+
+// INVALID_ARGUMENT naming the field unless `counts` (a client's
+// measurement: hostile input) can be planned: layers 1..kMaxPlanLayers, at
+// most kMaxBlockTensors per block and kMaxPlanTensors in all, every FLOP
+// count finite and >= 0, byte sums (a block's, all blocks', the device's
+// working set, the states) within 64 bits, and parameters at least the
+// block's, the largest layer's, the head's and the first layer's.
+absl::Status ValidateCounts(const ModelCounts& counts);
+
+// The plan from counts alone (measured by the client, or CountModel's) at
+// `batch` x `seq` (>= 1; for the record, the counts are for them) on
+// `machine`. `counts.block_activation_bytes` is taken as the sum of
+// `block_tensors`' bytes. Without `layout` (null), the host and SSD needs
+// are sized as MakePlan does (MakePlan is CountModel, then this); with
+// one, the layout's rooms stand in for them and `machine.host_bytes` and
+// `machine.ssd_bytes` are not used (the device's working set is still
+// checked). INVALID_ARGUMENT for bad counts (ValidateCounts) or machine;
+// FAILED_PRECONDITION, as MakePlan, when a memory is short.
+absl::StatusOr<Plan> PlanFromCounts(
+    const ModelCounts& counts, uint64_t batch, uint64_t seq,
+    const Machine& machine, const PlanLayout* layout = nullptr,
+    Granularity granularity = Granularity::kTensor);
 
 // The largest batch (up to `limit`) that fits, 0 if none does.
 uint64_t LargestBatch(const ModelShape& shape, uint64_t seq,

@@ -256,6 +256,223 @@ TEST(Planner, WhereTheTimeIsFlatLessWorkWins) {
   EXPECT_LT(curve.back().work(), curve.front().work());
 }
 
+// MakePlan is CountModel, then PlanFromCounts: the same plan, point for
+// point, decision for decision.
+TEST(PlanFromCounts, OfCountModelIsMakePlan) {
+  for (const char* name : {"gpt-1.3b", "llama-7b"}) {
+    const ModelShape shape = Preset(name);
+    for (double scale : {0.01, 1.0, 100.0}) {
+      for (Granularity granularity :
+           {Granularity::kTensor, Granularity::kBlock}) {
+        Machine machine = Roomy(scale * BalancedLink(shape, 8, 1024));
+        machine.host_bytes = 64 * kGiB;
+        machine.ssds = 2;
+        machine.ssd_read = 6.5e9;
+        machine.ssd_write = 3.4e9;
+        machine.optimizer_params = 2e9;
+        absl::StatusOr<Plan> made =
+            MakePlan(shape, 8, 1024, machine, Attention::kFused, granularity);
+        absl::StatusOr<Plan> counted = PlanFromCounts(
+            CountModel(shape, 8, 1024), 8, 1024, machine, nullptr, granularity);
+        ASSERT_TRUE(made.ok() && counted.ok())
+            << made.status() << counted.status();
+        EXPECT_EQ(counted->search_case, made->search_case);
+        EXPECT_EQ(counted->chosen, made->chosen);
+        ASSERT_EQ(counted->curve.size(), made->curve.size());
+        for (size_t i = 0; i < made->curve.size(); ++i) {
+          EXPECT_EQ(counted->curve[i].seconds(), made->curve[i].seconds());
+        }
+        EXPECT_EQ(counted->estimate.seconds(), made->estimate.seconds());
+        EXPECT_EQ(counted->estimate.tail, made->estimate.tail);
+        ASSERT_EQ(counted->tensors.size(), made->tensors.size());
+        for (size_t i = 0; i < made->tensors.size(); ++i) {
+          EXPECT_EQ(counted->tensors[i].decision, made->tensors[i].decision);
+        }
+        EXPECT_EQ(counted->device_bytes, made->device_bytes);
+        EXPECT_EQ(counted->host_bytes, made->host_bytes);
+        EXPECT_EQ(counted->ssd_bytes, made->ssd_bytes);
+        EXPECT_EQ(counted->host_fixed_bytes, made->host_fixed_bytes);
+        EXPECT_EQ(counted->block_modes(), made->block_modes());
+        EXPECT_EQ(made->shape.name, name);
+      }
+    }
+  }
+}
+
+// A client's measurement: 4 blocks of 6 tensors, two of which backward
+// cannot make again (the most expensive to recompute, per byte).
+ModelCounts Measured() {
+  ModelCounts c;
+  c.layers = 4;
+  c.parameters = 40'000'000;
+  c.block_parameters = 8'000'000;
+  c.largest_layer_parameters = 8'000'000;
+  c.head_parameters = 4'000'000;
+  c.first_layer_parameters = 4'000'000;
+  const uint64_t mib = uint64_t{1} << 20;
+  c.block_tensors = {{"input", 8 * mib, 0, true},
+                     {"aten.native_layer_norm", 8 * mib, 1e9, false},
+                     {"aten.addmm", 24 * mib, 50e9, false},
+                     {"aten.native_dropout", 8 * mib, 1e12, true},
+                     {"aten.gelu", 32 * mib, 4e9, false},
+                     {"aten.addmm", 32 * mib, 60e9, false}};
+  c.block_forward_flops = 200e9;
+  c.forward_flops = 4 * c.block_forward_flops + 100e9;
+  c.logits_bytes = 64 * mib;
+  return c;
+}
+
+Machine Small(double link) {
+  return Machine{.device_bytes = 4 * kGiB,
+                 .device_flops = 10e12,
+                 .host_to_device = link,
+                 .device_to_host = link,
+                 .host_bytes = 64 * kGiB,
+                 .ssds = 1,
+                 .ssd_read = 2e9,
+                 .ssd_write = 1e9};
+}
+
+TEST(PlanFromCounts, WhatBackwardCannotMakeAgainIsNeverRecomputed) {
+  const ModelCounts counts = Measured();
+  for (double link : {1e6, 1e9, 25e9, 1e13}) {
+    for (Granularity granularity :
+         {Granularity::kTensor, Granularity::kBlock}) {
+      absl::StatusOr<Plan> plan =
+          PlanFromCounts(counts, 2, 512, Small(link), nullptr, granularity);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      ASSERT_EQ(plan->tensors.size(), 4u * 6u);
+      for (size_t i = 0; i < plan->tensors.size(); ++i) {
+        const TensorPlan& tensor = plan->tensors[i];
+        const bool never = counts.block_tensors[i % 6].inter_block;
+        EXPECT_EQ(tensor.inter_block, never);
+        if (never) {
+          EXPECT_NE(tensor.decision, Decision::kRecompute)
+              << "link " << link << " block " << tensor.block << " "
+              << tensor.name;
+        }
+      }
+    }
+  }
+  // A narrow link: only those are offloaded, everything else recomputed.
+  absl::StatusOr<Plan> narrow = PlanFromCounts(counts, 2, 512, Small(1e6));
+  ASSERT_TRUE(narrow.ok()) << narrow.status();
+  EXPECT_EQ(narrow->search_case, 1);
+  for (const TensorPlan& tensor : narrow->tensors) {
+    EXPECT_EQ(tensor.decision == Decision::kRecompute, !tensor.inter_block)
+        << tensor.name;
+  }
+  // A wide one: nothing recomputed.
+  absl::StatusOr<Plan> wide = PlanFromCounts(counts, 2, 512, Small(1e13));
+  ASSERT_TRUE(wide.ok()) << wide.status();
+  EXPECT_EQ(wide->recomputed_bytes, 0u);
+}
+
+TEST(PlanFromCounts, AJobsLayoutFixesTheRoomsForActivations) {
+  const ModelCounts counts = Measured();
+  Machine machine = Small(1e13);     // everything offloaded if it fits
+  machine.device_bytes = 256 << 20;  // and little kept on the device
+  machine.host_bytes = 0;            // not used with a layout
+  machine.ssds = 64;  // SSDs that never bind: spilling costs nothing
+  machine.ssd_read = machine.ssd_write = 50e9;
+  const uint64_t mib = uint64_t{1} << 20;
+  PlanLayout layout{.activation_host_bytes = 100 * mib,
+                    .weights_in_host = true,
+                    .host_fixed_bytes = 48 * mib,
+                    .activation_ssd_bytes = 200 * mib};
+  absl::StatusOr<Plan> plan =
+      PlanFromCounts(counts, 2, 512, machine, &layout, Granularity::kTensor);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(plan->weights_in_host);
+  EXPECT_EQ(plan->host_fixed_bytes, 48 * mib);
+  EXPECT_LE(plan->host_bytes, layout.activation_host_bytes);
+  EXPECT_LE(plan->ssd_bytes, layout.activation_ssd_bytes);
+  EXPECT_GT(plan->ssd_bytes, 0u);  // the rest went to the SSDs
+  EXPECT_LE(plan->device_working_bytes + plan->device_bytes,
+            machine.device_bytes);
+  // The 16-bit weights stream from the SSDs when the layout says so.
+  layout.weights_in_host = false;
+  absl::StatusOr<Plan> streamed =
+      PlanFromCounts(counts, 2, 512, machine, &layout);
+  ASSERT_TRUE(streamed.ok()) << streamed.status();
+  EXPECT_FALSE(streamed->weights_in_host);
+  EXPECT_GT(streamed->estimate.forward.ssd, plan->estimate.forward.ssd);
+  // No SSD room: what the host cannot take is recomputed, or, for what
+  // never is, the plan cannot be made.
+  layout.activation_ssd_bytes = 0;
+  absl::StatusOr<Plan> no_ssd =
+      PlanFromCounts(counts, 2, 512, machine, &layout);
+  ASSERT_TRUE(no_ssd.ok()) << no_ssd.status();
+  EXPECT_EQ(no_ssd->ssd_bytes, 0u);
+  EXPECT_LE(no_ssd->host_bytes, layout.activation_host_bytes);
+  layout.activation_host_bytes = 8 * mib;
+  absl::StatusOr<Plan> short_plan =
+      PlanFromCounts(counts, 2, 512, machine, &layout);
+  EXPECT_TRUE(absl::IsFailedPrecondition(short_plan.status()))
+      << short_plan.status();
+  EXPECT_THAT(short_plan.status().message(), HasSubstr("never recomputed"));
+}
+
+TEST(PlanFromCounts, HostileCountsAreRefusedByName) {
+  const Machine machine = Small(25e9);
+  auto refused = [&](const ModelCounts& counts, uint64_t batch = 2,
+                     uint64_t seq = 512) {
+    absl::StatusOr<Plan> plan = PlanFromCounts(counts, batch, seq, machine);
+    EXPECT_TRUE(absl::IsInvalidArgument(plan.status())) << plan.status();
+    return std::string(plan.status().message());
+  };
+  ModelCounts c = Measured();
+  c.layers = 0;
+  EXPECT_THAT(refused(c), HasSubstr("layers"));
+  c.layers = kMaxPlanLayers + 1;
+  EXPECT_THAT(refused(c), HasSubstr("layers"));
+  c = Measured();
+  c.block_tensors.resize(kMaxBlockTensors + 1);
+  EXPECT_THAT(refused(c), HasSubstr("block_tensors"));
+  c = Measured();
+  c.layers = kMaxPlanLayers;
+  c.block_tensors.resize(kMaxPlanTensors / kMaxPlanLayers + 1);
+  EXPECT_THAT(refused(c), HasSubstr("at most"));
+  for (double bad : {-1.0, double{NAN}, double{INFINITY}, 1e300}) {
+    c = Measured();
+    c.block_tensors[2].recompute_flops = bad;
+    EXPECT_THAT(refused(c), HasSubstr("block_tensors[2].recompute_flops"));
+    c = Measured();
+    c.forward_flops = bad;
+    EXPECT_THAT(refused(c), HasSubstr("forward_flops"));
+    c = Measured();
+    c.block_forward_flops = bad;
+    EXPECT_THAT(refused(c), HasSubstr("block_forward_flops"));
+  }
+  c = Measured();
+  c.block_tensors[1].bytes = UINT64_MAX - 1;
+  EXPECT_THAT(refused(c), HasSubstr("64 bits"));
+  c = Measured();
+  c.block_tensors[1].bytes = UINT64_MAX / 3;  // fits a block, not 4
+  EXPECT_THAT(refused(c), HasSubstr("64 bits"));
+  c = Measured();
+  c.logits_bytes = UINT64_MAX - 10;
+  EXPECT_THAT(refused(c), HasSubstr("working set"));
+  c = Measured();
+  c.parameters = UINT64_MAX / 2;
+  c.largest_layer_parameters = UINT64_MAX / 4;
+  EXPECT_THAT(refused(c), HasSubstr("64 bits"));
+  for (uint64_t ModelCounts::*field :
+       {&ModelCounts::block_parameters, &ModelCounts::largest_layer_parameters,
+        &ModelCounts::head_parameters, &ModelCounts::first_layer_parameters}) {
+    c = Measured();
+    c.*field = c.parameters + 1;
+    EXPECT_THAT(refused(c), HasSubstr("must be at least"));
+  }
+  EXPECT_THAT(refused(Measured(), 0, 512), HasSubstr("batch"));
+  EXPECT_THAT(refused(Measured(), 2, 0), HasSubstr("seq"));
+  // A machine with a hole in it, as for MakePlan.
+  Machine holed = machine;
+  holed.device_flops = NAN;
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      PlanFromCounts(Measured(), 2, 512, holed).status()));
+}
+
 TEST(Planner, TheLargestBatchIsTheLastThatFits) {
   const ModelShape shape = Preset("gpt-13b");
   const Machine machine = Roomy(25e9, 24 * kGiB);

@@ -1,5 +1,7 @@
 #include "daemon/quota/space_ledger.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "daemon/common/byte_size.h"
 #include "daemon/common/check.h"
@@ -45,6 +47,21 @@ uint64_t SpaceLedger::HeldByLocked(uid_t uid) const {
     if (job.tracked && job.owner == uid) held += job.Held();
   }
   return held;
+}
+
+uint64_t SpaceLedger::RoomFor(const std::string& name) const {
+  absl::MutexLock lock(&mu_);
+  const auto left = [](uint64_t limit, uint64_t held) {
+    return limit > held ? limit - held : 0;
+  };
+  uint64_t room = left(capacity_bytes_, held_by_all_);
+  auto found = jobs_.find(name);
+  if (found == jobs_.end() || !found->second.tracked) return room;
+  const Job& job = found->second;
+  if (job.limit != 0) room = std::min(room, left(job.limit, job.Held()));
+  const uint64_t quota = quotas_->For(job.owner).ssd_bytes;
+  if (quota != 0) room = std::min(room, left(quota, HeldByLocked(job.owner)));
+  return room;
 }
 
 absl::Status SpaceLedger::FitsLocked(const std::string& name, const Job& job,

@@ -66,6 +66,11 @@ class SpaceLedger : public SpaceBudget {
   uint64_t HeldBy(uid_t uid) const ABSL_LOCKS_EXCLUDED(mu_);
   // What every job holds.
   uint64_t HeldByAll() const ABSL_LOCKS_EXCLUDED(mu_);
+  // How much more `job` may come to hold now: the least of what its own
+  // limit, its owner's quota and the array leave beside what is held (the
+  // array's alone for a job not tracked). What the planner may put of the
+  // job's activations on the SSDs.
+  uint64_t RoomFor(const std::string& job) const ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t capacity_bytes() const { return capacity_bytes_; }
 
   // SpaceBudget.

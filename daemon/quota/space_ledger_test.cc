@@ -75,6 +75,25 @@ TEST_F(SpaceLedgerTest, JobLimitAndUserQuotaBoundEveryWrite) {
   EXPECT_FALSE(ledger_.Reserve("bob-1", 1).ok());
 }
 
+TEST_F(SpaceLedgerTest, RoomIsTheLeastOfTheJobsUsersAndArraysLeft) {
+  EXPECT_EQ(ledger_.RoomFor("untracked"), 1000u);
+  ledger_.Track("capped", kAlice, 100);
+  ASSERT_TRUE(ledger_.Reserve("capped", 30).ok());
+  EXPECT_EQ(ledger_.RoomFor("capped"), 70u);  // its own limit
+  ledger_.Track("bobs", kBob, 0);
+  ledger_.Track("bobs-other", kBob, 0);
+  ASSERT_TRUE(ledger_.SetAside("bobs-other", 200, 1).ok());
+  EXPECT_EQ(ledger_.RoomFor("bobs"), 100u);  // Bob's quota of 300
+  ledger_.Track("alice-big", kAlice, 0);
+  ASSERT_TRUE(ledger_.Reserve("alice-big", 700).ok());
+  EXPECT_EQ(ledger_.RoomFor("alice-big"), 70u);  // the array's 1000
+  EXPECT_EQ(ledger_.RoomFor("bobs"), 70u);
+  // What a room says may be written fits; one byte more does not.
+  EXPECT_TRUE(ledger_.Reserve("bobs", 70).ok());
+  EXPECT_EQ(ledger_.RoomFor("bobs"), 0u);
+  EXPECT_FALSE(ledger_.Reserve("bobs", 1).ok());
+}
+
 TEST_F(SpaceLedgerTest, ChargedSpaceCountsAndForgottenJobsDrainToNothing) {
   ledger_.Charge("old", 900);  // found at start, before anyone asked
   EXPECT_FALSE(ledger_.Reserve("new", 101).ok());

@@ -1,5 +1,6 @@
 #include "daemon/rpc/control_service.h"
 
+#include <algorithm>
 #include <ctime>
 #include <set>
 
@@ -7,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/common/check.h"
 #include "daemon/common/version.h"
+#include "daemon/plan/job_plan.h"
 #include "spdlog/spdlog.h"
 
 namespace lohan {
@@ -286,6 +288,46 @@ grpc::Status ControlService::StopJob(grpc::ServerContext* context,
                request->drain() ? "drain" : "kill", caller.uid, caller.pid,
                *outcome);
   response->set_outcome(*std::move(outcome));
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlService::PlanJob(grpc::ServerContext* context,
+                                     const v1::PlanJobRequest* request,
+                                     v1::PlanJobResponse* response) {
+  LOHAN_IDENTIFY_CALLER(context, caller);
+  absl::StatusOr<v1::JobPlan> plan = parts_.sessions->PlanJob(
+      caller, request->job_id(),
+      [&](const std::string& job_id,
+          const SessionManager::SessionLayout& layout)
+          -> absl::StatusOr<v1::JobPlan> {
+        std::optional<v1::HostProfile> host;
+        if (parts_.profiler != nullptr) host = parts_.profiler->Get();
+        if (!host.has_value()) {
+          return absl::UnavailableError(
+              "lohand is still measuring its machine (its SSDs, memcpy and "
+              "optimizer) for the planner; ask again shortly");
+        }
+        // The SSD space the job may still take: its limit, its owner's
+        // quota, what the array has left (the ledger's), and what the
+        // store's devices have free (block rounding).
+        uint64_t free_bytes = 0;
+        for (const DeviceStats& device : parts_.store->Stats().devices) {
+          free_bytes += device.capacity_bytes -
+                        std::min(device.capacity_bytes, device.used_bytes);
+        }
+        const JobFacts facts{.arena_bytes = layout.arena_bytes,
+                             .weights_resident = layout.weights_resident,
+                             .ssd_room_bytes = std::min(
+                                 free_bytes, parts_.ledger->RoomFor(job_id))};
+        return PlanForJob(*request, *host, facts, time(nullptr));
+      });
+  if (!plan.ok()) return ToGrpc(plan.status());
+  spdlog::info(
+      "job {}: activation plan (case {}) for pid {}: predicted {:.3f} "
+      "s/iteration",
+      request->job_id(), plan->search_case(), caller.pid,
+      plan->predicted_iteration_seconds());
+  *response->mutable_plan() = *std::move(plan);
   return grpc::Status::OK;
 }
 

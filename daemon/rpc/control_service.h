@@ -32,7 +32,7 @@ struct DaemonParts {
   SessionManager* sessions = nullptr;
   const QuotaTable* quotas = nullptr;
   SpaceLedger* ledger = nullptr;
-  // The machine's profile, for GetStatus; may be null.
+  // The machine's profile, for GetStatus and PlanJob; may be null.
   const HostProfiler* profiler = nullptr;
   // Called with a job's id once it is deleted (the fair queues forget its
   // flow); may be empty.
@@ -74,6 +74,14 @@ class ControlService final : public v1::Lohan::Service {
   grpc::Status StopJob(grpc::ServerContext* context,
                        const v1::StopJobRequest* request,
                        v1::StopJobResponse* response) override;
+  // The caller's own job, attached by the calling process, with its model
+  // registered (SessionManager::PlanJob's checks); then the plan from the
+  // request's profile, lohand's HostProfile (UNAVAILABLE while it is still
+  // measuring), the session's layout and the SSD room the ledger and the
+  // store leave the job (daemon/plan/job_plan.h).
+  grpc::Status PlanJob(grpc::ServerContext* context,
+                       const v1::PlanJobRequest* request,
+                       v1::PlanJobResponse* response) override;
 
  private:
   // NOT_FOUND (as JobRegistry says it) unless the caller owns the job or

@@ -533,6 +533,7 @@ absl::Status JobSession::Handle(const SubmissionEntry& entry, uint64_t& detail,
   switch (op) {
     case RingOp::kIterBegin:
       iteration_began_ = absl::Now();
+      iterations_begun_.fetch_add(1);
       return model.pipeline->BeginIteration(
           entry.grad_scale == 0.0f ? 1.0f : entry.grad_scale,
           (entry.iter_flags & kIterBeginLrGiven) != 0 || entry.lr > 0.0
@@ -565,6 +566,15 @@ absl::Status JobSession::Handle(const SubmissionEntry& entry, uint64_t& detail,
             (stats_.mean_iteration_seconds() * (iterations - 1) + seconds) /
             iterations);
         stats_.set_session_iterations(iterations);
+        if (stats_.has_plan() &&
+            iterations_begun_.load() > begun_before_plan_) {
+          const uint64_t planned = stats_.planned_iterations() + 1;
+          stats_.set_planned_mean_iteration_seconds(
+              (stats_.planned_mean_iteration_seconds() * (planned - 1) +
+               seconds) /
+              planned);
+          stats_.set_planned_iterations(planned);
+        }
         stats_.set_optimizer_seconds(stats_.optimizer_seconds() +
                                      report->busy.compute);
         stats_.set_ssd_read_bytes(stats_.ssd_read_bytes() +
@@ -651,6 +661,16 @@ absl::Status JobSession::Execute(const SubmissionEntry& entry, uint64_t& detail,
       return absl::InternalError(
           absl::StrCat("op ", entry.op, " reached a lane"));
   }
+}
+
+bool JobSession::weights_resident() const { return !served_->streamed_weights; }
+
+void JobSession::SetPlan(v1::JobPlan plan) {
+  absl::MutexLock lock(&stats_mu_);
+  *stats_.mutable_plan() = std::move(plan);
+  stats_.set_planned_iterations(0);
+  stats_.set_planned_mean_iteration_seconds(0);
+  begun_before_plan_ = iterations_begun_.load();
 }
 
 absl::Status JobSession::AcceptEntry(const SubmissionEntry& entry) {

@@ -92,6 +92,14 @@ class JobSession {
   // Whether an iteration is in progress (between ITER_BEGIN and its end).
   // REQUIRES: the model is registered.
   bool InIteration() const ABSL_LOCKS_EXCLUDED(validator_mu_);
+  // Whether the registered model's weights are resident in the arena (a
+  // weight buffer per layer), not streamed from the store.
+  // REQUIRES: registered(), under the same rule.
+  bool weights_resident() const;
+  // Keeps `plan` as the job's activation plan (SessionStatus.plan): the
+  // iterations begun after now and committed are counted in
+  // planned_iterations and planned_mean_iteration_seconds, from zero.
+  void SetPlan(v1::JobPlan plan) ABSL_LOCKS_EXCLUDED(stats_mu_);
   int arena_fd() const { return arena_->arena().fd(); }
 
   // Lays out the model's slots in the arena, opens (or reopens) its states
@@ -239,6 +247,10 @@ class JobSession {
   LogLimiter failure_log_{3, absl::Seconds(60)};
   mutable absl::Mutex stats_mu_;
   v1::SessionStatus stats_ ABSL_GUARDED_BY(stats_mu_);
+  // ITER_BEGINs handled (the ordered lane counts), and how many there had
+  // been when the plan was set: later ones are the plan's.
+  std::atomic<uint64_t> iterations_begun_{0};
+  uint64_t begun_before_plan_ ABSL_GUARDED_BY(stats_mu_) = 0;
   absl::Time iteration_began_;  // the ordered lane only
   std::atomic<bool> stopping_{false};
   std::thread server_;

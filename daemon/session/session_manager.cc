@@ -243,7 +243,8 @@ void SessionManager::Serve(int connection, const Caller& caller) {
         !sessions_
              .emplace(job_id, LiveSession{.session = session->get(),
                                           .pid = caller.pid,
-                                          .end_event = end_event.get()})
+                                          .end_event = end_event.get(),
+                                          .serial = ++last_serial_})
              .second) {
       pool_claims_.erase(claim_id);
       (void)SendWithFds(connection,
@@ -347,6 +348,45 @@ absl::StatusOr<v1::RegisterModelResponse> SessionManager::RegisterModel(
                                   registered.status().message())));
   }
   return registered;
+}
+
+absl::StatusOr<v1::JobPlan> SessionManager::PlanJob(const Caller& caller,
+                                                    const std::string& job_id,
+                                                    Planner plan) {
+  absl::StatusOr<v1::Job> job = parts_.jobs->CheckAttachedBy(caller, job_id);
+  if (!job.ok()) return job.status();
+  SessionLayout layout;
+  uint64_t serial = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto found = sessions_.find(job_id);
+    if (found == sessions_.end()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", job_id,
+          " has no data plane open; open it (lohan_data_plane_open) and "
+          "register the model first"));
+    }
+    const JobSession* session = found->second.session;
+    if (!session->registered()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", job_id,
+          " has no model registered on its data plane; register the model "
+          "first"));
+    }
+    layout = {.arena_bytes = session->grant().arena_bytes,
+              .weights_resident = session->weights_resident()};
+    serial = found->second.serial;
+  }
+  absl::StatusOr<v1::JobPlan> planned = plan(job_id, layout);
+  if (!planned.ok()) return planned.status();
+  absl::MutexLock lock(&mu_);
+  auto found = sessions_.find(job_id);
+  if (found == sessions_.end() || found->second.serial != serial) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job_id, "'s data plane closed while its plan was made"));
+  }
+  found->second.session->SetPlan(*planned);
+  return planned;
 }
 
 std::vector<v1::SessionStatus> SessionManager::Status() const {

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/common/caller.h"
@@ -93,6 +94,25 @@ class SessionManager {
   absl::StatusOr<v1::RegisterModelResponse> RegisterModel(
       const Caller& caller, const v1::RegisterModelRequest& request);
 
+  // What a job's open session fixes of its layout, for its plan.
+  struct SessionLayout {
+    uint64_t arena_bytes = 0;
+    bool weights_resident = false;  // JobSession::weights_resident
+  };
+  using Planner = absl::FunctionRef<absl::StatusOr<v1::JobPlan>(
+      const std::string& job_id, const SessionLayout& layout)>;
+  // The activation plan of `job_id`'s open session, called for by the
+  // process attached to the job (the checks RegisterModel makes:
+  // NOT_FOUND for another user's job, FAILED_PRECONDITION when the caller
+  // is not the attached process or the job has no data plane open) once
+  // its model is registered (FAILED_PRECONDITION otherwise). `plan` runs
+  // without the manager's lock (a large plan takes a tenth of a second;
+  // other callers do not wait for it); what it returns is kept with the
+  // session (JobSession::SetPlan) and returned, a failure passed through;
+  // FAILED_PRECONDITION if the session closed meanwhile.
+  absl::StatusOr<v1::JobPlan> PlanJob(const Caller& caller,
+                                      const std::string& job_id, Planner plan);
+
  private:
   struct Connection {
     uid_t uid = 0;
@@ -103,7 +123,8 @@ class SessionManager {
   struct LiveSession {
     JobSession* session = nullptr;
     pid_t pid = 0;
-    int end_event = -1;  // eventfd: signalled, its connection thread ends it
+    int end_event = -1;   // eventfd: signalled, its connection thread ends it
+    uint64_t serial = 0;  // unique among the manager's sessions, ever
   };
   // An open (or opening) session's claim on its owner's pool quota.
   struct PoolClaim {
@@ -152,6 +173,7 @@ class SessionManager {
   // one for a moment.
   std::map<uint64_t, PoolClaim> pool_claims_ ABSL_GUARDED_BY(mu_);
   uint64_t last_claim_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t last_serial_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace lohan

@@ -109,3 +109,112 @@ def test_a_hugging_face_model_under_a_plan_gives_the_bits_of_keep(lohand):
     keep = _train_hf(lohand, "keep")
     for plan in (["swap", "swap"], ["swap", "offload"]):
         _assert_same(keep, _train_hf(lohand, plan), str(plan))
+
+
+# ---------------------------------------------------------- per saved tensor
+
+# tiny_gpt's blocks save 11 candidate tensors each over 1 KiB (the profile
+# counts them; test_profile_counts_what_a_planned_block_decides checks it).
+_SAVED = 11
+
+
+def _per_tensor(pattern: Sequence[str]) -> List[str]:
+    return [pattern[i % len(pattern)] for i in range(_SAVED)]
+
+
+@pytest.mark.parametrize("plan", [
+    [_per_tensor(["recompute"])] * 3,
+    [_per_tensor(["device", "recompute"]), _per_tensor(["host"]),
+     _per_tensor(["recompute", "host", "device"])],
+    [_per_tensor(["recompute"]), "offload", "keep"],
+    # Fewer decisions than saved tensors: the rest are stored.
+    [["recompute"] * 3] * 3,
+])
+def test_every_per_tensor_plan_gives_the_bits_of_keep(lohand, plan):
+    keep = _train(lohand, "keep")
+    planned = _train(lohand, plan)
+    _assert_same(keep, planned, str(plan))
+    assert planned[2].host_bytes == 0
+
+
+def test_recomputed_tensors_are_made_again_not_stored(lohand, monkeypatch):
+    import lohan.recompute
+    replayed = []
+    run = lohan.recompute.Replay._run
+    monkeypatch.setattr(lohan.recompute.Replay, "_run",
+                        lambda self, call: replayed.append(call.func)
+                        or run(self, call))
+    stored = _train(lohand, [_per_tensor(["host"])] * 3)[2]
+    recomputed = _train(lohand, [_per_tensor(["recompute"])] * 3)[2]
+    # Only what depends on the block's input (never made again) is stored.
+    assert recomputed.host_puts < stored.host_puts / 4
+    names = {str(func.overloadpacket) for func in replayed}
+    assert {"aten.addmm", "aten.native_layer_norm"} <= names
+
+
+@pytest.mark.parametrize("pattern", [["ssd", "recompute"],
+                                     ["recompute", "ssd"]])
+def test_per_tensor_ssd_decisions_go_to_the_ssds(lohand, pattern):
+    """With host room to spare, "ssd" goes to the SSDs all the same; what
+    comes back from them is contiguous, and a tensor recomputed from it
+    (a view of attention's output, whose strides are not contiguous) is
+    made from it laid out as it was."""
+    keep = _train(lohand, "keep")
+    planned = _train(lohand, [_per_tensor(pattern)] * 3,
+                     activation_host_bytes=1 << 30)
+    _assert_same(keep, planned, "ssd decisions")
+    assert planned[2].ssd_puts > 0
+
+
+class _InPlaceBlock(torch.nn.Module):
+    """Writes in place into tensors it made (and a view of one), as real
+    models do (masked_fill_, a residual +=)."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.a = torch.nn.Linear(dim, 4 * dim)
+        self.b = torch.nn.Linear(4 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        g = torch.tanh(h)          # saves its output
+        h.mul_(0.5)                # h was saved by nobody: changed in place
+        h[..., :4].add_(1.0)       # through a view
+        y = self.b(torch.sigmoid(h) * g)
+        y += x                     # a residual in place
+        return y
+
+
+def test_in_place_writes_never_recompute_the_wrong_values(lohand):
+    def model() -> torch.nn.Module:
+        torch.manual_seed(3)
+        net = tiny_gpt()
+        net.blocks = torch.nn.ModuleList(_InPlaceBlock(32) for _ in range(3))
+        return net
+
+    def train(plan: Any) -> Tuple[List[float], List[torch.Tensor], Any]:
+        net = model()
+        engine = engine_for(net, lohand, activations=plan,
+                            job_name=f"plan-inplace-{next(_runs)}")
+        losses = train_lohan(engine, net, batches(3))
+        engine.close()
+        return losses, [p.detach().clone() for p in net.parameters()], None
+
+    keep = train("keep")
+    _assert_same(keep, train([["recompute"] * 8] * 3), "in place")
+
+
+def test_a_hugging_face_model_under_per_tensor_recompute_is_exact(lohand):
+    """transformers' GPT-2 with dropout on: what depends on a dropout mask
+    is stored (a random operator is never run again), the rest made
+    again; the same bits as keep."""
+    keep = _train_hf(lohand, "keep")
+    _assert_same(keep, _train_hf(lohand, [["recompute"] * 40] * 2),
+                 "per-tensor recompute")
+
+
+def test_bad_per_tensor_decisions_are_refused_by_name(lohand):
+    with pytest.raises(ValueError, match="block 1's decision 'gpu'"):
+        engine_for(tiny_gpt(), lohand,
+                   activations=["swap", ["recompute", "gpu"], "keep"],
+                   job_name="plan-bad-tensor")

@@ -198,6 +198,35 @@ def test_gpu_dropout_is_replayed_in_the_recompute(lohand):
         assert torch.equal(a, b)
 
 
+def test_gpu_per_tensor_plans_and_auto_give_the_bits_of_keep(lohand,
+                                                             monkeypatch):
+    """Per saved tensor on the GPU: kept on the device, copied to pinned
+    host memory on the side stream, sent to the SSDs, or made again from
+    the recorded operators in backward; and "auto" (a profiling iteration,
+    lohand's plan from the second): the same bits as keep."""
+    _cuda_or_skip()
+    import lohan.activations
+    monkeypatch.setattr(lohan.activations, "_MIN_SWAP_BYTES", 1024)
+    device = torch.device("cuda")
+    data = _data(4, device)
+    mixed = ["device", "recompute", "host", "ssd", "recompute"] * 3
+    runs = []
+    with _deterministic():
+        for policy in ("keep", [mixed] * 3, [["recompute"] * 16] * 3,
+                       "auto"):
+            model = tiny_gpt().to(device)
+            runs.append(_train(model, lohand, data,
+                               f"gpu-plan-{len(runs)}", activations=policy,
+                               params="resident",
+                               activation_host_bytes=1 << 30))
+    for losses, weights, _ in runs[1:]:
+        assert losses == runs[0][0]
+        for name, tensor in weights.items():
+            assert torch.equal(tensor, runs[0][1][name]), name
+    assert runs[1][2]["activations"].ssd_puts > 0
+    assert runs[1][2]["activations"].host_puts > 0
+
+
 def test_gpu_backward_failing_half_way_then_zero_grad_and_close(lohand):
     """Gradient copies from the device are in flight when backward raises:
     zero_grad() discards the step (training goes on as if the batch had

@@ -359,9 +359,31 @@ LOHAN_CLIENT_API int lohan_model_iter_end(lohan_model* model,
  * first. */
 LOHAN_CLIENT_API int lohan_model_iter_abort(lohan_model* model);
 
-/* The daemon's status (GetStatus) as JSON; free it with lohan_string_free. */
+/* The daemon's status (GetStatus) as JSON, field names as in
+ * proto/lohan.proto (snake_case); free it with lohan_string_free. */
 LOHAN_CLIENT_API int lohan_client_status_json(lohan_client* client,
                                               char** json_out);
+/* Asks lohand for the activation plan of `job_id` (attached by this
+ * process, its data plane open and its model registered): `request_json`
+ * is a lohan.v1.PlanJobRequest in protobuf's JSON form (lowerCamelCase or
+ * proto field names; its job_id, if any, is replaced by `job_id`), e.g.
+ * {"profile": {"blocks": 4, "blockTensors": [...], ...},
+ *  "activationHostBytes": "1048576", "perBlock": true}.
+ * On success *plan_json_out is the lohan.v1.JobPlan in JSON with
+ * lowerCamelCase names and every field present (64-bit integers as
+ * strings, protobuf's rule); free it with lohan_string_free. The daemon
+ * keeps the plan with the job's session (GetStatus: SessionStatus.plan).
+ * LOHAN_INVALID_ARGUMENT for JSON that does not parse as a PlanJobRequest
+ * (the parser's message) or a malformed profile (naming the field);
+ * LOHAN_NOT_FOUND for another user's job; LOHAN_FAILED_PRECONDITION when
+ * this process is not the one attached, the model is not registered or a
+ * memory is too short for any plan (which one and by how much);
+ * LOHAN_UNAVAILABLE while lohand is still measuring its machine (ask again
+ * shortly). */
+LOHAN_CLIENT_API int lohan_job_plan_json(lohan_client* client,
+                                         const char* job_id,
+                                         const char* request_json,
+                                         char** plan_json_out);
 LOHAN_CLIENT_API void lohan_string_free(char* text);
 
 /* ---- Asynchronous requests ----

@@ -15,7 +15,12 @@ Policies (`lohan.init(..., activations=...)`):
   is recomputed, every tensor autograd saves inside the block (but its
   parameters and tensors under 64 KiB) goes to the same store as block
   inputs do (host memory, beyond the budget the SSDs) and comes back when
-  backward needs it; "keep": torch's default for that block.
+  backward needs it; "keep": torch's default for that block; or a list
+  of per-tensor decisions ("device", "host", "ssd", "recompute"), one per
+  tensor the block saves (planned.py).
+- "auto": the first iteration runs as "offload" and profiles the device
+  and every block (profile.py); lohand's planner then decides per saved
+  tensor and the plan applies from the second iteration on.
 
 The recompute of "offload" is our own autograd.Function (the input must be
 handed to the store, which torch's checkpoint keeps in a closure). It
@@ -39,6 +44,7 @@ from torch.utils.checkpoint import checkpoint
 
 from lohan.client import LohanError, StatusCode
 from lohan.devices import copy_stream
+from lohan.planned import DECISIONS, Stored, planned_forward, unpack
 
 POLICIES = ("keep", "recompute", "offload")
 # The modes a plan gives each block.
@@ -233,7 +239,10 @@ class ActivationStore:
         tensor.record_stream(stream)
         return host, copied
 
-    def put(self, tensor: torch.Tensor) -> _Handle:
+    def put(self, tensor: torch.Tensor, to_ssd: bool = False) -> _Handle:
+        """Stores `tensor`: in host memory while it fits the budget (and
+        not `to_ssd`), else on the daemon's SSDs (when the store reaches
+        them; host memory otherwise)."""
         self._sweep()
         # The same tensor given to several blocks (an encoder's output to
         # every decoder block, a shared mask) is stored once.
@@ -257,7 +266,7 @@ class ActivationStore:
         stats = self.stats
         fits = (self.host_limit is None
                 or stats.host_bytes + nbytes <= self.host_limit)
-        if fits or not self._buffers:
+        if (fits and not to_ssd) or not self._buffers:
             if tensor.device.type == "cpu":
                 handle.tensor = tensor  # already in host memory
                 handle.version = tensor._version
@@ -449,6 +458,7 @@ class _Replay:
         self.passes: Optional[BlockPasses] = None
         self.finalizer: Any = None
         self.differentiated = False
+        self.observer: Any = None  # a profile.Profiler in its iteration
 
     def capture_cuda_rng(self, devices: Sequence[int]) -> None:
         self.cuda_rng = [(d, torch.cuda.get_rng_state(d)) for d in devices]
@@ -466,7 +476,10 @@ class _OffloadedBlock(torch.autograd.Function):
     def forward(ctx, replay: _Replay, anchor: torch.Tensor,
                 *inputs: torch.Tensor):
         del anchor  # makes the outputs require grad even if no input does
-        with torch.no_grad(), replay.weights:
+        observer = replay.observer
+        with torch.no_grad(), replay.weights, (
+                observer.forward(replay.block, inputs) if observer
+                else contextlib.nullcontext()):
             output = replay.call(inputs)
         flat, replay.output_spec = pytree.tree_flatten(output)
         ctx.replay = replay
@@ -497,8 +510,16 @@ class _OffloadedBlock(torch.autograd.Function):
                 "backward. Run the forward again, or use "
                 "activations='recompute' or 'keep'")
         replay.differentiated = True
+        with (replay.observer.backward(replay.block) if replay.observer
+              else contextlib.nullcontext()):
+            return _OffloadedBlock._differentiate(replay, ctx.needs_grad,
+                                                  grads)
+
+    @staticmethod
+    def _differentiate(replay: _Replay, needs_grad: List[bool],
+                       grads: Sequence[torch.Tensor]) -> tuple:
         inputs = []
-        for handle, needs in zip(replay.handles, ctx.needs_grad):
+        for handle, needs in zip(replay.handles, needs_grad):
             tensor = replay.store.get(handle).detach()
             inputs.append(tensor.requires_grad_(needs))
         replay.handles = []
@@ -516,7 +537,9 @@ class _OffloadedBlock(torch.autograd.Function):
             # The weights stay until the block's backward is done (and its
             # gradients handed over).
             stack.enter_context(replay.weights)
-            output = replay.call(inputs)
+            with (replay.observer.recompute(replay.block) if replay.observer
+                  else contextlib.nullcontext()):
+                output = replay.call(inputs)
             flat = [t for t in pytree.tree_flatten(output)[0]
                     if isinstance(t, torch.Tensor)]
             outputs, output_grads = [], []
@@ -531,7 +554,7 @@ class _OffloadedBlock(torch.autograd.Function):
         if replay.passes is not None:
             replay.passes.differentiated(replay.block, replay)
         return (None, None, *[t.grad if needs else None
-                              for t, needs in zip(inputs, ctx.needs_grad)])
+                              for t, needs in zip(inputs, needs_grad)])
 
 
 # Keyword arguments through which Hugging Face blocks get a key/value cache.
@@ -579,7 +602,8 @@ class _Weights:
 def _offloaded_forward(original: Callable, store: ActivationStore,
                        anchor: torch.Tensor, warned: List[bool],
                        weights: _Weights, block: nn.Module,
-                       passes: Optional[BlockPasses]):
+                       passes: Optional[BlockPasses],
+                       observer: Callable[[], Any]):
     def forward(*args, **kwargs):
         if not torch.is_grad_enabled():
             with weights:
@@ -621,8 +645,10 @@ def _offloaded_forward(original: Callable, store: ActivationStore,
             devices = [torch.cuda.current_device()]
         if devices:
             replay.capture_cuda_rng(devices)
+        replay.block = block
+        replay.observer = observer()
         if passes is not None:
-            replay.block, replay.passes = block, passes
+            replay.passes = passes
             passes.called(block, replay)
         tensors = _OffloadedBlock.apply(replay, anchor, *inputs)
         tensors = iter(tensors)
@@ -631,23 +657,6 @@ def _offloaded_forward(original: Callable, store: ActivationStore,
         return pytree.tree_unflatten(flat, replay.output_spec)
 
     return forward
-
-
-class _Swapped:
-    """A saved tensor handed to the store; brought back once, then held for
-    any further unpack of the same saved tensor."""
-
-    __slots__ = ("handle", "tensor")
-
-    def __init__(self, handle: _Handle):
-        self.handle: Optional[_Handle] = handle
-        self.tensor: Optional[torch.Tensor] = None
-
-    def take(self, store: ActivationStore) -> torch.Tensor:
-        if self.tensor is None:
-            self.tensor = store.get(self.handle)
-            self.handle = None
-        return self.tensor
 
 
 def _swapped_forward(original: Callable, store: ActivationStore,
@@ -665,10 +674,7 @@ def _swapped_forward(original: Callable, store: ActivationStore,
             if (tensor.numel() * tensor.element_size() < _MIN_SWAP_BYTES
                     or tensor.untyped_storage().data_ptr() in weights):
                 return tensor
-            return _Swapped(store.put(tensor))
-
-        def unpack(saved: Any) -> torch.Tensor:
-            return saved.take(store) if isinstance(saved, _Swapped) else saved
+            return Stored(store, store.put(tensor))
 
         with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
             return original(*args, **kwargs)
@@ -676,9 +682,10 @@ def _swapped_forward(original: Callable, store: ActivationStore,
     return forward
 
 
-def block_modes(policy: Any, blocks: int) -> List[str]:
+def block_modes(policy: Any, blocks: int) -> List[Any]:
     """Each block's mode for `policy` (a policy name, or a plan: one mode
-    per block); ValueError saying what is wrong."""
+    per block, a name of BLOCK_MODES or a per-tensor list of DECISIONS);
+    ValueError saying what is wrong."""
     if isinstance(policy, str):
         if policy not in POLICIES:
             raise ValueError(f"activations={policy!r} is not supported; use "
@@ -690,9 +697,20 @@ def block_modes(policy: Any, blocks: int) -> List[str]:
         raise ValueError(f"activations: a plan has one mode per block; the "
                          f"model has {blocks} blocks, the plan {len(modes)}")
     for index, mode in enumerate(modes):
-        if mode not in BLOCK_MODES:
-            raise ValueError(f"activations: block {index}'s mode {mode!r} "
-                             f"is not one of {', '.join(BLOCK_MODES)}")
+        if isinstance(mode, str):
+            if mode not in BLOCK_MODES:
+                raise ValueError(
+                    f"activations: block {index}'s mode {mode!r} is not one "
+                    f"of {', '.join(BLOCK_MODES)} (or a list of per-tensor "
+                    f"decisions: {', '.join(DECISIONS)})")
+            continue
+        decisions = list(mode)
+        unknown = [d for d in decisions if d not in DECISIONS]
+        if unknown:
+            raise ValueError(f"activations: block {index}'s decision "
+                             f"{unknown[0]!r} is not one of "
+                             f"{', '.join(DECISIONS)}")
+        modes[index] = decisions
     return modes
 
 
@@ -700,7 +718,8 @@ def uses_store(policy: Any) -> bool:
     """Whether `policy` hands tensors to an ActivationStore."""
     if isinstance(policy, str):
         return policy == "offload"
-    return any(mode in ("offload", "swap") for mode in policy)
+    return any(not isinstance(mode, str) or mode in ("offload", "swap")
+               for mode in policy)
 
 
 class _PolicyForward:
@@ -732,11 +751,14 @@ def _own_forward(block: nn.Module) -> Callable:
 def install(model: nn.Module, blocks: Sequence[nn.Module], policy: Any,
             store: Optional[ActivationStore] = None,
             residency: Any = None,
-            passes: Optional[BlockPasses] = None) -> Callable[[], None]:
+            passes: Optional[BlockPasses] = None,
+            observer: Callable[[], Any] = lambda: None) -> Callable[[], None]:
     """Applies `policy` (a name, or a plan: one of BLOCK_MODES per block)
     to every block (`store` for "offload" and "swap"; with `residency`, a
     params.ParameterResidency, the blocks' weights are materialized around
-    each run); returns the function that undoes it."""
+    each run; `observer()`, the profile.Profiler of a profiling iteration
+    or None, watches each "offload" block); returns the function that
+    undoes it."""
     modes = block_modes(policy, len(blocks))
     if all(mode == "keep" for mode in modes):
         return lambda: None
@@ -763,6 +785,11 @@ def install(model: nn.Module, blocks: Sequence[nn.Module], policy: Any,
         # A forward set on the instance before (someone else's wrapper)
         # goes back; else the class's shows through again.
         originals.append((block, block.__dict__.get("forward")))
+        if not isinstance(mode, str):  # per saved tensor
+            block.forward = _PolicyForward(block, planned_forward(
+                original, store, block, mode, _MIN_SWAP_BYTES,
+                _without_caches))
+            continue
         if mode == "swap":
             block.forward = _PolicyForward(
                 block, _swapped_forward(original, store, block))
@@ -770,7 +797,7 @@ def install(model: nn.Module, blocks: Sequence[nn.Module], policy: Any,
         if mode == "offload":
             block.forward = _PolicyForward(block, _offloaded_forward(
                 original, store, anchor, warned, _Weights(block, residency),
-                block, passes))
+                block, passes, observer))
             continue
 
         def forward(*args, _original=original, **kwargs):

@@ -122,7 +122,7 @@ class Layer:
         return [shape.numel() for shape in self.shapes]
 
 
-def _after_the_blocks(model: nn.Module,
+def after_the_blocks(model: nn.Module,
                       blocks: List[nn.Module]) -> Callable[[str], bool]:
     """Whether a parameter (by its first name) belongs to a module that
     comes after every block in the model's module order."""
@@ -155,7 +155,7 @@ def plan_layers(model: nn.Module, blocks: List[nn.Module]) -> List[Layer]:
     before = Layer(index=0, block=None)
     after = Layer(index=0, block=None)
     per_block = [Layer(index=0, block=b) for b in blocks]
-    is_after = _after_the_blocks(model, blocks)
+    is_after = after_the_blocks(model, blocks)
     # named_parameters() yields each parameter object once, under its first
     # name: that is the name checkpoints use.
     for name, param in model.named_parameters():

@@ -544,3 +544,29 @@ class Client:
             return json.loads(ctypes.string_at(text).decode())
         finally:
             self._lib.lohan_string_free(text)
+
+    def plan_job(self, job_id: str, request: Dict[str, Any]) -> Dict[str, Any]:
+        """Asks lohand for the activation plan of `job_id` (this process
+        attached it, opened its data plane and registered its model).
+        `request` is a PlanJobRequest in protobuf's JSON form, e.g.
+        {"profile": {"blocks": 4, "blockTensors": [{"bytes": 1024,
+        "recomputeFlops": 1e6, "alwaysOffloaded": False}, ...], ...},
+        "activationHostBytes": 1 << 20, "perBlock": False} (its jobId is
+        replaced by `job_id`). Returns the JobPlan as a dict with
+        lowerCamelCase keys and every field present ("blocks": [{"decisions":
+        ["host", "recompute", ...]}, ...], "blockModes", "searchCase",
+        "predictedIterationSeconds", ...; 64-bit integers come as strings,
+        protobuf's JSON rule). The daemon keeps the plan with the job's
+        session (status()["sessions"][i]["plan"]). Raises LohanError:
+        INVALID_ARGUMENT for a malformed request (naming the field),
+        FAILED_PRECONDITION before the model is registered or when a memory
+        is short for any plan, UNAVAILABLE while lohand still measures its
+        machine, NOT_FOUND for another user's job."""
+        text = ctypes.c_void_p()
+        _check(self._lib.lohan_job_plan_json(
+            self._handle, job_id.encode(), json.dumps(request).encode(),
+            ctypes.byref(text)))
+        try:
+            return json.loads(ctypes.string_at(text).decode())
+        finally:
+            self._lib.lohan_string_free(text)

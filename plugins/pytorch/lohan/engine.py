@@ -27,6 +27,8 @@ from lohan.activations import ActivationStats, ActivationStore, BlockPasses
 from lohan.activations import block_modes
 from lohan.activations import install as install_activation_policy
 from lohan.activations import uses_store
+from lohan import activations as lohan_activations
+from lohan.auto_plan import AutoPlan, sizes_of
 from lohan.blocks import (BlocksArg, Layer, WIRE_NAMES, find_blocks,
                           plan_layers, resolve_dtype)
 from lohan.checkpoint import (CheckpointReader, parameter_aliases,
@@ -120,9 +122,10 @@ class Engine:
                  device: Union[None, str, torch.device] = None,
                  frozen_host_bytes: Optional[int] = None,
                  skip_nonfinite: bool = True, chunk_elements: int = 0,
-                 activations: Union[str, Sequence[str]] = "offload",
+                 activations: Union[str, Sequence[Any]] = "offload",
                  activation_host_bytes: Optional[int] = None,
                  activation_buffer_bytes: int = 16 * _MIB,
+                 device_memory_bytes: Optional[int] = None,
                  params: str = "auto",
                  buffers: str = "auto", stream_buffers: int = 4,
                  loss_scale: Union[None, str, float] = None,
@@ -242,7 +245,19 @@ class Engine:
         self._delete_on_failure = False  # a job this init created
         self._uninstall_activations: Callable[[], None] = lambda: None
         self._scaled_backward = False
-        # A name, or a plan (one mode per block).
+        # A name, or a plan (one mode per block). "auto" starts as
+        # "offload" (its profiling iteration).
+        auto = isinstance(activations, str) and activations == "auto"
+        if auto:
+            activations = "offload"
+        self._auto: Optional[AutoPlan] = None
+        if device_memory_bytes is not None and (
+                not auto or not isinstance(device_memory_bytes, int)
+                or device_memory_bytes <= 0):
+            raise ValueError(
+                f"device_memory_bytes={device_memory_bytes!r}: an int > 0, "
+                "with activations='auto' (the device memory its plan may "
+                "use)")
         activation_modes = block_modes(activations, len(self.blocks))
         if activation_host_bytes is not None and (
                 not isinstance(activation_host_bytes, int)
@@ -417,10 +432,23 @@ class Engine:
             if layer is not None:
                 router.block_passed(layer)
 
-        self._uninstall_activations = install_activation_policy(
-            model, self.blocks, activations, self._activations,
-            Both(self._residency, self._frozen) if self._residency else None,
-            BlockPasses(inside, passed))
+        def reinstall(policy: Any) -> None:
+            self._uninstall_activations()
+            self._uninstall_activations = lambda: None
+            self._uninstall_activations = install_activation_policy(
+                model, self.blocks, policy, self._activations,
+                Both(self._residency, self._frozen) if self._residency
+                else None, BlockPasses(inside, passed),
+                self._auto.observer if self._auto else lambda: None)
+
+        if auto:
+            self._auto = AutoPlan(
+                model, self.device,
+                lambda: lohan_activations._MIN_SWAP_BYTES,
+                activation_host_bytes, reinstall,
+                per_tensor=self.params_mode != "offload",
+                device_bytes=device_memory_bytes)
+        reinstall(activations)
         if overlap_step:
             resident_blocks = [
                 layer for layer in self.layers if layer.block is not None
@@ -1031,6 +1059,10 @@ class Engine:
         self._pull_weights()
         if self._activations is not None:
             self._activations.sweep()
+        if self._auto is not None and self._auto.waiting:
+            self._auto.after_step(
+                self._client, self._job.id,
+                sizes_of(self.model, self.blocks, self.layers))
         self.last = StepResult(float(norm), bool(clipped), bool(skipped),
                                self.iteration)
         if self._optimizer is not None:
@@ -1128,6 +1160,12 @@ class Engine:
         # nothing to copy.
         if refused is not None:
             raise refused
+
+    @property
+    def activation_plan(self) -> Optional[Dict[str, Any]]:
+        """With activations="auto": lohand's plan (JobPlan as JSON) once
+        the first iteration has profiled, else None."""
+        return self._auto.plan if self._auto is not None else None
 
     @property
     def optimizer(self) -> "torch.optim.Optimizer":
@@ -1281,6 +1319,8 @@ class Engine:
                     stacklevel=2)
             self._residency = None
         self._uninstall_activations()
+        if getattr(self, "_auto", None) is not None:
+            self._auto.close()
         if home is not None and _normalized(home) != self.device:
             self.model.to(home)
         if self._activations is not None:
@@ -1336,7 +1376,7 @@ def init(model: nn.Module, **options: Any) -> Engine:
     skip_nonfinite, clip_schedule, overlap_step, service, dtype, loss_scale,
     loss_scale_growth_interval, initial_loss_scale,
     grad_accumulation_steps, blocks, activations, activation_host_bytes,
-    activation_buffer_bytes, params, buffers, stream_buffers,
+    activation_buffer_bytes, device_memory_bytes, params, buffers, stream_buffers,
     chunk_elements, socket, job_name, resume (True: this user's job of that
     name on the daemon; a directory: a checkpoint from engine.save)."""
     return Engine(model, **options)

@@ -1,0 +1,173 @@
+"""A block whose saved tensors each follow their own decision (a
+per-tensor plan from lohand's planner): "device" keeps the tensor where
+autograd keeps it, "host" and "ssd" hand it to the ActivationStore (host
+memory; "ssd" straight to the daemon's SSDs when the store reaches them),
+"recompute" drops it and backward makes it again from the tensors it was
+made of (recompute.py).
+
+Decisions are by position: the n-th tensor the block's forward saves that
+is a candidate (not a parameter, not under the store's minimum) gets the
+n-th decision, as the profile counted them. A saved tensor that cannot be
+made again in backward (it depends on the block's input, on a random
+operator, or on something written in place since) is stored instead of
+recomputed, and one beyond the decisions is stored too: the plan decides
+the cost, never the values, which stay those of torch's own autograd.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, List, Optional, Sequence
+
+import torch
+from torch import nn
+
+from lohan.recompute import Recording, Replay, Value, recompute_flops
+
+DECISIONS = ("device", "host", "ssd", "recompute")
+
+
+class Stored:
+    """A saved tensor handed to the store; brought back once, then held
+    for any further unpack of the same saved tensor."""
+
+    __slots__ = ("store", "handle", "tensor")
+
+    def __init__(self, store: Any, handle: Any):
+        self.store = store
+        self.handle = handle
+        self.tensor: Optional[torch.Tensor] = None
+
+    def take(self) -> torch.Tensor:
+        if self.tensor is None:
+            self.tensor = self.store.get(self.handle)
+            self.handle = None
+        return self.tensor
+
+
+class Recomputed:
+    """A saved tensor made again in backward; until the block's forward
+    has ended (and it is known whether it can be) it holds the tensor."""
+
+    __slots__ = ("value", "tensor", "replay", "fallback")
+
+    def __init__(self, value: Value, tensor: torch.Tensor):
+        self.value = value
+        self.tensor: Optional[torch.Tensor] = tensor
+        self.replay: Optional[Replay] = None
+        self.fallback: Optional[Stored] = None
+
+    def take(self) -> torch.Tensor:
+        if self.fallback is not None:
+            return self.fallback.take()
+        return self.replay.value(self.value)
+
+
+def unpack(saved: Any) -> torch.Tensor:
+    return saved.take() if isinstance(saved, (Stored, Recomputed)) else saved
+
+
+def is_candidate(tensor: torch.Tensor, weights: set, min_bytes: int) -> bool:
+    """A saved tensor a plan decides on: not a parameter's storage, not
+    smaller than `min_bytes`."""
+    return (tensor.numel() * tensor.element_size() >= min_bytes
+            and tensor.untyped_storage().data_ptr() not in weights)
+
+
+class _Packer:
+    """The saved-tensor hooks of one call of a planned block."""
+
+    def __init__(self, store: Any, decisions: Sequence[str], weights: set,
+                 recording: Optional[Recording], min_bytes: int):
+        self._store = store
+        self._decisions = decisions
+        self._weights = weights
+        self._recording = recording
+        self._min_bytes = min_bytes
+        self._pending: List[Recomputed] = []
+        self.count = 0
+
+    def pack(self, tensor: torch.Tensor) -> Any:
+        if self._recording is None:  # nothing to recompute
+            return self._pack(tensor, None)
+        with self._recording.paused():
+            return self._pack(tensor, self._recording.value_of(tensor))
+
+    def _pack(self, tensor: torch.Tensor, value: Optional[Value]) -> Any:
+        if not is_candidate(tensor, self._weights, self._min_bytes):
+            self._hold(value, tensor)
+            return tensor
+        index, self.count = self.count, self.count + 1
+        decision = (self._decisions[index] if index < len(self._decisions)
+                    else "host")
+        if decision == "recompute":
+            holder = Recomputed(value, tensor)
+            self._pending.append(holder)
+            return holder
+        if decision == "device":
+            self._hold(value, tensor)
+            return tensor
+        stored = Stored(self._store,
+                        self._store.put(tensor, to_ssd=decision == "ssd"))
+        if value is not None:
+            value.saved = stored.take
+        return stored
+
+    @staticmethod
+    def _hold(value: Optional[Value], tensor: torch.Tensor) -> None:
+        """Backward may take `tensor` as it is for `value`."""
+        if value is not None:
+            value.saved = lambda: tensor
+
+    def finish(self) -> None:
+        """After the forward: every tensor to recompute that can be made
+        again drops its copy; the others go to the store."""
+        replay = Replay()
+        failed = (self._recording is None
+                  or self._recording.failed is not None)
+        for holder in self._pending:
+            if failed or recompute_flops(holder.value) is None:
+                holder.fallback = Stored(self._store,
+                                         self._store.put(holder.tensor))
+                holder.value.saved = holder.fallback.take
+            else:
+                holder.replay = replay
+            holder.tensor = None
+        self._pending = []
+
+
+def planned_forward(original: Callable, store: Any, block: nn.Module,
+                    decisions: Sequence[str], min_bytes: int,
+                    prepare: Callable[[tuple, dict], tuple]) -> Callable:
+    """The block's forward with each saved tensor placed by `decisions`.
+    `prepare(args, kwargs)` gives the call as it is to run (without a
+    key/value cache)."""
+    unknown = set(decisions) - set(DECISIONS)
+    if unknown:
+        raise ValueError(f"activations: unknown per-tensor decisions "
+                         f"{sorted(unknown)}; use {', '.join(DECISIONS)}")
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if not torch.is_grad_enabled():
+            return original(*args, **kwargs)
+        args, kwargs = prepare(args, kwargs)
+        weights = {p.untyped_storage().data_ptr() for p in block.parameters()}
+        # What backward may use as it is: the block's weights and buffers,
+        # what it got by keyword (masks, position embeddings: its caller
+        # keeps them) and its positional arguments but the floating-point
+        # ones (those are its input, which backward does not have).
+        available = list(block.parameters()) + list(block.buffers())
+        available += [v for v in kwargs.values()
+                      if isinstance(v, torch.Tensor)]
+        available += [a for a in args if isinstance(a, torch.Tensor)
+                      and not a.is_floating_point()]
+        recording = (Recording(available) if "recompute" in decisions
+                     else None)
+        packer = _Packer(store, decisions, weights, recording, min_bytes)
+        with torch.autograd.graph.saved_tensors_hooks(packer.pack, unpack):
+            with recording or contextlib.nullcontext():
+                output = original(*args, **kwargs)
+        packer.finish()
+        return output
+
+    return forward

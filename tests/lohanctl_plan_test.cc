@@ -88,6 +88,25 @@ TEST(LohanctlPlan, JsonHasEveryTensorAndTheCurve) {
   EXPECT_EQ(plan.at("tensors").list_value().values_size(), 32 * 8);
   EXPECT_GE(plan.at("curve").list_value().values_size(), 1);
   EXPECT_GT(plan.at("iteration_seconds").number_value(), 0);
+  // lohan's layout, part by part: the embeddings, the final norm with the
+  // head, then the blocks; the arena and the daemon's chunk buffers; what
+  // registering sets aside on the SSDs and a step's streamed gradients.
+  const auto& layers = json.fields().at("layer_elements").list_value();
+  ASSERT_EQ(layers.values_size(), 2 + 32);
+  double sum = 0;
+  for (const auto& layer : layers.values()) sum += layer.number_value();
+  EXPECT_EQ(sum, 6738415616.0);
+  auto number = [&](const char* field) {
+    return plan.at(field).number_value();
+  };
+  EXPECT_GT(number("arena_bytes"), 0);
+  EXPECT_GT(number("update_buffer_bytes"), 0);
+  EXPECT_EQ(number("host_fixed_bytes"),
+            number("arena_bytes") + number("update_buffer_bytes"));
+  EXPECT_GT(number("ssd_set_aside_bytes"), 2 * number("ssd_state_bytes"));
+  EXPECT_GE(number("ssd_state_bytes"), number("ssd_state_tensor_bytes"));
+  EXPECT_EQ(number("ssd_fixed_bytes"),
+            number("ssd_set_aside_bytes") + number("ssd_scratch_bytes"));
 }
 
 TEST(LohanctlPlan, AConfigJsonAndAPlot) {

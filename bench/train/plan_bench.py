@@ -250,6 +250,10 @@ def live(args, socket: str, data: List[torch.Tensor]) -> None:
         modes = plan.get("blockModes", [])
         summary = ", ".join(f"{modes.count(m)} {m}"
                             for m in sorted(set(modes)))
+        decided = [d for block in plan.get("blocks", [])
+                   for d in block.get("decisions", [])]
+        summary += " (" + ", ".join(f"{decided.count(d)} {d}" for d in
+                                    sorted(set(decided))) + ")"
         print(f"{round_:>5} {predicted:>12.3f} {auto:>8.3f} "
               f"{auto / predicted:>18.2f}x {offload:>10.3f} "
               f"{auto / offload:>12.2f}x  case {plan.get('searchCase')}, "

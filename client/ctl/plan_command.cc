@@ -133,6 +133,9 @@ absl::StatusOr<Machine> ThisMachine(const std::string& socket) {
   }
   m.optimizer_params = profile.optimizer_parameters_per_second_per_thread() *
                        profile.optimizer_threads();
+  if (status->store().block_size() > 0) {
+    m.ssd_block_bytes = status->store().block_size();
+  }
   return m;
 }
 
@@ -170,13 +173,23 @@ void PrintDetail(const Plan& plan, bool whole_blocks, bool every_block) {
       "  after    %.2f s: the embedding's update, which nothing "
       "hides\n",
       plan.estimate.tail);
+  const JobLayoutBytes& layout = plan.layout_bytes;
   std::printf(
-      "  memory: device %s working + %s kept; host %s lohan's (16-bit "
-      "weights %s) + %s activations; SSDs %s states + %s activations\n",
+      "  memory: device %s working + %s kept; host %s lohan's (arena %s, "
+      "%s; chunk buffers %s) + %s activations; SSDs %s lohan's (states %s, "
+      "set aside %s) + %s activations\n",
       Gb(plan.device_working_bytes).c_str(), Gb(plan.device_bytes).c_str(),
       Gb(plan.host_fixed_bytes).c_str(),
-      plan.weights_in_host ? "resident" : "streamed from the SSDs",
-      Gb(plan.host_bytes).c_str(), Gb(plan.ssd_states_bytes).c_str(),
+      FormatByteSize(layout.arena_bytes).c_str(),
+      plan.weights_in_host
+          ? "buffers per layer, 16-bit weights resident"
+          : absl::StrCat(layout.stream_buffers,
+                         " shared buffers, weights streamed from the SSDs")
+                .c_str(),
+      FormatByteSize(layout.update_buffer_bytes).c_str(),
+      Gb(plan.host_bytes).c_str(), Gb(plan.ssd_fixed_bytes).c_str(),
+      FormatByteSize(layout.ssd_state_bytes).c_str(),
+      FormatByteSize(layout.ssd_set_aside_bytes).c_str(),
       Gb(plan.ssd_bytes).c_str());
   // Per tensor class: how many blocks put it where.
   std::map<std::string, std::map<Decision, uint32_t>> where;
@@ -263,8 +276,17 @@ google::protobuf::Value PlanJson(const Plan& plan) {
   f["device_working_bytes"] = Number(plan.device_working_bytes);
   f["device_kept_bytes"] = Number(plan.device_bytes);
   f["host_fixed_bytes"] = Number(plan.host_fixed_bytes);
+  f["arena_bytes"] = Number(plan.layout_bytes.arena_bytes);
+  f["update_buffer_bytes"] = Number(plan.layout_bytes.update_buffer_bytes);
+  f["stream_buffers"] = Number(plan.layout_bytes.stream_buffers);
+  f["activation_area_bytes"] = Number(plan.activation_area_bytes);
   f["host_activation_bytes"] = Number(plan.host_bytes);
-  f["ssd_states_bytes"] = Number(plan.ssd_states_bytes);
+  f["ssd_fixed_bytes"] = Number(plan.ssd_fixed_bytes);
+  f["ssd_state_bytes"] = Number(plan.layout_bytes.ssd_state_bytes);
+  f["ssd_state_tensor_bytes"] =
+      Number(plan.layout_bytes.ssd_state_tensor_bytes);
+  f["ssd_scratch_bytes"] = Number(plan.layout_bytes.ssd_scratch_bytes);
+  f["ssd_set_aside_bytes"] = Number(plan.layout_bytes.ssd_set_aside_bytes);
   f["ssd_activation_bytes"] = Number(plan.ssd_bytes);
   f["recomputed_bytes"] = Number(plan.recomputed_bytes);
   f["weights_in_host"] = Number(plan.weights_in_host ? 1 : 0);
@@ -438,6 +460,10 @@ int RunPlan(const PlanOptions& options) {
     f["model"] = Text(shape->name);
     f["parameters"] = Number(counts.parameters);
     f["layers"] = Number(shape->layers);
+    auto* layer_elements = f["layer_elements"].mutable_list_value();
+    for (uint64_t elements : counts.layer_elements) {
+      *layer_elements->add_values() = Number(elements);
+    }
     f["largest_batch"] = Number(largest_batch);
     f["largest_preset"] = Text(largest_model);
     auto* list = f["plans"].mutable_list_value();

@@ -43,6 +43,16 @@ uint64_t EmbeddingParameters(const ModelShape& s) {
 
 }  // namespace
 
+std::vector<uint64_t> LayerElements(const ModelCounts& c) {
+  if (!c.layer_elements.empty()) return c.layer_elements;
+  std::vector<uint64_t> layers = {c.first_layer_parameters};
+  const uint64_t rest =
+      c.parameters - c.layers * c.block_parameters - c.first_layer_parameters;
+  if (rest > 0) layers.push_back(rest);
+  layers.insert(layers.end(), c.layers, c.block_parameters);
+  return layers;
+}
+
 ModelCounts CountModel(const ModelShape& s, uint64_t batch, uint64_t seq,
                        Attention attention) {
   ModelCounts counts;
@@ -62,6 +72,17 @@ ModelCounts CountModel(const ModelShape& s, uint64_t batch, uint64_t seq,
   counts.head_parameters = s.vocab * s.hidden;
   counts.first_layer_parameters =
       s.vocab * s.hidden + (s.max_positions + s.position_offset) * s.hidden;
+  // The final norm: scale and shift (LayerNorm) or scale (RMSNorm).
+  const uint64_t final_norm = gpt ? 2 * s.hidden : s.hidden;
+  const uint64_t untied_head = s.tied_embeddings ? 0 : s.vocab * s.hidden;
+  const uint64_t before = counts.first_layer_parameters +
+                          (s.final_norm_before_blocks ? final_norm : 0);
+  const uint64_t after =
+      untied_head + (s.final_norm_before_blocks ? 0 : final_norm);
+  counts.layer_elements = {before};
+  if (after > 0) counts.layer_elements.push_back(after);
+  counts.layer_elements.insert(counts.layer_elements.end(), s.layers,
+                               counts.block_parameters);
 
   const double norm = gpt ? kLayerNormFlops : kRmsNormFlops;
   // Per token unless noted; attention's two products are per sequence

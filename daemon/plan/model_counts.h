@@ -42,6 +42,13 @@ struct ModelCounts {
   // What forward uses first and backward's gradients reach last (the token
   // and position embeddings): the update nothing hides.
   uint64_t first_layer_parameters = 0;
+  // The daemon's layers as the plugin cuts the model (lohan/blocks.py
+  // plan_layers): the parameters outside the blocks registered before them
+  // (the embeddings; OPT's final norm too), those registered after them
+  // (the final norm, an untied head; no layer when there are none), then
+  // one per block. Sums to `parameters`. Empty in counts a client measured;
+  // then LayerElements derives it.
+  std::vector<uint64_t> layer_elements;
   // Forward FLOPs of the whole model for the batch (matrix products and
   // attention; 2 per multiply-add), and of one block.
   double forward_flops = 0;
@@ -70,6 +77,12 @@ enum class Attention {
   // x s x s, is saved.
   kEager,
 };
+
+// counts.layer_elements, or when it is empty the cut a GPT or Llama model
+// has: first_layer_parameters, then what neither it nor the blocks hold
+// (when > 0), then `layers` blocks of block_parameters. REQUIRES: the
+// blocks and the first layer add up to at most `parameters`.
+std::vector<uint64_t> LayerElements(const ModelCounts& counts);
 
 // REQUIRES: ValidateShape(shape).ok(), batch >= 1, seq >= 1.
 ModelCounts CountModel(const ModelShape& shape, uint64_t batch, uint64_t seq,

@@ -41,6 +41,53 @@ TEST(ModelCounts, ParametersMatchTheReferenceModels) {
   EXPECT_LT(p175, 176e9);
 }
 
+// The daemon's layers as the plugin cuts a model (tests/python/
+// test_plan.py checks them against lohan/blocks.py on transformers'
+// models): embeddings, the rest after the blocks, then the blocks.
+TEST(ModelCounts, LayersAreThePluginsCut) {
+  ModelShape gpt2{.name = "gpt2",
+                  .family = ModelShape::Family::kGpt,
+                  .layers = 2,
+                  .hidden = 64,
+                  .heads = 4,
+                  .kv_heads = 4,
+                  .ffn = 256,
+                  .vocab = 1000,
+                  .max_positions = 128};
+  const ModelCounts g = CountModel(gpt2, 1, 1);
+  EXPECT_EQ(g.layer_elements,
+            (std::vector<uint64_t>{1128 * 64, 2 * 64, 49984, 49984}));
+  // OPT's final LayerNorm comes before its layers: with the embeddings.
+  ModelShape opt = gpt2;
+  opt.position_offset = 2;
+  opt.final_norm_before_blocks = true;
+  EXPECT_EQ(CountModel(opt, 1, 1).layer_elements,
+            (std::vector<uint64_t>{1130 * 64 + 2 * 64, 49984, 49984}));
+  // Llama: the final RMSNorm and the untied head after the blocks; tied,
+  // the norm alone.
+  ModelShape llama = *PresetShape("llama-7b");
+  llama.layers = 2;
+  ModelCounts l = CountModel(llama, 1, 1);
+  const uint64_t embedding = llama.vocab * llama.hidden;
+  EXPECT_EQ(l.layer_elements,
+            (std::vector<uint64_t>{embedding, llama.hidden + embedding,
+                                   l.block_parameters, l.block_parameters}));
+  llama.tied_embeddings = true;
+  l = CountModel(llama, 1, 1);
+  EXPECT_EQ(l.layer_elements[1], llama.hidden);
+  // Whatever the model, they add up to its parameters; counts without
+  // them (a client's) get the same cut from their parts.
+  for (const std::string& name : PresetNames()) {
+    ModelCounts c = CountModel(Preset(name.c_str()), 1, 1);
+    uint64_t sum = 0;
+    for (uint64_t n : c.layer_elements) sum += n;
+    EXPECT_EQ(sum, c.parameters) << name;
+    const std::vector<uint64_t> cut = c.layer_elements;
+    c.layer_elements.clear();
+    EXPECT_EQ(LayerElements(c), cut) << name;
+  }
+}
+
 // Without dropout, a GPT block saves 32 s b h + 2 a s^2 b bytes in 16 bits
 // (Korthikanti et al.'s 34 s b h + 5 a s^2 b, less the dropout masks and
 // outputs).

@@ -194,6 +194,7 @@ absl::StatusOr<ModelShape> ShapeFromHfConfig(absl::string_view json,
       shape.family == Family::kGpt ? positions->value_or(2048) : 0;
   // OPT's learned positions have 2 rows more (its offset).
   shape.position_offset = model_type == "opt" ? 2 : 0;
+  shape.final_norm_before_blocks = model_type == "opt";
   shape.tied_embeddings = shape.family == Family::kGpt;
   if (auto tied = config.fields().find("tie_word_embeddings");
       tied != config.fields().end()) {

@@ -36,6 +36,10 @@ struct ModelShape {
   // The head shares the token embedding's matrix (GPT-2, OPT; Llama's is
   // its own unless its config ties them).
   bool tied_embeddings = true;
+  // The final norm is registered before the blocks (OPT's decoder): the
+  // plugin, which cuts a model in module order, trains it in one layer
+  // with the embeddings (see ModelCounts::layer_elements).
+  bool final_norm_before_blocks = false;
 
   uint64_t head_dim() const { return hidden / heads; }
   // Width of K (and of V): kv_heads x head_dim.

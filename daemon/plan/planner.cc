@@ -6,30 +6,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/common/byte_size.h"
+#include "daemon/plan/layout_bytes.h"
 
 namespace lohan {
 namespace {
 
-// lohan's host buffers for one job beside the activations: gradient and
-// weight buffers streamed in turn (4 of each, 16-bit, the largest layer),
-// the fp32 staging slot, and the update pipeline's chunk buffers (4 chunks
-// of 4 Mi parameters: fp32 master, two moments, a 16-bit gradient and
-// copy).
-constexpr uint64_t kStreamBuffers = 4;
-constexpr uint64_t kChunkBuffers = 4;
-constexpr uint64_t kChunkParameters = uint64_t{4} << 20;
-constexpr uint64_t kChunkBytesPerParameter = 12 + 2 + 2;
-
 // Bytes per parameter the optimizer reads and writes on the SSDs each
 // iteration: fp32 master weights and Adam's two moments.
 constexpr double kStateBytes = 12;
-
-// lohan's host buffers for a job whose largest layer has `largest`
-// parameters (see kStreamBuffers).
-uint64_t HostBuffers(uint64_t largest) {
-  return 2 * kStreamBuffers * 2 * largest + 4 * largest +
-         kChunkBuffers * kChunkParameters * kChunkBytesPerParameter;
-}
 
 struct Derived {
   double parameters = 0;
@@ -207,9 +191,9 @@ absl::Status ValidateCounts(const ModelCounts& c) {
     }
   }
   // The sums the plan makes: every block's saved tensors, the device's
-  // working set, lohan's host buffers, the states on the SSDs (twice the
-  // fp32 states and 16-bit copies).
-  uint64_t all_blocks, working, head, buffers, states;
+  // working set, the states on the SSDs (twice the fp32 states and 16-bit
+  // copies; LayoutBytes bounds its own).
+  uint64_t all_blocks, working, head, states;
   if (!MulAdd(c.layers, block_bytes, 0, all_blocks)) {
     return absl::InvalidArgumentError(
         "every block's saved tensors add up past 64 bits");
@@ -221,11 +205,31 @@ absl::Status ValidateCounts(const ModelCounts& c) {
         "the device's working set (block_parameters, a block's saved "
         "tensors, head_parameters, logits_bytes) adds up past 64 bits");
   }
-  if (!MulAdd(20, c.largest_layer_parameters, HostBuffers(0), buffers) ||
-      !MulAdd(28, c.parameters, 0, states)) {
+  if (!MulAdd(28, c.parameters, 0, states)) {
     return absl::InvalidArgumentError(
-        "parameters or largest_layer_parameters too large (the states' or "
-        "lohan's buffers' bytes pass 64 bits)");
+        "parameters too large (the states' bytes pass 64 bits)");
+  }
+  if (!c.layer_elements.empty()) {
+    if (c.layer_elements.size() > kMaxPlanLayers + 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer_elements has ", c.layer_elements.size(),
+                       " layers, at most ", kMaxPlanLayers + 2));
+    }
+    uint64_t sum = 0;
+    for (size_t l = 0; l < c.layer_elements.size(); ++l) {
+      if (c.layer_elements[l] == 0 ||
+          __builtin_add_overflow(sum, c.layer_elements[l], &sum)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("layer_elements[", l,
+                         "] must be at least 1 and the layers must "
+                         "add up within 64 bits"));
+      }
+    }
+    if (sum != c.parameters) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer_elements add up to ", sum, ", not parameters (",
+                       c.parameters, ")"));
+    }
   }
   return absl::OkStatus();
 }
@@ -313,10 +317,13 @@ double Plan::model_flops_per_second() const {
 namespace {
 
 // Sizes what the plan needs besides the activations in each memory and
-// what is left there for them (`layout`'s rooms where given);
-// FAILED_PRECONDITION when one is short.
+// what is left there for them (`layout`'s rooms where given; else lohan's
+// layout as lohan.init sets it up, with an activation area of
+// `activation_area` bytes in the arena, and no SSD room for activations
+// unless `spill`); FAILED_PRECONDITION when one is short.
 absl::Status SizeMemories(const Machine& m, const PlanLayout* layout,
-                          Plan& plan, Derived& d) {
+                          uint64_t activation_area, bool spill, Plan& plan,
+                          Derived& d) {
   const ModelCounts& c = plan.counts;
   // The device: two blocks' 16-bit weights (one computing, the next on its
   // way), a block's gradients, one block's saved tensors while its
@@ -341,43 +348,66 @@ absl::Status SizeMemories(const Machine& m, const PlanLayout* layout,
     // are on the SSDs; what is left for activations is the layout's.
     d.weights_in_host = layout->weights_in_host;
     plan.weights_in_host = d.weights_in_host;
+    plan.layout_bytes.arena_bytes = layout->host_fixed_bytes;
     plan.host_fixed_bytes = layout->host_fixed_bytes;
     d.host_room = layout->activation_host_bytes;
-    plan.ssd_states_bytes = 2 * (c.optimizer_state_bytes() +
-                                 (d.weights_in_host ? 0 : c.weight16_bytes()));
     d.ssd_room = layout->activation_ssd_bytes;
     return absl::OkStatus();
   }
-  // The host: lohan's buffers first; the 16-bit weights resident if they
-  // fit beside them; activations get the rest (the paper's order).
-  const uint64_t buffers = HostBuffers(c.largest_layer_parameters);
-  if (buffers > m.host_bytes) {
-    return Short(
-        "lohan's host buffers (gradients and weights streamed in "
-        "turn, staging, the optimizer's chunks)",
-        buffers, m.host_bytes, "give lohand a larger host pool");
+  // The daemon's layers as the plugin cuts the model.
+  if (c.layer_elements.empty()) {
+    uint64_t counted;
+    if (!MulAdd(c.layers, c.block_parameters, c.first_layer_parameters,
+                counted) ||
+        counted > c.parameters) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "layers x block_parameters + first_layer_parameters pass "
+          "parameters (",
+          c.parameters, "): lohan's layout for them cannot be sized"));
+    }
   }
-  d.weights_in_host = buffers + c.weight16_bytes() <= m.host_bytes;
+  const std::vector<uint64_t> layers = LayerElements(c);
+  // The host: lohan's arena and the daemon's chunk buffers, a gradient and
+  // a weight buffer per layer (the 16-bit weights resident) when they fit,
+  // as lohan.init's buffers="auto" takes them, else streamed through
+  // shared ones; activations get the rest (the paper's order).
+  absl::StatusOr<JobLayoutBytes> resident = LayoutBytes(
+      layers, /*streamed=*/false, activation_area, m.ssd_block_bytes);
+  if (!resident.ok()) return resident.status();
+  absl::StatusOr<JobLayoutBytes> streamed = LayoutBytes(
+      layers, /*streamed=*/true, activation_area, m.ssd_block_bytes);
+  if (!streamed.ok()) return streamed.status();
+  const JobLayoutBytes& bytes =
+      resident->host_bytes() <= m.host_bytes ? *resident : *streamed;
+  if (bytes.host_bytes() > m.host_bytes) {
+    return Short(
+        "lohan's host memory for the job (its arena: gradients and "
+        "weights streamed in turn, staging, the activation area; the "
+        "optimizer's chunk buffers)",
+        bytes.host_bytes(), m.host_bytes, "give lohand a larger host pool");
+  }
+  plan.layout_bytes = bytes;
+  plan.activation_area_bytes = activation_area;
+  d.weights_in_host = bytes.stream_buffers == 0;
   plan.weights_in_host = d.weights_in_host;
-  plan.host_fixed_bytes =
-      buffers + (d.weights_in_host ? c.weight16_bytes() : 0);
+  plan.host_fixed_bytes = bytes.host_bytes();
   d.host_room = m.host_bytes - plan.host_fixed_bytes;
-  // The SSDs: the states and the 16-bit copies (unless resident), twice
-  // (an update writes new versions before the old ones go).
-  plan.ssd_states_bytes = 2 * (c.optimizer_state_bytes() +
-                               (d.weights_in_host ? 0 : c.weight16_bytes()));
-  d.ssd_room = UINT64_MAX;
+  // The SSDs: what registering the model sets aside (the states and the
+  // 16-bit copies when streamed, room for their new versions), and the
+  // streamed gradients.
+  plan.ssd_fixed_bytes = bytes.ssd_bytes();
+  d.ssd_room = spill ? UINT64_MAX : 0;
   if (m.ssd_bytes > 0) {
-    if (plan.ssd_states_bytes > m.ssd_bytes) {
+    if (plan.ssd_fixed_bytes > m.ssd_bytes) {
       return Short(
           "The model's states on the SSDs (fp32 weights and Adam's "
-          "moments, 16-bit copies, room for the new versions)",
-          plan.ssd_states_bytes, m.ssd_bytes,
+          "moments, 16-bit copies, room for the new versions, streamed "
+          "gradients)",
+          plan.ssd_fixed_bytes, m.ssd_bytes,
           "add SSDs or pick a smaller model");
     }
-    d.ssd_room = m.ssd_bytes - plan.ssd_states_bytes;
+    if (spill) d.ssd_room = m.ssd_bytes - plan.ssd_fixed_bytes;
   }
-
   return absl::OkStatus();
 }
 
@@ -568,6 +598,37 @@ absl::StatusOr<Plan> MakePlan(const ModelShape& shape, uint64_t batch,
   return plan;
 }
 
+namespace {
+
+// The plan, memories sized as SizeMemories does with `activation_area`
+// and `spill`. REQUIRES: counts, machine, batch and seq checked.
+absl::StatusOr<Plan> PlanWith(const ModelCounts& counts, uint64_t batch,
+                              uint64_t seq, const Machine& m,
+                              const PlanLayout* layout, Granularity granularity,
+                              uint64_t activation_area, bool spill) {
+  Plan plan;
+  plan.batch = batch;
+  plan.seq = seq;
+  plan.counts = counts;
+  plan.counts.block_activation_bytes = 0;
+  for (const SavedTensor& tensor : counts.block_tensors) {
+    plan.counts.block_activation_bytes += tensor.bytes;  // checked
+  }
+  Derived d;
+  if (absl::Status fits =
+          SizeMemories(m, layout, activation_area, spill, plan, d);
+      !fits.ok()) {
+    return fits;
+  }
+  const std::vector<Entry> order = Search(m, d, granularity, plan);
+  if (absl::Status placed = Place(m, d, order, plan); !placed.ok()) {
+    return placed;
+  }
+  return plan;
+}
+
+}  // namespace
+
 absl::StatusOr<Plan> PlanFromCounts(const ModelCounts& counts, uint64_t batch,
                                     uint64_t seq, const Machine& m,
                                     const PlanLayout* layout,
@@ -581,23 +642,20 @@ absl::StatusOr<Plan> PlanFromCounts(const ModelCounts& counts, uint64_t batch,
         absl::StrCat("batch and seq must be at least 1, got batch ", batch,
                      " and seq ", seq));
   }
-  Plan plan;
-  plan.batch = batch;
-  plan.seq = seq;
-  plan.counts = counts;
-  plan.counts.block_activation_bytes = 0;
-  for (const SavedTensor& tensor : counts.block_tensors) {
-    plan.counts.block_activation_bytes += tensor.bytes;  // checked above
-  }
-  Derived d;
-  if (absl::Status fits = SizeMemories(m, layout, plan, d); !fits.ok()) {
-    return fits;
-  }
-  const std::vector<Entry> order = Search(m, d, granularity, plan);
-  if (absl::Status placed = Place(m, d, order, plan); !placed.ok()) {
-    return placed;
-  }
-  return plan;
+  absl::StatusOr<Plan> plan =
+      PlanWith(counts, batch, seq, m, layout, granularity, 0, true);
+  if (layout != nullptr || !plan.ok() || plan->ssd_bytes == 0) return plan;
+  // Activations go to the SSDs: the plugin swaps them through an
+  // activation area in its arena, which leaves the host less room.
+  absl::StatusOr<Plan> swapped =
+      PlanWith(counts, batch, seq, m, layout, granularity,
+               kPluginActivationAreaBytes, true);
+  if (!absl::IsFailedPrecondition(swapped.status())) return swapped;
+  // No room for the area: nothing goes to the SSDs, or, when that does
+  // not fit either, the area's refusal.
+  absl::StatusOr<Plan> kept =
+      PlanWith(counts, batch, seq, m, layout, granularity, 0, false);
+  return kept.ok() ? kept : swapped;
 }
 
 uint64_t LargestBatch(const ModelShape& shape, uint64_t seq,

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "daemon/plan/layout_bytes.h"
 #include "daemon/plan/model_counts.h"
 #include "daemon/plan/model_shape.h"
 
@@ -24,6 +25,9 @@ struct Machine {
   double ssd_read = 0;     // per SSD
   double ssd_write = 0;    // per SSD
   uint64_t ssd_bytes = 0;  // all SSDs together; 0: not a limit
+  // The store's block size (lohand's [store] block_size): each tensor
+  // version's SSD space is a multiple of it.
+  uint64_t ssd_block_bytes = 4096;
   // The CPU optimizer's parameters per second, all its threads; 0: not a
   // limit (it hides behind backward).
   double optimizer_params = 0;
@@ -110,12 +114,24 @@ struct Plan {
   // Bytes per tier of the saved tensors.
   uint64_t device_bytes = 0, host_bytes = 0, ssd_bytes = 0;
   uint64_t recomputed_bytes = 0;
-  // Memory the plan needs besides the activations.
-  uint64_t device_working_bytes = 0;      // weights, gradients, one block's
-                                          // activations in backward, logits
-  uint64_t host_fixed_bytes = 0;          // lohan's buffers, resident weights
-  bool weights_in_host = false;           // 16-bit weights resident in the pool
-  uint64_t ssd_states_bytes = 0;          // states, 16-bit copies, set-aside
+  // Memory the plan needs besides the activations. The device's: weights,
+  // gradients, one block's activations in backward, logits.
+  uint64_t device_working_bytes = 0;
+  // lohan's layout for the job, as lohan.init sets it up on the host
+  // memory the machine has (layout_bytes.h: its arena, the daemon's chunk
+  // buffers, its SSD space). With a PlanLayout only arena_bytes is
+  // filled: the job's arena.
+  JobLayoutBytes layout_bytes;
+  // Of the arena, the plugin's activation area: 0 unless activations go
+  // to the SSDs (then kPluginActivationAreaBytes, if the host holds it;
+  // else none go there).
+  uint64_t activation_area_bytes = 0;
+  // layout_bytes.host_bytes() (with a PlanLayout, its host_fixed_bytes).
+  uint64_t host_fixed_bytes = 0;
+  // A gradient and a weight buffer per layer (the 16-bit weights resident
+  // in host memory); else streamed through shared ones and the SSDs.
+  bool weights_in_host = false;
+  uint64_t ssd_fixed_bytes = 0;           // layout_bytes.ssd_bytes(); or 0
   double model_flops_per_second() const;  // useful FLOPs / iteration time
 };
 
@@ -133,9 +149,9 @@ absl::StatusOr<Plan> MakePlan(const ModelShape& shape, uint64_t batch,
                               Attention attention = Attention::kFused,
                               Granularity granularity = Granularity::kTensor);
 
-// What a running job's layout already fixes, in place of the planner's
-// model of lohan's host and SSD needs (which MakePlan sizes from the
-// counts): the room each memory has left for activations.
+// What a running job's layout already fixes, in place of the sizing of
+// lohan's layout for the counts (layout_bytes.h, which MakePlan does):
+// the room each memory has left for activations.
 struct PlanLayout {
   // Host memory for swapped activations before the SSDs (the client's
   // activation_host_bytes).

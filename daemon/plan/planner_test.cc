@@ -138,7 +138,7 @@ TEST(Planner, EveryPlanFitsEveryMemory) {
         EXPECT_EQ(ssd, plan->ssd_bytes);
         EXPECT_LE(plan->device_working_bytes + device, machine.device_bytes);
         EXPECT_LE(plan->host_fixed_bytes + host_used, machine.host_bytes);
-        EXPECT_LE(plan->ssd_states_bytes + ssd, machine.ssd_bytes);
+        EXPECT_LE(plan->ssd_fixed_bytes + ssd, machine.ssd_bytes);
         EXPECT_EQ(plan->tensors.size(),
                   shape.layers * plan->counts.block_tensors.size());
       }
@@ -194,6 +194,85 @@ TEST(Planner, WeightsStayInHostMemoryWhenTheyFitAndSpillOtherwise) {
   EXPECT_FALSE(small->weights_in_host);
   EXPECT_GT(small->ssd_bytes, 0u);  // little room: activations spill too
   EXPECT_GT(small->estimate.seconds(), big->estimate.seconds());
+}
+
+void ExpectLayout(const Plan& plan, const JobLayoutBytes& want) {
+  const JobLayoutBytes& got = plan.layout_bytes;
+  EXPECT_EQ(got.stream_buffers, want.stream_buffers);
+  EXPECT_EQ(got.arena_bytes, want.arena_bytes);
+  EXPECT_EQ(got.update_buffer_bytes, want.update_buffer_bytes);
+  EXPECT_EQ(got.ssd_state_bytes, want.ssd_state_bytes);
+  EXPECT_EQ(got.ssd_state_tensor_bytes, want.ssd_state_tensor_bytes);
+  EXPECT_EQ(got.ssd_scratch_bytes, want.ssd_scratch_bytes);
+  EXPECT_EQ(got.ssd_set_aside_bytes, want.ssd_set_aside_bytes);
+  EXPECT_EQ(plan.host_fixed_bytes, want.host_bytes());
+  EXPECT_EQ(plan.ssd_fixed_bytes, want.ssd_bytes());
+  EXPECT_EQ(plan.weights_in_host, want.stream_buffers == 0);
+}
+
+// The host and SSD needs are lohan's own layout (LayoutBytes) of the
+// layers the plugin cuts: a buffer per layer while the host holds them,
+// then shared buffers, then not at all.
+TEST(Planner, TheLayoutIsLohansOwn) {
+  const ModelShape shape = Preset("gpt-1.3b");
+  const ModelCounts counts = CountModel(shape, 8, 1024);
+  ASSERT_EQ(counts.layer_elements.size(), shape.layers + 2);
+  const JobLayoutBytes resident =
+      *LayoutBytes(counts.layer_elements, false, 0, 4096);
+  const JobLayoutBytes streamed =
+      *LayoutBytes(counts.layer_elements, true, 0, 4096);
+  ASSERT_EQ(streamed.stream_buffers, 4u);
+  ASSERT_LT(streamed.host_bytes(), resident.host_bytes());
+  // A device that keeps every activation: nothing goes to the host.
+  Machine machine = Roomy(25e9, 80 * kGiB);
+  machine.host_bytes = resident.host_bytes();
+  absl::StatusOr<Plan> plan = MakePlan(shape, 8, 1024, machine);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ExpectLayout(*plan, resident);
+  EXPECT_EQ(plan->activation_area_bytes, 0u);
+  EXPECT_EQ(plan->ssd_bytes, 0u);
+  machine.host_bytes = resident.host_bytes() - 1;
+  plan = MakePlan(shape, 8, 1024, machine);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ExpectLayout(*plan, streamed);
+  machine.host_bytes = streamed.host_bytes() - 1;
+  plan = MakePlan(shape, 8, 1024, machine);
+  EXPECT_TRUE(absl::IsFailedPrecondition(plan.status())) << plan.status();
+  EXPECT_THAT(plan.status().message(), HasSubstr("host pool"));
+  // The store's block size rounds every tensor.
+  machine = Roomy(25e9, 80 * kGiB);
+  machine.ssd_block_bytes = 1 << 20;
+  plan = MakePlan(shape, 8, 1024, machine);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ExpectLayout(*plan, *LayoutBytes(counts.layer_elements, false, 0, 1 << 20));
+}
+
+// Activations that go to the SSDs pass through the plugin's activation
+// area in the arena; a host without room for it sends none there.
+TEST(Planner, SpilledActivationsTakeTheActivationArea) {
+  const ModelShape shape = Preset("gpt-1.3b");
+  const ModelCounts counts = CountModel(shape, 8, 1024);
+  const JobLayoutBytes streamed =
+      *LayoutBytes(counts.layer_elements, true, 0, 4096);
+  const JobLayoutBytes with_area = *LayoutBytes(
+      counts.layer_elements, true, kPluginActivationAreaBytes, 4096);
+  // A device with little room beside its working set and a host with
+  // 256 MiB beside lohan's own: the block inputs alone (24 x 32 MiB)
+  // spill.
+  Machine machine = Roomy(25e9, 4 * kGiB);
+  machine.host_bytes = with_area.host_bytes() + kGiB / 4;
+  absl::StatusOr<Plan> plan = MakePlan(shape, 8, 1024, machine);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_GT(plan->ssd_bytes, 0u);
+  EXPECT_EQ(plan->activation_area_bytes, kPluginActivationAreaBytes);
+  ExpectLayout(*plan, with_area);
+  EXPECT_LE(plan->host_fixed_bytes + plan->host_bytes, machine.host_bytes);
+  // Room for lohan's layout but not for the area, and block inputs that
+  // need the SSDs: the refusal names the area.
+  machine.host_bytes = streamed.host_bytes() + kGiB / 128;
+  plan = MakePlan(shape, 8, 1024, machine);
+  EXPECT_TRUE(absl::IsFailedPrecondition(plan.status())) << plan.status();
+  EXPECT_THAT(plan.status().message(), HasSubstr("activation area"));
 }
 
 TEST(Planner, OnACpuOnlyMachineTheOptimizerAddsToBackward) {
@@ -292,6 +371,7 @@ TEST(PlanFromCounts, OfCountModelIsMakePlan) {
         EXPECT_EQ(counted->host_bytes, made->host_bytes);
         EXPECT_EQ(counted->ssd_bytes, made->ssd_bytes);
         EXPECT_EQ(counted->host_fixed_bytes, made->host_fixed_bytes);
+        EXPECT_EQ(counted->ssd_fixed_bytes, made->ssd_fixed_bytes);
         EXPECT_EQ(counted->block_modes(), made->block_modes());
         EXPECT_EQ(made->shape.name, name);
       }

@@ -14,6 +14,7 @@
 #include "daemon/optim/half.h"
 #include "daemon/optim/optim_types.h"
 #include "daemon/sched/job_meta.h"
+#include "daemon/sched/job_space.h"
 #include "daemon/sched/pipeline_util.h"
 #include "daemon/store/aligned_buffer.h"
 
@@ -40,6 +41,13 @@ size_t ReadAheadChunks(const StateLayout& state, const PipelineOptions& options,
       state.total_chunks(), options.read_ahead_bytes / buffer_bytes));
 }
 
+// A chunk buffer: [state | streamed gradient | streamed 16-bit copy].
+ChunkBufferLayout BufferOf(const StateLayout& state, const ModelLayout& layout,
+                           const PipelineOptions& options) {
+  return ChunkBufferFor(state, layout.grad_dtype, options.stream_gradients,
+                        options.stream_weight16);
+}
+
 }  // namespace
 
 JobPipeline::JobPipeline(TensorStore* store, const AdamUpdater& updater,
@@ -52,20 +60,9 @@ JobPipeline::JobPipeline(TensorStore* store, const AdamUpdater& updater,
       state_(layout),
       options_(options),
       fingerprint_(LayoutFingerprint(layout)),
-      // A chunk buffer: [state | streamed gradient | streamed 16-bit copy],
-      // each part aligned for O_DIRECT.
-      grad_offset_(RoundUp(state_.max_state_bytes(), kBufferAlignment)),
-      weight16_offset_(grad_offset_ +
-                       (options.stream_gradients
-                            ? RoundUp(state_.max_chunk_count() *
-                                          DTypeSize(layout.grad_dtype),
-                                      kBufferAlignment)
-                            : 0)),
-      buffer_bytes_(
-          weight16_offset_ +
-          (options.stream_weight16
-               ? RoundUp(state_.max_chunk_count() * 2, kBufferAlignment)
-               : 0)),
+      grad_offset_(BufferOf(state_, layout, options).grad_offset),
+      weight16_offset_(BufferOf(state_, layout, options).weight16_offset),
+      buffer_bytes_(BufferOf(state_, layout, options).bytes),
       norm_updater_(updater.OnCallingThread()),
       pool_(options.schedule == Schedule::kSerialized ? 1 : options.buffers,
             buffer_bytes_, kBufferAlignment),

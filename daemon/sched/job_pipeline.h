@@ -30,6 +30,7 @@
 #include "daemon/sched/buffer_pool.h"
 #include "daemon/sched/fair_queue.h"
 #include "daemon/sched/job_meta.h"
+#include "daemon/sched/job_space.h"
 #include "daemon/sched/memory_shares.h"
 #include "daemon/sched/model_layout.h"
 #include "daemon/store/aligned_buffer.h"
@@ -87,7 +88,7 @@ struct PipelineOptions {
   // Chunk buffers (each the largest chunk's state, block-aligned): the
   // host memory in flight. >= 3 lets a read, a compute and a write run at
   // once; kSerialized always uses 1.
-  size_t buffers = 4;
+  size_t buffers = kDefaultChunkBuffers;
   // kDeferWhenCertain, kPipelined, resident gradients (streamed ones keep
   // the SSDs busy in backward): host memory (bytes, rounded down to
   // whole chunk buffers) this job may fill, during backward, with the
@@ -342,8 +343,12 @@ class JobPipeline {
   // holds (0: off), and those whose states are read ahead now, waiting for
   // their update.
   size_t read_ahead_budget_chunks() const { return read_ahead_chunks_; }
-  // The bytes of each chunk buffer (one read-ahead takes one).
+  // The bytes of each chunk buffer (one read-ahead takes one), and of the
+  // fixed pool of them (PipelineOptions::buffers; read-ahead not counted).
   uint64_t chunk_buffer_bytes() const { return buffer_bytes_; }
+  uint64_t chunk_pool_bytes() const {
+    return pool_.count() * pool_.buffer_bytes();
+  }
   size_t chunks_read_ahead() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Ends the iteration in progress with nothing committed: work not begun

@@ -219,10 +219,6 @@ std::vector<StateLayout::Piece> StateLayout::ChunkPieces(size_t layer,
   return pieces;
 }
 
-uint64_t StateLayout::state_bytes(uint64_t count) const {
-  return count * (4 + (amsgrad_ ? 3 : 2) * moment_size_);
-}
-
 uint64_t StateLayout::max_chunk_count() const {
   uint64_t largest = 0;
   for (uint64_t n : layer_elements_) {

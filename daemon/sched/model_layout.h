@@ -39,6 +39,10 @@ struct GroupRange {
 // The usual fine-tuning group: biases and norm weights without decay.
 ElementGroup NoWeightDecayGroup();
 
+// Parameters per stored chunk when the client does not choose (ModelSpec
+// chunk_elements 0).
+inline constexpr uint64_t kDefaultChunkElements = uint64_t{4} << 20;
+
 // A job's model: layers, each one flat vector of parameters (the client
 // flattens a layer's tensors in a fixed order), and how they are trained.
 struct ModelLayout {
@@ -46,7 +50,7 @@ struct ModelLayout {
   std::vector<uint64_t> layer_elements;
   // Parameters per stored chunk (the unit read, updated and written);
   // the last chunk of a layer may be shorter. > 0.
-  uint64_t chunk_elements = uint64_t{4} << 20;
+  uint64_t chunk_elements = kDefaultChunkElements;
   // Element type of the gradients the client submits: any DType.
   DType grad_dtype = DType::kBFloat16;
   // Element type of the 16-bit weight copy written for the next forward:
@@ -138,7 +142,14 @@ class StateLayout {
   const ElementGroup& group(int32_t index) const { return groups_[index]; }
 
   // Bytes of the state tensor of a chunk of `count` parameters.
-  uint64_t state_bytes(uint64_t count) const;
+  uint64_t state_bytes(uint64_t count) const {
+    return StateBytes(count, moment_size_, amsgrad_);
+  }
+  // The same for a layout whose moments take `moment_size` bytes each
+  // (DTypeSize(ModelLayout::moment_dtype)), three of them with AMSGrad.
+  static uint64_t StateBytes(uint64_t count, size_t moment_size, bool amsgrad) {
+    return count * (4 + (amsgrad ? 3 : 2) * moment_size);
+  }
   // The most parameters in one chunk, over all layers.
   uint64_t max_chunk_count() const;
   // The largest state_bytes over all chunks.

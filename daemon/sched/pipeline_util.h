@@ -9,12 +9,13 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "daemon/sched/job_space.h"
 
 namespace lohan::sched_internal {
 
 // O_DIRECT-friendly alignment for chunk buffers (the store copies through
 // bounce buffers otherwise).
-inline constexpr size_t kBufferAlignment = 4096;
+inline constexpr size_t kBufferAlignment = kChunkBufferAlignment;
 
 inline double Now() {
   return std::chrono::duration<double>(

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "daemon/optim/half.h"
+#include "daemon/sched/job_space.h"
 #include "daemon/session/model_spec_checks.h"
 #include "spdlog/spdlog.h"
 
@@ -373,6 +374,7 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
     stats_.set_iteration(response.iteration());
     stats_.set_grad_slots(response.grad_slots());
     stats_.set_weight_slots(response.weight_slots());
+    stats_.set_update_buffer_bytes(served_->pipeline->chunk_pool_bytes());
   }
   lanes_ = std::make_unique<ServeLanes>(spec.in_order_service());
   lanes_ready_.store(lanes_.get());
@@ -387,9 +389,8 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
 
 uint64_t JobSession::UpdateSpace(const TensorStore& store,
                                  const PipelineOptions& options) const {
-  // Every state tensor has a committed and a pending version during an
-  // iteration; a tensor rewritten while pending (a clip redo) briefly has
-  // a third, one per chunk buffer in flight.
+  // The tensors the pipeline keeps (its Open created them: on a fresh job
+  // what KeptTensorSpace counts), as the store holds them.
   uint64_t footprint = 0;
   uint64_t largest = 0;
   for (const std::string& name : store.List(job_id())) {
@@ -400,7 +401,7 @@ uint64_t JobSession::UpdateSpace(const TensorStore& store,
     footprint += bytes;
     largest = std::max(largest, bytes);
   }
-  return 2 * footprint + (options.buffers + 1) * largest;
+  return UpdateSpaceBytes(footprint, largest, options.buffers);
 }
 
 absl::Status JobSession::PublishWeights(size_t layer) {

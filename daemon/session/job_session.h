@@ -53,8 +53,6 @@ class JobSession {
   // The error text area: kErrorTextRecords records (ring_entry.h).
   static constexpr uint64_t kErrorTextBytes =
       kErrorTextRecords * kErrorTextRecordBytes;
-  // Default store chunk when the client does not choose one.
-  static constexpr uint64_t kDefaultChunkElements = uint64_t{4} << 20;
 
   // RESOURCE_EXHAUSTED when the pool cannot hold `arena_bytes` (rounded up
   // to 4 KiB) or the arena is too small for the rings; ALREADY_EXISTS while

@@ -777,9 +777,7 @@ std::vector<std::string> TensorStore::Jobs() const {
 }
 
 uint64_t TensorStore::FootprintBytes(uint64_t tensor_bytes) const {
-  // Whole stripes, then the last chunk padded to the block size.
-  const uint64_t block = options_.block_size;
-  return (tensor_bytes + block - 1) / block * block;
+  return TensorFootprintBytes(tensor_bytes, options_.block_size);
 }
 
 void TensorStore::SetIoGate(IoGate* gate) { gate_ = gate; }

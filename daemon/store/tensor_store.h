@@ -20,6 +20,7 @@
 #include "daemon/store/block_device.h"
 #include "daemon/store/catalog_record.h"
 #include "daemon/store/catalog_state.h"
+#include "daemon/store/footprint.h"
 #include "daemon/store/io_gate.h"
 #include "daemon/store/record_log.h"
 #include "daemon/store/space_budget.h"
@@ -190,7 +191,8 @@ class TensorStore {
   StoreStats Stats() const;
 
   // The SSD space one version of a tensor of `tensor_bytes` takes: what a
-  // SpaceBudget is asked for and given back.
+  // SpaceBudget is asked for and given back (TensorFootprintBytes at this
+  // store's block size).
   uint64_t FootprintBytes(uint64_t tensor_bytes) const;
 
   // From now on every Write asks `budget` first (its refusal is the

@@ -113,9 +113,10 @@ def test_a_hugging_face_model_under_a_plan_gives_the_bits_of_keep(lohand):
 
 # ---------------------------------------------------------- per saved tensor
 
-# tiny_gpt's blocks save 11 candidate tensors each over 1 KiB (the profile
-# counts them; test_profile_counts_what_a_planned_block_decides checks it).
-_SAVED = 11
+# tiny_gpt's blocks save candidate tensors over 8 storages of 1 KiB or more
+# each (q, k and v share one; the profile counts them:
+# test_profile_counts_what_a_planned_block_decides checks it).
+_SAVED = 8
 
 
 def _per_tensor(pattern: Sequence[str]) -> List[str]:

@@ -52,8 +52,8 @@ def test_auto_profiles_plans_and_stays_exact(lohand):
     _assert_same(keep, auto)
     plan = auto["plan"]
     assert plan is not None and len(plan["blocks"]) == 3
-    # One decision per tensor the profile measured in a block.
-    assert all(len(d) == 11 for d in _decisions(plan))
+    # One decision per storage the profile measured in a block.
+    assert all(len(d) == 8 for d in _decisions(plan))
     assert float(plan["predictedIterationSeconds"]) > 0
     assert plan["forwardBinding"] and plan["backwardBinding"]
     # lohand keeps the plan with the session and times what follows it.

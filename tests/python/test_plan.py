@@ -11,6 +11,7 @@ from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig,
                           LlamaForCausalLM, OPTConfig, OPTForCausalLM)
 
 from conftest import built
+from lohan.blocks import find_blocks, plan_layers
 
 MACHINE = ["--device-memory", "24GiB", "--device-tflops", "165",
            "--h2d-gbps", "25", "--d2h-gbps", "25", "--host-memory", "64GiB",
@@ -54,6 +55,10 @@ def test_parameters_are_the_models(tmp_path: Path, name: str) -> None:
     assert out["model"] == name
     assert out["parameters"] == sum(unique.values())
     assert out["layers"] == config.num_hidden_layers
+    # The daemon's layers, as the plugin cuts the model (what the plan's
+    # arena and SSD space are sized for: test_plan_memory.py).
+    assert out["layer_elements"] == [
+        layer.numel for layer in plan_layers(model, find_blocks(model))]
 
 
 def test_a_gpt2_block_saves_at_least_what_the_planner_counts(

@@ -5,9 +5,10 @@ memory; "ssd" straight to the daemon's SSDs when the store reaches them),
 "recompute" drops it and backward makes it again from the tensors it was
 made of (recompute.py).
 
-Decisions are by position: the n-th tensor the block's forward saves that
-is a candidate (not a parameter, not under the store's minimum) gets the
-n-th decision, as the profile counted them. A saved tensor that cannot be
+Decisions are by position: the n-th storage the block's forward saves a
+candidate tensor over (not a parameter's, not under the store's minimum)
+gets the n-th decision, for every tensor it saves over that storage, as
+the profile counted them. A saved tensor that cannot be
 made again in backward (it depends on the block's input, on a random
 operator, or on something written in place since) is stored instead of
 recomputed, and one beyond the decisions is stored too: the plan decides
@@ -17,7 +18,7 @@ the cost, never the values, which stay those of torch's own autograd.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -68,10 +69,34 @@ def unpack(saved: Any) -> torch.Tensor:
 
 
 def is_candidate(tensor: torch.Tensor, weights: set, min_bytes: int) -> bool:
-    """A saved tensor a plan decides on: not a parameter's storage, not
-    smaller than `min_bytes`."""
-    return (tensor.numel() * tensor.element_size() >= min_bytes
-            and tensor.untyped_storage().data_ptr() not in weights)
+    """A saved tensor a plan decides on: not over a parameter's storage,
+    over a storage of at least `min_bytes` (what keeping it holds)."""
+    storage = tensor.untyped_storage()
+    return storage.nbytes() >= min_bytes and storage.data_ptr() not in weights
+
+
+class StorageOrder:
+    """Numbers the storages of a block's candidate saved tensors in the
+    order its forward first saves one over each: the index a plan's
+    decisions go by (views of one storage, such as attention's q, k and v
+    of one product, share a decision: one of them kept keeps the storage).
+    Holds a tensor of each storage until cleared (the forward's end), so no
+    address is reused for another storage meanwhile."""
+
+    def __init__(self) -> None:
+        self._indices: Dict[int, Tuple[int, torch.Tensor]] = {}
+
+    def index(self, tensor: torch.Tensor) -> Tuple[int, bool]:
+        """The storage's index, and whether this is its first tensor."""
+        pointer = tensor.untyped_storage().data_ptr()
+        found = self._indices.get(pointer)
+        if found is not None:
+            return found[0], False
+        self._indices[pointer] = (len(self._indices), tensor)
+        return len(self._indices) - 1, True
+
+    def clear(self) -> None:
+        self._indices.clear()
 
 
 class _Packer:
@@ -85,7 +110,7 @@ class _Packer:
         self._recording = recording
         self._min_bytes = min_bytes
         self._pending: List[Recomputed] = []
-        self.count = 0
+        self._order = StorageOrder()
 
     def pack(self, tensor: torch.Tensor) -> Any:
         if self._recording is None:  # nothing to recompute
@@ -97,7 +122,7 @@ class _Packer:
         if not is_candidate(tensor, self._weights, self._min_bytes):
             self._hold(value, tensor)
             return tensor
-        index, self.count = self.count, self.count + 1
+        index, _ = self._order.index(tensor)
         decision = (self._decisions[index] if index < len(self._decisions)
                     else "host")
         if decision == "recompute":
@@ -126,7 +151,7 @@ class _Packer:
         failed = (self._recording is None
                   or self._recording.failed is not None)
         for holder in self._pending:
-            if failed or recompute_flops(holder.value) is None:
+            if failed or recompute_flops([holder.value]) is None:
                 holder.fallback = Stored(self._store,
                                          self._store.put(holder.tensor))
                 holder.value.saved = holder.fallback.take
@@ -134,6 +159,7 @@ class _Packer:
                 holder.replay = replay
             holder.tensor = None
         self._pending = []
+        self._order.clear()
 
 
 def planned_forward(original: Callable, store: Any, block: nn.Module,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -27,7 +27,7 @@ from torch.utils._python_dispatch import (TorchDispatchMode,
                                           _get_current_dispatch_mode,
                                           _pop_mode_temporarily)
 
-from lohan.planned import is_candidate
+from lohan.planned import StorageOrder, is_candidate
 from lohan.recompute import Recording, _flops, recompute_flops
 
 # Bytes copied to time the host-device link (each way, best of a few).
@@ -203,26 +203,31 @@ class Profiler:
         weights = {p.untyped_storage().data_ptr() for p in block.parameters()}
         recording = Recording(list(block.parameters())
                               + list(block.buffers()))
-        saved: List[Any] = []
+        order = StorageOrder()
+        # Per storage (StorageOrder's index): its bytes and its tensors.
+        saved: List[Tuple[int, List[Any]]] = []
 
         def pack(tensor: torch.Tensor) -> torch.Tensor:
             with recording.paused():
                 value = recording.value_of(tensor)
                 value.saved = lambda: tensor
                 if is_candidate(tensor, weights, self._min_bytes()):
-                    saved.append((value,
-                                  tensor.numel() * tensor.element_size()))
+                    index, first = order.index(tensor)
+                    if first:
+                        saved.append((tensor.untyped_storage().nbytes(), []))
+                    saved[index][1].append(value)
             return tensor
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             with recording:
                 yield
+        order.clear()
         self.block_flops = recording.flops
-        for value, nbytes in saved:
+        for nbytes, values in saved:
             flops = (None if recording.failed is not None
-                     else recompute_flops(value))
-            self.tensors.append(SavedTensor(value.name, nbytes, flops or 0.0,
-                                            flops is None))
+                     else recompute_flops(values))
+            self.tensors.append(SavedTensor(values[0].name, nbytes,
+                                            flops or 0.0, flops is None))
 
     def finish(self) -> None:
         if self._started is not None:

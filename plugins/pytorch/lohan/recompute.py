@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
-from typing import Set, Tuple
+from typing import Sequence, Set, Tuple
 
 import torch
 from torch.utils import _pytree as pytree
@@ -86,22 +86,26 @@ class Value:
         self.saved: Optional[Callable[[], torch.Tensor]] = None
         self.stale = False
         self.name = str(call.func.overloadpacket) if call else "input"
-        # Its shape and strides where they describe a dense tensor: a kept
+        # Its shape and strides where no two elements overlap: a kept
         # tensor that comes back from a store (contiguous) is laid out so
         # again before an operator is replayed on it (a view, say, that
         # only works on those strides).
         shape, stride = tuple(tensor.shape), tuple(tensor.stride())
-        self.layout = (shape, stride) if _dense(shape, stride) else None
+        self.layout = ((shape, stride) if _non_overlapping(shape, stride)
+                       else None)
 
     def held_tensor(self) -> torch.Tensor:
-        """The kept or external tensor, laid out as it was recorded."""
+        """The kept or external tensor, laid out as it was recorded (with
+        the gaps between its elements, if it had any, left unset)."""
         tensor = self.saved() if self.saved is not None else self.external
         if self.layout is not None and (
                 tuple(tensor.shape), tuple(tensor.stride())) != self.layout:
             shape, stride = self.layout
-            tensor = torch.empty_strided(
-                shape, stride, dtype=tensor.dtype,
-                device=tensor.device).copy_(tensor)
+            span = 1 + sum((n - 1) * st for n, st in zip(shape, stride))
+            if min(shape, default=1) == 0:
+                span = 0
+            base = torch.empty(span, dtype=tensor.dtype, device=tensor.device)
+            tensor = base.as_strided(shape, stride).copy_(tensor)
         return tensor
 
     def held(self) -> bool:
@@ -110,15 +114,17 @@ class Value:
                                    or self.external is not None)
 
 
-def _dense(shape: Tuple[int, ...], stride: Tuple[int, ...]) -> bool:
-    """Whether the strides lay the elements out without gaps or overlaps
-    (a contiguous tensor with its dimensions permuted)."""
-    expected = 1
+def _non_overlapping(shape: Tuple[int, ...],
+                     stride: Tuple[int, ...]) -> bool:
+    """Whether the strides give every element its own place (a permuted
+    contiguous tensor, or a view with gaps such as one of q, k, v split
+    from one product; not an expanded one)."""
+    reach = 1
     for step, size in sorted((st, sz) for sz, st in zip(shape, stride)
                              if sz != 1):
-        if step != expected:
+        if step < reach:
             return False
-        expected *= size
+        reach = step * size
     return True
 
 
@@ -261,15 +267,17 @@ class Recording(TorchDispatchMode):
                     self._remember(key, Value(tensor, call, index))
 
 
-def recompute_flops(value: Value) -> Optional[float]:
-    """FLOPs to make `value` again from held Values (each operator on the
-    way counted once); None if it cannot be made again."""
+def recompute_flops(values: Sequence[Value]) -> Optional[float]:
+    """FLOPs to make `values` (tensors over one storage, made again
+    together) from held Values, each operator on the way counted once;
+    None if one cannot be made again."""
+    roots = {id(value) for value in values}
     seen: Set[int] = set()
     total = 0.0
 
-    def visit(current: Value, depth: int, root: bool) -> bool:
+    def visit(current: Value, depth: int) -> bool:
         nonlocal total
-        if not root and current.held():
+        if id(current) not in roots and current.held():
             return True
         call = current.call
         if call is None or call.random or depth > _MAX_DEPTH:
@@ -278,9 +286,9 @@ def recompute_flops(value: Value) -> Optional[float]:
             return True
         seen.add(id(call))
         total += call.flops
-        return all(visit(v, depth + 1, False) for v in call.inputs())
+        return all(visit(v, depth + 1) for v in call.inputs())
 
-    return total if visit(value, 0, True) else None
+    return total if all(visit(value, 0) for value in values) else None
 
 
 class Replay:

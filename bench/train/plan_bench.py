@@ -134,8 +134,11 @@ def measure(args, socket: str, data: List[torch.Tensor], name: str,
     torch.manual_seed(0)
     model = GPT2LMHeadModel(config(args))
     phases: List[Tuple[float, float, float]] = []
+    options = ({"device_memory_bytes": args.device_memory}
+               if activations == "auto" and args.device_memory else {})
     with lohan.init(model, lr=1e-3, socket=socket, job_name=name,
-                    dtype="bf16", activations=activations) as engine:
+                    dtype="bf16", activations=activations,
+                    **options) as engine:
         start = 0.0
         for n, ids in enumerate(data):
             if n == 3:
@@ -176,6 +179,9 @@ def main() -> None:
     parser.add_argument("--live", action="store_true",
                         help="activations='auto': the plugin's own profile "
                         "and lohand's plan, against 'offload'")
+    parser.add_argument("--device-memory", type=int, default=0,
+                        help="with --live: the device memory auto's plan "
+                        "may use (bytes; default: what the host has)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     bazel_bin = Path(os.environ.get("LOHAN_BAZEL_BIN", REPO / "bazel-bin"))

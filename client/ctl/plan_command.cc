@@ -304,6 +304,7 @@ google::protobuf::Value PlanJson(const Plan& plan) {
   for (const Estimate& e : plan.curve) {
     google::protobuf::Value point;
     auto& pf = *point.mutable_struct_value()->mutable_fields();
+    pf["saved_bytes"] = Number(e.saved_bytes);
     pf["offloaded_bytes"] = Number(e.offloaded_bytes);
     pf["iteration_seconds"] = Number(e.seconds());
     *curve->add_values() = point;
@@ -332,8 +333,9 @@ std::string Escaped(const std::string& text) {
   return out;
 }
 
-// Predicted iteration time against offloaded bytes, one line per batch,
-// the chosen point circled.
+// Predicted iteration time against the saved tensors' bytes not
+// recomputed (kept on the device while its spare memory lasts, then
+// offloaded), one line per batch, the chosen point circled.
 absl::Status WritePlot(const std::string& path, const std::vector<Plan>& plans,
                        const std::string& title) {
   constexpr double kWidth = 720, kHeight = 440, kLeft = 70, kBottom = 50,
@@ -341,7 +343,7 @@ absl::Status WritePlot(const std::string& path, const std::vector<Plan>& plans,
   double max_x = 0, max_y = 0;
   for (const Plan& plan : plans) {
     for (const Estimate& e : plan.curve) {
-      max_x = std::max(max_x, static_cast<double>(e.offloaded_bytes) / 1e9);
+      max_x = std::max(max_x, static_cast<double>(e.saved_bytes) / 1e9);
       max_y = std::max(max_y, e.seconds());
     }
   }
@@ -364,12 +366,13 @@ absl::Status WritePlot(const std::string& path, const std::vector<Plan>& plans,
       "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" "
       "stroke=\"black\"/>\n<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" "
       "y2=\"%.0f\" stroke=\"black\"/>\n"
-      "<text x=\"%.0f\" y=\"%.0f\">activations offloaded (GB)</text>\n"
+      "<text x=\"%.0f\" y=\"%.0f\">activations not recomputed (GB): kept on "
+      "the device, then offloaded</text>\n"
       "<text x=\"14\" y=\"%.0f\" transform=\"rotate(-90 14 %.0f)\">"
       "predicted iteration time (s)</text>\n",
       kWidth, kHeight, kLeft, Escaped(title), kLeft, kHeight - kBottom,
       kWidth - kRight, kHeight - kBottom, kLeft, kHeight - kBottom, kLeft, kTop,
-      kLeft + 120, kHeight - 12, kHeight / 2, kHeight / 2);
+      kLeft + 20, kHeight - 12, kHeight / 2, kHeight / 2);
   for (int tick = 0; tick <= 4; ++tick) {
     const double gb = max_x * tick / 4, s = 1.1 * max_y * tick / 4;
     svg += absl::StrFormat(
@@ -383,7 +386,7 @@ absl::Status WritePlot(const std::string& path, const std::vector<Plan>& plans,
     std::string points;
     for (const Estimate& e : plan.curve) {
       absl::StrAppendFormat(&points, "%.1f,%.1f ",
-                            x(static_cast<double>(e.offloaded_bytes) / 1e9),
+                            x(static_cast<double>(e.saved_bytes) / 1e9),
                             y(e.seconds()));
     }
     const Estimate& chosen = plan.curve[plan.chosen];
@@ -392,7 +395,7 @@ absl::Status WritePlot(const std::string& path, const std::vector<Plan>& plans,
         "points=\"%s\"/>\n<circle cx=\"%.1f\" cy=\"%.1f\" r=\"5\" "
         "fill=\"none\" stroke=\"%s\" stroke-width=\"2\"/>\n"
         "<text x=\"%.0f\" y=\"%.0f\" fill=\"%s\">batch %llu</text>\n",
-        color, points, x(static_cast<double>(chosen.offloaded_bytes) / 1e9),
+        color, points, x(static_cast<double>(chosen.saved_bytes) / 1e9),
         y(chosen.seconds()), color, kWidth - kRight + 12, kTop + 18 * (i + 1),
         color, static_cast<unsigned long long>(plan.batch));
   }

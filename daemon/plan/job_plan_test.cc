@@ -156,6 +156,9 @@ TEST(JobPlan, OneDecisionPerMeasuredTensorAndTheRoomsHonoured) {
   v1::PlanJobRequest narrow = Request();
   narrow.mutable_profile()->set_host_to_device_bytes_per_second(1e6);
   narrow.mutable_profile()->set_device_to_host_bytes_per_second(1e6);
+  // Room for the working set (about 240 MiB) and little else: what is not
+  // recomputed must cross the link.
+  narrow.mutable_profile()->set_device_bytes(256 * kMiB);
   absl::StatusOr<v1::JobPlan> plan = PlanForJob(narrow, Host(), Facts(), 0);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->search_case(), 1);

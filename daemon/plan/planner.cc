@@ -460,9 +460,18 @@ std::vector<Entry> Search(const Machine& m, const Derived& d,
         return x.benefit() != y.benefit() ? x.benefit() > y.benefit()
                                           : x.block > y.block;
       });
-  plan.curve.push_back(Estimated(
-      m, c, d, offloaded, offloaded > d.host_room ? offloaded - d.host_room : 0,
-      recompute));
+  // What the device's spare memory holds of the tensors not recomputed
+  // stays there (Place keeps it): only the rest crosses the link, and of
+  // that what the host's room does not take goes on to the SSDs.
+  const uint64_t spare = m.device_bytes - plan.device_working_bytes;
+  auto estimate = [&](uint64_t kept, double recomputed) {
+    const uint64_t moved = kept > spare ? kept - spare : 0;
+    const uint64_t spilled = moved > d.host_room ? moved - d.host_room : 0;
+    Estimate e = Estimated(m, c, d, moved, spilled, recomputed);
+    e.saved_bytes = kept;
+    return std::make_pair(e, spilled);
+  };
+  plan.curve.push_back(estimate(offloaded, recompute).first);
   // The whole curve (for the plot and the tests), as far as the SSDs can
   // take the spill; Algorithm 1 stops at its first step that does not
   // improve (convexity makes that the minimum).
@@ -470,10 +479,9 @@ std::vector<Entry> Search(const Machine& m, const Derived& d,
   for (const Entry& entry : order) {
     offloaded += entry.bytes;
     recompute -= entry.recompute_flops;
-    const uint64_t spilled =
-        offloaded > d.host_room ? offloaded - d.host_room : 0;
+    const auto [next, spilled] = estimate(offloaded, recompute);
     if (spilled > d.ssd_room) break;  // the SSDs cannot take more
-    plan.curve.push_back(Estimated(m, c, d, offloaded, spilled, recompute));
+    plan.curve.push_back(next);
     if (!stopped && !Better(plan.curve.back(), plan.curve[plan.chosen])) {
       stopped = true;
     }
@@ -567,6 +575,8 @@ absl::Status Place(const Machine& m, const Derived& d,
   // Whole tensors: what spills is what did not fit whole.
   plan.estimate = Estimated(m, c, d, plan.host_bytes + plan.ssd_bytes,
                             plan.ssd_bytes, recompute);
+  plan.estimate.saved_bytes =
+      plan.device_bytes + plan.host_bytes + plan.ssd_bytes;
   return absl::OkStatus();
 }
 

@@ -65,6 +65,9 @@ struct StageTime {
 
 // The iteration time at one offloaded amount.
 struct Estimate {
+  // Saved tensors not recomputed: kept on the device (what its spare
+  // memory holds of them) or offloaded.
+  uint64_t saved_bytes = 0;
   uint64_t offloaded_bytes = 0;  // A_G2M: host and SSD, kept ones excluded
   uint64_t ssd_bytes = 0;        // of them, spilled past the host's room
   double recompute_flops = 0;

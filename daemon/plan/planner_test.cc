@@ -27,6 +27,17 @@ Machine Roomy(double link, uint64_t device_bytes = 80 * kGiB) {
                  .ssd_write = 50e9};
 }
 
+// `machine` with device memory for the working set of `shape` at `batch`
+// x `seq` and 1 MiB more: no saved tensor can stay there, every one not
+// recomputed crosses the link (the paper's setting).
+Machine Tight(Machine machine, const ModelShape& shape, uint64_t batch,
+              uint64_t seq) {
+  absl::StatusOr<Plan> roomy = MakePlan(shape, batch, seq, machine);
+  EXPECT_TRUE(roomy.ok()) << roomy.status();
+  machine.device_bytes = roomy->device_working_bytes + (uint64_t{1} << 20);
+  return machine;
+}
+
 // The link speed at which sending every saved tensor off the device takes
 // twice the forward's compute: recompute-everything and offload-everything
 // then cost about alike, and the best point is in between.
@@ -41,22 +52,22 @@ TEST(Planner, TheThreeCasesOfAlgorithmOne) {
   const ModelShape shape = Preset("gpt-1.3b");
   const double balanced = BalancedLink(shape, 8, 1024);
   // A narrow link: offloading only costs; the block inputs alone.
-  absl::StatusOr<Plan> narrow =
-      MakePlan(shape, 8, 1024, Roomy(balanced / 100, 12 * kGiB));
+  absl::StatusOr<Plan> narrow = MakePlan(
+      shape, 8, 1024, Tight(Roomy(balanced / 100, 12 * kGiB), shape, 8, 1024));
   ASSERT_TRUE(narrow.ok()) << narrow.status();
   EXPECT_EQ(narrow->search_case, 1);
   EXPECT_EQ(narrow->chosen, 0u);
   // A wide one: compute binds even with nothing recomputed.
-  absl::StatusOr<Plan> wide =
-      MakePlan(shape, 8, 1024, Roomy(balanced * 100, 12 * kGiB));
+  absl::StatusOr<Plan> wide = MakePlan(
+      shape, 8, 1024, Tight(Roomy(balanced * 100, 12 * kGiB), shape, 8, 1024));
   ASSERT_TRUE(wide.ok()) << wide.status();
   EXPECT_EQ(wide->search_case, 2);
   EXPECT_EQ(wide->chosen, wide->curve.size() - 1);
   EXPECT_EQ(wide->recomputed_bytes, 0u);
   EXPECT_EQ(wide->estimate.recompute_flops, 0);
   // In between: a minimum inside.
-  absl::StatusOr<Plan> balanced_plan =
-      MakePlan(shape, 8, 1024, Roomy(balanced, 12 * kGiB));
+  absl::StatusOr<Plan> balanced_plan = MakePlan(
+      shape, 8, 1024, Tight(Roomy(balanced, 12 * kGiB), shape, 8, 1024));
   ASSERT_TRUE(balanced_plan.ok()) << balanced_plan.status();
   EXPECT_EQ(balanced_plan->search_case, 3);
   EXPECT_GT(balanced_plan->chosen, 0u);
@@ -65,6 +76,28 @@ TEST(Planner, TheThreeCasesOfAlgorithmOne) {
             balanced_plan->curve.front().seconds());
   EXPECT_LT(balanced_plan->curve[balanced_plan->chosen].seconds(),
             balanced_plan->curve.back().seconds());
+}
+
+// What the device's spare memory holds crosses no link: with a narrow link
+// a tight device recomputes everything but the block inputs, a roomy one
+// keeps what fits instead of recomputing it, and is faster for it.
+TEST(Planner, SavedTensorsTheDeviceHoldsCostNoTransfer) {
+  const ModelShape shape = Preset("gpt-1.3b");
+  const Machine narrow = Roomy(BalancedLink(shape, 8, 1024) / 100);
+  absl::StatusOr<Plan> tight =
+      MakePlan(shape, 8, 1024, Tight(narrow, shape, 8, 1024));
+  absl::StatusOr<Plan> roomy = MakePlan(shape, 8, 1024, narrow);
+  ASSERT_TRUE(tight.ok()) << tight.status();
+  ASSERT_TRUE(roomy.ok()) << roomy.status();
+  EXPECT_EQ(tight->search_case, 1);
+  EXPECT_GT(roomy->device_bytes, 0u);
+  EXPECT_LE(roomy->device_bytes,
+            narrow.device_bytes - roomy->device_working_bytes);
+  EXPECT_LT(roomy->estimate.recompute_flops, tight->estimate.recompute_flops);
+  EXPECT_LT(roomy->estimate.seconds(), tight->estimate.seconds());
+  // Kept tensors are not offloaded ones.
+  EXPECT_EQ(roomy->estimate.offloaded_bytes,
+            roomy->host_bytes + roomy->ssd_bytes);
 }
 
 // Along the greedy order the iteration time is convex in the offloaded
@@ -80,26 +113,30 @@ TEST(Planner, IterationTimeIsConvexAlongTheGreedyOrder) {
         machine.ssds = 2;
         machine.ssd_read = 6.5e9;
         machine.ssd_write = 3.4e9;
-        absl::StatusOr<Plan> plan = MakePlan(shape, 8, 1024, machine);
-        ASSERT_TRUE(plan.ok()) << plan.status();
-        const std::vector<Estimate>& curve = plan->curve;
-        double last_slope = -INFINITY;
-        for (size_t i = 1; i < curve.size(); ++i) {
-          const double slope =
-              (curve[i].seconds() - curve[i - 1].seconds()) /
-              static_cast<double>(curve[i].offloaded_bytes -
-                                  curve[i - 1].offloaded_bytes);
-          EXPECT_GE(slope, last_slope - 1e-18)
-              << name << " x" << scale << " host " << host << " at " << i;
-          last_slope = slope;
+        // Tight: every saved tensor not recomputed crosses the link; roomy:
+        // the first ones stay on the device for free.
+        for (const Machine& device :
+             {Tight(machine, shape, 8, 1024), machine}) {
+          absl::StatusOr<Plan> plan = MakePlan(shape, 8, 1024, device);
+          ASSERT_TRUE(plan.ok()) << plan.status();
+          const std::vector<Estimate>& curve = plan->curve;
+          double last_slope = -INFINITY;
+          for (size_t i = 1; i < curve.size(); ++i) {
+            const double slope = (curve[i].seconds() - curve[i - 1].seconds()) /
+                                 static_cast<double>(curve[i].saved_bytes -
+                                                     curve[i - 1].saved_bytes);
+            EXPECT_GE(slope, last_slope - 1e-18)
+                << name << " x" << scale << " host " << host << " at " << i;
+            last_slope = slope;
+          }
+          size_t best = 0;
+          for (size_t i = 0; i < curve.size(); ++i) {
+            if (curve[i].seconds() < curve[best].seconds()) best = i;
+          }
+          EXPECT_NEAR(curve[plan->chosen].seconds(), curve[best].seconds(),
+                      1e-9 * curve[best].seconds())
+              << name << " x" << scale;
         }
-        size_t best = 0;
-        for (size_t i = 0; i < curve.size(); ++i) {
-          if (curve[i].seconds() < curve[best].seconds()) best = i;
-        }
-        EXPECT_NEAR(curve[plan->chosen].seconds(), curve[best].seconds(),
-                    1e-9 * curve[best].seconds())
-            << name << " x" << scale;
       }
     }
   }
@@ -295,7 +332,8 @@ TEST(Planner, OnACpuOnlyMachineTheOptimizerAddsToBackward) {
 // plan the plugin can take as it is.
 TEST(Planner, PerBlockDecisionsStepAWholeBlockAtATime) {
   const ModelShape shape = Preset("gpt-1.3b");
-  const Machine machine = Roomy(BalancedLink(shape, 8, 1024), 12 * kGiB);
+  const Machine machine =
+      Tight(Roomy(BalancedLink(shape, 8, 1024)), shape, 8, 1024);
   absl::StatusOr<Plan> plan =
       MakePlan(shape, 8, 1024, machine, Attention::kFused, Granularity::kBlock);
   ASSERT_TRUE(plan.ok()) << plan.status();
@@ -303,8 +341,8 @@ TEST(Planner, PerBlockDecisionsStepAWholeBlockAtATime) {
   const uint64_t step = plan->counts.block_activation_bytes -
                         plan->counts.block_tensors.front().bytes;
   for (size_t i = 1; i < plan->curve.size(); ++i) {
-    EXPECT_EQ(plan->curve[i].offloaded_bytes,
-              plan->curve[i - 1].offloaded_bytes + step);
+    EXPECT_EQ(plan->curve[i].saved_bytes,
+              plan->curve[i - 1].saved_bytes + step);
   }
   const std::vector<std::string> modes = plan->block_modes();
   ASSERT_EQ(modes.size(), shape.layers);
@@ -434,8 +472,12 @@ TEST(PlanFromCounts, WhatBackwardCannotMakeAgainIsNeverRecomputed) {
       }
     }
   }
-  // A narrow link: only those are offloaded, everything else recomputed.
-  absl::StatusOr<Plan> narrow = PlanFromCounts(counts, 2, 512, Small(1e6));
+  // A narrow link and a device with room for its working set (about 240
+  // MiB) and little else: only those are offloaded, everything else
+  // recomputed.
+  Machine tight = Small(1e6);
+  tight.device_bytes = 256 * (uint64_t{1} << 20);
+  absl::StatusOr<Plan> narrow = PlanFromCounts(counts, 2, 512, tight);
   ASSERT_TRUE(narrow.ok()) << narrow.status();
   EXPECT_EQ(narrow->search_case, 1);
   for (const TensorPlan& tensor : narrow->tensors) {

@@ -58,7 +58,7 @@ TEST(LohanctlPlan, PerBlockPlansAreWhatThePluginTakes) {
   }
   RunResult result = Plan(args, /*machine=*/false);
   ASSERT_EQ(result.exit_code, 0) << result.err;
-  EXPECT_THAT(result.out, HasSubstr("  plugin: activations=[\"offload\"] * "));
+  EXPECT_THAT(result.out, HasSubstr("by block: activations=[\"offload\"] * "));
   EXPECT_THAT(result.out, HasSubstr("[\"swap\"] * "));
   RunResult json =
       Plan({"--model", "gpt-13b", "--batch", "16", "--per-block", "--json"});

@@ -219,12 +219,13 @@ void PrintDetail(const Plan& plan, bool whole_blocks, bool every_block) {
     runs.push_back(absl::StrCat("[\"", modes[b], "\"] * ", end - b));
     b = end;
   }
-  std::printf("  plugin: activations=%s%s\n",
-              absl::StrJoin(runs, " + ").c_str(),
-              whole_blocks ? ""
-                           : " (it takes whole blocks: a block with any tensor "
-                             "recomputed is recomputed; --per-block plans for "
-                             "that)");
+  std::printf(
+      "  plugin: activations=\"auto\" plans per saved tensor from its own "
+      "profile; by block: activations=%s%s\n",
+      absl::StrJoin(runs, " + ").c_str(),
+      whole_blocks ? ""
+                   : " (a block with any tensor recomputed is recomputed "
+                     "whole there; --per-block plans for that)");
   if (!every_block) return;
   std::printf("  per block (d device, h host, s SSD, r recompute):\n");
   for (uint32_t b = 0; b < plan.shape.layers; ++b) {

@@ -1,14 +1,21 @@
-"""Optimizer benchmark driver: lohan's AdamW kernels vs torch fused AdamW.
+"""Optimizer benchmark driver: lohan's AdamW kernels vs torch fused AdamW
+and DeepSpeed's CPUAdam.
 
-Times, in one process on the same tensor sizes:
+Times, in one process on the same tensor sizes, the contenders' steps
+interleaved round by round:
   * memcpy bandwidth (libc memcpy via ctypes.memmove, 1 and 2 threads,
     counted as bytes read + bytes written),
-  * lohan AdamW (liblohan_optim.so via ctypes): bf16 gradient in, fp32
-    weight/moments in place, bf16 weight copy out = 28 bytes per parameter,
-  * torch.optim.AdamW(fused=True) on the CPU (fp32 param, grad, moments =
-    also 28 bytes per parameter, no 16-bit copy),
-with 1 and 2 threads, and prints parameters per second, the bandwidth bound
-(memcpy bandwidth / 28 B) and the ratios ours/bound and ours/torch_fused.
+  * case fp32: fp32 gradient, weight and moments, no copy (28 bytes per
+    parameter for all): lohan's AdamW (liblohan_optim.so via ctypes),
+    torch.optim.AdamW(fused=True) and DeepSpeed's CPUAdam (JIT-built; left
+    out when it cannot be loaded),
+  * case bf16, lohan's real one: bf16 gradient in, fp32 weight and moments
+    in place, bf16 weight copy out (28 bytes per parameter for lohan, one
+    pass); the peers widen the gradient before their step and narrow the
+    weight after it (their real equivalent: two more passes),
+with 1 and 2 threads (torch.set_num_threads sets DeepSpeed's OpenMP too:
+it links torch's), and prints parameters per second, the bandwidth bound
+(memcpy bandwidth / 28 B) and the ratios ours/bound, ours/torch, ours/ds.
 
   bazel build //daemon/optim:liblohan_optim.so
   LOHAN_BAZEL_BIN=$(bazel info bazel-bin) \
@@ -88,46 +95,105 @@ def memcpy_bandwidth(threads: int, repeats: int, nbytes: int = 1 << 30) -> float
     return 2.0 * share * threads / timed(copy, repeats)
 
 
-def ours(lib: ctypes.CDLL, n: int, threads: int, repeats: int) -> tuple[float, str]:
-    handle = ctypes.c_void_p()
-    if lib.lohan_optim_create(None, threads, 1, ctypes.byref(handle)) != 0:
-        raise SystemExit(lib.lohan_optim_last_error().decode())
+class Ours:
+    """lohan's AdamW (liblohan_optim.so): `grad` fp32 or bf16 in, fp32
+    weight and moments in place, with `copy` the bf16 weight copy out in
+    the same pass."""
+
+    def __init__(self, lib: ctypes.CDLL, n: int, threads: int, bf16: bool):
+        self.lib = lib
+        self.handle = ctypes.c_void_p()
+        if lib.lohan_optim_create(None, threads, 1,
+                                  ctypes.byref(self.handle)) != 0:
+            raise SystemExit(lib.lohan_optim_last_error().decode())
+        self.n = n
+        self.w, self.m, self.v = torch.randn(n), torch.zeros(n), torch.zeros(n)
+        g = torch.randn(n) * 1e-2
+        self.bf16 = bf16
+        self.g = g.to(torch.bfloat16) if bf16 else g
+        self.out = torch.empty(n, dtype=torch.bfloat16) if bf16 else None
+        self.step = ctypes.c_int64(0)
+        self.kernel = lib.lohan_optim_kernel_name(self.handle).decode()
+
+    def __call__(self) -> None:
+        rc = self.lib.lohan_optim_adam_step(
+            self.handle, self.n, self.w.data_ptr(), self.m.data_ptr(),
+            self.v.data_ptr(), None, F32, ctypes.byref(self.step),
+            self.g.data_ptr(), BF16 if self.bf16 else F32, 1.0,
+            self.out.data_ptr() if self.bf16 else None, BF16 if self.bf16
+            else F32, 1e-3, 0.9, 0.999, 1e-8, 0.01, 1, 0, None, None)
+        if rc != 0:
+            raise SystemExit(self.lib.lohan_optim_last_error().decode())
+
+    def close(self) -> None:
+        self.lib.lohan_optim_destroy(self.handle)
+
+
+class Peer:
+    """torch's fused AdamW or DeepSpeed's CPUAdam on fp32 tensors; with
+    `bf16`, the passes a peer needs for lohan's case around its step: the
+    bf16 gradient widened into the fp32 one, and the bf16 weight copy made
+    after (what ZeRO-Offload does beside CPUAdam)."""
+
+    def __init__(self, kind: str, n: int, bf16: bool):
+        self.p = torch.nn.Parameter(torch.randn(n))
+        g = torch.randn(n) * 1e-2
+        self.p.grad = g.clone()
+        self.bf16 = bf16
+        self.g16 = g.to(torch.bfloat16) if bf16 else None
+        self.w16 = torch.empty(n, dtype=torch.bfloat16) if bf16 else None
+        if kind == "torch":
+            self.opt = torch.optim.AdamW([self.p], lr=1e-3,
+                                         weight_decay=0.01, fused=True)
+        else:
+            from deepspeed.ops.adam import DeepSpeedCPUAdam
+            self.opt = DeepSpeedCPUAdam([self.p], lr=1e-3, weight_decay=0.01,
+                                        adamw_mode=True)
+
+    def __call__(self) -> None:
+        if self.bf16:
+            self.p.grad.copy_(self.g16)
+        self.opt.step()
+        if self.bf16:
+            self.w16.copy_(self.p.detach())
+
+    def close(self) -> None:
+        del self.opt, self.p
+
+
+def deepspeed_available() -> bool:
     try:
-        w = torch.randn(n)
-        m = torch.zeros(n)
-        v = torch.zeros(n)
-        g = (torch.randn(n) * 1e-2).to(torch.bfloat16)
-        out = torch.empty(n, dtype=torch.bfloat16)
-        step = ctypes.c_int64(0)
-
-        def run() -> None:
-            rc = lib.lohan_optim_adam_step(
-                handle, n, w.data_ptr(), m.data_ptr(), v.data_ptr(), None, F32,
-                ctypes.byref(step), g.data_ptr(), BF16, 1.0, out.data_ptr(),
-                BF16, 1e-3, 0.9, 0.999, 1e-8, 0.01, 1, 0, None, None)
-            if rc != 0:
-                raise SystemExit(lib.lohan_optim_last_error().decode())
-
-        secs = timed(run, repeats)
-        return n / secs, lib.lohan_optim_kernel_name(handle).decode()
-    finally:
-        lib.lohan_optim_destroy(handle)
+        import deepspeed.ops.adam  # noqa: F401
+        from deepspeed.ops.op_builder import CPUAdamBuilder
+        CPUAdamBuilder().load(verbose=False)
+        return True
+    except Exception as error:  # not installed, or its JIT build failed
+        print(f"(DeepSpeed CPUAdam not measured: {error})")
+        return False
 
 
-def torch_fused(n: int, threads: int, repeats: int) -> float:
-    torch.set_num_threads(threads)
-    p = torch.nn.Parameter(torch.randn(n))
-    p.grad = torch.randn(n) * 1e-2
-    opt = torch.optim.AdamW([p], lr=1e-3, weight_decay=0.01, fused=True)
-    secs = timed(opt.step, repeats)
-    del opt, p
-    return n / secs
+def interleaved(contenders: dict, rounds: int) -> dict:
+    """Median seconds per step of each contender, one step each per round
+    after a warm-up step, in an order rotated every round (so drift and
+    a neighbour's cache state fall on all alike)."""
+    names = list(contenders)
+    for fn in contenders.values():
+        fn()
+    times = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            start = time.perf_counter()
+            contenders[name]()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", type=int, default=64 << 20)
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=7,
+                        help="interleaved rounds (one step of each a round)")
+    parser.add_argument("--no-deepspeed", action="store_true")
     args = parser.parse_args()
     lib = load_library()
     n = args.params
@@ -135,21 +201,36 @@ def main() -> None:
                 for line in open("/proc/cpuinfo") if line.startswith("model name")),
                platform.processor())
     print(f"date {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}"
-          f", cpu {cpu}, {os.cpu_count()} cpus, torch {torch.__version__}")
-    print(f"params {n} ({n / 2**20:.0f} M), median of {args.repeats} steps, "
-          f"{BYTES_PER_PARAM} B/param")
-    print(f"{'threads':>7} {'memcpy GB/s':>11} {'bound Mp/s':>10} "
-          f"{'ours Mp/s':>10} {'torch Mp/s':>10} {'ours/bound':>10} "
-          f"{'ours/torch':>10}  kernel")
-    for threads in (1, 2):
-        bw = memcpy_bandwidth(threads, args.repeats)
-        bound = bw / BYTES_PER_PARAM
-        ours_rate, kernel = ours(lib, n, threads, args.repeats)
-        torch_rate = torch_fused(n, threads, args.repeats)
-        print(f"{threads:>7} {bw / 1e9:>11.2f} {bound / 1e6:>10.1f} "
-              f"{ours_rate / 1e6:>10.1f} {torch_rate / 1e6:>10.1f} "
-              f"{ours_rate / bound:>10.2f} {ours_rate / torch_rate:>10.2f}  "
-              f"{kernel}", flush=True)
+          f", cpu {cpu}, {os.cpu_count()} cpus, torch {torch.__version__}, "
+          f"load {os.getloadavg()[0]:.2f}")
+    deepspeed = not args.no_deepspeed and deepspeed_available()
+    print(f"params {n} ({n / 2**20:.0f} M), median of {args.repeats} "
+          f"interleaved rounds, {BYTES_PER_PARAM} B/param for lohan")
+    print(f"{'case':>5} {'threads':>7} {'memcpy GB/s':>11} {'bound Mp/s':>10} "
+          f"{'ours Mp/s':>10} {'torch Mp/s':>10} {'ds Mp/s':>8} "
+          f"{'ours/bound':>10} {'ours/torch':>10} {'ours/ds':>8}  kernel")
+    for case in ("fp32", "bf16"):
+        bf16 = case == "bf16"
+        for threads in (1, 2):
+            torch.set_num_threads(threads)  # torch's and DeepSpeed's OpenMP
+            bw = memcpy_bandwidth(threads, args.repeats)
+            bound = bw / BYTES_PER_PARAM
+            ours = Ours(lib, n, threads, bf16)
+            contenders = {"ours": ours, "torch": Peer("torch", n, bf16)}
+            if deepspeed:
+                contenders["ds"] = Peer("ds", n, bf16)
+            secs = interleaved(contenders, args.repeats)
+            for fn in contenders.values():
+                fn.close()
+            rate = {name: n / t for name, t in secs.items()}
+            ds = rate.get("ds")
+            print(f"{case:>5} {threads:>7} {bw / 1e9:>11.2f} "
+                  f"{bound / 1e6:>10.1f} {rate['ours'] / 1e6:>10.1f} "
+                  f"{rate['torch'] / 1e6:>10.1f} "
+                  f"{(ds or 0) / 1e6:>8.1f} {rate['ours'] / bound:>10.2f} "
+                  f"{rate['ours'] / rate['torch']:>10.2f} "
+                  f"{(rate['ours'] / ds if ds else float('nan')):>8.2f}  "
+                  f"{ours.kernel}", flush=True)
 
 
 if __name__ == "__main__":

@@ -169,7 +169,8 @@ def test_per_tensor_ssd_decisions_go_to_the_ssds(lohand, pattern):
 
 class _InPlaceBlock(torch.nn.Module):
     """Writes in place into tensors it made (and a view of one), as real
-    models do (masked_fill_, a residual +=)."""
+    models do (masked_fill_, a residual +=); operators that take and give
+    lists of tensors (cat, chunk) between."""
 
     def __init__(self, dim: int):
         super().__init__()
@@ -181,7 +182,9 @@ class _InPlaceBlock(torch.nn.Module):
         g = torch.tanh(h)          # saves its output
         h.mul_(0.5)                # h was saved by nobody: changed in place
         h[..., :4].add_(1.0)       # through a view
-        y = self.b(torch.sigmoid(h) * g)
+        first, second = torch.cat([torch.sigmoid(h), g], dim=-1).chunk(
+            2, dim=-1)
+        y = self.b(first * second)
         y += x                     # a residual in place
         return y
 

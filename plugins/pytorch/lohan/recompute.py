@@ -24,11 +24,11 @@ so they give the bits of the original forward.
 from __future__ import annotations
 
 import contextlib
+import itertools
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 from typing import Sequence, Set, Tuple
 
 import torch
-from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
@@ -42,11 +42,12 @@ def tensor_key(tensor: torch.Tensor) -> Optional[tuple]:
     and dtype (views of one storage differ); None for tensors without a
     plain storage."""
     try:
-        storage = tensor.untyped_storage().data_ptr()
+        offset = tensor.storage_offset()
+        storage = tensor.data_ptr() - offset * tensor.element_size()
     except (RuntimeError, NotImplementedError):
         return None
-    return (storage, tensor.storage_offset(), tuple(tensor.shape),
-            tuple(tensor.stride()), tensor.dtype, tensor.device)
+    return (storage, offset, tuple(tensor.shape), tuple(tensor.stride()),
+            tensor.dtype, tensor.device)
 
 
 class OpCall:
@@ -86,21 +87,19 @@ class Value:
         self.saved: Optional[Callable[[], torch.Tensor]] = None
         self.stale = False
         self.name = str(call.func.overloadpacket) if call else "input"
-        # Its shape and strides where no two elements overlap: a kept
-        # tensor that comes back from a store (contiguous) is laid out so
-        # again before an operator is replayed on it (a view, say, that
-        # only works on those strides).
-        shape, stride = tuple(tensor.shape), tuple(tensor.stride())
-        self.layout = ((shape, stride) if _non_overlapping(shape, stride)
-                       else None)
+        # Its shape and strides: a kept tensor that comes back from a store
+        # (contiguous) is laid out so again before an operator is replayed
+        # on it (a view, say, that only works on those strides).
+        self.layout = (tuple(tensor.shape), tuple(tensor.stride()))
 
     def held_tensor(self) -> torch.Tensor:
         """The kept or external tensor, laid out as it was recorded (with
-        the gaps between its elements, if it had any, left unset)."""
+        the gaps between its elements, if it had any, left unset; an
+        overlapping layout, an expanded one, is left as it comes)."""
         tensor = self.saved() if self.saved is not None else self.external
-        if self.layout is not None and (
-                tuple(tensor.shape), tuple(tensor.stride())) != self.layout:
-            shape, stride = self.layout
+        shape, stride = self.layout
+        if ((tuple(tensor.shape), tuple(tensor.stride())) != self.layout
+                and _non_overlapping(shape, stride)):
             span = 1 + sum((n - 1) * st for n, st in zip(shape, stride))
             if min(shape, default=1) == 0:
                 span = 0
@@ -128,51 +127,118 @@ def _non_overlapping(shape: Tuple[int, ...],
     return True
 
 
-def _written_positions(func: Any, args: tuple, kwargs: dict) -> Set[int]:
-    """Leaf positions (of pytree.tree_flatten((args, kwargs))) of the
-    tensors `func` writes."""
-    schema = getattr(func, "_schema", None)
-    if schema is None or not schema.is_mutable:
+def _flatten(args: tuple, kwargs: dict) -> Tuple[List[Any], tuple]:
+    """An operator's arguments as leaves and the shape to rebuild them:
+    aten arguments are values or lists of them (a TensorList), never
+    deeper (pytree would do, at several times the cost per call)."""
+    leaves: List[Any] = []
+    lengths = []
+    for value in itertools.chain(args, kwargs.values()):
+        if isinstance(value, (list, tuple)):
+            lengths.append(len(value))
+            leaves.extend(value)
+        else:
+            lengths.append(-1)
+            leaves.append(value)
+    return leaves, (len(args), tuple(kwargs), tuple(lengths))
+
+
+def _unflatten(leaves: List[Any], spec: tuple) -> Tuple[list, dict]:
+    positional, keys, lengths = spec
+    values, at = [], 0
+    for length in lengths:
+        if length < 0:
+            values.append(leaves[at])
+            at += 1
+        else:
+            values.append(list(leaves[at:at + length]))
+            at += length
+    return values[:positional], dict(zip(keys, values[positional:]))
+
+
+def _outputs(out: Any) -> List[Any]:
+    """An operator's results as a flat list (a tensor, or a tuple of
+    tensors and tensor lists)."""
+    if isinstance(out, (list, tuple)):
+        flat: List[Any] = []
+        for item in out:
+            if isinstance(item, (list, tuple)):
+                flat.extend(item)
+            else:
+                flat.append(item)
+        return flat
+    return [out]
+
+
+class _OpFacts:
+    """What does not change between calls of one operator overload."""
+
+    __slots__ = ("written", "counter", "aliases", "seeded", "packet")
+
+    def __init__(self, func: Any):
+        schema = getattr(func, "_schema", None)
+        arguments = schema.arguments if schema is not None else []
+        # The names of the arguments it writes (in place, out=).
+        self.written = {a.name for a in arguments
+                        if a.alias_info is not None and a.alias_info.is_write}
+        self.packet = getattr(func, "overloadpacket", None)
+        self.counter = flop_registry.get(self.packet)
+        # Every result is a view of (or is) an input: no arithmetic.
+        self.aliases = bool(schema is not None and schema.returns and all(
+            r.alias_info is not None for r in schema.returns))
+        self.seeded = (torch.Tag.nondeterministic_seeded
+                       in getattr(func, "tags", ()))
+
+
+_FACTS: Dict[Any, _OpFacts] = {}
+
+
+def _facts(func: Any) -> _OpFacts:
+    facts = _FACTS.get(func)
+    if facts is None:
+        facts = _FACTS[func] = _OpFacts(func)
+    return facts
+
+
+def _written_positions(func: Any, facts: _OpFacts, args: tuple,
+                       kwargs: dict) -> Set[int]:
+    """Leaf positions (of _flatten) of the tensors `func` writes."""
+    if not facts.written:
         return set()
-    written_names = {a.name for a in schema.arguments
-                     if a.alias_info is not None and a.alias_info.is_write}
+    names = [a.name for a in func._schema.arguments][:len(args)]
+    names += list(kwargs)
     positions: Set[int] = set()
     offset = 0
-    for argument, value in zip(schema.arguments, args):
-        count = len(pytree.tree_leaves(value))
-        if argument.name in written_names:
-            positions.update(range(offset, offset + count))
-        offset += count
-    for name, value in kwargs.items():
-        count = len(pytree.tree_leaves(value))
-        if name in written_names:
+    for name, value in zip(names, itertools.chain(args, kwargs.values())):
+        count = len(value) if isinstance(value, (list, tuple)) else 1
+        if name in facts.written:
             positions.update(range(offset, offset + count))
         offset += count
     return positions
 
 
-def _flops(func: Any, args: tuple, kwargs: dict, out: Any) -> float:
+def _flops(func: Any, args: tuple, kwargs: dict, out: Any,
+           facts: Optional[_OpFacts] = None) -> float:
     """The operator's FLOPs: torch's counts for matrix products, attention
     and convolutions; views none; anything else one per output element."""
-    counter = flop_registry.get(getattr(func, "overloadpacket", None))
-    if counter is not None:
+    facts = facts or _facts(func)
+    if facts.counter is not None:
         try:
-            return float(counter(*args, **kwargs, out_val=out))
+            return float(facts.counter(*args, **kwargs, out_val=out))
         except Exception:  # an argument pattern the formula does not know
             pass
-    schema = getattr(func, "_schema", None)
-    if schema is not None and schema.returns and all(
-            r.alias_info is not None for r in schema.returns):
+    if facts.aliases:
         return 0.0  # a view or an in-place op returning its input
-    return float(sum(t.numel() for t in pytree.tree_leaves(out)
+    return float(sum(t.numel() for t in _outputs(out)
                      if isinstance(t, torch.Tensor)))
 
 
-def _draws_random(func: Any, args: tuple, kwargs: dict) -> bool:
+def _draws_random(func: Any, facts: _OpFacts, args: tuple,
+                  kwargs: dict) -> bool:
     """Whether this call of a seeded operator draws random numbers: not
     attention or dropout with probability 0 (or dropout outside
     training), which are deterministic whatever their tags say."""
-    if torch.Tag.nondeterministic_seeded not in getattr(func, "tags", ()):
+    if not facts.seeded:
         return False
     schema = getattr(func, "_schema", None)
     if schema is None:
@@ -181,7 +247,7 @@ def _draws_random(func: Any, args: tuple, kwargs: dict) -> bool:
     named.update(kwargs)
     if "dropout_p" in named:
         return named["dropout_p"] != 0
-    if func.overloadpacket is torch.ops.aten.native_dropout:
+    if facts.packet is torch.ops.aten.native_dropout:
         return bool(named.get("train", True)) and named.get("p", 1) != 0
     return True
 
@@ -242,14 +308,15 @@ class Recording(TorchDispatchMode):
         self._by_storage.setdefault(key[0], set()).add(key)
 
     def _record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
-        flat, spec = pytree.tree_flatten((args, kwargs))
-        written = _written_positions(func, args, kwargs)
+        facts = _facts(func)
+        flat, spec = _flatten(args, kwargs)
+        written = _written_positions(func, facts, args, kwargs)
         leaves = [self.value_of(leaf) if isinstance(leaf, torch.Tensor)
                   else leaf for leaf in flat]
-        flops = _flops(func, args, kwargs, out)
+        flops = _flops(func, args, kwargs, out, facts)
         self.flops += flops
         call = OpCall(func, spec, leaves, flops,
-                      _draws_random(func, args, kwargs), written)
+                      _draws_random(func, facts, args, kwargs), written)
         # Whatever shares the storage of a tensor written here no longer
         # holds the values its Value stands for: those Values are stale
         # (made again only from their operators), and the tensors now
@@ -260,7 +327,7 @@ class Recording(TorchDispatchMode):
                 continue
             for other in self._by_storage.pop(key[0], ()):
                 self._values.pop(other).stale = True
-        for index, tensor in enumerate(pytree.tree_leaves(out)):
+        for index, tensor in enumerate(_outputs(out)):
             if isinstance(tensor, torch.Tensor):
                 key = tensor_key(tensor)
                 if key is not None:
@@ -315,11 +382,11 @@ class Replay:
                 if position in call.written:  # the recorded input stays
                     leaf = leaf.clone()
             leaves.append(leaf)
-        args, kwargs = pytree.tree_unflatten(leaves, call.spec)
+        args, kwargs = _unflatten(leaves, call.spec)
         with contextlib.ExitStack() as stack:
             stack.enter_context(torch.no_grad())
             for device_type in ("cpu", "cuda"):
                 stack.enter_context(torch.autocast(device_type,
                                                    enabled=False))
             out = call.func(*args, **kwargs)
-        return [leaf for leaf in pytree.tree_leaves(out)]
+        return _outputs(out)

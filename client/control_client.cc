@@ -5,7 +5,7 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/common/version.h"
+#include "wire/version.h"
 
 namespace lohan {
 

@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/common/errno_status.h"
-#include "daemon/ipc/attach_protocol.h"
-#include "daemon/ipc/fd_passing.h"
+#include "wire/attach_protocol.h"
+#include "wire/errno_status.h"
+#include "wire/fd_passing.h"
 
 namespace lohan {
 namespace {

@@ -11,10 +11,10 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "daemon/common/unique_fd.h"
-#include "daemon/ipc/arena_grant.h"
-#include "daemon/ipc/ring.h"
-#include "daemon/ipc/ring_entry.h"
+#include "wire/arena_grant.h"
+#include "wire/ring.h"
+#include "wire/ring_entry.h"
+#include "wire/unique_fd.h"
 
 namespace lohan {
 

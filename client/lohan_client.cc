@@ -19,8 +19,8 @@
 #include "client/control_client.h"
 #include "client/cuda_copy.h"
 #include "client/data_plane.h"
-#include "daemon/common/version.h"
-#include "daemon/ipc/ring_entry.h"
+#include "wire/ring_entry.h"
+#include "wire/version.h"
 
 struct lohan_client {
   std::unique_ptr<lohan::ControlClient> impl;

@@ -15,12 +15,12 @@
 #include <thread>
 
 #include "client/control_client.h"
-#include "daemon/ipc/attach_protocol.h"
-#include "daemon/ipc/fd_passing.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/harness/daemon_process.h"
 #include "tests/harness/subprocess.h"
+#include "wire/attach_protocol.h"
+#include "wire/fd_passing.h"
 
 namespace lohan::testing {
 namespace {

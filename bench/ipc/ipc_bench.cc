@@ -34,10 +34,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "client/data_plane.h"
-#include "daemon/common/unique_fd.h"
-#include "daemon/ipc/ring.h"
-#include "daemon/ipc/ring_entry.h"
 #include "daemon/pool/shared_arena.h"
+#include "wire/ring.h"
+#include "wire/ring_entry.h"
+#include "wire/unique_fd.h"
 
 namespace lohan {
 namespace {

@@ -25,8 +25,8 @@
 #include "client/ctl/plan_command.h"
 #include "client/ctl/watch.h"
 #include "daemon/common/byte_size.h"
-#include "daemon/common/version.h"
 #include "daemon/plan/model_shape.h"
+#include "wire/version.h"
 
 namespace lohan {
 namespace {

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/common/errno_status.h"
+#include "wire/errno_status.h"
 
 namespace lohan {
 namespace {

@@ -10,10 +10,10 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/common/unique_fd.h"
-#include "daemon/ipc/fd_passing.h"
 #include "daemon/pool/shared_arena.h"
 #include "gtest/gtest.h"
+#include "wire/fd_passing.h"
+#include "wire/unique_fd.h"
 
 namespace lohan {
 namespace {

@@ -15,15 +15,15 @@
 
 #include <cstring>
 
-#include "daemon/common/unique_fd.h"
-#include "daemon/ipc/arena_grant.h"
 #include "daemon/ipc/entry_validator.h"
-#include "daemon/ipc/fd_passing.h"
-#include "daemon/ipc/ring.h"
-#include "daemon/ipc/ring_entry.h"
 #include "daemon/pool/host_pool.h"
 #include "daemon/pool/slot_allocator.h"
 #include "gtest/gtest.h"
+#include "wire/arena_grant.h"
+#include "wire/fd_passing.h"
+#include "wire/ring.h"
+#include "wire/ring_entry.h"
+#include "wire/unique_fd.h"
 
 namespace lohan {
 namespace {

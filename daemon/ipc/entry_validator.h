@@ -8,8 +8,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/types/span.h"
-#include "daemon/ipc/ring_entry.h"
 #include "daemon/pool/slot_allocator.h"
+#include "wire/ring_entry.h"
 
 namespace lohan {
 

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "daemon/ipc/entry_validator.h"
-#include "daemon/ipc/ring_entry.h"
 #include "daemon/pool/slot_allocator.h"
+#include "wire/ring_entry.h"
 
 namespace lohan::fuzz {
 namespace {

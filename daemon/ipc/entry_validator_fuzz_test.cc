@@ -9,8 +9,8 @@
 #include <random>
 #include <vector>
 
-#include "daemon/ipc/ring_entry.h"
 #include "gtest/gtest.h"
+#include "wire/ring_entry.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 

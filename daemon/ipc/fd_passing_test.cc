@@ -1,4 +1,4 @@
-#include "daemon/ipc/fd_passing.h"
+#include "wire/fd_passing.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

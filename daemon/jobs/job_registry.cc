@@ -13,8 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "daemon/common/byte_size.h"
-#include "daemon/common/errno_status.h"
-#include "daemon/common/unique_fd.h"
+#include "wire/errno_status.h"
+#include "wire/unique_fd.h"
 
 namespace lohan {
 namespace {

@@ -22,11 +22,9 @@
 #include "absl/strings/str_join.h"
 #include "daemon/common/byte_size.h"
 #include "daemon/common/caller.h"
-#include "daemon/common/errno_status.h"
-#include "daemon/common/unique_fd.h"
-#include "daemon/common/version.h"
 #include "daemon/config/config.h"
 #include "daemon/config/host_check.h"
+#include "daemon/ipc/unix_listener.h"
 #include "daemon/jobs/job_registry.h"
 #include "daemon/optim/adam.h"
 #include "daemon/optim/isa.h"
@@ -36,7 +34,6 @@
 #include "daemon/quota/space_ledger.h"
 #include "daemon/quota/user_limits.h"
 #include "daemon/rpc/control_server.h"
-#include "daemon/rpc/unix_listener.h"
 #include "daemon/sched/fair_gates.h"
 #include "daemon/sched/fair_queue.h"
 #include "daemon/sched/job_pipeline.h"
@@ -45,6 +42,9 @@
 #include "daemon/store/tensor_store.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
+#include "wire/errno_status.h"
+#include "wire/unique_fd.h"
+#include "wire/version.h"
 
 namespace lohan {
 namespace {

@@ -12,8 +12,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/common/byte_size.h"
-#include "daemon/common/errno_status.h"
 #include "spdlog/spdlog.h"
+#include "wire/errno_status.h"
 
 namespace lohan {
 namespace {

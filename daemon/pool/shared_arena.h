@@ -7,7 +7,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "daemon/common/unique_fd.h"
+#include "wire/unique_fd.h"
 
 namespace lohan {
 

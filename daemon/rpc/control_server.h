@@ -6,10 +6,10 @@
 #include "absl/status/statusor.h"
 #include "daemon/common/log_limiter.h"
 #include "daemon/config/config.h"
+#include "daemon/ipc/unix_listener.h"
 #include "daemon/jobs/job_registry.h"
 #include "daemon/rpc/control_service.h"
 #include "daemon/rpc/peer_table.h"
-#include "daemon/rpc/unix_listener.h"
 
 namespace grpc {
 class Server;

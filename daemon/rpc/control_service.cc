@@ -7,9 +7,9 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/common/check.h"
-#include "daemon/common/version.h"
 #include "daemon/plan/job_plan.h"
 #include "spdlog/spdlog.h"
+#include "wire/version.h"
 
 namespace lohan {
 namespace {

@@ -16,10 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/common/log_limiter.h"
-#include "daemon/ipc/arena_grant.h"
 #include "daemon/ipc/entry_validator.h"
-#include "daemon/ipc/ring.h"
-#include "daemon/ipc/ring_entry.h"
 #include "daemon/optim/adam.h"
 #include "daemon/pool/host_pool.h"
 #include "daemon/pool/slot_allocator.h"
@@ -30,6 +27,9 @@
 #include "daemon/session/serve_lanes.h"
 #include "daemon/store/tensor_store.h"
 #include "proto/lohan.pb.h"
+#include "wire/arena_grant.h"
+#include "wire/ring.h"
+#include "wire/ring_entry.h"
 
 namespace lohan {
 

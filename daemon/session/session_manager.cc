@@ -10,9 +10,9 @@
 #include "daemon/common/byte_size.h"
 #include "daemon/common/check.h"
 #include "daemon/ipc/arena_access.h"
-#include "daemon/ipc/attach_protocol.h"
-#include "daemon/ipc/fd_passing.h"
 #include "spdlog/spdlog.h"
+#include "wire/attach_protocol.h"
+#include "wire/fd_passing.h"
 
 namespace lohan {
 

@@ -14,19 +14,19 @@
 #include "absl/synchronization/mutex.h"
 #include "daemon/common/caller.h"
 #include "daemon/common/log_limiter.h"
-#include "daemon/common/unique_fd.h"
+#include "daemon/ipc/unix_listener.h"
 #include "daemon/jobs/job_registry.h"
 #include "daemon/pool/host_pool.h"
 #include "daemon/quota/space_ledger.h"
 #include "daemon/quota/user_limits.h"
-#include "daemon/rpc/unix_listener.h"
 #include "daemon/sched/memory_shares.h"
 #include "daemon/session/job_session.h"
+#include "wire/unique_fd.h"
 
 namespace lohan {
 
 // Serves the data-plane socket: each connection is one process asking for
-// its job's arena (daemon/ipc/attach_protocol.h). The process must be the
+// its job's arena (wire/attach_protocol.h). The process must be the
 // one attached to the job (JobRegistry::CheckAttachedBy, which also enforces
 // the owner's uid); it then gets the arena fd and the ring layout, and its
 // JobSession lives exactly as long as the connection: when the process

@@ -16,8 +16,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/common/check.h"
-#include "daemon/common/errno_status.h"
 #include "daemon/store/aligned_buffer.h"
+#include "wire/errno_status.h"
 
 namespace lohan {
 

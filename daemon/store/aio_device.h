@@ -12,8 +12,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "daemon/common/unique_fd.h"
 #include "daemon/store/block_device.h"
+#include "wire/unique_fd.h"
 
 namespace lohan {
 

@@ -11,8 +11,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "daemon/common/errno_status.h"
 #include "daemon/store/catalog_state.h"
+#include "wire/errno_status.h"
 
 namespace lohan {
 namespace {

@@ -9,8 +9,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "daemon/common/errno_status.h"
 #include "daemon/store/aligned_buffer.h"
+#include "wire/errno_status.h"
 
 namespace lohan {
 

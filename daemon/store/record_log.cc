@@ -9,8 +9,8 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/common/errno_status.h"
 #include "daemon/store/crc32c.h"
+#include "wire/errno_status.h"
 
 namespace lohan {
 namespace {

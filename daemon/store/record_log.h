@@ -9,7 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "daemon/common/unique_fd.h"
+#include "wire/unique_fd.h"
 
 namespace lohan {
 

@@ -10,8 +10,8 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/common/errno_status.h"
-#include "daemon/common/unique_fd.h"
+#include "wire/errno_status.h"
+#include "wire/unique_fd.h"
 
 namespace lohan {
 namespace {

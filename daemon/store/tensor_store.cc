@@ -15,11 +15,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "daemon/common/errno_status.h"
 #include "daemon/store/aio_device.h"
 #include "daemon/store/catalog_record.h"
 #include "daemon/store/catalog_recovery.h"
 #include "daemon/store/store_identity.h"
+#include "wire/errno_status.h"
 
 namespace lohan {
 

@@ -16,7 +16,6 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
-#include "daemon/common/unique_fd.h"
 #include "daemon/store/block_device.h"
 #include "daemon/store/catalog_record.h"
 #include "daemon/store/catalog_state.h"
@@ -25,6 +24,7 @@
 #include "daemon/store/record_log.h"
 #include "daemon/store/space_budget.h"
 #include "daemon/store/ssd_array.h"
+#include "wire/unique_fd.h"
 
 namespace lohan {
 

@@ -136,9 +136,17 @@ class AutoPlan:
                           "recomputed in the first iteration; the offload "
                           "policy stays", stacklevel=3)
             return
-        host_bytes = (self._host_bytes if self._host_bytes is not None
-                      else host_available_bytes())
         message = profile_message(profiler, sizes, self._device)
+        if self._device.type == "cpu":
+            # The device is the host: one memory. What stays in place is
+            # "device"; the host room is only what the budget sets apart
+            # (none without one: everything kept is the device's).
+            host_bytes = self._host_bytes or 0
+            message["deviceBytes"] = str(
+                max(1, int(message["deviceBytes"]) - host_bytes))
+        else:
+            host_bytes = (self._host_bytes if self._host_bytes is not None
+                          else host_available_bytes())
         if self._device_bytes is not None:
             message["deviceBytes"] = str(self._device_bytes)
         self._request = {"profile": message,

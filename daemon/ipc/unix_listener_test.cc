@@ -1,4 +1,4 @@
-#include "daemon/rpc/unix_listener.h"
+#include "daemon/ipc/unix_listener.h"
 
 #include <stdlib.h>
 #include <sys/socket.h>

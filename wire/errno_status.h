@@ -1,5 +1,5 @@
-#ifndef LOHAN_DAEMON_COMMON_ERRNO_STATUS_H_
-#define LOHAN_DAEMON_COMMON_ERRNO_STATUS_H_
+#ifndef LOHAN_WIRE_ERRNO_STATUS_H_
+#define LOHAN_WIRE_ERRNO_STATUS_H_
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -13,4 +13,4 @@ absl::Status ErrnoToStatus(int error_number, absl::string_view context);
 
 }  // namespace lohan
 
-#endif  // LOHAN_DAEMON_COMMON_ERRNO_STATUS_H_
+#endif  // LOHAN_WIRE_ERRNO_STATUS_H_

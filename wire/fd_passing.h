@@ -1,5 +1,5 @@
-#ifndef LOHAN_DAEMON_IPC_FD_PASSING_H_
-#define LOHAN_DAEMON_IPC_FD_PASSING_H_
+#ifndef LOHAN_WIRE_FD_PASSING_H_
+#define LOHAN_WIRE_FD_PASSING_H_
 
 #include <sys/types.h>
 
@@ -10,7 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "daemon/common/unique_fd.h"
+#include "wire/unique_fd.h"
 
 namespace lohan {
 
@@ -66,4 +66,4 @@ absl::StatusOr<PeerCredentials> ReadPeerCredentials(int socket_fd);
 
 }  // namespace lohan
 
-#endif  // LOHAN_DAEMON_IPC_FD_PASSING_H_
+#endif  // LOHAN_WIRE_FD_PASSING_H_

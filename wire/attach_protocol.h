@@ -1,5 +1,5 @@
-#ifndef LOHAN_DAEMON_IPC_ATTACH_PROTOCOL_H_
-#define LOHAN_DAEMON_IPC_ATTACH_PROTOCOL_H_
+#ifndef LOHAN_WIRE_ATTACH_PROTOCOL_H_
+#define LOHAN_WIRE_ATTACH_PROTOCOL_H_
 
 #include <cstdint>
 #include <string>
@@ -8,7 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "daemon/ipc/arena_grant.h"
+#include "wire/arena_grant.h"
 
 namespace lohan {
 
@@ -44,4 +44,4 @@ absl::StatusOr<AttachReply> DecodeAttachReply(absl::Span<const uint8_t> bytes);
 
 }  // namespace lohan
 
-#endif  // LOHAN_DAEMON_IPC_ATTACH_PROTOCOL_H_
+#endif  // LOHAN_WIRE_ATTACH_PROTOCOL_H_

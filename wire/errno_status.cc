@@ -1,4 +1,4 @@
-#include "daemon/common/errno_status.h"
+#include "wire/errno_status.h"
 
 #include <cerrno>
 #include <cstring>

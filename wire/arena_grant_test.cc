@@ -1,4 +1,4 @@
-#include "daemon/ipc/arena_grant.h"
+#include "wire/arena_grant.h"
 
 #include "gtest/gtest.h"
 

@@ -1,5 +1,5 @@
-#ifndef LOHAN_DAEMON_IPC_RING_H_
-#define LOHAN_DAEMON_IPC_RING_H_
+#ifndef LOHAN_WIRE_RING_H_
+#define LOHAN_WIRE_RING_H_
 
 #include <atomic>
 #include <cstddef>
@@ -174,4 +174,4 @@ class RingConsumer {
 
 }  // namespace lohan
 
-#endif  // LOHAN_DAEMON_IPC_RING_H_
+#endif  // LOHAN_WIRE_RING_H_

@@ -1,5 +1,5 @@
-#ifndef LOHAN_DAEMON_IPC_RING_ENTRY_H_
-#define LOHAN_DAEMON_IPC_RING_ENTRY_H_
+#ifndef LOHAN_WIRE_RING_ENTRY_H_
+#define LOHAN_WIRE_RING_ENTRY_H_
 
 // The wire layout of data-plane ring entries, shared by lohand and
 // liblohan_client. Every entry is exactly 64 bytes (one cache line) of
@@ -215,4 +215,4 @@ inline void WriteErrorText(uint8_t* area, uint64_t area_bytes,
 
 }  // namespace lohan
 
-#endif  // LOHAN_DAEMON_IPC_RING_ENTRY_H_
+#endif  // LOHAN_WIRE_RING_ENTRY_H_

@@ -1,5 +1,5 @@
-#ifndef LOHAN_DAEMON_COMMON_UNIQUE_FD_H_
-#define LOHAN_DAEMON_COMMON_UNIQUE_FD_H_
+#ifndef LOHAN_WIRE_UNIQUE_FD_H_
+#define LOHAN_WIRE_UNIQUE_FD_H_
 
 #include <unistd.h>
 
@@ -39,4 +39,4 @@ class UniqueFd {
 
 }  // namespace lohan
 
-#endif  // LOHAN_DAEMON_COMMON_UNIQUE_FD_H_
+#endif  // LOHAN_WIRE_UNIQUE_FD_H_

@@ -1,5 +1,5 @@
-#ifndef LOHAN_DAEMON_COMMON_VERSION_H_
-#define LOHAN_DAEMON_COMMON_VERSION_H_
+#ifndef LOHAN_WIRE_VERSION_H_
+#define LOHAN_WIRE_VERSION_H_
 
 namespace lohan {
 
@@ -12,4 +12,4 @@ inline constexpr unsigned kProtocolMinor = 0;
 
 }  // namespace lohan
 
-#endif  // LOHAN_DAEMON_COMMON_VERSION_H_
+#endif  // LOHAN_WIRE_VERSION_H_

@@ -1,4 +1,4 @@
-#include "daemon/ipc/ring.h"
+#include "wire/ring.h"
 
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -7,8 +7,8 @@
 #include <cstring>
 #include <thread>
 
-#include "daemon/ipc/ring_entry.h"
 #include "gtest/gtest.h"
+#include "wire/ring_entry.h"
 
 namespace lohan {
 namespace {

@@ -1,5 +1,5 @@
-#ifndef LOHAN_DAEMON_IPC_ARENA_GRANT_H_
-#define LOHAN_DAEMON_IPC_ARENA_GRANT_H_
+#ifndef LOHAN_WIRE_ARENA_GRANT_H_
+#define LOHAN_WIRE_ARENA_GRANT_H_
 
 #include <cstdint>
 #include <vector>
@@ -39,4 +39,4 @@ absl::StatusOr<ArenaGrant> DecodeArenaGrant(absl::Span<const uint8_t> bytes);
 
 }  // namespace lohan
 
-#endif  // LOHAN_DAEMON_IPC_ARENA_GRANT_H_
+#endif  // LOHAN_WIRE_ARENA_GRANT_H_

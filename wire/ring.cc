@@ -1,4 +1,4 @@
-#include "daemon/ipc/ring.h"
+#include "wire/ring.h"
 
 #include <linux/futex.h>
 #include <sys/syscall.h>
@@ -12,7 +12,7 @@
 #include <new>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/common/errno_status.h"
+#include "wire/errno_status.h"
 
 namespace lohan {
 namespace {

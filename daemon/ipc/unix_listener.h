@@ -1,5 +1,5 @@
-#ifndef LOHAN_DAEMON_RPC_UNIX_LISTENER_H_
-#define LOHAN_DAEMON_RPC_UNIX_LISTENER_H_
+#ifndef LOHAN_DAEMON_IPC_UNIX_LISTENER_H_
+#define LOHAN_DAEMON_IPC_UNIX_LISTENER_H_
 
 #include <sys/types.h>
 
@@ -10,7 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "daemon/common/caller.h"
-#include "daemon/common/unique_fd.h"
+#include "wire/unique_fd.h"
 
 namespace lohan {
 
@@ -60,4 +60,4 @@ class UnixListener {
 
 }  // namespace lohan
 
-#endif  // LOHAN_DAEMON_RPC_UNIX_LISTENER_H_
+#endif  // LOHAN_DAEMON_IPC_UNIX_LISTENER_H_

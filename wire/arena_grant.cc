@@ -1,4 +1,4 @@
-#include "daemon/ipc/arena_grant.h"
+#include "wire/arena_grant.h"
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"

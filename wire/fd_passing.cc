@@ -1,4 +1,4 @@
-#include "daemon/ipc/fd_passing.h"
+#include "wire/fd_passing.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -12,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "daemon/common/errno_status.h"
+#include "wire/errno_status.h"
 
 namespace lohan {
 namespace {

@@ -1,4 +1,4 @@
-#include "daemon/rpc/unix_listener.h"
+#include "daemon/ipc/unix_listener.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -14,9 +14,9 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/common/errno_status.h"
-#include "daemon/ipc/fd_passing.h"
 #include "spdlog/spdlog.h"
+#include "wire/errno_status.h"
+#include "wire/fd_passing.h"
 
 namespace lohan {
 namespace {

@@ -1,4 +1,4 @@
-#include "daemon/ipc/attach_protocol.h"
+#include "wire/attach_protocol.h"
 
 #include <cstring>
 

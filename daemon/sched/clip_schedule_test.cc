@@ -54,15 +54,11 @@ struct Outcome {
   std::vector<std::vector<uint16_t>> weight16;
 };
 
-class ClipScheduleTest : public ::testing::TestWithParam<Variant> {
+class ClipScheduleTest : public clip_test::UpdaterAndStoreTest<Variant> {
  protected:
   void SetUp() override {
-    auto updater = AdamUpdater::Create(nullptr, std::nullopt);
-    ASSERT_TRUE(updater.ok()) << updater.status();
-    updater_.emplace(*updater);
-    auto store = TensorStore::Open(clip_test::SmallStore(dir_));
-    ASSERT_TRUE(store.ok()) << store.status();
-    store_ = *std::move(store);
+    UpdaterAndStoreTest::SetUp();
+    if (HasFatalFailure()) return;
     layout_ = Layout(GetParam().grad_dtype);
     for (int k = 0; k < 2; ++k) {
       PipelineOptions options;
@@ -217,9 +213,6 @@ class ClipScheduleTest : public ::testing::TestWithParam<Variant> {
     return GetParam().schedule == Schedule::kAfterBackward;
   }
 
-  TempDir dir_;
-  std::optional<AdamUpdater> updater_;
-  std::unique_ptr<TensorStore> store_;
   ModelLayout layout_;
   std::unique_ptr<JobPipeline> jobs_[2];
   // Run waits for the deferred job's read-ahead before EndIteration.

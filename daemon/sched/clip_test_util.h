@@ -1,17 +1,22 @@
 #ifndef LOHAN_DAEMON_SCHED_CLIP_TEST_UTIL_H_
 #define LOHAN_DAEMON_SCHED_CLIP_TEST_UTIL_H_
 
-// What the clip-schedule and settle tests share: one small layout of
-// uneven layers and chunks, and reproducible gradients with the exact sums
-// of squares that place a clip limit at a chosen decision.
+// What the clip-schedule, settle and other pipeline tests share: one small
+// layout of uneven layers and chunks, reproducible gradients with the
+// exact sums of squares that place a clip limit at a chosen decision, and
+// the updater-and-store fixture.
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <vector>
 
+#include "daemon/optim/adam.h"
 #include "daemon/sched/model_layout.h"
 #include "daemon/store/tensor_store.h"
 #include "daemon/store/test_util.h"
+#include "gtest/gtest.h"
 
 namespace lohan {
 namespace clip_test {
@@ -46,6 +51,26 @@ Gradients MakeGradients(const ModelLayout& layout, uint32_t seed,
 // after decision `chunk` (0-based): clipping becomes certain exactly there.
 double LimitCrossingAt(const ModelLayout& layout, uint32_t seed, size_t chunk,
                        float grad_scale = 1.0f);
+
+// The fixture the pipeline tests start from: this CPU's Adam updater and
+// SmallStore in a fresh directory. A subclass that sets up more calls
+// UpdaterAndStoreTest::SetUp() first and returns on a fatal failure.
+template <class Param>
+class UpdaterAndStoreTest : public ::testing::TestWithParam<Param> {
+ protected:
+  void SetUp() override {
+    auto updater = AdamUpdater::Create(nullptr, std::nullopt);
+    ASSERT_TRUE(updater.ok()) << updater.status();
+    updater_.emplace(*updater);
+    auto store = TensorStore::Open(SmallStore(dir_));
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = *std::move(store);
+  }
+
+  testing_util::TempDir dir_;
+  std::optional<AdamUpdater> updater_;
+  std::unique_ptr<TensorStore> store_;
+};
 
 }  // namespace clip_test
 }  // namespace lohan

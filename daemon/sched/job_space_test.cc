@@ -46,21 +46,7 @@ struct Streaming {
   bool weight16;
 };
 
-class JobSpaceTest : public ::testing::TestWithParam<Streaming> {
- protected:
-  void SetUp() override {
-    auto updater = AdamUpdater::Create(nullptr, std::nullopt);
-    ASSERT_TRUE(updater.ok()) << updater.status();
-    updater_.emplace(*updater);
-    auto store = TensorStore::Open(clip_test::SmallStore(dir_));
-    ASSERT_TRUE(store.ok()) << store.status();
-    store_ = *std::move(store);
-  }
-
-  TempDir dir_;
-  std::optional<AdamUpdater> updater_;
-  std::unique_ptr<TensorStore> store_;
-};
+class JobSpaceTest : public clip_test::UpdaterAndStoreTest<Streaming> {};
 
 TEST_P(JobSpaceTest, WhatTheLayoutSaysIsWhatThePipelineTakes) {
   const Streaming streaming = GetParam();

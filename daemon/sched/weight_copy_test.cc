@@ -32,15 +32,11 @@ struct Variant {
   bool settle;
 };
 
-class WeightCopyTest : public ::testing::TestWithParam<Variant> {
+class WeightCopyTest : public clip_test::UpdaterAndStoreTest<Variant> {
  protected:
   void SetUp() override {
-    auto updater = AdamUpdater::Create(nullptr, std::nullopt);
-    ASSERT_TRUE(updater.ok()) << updater.status();
-    updater_.emplace(*updater);
-    auto store = TensorStore::Open(clip_test::SmallStore(dir_));
-    ASSERT_TRUE(store.ok()) << store.status();
-    store_ = *std::move(store);
+    UpdaterAndStoreTest::SetUp();
+    if (HasFatalFailure()) return;
     PipelineOptions options;
     options.buffers = 3;
     options.fp32_weights_out = true;
@@ -95,9 +91,6 @@ class WeightCopyTest : public ::testing::TestWithParam<Variant> {
   }
 
   const ModelLayout layout_ = Layout(DType::kFloat32);
-  TempDir dir_;
-  std::optional<AdamUpdater> updater_;
-  std::unique_ptr<TensorStore> store_;
   std::unique_ptr<JobPipeline> pipeline_;
   std::vector<std::vector<float>> out_;
   // The last iteration's: an update settling in the background reads them.

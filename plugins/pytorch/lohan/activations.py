@@ -311,10 +311,14 @@ class ActivationStore:
         self._write_pieces(handle, tensor)
         return handle
 
-    def get(self, handle: _Handle) -> torch.Tensor:
+    def get(self, handle: _Handle,
+            pinned: Optional[bool] = None) -> torch.Tensor:
         """The stored tensor, on its original device; the handle is spent
         (its storage goes back at the next sweep), but for one from
-        keep_on_ssd, which may be read again."""
+        keep_on_ssd, which may be read again. Read from the SSDs, it lands
+        in pinned host memory when `pinned` (default: when it goes back to
+        a GPU), so the copy up is asynchronous (torch's pinned allocator
+        keeps the buffer until that copy is done)."""
         if (handle.version is not None
                 and handle.tensor._version != handle.version):
             raise RuntimeError(
@@ -335,7 +339,9 @@ class ActivationStore:
             return tensor
         self._on_ssd = [ref for ref in self._on_ssd
                         if ref() is not None and ref() is not handle]
-        out = torch.empty(handle.nbytes, dtype=torch.uint8)
+        if pinned is None:
+            pinned = handle.device.type == "cuda"
+        out = torch.empty(handle.nbytes, dtype=torch.uint8, pin_memory=pinned)
         if handle.prefetch is not None:
             buffer, ticket = handle.prefetch
             handle.prefetch = None

@@ -103,15 +103,18 @@ class FrozenWeights:
         return {id(param): self._on_host(home)
                 for param, home, _ in self._homes.get(id(block), [])}
 
-    def _on_host(self, home: Any) -> torch.Tensor:
+    def _on_host(self, home: Any, pinned: bool = False) -> torch.Tensor:
+        """A home's values in host memory: the host copy, or read from the
+        SSDs (into pinned memory with `pinned`: a GPU copy follows)."""
         return home if isinstance(home, torch.Tensor) else self._store.get(
-            home)
+            home, pinned=pinned)
 
     def _copy(self, home: Any,
               device: torch.device) -> Tuple[torch.Tensor, Any]:
         # On the CPU the host copy is the parameter's storage (one read
         # from the SSDs is a fresh tensor already).
-        return to_device(self._on_host(home), device, private=False)
+        return to_device(self._on_host(home, pinned=device.type == "cuda"),
+                         device, private=False)
 
     def materialize(self, block: nn.Module) -> None:
         key = id(block)

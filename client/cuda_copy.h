@@ -46,7 +46,9 @@ absl::Status UnregisterHost(void* base);
 
 // Called exactly once, on a CUDA thread, when what was enqueued on the
 // stream before it (the copy) is done: with OK, or with the stream's error
-// (the copy then did not complete). Must not call CUDA.
+// (the copy then did not complete). Must not call CUDA, and must not lock
+// or wait (that would hold up the stream): hand the work to another thread
+// (DataPlane::Deliver).
 using AfterCopy = void (*)(void* argument, absl::Status copied);
 
 // cudaMemcpyAsync on `stream` (a cudaStream_t; NULL is the legacy default

@@ -1,9 +1,11 @@
 #include "client/data_plane.h"
 
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -33,6 +35,13 @@ absl::Status DaemonGone() {
       "whatever was committed is kept: open the job again (in the plugin "
       "lohan.init(..., resume=True)) and it says which iteration the job "
       "is at");
+}
+
+absl::Status SubmitterStopped() {
+  return absl::CancelledError(
+      "the data plane closed before this request was submitted (it had been "
+      "handed to the data plane's submitter, e.g. by a CUDA copy's "
+      "callback)");
 }
 
 }  // namespace
@@ -97,24 +106,118 @@ absl::StatusOr<std::unique_ptr<DataPlane>> DataPlane::Adopt(
     munmap(mapping, grant.arena_bytes);
     return !submissions.ok() ? submissions.status() : completions.status();
   }
-  return std::unique_ptr<DataPlane>(
-      new DataPlane(std::move(connection), mapping, grant,
-                    *std::move(submissions), *std::move(completions)));
+  UniqueFd handoff_event(eventfd(0, EFD_CLOEXEC));
+  if (!handoff_event) {
+    munmap(mapping, grant.arena_bytes);
+    return ErrnoToStatus(errno, "eventfd for the data plane's submitter");
+  }
+  return std::unique_ptr<DataPlane>(new DataPlane(
+      std::move(connection), mapping, grant, *std::move(submissions),
+      *std::move(completions), std::move(handoff_event)));
 }
 
 DataPlane::DataPlane(UniqueFd connection, uint8_t* base, ArenaGrant grant,
-                     RingProducer submissions, RingConsumer completions)
+                     RingProducer submissions, RingConsumer completions,
+                     UniqueFd handoff_event)
     : connection_(std::move(connection)),
       base_(base),
       grant_(grant),
       max_in_flight_(std::min(submissions.geometry().capacity,
                               completions.geometry().capacity)),
       submissions_(std::move(submissions)),
-      completions_(std::move(completions)) {}
+      completions_(std::move(completions)),
+      handoff_event_(std::move(handoff_event)),
+      submitter_([this] { SubmitterLoop(); }) {}
 
 DataPlane::~DataPlane() {
+  StopSubmitter();
   munmap(base_, grant_.arena_bytes);
   connection_.reset();
+}
+
+// -------------------------------------------------------------- submitter
+
+void DataPlane::Deliver(std::unique_ptr<HandOff> handoff, absl::Status status) {
+  HandOff* node = handoff.release();
+  node->status = std::move(status);
+  HandOff* head = handoffs_.load(std::memory_order_relaxed);
+  do {
+    node->next = head;
+  } while (!handoffs_.compare_exchange_weak(
+      head, node, std::memory_order_release, std::memory_order_relaxed));
+  // Never blocks: the counter cannot get near its limit (2^64 - 2).
+  const uint64_t one = 1;
+  (void)!write(handoff_event_.get(), &one, sizeof(one));
+}
+
+std::unique_ptr<DataPlane::HandOff> DataPlane::TakeHandOffs() {
+  HandOff* newest = handoffs_.exchange(nullptr, std::memory_order_acquire);
+  HandOff* oldest = nullptr;
+  while (newest != nullptr) {  // reverse: oldest first
+    HandOff* next = newest->next;
+    newest->next = oldest;
+    oldest = newest;
+    newest = next;
+  }
+  return std::unique_ptr<HandOff>(oldest);
+}
+
+void DataPlane::Carry(HandOff& handoff) {
+  if (!handoff.submit) {
+    Cancel(handoff.ticket);
+  } else if (!handoff.status.ok()) {
+    FailReserved(handoff.ticket, std::move(handoff.status));
+  } else if (stopping_.load(std::memory_order_acquire)) {
+    FailReserved(handoff.ticket, SubmitterStopped());
+  } else {
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = requests_.find(handoff.ticket);
+      if (it == requests_.end() || it->second.state != State::kReserved) {
+        return;  // not a reserved ticket: nothing to submit it as
+      }
+    }
+    // A failure is the ticket's result (SubmitAs records it).
+    (void)SubmitAs(handoff.ticket, handoff.entry, kHandOffTimeout, &stopping_);
+  }
+}
+
+void DataPlane::SubmitterLoop() {
+  while (true) {
+    uint64_t count = 0;
+    const ssize_t got = read(handoff_event_.get(), &count, sizeof(count));
+    if (got < 0 && errno != EINTR) {
+      // Cannot happen on a valid eventfd; do not spin on it.
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    std::unique_ptr<HandOff> handoff = TakeHandOffs();
+    while (handoff != nullptr) {
+      Carry(*handoff);
+      handoff.reset(std::exchange(handoff->next, nullptr));
+    }
+    if (stopping_.load(std::memory_order_acquire)) return;
+  }
+}
+
+void DataPlane::StopSubmitter() {
+  if (!submitter_.joinable()) return;
+  stopping_.store(true, std::memory_order_release);
+  const uint64_t one = 1;
+  (void)!write(handoff_event_.get(), &one, sizeof(one));
+  {
+    // Wakes a submitter waiting for room on progress_: it holds mu_ from
+    // its check of stopping_ until it sleeps, so it cannot miss this.
+    absl::MutexLock lock(&mu_);
+    progress_.SignalAll();
+  }
+  submitter_.join();
+  // Nothing should be left (deliveries end before the stop), but fail
+  // whatever is rather than leave its waiter hanging.
+  std::unique_ptr<HandOff> handoff = TakeHandOffs();
+  while (handoff != nullptr) {
+    Carry(*handoff);
+    handoff.reset(std::exchange(handoff->next, nullptr));
+  }
 }
 
 void DataPlane::SetErrorText(uint64_t offset, uint64_t bytes) {
@@ -210,14 +313,17 @@ void DataPlane::FailReservedLocked(Ticket ticket, absl::Status error) {
   progress_.SignalAll();
 }
 
-absl::StatusOr<DataPlane::Ticket> DataPlane::AdmitLocked(Ticket reserved,
-                                                         absl::Time deadline) {
+absl::StatusOr<DataPlane::Ticket> DataPlane::AdmitLocked(
+    Ticket reserved, absl::Time deadline, const std::atomic<bool>* cancel) {
   if (reserved == 0 && requests_.size() >= kMaxOutstandingTickets) {
     return absl::ResourceExhaustedError(absl::StrCat(
         requests_.size(), " tickets have not been waited for; wait for them"));
   }
   while (true) {
     if (!gone_.ok()) return gone_;
+    if (cancel != nullptr && cancel->load(std::memory_order_acquire)) {
+      return SubmitterStopped();
+    }
     if (in_flight_ < max_in_flight_) break;
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(
@@ -240,7 +346,8 @@ absl::StatusOr<DataPlane::Ticket> DataPlane::AdmitLocked(Ticket reserved,
 }
 
 absl::Status DataPlane::PushLocked(const SubmissionEntry& entry,
-                                   absl::Time deadline) {
+                                   absl::Time deadline,
+                                   const std::atomic<bool>* cancel) {
   while (true) {
     absl::StatusOr<bool> pushed = submissions_.TryPush(&entry);
     if (!pushed.ok()) return pushed.status();
@@ -248,6 +355,9 @@ absl::Status DataPlane::PushLocked(const SubmissionEntry& entry,
     // Cannot happen with a well-behaved daemon (we never have more in
     // flight than the ring holds), but a stuck one must not hang us.
     if (PeerGone()) return DaemonGone();
+    if (cancel != nullptr && cancel->load(std::memory_order_acquire)) {
+      return SubmitterStopped();
+    }
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) {
       return absl::DeadlineExceededError(
@@ -259,15 +369,15 @@ absl::Status DataPlane::PushLocked(const SubmissionEntry& entry,
   }
 }
 
-absl::StatusOr<DataPlane::Ticket> DataPlane::SubmitAs(Ticket reserved,
-                                                      SubmissionEntry entry,
-                                                      absl::Duration timeout) {
+absl::StatusOr<DataPlane::Ticket> DataPlane::SubmitAs(
+    Ticket reserved, SubmissionEntry entry, absl::Duration timeout,
+    const std::atomic<bool>* cancel) {
   const absl::Time deadline = DeadlineAfter(timeout);
   absl::MutexLock submit_lock(&submit_mu_);
   Ticket ticket = 0;
   {
     absl::MutexLock lock(&mu_);
-    absl::StatusOr<Ticket> admitted = AdmitLocked(reserved, deadline);
+    absl::StatusOr<Ticket> admitted = AdmitLocked(reserved, deadline, cancel);
     if (!admitted.ok()) {
       // The failure is the reserved ticket's result.
       if (reserved != 0) FailReservedLocked(reserved, admitted.status());
@@ -279,7 +389,7 @@ absl::StatusOr<DataPlane::Ticket> DataPlane::SubmitAs(Ticket reserved,
     request.end = entry.slot_offset + entry.length;
   }
   entry.request_id = ticket;
-  absl::Status pushed = PushLocked(entry, deadline);
+  absl::Status pushed = PushLocked(entry, deadline, cancel);
   absl::MutexLock lock(&mu_);
   if (!pushed.ok()) {
     // It never reached the daemon.

@@ -1,10 +1,12 @@
 #ifndef LOHAN_CLIENT_DATA_PLANE_H_
 #define LOHAN_CLIENT_DATA_PLANE_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -31,15 +33,25 @@ namespace lohan {
 // ticket is waited for, once. Call is Submit + Wait.
 //
 // Thread-safe: any number of threads may submit, wait and poll at once (a
-// CUDA host-function thread among them). The completion ring has one reader
-// at a time: the thread that finds nobody draining drains (for a bounded
-// slice), the others sleep on a condition variable until it hands over; the
-// drainer itself sleeps on the ring's futex doorbell. Nothing spins.
+// CUDA host function only Delivers, below: it must not lock or wait). The
+// completion ring has one reader at a time: the thread that finds nobody
+// draining drains (for a bounded slice), the others sleep on a condition
+// variable until it hands over; the drainer itself sleeps on the ring's futex
+// doorbell. Nothing spins.
 //
 // The daemon going away (crash, restart, closing the session) is noticed
 // within kLivenessInterval by whoever drains (the connection hangs up):
 // every request in flight then fails with UNAVAILABLE, as does everything
 // after. A corrupt completion ring (DATA_LOSS) does the same.
+//
+// The submitter: a thread the plane owns (started by the constructor,
+// stopped and joined by StopSubmitter or the destructor) that submits the
+// entries Deliver hands it, for callers that must not lock or wait (a CUDA
+// stream callback). Deliver pushes onto a lock-free list and writes an
+// eventfd: it never locks, waits or allocates; its room (the HandOff) was
+// allocated by the caller up front, with the ticket, so it cannot be full.
+// The submitter takes hand-offs in the order they were delivered (FIFO), so
+// what one thread (one stream) delivers is submitted in that order.
 //
 // Bounds: at most max_in_flight() requests are submitted and not yet drained
 // (the smaller ring's capacity, so neither ring can fill up and deadlock the
@@ -67,11 +79,43 @@ class DataPlane {
   static absl::StatusOr<std::unique_ptr<DataPlane>> Adopt(
       UniqueFd connection, uint8_t* mapping, const ArenaGrant& grant);
 
+  // What a caller that must not wait (a CUDA stream callback) hands the
+  // submitter: made, with its reserved ticket, before the work that ends in
+  // Deliver is started (so the hand-off itself needs no room).
+  struct HandOff {
+    Ticket ticket = 0;  // a reserved ticket (Reserve)
+    // True: submit `entry` under the ticket (SubmitReserved) when the
+    // delivered status is OK, else fail the ticket with it (FailReserved).
+    // False: only release the ticket's arena bytes (Cancel), whatever the
+    // status.
+    bool submit = false;
+    SubmissionEntry entry{};
+    // Set by Deliver and the submitter's list; not the caller's.
+    absl::Status status;
+    HandOff* next = nullptr;
+  };
+  // How long the submitter waits for room in flight for one hand-off.
+  static constexpr absl::Duration kHandOffTimeout = absl::Hours(24);
+
   DataPlane(const DataPlane&) = delete;
   DataPlane& operator=(const DataPlane&) = delete;
-  // Unmaps the arena and closes the connection.
-  // REQUIRES: no thread is inside a method of this object.
+  // Stops the submitter (StopSubmitter), unmaps the arena and closes the
+  // connection. REQUIRES: no thread is inside a method of this object.
   ~DataPlane();
+
+  // Hands `handoff` (its ticket reserved and not yet submitted, failed or
+  // cancelled) with `status` to the submitter thread, which does what
+  // HandOff says; a failure there (no room in time, the daemon gone, the
+  // submitter stopped: CANCELLED) becomes the ticket's result, so whoever
+  // waits for it learns of it. Never locks, waits or allocates: safe from a
+  // CUDA host function. Any number of threads may deliver at once.
+  // REQUIRES: StopSubmitter has not been called (deliveries end first).
+  void Deliver(std::unique_ptr<HandOff> handoff, absl::Status status);
+  // Stops the submitter and joins it, within about kLivenessInterval: the
+  // hand-off it is submitting and every one still queued fail with
+  // CANCELLED (released ones are released). Idempotent; the destructor
+  // calls it. REQUIRES: not called concurrently with itself or Deliver.
+  void StopSubmitter() ABSL_LOCKS_EXCLUDED(submit_mu_, mu_);
 
   // Where the daemon writes the text of failed requests
   // (RegisterModelResponse.error_text_offset/bytes); ignored when outside
@@ -156,7 +200,16 @@ class DataPlane {
   };
 
   DataPlane(UniqueFd connection, uint8_t* base, ArenaGrant grant,
-            RingProducer submissions, RingConsumer completions);
+            RingProducer submissions, RingConsumer completions,
+            UniqueFd handoff_event);
+
+  // The submitter thread: takes what Deliver queued, in order, until
+  // stopping_.
+  void SubmitterLoop();
+  // Does what `handoff` says (fails it with CANCELLED when stopping_).
+  void Carry(HandOff& handoff);
+  // The queued hand-offs, oldest first; the queue is empty afterwards.
+  std::unique_ptr<HandOff> TakeHandOffs();
 
   void FailReservedLocked(Ticket ticket, absl::Status error)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -167,12 +220,16 @@ class DataPlane {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits (draining when nobody else does) until a request may be
   // submitted; then registers `reserved` (or a new ticket) as in flight.
-  absl::StatusOr<Ticket> AdmitLocked(Ticket reserved, absl::Time deadline)
+  // A set `*cancel` (when given) ends the wait with CANCELLED.
+  absl::StatusOr<Ticket> AdmitLocked(Ticket reserved, absl::Time deadline,
+                                     const std::atomic<bool>* cancel)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(submit_mu_, mu_);
-  absl::Status PushLocked(const SubmissionEntry& entry, absl::Time deadline)
+  absl::Status PushLocked(const SubmissionEntry& entry, absl::Time deadline,
+                          const std::atomic<bool>* cancel)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(submit_mu_);
   absl::StatusOr<Ticket> SubmitAs(Ticket reserved, SubmissionEntry entry,
-                                  absl::Duration timeout)
+                                  absl::Duration timeout,
+                                  const std::atomic<bool>* cancel = nullptr)
       ABSL_LOCKS_EXCLUDED(submit_mu_, mu_);
   // One step towards `deadline`: drains one slice if nobody is draining and
   // something is in flight, else sleeps until the drainer's next batch or a
@@ -222,6 +279,13 @@ class DataPlane {
   size_t reserved_ ABSL_GUARDED_BY(mu_) = 0;
   // Set once the daemon is gone or the completion ring is broken.
   absl::Status gone_ ABSL_GUARDED_BY(mu_);
+
+  // The submitter's queue: a lock-free stack Deliver pushes on (newest
+  // first) and the submitter empties at once; the eventfd counts pushes.
+  std::atomic<HandOff*> handoffs_{nullptr};
+  UniqueFd handoff_event_;
+  std::atomic<bool> stopping_{false};
+  std::thread submitter_;  // last: started once the rest is built
 };
 
 }  // namespace lohan

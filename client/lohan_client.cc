@@ -501,40 +501,25 @@ absl::Status CopyRanges(
 }
 
 // A copy between the GPU and the arena, holding the arena bytes it touches
-// (a reserved ticket) until it is done. For a gradient, its GRAD_READY is
-// then submitted; for weights, the bytes are just released. Runs from a
-// CUDA stream callback: no CUDA calls in there.
+// (a reserved ticket) until it is done. Its callback runs on a CUDA thread
+// and must not lock or wait (CUDA forbids waiting in host functions: it
+// would hold up the stream), so it only delivers the hand-off, made up
+// front, to the data plane's submitter: for a gradient that submits its
+// GRAD_READY (or fails the ticket with the copy's error); for weights it
+// releases the bytes. No CUDA calls in there either.
 struct PendingCopy {
   lohan::DataPlane* plane;
-  lohan::DataPlane::Ticket ticket;
-  lohan::SubmissionEntry entry;  // kGradReady; unused for weights.
+  std::unique_ptr<lohan::DataPlane::HandOff> handoff;
   std::atomic<int64_t>* callbacks_pending;
 };
 
-// The callback's last touch of anything the plane owns.
-void Done(std::unique_ptr<PendingCopy> pending) {
+void DeliverWhenCopied(void* argument, absl::Status copied) {
+  std::unique_ptr<PendingCopy> pending(static_cast<PendingCopy*>(argument));
   std::atomic<int64_t>* counter = pending->callbacks_pending;
+  pending->plane->Deliver(std::move(pending->handoff), std::move(copied));
   pending.reset();
+  // The callback's last touch of anything the plane owns.
   counter->fetch_sub(1, std::memory_order_release);
-}
-
-void SubmitWhenCopied(void* argument, absl::Status copied) {
-  std::unique_ptr<PendingCopy> pending(static_cast<PendingCopy*>(argument));
-  if (!copied.ok()) {
-    // The gradient never arrived: whoever waits learns why.
-    pending->plane->FailReserved(pending->ticket, std::move(copied));
-  } else {
-    // A failure becomes the ticket's result: whoever waits learns of it.
-    (void)pending->plane->SubmitReserved(pending->ticket, pending->entry,
-                                         kRingCallTimeout);
-  }
-  Done(std::move(pending));
-}
-
-void ReleaseWhenCopied(void* argument, absl::Status) {
-  std::unique_ptr<PendingCopy> pending(static_cast<PendingCopy*>(argument));
-  pending->plane->Cancel(pending->ticket);
-  Done(std::move(pending));
 }
 
 // Reserves the entry's arena bytes (its slot), then enqueues on `stream` the
@@ -548,20 +533,28 @@ absl::StatusOr<lohan::DataPlane::Ticket> CopyHoldingBuffer(
   absl::StatusOr<lohan::DataPlane::Ticket> reserved =
       plane->Reserve(entry.slot_offset, entry.length, kRingCallTimeout);
   if (!reserved.ok()) return reserved.status();
-  auto pending = std::unique_ptr<PendingCopy>(new (std::nothrow) PendingCopy{
-      plane, *reserved, entry, model->callbacks_pending});
+  auto handoff = std::unique_ptr<lohan::DataPlane::HandOff>(
+      new (std::nothrow) lohan::DataPlane::HandOff);
+  auto pending = std::unique_ptr<PendingCopy>(
+      handoff == nullptr ? nullptr
+                         : new (std::nothrow) PendingCopy{
+                               plane, nullptr, model->callbacks_pending});
   if (pending == nullptr) {
     plane->Cancel(*reserved);
     return absl::ResourceExhaustedError("out of memory");
   }
+  handoff->ticket = *reserved;
+  handoff->submit = to_host;  // a gradient's GRAD_READY; weights: release
+  handoff->entry = entry;
+  pending->handoff = std::move(handoff);
   uint8_t* buffer = plane->arena() + entry.slot_offset;
   model->callbacks_pending->fetch_add(1, std::memory_order_relaxed);
   absl::Status copied =
       to_host
           ? lohan::cuda::CopyToHostThen(buffer, device, entry.length, stream,
-                                        &SubmitWhenCopied, pending.get())
+                                        &DeliverWhenCopied, pending.get())
           : lohan::cuda::CopyToDeviceThen(device, buffer, entry.length, stream,
-                                          &ReleaseWhenCopied, pending.get());
+                                          &DeliverWhenCopied, pending.get());
   if (!copied.ok()) {
     plane->Cancel(*reserved);  // nothing is in flight: the bytes are free
     model->callbacks_pending->fetch_sub(1, std::memory_order_relaxed);

@@ -9,10 +9,13 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <set>
 #include <thread>
+#include <vector>
 
 #include "client/control_client.h"
 #include "gmock/gmock.h"
@@ -73,6 +76,73 @@ class DataPlaneTest : public ::testing::Test {
     for (int i = 0; i < 3000; ++i) {
       if (Pool().used_bytes() == 0) return true;
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  }
+
+  // Attaches the job, opens its plane and registers a one-layer model with
+  // an activation area; the registration's answer in *registered.
+  std::unique_ptr<DataPlane> OpenWithModel(
+      v1::RegisterModelResponse* registered) {
+    EXPECT_TRUE(client_->AttachJob(job_id_).ok());
+    auto plane = DataPlane::Open(client_->hello().data_socket_path(), job_id_);
+    EXPECT_TRUE(plane.ok()) << plane.status();
+    if (!plane.ok()) return nullptr;
+    v1::RegisterModelRequest request;
+    request.set_job_id(job_id_);
+    request.mutable_model()->add_layer_elements(256);
+    request.mutable_model()->set_dtype(v1::DTYPE_FP32);
+    request.mutable_model()->mutable_adam()->set_lr(1e-3);
+    request.mutable_model()->mutable_adam()->set_beta1(0.9);
+    request.mutable_model()->mutable_adam()->set_beta2(0.999);
+    request.mutable_model()->set_activation_bytes(64 << 10);
+    auto answer = client_->RegisterModel(request);
+    EXPECT_TRUE(answer.ok()) << answer.status();
+    if (!answer.ok()) return nullptr;
+    *registered = *answer;
+    (*plane)->SetErrorText(answer->error_text_offset(),
+                           answer->error_text_bytes());
+    return *std::move(plane);
+  }
+
+  // SIGSTOPs the daemon and waits until it is stopped ("T" in
+  // /proc/PID/stat): SIGSTOP takes effect asynchronously.
+  bool FreezeDaemon() {
+    if (kill(daemon_->pid(), SIGSTOP) != 0) return false;
+    for (int i = 0; i < 2000; ++i) {
+      std::ifstream stat("/proc/" + std::to_string(daemon_->pid()) + "/stat");
+      std::string line;
+      std::getline(stat, line);
+      const size_t paren = line.rfind(')');
+      if (paren != std::string::npos && paren + 2 < line.size() &&
+          line[paren + 2] == 'T') {
+        return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return false;
+  }
+
+  // What a CUDA copy's callback does: hands a reserved ticket's entry to
+  // the plane's submitter.
+  static absl::StatusOr<DataPlane::Ticket> ReserveAndDeliver(
+      DataPlane& plane, const SubmissionEntry& entry,
+      absl::Status copied = absl::OkStatus(), bool submit = true) {
+    auto ticket = plane.Reserve();
+    if (!ticket.ok()) return ticket.status();
+    auto handoff = std::make_unique<DataPlane::HandOff>();
+    handoff->ticket = *ticket;
+    handoff->submit = submit;
+    handoff->entry = entry;
+    plane.Deliver(std::move(handoff), std::move(copied));
+    return *ticket;
+  }
+
+  // Waits until `plane` has as many requests in flight as the rings hold.
+  static bool RingsFull(DataPlane& plane) {
+    for (int i = 0; i < 10000; ++i) {
+      if (plane.in_flight() == plane.max_in_flight()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     return false;
   }
@@ -271,6 +341,144 @@ TEST_F(DataPlaneTest, DaemonKilledWhileRequestsWaitFailsThemInsteadOfHanging) {
   }
   auto after = (*plane)->Submit(get, absl::Seconds(30));
   EXPECT_EQ(after.status().code(), absl::StatusCode::kUnavailable);
+}
+
+// The CUDA callback's path without CUDA: many threads deliver hand-offs at
+// once, several times more than the rings hold, each thread an activation's
+// PUT, GET and FREE in that order (the daemon refuses a GET or FREE of an
+// activation it was not given first, so a reordering shows). Every ticket
+// gets the daemon's answer, once.
+TEST_F(DataPlaneTest, HandOffsFromManyThreadsAreSubmittedInOrderUnderPressure) {
+  v1::RegisterModelResponse registered;
+  std::unique_ptr<DataPlane> plane = OpenWithModel(&registered);
+  ASSERT_NE(plane, nullptr);
+  constexpr int kThreads = 8;
+  constexpr int kActivationsEach = 160;  // 3840 requests; the rings hold 1024
+  ASSERT_GT(kThreads * kActivationsEach * 3, 3 * plane->max_in_flight());
+  std::vector<std::vector<DataPlane::Ticket>> tickets(kThreads);
+  std::vector<std::thread> threads;
+  std::atomic<int> refused{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kActivationsEach; ++i) {
+        SubmissionEntry entry{};
+        entry.activation_id = 1 + t * kActivationsEach + i;
+        entry.slot_offset = registered.activation_offset() + 256 * (t % 8);
+        entry.length = 256;
+        for (RingOp op : {RingOp::kActPut, RingOp::kActGet, RingOp::kActFree}) {
+          entry.op = static_cast<uint16_t>(op);
+          if (op == RingOp::kActFree) entry.slot_offset = entry.length = 0;
+          auto ticket = ReserveAndDeliver(*plane, entry);
+          if (!ticket.ok()) {
+            ++refused;
+            continue;
+          }
+          tickets[t].push_back(*ticket);
+        }
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(refused.load(), 0);
+  std::set<DataPlane::Ticket> seen;
+  for (const auto& mine : tickets) {
+    for (DataPlane::Ticket ticket : mine) {
+      EXPECT_TRUE(seen.insert(ticket).second) << "ticket " << ticket;
+      auto completion = plane->Wait(ticket, absl::Seconds(60));
+      ASSERT_TRUE(completion.ok()) << completion.status() << daemon_->Log();
+      EXPECT_EQ(completion->request_id, ticket);
+      EXPECT_EQ(plane->Wait(ticket, absl::ZeroDuration()).status().code(),
+                absl::StatusCode::kNotFound);
+    }
+  }
+  EXPECT_EQ(seen.size(), size_t{kThreads} * kActivationsEach * 3);
+  EXPECT_EQ(plane->in_flight(), 0u);
+  EXPECT_EQ(plane->outstanding(), 0u);
+
+  // A failed copy fails its ticket with the copy's error, sending nothing;
+  // a released one frees its ticket.
+  SubmissionEntry get{};
+  get.op = static_cast<uint16_t>(RingOp::kActGet);
+  get.activation_id = 1;
+  auto failed = ReserveAndDeliver(*plane, get, absl::InternalError("copy"));
+  ASSERT_TRUE(failed.ok());
+  EXPECT_EQ(plane->Wait(*failed, absl::Seconds(30)).status(),
+            absl::InternalError("copy"));
+  auto released = ReserveAndDeliver(*plane, get, absl::OkStatus(), false);
+  ASSERT_TRUE(released.ok());
+  ASSERT_TRUE(plane->WaitForReserved(absl::Seconds(30)).ok());
+  EXPECT_EQ(plane->Wait(*released, absl::ZeroDuration()).status().code(),
+            absl::StatusCode::kNotFound);  // released: no result to wait for
+  EXPECT_EQ(plane->outstanding(), 0u);
+}
+
+// The daemon stops reading; hand-offs beyond what the rings hold queue in
+// the submitter. Stopping it does not hang: the queued ones fail with
+// CANCELLED, those in flight still get an answer (here: the daemon's
+// death).
+TEST_F(DataPlaneTest, StoppingTheSubmitterFailsQueuedHandOffsInsteadOfHanging) {
+  v1::RegisterModelResponse registered;
+  std::unique_ptr<DataPlane> plane = OpenWithModel(&registered);
+  ASSERT_NE(plane, nullptr);
+  ASSERT_TRUE(FreezeDaemon()) << "lohand did not stop";
+  const size_t kHandOffs = plane->max_in_flight() + 500;
+  std::vector<DataPlane::Ticket> tickets;
+  for (size_t i = 0; i < kHandOffs; ++i) {
+    SubmissionEntry put{};
+    put.op = static_cast<uint16_t>(RingOp::kActPut);
+    put.activation_id = 1 + i;
+    put.slot_offset = registered.activation_offset();
+    put.length = 256;
+    auto ticket = ReserveAndDeliver(*plane, put);
+    ASSERT_TRUE(ticket.ok()) << ticket.status();
+    tickets.push_back(*ticket);
+  }
+  ASSERT_TRUE(RingsFull(*plane));
+  const auto stopping = std::chrono::steady_clock::now();
+  plane->StopSubmitter();
+  EXPECT_LT(std::chrono::steady_clock::now() - stopping,
+            std::chrono::seconds(5));
+  size_t cancelled = 0;
+  std::vector<DataPlane::Ticket> in_flight;
+  for (DataPlane::Ticket ticket : tickets) {
+    absl::Status result = plane->Wait(ticket, absl::ZeroDuration()).status();
+    if (absl::IsCancelled(result)) {
+      EXPECT_THAT(result.message(), HasSubstr("before this request was"));
+      ++cancelled;
+    } else {
+      EXPECT_TRUE(absl::IsDeadlineExceeded(result)) << result;
+      in_flight.push_back(ticket);
+    }
+  }
+  EXPECT_EQ(cancelled, kHandOffs - plane->max_in_flight());
+  EXPECT_EQ(in_flight.size(), plane->max_in_flight());
+  EXPECT_EQ(daemon_->Stop(SIGKILL), 128 + SIGKILL);
+  for (DataPlane::Ticket ticket : in_flight) {
+    EXPECT_EQ(plane->Wait(ticket, absl::Seconds(30)).status().code(),
+              absl::StatusCode::kUnavailable);
+  }
+}
+
+// Destroying the plane with hand-offs queued behind full rings returns.
+TEST_F(DataPlaneTest, DestroyingThePlaneWithHandOffsQueuedDoesNotHang) {
+  v1::RegisterModelResponse registered;
+  std::unique_ptr<DataPlane> plane = OpenWithModel(&registered);
+  ASSERT_NE(plane, nullptr);
+  ASSERT_TRUE(FreezeDaemon()) << "lohand did not stop";
+  for (size_t i = 0; i < plane->max_in_flight() + 200; ++i) {
+    SubmissionEntry put{};
+    put.op = static_cast<uint16_t>(RingOp::kActPut);
+    put.activation_id = 1 + i;
+    put.slot_offset = registered.activation_offset();
+    put.length = 256;
+    ASSERT_TRUE(ReserveAndDeliver(*plane, put).ok());
+  }
+  ASSERT_TRUE(RingsFull(*plane));
+  const auto destroying = std::chrono::steady_clock::now();
+  plane.reset();
+  EXPECT_LT(std::chrono::steady_clock::now() - destroying,
+            std::chrono::seconds(5));
+  EXPECT_EQ(daemon_->Stop(SIGKILL), 128 + SIGKILL);
 }
 
 }  // namespace

@@ -157,8 +157,10 @@ LOHAN_CLIENT_API void lohan_data_plane_destroy(lohan_data_plane* plane);
  *                                     for each layer, before its forward
  *   lohan_model_grad_ready_from_device(layer, grad, stream, &ticket[layer])
  *                                     for each layer, in backward: copies on
- *                                     the stream, then submits GRAD_READY
- *                                     from a CUDA stream callback; no wait
+ *                                     the stream; once it is done a stream
+ *                                     callback hands GRAD_READY to the data
+ *                                     plane's submitter thread, which
+ *                                     submits it; nothing waits
  *   lohan_model_wait(ticket[layer])   for each layer (any order)
  *   lohan_model_iter_end
  * Without CUDA, lohan_model_grad_ready_from_host / lohan_model_weights_to_host
@@ -470,9 +472,12 @@ LOHAN_CLIENT_API int lohan_cuda_available(void);
  * at full PCIe speed. Once per plane; undone by lohan_data_plane_destroy. */
 LOHAN_CLIENT_API int lohan_data_plane_cuda_register(lohan_data_plane* plane);
 /* Enqueues on `cuda_stream` a copy of the layer's gradient from
- * `device_source` into its gradient buffer, then a stream callback that
- * submits GRAD_READY once the copy is done; returns at once with `ticket`
- * (wait for it like any other; a failure to submit becomes its result).
+ * `device_source` into its gradient buffer, then a stream callback that,
+ * once the copy is done, hands GRAD_READY to the data plane's submitter
+ * thread (the callback never locks or waits, so the stream is never held
+ * up; the submitter waits for room on the rings and submits); returns at
+ * once with `ticket` (wait for it like any other; a failure to submit, or
+ * the plane being destroyed first, becomes its result).
  * The buffer counts as in use from the call until the request completes (a
  * buffer shared by several layers is waited for first). If the stream hits
  * a CUDA error before the copy is done, the ticket completes with

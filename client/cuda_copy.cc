@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 
 #if defined(LOHAN_WITH_CUDA) && LOHAN_WITH_CUDA
+#include <cuda.h>  // driver types only: its functions come by entry point
 #include <cuda_runtime_api.h>
 #endif
 
@@ -81,60 +82,145 @@ absl::Status Probe() {
   return absl::OkStatus();
 }
 
-// While it lives, the device holding a device pointer is current on this
-// thread; then the previous one again. Needed because "current device" is
-// in the end the driver's current context of the thread, which torch's
-// runtime reads too: leaving another device's context current would move
-// torch's current device under it.
-class OnDeviceOf {
+using PrimaryCtxGetStateFn = CUresult(CUDAAPI*)(CUdevice, unsigned int*, int*);
+using DeviceGetFn = CUresult(CUDAAPI*)(CUdevice*, int);
+using CtxSetCurrentFn = CUresult(CUDAAPI*)(CUcontext);
+using CtxGetCurrentFn = CUresult(CUDAAPI*)(CUcontext*);
+
+// The driver functions the probe needs, looked up once (none of them, nor
+// the look-up, creates a context). Null where the driver lacks them.
+struct DriverFunctions {
+  PrimaryCtxGetStateFn primary_ctx_get_state = nullptr;
+  DeviceGetFn device_get = nullptr;
+  CtxSetCurrentFn ctx_set_current = nullptr;
+  CtxGetCurrentFn ctx_get_current = nullptr;
+};
+
+template <typename Function>
+Function EntryPoint(const char* symbol) {
+  void* function = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion(symbol, &function, /*cudaVersion=*/12000,
+                                       cudaEnableDefault,
+                                       &found) != cudaSuccess ||
+      found != cudaDriverEntryPointSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  return reinterpret_cast<Function>(function);
+}
+
+const DriverFunctions& Driver() {
+  static const DriverFunctions* const functions = [] {
+    auto* loaded = new DriverFunctions;
+    loaded->primary_ctx_get_state =
+        EntryPoint<PrimaryCtxGetStateFn>("cuDevicePrimaryCtxGetState");
+    loaded->device_get = EntryPoint<DeviceGetFn>("cuDeviceGet");
+    loaded->ctx_set_current = EntryPoint<CtxSetCurrentFn>("cuCtxSetCurrent");
+    loaded->ctx_get_current = EntryPoint<CtxGetCurrentFn>("cuCtxGetCurrent");
+    return loaded;
+  }();
+  return *functions;
+}
+
+class CudaRuntimeProbe final : public DeviceProbe {
  public:
-  OnDeviceOf() = default;
-  OnDeviceOf(const OnDeviceOf&) = delete;
-  OnDeviceOf& operator=(const OnDeviceOf&) = delete;
-  ~OnDeviceOf() {
-    if (switched_) (void)cudaSetDevice(previous_);
+  absl::StatusOr<int> Current() override {
+    // Nothing bound: say so (cudaGetDevice would answer the runtime's
+    // default or the device it last set, as if it were current).
+    if (const DriverFunctions& driver = Driver();
+        driver.ctx_get_current != nullptr) {
+      CUcontext context = nullptr;
+      if (driver.ctx_get_current(&context) == CUDA_SUCCESS &&
+          context == nullptr) {
+        return kNoCurrentContext;
+      }
+    }
+    int device = 0;
+    if (cudaError_t error = cudaGetDevice(&device); error != cudaSuccess) {
+      return Failed(error, "cudaGetDevice");
+    }
+    return device;
   }
 
-  absl::Status Enter(const void* pointer, const char* what) {
-    cudaPointerAttributes attributes{};
-    if (cudaError_t error = cudaPointerGetAttributes(&attributes, pointer);
-        error != cudaSuccess) {
-      return Failed(error, what);
+  absl::StatusOr<bool> HasContext(int device) override {
+    const DriverFunctions& driver = Driver();
+    if (driver.primary_ctx_get_state == nullptr ||
+        driver.device_get == nullptr) {
+      return true;  // cannot tell: set it back, as before
     }
-    if (attributes.type != cudaMemoryTypeDevice &&
-        attributes.type != cudaMemoryTypeManaged) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, ": not a CUDA device pointer"));
+    CUdevice handle = 0;
+    if (driver.device_get(&handle, device) != CUDA_SUCCESS) return true;
+    unsigned int flags = 0;
+    int active = 0;
+    if (driver.primary_ctx_get_state(handle, &flags, &active) != CUDA_SUCCESS) {
+      return true;
     }
-    if (cudaError_t error = cudaGetDevice(&previous_); error != cudaSuccess) {
-      return Failed(error, what);
-    }
-    if (attributes.device != previous_) {
-      if (cudaError_t error = cudaSetDevice(attributes.device);
-          error != cudaSuccess) {
-        return Failed(error, what);
-      }
-      switched_ = true;
+    return active != 0;
+  }
+
+  absl::Status Set(int device) override {
+    if (cudaError_t error = cudaSetDevice(device); error != cudaSuccess) {
+      return Failed(error, "cudaSetDevice");
     }
     return absl::OkStatus();
   }
 
- private:
-  int previous_ = 0;
-  bool switched_ = false;
+  absl::Status Clear() override {
+    const DriverFunctions& driver = Driver();
+    if (driver.ctx_set_current == nullptr) {
+      return absl::UnavailableError("the driver has no cuCtxSetCurrent");
+    }
+    if (driver.ctx_set_current(nullptr) != CUDA_SUCCESS) {
+      return absl::InternalError("cuCtxSetCurrent(NULL) failed");
+    }
+    return absl::OkStatus();
+  }
 };
+
+// Where the device pointer lives, asked of CUDA (for kUnspecifiedDevice
+// only: it may create a context on the current device).
+absl::StatusOr<int> DeviceOfPointer(const void* pointer, const char* what) {
+  cudaPointerAttributes attributes{};
+  if (cudaError_t error = cudaPointerGetAttributes(&attributes, pointer);
+      error != cudaSuccess) {
+    return Failed(error, what);
+  }
+  if (attributes.type != cudaMemoryTypeDevice &&
+      attributes.type != cudaMemoryTypeManaged) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": not a CUDA device pointer"));
+  }
+  return attributes.device;
+}
+
+// Enters `guard` on `device`; kUnspecifiedDevice: on the thread's current
+// device (nothing switched).
+absl::Status EnterOn(DeviceGuard& guard, int device) {
+  if (device == kUnspecifiedDevice) return absl::OkStatus();
+  return guard.Enter(device);
+}
 
 }  // namespace
 
 bool BuiltWith() { return true; }
+
+DeviceProbe& RuntimeProbe() {
+  static CudaRuntimeProbe* const probe = new CudaRuntimeProbe;
+  return *probe;
+}
 
 absl::Status Available() {
   static const absl::Status* const probed = new absl::Status(Probe());
   return *probed;
 }
 
-absl::Status RegisterHost(void* base, size_t bytes) {
+absl::Status RegisterHost(void* base, size_t bytes, int device) {
   if (absl::Status available = Available(); !available.ok()) return available;
+  DeviceGuard guard(RuntimeProbe());
+  if (absl::Status entered = EnterOn(guard, device); !entered.ok()) {
+    return entered;
+  }
   if (cudaError_t error =
           cudaHostRegister(base, bytes, cudaHostRegisterPortable);
       error != cudaSuccess) {
@@ -143,7 +229,11 @@ absl::Status RegisterHost(void* base, size_t bytes) {
   return absl::OkStatus();
 }
 
-absl::Status UnregisterHost(void* base) {
+absl::Status UnregisterHost(void* base, int device) {
+  DeviceGuard guard(RuntimeProbe());
+  if (absl::Status entered = EnterOn(guard, device); !entered.ok()) {
+    return entered;
+  }
   if (cudaError_t error = cudaHostUnregister(base); error != cudaSuccess) {
     return Failed(error, "cudaHostUnregister of the arena");
   }
@@ -171,16 +261,20 @@ void CUDART_CB RunAfterCopy(cudaStream_t, cudaError_t status, void* data) {
 }
 
 absl::Status CopyThen(void* destination, const void* source, size_t bytes,
-                      cudaMemcpyKind kind, void* stream, AfterCopy after,
-                      void* argument) {
+                      cudaMemcpyKind kind, int device, void* stream,
+                      AfterCopy after, void* argument) {
   if (absl::Status available = Available(); !available.ok()) return available;
   const bool to_host = kind == cudaMemcpyDeviceToHost;
-  OnDeviceOf device;
-  if (absl::Status entered =
-          device.Enter(to_host ? source : destination,
-                       to_host ? "the gradient's device pointer"
-                               : "the weights' device pointer");
-      !entered.ok()) {
+  if (device == kUnspecifiedDevice) {
+    absl::StatusOr<int> found =
+        DeviceOfPointer(to_host ? source : destination,
+                        to_host ? "the gradient's device pointer"
+                                : "the weights' device pointer");
+    if (!found.ok()) return found.status();
+    device = *found;
+  }
+  DeviceGuard guard(RuntimeProbe());
+  if (absl::Status entered = guard.Enter(device); !entered.ok()) {
     return entered;
   }
   auto cuda_stream = static_cast<cudaStream_t>(stream);
@@ -206,17 +300,17 @@ absl::Status CopyThen(void* destination, const void* source, size_t bytes,
 }  // namespace
 
 absl::Status CopyToHostThen(void* host_destination, const void* device_source,
-                            size_t bytes, void* stream, AfterCopy after,
-                            void* argument) {
+                            size_t bytes, int device, void* stream,
+                            AfterCopy after, void* argument) {
   return CopyThen(host_destination, device_source, bytes,
-                  cudaMemcpyDeviceToHost, stream, after, argument);
+                  cudaMemcpyDeviceToHost, device, stream, after, argument);
 }
 
 absl::Status CopyToDeviceThen(void* device_destination, const void* host_source,
-                              size_t bytes, void* stream, AfterCopy after,
-                              void* argument) {
+                              size_t bytes, int device, void* stream,
+                              AfterCopy after, void* argument) {
   return CopyThen(device_destination, host_source, bytes,
-                  cudaMemcpyHostToDevice, stream, after, argument);
+                  cudaMemcpyHostToDevice, device, stream, after, argument);
 }
 
 #else  // built without CUDA
@@ -230,17 +324,29 @@ absl::Status NotBuilt() {
       "*_from_host / *_to_host functions");
 }
 
+class NotBuiltProbe final : public DeviceProbe {
+ public:
+  absl::StatusOr<int> Current() override { return NotBuilt(); }
+  absl::StatusOr<bool> HasContext(int) override { return NotBuilt(); }
+  absl::Status Set(int) override { return NotBuilt(); }
+  absl::Status Clear() override { return NotBuilt(); }
+};
+
 }  // namespace
 
 bool BuiltWith() { return false; }
+DeviceProbe& RuntimeProbe() {
+  static NotBuiltProbe* const probe = new NotBuiltProbe;
+  return *probe;
+}
 absl::Status Available() { return NotBuilt(); }
-absl::Status RegisterHost(void*, size_t) { return NotBuilt(); }
-absl::Status UnregisterHost(void*) { return NotBuilt(); }
-absl::Status CopyToHostThen(void*, const void*, size_t, void*, AfterCopy,
+absl::Status RegisterHost(void*, size_t, int) { return NotBuilt(); }
+absl::Status UnregisterHost(void*, int) { return NotBuilt(); }
+absl::Status CopyToHostThen(void*, const void*, size_t, int, void*, AfterCopy,
                             void*) {
   return NotBuilt();
 }
-absl::Status CopyToDeviceThen(void*, const void*, size_t, void*, AfterCopy,
+absl::Status CopyToDeviceThen(void*, const void*, size_t, int, void*, AfterCopy,
                               void*) {
   return NotBuilt();
 }

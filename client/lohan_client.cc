@@ -32,7 +32,10 @@ struct lohan_job_info {
 
 struct lohan_data_plane {
   std::unique_ptr<lohan::DataPlane> impl;
-  bool cuda_registered = false;  // lohan_data_plane_cuda_register
+  bool cuda_registered = false;  // lohan_data_plane_cuda_register*
+  // The device it was registered on (kUnspecifiedDevice: the thread's
+  // current one); unregistered there too.
+  int cuda_device = lohan::cuda::kUnspecifiedDevice;
   // CUDA copies whose stream callback has not finished: each still touches
   // the plane (and the copy the arena), so destroy waits for them. Plain
   // atomic, polled: the callback's decrement is its very last touch.
@@ -301,7 +304,7 @@ void lohan_data_plane_destroy(lohan_data_plane* plane) {
     absl::SleepFor(absl::Milliseconds(1));
   }
   if (plane->cuda_registered) {
-    (void)lohan::cuda::UnregisterHost(plane->impl->arena());
+    (void)lohan::cuda::UnregisterHost(plane->impl->arena(), plane->cuda_device);
   }
   delete plane;
 }
@@ -524,11 +527,12 @@ void DeliverWhenCopied(void* argument, absl::Status copied) {
 
 // Reserves the entry's arena bytes (its slot), then enqueues on `stream` the
 // copy between them and `device` (to the host: a gradient, GRAD_READY
-// submitted once it is done; else weights, the bytes released once read).
+// submitted once it is done; else weights, the bytes released once read),
+// on CUDA device `device_index` (kUnspecifiedDevice: the pointer's).
 // The reservation's ticket, or the error, with nothing left in flight.
 absl::StatusOr<lohan::DataPlane::Ticket> CopyHoldingBuffer(
     const lohan_model* model, const lohan::SubmissionEntry& entry, bool to_host,
-    void* device, void* stream) {
+    void* device, int device_index, void* stream) {
   lohan::DataPlane* plane = model->plane;
   absl::StatusOr<lohan::DataPlane::Ticket> reserved =
       plane->Reserve(entry.slot_offset, entry.length, kRingCallTimeout);
@@ -550,11 +554,12 @@ absl::StatusOr<lohan::DataPlane::Ticket> CopyHoldingBuffer(
   uint8_t* buffer = plane->arena() + entry.slot_offset;
   model->callbacks_pending->fetch_add(1, std::memory_order_relaxed);
   absl::Status copied =
-      to_host
-          ? lohan::cuda::CopyToHostThen(buffer, device, entry.length, stream,
-                                        &DeliverWhenCopied, pending.get())
-          : lohan::cuda::CopyToDeviceThen(device, buffer, entry.length, stream,
-                                          &DeliverWhenCopied, pending.get());
+      to_host ? lohan::cuda::CopyToHostThen(buffer, device, entry.length,
+                                            device_index, stream,
+                                            &DeliverWhenCopied, pending.get())
+              : lohan::cuda::CopyToDeviceThen(
+                    device, buffer, entry.length, device_index, stream,
+                    &DeliverWhenCopied, pending.get());
   if (!copied.ok()) {
     plane->Cancel(*reserved);  // nothing is in flight: the bytes are free
     model->callbacks_pending->fetch_sub(1, std::memory_order_relaxed);
@@ -1043,25 +1048,42 @@ int lohan_cuda_available(void) {
   return available.ok() ? 1 : 0;
 }
 
-int lohan_data_plane_cuda_register(lohan_data_plane* plane) {
+namespace {
+
+// A device index from the C ABI: >= 0, or kUnspecifiedDevice for the
+// functions without one.
+bool BadDevice(int device) { return device < 0; }
+
+int CudaRegister(lohan_data_plane* plane, int device, const char* what) {
   if (plane == nullptr) {
-    return InvalidArgument("lohan_data_plane_cuda_register: plane is NULL");
+    return Report(
+        absl::InvalidArgumentError(absl::StrCat(what, ": plane is NULL")));
   }
-  if (plane->cuda_registered) return Report(absl::OkStatus());
+  if (plane->cuda_registered) {
+    if (device != lohan::cuda::kUnspecifiedDevice &&
+        plane->cuda_device != lohan::cuda::kUnspecifiedDevice &&
+        device != plane->cuda_device) {
+      return Report(absl::InvalidArgumentError(absl::StrCat(
+          what, ": the arena is already registered on CUDA device ",
+          plane->cuda_device, ", not ", device)));
+    }
+    return Report(absl::OkStatus());
+  }
   absl::Status registered = lohan::cuda::RegisterHost(
-      plane->impl->arena(), plane->impl->arena_bytes());
-  if (registered.ok()) plane->cuda_registered = true;
+      plane->impl->arena(), plane->impl->arena_bytes(), device);
+  if (registered.ok()) {
+    plane->cuda_registered = true;
+    plane->cuda_device = device;
+  }
   return Report(registered);
 }
 
-int lohan_model_grad_ready_from_device(lohan_model* model, uint32_t layer,
-                                       const void* device_source,
-                                       uint64_t bytes, void* cuda_stream,
-                                       uint64_t* ticket) {
+int GradReadyFromDevice(lohan_model* model, uint32_t layer, int device,
+                        const void* device_source, uint64_t bytes,
+                        void* cuda_stream, uint64_t* ticket, const char* what) {
   if (model == nullptr || device_source == nullptr || ticket == nullptr) {
-    return InvalidArgument(
-        "lohan_model_grad_ready_from_device: model, device_source and ticket "
-        "are required");
+    return Report(absl::InvalidArgumentError(
+        absl::StrCat(what, ": model, device_source and ticket are required")));
   }
   lohan::SubmissionEntry entry;
   if (int built =
@@ -1078,19 +1100,18 @@ int lohan_model_grad_ready_from_device(lohan_model* model, uint32_t layer,
   // the last request using it has completed).
   absl::StatusOr<lohan::DataPlane::Ticket> reserved =
       CopyHoldingBuffer(model, entry, /*to_host=*/true,
-                        const_cast<void*>(device_source), cuda_stream);
+                        const_cast<void*>(device_source), device, cuda_stream);
   if (!reserved.ok()) return Report(reserved.status());
   *ticket = *reserved;
   return Report(absl::OkStatus());
 }
 
-int lohan_model_weights_to_device(const lohan_model* model, uint32_t layer,
-                                  void* device_destination, uint64_t bytes,
-                                  void* cuda_stream) {
+int WeightsToDevice(const lohan_model* model, uint32_t layer, int device,
+                    void* device_destination, uint64_t bytes, void* cuda_stream,
+                    const char* what) {
   if (model == nullptr || device_destination == nullptr) {
-    return InvalidArgument(
-        "lohan_model_weights_to_device: model and device_destination are "
-        "required");
+    return Report(absl::InvalidArgumentError(
+        absl::StrCat(what, ": model and device_destination are required")));
   }
   lohan::SubmissionEntry entry;
   if (int built =
@@ -1104,8 +1125,67 @@ int lohan_model_weights_to_device(const lohan_model* model, uint32_t layer,
   // Held until the copy has read the buffer, so a FETCH_PARAMS that would
   // refill it (a weight buffer shared by several layers) waits for that.
   return Report(CopyHoldingBuffer(model, entry, /*to_host=*/false,
-                                  device_destination, cuda_stream)
+                                  device_destination, device, cuda_stream)
                     .status());
+}
+
+}  // namespace
+
+int lohan_data_plane_cuda_register(lohan_data_plane* plane) {
+  return CudaRegister(plane, lohan::cuda::kUnspecifiedDevice,
+                      "lohan_data_plane_cuda_register");
+}
+
+int lohan_data_plane_cuda_register_on_device(lohan_data_plane* plane,
+                                             int device) {
+  if (BadDevice(device)) {
+    return InvalidArgument(
+        "lohan_data_plane_cuda_register_on_device: device is negative");
+  }
+  return CudaRegister(plane, device,
+                      "lohan_data_plane_cuda_register_on_device");
+}
+
+int lohan_model_grad_ready_from_device(lohan_model* model, uint32_t layer,
+                                       const void* device_source,
+                                       uint64_t bytes, void* cuda_stream,
+                                       uint64_t* ticket) {
+  return GradReadyFromDevice(model, layer, lohan::cuda::kUnspecifiedDevice,
+                             device_source, bytes, cuda_stream, ticket,
+                             "lohan_model_grad_ready_from_device");
+}
+
+int lohan_model_grad_ready_from_device_on_device(
+    lohan_model* model, uint32_t layer, int device, const void* device_source,
+    uint64_t bytes, void* cuda_stream, uint64_t* ticket) {
+  if (BadDevice(device)) {
+    return InvalidArgument(
+        "lohan_model_grad_ready_from_device_on_device: device is negative");
+  }
+  return GradReadyFromDevice(model, layer, device, device_source, bytes,
+                             cuda_stream, ticket,
+                             "lohan_model_grad_ready_from_device_on_device");
+}
+
+int lohan_model_weights_to_device(const lohan_model* model, uint32_t layer,
+                                  void* device_destination, uint64_t bytes,
+                                  void* cuda_stream) {
+  return WeightsToDevice(model, layer, lohan::cuda::kUnspecifiedDevice,
+                         device_destination, bytes, cuda_stream,
+                         "lohan_model_weights_to_device");
+}
+
+int lohan_model_weights_to_device_on_device(const lohan_model* model,
+                                            uint32_t layer, int device,
+                                            void* device_destination,
+                                            uint64_t bytes, void* cuda_stream) {
+  if (BadDevice(device)) {
+    return InvalidArgument(
+        "lohan_model_weights_to_device_on_device: device is negative");
+  }
+  return WeightsToDevice(model, layer, device, device_destination, bytes,
+                         cuda_stream,
+                         "lohan_model_weights_to_device_on_device");
 }
 
 }  // extern "C"

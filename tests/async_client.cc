@@ -334,6 +334,25 @@ void CheckNulls(lohan_model* model, lohan_data_plane* plane) {
        lohan_model_weights_to_device(nullptr, 0, buffer, 256, nullptr)},
       {"weights_to_device(destination NULL)",
        lohan_model_weights_to_device(model, 0, nullptr, 256, nullptr)},
+      {"data_plane_cuda_register_on_device(NULL)",
+       lohan_data_plane_cuda_register_on_device(nullptr, 0)},
+      {"data_plane_cuda_register_on_device(device -1)",
+       lohan_data_plane_cuda_register_on_device(plane, -1)},
+      {"grad_ready_from_device_on_device(NULL)",
+       lohan_model_grad_ready_from_device_on_device(nullptr, 0, 0, buffer, 256,
+                                                    nullptr, &ticket)},
+      {"grad_ready_from_device_on_device(device -1)",
+       lohan_model_grad_ready_from_device_on_device(model, 0, -1, buffer, 256,
+                                                    nullptr, &ticket)},
+      {"grad_ready_from_device_on_device(source NULL)",
+       lohan_model_grad_ready_from_device_on_device(model, 0, 0, nullptr, 256,
+                                                    nullptr, &ticket)},
+      {"weights_to_device_on_device(NULL)",
+       lohan_model_weights_to_device_on_device(nullptr, 0, 0, buffer, 256,
+                                               nullptr)},
+      {"weights_to_device_on_device(device -1)",
+       lohan_model_weights_to_device_on_device(model, 0, -1, buffer, 256,
+                                               nullptr)},
       {"read_state(NULL)",
        lohan_model_read_state(nullptr, 0, LOHAN_STATE_EXP_AVG)},
       {"init_state(NULL)",
@@ -592,12 +611,25 @@ void CheckCuda(lohan_model* model, lohan_data_plane* plane) {
         lohan_model_weights_to_device(model, 0, host.data(), bytes, nullptr);
     std::printf("cuda-weights-to-device: %s: %s\n", Name(to).c_str(),
                 lohan_last_error());
+    const int registered_on =
+        lohan_data_plane_cuda_register_on_device(plane, 0);
+    const int from_on = lohan_model_grad_ready_from_device_on_device(
+        model, 0, 0, host.data(), bytes, nullptr, &ticket);
+    const int to_on = lohan_model_weights_to_device_on_device(
+        model, 0, 0, host.data(), bytes, nullptr);
+    std::printf("cuda-on-device: %s %s %s\n", Name(registered_on).c_str(),
+                Name(from_on).c_str(), Name(to_on).c_str());
+    Check(registered_on == registered && from_on == from && to_on == to,
+          "the *_on_device functions fail as the others do");
     return;
   }
 #if defined(LOHAN_WITH_CUDA) && LOHAN_WITH_CUDA
   // A GPU: device memory and a stream from this program's own CUDA runtime
   // (as torch's would be), copies through liblohan_client's.
-  Check(lohan_data_plane_cuda_register(plane) == LOHAN_OK, "cuda register");
+  int current = -1;
+  Check(cudaGetDevice(&current) == cudaSuccess, "cudaGetDevice");
+  Check(lohan_data_plane_cuda_register_on_device(plane, current) == LOHAN_OK,
+        "cuda register on the current device");
   Check(lohan_data_plane_cuda_register(plane) == LOHAN_OK,
         "cuda register twice");
   void* device = nullptr;
@@ -639,9 +671,12 @@ void CheckCuda(lohan_model* model, lohan_data_plane* plane) {
                                lohan_model_staging(model) + host.size());
   Check(lohan_model_fetch_params(model, 0) == LOHAN_OK, "fetch_params");
   std::vector<float> back(host.size(), -1.0f);
-  Check(lohan_model_weights_to_device(model, 0, device, bytes, stream) ==
-            LOHAN_OK,
-        "weights_to_device");
+  Check(lohan_model_weights_to_device_on_device(model, 0, current, device,
+                                                bytes, stream) == LOHAN_OK,
+        "weights_to_device_on_device");
+  int after = -1;
+  Check(cudaGetDevice(&after) == cudaSuccess && after == current,
+        "the current device did not move");
   // The buffer is held until the copy has read it; the refill waits.
   Check(lohan_model_fetch_params(model, 0) == LOHAN_OK,
         "fetch_params after weights_to_device");

@@ -4,6 +4,7 @@
 // shared library itself needs and carries.
 #include <unistd.h>
 
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -84,7 +85,7 @@ TEST(CAbi, AsynchronousRequestsAndCopiesAtTheEdges) {
   ASSERT_EQ(result.exit_code, 0)
       << result.out << result.err << (*daemon)->Log();
   const std::string& out = result.out;
-  EXPECT_THAT(out, HasSubstr("nulls: 27 of 27 INVALID_ARGUMENT\n"));
+  EXPECT_THAT(out, HasSubstr("nulls: 34 of 34 INVALID_ARGUMENT\n"));
   EXPECT_THAT(out, HasSubstr("state-roundtrip: ok\n"));
   EXPECT_THAT(out, HasSubstr("state-bad-part: INVALID_ARGUMENT: part 7 is not "
                              "LOHAN_STATE_EXP_AVG (1)"));
@@ -138,6 +139,9 @@ TEST(CAbi, AsynchronousRequestsAndCopiesAtTheEdges) {
     EXPECT_THAT(out,
                 HasSubstr(std::string("cuda-grad-ready-from-device: ") + code));
     EXPECT_THAT(out, HasSubstr(std::string("cuda-weights-to-device: ") + code));
+    const std::string bare(code, std::strlen(code) - 2);  // no ": "
+    EXPECT_THAT(out, HasSubstr("cuda-on-device: " + bare + " " + bare + " " +
+                               bare + "\n"));
     if (!LOHAN_WITH_CUDA) EXPECT_THAT(out, HasSubstr("built without CUDA"));
   } else {
     EXPECT_THAT(out, HasSubstr("cuda-roundtrip: ok\n"));

@@ -723,6 +723,24 @@ def test_async_requests_many_in_flight_waited_in_reverse(lohand):
                     model.grad_ready_from_device(0, 1, 64)
                 assert error.value.code in (StatusCode.FAILED_PRECONDITION,
                                             StatusCode.UNIMPLEMENTED)
+                # So are the forms naming the device.
+                refused = (StatusCode.FAILED_PRECONDITION,
+                           StatusCode.UNIMPLEMENTED)
+                for call in (
+                        lambda: model.grad_ready_from_device(0, 1, 64,
+                                                             device=0),
+                        lambda: model.weights_to_device(0, 1, 64, device=0),
+                        lambda: plane.cuda_register(device=0)):
+                    with pytest.raises(LohanError) as error:
+                        call()
+                    assert error.value.code in refused
+            # A negative device index is refused whatever the machine.
+            with pytest.raises(LohanError) as error:
+                model.grad_ready_from_device(0, 1, 64, device=-1)
+            assert error.value.code == StatusCode.INVALID_ARGUMENT
+            with pytest.raises(LohanError) as error:
+                plane.cuda_register(device=-1)
+            assert error.value.code == StatusCode.INVALID_ARGUMENT
 
 
 def test_iter_abort_outside_an_iteration_is_refused_and_inside_rolls_back(

@@ -151,11 +151,13 @@ LOHAN_CLIENT_API void lohan_data_plane_destroy(lohan_data_plane* plane);
  * same requests can be made without waiting (see "Asynchronous requests"
  * below): a GPU training loop hands each layer's gradient over straight from
  * the device as backward produces it and only waits before iter_end:
- *   lohan_data_plane_cuda_register(plane)          once: pins the arena
+ *   lohan_data_plane_cuda_register_on_device(plane, dev)  once: pins the
+ *                                     arena
  *   lohan_model_iter_begin
- *   lohan_model_fetch_params + lohan_model_weights_to_device(layer, stream)
- *                                     for each layer, before its forward
- *   lohan_model_grad_ready_from_device(layer, grad, stream, &ticket[layer])
+ *   lohan_model_fetch_params + lohan_model_weights_to_device_on_device(
+ *       layer, dev, weights, stream)  for each layer, before its forward
+ *   lohan_model_grad_ready_from_device_on_device(layer, dev, grad, stream,
+ *       &ticket[layer])
  *                                     for each layer, in backward: copies on
  *                                     the stream; once it is done a stream
  *                                     callback hands GRAD_READY to the data
@@ -460,7 +462,19 @@ LOHAN_CLIENT_API int lohan_model_weights_to_host(const lohan_model* model,
  * default stream); torch's (torch.cuda.current_stream().cuda_stream) works
  * as is: both runtimes drive the same device contexts. Without CUDA built
  * in these return LOHAN_UNIMPLEMENTED; without a usable GPU or driver,
- * LOHAN_FAILED_PRECONDITION; lohan_last_error says which. */
+ * LOHAN_FAILED_PRECONDITION; lohan_last_error says which.
+ * Devices: the *_on_device functions take the job's CUDA device index (as
+ * torch counts them: tensor.device.index) and make every CUDA call on it,
+ * switching the calling thread's current device only if it differs and
+ * switching back afterwards without creating a context anywhere else (a
+ * thread that had no context is left without one), so torch's current
+ * device never moves and a job on cuda:N puts nothing on GPU 0. Use them.
+ * The functions without a device argument are kept for old callers:
+ * registration runs on the thread's current device (which, if the thread
+ * has none yet, is device 0, whose context it then creates), and the copies
+ * find the pointer's device by cudaPointerGetAttributes (which may create a
+ * context on the current device). A negative device is LOHAN_INVALID_ARGUMENT.
+ */
 /* 1 if this library was built with CUDA, else 0. */
 LOHAN_CLIENT_API int lohan_cuda_built_with(void);
 /* 1 if CUDA can be used in this process, else 0 with the reason in
@@ -469,7 +483,12 @@ LOHAN_CLIENT_API int lohan_cuda_built_with(void);
 LOHAN_CLIENT_API int lohan_cuda_available(void);
 /* Pins the whole arena for DMA (cudaHostRegister, portable: every context,
  * torch's included, sees it pinned), so the copies below run asynchronously
- * at full PCIe speed. Once per plane; undone by lohan_data_plane_destroy. */
+ * at full PCIe speed. Once per plane (again: OK, unless on another device:
+ * LOHAN_INVALID_ARGUMENT); undone by lohan_data_plane_destroy, on the same
+ * device. The call is made on `device`; the older form, on the thread's
+ * current device. */
+LOHAN_CLIENT_API int lohan_data_plane_cuda_register_on_device(
+    lohan_data_plane* plane, int device);
 LOHAN_CLIENT_API int lohan_data_plane_cuda_register(lohan_data_plane* plane);
 /* Enqueues on `cuda_stream` a copy of the layer's gradient from
  * `device_source` into its gradient buffer, then a stream callback that,
@@ -484,7 +503,12 @@ LOHAN_CLIENT_API int lohan_data_plane_cuda_register(lohan_data_plane* plane);
  * LOHAN_INTERNAL saying so and no GRAD_READY is sent.
  * lohan_model_iter_end first waits until every such GRAD_READY is
  * submitted, so it never overtakes a gradient still on its way.
- * REQUIRES: the model and plane outlive the copy (wait for the ticket). */
+ * REQUIRES: the model and plane outlive the copy (wait for the ticket);
+ * `device_source` and `cuda_stream` are on `device` (the older form finds
+ * the device from the pointer). */
+LOHAN_CLIENT_API int lohan_model_grad_ready_from_device_on_device(
+    lohan_model* model, uint32_t layer, int device, const void* device_source,
+    uint64_t bytes, void* cuda_stream, uint64_t* ticket);
 LOHAN_CLIENT_API int lohan_model_grad_ready_from_device(
     lohan_model* model, uint32_t layer, const void* device_source,
     uint64_t bytes, void* cuda_stream, uint64_t* ticket);
@@ -494,7 +518,12 @@ LOHAN_CLIENT_API int lohan_model_grad_ready_from_device(
  * FETCH_PARAMS that would refill it (a buffer shared by several layers)
  * waits for that. Resident 16-bit weights are rewritten by the daemon's
  * update after the layer's GRAD_READY: enqueue that GRAD_READY's copy on the
- * same stream (or after a sync), as the loop above does. */
+ * same stream (or after a sync), as the loop above does.
+ * `device_destination` and `cuda_stream` are on `device` (the older form
+ * finds the device from the pointer). */
+LOHAN_CLIENT_API int lohan_model_weights_to_device_on_device(
+    const lohan_model* model, uint32_t layer, int device,
+    void* device_destination, uint64_t bytes, void* cuda_stream);
 LOHAN_CLIENT_API int lohan_model_weights_to_device(const lohan_model* model,
                                                    uint32_t layer,
                                                    void* device_destination,

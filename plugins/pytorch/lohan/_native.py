@@ -174,6 +174,13 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
                                                        ctypes.POINTER(u64)]),
         "lohan_model_weights_to_device": (c_int, [c_void_p, u32, c_void_p,
                                                   u64, c_void_p]),
+        "lohan_data_plane_cuda_register_on_device": (c_int, [c_void_p,
+                                                             c_int]),
+        "lohan_model_grad_ready_from_device_on_device": (
+            c_int, [c_void_p, u32, c_int, c_void_p, u64, c_void_p,
+                    ctypes.POINTER(u64)]),
+        "lohan_model_weights_to_device_on_device": (
+            c_int, [c_void_p, u32, c_int, c_void_p, u64, c_void_p]),
     }
     for name, (restype, argtypes) in signatures.items():
         function = getattr(lib, name)

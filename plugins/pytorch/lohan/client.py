@@ -254,22 +254,38 @@ class Model:
         return False, lib.lohan_last_error().decode(errors="replace")
 
     def grad_ready_from_device(self, layer: int, tensor_ptr: int, nbytes: int,
-                               stream_ptr: int = 0) -> int:
+                               stream_ptr: int = 0,
+                               device: Optional[int] = None) -> int:
         """Enqueues on the CUDA stream `stream_ptr` (e.g.
         torch.cuda.current_stream().cuda_stream; 0: the default stream) a
         copy of the layer's gradient from device memory at `tensor_ptr`
         (tensor.data_ptr()) into its gradient buffer, then its GRAD_READY;
-        returns the ticket at once. See lohan_client.h."""
-        return self._submit(self._lib.lohan_model_grad_ready_from_device,
-                            self._layer(layer), tensor_ptr, nbytes,
-                            stream_ptr or None)
+        returns the ticket at once. `device`: the CUDA device index the
+        pointer and stream are on (tensor.device.index); every CUDA call is
+        made there and the thread's current device is left as it was. None:
+        found from the pointer, which may create a context on the current
+        device (pass it). See lohan_client.h."""
+        if device is None:
+            return self._submit(self._lib.lohan_model_grad_ready_from_device,
+                                self._layer(layer), tensor_ptr, nbytes,
+                                stream_ptr or None)
+        return self._submit(
+            self._lib.lohan_model_grad_ready_from_device_on_device,
+            self._layer(layer), device, tensor_ptr, nbytes, stream_ptr or None)
 
     def weights_to_device(self, layer: int, tensor_ptr: int, nbytes: int,
-                          stream_ptr: int = 0) -> None:
+                          stream_ptr: int = 0,
+                          device: Optional[int] = None) -> None:
         """Enqueues on the CUDA stream a copy of the layer's weight buffer
-        to device memory at `tensor_ptr` (fetch the layer's params first)."""
-        _check(self._lib.lohan_model_weights_to_device(
-            self._handle, self._layer(layer), tensor_ptr, nbytes,
+        to device memory at `tensor_ptr` (fetch the layer's params first);
+        `device` as for grad_ready_from_device."""
+        if device is None:
+            _check(self._lib.lohan_model_weights_to_device(
+                self._handle, self._layer(layer), tensor_ptr, nbytes,
+                stream_ptr or None))
+            return
+        _check(self._lib.lohan_model_weights_to_device_on_device(
+            self._handle, self._layer(layer), device, tensor_ptr, nbytes,
             stream_ptr or None))
 
     def iter_abort(self) -> None:
@@ -420,10 +436,17 @@ class DataPlane:
         self._models.append(model)
         return model
 
-    def cuda_register(self) -> None:
+    def cuda_register(self, device: Optional[int] = None) -> None:
         """Pins the arena for DMA (cudaHostRegister, portable) so copies
-        between it and GPU memory are asynchronous; undone by close()."""
-        _check(self._lib.lohan_data_plane_cuda_register(self._handle))
+        between it and GPU memory are asynchronous; undone by close().
+        `device`: the CUDA device index the call is made on (the job's;
+        the thread's current device is left as it was); None: the thread's
+        current device, which is device 0 if the thread has none yet."""
+        if device is None:
+            _check(self._lib.lohan_data_plane_cuda_register(self._handle))
+            return
+        _check(self._lib.lohan_data_plane_cuda_register_on_device(
+            self._handle, device))
 
     @property
     def size(self) -> int:

@@ -803,7 +803,10 @@ class Engine:
                           "weights move by synchronous tensor copies",
                           stacklevel=3)
             return False
-        self._plane.cuda_register()
+        # On the model's device, whatever torch's current device is (a job
+        # on cuda:N without torch.cuda.set_device must put nothing on GPU 0):
+        # the C library switches to it for the call and back.
+        self._plane.cuda_register(device=self.device.index)
         return True
 
     def _stage_params(self, layer: Layer) -> None:
@@ -984,9 +987,11 @@ class Engine:
         side.wait_stream(torch.cuda.current_stream(flat.device))
         # Its memory must not be reused before the copy has read it.
         flat.record_stream(side)
+        # The device named, so the C library neither probes the pointer
+        # nor leaves another device current on this thread.
         self._grad_tickets.append(self._remote.grad_ready_from_device(
             layer, flat.data_ptr(), flat.numel() * flat.element_size(),
-            side.cuda_stream))
+            side.cuda_stream, device=flat.device.index))
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """`loss.backward(**kwargs)`, with the loss multiplied by

@@ -2,8 +2,7 @@
 lohand plans per saved tensor (PlanJob), the plan applies from the second
 iteration, the results stay the bits of "keep", and lohand shows the plan
 with the predicted and the measured iteration time."""
-import warnings
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List
 
 import pytest
 import torch

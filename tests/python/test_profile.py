@@ -79,7 +79,7 @@ def test_profile_counts_what_a_planned_block_decides(profiler):
 
     block = model.blocks[0]
     forward = planned_forward(block.forward, CountingStore(None), block,
-                              ["host"] * 64, MIN_BYTES,
+                              ["host"] * len(profiler.tensors), MIN_BYTES,
                               lambda a, k: (a, k))
     x = torch.randn(BATCH, SEQ, DIM, requires_grad=True)
     forward(x).sum().backward()

@@ -18,6 +18,7 @@ the cost, never the values, which stay those of torch's own autograd.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -95,6 +96,9 @@ class StorageOrder:
         self._indices[pointer] = (len(self._indices), tensor)
         return len(self._indices) - 1, True
 
+    def __len__(self) -> int:
+        return len(self._indices)
+
     def clear(self) -> None:
         self._indices.clear()
 
@@ -144,9 +148,10 @@ class _Packer:
         if value is not None:
             value.saved = lambda: tensor
 
-    def finish(self) -> None:
+    def finish(self) -> int:
         """After the forward: every tensor to recompute that can be made
-        again drops its copy; the others go to the store."""
+        again drops its copy; the others go to the store. Returns how many
+        storages the forward saved candidates over."""
         replay = Replay()
         failed = (self._recording is None
                   or self._recording.failed is not None)
@@ -159,7 +164,9 @@ class _Packer:
                 holder.replay = replay
             holder.tensor = None
         self._pending = []
+        saved = len(self._order)
         self._order.clear()
+        return saved
 
 
 def planned_forward(original: Callable, store: Any, block: nn.Module,
@@ -172,6 +179,8 @@ def planned_forward(original: Callable, store: Any, block: nn.Module,
     if unknown:
         raise ValueError(f"activations: unknown per-tensor decisions "
                          f"{sorted(unknown)}; use {', '.join(DECISIONS)}")
+
+    warned: List[bool] = []  # once per block
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():
@@ -193,7 +202,16 @@ def planned_forward(original: Callable, store: Any, block: nn.Module,
         with torch.autograd.graph.saved_tensors_hooks(packer.pack, unpack):
             with recording or contextlib.nullcontext():
                 output = original(*args, **kwargs)
-        packer.finish()
+        saved = packer.finish()
+        if saved != len(decisions) and not warned:
+            warned.append(True)
+            warnings.warn(
+                f"lohan: a planned block saved tensors over {saved} storages "
+                f"and its plan decides {len(decisions)}: decisions go by "
+                "position, so they may not fit this call (a different "
+                "shape or code path than the profiled one); what is past "
+                "them is stored. The values stay exact; the cost may not be "
+                "the plan's", stacklevel=2)
         return output
 
     return forward

@@ -275,48 +275,23 @@ TEST_F(DataPlaneTest, DaemonStopsCleanlyWithAnArenaHeld) {
 }
 
 TEST_F(DataPlaneTest, DaemonKilledWhileRequestsWaitFailsThemInsteadOfHanging) {
-  ASSERT_TRUE(client_->AttachJob(job_id_).ok());
-  auto plane = DataPlane::Open(client_->hello().data_socket_path(), job_id_);
-  ASSERT_TRUE(plane.ok()) << plane.status();
-  v1::RegisterModelRequest request;
-  request.set_job_id(job_id_);
-  request.mutable_model()->add_layer_elements(256);
-  request.mutable_model()->set_dtype(v1::DTYPE_FP32);
-  request.mutable_model()->mutable_adam()->set_lr(1e-3);
-  request.mutable_model()->mutable_adam()->set_beta1(0.9);
-  request.mutable_model()->mutable_adam()->set_beta2(0.999);
-  request.mutable_model()->set_activation_bytes(64 << 10);
-  auto registered = client_->RegisterModel(request);
-  ASSERT_TRUE(registered.ok()) << registered.status();
-  (*plane)->SetErrorText(registered->error_text_offset(),
-                         registered->error_text_bytes());
+  v1::RegisterModelResponse registered;
+  std::unique_ptr<DataPlane> plane = OpenWithModel(&registered);
+  ASSERT_NE(plane, nullptr);
   SubmissionEntry put{};
   put.op = static_cast<uint16_t>(RingOp::kActPut);
   put.activation_id = 1;
-  put.slot_offset = registered->activation_offset();
+  put.slot_offset = registered.activation_offset();
   put.length = 4096;
-  ASSERT_TRUE((*plane)->Call(put, absl::Seconds(30)).ok());
+  ASSERT_TRUE(plane->Call(put, absl::Seconds(30)).ok());
 
   // The daemon freezes with requests in flight and waiters on them...
-  ASSERT_EQ(kill(daemon_->pid(), SIGSTOP), 0);
-  // SIGSTOP takes effect asynchronously: wait until the process is stopped
-  // ("T" in /proc/PID/stat), or it may still serve what comes next.
-  bool stopped = false;
-  for (int i = 0; i < 2000 && !stopped; ++i) {
-    std::ifstream stat("/proc/" + std::to_string(daemon_->pid()) + "/stat");
-    std::string line;
-    std::getline(stat, line);
-    const size_t paren = line.rfind(')');
-    stopped = paren != std::string::npos && paren + 2 < line.size() &&
-              line[paren + 2] == 'T';
-    if (!stopped) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  ASSERT_TRUE(stopped) << "lohand did not stop";
+  ASSERT_TRUE(FreezeDaemon()) << "lohand did not stop";
   SubmissionEntry get = put;
   get.op = static_cast<uint16_t>(RingOp::kActGet);
   std::vector<DataPlane::Ticket> tickets;
   for (int i = 0; i < 3; ++i) {
-    auto ticket = (*plane)->Submit(get, absl::Seconds(30));
+    auto ticket = plane->Submit(get, absl::Seconds(30));
     ASSERT_TRUE(ticket.ok()) << ticket.status();
     tickets.push_back(*ticket);
   }
@@ -324,8 +299,7 @@ TEST_F(DataPlaneTest, DaemonKilledWhileRequestsWaitFailsThemInsteadOfHanging) {
   std::vector<std::thread> waiters;
   for (size_t i = 0; i < tickets.size(); ++i) {
     waiters.emplace_back([&, i] {
-      results[i] =
-          (*plane)->Wait(tickets[i], absl::InfiniteDuration()).status();
+      results[i] = plane->Wait(tickets[i], absl::InfiniteDuration()).status();
     });
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -339,7 +313,7 @@ TEST_F(DataPlaneTest, DaemonKilledWhileRequestsWaitFailsThemInsteadOfHanging) {
     EXPECT_EQ(result.code(), absl::StatusCode::kUnavailable) << result;
     EXPECT_THAT(result.message(), HasSubstr("lohand closed"));
   }
-  auto after = (*plane)->Submit(get, absl::Seconds(30));
+  auto after = plane->Submit(get, absl::Seconds(30));
   EXPECT_EQ(after.status().code(), absl::StatusCode::kUnavailable);
 }
 

@@ -19,7 +19,9 @@ against measured, the planner's own choice, and the machine it assumed.
 --live: activations="auto" instead: the plugin profiles its first
 iteration and lohand plans per saved tensor (PlanJob); printed per round:
 the live plan's predicted time against the measured one, and auto against
-"offload" (rounds interleaved).
+"offload" (rounds interleaved); then lohand's SSD bytes read and written
+per parameter per step (its /proc/<pid>/io) for each, against the layout's
+minimum (12 and 12: fp32 masters and two moments).
 
 --sweep: the per-block curve instead (`lohanctl plan --per-block`): the
 last k blocks swap (every tensor they save kept aside, nothing
@@ -50,7 +52,7 @@ import torch  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
 
 import lohan  # noqa: E402
-from train_bench import start_daemon  # noqa: E402
+from train_bench import daemon_io, start_daemon  # noqa: E402
 
 
 def matmul_flops(dtype: torch.dtype, n: int = 1024, rounds: int = 5) -> float:
@@ -126,11 +128,13 @@ def predict(args, bazel_bin: Path, socket: str, config_path: Path,
 
 
 def measure(args, socket: str, data: List[torch.Tensor], name: str,
-            activations: Any = "offload",
-            plans: Any = None) -> Tuple[float, float, float, float]:
+            activations: Any = "offload", plans: Any = None,
+            ssd: Any = None) -> Tuple[float, float, float, float]:
     """Seconds per step through lohan with the plugin's fixed policy, and
     the medians of its forward, backward and step() calls. With
-    activations="auto", the live plan goes into `plans`."""
+    activations="auto", the live plan goes into `plans`; with `ssd` (and
+    args.daemon_pid), lohand's SSD bytes read and written per parameter
+    per timed step (its /proc/<pid>/io)."""
     torch.manual_seed(0)
     model = GPT2LMHeadModel(config(args))
     phases: List[Tuple[float, float, float]] = []
@@ -140,9 +144,12 @@ def measure(args, socket: str, data: List[torch.Tensor], name: str,
                     dtype="bf16", activations=activations,
                     **options) as engine:
         start = 0.0
+        io0 = (0, 0)
         for n, ids in enumerate(data):
             if n == 3:
                 start = time.perf_counter()
+                if ssd is not None:
+                    io0 = daemon_io(args.daemon_pid)
             t0 = time.perf_counter()
             loss = model(input_ids=ids, labels=ids).loss
             t1 = time.perf_counter()
@@ -152,6 +159,12 @@ def measure(args, socket: str, data: List[torch.Tensor], name: str,
             phases.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
         engine.master_weights()  # the last updates, done
         seconds = (time.perf_counter() - start) / (len(data) - 3)
+        if ssd is not None:
+            io1 = daemon_io(args.daemon_pid)
+            per_step = sum(p.numel() for p in model.parameters()) * (
+                len(data) - 3)
+            ssd.append(((io1[0] - io0[0]) / per_step,
+                        (io1[1] - io0[1]) / per_step))
         if plans is not None:
             plans.append(engine.activation_plan)
     with lohan.Client(socket) as client:
@@ -192,6 +205,7 @@ def main() -> None:
                               extra=["--profile-probe", "256MiB"])
         try:
             socket = str(directory / "lohand.sock")
+            args.daemon_pid = daemon.pid
             profile = wait_for_profile(socket)
             flops = matmul_flops(torch.bfloat16)
             link = copy_bandwidth()
@@ -233,6 +247,7 @@ def live(args, socket: str, data: List[torch.Tensor]) -> None:
     prediction against the measured time, and auto's speed against
     offload's."""
     times: Dict[str, List[float]] = {"auto": [], "offload": []}
+    ssd: Dict[str, List[Tuple[float, float]]] = {"auto": [], "offload": []}
     plans: List[Any] = []
     for round_ in range(args.rounds):
         order = ["auto", "offload"] if round_ % 2 == 0 else ["offload",
@@ -240,7 +255,7 @@ def live(args, socket: str, data: List[torch.Tensor]) -> None:
         for policy in order:
             times[policy].append(measure(
                 args, socket, data, f"plan-live-{round_}-{policy}", policy,
-                plans if policy == "auto" else None)[0])
+                plans if policy == "auto" else None, ssd[policy])[0])
     print(f"GPT-2 {args.layers} blocks x {args.width}, batch {args.batch} x "
           f"{args.seq}, bf16, torch threads {args.threads}; "
           f"{args.rounds} rounds of {args.steps} steps")
@@ -269,6 +284,14 @@ def live(args, socket: str, data: List[torch.Tensor]) -> None:
     offload = statistics.median(times["offload"])
     print(f"medians: auto {auto:.3f} s/step, offload {offload:.3f} "
           f"({auto / offload:.2f}x)")
+    for policy in ("auto", "offload"):
+        reads = [r for r, _ in ssd[policy]]
+        writes = [w for _, w in ssd[policy]]
+        print(f"lohand's SSD bytes per parameter per step, {policy}: read "
+              f"{statistics.median(reads):.1f}, written "
+              f"{statistics.median(writes):.1f} (the layout's minimum: 12 "
+              "and 12, the fp32 masters and two moments; spilled "
+              "activations add to both)")
 
 
 def sweep(args, socket: str, data: List[torch.Tensor], plan: Dict[str, Any],

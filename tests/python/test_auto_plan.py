@@ -88,7 +88,13 @@ def test_a_plan_lohand_cannot_make_leaves_offload_with_a_warning(lohand):
     assert "plan" not in auto["session"]
 
 
-def test_device_memory_bytes_needs_auto(lohand):
-    with pytest.raises(ValueError, match="device_memory_bytes"):
-        engine_for(tiny_gpt(), lohand, activations="offload",
-                   device_memory_bytes=1 << 30, job_name="auto-bad")
+def test_device_memory_bytes_needs_auto_and_a_positive_int(lohand):
+    for activations, value in (("offload", 1 << 30), ("auto", 0),
+                               ("auto", -1), ("auto", "24GB"),
+                               ("auto", 1.5e9)):
+        with pytest.raises(ValueError, match="device_memory_bytes"):
+            engine_for(tiny_gpt(), lohand, activations=activations,
+                       device_memory_bytes=value, job_name="auto-bad")
+    # Refused before any job was made: nothing left on the daemon.
+    with lohan.Client(lohand.socket) as client:
+        assert all(j.name != "auto-bad" for j in client.jobs())

@@ -91,7 +91,6 @@ class AutoPlan:
         self._hooks = [
             model.register_forward_pre_hook(self._enter),
             model.register_forward_hook(self._exit, always_call=True)]
-        self._model = model
 
     def observer(self) -> Optional[Profiler]:
         return self.profiler

@@ -6,6 +6,7 @@
 
 #include "client/control_client.h"
 #include "client/data_plane.h"
+#include "daemon/optim/tuning.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/harness/daemon_process.h"
@@ -64,8 +65,11 @@ TEST_F(LohanctlTest, StatusText) {
                                     "tensors"));
   EXPECT_THAT(result.out, HasSubstr("    " + dir_.path() + "/ssd0"));
   EXPECT_THAT(result.out, HasSubstr("0 B used of 64.0 MiB (0%)"));
-  EXPECT_THAT(result.out, MatchesRegex("(.|\n)*  optimizer    [0-9]+ "
-                                       "threads, kernel [a-z0-9+]+\n(.|\n)*"));
+  // The harness's daemons run the default tuning (no calibration).
+  EXPECT_THAT(result.out,
+              MatchesRegex("(.|\n)*  optimizer    [0-9]+ threads?, kernel "
+                           "[a-z0-9+]+, prefetch=[0-9]+,stream=o[nf]+,"
+                           "chunks=[0-9]+ \\(default\\)\n(.|\n)*"));
   EXPECT_THAT(result.out, HasSubstr("  host pool    64.0 MiB, 0 B in use "
                                     "(0 arenas of yours)"));
   EXPECT_THAT(result.out,
@@ -92,6 +96,9 @@ TEST_F(LohanctlTest, StatusJsonIsTheProtoSchema) {
   EXPECT_EQ(status.store().block_size(), 4096u);
   EXPECT_FALSE(status.optimizer().kernel().empty());
   EXPECT_GE(status.optimizer().threads(), 1u);
+  EXPECT_EQ(status.optimizer().source(), "default");
+  EXPECT_EQ(status.optimizer().tuning(), TuningName(KernelTuning{}));
+  EXPECT_FALSE(status.optimizer().has_calibration());
   EXPECT_GE(status.uptime_seconds(), 0.0);
   ASSERT_EQ(status.jobs_size(), 1);
   EXPECT_EQ(status.jobs(0).id(), job_id_);

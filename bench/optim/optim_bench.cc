@@ -8,6 +8,9 @@
 // The same with bf16 moments (20 bytes per parameter).
 //
 // Usage: optim_bench [--params=N] [--repeats=R] [--isa=avx512|avx2|scalar]
+//                    [--calibrate [--huge-pages]]
+// --calibrate: instead, lohand's kernel calibration (calibration.h) on 1
+// and 2 threads, printing every candidate tuning's rate.
 // torch.optim.AdamW(fused=True) on the same sizes: bench/optim/optim_bench.py.
 
 #include <sys/mman.h>
@@ -27,6 +30,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "daemon/optim/adam.h"
+#include "daemon/optim/calibration.h"
 #include "daemon/optim/half.h"
 #include "daemon/optim/isa.h"
 #include "daemon/optim/worker_pool.h"
@@ -140,13 +144,58 @@ Result TimeAdam(std::size_t n, int threads, std::optional<Isa> isa,
                 static_cast<double>(2 + 4 * 2 + msize * 4 + 2)};
 }
 
+// Runs the calibration on 1 and 2 threads and prints each candidate: every
+// vector path unless --isa forces one.
+int Calibrate(std::optional<Isa> isa, int rounds, bool huge_pages) {
+  std::printf("last-level cache %zu MiB; %s pages\n",
+              LastLevelCacheBytes() >> 20, huge_pages ? "huge" : "4 KiB");
+  for (int threads : {1, 2}) {
+    auto pool = WorkerPool::Create({threads, true});
+    if (!pool.ok()) return 1;
+    CalibrationOptions options;
+    options.rounds = rounds;
+    options.huge_pages = huge_pages;
+    const auto start = Clock::now();
+    absl::StatusOr<Calibration> c =
+        CalibrateAdam(pool->get(), CalibrationIsas(isa), options);
+    if (!c.ok()) {
+      std::fprintf(stderr, "%s\n", c.status().ToString().c_str());
+      return 1;
+    }
+    const double took =
+        std::chrono::duration<double>(Clock::now() - start).count();
+    std::printf(
+        "%d thread(s): %zu M parameters a step, %.1f s; chosen %s %s "
+        "(%.3fx the default)\n",
+        threads, c->parameters_per_step >> 20, took,
+        std::string(IsaName(c->isa)).c_str(), TuningName(c->tuning).c_str(),
+        c->speedup_over_default);
+    std::printf("  %-41s %14s %14s\n", "path, tuning", "fp32 Mp/s",
+                "bf16+copy Mp/s");
+    const double n = static_cast<double>(c->parameters_per_step);
+    for (const TuningTime& t : c->measured) {
+      const bool chosen = t.isa == c->isa && t.tuning == c->tuning;
+      std::printf("  %-6s %-34s %14.1f %14.1f%s\n",
+                  std::string(IsaName(t.isa)).c_str(),
+                  TuningName(t.tuning).c_str(), n / t.fp32_seconds / 1e6,
+                  n / t.bf16_seconds / 1e6, chosen ? "  <" : "");
+    }
+  }
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   std::size_t n = std::size_t{64} << 20;
   int repeats = 7;
   std::optional<Isa> isa;
+  bool calibrate = false, huge_pages = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (absl::StartsWith(arg, "--params=")) {
+    if (arg == "--calibrate") {
+      calibrate = true;
+    } else if (arg == "--huge-pages") {
+      huge_pages = true;
+    } else if (absl::StartsWith(arg, "--params=")) {
       if (!absl::SimpleAtoi(arg.substr(9), &n) || n == 0) return 2;
     } else if (absl::StartsWith(arg, "--repeats=")) {
       if (!absl::SimpleAtoi(arg.substr(10), &repeats) || repeats < 1) return 2;
@@ -159,11 +208,13 @@ int Main(int argc, char** argv) {
       isa = *parsed;
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--params=N] [--repeats=R] [--isa=NAME]\n",
+                   "usage: %s [--params=N] [--repeats=R] [--isa=NAME] "
+                   "[--calibrate [--huge-pages]]\n",
                    argv[0]);
       return 2;
     }
   }
+  if (calibrate) return Calibrate(isa, repeats, huge_pages);
   auto resolved = ResolveIsa(isa);
   if (!resolved.ok()) {
     std::fprintf(stderr, "%s\n", resolved.status().ToString().c_str());

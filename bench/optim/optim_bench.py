@@ -14,8 +14,10 @@ interleaved round by round:
     pass); the peers widen the gradient before their step and narrow the
     weight after it (their real equivalent: two more passes),
 with 1 and 2 threads (torch.set_num_threads sets DeepSpeed's OpenMP too:
-it links torch's), and prints parameters per second, the bandwidth bound
-(memcpy bandwidth / 28 B) and the ratios ours/bound, ours/torch, ours/ds.
+it links torch's), lohan's kernels tuned as lohand's start-up calibration
+tunes them on that thread count (path and tuning, --tuning), and prints parameters per
+second, the bandwidth bound (memcpy bandwidth / 28 B) and the ratios
+ours/bound, ours/torch, ours/ds.
 
   bazel build //daemon/optim:liblohan_optim.so
   LOHAN_BAZEL_BIN=$(bazel info bazel-bin) \
@@ -58,6 +60,12 @@ def load_library() -> ctypes.CDLL:
     lib.lohan_optim_destroy.restype = None
     lib.lohan_optim_kernel_name.argtypes = [vp]
     lib.lohan_optim_kernel_name.restype = ctypes.c_char_p
+    lib.lohan_optim_isa.argtypes = [vp]
+    lib.lohan_optim_isa.restype = ctypes.c_char_p
+    lib.lohan_optim_tuning.argtypes = [vp]
+    lib.lohan_optim_tuning.restype = ctypes.c_char_p
+    lib.lohan_optim_set_tuning.argtypes = [vp, ctypes.c_char_p]
+    lib.lohan_optim_calibrate.argtypes = [vp, c_size, c_int]
     lib.lohan_optim_adam_step.argtypes = [
         vp, c_size, vp, vp, vp, vp, c_int, ctypes.POINTER(ctypes.c_int64), vp,
         c_int, c_float, vp, c_int, c_double, c_double, c_double, c_double,
@@ -100,11 +108,14 @@ class Ours:
     weight and moments in place, with `copy` the bf16 weight copy out in
     the same pass."""
 
-    def __init__(self, lib: ctypes.CDLL, n: int, threads: int, bf16: bool):
+    def __init__(self, lib: ctypes.CDLL, n: int, threads: int, bf16: bool,
+                 isa: str, tuning: str):
         self.lib = lib
         self.handle = ctypes.c_void_p()
-        if lib.lohan_optim_create(None, threads, 1,
+        if lib.lohan_optim_create(isa.encode(), threads, 1,
                                   ctypes.byref(self.handle)) != 0:
+            raise SystemExit(lib.lohan_optim_last_error().decode())
+        if lib.lohan_optim_set_tuning(self.handle, tuning.encode()) != 0:
             raise SystemExit(lib.lohan_optim_last_error().decode())
         self.n = n
         self.w, self.m, self.v = torch.randn(n), torch.zeros(n), torch.zeros(n)
@@ -114,6 +125,7 @@ class Ours:
         self.out = torch.empty(n, dtype=torch.bfloat16) if bf16 else None
         self.step = ctypes.c_int64(0)
         self.kernel = lib.lohan_optim_kernel_name(self.handle).decode()
+        self.tuning = lib.lohan_optim_tuning(self.handle).decode()
 
     def __call__(self) -> None:
         rc = self.lib.lohan_optim_adam_step(
@@ -161,6 +173,21 @@ class Peer:
         del self.opt, self.p
 
 
+def calibrated(lib: ctypes.CDLL, threads: int) -> tuple[str, str]:
+    """The path and tuning lohand's start-up calibration picks on `threads`
+    threads."""
+    handle = ctypes.c_void_p()
+    if lib.lohan_optim_create(None, threads, 1, ctypes.byref(handle)) != 0:
+        raise SystemExit(lib.lohan_optim_last_error().decode())
+    try:
+        if lib.lohan_optim_calibrate(handle, 0, 0) != 0:
+            raise SystemExit(lib.lohan_optim_last_error().decode())
+        return (lib.lohan_optim_isa(handle).decode(),
+                lib.lohan_optim_tuning(handle).decode())
+    finally:
+        lib.lohan_optim_destroy(handle)
+
+
 def deepspeed_available() -> bool:
     try:
         import deepspeed.ops.adam  # noqa: F401
@@ -194,6 +221,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7,
                         help="interleaved rounds (one step of each a round)")
     parser.add_argument("--no-deepspeed", action="store_true")
+    parser.add_argument("--tuning", default="calibrate",
+                        help="lohan's kernel tuning: calibrate (as lohand "
+                        "does at its first start), default, or e.g. "
+                        "prefetch=256,stream=on,chunks=16")
     args = parser.parse_args()
     lib = load_library()
     n = args.params
@@ -208,14 +239,21 @@ def main() -> None:
           f"interleaved rounds, {BYTES_PER_PARAM} B/param for lohan")
     print(f"{'case':>5} {'threads':>7} {'memcpy GB/s':>11} {'bound Mp/s':>10} "
           f"{'ours Mp/s':>10} {'torch Mp/s':>10} {'ds Mp/s':>8} "
-          f"{'ours/bound':>10} {'ours/torch':>10} {'ours/ds':>8}  kernel")
+          f"{'ours/bound':>10} {'ours/torch':>10} {'ours/ds':>8}  kernel, tuning")
+    kernels = {}
+    for threads in (1, 2):
+        if args.tuning == "calibrate":
+            kernels[threads] = calibrated(lib, threads)
+        else:
+            kernels[threads] = ("", "" if args.tuning == "default"
+                                else args.tuning)
     for case in ("fp32", "bf16"):
         bf16 = case == "bf16"
         for threads in (1, 2):
             torch.set_num_threads(threads)  # torch's and DeepSpeed's OpenMP
             bw = memcpy_bandwidth(threads, args.repeats)
             bound = bw / BYTES_PER_PARAM
-            ours = Ours(lib, n, threads, bf16)
+            ours = Ours(lib, n, threads, bf16, *kernels[threads])
             contenders = {"ours": ours, "torch": Peer("torch", n, bf16)}
             if deepspeed:
                 contenders["ds"] = Peer("ds", n, bf16)
@@ -230,7 +268,7 @@ def main() -> None:
                   f"{(ds or 0) / 1e6:>8.1f} {rate['ours'] / bound:>10.2f} "
                   f"{rate['ours'] / rate['torch']:>10.2f} "
                   f"{(rate['ours'] / ds if ds else float('nan')):>8.2f}  "
-                  f"{ours.kernel}", flush=True)
+                  f"{ours.kernel}, {ours.tuning}", flush=True)
 
 
 if __name__ == "__main__":

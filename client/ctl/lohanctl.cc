@@ -162,9 +162,8 @@ int Status(const std::string& socket, bool json) {
                 FormatByteSize(ssd.used_bytes()).c_str(),
                 FormatByteSize(ssd.capacity_bytes()).c_str(), percent);
   }
-  std::printf("  optimizer    %u threads, kernel %s\n",
-              status->optimizer().threads(),
-              status->optimizer().kernel().c_str());
+  std::printf("  optimizer    %s\n",
+              OptimizerLine(status->optimizer()).c_str());
   if (status->has_profile()) {
     const v1::HostProfile& p = status->profile();
     std::printf(

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/time.h"
 #include "daemon/common/byte_size.h"
 
 namespace lohan {
@@ -125,6 +126,28 @@ std::string QuotaLine(const v1::QuotaStatus& quota) {
       Limit(quota.host_pool_limit_bytes(), true),
       Limit(quota.data_planes_limit(), false),
       Limit(quota.control_connections_limit(), false));
+}
+
+std::string OptimizerLine(const v1::OptimizerStatus& optimizer) {
+  std::string line =
+      absl::StrFormat("%u thread%s, kernel %s", optimizer.threads(),
+                      optimizer.threads() == 1 ? "" : "s", optimizer.kernel());
+  if (!optimizer.tuning().empty()) {
+    absl::StrAppend(&line, ", ", optimizer.tuning());
+  }
+  if (optimizer.has_calibration()) {
+    const v1::OptimizerCalibration& c = optimizer.calibration();
+    absl::StrAppendFormat(
+        &line, " (%s %s: %.2fx the default, %d candidates in %.1f s)",
+        optimizer.source(),
+        absl::FormatTime("%Y-%m-%d %H:%M UTC",
+                         absl::FromUnixSeconds(c.measured_unix_seconds()),
+                         absl::UTCTimeZone()),
+        c.speedup_over_default(), c.candidates_size(), c.seconds_taken());
+  } else if (!optimizer.source().empty()) {
+    absl::StrAppend(&line, " (", optimizer.source(), ")");
+  }
+  return line;
 }
 
 std::string PlanLine(const v1::SessionStatus& session) {

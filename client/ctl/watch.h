@@ -26,6 +26,11 @@ int Watch(ControlClient& client, const WatchOptions& options);
 // holdings, for `status` and `status --watch`.
 std::string QuotaLine(const v1::QuotaStatus& quota);
 
+// "2 threads, kernel avx512+bf16, prefetch=256,stream=on,chunks=16
+// (calibrated 2026-12-01 22:40 UTC: 1.05x the default)": the optimizer
+// and where its kernel and tuning come from, for `status`.
+std::string OptimizerLine(const v1::OptimizerStatus& optimizer);
+
 // "plan: case 3, predicted 1.23 s/iteration (bound by SSDs / device
 // compute), measured 1.31 s over 12 iterations (1.07x); blocks: 10
 // offload, 2 mixed": a session's activation plan (PlanJob) against the

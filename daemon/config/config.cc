@@ -13,6 +13,7 @@
 #include "daemon/common/byte_size.h"
 #include "daemon/common/check.h"
 #include "daemon/config/embedded_default_config.h"
+#include "daemon/optim/tuning.h"
 
 // Header-only toml++ with exceptions off: errors come back as values.
 #define TOML_EXCEPTIONS 0
@@ -277,6 +278,8 @@ const std::map<std::string, Setter>& KeySetters() {
                      kMaxOptimizerThreads)},
       {"optimizer.isa",
        StringSetter(&DaemonConfig::optimizer_isa, "optimizer.isa")},
+      {"optimizer.tuning",
+       StringSetter(&DaemonConfig::optimizer_tuning, "optimizer.tuning")},
       {"optimizer.read_ahead",
        SizeSetter(&DaemonConfig::optimizer_read_ahead_bytes,
                   "optimizer.read_ahead")},
@@ -404,6 +407,18 @@ absl::Status ApplyOverrides(const ConfigOverrides& overrides,
     config.optimizer_threads =
         static_cast<uint32_t>(*overrides.optimizer_threads);
   }
+  if (overrides.optimizer_tuning) {
+    const std::string& value = *overrides.optimizer_tuning;
+    if (value != "auto" && value != "default") {
+      if (absl::StatusOr<KernelTuning> tuning = ParseTuning(value);
+          !tuning.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "flag --optimizer-tuning: ", tuning.status().message(),
+            "; or use auto (timed at the first start) or default"));
+      }
+    }
+    config.optimizer_tuning = value;
+  }
   return absl::OkStatus();
 }
 
@@ -484,6 +499,16 @@ absl::Status ValidateConfig(const DaemonConfig& config) {
     return absl::InvalidArgumentError(
         absl::StrCat("key 'optimizer.isa' is '", config.optimizer_isa,
                      "'; use one of: ", absl::StrJoin(kOptimizerIsas, ", ")));
+  }
+  if (config.optimizer_tuning != "auto" &&
+      config.optimizer_tuning != "default") {
+    if (absl::StatusOr<KernelTuning> tuning =
+            ParseTuning(config.optimizer_tuning);
+        !tuning.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("key 'optimizer.tuning': ", tuning.status().message(),
+                       "; or use auto (timed at the first start) or default"));
+    }
   }
   if (config.optimizer_threads > kMaxOptimizerThreads) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -34,6 +34,9 @@ struct DaemonConfig {
   uint32_t optimizer_threads = 0;
   // "auto", "avx512", "avx2" or "scalar".
   std::string optimizer_isa;
+  // "auto" (calibrated at the first start, cached), "default", or a
+  // tuning such as "prefetch=256,stream=on,chunks=16" (daemon/optim/tuning.h).
+  std::string optimizer_tuning;
   // Host memory all jobs together may fill with optimizer states read
   // ahead of updates that wait for the gradient norm, shared by their
   // owners' weights (0: none).
@@ -57,6 +60,7 @@ struct ConfigOverrides {
   std::optional<std::string> host_pool_size;  // unparsed, e.g. "8GiB"
   std::optional<std::string> profile_probe;   // unparsed, e.g. "256MiB"
   std::optional<int64_t> optimizer_threads;
+  std::optional<std::string> optimizer_tuning;
 };
 
 // The built-in defaults: the embedded deploy/lohand.toml.
@@ -80,7 +84,8 @@ absl::Status ApplyOverrides(const ConfigOverrides& overrides,
 // Checks values on their own (no file system access): absolute paths, the
 // socket path length, log level names, a non-empty SSD list without
 // duplicates, sizes and counts in range, the block size a power of two and
-// the stripe unit a multiple of it, a known optimizer ISA name.
+// the stripe unit a multiple of it, a known optimizer ISA name, an optimizer
+// tuning that parses.
 absl::Status ValidateConfig(const DaemonConfig& config);
 
 // The data-plane socket lives beside the control socket.

@@ -34,6 +34,7 @@ TEST(DefaultConfig, IsTheDeployedFile) {
   EXPECT_EQ(defaults.host_pool_bytes, 4ull << 30);
   EXPECT_EQ(defaults.optimizer_threads, 0u);
   EXPECT_EQ(defaults.optimizer_isa, "auto");
+  EXPECT_EQ(defaults.optimizer_tuning, "auto");
   EXPECT_EQ(defaults.optimizer_read_ahead_bytes, 1ull << 30);
   EXPECT_EQ(defaults.ssd_capacity_bytes, 64ull << 30);
   EXPECT_EQ(defaults.stripe_unit_bytes, 1u << 20);
@@ -106,6 +107,7 @@ allow_buffered_io = true
 [optimizer]
 isa = "avx2"
 read_ahead = 0
+tuning = "prefetch=256,stream=off,chunks=8"
 )");
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->ssd_capacity_bytes, 2ull << 40);
@@ -115,6 +117,7 @@ read_ahead = 0
   EXPECT_TRUE(config->allow_buffered_io);
   EXPECT_EQ(config->optimizer_isa, "avx2");
   EXPECT_EQ(config->optimizer_read_ahead_bytes, 0u);
+  EXPECT_EQ(config->optimizer_tuning, "prefetch=256,stream=off,chunks=8");
   EXPECT_TRUE(ValidateConfig(*config).ok());
 }
 
@@ -209,7 +212,9 @@ TEST(ApplyOverrides, FlagsWinOverFile) {
   overrides.log_level = "debug";
   overrides.ssd_capacity = "1GiB";
   overrides.profile_probe = "0";
+  overrides.optimizer_tuning = "default";
   ASSERT_TRUE(ApplyOverrides(overrides, config).ok());
+  EXPECT_EQ(config.optimizer_tuning, "default");
   EXPECT_EQ(config.profile_probe_bytes, 0u);
   EXPECT_EQ(config.socket_path, "/tmp/s.sock");
   EXPECT_EQ(config.ssd_paths, (std::vector<std::string>{"/x", "/y"}));
@@ -238,6 +243,12 @@ TEST(ApplyOverrides, BadFlagValuesNameTheFlag) {
   bad_threads.optimizer_threads = -2;
   EXPECT_THAT(std::string(ApplyOverrides(bad_threads, config).message()),
               HasSubstr("--optimizer-threads"));
+  ConfigOverrides bad_tuning;
+  bad_tuning.optimizer_tuning = "stream=sometimes";
+  EXPECT_THAT(std::string(ApplyOverrides(bad_tuning, config).message()),
+              HasSubstr("--optimizer-tuning: optimizer tuning: bad field "
+                        "\"stream=sometimes\""));
+  EXPECT_EQ(config.optimizer_tuning, "auto");
 }
 
 TEST(ValidateConfig, RefusesBadValues) {
@@ -275,6 +286,10 @@ TEST(ValidateConfig, RefusesBadValues) {
           "is smaller than one stripe unit");
   refused([](DaemonConfig& c) { c.optimizer_isa = "avx1024"; },
           "'optimizer.isa' is 'avx1024'");
+  refused([](DaemonConfig& c) { c.optimizer_tuning = "fast"; },
+          "'optimizer.tuning': optimizer tuning: bad field \"fast\"");
+  refused([](DaemonConfig& c) { c.optimizer_tuning = "chunks=0"; },
+          "use auto (timed at the first start) or default");
   refused([](DaemonConfig& c) { c.host_pool_bytes = 0; },
           "'pool.host_pool_size' must be more than 0");
 }

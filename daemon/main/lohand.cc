@@ -19,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "daemon/common/byte_size.h"
 #include "daemon/common/caller.h"
@@ -28,9 +29,11 @@
 #include "daemon/jobs/job_registry.h"
 #include "daemon/optim/adam.h"
 #include "daemon/optim/isa.h"
+#include "daemon/optim/tuning.h"
 #include "daemon/optim/worker_pool.h"
 #include "daemon/pool/host_pool.h"
 #include "daemon/profile/host_profile.h"
+#include "daemon/profile/optimizer_kernel.h"
 #include "daemon/quota/space_ledger.h"
 #include "daemon/quota/user_limits.h"
 #include "daemon/rpc/control_server.h"
@@ -138,29 +141,55 @@ absl::StatusOr<std::unique_ptr<TensorStore>> OpenStore(
   return store;
 }
 
-// The optimizer's threads and its SIMD kernel, chosen once at start.
+// The optimizer's threads and its kernel, chosen once at start (timed on
+// those threads before anything else uses them, unless configured).
 struct Optimizer {
   std::unique_ptr<WorkerPool> pool;
   std::optional<AdamUpdater> updater;
+  v1::OptimizerStatus status;  // what GetStatus reports of it
 };
 
-absl::StatusOr<Optimizer> StartOptimizer(const DaemonConfig& config) {
+absl::StatusOr<Optimizer> StartOptimizer(const DaemonConfig& config,
+                                         bool recalibrate) {
   std::optional<Isa> isa;
   if (config.optimizer_isa != "auto") {
     absl::StatusOr<Isa> parsed = ParseIsa(config.optimizer_isa);
     if (!parsed.ok()) return Prefixed(parsed.status(), "key 'optimizer.isa': ");
     isa = *parsed;
   }
+  absl::StatusOr<std::optional<Isa>> forced = ForcedIsa(isa);
+  if (!forced.ok()) return Prefixed(forced.status(), "key 'optimizer.isa': ");
   Optimizer optimizer;
   absl::StatusOr<std::unique_ptr<WorkerPool>> pool = WorkerPool::Create(
       {.num_threads = static_cast<int>(EffectiveOptimizerThreads(
            config, static_cast<uint32_t>(sysconf(_SC_NPROCESSORS_ONLN))))});
   if (!pool.ok()) return Prefixed(pool.status(), "key 'optimizer.threads': ");
   optimizer.pool = *std::move(pool);
+  absl::StatusOr<KernelChoice> choice = ChooseOptimizerKernel(
+      optimizer.pool.get(), {.state_dir = config.state_dir,
+                             .tuning = config.optimizer_tuning,
+                             .forced_isa = *forced,
+                             .recalibrate = recalibrate});
+  if (!choice.ok()) {
+    return Prefixed(choice.status(), "key 'optimizer.tuning': ");
+  }
   absl::StatusOr<AdamUpdater> updater =
-      AdamUpdater::Create(optimizer.pool.get(), isa);
+      AdamUpdater::Create(optimizer.pool.get(), choice->isa);
   if (!updater.ok()) return Prefixed(updater.status(), "key 'optimizer.isa': ");
-  optimizer.updater = *updater;
+  optimizer.updater = updater->WithTuning(choice->tuning);
+  v1::OptimizerStatus& status = optimizer.status;
+  status.set_threads(static_cast<uint32_t>(optimizer.pool->num_threads()));
+  status.set_kernel(optimizer.updater->kernel_name());
+  status.set_tuning(TuningName(choice->tuning));
+  status.set_source(choice->source);
+  if (choice->calibration) *status.mutable_calibration() = *choice->calibration;
+  spdlog::info(
+      "optimizer kernel {}, tuning {} ({}{})", status.kernel(), status.tuning(),
+      status.source(),
+      choice->calibration
+          ? absl::StrFormat(": %.2fx the default",
+                            choice->calibration->speedup_over_default())
+          : "");
   return optimizer;
 }
 
@@ -331,7 +360,8 @@ int Run(const CommandLine& command_line) {
   }
   (*store)->SetSpaceBudget(&ledger);
   (*store)->SetIoGate(&ssd_gate);
-  absl::StatusOr<Optimizer> optimizer = StartOptimizer(*config);
+  absl::StatusOr<Optimizer> optimizer =
+      StartOptimizer(*config, command_line.reprofile);
   if (!optimizer.ok()) return Fail(optimizer.status());
 
   // Measured beside the serving (cached in the state directory).
@@ -365,6 +395,7 @@ int Run(const CommandLine& command_line) {
                           .optimizer = &*optimizer->updater,
                           .optimizer_threads = static_cast<uint32_t>(
                               optimizer->pool->num_threads()),
+                          .optimizer_status = &optimizer->status,
                           .pool = &pool,
                           .sessions = sessions.get(),
                           .quotas = &*quotas,
@@ -440,6 +471,10 @@ int main(int argc, char** argv) {
                  "pinned host pool, e.g. 8GiB [pool.host_pool_size]");
   app.add_option("--optimizer-threads", threads,
                  "optimizer threads, 0 = auto [optimizer.threads]");
+  std::string tuning;
+  app.add_option("--optimizer-tuning", tuning,
+                 "auto (timed at the first start, cached), default, or e.g. "
+                 "prefetch=256,stream=on,chunks=16 [optimizer.tuning]");
   app.add_option("--log-level", log_level,
                  "trace|debug|info|warn|error|critical|off "
                  "[daemon.log_level]");
@@ -451,7 +486,8 @@ int main(int argc, char** argv) {
                  "none [store.profile_probe]");
   app.add_flag("--reprofile", command_line.reprofile,
                "measure the machine again for the planner (lohanctl plan "
-               "--this-machine), even if its profile is cached");
+               "--this-machine) and time the optimizer kernels again "
+               "(optimizer.tuning = auto), even if cached");
   app.add_flag("--salvage", command_line.salvage,
                "rebuild a damaged store catalog (which lohand refuses to "
                "start with) from what is intact, report what was left "
@@ -473,6 +509,7 @@ int main(int argc, char** argv) {
   if (app.count("--ssd-capacity")) overrides.ssd_capacity = ssd_capacity;
   if (app.count("--profile-probe")) overrides.profile_probe = profile_probe;
   if (app.count("--optimizer-threads")) overrides.optimizer_threads = threads;
+  if (app.count("--optimizer-tuning")) overrides.optimizer_tuning = tuning;
   if (app.count("--log-level")) overrides.log_level = log_level;
   return lohan::Run(command_line);
 }

@@ -91,6 +91,8 @@ absl::StatusOr<StepStats> AdamUpdater::Step(const AdamOptions& options,
   args.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
   args.eps = static_cast<float>(options.eps);
   args.amsgrad = options.amsgrad;
+  args.prefetch_elements = tuning_.prefetch_elements;
+  args.stream_out = tuning_.stream_half_copy;
 
   const optim_internal::AdamChunkFn kernel =
       kernels_->adam[static_cast<int>(grad.dtype)]
@@ -100,7 +102,8 @@ absl::StatusOr<StepStats> AdamUpdater::Step(const AdamOptions& options,
   const std::size_t grad_size = DTypeSize(grad.dtype);
 
   const double sum_squares = optim_internal::RunChunked(
-      pool_, tensor.size, [&](std::size_t begin, std::size_t count) {
+      pool_, tensor.size, tuning_.chunks_per_task,
+      [&](std::size_t begin, std::size_t count) {
         optim_internal::AdamChunkArgs a = args;
         a.n = count;
         a.weight = tensor.weight + begin;
@@ -129,9 +132,10 @@ absl::StatusOr<double> AdamUpdater::GradSumSquares(const GradientView& grad,
       kernels_->sum_squares[static_cast<int>(grad.dtype)];
   const std::size_t grad_size = DTypeSize(grad.dtype);
   return optim_internal::RunChunked(
-      pool_, size, [&](std::size_t begin, std::size_t count) {
+      pool_, size, tuning_.chunks_per_task,
+      [&](std::size_t begin, std::size_t count) {
         return kernel(static_cast<const char*>(grad.data) + begin * grad_size,
-                      count, grad.inv_scale);
+                      count, grad.inv_scale, tuning_.prefetch_elements);
       });
 }
 

@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "daemon/optim/isa.h"
 #include "daemon/optim/optim_types.h"
+#include "daemon/optim/tuning.h"
 #include "daemon/optim/worker_pool.h"
 
 namespace lohan {
@@ -67,11 +68,23 @@ class AdamUpdater {
   static absl::StatusOr<AdamUpdater> Create(WorkerPool* pool,
                                             std::optional<Isa> isa);
 
+  // The same updater moving memory as `tuning` says (results unchanged).
+  // Create() starts with KernelTuning{}; the daemon passes its calibrated
+  // choice (calibration.h).
+  AdamUpdater WithTuning(const KernelTuning& tuning) const {
+    AdamUpdater copy = *this;
+    copy.tuning_ = tuning;
+    return copy;
+  }
+  const KernelTuning& tuning() const { return tuning_; }
+
   Isa isa() const { return isa_; }
   // The same kernels with no pool: every call runs on the caller's thread
   // (for work that must not queue behind the pool's loops). Same results.
   AdamUpdater OnCallingThread() const {
-    return AdamUpdater(nullptr, isa_, kernels_);
+    AdamUpdater copy = *this;
+    copy.pool_ = nullptr;
+    return copy;
   }
   // The kernel variant in use, e.g. "avx512+bf16".
   const char* kernel_name() const;
@@ -102,6 +115,7 @@ class AdamUpdater {
   WorkerPool* pool_;
   Isa isa_;
   const optim_internal::KernelTable* kernels_;
+  KernelTuning tuning_;
 };
 
 }  // namespace lohan

@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "daemon/optim/calibration.h"
 #include "daemon/optim/half.h"
 #include "daemon/optim/test_util.h"
 #include "daemon/optim/worker_pool.h"
@@ -427,16 +428,25 @@ struct Snapshot {
 };
 
 // Runs a few AdamW steps (AMSGrad, bf16 gradients, bf16 output) on a
-// multi-chunk, ragged tensor and returns everything it produced.
+// multi-chunk, ragged tensor and returns everything it produced. The output
+// starts `out_misalign` elements past a 64-byte boundary (0: streaming
+// stores apply).
 Snapshot RunFixedWorkload(Isa isa, WorkerPool* pool, DType moments,
-                          DType grad_dtype, std::size_t n) {
-  absl::StatusOr<AdamUpdater> u = AdamUpdater::Create(pool, isa);
-  EXPECT_TRUE(u.ok()) << u.status();
+                          DType grad_dtype, std::size_t n,
+                          const KernelTuning& tuning = KernelTuning{},
+                          std::size_t out_misalign = 0) {
+  absl::StatusOr<AdamUpdater> created = AdamUpdater::Create(pool, isa);
+  EXPECT_TRUE(created.ok()) << created.status();
+  const std::optional<AdamUpdater> u = created->WithTuning(tuning);
+  EXPECT_EQ(u->tuning(), tuning);
   Snapshot s;
   s.w = RandomFloats(n, 1, 0.5f);
   const std::size_t msize = moments == DType::kFloat32 ? 4 : 2;
   std::vector<char> m(n * msize, 0), v(n * msize, 0), vmax(n * msize, 0);
-  s.out.assign(n, 0);
+  std::vector<uint16_t> out_storage(n + 64, 0);
+  uint16_t* out = out_storage.data();
+  while (reinterpret_cast<uintptr_t>(out) % 64 != 0) ++out;
+  out += out_misalign;
   AdamTensor t;
   t.size = n;
   t.weight = s.w.data();
@@ -451,10 +461,11 @@ Snapshot RunFixedWorkload(Isa isa, WorkerPool* pool, DType moments,
     const TestGrad g = MakeGrad(RandomFloats(n, 50 + step, 1e-2f), grad_dtype);
     absl::StatusOr<StepStats> st =
         u->Step(o, t, GradientView{g.data(), grad_dtype, 0.5f},
-                HalfOutput{s.out.data(), DType::kBFloat16});
+                HalfOutput{out, DType::kBFloat16});
     EXPECT_TRUE(st.ok()) << st.status();
     s.sums.push_back(st.ok() ? st->grad_sum_squares : -1);
   }
+  s.out.assign(out, out + n);
   auto to_floats = [&](const std::vector<char>& raw) {
     std::vector<float> f(n);
     for (std::size_t i = 0; i < n; ++i) {
@@ -512,6 +523,60 @@ TEST(AdamDeterminismTest, BitIdenticalAcrossThreadCounts) {
             RunFixedWorkload(isa, pool->get(), moments, DType::kBFloat16, kN),
             /*sums_too=*/true);
       }
+    }
+  }
+}
+
+TEST(AdamDeterminismTest, BitIdenticalUnderEveryTuning) {
+  // Prefetch distance, streaming stores and per-thread runs move memory
+  // differently but compute the same: every tuning gives the default's
+  // bits, sums of squares included, aligned or not, pooled or not.
+  constexpr std::size_t kN = 9 * optim_internal::kChunkElements + 517;
+  std::vector<KernelTuning> tunings = CandidateTunings(3);
+  tunings.push_back({1, true, 3});
+  tunings.push_back({std::size_t{1} << 20, false, 4096});
+  auto pool = WorkerPool::Create({3, true});
+  ASSERT_TRUE(pool.ok());
+  for (Isa isa : optim_test::AllIsas()) {
+    if (!CpuSupportsIsa(isa)) continue;
+    for (std::size_t misalign : {0, 3}) {
+      const Snapshot base = RunFixedWorkload(
+          isa, nullptr, DType::kFloat32, DType::kBFloat16, kN, {}, misalign);
+      for (const KernelTuning& tuning : tunings) {
+        for (WorkerPool* p : {static_cast<WorkerPool*>(nullptr), pool->get()}) {
+          SCOPED_TRACE(testing::Message()
+                       << IsaName(isa) << " " << TuningName(tuning)
+                       << " misalign " << misalign << (p ? " pool" : ""));
+          ExpectSameBits(
+              base,
+              RunFixedWorkload(isa, p, DType::kFloat32, DType::kBFloat16, kN,
+                               tuning, misalign),
+              /*sums_too=*/true);
+        }
+      }
+    }
+  }
+}
+
+TEST(AdamDeterminismTest, GradSumSquaresMatchesStepUnderEveryTuning) {
+  constexpr std::size_t kN = 3 * optim_internal::kChunkElements + 9;
+  const TestGrad g = MakeGrad(RandomFloats(kN, 4, 1e-2f), DType::kFloat32);
+  auto pool = WorkerPool::Create({2, true});
+  ASSERT_TRUE(pool.ok());
+  for (Isa isa : optim_test::AllIsas()) {
+    if (!CpuSupportsIsa(isa)) continue;
+    absl::StatusOr<AdamUpdater> created = AdamUpdater::Create(pool->get(), isa);
+    ASSERT_TRUE(created.ok());
+    const absl::StatusOr<double> reference = created->GradSumSquares(
+        GradientView{g.data(), DType::kFloat32, 1.0f}, kN);
+    ASSERT_TRUE(reference.ok());
+    for (const KernelTuning& tuning : CandidateTunings(2)) {
+      SCOPED_TRACE(TuningName(tuning));
+      const absl::StatusOr<double> sum =
+          created->WithTuning(tuning).GradSumSquares(
+              GradientView{g.data(), DType::kFloat32, 1.0f}, kN);
+      ASSERT_TRUE(sum.ok());
+      EXPECT_EQ(*sum, *reference);
     }
   }
 }

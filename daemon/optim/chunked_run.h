@@ -16,9 +16,11 @@ namespace lohan::optim_internal {
 
 // Calls chunk_fn(begin, count) for every chunk and returns the sum of the
 // values it returned, added in chunk order. `pool` may be null: the caller's
-// thread runs every chunk. REQUIRES: chunk_fn is safe to run concurrently on
+// thread runs every chunk. With a pool, a worker takes `chunks_per_task`
+// consecutive chunks at a time (>= 1; which thread runs a chunk never
+// changes the result). REQUIRES: chunk_fn is safe to run concurrently on
 // different chunks.
-double RunChunked(WorkerPool* pool, std::size_t n,
+double RunChunked(WorkerPool* pool, std::size_t n, std::size_t chunks_per_task,
                   absl::FunctionRef<double(std::size_t, std::size_t)> chunk_fn);
 
 }  // namespace lohan::optim_internal

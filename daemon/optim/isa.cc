@@ -56,16 +56,14 @@ Isa BestIsa() {
   return Isa::kScalar;
 }
 
-absl::StatusOr<Isa> ResolveIsa(std::optional<Isa> requested) {
+absl::StatusOr<std::optional<Isa>> ForcedIsa(std::optional<Isa> requested) {
   Isa isa = Isa::kScalar;
   if (requested.has_value()) {
     isa = *requested;
   } else {
     const char* env = std::getenv(kIsaEnvVar);
     const absl::string_view value = env == nullptr ? "" : env;
-    if (value.empty() || value == "auto") {
-      return BestIsa();
-    }
+    if (value.empty() || value == "auto") return std::nullopt;
     absl::StatusOr<Isa> parsed = ParseIsa(value);
     if (!parsed.ok()) {
       return absl::InvalidArgumentError(
@@ -78,6 +76,12 @@ absl::StatusOr<Isa> ResolveIsa(std::optional<Isa> requested) {
         "optimizer ISA '", IsaName(isa), "' requested but this CPU lacks it"));
   }
   return isa;
+}
+
+absl::StatusOr<Isa> ResolveIsa(std::optional<Isa> requested) {
+  absl::StatusOr<std::optional<Isa>> forced = ForcedIsa(requested);
+  if (!forced.ok()) return forced.status();
+  return forced->value_or(BestIsa());
 }
 
 }  // namespace lohan

@@ -32,6 +32,11 @@ bool CpuSupportsAvx512Bf16();
 // The fastest path this CPU supports.
 Isa BestIsa();
 
+// The path forced on the optimizer: `requested` if given, else
+// $LOHAN_OPTIM_ISA if set and not empty or "auto", else nullopt (free to
+// choose). Errors as ResolveIsa.
+absl::StatusOr<std::optional<Isa>> ForcedIsa(std::optional<Isa> requested);
+
 // The path to use: `requested` if given, else $LOHAN_OPTIM_ISA if set and
 // not empty or "auto", else BestIsa(). Errors: InvalidArgument for a bad
 // variable value; FailedPrecondition when the CPU lacks the chosen path.

@@ -8,8 +8,9 @@
 // Include nothing here that defines non-template inline functions (they
 // would be compiled with ISA flags and could be picked for baseline code).
 //
-// V provides: type F (a vector of kWidth floats); kPrefetchElements (how
-// far ahead the main loop prefetches, 0 for none); Set(float); LoadF32,
+// V provides: type F (a vector of kWidth floats); kSoftwarePrefetch
+// (whether the main loop may prefetch: the distance is the args'
+// prefetch_elements); Set(float); LoadF32,
 // LoadBf16, LoadFp16 from a pointer; StoreF32, StoreBf16, StoreFp16;
 // StreamAligned(p) (whether StreamBf16/StreamFp16 may store at p + i for
 // every full-vector i), StreamBf16, StreamFp16 (non-temporal where the ISA
@@ -65,15 +66,16 @@ inline void StoreOut(void* base, std::size_t i, typename V::F x) {
 template <DType T>
 inline constexpr std::size_t kSize = T == DType::kFloat32 ? 4 : 2;
 
-// Software prefetch `V::kPrefetchElements` ahead in the main loop (0: none).
-// Helps one core keep enough lines in flight on the 4 to 6 streams; past
+// Software prefetch `ahead` elements past i in the main loop. Can help one
+// core keep enough lines in flight on the 4 to 6 streams (how much, and at
+// what distance, depends on the microarchitecture: see calibration.h); past
 // the end of a buffer a prefetch is harmless (it never faults).
-template <class V, DType T>
-inline void Prefetch(const void* base, std::size_t i, bool for_write) {
+template <DType T>
+inline void Prefetch(const void* base, std::size_t i, std::size_t ahead,
+                     bool for_write) {
   // Integer arithmetic: the address may lie past the buffer's end.
-  const auto* p =
-      reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(base) +
-                                    (i + V::kPrefetchElements) * kSize<T>);
+  const auto* p = reinterpret_cast<const char*>(
+      reinterpret_cast<uintptr_t>(base) + (i + ahead) * kSize<T>);
   if (for_write) {
     __builtin_prefetch(p, 1, 3);
   } else {
@@ -95,17 +97,19 @@ struct AdamPtrs {
   void* out;
 };
 
-// kStream: store the 16-bit copy with non-temporal stores. kMain: a block
-// of the main loop (prefetch ahead), not the padded tail.
-template <class V, DType G, DType M, int O, bool kStream, bool kMain>
+// kStream: store the 16-bit copy with non-temporal stores. kPrefetch:
+// prefetch a.prefetch_elements ahead (a block of the main loop, never the
+// padded tail).
+template <class V, DType G, DType M, int O, bool kStream, bool kPrefetch>
 inline void AdamBlock(const AdamChunkArgs& a, const AdamPtrs& p, std::size_t i,
                       typename V::Acc& acc) {
   using F = typename V::F;
-  if constexpr (kMain && V::kPrefetchElements > 0) {
-    Prefetch<V, DType::kFloat32>(p.w, i, true);
-    Prefetch<V, M>(p.m, i, true);
-    Prefetch<V, M>(p.v, i, true);
-    Prefetch<V, G>(p.g, i, false);
+  if constexpr (kPrefetch) {
+    const std::size_t ahead = a.prefetch_elements;
+    Prefetch<DType::kFloat32>(p.w, i, ahead, true);
+    Prefetch<M>(p.m, i, ahead, true);
+    Prefetch<M>(p.v, i, ahead, true);
+    Prefetch<G>(p.g, i, ahead, false);
   }
   F g = V::Mul(Load<V, G>(p.g, i), V::Set(a.inv_scale));
   V::AccSq(acc, g);
@@ -128,20 +132,33 @@ inline void AdamBlock(const AdamChunkArgs& a, const AdamPtrs& p, std::size_t i,
   if constexpr (O != 0) StoreOut<V, kOutType<O>, kStream>(p.out, i, w);
 }
 
+// The full vectors of the chunk; returns where the tail starts.
+template <class V, DType G, DType M, int O, bool kStream, bool kPrefetch>
+std::size_t AdamMain(const AdamChunkArgs& a, const AdamPtrs& p,
+                     typename V::Acc& acc) {
+  constexpr std::size_t kW = V::kWidth;
+  std::size_t i = 0;
+  for (; i + kW <= a.n; i += kW)
+    AdamBlock<V, G, M, O, kStream, kPrefetch>(a, p, i, acc);
+  if constexpr (kStream) V::StreamFence();
+  return i;
+}
+
 template <class V, DType G, DType M, int O>
 double AdamChunk(const AdamChunkArgs& a) {
   constexpr std::size_t kW = V::kWidth;
   typename V::Acc acc = V::AccZero();
   const AdamPtrs p{a.weight,         a.exp_avg, a.exp_avg_sq,
                    a.max_exp_avg_sq, a.grad,    a.out};
-  std::size_t i = 0;
-  if (O != 0 && V::StreamAligned(a.out)) {
-    for (; i + kW <= a.n; i += kW)
-      AdamBlock<V, G, M, O, true, true>(a, p, i, acc);
-    V::StreamFence();
+  const bool stream = O != 0 && a.stream_out && V::StreamAligned(a.out);
+  const bool prefetch = V::kSoftwarePrefetch && a.prefetch_elements != 0;
+  std::size_t i;
+  if (stream) {
+    i = prefetch ? AdamMain<V, G, M, O, true, true>(a, p, acc)
+                 : AdamMain<V, G, M, O, true, false>(a, p, acc);
   } else {
-    for (; i + kW <= a.n; i += kW)
-      AdamBlock<V, G, M, O, false, true>(a, p, i, acc);
+    i = prefetch ? AdamMain<V, G, M, O, false, true>(a, p, acc)
+                 : AdamMain<V, G, M, O, false, false>(a, p, acc);
   }
   const std::size_t rest = a.n - i;
   if (rest != 0) {
@@ -183,14 +200,15 @@ struct SgdPtrs {
   void* out;
 };
 
-template <class V, DType G, int O, bool kStream, bool kMain>
+template <class V, DType G, int O, bool kStream, bool kPrefetch>
 inline void SgdBlock(const SgdChunkArgs& a, const SgdPtrs& p, std::size_t i,
                      typename V::Acc& acc) {
   using F = typename V::F;
-  if constexpr (kMain && V::kPrefetchElements > 0) {
-    Prefetch<V, DType::kFloat32>(p.w, i, true);
-    if (a.use_momentum) Prefetch<V, DType::kFloat32>(p.buf, i, true);
-    Prefetch<V, G>(p.g, i, false);
+  if constexpr (kPrefetch) {
+    const std::size_t ahead = a.prefetch_elements;
+    Prefetch<DType::kFloat32>(p.w, i, ahead, true);
+    if (a.use_momentum) Prefetch<DType::kFloat32>(p.buf, i, ahead, true);
+    Prefetch<G>(p.g, i, ahead, false);
   }
   F g = V::Mul(Load<V, G>(p.g, i), V::Set(a.inv_scale));
   V::AccSq(acc, g);
@@ -210,17 +228,31 @@ inline void SgdBlock(const SgdChunkArgs& a, const SgdPtrs& p, std::size_t i,
   if constexpr (O != 0) StoreOut<V, kOutType<O>, kStream>(p.out, i, w);
 }
 
+template <class V, DType G, int O, bool kStream, bool kPrefetch>
+std::size_t SgdMain(const SgdChunkArgs& a, const SgdPtrs& p,
+                    typename V::Acc& acc) {
+  constexpr std::size_t kW = V::kWidth;
+  std::size_t i = 0;
+  for (; i + kW <= a.n; i += kW)
+    SgdBlock<V, G, O, kStream, kPrefetch>(a, p, i, acc);
+  if constexpr (kStream) V::StreamFence();
+  return i;
+}
+
 template <class V, DType G, int O>
 double SgdChunk(const SgdChunkArgs& a) {
   constexpr std::size_t kW = V::kWidth;
   typename V::Acc acc = V::AccZero();
   const SgdPtrs p{a.weight, a.momentum_buffer, a.grad, a.out};
-  std::size_t i = 0;
-  if (O != 0 && V::StreamAligned(a.out)) {
-    for (; i + kW <= a.n; i += kW) SgdBlock<V, G, O, true, true>(a, p, i, acc);
-    V::StreamFence();
+  const bool stream = O != 0 && a.stream_out && V::StreamAligned(a.out);
+  const bool prefetch = V::kSoftwarePrefetch && a.prefetch_elements != 0;
+  std::size_t i;
+  if (stream) {
+    i = prefetch ? SgdMain<V, G, O, true, true>(a, p, acc)
+                 : SgdMain<V, G, O, true, false>(a, p, acc);
   } else {
-    for (; i + kW <= a.n; i += kW) SgdBlock<V, G, O, false, true>(a, p, i, acc);
+    i = prefetch ? SgdMain<V, G, O, false, true>(a, p, acc)
+                 : SgdMain<V, G, O, false, false>(a, p, acc);
   }
   const std::size_t rest = a.n - i;
   if (rest != 0) {
@@ -243,13 +275,15 @@ double SgdChunk(const SgdChunkArgs& a) {
 // The gradient part of AdamBlock/SgdBlock alone: the same lanes, the same
 // zero-padded tail and the same reduction, so the sum is theirs bit for bit.
 template <class V, DType G>
-double SumSquaresChunk(const void* grad, std::size_t n, float inv_scale) {
+double SumSquaresChunk(const void* grad, std::size_t n, float inv_scale,
+                       std::size_t prefetch_elements) {
   constexpr std::size_t kW = V::kWidth;
   typename V::Acc acc = V::AccZero();
   const typename V::F scale = V::Set(inv_scale);
+  const bool prefetch = V::kSoftwarePrefetch && prefetch_elements != 0;
   std::size_t i = 0;
   for (; i + kW <= n; i += kW) {
-    if constexpr (V::kPrefetchElements > 0) Prefetch<V, G>(grad, i, false);
+    if (prefetch) Prefetch<G>(grad, i, prefetch_elements, false);
     V::AccSq(acc, V::Mul(Load<V, G>(grad, i), scale));
   }
   if (i < n) {

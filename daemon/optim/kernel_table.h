@@ -57,6 +57,9 @@ struct AdamChunkArgs {
   float eps = 0.0f;
   bool use_l2 = false;
   bool amsgrad = false;
+  // Memory-movement choices (tuning.h); the results do not depend on them.
+  std::size_t prefetch_elements = 0;  // 0: no software prefetch
+  bool stream_out = false;            // non-temporal stores for `out`
 };
 
 // Per-element formula (torch.optim.SGD):
@@ -81,6 +84,8 @@ struct SgdChunkArgs {
   bool use_momentum = false;
   bool first_step = false;
   bool nesterov = false;
+  std::size_t prefetch_elements = 0;  // as AdamChunkArgs
+  bool stream_out = false;
 };
 
 // Returns the chunk's gradient sum of squares (inf/NaN if any element is).
@@ -91,7 +96,7 @@ using SgdChunkFn = double (*)(const SgdChunkArgs&);
 // with the Adam and SGD kernels' vector lanes and reduction, so it returns
 // bit for bit what they return for the same chunk.
 using SumSquaresFn = double (*)(const void* grad, std::size_t n,
-                                float inv_scale);
+                                float inv_scale, std::size_t prefetch_elements);
 using ToHalfFn = void (*)(const float* in, uint16_t* out, std::size_t n);
 using FromHalfFn = void (*)(const uint16_t* in, float* out, std::size_t n);
 

@@ -16,7 +16,7 @@ struct Avx2 {
     __m256d lo;
     __m256d hi;
   };
-  static constexpr std::size_t kPrefetchElements = 1024;
+  static constexpr bool kSoftwarePrefetch = true;
   static constexpr std::size_t kWidth = 8;
 
   static F Set(float x) { return _mm256_set1_ps(x); }

@@ -21,7 +21,7 @@ struct Avx512 {
     __m512d lo;
     __m512d hi;
   };
-  static constexpr std::size_t kPrefetchElements = 1024;
+  static constexpr bool kSoftwarePrefetch = true;
   static constexpr std::size_t kWidth = 16;
 
   static F Set(float x) { return _mm512_set1_ps(x); }

@@ -13,7 +13,7 @@ namespace {
 struct Scalar {
   using F = float;
   using Acc = double;
-  static constexpr std::size_t kPrefetchElements = 0;
+  static constexpr bool kSoftwarePrefetch = false;
   static constexpr std::size_t kWidth = 1;
 
   static F Set(float x) { return x; }

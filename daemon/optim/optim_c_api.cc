@@ -7,6 +7,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "daemon/optim/adam.h"
+#include "daemon/optim/calibration.h"
 #include "daemon/optim/isa.h"
 #include "daemon/optim/optim_types.h"
 #include "daemon/optim/sgd.h"
@@ -16,6 +17,14 @@ struct lohan_optim {
   std::unique_ptr<lohan::WorkerPool> pool;  // null: calling thread
   std::optional<lohan::AdamUpdater> adam;
   std::optional<lohan::SgdUpdater> sgd;
+  std::optional<lohan::Isa> forced_isa;  // as created
+  std::string tuning_name = lohan::TuningName(lohan::KernelTuning{});
+
+  void SetTuning(const lohan::KernelTuning& tuning) {
+    adam = adam->WithTuning(tuning);
+    sgd = sgd->WithTuning(tuning);
+    tuning_name = lohan::TuningName(tuning);
+  }
 };
 
 namespace {
@@ -82,6 +91,7 @@ int lohan_optim_create(const char* isa, int num_threads, int pin,
   if (!sgd.ok()) return Fail(sgd.status());
   handle->adam = *adam;
   handle->sgd = *sgd;
+  handle->forced_isa = requested;
   *out = handle.release();
   return 0;
 }
@@ -94,6 +104,43 @@ const char* lohan_optim_isa(const lohan_optim* handle) {
 
 const char* lohan_optim_kernel_name(const lohan_optim* handle) {
   return handle == nullptr ? "" : handle->adam->kernel_name();
+}
+
+const char* lohan_optim_tuning(const lohan_optim* handle) {
+  return handle == nullptr ? "" : handle->tuning_name.c_str();
+}
+
+int lohan_optim_set_tuning(lohan_optim* handle, const char* tuning) {
+  if (handle == nullptr || tuning == nullptr) {
+    return Fail(absl::StatusCode::kInvalidArgument, "null handle or tuning");
+  }
+  absl::StatusOr<lohan::KernelTuning> parsed = lohan::ParseTuning(tuning);
+  if (!parsed.ok()) return Fail(parsed.status());
+  handle->SetTuning(*parsed);
+  return 0;
+}
+
+int lohan_optim_calibrate(lohan_optim* handle, size_t working_set_bytes,
+                          int rounds) {
+  if (handle == nullptr) {
+    return Fail(absl::StatusCode::kInvalidArgument, "null handle");
+  }
+  lohan::CalibrationOptions options;
+  options.working_set_bytes = working_set_bytes;
+  if (rounds != 0) options.rounds = rounds;
+  absl::StatusOr<lohan::Calibration> calibration = lohan::CalibrateAdam(
+      handle->pool.get(), lohan::CalibrationIsas(handle->forced_isa), options);
+  if (!calibration.ok()) return Fail(calibration.status());
+  absl::StatusOr<lohan::AdamUpdater> adam =
+      lohan::AdamUpdater::Create(handle->pool.get(), calibration->isa);
+  if (!adam.ok()) return Fail(adam.status());
+  absl::StatusOr<lohan::SgdUpdater> sgd =
+      lohan::SgdUpdater::Create(handle->pool.get(), calibration->isa);
+  if (!sgd.ok()) return Fail(sgd.status());
+  handle->adam = *adam;
+  handle->sgd = *sgd;
+  handle->SetTuning(calibration->tuning);
+  return 0;
 }
 
 int lohan_optim_adam_step(lohan_optim* handle, size_t n, float* weight,

@@ -40,6 +40,21 @@ void lohan_optim_destroy(lohan_optim* handle);
 const char* lohan_optim_isa(const lohan_optim* handle);
 const char* lohan_optim_kernel_name(const lohan_optim* handle);
 
+/* How the kernels move memory, as "prefetch=1024,stream=on,chunks=1" (see
+ * tuning.h); valid until the handle's next tuning change. */
+const char* lohan_optim_tuning(const lohan_optim* handle);
+
+/* Sets the tuning from that form (fields missing keep their defaults). */
+int lohan_optim_set_tuning(lohan_optim* handle, const char* tuning);
+
+/* Times the candidate paths (the ISA given at create, else every vector
+ * path) and tunings on this handle's pool (calibration.h) and keeps the
+ * fastest, as lohand does at its first start.
+ * working_set_bytes 0: twice the last-level cache; rounds 0: the default. Runs
+ * for a second or a few. */
+int lohan_optim_calibrate(lohan_optim* handle, size_t working_set_bytes,
+                          int rounds);
+
 /* One Adam/AdamW step of one tensor of n elements (see adam.h). *step is the
  * tensor's step counter, incremented on success. max_exp_avg_sq may be NULL
  * unless amsgrad. out may be NULL (no 16-bit copy). grad_sum_squares and

@@ -71,6 +71,8 @@ absl::StatusOr<StepStats> SgdUpdater::Step(const SgdOptions& options,
   args.neg_lr = static_cast<float>(-options.lr);
   args.first_step = tensor.step == 0;
   args.nesterov = options.nesterov;
+  args.prefetch_elements = tuning_.prefetch_elements;
+  args.stream_out = tuning_.stream_half_copy;
   tensor.step += 1;
 
   const optim_internal::SgdChunkFn kernel =
@@ -78,7 +80,8 @@ absl::StatusOr<StepStats> SgdUpdater::Step(const SgdOptions& options,
                    [optim_internal::OutKindIndex(out)];
   const std::size_t grad_size = DTypeSize(grad.dtype);
   const double sum_squares = optim_internal::RunChunked(
-      pool_, tensor.size, [&](std::size_t begin, std::size_t count) {
+      pool_, tensor.size, tuning_.chunks_per_task,
+      [&](std::size_t begin, std::size_t count) {
         optim_internal::SgdChunkArgs a = args;
         a.n = count;
         a.weight = tensor.weight + begin;

@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "daemon/optim/isa.h"
 #include "daemon/optim/optim_types.h"
+#include "daemon/optim/tuning.h"
 #include "daemon/optim/worker_pool.h"
 
 namespace lohan {
@@ -46,6 +47,16 @@ class SgdUpdater {
   static absl::StatusOr<SgdUpdater> Create(WorkerPool* pool,
                                            std::optional<Isa> isa);
 
+  // The same updater moving memory as `tuning` says (results unchanged).
+  // Create() starts with KernelTuning{}; the daemon passes its calibrated
+  // choice (calibration.h).
+  SgdUpdater WithTuning(const KernelTuning& tuning) const {
+    SgdUpdater copy = *this;
+    copy.tuning_ = tuning;
+    return copy;
+  }
+  const KernelTuning& tuning() const { return tuning_; }
+
   Isa isa() const { return isa_; }
   // The kernel variant in use, e.g. "avx512+bf16".
   const char* kernel_name() const;
@@ -64,6 +75,7 @@ class SgdUpdater {
   WorkerPool* pool_;
   Isa isa_;
   const optim_internal::KernelTable* kernels_;
+  KernelTuning tuning_;
 };
 
 }  // namespace lohan

@@ -16,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "daemon/config/host_check.h"
+#include "daemon/optim/tuning.h"
 #include "daemon/store/aio_device.h"
 #include "daemon/store/aligned_buffer.h"
 #include "spdlog/spdlog.h"
@@ -263,8 +264,9 @@ std::string ProfileKey(const ProfileOptions& options) {
       "ssds=", absl::StrJoin(options.ssd_paths, ","),
       ";block=", options.block_size, ";depth=", options.queue_depth,
       ";probe=", options.probe_bytes, ";optimizer=",
-      options.updater != nullptr ? options.updater->kernel_name() : "none", "x",
-      options.optimizer_threads);
+      options.updater != nullptr ? options.updater->kernel_name() : "none", "/",
+      options.updater != nullptr ? TuningName(options.updater->tuning()) : "",
+      "x", options.optimizer_threads);
 }
 
 absl::StatusOr<v1::HostProfile> MeasureHost(const ProfileOptions& options) {

@@ -246,8 +246,12 @@ grpc::Status ControlService::GetStatus(grpc::ServerContext* context,
     arena->set_bytes(use.bytes);
     arena->set_huge_pages(use.huge_pages);
   }
-  response->mutable_optimizer()->set_threads(parts_.optimizer_threads);
-  response->mutable_optimizer()->set_kernel(parts_.optimizer->kernel_name());
+  if (parts_.optimizer_status != nullptr) {
+    *response->mutable_optimizer() = *parts_.optimizer_status;
+  } else {
+    response->mutable_optimizer()->set_threads(parts_.optimizer_threads);
+    response->mutable_optimizer()->set_kernel(parts_.optimizer->kernel_name());
+  }
   if (parts_.profiler != nullptr) {
     if (std::optional<v1::HostProfile> profile = parts_.profiler->Get()) {
       *response->mutable_profile() = *std::move(profile);

@@ -28,6 +28,9 @@ struct DaemonParts {
   TensorStore* store = nullptr;
   const AdamUpdater* optimizer = nullptr;
   uint32_t optimizer_threads = 0;
+  // The optimizer as GetStatus reports it (kernel, tuning and where they
+  // come from); may be null (threads and kernel name alone).
+  const v1::OptimizerStatus* optimizer_status = nullptr;
   const HostPool* pool = nullptr;
   SessionManager* sessions = nullptr;
   const QuotaTable* quotas = nullptr;

@@ -28,9 +28,11 @@ std::vector<std::string> DaemonProcess::Flags(const std::string& dir) {
   return {"--socket", dir + "/lohand.sock", "--state-dir", dir + "/state",
           "--ssd-path", dir + "/ssd0", "--ssd-capacity", "64MiB",
           "--host-pool-size", "64MiB",
-          // A small measurement of the SSD for the planner: tests start
-          // hundreds of daemons.
-          "--profile-probe", "4MiB"};
+          // A small measurement of the SSD for the planner, and the
+          // optimizer's default tuning rather than seconds of timing: tests
+          // start hundreds of daemons (the calibration has tests of its
+          // own).
+          "--profile-probe", "4MiB", "--optimizer-tuning", "default"};
 }
 
 std::vector<std::string> DaemonProcess::Command(

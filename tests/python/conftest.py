@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Sequence
 
 import pytest
 
@@ -34,7 +35,9 @@ def built(relative: str) -> Path:
 
 class Daemon:
     def __init__(self, directory: Path, host_pool: str = "64MiB",
-                 ssd_capacity: str = "64MiB"):
+                 ssd_capacity: str = "64MiB",
+                 optimizer_tuning: str = "default",
+                 extra_args: Sequence[str] = ()):
         self.directory = directory
         self.socket = str(directory / "lohand.sock")
         (directory / "ssd0").mkdir(exist_ok=True)
@@ -49,7 +52,11 @@ class Daemon:
                  "--state-dir", str(directory / "state"), "--ssd-path",
                  str(directory / "ssd0"), "--ssd-capacity", ssd_capacity,
                  "--host-pool-size", host_pool, "--profile-probe", "4MiB",
-                 "--log-level", "debug"],
+                 # The default tuning, not seconds of timing at each of
+                 # the suite's many starts (test_optimizer_tuning.py
+                 # times it).
+                 "--optimizer-tuning", optimizer_tuning,
+                 "--log-level", "debug", *extra_args],
                 stdout=log, stderr=subprocess.STDOUT)
         # Only bounds a hung start; a healthy daemon answers in milliseconds.
         # The socket file appears when it is bound, a moment before it

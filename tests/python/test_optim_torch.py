@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,10 @@ def lib() -> ctypes.CDLL:
     lib.lohan_optim_destroy.restype = None
     lib.lohan_optim_isa.argtypes = [vp]
     lib.lohan_optim_isa.restype = ctypes.c_char_p
+    lib.lohan_optim_tuning.argtypes = [vp]
+    lib.lohan_optim_tuning.restype = ctypes.c_char_p
+    lib.lohan_optim_set_tuning.argtypes = [vp, ctypes.c_char_p]
+    lib.lohan_optim_calibrate.argtypes = [vp, c_size, c_int]
     lib.lohan_optim_adam_step.argtypes = [
         vp, c_size, f32p, vp, vp, vp, c_int, i64p, vp, c_int, c_float, vp,
         c_int, c_double, c_double, c_double, c_double, c_double, c_int, c_int,
@@ -229,5 +234,32 @@ def test_errors_come_back_as_status(lib):
         assert rc == 3
         assert b"null" in lib.lohan_optim_last_error()
         assert step.value == 0
+    finally:
+        opt.close()
+
+
+def test_tuning_is_set_calibrated_and_refused_through_the_c_abi(lib):
+    opt = Optim(lib, "scalar", threads=2)
+    try:
+        assert opt.lib.lohan_optim_tuning(opt.handle) == (
+            b"prefetch=1024,stream=on,chunks=1")
+        opt.check(lib.lohan_optim_set_tuning(opt.handle, b"chunks=8"))
+        assert opt.lib.lohan_optim_tuning(opt.handle) == (
+            b"prefetch=1024,stream=on,chunks=8")
+        assert lib.lohan_optim_set_tuning(opt.handle, b"stream=maybe") == 3
+        assert b"stream=maybe" in lib.lohan_optim_last_error()
+        # The failed call left the tuning as it was.
+        assert opt.lib.lohan_optim_tuning(opt.handle).endswith(b"chunks=8")
+        # A small calibration (8 MiB of buffers, one round): the forced
+        # path stays, the tuning becomes one of the candidates.
+        opt.check(lib.lohan_optim_calibrate(opt.handle, 8 << 20, 1))
+        assert lib.lohan_optim_isa(opt.handle) == b"scalar"
+        tuning = lib.lohan_optim_tuning(opt.handle).decode()
+        assert re.fullmatch(r"prefetch=(0|256|1024|4096),stream=(on|off),"
+                            r"chunks=(1|16)", tuning), tuning
+        # Buffers that cannot be mapped: an error, the tuning kept.
+        assert lib.lohan_optim_calibrate(opt.handle, 1 << 60, 1) == 8
+        assert b"calibration" in lib.lohan_optim_last_error()
+        assert lib.lohan_optim_tuning(opt.handle).decode() == tuning
     finally:
         opt.close()

@@ -35,7 +35,7 @@ class Mapping {
       return absl::ResourceExhaustedError(absl::StrCat(
           "optimizer calibration: cannot map ", bytes / kMiB,
           " MiB of buffers (", std::strerror(errno),
-          "); lower [optim] calibration_bytes or set [optim] tuning"));
+          "); set lohand's [optimizer] tuning to skip the timing"));
     }
     if (huge_pages) madvise(p, bytes, MADV_HUGEPAGE);
     std::memset(p, 0, bytes);

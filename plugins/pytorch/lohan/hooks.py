@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Callable, Iterator, List, Optional
+from typing import Callable, Iterator, List, Optional, Protocol
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from lohan.blocks import Layer
 
@@ -33,24 +34,61 @@ def has_lohan_hook(param: torch.Tensor) -> bool:
     return any(getattr(h, "_lohan_hook", False) for h in hooks.values())
 
 
+class GradientSink(Protocol):
+    """Where a GradientRouter hands each layer's gradients: the step in
+    progress (iteration.Iteration), which begins the daemon's iteration
+    at the first one."""
+
+    # Whether device_grad_ready takes gradients on a GPU (copied into the
+    # slot on a stream); else they are copied into the slot here.
+    device_copies: bool
+
+    def claim_grad_buffer(self, layer: int) -> None:
+        """Before the layer's gradient slot is written: waits until the
+        daemon is done with what the slot held (shared slots)."""
+
+    def grad_ready(self, layer: int) -> None:
+        """The layer's gradient is in its slot."""
+
+    def device_grad_ready(self, layer: int, flat: torch.Tensor) -> None:
+        """`flat`: the layer's gradients back to back on its GPU, to be
+        copied into its slot."""
+
+
+class HostSink:
+    """A GradientSink that only hears `grad_ready(layer)`: no shared slots,
+    gradients copied into the slots here."""
+
+    device_copies = False
+
+    def __init__(self, grad_ready: Callable[[int], None]) -> None:
+        self.grad_ready = grad_ready
+
+    def claim_grad_buffer(self, layer: int) -> None:
+        pass
+
+    def device_grad_ready(self, layer: int, flat: torch.Tensor) -> None:
+        raise AssertionError("HostSink takes no device gradients")
+
+
 class GradientRouter:
+    """Hooks every parameter of `layers` and hands each layer's
+    gradients to its GradientSink once they are complete."""
+
     def __init__(self, layers: List[Layer], grad_views: List[torch.Tensor],
                  accumulation_steps: int,
-                 grad_ready: Callable[[int], None],
-                 device_grad_ready: Optional[
-                     Callable[[int, torch.Tensor], None]] = None,
-                 claim: Optional[Callable[[int], None]] = None):
+                 sink: Optional[GradientSink] = None, *,
+                 grad_ready: Optional[Callable[[int], None]] = None) -> None:
+        """`sink` takes each layer's gradients (the first begins the
+        step); `grad_ready` alone stands for HostSink(grad_ready)."""
+        if sink is None:
+            if grad_ready is None:
+                raise TypeError("GradientRouter needs a sink or grad_ready")
+            sink = HostSink(grad_ready)
         self._layers = layers
         self._grad_views = grad_views
         self._steps = accumulation_steps
-        self._grad_ready = grad_ready  # begins the iteration if need be
-        # For gradients on a GPU: takes the layer's gradients flat on the
-        # device and has them copied into its slot on the stream (the
-        # daemon hears of them once the copy is done).
-        self._device_grad_ready = device_grad_ready
-        # Called before the layer's gradient slot is written: waits until
-        # the daemon is done with what the slot held (shared slots).
-        self._claim = claim or (lambda layer: None)
+        self._sink = sink
         self._arrivals: List[List[int]] = [[0] * len(l.params) for l in layers]
         self._waiting: List[int] = [len(l.params) for l in layers]
         self.handed: List[bool] = [False] * len(layers)
@@ -58,13 +96,14 @@ class GradientRouter:
         # the block passes completed since the last hand-over.
         self._inner: List[int] = [0] * len(layers)
         self._passes: List[int] = [0] * len(layers)
-        self._handles = []
+        self._handles: List[RemovableHandle] = []
         for layer in layers:
             for position, param in enumerate(layer.params):
                 self._handles.append(param.register_post_accumulate_grad_hook(
                     self._hook(layer.index, position)))
 
-    def _hook(self, layer: int, position: int):
+    def _hook(self, layer: int,
+              position: int) -> Callable[[torch.Tensor], None]:
         def on_grad(param: torch.Tensor) -> None:
             self._arrived(layer, position, param)
         on_grad._lohan_hook = True  # type: ignore[attr-defined]
@@ -119,7 +158,7 @@ class GradientRouter:
         # Sizes from the layout: a parameter whose weights are offloaded is
         # an empty placeholder here when it got no gradient.
         sizes = spec.sizes()
-        if device.type == "cuda" and self._device_grad_ready is not None:
+        if device.type == "cuda" and self._sink.device_copies:
             flat = torch.cat([
                 (param.grad if param.grad is not None else
                  torch.zeros(size, dtype=self._grad_views[layer].dtype,
@@ -129,7 +168,7 @@ class GradientRouter:
                 param.grad = None
         else:
             flat = None
-            self._claim(layer)
+            self._sink.claim_grad_buffer(layer)
             view = self._grad_views[layer]
             for param, offset, size in zip(spec.params, spec.offsets, sizes):
                 target = view[offset:offset + size]
@@ -147,9 +186,9 @@ class GradientRouter:
                 "skips parameters whose .grad is None", stacklevel=3)
         self.handed[layer] = True
         if flat is not None:
-            self._device_grad_ready(layer, flat)
+            self._sink.device_grad_ready(layer, flat)
         else:
-            self._grad_ready(layer)
+            self._sink.grad_ready(layer)
 
     def flush(self) -> None:
         """Hands over every layer not handed over yet (a step() after fewer

@@ -3,9 +3,12 @@ LR schedulers and libraries that want an Optimizer object."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
 
 import torch
+
+if TYPE_CHECKING:
+    from lohan.engine import Engine
 
 
 class LohanOptimizer(torch.optim.Optimizer):
@@ -22,7 +25,7 @@ class LohanOptimizer(torch.optim.Optimizer):
     state_dict() holds only the groups' settings (checkpoint with
     engine.save(dir, optimizer_state=True))."""
 
-    def __init__(self, engine: Any):
+    def __init__(self, engine: Engine) -> None:
         grouped = set().union(*(g.ids for g in engine._groups))
         trained = [p for layer in engine.layers for p in layer.params]
         groups = [{"params": [p for p in trained if id(p) not in grouped]}]

@@ -1,0 +1,164 @@
+"""lohan.init's keyword options, checked: `EngineOptions(**options)`
+raises the ValueError or TypeError naming the first option that is wrong.
+Only what can be judged without the model is checked here; placement.py
+checks the options that depend on it."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, fields
+from typing import (Callable, FrozenSet, Iterable, Mapping, Optional,
+                    Sequence, Tuple, Union)
+
+import torch
+from torch import nn
+
+from lohan.blocks import BlocksArg
+
+MIB = 1 << 20
+
+# A per-block plan: one mode per block, a name or per-tensor decisions.
+ActivationsArg = Union[str, Sequence[Union[str, Sequence[str]]]]
+# None, "1d", a callable(name, param) -> bool, or parameter names.
+NoWeightDecayArg = Union[None, str, Callable[[str, nn.Parameter], bool],
+                         Iterable[str]]
+# torch-style groups: {"params": [...], "lr": x, "weight_decay": y}.
+ParamGroupsArg = Optional[Sequence[Mapping[str, object]]]
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """Every option of lohan.init, with its default (docs/pytorch.md
+    explains each). lr, betas, eps and weight_decay are held as floats,
+    and max_grad_norm=None (no clipping) as 0.0."""
+
+    lr: float = 1e-3
+    betas: Tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    max_grad_norm: Optional[float] = 0.0
+    blocks: BlocksArg = None
+    socket: Optional[str] = None
+    job_name: Optional[str] = None
+    dtype: Union[None, str, torch.dtype] = None
+    resume: Union[bool, str, os.PathLike] = False
+    grad_accumulation_steps: int = 1
+    adamw: bool = True
+    amsgrad: bool = False
+    bf16_moments: bool = False
+    no_weight_decay: NoWeightDecayArg = None
+    param_groups: ParamGroupsArg = None
+    device: Union[None, str, torch.device] = None
+    frozen_host_bytes: Optional[int] = None
+    skip_nonfinite: bool = True
+    chunk_elements: int = 0
+    activations: ActivationsArg = "offload"
+    activation_host_bytes: Optional[int] = None
+    activation_buffer_bytes: int = 16 * MIB
+    device_memory_bytes: Optional[int] = None
+    params: str = "auto"
+    buffers: str = "auto"
+    stream_buffers: int = 4
+    loss_scale: Union[None, str, float] = None
+    loss_scale_growth_interval: int = 2000
+    initial_loss_scale: float = 2.0 ** 16
+    clip_schedule: str = "deferred"
+    overlap_step: bool = False
+    service: str = "lanes"
+
+    def __post_init__(self) -> None:
+        self._check_step_options()
+        self._check_adam()
+        self._check_memory_options()
+
+    @classmethod
+    def names(cls) -> FrozenSet[str]:
+        return frozenset(field.name for field in fields(cls))
+
+    @property
+    def auto_activations(self) -> bool:
+        """activations="auto": lohand plans them after a profiling
+        iteration."""
+        return (isinstance(self.activations, str)
+                and self.activations == "auto")
+
+    @property
+    def first_activations(self) -> ActivationsArg:
+        """The policy of the first iteration ("auto" profiles with
+        "offload")."""
+        return "offload" if self.auto_activations else self.activations
+
+    def _set(self, name: str, value: object) -> None:
+        object.__setattr__(self, name, value)  # frozen once checked
+
+    def _check_step_options(self) -> None:
+        steps = self.grad_accumulation_steps
+        if not isinstance(steps, int) or steps < 1:
+            raise ValueError("grad_accumulation_steps must be an int >= 1, "
+                             f"got {steps!r}")
+        scale = self.loss_scale
+        if not (scale in (None, "dynamic")
+                or (isinstance(scale, (int, float))
+                    and math.isfinite(scale) and scale > 0)):
+            raise ValueError(f"loss_scale={scale!r}: use None (dynamic "
+                             "for fp16, else 1), 'dynamic' or a number > 0")
+        initial = self.initial_loss_scale
+        if not (isinstance(initial, (int, float)) and math.isfinite(initial)
+                and initial >= 1):
+            raise ValueError(f"initial_loss_scale={initial!r}: "
+                             "a number >= 1 (the dynamic scale's start)")
+        if not isinstance(self.overlap_step, bool):
+            raise TypeError(f"overlap_step must be True or False, got "
+                            f"{self.overlap_step!r}")
+        # None is the usual way to say "no clipping" (Trainer, torch). The
+        # daemon checks the range, naming it.
+        norm = 0.0 if self.max_grad_norm is None else self.max_grad_norm
+        if isinstance(norm, bool) or not isinstance(norm, (int, float)):
+            raise TypeError(f"max_grad_norm={norm!r}: use None or 0 "
+                            "(no clipping) or a number > 0")
+        self._set("max_grad_norm", norm)
+        if self.clip_schedule not in ("deferred", "redo-all"):
+            raise ValueError(f"clip_schedule={self.clip_schedule!r}: use "
+                             "'deferred' (the default) or 'redo-all'")
+        if self.service not in ("lanes", "in-order"):
+            raise ValueError(f"service={self.service!r}: use 'lanes' (the "
+                             "default) or 'in-order'")
+
+    def _check_adam(self) -> None:
+        self._set("lr", float(self.lr))
+        self._set("betas", (float(self.betas[0]), float(self.betas[1])))
+        self._set("eps", float(self.eps))
+        self._set("weight_decay", float(self.weight_decay))
+        for name, value, low, high in (
+                ("lr", self.lr, 0.0, math.inf),
+                ("betas[0]", self.betas[0], 0.0, 1.0),
+                ("betas[1]", self.betas[1], 0.0, 1.0),
+                ("weight_decay", self.weight_decay, 0.0, math.inf)):
+            if not (low <= value < high) or not math.isfinite(value):
+                raise ValueError(f"lohan.init: {name}={value} must be in "
+                                 f"[{low}, {high})")
+        if not (self.eps > 0.0 and math.isfinite(self.eps)):
+            raise ValueError(f"lohan.init: eps={self.eps} must be > 0")
+
+    def _check_memory_options(self) -> None:
+        device_bytes = self.device_memory_bytes
+        if device_bytes is not None and (
+                not self.auto_activations
+                or not isinstance(device_bytes, int) or device_bytes <= 0):
+            raise ValueError(
+                f"device_memory_bytes={device_bytes!r}: an int > 0, "
+                "with activations='auto' (the device memory its plan may "
+                "use)")
+        host_bytes = self.activation_host_bytes
+        if host_bytes is not None and (not isinstance(host_bytes, int)
+                                       or host_bytes < 0):
+            raise ValueError("activation_host_bytes must be None (no limit) "
+                             f"or an int >= 0, got {host_bytes!r}")
+        if self.buffers not in ("auto", "resident", "streamed"):
+            raise ValueError(f"buffers={self.buffers!r}: use 'auto', "
+                             "'resident' or 'streamed'")
+        if not isinstance(self.stream_buffers, int) or (
+                self.stream_buffers < 1):
+            raise ValueError("stream_buffers must be an int >= 1, got "
+                             f"{self.stream_buffers!r}")

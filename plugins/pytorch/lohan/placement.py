@@ -1,0 +1,114 @@
+"""Where a model computes and how the engine lays it out: the device, the
+blocks and the daemon's layers, the training dtype, each block's
+activation mode and where the block weights live. `place()` checks the
+options that depend on the model; it changes nothing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Sequence, Tuple, Union
+
+import torch
+from torch import nn
+
+from lohan.activations import block_modes, uses_store
+from lohan.blocks import Layer, find_blocks, plan_layers, resolve_dtype
+from lohan.job import SLOT_ALIGNMENT, round_up
+from lohan.options import EngineOptions
+from lohan.params import resolve_mode as resolve_params_mode
+
+# A block's activation mode: a name, or per-tensor decisions.
+BlockMode = Union[str, List[str]]
+
+
+def normalized(device: torch.device) -> torch.device:
+    """"cuda" as the device index it means now, so that two names of one
+    device compare equal."""
+    if device.type == "cuda" and device.index is None and (
+            torch.cuda.is_available()):
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The engine's layout of one model."""
+
+    home_device: torch.device   # where the parameters were given
+    device: torch.device        # where the model computes
+    blocks: List[nn.Module]
+    layers: List[Layer]
+    dtype: torch.dtype          # of the working weights and gradients
+    activation_modes: Sequence[BlockMode]
+    # Block inputs beyond the host budget go to the daemon's SSDs through
+    # the arena's activation area, of area_bytes (0: none).
+    spill: bool
+    area_bytes: int
+    params_mode: str            # "resident" or "offload"
+
+    @property
+    def moves_to_device(self) -> bool:
+        return self.device != normalized(self.home_device)
+
+
+def place(model: nn.Module, options: EngineOptions) -> Placement:
+    """The model's placement under `options`; ValueError (or find_blocks'
+    and resolve_dtype's errors) naming what does not fit."""
+    home, device = _devices(model, options)
+    blocks = find_blocks(model, options.blocks)
+    layers = plan_layers(model, blocks)
+    dtype = resolve_dtype(options.dtype, layers)
+    modes = block_modes(options.first_activations, len(blocks))
+    spill = uses_store(modes) and (
+        options.activation_host_bytes is not None
+        or options.frozen_host_bytes is not None)
+    # Two buffers of whole pages: one put or get in flight while the
+    # other is filled or emptied.
+    buffer_bytes = options.activation_buffer_bytes
+    if spill and (not isinstance(buffer_bytes, int)
+                  or buffer_bytes < 2 * SLOT_ALIGNMENT):
+        raise ValueError("activation_buffer_bytes must be an int >= "
+                         f"{2 * SLOT_ALIGNMENT}, got {buffer_bytes!r}")
+    area_bytes = round_up(buffer_bytes, SLOT_ALIGNMENT) if spill else 0
+    params_mode = resolve_params_mode(options.params, device)
+    frozen_bytes = options.frozen_host_bytes
+    if frozen_bytes is not None and (
+            not isinstance(frozen_bytes, int) or frozen_bytes < 0
+            or params_mode != "offload"):
+        raise ValueError(
+            f"frozen_host_bytes={frozen_bytes!r}: an int >= 0, with "
+            "params='offload' (the frozen block weights beyond it go to "
+            "the daemon's SSDs)")
+    if params_mode == "offload" and any(mode != "offload" for mode in modes):
+        raise ValueError(
+            f"params='offload' needs activations='offload', got "
+            f"{options.first_activations!r}: with it autograd would keep "
+            "the weights it saved for backward on the device")
+    return Placement(home, device, blocks, layers, dtype, modes, spill,
+                     area_bytes, params_mode)
+
+
+def _devices(model: nn.Module,
+             options: EngineOptions) -> Tuple[torch.device, torch.device]:
+    """Where the parameters are, and where the model is to compute."""
+    devices = sorted({str(p.device) for p in model.parameters()})
+    if len(devices) > 1:
+        # Autograd runs each device's backward on its own thread, and
+        # the engine's hooks keep per-step state that is not locked.
+        raise ValueError(
+            f"lohan: the model's parameters are on {', '.join(devices)}; "
+            "one engine trains a model on one device: build it on the "
+            "CPU and pass device=... (lohan puts on the device what "
+            "stays there and offloads the blocks' weights)")
+    home = torch.device(devices[0] if devices else "cpu")
+    device = normalized(torch.device(options.device)
+                        if options.device is not None else home)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"lohan: device={device} but torch sees no "
+                         "CUDA device here")
+    if device != normalized(home) and home.type != "cpu":
+        raise ValueError(
+            f"lohan: device={device} but the model is on "
+            f"{home}: give a model on the CPU (a model "
+            "larger than the GPU) or on that device")
+    return home, device

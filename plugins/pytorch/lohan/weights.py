@@ -1,0 +1,441 @@
+"""The model's weights beside the daemon's: the job's first states (from
+the model, the job itself or a checkpoint), the new weights copied into
+the model after each step (at once, or just before a block runs with
+overlap_step=True), offloaded and frozen block weights, the check that
+no one changed them in place, and checkpoints (master weights, save).
+
+Every layer goes through the arena's fp32 staging slot or its weight
+buffer one at a time: memory never holds a flat copy of the model."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Callable, Dict, List, Mapping, Optional, Tuple, Union
+
+import torch
+from torch import nn
+
+from lohan.activations import ActivationStore
+from lohan.blocks import Layer
+from lohan.checkpoint import (CheckpointReader, parameter_aliases,
+                              write_checkpoint)
+from lohan.client import LohanError, StatusCode
+from lohan.job import JobSession
+from lohan.lazy_weights import LazyWeights
+from lohan.params import FrozenWeights, ParameterResidency
+from lohan.progress import Progress
+
+# A trained parameter's name, the parameter and its version counter.
+Version = Tuple[str, nn.Parameter, int]
+# A state_dict post-hook: (module, state, prefix, local metadata).
+StateDictHook = Callable[[nn.Module, Dict[str, object], str, object], None]
+
+
+def open_checkpoint(resume: Union[bool, str, os.PathLike]
+                    ) -> Optional[CheckpointReader]:
+    """resume=<directory>: the checkpoint to start a new job from (its
+    weights, and the Adam moments and step when it has them); None for
+    resume=True or False."""
+    if isinstance(resume, bool):
+        return None
+    checkpoint = CheckpointReader(resume)
+    if not checkpoint.moments:
+        warnings.warn(
+            f"lohan: {checkpoint.path} has no optimizer state "
+            "(engine.save(dir, optimizer_state=True) writes it): "
+            "training starts from its weights with fresh Adam "
+            "moments at step 0", stacklevel=4)
+    return checkpoint
+
+
+class Weights:
+    """The model's trained layers and the arena's copies of them. Not
+    thread-safe, as the engine."""
+
+    def __init__(self, model: nn.Module, layers: List[Layer],
+                 dtype: torch.dtype, session: JobSession,
+                 checkpoint: Optional[CheckpointReader], amsgrad: bool,
+                 job_name: str) -> None:
+        self._model = model
+        self._layers = layers
+        self._dtype = dtype
+        self._session = session
+        self._checkpoint = checkpoint
+        self._amsgrad = amsgrad
+        self._job_name = job_name
+        self.residency: Optional[ParameterResidency] = None
+        self.frozen: Optional[FrozenWeights] = None
+        self.lazy: Optional[LazyWeights] = None
+        self._versions: Dict[int, Version] = {}
+        self._state_dict_hooks: List[torch.utils.hooks.RemovableHandle] = []
+        self._restored = False
+
+    # ---------------------------------------------------- the first states
+
+    def load_or_init(self, iteration: int) -> None:
+        """Layer by layer (no whole-model copy): a stored layer's weights
+        come from the daemon; a new one's fp32 masters are the model's
+        current values, taken before the parameters are converted to the
+        training dtype, or the checkpoint's (resume=<directory>).
+        `iteration`: the job's committed steps."""
+        if self._checkpoint is not None:
+            self._load_checkpoint(self._checkpoint)
+            return
+        remote = self._session.remote
+        progress = Progress("loading the job's weights" if iteration
+                            else "writing the initial states",
+                            len(self._layers),
+                            sum(layer.numel for layer in self._layers))
+        for layer in self._layers:
+            index = layer.index
+            if remote.layer_initialized(index):
+                self._convert(layer)
+                remote.read_weights(index)
+                self._copy_into_params(layer, self._session.staging)
+                progress.advance(layer.numel)
+                continue
+            if iteration > 0:
+                raise LohanError(
+                    StatusCode.DATA_LOSS,
+                    f"job {self._job_name!r} is at iteration {iteration} "
+                    f"but has no weights for layer {index}; it cannot be "
+                    "resumed")
+            self._stage_params(layer)
+            remote.init_weights(index)
+            self._convert(layer)
+            if self._dtype != torch.float32:
+                self.copy_fetched_into_params(layer)
+            progress.advance(layer.numel)
+        progress.done()
+
+    def _load_checkpoint(self, checkpoint: CheckpointReader) -> None:
+        """A new job's states from a checkpoint, layer by layer: the fp32
+        masters (also into the model), then the moments it has."""
+        remote = self._session.remote
+        parts = [p for p in checkpoint.moments
+                 if p != "max_exp_avg_sq" or self._amsgrad]
+        stage = self._checkpoint_stager(checkpoint)
+        progress = Progress(f"resuming from {checkpoint.path}",
+                            len(self._layers),
+                            sum(layer.numel for layer in self._layers))
+        for layer in self._layers:
+            index = layer.index
+            if remote.layer_initialized(index):
+                raise LohanError(
+                    StatusCode.FAILED_PRECONDITION,
+                    f"job {self._job_name!r} has states already; resume "
+                    "from a checkpoint starts a new job (pass another "
+                    "job_name, or resume=True to continue this one)")
+            stage(layer, "weights")
+            remote.init_weights(index)
+            self._convert(layer)
+            if self._dtype == torch.float32:
+                self._copy_into_params(layer, self._session.staging)
+            else:
+                self.copy_fetched_into_params(layer)
+            for part in parts:
+                stage(layer, part)
+                remote.init_state(index, part)
+            progress.advance(layer.numel)
+        progress.done()
+
+    def _checkpoint_stager(self, checkpoint: CheckpointReader
+                           ) -> Callable[[Layer, str], None]:
+        """stage(layer, part): the checkpoint's `part` of the layer into
+        the staging slot, tensor by tensor."""
+        aliases = parameter_aliases(self._model)
+        staging = self._session.staging
+
+        def stage(layer: Layer, part: str) -> None:
+            for name, param, shape, offset in zip(layer.names, layer.params,
+                                                  layer.shapes, layer.offsets):
+                found = checkpoint.find(aliases.get(id(param), [name]), part)
+                if found is None:
+                    raise LohanError(
+                        StatusCode.NOT_FOUND,
+                        f"{checkpoint.path}: no {part} for parameter {name} "
+                        "(the checkpoint is of another model?)")
+                if tuple(found.shape) != tuple(shape):
+                    raise LohanError(
+                        StatusCode.INVALID_ARGUMENT,
+                        f"{checkpoint.path}: {name} ({part}) has shape "
+                        f"{tuple(found.shape)}, the model's {tuple(shape)}")
+                staging[offset:offset + shape.numel()].copy_(
+                    found.reshape(-1))
+        return stage
+
+    def _stage_params(self, layer: Layer) -> None:
+        """The layer's parameters as fp32 into the staging slot, each
+        straight into its place (no flat copy of the layer: the largest,
+        an embedding, can be hundreds of MB)."""
+        staging = self._session.staging
+        for param, offset in zip(layer.params, layer.offsets):
+            staging[offset:offset + param.numel()].copy_(
+                param.detach().reshape(-1))
+
+    def _convert(self, layer: Layer) -> None:
+        for param in layer.params:
+            if param.dtype != self._dtype:
+                param.data = param.data.to(self._dtype)
+
+    # ------------------------------------------------- where weights live
+
+    def offload(self, blocks: List[nn.Module], device: torch.device,
+                frozen_host_bytes: Optional[int],
+                activations: Optional[ActivationStore],
+                in_step: Callable[[], bool]) -> None:
+        """params="offload": the blocks' trained weights stay with the
+        daemon and their frozen ones in host memory (beyond
+        `frozen_host_bytes`, on its SSDs) between uses; the rest of the
+        model goes to `device`. model.state_dict() then holds the weights,
+        not the placeholders (`in_step()`: refused in the middle of a
+        step)."""
+        session = self._session
+        self.residency = ParameterResidency(
+            self._layers, session.remote, session.weight_views, device)
+        self.residency.release_all()
+        self.frozen = FrozenWeights(blocks, device, frozen_host_bytes,
+                                    activations)
+        # A model given on the CPU: what stays on the device (the
+        # layers outside the blocks, buffers) goes there now; the
+        # blocks hold placeholders there already.
+        self._model.to(device)
+        self._state_dict_hooks = [
+            block.register_state_dict_post_hook(
+                self._offloaded_state_dict(self.residency.layer_of(block),
+                                           in_step))
+            for block in blocks]
+
+    def _offloaded_state_dict(self, layer: Optional[Layer],
+                              in_step: Callable[[], bool]) -> StateDictHook:
+        """A state_dict post-hook for an offloaded block: between uses its
+        parameters are empty placeholders, so the entries state_dict made
+        of them are replaced by the weights themselves (host tensors: the
+        daemon's current 16-bit weights, the frozen ones' host copies).
+        model.state_dict(), torch.save and save_pretrained then see the
+        model as it is, not the placeholders. `layer`: the block's trained
+        parameters (None: it has only frozen ones)."""
+        where = {} if layer is None else {
+            id(param): (offset, shape) for param, offset, shape in zip(
+                layer.params, layer.offsets, layer.shapes)}
+
+        def hook(block: nn.Module, state: Dict[str, object], prefix: str,
+                 metadata: object) -> None:
+            if self._restored:
+                return
+            frozen = self.frozen.homes(block) if self.frozen else {}
+            flat: Optional[torch.Tensor] = None
+            for name, param in block.named_parameters(remove_duplicate=False):
+                key = prefix + name
+                if key not in state or param.numel() > 0:
+                    continue  # not saved, or materialized: already right
+                if id(param) in frozen:
+                    state[key] = frozen[id(param)]
+                    continue
+                if id(param) not in where:
+                    continue
+                if in_step():
+                    raise RuntimeError(
+                        "lohan: state_dict() of a model with offloaded "
+                        "block weights in the middle of a step (the daemon "
+                        "is updating them); call it after engine.step()")
+                if flat is None:
+                    flat = self.residency.current_weights(layer)
+                offset, shape = where[id(param)]
+                state[key] = flat[offset:offset + shape.numel()].view(shape)
+        return hook
+
+    def overlap_steps(self) -> None:
+        """overlap_step=True: resident blocks get their new weights just
+        before they next run (lazy_weights.py), not at the end of step()."""
+        residency = self.residency
+        resident_blocks = [
+            layer for layer in self._layers if layer.block is not None
+            and (residency is None
+                 or residency.layer_of(layer.block) is not layer)]
+        self.lazy = LazyWeights(resident_blocks, self._pull_layer_lazily)
+
+    def release(self) -> None:
+        """Offloaded blocks give their weights up (a step ended or was
+        thrown away)."""
+        if self.residency is not None:
+            self.residency.release_all()
+            self.frozen.release_all()
+
+    # ----------------------------------------------------- after a step
+
+    def before_step(self) -> None:
+        """Before a step's first gradient reaches the daemon: refuses
+        weights changed in place, and brings up to date the blocks the
+        forward did not run (overlap_step=True)."""
+        self.check_unchanged()
+        if self.lazy is not None:
+            self.lazy.pull_all()
+
+    def pull(self) -> None:
+        """After a step: the new weights into the model (offloaded blocks
+        fetch theirs when they next run; with overlap_step=True resident
+        blocks just before they run)."""
+        if self.residency is not None:
+            self.residency.release_all()
+            self.residency.new_step()
+            self.frozen.release_all()
+        for layer in self._layers:
+            if self.residency is not None and layer.block is not None and (
+                    self.residency.layer_of(layer.block) is layer):
+                continue
+            if self.lazy is not None and layer in self.lazy:
+                continue  # copied just before its block next runs
+            self.copy_fetched_into_params(layer)
+        if self.lazy is not None:
+            self.lazy.mark_stale()
+        self.remember()
+
+    def sync(self) -> None:
+        """Every stale block's weights now (overlap_step=True)."""
+        if self.lazy is not None:
+            self.lazy.pull_all()
+
+    def _pull_layer_lazily(self, layer: Layer) -> None:
+        # Changed in place since step() (load_state_dict): refused, as at
+        # the next step, rather than overwritten.
+        self.check_unchanged(layer)
+        self.copy_fetched_into_params(layer)
+        for name, param in zip(layer.names, layer.params):
+            self._versions[id(param)] = (name, param, param._version)
+
+    def copy_fetched_into_params(self, layer: Layer) -> None:
+        """The layer's new weights (16-bit, or the fp32 masters), as the
+        daemon wrote them into its weight buffer, into the model. Fetched
+        first: a streamed buffer is shared by several layers (the daemon
+        reads it from its SSDs), and a resident one may still be waiting
+        for its update (the daemon answers once the layer's update is
+        done)."""
+        self._session.remote.fetch_params(layer.index)
+        self._copy_into_params(layer,
+                               self._session.weight_views[layer.index])
+
+    @staticmethod
+    def _copy_into_params(layer: Layer, flat: torch.Tensor) -> None:
+        with torch.no_grad():
+            for param, offset, shape in zip(layer.params, layer.offsets,
+                                            layer.shapes):
+                param.copy_(flat[offset:offset + shape.numel()].view(shape))
+
+    def remember(self) -> None:
+        """The version counters of the model's resident trained parameters
+        now: one changed behind the engine's back (load_state_dict, an
+        in-place init) would be silently overwritten at the next step by
+        the daemon's weights, so the next step refuses it."""
+        offloaded = ({layer.index for layer in self.residency.layers}
+                     if self.residency is not None else set())
+        self._versions = {id(param): (name, param, param._version)
+                          for layer in self._layers
+                          if layer.index not in offloaded
+                          for name, param in zip(layer.names, layer.params)}
+
+    def check_unchanged(self, layer: Optional[Layer] = None) -> None:
+        """All resident trained parameters, or `layer`'s."""
+        entries = (self._versions.values() if layer is None else
+                   [self._versions[id(p)] for p in layer.params])
+        changed = [name for name, param, version in entries
+                   if param._version != version]
+        if changed:
+            raise RuntimeError(
+                "lohan: the model's weights were changed in place since the "
+                f"last step ({', '.join(changed[:3])}"
+                f"{' ...' if len(changed) > 3 else ''}: load_state_dict, "
+                "an init function?); the daemon holds the weights it trains "
+                "and would overwrite them. To train from other weights, "
+                "close this engine and call lohan.init again (or pass "
+                "resume=<checkpoint directory>)")
+
+    # -------------------------------------------------------- checkpoints
+
+    def master_weights(self) -> Dict[str, torch.Tensor]:
+        """The committed fp32 master weights, by parameter name."""
+        remote, staging = self._session.remote, self._session.staging
+        weights: Dict[str, torch.Tensor] = {}
+        for layer in self._layers:
+            remote.read_weights(layer.index)
+            for name, offset, shape in zip(layer.names, layer.offsets,
+                                           layer.shapes):
+                weights[name] = (staging[offset:offset + shape.numel()]
+                                 .clone().view(shape))
+        return weights
+
+    def save(self, directory: Union[str, os.PathLike],
+             optimizer_state: bool, meta: Mapping[str, object]) -> str:
+        """Writes the checkpoint (checkpoint.write_checkpoint) layer by
+        layer, `meta` into its lohan.json; returns the weights file's
+        path."""
+        parts = ["weights"]
+        if optimizer_state:
+            parts += ["exp_avg", "exp_avg_sq"]
+            if self._amsgrad:
+                parts.append("max_exp_avg_sq")
+        layers = self._layers
+        remote, staging = self._session.remote, self._session.staging
+        progress = Progress(f"saving to {directory}",
+                            len(layers) * len(parts),
+                            sum(layer.numel for layer in layers) *
+                            len(parts))
+
+        def read_layer(layer: Layer, part: str) -> torch.Tensor:
+            if part == "weights":
+                remote.read_weights(layer.index)
+            else:
+                remote.read_state(layer.index, part)
+            progress.advance(layer.numel)
+            return staging[:layer.numel]
+
+        path = write_checkpoint(directory, layers, read_layer, parts,
+                                dict(meta))
+        progress.done()
+        return path
+
+    # ------------------------------------------------------------ close
+
+    def bring_up_to_date(self) -> None:
+        """Before close: the model goes back trained; a block that cannot
+        be brought up to date (overlap_step=True) keeps what it has, with
+        a word."""
+        if self.lazy is None:
+            return
+        for layer in self.lazy.stale():
+            try:
+                self.lazy.pull(layer)
+            except (LohanError, RuntimeError) as error:
+                warnings.warn(
+                    f"lohan: block layer {layer.index} keeps the weights "
+                    f"it has, not its last step's: {error}. The trained "
+                    "weights are with the daemon's job (lohan.init(..., "
+                    "resume=True)) or in your last engine.save()",
+                    stacklevel=3)
+        self.lazy.remove()
+        self.lazy = None
+
+    def restore(self, home: Optional[torch.device]) -> None:
+        """The offloaded and frozen block weights back into the model, on
+        `home` (while the arena is still mapped); the state_dict hooks
+        go."""
+        self._restored = True
+        for handle in self._state_dict_hooks:
+            handle.remove()
+        self._state_dict_hooks = []
+        if self.frozen is not None:
+            self.frozen.restore_all(home)
+            self.frozen = None
+        if self.residency is not None:
+            try:
+                self.residency.restore_all(home)
+            except LohanError as error:
+                warnings.warn(
+                    "lohan: the daemon could not give the offloaded blocks "
+                    f"their weights back ({error}); they keep empty "
+                    "placeholders. Their trained weights are with the "
+                    "daemon's job (restart it and lohan.init(..., "
+                    "resume=True)) or in your last engine.save()",
+                    stacklevel=3)
+            self.residency = None

@@ -5,8 +5,10 @@
 #include "absl/strings/str_cat.h"
 
 #if defined(LOHAN_WITH_CUDA) && LOHAN_WITH_CUDA
-#include <cuda.h>  // driver types only: its functions come by entry point
-#include <cuda_runtime_api.h>
+#include <map>
+
+#include "absl/synchronization/mutex.h"
+#include "client/cuda_driver.h"
 #endif
 
 namespace lohan::cuda {
@@ -15,65 +17,44 @@ namespace lohan::cuda {
 
 namespace {
 
-absl::StatusCode CodeOf(cudaError_t error) {
+absl::StatusCode CodeOf(CUresult error) {
   switch (error) {
-    case cudaErrorInvalidValue:
-    case cudaErrorInvalidDevicePointer:
-    case cudaErrorInvalidResourceHandle:
-    case cudaErrorInvalidMemcpyDirection:
+    case CUDA_ERROR_INVALID_VALUE:
+    case CUDA_ERROR_INVALID_HANDLE:
+    case CUDA_ERROR_INVALID_CONTEXT:
+    case CUDA_ERROR_INVALID_DEVICE:
       return absl::StatusCode::kInvalidArgument;
-    case cudaErrorMemoryAllocation:
+    case CUDA_ERROR_OUT_OF_MEMORY:
       return absl::StatusCode::kResourceExhausted;
-    case cudaErrorHostMemoryAlreadyRegistered:
+    case CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED:
       return absl::StatusCode::kAlreadyExists;
-    case cudaErrorHostMemoryNotRegistered:
+    case CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED:
       return absl::StatusCode::kNotFound;
-    case cudaErrorNoDevice:
-    case cudaErrorInsufficientDriver:
-    case cudaErrorNotSupported:
+    case CUDA_ERROR_NO_DEVICE:
+    case CUDA_ERROR_NOT_INITIALIZED:
+    case CUDA_ERROR_NOT_SUPPORTED:
       return absl::StatusCode::kFailedPrecondition;
     default:
       return absl::StatusCode::kInternal;
   }
 }
 
-absl::Status Failed(cudaError_t error, const char* what) {
-  (void)cudaGetLastError();  // do not leave it for the next call to find
+absl::Status Failed(const CudaDriver& driver, CUresult error,
+                    const char* what) {
   return absl::Status(CodeOf(error),
-                      absl::StrCat(what, ": ", cudaGetErrorName(error), " (",
-                                   cudaGetErrorString(error), ")"));
-}
-
-std::string Version(int version) {
-  return absl::StrCat(version / 1000, ".", version % 1000 / 10);
+                      absl::StrCat(what, ": ", driver.ErrorText(error)));
 }
 
 absl::Status Probe() {
-  int runtime = 0;
-  (void)cudaRuntimeGetVersion(&runtime);
-  int driver = 0;
-  (void)cudaDriverGetVersion(&driver);
-  if (driver == 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "no NVIDIA driver: libcuda.so.1 cannot be loaded (liblohan_client "
-        "carries the CUDA ",
-        Version(runtime),
-        " runtime; it needs a GPU and its driver). Use the *_from_host / "
-        "*_to_host functions on a machine without one"));
-  }
-  if (driver / 1000 < runtime / 1000) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the NVIDIA driver is too old: it supports CUDA ", Version(driver),
-        ", liblohan_client carries the CUDA ", Version(runtime),
-        " runtime; update the driver or rebuild lohan against an older "
-        "toolkit"));
-  }
+  absl::StatusOr<const CudaDriver*> driver = LoadCudaDriver();
+  if (!driver.ok()) return driver.status();
   int devices = 0;
-  if (cudaError_t error = cudaGetDeviceCount(&devices); error != cudaSuccess) {
-    absl::Status failed = Failed(error, "no usable CUDA device");
+  if (CUresult error = (*driver)->device_get_count(&devices);
+      error != CUDA_SUCCESS) {
     return absl::FailedPreconditionError(
-        absl::StrCat(failed.message(), "; driver supports CUDA ",
-                     Version(driver), ", runtime ", Version(runtime)));
+        absl::StrCat("no usable CUDA device: cuDeviceGetCount: ",
+                     (*driver)->ErrorText(error), "; the driver supports CUDA ",
+                     CudaVersionText((*driver)->version)));
   }
   if (devices == 0) {
     return absl::FailedPreconditionError(
@@ -82,131 +63,153 @@ absl::Status Probe() {
   return absl::OkStatus();
 }
 
-using PrimaryCtxGetStateFn = CUresult(CUDAAPI*)(CUdevice, unsigned int*, int*);
-using DeviceGetFn = CUresult(CUDAAPI*)(CUdevice*, int);
-using CtxSetCurrentFn = CUresult(CUDAAPI*)(CUcontext);
-using CtxGetCurrentFn = CUresult(CUDAAPI*)(CUcontext*);
-
-// The driver functions the probe needs, looked up once (none of them, nor
-// the look-up, creates a context). Null where the driver lacks them.
-struct DriverFunctions {
-  PrimaryCtxGetStateFn primary_ctx_get_state = nullptr;
-  DeviceGetFn device_get = nullptr;
-  CtxSetCurrentFn ctx_set_current = nullptr;
-  CtxGetCurrentFn ctx_get_current = nullptr;
-};
-
-template <typename Function>
-Function EntryPoint(const char* symbol) {
-  void* function = nullptr;
-  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-  if (cudaGetDriverEntryPointByVersion(symbol, &function, /*cudaVersion=*/12000,
-                                       cudaEnableDefault,
-                                       &found) != cudaSuccess ||
-      found != cudaDriverEntryPointSuccess) {
-    (void)cudaGetLastError();
-    return nullptr;
-  }
-  return reinterpret_cast<Function>(function);
+// The driver, or why there is none usable (Available()'s reason).
+absl::StatusOr<const CudaDriver*> UsableDriver() {
+  if (absl::Status available = Available(); !available.ok()) return available;
+  return LoadCudaDriver();
 }
 
-const DriverFunctions& Driver() {
-  static const DriverFunctions* const functions = [] {
-    auto* loaded = new DriverFunctions;
-    loaded->primary_ctx_get_state =
-        EntryPoint<PrimaryCtxGetStateFn>("cuDevicePrimaryCtxGetState");
-    loaded->device_get = EntryPoint<DeviceGetFn>("cuDeviceGet");
-    loaded->ctx_set_current = EntryPoint<CtxSetCurrentFn>("cuCtxSetCurrent");
-    loaded->ctx_get_current = EntryPoint<CtxGetCurrentFn>("cuCtxGetCurrent");
-    return loaded;
-  }();
-  return *functions;
-}
-
-class CudaRuntimeProbe final : public DeviceProbe {
+class CudaDriverProbe final : public DeviceProbe {
  public:
   absl::StatusOr<int> Current() override {
-    // Nothing bound: say so (cudaGetDevice would answer the runtime's
-    // default or the device it last set, as if it were current).
-    if (const DriverFunctions& driver = Driver();
-        driver.ctx_get_current != nullptr) {
-      CUcontext context = nullptr;
-      if (driver.ctx_get_current(&context) == CUDA_SUCCESS &&
-          context == nullptr) {
-        return kNoCurrentContext;
-      }
+    absl::StatusOr<const CudaDriver*> driver = UsableDriver();
+    if (!driver.ok()) return driver.status();
+    CUcontext context = nullptr;
+    if (CUresult error = (*driver)->ctx_get_current(&context);
+        error != CUDA_SUCCESS) {
+      return Failed(**driver, error, "cuCtxGetCurrent");
     }
-    int device = 0;
-    if (cudaError_t error = cudaGetDevice(&device); error != cudaSuccess) {
-      return Failed(error, "cudaGetDevice");
+    if (context == nullptr) return kNoCurrentContext;
+    CUdevice device = 0;
+    if (CUresult error = (*driver)->ctx_get_device(&device);
+        error != CUDA_SUCCESS) {
+      return Failed(**driver, error, "cuCtxGetDevice");
     }
-    return device;
+    return static_cast<int>(device);
   }
 
   absl::StatusOr<bool> HasContext(int device) override {
-    const DriverFunctions& driver = Driver();
-    if (driver.primary_ctx_get_state == nullptr ||
-        driver.device_get == nullptr) {
-      return true;  // cannot tell: set it back, as before
-    }
+    absl::StatusOr<const CudaDriver*> driver = UsableDriver();
+    if (!driver.ok()) return driver.status();
     CUdevice handle = 0;
-    if (driver.device_get(&handle, device) != CUDA_SUCCESS) return true;
+    if (CUresult error = (*driver)->device_get(&handle, device);
+        error != CUDA_SUCCESS) {
+      return Failed(**driver, error, "cuDeviceGet");
+    }
     unsigned int flags = 0;
     int active = 0;
-    if (driver.primary_ctx_get_state(handle, &flags, &active) != CUDA_SUCCESS) {
-      return true;
+    if (CUresult error =
+            (*driver)->primary_ctx_get_state(handle, &flags, &active);
+        error != CUDA_SUCCESS) {
+      return Failed(**driver, error, "cuDevicePrimaryCtxGetState");
     }
     return active != 0;
   }
 
   absl::Status Set(int device) override {
-    if (cudaError_t error = cudaSetDevice(device); error != cudaSuccess) {
-      return Failed(error, "cudaSetDevice");
+    absl::StatusOr<const CudaDriver*> driver = UsableDriver();
+    if (!driver.ok()) return driver.status();
+    absl::StatusOr<CUcontext> context = PrimaryContext(**driver, device);
+    if (!context.ok()) return context.status();
+    if (CUresult error = (*driver)->ctx_set_current(*context);
+        error != CUDA_SUCCESS) {
+      return Failed(**driver, error, "cuCtxSetCurrent");
     }
     return absl::OkStatus();
   }
 
   absl::Status Clear() override {
-    const DriverFunctions& driver = Driver();
-    if (driver.ctx_set_current == nullptr) {
-      return absl::UnavailableError("the driver has no cuCtxSetCurrent");
-    }
-    if (driver.ctx_set_current(nullptr) != CUDA_SUCCESS) {
-      return absl::InternalError("cuCtxSetCurrent(NULL) failed");
+    absl::StatusOr<const CudaDriver*> driver = UsableDriver();
+    if (!driver.ok()) return driver.status();
+    if (CUresult error = (*driver)->ctx_set_current(nullptr);
+        error != CUDA_SUCCESS) {
+      return Failed(**driver, error, "cuCtxSetCurrent(NULL)");
     }
     return absl::OkStatus();
   }
+
+ private:
+  // `device`'s primary context, retained on first use and held for the
+  // life of the process (as cudaSetDevice does).
+  absl::StatusOr<CUcontext> PrimaryContext(const CudaDriver& driver,
+                                           int device) {
+    absl::MutexLock lock(&mutex_);
+    if (auto found = retained_.find(device); found != retained_.end()) {
+      return found->second;
+    }
+    CUdevice handle = 0;
+    if (CUresult error = driver.device_get(&handle, device);
+        error != CUDA_SUCCESS) {
+      return Failed(driver, error,
+                    absl::StrCat("CUDA device ", device).c_str());
+    }
+    CUcontext context = nullptr;
+    if (CUresult error = driver.primary_ctx_retain(&context, handle);
+        error != CUDA_SUCCESS) {
+      return Failed(driver, error, "cuDevicePrimaryCtxRetain");
+    }
+    retained_.emplace(device, context);
+    return context;
+  }
+
+  absl::Mutex mutex_;
+  std::map<int, CUcontext> retained_ ABSL_GUARDED_BY(mutex_);
 };
 
-// Where the device pointer lives, asked of CUDA (for kUnspecifiedDevice
-// only: it may create a context on the current device).
-absl::StatusOr<int> DeviceOfPointer(const void* pointer, const char* what) {
-  cudaPointerAttributes attributes{};
-  if (cudaError_t error = cudaPointerGetAttributes(&attributes, pointer);
-      error != cudaSuccess) {
-    return Failed(error, what);
+// Whether the driver knows `pointer` as device (or managed) memory; an
+// unknown pointer is CUDA_ERROR_INVALID_VALUE. Creates no context.
+absl::StatusOr<bool> IsDevicePointer(const CudaDriver& driver,
+                                     CUdeviceptr pointer, const char* what) {
+  unsigned int type = 0;
+  CUresult error = driver.pointer_get_attribute(
+      &type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, pointer);
+  if (error == CUDA_ERROR_INVALID_VALUE) return false;
+  if (error != CUDA_SUCCESS) return Failed(driver, error, what);
+  if (type == CU_MEMORYTYPE_DEVICE || type == CU_MEMORYTYPE_UNIFIED) {
+    return true;
   }
-  if (attributes.type != cudaMemoryTypeDevice &&
-      attributes.type != cudaMemoryTypeManaged) {
+  int managed = 0;
+  error = driver.pointer_get_attribute(
+      &managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, pointer);
+  return error == CUDA_SUCCESS && managed != 0;
+}
+
+// Which device holds the device pointer, asked of the driver (for
+// kUnspecifiedDevice only).
+absl::StatusOr<int> DeviceOfPointer(const CudaDriver& driver,
+                                    const void* pointer, const char* what) {
+  const auto address = reinterpret_cast<CUdeviceptr>(pointer);
+  absl::StatusOr<bool> on_device = IsDevicePointer(driver, address, what);
+  if (!on_device.ok()) return on_device.status();
+  if (!*on_device) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": not a CUDA device pointer"));
   }
-  return attributes.device;
+  int device = 0;
+  if (CUresult error = driver.pointer_get_attribute(
+          &device, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, address);
+      error != CUDA_SUCCESS) {
+    return Failed(driver, error, what);
+  }
+  return device;
 }
 
 // Enters `guard` on `device`; kUnspecifiedDevice: on the thread's current
-// device (nothing switched).
+// device (nothing switched), or device 0 where none is current.
 absl::Status EnterOn(DeviceGuard& guard, int device) {
-  if (device == kUnspecifiedDevice) return absl::OkStatus();
-  return guard.Enter(device);
+  if (device != kUnspecifiedDevice) return guard.Enter(device);
+  absl::StatusOr<int> current = DriverProbe().Current();
+  if (!current.ok()) return current.status();
+  if (*current != DeviceProbe::kNoCurrentContext) return absl::OkStatus();
+  return guard.Enter(0);
 }
 
 }  // namespace
 
 bool BuiltWith() { return true; }
 
-DeviceProbe& RuntimeProbe() {
-  static CudaRuntimeProbe* const probe = new CudaRuntimeProbe;
+DeviceProbe& DriverProbe() {
+  static CudaDriverProbe* const probe = new CudaDriverProbe;
   return *probe;
 }
 
@@ -216,26 +219,30 @@ absl::Status Available() {
 }
 
 absl::Status RegisterHost(void* base, size_t bytes, int device) {
-  if (absl::Status available = Available(); !available.ok()) return available;
-  DeviceGuard guard(RuntimeProbe());
+  absl::StatusOr<const CudaDriver*> driver = UsableDriver();
+  if (!driver.ok()) return driver.status();
+  DeviceGuard guard(DriverProbe());
   if (absl::Status entered = EnterOn(guard, device); !entered.ok()) {
     return entered;
   }
-  if (cudaError_t error =
-          cudaHostRegister(base, bytes, cudaHostRegisterPortable);
-      error != cudaSuccess) {
-    return Failed(error, "cudaHostRegister of the arena");
+  if (CUresult error = (*driver)->mem_host_register(
+          base, bytes, CU_MEMHOSTREGISTER_PORTABLE);
+      error != CUDA_SUCCESS) {
+    return Failed(**driver, error, "cuMemHostRegister of the arena");
   }
   return absl::OkStatus();
 }
 
 absl::Status UnregisterHost(void* base, int device) {
-  DeviceGuard guard(RuntimeProbe());
+  absl::StatusOr<const CudaDriver*> driver = UsableDriver();
+  if (!driver.ok()) return driver.status();
+  DeviceGuard guard(DriverProbe());
   if (absl::Status entered = EnterOn(guard, device); !entered.ok()) {
     return entered;
   }
-  if (cudaError_t error = cudaHostUnregister(base); error != cudaSuccess) {
-    return Failed(error, "cudaHostUnregister of the arena");
+  if (CUresult error = (*driver)->mem_host_unregister(base);
+      error != CUDA_SUCCESS) {
+    return Failed(**driver, error, "cuMemHostUnregister of the arena");
   }
   return absl::OkStatus();
 }
@@ -247,12 +254,12 @@ struct Pending {
   void* argument;
 };
 
-void CUDART_CB RunAfterCopy(cudaStream_t, cudaError_t status, void* data) {
+void CUDA_CB RunAfterCopy(CUstream, CUresult status, void* data) {
   std::unique_ptr<Pending> pending(static_cast<Pending*>(data));
-  // No CUDA call in here (not even for the error's name).
+  // No driver call in here (not even for the error's name).
   pending->after(
       pending->argument,
-      status == cudaSuccess
+      status == CUDA_SUCCESS
           ? absl::OkStatus()
           : absl::InternalError(absl::StrCat(
                 "CUDA error ", static_cast<int>(status),
@@ -260,38 +267,52 @@ void CUDART_CB RunAfterCopy(cudaStream_t, cudaError_t status, void* data) {
                 "completed (see torch.cuda for the cause)")));
 }
 
+// Enqueues the copy itself on `stream` (the right context is current).
+CUresult EnqueueCopy(const CudaDriver& driver, void* destination,
+                     const void* source, size_t bytes, bool to_host,
+                     CUstream stream) {
+  return to_host ? driver.memcpy_dtoh_async(
+                       destination, reinterpret_cast<CUdeviceptr>(source),
+                       bytes, stream)
+                 : driver.memcpy_htod_async(
+                       reinterpret_cast<CUdeviceptr>(destination), source,
+                       bytes, stream);
+}
+
 absl::Status CopyThen(void* destination, const void* source, size_t bytes,
-                      cudaMemcpyKind kind, int device, void* stream,
-                      AfterCopy after, void* argument) {
-  if (absl::Status available = Available(); !available.ok()) return available;
-  const bool to_host = kind == cudaMemcpyDeviceToHost;
+                      bool to_host, int device, void* stream, AfterCopy after,
+                      void* argument) {
+  absl::StatusOr<const CudaDriver*> loaded = UsableDriver();
+  if (!loaded.ok()) return loaded.status();
+  const CudaDriver& driver = **loaded;
   if (device == kUnspecifiedDevice) {
     absl::StatusOr<int> found =
-        DeviceOfPointer(to_host ? source : destination,
+        DeviceOfPointer(driver, to_host ? source : destination,
                         to_host ? "the gradient's device pointer"
                                 : "the weights' device pointer");
     if (!found.ok()) return found.status();
     device = *found;
   }
-  DeviceGuard guard(RuntimeProbe());
+  DeviceGuard guard(DriverProbe());
   if (absl::Status entered = guard.Enter(device); !entered.ok()) {
     return entered;
   }
-  auto cuda_stream = static_cast<cudaStream_t>(stream);
-  if (cudaError_t error =
-          cudaMemcpyAsync(destination, source, bytes, kind, cuda_stream);
-      error != cudaSuccess) {
-    return Failed(error, to_host ? "cudaMemcpyAsync device to arena"
-                                 : "cudaMemcpyAsync arena to device");
+  auto cu_stream = static_cast<CUstream>(stream);
+  if (CUresult error =
+          EnqueueCopy(driver, destination, source, bytes, to_host, cu_stream);
+      error != CUDA_SUCCESS) {
+    return Failed(driver, error,
+                  to_host ? "cuMemcpyDtoHAsync device to arena"
+                          : "cuMemcpyHtoDAsync arena to device");
   }
   auto pending = std::make_unique<Pending>(Pending{after, argument});
-  if (cudaError_t error = cudaStreamAddCallback(cuda_stream, &RunAfterCopy,
-                                                pending.get(), /*flags=*/0);
-      error != cudaSuccess) {
+  if (CUresult error = driver.stream_add_callback(cu_stream, &RunAfterCopy,
+                                                  pending.get(), /*flags=*/0);
+      error != CUDA_SUCCESS) {
     // The copy is enqueued: let it land (or fail) before the caller frees
     // or reuses the arena bytes it touches.
-    (void)cudaStreamSynchronize(cuda_stream);
-    return Failed(error, "cudaStreamAddCallback");
+    (void)driver.stream_synchronize(cu_stream);
+    return Failed(driver, error, "cuStreamAddCallback");
   }
   (void)pending.release();  // RunAfterCopy owns it now.
   return absl::OkStatus();
@@ -302,15 +323,15 @@ absl::Status CopyThen(void* destination, const void* source, size_t bytes,
 absl::Status CopyToHostThen(void* host_destination, const void* device_source,
                             size_t bytes, int device, void* stream,
                             AfterCopy after, void* argument) {
-  return CopyThen(host_destination, device_source, bytes,
-                  cudaMemcpyDeviceToHost, device, stream, after, argument);
+  return CopyThen(host_destination, device_source, bytes, /*to_host=*/true,
+                  device, stream, after, argument);
 }
 
 absl::Status CopyToDeviceThen(void* device_destination, const void* host_source,
                               size_t bytes, int device, void* stream,
                               AfterCopy after, void* argument) {
-  return CopyThen(device_destination, host_source, bytes,
-                  cudaMemcpyHostToDevice, device, stream, after, argument);
+  return CopyThen(device_destination, host_source, bytes, /*to_host=*/false,
+                  device, stream, after, argument);
 }
 
 #else  // built without CUDA
@@ -335,7 +356,7 @@ class NotBuiltProbe final : public DeviceProbe {
 }  // namespace
 
 bool BuiltWith() { return false; }
-DeviceProbe& RuntimeProbe() {
+DeviceProbe& DriverProbe() {
   static NotBuiltProbe* const probe = new NotBuiltProbe;
   return *probe;
 }

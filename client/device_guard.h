@@ -26,7 +26,8 @@ class DeviceProbe {
   // (torch's or ours) created it (cuDevicePrimaryCtxGetState). Creates no
   // context.
   virtual absl::StatusOr<bool> HasContext(int device) = 0;
-  // Makes `device` current on the calling thread (cudaSetDevice: creates
+  // Makes `device` current on the calling thread (its primary context
+  // retained and set current, as the runtime's cudaSetDevice does: creates
   // its primary context when it has none).
   virtual absl::Status Set(int device) = 0;
   // Leaves the calling thread with no current context (cuCtxSetCurrent

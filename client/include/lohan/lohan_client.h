@@ -455,14 +455,17 @@ LOHAN_CLIENT_API int lohan_model_weights_to_host(const lohan_model* model,
                                                  uint64_t bytes);
 
 /* ---- CUDA ----
- * Where lohan was built with the CUDA toolkit, liblohan_client carries the
- * CUDA runtime statically (it needs no libcudart.so and cannot clash with
- * torch's) and copies between GPU memory and the arena on the caller's
- * stream. A stream is a cudaStream_t passed as void* (NULL: the legacy
- * default stream); torch's (torch.cuda.current_stream().cuda_stream) works
- * as is: both runtimes drive the same device contexts. Without CUDA built
- * in these return LOHAN_UNIMPLEMENTED; without a usable GPU or driver,
- * LOHAN_FAILED_PRECONDITION; lohan_last_error says which.
+ * Where lohan was built with the CUDA toolkit, liblohan_client uses the CUDA
+ * driver API, loading libcuda.so.1 at run time (any NVIDIA driver for CUDA
+ * 12.0 or newer, R525+; nothing from the toolkit is needed at run time: no
+ * libcudart.so, no clash with torch's) and copies between GPU memory and the
+ * arena on the caller's stream. A stream is a cudaStream_t (a CUstream)
+ * passed as void* (NULL: the legacy default stream); torch's
+ * (torch.cuda.current_stream().cuda_stream) works as is: torch's runtime
+ * and this library drive the same primary contexts. Without CUDA built in
+ * these return LOHAN_UNIMPLEMENTED; without a usable GPU or driver (none, or
+ * one older than CUDA 12.0), LOHAN_FAILED_PRECONDITION; lohan_last_error
+ * says which and what to do.
  * Devices: the *_on_device functions take the job's CUDA device index (as
  * torch counts them: tensor.device.index) and make every CUDA call on it,
  * switching the calling thread's current device only if it differs and
@@ -472,16 +475,16 @@ LOHAN_CLIENT_API int lohan_model_weights_to_host(const lohan_model* model,
  * The functions without a device argument are kept for old callers:
  * registration runs on the thread's current device (which, if the thread
  * has none yet, is device 0, whose context it then creates), and the copies
- * find the pointer's device by cudaPointerGetAttributes (which may create a
- * context on the current device). A negative device is LOHAN_INVALID_ARGUMENT.
+ * find the pointer's device by cuPointerGetAttribute (which creates no
+ * context). A negative device is LOHAN_INVALID_ARGUMENT.
  */
 /* 1 if this library was built with CUDA, else 0. */
 LOHAN_CLIENT_API int lohan_cuda_built_with(void);
 /* 1 if CUDA can be used in this process, else 0 with the reason in
- * lohan_last_error (built without CUDA, no driver, driver too old for the
- * runtime inside, no device). */
+ * lohan_last_error (built without CUDA, no driver, a driver older than CUDA
+ * 12.0, no device). */
 LOHAN_CLIENT_API int lohan_cuda_available(void);
-/* Pins the whole arena for DMA (cudaHostRegister, portable: every context,
+/* Pins the whole arena for DMA (cuMemHostRegister, portable: every context,
  * torch's included, sees it pinned), so the copies below run asynchronously
  * at full PCIe speed. Once per plane (again: OK, unless on another device:
  * LOHAN_INVALID_ARGUMENT); undone by lohan_data_plane_destroy, on the same

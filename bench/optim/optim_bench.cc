@@ -8,7 +8,7 @@
 // The same with bf16 moments (20 bytes per parameter).
 //
 // Usage: optim_bench [--params=N] [--repeats=R] [--isa=avx512|avx2|scalar]
-//                    [--calibrate [--huge-pages]]
+//                    [--calibrate [--small-pages]]
 // --calibrate: instead, lohand's kernel calibration (calibration.h) on 1
 // and 2 threads, printing every candidate tuning's rate.
 // torch.optim.AdamW(fused=True) on the same sizes: bench/optim/optim_bench.py.
@@ -188,13 +188,13 @@ int Main(int argc, char** argv) {
   std::size_t n = std::size_t{64} << 20;
   int repeats = 7;
   std::optional<Isa> isa;
-  bool calibrate = false, huge_pages = false;
+  bool calibrate = false, huge_pages = true;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--calibrate") {
       calibrate = true;
-    } else if (arg == "--huge-pages") {
-      huge_pages = true;
+    } else if (arg == "--small-pages") {
+      huge_pages = false;
     } else if (absl::StartsWith(arg, "--params=")) {
       if (!absl::SimpleAtoi(arg.substr(9), &n) || n == 0) return 2;
     } else if (absl::StartsWith(arg, "--repeats=")) {
@@ -209,7 +209,7 @@ int Main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--params=N] [--repeats=R] [--isa=NAME] "
-                   "[--calibrate [--huge-pages]]\n",
+                   "[--calibrate [--small-pages]]\n",
                    argv[0]);
       return 2;
     }

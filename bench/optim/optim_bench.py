@@ -16,20 +16,31 @@ interleaved round by round:
 with 1 and 2 threads (torch.set_num_threads sets DeepSpeed's OpenMP too:
 it links torch's), lohan's kernels tuned as lohand's start-up calibration
 tunes them on that thread count (path and tuning, --tuning), and prints parameters per
-second, the bandwidth bound (memcpy bandwidth / 28 B) and the ratios
-ours/bound, ours/torch, ours/ds.
+second and the ratios ours/bound (the bound: memcpy bandwidth / 28 B),
+ours/torch, ours/ds. Each case runs several trials with fresh tensors for
+every contender (where a contender's pages land changes its speed by a few
+per cent from one allocation to the next): rates are the median over the
+trials, ratios the median and range of the trials' own ratios.
 
   bazel build //daemon/optim:liblohan_optim.so
   LOHAN_BAZEL_BIN=$(bazel info bazel-bin) \
       .venv/bin/python bench/optim/optim_bench.py [--params N] [--repeats R]
+  # every contender's tensors on transparent huge pages, as lohand's are:
+  THP_MEM_ALLOC_ENABLE=1 LOHAN_BAZEL_BIN=... .venv/bin/python ...
 """
 
 from __future__ import annotations
 
+import os
+
+# Before torch loads: OpenMP threads that spin after a peer's step would take
+# a core from the next contender's threads on a small machine (lohan's own
+# run in lohand, apart from the training process's OpenMP pool).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import argparse
 import ctypes
 import datetime
-import os
 import platform
 import statistics
 import threading
@@ -215,11 +226,40 @@ def interleaved(contenders: dict, rounds: int) -> dict:
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def trial(lib: ctypes.CDLL, n: int, threads: int, bf16: bool,
+          kernel: tuple, deepspeed: bool, rounds: int) -> tuple:
+    """One trial: fresh tensors for every contender (so one unlucky
+    placement of one contender's pages does not decide), steps interleaved;
+    returns ({name: params per second}, ours' kernel and tuning)."""
+    ours = Ours(lib, n, threads, bf16, *kernel)
+    contenders = {"ours": ours, "torch": Peer("torch", n, bf16)}
+    if deepspeed:
+        contenders["ds"] = Peer("ds", n, bf16)
+    secs = interleaved(contenders, rounds)
+    for fn in contenders.values():
+        fn.close()
+    return ({name: n / t for name, t in secs.items()},
+            f"{ours.kernel}, {ours.tuning}")
+
+
+def spread(values: list) -> str:
+    """"1.04 (1.01-1.06)": the median and the range over the trials."""
+    if not values:
+        return "nan"
+    middle = statistics.median(values)
+    if len(values) == 1:
+        return f"{middle:.2f}"
+    return f"{middle:.2f} ({min(values):.2f}-{max(values):.2f})"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", type=int, default=64 << 20)
     parser.add_argument("--repeats", type=int, default=7,
                         help="interleaved rounds (one step of each a round)")
+    parser.add_argument("--trials", type=int, default=3,
+                        help="fresh allocations per case; rates are the "
+                        "median over trials, ratios the median and range")
     parser.add_argument("--no-deepspeed", action="store_true")
     parser.add_argument("--tuning", default="calibrate",
                         help="lohan's kernel tuning: calibrate (as lohand "
@@ -229,17 +269,23 @@ def main() -> None:
     lib = load_library()
     n = args.params
     cpu = next((line.split(":", 1)[1].strip()
-                for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor())
-    print(f"date {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}"
-          f", cpu {cpu}, {os.cpu_count()} cpus, torch {torch.__version__}, "
-          f"load {os.getloadavg()[0]:.2f}")
+                for line in open("/proc/cpuinfo")
+                if line.startswith("model name")), platform.processor())
+    now = datetime.datetime.now(datetime.timezone.utc)
+    print(f"date {now:%Y-%m-%d %H:%M} UTC, cpu {cpu}, {os.cpu_count()} "
+          f"cpus, torch {torch.__version__}, load {os.getloadavg()[0]:.2f}")
+    huge = os.environ.get("THP_MEM_ALLOC_ENABLE") == "1"
+    print(f"tensors on {'huge' if huge else '4 KiB'} pages for every "
+          f"contender (THP_MEM_ALLOC_ENABLE={int(huge)}; lohand advises its "
+          "own state buffers huge), OMP_WAIT_POLICY="
+          f"{os.environ['OMP_WAIT_POLICY']}")
     deepspeed = not args.no_deepspeed and deepspeed_available()
-    print(f"params {n} ({n / 2**20:.0f} M), median of {args.repeats} "
-          f"interleaved rounds, {BYTES_PER_PARAM} B/param for lohan")
-    print(f"{'case':>5} {'threads':>7} {'memcpy GB/s':>11} {'bound Mp/s':>10} "
-          f"{'ours Mp/s':>10} {'torch Mp/s':>10} {'ds Mp/s':>8} "
-          f"{'ours/bound':>10} {'ours/torch':>10} {'ours/ds':>8}  kernel, tuning")
+    print(f"params {n} ({n / 2**20:.0f} M), {args.trials} trials of "
+          f"{args.repeats} interleaved rounds (median), {BYTES_PER_PARAM} "
+          "B/param for lohan")
+    print(f"{'case':>5} {'threads':>7} {'memcpy GB/s':>11} {'ours Mp/s':>10} "
+          f"{'torch Mp/s':>10} {'ds Mp/s':>8} {'ours/bound':>10} "
+          f"{'ours/torch':>17} {'ours/ds':>17}  kernel, tuning")
     kernels = {}
     for threads in (1, 2):
         if args.tuning == "calibrate":
@@ -252,23 +298,22 @@ def main() -> None:
         for threads in (1, 2):
             torch.set_num_threads(threads)  # torch's and DeepSpeed's OpenMP
             bw = memcpy_bandwidth(threads, args.repeats)
-            bound = bw / BYTES_PER_PARAM
-            ours = Ours(lib, n, threads, bf16, *kernels[threads])
-            contenders = {"ours": ours, "torch": Peer("torch", n, bf16)}
-            if deepspeed:
-                contenders["ds"] = Peer("ds", n, bf16)
-            secs = interleaved(contenders, args.repeats)
-            for fn in contenders.values():
-                fn.close()
-            rate = {name: n / t for name, t in secs.items()}
-            ds = rate.get("ds")
+            rates, kernel = [], ""
+            for _ in range(args.trials):
+                rate, kernel = trial(lib, n, threads, bf16, kernels[threads],
+                                     deepspeed, args.repeats)
+                rates.append(rate)
+            median = {name: statistics.median(r[name] for r in rates)
+                      for name in rates[0]}
+            vs_torch = [r["ours"] / r["torch"] for r in rates]
+            vs_ds = [r["ours"] / r["ds"] for r in rates if "ds" in r]
             print(f"{case:>5} {threads:>7} {bw / 1e9:>11.2f} "
-                  f"{bound / 1e6:>10.1f} {rate['ours'] / 1e6:>10.1f} "
-                  f"{rate['torch'] / 1e6:>10.1f} "
-                  f"{(ds or 0) / 1e6:>8.1f} {rate['ours'] / bound:>10.2f} "
-                  f"{rate['ours'] / rate['torch']:>10.2f} "
-                  f"{(rate['ours'] / ds if ds else float('nan')):>8.2f}  "
-                  f"{ours.kernel}, {ours.tuning}", flush=True)
+                  f"{median['ours'] / 1e6:>10.1f} "
+                  f"{median['torch'] / 1e6:>10.1f} "
+                  f"{median.get('ds', 0) / 1e6:>8.1f} "
+                  f"{median['ours'] * BYTES_PER_PARAM / bw:>10.2f} "
+                  f"{spread(vs_torch):>17} {spread(vs_ds):>17}  {kernel}",
+                  flush=True)
 
 
 if __name__ == "__main__":

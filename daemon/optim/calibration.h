@@ -33,8 +33,10 @@ struct CalibrationOptions {
   // tensor of the rotation; then twice as many over the default and the
   // three fastest.
   int rounds = 5;
-  // madvise(MADV_HUGEPAGE) on the buffers, as for a huge-page arena.
-  bool huge_pages = false;
+  // madvise(MADV_HUGEPAGE) on the buffers, as lohand advises its state
+  // buffers (daemon/store/aligned_buffer.h): the page size changes which
+  // prefetch distance is best.
+  bool huge_pages = true;
   // Empty: CandidateTunings(threads) for every ISA given.
   std::vector<KernelTuning> candidates;
 };

@@ -21,6 +21,7 @@
 #include "client/device_guard.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/fake_cuda/fake_driver_path.h"
 
 namespace lohan::cuda {
 namespace {
@@ -29,13 +30,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string FakeDriver() {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  return std::string(srcdir != nullptr ? srcdir : ".") + "/" +
-         (workspace != nullptr ? workspace : "lohan") +
-         "/tests/fake_cuda/libfake_cuda.so";
-}
+std::string FakeDriver() { return FakeDriverPath(); }
 
 // The fake's test-only functions (fake_libcuda.cc).
 struct FakeFunctions {

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/fake_cuda/fake_driver_path.h"
 
 namespace lohan::cuda {
 namespace {
@@ -20,13 +21,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string FakeDriver() {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  return std::string(srcdir != nullptr ? srcdir : ".") + "/" +
-         (workspace != nullptr ? workspace : "lohan") +
-         "/tests/fake_cuda/libfake_cuda.so";
-}
+std::string FakeDriver() { return FakeDriverPath(); }
 
 // Sets the fake's environment for one test, and clears it afterwards.
 class CudaDriverTest : public ::testing::Test {

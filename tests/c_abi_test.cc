@@ -142,7 +142,9 @@ TEST(CAbi, AsynchronousRequestsAndCopiesAtTheEdges) {
     const std::string bare(code, std::strlen(code) - 2);  // no ": "
     EXPECT_THAT(out, HasSubstr("cuda-on-device: " + bare + " " + bare + " " +
                                bare + "\n"));
-    if (!LOHAN_WITH_CUDA) EXPECT_THAT(out, HasSubstr("built without CUDA"));
+    if (!LOHAN_WITH_CUDA) {
+      EXPECT_THAT(out, HasSubstr("built without CUDA"));
+    }
   } else {
     EXPECT_THAT(out, HasSubstr("cuda-roundtrip: ok\n"));
   }

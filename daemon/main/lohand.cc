@@ -284,7 +284,8 @@ int Run(const CommandLine& command_line) {
         // A user's jobs share the user's weight.
         std::optional<uid_t> owner = ledger.OwnerOf(job);
         return owner.has_value()
-                   ? FairSsdGate::Share{quotas->For(*owner).weight,
+                   ? FairSsdGate::Share{static_cast<double>(
+                                            quotas->For(*owner).weight),
                                         absl::StrCat("uid ", *owner)}
                    : FairSsdGate::Share{};
       });

@@ -331,7 +331,8 @@ absl::StatusOr<v1::RegisterModelResponse> SessionManager::RegisterModel(
            .updater = parts_.updater,
            .ledger = parts_.ledger,
            .optimizer_queue = parts_.optimizer_queue,
-           .weight = parts_.quotas->For(job->owner_uid()).weight,
+           .weight =
+               static_cast<double>(parts_.quotas->For(job->owner_uid()).weight),
            .fair_group = absl::StrCat("uid ", job->owner_uid()),
            .read_ahead_bytes = parts_.read_ahead_bytes,
            .read_ahead_shares = parts_.read_ahead_shares});

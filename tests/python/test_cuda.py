@@ -330,3 +330,17 @@ def test_gpu_lora_base_on_the_ssds_matches_base_in_host_memory(lohand):
     for name, weight in runs[0][1].items():
         assert weight.device.type == "cpu"  # given back where it was
         assert torch.equal(weight, runs[1][1][name]), name
+
+
+def test_the_synchronous_fallback_says_what_it_costs_a_step():
+    """Runs anywhere: the warning a GPU job gets when liblohan_client
+    cannot use CUDA names the reason and the per-step cost of the
+    synchronous copies from the measured rate (the measurement itself,
+    job.measure_sync_copy, needs a GPU)."""
+    from lohan.job import sync_fallback_message
+    text = sync_fallback_message("no NVIDIA driver: ...", 3 << 30, 12e9)
+    assert "no NVIDIA driver: ..." in text
+    assert "synchronous tensor copies" in text
+    assert "about 0.268 s a step" in text  # 3 GiB / 12 GB/s
+    assert "3072 MiB at 12.00 GB/s, measured now" in text
+    assert "inf s a step" in sync_fallback_message("x", 1 << 20, 0.0)

@@ -188,16 +188,16 @@ typedef struct lohan_model_spec {
   int32_t skip_nonfinite;    /* skip an iteration with inf/nan gradients */
   uint64_t chunk_elements;   /* 0: the daemon's default */
   uint64_t activation_bytes; /* arena area for swapped activations; 0: none */
-  /* Gradient / 16-bit weight buffers in the arena (added in 0.2; a spec
-   * whose struct_size ends before them means 0, 0). 0 (or >= num_layers):
+  /* Gradient / 16-bit weight buffers in the arena (a spec whose
+   * struct_size ends before these fields means 0, 0). 0 (or >= num_layers):
    * one per layer ("resident": the arena holds 2 x the model in 16 bits).
    * K in 1..num_layers-1: "streamed": K buffers, each as large as the
    * largest layer, shared by all layers; layer i's is buffer i % K. The
    * daemon copies a gradient into its SSD store before GRAD_READY
    * completes, so the completion frees the buffer for layer i + K (wait for
    * it first when requests are asynchronous); FETCH_PARAMS reads the
-   * layer's committed weights from the store into the buffer. Arena use no
-   * longer grows with the model; the SSDs carry the gradients (written
+   * layer's committed weights from the store into the buffer. Arena use does
+   * not grow with the model; the SSDs carry the gradients (written
    * once, read once per update pass) and the 16-bit weights. */
   uint32_t grad_slots;
   uint32_t weight_slots;

@@ -48,6 +48,35 @@ def host_pool_bytes(layer_elements: List[int], element_bytes: int,
     return round_up(slots + staging + activations + MIB, MIB)
 
 
+
+def measure_sync_copy(host: torch.Tensor, device: torch.device) -> float:
+    """Bytes per second of a synchronous copy of `host` (the arena, which
+    CUDA sees as pageable memory when it cannot be pinned) to `device` and
+    back, the best of three: what each step pays when gradients and
+    weights cannot move asynchronously."""
+    on_device = torch.empty_like(host, device=device)
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        on_device.copy_(host)
+        host.copy_(on_device)
+        torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * host.numel() * host.element_size() / best
+
+
+def sync_fallback_message(reason: str, step_bytes: int,
+                          rate: float) -> str:
+    """The warning for a GPU model whose copies fall back to synchronous
+    tensor copies: why, and what it costs a step (`step_bytes`, gradients
+    out and weights in, at `rate` bytes per second)."""
+    seconds = step_bytes / rate if rate > 0 else float("inf")
+    return (f"lohan: the model is on a GPU but liblohan_client cannot use "
+            f"CUDA ({reason}); gradients and weights move by synchronous "
+            f"tensor copies: about {seconds:.3g} s a step "
+            f"({step_bytes / MIB:.0f} MiB at {rate / 1e9:.2f} GB/s, "
+            "measured now) that would otherwise overlap compute")
+
 class JobSession:
     """The job, its data plane and the registered model, with the arena's
     gradient and weight buffers (per layer, in the training dtype) and
@@ -134,9 +163,11 @@ class JobSession:
             return False
         available, reason = self.remote.cuda_available()
         if not available:
-            warnings.warn(f"lohan: the model is on a GPU but liblohan_client "
-                          f"cannot use CUDA ({reason}); gradients and "
-                          "weights move by synchronous tensor copies",
+            step_bytes = 2 * sum(view.numel() * view.element_size()
+                                 for view in self.grad_views)
+            largest = max(self.grad_views, key=lambda view: view.numel())
+            rate = measure_sync_copy(largest, device)
+            warnings.warn(sync_fallback_message(reason, step_bytes, rate),
                           stacklevel=4)
             return False
         # On the model's device, whatever torch's current device is (a job

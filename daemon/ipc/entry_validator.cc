@@ -289,6 +289,8 @@ absl::Status EntryValidator::CheckLayer(const SubmissionEntry& entry,
   return absl::OkStatus();
 }
 
+void EntryValidator::ForgetActivation(uint64_t id) { activations_.erase(id); }
+
 absl::Status EntryValidator::CheckActivation(const SubmissionEntry& entry,
                                              RingOp op) {
   auto it = activations_.find(entry.activation_id);

@@ -71,6 +71,12 @@ class EntryValidator {
 
   absl::Status Accept(const SubmissionEntry& entry);
 
+  // Forgets activation `id` after an ACT_PUT this validator accepted but
+  // the daemon could not carry out (the store refused it): as if an
+  // ACT_FREE had been accepted, so a retried put is not ALREADY_EXISTS. No
+  // effect for an id not held.
+  void ForgetActivation(uint64_t id);
+
   // nullptr until a kRegisterLayout was accepted.
   const JobLayout* layout() const {
     return layout_.has_value() ? &*layout_ : nullptr;

@@ -402,6 +402,22 @@ TEST_F(EntryValidatorTest, ActivationRules) {
   EXPECT_EQ(Code(Act(RingOp::kActFree, 1, 0)), absl::StatusCode::kNotFound);
 }
 
+TEST_F(EntryValidatorTest, AForgottenPutCanBeRetriedAndFreesItsPlace) {
+  EntryValidator::Options options;
+  options.max_live_activations = 1;
+  EntryValidator validator(&slots_, absl::Span<const uint8_t>(arena_), options);
+  ASSERT_TRUE(validator.Accept(Register()).ok());
+  ASSERT_TRUE(validator.Accept(Act(RingOp::kActPut, 7, 64)).ok());
+  validator.ForgetActivation(7);  // the store refused the put
+  EXPECT_EQ(validator.live_activations(), 0u);
+  EXPECT_EQ(validator.Accept(Act(RingOp::kActGet, 7, 64)).code(),
+            absl::StatusCode::kNotFound);
+  validator.ForgetActivation(7);   // not held: nothing happens
+  validator.ForgetActivation(99);  // never put: nothing happens
+  EXPECT_TRUE(validator.Accept(Act(RingOp::kActPut, 7, 64)).ok());
+  EXPECT_EQ(validator.live_activations(), 1u);
+}
+
 TEST_F(EntryValidatorTest, LiveActivationLimit) {
   EntryValidator::Options options;
   options.max_live_activations = 2;

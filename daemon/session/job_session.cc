@@ -728,10 +728,8 @@ absl::Status JobSession::SwapActivation(const SubmissionEntry& entry) {
   if (!stored.ok()) {
     // Not held after all: undo the validator's bookkeeping and the store's.
     (void)model.store->Delete(job_id(), name);
-    SubmissionEntry undo{};
-    undo.op = static_cast<uint16_t>(RingOp::kActFree);
-    undo.activation_id = entry.activation_id;
-    (void)AcceptEntry(undo);
+    absl::MutexLock lock(&validator_mu_);
+    validator_->ForgetActivation(entry.activation_id);
   }
   return stored;
 }

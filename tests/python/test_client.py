@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from conftest import Daemon
 from lohan import Client, LohanError, StatusCode
 
 
@@ -418,6 +419,37 @@ def test_activation_swap_through_the_daemon(lohand):
         tensors_left = int(client.status()["store"]["tensors"])
         # Only the model's own states remain: one chunk + meta.
         assert tensors_left == 2
+
+
+def test_an_activation_the_ssds_cannot_hold_is_refused_and_can_be_retried(
+        tmp_path):
+    """A put the store refuses (no room on the SSDs) leaves nothing held:
+    the same id can be put again, smaller, and read back."""
+    import torch
+
+    daemon = Daemon(tmp_path, ssd_capacity="2MiB")
+    try:
+        with Client(daemon.socket) as client:
+            job = client.create_job("full", host_pool_bytes=8 << 20)
+            client.attach_job(job.id)
+            with client.open_data_plane(job.id) as plane:
+                model = plane.register_model(job.id, [8],
+                                             activation_bytes=4 << 20)
+                area = torch.frombuffer(model.activations, dtype=torch.uint8)
+                with pytest.raises(LohanError) as error:
+                    model.act_put(5, 0, 4 << 20)
+                assert error.value.code == StatusCode.RESOURCE_EXHAUSTED, (
+                    error.value)
+                with pytest.raises(LohanError) as error:
+                    model.act_get(5, 0, 4 << 20)
+                assert error.value.code == StatusCode.NOT_FOUND, error.value
+                area[:4096] = 7
+                model.act_put(5, 0, 4096)
+                area[:4096] = 0
+                model.act_get(5, 0, 4096)
+                assert bool((area[:4096] == 7).all())
+    finally:
+        daemon.stop()
 
 
 def test_streamed_slots_alias_one_buffer(lohand):

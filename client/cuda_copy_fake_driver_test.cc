@@ -30,8 +30,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string FakeDriver() { return FakeDriverPath(); }
-
 // The fake's test-only functions (fake_libcuda.cc).
 struct FakeFunctions {
   void* (*device_alloc)(int, size_t);
@@ -56,9 +54,9 @@ void Find(void* library, const char* name, Function& out) {
 // finds the fake's helpers in the same loaded copy.
 const FakeFunctions& Fake() {
   static const FakeFunctions* const fake = [] {
-    setenv(kDriverLibraryVariable, FakeDriver().c_str(), 1);
+    setenv(kDriverLibraryVariable, FakeDriverPath().c_str(), 1);
     setenv("FAKE_CUDA_DEVICE_COUNT", "6", 1);
-    void* library = dlopen(FakeDriver().c_str(), RTLD_NOW | RTLD_LOCAL);
+    void* library = dlopen(FakeDriverPath().c_str(), RTLD_NOW | RTLD_LOCAL);
     if (library == nullptr) std::abort();
     auto* found = new FakeFunctions;  // lives with the process, as `library`
     Find(library, "fake_cuda_device_alloc", found->device_alloc);

@@ -21,8 +21,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string FakeDriver() { return FakeDriverPath(); }
-
 // Sets the fake's environment for one test, and clears it afterwards.
 class CudaDriverTest : public ::testing::Test {
  protected:
@@ -36,7 +34,7 @@ class CudaDriverTest : public ::testing::Test {
 TEST_F(CudaDriverTest, LoadsEveryEntryPointAndReportsTheVersion) {
   setenv("FAKE_CUDA_DRIVER_VERSION", "12040", 1);
   absl::StatusOr<std::unique_ptr<CudaDriver>> driver =
-      OpenCudaDriver(FakeDriver());
+      OpenCudaDriver(FakeDriverPath());
   ASSERT_TRUE(driver.ok()) << driver.status();
   const CudaDriver& d = **driver;
   EXPECT_EQ(d.version, 12040);
@@ -78,7 +76,7 @@ TEST_F(CudaDriverTest, LoadsEveryEntryPointAndReportsTheVersion) {
 TEST_F(CudaDriverTest, AcceptsCuda12Point0) {
   setenv("FAKE_CUDA_DRIVER_VERSION", "12000", 1);
   absl::StatusOr<std::unique_ptr<CudaDriver>> driver =
-      OpenCudaDriver(FakeDriver());
+      OpenCudaDriver(FakeDriverPath());
   ASSERT_TRUE(driver.ok()) << driver.status();
   EXPECT_EQ((*driver)->version, 12000);
 }
@@ -86,7 +84,7 @@ TEST_F(CudaDriverTest, AcceptsCuda12Point0) {
 TEST_F(CudaDriverTest, RefusesADriverOlderThanCuda12) {
   setenv("FAKE_CUDA_DRIVER_VERSION", "11080", 1);
   absl::StatusOr<std::unique_ptr<CudaDriver>> driver =
-      OpenCudaDriver(FakeDriver());
+      OpenCudaDriver(FakeDriverPath());
   ASSERT_EQ(driver.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(driver.status().message(),
             "the NVIDIA driver supports CUDA 11.8; lohan needs a driver for "
@@ -120,10 +118,10 @@ TEST_F(CudaDriverTest, RefusesALibraryThatIsNoDriver) {
 TEST_F(CudaDriverTest, RefusesADriverWithoutAnEntryPoint) {
   setenv("FAKE_CUDA_MISSING", "cuMemHostRegister", 1);
   absl::StatusOr<std::unique_ptr<CudaDriver>> driver =
-      OpenCudaDriver(FakeDriver());
+      OpenCudaDriver(FakeDriverPath());
   ASSERT_EQ(driver.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(driver.status().message(),
-            absl::StrCat("the NVIDIA driver (", FakeDriver(),
+            absl::StrCat("the NVIDIA driver (", FakeDriverPath(),
                          ") has no entry point cuMemHostRegister for CUDA "
                          "12.0; lohan needs a driver for CUDA 12.0 or newer "
                          "(R525+): update the driver"));
@@ -132,17 +130,17 @@ TEST_F(CudaDriverTest, RefusesADriverWithoutAnEntryPoint) {
 TEST_F(CudaDriverTest, RefusesWhenCuInitFails) {
   setenv("FAKE_CUDA_INIT_ERROR", "100", 1);  // CUDA_ERROR_NO_DEVICE
   absl::StatusOr<std::unique_ptr<CudaDriver>> driver =
-      OpenCudaDriver(FakeDriver());
+      OpenCudaDriver(FakeDriverPath());
   ASSERT_EQ(driver.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(driver.status().message(),
             absl::StrCat("cuInit failed: CUDA_ERROR_NO_DEVICE (no "
                          "CUDA-capable device is detected) "
                          "(CUDA_VISIBLE_DEVICES?); the NVIDIA driver (",
-                         FakeDriver(), ") supports CUDA 12.8"));
+                         FakeDriverPath(), ") supports CUDA 12.8"));
 }
 
 TEST_F(CudaDriverTest, LoadCudaDriverLoadsTheConfiguredLibraryOnce) {
-  setenv(kDriverLibraryVariable, FakeDriver().c_str(), 1);
+  setenv(kDriverLibraryVariable, FakeDriverPath().c_str(), 1);
   absl::StatusOr<const CudaDriver*> first = LoadCudaDriver();
   ASSERT_TRUE(first.ok()) << first.status();
   // Kept for the process, whatever the environment says later.

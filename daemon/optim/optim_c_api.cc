@@ -20,6 +20,21 @@ struct lohan_optim {
   std::optional<lohan::Isa> forced_isa;  // as created
   std::string tuning_name = lohan::TuningName(lohan::KernelTuning{});
 
+  // Both updaters on `isa` (nullopt: $LOHAN_OPTIM_ISA or the best), with
+  // the default tuning; on an error the handle is unchanged.
+  absl::Status UseIsa(std::optional<lohan::Isa> isa) {
+    absl::StatusOr<lohan::AdamUpdater> new_adam =
+        lohan::AdamUpdater::Create(pool.get(), isa);
+    if (!new_adam.ok()) return new_adam.status();
+    absl::StatusOr<lohan::SgdUpdater> new_sgd =
+        lohan::SgdUpdater::Create(pool.get(), new_adam->isa());
+    if (!new_sgd.ok()) return new_sgd.status();
+    adam = *new_adam;
+    sgd = *new_sgd;
+    tuning_name = lohan::TuningName(lohan::KernelTuning{});
+    return absl::OkStatus();
+  }
+
   void SetTuning(const lohan::KernelTuning& tuning) {
     adam = adam->WithTuning(tuning);
     sgd = sgd->WithTuning(tuning);
@@ -83,14 +98,9 @@ int lohan_optim_create(const char* isa, int num_threads, int pin,
     if (!pool.ok()) return Fail(pool.status());
     handle->pool = std::move(*pool);
   }
-  absl::StatusOr<lohan::AdamUpdater> adam =
-      lohan::AdamUpdater::Create(handle->pool.get(), requested);
-  if (!adam.ok()) return Fail(adam.status());
-  absl::StatusOr<lohan::SgdUpdater> sgd =
-      lohan::SgdUpdater::Create(handle->pool.get(), adam->isa());
-  if (!sgd.ok()) return Fail(sgd.status());
-  handle->adam = *adam;
-  handle->sgd = *sgd;
+  if (absl::Status made = handle->UseIsa(requested); !made.ok()) {
+    return Fail(made);
+  }
   handle->forced_isa = requested;
   *out = handle.release();
   return 0;
@@ -131,14 +141,9 @@ int lohan_optim_calibrate(lohan_optim* handle, size_t working_set_bytes,
   absl::StatusOr<lohan::Calibration> calibration = lohan::CalibrateAdam(
       handle->pool.get(), lohan::CalibrationIsas(handle->forced_isa), options);
   if (!calibration.ok()) return Fail(calibration.status());
-  absl::StatusOr<lohan::AdamUpdater> adam =
-      lohan::AdamUpdater::Create(handle->pool.get(), calibration->isa);
-  if (!adam.ok()) return Fail(adam.status());
-  absl::StatusOr<lohan::SgdUpdater> sgd =
-      lohan::SgdUpdater::Create(handle->pool.get(), calibration->isa);
-  if (!sgd.ok()) return Fail(sgd.status());
-  handle->adam = *adam;
-  handle->sgd = *sgd;
+  if (absl::Status made = handle->UseIsa(calibration->isa); !made.ok()) {
+    return Fail(made);
+  }
   handle->SetTuning(calibration->tuning);
   return 0;
 }

@@ -246,6 +246,10 @@ def test_tuning_is_set_calibrated_and_refused_through_the_c_abi(lib):
         opt.check(lib.lohan_optim_set_tuning(opt.handle, b"chunks=8"))
         assert opt.lib.lohan_optim_tuning(opt.handle) == (
             b"prefetch=1024,stream=on,chunks=8")
+        assert lib.lohan_optim_set_tuning(None, b"chunks=2") == 3
+        assert lib.lohan_optim_set_tuning(opt.handle, None) == 3
+        assert lib.lohan_optim_calibrate(None, 0, 0) == 3
+        assert lib.lohan_optim_tuning(None) == b""
         assert lib.lohan_optim_set_tuning(opt.handle, b"stream=maybe") == 3
         assert b"stream=maybe" in lib.lohan_optim_last_error()
         # The failed call left the tuning as it was.

@@ -88,12 +88,19 @@ absl::Status ControlClient::Invoke(
 }
 
 absl::StatusOr<v1::Job> ControlClient::CreateJob(const v1::JobSpec& spec) {
+  absl::StatusOr<v1::CreateJobResponse> response = CreateJobReply(spec);
+  if (!response.ok()) return response.status();
+  return response->job();
+}
+
+absl::StatusOr<v1::CreateJobResponse> ControlClient::CreateJobReply(
+    const v1::JobSpec& spec) {
   v1::CreateJobRequest request;
   *request.mutable_spec() = spec;
   v1::CreateJobResponse response;
   absl::Status status = Invoke(&v1::Lohan::Stub::CreateJob, request, &response);
   if (!status.ok()) return status;
-  return response.job();
+  return response;
 }
 
 absl::StatusOr<v1::Job> ControlClient::AttachJob(const std::string& job_id) {

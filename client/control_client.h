@@ -35,6 +35,8 @@ class ControlClient {
   const std::string& socket_path() const { return options_.socket_path; }
 
   absl::StatusOr<v1::Job> CreateJob(const v1::JobSpec& spec);
+  // The whole answer: with JobSpec.model, how the daemon sized the arena.
+  absl::StatusOr<v1::CreateJobResponse> CreateJobReply(const v1::JobSpec& spec);
   absl::StatusOr<v1::Job> AttachJob(const std::string& job_id);
   absl::StatusOr<v1::Job> DetachJob(const std::string& job_id);
   // Drains (after the iteration in progress) or kills a job's training;

@@ -99,6 +99,34 @@ int CopyOut(const std::string& text, char** out) {
   return Report(absl::OkStatus());
 }
 
+// `json` (protobuf JSON: the proto's names, snake_case or lowerCamelCase)
+// into `message`; INVALID_ARGUMENT with the parser's words, naming `what`.
+absl::Status FromJson(const char* json, absl::string_view what,
+                      google::protobuf::Message* message) {
+  const auto parsed =
+      google::protobuf::util::JsonStringToMessage(json, message);
+  if (parsed.ok()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      what, " is not a ", message->GetDescriptor()->name(), ": ",
+      absl::string_view(parsed.message().data(), parsed.message().size())));
+}
+
+// `message` as protobuf JSON with every field, named lowerCamelCase or,
+// with `proto_names`, as the proto spells them.
+absl::StatusOr<std::string> ToJson(const google::protobuf::Message& message,
+                                   bool proto_names) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions print;
+  print.preserve_proto_field_names = proto_names;
+  print.always_print_primitive_fields = true;
+  if (!google::protobuf::util::MessageToJsonString(message, &json, print)
+           .ok()) {
+    return absl::InternalError(absl::StrCat(
+        "cannot render a ", message.GetDescriptor()->name(), " as JSON"));
+  }
+  return json;
+}
+
 }  // namespace
 
 extern "C" {
@@ -185,6 +213,28 @@ int lohan_job_create(lohan_client* client, const char* name,
   spec.set_host_pool_bytes(host_pool_bytes);
   spec.set_ssd_bytes(ssd_bytes);
   return ReturnJob(client->impl->CreateJob(spec), out);
+}
+
+int lohan_job_create_json(lohan_client* client, const char* request_json,
+                          char** response_json_out) {
+  if (client == nullptr || request_json == nullptr ||
+      response_json_out == nullptr) {
+    return InvalidArgument(
+        "lohan_job_create_json: client, request_json and response_json_out "
+        "are required");
+  }
+  lohan::v1::CreateJobRequest request;
+  if (absl::Status parsed = FromJson(
+          request_json, "lohan_job_create_json: request_json", &request);
+      !parsed.ok()) {
+    return Report(parsed);
+  }
+  absl::StatusOr<lohan::v1::CreateJobResponse> response =
+      client->impl->CreateJobReply(request.spec());
+  if (!response.ok()) return Report(response.status());
+  absl::StatusOr<std::string> json = ToJson(*response, /*proto_names=*/true);
+  if (!json.ok()) return Report(json.status());
+  return CopyOut(*json, response_json_out);
 }
 
 int lohan_job_attach(lohan_client* client, const char* job_id,
@@ -571,20 +621,17 @@ absl::StatusOr<lohan::DataPlane::Ticket> CopyHoldingBuffer(
 
 }  // namespace
 
-int lohan_model_register(lohan_client* client, lohan_data_plane* plane,
-                         const char* job_id, const lohan_model_spec* spec,
-                         lohan_model** out) {
-  if (client == nullptr || plane == nullptr || job_id == nullptr ||
-      spec == nullptr || out == nullptr) {
-    return InvalidArgument(
-        "lohan_model_register: client, plane, job_id, spec and out are "
-        "required");
-  }
+namespace {
+
+// The C spec as the proto the daemon takes; INVALID_ARGUMENT for what the
+// struct cannot mean (a size it does not know, NULL arrays with counts).
+absl::Status SpecFromC(const lohan_model_spec* spec,
+                       lohan::v1::ModelSpec* model_spec) {
   // A caller built against an older header passes the smaller struct it
   // knows (without grad_slots / weight_slots): read only what it has.
   constexpr size_t kSpecBytesV1 = offsetof(lohan_model_spec, grad_slots);
   if (spec->struct_size < kSpecBytesV1) {
-    return InvalidArgument(
+    return absl::InvalidArgumentError(
         "lohan_model_register: spec->struct_size is smaller than any "
         "lohan_model_spec; set it to sizeof(lohan_model_spec)");
   }
@@ -614,32 +661,30 @@ int lohan_model_register(lohan_client* client, lohan_data_plane* plane,
       spec->struct_size >= offsetof(lohan_model_spec, in_order_service) +
                                sizeof(spec->in_order_service);
   if (spec->num_layers == 0 || spec->layer_elements == nullptr) {
-    return InvalidArgument("lohan_model_register: a model needs layers");
+    return absl::InvalidArgumentError(
+        "lohan_model_register: a model needs layers");
   }
   if (num_no_weight_decay != 0 && spec->no_weight_decay == nullptr) {
-    return Report(absl::InvalidArgumentError(
+    return absl::InvalidArgumentError(
         absl::StrCat("lohan_model_register: spec->no_weight_decay is NULL but "
                      "num_no_weight_decay is ",
-                     num_no_weight_decay)));
+                     num_no_weight_decay));
   }
   if (num_param_groups != 0 && spec->param_groups == nullptr) {
-    return Report(absl::InvalidArgumentError(
+    return absl::InvalidArgumentError(
         absl::StrCat("lohan_model_register: spec->param_groups is NULL but "
                      "num_param_groups is ",
-                     num_param_groups)));
+                     num_param_groups));
   }
   for (uint32_t g = 0; g < num_param_groups; ++g) {
     if (spec->param_groups[g].num_ranges != 0 &&
         spec->param_groups[g].ranges == nullptr) {
-      return Report(absl::InvalidArgumentError(
+      return absl::InvalidArgumentError(
           absl::StrCat("lohan_model_register: param_groups[", g,
                        "].ranges is NULL but num_ranges is ",
-                       spec->param_groups[g].num_ranges)));
+                       spec->param_groups[g].num_ranges));
     }
   }
-  lohan::v1::RegisterModelRequest request;
-  request.set_job_id(job_id);
-  lohan::v1::ModelSpec* model_spec = request.mutable_model();
   for (uint32_t i = 0; i < spec->num_layers; ++i) {
     model_spec->add_layer_elements(spec->layer_elements[i]);
   }
@@ -666,37 +711,56 @@ int lohan_model_register(lohan_client* client, lohan_data_plane* plane,
   model_spec->set_clip_schedule(static_cast<lohan::v1::ClipSchedule>(
       has_clip_schedule ? spec->clip_schedule : LOHAN_CLIP_DEFERRED));
   model_spec->set_in_order_service(has_in_order && spec->in_order_service != 0);
-  if (absl::Status copied = CopyRanges(
-          spec->no_weight_decay, num_no_weight_decay, "no_weight_decay",
-          spec->num_layers, model_spec->mutable_no_weight_decay());
-      !copied.ok()) {
-    return Report(copied);
+  // The exempt elements are a group of their own, named as the caller
+  // knows them, as are the others.
+  if (num_no_weight_decay != 0) {
+    lohan::v1::ParamGroup* exempt = model_spec->add_param_groups();
+    exempt->set_name("no_weight_decay");
+    exempt->set_lr_scale(1.0);
+    if (absl::Status copied = CopyRanges(
+            spec->no_weight_decay, num_no_weight_decay, "no_weight_decay",
+            spec->num_layers, exempt->mutable_ranges());
+        !copied.ok()) {
+      return copied;
+    }
   }
   for (uint32_t g = 0; g < num_param_groups; ++g) {
     const lohan_param_group& from = spec->param_groups[g];
     lohan::v1::ParamGroup* group = model_spec->add_param_groups();
+    group->set_name(absl::StrCat("param_groups[", g, "]"));
     group->set_lr_scale(from.lr_scale);
     group->set_weight_decay(from.weight_decay);
     if (absl::Status copied = CopyRanges(
             from.ranges, from.num_ranges, absl::StrCat("param_groups[", g, "]"),
             spec->num_layers, group->mutable_ranges());
         !copied.ok()) {
-      return Report(copied);
+      return copied;
     }
   }
+  return absl::OkStatus();
+}
+
+// Registers `spec` (whatever the caller described it in) and makes the
+// model handle.
+int RegisterSpec(lohan_client* client, lohan_data_plane* plane,
+                 const char* job_id, const lohan::v1::ModelSpec& spec,
+                 lohan_model** out) {
+  lohan::v1::RegisterModelRequest request;
+  request.set_job_id(job_id);
+  *request.mutable_model() = spec;
   auto registration = client->impl->RegisterModel(request);
   if (!registration.ok()) return Report(registration.status());
   auto model = std::make_unique<lohan_model>();
   model->plane = plane->impl.get();
   model->callbacks_pending = &plane->callbacks_pending;
   model->registration = *std::move(registration);
-  model->elements.assign(spec->layer_elements,
-                         spec->layer_elements + spec->num_layers);
-  model->element_bytes = spec->dtype == LOHAN_DTYPE_FP32 ? 4 : 2;
-  model->ring_dtype = spec->dtype == LOHAN_DTYPE_FP32 ? lohan::RingDtype::kFp32
-                      : spec->dtype == LOHAN_DTYPE_BF16
-                          ? lohan::RingDtype::kBf16
-                          : lohan::RingDtype::kFp16;
+  model->elements.assign(spec.layer_elements().begin(),
+                         spec.layer_elements().end());
+  model->element_bytes = spec.dtype() == lohan::v1::DTYPE_FP32 ? 4 : 2;
+  model->ring_dtype =
+      spec.dtype() == lohan::v1::DTYPE_FP32   ? lohan::RingDtype::kFp32
+      : spec.dtype() == lohan::v1::DTYPE_BF16 ? lohan::RingDtype::kBf16
+                                              : lohan::RingDtype::kFp16;
   model->sequence = model->registration.iteration();
   model->plane->SetErrorText(model->registration.error_text_offset(),
                              model->registration.error_text_bytes());
@@ -704,8 +768,53 @@ int lohan_model_register(lohan_client* client, lohan_data_plane* plane,
   return Report(absl::OkStatus());
 }
 
+}  // namespace
+
+int lohan_model_register(lohan_client* client, lohan_data_plane* plane,
+                         const char* job_id, const lohan_model_spec* spec,
+                         lohan_model** out) {
+  if (client == nullptr || plane == nullptr || job_id == nullptr ||
+      spec == nullptr || out == nullptr) {
+    return InvalidArgument(
+        "lohan_model_register: client, plane, job_id, spec and out are "
+        "required");
+  }
+  lohan::v1::ModelSpec model_spec;
+  if (absl::Status translated = SpecFromC(spec, &model_spec);
+      !translated.ok()) {
+    return Report(translated);
+  }
+  return RegisterSpec(client, plane, job_id, model_spec, out);
+}
+
+int lohan_model_register_json(lohan_client* client, lohan_data_plane* plane,
+                              const char* job_id, const char* spec_json,
+                              lohan_model** out) {
+  if (client == nullptr || plane == nullptr || job_id == nullptr ||
+      spec_json == nullptr || out == nullptr) {
+    return InvalidArgument(
+        "lohan_model_register_json: client, plane, job_id, spec_json and out "
+        "are required");
+  }
+  lohan::v1::ModelSpec spec;
+  if (absl::Status parsed =
+          FromJson(spec_json, "lohan_model_register_json: spec_json", &spec);
+      !parsed.ok()) {
+    return Report(parsed);
+  }
+  return RegisterSpec(client, plane, job_id, spec, out);
+}
+
 void lohan_model_destroy(lohan_model* model) {
   std::unique_ptr<lohan_model> owned(model);
+}
+
+uint32_t lohan_model_grad_slots(const lohan_model* model) {
+  return model == nullptr ? 0 : model->registration.grad_slots();
+}
+
+uint32_t lohan_model_weight_slots(const lohan_model* model) {
+  return model == nullptr ? 0 : model->registration.weight_slots();
 }
 
 uint64_t lohan_model_iteration(const lohan_model* model) {
@@ -891,15 +1000,9 @@ int lohan_client_status_json(lohan_client* client, char** json_out) {
   }
   auto status = client->impl->GetStatus();
   if (!status.ok()) return Report(status.status());
-  std::string json;
-  google::protobuf::util::JsonPrintOptions print;
-  print.preserve_proto_field_names = true;
-  print.always_print_primitive_fields = true;
-  if (!google::protobuf::util::MessageToJsonString(*status, &json, print)
-           .ok()) {
-    return Report(absl::InternalError("cannot render the status as JSON"));
-  }
-  return CopyOut(json, json_out);
+  absl::StatusOr<std::string> json = ToJson(*status, /*proto_names=*/true);
+  if (!json.ok()) return Report(json.status());
+  return CopyOut(*json, json_out);
 }
 
 int lohan_job_plan_json(lohan_client* client, const char* job_id,
@@ -911,23 +1014,17 @@ int lohan_job_plan_json(lohan_client* client, const char* job_id,
         "plan_json_out are required");
   }
   lohan::v1::PlanJobRequest request;
-  const auto parsed =
-      google::protobuf::util::JsonStringToMessage(request_json, &request);
-  if (!parsed.ok()) {
-    return Report(absl::InvalidArgumentError(absl::StrCat(
-        "lohan_job_plan_json: request_json is not a PlanJobRequest: ",
-        absl::string_view(parsed.message().data(), parsed.message().size()))));
+  if (absl::Status parsed =
+          FromJson(request_json, "lohan_job_plan_json: request_json", &request);
+      !parsed.ok()) {
+    return Report(parsed);
   }
   request.set_job_id(job_id);
   absl::StatusOr<lohan::v1::JobPlan> plan = client->impl->PlanJob(request);
   if (!plan.ok()) return Report(plan.status());
-  std::string json;
-  google::protobuf::util::JsonPrintOptions print;
-  print.always_print_primitive_fields = true;
-  if (!google::protobuf::util::MessageToJsonString(*plan, &json, print).ok()) {
-    return Report(absl::InternalError("cannot render the plan as JSON"));
-  }
-  return CopyOut(json, plan_json_out);
+  absl::StatusOr<std::string> json = ToJson(*plan, /*proto_names=*/false);
+  if (!json.ok()) return Report(json.status());
+  return CopyOut(*json, plan_json_out);
 }
 
 void lohan_string_free(char* text) { std::free(text); }

@@ -334,8 +334,11 @@ TEST_F(TrainingTest, RegisterModelRefusesBadNoWeightDecayRanges) {
         ModelRequest(opened.job.id(), {100, 50}, v1::DTYPE_BF16);
     r.mutable_model()->mutable_adam()->set_weight_decay(0.1);
     r.mutable_model()->mutable_adam()->set_decoupled_weight_decay(true);
+    v1::ParamGroup* exempt = r.mutable_model()->add_param_groups();
+    exempt->set_name("no_weight_decay");
+    exempt->set_lr_scale(1.0);
     for (const auto& [layer, begin, end] : ranges) {
-      v1::ElementRange* range = r.mutable_model()->add_no_weight_decay();
+      v1::ElementRange* range = exempt->add_ranges();
       range->set_layer(static_cast<uint32_t>(layer));
       range->set_begin(begin);
       range->set_end(end);
@@ -380,12 +383,19 @@ TEST_F(TrainingTest, RegisterModelRefusesBadParamGroups) {
   auto request = [&](const std::vector<Group>& groups) {
     v1::RegisterModelRequest r =
         ModelRequest(opened.job.id(), {100, 50}, v1::DTYPE_BF16);
-    v1::ElementRange* exempt = r.mutable_model()->add_no_weight_decay();
+    // Biases without decay as a group of their own, first; the others
+    // named as the caller numbers them.
+    v1::ParamGroup* no_decay = r.mutable_model()->add_param_groups();
+    no_decay->set_name("no_weight_decay");
+    no_decay->set_lr_scale(1.0);
+    v1::ElementRange* exempt = no_decay->add_ranges();
     exempt->set_layer(0);
     exempt->set_begin(0);
     exempt->set_end(10);
-    for (const Group& g : groups) {
+    for (size_t i = 0; i < groups.size(); ++i) {
+      const Group& g = groups[i];
       v1::ParamGroup* group = r.mutable_model()->add_param_groups();
+      group->set_name(absl::StrCat("param_groups[", i, "]"));
       group->set_lr_scale(g.lr_scale);
       group->set_weight_decay(g.weight_decay);
       for (const auto& [layer, begin, end] : g.ranges) {

@@ -7,41 +7,25 @@
 #include "daemon/optim/dtype.h"
 #include "daemon/sched/job_space.h"
 #include "daemon/sched/model_layout.h"
+#include "daemon/session/arena_layout.h"
 
 namespace lohan {
 namespace {
 
-constexpr uint64_t kMiB = uint64_t{1} << 20;
-// The daemon's slot allocator rounds every slot up to this
-// (SlotAllocator::kDefaultAlignment), and so does the plugin.
-constexpr uint64_t kSlotAlignment = 4096;
 // Parameters past this are no model's, and keep every sum below within 64
 // bits (16 bytes of states a parameter, twice, block-rounded per chunk).
 constexpr uint64_t kMaxLayoutParameters = uint64_t{1} << 56;
-
-uint64_t RoundUp(uint64_t value, uint64_t unit) {
-  return (value + unit - 1) / unit * unit;
-}
 
 }  // namespace
 
 uint64_t PluginArenaBytes(const std::vector<uint64_t>& layer_elements,
                           uint64_t element_bytes, uint64_t activation_bytes,
                           uint64_t stream_buffers) {
-  const uint64_t largest =
-      *std::max_element(layer_elements.begin(), layer_elements.end());
-  uint64_t slots = 0;
-  if (stream_buffers > 0 && stream_buffers < layer_elements.size()) {
-    slots =
-        2 * stream_buffers * RoundUp(largest * element_bytes, kSlotAlignment);
-  } else {
-    for (uint64_t n : layer_elements) {
-      slots += 2 * RoundUp(n * element_bytes, kSlotAlignment);
-    }
-  }
-  const uint64_t staging = RoundUp(largest * 4, kSlotAlignment);
-  const uint64_t activations = RoundUp(activation_bytes, kSlotAlignment);
-  return RoundUp(slots + staging + activations + kMiB, kMiB);
+  return ArenaBytes(ArenaShape{.layer_elements = layer_elements,
+                               .element_bytes = element_bytes,
+                               .activation_bytes = activation_bytes,
+                               .grad_buffers = stream_buffers,
+                               .weight_buffers = stream_buffers});
 }
 
 uint64_t PluginStreamBuffers(uint64_t layers) {

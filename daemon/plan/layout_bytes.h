@@ -2,12 +2,11 @@
 #define LOHAN_DAEMON_PLAN_LAYOUT_BYTES_H_
 
 // lohan's own layout of a model the plugin trains, in bytes: the arena the
-// plugin asks for, the daemon's chunk buffers beside it, and what the job
-// keeps and sets aside on the SSDs. The SSD space and the chunk buffers
-// come from the daemon's layout code (daemon/sched's StateLayout and
-// job_space.h, the store's footprint rule); the arena is the plugin's
-// formula, mirrored (tests/python/test_plan_memory.py checks both against
-// what a real run allocates).
+// daemon sizes for it, the daemon's chunk buffers beside it, and what the
+// job keeps and sets aside on the SSDs, all from the daemon's layout code
+// (daemon/session's arena_layout.h, daemon/sched's StateLayout and
+// job_space.h, the store's footprint rule); tests/python/
+// test_plan_memory.py checks them against what a real run allocates.
 
 #include <cstdint>
 #include <vector>
@@ -23,13 +22,11 @@ inline constexpr uint64_t kPluginStreamBuffers = 4;
 // (lohan.init's activation_buffer_bytes).
 inline constexpr uint64_t kPluginActivationAreaBytes = uint64_t{16} << 20;
 
-// The arena the plugin asks for (plugins/pytorch/lohan/engine.py
-// host_pool_bytes, formula for formula): per layer a gradient and a weight
-// slot of `element_bytes` an element, or, with 0 < stream_buffers <
-// layers, `stream_buffers` of each as large as the largest layer; the fp32
-// staging slot of the largest layer; the activation area; each rounded up
-// to 4 KiB (the daemon's slot allocator's unit); 1 MiB for the rings, the
-// error text and the layout table; the sum rounded up to whole MiB.
+// The arena CreateJob sizes for the plugin's model (daemon/session's
+// ArenaBytes): a gradient and a weight buffer of `element_bytes` an element
+// per layer, or, with 0 < stream_buffers < layers, `stream_buffers` of each
+// kind as large as the largest layer, beside the staging slot, the
+// activation area and the control allowance.
 // REQUIRES: layer_elements is not empty.
 uint64_t PluginArenaBytes(const std::vector<uint64_t>& layer_elements,
                           uint64_t element_bytes, uint64_t activation_bytes,

@@ -10,9 +10,9 @@ using ::testing::HasSubstr;
 
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 
-// engine.host_pool_bytes's values for these layers (tests/python/
-// test_plan_memory.py compares the two on real runs).
-TEST(PluginArenaBytes, IsTheFormulaOfThePlugin) {
+// The daemon's arena for these layers (tests/python/test_plan_memory.py
+// compares it with real runs).
+TEST(PluginArenaBytes, IsTheArenaTheDaemonSizes) {
   const std::vector<uint64_t> gpt2 = {72192, 128, 49984, 49984};
   EXPECT_EQ(PluginArenaBytes(gpt2, 2, 0, 0), 2097152u);
   EXPECT_EQ(PluginArenaBytes(gpt2, 2, 16 * kMiB, 0), 18874368u);

@@ -8,6 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/common/check.h"
 #include "daemon/plan/job_plan.h"
+#include "daemon/session/arena_layout.h"
+#include "daemon/session/model_spec_checks.h"
 #include "spdlog/spdlog.h"
 #include "wire/version.h"
 
@@ -88,7 +90,7 @@ grpc::Status ControlService::CreateJob(grpc::ServerContext* context,
                                        const v1::CreateJobRequest* request,
                                        v1::CreateJobResponse* response) {
   LOHAN_IDENTIFY_CALLER(context, caller);
-  absl::StatusOr<v1::Job> job = jobs_->Create(caller, request->spec());
+  absl::StatusOr<v1::Job> job = CreateSized(caller, *request, response);
   if (!job.ok()) {
     if (std::optional<uint64_t> dropped =
             refusal_log_.Admit(absl::StrCat("create_job:", caller.uid))) {
@@ -106,6 +108,35 @@ grpc::Status ControlService::CreateJob(grpc::ServerContext* context,
                job->spec().name(), caller.uid, caller.pid);
   *response->mutable_job() = *std::move(job);
   return grpc::Status::OK;
+}
+
+absl::StatusOr<v1::Job> ControlService::CreateSized(
+    const Caller& caller, const v1::CreateJobRequest& request,
+    v1::CreateJobResponse* response) {
+  if (!request.spec().has_model()) return jobs_->Create(caller, request.spec());
+  const v1::ModelSpec& model = request.spec().model();
+  if (request.spec().host_pool_bytes() != 0) {
+    return absl::InvalidArgumentError(
+        "JobSpec: give host_pool_bytes or the model to size it for, not "
+        "both");
+  }
+  if (absl::Status checked = CheckModelSpec(model); !checked.ok()) {
+    return checked;
+  }
+  absl::StatusOr<v1::ArenaSizing> sizing =
+      SizeJobArena(model, caller.uid, config_->host_pool_bytes,
+                   parts_.quotas->For(caller.uid).host_pool_bytes);
+  if (!sizing.ok()) {
+    return absl::Status(sizing.status().code(),
+                        absl::StrCat("job '", request.spec().name(),
+                                     "': ", sizing.status().message()));
+  }
+  v1::JobSpec sized = request.spec();
+  sized.clear_model();
+  sized.set_host_pool_bytes(sizing->arena_bytes());
+  absl::StatusOr<v1::Job> job = jobs_->Create(caller, sized);
+  if (job.ok()) *response->mutable_arena() = *std::move(sizing);
+  return job;
 }
 
 grpc::Status ControlService::AttachJob(grpc::ServerContext* context,

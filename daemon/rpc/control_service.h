@@ -87,6 +87,11 @@ class ControlService final : public v1::Lohan::Service {
                        v1::PlanJobResponse* response) override;
 
  private:
+  // The job, created with the request's spec; with JobSpec.model, its arena
+  // sized for the model first (SizeJobArena), reported in `response`.
+  absl::StatusOr<v1::Job> CreateSized(const Caller& caller,
+                                      const v1::CreateJobRequest& request,
+                                      v1::CreateJobResponse* response);
   // NOT_FOUND (as JobRegistry says it) unless the caller owns the job or
   // is root.
   absl::Status CheckOwned(const Caller& caller, const std::string& job_id);

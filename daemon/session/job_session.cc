@@ -9,6 +9,7 @@
 #include "absl/time/time.h"
 #include "daemon/optim/half.h"
 #include "daemon/sched/job_space.h"
+#include "daemon/session/arena_layout.h"
 #include "daemon/session/model_spec_checks.h"
 #include "spdlog/spdlog.h"
 
@@ -157,17 +158,12 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
     }
     return ranges;
   };
-  if (spec.no_weight_decay_size() > 0) {
-    if (absl::Status added = AddElementGroup(
-            NoWeightDecayGroup(), ranges_of(spec.no_weight_decay()), layout);
-        !added.ok()) {
-      return added;
-    }
-  }
   for (int g = 0; g < spec.param_groups_size(); ++g) {
     const v1::ParamGroup& group = spec.param_groups(g);
     if (absl::Status added = AddElementGroup(
-            ElementGroup{absl::StrCat("param_groups[", g, "]"),
+            ElementGroup{group.name().empty()
+                             ? absl::StrCat("param_groups[", g, "]")
+                             : group.name(),
                          group.lr_scale(), group.weight_decay()},
             ranges_of(group.ranges()), layout);
         !added.ok()) {
@@ -186,11 +182,18 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
     largest = std::max(largest, elements);
   }
   const size_t num_layers = layout.layer_elements.size();
+  absl::StatusOr<ArenaChoice> arena = ChooseArena(
+      spec, ArenaLimit{.bytes = grant_.arena_bytes,
+                       .what = absl::StrCat("job ", job_id(), "'s arena"),
+                       .remedy = "create the job with a larger "
+                                 "host_pool_bytes, or from its model "
+                                 "(JobSpec.model) so the daemon sizes it"});
+  if (!arena.ok()) return arena.status();
   // K >= layers would only waste room: that is the resident layout.
-  model.streamed_grads =
-      spec.grad_slots() != 0 && spec.grad_slots() < num_layers;
-  model.streamed_weights =
-      spec.weight_slots() != 0 && spec.weight_slots() < num_layers;
+  const uint32_t grad_buffers = arena->grad_buffers;
+  const uint32_t weight_buffers = arena->weight_buffers;
+  model.streamed_grads = grad_buffers != 0;
+  model.streamed_weights = weight_buffers != 0;
   // A refused registration gives back every slot it took.
   std::vector<uint64_t> taken;
   bool registered = false;
@@ -226,12 +229,12 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
     }
     return absl::OkStatus();
   };
-  if (absl::Status laid = lay_out(model.streamed_grads, spec.grad_slots(),
+  if (absl::Status laid = lay_out(model.streamed_grads, grad_buffers,
                                   SlotKind::kGradient, model.grad_slots);
       !laid.ok()) {
     return laid;
   }
-  if (absl::Status laid = lay_out(model.streamed_weights, spec.weight_slots(),
+  if (absl::Status laid = lay_out(model.streamed_weights, weight_buffers,
                                   SlotKind::kWeight, model.weight_slots);
       !laid.ok()) {
     return laid;

@@ -1,6 +1,7 @@
 #include "daemon/session/model_spec_checks.h"
 
 #include <cmath>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 
@@ -30,6 +31,34 @@ absl::Status CheckAdam(const v1::AdamSpec& adam) {
     return Bad("adam.weight_decay", "finite and >= 0", adam.weight_decay());
   }
   return absl::OkStatus();
+}
+
+// Group names go into error texts the client reads and the daemon logs.
+bool IsGroupName(const std::string& name) {
+  if (name.size() > 64) return false;
+  for (char c : name) {
+    if (c < 0x20 || c > 0x7e) return false;
+  }
+  return true;
+}
+
+absl::Status CheckArenaFit(const v1::ModelSpec& spec) {
+  switch (spec.arena_fit()) {
+    case v1::ARENA_FIT_AS_GIVEN:
+      return absl::OkStatus();
+    case v1::ARENA_FIT_MOST:
+      if (spec.grad_slots() != spec.weight_slots()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "ModelSpec arena_fit ARENA_FIT_MOST takes as many shared weight "
+            "buffers as gradient ones; got grad_slots ",
+            spec.grad_slots(), " and weight_slots ", spec.weight_slots()));
+      }
+      return absl::OkStatus();
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ModelSpec arena_fit ", static_cast<int>(spec.arena_fit()),
+          " is not 0 (as given) or 1 (the most that fit)"));
+  }
 }
 
 }  // namespace
@@ -79,16 +108,27 @@ absl::Status CheckModelSpec(const v1::ModelSpec& spec) {
         absl::StrCat("ModelSpec initial_iteration must be at most ",
                      kMaxInitialIteration, ", got ", spec.initial_iteration()));
   }
-  uint64_t ranges = static_cast<uint64_t>(spec.no_weight_decay_size());
-  for (const v1::ParamGroup& group : spec.param_groups()) {
+  if (spec.activation_bytes() > kMaxActivationBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ModelSpec activation_bytes must be at most ",
+                     kMaxActivationBytes, ", got ", spec.activation_bytes()));
+  }
+  uint64_t ranges = 0;
+  for (int g = 0; g < spec.param_groups_size(); ++g) {
+    const v1::ParamGroup& group = spec.param_groups(g);
     ranges += static_cast<uint64_t>(group.ranges_size());
+    if (!IsGroupName(group.name())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ModelSpec param_groups[", g,
+                       "].name must be at most 64 printable ASCII characters"));
+    }
   }
   if (ranges > kMaxElementRanges) {
     return absl::InvalidArgumentError(
-        absl::StrCat("ModelSpec no_weight_decay and param_groups hold ", ranges,
+        absl::StrCat("ModelSpec param_groups hold ", ranges,
                      " element ranges; at most ", kMaxElementRanges));
   }
-  return absl::OkStatus();
+  return CheckArenaFit(spec);
 }
 
 }  // namespace lohan

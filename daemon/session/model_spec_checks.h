@@ -11,7 +11,9 @@ namespace lohan {
 // The largest model a job may register: layers, and parameters per layer.
 inline constexpr uint64_t kMaxLayers = uint64_t{1} << 16;
 inline constexpr uint64_t kMaxLayerElements = uint64_t{1} << 40;
-// Element ranges (no_weight_decay and every param group's, together).
+// The activation area (2^48 bytes, 256 TiB: past any host).
+inline constexpr uint64_t kMaxActivationBytes = uint64_t{1} << 48;
+// Element ranges (every param group's, together).
 inline constexpr uint64_t kMaxElementRanges = uint64_t{1} << 20;
 // An iteration number no run reaches, far inside what every counter holds.
 inline constexpr uint64_t kMaxInitialIteration = uint64_t{1} << 40;
@@ -19,9 +21,10 @@ inline constexpr uint64_t kMaxInitialIteration = uint64_t{1} << 40;
 // Everything about a RegisterModel spec that can be checked from the spec
 // alone, cheaply, before the daemon allocates anything for it: sizes and
 // counts in range, the optimizer's hyperparameters finite and in range,
-// known enum values (named in the message). INVALID_ARGUMENT naming the
-// field otherwise. The layout's own rules (ranges, groups) are
-// ValidateLayout's.
+// known enum values (named in the message), printable group names, and
+// arena_fit's rule (ARENA_FIT_MOST with grad_slots == weight_slots).
+// INVALID_ARGUMENT naming the field otherwise. The layout's own rules (ranges,
+// groups) are ValidateLayout's.
 absl::Status CheckModelSpec(const v1::ModelSpec& spec);
 
 }  // namespace lohan

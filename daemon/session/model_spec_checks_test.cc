@@ -33,6 +33,15 @@ TEST(CheckModelSpec, AcceptsAGoodSpec) {
   EXPECT_TRUE(CheckModelSpec(Good()).ok());
 }
 
+TEST(CheckModelSpec, AcceptsNamedGroupsAndFitting) {
+  v1::ModelSpec spec = Good();
+  spec.add_param_groups()->set_name("no_weight_decay");
+  spec.set_arena_fit(v1::ARENA_FIT_MOST);
+  spec.set_grad_slots(4);
+  spec.set_weight_slots(4);
+  EXPECT_TRUE(CheckModelSpec(spec).ok());
+}
+
 TEST(CheckModelSpec, RefusesEachBadFieldByName) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   const double inf = std::numeric_limits<double>::infinity();
@@ -69,6 +78,24 @@ TEST(CheckModelSpec, RefusesEachBadFieldByName) {
        "clip_schedule 7"},
       {"iteration", [](auto& s) { s.set_initial_iteration(uint64_t{1} << 50); },
        "initial_iteration must be at most"},
+      {"activation area",
+       [](auto& s) { s.set_activation_bytes(uint64_t{1} << 49); },
+       "activation_bytes must be at most"},
+      {"group name", [](auto& s) { s.add_param_groups()->set_name("bias\n"); },
+       "param_groups[0].name must be at most 64 printable"},
+      {"long group name",
+       [](auto& s) { s.add_param_groups()->set_name(std::string(65, 'a')); },
+       "param_groups[0].name"},
+      {"arena fit",
+       [](auto& s) { s.set_arena_fit(static_cast<v1::ArenaFit>(5)); },
+       "arena_fit 5 is not 0 (as given) or 1"},
+      {"fit with unequal buffers",
+       [](auto& s) {
+         s.set_arena_fit(v1::ARENA_FIT_MOST);
+         s.set_grad_slots(2);
+         s.set_weight_slots(3);
+       },
+       "grad_slots 2 and weight_slots 3"},
   };
   for (const Case& c : cases) {
     v1::ModelSpec spec = Good();

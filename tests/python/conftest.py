@@ -84,6 +84,24 @@ class Daemon:
         return self.process.wait(timeout=60)
 
 
+def arena_bytes(socket_path: str, layer_elements: Sequence[int],
+                dtype: str = "bf16", stream_buffers: int = 0,
+                activation_bytes: int = 0) -> int:
+    """The arena the daemon at `socket_path` sizes for a model of these
+    layers with `stream_buffers` shared buffers of each kind (0: one per
+    layer), as a job it creates and deletes at once."""
+    from lohan.client import Client
+    from lohan.model_spec import ModelSpec
+    spec = ModelSpec(layer_elements=list(layer_elements), dtype=dtype,
+                     grad_slots=stream_buffers, weight_slots=stream_buffers,
+                     activation_bytes=activation_bytes)
+    with Client(socket_path) as client:
+        job, sizing = client.create_job_for_model(
+            f"sizing-{os.getpid()}-{time.monotonic_ns()}", spec)
+        client.delete_job(job.id)
+    return sizing.arena_bytes
+
+
 @pytest.fixture
 def lohand():
     with tempfile.TemporaryDirectory(prefix="lohan-pytest-") as directory:

@@ -766,13 +766,18 @@ def test_auto_takes_as_many_stream_buffers_as_the_pool_holds(tmp_path):
     """A pool too small for the 4 shared buffers asked for: auto takes the
     most that fit (3 here) rather than failing; a pool too small for one
     says how large it must be and what to change."""
-    from conftest import Daemon
-    from lohan.engine import host_pool_bytes
+    from conftest import Daemon, arena_bytes
     elements = [p.numel() for p in _WideStack().blocks[0].parameters()]
     layer = sum(elements)
     layers = [257] + [layer] * 6  # the head after the blocks, then 6 blocks
-    three = host_pool_bytes(layers, 4, 0, 3)
-    assert host_pool_bytes(layers, 4, 0, 4) > three  # 4 do not fit
+    (tmp_path / "sizes").mkdir()
+    sizer = Daemon(tmp_path / "sizes")
+    try:
+        three, four, one = (arena_bytes(sizer.socket, layers, "fp32", k)
+                            for k in (3, 4, 1))
+    finally:
+        sizer.stop(signal.SIGKILL)
+    assert four > three  # 4 do not fit
     daemon = Daemon(tmp_path, host_pool=f"{three >> 20}MiB")
     try:
         with pytest.warns(UserWarning, match="streaming them through 3"):
@@ -791,8 +796,7 @@ def test_auto_takes_as_many_stream_buffers_as_the_pool_holds(tmp_path):
                        activation_buffer_bytes=0, activations="keep")
         assert refused.value.code == StatusCode.RESOURCE_EXHAUSTED
         assert "--host-pool-size" in refused.value.message
-        assert f"at least {host_pool_bytes(layers, 4, 0, 1) >> 20} MiB" in (
-            refused.value.message)
+        assert f"at least {one >> 20} MiB" in refused.value.message
         # The operator sees it too: each refused size, once per attempt
         # (the daemon logs a few per user per minute).
         log = daemon.log()

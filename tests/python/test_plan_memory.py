@@ -18,9 +18,8 @@ from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig,
                           LlamaForCausalLM)
 
 import lohan
-from conftest import built
+from conftest import arena_bytes, built
 from lohan.blocks import find_blocks, plan_layers
-from lohan.engine import host_pool_bytes
 
 MIB = 1 << 20
 # Links and SSDs; the device and host memory are chosen per layout below.
@@ -138,12 +137,12 @@ def test_the_plans_memory_is_what_lohand_allocates(lohand, tmp_path: Path,
     session, job, quota = ran["session"], ran["job"], ran["quota"]
     assert ran["layers"] == out["layer_elements"]
 
-    # Host: the arena the plugin asked for (and the plugin's own formula
-    # agrees), and the daemon's chunk buffers beside it.
+    # Host: the arena the daemon sized for the model (and sizes for the
+    # same description again), and its chunk buffers beside it.
     assert int(session["arena_bytes"]) == plan["arena_bytes"]
-    assert plan["arena_bytes"] == host_pool_bytes(
-        out["layer_elements"], 2, plan["activation_area_bytes"],
-        plan["stream_buffers"])
+    assert plan["arena_bytes"] == arena_bytes(
+        lohand.socket, out["layer_elements"], "bf16",
+        plan["stream_buffers"], plan["activation_area_bytes"])
     assert int(session["update_buffer_bytes"]) == plan["update_buffer_bytes"]
     assert plan["host_fixed_bytes"] == (plan["arena_bytes"]
                                         + plan["update_buffer_bytes"])

@@ -89,6 +89,19 @@ LOHAN_CLIENT_API int lohan_client_has_capability(const lohan_client* client,
 LOHAN_CLIENT_API int lohan_job_create(lohan_client* client, const char* name,
                                       uint64_t host_pool_bytes,
                                       uint64_t ssd_bytes, lohan_job_info** out);
+/* Creates a job from a CreateJobRequest in protobuf JSON (the proto's
+ * names, snake_case or lowerCamelCase; parse errors are
+ * LOHAN_INVALID_ARGUMENT with the parser's words). With spec.model (a
+ * ModelSpec) and no host_pool_bytes, the daemon sizes the arena for the
+ * model (ModelSpec.arena_fit: ARENA_FIT_MOST takes one buffer per layer if
+ * the pool holds it, else the most shared buffers up to grad_slots that
+ * fit; LOHAN_RESOURCE_EXHAUSTED saying how large the pool must be if none
+ * do). `*response_json_out`: the CreateJobResponse (the job and
+ * `arena`, the sizing) in protobuf JSON with the proto's names; free it
+ * with lohan_string_free. */
+LOHAN_CLIENT_API int lohan_job_create_json(lohan_client* client,
+                                           const char* request_json,
+                                           char** response_json_out);
 /* Binds the job to this process until lohan_job_detach or process exit.
  * LOHAN_NOT_FOUND for a missing or another user's job (the daemon answers
  * both alike); LOHAN_FAILED_PRECONDITION
@@ -212,7 +225,8 @@ typedef struct lohan_model_spec {
   uint64_t initial_iteration;
   /* Added after initial_iteration (a spec whose struct_size ends before
    * num_no_weight_decay means none). Elements updated without weight decay
-   * (biases and norm weights, as torch's param group with weight_decay 0):
+   * (biases and norm weights, as torch's param group with weight_decay 0;
+   * sent as the first of ModelSpec.param_groups, named "no_weight_decay"):
    * num_no_weight_decay triples (layer, begin, end), the elements
    * [begin, end) of that layer, which get weight_decay 0 (neither AdamW's
    * decay nor Adam's L2 term; lr, betas, eps, clipping as the rest). Any
@@ -280,7 +294,22 @@ LOHAN_CLIENT_API int lohan_model_register(lohan_client* client,
                                           const char* job_id,
                                           const lohan_model_spec* spec,
                                           lohan_model** out);
+/* As lohan_model_register, with the model described by a ModelSpec in
+ * protobuf JSON (proto/lohan.proto; what lohan_model_spec translates to),
+ * e.g. with ModelSpec.arena_fit ARENA_FIT_MOST: the daemon takes as many
+ * shared buffers as the job's arena holds (lohan_model_grad_slots says
+ * how many). Parse errors are LOHAN_INVALID_ARGUMENT with the parser's
+ * words. */
+LOHAN_CLIENT_API int lohan_model_register_json(lohan_client* client,
+                                               lohan_data_plane* plane,
+                                               const char* job_id,
+                                               const char* spec_json,
+                                               lohan_model** out);
 LOHAN_CLIENT_API void lohan_model_destroy(lohan_model* model);
+/* Gradient (weight) buffers in the arena: the number of layers when there
+ * is one per layer, K when K are shared (layer i uses buffer i % K). */
+LOHAN_CLIENT_API uint32_t lohan_model_grad_slots(const lohan_model* model);
+LOHAN_CLIENT_API uint32_t lohan_model_weight_slots(const lohan_model* model);
 /* Committed iterations (Adam steps) when the model was registered. */
 LOHAN_CLIENT_API uint64_t lohan_model_iteration(const lohan_model* model);
 /* 1 if the layer has stored states already (a re-attached job). */

@@ -6,9 +6,10 @@ import ctypes
 import enum
 import json
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from lohan import _native
+from lohan.model_spec import ModelSpec
 
 
 class StatusCode(enum.IntEnum):
@@ -52,6 +53,15 @@ def _check(status: int) -> None:
 
 
 @dataclass(frozen=True)
+class ArenaSizing:
+    """How the daemon sized a job's arena for its model (ArenaSizing in
+    proto/lohan.proto)."""
+    arena_bytes: int
+    stream_buffers: int  # shared buffers of each kind; 0: one per layer
+    resident_arena_bytes: int  # what one buffer per layer takes
+
+
+@dataclass(frozen=True)
 class Job:
     id: str
     name: str
@@ -70,10 +80,6 @@ class Job:
             attached_pid=lib.lohan_job_info_attached_pid(handle),
         )
 
-
-_DTYPES = {"fp32": (1, 4), "bf16": (2, 2), "fp16": (3, 2)}
-# lohan_model_spec.clip_schedule values.
-_CLIP_SCHEDULES = {"deferred": 0, "redo-all": 1}
 
 # Adam moments by torch's optimizer state names (LOHAN_STATE_* in
 # lohan_client.h).
@@ -96,6 +102,9 @@ class Model:
         self.layer_elements = list(layer_elements)
         self.dtype = dtype
         self.iteration = lib.lohan_model_iteration(handle)
+        # Gradient / weight buffers: the layers, or K shared ones.
+        self.grad_slots = lib.lohan_model_grad_slots(handle)
+        self.weight_slots = lib.lohan_model_weight_slots(handle)
         staging_bytes = lib.lohan_model_staging_bytes(handle)
         self.staging = _view(lib.lohan_model_staging(handle), staging_bytes)
         area = ctypes.c_uint64()
@@ -325,114 +334,23 @@ class DataPlane:
         size = lib.lohan_data_plane_arena_size(handle)
         self.arena = _view(lib.lohan_data_plane_arena(handle), size)
 
-    def register_model(self, job_id: str, layer_elements: List[int],
-                       dtype: str = "fp32", lr: float = 1e-3,
-                       betas: tuple = (0.9, 0.999), eps: float = 1e-8,
-                       weight_decay: float = 0.0, adamw: bool = True,
-                       amsgrad: bool = False, bf16_moments: bool = False,
-                       max_grad_norm: float = 0.0,
-                       skip_nonfinite: bool = True,
-                       chunk_elements: int = 0,
-                       activation_bytes: int = 0,
-                       grad_slots: int = 0,
-                       weight_slots: int = 0,
-                       initial_iteration: int = 0,
-                       no_weight_decay: Iterable[Tuple[int, int, int]] = (),
-                       param_groups: Iterable[
-                           Tuple[float, float,
-                                 Iterable[Tuple[int, int, int]]]] = (),
-                       overlap_updates: bool = False,
-                       clip_schedule: str = "deferred",
-                       in_order_service: bool = False) -> Model:
+    def register_model(self, job_id: str,
+                       spec: Union[ModelSpec, Sequence[int]],
+                       **fields: Any) -> Model:
         """Registers the model of `job_id` (this process attached it and
-        opened this data plane); see lohan_client.h.
-
-        `grad_slots` / `weight_slots` = K in 1..layers-1 stream gradients /
-        16-bit weights through the daemon's SSDs with K shared arena buffers
-        (layer i's is buffer i % K); 0 keeps one buffer per layer.
-
-        `initial_iteration`: for a job without states yet, the iteration it
-        starts at (its first update is Adam step initial_iteration + 1), to
-        restore a checkpoint with init_weights and init_state; a job with
-        states refuses another nonzero value (FAILED_PRECONDITION).
-
-        `no_weight_decay`: (layer, begin, end) tuples, in any order; the
-        elements [begin, end) of that layer's flat vector are updated with
-        weight_decay 0 (biases and norm weights, as torch's param group
-        with weight_decay=0); a layer's ranges must not overlap
-        (INVALID_ARGUMENT naming the range otherwise).
-
-        `param_groups`: (lr_scale, weight_decay, ranges) per group, ranges
-        as no_weight_decay's: those elements are updated with lr x
-        lr_scale and that weight decay (torch's param groups); no element
-        in two groups, nor in a group and in no_weight_decay.
-
-        `overlap_updates`: this client fetches every layer (fetch_params,
-        also with resident weight buffers, where it only waits) before it
-        uses the layer's new weights; iter_end then returns once the norm
-        has decided the iteration, and its last updates run in forward
-        order during the next forward.
-
-        `clip_schedule`: "deferred" (one pass over the states when the
-        iteration clips) or "redo-all" (eager updates redone when it clips,
-        for comparison); the same results either way.
-
-        `in_order_service`: every request served in arrival order on one
-        daemon thread, instead of fetch_params and act_get beside the SSD
-        writes of streamed gradients and act_put (for comparison); the same
-        results either way."""
-        if dtype not in _DTYPES:
-            raise ValueError(f"dtype {dtype!r} is not supported; use one of "
-                             f"{sorted(_DTYPES)}")
-        if clip_schedule not in _CLIP_SCHEDULES:
-            raise ValueError(f"clip_schedule {clip_schedule!r} is not one of "
-                             f"{sorted(_CLIP_SCHEDULES)}")
-        if initial_iteration < 0:
-            raise ValueError(f"initial_iteration must be >= 0, got "
-                             f"{initial_iteration}")
-        elements = (ctypes.c_uint64 * len(layer_elements))(*layer_elements)
-
-        def flat_ranges(ranges: Iterable[Tuple[int, int, int]],
-                        what: str) -> Tuple[Any, int]:
-            triples: List[int] = []
-            for entry in ranges:
-                layer, begin, end = entry
-                for value in (layer, begin, end):
-                    if int(value) < 0:
-                        raise ValueError(f"{what} range {tuple(entry)} has a "
-                                         "negative value")
-                triples += [int(layer), int(begin), int(end)]
-            return (ctypes.c_uint64 * len(triples))(*triples), len(triples) // 3
-
-        exempt, num_exempt = flat_ranges(no_weight_decay, "no_weight_decay")
-        # Kept alive until the call returns (the structs point into them).
-        group_ranges = [flat_ranges(ranges, f"param_groups[{n}]")
-                        for n, (_, _, ranges) in enumerate(param_groups)]
-        groups = (_native.ParamGroup * len(group_ranges))(*[
-            _native.ParamGroup(lr_scale=float(scale), weight_decay=float(wd),
-                               ranges=array, num_ranges=count)
-            for (scale, wd, _), (array, count) in zip(param_groups,
-                                                      group_ranges)])
-        spec = _native.ModelSpec(
-            struct_size=ctypes.sizeof(_native.ModelSpec),
-            dtype=_DTYPES[dtype][0], layer_elements=elements,
-            num_layers=len(layer_elements), lr=lr, beta1=betas[0],
-            beta2=betas[1], eps=eps, weight_decay=weight_decay,
-            adamw=int(adamw), amsgrad=int(amsgrad),
-            bf16_moments=int(bf16_moments), max_grad_norm=max_grad_norm,
-            skip_nonfinite=int(skip_nonfinite), chunk_elements=chunk_elements,
-            activation_bytes=activation_bytes, grad_slots=grad_slots,
-            weight_slots=weight_slots, initial_iteration=initial_iteration,
-            no_weight_decay=exempt, num_no_weight_decay=num_exempt,
-            param_groups=groups, num_param_groups=len(group_ranges),
-            overlap_updates=int(overlap_updates),
-            clip_schedule=_CLIP_SCHEDULES[clip_schedule],
-            in_order_service=int(bool(in_order_service)))
+        opened this data plane): `spec`, or a ModelSpec of `spec` as its
+        layer_elements and `fields` (see lohan.model_spec.ModelSpec)."""
+        if not isinstance(spec, ModelSpec):
+            spec = ModelSpec(layer_elements=list(spec), **fields)
+        elif fields:
+            raise TypeError("register_model takes a ModelSpec or its fields, "
+                            "not both")
         handle = ctypes.c_void_p()
-        _check(self._lib.lohan_model_register(
+        _check(self._lib.lohan_model_register_json(
             self._client._handle, self._handle, job_id.encode(),
-            ctypes.byref(spec), ctypes.byref(handle)))
-        model = Model(self._lib, handle, layer_elements, dtype)
+            spec.to_json().encode(), ctypes.byref(handle)))
+        model = Model(self._lib, handle, list(spec.layer_elements),
+                      spec.dtype)
         self._models.append(model)
         return model
 
@@ -531,6 +449,30 @@ class Client:
                    ssd_bytes: int = 0) -> Job:
         return self._job_call(self._lib.lohan_job_create, name.encode(),
                               host_pool_bytes, ssd_bytes)
+
+    def create_job_for_model(self, name: str, model: ModelSpec,
+                             ssd_bytes: int = 0) -> Tuple[Job, ArenaSizing]:
+        """A job whose arena the daemon sizes for `model` (with
+        `model.fit_arena`, the most it can hold the model with), and how it
+        sized it."""
+        request = {"spec": {"name": name, "ssd_bytes": ssd_bytes,
+                            "model": model.to_proto()}}
+        text = ctypes.c_void_p()
+        _check(self._lib.lohan_job_create_json(
+            self._handle, json.dumps(request).encode(), ctypes.byref(text)))
+        try:
+            response = json.loads(ctypes.string_at(text).decode())
+        finally:
+            self._lib.lohan_string_free(text)
+        job, arena = response["job"], response["arena"]
+        return (Job(id=job["id"], name=job["spec"]["name"],
+                    owner_uid=int(job["owner_uid"]),
+                    attached=job["state"] == "JOB_STATE_ATTACHED",
+                    attached_pid=int(job["attached_pid"])),
+                ArenaSizing(arena_bytes=int(arena["arena_bytes"]),
+                            stream_buffers=int(arena["stream_buffers"]),
+                            resident_arena_bytes=int(
+                                arena["resident_arena_bytes"])))
 
     def attach_job(self, job_id: str) -> Job:
         return self._job_call(self._lib.lohan_job_attach, job_id.encode())

@@ -38,8 +38,7 @@ from lohan.groups import (ParamGroup, check_optimizer_groups, exempt_ranges,
                           param_groups)
 from lohan.hooks import GradientRouter, has_lohan_hook
 from lohan.iteration import Iteration, LossScale
-from lohan.job import (ARENA_RETURN_SECONDS, SLOT_ALIGNMENT, JobSession,
-                       host_pool_bytes, round_up)
+from lohan.job import ARENA_RETURN_SECONDS, JobSession, model_spec
 from lohan.options import MIB, ActivationsArg, EngineOptions
 from lohan.params import Both, FrozenWeights, ParameterResidency
 from lohan.placement import Placement, normalized, place
@@ -48,14 +47,11 @@ from lohan.weights import Weights, open_checkpoint
 if TYPE_CHECKING:
     from lohan.optimizer import LohanOptimizer
 
-__all__ = ["Engine", "EngineOptions", "StepResult", "host_pool_bytes",
-           "init"]
+__all__ = ["Engine", "EngineOptions", "StepResult", "init"]
 
 # Importable from lohan.engine too.
 _MIB = MIB
 _ARENA_RETURN_SECONDS = ARENA_RETURN_SECONDS
-_SLOT_ALIGNMENT = SLOT_ALIGNMENT
-_round_up = round_up
 _normalized = normalized
 _ParamGroup = ParamGroup
 
@@ -185,16 +181,14 @@ class Engine:
         # resume=True continues this user's job of that name on the daemon;
         # resume=<directory> starts a new job from a checkpoint (weights,
         # and the Adam moments and step when it has them).
-        session.open(opts.resume is True, opts.buffers, opts.stream_buffers,
-                     [layer.numel for layer in self.layers],
-                     torch.empty((), dtype=self.dtype).element_size(),
-                     where.area_bytes)
         checkpoint = self._checkpoint
-        remote = session.register(
+        spec = model_spec(
             opts, self.layers, self.dtype, where.area_bytes, exempt,
             self._groups, initial_iteration=(
                 checkpoint.iteration
                 if checkpoint is not None and checkpoint.moments else 0))
+        session.open(opts.resume is True, spec)
+        remote = session.register(spec, self.layers, self.dtype)
         session.setup_cuda(self.device)
         self._weights.load_or_init(int(remote.iteration))
         if opts.dtype is not None:

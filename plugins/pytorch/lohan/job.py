@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence
 
 import torch
 
@@ -14,39 +14,48 @@ from lohan.blocks import Layer, WIRE_NAMES
 from lohan.client import (Client, DataPlane, Job, LohanError, Model,
                           StatusCode)
 from lohan.groups import ParamGroup, Range
+from lohan.model_spec import ModelSpec
 from lohan.options import MIB, EngineOptions
 
 # How long close() and a reopen wait for the daemon to take back an arena
 # (it does so as soon as it sees the data-plane connection close).
 ARENA_RETURN_SECONDS = 30.0
-SLOT_ALIGNMENT = 4096  # the daemon's slot allocator rounds every slot up
-
-# The number of shared buffers per kind for an arena of a given size (0:
-# one per layer).
-SlotsForArena = Callable[[int], int]
 
 
-def round_up(value: int, unit: int) -> int:
-    return (value + unit - 1) // unit * unit
-
-
-def host_pool_bytes(layer_elements: List[int], element_bytes: int,
-                    activation_bytes: int = 0, stream_buffers: int = 0) -> int:
-    """Arena size for a model: per layer a gradient and a weight slot (or,
-    streamed, `stream_buffers` of each as large as the largest layer), the
-    fp32 staging slot of the largest layer, the activation area, and 1 MiB
-    for the rings, the error texts and the layout table; rounded up to
-    whole MiB."""
-    if 0 < stream_buffers < len(layer_elements):
-        slots = 2 * stream_buffers * round_up(
-            max(layer_elements) * element_bytes, SLOT_ALIGNMENT)
-    else:
-        slots = sum(2 * round_up(n * element_bytes, SLOT_ALIGNMENT)
-                    for n in layer_elements)
-    staging = round_up(max(layer_elements) * 4, SLOT_ALIGNMENT)
-    activations = round_up(activation_bytes, SLOT_ALIGNMENT)
-    return round_up(slots + staging + activations + MIB, MIB)
-
+def model_spec(options: EngineOptions, layers: List[Layer],
+               dtype: torch.dtype, area_bytes: int, exempt: List[Range],
+               groups: Sequence[ParamGroup],
+               initial_iteration: int) -> ModelSpec:
+    """The engine's model as the daemon takes it, its buffers as
+    `options.buffers` says: "resident" one gradient and one weight buffer
+    per layer; "streamed" `options.stream_buffers` shared ones (fewer than
+    the layers) through the daemon's SSDs; "auto" resident if the arena
+    holds it, else the most shared ones up to stream_buffers that it
+    holds (the daemon sizes a new job's arena so)."""
+    count = len(layers)
+    streamed = min(options.stream_buffers, count - 1) if count > 1 else 0
+    slots = 0 if options.buffers == "resident" else streamed
+    return ModelSpec(
+        layer_elements=[layer.numel for layer in layers],
+        dtype=WIRE_NAMES[dtype], lr=options.lr, betas=options.betas,
+        eps=options.eps, weight_decay=options.weight_decay,
+        adamw=options.adamw, amsgrad=options.amsgrad,
+        bf16_moments=bool(options.bf16_moments),
+        no_weight_decay=exempt,
+        param_groups=[(g.lr_scale, g.weight_decay, g.ranges) for g in groups],
+        max_grad_norm=options.max_grad_norm,
+        clip_schedule=options.clip_schedule,
+        skip_nonfinite=options.skip_nonfinite,
+        chunk_elements=options.chunk_elements,
+        activation_bytes=area_bytes, grad_slots=slots, weight_slots=slots,
+        fit_arena=options.buffers == "auto" and slots > 0,
+        # Every layer is fetched before its weights are used (see
+        # weights.Weights.copy_fetched_into_params and
+        # ParameterResidency), so step() returns before the last updates
+        # are done and they run during the next forward.
+        overlap_updates=True,
+        in_order_service=options.service == "in-order",
+        initial_iteration=initial_iteration)
 
 
 def measure_sync_copy(host: torch.Tensor, device: torch.device) -> float:
@@ -104,47 +113,19 @@ class JobSession:
         16-bit weights."""
         return "streamed" if self.slots else "resident"
 
-    def open(self, resume: bool, buffers: str, stream_buffers: int,
-             elements: List[int], element_bytes: int,
-             area_bytes: int) -> None:
-        """Opens (resume=True: finds) the job, attaches it and maps its
-        arena; see open_job_with_buffers for `buffers`."""
-        self.job, slots_for_arena = self._open_job_with_buffers(
-            resume, buffers, stream_buffers, elements, element_bytes,
-            area_bytes)
+    def open(self, resume: bool, spec: ModelSpec) -> None:
+        """Finds (resume=True) or creates the job, its arena sized by the
+        daemon for `spec`, attaches it and maps the arena."""
+        self.job = self._find_job() if resume else self._create_job(spec)
         self.client.attach_job(self.job.id)
         self.plane = self._open_data_plane()
-        self.slots = slots_for_arena(self.plane.size)
 
-    def register(self, options: EngineOptions, layers: List[Layer],
-                 dtype: torch.dtype, area_bytes: int, exempt: List[Range],
-                 groups: Sequence[ParamGroup],
-                 initial_iteration: int) -> Model:
-        """Registers the model's layers with the job's optimizer settings
-        and maps its buffers."""
-        self.remote = self.plane.register_model(
-            self.job.id, layer_elements=[layer.numel for layer in layers],
-            dtype=WIRE_NAMES[dtype], lr=options.lr, betas=options.betas,
-            eps=options.eps, weight_decay=options.weight_decay,
-            adamw=options.adamw, amsgrad=options.amsgrad,
-            bf16_moments=bool(options.bf16_moments),
-            no_weight_decay=exempt,
-            param_groups=[(g.lr_scale, g.weight_decay, g.ranges)
-                          for g in groups],
-            max_grad_norm=options.max_grad_norm,
-            clip_schedule=options.clip_schedule,
-            skip_nonfinite=options.skip_nonfinite,
-            chunk_elements=options.chunk_elements,
-            activation_bytes=area_bytes, grad_slots=self.slots,
-            weight_slots=self.slots,
-            # Every layer is fetched before its weights are used (see
-            # weights.Weights.copy_fetched_into_params and
-            # ParameterResidency), so step() returns before the last
-            # updates are done and they run during the next forward.
-            overlap_updates=True,
-            in_order_service=options.service == "in-order",
-            initial_iteration=initial_iteration)
-        remote = self.remote
+    def register(self, spec: ModelSpec, layers: List[Layer],
+                 dtype: torch.dtype) -> Model:
+        """Registers the model and maps its buffers."""
+        self.remote = remote = self.plane.register_model(self.job.id, spec)
+        streamed = remote.grad_slots < len(layers)
+        self.slots = remote.grad_slots if streamed else 0
         self.grad_views = [
             torch.frombuffer(remote.grad_buffer(l.index), dtype=dtype)[
                 :l.numel] for l in layers]
@@ -201,94 +182,23 @@ class JobSession:
             self.client.close()
             self.client = None
 
-    def _open_job_with_buffers(
-            self, resume: bool, buffers: str, stream_buffers: int,
-            elements: List[int], element_bytes: int,
-            area_bytes: int) -> Tuple[Job, SlotsForArena]:
-        """The job, and a function of the arena's size giving the number
-        of shared buffers per kind (0: one per layer). "auto" asks for one
-        gradient and one weight buffer per layer and, if the daemon's host
-        pool cannot hold that, streams the gradients and 16-bit weights
-        through `stream_buffers` shared ones (the daemon spills them to its
-        SSDs). A resumed job keeps the arena it was created with: resident
-        if that holds the model, else streamed."""
-        layers = len(elements)
-        streamed = min(stream_buffers, layers - 1) if layers > 1 else 0
-        resident_bytes = host_pool_bytes(elements, element_bytes, area_bytes)
-        streamed_bytes = host_pool_bytes(elements, element_bytes, area_bytes,
-                                         streamed)
-        if resume:
-            def by_arena(arena: int) -> int:
-                if buffers == "resident" or (buffers == "auto"
-                                             and arena >= resident_bytes):
-                    return 0
-                return streamed
-            return self._open_job(True, 0), by_arena
-        if buffers == "streamed" and streamed:
-            return (self._open_job(False, streamed_bytes),
-                    lambda arena: streamed)
-        if buffers == "resident" or not streamed:
-            return (self._open_job(False, resident_bytes),
-                    lambda arena: 0)
-        try:
-            return (self._open_job(False, resident_bytes),
-                    lambda arena: 0)
-        except LohanError as error:
-            if error.code != StatusCode.RESOURCE_EXHAUSTED:
-                raise
-            refusal = error
-        return self._open_streamed(refusal, streamed, elements,
-                                   element_bytes, area_bytes)
-
-    def _open_streamed(self, refusal: LohanError, streamed: int,
-                       elements: List[int], element_bytes: int,
-                       area_bytes: int) -> Tuple[Job, SlotsForArena]:
-        """After the pool refused a buffer per layer (`refusal`): the job
-        with the most shared buffers (up to `streamed`) the pool holds."""
-        resident_bytes = host_pool_bytes(elements, element_bytes, area_bytes)
-        for count in range(streamed, 0, -1):
-            need = host_pool_bytes(elements, element_bytes, area_bytes, count)
-            try:
-                job = self._open_job(False, need)
-            except LohanError as error:
-                if error.code != StatusCode.RESOURCE_EXHAUSTED:
-                    raise
-                refusal = error
-                continue
-            warnings.warn(
-                f"lohan: the daemon's host pool cannot hold one gradient and "
-                f"one weight buffer per layer ({resident_bytes >> 20} MiB); "
-                f"streaming them through {count} shared buffers of each "
-                f"({need >> 20} MiB) and its SSDs instead",
-                stacklevel=7)
-            return job, (lambda arena, count=count: count)
-        smallest = host_pool_bytes(elements, element_bytes, area_bytes, 1)
-        raise LohanError(
-            StatusCode.RESOURCE_EXHAUSTED,
-            f"{refusal.message}. This model needs {resident_bytes >> 20} MiB "
-            f"of the daemon's host pool with a buffer per layer, and at least "
-            f"{smallest >> 20} MiB streaming through one shared buffer of "
-            f"each: start lohand with a larger pool (--host-pool-size, "
-            f"[pool] host_pool_size)" +
-            (f", or lower activation_buffer_bytes (the activation area is "
-             f"{area_bytes >> 20} MiB of it)" if area_bytes else "")) from None
-
-    def _open_job(self, resume: bool, pool_bytes: int) -> Job:
+    def _find_job(self) -> Job:
+        """This user's job of this name: it keeps the arena it was created
+        with (the daemon lays the model out in it)."""
         client = self.client
         mine = [job for job in client.jobs() if job.name == self.job_name
                 and job.owner_uid == client.caller_uid]
-        if resume:
-            if not mine:
-                raise LohanError(
-                    StatusCode.NOT_FOUND,
-                    f"resume=True but you have no job named "
-                    f"{self.job_name!r} on this daemon; start it without "
-                    "resume=True first (lohanctl jobs lists your jobs)")
-            return mine[0]
+        if not mine:
+            raise LohanError(
+                StatusCode.NOT_FOUND,
+                f"resume=True but you have no job named {self.job_name!r} "
+                "on this daemon; start it without resume=True first "
+                "(lohanctl jobs lists your jobs)")
+        return mine[0]
+
+    def _create_job(self, spec: ModelSpec) -> Job:
         try:
-            job = client.create_job(self.job_name, host_pool_bytes=pool_bytes)
-            self.delete_on_failure = True
-            return job
+            job, sizing = self.client.create_job_for_model(self.job_name, spec)
         except LohanError as error:
             if error.code == StatusCode.ALREADY_EXISTS:
                 raise LohanError(
@@ -296,7 +206,23 @@ class JobSession:
                     f"{error.message} (a job named {self.job_name!r} exists: "
                     "pass resume=True to continue it, or another job_name)"
                 ) from None
+            if error.code == StatusCode.RESOURCE_EXHAUSTED and (
+                    spec.activation_bytes):
+                raise LohanError(
+                    error.code,
+                    f"{error.message} (lower activation_buffer_bytes to "
+                    "shrink the activation area)") from None
             raise
+        self.delete_on_failure = True
+        if spec.fit_arena and sizing.stream_buffers:
+            warnings.warn(
+                "lohan: the daemon's host pool cannot hold one gradient and "
+                "one weight buffer per layer "
+                f"({sizing.resident_arena_bytes >> 20} MiB); streaming them "
+                f"through {sizing.stream_buffers} shared buffers of each "
+                f"({sizing.arena_bytes >> 20} MiB) and its SSDs instead",
+                stacklevel=6)
+        return job
 
     def _open_data_plane(self) -> DataPlane:
         # The daemon frees a job's arena when it sees the previous data

@@ -13,9 +13,12 @@ from torch import nn
 
 from lohan.activations import block_modes, uses_store
 from lohan.blocks import Layer, find_blocks, plan_layers, resolve_dtype
-from lohan.job import SLOT_ALIGNMENT, round_up
 from lohan.options import EngineOptions
 from lohan.params import resolve_mode as resolve_params_mode
+
+# The activation area's unit: its two halves (activations.py) start on
+# page boundaries, as the daemon's direct I/O of the area needs.
+PAGE_BYTES = 4096
 
 # A block's activation mode: a name, or per-tensor decisions.
 BlockMode = Union[str, List[str]]
@@ -66,10 +69,10 @@ def place(model: nn.Module, options: EngineOptions) -> Placement:
     # other is filled or emptied.
     buffer_bytes = options.activation_buffer_bytes
     if spill and (not isinstance(buffer_bytes, int)
-                  or buffer_bytes < 2 * SLOT_ALIGNMENT):
+                  or buffer_bytes < 2 * PAGE_BYTES):
         raise ValueError("activation_buffer_bytes must be an int >= "
-                         f"{2 * SLOT_ALIGNMENT}, got {buffer_bytes!r}")
-    area_bytes = round_up(buffer_bytes, SLOT_ALIGNMENT) if spill else 0
+                         f"{2 * PAGE_BYTES}, got {buffer_bytes!r}")
+    area_bytes = -(-buffer_bytes // PAGE_BYTES) * PAGE_BYTES if spill else 0
     params_mode = resolve_params_mode(options.params, device)
     frozen_bytes = options.frozen_host_bytes
     if frozen_bytes is not None and (

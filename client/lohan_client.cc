@@ -709,7 +709,8 @@ absl::Status SpecFromC(const lohan_model_spec* spec,
   model_spec->set_overlap_updates(has_overlap && spec->overlap_updates != 0);
   // The daemon refuses values it does not know, naming them.
   model_spec->set_clip_schedule(static_cast<lohan::v1::ClipSchedule>(
-      has_clip_schedule ? spec->clip_schedule : LOHAN_CLIP_DEFERRED));
+      has_clip_schedule ? spec->clip_schedule
+                        : static_cast<uint32_t>(LOHAN_CLIP_DEFERRED)));
   model_spec->set_in_order_service(has_in_order && spec->in_order_service != 0);
   // The exempt elements are a group of their own, named as the caller
   // knows them, as are the others.

@@ -32,9 +32,11 @@ inline constexpr uint32_t kRingEntryVersion = 1;
 inline constexpr uint32_t kRingEntryBytes = 64;
 
 // Submission operations. Fields used by each (all others must be zero):
-//   kRegisterLayout  dtype, layer = number of layers, slot_offset/length =
-//                    a kControl slot holding `layer` little-endian uint64
-//                    per-layer byte sizes. Once, before the first iteration.
+//   kReservedRegisterLayout
+//                    not a client op: refused (INVALID_ARGUMENT) whatever
+//                    its fields. The daemon takes the job's layout (dtype,
+//                    per-layer bytes) from RegisterModel's ModelSpec; the
+//                    value 1 stays reserved so no other op takes it.
 //   kGradReady       layer, slot_offset/length (a kGradient slot holding the
 //                    layer's gradient, length == the layer's bytes), dtype.
 //                    Streamed layout (fewer gradient slots than layers, see
@@ -91,7 +93,7 @@ inline constexpr uint32_t kRingEntryBytes = 64;
 // CheckStagingEntry for their fields, not by EntryValidator::Accept.)
 enum class RingOp : uint16_t {
   kInvalid = 0,
-  kRegisterLayout = 1,
+  kReservedRegisterLayout = 1,
   kGradReady = 2,
   kFetchParams = 3,
   kActPut = 4,
@@ -133,7 +135,7 @@ enum class RingDtype : uint16_t {
 struct SubmissionEntry {
   uint16_t op;           // RingOp
   uint16_t dtype;        // RingDtype
-  uint32_t layer;        // layer index, or layer count for kRegisterLayout
+  uint32_t layer;        // layer index
   uint64_t request_id;   // echoed in the completion; chosen by the client
   uint64_t slot_offset;  // byte offset into the job's arena
   uint64_t length;       // bytes

@@ -3,8 +3,9 @@
 //
 // daemon: HostPool arena -> SlotAllocator -> two kControl slots formatted as
 //         rings -> SendWithFds(arena fd, EncodeArenaGrant(...)) -> drains the
-//         submission ring through EntryValidator, answers on the completion
-//         ring.
+//         submission ring through EntryValidator (given the job's layout,
+//         as the job session gives it the registered model's), answers on
+//         the completion ring.
 // client: ReceiveWithFds -> DecodeArenaGrant -> mmap -> RingProducer on the
 //         submission ring, RingConsumer on the completion ring.
 
@@ -34,7 +35,7 @@ constexpr uint64_t kArenaBytes = 1 << 20;
 
 // Slot offsets the client learns out of band (in lohan, from gRPC replies).
 struct ClientPlan {
-  uint64_t table_offset;
+  uint64_t table_offset;  // a control slot
   uint64_t grad_offset;
 };
 
@@ -59,8 +60,9 @@ int Client(int socket_fd, ClientPlan plan) {
   std::memcpy(base + plan.table_offset, table, sizeof(table));
   std::memset(base + plan.grad_offset, 0x3c, 8192);
 
+  // A layout table on the ring is refused: the daemon has the layout.
   SubmissionEntry entries[5] = {};
-  entries[0].op = uint16_t(RingOp::kRegisterLayout);
+  entries[0].op = uint16_t(RingOp::kReservedRegisterLayout);
   entries[0].dtype = uint16_t(RingDtype::kBf16);
   entries[0].layer = 2;
   entries[0].slot_offset = plan.table_offset;
@@ -78,7 +80,7 @@ int Client(int socket_fd, ClientPlan plan) {
     auto pushed = submissions->TryPush(&entries[i]);
     if (!pushed.ok() || !*pushed) return 14;
   }
-  const uint32_t want[5] = {0, 0, 0,
+  const uint32_t want[5] = {uint32_t(absl::StatusCode::kInvalidArgument), 0, 0,
                             uint32_t(absl::StatusCode::kFailedPrecondition), 0};
   for (int i = 0; i < 5; ++i) {
     CompletionEntry done{};
@@ -148,8 +150,8 @@ TEST(DataPlaneTest, ArenaAndRingsHandedToAClientProcess) {
   ASSERT_TRUE(SendWithFds(daemon_end.get(), payload, arena_fd).ok());
 
   // Drain five submissions, validating each, answering each.
-  EntryValidator validator(
-      &slots, absl::Span<const uint8_t>(memory.base(), memory.size()), {});
+  EntryValidator validator(&slots, JobLayout{.dtype = RingDtype::kBf16,
+                                             .layer_bytes = {4096, 8192}});
   for (int handled = 0; handled < 5;) {
     SubmissionEntry entry;
     auto popped = submissions->TryPop(&entry);

@@ -23,8 +23,6 @@ enum Field : uint32_t {
 
 uint32_t FieldsOf(RingOp op) {
   switch (op) {
-    case RingOp::kRegisterLayout:
-      return kDtype | kLayer | kSlot;
     case RingOp::kGradReady:
       return kDtype | kLayer | kSlot;
     case RingOp::kFetchParams:
@@ -39,6 +37,8 @@ uint32_t FieldsOf(RingOp op) {
     case RingOp::kIterEnd:
     case RingOp::kIterAbort:
       return kIteration;
+    // The layout is the daemon's (the constructor's), never a client's.
+    case RingOp::kReservedRegisterLayout:
     // Served by the job session (CheckStagingEntry), never accepted here.
     case RingOp::kInitWeights:
     case RingOp::kReadWeights:
@@ -52,7 +52,7 @@ uint32_t FieldsOf(RingOp op) {
 
 const char* OpName(RingOp op) {
   switch (op) {
-    case RingOp::kRegisterLayout:
+    case RingOp::kReservedRegisterLayout:
       return "REGISTER_LAYOUT";
     case RingOp::kGradReady:
       return "GRAD_READY";
@@ -82,19 +82,6 @@ const char* OpName(RingOp op) {
       break;
   }
   return "INVALID";
-}
-
-uint64_t DtypeBytes(uint16_t dtype) {
-  switch (static_cast<RingDtype>(dtype)) {
-    case RingDtype::kFp16:
-    case RingDtype::kBf16:
-      return 2;
-    case RingDtype::kFp32:
-      return 4;
-    case RingDtype::kNone:
-      break;
-  }
-  return 0;
 }
 
 bool IsStagingOp(RingOp op) {
@@ -127,12 +114,16 @@ absl::Status WithOp(RingOp op, const absl::Status& status) {
 
 }  // namespace
 
-EntryValidator::EntryValidator(const SlotAllocator* slots,
-                               absl::Span<const uint8_t> arena, Options options)
+EntryValidator::EntryValidator(const SlotAllocator* slots, JobLayout layout,
+                               Options options)
     : slots_(slots),
-      arena_(arena),
+      layout_(std::move(layout)),
       options_(Sorted(std::move(options))),
-      iteration_(options_.next_iteration) {}
+      iteration_(options_.next_iteration),
+      grad_seen_(layout_.layer_bytes.size(), false) {}
+
+EntryValidator::EntryValidator(const SlotAllocator* slots, JobLayout layout)
+    : EntryValidator(slots, std::move(layout), Options()) {}
 
 absl::Status EntryValidator::Accept(const SubmissionEntry& entry) {
   for (uint8_t byte : entry.reserved) {
@@ -146,6 +137,12 @@ absl::Status EntryValidator::Accept(const SubmissionEntry& entry) {
     if (IsStagingOp(op)) {
       return absl::InvalidArgumentError(absl::StrCat(
           OpName(op), ": a staging op, served by the job session"));
+    }
+    if (op == RingOp::kReservedRegisterLayout) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          OpName(op), " (op ", entry.op,
+          ") is not a client op: the daemon takes the job's layout from "
+          "its RegisterModel request"));
     }
     return absl::InvalidArgumentError(
         absl::StrCat("entry: unknown op ", entry.op));
@@ -164,13 +161,6 @@ absl::Status EntryValidator::Accept(const SubmissionEntry& entry) {
         ": a field this op does not use is not zero (or a negative scale)"));
   }
 
-  if (op == RingOp::kRegisterLayout) {
-    return WithOp(op, CheckRegisterLayout(entry));
-  }
-  if (!layout_.has_value()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(OpName(op), ": no layout registered yet"));
-  }
   switch (op) {
     case RingOp::kGradReady:
       return WithOp(op, CheckLayer(entry, SlotKind::kGradient));
@@ -189,55 +179,6 @@ absl::Status EntryValidator::Accept(const SubmissionEntry& entry) {
   }
 }
 
-absl::Status EntryValidator::CheckRegisterLayout(const SubmissionEntry& entry) {
-  if (layout_.has_value()) {
-    return absl::FailedPreconditionError("layout already registered");
-  }
-  if (in_iteration_) {
-    return absl::FailedPreconditionError("inside an iteration");
-  }
-  const uint64_t element_bytes = DtypeBytes(entry.dtype);
-  if (element_bytes == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown dtype ", entry.dtype));
-  }
-  if (entry.layer == 0 || entry.layer > options_.max_layers) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        entry.layer, " layers (must be 1..", options_.max_layers, ")"));
-  }
-  const uint64_t table_bytes = uint64_t{entry.layer} * sizeof(uint64_t);
-  if (entry.length != table_bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("layout table of ", entry.length, " bytes for ",
-                     entry.layer, " layers (want ", table_bytes, ")"));
-  }
-  absl::Status range =
-      slots_->CheckRange(entry.slot_offset, entry.length, SlotKind::kControl);
-  if (!range.ok()) return range;
-  if (entry.slot_offset > arena_.size() ||
-      arena_.size() - entry.slot_offset < table_bytes) {
-    return absl::OutOfRangeError("layout table beyond the arena");
-  }
-  // Copy first, then check the copy: the client can rewrite the arena.
-  JobLayout layout;
-  layout.dtype = static_cast<RingDtype>(entry.dtype);
-  layout.layer_bytes.resize(entry.layer);
-  std::memcpy(layout.layer_bytes.data(), arena_.data() + entry.slot_offset,
-              table_bytes);
-  for (uint32_t i = 0; i < entry.layer; ++i) {
-    const uint64_t bytes = layout.layer_bytes[i];
-    if (bytes == 0 || bytes % element_bytes != 0 || bytes > arena_.size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("layer ", i, " has ", bytes,
-                       " bytes (must be a positive multiple of ", element_bytes,
-                       " and at most the arena's ", arena_.size(), ")"));
-    }
-  }
-  layout_ = std::move(layout);
-  grad_seen_.assign(entry.layer, false);
-  return absl::OkStatus();
-}
-
 absl::Status EntryValidator::CheckLayer(const SubmissionEntry& entry,
                                         SlotKind kind) {
   // Weights may be fetched between iterations too (a forward, or an
@@ -245,20 +186,17 @@ absl::Status EntryValidator::CheckLayer(const SubmissionEntry& entry,
   if (kind == SlotKind::kGradient && !in_iteration_) {
     return absl::FailedPreconditionError("outside ITER_BEGIN..ITER_END");
   }
-  if (!layout_) {
-    return absl::FailedPreconditionError("before REGISTER_LAYOUT");
-  }
-  if (entry.layer >= layout_->layer_bytes.size()) {
+  if (entry.layer >= layout_.layer_bytes.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "layer ", entry.layer, " of ", layout_->layer_bytes.size()));
+        "layer ", entry.layer, " of ", layout_.layer_bytes.size()));
   }
   if (kind == SlotKind::kGradient &&
-      static_cast<RingDtype>(entry.dtype) != layout_->dtype) {
+      static_cast<RingDtype>(entry.dtype) != layout_.dtype) {
     return absl::InvalidArgumentError(
         absl::StrCat("dtype ", entry.dtype, ", the layout says ",
-                     static_cast<int>(layout_->dtype)));
+                     static_cast<int>(layout_.dtype)));
   }
-  const uint64_t want = layout_->layer_bytes[entry.layer];
+  const uint64_t want = layout_.layer_bytes[entry.layer];
   if (entry.length != want) {
     return absl::InvalidArgumentError(absl::StrCat(
         "layer ", entry.layer, ": length ", entry.length, ", want ", want));

@@ -2,19 +2,18 @@
 #define LOHAN_DAEMON_IPC_ENTRY_VALIDATOR_H_
 
 #include <cstdint>
-#include <optional>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
-#include "absl/types/span.h"
 #include "daemon/pool/slot_allocator.h"
 #include "wire/ring_entry.h"
 
 namespace lohan {
 
-// What a job registered with kRegisterLayout: its 16/32-bit dtype and the
-// byte size of each layer's gradient (= its 16-bit weights) in that dtype.
+// A registered job's layout, as the daemon took it from the job's ModelSpec:
+// its 16/32-bit dtype and the byte size of each layer's gradient (= its
+// 16-bit weights) in that dtype.
 struct JobLayout {
   RingDtype dtype = RingDtype::kNone;
   std::vector<uint64_t> layer_bytes;
@@ -22,24 +21,27 @@ struct JobLayout {
 
 // Checks untrusted submission entries of one job, in ring order, against
 // - the entry format (known op, fields the op does not use are zero,
-//   reserved bytes zero),
-// - the job's registered layout (layer index, per-layer length, dtype),
+//   reserved bytes zero; kReservedRegisterLayout is refused as any op the
+//   validator does not serve: the layout is the daemon's, given at
+//   construction),
+// - the job's layout (layer index, per-layer length, dtype),
 // - the arena: [slot_offset, slot_offset + length) must lie in one live slot
 //   of the right kind (SlotAllocator::CheckRange; overflow-safe); with a
 //   streamed layout (Options::grad_slots / weight_slots) slot_offset must
 //   be exactly one of the K slots of that kind,
-// - the state machine: kRegisterLayout once, first; kGradReady only
-//   between kIterBegin and kIterEnd (kFetchParams also between iterations:
-//   the committed weights, for the next forward); iterations numbered
-//   consecutively from Options::next_iteration; a layer's gradient at most
-//   once per iteration; activation ids put before get/free, not put twice,
-//   got back with the length they were put with.
-// Accept() never crashes and never reads outside `arena` whatever the entry
-// says. On OK the entry is accepted and the state advanced; on error the
-// state is unchanged and the status says which rule failed
-// (INVALID_ARGUMENT: malformed; FAILED_PRECONDITION: wrong state;
-// NOT_FOUND/ALREADY_EXISTS: activation ids; RESOURCE_EXHAUSTED: too many
-// live activations; codes from SlotAllocator::CheckRange for ranges).
+// - the state machine, from the first entry on (the layout is known from
+//   construction): kGradReady only between kIterBegin and kIterEnd
+//   (kFetchParams also between iterations: the committed weights, for the next
+//   forward); iterations numbered consecutively from Options::next_iteration; a
+//   layer's gradient at most once per iteration; activation ids put before
+//   get/free, not put twice, got back with the length they were put with.
+// Accept() never crashes and never reads the arena, whatever the entry says
+// (ranges are checked against the slots, not dereferenced). On OK the entry is
+// accepted and the state advanced; on error the state is unchanged and the
+// status says which rule failed (INVALID_ARGUMENT: malformed;
+// FAILED_PRECONDITION: wrong state; NOT_FOUND/ALREADY_EXISTS: activation ids;
+// RESOURCE_EXHAUSTED: too many live activations; codes from
+// SlotAllocator::CheckRange for ranges).
 //
 // Not thread-safe: one validator per submission ring, used by the thread that
 // drains that ring. The SlotAllocator may change concurrently (it is
@@ -47,7 +49,6 @@ struct JobLayout {
 class EntryValidator {
  public:
   struct Options {
-    uint32_t max_layers = 1u << 16;
     uint64_t max_live_activations = 1u << 16;
     // The number the next kIterBegin must carry (a re-attached job resumes
     // where it stopped).
@@ -61,11 +62,14 @@ class EntryValidator {
     std::vector<uint64_t> weight_slots;
   };
 
-  // `slots`: the job arena's allocator; `arena`: the daemon's mapping of that
-  // arena (the layout table is copied out of it).
-  // REQUIRES: both outlive the validator; arena.size() == slots->arena_bytes().
-  EntryValidator(const SlotAllocator* slots, absl::Span<const uint8_t> arena,
-                 Options options);
+  // `slots`: the job arena's allocator; `layout`: the job's, trusted (the
+  // daemon's own, from a checked ModelSpec: every layer's bytes a positive
+  // multiple of the dtype's). Entries naming a layer are checked against it
+  // from the first one on.
+  // REQUIRES: `slots` outlives the validator.
+  EntryValidator(const SlotAllocator* slots, JobLayout layout, Options options);
+  // With the default Options.
+  EntryValidator(const SlotAllocator* slots, JobLayout layout);
   EntryValidator(const EntryValidator&) = delete;
   EntryValidator& operator=(const EntryValidator&) = delete;
 
@@ -77,26 +81,21 @@ class EntryValidator {
   // effect for an id not held.
   void ForgetActivation(uint64_t id);
 
-  // nullptr until a kRegisterLayout was accepted.
-  const JobLayout* layout() const {
-    return layout_.has_value() ? &*layout_ : nullptr;
-  }
+  const JobLayout& layout() const { return layout_; }
   bool in_iteration() const { return in_iteration_; }
   // The iteration in progress, or the one the next kIterBegin must carry.
   uint64_t iteration() const { return iteration_; }
   size_t live_activations() const { return activations_.size(); }
 
  private:
-  absl::Status CheckRegisterLayout(const SubmissionEntry& entry);
   absl::Status CheckLayer(const SubmissionEntry& entry, SlotKind kind);
   absl::Status CheckActivation(const SubmissionEntry& entry, RingOp op);
   absl::Status CheckIteration(const SubmissionEntry& entry, RingOp op);
 
   const SlotAllocator* const slots_;
-  const absl::Span<const uint8_t> arena_;
+  const JobLayout layout_;
   const Options options_;  // grad_slots and weight_slots sorted
 
-  std::optional<JobLayout> layout_;
   bool in_iteration_ = false;
   uint64_t iteration_;
   std::vector<bool> grad_seen_;  // per layer, this iteration

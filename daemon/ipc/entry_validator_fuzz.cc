@@ -1,7 +1,8 @@
 // Fuzz target for EntryValidator: feeds arbitrary submission entries and
-// traps if an accepted entry ever points outside the arena or breaks the
-// layout. Built as a libFuzzer binary by build_fuzzer.sh and, with a
-// deterministic driver, as the cc_test entry_validator_fuzz_test.
+// traps if an accepted entry ever points outside the arena, breaks the
+// layout the validator was given, or is not a client op. Built as a libFuzzer
+// binary by build_fuzzer.sh and, with a deterministic driver, as the cc_test
+// entry_validator_fuzz_test.
 
 #include "daemon/ipc/entry_validator_fuzz.h"
 
@@ -54,14 +55,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ++data;
   --size;
 
-  static std::vector<uint8_t>* arena = new std::vector<uint8_t>(kArenaBytes);
-  std::memset(arena->data(), 0, kArenaBytes);
-  if (flags & 1) {
-    std::memcpy(arena->data() + kControlOffset, kLayerBytes,
-                sizeof(kLayerBytes));
-  } else {
-    const size_t table = size < 32 ? size : 32;
-    std::memcpy(arena->data() + kControlOffset, data, table);
+  JobLayout layout{.dtype = RingDtype::kBf16,
+                   .layer_bytes = std::vector<uint64_t>(std::begin(kLayerBytes),
+                                                        std::end(kLayerBytes))};
+  if (!(flags & 1)) {
+    const size_t table =
+        size < sizeof(kLayerBytes) ? size : sizeof(kLayerBytes);
+    std::memset(layout.layer_bytes.data(), 0, sizeof(kLayerBytes));
+    std::memcpy(layout.layer_bytes.data(), data, table);
     data += table;
     size -= table;
   }
@@ -76,7 +77,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     options.grad_slots.assign(std::begin(kGradOffsets), std::end(kGradOffsets));
     options.weight_slots = {kWeightOffset};
   }
-  EntryValidator validator(&slots, absl::Span<const uint8_t>(*arena), options);
+  EntryValidator validator(&slots, layout, options);
 
   for (; size >= sizeof(SubmissionEntry);
        data += sizeof(SubmissionEntry), size -= sizeof(SubmissionEntry)) {
@@ -102,11 +103,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!validator.Accept(entry).ok()) continue;
 
     // Invariants every accepted entry must satisfy.
-    Require((entry.op >= 1 && entry.op <= 8) || entry.op == 13);
+    Require((entry.op >= 2 && entry.op <= 8) || entry.op == 13);
     ++accepted_by_op[entry.op];
     const RingOp op = static_cast<RingOp>(entry.op);
-    const bool has_range = op == RingOp::kRegisterLayout ||
-                           op == RingOp::kGradReady ||
+    const bool has_range = op == RingOp::kGradReady ||
                            op == RingOp::kFetchParams ||
                            op == RingOp::kActPut || op == RingOp::kActGet;
     if (has_range) {
@@ -114,12 +114,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       Require(entry.slot_offset < kArenaBytes);
       Require(entry.length <= kArenaBytes - entry.slot_offset);
     }
-    const JobLayout* layout = validator.layout();
-    Require(layout != nullptr);
-    if (op == RingOp::kGradReady) Require(validator.in_iteration());
+    Require(validator.layout().layer_bytes == layout.layer_bytes);
+    if (op == RingOp::kGradReady) {
+      Require(validator.in_iteration());
+      Require(entry.dtype == static_cast<uint16_t>(layout.dtype));
+    }
     if (op == RingOp::kGradReady || op == RingOp::kFetchParams) {
-      Require(entry.layer < layout->layer_bytes.size());
-      Require(entry.length == layout->layer_bytes[entry.layer]);
+      Require(entry.layer < layout.layer_bytes.size());
+      Require(entry.length == layout.layer_bytes[entry.layer]);
       if (streamed) {
         // Exactly a slot's start, never a slice of one.
         Require(op == RingOp::kGradReady

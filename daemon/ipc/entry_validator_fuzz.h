@@ -4,8 +4,10 @@
 // The fixed world entry_validator_fuzz.cc checks entries against, shared with
 // the deterministic driver (entry_validator_fuzz_test.cc) so it can aim at
 // valid states. Input format of LLVMFuzzerTestOneInput:
-//   byte 0   bit 0: the standard layout table (kLayerBytes) is in the
-//                   control slot; otherwise the next 32 bytes are the table
+//   byte 0   bit 0: the validator gets the standard layout (kLayerBytes,
+//                   bf16); otherwise the next 32 bytes are its kLayers
+//                   layer sizes (any values: the invariants hold for any
+//                   layout the daemon gives it)
 //            bit 1: at most 4 live activations
 //            bits 2-3: Options::next_iteration
 //            bit 4: streamed layout: kGradOffsets are the job's gradient
@@ -26,8 +28,8 @@ inline constexpr uint32_t kLayers = 4;
 inline constexpr uint64_t kLayerBytes[kLayers] = {4096, 8192, 100, 4096};
 
 // Entries accepted so far, by RingOp value (0..13), over all inputs: ops
-// 1..8 and 13 by EntryValidator::Accept, the staging ops 9..12 by
-// CheckStagingEntry.
+// 2..8 and 13 by EntryValidator::Accept, the staging ops 9..12 by
+// CheckStagingEntry; never 0 nor 1 (kReservedRegisterLayout).
 const uint64_t* AcceptedByOp();
 // GRAD_READY and FETCH_PARAMS entries accepted with a streamed layout.
 uint64_t AcceptedStreamed();

@@ -1,6 +1,5 @@
 #include "daemon/ipc/entry_validator.h"
 
-#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -16,19 +15,18 @@ constexpr uint64_t kArenaBytes = 32 * kPage;
 
 class EntryValidatorTest : public ::testing::Test {
  protected:
-  EntryValidatorTest() : arena_(kArenaBytes, 0), slots_(kArenaBytes) {
+  EntryValidatorTest() : slots_(kArenaBytes) {
     control_ = *slots_.Allocate(kPage, SlotKind::kControl);
     grad_ = *slots_.Allocate(2 * kPage, SlotKind::kGradient);
     weight_ = *slots_.Allocate(2 * kPage, SlotKind::kWeight);
     act_ = *slots_.Allocate(kPage, SlotKind::kActivation);
-    WriteTable({kPage, 2 * kPage, 100});
-    validator_ = std::make_unique<EntryValidator>(
-        &slots_, absl::Span<const uint8_t>(arena_), EntryValidator::Options{});
+    validator_ = std::make_unique<EntryValidator>(&slots_, Layout());
   }
 
-  void WriteTable(const std::vector<uint64_t>& sizes) {
-    std::memcpy(arena_.data() + control_.offset, sizes.data(),
-                sizes.size() * sizeof(uint64_t));
+  // Three bf16 layers of 1 page, 2 pages and 100 bytes.
+  static JobLayout Layout() {
+    return JobLayout{.dtype = RingDtype::kBf16,
+                     .layer_bytes = {kPage, 2 * kPage, 100}};
   }
 
   static SubmissionEntry Entry(RingOp op) {
@@ -37,8 +35,10 @@ class EntryValidatorTest : public ::testing::Test {
     entry.request_id = 77;
     return entry;
   }
+  // What a client that registered its layout on the ring would send: a
+  // table of `layers` sizes in the control slot.
   SubmissionEntry Register(uint32_t layers = 3) const {
-    SubmissionEntry entry = Entry(RingOp::kRegisterLayout);
+    SubmissionEntry entry = Entry(RingOp::kReservedRegisterLayout);
     entry.dtype = static_cast<uint16_t>(RingDtype::kBf16);
     entry.layer = layers;
     entry.slot_offset = control_.offset;
@@ -76,7 +76,6 @@ class EntryValidatorTest : public ::testing::Test {
   }
 
   void Ready() {
-    ASSERT_TRUE(validator_->Accept(Register()).ok());
     ASSERT_TRUE(validator_->Accept(Iter(RingOp::kIterBegin, 0)).ok());
   }
 
@@ -84,16 +83,14 @@ class EntryValidatorTest : public ::testing::Test {
     return validator_->Accept(entry).code();
   }
 
-  std::vector<uint8_t> arena_;
   SlotAllocator slots_;
   Slot control_, grad_, weight_, act_;
   std::unique_ptr<EntryValidator> validator_;
 };
 
 TEST_F(EntryValidatorTest, AHappyIteration) {
-  ASSERT_TRUE(validator_->Accept(Register()).ok());
-  ASSERT_NE(validator_->layout(), nullptr);
-  EXPECT_EQ(validator_->layout()->layer_bytes,
+  EXPECT_EQ(validator_->layout().dtype, RingDtype::kBf16);
+  EXPECT_EQ(validator_->layout().layer_bytes,
             (std::vector<uint64_t>{kPage, 2 * kPage, 100}));
   for (uint64_t iteration = 0; iteration < 3; ++iteration) {
     ASSERT_TRUE(validator_->Accept(Iter(RingOp::kIterBegin, iteration)).ok());
@@ -118,12 +115,10 @@ TEST_F(EntryValidatorTest, StreamedLayoutNamesExactlyOneOfTheSlots) {
   EntryValidator::Options options;
   options.grad_slots = {grad2.offset, grad_.offset};  // any order
   options.weight_slots = {weight_.offset};
-  validator_ = std::make_unique<EntryValidator>(
-      &slots_, absl::Span<const uint8_t>(arena_), options);
-  ASSERT_TRUE(validator_->Accept(Register()).ok());
+  validator_ = std::make_unique<EntryValidator>(&slots_, Layout(), options);
   ASSERT_TRUE(validator_->Accept(Iter(RingOp::kIterBegin, 0)).ok());
   for (uint32_t layer = 0; layer < 3; ++layer) {
-    const uint64_t bytes = validator_->layout()->layer_bytes[layer];
+    const uint64_t bytes = validator_->layout().layer_bytes[layer];
     SubmissionEntry fetch = Fetch(layer, bytes);
     ASSERT_TRUE(validator_->Accept(fetch).ok()) << layer;
     // Slot (layer % 2), as a simple client would use them.
@@ -163,27 +158,27 @@ TEST_F(EntryValidatorTest, StreamedLayoutNamesExactlyOneOfTheSlots) {
 }
 
 TEST_F(EntryValidatorTest, FormatRules) {
-  SubmissionEntry entry = Register();
+  SubmissionEntry entry = Fetch(0, kPage);
   entry.reserved[2] = 1;
   EXPECT_EQ(Code(entry), absl::StatusCode::kInvalidArgument);
   // ITER_BEGIN's flags: only on ITER_BEGIN, only the known bit.
-  entry = Register();
+  entry = Fetch(0, kPage);
   entry.iter_flags = kIterBeginLrGiven;
   EXPECT_EQ(Code(entry), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Code(Entry(RingOp::kInvalid)), absl::StatusCode::kInvalidArgument);
   SubmissionEntry unknown = Entry(RingOp::kInvalid);
   unknown.op = 999;
   EXPECT_EQ(Code(unknown), absl::StatusCode::kInvalidArgument);
-  entry = Register();
-  entry.iteration = 4;  // not a REGISTER_LAYOUT field
+  entry = Iter(RingOp::kIterBegin, 0);
+  entry.layer = 1;  // not an ITER_BEGIN field
   const absl::Status status = validator_->Accept(entry);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(status.message().find("REGISTER_LAYOUT"), std::string::npos);
-  EXPECT_EQ(validator_->layout(), nullptr);  // state unchanged
+  EXPECT_NE(status.message().find("ITER_BEGIN"), std::string::npos);
+  EXPECT_FALSE(validator_->in_iteration());  // state unchanged
+  EXPECT_TRUE(validator_->Accept(Iter(RingOp::kIterBegin, 0)).ok());
 }
 
 TEST_F(EntryValidatorTest, StagingOpsAreTheSessionsAndCheckedForFormat) {
-  ASSERT_TRUE(validator_->Accept(Register()).ok());
   auto staging = [&](RingOp op, uint64_t part) {
     SubmissionEntry entry = Entry(op);
     entry.layer = 1;
@@ -249,44 +244,51 @@ TEST_F(EntryValidatorTest, StagingOpsAreTheSessionsAndCheckedForFormat) {
             absl::StatusCode::kInvalidArgument);
 }
 
-TEST_F(EntryValidatorTest, LayoutRules) {
-  // Nothing before the layout.
-  EXPECT_EQ(Code(Iter(RingOp::kIterBegin, 0)),
-            absl::StatusCode::kFailedPrecondition);
-  SubmissionEntry entry = Register();
-  entry.dtype = 9;
-  EXPECT_EQ(Code(entry), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(Code(Register(0)), absl::StatusCode::kInvalidArgument);
-  entry = Register();
-  entry.layer = 1u << 20;  // over max_layers
-  entry.length = uint64_t{entry.layer} * 8;
-  EXPECT_EQ(Code(entry), absl::StatusCode::kInvalidArgument);
-  entry = Register();
-  entry.length = 16;  // table length does not match the layer count
-  EXPECT_EQ(Code(entry), absl::StatusCode::kInvalidArgument);
-  entry = Register();
-  entry.slot_offset = grad_.offset;  // table not in a control slot
-  EXPECT_EQ(Code(entry), absl::StatusCode::kFailedPrecondition);
-  entry.slot_offset = kArenaBytes - 8;  // beyond the arena
-  EXPECT_EQ(Code(entry), absl::StatusCode::kOutOfRange);
+TEST_F(EntryValidatorTest, TheLayoutIsTheConstructorsAndNoClientsOp) {
+  // The layout holds from the first entry on: no entry comes before it.
+  EXPECT_EQ(Code(Grad(0, kPage)), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Code(Fetch(0, 2 * kPage)), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Code(Fetch(3, kPage)), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(validator_->Accept(Fetch(2, 100)).ok());
+  // A client's layout table is refused, well formed or not, before an
+  // iteration and inside one, and changes nothing.
+  SubmissionEntry table = Register();
+  for (int round = 0; round < 2; ++round) {
+    const absl::Status status = validator_->Accept(table);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << round;
+    EXPECT_NE(status.message().find("REGISTER_LAYOUT"), std::string::npos)
+        << status;
+    EXPECT_NE(status.message().find("RegisterModel"), std::string::npos)
+        << status;
+    table.dtype = 9;  // malformed too: the same refusal
+    EXPECT_EQ(Code(table), absl::StatusCode::kInvalidArgument) << round;
+    table = Register(1);
+    table.length = 0;
+    EXPECT_EQ(Code(table), absl::StatusCode::kInvalidArgument) << round;
+    table = Register();
+    EXPECT_EQ(validator_->layout().layer_bytes,
+              (std::vector<uint64_t>{kPage, 2 * kPage, 100}));
+    if (round == 0) {
+      ASSERT_TRUE(validator_->Accept(Iter(RingOp::kIterBegin, 0)).ok());
+    }
+  }
+  EXPECT_TRUE(validator_->in_iteration());
+  EXPECT_TRUE(validator_->Accept(Grad(1, 2 * kPage)).ok());
+}
 
-  WriteTable({kPage, 0, 100});  // a zero-sized layer
-  EXPECT_EQ(Code(Register()), absl::StatusCode::kInvalidArgument);
-  WriteTable({kPage, 3, 100});  // not a multiple of the bf16 element
-  EXPECT_EQ(Code(Register()), absl::StatusCode::kInvalidArgument);
-  WriteTable({kPage, kArenaBytes * 2, 100});  // larger than the arena
-  EXPECT_EQ(Code(Register()), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(validator_->layout(), nullptr);
-
-  WriteTable({kPage, 2 * kPage, 100});
-  ASSERT_TRUE(validator_->Accept(Register()).ok());
-  WriteTable({1, 1, 1});  // rewriting the table afterwards changes nothing
-  EXPECT_EQ(validator_->layout()->layer_bytes[0], kPage);
-  EXPECT_EQ(Code(Register()), absl::StatusCode::kFailedPrecondition);  // twice
+TEST_F(EntryValidatorTest, AnFp32LayoutChecksFp32Gradients) {
+  EntryValidator validator(
+      &slots_, JobLayout{.dtype = RingDtype::kFp32, .layer_bytes = {kPage}});
+  ASSERT_TRUE(validator.Accept(Iter(RingOp::kIterBegin, 0)).ok());
+  SubmissionEntry grad = Grad(0, kPage);  // bf16
+  EXPECT_EQ(validator.Accept(grad).code(), absl::StatusCode::kInvalidArgument);
+  grad.dtype = static_cast<uint16_t>(RingDtype::kFp32);
+  EXPECT_TRUE(validator.Accept(grad).ok());
+  EXPECT_EQ(validator.Accept(Grad(1, kPage)).code(),
+            absl::StatusCode::kInvalidArgument);  // one layer only
 }
 
 TEST_F(EntryValidatorTest, IterationStateMachine) {
-  ASSERT_TRUE(validator_->Accept(Register()).ok());
   // GRAD_READY only inside an iteration; FETCH_PARAMS also between them
   // (the committed weights, for the next forward).
   EXPECT_EQ(Code(Grad(0, kPage)), absl::StatusCode::kFailedPrecondition);
@@ -300,7 +302,7 @@ TEST_F(EntryValidatorTest, IterationStateMachine) {
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(Code(Iter(RingOp::kIterEnd, 5)),  // wrong one
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(Code(Register()), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Code(Register()), absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(validator_->Accept(Iter(RingOp::kIterEnd, 0)).ok());
   EXPECT_EQ(Code(Grad(0, kPage)), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(Code(Iter(RingOp::kIterBegin, 0)),  // replayed
@@ -332,8 +334,7 @@ TEST_F(EntryValidatorTest, IterationStateMachine) {
 TEST_F(EntryValidatorTest, ResumesAtAGivenIteration) {
   EntryValidator::Options options;
   options.next_iteration = 41;
-  EntryValidator validator(&slots_, absl::Span<const uint8_t>(arena_), options);
-  ASSERT_TRUE(validator.Accept(Register()).ok());
+  EntryValidator validator(&slots_, Layout(), options);
   EXPECT_FALSE(validator.Accept(Iter(RingOp::kIterBegin, 0)).ok());
   EXPECT_TRUE(validator.Accept(Iter(RingOp::kIterBegin, 41)).ok());
 }
@@ -378,7 +379,6 @@ TEST_F(EntryValidatorTest, FetchRules) {
 }
 
 TEST_F(EntryValidatorTest, ActivationRules) {
-  ASSERT_TRUE(validator_->Accept(Register()).ok());
   EXPECT_EQ(Code(Act(RingOp::kActGet, 1, 64)), absl::StatusCode::kNotFound);
   EXPECT_EQ(Code(Act(RingOp::kActFree, 1, 0)), absl::StatusCode::kNotFound);
   SubmissionEntry entry = Act(RingOp::kActPut, 1, 64);
@@ -405,8 +405,7 @@ TEST_F(EntryValidatorTest, ActivationRules) {
 TEST_F(EntryValidatorTest, AForgottenPutCanBeRetriedAndFreesItsPlace) {
   EntryValidator::Options options;
   options.max_live_activations = 1;
-  EntryValidator validator(&slots_, absl::Span<const uint8_t>(arena_), options);
-  ASSERT_TRUE(validator.Accept(Register()).ok());
+  EntryValidator validator(&slots_, Layout(), options);
   ASSERT_TRUE(validator.Accept(Act(RingOp::kActPut, 7, 64)).ok());
   validator.ForgetActivation(7);  // the store refused the put
   EXPECT_EQ(validator.live_activations(), 0u);
@@ -421,8 +420,7 @@ TEST_F(EntryValidatorTest, AForgottenPutCanBeRetriedAndFreesItsPlace) {
 TEST_F(EntryValidatorTest, LiveActivationLimit) {
   EntryValidator::Options options;
   options.max_live_activations = 2;
-  EntryValidator validator(&slots_, absl::Span<const uint8_t>(arena_), options);
-  ASSERT_TRUE(validator.Accept(Register()).ok());
+  EntryValidator validator(&slots_, Layout(), options);
   ASSERT_TRUE(validator.Accept(Act(RingOp::kActPut, 1, 64)).ok());
   ASSERT_TRUE(validator.Accept(Act(RingOp::kActPut, 2, 64)).ok());
   EXPECT_EQ(validator.Accept(Act(RingOp::kActPut, 3, 64)).code(),
@@ -443,8 +441,8 @@ namespace {
 
 TEST(EntryValidatorGradScale, OnlyIterBeginCarriesAFiniteNonNegativeScale) {
   SlotAllocator slots(1 << 16);
-  std::vector<uint8_t> arena(1 << 16);
-  EntryValidator validator(&slots, arena, {});
+  EntryValidator validator(
+      &slots, JobLayout{.dtype = RingDtype::kBf16, .layer_bytes = {4096}});
   SubmissionEntry entry{};
   entry.op = static_cast<uint16_t>(RingOp::kIterBegin);
   for (float bad : {-1.0f, std::numeric_limits<float>::infinity(),
@@ -452,8 +450,7 @@ TEST(EntryValidatorGradScale, OnlyIterBeginCarriesAFiniteNonNegativeScale) {
     entry.grad_scale = bad;
     EXPECT_FALSE(validator.Accept(entry).ok()) << bad;
   }
-  // Without a layout nothing is accepted at all, so check the field rule on
-  // an op that never carries a scale.
+  // The field rule on an op that never carries a scale.
   SubmissionEntry end{};
   end.op = static_cast<uint16_t>(RingOp::kActFree);
   end.activation_id = 1;

@@ -18,7 +18,7 @@ enum class SlotKind : uint8_t {
   kGradient = 0,
   kWeight = 1,
   kActivation = 2,
-  kControl = 3,  // rings, layout tables
+  kControl = 3,  // rings, staging, error text
 };
 absl::string_view SlotKindName(SlotKind kind);
 

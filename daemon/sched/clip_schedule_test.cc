@@ -116,7 +116,9 @@ class ClipScheduleTest : public clip_test::UpdaterAndStoreTest<Variant> {
     // permitting, when eager ones still run); never without the option or
     // after a skip.
     const bool settles = k == 1 && GetParam().settle && !o.report.skipped;
-    if (!settles) EXPECT_FALSE(o.report.settling);
+    if (!settles) {
+      EXPECT_FALSE(o.report.settling);
+    }
     if (settles &&
         (o.report.deferred_chunks > 0 || o.report.redone_chunks > 0)) {
       EXPECT_TRUE(o.report.settling);

@@ -367,8 +367,8 @@ bool JobPipeline::layer_initialized(size_t layer) const {
 
 // ---------------------------------------------------------------- API
 
-absl::Status JobPipeline::InitializeWeights(size_t layer,
-                                            const float* weights) {
+absl::Status JobPipeline::InitializeWeights(size_t layer, const float* weights,
+                                            void* weight_copy_out) {
   absl::MutexLock api(&api_mu_);
   {
     absl::MutexLock lock(&mu_);
@@ -417,6 +417,10 @@ absl::Status JobPipeline::InitializeWeights(size_t layer,
   if (!s.ok()) {
     for (const std::string& name : names) (void)store_->Rollback(job_, name);
     return Annotate(s, absl::StrCat("initializing layer ", layer));
+  }
+  if (weight_copy_out != nullptr) {
+    CopyWeights(weights, layout_.layer_elements[layer],
+                static_cast<uint8_t*>(weight_copy_out));
   }
   absl::MutexLock lock(&mu_);
   initialized_[layer] = true;
@@ -469,6 +473,45 @@ absl::Status JobPipeline::ReadWeights(size_t layer, float* out) const {
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status JobPipeline::ReadWeightCopy(size_t layer, void* out) const {
+  if (options_.fp32_weights_out) {
+    return ReadWeights(layer, static_cast<float*>(out));
+  }
+  if (absl::Status readable = CheckReadable(layer, out, "ReadWeightCopy");
+      !readable.ok()) {
+    return readable;
+  }
+  std::vector<float> weights(layout_.layer_elements[layer]);
+  if (absl::Status read = ReadWeights(layer, weights.data()); !read.ok()) {
+    return read;
+  }
+  CopyWeights(weights.data(), weights.size(), static_cast<uint8_t*>(out));
+  return absl::OkStatus();
+}
+
+absl::Status JobPipeline::RestoreWeightCopies() {
+  std::vector<std::pair<size_t, void*>> outs;
+  {
+    absl::MutexLock lock(&mu_);
+    for (size_t layer = 0; layer < submissions_.size(); ++layer) {
+      const Submission& sub = submissions_[layer];
+      if (sub.submitted && sub.out != nullptr) {
+        outs.emplace_back(layer, sub.out);
+      }
+    }
+  }
+  absl::Status first;
+  for (const auto& [layer, out] : outs) {
+    absl::Status s = ReadWeightCopy(layer, out);
+    if (!s.ok() && first.ok()) {
+      first = Annotate(s, absl::StrCat("restoring the committed weights of "
+                                       "layer ",
+                                       layer));
+    }
+  }
+  return first;
 }
 
 absl::Status JobPipeline::ForEachCommittedChunk(
@@ -740,6 +783,8 @@ absl::Status JobPipeline::AbortIteration() {
   }
   (void)WaitPass();  // what is in progress lands as pending, rolled back
   absl::Status s = RollbackAll();
+  // Updates that ran wrote new weights into the caller's buffers.
+  if (absl::Status restored = RestoreWeightCopies(); s.ok()) s = restored;
   DropScratch();
   EndIterationIdle();
   return s;

@@ -240,10 +240,13 @@ class JobPipeline {
 
   // Stores `weights` (layer_elements(layer) floats) as the layer's fp32
   // master weights with zero moments (and, streaming 16-bit weights, their
-  // 16-bit copy), committed (one CommitBatch per layer).
-  // FAILED_PRECONDITION if the layer already has states or an iteration is
-  // in progress.
-  absl::Status InitializeWeights(size_t layer, const float* weights)
+  // 16-bit copy), committed (one CommitBatch per layer). Once committed,
+  // a non-null `weight_copy_out` receives the weights as SubmitGradients'
+  // weight16_out receives them (see ReadWeightCopy); on error it is not
+  // written. FAILED_PRECONDITION if the layer already has states or an
+  // iteration is in progress.
+  absl::Status InitializeWeights(size_t layer, const float* weights,
+                                 void* weight_copy_out = nullptr)
       ABSL_LOCKS_EXCLUDED(api_mu_, mu_);
   // The current fp32 master weights of `layer` into `out`
   // (layer_elements(layer) floats): during an iteration the committed ones
@@ -251,6 +254,13 @@ class JobPipeline {
   // the layer is updated, its new (pending) ones; otherwise the committed
   // ones.
   absl::Status ReadWeights(size_t layer, float* out) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The weights ReadWeights reads, converted as the updates convert them
+  // for SubmitGradients' weight16_out (layer_elements(layer) elements of
+  // weight16_dtype, or fp32 with fp32_weights_out), into `out`: e.g. the
+  // committed copy for a buffer that outlives this pipeline. Errors as
+  // ReadWeights'.
+  absl::Status ReadWeightCopy(size_t layer, void* out) const
       ABSL_LOCKS_EXCLUDED(mu_);
   // With stream_weight16: the current 16-bit copy of `layer`'s weights
   // (layer_elements(layer) elements of weight16_dtype) into `out`, chosen
@@ -307,10 +317,10 @@ class JobPipeline {
   // Returns at once; the update runs in the stage threads (at EndIteration
   // for kAfterBackward).
   // REQUIRES: `grad` and `weight16_out` stay valid, `grad` unchanged and
-  // `weight16_out` untouched by the caller, until EndIteration returns (or
-  // the pipeline is destroyed). With stream_gradients, `grad` only until
-  // this returns: it returns once the gradient is in the store (it waits
-  // for that write, never for stage work).
+  // `weight16_out` untouched by the caller, until EndIteration (or
+  // AbortIteration) returns (or the pipeline is destroyed). With
+  // stream_gradients, `grad` only until this returns: it returns once the
+  // gradient is in the store (it waits for that write, never for stage work).
   // INVALID_ARGUMENT: layer out of range, null grad, a weight16_out while
   // streaming 16-bit weights. ALREADY_EXISTS: the layer was submitted
   // already in this iteration. FAILED_PRECONDITION: no iteration in
@@ -323,9 +333,13 @@ class JobPipeline {
   // iteration's ClipOptions say (running the deferred chunks and redoing
   // the updated ones as needed, see ClipSchedule). Every layer must have been
   // submitted (FAILED_PRECONDITION otherwise). On any error the iteration ends
-  // with every pending version rolled back and the step not advanced; the
-  // weight16_out buffers then hold unspecified values. Store errors name the
-  // layer, chunk and tensor.
+  // with every pending version rolled back and the step not advanced, and
+  // every weight16_out buffer given this iteration holds the committed
+  // weights again (ReadWeightCopy's values, bit for bit), so the caller's
+  // next forward needs no repair; should reading them back fail too, the
+  // error says so and those buffers hold unspecified values. Store errors
+  // name the layer, chunk and tensor. (ABORTED for an earlier iteration
+  // whose settle failed, see WaitLayer, ends nothing: the pipeline is done.)
   absl::StatusOr<IterationReport> EndIteration()
       ABSL_LOCKS_EXCLUDED(api_mu_, mu_);
   // With settle_in_background: waits until `layer`'s updates of the
@@ -354,10 +368,12 @@ class JobPipeline {
   // Ends the iteration in progress with nothing committed: work not begun
   // is dropped, work in progress finishes, every pending version and the
   // iteration's scratch are dropped, the step does not advance (the
-  // client's backward failed half-way, say). The weight16_out buffers then
-  // hold unspecified values. FAILED_PRECONDITION when no iteration is in
-  // progress; a store error from the rollback otherwise (the iteration is
-  // over either way).
+  // client's backward failed half-way, say). Every weight16_out buffer
+  // given this iteration then holds the committed weights again, as after
+  // a failed EndIteration. FAILED_PRECONDITION when no iteration is in
+  // progress; otherwise a store error from the rollback or from reading
+  // the committed weights back (the iteration is over either way; a buffer
+  // whose read failed holds unspecified values).
   absl::Status AbortIteration() ABSL_LOCKS_EXCLUDED(api_mu_, mu_);
 
  private:
@@ -578,6 +594,10 @@ class JobPipeline {
   // Drops every pending version of the job's tensors; NOT_FOUND and "no
   // pending version" are fine. Returns the first other error.
   absl::Status RollbackAll();
+  // After an iteration ended with nothing committed (no stage work left,
+  // pending versions rolled back): the committed weights' copy into every
+  // weight16_out buffer submitted this iteration. The first error.
+  absl::Status RestoreWeightCopies() ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Commit(uint64_t new_iteration);
   void EndIterationIdle() ABSL_LOCKS_EXCLUDED(mu_);
 

@@ -56,9 +56,16 @@ absl::StatusOr<IterationReport> JobPipeline::EndIteration() {
     abandon_.store(true);  // What still runs lands as pending, rolled back.
     (void)WaitPass();
     (void)RollbackAll();
+    // Updates (or a skip's republish) that ran wrote into the caller's
+    // buffers: the committed weights go back.
+    const absl::Status restored = RestoreWeightCopies();
     DropScratch();
     EndIterationIdle();
-    return error;
+    if (restored.ok()) return error;
+    return absl::Status(error.code(),
+                        absl::StrCat(error.message(), "; ", restored.message(),
+                                     " (that layer's weight buffer holds "
+                                     "unspecified values)"));
   };
   if (!s.ok()) return fail(s);
 

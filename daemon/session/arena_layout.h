@@ -30,8 +30,8 @@ struct ArenaShape {
 
 // The slot allocator's unit: every slot is rounded up to it.
 inline constexpr uint64_t kArenaSlotUnit = 4096;
-// The rings, the error text records and room to spare (checked against
-// what JobSession allocates by arena_layout_test).
+// The rings and the error text records, with room to spare (checked
+// against JobSession's sizes by arena_layout_test).
 inline constexpr uint64_t kArenaControlBytes = uint64_t{1} << 20;
 
 // The arena that holds `shape`: its gradient and weight buffers, the fp32

@@ -1,7 +1,6 @@
 #include "daemon/session/arena_layout.h"
 
 #include "daemon/session/job_session.h"
-#include "daemon/session/model_spec_checks.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "wire/ring.h"
@@ -60,9 +59,8 @@ TEST(ArenaBytes, ControlAllowanceHoldsTheRingsAndTheLargestTables) {
   auto slot = [](uint64_t bytes) {
     return (bytes + kArenaSlotUnit - 1) / kArenaSlotUnit * kArenaSlotUnit;
   };
-  // Both rings, the error texts and a per-layer table of the most layers.
-  EXPECT_LE(2 * slot(ring) + slot(JobSession::kErrorTextBytes) +
-                slot(kMaxLayers * sizeof(uint64_t)),
+  // Both rings and the error texts.
+  EXPECT_LE(2 * slot(ring) + slot(JobSession::kErrorTextBytes),
             kArenaControlBytes);
 }
 

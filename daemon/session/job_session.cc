@@ -7,9 +7,9 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "daemon/optim/half.h"
 #include "daemon/sched/job_space.h"
 #include "daemon/session/arena_layout.h"
+#include "daemon/session/model_layout_of.h"
 #include "daemon/session/model_spec_checks.h"
 #include "spdlog/spdlog.h"
 
@@ -108,75 +108,12 @@ JobSession::~JobSession() {
   }
 }
 
-absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
-    const v1::ModelSpec& spec, const UpdateParts& parts) {
-  TensorStore* const store = parts.store;
-  SpaceLedger* const ledger = parts.ledger;
-  absl::MutexLock lock(&mu_);
-  if (model_.has_value()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("job ", job_id(),
-                     " has registered its model on this data plane "
-                     "already"));
-  }
-  // Nothing is allocated for a spec before it is checked whole.
-  if (absl::Status checked = CheckModelSpec(spec); !checked.ok()) {
-    return checked;
-  }
-  absl::StatusOr<std::pair<DType, RingDtype>> dtypes = DTypes(spec.dtype());
-  if (!dtypes.ok()) return dtypes.status();
-  Model model;
-  model.dtype = spec.dtype();
-  model.element_bytes = DTypeSize(dtypes->first);
-  ModelLayout& layout = model.layout;
-  layout.layer_elements.assign(spec.layer_elements().begin(),
-                               spec.layer_elements().end());
-  layout.chunk_elements = spec.chunk_elements() != 0 ? spec.chunk_elements()
-                                                     : kDefaultChunkElements;
-  layout.grad_dtype = dtypes->first;
-  // fp32 models read their weights back in fp32 (FETCH_PARAMS); the
-  // 16-bit copy is only written for 16-bit models.
-  layout.weight16_dtype =
-      dtypes->first == DType::kFloat32 ? DType::kBFloat16 : dtypes->first;
-  const v1::AdamSpec& adam = spec.adam();
-  layout.adam =
-      AdamOptions{.lr = adam.lr(),
-                  .beta1 = adam.beta1(),
-                  .beta2 = adam.beta2(),
-                  .eps = adam.eps(),
-                  .weight_decay = adam.weight_decay(),
-                  .decoupled_weight_decay = adam.decoupled_weight_decay(),
-                  .amsgrad = adam.amsgrad()};
-  layout.moment_dtype =
-      adam.bf16_moments() ? DType::kBFloat16 : DType::kFloat32;
-  auto ranges_of = [](const google::protobuf::RepeatedPtrField<
-                       v1::ElementRange>& from) {
-    std::vector<LayerRange> ranges;
-    ranges.reserve(from.size());
-    for (const v1::ElementRange& range : from) {
-      ranges.push_back(LayerRange{range.layer(), range.begin(), range.end()});
-    }
-    return ranges;
-  };
-  for (int g = 0; g < spec.param_groups_size(); ++g) {
-    const v1::ParamGroup& group = spec.param_groups(g);
-    if (absl::Status added = AddElementGroup(
-            ElementGroup{group.name().empty()
-                             ? absl::StrCat("param_groups[", g, "]")
-                             : group.name(),
-                         group.lr_scale(), group.weight_decay()},
-            ranges_of(group.ranges()), layout);
-        !added.ok()) {
-      return added;
-    }
-  }
-  if (absl::Status valid = ValidateLayout(layout); !valid.ok()) return valid;
-  model.clip = ClipOptions{.max_grad_norm = spec.max_grad_norm(),
-                           .skip_nonfinite = spec.skip_nonfinite()};
-
+absl::Status JobSession::TakeSlots(const v1::ModelSpec& spec, Model& model,
+                                   std::vector<uint64_t>& taken) {
+  const ModelLayout& layout = model.layout;
   // Slots: gradient and weight buffers (one per layer, or K shared ones),
-  // one fp32 staging area, the error text and the layout table the
-  // validator reads.
+  // one fp32 staging area, the error text and the activation area, as
+  // arena_layout.h counts them.
   uint64_t largest = 0;
   for (uint64_t elements : layout.layer_elements) {
     largest = std::max(largest, elements);
@@ -194,13 +131,6 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
   const uint32_t weight_buffers = arena->weight_buffers;
   model.streamed_grads = grad_buffers != 0;
   model.streamed_weights = weight_buffers != 0;
-  // A refused registration gives back every slot it took.
-  std::vector<uint64_t> taken;
-  bool registered = false;
-  absl::Cleanup give_back = [&] {
-    if (registered) return;
-    for (uint64_t offset : taken) (void)slots_->Free(offset);
-  };
   auto allocate = [&](uint64_t bytes, SlotKind kind) -> absl::StatusOr<Slot> {
     absl::StatusOr<Slot> slot = slots_->Allocate(bytes, kind);
     if (slot.ok()) taken.push_back(slot->offset);
@@ -252,12 +182,48 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
     if (!activations.ok()) return activations.status();
     model.activations = *activations;
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
+    const v1::ModelSpec& spec, const UpdateParts& parts) {
+  TensorStore* const store = parts.store;
+  SpaceLedger* const ledger = parts.ledger;
+  absl::MutexLock lock(&mu_);
+  if (model_.has_value()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id(),
+                     " has registered its model on this data plane "
+                     "already"));
+  }
+  // Nothing is allocated for a spec before it is checked whole.
+  if (absl::Status checked = CheckModelSpec(spec); !checked.ok()) {
+    return checked;
+  }
+  absl::StatusOr<std::pair<DType, RingDtype>> dtypes = DTypes(spec.dtype());
+  if (!dtypes.ok()) return dtypes.status();
+  Model model;
+  model.dtype = spec.dtype();
+  model.element_bytes = DTypeSize(dtypes->first);
+  absl::StatusOr<ModelLayout> laid_out = ModelLayoutOf(spec);
+  if (!laid_out.ok()) return laid_out.status();
+  model.layout = *std::move(laid_out);
+  const ModelLayout& layout = model.layout;
+  model.clip = ClipOptions{.max_grad_norm = spec.max_grad_norm(),
+                           .skip_nonfinite = spec.skip_nonfinite()};
+
+  // A refused registration gives back every slot it took.
+  std::vector<uint64_t> taken;
+  bool registered = false;
+  absl::Cleanup give_back = [&] {
+    if (registered) return;
+    for (uint64_t offset : taken) (void)slots_->Free(offset);
+  };
+  if (absl::Status took = TakeSlots(spec, model, taken); !took.ok()) {
+    return took;
+  }
   model.store = store;
   const size_t layers = layout.layer_elements.size();
-  absl::StatusOr<Slot> table =
-      allocate(layers * sizeof(uint64_t), SlotKind::kControl);
-  if (!table.ok()) return table.status();
-  model.layer_table = *table;
 
   PipelineOptions options;
   options.initial_iteration = spec.initial_iteration();
@@ -294,14 +260,14 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
     stats_.set_ssd_set_aside_bytes(ledger->UsageOf(job_id()).set_aside);
   }
 
-  // The validator learns the layout the way a client would tell it, from a
-  // table in the arena; it copies the table before checking it.
-  std::vector<uint64_t> layer_bytes;
+  // The validator checks entries against the layout just checked
+  // (CheckModelSpec, ValidateLayout): every layer's bytes a positive
+  // multiple of the dtype's.
+  JobLayout job_layout{.dtype = dtypes->second};
   for (uint64_t elements : layout.layer_elements) {
-    layer_bytes.push_back(elements * model.element_bytes);
+    job_layout.layer_bytes.push_back(elements * model.element_bytes);
   }
-  std::memcpy(base() + model.layer_table.offset, layer_bytes.data(),
-              layers * sizeof(uint64_t));
+  const std::vector<uint64_t> layer_bytes = job_layout.layer_bytes;
   EntryValidator::Options checks{.next_iteration = model.pipeline->iteration()};
   // Streamed: an entry must name one of the K slots exactly.
   for (const Slot& slot : model.grad_slots) {
@@ -310,23 +276,7 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
   for (const Slot& slot : model.weight_slots) {
     if (model.streamed_weights) checks.weight_slots.push_back(slot.offset);
   }
-  validator_.emplace(slots_.get(),
-                     absl::Span<const uint8_t>(base(), grant_.arena_bytes),
-                     std::move(checks));
-  SubmissionEntry registration{};
-  registration.op = static_cast<uint16_t>(RingOp::kRegisterLayout);
-  registration.dtype = static_cast<uint16_t>(dtypes->second);
-  registration.layer = static_cast<uint32_t>(layers);
-  registration.slot_offset = model.layer_table.offset;
-  registration.length = layers * sizeof(uint64_t);
-  if (absl::Status accepted = validator_->Accept(registration);
-      !accepted.ok()) {
-    return accepted;
-  }
-  if (validator_->layout()->layer_bytes != layer_bytes) {
-    return absl::AbortedError(
-        "the layout table changed while it was being registered");
-  }
+  validator_.emplace(slots_.get(), std::move(job_layout), std::move(checks));
 
   v1::RegisterModelResponse response;
   for (size_t layer = 0; layer < layers; ++layer) {
@@ -361,7 +311,9 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
   for (size_t layer = 0; layer < layers && !served_->streamed_weights;
        ++layer) {
     if (served_->pipeline->layer_initialized(layer)) {
-      if (absl::Status published = PublishWeights(layer); !published.ok()) {
+      if (absl::Status published =
+              served_->pipeline->ReadWeightCopy(layer, ResidentWeights(layer));
+          !published.ok()) {
         return published;
       }
     }
@@ -407,36 +359,10 @@ uint64_t JobSession::UpdateSpace(const TensorStore& store,
   return UpdateSpaceBytes(footprint, largest, options.buffers);
 }
 
-absl::Status JobSession::PublishWeights(size_t layer) {
-  Model& model = *served_;
-  if (model.streamed_weights) return absl::OkStatus();
-  uint8_t* slot = base() + model.weight_slots[layer].offset;
-  if (model.dtype == v1::DTYPE_FP32) {
-    return model.pipeline->ReadWeights(layer, reinterpret_cast<float*>(slot));
-  }
-  std::vector<float> weights(model.layout.layer_elements[layer]);
-  if (absl::Status read = model.pipeline->ReadWeights(layer, weights.data());
-      !read.ok()) {
-    return read;
-  }
-  PublishWeightsFrom(layer, weights.data());
-  return absl::OkStatus();
-}
-
-void JobSession::PublishWeightsFrom(size_t layer, const float* weights) {
-  Model& model = *served_;
-  if (model.streamed_weights) return;
-  const uint64_t elements = model.layout.layer_elements[layer];
-  uint8_t* slot = base() + model.weight_slots[layer].offset;
-  if (model.dtype == v1::DTYPE_FP32) {
-    std::memcpy(slot, weights, elements * 4);
-    return;
-  }
-  uint16_t* out = reinterpret_cast<uint16_t*>(slot);
-  for (uint64_t i = 0; i < elements; ++i) {
-    out[i] = model.dtype == v1::DTYPE_BF16 ? FloatToBf16(weights[i])
-                                           : FloatToFp16(weights[i]);
-  }
+uint8_t* JobSession::ResidentWeights(size_t layer) const {
+  const Model& model = *served_;
+  if (model.streamed_weights) return nullptr;
+  return base() + model.weight_slots[layer].offset;
 }
 
 absl::Status JobSession::CheckStaging(const SubmissionEntry& entry) const {
@@ -510,17 +436,12 @@ absl::Status JobSession::Handle(const SubmissionEntry& entry, uint64_t& detail,
       return model.pipeline->ReadWeights(entry.layer, staging);
     }
     // Copy first: the client may rewrite the staging slot at any time.
+    // Resident weights: the pipeline also writes them into the layer's
+    // weight slot (streamed: stored with the states, read by FETCH_PARAMS).
     std::vector<float> weights(
         staging, staging + model.layout.layer_elements[entry.layer]);
-    if (absl::Status stored =
-            model.pipeline->InitializeWeights(entry.layer, weights.data());
-        !stored.ok()) {
-      return stored;
-    }
-    // From memory: the store holds the same values (streamed: stored with
-    // the states, nothing to publish).
-    PublishWeightsFrom(entry.layer, weights.data());
-    return absl::OkStatus();
+    return model.pipeline->InitializeWeights(entry.layer, weights.data(),
+                                             ResidentWeights(entry.layer));
   }
   if (op == RingOp::kReadState || op == RingOp::kInitState) {
     float* staging = reinterpret_cast<float*>(base() + model.staging.offset);
@@ -545,20 +466,10 @@ absl::Status JobSession::Handle(const SubmissionEntry& entry, uint64_t& detail,
               : std::nullopt,
           model.clip);
     case RingOp::kIterEnd: {
+      // On error the pipeline has put the committed weights back into
+      // the weight slots it was given (JobPipeline::EndIteration).
       absl::StatusOr<IterationReport> report = model.pipeline->EndIteration();
-      if (!report.ok()) {
-        // The 16-bit copies are unspecified now: put the committed ones
-        // back before the client's next forward. (Streamed: the store
-        // still has the committed ones; PublishWeights does nothing.)
-        for (size_t layer = 0;
-             layer < model.weight_slots.size() && !model.streamed_weights;
-             ++layer) {
-          if (model.pipeline->layer_initialized(layer)) {
-            (void)PublishWeights(layer);
-          }
-        }
-        return report.status();
-      }
+      if (!report.ok()) return report.status();
       {
         absl::MutexLock stats_lock(&stats_mu_);
         stats_.set_iteration(report->iteration);
@@ -603,17 +514,10 @@ absl::Status JobSession::Handle(const SubmissionEntry& entry, uint64_t& detail,
                     report->clipped, report->skipped);
       return absl::OkStatus();
     }
-    case RingOp::kIterAbort: {
-      absl::Status aborted = model.pipeline->AbortIteration();
-      // Updates that ran wrote new weights into the client's buffers:
-      // put the committed ones back before its next forward.
-      for (size_t layer = 0; layer < model.weight_slots.size(); ++layer) {
-        if (model.pipeline->layer_initialized(layer)) {
-          (void)PublishWeights(layer);
-        }
-      }
-      return aborted;
-    }
+    case RingOp::kIterAbort:
+      // The pipeline puts the committed weights back into the weight slots
+      // its updates wrote (JobPipeline::AbortIteration).
+      return model.pipeline->AbortIteration();
     default:
       return absl::InternalError(
           absl::StrCat("op ", entry.op, " reached the ordered lane"));
@@ -629,11 +533,9 @@ absl::Status JobSession::Execute(const SubmissionEntry& entry, uint64_t& detail,
       // store, so the completion frees the slot. Resident weights: the
       // update writes the new ones (16-bit, or the fp32 masters) into the
       // layer's weight slot; streamed: none in the arena.
-      return model.pipeline->SubmitGradients(
-          entry.layer, base() + entry.slot_offset,
-          model.streamed_weights
-              ? nullptr
-              : base() + model.weight_slots[entry.layer].offset);
+      return model.pipeline->SubmitGradients(entry.layer,
+                                             base() + entry.slot_offset,
+                                             ResidentWeights(entry.layer));
     case RingOp::kFetchParams: {
       uint8_t* destination = base() + entry.slot_offset;
       if (model.dtype == v1::DTYPE_FP32 && model.streamed_weights) {

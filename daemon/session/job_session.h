@@ -148,7 +148,6 @@ class JobSession {
     bool streamed_weights = false;
     Slot staging;
     Slot error_text;
-    Slot layer_table;
     std::optional<Slot> activations;
     TensorStore* store = nullptr;
     std::unique_ptr<JobPipeline> pipeline;
@@ -157,6 +156,14 @@ class JobSession {
   JobSession(std::unique_ptr<PooledArena> arena,
              std::unique_ptr<SlotAllocator> slots, ArenaGrant grant);
   uint8_t* base() const { return arena_->arena().base(); }
+  // Allocates `model`'s slots in the arena for `spec` (its buffers as
+  // ChooseArena lays them out in this arena, the staging slot, the error
+  // text, the activation area), appending each slot's offset to `taken`
+  // (the caller frees them if the registration fails).
+  // RESOURCE_EXHAUSTED saying how to fit when the arena cannot hold them.
+  absl::Status TakeSlots(const v1::ModelSpec& spec, Model& model,
+                         std::vector<uint64_t>& taken)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The SSD space the job's updates need at most, from its tensors in
   // `store` once the pipeline has opened them.
   uint64_t UpdateSpace(const TensorStore& store,
@@ -187,14 +194,12 @@ class JobSession {
   // (CheckStagingEntry), the layer, the staging slot's offset and the
   // layer's fp32 length, and no iteration in progress.
   absl::Status CheckStaging(const SubmissionEntry& entry) const;
-  // Resident weights: writes the layer's committed weights, read from the
-  // store, into its weight slot (in the model's dtype): when a job is
-  // reopened, and after a failed or aborted iteration left the copies
-  // unspecified. (Streamed weights stay in the store until FETCH_PARAMS.)
-  absl::Status PublishWeights(size_t layer);
-  // The same from `weights` (the layer's fp32 values) in memory: the
-  // initial weights, just stored.
-  void PublishWeightsFrom(size_t layer, const float* weights);
+  // Resident weights: the layer's weight slot, where the pipeline writes
+  // its weights in the model's dtype (updates, INIT_WEIGHTS, a reopened
+  // job's committed ones, and the committed ones back after a failed or
+  // aborted iteration). Streamed: null (the weights stay in the store until
+  // FETCH_PARAMS).
+  uint8_t* ResidentWeights(size_t layer) const;
   void Complete(const SubmissionEntry& entry, const absl::Status& status,
                 uint64_t detail, uint32_t flags);
   // Activations swapped out through the daemon live in the store as

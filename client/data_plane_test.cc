@@ -1,24 +1,21 @@
-// DataPlane's asynchronous requests against a fake daemon in this process: a
-// thread that reads the submission ring and answers when, and in whatever
-// order, the test says. (tests/data_plane_test.cc drives the real lohand.)
+// DataPlane's asynchronous requests against a fake daemon in this process
+// (fake_daemon_test_util.h): a thread that reads the submission ring and
+// answers when, and in whatever order, the test says. (tests/data_plane_test.cc
+// drives the real lohand.)
 #include "client/data_plane.h"
-
-#include <sys/mman.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
 #include <deque>
-#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "client/fake_daemon_test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -27,163 +24,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-constexpr uint64_t kArenaBytes = 1 << 20;
-constexpr uint64_t kSubmissionOffset = 0;
-constexpr uint64_t kCompletionOffset = 256 << 10;
-constexpr uint64_t kErrorOffset = 512 << 10;
-constexpr uint64_t kErrorBytes = kErrorTextRecords * kErrorTextRecordBytes;
 constexpr absl::Duration kLong = absl::Seconds(30);
-
-// Plays lohand: owns a memfd arena (mapped twice: its own view and the one
-// the DataPlane adopts), formats the rings, reads submissions on a thread.
-// With `echo`, answers each at once (detail = its activation_id); otherwise
-// keeps them for Take() and the test answers with Answer/Fail.
-class FakeDaemon {
- public:
-  explicit FakeDaemon(uint32_t capacity = 64, bool echo = false) : echo_(echo) {
-    fd_ = memfd_create("fake-arena", MFD_CLOEXEC);
-    EXPECT_GE(fd_, 0);
-    EXPECT_EQ(ftruncate(fd_, kArenaBytes), 0);
-    base_ = Map();
-    grant_.arena_bytes = kArenaBytes;
-    grant_.submission_offset = kSubmissionOffset;
-    grant_.submission_bytes = RingBytes(capacity, kRingEntryBytes);
-    grant_.completion_offset = kCompletionOffset;
-    grant_.completion_bytes = RingBytes(capacity, kRingEntryBytes);
-    EXPECT_TRUE(FormatRing(base_ + kSubmissionOffset, grant_.submission_bytes,
-                           capacity, kRingEntryBytes)
-                    .ok());
-    EXPECT_TRUE(FormatRing(base_ + kCompletionOffset, grant_.completion_bytes,
-                           capacity, kRingEntryBytes)
-                    .ok());
-    submissions_.emplace(*RingConsumer::Attach(
-        base_ + kSubmissionOffset, grant_.submission_bytes, kRingEntryBytes));
-    completions_.emplace(*RingProducer::Attach(
-        base_ + kCompletionOffset, grant_.completion_bytes, kRingEntryBytes));
-    int ends[2];
-    EXPECT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ends), 0);
-    ours_ = ends[0];
-    theirs_ = ends[1];
-    server_ = std::thread([this] { Serve(); });
-  }
-
-  ~FakeDaemon() {
-    Stop();
-    munmap(base_, kArenaBytes);
-    close(fd_);
-    if (ours_ >= 0) close(ours_);
-  }
-
-  std::unique_ptr<DataPlane> Plane() {
-    auto plane = DataPlane::Adopt(UniqueFd(theirs_), Map(), grant_);
-    EXPECT_TRUE(plane.ok()) << plane.status();
-    theirs_ = -1;
-    (*plane)->SetErrorText(kErrorOffset, kErrorBytes);
-    return *std::move(plane);
-  }
-
-  // The next `n` submissions, in ring order, waiting for them to arrive.
-  std::vector<SubmissionEntry> Take(size_t n) {
-    absl::MutexLock lock(&mu_);
-    auto enough = [&] { return held_.size() >= n; };
-    EXPECT_TRUE(mu_.AwaitWithTimeout(absl::Condition(&enough), kLong))
-        << "only " << held_.size() << " of " << n << " submissions came";
-    std::vector<SubmissionEntry> taken;
-    while (taken.size() < n && !held_.empty()) {
-      taken.push_back(held_.front());
-      held_.pop_front();
-    }
-    return taken;
-  }
-
-  void Answer(const SubmissionEntry& entry, uint64_t detail) {
-    CompletionEntry completion{};
-    completion.request_id = entry.request_id;
-    completion.detail = detail;
-    Push(completion);
-  }
-
-  // As lohand does: the text into the error area, then the completion.
-  void Fail(const SubmissionEntry& entry, absl::StatusCode code,
-            std::string_view text) {
-    CompletionEntry completion{};
-    completion.request_id = entry.request_id;
-    completion.status_code = static_cast<uint32_t>(code);
-    absl::MutexLock lock(&push_mu_);
-    completion.detail = ++error_sequence_;
-    WriteErrorText(base_ + kErrorOffset, kErrorBytes, error_sequence_, text);
-    PushLocked(completion);
-  }
-
-  // The daemon's process dies: its end of the connection closes.
-  void HangUp() {
-    close(ours_);
-    ours_ = -1;
-  }
-
-  void Stop() {
-    stop_.store(true);
-    if (server_.joinable()) server_.join();
-  }
-
-  uint64_t served() const { return served_.load(); }
-
- private:
-  uint8_t* Map() {
-    void* mapped =
-        mmap(nullptr, kArenaBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
-    EXPECT_NE(mapped, MAP_FAILED);
-    return static_cast<uint8_t*>(mapped);
-  }
-
-  void Serve() {
-    SubmissionEntry entry;
-    while (!stop_.load()) {
-      absl::StatusOr<bool> popped = submissions_->TryPop(&entry);
-      ASSERT_TRUE(popped.ok()) << popped.status();
-      if (!*popped) {
-        (void)submissions_->WaitForEntries(absl::Milliseconds(10));
-        continue;
-      }
-      served_.fetch_add(1);
-      if (echo_) {
-        Answer(entry, entry.activation_id);
-      } else {
-        absl::MutexLock lock(&mu_);
-        held_.push_back(entry);
-      }
-    }
-  }
-
-  void Push(const CompletionEntry& completion) {
-    absl::MutexLock lock(&push_mu_);
-    PushLocked(completion);
-  }
-
-  void PushLocked(const CompletionEntry& completion) {
-    while (true) {
-      absl::StatusOr<bool> pushed = completions_->TryPush(&completion);
-      ASSERT_TRUE(pushed.ok()) << pushed.status();
-      if (*pushed) return;
-      (void)completions_->WaitForSpace(absl::Milliseconds(10));
-    }
-  }
-
-  const bool echo_;
-  int fd_ = -1;
-  uint8_t* base_ = nullptr;
-  ArenaGrant grant_;
-  int ours_ = -1, theirs_ = -1;
-  std::optional<RingConsumer> submissions_;  // the server thread's
-  absl::Mutex push_mu_;
-  std::optional<RingProducer> completions_ ABSL_GUARDED_BY(push_mu_);
-  uint64_t error_sequence_ ABSL_GUARDED_BY(push_mu_) = 0;
-  absl::Mutex mu_;
-  std::deque<SubmissionEntry> held_ ABSL_GUARDED_BY(mu_);
-  std::atomic<bool> stop_{false};
-  std::atomic<uint64_t> served_{0};
-  std::thread server_;
-};
 
 SubmissionEntry Request(uint64_t id) {
   SubmissionEntry entry{};

@@ -185,6 +185,77 @@ absl::Status JobSession::TakeSlots(const v1::ModelSpec& spec, Model& model,
   return absl::OkStatus();
 }
 
+PipelineOptions JobSession::PipelineOptionsFor(const v1::ModelSpec& spec,
+                                               const Model& model,
+                                               const UpdateParts& parts) {
+  PipelineOptions options;
+  options.initial_iteration = spec.initial_iteration();
+  options.stream_gradients = model.streamed_grads;
+  // fp32 models have no 16-bit copy: FETCH_PARAMS reads the masters.
+  options.stream_weight16 =
+      model.streamed_weights && model.dtype != v1::DTYPE_FP32;
+  // Resident fp32: the updates write the masters into the weight slots.
+  options.fp32_weights_out =
+      !model.streamed_weights && model.dtype == v1::DTYPE_FP32;
+  options.settle_in_background = spec.overlap_updates();
+  options.optimizer_queue = parts.optimizer_queue;
+  options.weight = parts.weight;
+  options.fair_group = parts.fair_group;
+  options.read_ahead_bytes = parts.read_ahead_bytes;
+  options.read_ahead_shares = parts.read_ahead_shares;
+  options.clip_schedule = spec.clip_schedule() == v1::CLIP_SCHEDULE_REDO_ALL
+                              ? ClipSchedule::kRedoAll
+                              : ClipSchedule::kDeferWhenCertain;
+  return options;
+}
+
+void JobSession::MakeValidator(const Model& model, RingDtype dtype) {
+  // The validator checks entries against the layout just checked
+  // (CheckModelSpec, ValidateLayout): every layer's bytes a positive
+  // multiple of the dtype's.
+  JobLayout job_layout{.dtype = dtype};
+  for (uint64_t elements : model.layout.layer_elements) {
+    job_layout.layer_bytes.push_back(elements * model.element_bytes);
+  }
+  EntryValidator::Options checks{.next_iteration = model.pipeline->iteration()};
+  // Streamed: an entry must name one of the K slots exactly.
+  for (const Slot& slot : model.grad_slots) {
+    if (model.streamed_grads) checks.grad_slots.push_back(slot.offset);
+  }
+  for (const Slot& slot : model.weight_slots) {
+    if (model.streamed_weights) checks.weight_slots.push_back(slot.offset);
+  }
+  validator_.emplace(slots_.get(), std::move(job_layout), std::move(checks));
+}
+
+v1::RegisterModelResponse JobSession::ResponseFor(const Model& model) {
+  v1::RegisterModelResponse response;
+  for (size_t layer = 0; layer < model.layout.layer_elements.size(); ++layer) {
+    v1::LayerSlots* slots = response.add_layers();
+    // Streamed: slot layer % K, so a client that simply uses "its" buffer
+    // works unchanged.
+    slots->set_grad_offset(
+        model.grad_slots[layer % model.grad_slots.size()].offset);
+    slots->set_weight_offset(
+        model.weight_slots[layer % model.weight_slots.size()].offset);
+    slots->set_bytes(model.layout.layer_elements[layer] * model.element_bytes);
+    response.add_layer_initialized(model.pipeline->layer_initialized(layer));
+  }
+  response.set_staging_offset(model.staging.offset);
+  response.set_staging_bytes(model.staging.length);
+  response.set_iteration(model.pipeline->iteration());
+  response.set_error_text_offset(model.error_text.offset);
+  response.set_error_text_bytes(model.error_text.length);
+  if (model.activations.has_value()) {
+    response.set_activation_offset(model.activations->offset);
+    response.set_activation_bytes(model.activations->length);
+  }
+  response.set_grad_slots(static_cast<uint32_t>(model.grad_slots.size()));
+  response.set_weight_slots(static_cast<uint32_t>(model.weight_slots.size()));
+
+  return response;
+}
+
 absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
     const v1::ModelSpec& spec, const UpdateParts& parts) {
   TensorStore* const store = parts.store;
@@ -225,25 +296,8 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
   model.store = store;
   const size_t layers = layout.layer_elements.size();
 
-  PipelineOptions options;
-  options.initial_iteration = spec.initial_iteration();
-  options.stream_gradients = model.streamed_grads;
-  // fp32 models have no 16-bit copy: FETCH_PARAMS reads the masters.
-  options.stream_weight16 =
-      model.streamed_weights && model.dtype != v1::DTYPE_FP32;
-  // Resident fp32: the updates write the masters into the weight slots.
-  options.fp32_weights_out =
-      !model.streamed_weights && model.dtype == v1::DTYPE_FP32;
-  options.settle_in_background = spec.overlap_updates();
-  options.optimizer_queue = parts.optimizer_queue;
-  options.weight = parts.weight;
-  options.fair_group = parts.fair_group;
-  options.read_ahead_bytes = parts.read_ahead_bytes;
-  options.read_ahead_shares = parts.read_ahead_shares;
+  const PipelineOptions options = PipelineOptionsFor(spec, model, parts);
   read_ahead_shares_.store(parts.read_ahead_shares);
-  options.clip_schedule = spec.clip_schedule() == v1::CLIP_SCHEDULE_REDO_ALL
-                              ? ClipSchedule::kRedoAll
-                              : ClipSchedule::kDeferWhenCertain;
   absl::StatusOr<std::unique_ptr<JobPipeline>> pipeline =
       JobPipeline::Open(store, *parts.updater, job_id(), layout, options);
   if (!pipeline.ok()) return pipeline.status();
@@ -260,47 +314,9 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
     stats_.set_ssd_set_aside_bytes(ledger->UsageOf(job_id()).set_aside);
   }
 
-  // The validator checks entries against the layout just checked
-  // (CheckModelSpec, ValidateLayout): every layer's bytes a positive
-  // multiple of the dtype's.
-  JobLayout job_layout{.dtype = dtypes->second};
-  for (uint64_t elements : layout.layer_elements) {
-    job_layout.layer_bytes.push_back(elements * model.element_bytes);
-  }
-  const std::vector<uint64_t> layer_bytes = job_layout.layer_bytes;
-  EntryValidator::Options checks{.next_iteration = model.pipeline->iteration()};
-  // Streamed: an entry must name one of the K slots exactly.
-  for (const Slot& slot : model.grad_slots) {
-    if (model.streamed_grads) checks.grad_slots.push_back(slot.offset);
-  }
-  for (const Slot& slot : model.weight_slots) {
-    if (model.streamed_weights) checks.weight_slots.push_back(slot.offset);
-  }
-  validator_.emplace(slots_.get(), std::move(job_layout), std::move(checks));
+  MakeValidator(model, dtypes->second);
 
-  v1::RegisterModelResponse response;
-  for (size_t layer = 0; layer < layers; ++layer) {
-    v1::LayerSlots* slots = response.add_layers();
-    // Streamed: slot layer % K, so a client that simply uses "its" buffer
-    // works unchanged.
-    slots->set_grad_offset(
-        model.grad_slots[layer % model.grad_slots.size()].offset);
-    slots->set_weight_offset(
-        model.weight_slots[layer % model.weight_slots.size()].offset);
-    slots->set_bytes(layer_bytes[layer]);
-    response.add_layer_initialized(model.pipeline->layer_initialized(layer));
-  }
-  response.set_staging_offset(model.staging.offset);
-  response.set_staging_bytes(model.staging.length);
-  response.set_iteration(model.pipeline->iteration());
-  response.set_error_text_offset(model.error_text.offset);
-  response.set_error_text_bytes(model.error_text.length);
-  if (model.activations.has_value()) {
-    response.set_activation_offset(model.activations->offset);
-    response.set_activation_bytes(model.activations->length);
-  }
-  response.set_grad_slots(static_cast<uint32_t>(model.grad_slots.size()));
-  response.set_weight_slots(static_cast<uint32_t>(model.weight_slots.size()));
+  const v1::RegisterModelResponse response = ResponseFor(model);
 
   model_.emplace(std::move(model));
   served_ = &*model_;

@@ -156,6 +156,16 @@ class JobSession {
   JobSession(std::unique_ptr<PooledArena> arena,
              std::unique_ptr<SlotAllocator> slots, ArenaGrant grant);
   uint8_t* base() const { return arena_->arena().base(); }
+  // How the job's pipeline runs `model` (registered from `spec`) with the
+  // daemon's `parts`.
+  static PipelineOptions PipelineOptionsFor(const v1::ModelSpec& spec,
+                                            const Model& model,
+                                            const UpdateParts& parts);
+  // Makes the validator of `model`'s entries: its layout, the next
+  // iteration, and, streamed, the K slots an entry must name exactly.
+  void MakeValidator(const Model& model, RingDtype dtype);
+  // Where `model`'s buffers are, for the client.
+  static v1::RegisterModelResponse ResponseFor(const Model& model);
   // Allocates `model`'s slots in the arena for `spec` (its buffers as
   // ChooseArena lays them out in this arena, the staging slot, the error
   // text, the activation area), appending each slot's offset to `taken`

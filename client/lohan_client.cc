@@ -610,6 +610,28 @@ int lohan_model_submit_act_put(lohan_model* model, uint64_t id, uint64_t offset,
   return ReturnTicket(model->channel->SubmitActPut(id, offset, length), ticket);
 }
 
+int lohan_model_submit_act_put_from_device(lohan_model* model, uint64_t id,
+                                           uint64_t offset, uint64_t length,
+                                           int device,
+                                           const void* device_source,
+                                           void* cuda_stream,
+                                           uint64_t* ticket) {
+  if (ticket == nullptr) return InvalidArgument("ticket is NULL");
+  if (model == nullptr) return NullModel();
+  if (device < 0) {
+    return InvalidArgument(
+        "lohan_model_submit_act_put_from_device: device must be >= 0");
+  }
+  if (device_source == nullptr) {
+    return InvalidArgument(
+        "lohan_model_submit_act_put_from_device: device_source is NULL");
+  }
+  return ReturnTicket(
+      model->channel->SubmitActPutFromDevice(id, offset, length, device,
+                                             device_source, cuda_stream),
+      ticket);
+}
+
 int lohan_model_submit_act_get(lohan_model* model, uint64_t id, uint64_t offset,
                                uint64_t length, uint64_t* ticket) {
   if (ticket == nullptr) return InvalidArgument("ticket is NULL");

@@ -505,6 +505,20 @@ absl::StatusOr<ModelChannel::Ticket> ModelChannel::SubmitActFree(uint64_t id) {
   return SubmitEntry(*entry);
 }
 
+absl::StatusOr<ModelChannel::Ticket> ModelChannel::SubmitActPutFromDevice(
+    uint64_t id, uint64_t offset, uint64_t length, int device,
+    const void* device_source, void* cuda_stream) {
+  absl::StatusOr<SubmissionEntry> entry =
+      ActivationEntry(RingOp::kActPut, id, offset, length);
+  if (!entry.ok()) return entry.status();
+  if (absl::Status available = cuda::Available(); !available.ok()) {
+    return available;
+  }
+  return CopyHoldingBuffer(*entry, /*to_host=*/true,
+                           const_cast<void*>(device_source), device,
+                           cuda_stream);
+}
+
 // ---- Tickets
 
 absl::Status ModelChannel::Wait(Ticket ticket, absl::Duration timeout) {

@@ -160,6 +160,16 @@ class ModelChannel {
   absl::StatusOr<Ticket> SubmitActGet(uint64_t id, uint64_t offset,
                                       uint64_t length);
   absl::StatusOr<Ticket> SubmitActFree(uint64_t id);
+  // An ACT_PUT of `length` bytes at `device_source` (GPU memory on CUDA
+  // device `device`): enqueues on `cuda_stream` their copy into the
+  // activation area's [offset, offset + length), held until done, and
+  // submits the put once the copy is done (the copy's error fails the
+  // ticket). Returns the ticket at once; nothing waits. UNIMPLEMENTED /
+  // FAILED_PRECONDITION where CUDA cannot be used.
+  absl::StatusOr<Ticket> SubmitActPutFromDevice(uint64_t id, uint64_t offset,
+                                                uint64_t length, int device,
+                                                const void* device_source,
+                                                void* cuda_stream);
 
   // ---- Tickets (DataPlane::Wait / Poll)
 

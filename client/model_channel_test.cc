@@ -4,6 +4,8 @@
 // the C ABI.)
 #include "client/model_channel.h"
 
+#include <dlfcn.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -11,11 +13,13 @@
 #include <memory>
 #include <vector>
 
+#include "client/cuda_driver.h"
 #include "client/data_plane.h"
 #include "client/fake_daemon_test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/lohan.pb.h"
+#include "tests/fake_cuda/fake_driver_path.h"
 #include "wire/ring_entry.h"
 
 namespace lohan {
@@ -410,6 +414,84 @@ TEST(ModelChannel, ActivationRangesMustLieInTheArea) {
   rig.daemon.Answer(entry, 0);
   EXPECT_TRUE(whole.get().ok());
 }
+
+#if defined(LOHAN_WITH_CUDA) && LOHAN_WITH_CUDA
+// The fake driver (tests/fake_cuda): host memory for "device" memory, one
+// worker thread per stream, a stream that can be held. Loaded once, before
+// the client's first CUDA call.
+struct FakeCuda {
+  void* (*device_alloc)(int, size_t);
+  void (*device_free)(void*);
+  CUstream (*stream_create)(int);
+  void (*stream_hold)(CUstream, int);
+};
+
+const FakeCuda& Fake() {
+  static const FakeCuda* const fake = [] {
+    setenv(cuda::kDriverLibraryVariable, cuda::FakeDriverPath().c_str(), 1);
+    void* library =
+        dlopen(cuda::FakeDriverPath().c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (library == nullptr) std::abort();
+    auto find = [library](const char* name) {
+      void* found = dlsym(library, name);
+      if (found == nullptr) std::abort();
+      return found;
+    };
+    auto* functions = new FakeCuda;  // lives with the process, as `library`
+    functions->device_alloc = reinterpret_cast<void* (*)(int, size_t)>(
+        find("fake_cuda_device_alloc"));
+    functions->device_free =
+        reinterpret_cast<void (*)(void*)>(find("fake_cuda_device_free"));
+    functions->stream_create =
+        reinterpret_cast<CUstream (*)(int)>(find("fake_cuda_stream_create"));
+    functions->stream_hold = reinterpret_cast<void (*)(CUstream, int)>(
+        find("fake_cuda_stream_hold"));
+    return functions;
+  }();
+  return *fake;
+}
+
+// An activation leaves GPU memory without the caller waiting: the ticket
+// comes back while the copy has not run, and the ACT_PUT reaches the ring
+// only once the copy has put the bytes in the area.
+TEST(ModelChannel, AnActivationPutFromTheDeviceIsSubmittedOnceCopied) {
+  const FakeCuda& fake = Fake();
+  Rig rig;
+  constexpr uint64_t kBytes = 8192;
+  constexpr uint64_t kOffset = 4096;
+  auto* device = static_cast<unsigned char*>(fake.device_alloc(1, kBytes));
+  for (uint64_t i = 0; i < kBytes; ++i) {
+    device[i] = static_cast<unsigned char>(i * 13 + 5);
+  }
+  CUstream stream = fake.stream_create(1);
+  fake.stream_hold(stream, 1);
+  absl::StatusOr<ModelChannel::Ticket> ticket =
+      rig.channel.SubmitActPutFromDevice(7, kOffset, kBytes, 1, device, stream);
+  ASSERT_TRUE(ticket.ok()) << ticket.status();
+  absl::StatusOr<bool> done = rig.channel.Poll(*ticket);
+  ASSERT_TRUE(done.ok());
+  EXPECT_FALSE(*done);
+  const uint8_t* area = rig.channel.activation_area() + kOffset;
+  EXPECT_EQ(area[0], 0);  // the held stream has copied nothing yet
+  fake.stream_hold(stream, 0);
+  const SubmissionEntry entry = rig.Next();
+  EXPECT_EQ(OpOf(entry), RingOp::kActPut);
+  EXPECT_EQ(entry.activation_id, 7u);
+  EXPECT_EQ(entry.slot_offset, ActivationOffset(4) + kOffset);
+  EXPECT_EQ(entry.length, kBytes);
+  EXPECT_EQ(std::memcmp(area, device, kBytes), 0);
+  rig.daemon.Answer(entry, 0);
+  EXPECT_TRUE(rig.channel.Wait(*ticket, kLong).ok());
+  // Outside the area: refused before anything is enqueued.
+  EXPECT_EQ(
+      rig.channel
+          .SubmitActPutFromDevice(8, kActivationBytes - 1, 2, 1, device, stream)
+          .status()
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+  fake.device_free(device);
+}
+#endif  // LOHAN_WITH_CUDA
 
 }  // namespace
 }  // namespace lohan

@@ -31,6 +31,10 @@ constexpr const char* kOptimizerIsas[] = {"auto", "avx512", "avx2", "scalar"};
 constexpr char kDataSocketSuffix[] = ".data";
 constexpr size_t kMaxSocketPathLength = 107 - (sizeof(kDataSocketSuffix) - 1);
 constexpr uint32_t kMaxOptimizerThreads = 1024;
+// A data plane's rings: enough for a few requests in flight, at most what
+// the arena's control allowance holds (daemon/session/arena_layout.h).
+constexpr int64_t kMinRingEntries = 8;
+constexpr int64_t kMaxRingEntries = 1024;
 
 std::string Where(absl::string_view origin, const toml::node& node) {
   return absl::StrCat(origin, ":", node.source().begin.line);
@@ -273,6 +277,19 @@ const std::map<std::string, Setter>& KeySetters() {
        SizeSetter(&DaemonConfig::profile_probe_bytes, "store.profile_probe")},
       {"pool.host_pool_size",
        SizeSetter(&DaemonConfig::host_pool_bytes, "pool.host_pool_size")},
+      {"pool.ring_entries",
+       [](const toml::node& node, absl::string_view origin,
+          DaemonConfig& config) -> absl::Status {
+         std::optional<int64_t> value = node.value_exact<int64_t>();
+         if (!value || *value < kMinRingEntries || *value > kMaxRingEntries ||
+             (*value & (*value - 1)) != 0) {
+           return BadValue(origin, node, "pool.ring_entries",
+                           absl::StrCat("a power of two from ", kMinRingEntries,
+                                        " to ", kMaxRingEntries));
+         }
+         config.ring_entries = static_cast<uint32_t>(*value);
+         return absl::OkStatus();
+       }},
       {"optimizer.threads",
        IntegerSetter(&DaemonConfig::optimizer_threads, "optimizer.threads", 0,
                      kMaxOptimizerThreads)},
@@ -397,6 +414,16 @@ absl::Status ApplyOverrides(const ConfigOverrides& overrides,
       !set.ok()) {
     return set;
   }
+  if (overrides.ring_entries) {
+    const int64_t entries = *overrides.ring_entries;
+    if (entries < kMinRingEntries || entries > kMaxRingEntries ||
+        (entries & (entries - 1)) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "flag --ring-entries must be a power of two from ", kMinRingEntries,
+          " to ", kMaxRingEntries, "; got ", entries));
+    }
+    config.ring_entries = static_cast<uint32_t>(*overrides.ring_entries);
+  }
   if (overrides.optimizer_threads) {
     if (*overrides.optimizer_threads < 0 ||
         *overrides.optimizer_threads > kMaxOptimizerThreads) {
@@ -488,6 +515,13 @@ absl::Status ValidateConfig(const DaemonConfig& config) {
                      FormatByteSize(config.ssd_capacity_bytes),
                      ") is smaller than one stripe unit (",
                      FormatByteSize(config.stripe_unit_bytes), ")"));
+  }
+  if ((config.ring_entries & (config.ring_entries - 1)) != 0 ||
+      config.ring_entries < kMinRingEntries ||
+      config.ring_entries > kMaxRingEntries) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "key 'pool.ring_entries' must be a power of two from ", kMinRingEntries,
+        " to ", kMaxRingEntries, "; got ", config.ring_entries));
   }
   if (config.host_pool_bytes == 0) {
     // A pool nothing fits in: every job would be refused.

@@ -30,6 +30,9 @@ struct DaemonConfig {
   // probe file beside the data file); 0: the SSDs are not measured.
   uint64_t profile_probe_bytes = 0;
   uint64_t host_pool_bytes = 0;
+  // Entries in each of a data plane's two rings (a power of two, 8 to
+  // 1024): the requests one process may have in flight.
+  uint32_t ring_entries = 0;
   // 0 = half of the online cores, at least 1 (see EffectiveOptimizerThreads).
   uint32_t optimizer_threads = 0;
   // "auto", "avx512", "avx2" or "scalar".
@@ -60,6 +63,7 @@ struct ConfigOverrides {
   std::optional<std::string> host_pool_size;  // unparsed, e.g. "8GiB"
   std::optional<std::string> profile_probe;   // unparsed, e.g. "256MiB"
   std::optional<int64_t> optimizer_threads;
+  std::optional<int64_t> ring_entries;
   std::optional<std::string> optimizer_tuning;
 };
 

@@ -32,6 +32,7 @@ TEST(DefaultConfig, IsTheDeployedFile) {
   EXPECT_EQ(defaults.ssd_paths,
             std::vector<std::string>{"/var/lib/lohan/ssd0"});
   EXPECT_EQ(defaults.host_pool_bytes, 4ull << 30);
+  EXPECT_EQ(defaults.ring_entries, 1024u);
   EXPECT_EQ(defaults.optimizer_threads, 0u);
   EXPECT_EQ(defaults.optimizer_isa, "auto");
   EXPECT_EQ(defaults.optimizer_tuning, "auto");
@@ -159,6 +160,9 @@ INSTANTIATE_TEST_SUITE_P(
                 "'pool.host_pool_size': 'lots' is not a byte size"},
         BadCase{"[pool]\nhost_pool_size = -4\n", "pool.host_pool_size"},
         BadCase{"[pool]\nhost_pool_size = 1.5\n", "pool.host_pool_size"},
+        BadCase{"[pool]\nring_entries = 12\n",
+                "'pool.ring_entries' must be a power of two from 8 to 1024"},
+        BadCase{"[pool]\nring_entries = 4\n", "'pool.ring_entries'"},
         BadCase{"[optimizer]\nthreads = -1\n", "'optimizer.threads' must be"},
         BadCase{"[optimizer]\nread_ahead = \"plenty\"\n",
                 "'optimizer.read_ahead': 'plenty' is not a byte size"},
@@ -213,7 +217,9 @@ TEST(ApplyOverrides, FlagsWinOverFile) {
   overrides.ssd_capacity = "1GiB";
   overrides.profile_probe = "0";
   overrides.optimizer_tuning = "default";
+  overrides.ring_entries = 16;
   ASSERT_TRUE(ApplyOverrides(overrides, config).ok());
+  EXPECT_EQ(config.ring_entries, 16u);
   EXPECT_EQ(config.optimizer_tuning, "default");
   EXPECT_EQ(config.profile_probe_bytes, 0u);
   EXPECT_EQ(config.socket_path, "/tmp/s.sock");
@@ -239,6 +245,10 @@ TEST(ApplyOverrides, BadFlagValuesNameTheFlag) {
   bad_probe.profile_probe = "lots";
   EXPECT_THAT(std::string(ApplyOverrides(bad_probe, config).message()),
               HasSubstr("--profile-probe"));
+  ConfigOverrides bad_ring;
+  bad_ring.ring_entries = 24;
+  EXPECT_THAT(std::string(ApplyOverrides(bad_ring, config).message()),
+              HasSubstr("--ring-entries must be a power of two"));
   ConfigOverrides bad_threads;
   bad_threads.optimizer_threads = -2;
   EXPECT_THAT(std::string(ApplyOverrides(bad_threads, config).message()),

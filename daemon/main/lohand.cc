@@ -388,7 +388,8 @@ int Run(const CommandLine& command_line) {
        .ledger = &ledger,
        .optimizer_queue = &optimizer_queue,
        .read_ahead_bytes = config->optimizer_read_ahead_bytes,
-       .read_ahead_shares = &read_ahead_shares});
+       .read_ahead_shares = &read_ahead_shares,
+       .ring_entries = config->ring_entries});
 
   const DaemonParts parts{.config = &*config,
                           .jobs = jobs->get(),
@@ -472,6 +473,10 @@ int main(int argc, char** argv) {
                  "pinned host pool, e.g. 8GiB [pool.host_pool_size]");
   app.add_option("--optimizer-threads", threads,
                  "optimizer threads, 0 = auto [optimizer.threads]");
+  int64_t ring_entries = 0;
+  app.add_option("--ring-entries", ring_entries,
+                 "entries per data-plane ring, a power of two from 8 to 1024 "
+                 "[pool.ring_entries]");
   std::string tuning;
   app.add_option("--optimizer-tuning", tuning,
                  "auto (timed at the first start, cached), default, or e.g. "
@@ -510,6 +515,7 @@ int main(int argc, char** argv) {
   if (app.count("--ssd-capacity")) overrides.ssd_capacity = ssd_capacity;
   if (app.count("--profile-probe")) overrides.profile_probe = profile_probe;
   if (app.count("--optimizer-threads")) overrides.optimizer_threads = threads;
+  if (app.count("--ring-entries")) overrides.ring_entries = ring_entries;
   if (app.count("--optimizer-tuning")) overrides.optimizer_tuning = tuning;
   if (app.count("--log-level")) overrides.log_level = log_level;
   return lohan::Run(command_line);

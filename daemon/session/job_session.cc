@@ -41,12 +41,22 @@ absl::StatusOr<std::pair<DType, RingDtype>> DTypes(v1::DType dtype) {
 }  // namespace
 
 JobSession::JobSession(std::unique_ptr<PooledArena> arena,
-                       std::unique_ptr<SlotAllocator> slots, ArenaGrant grant)
-    : arena_(std::move(arena)), slots_(std::move(slots)), grant_(grant) {}
+                       std::unique_ptr<SlotAllocator> slots, ArenaGrant grant,
+                       uint32_t ring_entries)
+    : arena_(std::move(arena)),
+      slots_(std::move(slots)),
+      grant_(grant),
+      ring_entries_(ring_entries) {}
 
 absl::StatusOr<std::unique_ptr<JobSession>> JobSession::Create(
-    HostPool* pool, const std::string& job_id, uint64_t arena_bytes) {
-  const uint64_t ring_bytes = RingBytes(kRingCapacity, kRingEntryBytes);
+    HostPool* pool, const std::string& job_id, uint64_t arena_bytes,
+    uint32_t ring_entries) {
+  const uint64_t ring_bytes = RingBytes(ring_entries, kRingEntryBytes);
+  if (ring_bytes == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rings of ", ring_entries, " entries: a power of two from 2 to ",
+        kRingMaxCapacity, " is needed"));
+  }
   const uint64_t rings_bytes = 2 * RoundUp(ring_bytes, kPage);
   if (arena_bytes < rings_bytes + kPage) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -65,8 +75,8 @@ absl::StatusOr<std::unique_ptr<JobSession>> JobSession::Create(
     absl::StatusOr<Slot> slot = slots->Allocate(ring_bytes, SlotKind::kControl);
     if (!slot.ok()) return slot.status();
     if (absl::Status status =
-            FormatRing(memory.base() + slot->offset, slot->length,
-                       kRingCapacity, kRingEntryBytes);
+            FormatRing(memory.base() + slot->offset, slot->length, ring_entries,
+                       kRingEntryBytes);
         !status.ok()) {
       return status;
     }
@@ -76,7 +86,7 @@ absl::StatusOr<std::unique_ptr<JobSession>> JobSession::Create(
         slot->length;
   }
   std::unique_ptr<JobSession> session(
-      new JobSession(*std::move(arena), std::move(slots), grant));
+      new JobSession(*std::move(arena), std::move(slots), grant, ring_entries));
   absl::StatusOr<RingConsumer> submissions =
       RingConsumer::Attach(session->base() + grant.submission_offset,
                            grant.submission_bytes, kRingEntryBytes);
@@ -605,6 +615,7 @@ v1::SessionStatus JobSession::Status() const {
   v1::SessionStatus status = stats_;
   status.set_job_id(job_id());
   status.set_arena_bytes(grant_.arena_bytes);
+  status.set_ring_entries(ring_entries_);
   status.set_draining(drain_requested_.load());
   if (const MemoryShares* shares = read_ahead_shares_.load()) {
     status.set_read_ahead_held_bytes(shares->Held(job_id()));

@@ -49,16 +49,20 @@ namespace lohan {
 // pool.
 class JobSession {
  public:
+  // Entries per ring unless [pool] ring_entries says otherwise.
   static constexpr uint32_t kRingCapacity = 1024;
   // The error text area: kErrorTextRecords records (ring_entry.h).
   static constexpr uint64_t kErrorTextBytes =
       kErrorTextRecords * kErrorTextRecordBytes;
 
+  // The session's arena with its two rings of `ring_entries` entries each.
   // RESOURCE_EXHAUSTED when the pool cannot hold `arena_bytes` (rounded up
-  // to 4 KiB) or the arena is too small for the rings; ALREADY_EXISTS while
-  // the job has an arena. REQUIRES: `pool` outlives the session.
+  // to 4 KiB) or the arena is too small for the rings; INVALID_ARGUMENT for
+  // a ring size that is not a power of two; ALREADY_EXISTS while the job
+  // has an arena. REQUIRES: `pool` outlives the session.
   static absl::StatusOr<std::unique_ptr<JobSession>> Create(
-      HostPool* pool, const std::string& job_id, uint64_t arena_bytes);
+      HostPool* pool, const std::string& job_id, uint64_t arena_bytes,
+      uint32_t ring_entries = kRingCapacity);
 
   JobSession(const JobSession&) = delete;
   JobSession& operator=(const JobSession&) = delete;
@@ -154,7 +158,8 @@ class JobSession {
   };
 
   JobSession(std::unique_ptr<PooledArena> arena,
-             std::unique_ptr<SlotAllocator> slots, ArenaGrant grant);
+             std::unique_ptr<SlotAllocator> slots, ArenaGrant grant,
+             uint32_t ring_entries);
   uint8_t* base() const { return arena_->arena().base(); }
   // How the job's pipeline runs `model` (registered from `spec`) with the
   // daemon's `parts`.
@@ -228,6 +233,7 @@ class JobSession {
   std::unique_ptr<PooledArena> arena_;
   std::unique_ptr<SlotAllocator> slots_;
   const ArenaGrant grant_;
+  const uint32_t ring_entries_;
 
   absl::Mutex mu_;
   // Set once by RegisterModel, then used by the serving thread and the

@@ -135,8 +135,8 @@ absl::StatusOr<std::unique_ptr<JobSession>> SessionManager::OpenSession(
     if (!claim.ok()) return claim.status();
     claim_id = *claim;
   }
-  absl::StatusOr<std::unique_ptr<JobSession>> session =
-      JobSession::Create(parts_.pool, *job_id, job->spec().host_pool_bytes());
+  absl::StatusOr<std::unique_ptr<JobSession>> session = JobSession::Create(
+      parts_.pool, *job_id, job->spec().host_pool_bytes(), parts_.ring_entries);
   if (!session.ok()) {
     absl::MutexLock lock(&mu_);
     pool_claims_.erase(claim_id);

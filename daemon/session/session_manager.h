@@ -60,6 +60,8 @@ class SessionManager {
     // owners' weights (may be null: each job up to read_ahead_bytes).
     uint64_t read_ahead_bytes = 0;
     MemoryShares* read_ahead_shares = nullptr;
+    // Entries in each of a session's two rings ([pool] ring_entries).
+    uint32_t ring_entries = JobSession::kRingCapacity;
   };
   // REQUIRES: every part (and the updater's worker pool) outlives the
   // manager.

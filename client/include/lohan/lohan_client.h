@@ -446,6 +446,18 @@ LOHAN_CLIENT_API int lohan_model_submit_act_put(lohan_model* model, uint64_t id,
                                                 uint64_t offset,
                                                 uint64_t length,
                                                 uint64_t* ticket);
+/* An ACT_PUT whose `length` bytes are GPU memory at `device_source` on CUDA
+ * device `device`: enqueues on `cuda_stream` (a cudaStream_t on that
+ * device) their copy into the activation area at `offset`, and once the
+ * copy is done a stream callback hands the ACT_PUT to the data plane's
+ * submitter (as lohan_model_grad_ready_from_device does); returns the
+ * ticket at once. The area's range is in use until the put completes; the
+ * caller keeps `device_source` alive until the copy has read it (e.g.
+ * torch's record_stream on `cuda_stream`). LOHAN_UNIMPLEMENTED /
+ * LOHAN_FAILED_PRECONDITION where the library cannot use CUDA. */
+LOHAN_CLIENT_API int lohan_model_submit_act_put_from_device(
+    lohan_model* model, uint64_t id, uint64_t offset, uint64_t length,
+    int device, const void* device_source, void* cuda_stream, uint64_t* ticket);
 LOHAN_CLIENT_API int lohan_model_submit_act_get(lohan_model* model, uint64_t id,
                                                 uint64_t offset,
                                                 uint64_t length,

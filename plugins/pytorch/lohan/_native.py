@@ -160,6 +160,9 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
                                                     ctypes.POINTER(u64)]),
         "lohan_model_submit_act_put": (c_int, [c_void_p, u64, u64, u64,
                                                ctypes.POINTER(u64)]),
+        "lohan_model_submit_act_put_from_device": (
+            c_int, [c_void_p, u64, u64, u64, c_int, c_void_p, c_void_p,
+                    ctypes.POINTER(u64)]),
         "lohan_model_submit_act_get": (c_int, [c_void_p, u64, u64, u64,
                                                ctypes.POINTER(u64)]),
         "lohan_model_submit_act_free": (c_int, [c_void_p, u64,

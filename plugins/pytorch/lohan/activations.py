@@ -126,9 +126,13 @@ class ActivationStore:
     Not thread-safe: autograd calls it on one thread."""
 
     def __init__(self, host_bytes: Optional[int], remote: Any = None,
-                 area: Optional[torch.Tensor] = None):
+                 area: Optional[torch.Tensor] = None,
+                 device_copies: bool = False):
         self.host_limit = host_bytes
         self._remote = remote
+        # The client library copies GPU tensors into the (pinned) area on a
+        # stream and submits their puts once copied (see _write_pieces).
+        self._device_copies = device_copies
         self._buffers: List[_Buffer] = []
         if area is not None:
             half = area.numel() // 2 // 4096 * 4096
@@ -288,15 +292,32 @@ class ActivationStore:
 
     def _write_pieces(self, handle: _Handle, tensor: torch.Tensor) -> None:
         """The tensor's bytes to the daemon's SSDs (ACT_PUT), a buffer's
-        worth at a time, without waiting for the last ones."""
+        worth at a time, without waiting for the last ones. A GPU tensor's
+        pieces are copied into the area on the outbound copy stream, once
+        the compute stream has produced the tensor, and each put goes out
+        when its copy is done (the client library's stream callback): the
+        forward does not wait for them."""
         source = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+        on_device = source.device.type == "cuda" and self._device_copies
+        if on_device:
+            stream = copy_stream(source.device, outbound=True)
+            stream.wait_stream(torch.cuda.current_stream(source.device))
+            # The allocator must not reuse the memory before the copies
+            # have read it.
+            source.record_stream(stream)
         for begin in range(0, handle.nbytes, self.piece_bytes):
             length = min(self.piece_bytes, handle.nbytes - begin)
             buffer = self._buffer()
-            buffer.view[:length].copy_(source[begin:begin + length])
             activation_id = next(self._ids)
-            buffer.ticket = self._remote.submit_act_put(
-                activation_id, buffer.offset, length)
+            if on_device:
+                buffer.ticket = self._remote.submit_act_put_from_device(
+                    activation_id, buffer.offset, length,
+                    source.data_ptr() + begin, source.device.index,
+                    stream.cuda_stream)
+            else:
+                buffer.view[:length].copy_(source[begin:begin + length])
+                buffer.ticket = self._remote.submit_act_put(
+                    activation_id, buffer.offset, length)
             handle.ids.append((activation_id, begin, length))
 
     def keep_on_ssd(self, tensor: torch.Tensor) -> _Handle:

@@ -221,6 +221,18 @@ class Model:
         return self._submit(self._lib.lohan_model_submit_act_put,
                             activation_id, offset, length)
 
+    def submit_act_put_from_device(self, activation_id: int, offset: int,
+                                   length: int, tensor_ptr: int, device: int,
+                                   stream_ptr: int = 0) -> int:
+        """ACT_PUT of `length` bytes of GPU memory at `tensor_ptr` (on CUDA
+        device `device`): copied on the stream `stream_ptr` into the
+        activation area at `offset`, the put submitted once the copy is
+        done; returns the ticket at once. Keep the memory alive until the
+        copy has read it (record_stream on that stream)."""
+        return self._submit(self._lib.lohan_model_submit_act_put_from_device,
+                            activation_id, offset, length, device, tensor_ptr,
+                            stream_ptr or None)
+
     def submit_act_get(self, activation_id: int, offset: int,
                        length: int) -> int:
         return self._submit(self._lib.lohan_model_submit_act_get,

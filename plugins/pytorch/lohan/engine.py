@@ -207,8 +207,9 @@ class Engine:
         if uses_store(where.activation_modes):
             area = (torch.frombuffer(remote.activations, dtype=torch.uint8)
                     if where.spill else None)
-            self._activations = ActivationStore(opts.activation_host_bytes,
-                                                remote, area)
+            self._activations = ActivationStore(
+                opts.activation_host_bytes, remote, area,
+                device_copies=self._session.cuda)
         self._iteration = Iteration(
             self._session, self.layers, self.grad_accumulation_steps,
             self._weights, self._activations, self._next_lr, scaling,

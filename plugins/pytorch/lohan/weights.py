@@ -312,9 +312,22 @@ class Weights:
         reads it from its SSDs), and a resident one may still be waiting
         for its update (the daemon answers once the layer's update is
         done)."""
-        self._session.remote.fetch_params(layer.index)
-        self._copy_into_params(layer,
-                               self._session.weight_views[layer.index])
+        session = self._session
+        session.remote.fetch_params(layer.index)
+        view = session.weight_views[layer.index]
+        device = layer.params[0].device
+        if not (session.cuda and device.type == "cuda"):
+            self._copy_into_params(layer, view)
+            return
+        # On the GPU the host goes on at once: the C library copies the
+        # buffer up on torch's current stream, holding it until the copy has
+        # read it (a fetch that would refill a shared buffer waits for
+        # that), and the parameters take their slices on the same stream.
+        flat = torch.empty(view.shape, dtype=view.dtype, device=device)
+        session.remote.weights_to_device(
+            layer.index, flat.data_ptr(), view.numel() * view.element_size(),
+            torch.cuda.current_stream(device).cuda_stream, device.index)
+        self._copy_into_params(layer, flat)
 
     @staticmethod
     def _copy_into_params(layer: Layer, flat: torch.Tensor) -> None:

@@ -1,0 +1,329 @@
+#include "plugins/libtorch/engine.h"
+
+#include <torch/types.h>
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "plugins/libtorch/lohan_error.h"
+#include "plugins/libtorch/model_spec_json.h"
+
+namespace lohan::torch_plugin {
+namespace {
+
+Options Validated(Options options) {
+  ValidateOptions(options);
+  return options;
+}
+
+torch::ScalarType TrainingDtype(const Options& options) {
+  return options.dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;
+}
+
+// Every trainable parameter is a CPU tensor of a dtype the engine trains.
+void CheckParameters(const std::vector<Layer>& layers,
+                     torch::ScalarType dtype) {
+  for (const Layer& layer : layers) {
+    for (size_t i = 0; i < layer.params.size(); ++i) {
+      const torch::Tensor& param = layer.params[i];
+      if (!param.device().is_cpu()) {
+        throw std::invalid_argument(
+            "lohan Engine: parameter " + layer.names[i] + " is on " +
+            param.device().str() + "; this engine trains CPU modules");
+      }
+      const auto found = param.scalar_type();
+      if (found != torch::kFloat32 && found != dtype) {
+        throw std::invalid_argument("lohan Engine: parameter " +
+                                    layer.names[i] + " is " +
+                                    std::string(c10::toString(found)) +
+                                    "; pass fp32 parameters (or dtype's own)");
+      }
+    }
+  }
+}
+
+ModelSpecFields SpecFields(const Options& options,
+                           const std::vector<Layer>& layers) {
+  ModelSpecFields spec;
+  for (const Layer& layer : layers) spec.layer_elements.push_back(layer.numel);
+  spec.dtype = options.dtype;
+  spec.lr = options.lr;
+  spec.beta1 = options.beta1;
+  spec.beta2 = options.beta2;
+  spec.eps = options.eps;
+  spec.weight_decay = options.weight_decay;
+  spec.max_grad_norm = options.max_grad_norm;
+  if (options.no_weight_decay_1d) {
+    spec.no_weight_decay = OneDimensionalRanges(layers);
+  }
+  const uint32_t count = static_cast<uint32_t>(layers.size());
+  const uint32_t streamed =
+      count > 1 ? std::min(options.stream_buffers, count - 1) : 0;
+  const uint32_t slots = options.buffers == "resident" ? 0 : streamed;
+  spec.grad_slots = slots;
+  spec.weight_slots = slots;
+  spec.fit_arena = options.buffers == "auto" && slots > 0;
+  return spec;
+}
+
+torch::Tensor ArenaView(void* buffer, int64_t numel, torch::ScalarType dtype) {
+  return torch::from_blob(buffer, {numel}, torch::TensorOptions(dtype));
+}
+
+}  // namespace
+
+Engine::Engine(std::shared_ptr<torch::nn::Module> model,
+               std::vector<std::shared_ptr<torch::nn::Module>> blocks,
+               Options options)
+    : module_(std::move(model)),
+      options_(Validated(std::move(options))),
+      layers_(PlanLayers(module_, blocks)),
+      dtype_(TrainingDtype(options_)),
+      session_(options_.socket_path),
+      lr_(options_.lr) {
+  CheckParameters(layers_, dtype_);
+  const std::string spec = ModelSpecJson(SpecFields(options_, layers_));
+  try {
+    session_.CreateAndOpen(options_.job_name, spec);
+    remote_ = session_.Register(spec);
+    grad_slots_ = lohan_model_grad_slots(remote_);
+    for (const Layer& layer : layers_) {
+      grad_views_.push_back(ArenaView(
+          lohan_model_grad_buffer(remote_, layer.index), layer.numel, dtype_));
+      weight_views_.push_back(
+          ArenaView(lohan_model_weight_buffer(remote_, layer.index),
+                    layer.numel, dtype_));
+    }
+    InitializeWeights();
+  } catch (...) {
+    session_.Close(/*delete_job=*/true);
+    throw;
+  }
+  iteration_ = lohan_model_iteration(remote_);
+  arrived_.resize(layers_.size());
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    arrived_[i].resize(layers_[i].params.size());
+  }
+  arrived_count_.assign(layers_.size(), 0);
+  handed_over_.assign(layers_.size(), false);
+  RegisterHooks();
+}
+
+Engine::~Engine() {
+  try {
+    close(false);
+  } catch (...) {
+    // Destructors do not throw; close() itself ignores the daemon's
+    // refusals past the data plane.
+  }
+}
+
+std::string Engine::buffers() const {
+  return grad_slots_ < layers_.size() ? "streamed" : "resident";
+}
+
+void Engine::InitializeWeights() {
+  torch::NoGradGuard no_grad;
+  torch::Tensor staging = torch::from_blob(
+      lohan_model_staging(remote_),
+      {static_cast<int64_t>(lohan_model_staging_bytes(remote_) / 4)},
+      torch::TensorOptions(torch::kFloat32));
+  for (Layer& layer : layers_) {
+    for (size_t i = 0; i < layer.params.size(); ++i) {
+      const torch::Tensor& param = layer.params[i];
+      staging.narrow(0, layer.offsets[i], param.numel())
+          .copy_(param.reshape(-1));
+    }
+    ThrowIfFailed(lohan_model_init_weights(remote_, layer.index));
+    // The module trains in the training dtype; its weights are the
+    // daemon's (the masters rounded, as every later step's).
+    for (torch::Tensor& param : layer.params) {
+      if (param.scalar_type() != dtype_) param.set_data(param.to(dtype_));
+    }
+    FetchIntoModule(layer.index);
+  }
+}
+
+void Engine::RegisterHooks() {
+  for (const Layer& layer : layers_) {
+    for (size_t i = 0; i < layer.params.size(); ++i) {
+      torch::Tensor param = layer.params[i];
+      const uint32_t index = layer.index;
+      const unsigned handle =
+          param.register_hook([this, index, i](const torch::Tensor& grad) {
+            OnGradient(index, i, grad);
+          });
+      hooks_.emplace_back(std::move(param), handle);
+    }
+  }
+}
+
+void Engine::OnGradient(uint32_t layer, size_t param,
+                        const torch::Tensor& grad) {
+  if (handed_over_[layer] || arrived_[layer][param].defined()) {
+    throw std::logic_error(
+        "lohan Engine: a second backward before step(): gradient "
+        "accumulation is not supported yet; call step() after each "
+        "backward");
+  }
+  BeginIfIdle();
+  arrived_[layer][param] = grad;
+  if (++arrived_count_[layer] == layers_[layer].params.size()) {
+    HandOver(layer);
+  }
+}
+
+void Engine::BeginIfIdle() {
+  if (active_) return;
+  ThrowIfFailed(lohan_model_iter_begin_with(remote_, 1.0f, lr_));
+  active_ = true;
+}
+
+void Engine::ClaimGradBuffer(uint32_t layer) {
+  const auto found = buffer_tickets_.find(grad_views_[layer].data_ptr());
+  if (found == buffer_tickets_.end()) return;
+  const uint64_t ticket = found->second;
+  buffer_tickets_.erase(found);
+  ThrowIfFailed(lohan_model_wait(remote_, ticket, -1));
+}
+
+void Engine::HandOver(uint32_t layer) {
+  ClaimGradBuffer(layer);
+  const Layer& owner = layers_[layer];
+  for (size_t i = 0; i < owner.params.size(); ++i) {
+    torch::Tensor slice =
+        grad_views_[layer].narrow(0, owner.offsets[i], owner.params[i].numel());
+    torch::Tensor& grad = arrived_[layer][i];
+    if (grad.defined()) {
+      slice.copy_(grad.reshape(-1));
+    } else {
+      slice.zero_();
+    }
+    grad = torch::Tensor();
+  }
+  uint64_t ticket = 0;
+  ThrowIfFailed(lohan_model_submit_grad_ready(remote_, layer, &ticket));
+  buffer_tickets_[grad_views_[layer].data_ptr()] = ticket;
+  handed_over_[layer] = true;
+}
+
+void Engine::FlushLayers() {
+  for (const Layer& layer : layers_) {
+    if (!handed_over_[layer.index]) HandOver(layer.index);
+  }
+}
+
+void Engine::WaitForGradients() {
+  // Every ticket is waited for, also after a failure; the first failure
+  // is thrown.
+  int first_failure = LOHAN_OK;
+  std::string message;
+  for (const auto& [buffer, ticket] : buffer_tickets_) {
+    const int status = lohan_model_wait(remote_, ticket, -1);
+    if (status != LOHAN_OK && first_failure == LOHAN_OK) {
+      first_failure = status;
+      message = lohan_last_error();
+    }
+  }
+  buffer_tickets_.clear();
+  if (first_failure != LOHAN_OK) throw LohanError(first_failure, message);
+}
+
+StepResult Engine::step() {
+  if (closed_) throw std::logic_error("lohan Engine: step() after close()");
+  if (!active_) {
+    throw std::logic_error(
+        "lohan Engine: step() without gradients: call loss.backward() "
+        "first");
+  }
+  StepResult result;
+  try {
+    FlushLayers();
+    WaitForGradients();
+    int clipped = 0;
+    int skipped = 0;
+    const int status =
+        lohan_model_iter_end(remote_, &result.global_norm, &clipped, &skipped);
+    // Ended either way: on a failure the daemon rolled the step back.
+    active_ = false;
+    ThrowIfFailed(status);
+    result.clipped = clipped != 0;
+    result.skipped = skipped != 0;
+  } catch (...) {
+    if (active_) AbortStep();
+    ResetStep();
+    throw;
+  }
+  if (!result.skipped) ++iteration_;
+  try {
+    for (const Layer& layer : layers_) FetchIntoModule(layer.index);
+  } catch (...) {
+    ResetStep();
+    throw;
+  }
+  ResetStep();
+  return result;
+}
+
+void Engine::FetchIntoModule(uint32_t layer) {
+  // A streamed weight buffer is shared by several layers: the daemon reads
+  // the layer's weights into it from its SSDs.
+  ThrowIfFailed(lohan_model_fetch_params(remote_, layer));
+  torch::NoGradGuard no_grad;
+  const Layer& owner = layers_[layer];
+  for (size_t i = 0; i < owner.params.size(); ++i) {
+    torch::Tensor param = owner.params[i];
+    param.copy_(weight_views_[layer]
+                    .narrow(0, owner.offsets[i], param.numel())
+                    .view(param.sizes()));
+  }
+}
+
+void Engine::AbortStep() {
+  try {
+    WaitForGradients();
+  } catch (const LohanError&) {
+    // The step is thrown away all the same.
+  }
+  lohan_model_iter_abort(remote_);
+  active_ = false;
+}
+
+void Engine::ResetStep() {
+  active_ = false;
+  buffer_tickets_.clear();
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    for (torch::Tensor& grad : arrived_[i]) grad = torch::Tensor();
+    arrived_count_[i] = 0;
+    handed_over_[i] = false;
+    for (torch::Tensor& param : layers_[i].params) {
+      param.mutable_grad() = torch::Tensor();
+    }
+  }
+}
+
+void Engine::set_lr(double lr) {
+  if (!(lr >= 0.0) || !std::isfinite(lr)) {
+    throw std::invalid_argument("lohan Engine: set_lr(" + std::to_string(lr) +
+                                "): lr must be finite and >= 0");
+  }
+  lr_ = lr;
+}
+
+void Engine::close(bool delete_job) {
+  if (closed_) return;
+  closed_ = true;
+  for (auto& [param, handle] : hooks_) param.remove_hook(handle);
+  hooks_.clear();
+  if (active_) AbortStep();
+  ResetStep();
+  grad_views_.clear();
+  weight_views_.clear();
+  remote_ = nullptr;
+  session_.Close(delete_job);
+}
+
+}  // namespace lohan::torch_plugin

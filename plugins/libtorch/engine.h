@@ -1,0 +1,127 @@
+#ifndef LOHAN_PLUGINS_LIBTORCH_ENGINE_H_
+#define LOHAN_PLUGINS_LIBTORCH_ENGINE_H_
+
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "lohan/lohan_client.h"
+#include "plugins/libtorch/job_session.h"
+#include "plugins/libtorch/layer_plan.h"
+#include "plugins/libtorch/options.h"
+
+namespace lohan::torch_plugin {
+
+// What the daemon decided at the end of a step.
+struct StepResult {
+  double global_norm = 0.0;  // before clipping
+  bool clipped = false;
+  bool skipped = false;  // inf/nan gradients: no update
+};
+
+// Trains a torch::nn::Module (CPU) through lohand: AdamW runs in the
+// daemon, on fp32 masters it keeps, with its optimizer states on the
+// daemon's host memory and SSDs. Construction creates a new job named
+// options.job_name for the model's layers (see PlanLayers), attaches it,
+// registers the model and stores the module's current weights as the
+// initial masters. Each step is then
+//   loss.backward();  // each layer's gradient goes to the daemon as soon
+//                     // as backward has produced all of it
+//   engine.step();    // ends the step: global norm, clipping, the update;
+//                     // the new weights are copied into the module
+// One backward per step (no gradient accumulation yet). Not thread-safe;
+// the module's parameters must stay where they are (same tensors) while
+// the engine lives.
+// Errors: LohanError (a std::runtime_error whose what() is the C ABI's
+// lohan_last_error()) for everything the daemon or the client library
+// refuses; std::invalid_argument for bad options or blocks;
+// std::logic_error for calls out of order.
+class Engine {
+ public:
+  Engine(std::shared_ptr<torch::nn::Module> model,
+         std::vector<std::shared_ptr<torch::nn::Module>> blocks,
+         Options options);
+  // close(false).
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Ends the step whose gradients backward handed over: hands over what
+  // is left (parameters backward gave no gradient get zeros), waits for
+  // the daemon's update and copies every layer's new weights into the
+  // module's parameters; their .grad are reset (undefined).
+  StepResult step();
+
+  // The learning rate of the steps that begin from now on (a schedule's
+  // value).
+  void set_lr(double lr);
+
+  // Committed steps (skipped ones do not count).
+  uint64_t iteration() const { return iteration_; }
+  const std::vector<Layer>& layers() const { return layers_; }
+  const std::string& job_id() const { return session_.job_id(); }
+  // "resident" (one gradient and one weight buffer per layer) or
+  // "streamed" (shared buffers, through the daemon's SSDs).
+  std::string buffers() const;
+
+  // Throws a step in progress away, removes the gradient hooks, detaches
+  // the job (deleting it with `delete_job`) and gives the arena back. The
+  // module keeps its last weights. A second call does nothing.
+  void close(bool delete_job = false);
+
+ private:
+  void InitializeWeights();
+  void RegisterHooks();
+  void OnGradient(uint32_t layer, size_t param, const torch::Tensor& grad);
+  void BeginIfIdle();
+  void ClaimGradBuffer(uint32_t layer);
+  // Copies the layer's gradients into its buffer (zeros for parameters
+  // without one) and submits GRAD_READY.
+  void HandOver(uint32_t layer);
+  void FlushLayers();
+  void WaitForGradients();
+  // The layer's committed weights (in the training dtype), as the daemon
+  // writes them into its weight buffer, into the module's parameters.
+  void FetchIntoModule(uint32_t layer);
+  // Lets the GRAD_READYs in flight land and has the daemon roll back the
+  // step in progress.
+  void AbortStep();
+  // Forgets the step's bookkeeping and the parameters' .grad.
+  void ResetStep();
+
+  std::shared_ptr<torch::nn::Module> module_;
+  Options options_;
+  std::vector<Layer> layers_;
+  torch::ScalarType dtype_;
+  JobSession session_;
+  lohan_model* remote_ = nullptr;  // owned by session_
+  uint32_t grad_slots_ = 0;
+  std::vector<torch::Tensor> grad_views_;    // the arena's, per layer
+  std::vector<torch::Tensor> weight_views_;  // the arena's, per layer
+  // (parameter, hook handle) to remove at close.
+  std::vector<std::pair<torch::Tensor, unsigned>> hooks_;
+  double lr_;
+  uint64_t iteration_ = 0;
+  bool closed_ = false;
+
+  // The step in progress.
+  bool active_ = false;
+  // Gradients backward produced, per layer and parameter (undefined until
+  // then), kept until the layer is complete: layers that share a gradient
+  // buffer may be produced interleaved, so a layer's buffer is written
+  // only when it is handed over.
+  std::vector<std::vector<torch::Tensor>> arrived_;
+  std::vector<size_t> arrived_count_;
+  std::vector<bool> handed_over_;
+  // GRAD_READY in flight, per gradient buffer: a buffer shared by several
+  // layers is refilled only once the daemon has taken the previous one.
+  std::unordered_map<const void*, uint64_t> buffer_tickets_;
+};
+
+}  // namespace lohan::torch_plugin
+
+#endif  // LOHAN_PLUGINS_LIBTORCH_ENGINE_H_

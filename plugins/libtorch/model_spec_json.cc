@@ -1,0 +1,80 @@
+#include "plugins/libtorch/model_spec_json.h"
+
+#include <cstdio>
+#include <string>
+
+namespace lohan::torch_plugin {
+namespace {
+
+// Round-trips every double exactly.
+std::string Number(double value) {
+  char text[40];
+  std::snprintf(text, sizeof(text), "%.17g", value);
+  return text;
+}
+
+std::string Quoted(const std::string& text) {
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+std::string RangesJson(const std::vector<ElementRange>& ranges) {
+  std::string out = "[";
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    if (i > 0) out += ",";
+    out += "{\"layer\":" + std::to_string(ranges[i].layer) +
+           ",\"begin\":" + std::to_string(ranges[i].begin) +
+           ",\"end\":" + std::to_string(ranges[i].end) + "}";
+  }
+  return out + "]";
+}
+
+}  // namespace
+
+std::string ModelSpecJson(const ModelSpecFields& spec) {
+  std::string elements = "[";
+  for (size_t i = 0; i < spec.layer_elements.size(); ++i) {
+    if (i > 0) elements += ",";
+    elements += std::to_string(spec.layer_elements[i]);
+  }
+  elements += "]";
+  std::string groups = "[";
+  if (!spec.no_weight_decay.empty()) {
+    groups +=
+        "{\"name\":\"no_weight_decay\",\"lr_scale\":1.0,"
+        "\"weight_decay\":0.0,\"ranges\":" +
+        RangesJson(spec.no_weight_decay) + "}";
+  }
+  groups += "]";
+  const std::string dtype = spec.dtype == "bf16" ? "DTYPE_BF16" : "DTYPE_FP32";
+  return "{\"layer_elements\":" + elements + ",\"dtype\":" + Quoted(dtype) +
+         ",\"adam\":{\"lr\":" + Number(spec.lr) +
+         ",\"beta1\":" + Number(spec.beta1) +
+         ",\"beta2\":" + Number(spec.beta2) + ",\"eps\":" + Number(spec.eps) +
+         ",\"weight_decay\":" + Number(spec.weight_decay) +
+         ",\"decoupled_weight_decay\":true,\"amsgrad\":false,"
+         "\"bf16_moments\":false}" +
+         ",\"max_grad_norm\":" + Number(spec.max_grad_norm) +
+         ",\"skip_nonfinite\":true,\"chunk_elements\":0,"
+         "\"activation_bytes\":0" +
+         ",\"grad_slots\":" + std::to_string(spec.grad_slots) +
+         ",\"weight_slots\":" + std::to_string(spec.weight_slots) +
+         ",\"arena_fit\":" +
+         Quoted(spec.fit_arena ? "ARENA_FIT_MOST" : "ARENA_FIT_AS_GIVEN") +
+         ",\"initial_iteration\":0,\"param_groups\":" + groups +
+         ",\"overlap_updates\":false" +
+         ",\"clip_schedule\":\"CLIP_SCHEDULE_DEFERRED\"" +
+         ",\"in_order_service\":false}";
+}
+
+std::string CreateJobRequestJson(const std::string& job_name,
+                                 const std::string& model_spec_json) {
+  return "{\"spec\":{\"name\":" + Quoted(job_name) +
+         ",\"ssd_bytes\":0,\"model\":" + model_spec_json + "}}";
+}
+
+}  // namespace lohan::torch_plugin

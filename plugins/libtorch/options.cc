@@ -1,0 +1,59 @@
+#include "plugins/libtorch/options.h"
+
+#include <cmath>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace lohan::torch_plugin {
+namespace {
+
+std::string Format(double value) {
+  std::ostringstream out;
+  out << value;
+  return out.str();
+}
+
+// value in [low, high) and finite, else std::invalid_argument.
+void CheckRange(const char* name, double value, double low, double high) {
+  if (!(value >= low && value < high) || !std::isfinite(value)) {
+    throw std::invalid_argument("lohan Options: " + std::string(name) + "=" +
+                                Format(value) + " must be in [" + Format(low) +
+                                ", " + Format(high) + ")");
+  }
+}
+
+}  // namespace
+
+void ValidateOptions(const Options& options) {
+  const double infinity = INFINITY;
+  CheckRange("lr", options.lr, 0.0, infinity);
+  CheckRange("beta1", options.beta1, 0.0, 1.0);
+  CheckRange("beta2", options.beta2, 0.0, 1.0);
+  CheckRange("weight_decay", options.weight_decay, 0.0, infinity);
+  CheckRange("max_grad_norm", options.max_grad_norm, 0.0, infinity);
+  if (!(options.eps > 0.0 && std::isfinite(options.eps))) {
+    throw std::invalid_argument("lohan Options: eps=" + Format(options.eps) +
+                                " must be > 0");
+  }
+  if (options.dtype != "fp32" && options.dtype != "bf16") {
+    throw std::invalid_argument("lohan Options: dtype=\"" + options.dtype +
+                                "\" is not supported; use \"fp32\" or "
+                                "\"bf16\"");
+  }
+  if (options.buffers != "auto" && options.buffers != "resident" &&
+      options.buffers != "streamed") {
+    throw std::invalid_argument(
+        "lohan Options: buffers=\"" + options.buffers +
+        "\": use \"auto\", \"resident\" or \"streamed\"");
+  }
+  if (options.stream_buffers < 1) {
+    throw std::invalid_argument(
+        "lohan Options: stream_buffers must be >= 1, got 0");
+  }
+  if (options.job_name.empty()) {
+    throw std::invalid_argument("lohan Options: job_name must not be empty");
+  }
+}
+
+}  // namespace lohan::torch_plugin

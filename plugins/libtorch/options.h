@@ -1,0 +1,47 @@
+#ifndef LOHAN_PLUGINS_LIBTORCH_OPTIONS_H_
+#define LOHAN_PLUGINS_LIBTORCH_OPTIONS_H_
+
+#include <cstdint>
+#include <string>
+
+namespace lohan::torch_plugin {
+
+// How an Engine trains, as the Python plugin's lohan.init options of the
+// same names (plugins/pytorch/lohan/options.py).
+struct Options {
+  // lohand's socket; "" means $LOHAN_SOCKET, else /run/lohan/lohand.sock.
+  std::string socket_path;
+  // The job on the daemon: 1-64 of [A-Za-z0-9._-], unique among the
+  // caller's jobs.
+  std::string job_name = "libtorch";
+  // AdamW (decoupled weight decay), as torch::optim::AdamW.
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  // true: parameters with fewer than 2 dimensions (biases, norm weights)
+  // get weight decay 0 (the Python plugin's no_weight_decay="1d").
+  bool no_weight_decay_1d = false;
+  // > 0: the global gradient norm is clipped to it, as
+  // torch::nn::utils::clip_grad_norm_; 0: no clipping.
+  double max_grad_norm = 0.0;
+  // "fp32", or "bf16": the module's parameters are cast to bf16 and the
+  // daemon keeps fp32 masters (from the parameters' values at
+  // construction).
+  std::string dtype = "fp32";
+  // "resident": one gradient and one weight buffer per layer in the arena;
+  // "streamed": stream_buffers (at most layers - 1) shared ones, the
+  // gradients and weights streamed through the daemon's SSDs; "auto":
+  // resident if the daemon's host pool holds it, else streamed with as
+  // many shared buffers (up to stream_buffers) as it holds.
+  std::string buffers = "auto";
+  uint32_t stream_buffers = 4;
+};
+
+// Throws std::invalid_argument naming the first option that is wrong.
+void ValidateOptions(const Options& options);
+
+}  // namespace lohan::torch_plugin
+
+#endif  // LOHAN_PLUGINS_LIBTORCH_OPTIONS_H_

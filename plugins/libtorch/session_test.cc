@@ -1,0 +1,80 @@
+// The torch-free parts of the libtorch plugin: option checks, the
+// ModelSpec JSON and reading GetStatus's arenas.
+#include <stdexcept>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "plugins/libtorch/job_session.h"
+#include "plugins/libtorch/model_spec_json.h"
+#include "plugins/libtorch/options.h"
+
+namespace lohan::torch_plugin {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string Refusal(const Options& options) {
+  try {
+    ValidateOptions(options);
+  } catch (const std::invalid_argument& error) {
+    return error.what();
+  }
+  return "accepted";
+}
+
+TEST(ValidateOptions, NamesTheWrongOption) {
+  Options options;
+  EXPECT_EQ(Refusal(options), "accepted");
+  Options lr = options;
+  lr.lr = -1;
+  EXPECT_EQ(Refusal(lr), "lohan Options: lr=-1 must be in [0, inf)");
+  Options beta = options;
+  beta.beta2 = 1.0;
+  EXPECT_EQ(Refusal(beta), "lohan Options: beta2=1 must be in [0, 1)");
+  Options eps = options;
+  eps.eps = 0;
+  EXPECT_EQ(Refusal(eps), "lohan Options: eps=0 must be > 0");
+  Options dtype = options;
+  dtype.dtype = "fp16";
+  EXPECT_THAT(Refusal(dtype), HasSubstr("dtype=\"fp16\" is not supported"));
+  Options buffers = options;
+  buffers.buffers = "swapped";
+  EXPECT_THAT(Refusal(buffers), HasSubstr("buffers=\"swapped\": use"));
+}
+
+TEST(ModelSpecJson, CarriesEveryField) {
+  ModelSpecFields spec;
+  spec.layer_elements = {10, 20};
+  spec.dtype = "bf16";
+  spec.lr = 0.1;
+  spec.weight_decay = 0.01;
+  spec.max_grad_norm = 1.5;
+  spec.no_weight_decay = {{1, 2, 5}};
+  spec.grad_slots = spec.weight_slots = 1;
+  spec.fit_arena = true;
+  const std::string json = ModelSpecJson(spec);
+  EXPECT_THAT(json, HasSubstr("\"layer_elements\":[10,20]"));
+  EXPECT_THAT(json, HasSubstr("\"dtype\":\"DTYPE_BF16\""));
+  EXPECT_THAT(json, HasSubstr("\"lr\":0.10000000000000001"));
+  EXPECT_THAT(json, HasSubstr("\"max_grad_norm\":1.5"));
+  EXPECT_THAT(json, HasSubstr("\"name\":\"no_weight_decay\",\"lr_scale\":1.0,"
+                              "\"weight_decay\":0.0,\"ranges\":[{\"layer\":1,"
+                              "\"begin\":2,\"end\":5}]"));
+  EXPECT_THAT(json, HasSubstr("\"grad_slots\":1,\"weight_slots\":1"));
+  EXPECT_THAT(json, HasSubstr("\"arena_fit\":\"ARENA_FIT_MOST\""));
+  EXPECT_EQ(CreateJobRequestJson("j", "{}"),
+            "{\"spec\":{\"name\":\"j\",\"ssd_bytes\":0,\"model\":{}}}");
+}
+
+TEST(StatusListsArena, LooksOnlyAtThePoolsArenas) {
+  const std::string status =
+      "{\"sessions\":[{\"job_id\":\"j-000002\"}],\"pool\":{\"arenas\":[{"
+      "\"job_id\":\"j-000001\",\"name\":\"a]b\"}],\"free\":1}}";
+  EXPECT_TRUE(StatusListsArena(status, "j-000001"));
+  EXPECT_FALSE(StatusListsArena(status, "j-000002"));
+  EXPECT_FALSE(StatusListsArena("{}", "j-000001"));
+}
+
+}  // namespace
+}  // namespace lohan::torch_plugin

@@ -71,8 +71,10 @@ def _data(steps: int, device: torch.device) -> torch.Tensor:
 
 @pytest.fixture
 def big_lohand(tmp_path: Path):
-    """A daemon with room for the wide model's states."""
-    daemon = Daemon(tmp_path, host_pool="2GiB", ssd_capacity="8GiB")
+    """A daemon with room for the wide model's states (none without a GPU:
+    the tests skip first)."""
+    _cuda_or_skip()
+    daemon = Daemon(tmp_path, host_pool="2GiB", ssd_capacity="4GiB")
     try:
         yield daemon
     finally:
@@ -218,7 +220,7 @@ def test_gpu_rings_of_eight_do_not_stall(tmp_path: Path):
         for entries in (8, 1024):
             directory = tmp_path / f"rings-{entries}"
             directory.mkdir()
-            daemon = Daemon(directory, host_pool="2GiB", ssd_capacity="8GiB",
+            daemon = Daemon(directory, host_pool="2GiB", ssd_capacity="4GiB",
                             extra_args=["--ring-entries", str(entries)])
             try:
                 model = _model(device, blocks=8).to(torch.bfloat16)

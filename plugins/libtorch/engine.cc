@@ -10,6 +10,7 @@
 
 #include "plugins/libtorch/lohan_error.h"
 #include "plugins/libtorch/model_spec_json.h"
+#include "plugins/libtorch/recompute.h"
 
 namespace lohan::torch_plugin {
 namespace {
@@ -45,9 +46,19 @@ void CheckParameters(const std::vector<Layer>& layers,
   }
 }
 
+std::unique_ptr<CheckpointReader> OpenCheckpoint(const Options& options) {
+  if (options.resume_from.empty()) return nullptr;
+  return std::make_unique<CheckpointReader>(options.resume_from);
+}
+
 ModelSpecFields SpecFields(const Options& options,
-                           const std::vector<Layer>& layers) {
+                           const std::vector<Layer>& layers,
+                           const CheckpointReader* checkpoint) {
   ModelSpecFields spec;
+  // Without moments a checkpoint's weights start afresh at step 0.
+  if (checkpoint != nullptr && !checkpoint->moments().empty()) {
+    spec.initial_iteration = checkpoint->iteration();
+  }
   for (const Layer& layer : layers) spec.layer_elements.push_back(layer.numel);
   spec.dtype = options.dtype;
   spec.lr = options.lr;
@@ -79,13 +90,16 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model,
                std::vector<std::shared_ptr<torch::nn::Module>> blocks,
                Options options)
     : module_(std::move(model)),
+      blocks_(std::move(blocks)),
       options_(Validated(std::move(options))),
-      layers_(PlanLayers(module_, blocks)),
+      checkpoint_(OpenCheckpoint(options_)),
+      layers_(PlanLayers(module_, blocks_)),
       dtype_(TrainingDtype(options_)),
       session_(options_.socket_path),
       lr_(options_.lr) {
   CheckParameters(layers_, dtype_);
-  const std::string spec = ModelSpecJson(SpecFields(options_, layers_));
+  const std::string spec =
+      ModelSpecJson(SpecFields(options_, layers_, checkpoint_.get()));
   try {
     session_.CreateAndOpen(options_.job_name, spec);
     remote_ = session_.Register(spec);
@@ -98,6 +112,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model,
                     layer.numel, dtype_));
     }
     InitializeWeights();
+    checkpoint_.reset();
   } catch (...) {
     session_.Close(/*delete_job=*/true);
     throw;
@@ -132,12 +147,16 @@ void Engine::InitializeWeights() {
       {static_cast<int64_t>(lohan_model_staging_bytes(remote_) / 4)},
       torch::TensorOptions(torch::kFloat32));
   for (Layer& layer : layers_) {
-    for (size_t i = 0; i < layer.params.size(); ++i) {
-      const torch::Tensor& param = layer.params[i];
-      staging.narrow(0, layer.offsets[i], param.numel())
-          .copy_(param.reshape(-1));
+    if (checkpoint_ != nullptr) {
+      RestoreLayer(layer, staging);
+    } else {
+      for (size_t i = 0; i < layer.params.size(); ++i) {
+        const torch::Tensor& param = layer.params[i];
+        staging.narrow(0, layer.offsets[i], param.numel())
+            .copy_(param.reshape(-1));
+      }
+      ThrowIfFailed(lohan_model_init_weights(remote_, layer.index));
     }
-    ThrowIfFailed(lohan_model_init_weights(remote_, layer.index));
     // The module trains in the training dtype; its weights are the
     // daemon's (the masters rounded, as every later step's).
     for (torch::Tensor& param : layer.params) {
@@ -145,6 +164,87 @@ void Engine::InitializeWeights() {
     }
     FetchIntoModule(layer.index);
   }
+}
+
+void Engine::RestoreLayer(const Layer& layer, const torch::Tensor& staging) {
+  float* data = staging.data_ptr<float>();
+  const auto stage = [&](const std::string& part) {
+    for (size_t i = 0; i < layer.params.size(); ++i) {
+      const auto sizes = layer.params[i].sizes();
+      checkpoint_->Read(layer.names[i], part,
+                        std::vector<int64_t>(sizes.begin(), sizes.end()),
+                        data + layer.offsets[i]);
+    }
+  };
+  stage("weights");
+  ThrowIfFailed(lohan_model_init_weights(remote_, layer.index));
+  for (const std::string& part : checkpoint_->moments()) {
+    if (part != "exp_avg" && part != "exp_avg_sq") continue;  // amsgrad's
+    stage(part);
+    ThrowIfFailed(lohan_model_init_state(
+        remote_, layer.index,
+        part == "exp_avg" ? LOHAN_STATE_EXP_AVG : LOHAN_STATE_EXP_AVG_SQ));
+  }
+}
+
+void Engine::save(const std::string& directory, bool with_optimizer) {
+  if (closed_) throw std::logic_error("lohan Engine: save() after close()");
+  if (active_) {
+    throw std::logic_error(
+        "lohan Engine: save() in the middle of a step; call step() first");
+  }
+  std::vector<CheckpointLayer> stored;
+  for (const Layer& layer : layers_) {
+    CheckpointLayer entry;
+    entry.names = layer.names;
+    entry.offsets = layer.offsets;
+    for (const torch::Tensor& param : layer.params) {
+      entry.shapes.emplace_back(param.sizes().begin(), param.sizes().end());
+    }
+    stored.push_back(std::move(entry));
+  }
+  std::vector<std::string> parts = {"weights"};
+  if (with_optimizer) {
+    parts.push_back("exp_avg");
+    parts.push_back("exp_avg_sq");
+  }
+  CheckpointMeta meta;
+  meta.job_name = options_.job_name;
+  meta.job_id = session_.job_id();
+  meta.iteration = iteration_;
+  meta.dtype = options_.dtype;
+  meta.lr = lr_;
+  const float* staging = lohan_model_staging(remote_);
+  WriteCheckpoint(
+      directory, stored,
+      [&](size_t layer, const std::string& part) {
+        const uint32_t index = layers_[layer].index;
+        if (part == "weights") {
+          ThrowIfFailed(lohan_model_read_weights(remote_, index));
+        } else {
+          ThrowIfFailed(lohan_model_read_state(remote_, index,
+                                               part == "exp_avg"
+                                                   ? LOHAN_STATE_EXP_AVG
+                                                   : LOHAN_STATE_EXP_AVG_SQ));
+        }
+        return staging;
+      },
+      parts, meta);
+}
+
+torch::Tensor Engine::run_block(size_t index, const BlockForward& forward,
+                                const torch::Tensor& input) {
+  if (index >= blocks_.size()) {
+    throw std::invalid_argument("lohan Engine: run_block(" +
+                                std::to_string(index) + "): there are " +
+                                std::to_string(blocks_.size()) + " blocks");
+  }
+  if (options_.activations != "recompute") return forward(input);
+  std::vector<torch::Tensor> params;
+  for (const Layer& layer : layers_) {
+    if (layer.block.get() == blocks_[index].get()) params = layer.params;
+  }
+  return RunRecomputed(forward, input, params);
 }
 
 void Engine::RegisterHooks() {
@@ -163,6 +263,9 @@ void Engine::RegisterHooks() {
 
 void Engine::OnGradient(uint32_t layer, size_t param,
                         const torch::Tensor& grad) {
+  // No gradient (a node that gives none, as RunRecomputed's for the
+  // parameters whose gradients its own backward accumulated).
+  if (!grad.defined()) return;
   if (handed_over_[layer] || arrived_[layer][param].defined()) {
     throw std::logic_error(
         "lohan Engine: a second backward before step(): gradient "
@@ -178,7 +281,19 @@ void Engine::OnGradient(uint32_t layer, size_t param,
 
 void Engine::BeginIfIdle() {
   if (active_) return;
-  ThrowIfFailed(lohan_model_iter_begin_with(remote_, 1.0f, lr_));
+  const double lr =
+      options_.lr_schedule
+          ? options_.lr_schedule(static_cast<int64_t>(iteration_) + 1)
+          : lr_;
+  if (!(lr >= 0.0) || !std::isfinite(lr)) {
+    throw std::invalid_argument("lohan Engine: lr_schedule(" +
+                                std::to_string(iteration_ + 1) +
+                                ") = " + std::to_string(lr) +
+                                ": a learning rate must be finite and "
+                                ">= 0");
+  }
+  ThrowIfFailed(lohan_model_iter_begin_with(remote_, 1.0f, lr));
+  lr_ = lr;  // what a checkpoint records
   active_ = true;
 }
 

@@ -4,12 +4,14 @@
 #include <torch/nn/module.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "lohan/lohan_client.h"
+#include "plugins/libtorch/checkpoint.h"
 #include "plugins/libtorch/job_session.h"
 #include "plugins/libtorch/layer_plan.h"
 #include "plugins/libtorch/options.h"
@@ -23,12 +25,16 @@ struct StepResult {
   bool skipped = false;  // inf/nan gradients: no update
 };
 
+// A block's forward, as Engine::run_block calls it.
+using BlockForward = std::function<torch::Tensor(const torch::Tensor&)>;
+
 // Trains a torch::nn::Module (CPU) through lohand: AdamW runs in the
 // daemon, on fp32 masters it keeps, with its optimizer states on the
 // daemon's host memory and SSDs. Construction creates a new job named
 // options.job_name for the model's layers (see PlanLayers), attaches it,
 // registers the model and stores the module's current weights as the
-// initial masters. Each step is then
+// initial masters (or, with options.resume_from, the checkpoint's masters,
+// moments and step). Each step is then
 //   loss.backward();  // each layer's gradient goes to the daemon as soon
 //                     // as backward has produced all of it
 //   engine.step();    // ends the step: global norm, clipping, the update;
@@ -56,9 +62,26 @@ class Engine {
   // module's parameters; their .grad are reset (undefined).
   StepResult step();
 
-  // The learning rate of the steps that begin from now on (a schedule's
-  // value).
+  // The learning rate of the steps that begin from now on (without
+  // options.lr_schedule, which overrides it).
   void set_lr(double lr);
+
+  // Writes a checkpoint of the committed state into `directory` in the
+  // Python plugin's format (checkpoint.h): the fp32 masters, with
+  // `with_optimizer` the Adam moments too, replacing the directory's
+  // previous checkpoint as a whole. Resume from it with
+  // Options::resume_from, or in Python with lohan.init(model, ...,
+  // resume=directory). Between steps only (std::logic_error inside one).
+  void save(const std::string& directory, bool with_optimizer = true);
+
+  // Runs block `index` (of the blocks given at construction) on `input`
+  // through `forward` (typically [&](auto& x) { return block->forward(x);
+  // }) under options.activations: "keep" calls it; "recompute" calls it
+  // without saving its intermediates and runs it again in backward. The
+  // block's parameter gradients reach the engine either way. `forward`
+  // must compute the same values when run again (no dropout).
+  torch::Tensor run_block(size_t index, const BlockForward& forward,
+                          const torch::Tensor& input);
 
   // Committed steps (skipped ones do not count).
   uint64_t iteration() const { return iteration_; }
@@ -75,6 +98,8 @@ class Engine {
 
  private:
   void InitializeWeights();
+  // The layer's masters and (when present) moments from the checkpoint.
+  void RestoreLayer(const Layer& layer, const torch::Tensor& staging);
   void RegisterHooks();
   void OnGradient(uint32_t layer, size_t param, const torch::Tensor& grad);
   void BeginIfIdle();
@@ -94,7 +119,10 @@ class Engine {
   void ResetStep();
 
   std::shared_ptr<torch::nn::Module> module_;
+  std::vector<std::shared_ptr<torch::nn::Module>> blocks_;
   Options options_;
+  // options_.resume_from's, until the initial states are written.
+  std::unique_ptr<CheckpointReader> checkpoint_;
   std::vector<Layer> layers_;
   torch::ScalarType dtype_;
   JobSession session_;

@@ -107,6 +107,13 @@ Training TrainWithAdamW(const tiny_gpt::Config& config,
         torch::nn::utils::clip_grad_norm_(masters, options.max_grad_norm);
     run.norms.push_back(norm);
     if (norm > options.max_grad_norm) ++run.clipped;
+    if (options.lr_schedule) {
+      // The schedule by hand: step + 1 is the update's Adam step.
+      for (auto& group : optimizer.param_groups()) {
+        static_cast<torch::optim::AdamWOptions&>(group.options())
+            .lr(options.lr_schedule(step + 1));
+      }
+    }
     optimizer.step();
   }
   torch::NoGradGuard no_grad;
@@ -213,6 +220,31 @@ TEST_F(EngineTest, ADifferentLearningRateIsCaught) {
   const Training want = TrainWithAdamW(config_, options);
   const Training got = TrainWithLohan(config_, wrong);
   EXPECT_GT(MaxWeightDifference(got, want), 1e-5);
+}
+
+// A warmup then cosine decay, applied at each step's begin, against the
+// same schedule set on torch::optim::AdamW's groups by hand; and that the
+// schedule is what trains (a constant lr differs).
+TEST_F(EngineTest, LrScheduleMatchesAdamWWithTheScheduleByHand) {
+  Options options = TrainingOptions(socket(), "schedule");
+  const double peak = options.lr;
+  options.lr_schedule = [peak](int64_t step) {
+    if (step <= 5) return peak * static_cast<double>(step - 1) / 5.0;
+    return peak * 0.5 *
+           (1.0 + std::cos(M_PI * static_cast<double>(step - 5) /
+                           static_cast<double>(kSteps - 5)));
+  };
+  const Training want = TrainWithAdamW(config_, options);
+  const Training got = TrainWithLohan(config_, options);
+  const double losses = MaxRelativeDifference(got.losses, want.losses);
+  const double weights = MaxWeightDifference(got, want);
+  std::cout << "fp32 with an lr schedule: max relative difference losses "
+            << losses << ", weights " << weights << "\n";
+  EXPECT_EQ(got.losses.front(), want.losses.front());
+  EXPECT_LE(losses, 1e-6);
+  EXPECT_LE(weights, 1e-5);
+  Options constant = TrainingOptions(socket(), "constant");
+  EXPECT_GT(MaxWeightDifference(TrainWithLohan(config_, constant), want), 1e-4);
 }
 
 TEST_F(EngineTest, Bf16MatchesAdamWOnFp32Masters) {

@@ -65,8 +65,8 @@ std::string ModelSpecJson(const ModelSpecFields& spec) {
          ",\"weight_slots\":" + std::to_string(spec.weight_slots) +
          ",\"arena_fit\":" +
          Quoted(spec.fit_arena ? "ARENA_FIT_MOST" : "ARENA_FIT_AS_GIVEN") +
-         ",\"initial_iteration\":0,\"param_groups\":" + groups +
-         ",\"overlap_updates\":false" +
+         ",\"initial_iteration\":" + std::to_string(spec.initial_iteration) +
+         ",\"param_groups\":" + groups + ",\"overlap_updates\":false" +
          ",\"clip_schedule\":\"CLIP_SCHEDULE_DEFERRED\"" +
          ",\"in_order_service\":false}";
 }

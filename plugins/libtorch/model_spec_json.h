@@ -34,6 +34,9 @@ struct ModelSpecFields {
   uint32_t weight_slots = 0;
   // ARENA_FIT_MOST when true, else ARENA_FIT_AS_GIVEN.
   bool fit_arena = false;
+  // A new job's first update is Adam step initial_iteration + 1 (a
+  // checkpoint's step).
+  uint64_t initial_iteration = 0;
 };
 
 // ModelSpec in protobuf JSON, the proto's field names.

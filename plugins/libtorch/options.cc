@@ -51,6 +51,11 @@ void ValidateOptions(const Options& options) {
     throw std::invalid_argument(
         "lohan Options: stream_buffers must be >= 1, got 0");
   }
+  if (options.activations != "keep" && options.activations != "recompute") {
+    throw std::invalid_argument("lohan Options: activations=\"" +
+                                options.activations +
+                                "\": use \"keep\" or \"recompute\"");
+  }
   if (options.job_name.empty()) {
     throw std::invalid_argument("lohan Options: job_name must not be empty");
   }

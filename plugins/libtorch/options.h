@@ -2,6 +2,7 @@
 #define LOHAN_PLUGINS_LIBTORCH_OPTIONS_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace lohan::torch_plugin {
@@ -37,6 +38,19 @@ struct Options {
   // many shared buffers (up to stream_buffers) as it holds.
   std::string buffers = "auto";
   uint32_t stream_buffers = 4;
+  // A checkpoint directory (Engine::save's, or the Python plugin's
+  // engine.save's) to start the new job from: its fp32 masters, and with
+  // its optimizer state its Adam moments and step (else fresh moments at
+  // step 0), as lohan.init(..., resume=<directory>). "": the module's
+  // weights at step 0.
+  std::string resume_from;
+  // The learning rate of each step, from the step's number (1 for the
+  // first update, iteration() + 1): replaces lr and set_lr() when set.
+  std::function<double(int64_t step)> lr_schedule;
+  // "keep": backward uses what forward saved; "recompute": blocks called
+  // through Engine::block(i) save only their input and backward runs them
+  // again (less memory, one more forward per block).
+  std::string activations = "keep";
 };
 
 // Throws std::invalid_argument naming the first option that is wrong.

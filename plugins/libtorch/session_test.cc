@@ -41,6 +41,11 @@ TEST(ValidateOptions, NamesTheWrongOption) {
   Options buffers = options;
   buffers.buffers = "swapped";
   EXPECT_THAT(Refusal(buffers), HasSubstr("buffers=\"swapped\": use"));
+  Options activations = options;
+  activations.activations = "offload";
+  EXPECT_THAT(Refusal(activations),
+              HasSubstr("activations=\"offload\": use \"keep\" or "
+                        "\"recompute\""));
 }
 
 TEST(ModelSpecJson, CarriesEveryField) {

@@ -101,7 +101,11 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model,
   const std::string spec =
       ModelSpecJson(SpecFields(options_, layers_, checkpoint_.get()));
   try {
-    session_.CreateAndOpen(options_.job_name, spec);
+    if (options_.resume_job) {
+      session_.FindAndOpen(options_.job_name);
+    } else {
+      session_.CreateAndOpen(options_.job_name, spec);
+    }
     remote_ = session_.Register(spec);
     grad_slots_ = lohan_model_grad_slots(remote_);
     for (const Layer& layer : layers_) {
@@ -114,13 +118,15 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model,
     InitializeWeights();
     checkpoint_.reset();
   } catch (...) {
-    session_.Close(/*delete_job=*/true);
+    // A job created here goes again; a resumed one stays as it was.
+    session_.Close(/*delete_job=*/!options_.resume_job);
     throw;
   }
-  iteration_ = lohan_model_iteration(remote_);
   arrived_.resize(layers_.size());
+  arrivals_.resize(layers_.size());
   for (size_t i = 0; i < layers_.size(); ++i) {
     arrived_[i].resize(layers_[i].params.size());
+    arrivals_[i].assign(layers_[i].params.size(), 0);
   }
   arrived_count_.assign(layers_.size(), 0);
   handed_over_.assign(layers_.size(), false);
@@ -146,10 +152,21 @@ void Engine::InitializeWeights() {
       lohan_model_staging(remote_),
       {static_cast<int64_t>(lohan_model_staging_bytes(remote_) / 4)},
       torch::TensorOptions(torch::kFloat32));
+  iteration_ = lohan_model_iteration(remote_);
   for (Layer& layer : layers_) {
+    // A layer the job stores already (a resumed job's) keeps its committed
+    // weights: they replace the module's below.
+    const bool stored = lohan_model_layer_initialized(remote_, layer.index);
     if (checkpoint_ != nullptr) {
       RestoreLayer(layer, staging);
-    } else {
+    } else if (!stored) {
+      if (iteration_ > 0) {
+        throw LohanError(
+            LOHAN_DATA_LOSS,
+            "job \"" + options_.job_name + "\" is at iteration " +
+                std::to_string(iteration_) + " but has no weights for layer " +
+                std::to_string(layer.index) + "; it cannot be resumed");
+      }
       for (size_t i = 0; i < layer.params.size(); ++i) {
         const torch::Tensor& param = layer.params[i];
         staging.narrow(0, layer.offsets[i], param.numel())
@@ -266,17 +283,32 @@ void Engine::OnGradient(uint32_t layer, size_t param,
   // No gradient (a node that gives none, as RunRecomputed's for the
   // parameters whose gradients its own backward accumulated).
   if (!grad.defined()) return;
-  if (handed_over_[layer] || arrived_[layer][param].defined()) {
+  const int steps = options_.grad_accumulation_steps;
+  if (handed_over_[layer] || arrivals_[layer][param] == steps) {
     throw std::logic_error(
-        "lohan Engine: a second backward before step(): gradient "
-        "accumulation is not supported yet; call step() after each "
-        "backward");
+        "lohan Engine: layer " + std::to_string(layer) +
+        " got a gradient again after " + std::to_string(steps) +
+        " backward passes in this step (grad_accumulation_steps=" +
+        std::to_string(steps) + "): call step() after every " +
+        std::to_string(steps) +
+        " backward passes, or raise Options::grad_accumulation_steps");
   }
   BeginIfIdle();
-  arrived_[layer][param] = grad;
-  if (++arrived_count_[layer] == layers_[layer].params.size()) {
+  torch::Tensor& sum = arrived_[layer][param];
+  // As torch accumulates .grad: the earlier passes' sum plus this one.
+  sum = sum.defined() ? sum + grad : grad;
+  if (++arrivals_[layer][param] == steps &&
+      ++arrived_count_[layer] == layers_[layer].params.size()) {
     HandOver(layer);
   }
+}
+
+int Engine::BackwardPassesSeen() const {
+  int seen = 0;
+  for (const std::vector<int>& layer : arrivals_) {
+    for (const int count : layer) seen = std::max(seen, count);
+  }
+  return seen;
 }
 
 void Engine::BeginIfIdle() {
@@ -354,6 +386,15 @@ StepResult Engine::step() {
         "lohan Engine: step() without gradients: call loss.backward() "
         "first");
   }
+  const int seen = BackwardPassesSeen();
+  if (seen < options_.grad_accumulation_steps) {
+    throw std::logic_error("lohan Engine: step() after " +
+                           std::to_string(seen) + " of " +
+                           std::to_string(options_.grad_accumulation_steps) +
+                           " backward passes (grad_accumulation_steps=" +
+                           std::to_string(options_.grad_accumulation_steps) +
+                           "): run the rest first");
+  }
   StepResult result;
   try {
     FlushLayers();
@@ -412,6 +453,7 @@ void Engine::ResetStep() {
   buffer_tickets_.clear();
   for (size_t i = 0; i < layers_.size(); ++i) {
     for (torch::Tensor& grad : arrived_[i]) grad = torch::Tensor();
+    std::fill(arrivals_[i].begin(), arrivals_[i].end(), 0);
     arrived_count_[i] = 0;
     handed_over_[i] = false;
     for (torch::Tensor& param : layers_[i].params) {

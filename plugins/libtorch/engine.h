@@ -34,12 +34,16 @@ using BlockForward = std::function<torch::Tensor(const torch::Tensor&)>;
 // options.job_name for the model's layers (see PlanLayers), attaches it,
 // registers the model and stores the module's current weights as the
 // initial masters (or, with options.resume_from, the checkpoint's masters,
-// moments and step). Each step is then
+// moments and step); with options.resume_job it attaches this user's
+// existing job of that name instead and copies its committed weights into
+// the module, iteration() continuing from its committed step. Each step is
 //   loss.backward();  // each layer's gradient goes to the daemon as soon
 //                     // as backward has produced all of it
 //   engine.step();    // ends the step: global norm, clipping, the update;
 //                     // the new weights are copied into the module
-// One backward per step (no gradient accumulation yet). Not thread-safe;
+// (k = options.grad_accumulation_steps backward passes before each
+// step(): a layer's gradients are summed over the k passes and handed
+// over after the k-th). Not thread-safe;
 // the module's parameters must stay where they are (same tensors) while
 // the engine lives.
 // Errors: LohanError (a std::runtime_error whose what() is the C ABI's
@@ -60,6 +64,8 @@ class Engine {
   // is left (parameters backward gave no gradient get zeros), waits for
   // the daemon's update and copies every layer's new weights into the
   // module's parameters; their .grad are reset (undefined).
+  // std::logic_error, the step left as it is, after fewer than
+  // options.grad_accumulation_steps backward passes.
   StepResult step();
 
   // The learning rate of the steps that begin from now on (without
@@ -102,6 +108,9 @@ class Engine {
   void RestoreLayer(const Layer& layer, const torch::Tensor& staging);
   void RegisterHooks();
   void OnGradient(uint32_t layer, size_t param, const torch::Tensor& grad);
+  // The most backward passes any parameter has had a gradient from in
+  // the step in progress.
+  int BackwardPassesSeen() const;
   void BeginIfIdle();
   void ClaimGradBuffer(uint32_t layer);
   // Copies the layer's gradients into its buffer (zeros for parameters
@@ -139,10 +148,14 @@ class Engine {
   // The step in progress.
   bool active_ = false;
   // Gradients backward produced, per layer and parameter (undefined until
-  // then), kept until the layer is complete: layers that share a gradient
-  // buffer may be produced interleaved, so a layer's buffer is written
-  // only when it is handed over.
+  // then; summed over the passes), kept until the layer is complete: layers
+  // that share a gradient buffer may be produced interleaved, so a layer's
+  // buffer is written only when it is handed over.
   std::vector<std::vector<torch::Tensor>> arrived_;
+  // Per layer and parameter: the backward passes whose gradient is in
+  // arrived_ (their sum); per layer: the parameters at
+  // grad_accumulation_steps of them.
+  std::vector<std::vector<int>> arrivals_;
   std::vector<size_t> arrived_count_;
   std::vector<bool> handed_over_;
   // GRAD_READY in flight, per gradient buffer: a buffer shared by several

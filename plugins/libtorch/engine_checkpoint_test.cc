@@ -1,7 +1,7 @@
-// Engine::save and Options::resume_from through a real lohand (a resumed
-// run is the uninterrupted one, bit for bit; torn or mismatched
-// checkpoints are refused), and Options::activations = "recompute"
-// against "keep".
+// Engine::save, Options::resume_from and Options::resume_job through a
+// real lohand (a resumed run is the uninterrupted one, bit for bit; torn
+// or mismatched checkpoints and absent jobs are refused), and
+// Options::activations = "recompute" against "keep".
 #include <torch/torch.h>
 
 #include <filesystem>
@@ -16,6 +16,7 @@
 #include "plugins/libtorch/checkpoint.h"
 #include "plugins/libtorch/engine.h"
 #include "plugins/libtorch/linear_tanh.h"
+#include "plugins/libtorch/lohan_error.h"
 #include "plugins/libtorch/test_daemon.h"
 
 namespace lohan::torch_plugin {
@@ -142,6 +143,42 @@ TEST_P(ResumeTest, AResumedRunIsTheUninterruptedOneBitForBit) {
   whole.close(true);
 }
 
+// Options::resume_job: 3 steps, the job kept (close(false)), a module of
+// another init continues it for 3 more: the uninterrupted 6 steps, bit for
+// bit.
+TEST_P(ResumeTest, AResumedJobIsTheUninterruptedRunBitForBit) {
+  linear_tanh::Model straight = linear_tanh::MakeModel(config_, 3);
+  Engine whole(straight.ptr(), straight->block_list(), OptionsFor("whole"));
+  const std::vector<float> want = Train(straight, whole, 6);
+
+  linear_tanh::Model first = linear_tanh::MakeModel(config_, 3);
+  std::vector<float> losses;
+  std::string job_id;
+  {
+    Engine engine(first.ptr(), first->block_list(), OptionsFor("kept"));
+    losses = Train(first, engine, 3);
+    job_id = engine.job_id();
+    engine.close(/*delete_job=*/false);
+  }
+
+  linear_tanh::Model second = linear_tanh::MakeModel(config_, 99);
+  Options options = OptionsFor("kept");
+  options.resume_job = true;
+  Engine engine(second.ptr(), second->block_list(), options);
+  EXPECT_EQ(engine.job_id(), job_id);
+  EXPECT_EQ(engine.iteration(), 3u);
+  if (GetParam() == "bf16-streamed") {
+    EXPECT_EQ(engine.buffers(), "streamed");
+  }
+  ExpectSameWeights(*second, *first);
+  const std::vector<float> rest = Train(second, engine, 3);
+  losses.insert(losses.end(), rest.begin(), rest.end());
+  EXPECT_EQ(engine.iteration(), 6u);
+  EXPECT_EQ(losses, want);
+  ExpectSameWeights(*second, *straight);
+  engine.close(/*delete_job=*/true);
+}
+
 INSTANTIATE_TEST_SUITE_P(Buffers, ResumeTest,
                          ::testing::Values("fp32-resident", "bf16-streamed"),
                          [](const auto& info) {
@@ -182,6 +219,27 @@ TEST_F(EngineCheckpointTest, RefusesACheckpointOfAnotherModelOrTorn) {
   options.resume_from = (dir_ / "missing").string();
   EXPECT_THROW(Engine(model.ptr(), model->block_list(), options),
                std::invalid_argument);
+}
+
+TEST_F(EngineCheckpointTest, ResumingAJobThatDoesNotExistIsRefused) {
+  linear_tanh::Model model = linear_tanh::MakeModel(config_, 3);
+  Options options = OptionsFor("absent");
+  options.resume_job = true;
+  try {
+    Engine engine(model.ptr(), model->block_list(), options);
+    ADD_FAILURE() << "resumed a job that does not exist";
+  } catch (const LohanError& error) {
+    EXPECT_EQ(error.status(), LOHAN_NOT_FOUND);
+    EXPECT_STREQ(error.what(),
+                 "resume_job=true but you have no job named \"absent\" on "
+                 "this daemon; start it without resume_job first (lohanctl "
+                 "jobs lists your jobs)");
+  }
+  // Nothing was created: the name is free for a new job.
+  options.resume_job = false;
+  Engine created(model.ptr(), model->block_list(), options);
+  EXPECT_EQ(created.iteration(), 0u);
+  created.close(/*delete_job=*/true);
 }
 
 TEST_F(EngineCheckpointTest, SavesBetweenStepsOnly) {

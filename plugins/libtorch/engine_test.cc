@@ -95,9 +95,16 @@ Training TrainWithAdamW(const tiny_gpt::Config& config,
       torch::NoGradGuard no_grad;
       for (size_t i = 0; i < params.size(); ++i) params[i].copy_(masters[i]);
     }
-    auto [inputs, targets] = tiny_gpt::MakeBatch(config, step);
     for (auto& param : params) param.mutable_grad() = torch::Tensor();
-    torch::Tensor loss = tiny_gpt::Loss(model->forward(inputs), targets);
+    // k micro-batches: one backward of the sum of their losses, each / k.
+    const int k = options.grad_accumulation_steps;
+    torch::Tensor loss;
+    for (int micro = 0; micro < k; ++micro) {
+      auto [inputs, targets] = tiny_gpt::MakeBatch(config, step * k + micro);
+      torch::Tensor part = tiny_gpt::Loss(model->forward(inputs), targets) /
+                           static_cast<double>(k);
+      loss = loss.defined() ? loss + part : part;
+    }
     loss.backward();
     for (size_t i = 0; i < params.size(); ++i) {
       masters[i].mutable_grad() = params[i].grad().to(torch::kFloat32);
@@ -132,12 +139,19 @@ Training TrainWithLohan(const tiny_gpt::Config& config,
             options.buffers == "streamed" ? "streamed" : "resident");
   Training run;
   for (int step = 0; step < kSteps; ++step) {
-    auto [inputs, targets] = tiny_gpt::MakeBatch(config, step);
-    torch::Tensor loss = tiny_gpt::Loss(model->forward(inputs), targets);
-    loss.backward();
+    // k backward passes, one per micro-batch, each loss / k.
+    const int k = options.grad_accumulation_steps;
+    double loss = 0.0;
+    for (int micro = 0; micro < k; ++micro) {
+      auto [inputs, targets] = tiny_gpt::MakeBatch(config, step * k + micro);
+      torch::Tensor part = tiny_gpt::Loss(model->forward(inputs), targets) /
+                           static_cast<double>(k);
+      part.backward();
+      loss += part.item<double>();
+    }
     const StepResult result = engine.step();
     EXPECT_FALSE(result.skipped) << "step " << step;
-    run.losses.push_back(loss.item<double>());
+    run.losses.push_back(loss);
     run.norms.push_back(result.global_norm);
     if (result.clipped) ++run.clipped;
   }
@@ -213,6 +227,56 @@ TEST_F(EngineTest, Fp32StreamedMatchesAdamW) {
   EXPECT_LE(weights, 1e-5);
 }
 
+// 3 backward passes per step, each of a micro-batch's loss / 3, against
+// AdamW on one backward of the 3 losses' sum.
+TEST_F(EngineTest, GradientAccumulationMatchesAdamWOnTheSummedLosses) {
+  Options options = TrainingOptions(socket(), "accumulate");
+  options.grad_accumulation_steps = 3;
+  const Training want = TrainWithAdamW(config_, options);
+  const Training got = TrainWithLohan(config_, options);
+  const double losses = MaxRelativeDifference(got.losses, want.losses);
+  const double weights = MaxWeightDifference(got, want);
+  std::cout << "fp32, grad_accumulation_steps=3: max relative difference "
+            << "losses " << losses << ", weights " << weights << "\n";
+  EXPECT_LE(losses, 1e-6);
+  EXPECT_LE(weights, 1e-5);
+  // One micro-batch per step instead is another run.
+  Options single = TrainingOptions(socket(), "single");
+  EXPECT_GT(MaxWeightDifference(TrainWithLohan(config_, single), want), 1e-4);
+}
+
+TEST_F(EngineTest, AStepBeforeTheKthBackwardIsRefused) {
+  tiny_gpt::Model model = tiny_gpt::MakeModel(config_, kSeed);
+  Options options = TrainingOptions(socket(), "short");
+  options.grad_accumulation_steps = 2;
+  Engine engine(model.ptr(), model->block_list(), options);
+  auto backward = [&](int batch) {
+    auto [inputs, targets] = tiny_gpt::MakeBatch(config_, batch);
+    (tiny_gpt::Loss(model->forward(inputs), targets) / 2.0).backward();
+  };
+  backward(0);
+  try {
+    engine.step();
+    ADD_FAILURE() << "a step after 1 of 2 backward passes was accepted";
+  } catch (const std::logic_error& error) {
+    EXPECT_THAT(error.what(), HasSubstr("step() after 1 of 2 backward passes "
+                                        "(grad_accumulation_steps=2)"));
+  }
+  // The step is still in progress: the second pass completes it.
+  backward(1);
+  EXPECT_FALSE(engine.step().skipped);
+  EXPECT_EQ(engine.iteration(), 1u);
+  backward(2);
+  backward(3);
+  try {
+    backward(4);
+    ADD_FAILURE() << "a third backward with grad_accumulation_steps=2";
+  } catch (const std::exception& error) {
+    EXPECT_THAT(error.what(), HasSubstr("grad_accumulation_steps=2"));
+  }
+  engine.close(/*delete_job=*/true);
+}
+
 TEST_F(EngineTest, ADifferentLearningRateIsCaught) {
   const Options options = TrainingOptions(socket(), "wrong-lr");
   Options wrong = options;
@@ -285,6 +349,18 @@ TEST_F(EngineTest, BadOptionsAreRefused) {
   EXPECT_THAT(refusal(options, {}), HasSubstr("blocks is empty"));
   EXPECT_THAT(refusal(options, {std::make_shared<torch::nn::LinearImpl>(2, 2)}),
               "lohan Engine: blocks[0] is not a submodule of the model");
+  for (const int steps : {0, -2}) {
+    Options accumulation = options;
+    accumulation.grad_accumulation_steps = steps;
+    EXPECT_EQ(refusal(accumulation, model->block_list()),
+              "lohan Options: grad_accumulation_steps must be >= 1, got " +
+                  std::to_string(steps));
+  }
+  Options both = options;
+  both.resume_job = true;
+  both.resume_from = "/nonexistent";
+  EXPECT_THAT(refusal(both, model->block_list()),
+              HasSubstr("resume_job and resume_from exclude each other"));
   Options bad_name = options;
   bad_name.job_name = "no spaces";
   try {
@@ -331,7 +407,7 @@ TEST_F(EngineTest, CallsOutOfOrderAreRefused) {
     ADD_FAILURE() << "a second backward before step() was accepted";
   } catch (const std::exception& error) {
     EXPECT_THAT(error.what(),
-                HasSubstr("gradient accumulation is not supported yet"));
+                HasSubstr("got a gradient again after 1 backward passes"));
   }
   // The first backward's gradients still make a step.
   EXPECT_FALSE(engine.step().skipped);

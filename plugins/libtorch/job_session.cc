@@ -80,8 +80,9 @@ void JobSession::CreateAndOpen(const std::string& name,
   if (status == LOHAN_ALREADY_EXISTS) {
     throw LohanError(status, std::string(lohan_last_error()) +
                                  " (a job named \"" + name +
-                                 "\" exists: choose another job_name, or "
-                                 "delete it with lohanctl)");
+                                 "\" exists: set resume_job to continue it, "
+                                 "choose another job_name, or delete it "
+                                 "with lohanctl)");
   }
   ThrowIfFailed(status);
   OwnedString owned_response(response);
@@ -90,11 +91,41 @@ void JobSession::CreateAndOpen(const std::string& name,
     throw LohanError(LOHAN_INTERNAL, "lohand created the job \"" + name +
                                          "\" but does not list it");
   }
+  created_ = true;
+  AttachAndOpen();
+}
+
+void JobSession::FindAndOpen(const std::string& name) {
+  job_id_ = FindJobId(client_.get(), name);
+  if (job_id_.empty()) {
+    throw LohanError(LOHAN_NOT_FOUND,
+                     "resume_job=true but you have no job named \"" + name +
+                         "\" on this daemon; start it without resume_job "
+                         "first (lohanctl jobs lists your jobs)");
+  }
+  AttachAndOpen();
+}
+
+void JobSession::AttachAndOpen() {
   ThrowIfFailed(lohan_job_attach(client_.get(), job_id_.c_str(), nullptr));
   attached_ = true;
-  lohan_data_plane* plane = nullptr;
-  ThrowIfFailed(lohan_data_plane_open(client_.get(), job_id_.c_str(), &plane));
-  plane_.reset(plane);
+  // The daemon frees a job's arena when it sees the previous data plane's
+  // connection close; a quick reopen can race it.
+  const auto deadline = std::chrono::steady_clock::now() + kArenaReturnTimeout;
+  while (true) {
+    lohan_data_plane* plane = nullptr;
+    const int status =
+        lohan_data_plane_open(client_.get(), job_id_.c_str(), &plane);
+    if (status == LOHAN_OK) {
+      plane_.reset(plane);
+      return;
+    }
+    if (status != LOHAN_ALREADY_EXISTS ||
+        std::chrono::steady_clock::now() > deadline) {
+      ThrowIfFailed(status);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
 }
 
 lohan_model* JobSession::Register(const std::string& model_spec_json) {
@@ -117,8 +148,9 @@ void JobSession::Close(bool delete_job) {
   if (!job_id_.empty() && attached_) {
     lohan_job_detach(client_.get(), job_id_.c_str(), nullptr);
   }
-  // A job whose model never registered holds nothing worth keeping.
-  if (!job_id_.empty() && (delete_job || !registered_)) {
+  // A job created here whose model never registered holds nothing worth
+  // keeping.
+  if (!job_id_.empty() && (delete_job || (created_ && !registered_))) {
     lohan_job_delete(client_.get(), job_id_.c_str());
   }
   client_.reset();

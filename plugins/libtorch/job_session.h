@@ -9,9 +9,10 @@
 namespace lohan::torch_plugin {
 
 // A job on lohand for one model: created with an arena the daemon sizes
-// for the model, attached by this process, its data plane open and the
-// model registered on it. Close() (or the destructor) takes down whatever
-// was opened and gives the arena back. Errors are LohanError.
+// for the model (or an existing one found by name), attached by this process,
+// its data plane open and the model registered on it. Close() (or the
+// destructor) takes down whatever was opened and gives the arena back. Errors
+// are LohanError.
 class JobSession {
  public:
   // Connects to lohand at `socket_path` ("" : $LOHAN_SOCKET, else
@@ -26,6 +27,11 @@ class JobSession {
   // Close(false) after a successful Register is deleted again.
   void CreateAndOpen(const std::string& name,
                      const std::string& model_spec_json);
+  // Finds this user's job named `name` (owner lohan_client_caller_uid),
+  // attaches it and opens its data plane; its arena is the one it was
+  // created with. LohanError LOHAN_NOT_FOUND naming the job when there is
+  // none. Close() never deletes a job found here unless asked to.
+  void FindAndOpen(const std::string& name);
   // Registers the model on the open data plane; the session owns it.
   lohan_model* Register(const std::string& model_spec_json);
 
@@ -39,6 +45,7 @@ class JobSession {
   void Close(bool delete_job);
 
  private:
+  void AttachAndOpen();
   void WaitForArenaReturn();
 
   ClientHandle client_;
@@ -46,6 +53,7 @@ class JobSession {
   ModelHandle model_;
   std::string job_id_;
   bool attached_ = false;
+  bool created_ = false;  // by CreateAndOpen
   bool registered_ = false;
 };
 

@@ -56,6 +56,17 @@ void ValidateOptions(const Options& options) {
                                 options.activations +
                                 "\": use \"keep\" or \"recompute\"");
   }
+  if (options.grad_accumulation_steps < 1) {
+    throw std::invalid_argument(
+        "lohan Options: grad_accumulation_steps must be >= 1, got " +
+        std::to_string(options.grad_accumulation_steps));
+  }
+  if (options.resume_job && !options.resume_from.empty()) {
+    throw std::invalid_argument(
+        "lohan Options: resume_job and resume_from exclude each other: "
+        "resume_job continues an existing job, resume_from starts a new "
+        "one from a checkpoint");
+  }
   if (options.job_name.empty()) {
     throw std::invalid_argument("lohan Options: job_name must not be empty");
   }

@@ -44,6 +44,16 @@ struct Options {
   // step 0), as lohan.init(..., resume=<directory>). "": the module's
   // weights at step 0.
   std::string resume_from;
+  // true: continue this user's existing job named job_name on the daemon
+  // (the Python plugin's resume=True): the job keeps its arena, masters,
+  // moments and committed step; the module's weights are replaced by the
+  // job's committed ones. A job of that name must exist (LohanError
+  // LOHAN_NOT_FOUND otherwise). Not together with resume_from.
+  bool resume_job = false;
+  // k >= 1 backward passes per step(): each layer's gradients are summed
+  // over the k passes (as torch accumulates .grad) and handed over after
+  // the k-th; divide each micro-batch's loss by k for the mean.
+  int grad_accumulation_steps = 1;
   // The learning rate of each step, from the step's number (1 for the
   // first update, iteration() + 1): replaces lr and set_lr() when set.
   std::function<double(int64_t step)> lr_schedule;

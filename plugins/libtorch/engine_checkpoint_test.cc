@@ -97,7 +97,9 @@ class ResumeTest : public EngineCheckpointTest,
 TEST_P(ResumeTest, AResumedRunIsTheUninterruptedOneBitForBit) {
   linear_tanh::Model straight = linear_tanh::MakeModel(config_, 3);
   Engine whole(straight.ptr(), straight->block_list(), OptionsFor("whole"));
-  if (GetParam() == "bf16-streamed") ASSERT_EQ(whole.buffers(), "streamed");
+  if (GetParam() == "bf16-streamed") {
+    ASSERT_EQ(whole.buffers(), "streamed");
+  }
   const std::vector<float> want = Train(straight, whole, 6);
 
   linear_tanh::Model first = linear_tanh::MakeModel(config_, 3);

@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
+import shutil
 import signal
+import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from conftest import Daemon
+from conftest import REPO, Daemon, built
 from lohan import _native
 from lohan.client import Client, LohanError, StatusCode
 from lohan.model_spec import ModelSpec
@@ -166,3 +170,104 @@ def test_bad_descriptions_are_refused_and_leave_nothing(lohand) -> None:
                 ctypes.byref(handle)) == StatusCode.INVALID_ARGUMENT
             assert b"spec_json is not a ModelSpec" in lib.lohan_last_error()
             assert plane.register_model(job.id, small).grad_slots == 8
+
+
+NOBODY = """
+import json, sys
+from lohan.client import Client, LohanError
+from lohan.model_spec import ModelSpec
+layers = [256 << 10] * 8
+out = []
+with Client(sys.argv[1]) as client:
+    for name, slots, layer_list in (("fits", 4, layers),
+                                    ("too-big", 4, [8 << 20] * 8)):
+        try:
+            job, sizing = client.create_job_for_model(name, ModelSpec(
+                layer_elements=layer_list, dtype="bf16", grad_slots=slots,
+                weight_slots=slots, fit_arena=True))
+            out.append([sizing.stream_buffers, sizing.arena_bytes])
+        except LohanError as error:
+            out.append([error.code.name, error.message])
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to run as nobody")
+def test_a_second_users_arena_is_sized_within_their_quota(
+        tmp_path: Path) -> None:
+    """nobody's [quotas] host_pool is 6 MiB of a 64 MiB pool: the daemon
+    streams nobody's model through the buffers that quota holds, refuses
+    a larger one naming the quota, and root's jobs are untouched."""
+    directory = Path(tempfile.mkdtemp(prefix="lohan-sizing-", dir="/tmp"))
+    try:
+        directory.chmod(0o755)
+        shutil.copy(built("client/liblohan_client.so"), directory)
+        config = directory / "lohand.toml"
+        config.write_text('[quotas.user.nobody]\nhost_pool = "6MiB"\n')
+        daemon = Daemon(directory, host_pool="64MiB", ssd_capacity=SSD,
+                        extra_args=["--config", str(config)])
+        try:
+            with Client(daemon.socket) as client:
+                mine, _ = client.create_job_for_model("root-job", spec())
+                result = subprocess.run(
+                    ["/usr/bin/setpriv", "--reuid=65534", "--regid=65534",
+                     "--clear-groups", "/usr/bin/python3", "-c", NOBODY,
+                     daemon.socket],
+                    capture_output=True, text=True, timeout=120,
+                    env={"PYTHONPATH": str(REPO / "plugins" / "pytorch"),
+                         "LOHAN_CLIENT_LIB": str(
+                             directory / "liblohan_client.so"),
+                         "PYTHONDONTWRITEBYTECODE": "1"})
+                assert result.returncode == 0, result.stderr
+                fits, too_big = json.loads(result.stdout)
+                # Four shared buffers of each: 4 + 1 + 1 = 6 MiB.
+                assert fits == [4, 6 * MIB]
+                assert too_big[0] == "RESOURCE_EXHAUSTED"
+                assert "uid 65534's quota ([quotas] host_pool) is 6 MiB" in (
+                    too_big[1])
+                assert "[quotas] host_pool in lohand.toml" in too_big[1]
+                # Root's job is there as created, and root still creates
+                # jobs with the whole pool.
+                assert mine.id in [j.id for j in client.jobs()]
+                _, sizing = client.create_job_for_model("root-2", spec())
+                assert sizing.stream_buffers == 0
+        finally:
+            daemon.stop(signal.SIGKILL)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_the_new_c_calls_refuse_null_and_bad_arguments(lohand) -> None:
+    lib = _native.library()
+    assert lib.lohan_model_grad_slots(None) == 0
+    assert lib.lohan_model_weight_slots(None) == 0
+    text = ctypes.c_void_p()
+    assert lib.lohan_job_create_json(None, b"{}", ctypes.byref(text)) == (
+        StatusCode.INVALID_ARGUMENT)
+    assert b"required" in lib.lohan_last_error()
+    ticket = ctypes.c_uint64()
+    put = lib.lohan_model_submit_act_put_from_device
+    assert put(None, 1, 0, 8, 0, 1, None, None) == StatusCode.INVALID_ARGUMENT
+    assert b"ticket is NULL" in lib.lohan_last_error()
+    assert put(None, 1, 0, 8, 0, 1, None, ctypes.byref(ticket)) != 0
+    with Client(lohand.socket) as client:
+        job, _ = client.create_job_for_model(
+            "act", spec([4096] * 2, activation_bytes=1 << 16))
+        client.attach_job(job.id)
+        with client.open_data_plane(job.id) as plane:
+            model = plane.register_model(
+                job.id, spec([4096] * 2, activation_bytes=1 << 16))
+            handle = model._handle
+            assert put(handle, 1, 0, 8, -1, 1, None, ctypes.byref(ticket)) == (
+                StatusCode.INVALID_ARGUMENT)
+            assert b"device must be >= 0" in lib.lohan_last_error()
+            assert put(handle, 1, 0, 8, 0, None, None, ctypes.byref(ticket)) == (
+                StatusCode.INVALID_ARGUMENT)
+            assert b"device_source is NULL" in lib.lohan_last_error()
+            # Outside the area: refused before any CUDA call.
+            assert put(handle, 1, 1 << 16, 8, 0, 1, None,
+                       ctypes.byref(ticket)) == StatusCode.INVALID_ARGUMENT
+            assert b"outside the model's activation area" in (
+                lib.lohan_last_error())
+            # The plane still serves: a host put of the same piece.
+            model.act_put(1, 0, 4096)

@@ -111,6 +111,19 @@ int StateCall(lohan_model* model, int part, Call call) {
       "LOHAN_STATE_MAX_EXP_AVG_SQ (3)")));
 }
 
+// lohan_model_iter_end(_global)'s body: the outputs given (NULL allowed).
+int IterEnd(lohan_model* model, std::optional<double> global_sum_squares,
+            double* global_norm, int* clipped, int* skipped) {
+  if (model == nullptr) return NullModel();
+  absl::StatusOr<lohan::ModelChannel::IterEndResult> ended =
+      model->channel->IterEnd(global_sum_squares);
+  if (!ended.ok()) return Report(ended.status());
+  if (global_norm != nullptr) *global_norm = ended->global_norm;
+  if (clipped != nullptr) *clipped = ended->clipped ? 1 : 0;
+  if (skipped != nullptr) *skipped = ended->skipped ? 1 : 0;
+  return Report(absl::OkStatus());
+}
+
 }  // namespace
 
 extern "C" {
@@ -505,14 +518,13 @@ int lohan_model_iter_begin_with(lohan_model* model, float grad_scale,
 
 int lohan_model_iter_end(lohan_model* model, double* global_norm, int* clipped,
                          int* skipped) {
-  if (model == nullptr) return NullModel();
-  absl::StatusOr<lohan::ModelChannel::IterEndResult> ended =
-      model->channel->IterEnd();
-  if (!ended.ok()) return Report(ended.status());
-  if (global_norm != nullptr) *global_norm = ended->global_norm;
-  if (clipped != nullptr) *clipped = ended->clipped ? 1 : 0;
-  if (skipped != nullptr) *skipped = ended->skipped ? 1 : 0;
-  return Report(absl::OkStatus());
+  return IterEnd(model, std::nullopt, global_norm, clipped, skipped);
+}
+
+int lohan_model_iter_end_global(lohan_model* model, double global_sum_squares,
+                                double* global_norm, int* clipped,
+                                int* skipped) {
+  return IterEnd(model, global_sum_squares, global_norm, clipped, skipped);
 }
 
 int lohan_model_iter_abort(lohan_model* model) {

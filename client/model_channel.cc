@@ -1,5 +1,6 @@
 #include "client/model_channel.h"
 
+#include <cmath>
 #include <cstring>
 #include <new>
 #include <utility>
@@ -255,13 +256,27 @@ absl::Status ModelChannel::IterBegin(float grad_scale,
 // Gradients still being copied from a GPU go first: their GRAD_READY is
 // submitted from the submitter, and the end must not overtake them. An
 // iteration begun is over afterwards whatever the answer.
-absl::StatusOr<CompletionEntry> ModelChannel::EndIteration(RingOp op) {
+absl::StatusOr<CompletionEntry> ModelChannel::EndIteration(
+    RingOp op, std::optional<double> global_sum_squares) {
+  // The daemon refuses it without ending the iteration; refused here, the
+  // iteration numbers stay in step with the daemon's. (NaN's sign bit
+  // means nothing: inf - inf in an all-reduce sets it.)
+  if (global_sum_squares.has_value() && std::signbit(*global_sum_squares) &&
+      !std::isnan(*global_sum_squares)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ITER_END: the global sum of squares ",
+                     *global_sum_squares, " is negative"));
+  }
   if (absl::Status pending = plane_.WaitForReserved(kCallTimeout);
       !pending.ok()) {
     return pending;
   }
   absl::StatusOr<SubmissionEntry> entry = BuildEntry(op, 0);
   if (!entry.ok()) return entry.status();
+  if (global_sum_squares.has_value()) {
+    entry->iter_flags = kIterEndSumSquaresGiven;
+    entry->global_sum_squares = *global_sum_squares;
+  }
   absl::StatusOr<CompletionEntry> completion = CallEntry(*entry);
   if (in_iteration_) {
     ++sequence_;
@@ -270,8 +285,10 @@ absl::StatusOr<CompletionEntry> ModelChannel::EndIteration(RingOp op) {
   return completion;
 }
 
-absl::StatusOr<ModelChannel::IterEndResult> ModelChannel::IterEnd() {
-  absl::StatusOr<CompletionEntry> completion = EndIteration(RingOp::kIterEnd);
+absl::StatusOr<ModelChannel::IterEndResult> ModelChannel::IterEnd(
+    std::optional<double> global_sum_squares) {
+  absl::StatusOr<CompletionEntry> completion =
+      EndIteration(RingOp::kIterEnd, global_sum_squares);
   if (!completion.ok()) return completion.status();
   IterEndResult result;
   std::memcpy(&result.global_norm, &completion->detail,

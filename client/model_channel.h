@@ -108,7 +108,15 @@ class ModelChannel {
                          std::optional<double> lr = std::nullopt);
   // ITER_END, after every gradient still being copied from a GPU has been
   // handed over (their GRAD_READY must not be overtaken).
-  absl::StatusOr<IterEndResult> IterEnd();
+  // `global_sum_squares` (sharded data-parallel jobs, each holding one
+  // rank's shard of every layer): the sum of squares of every rank's
+  // gradients (times grad_scale), the same on every rank; the daemon
+  // decides clipping and skipping on it and reports its square root as
+  // the global norm (ring_entry.h, kIterEndSumSquaresGiven). inf/NaN mean
+  // a non-finite gradient somewhere. Negative (-0.0 too): INVALID_ARGUMENT
+  // without sending anything, the iteration still in progress.
+  absl::StatusOr<IterEndResult> IterEnd(
+      std::optional<double> global_sum_squares = std::nullopt);
   // ITER_ABORT, likewise after pending gradient copies.
   absl::Status IterAbort();
 
@@ -195,8 +203,9 @@ class ModelChannel {
   // SubmitEntry, then waits for the completion.
   absl::StatusOr<CompletionEntry> CallEntry(const SubmissionEntry& entry);
   absl::StatusOr<Ticket> SubmitRefill(const SubmissionEntry& entry);
-  // ITER_END / ITER_ABORT.
-  absl::StatusOr<CompletionEntry> EndIteration(RingOp op);
+  // ITER_END (with every rank's sum of squares, when given) / ITER_ABORT.
+  absl::StatusOr<CompletionEntry> EndIteration(
+      RingOp op, std::optional<double> global_sum_squares = std::nullopt);
   // Reserves the entry's buffer and enqueues the copy between it and
   // `device_memory` (to_host: a gradient, GRAD_READY submitted once done;
   // else weights, the buffer released once read).

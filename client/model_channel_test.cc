@@ -8,8 +8,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <future>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -192,6 +194,67 @@ TEST(ModelChannel, BeginCarriesScaleAndRateOnlyWhenGiven) {
   EXPECT_NE(scaled.iter_flags & kIterBeginLrGiven, 0);
   rig.daemon.Answer(scaled, 0);
   EXPECT_TRUE(begun.get().ok());
+}
+
+TEST(ModelChannel, EndCarriesTheGlobalSumOfSquaresOnlyWhenGiven) {
+  Rig rig;
+  Begin(rig, 0);
+  // Unflagged and zero without one.
+  auto ended = InBackground([&] { return rig.channel.IterEnd(); });
+  SubmissionEntry plain = rig.Next();
+  EXPECT_EQ(OpOf(plain), RingOp::kIterEnd);
+  EXPECT_EQ(plain.iter_flags, 0);
+  uint64_t bits;
+  std::memcpy(&bits, &plain.global_sum_squares, sizeof(bits));
+  EXPECT_EQ(bits, 0u);
+  rig.daemon.Answer(plain, 0);
+  ASSERT_TRUE(ended.get().ok());
+
+  // Given: the flag and the value's exact bits (zero and a NaN with its
+  // sign bit set, what inf - inf gives, included); the completion's norm
+  // and flags come back as without it.
+  const double nan = -std::numeric_limits<double>::quiet_NaN();
+  uint64_t iteration = 1;
+  for (double given : {6.25, 0.0, nan}) {
+    Begin(rig, iteration);
+    ended = InBackground([&] { return rig.channel.IterEnd(given); });
+    SubmissionEntry end = rig.Next();
+    EXPECT_EQ(OpOf(end), RingOp::kIterEnd);
+    EXPECT_EQ(end.iteration, iteration);
+    EXPECT_EQ(end.iter_flags, kIterEndSumSquaresGiven);
+    EXPECT_EQ(0, std::memcmp(&end.global_sum_squares, &given, sizeof(given)))
+        << given;
+    const double norm = std::sqrt(given);
+    std::memcpy(&bits, &norm, sizeof(bits));
+    rig.daemon.Answer(end, bits,
+                      std::isnan(given) ? kIterEndSkipped | kIterEndNonfinite
+                                        : kIterEndClipped);
+    absl::StatusOr<ModelChannel::IterEndResult> result = ended.get();
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(0, std::memcmp(&result->global_norm, &norm, sizeof(norm)));
+    EXPECT_EQ(result->clipped, !std::isnan(given));
+    EXPECT_EQ(result->skipped, std::isnan(given));
+    ++iteration;
+  }
+
+  // Negative (-0.0 too): refused here, nothing submitted, the iteration
+  // still in progress (the next end carries its number).
+  Begin(rig, iteration);
+  const uint64_t served = rig.daemon.served();
+  for (double negative :
+       {-1.0, -0.0, -std::numeric_limits<double>::infinity()}) {
+    absl::StatusOr<ModelChannel::IterEndResult> refused =
+        rig.channel.IterEnd(negative);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(refused.status().message(), HasSubstr("negative"));
+  }
+  EXPECT_EQ(rig.daemon.served(), served);
+  ended = InBackground([&] { return rig.channel.IterEnd(1.0); });
+  SubmissionEntry end = rig.Next();
+  EXPECT_EQ(end.iteration, iteration);
+  EXPECT_EQ(end.global_sum_squares, 1.0);
+  rig.daemon.Answer(end, 0);
+  EXPECT_TRUE(ended.get().ok());
 }
 
 TEST(ModelChannel, ALayerOutOfRangeIsInvalidAndNothingIsSubmitted) {

@@ -358,6 +358,8 @@ void CheckNulls(lohan_model* model, lohan_data_plane* plane) {
       {"init_state(NULL)",
        lohan_model_init_state(nullptr, 0, LOHAN_STATE_EXP_AVG)},
       {"iter_abort(NULL)", lohan_model_iter_abort(nullptr)},
+      {"iter_end_global(NULL)",
+       lohan_model_iter_end_global(nullptr, 1.0, nullptr, nullptr, nullptr)},
   };
   int invalid = 0;
   for (const auto& [what, status] : calls) {

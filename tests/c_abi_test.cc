@@ -85,7 +85,7 @@ TEST(CAbi, AsynchronousRequestsAndCopiesAtTheEdges) {
   ASSERT_EQ(result.exit_code, 0)
       << result.out << result.err << (*daemon)->Log();
   const std::string& out = result.out;
-  EXPECT_THAT(out, HasSubstr("nulls: 34 of 34 INVALID_ARGUMENT\n"));
+  EXPECT_THAT(out, HasSubstr("nulls: 35 of 35 INVALID_ARGUMENT\n"));
   EXPECT_THAT(out, HasSubstr("state-roundtrip: ok\n"));
   EXPECT_THAT(out, HasSubstr("state-bad-part: INVALID_ARGUMENT: part 7 is not "
                              "LOHAN_STATE_EXP_AVG (1)"));

@@ -62,9 +62,21 @@ inline constexpr uint32_t kRingEntryBytes = 64;
 //                    iter_flags (kIterBeginLrGiven: `lr` is this
 //                    iteration's rate even when 0, the first step of a
 //                    warmup; without it 0 means the registered rate).
-//   kIterEnd         iteration (the one begun). Its completion carries the
-//                    global gradient norm (a double's bits) in `detail` and
-//                    kIterEnd* bits in `flags`.
+//   kIterEnd         iteration (the one begun), iter_flags
+//                    (kIterEndSumSquaresGiven: `global_sum_squares` is set).
+//                    global_sum_squares (data-parallel ranks whose jobs each
+//                    hold one shard of every layer): the sum over every
+//                    rank's gradients of g*grad_scale squared, as the daemon
+//                    counts them (ChunkSumSquares); every rank passes the
+//                    same value; the daemon decides clipping and skipping on
+//                    it, not on its own gradients' sum, and reports sqrt of
+//                    it as the global norm; its own sum is used only as a
+//                    lower bound to defer updates early (ClipSchedule).
+//                    inf/NaN are allowed (a skip with skip_nonfinite);
+//                    negative (-0.0 too) is INVALID_ARGUMENT. Without the
+//                    flag it must be zero (the job's own sum decides). Its
+//                    completion carries the global gradient norm (a double's
+//                    bits) in `detail` and kIterEnd* bits in `flags`.
 //   kIterAbort       iteration (the one begun): ends it with nothing
 //                    committed (every update of it rolled back, the step
 //                    not advanced), e.g. when the client's backward failed
@@ -116,8 +128,11 @@ enum class RingStatePart : uint64_t {
   kMaxExpAvgSq = 3,  // AMSGrad only
 };
 
-// SubmissionEntry::iter_flags of a kIterBegin.
+// SubmissionEntry::iter_flags, each op's own bits (distinct, so that one
+// op's bit on another is refused). Of a kIterBegin:
 inline constexpr uint8_t kIterBeginLrGiven = 1u << 0;
+// Of a kIterEnd: the entry's global_sum_squares decides the outcome.
+inline constexpr uint8_t kIterEndSumSquaresGiven = 1u << 1;
 
 // CompletionEntry::flags of a kIterEnd completion.
 inline constexpr uint32_t kIterEndClipped = 1u << 0;
@@ -144,12 +159,17 @@ struct SubmissionEntry {
   // kIterBegin only: every gradient of the iteration is multiplied by this
   // (1/loss_scale for fp16 loss scaling); 0 means 1.
   float grad_scale;
-  uint8_t iter_flags;   // kIterBegin only: kIterBegin* bits
+  uint8_t iter_flags;   // kIterBeginLrGiven / kIterEndSumSquaresGiven
   uint8_t reserved[3];  // must be zero
-  // kIterBegin only: the learning rate of this iteration (a schedule's
-  // value); with kIterBeginLrGiven clear, 0 means the one the model was
-  // registered with.
-  double lr;
+  union {
+    // kIterBegin: the learning rate of this iteration (a schedule's
+    // value); with kIterBeginLrGiven clear, 0 means the one the model was
+    // registered with.
+    double lr;
+    // kIterEnd with kIterEndSumSquaresGiven: every rank's gradients' sum of
+    // squares (see the op table above).
+    double global_sum_squares;
+  };
 };
 static_assert(sizeof(SubmissionEntry) == kRingEntryBytes);
 static_assert(offsetof(SubmissionEntry, op) == 0);
@@ -164,6 +184,7 @@ static_assert(offsetof(SubmissionEntry, grad_scale) == 48);
 static_assert(offsetof(SubmissionEntry, iter_flags) == 52);
 static_assert(offsetof(SubmissionEntry, reserved) == 53);
 static_assert(offsetof(SubmissionEntry, lr) == 56);
+static_assert(offsetof(SubmissionEntry, global_sum_squares) == 56);
 
 struct CompletionEntry {
   uint64_t request_id;   // of the submission this completes

@@ -50,6 +50,21 @@ uint32_t FieldsOf(RingOp op) {
   return 0;
 }
 
+// The iter_flags bits each op may set.
+uint8_t IterFlagsOf(RingOp op) {
+  if (op == RingOp::kIterBegin) return kIterBeginLrGiven;
+  if (op == RingOp::kIterEnd) return kIterEndSumSquaresGiven;
+  return 0;
+}
+
+// Whether the entry's last double (lr, or global_sum_squares) carries a
+// value: kIterBegin's lr, or kIterEnd's sum when its flag says so.
+bool UsesLastDouble(RingOp op, const SubmissionEntry& entry) {
+  return op == RingOp::kIterBegin ||
+         (op == RingOp::kIterEnd &&
+          (entry.iter_flags & kIterEndSumSquaresGiven) != 0);
+}
+
 const char* OpName(RingOp op) {
   switch (op) {
     case RingOp::kReservedRegisterLayout:
@@ -147,18 +162,31 @@ absl::Status EntryValidator::Accept(const SubmissionEntry& entry) {
     return absl::InvalidArgumentError(
         absl::StrCat("entry: unknown op ", entry.op));
   }
+  // Bit patterns, so that -0.0 and NaN count as set too.
+  uint64_t last_bits;
+  std::memcpy(&last_bits, &entry.lr, sizeof(last_bits));
+  const bool last_used = UsesLastDouble(op, entry);
   if ((!(fields & kDtype) && entry.dtype != 0) ||
       (!(fields & kLayer) && entry.layer != 0) ||
       (!(fields & kSlot) && (entry.slot_offset != 0 || entry.length != 0)) ||
       (!(fields & kActivationId) && entry.activation_id != 0) ||
       (!(fields & kIteration) && entry.iteration != 0) ||
-      (!(fields & kGradScale) && (entry.grad_scale != 0.0f || entry.lr != 0.0 ||
-                                  entry.iter_flags != 0)) ||
-      (entry.iter_flags & ~kIterBeginLrGiven) != 0 ||
-      std::signbit(entry.grad_scale) || std::signbit(entry.lr)) {
+      (!(fields & kGradScale) && entry.grad_scale != 0.0f) ||
+      (entry.iter_flags & ~IterFlagsOf(op)) != 0 ||
+      (!last_used && last_bits != 0) || std::signbit(entry.grad_scale) ||
+      (op == RingOp::kIterBegin && std::signbit(entry.lr))) {
     return absl::InvalidArgumentError(absl::StrCat(
         OpName(op),
         ": a field this op does not use is not zero (or a negative scale)"));
+  }
+  // inf and NaN (of either sign: an all-reduce of inf - inf) mean a
+  // non-finite gradient somewhere; below zero no sum of squares goes.
+  if (op == RingOp::kIterEnd && last_used &&
+      std::signbit(entry.global_sum_squares) &&
+      !std::isnan(entry.global_sum_squares)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(OpName(op), ": global sum of squares ",
+                     entry.global_sum_squares, " is negative"));
   }
 
   switch (op) {

@@ -22,6 +22,7 @@ namespace {
 
 uint64_t accepted_by_op[14] = {};
 uint64_t accepted_streamed = 0;
+uint64_t accepted_sum_squares = 0;
 
 void Require(bool condition) {
   if (!condition) __builtin_trap();
@@ -44,6 +45,8 @@ void CarveSlots(SlotAllocator& slots) {
 const uint64_t* AcceptedByOp() { return accepted_by_op; }
 
 uint64_t AcceptedStreamed() { return accepted_streamed; }
+
+uint64_t AcceptedSumSquares() { return accepted_sum_squares; }
 
 }  // namespace lohan::fuzz
 
@@ -115,6 +118,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       Require(entry.length <= kArenaBytes - entry.slot_offset);
     }
     Require(validator.layout().layer_bytes == layout.layer_bytes);
+    // The last double: kIterBegin's lr (not negative), kIterEnd's global
+    // sum of squares only with its flag (never below zero, NaN allowed),
+    // zero bits everywhere else; iter_flags only each op's own bit.
+    uint64_t last_bits;
+    std::memcpy(&last_bits, &entry.lr, sizeof(last_bits));
+    if (op == RingOp::kIterBegin) {
+      Require((entry.iter_flags & ~kIterBeginLrGiven) == 0);
+      Require(!std::signbit(entry.lr));
+    } else if (op == RingOp::kIterEnd &&
+               entry.iter_flags == kIterEndSumSquaresGiven) {
+      Require(std::isnan(entry.global_sum_squares) ||
+              !std::signbit(entry.global_sum_squares));
+      ++accepted_sum_squares;
+    } else {
+      Require(entry.iter_flags == 0 && last_bits == 0);
+    }
     if (op == RingOp::kGradReady) {
       Require(validator.in_iteration());
       Require(entry.dtype == static_cast<uint16_t>(layout.dtype));

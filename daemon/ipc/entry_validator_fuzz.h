@@ -33,6 +33,8 @@ inline constexpr uint64_t kLayerBytes[kLayers] = {4096, 8192, 100, 4096};
 const uint64_t* AcceptedByOp();
 // GRAD_READY and FETCH_PARAMS entries accepted with a streamed layout.
 uint64_t AcceptedStreamed();
+// ITER_END entries accepted with kIterEndSumSquaresGiven.
+uint64_t AcceptedSumSquares();
 
 }  // namespace lohan::fuzz
 

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 #include <cstring>
+#include <iterator>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -61,6 +63,18 @@ class Generator {
                      size_t size) {
     const auto* bytes = static_cast<const uint8_t*>(data);
     input->insert(input->end(), bytes, bytes + size);
+  }
+
+  // A global sum of squares: mostly flagged and valid (inf and NaNs of
+  // either sign included), sometimes negative, unflagged or with other
+  // flag bits.
+  void SumSquares(SubmissionEntry& entry) {
+    constexpr double kInf = std::numeric_limits<double>::infinity();
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    const double values[] = {0.0,  2.5,  1e300, kInf, nan,
+                             -nan, -1.0, -0.0,  -kInf};
+    entry.global_sum_squares = values[random_() % std::size(values)];
+    entry.iter_flags = OneIn(6) ? random_() % 256 : kIterEndSumSquaresGiven;
   }
 
   uint64_t Offset(uint64_t good) {
@@ -131,6 +145,7 @@ class Generator {
       case RingOp::kIterAbort:
         entry.iteration = OneIn(6) ? random_() : iteration_;
         if (!OneIn(4)) ++iteration_;
+        if (op == RingOp::kIterEnd && OneIn(2)) SumSquares(entry);
         break;
       case RingOp::kInitWeights:
       case RingOp::kReadWeights:
@@ -179,6 +194,7 @@ TEST(EntryValidatorFuzzTest, TensOfThousandsOfInputs) {
     EXPECT_GT(accepted[op], 100u) << "op " << op;
   }
   EXPECT_GT(AcceptedStreamed(), 100u);
+  EXPECT_GT(AcceptedSumSquares(), 100u);
 }
 
 }  // namespace

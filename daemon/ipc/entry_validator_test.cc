@@ -331,6 +331,55 @@ TEST_F(EntryValidatorTest, IterationStateMachine) {
   EXPECT_EQ(Code(end), absl::StatusCode::kInvalidArgument);
 }
 
+TEST_F(EntryValidatorTest, IterEndCarriesANonNegativeGlobalSumOfSquares) {
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  uint64_t iteration = 0;
+  // Refused without ending the iteration: negative sums (-0.0 and -inf
+  // too), a sum without its flag, other flag bits, the begin's flag.
+  ASSERT_TRUE(validator_->Accept(Iter(RingOp::kIterBegin, iteration)).ok());
+  for (double bad : {-1.0, -0.0, -kInf, -1e-300}) {
+    SubmissionEntry end = Iter(RingOp::kIterEnd, iteration);
+    end.iter_flags = kIterEndSumSquaresGiven;
+    end.global_sum_squares = bad;
+    const absl::Status status = validator_->Accept(end);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(status.message().find("negative"), std::string::npos) << status;
+  }
+  for (double unflagged : {2.0, -0.0, nan}) {
+    SubmissionEntry end = Iter(RingOp::kIterEnd, iteration);
+    end.global_sum_squares = unflagged;
+    EXPECT_EQ(Code(end), absl::StatusCode::kInvalidArgument) << unflagged;
+  }
+  for (uint8_t flags : {uint8_t{kIterBeginLrGiven}, uint8_t{0x80},
+                        uint8_t{kIterEndSumSquaresGiven | 0x04}}) {
+    SubmissionEntry end = Iter(RingOp::kIterEnd, iteration);
+    end.iter_flags = flags;
+    end.global_sum_squares = 1.0;
+    EXPECT_EQ(Code(end), absl::StatusCode::kInvalidArgument) << int{flags};
+  }
+  // The flag is ITER_END's alone (a nested ITER_BEGIN would be
+  // FAILED_PRECONDITION: the field rule refuses it first).
+  SubmissionEntry abort = Iter(RingOp::kIterAbort, iteration);
+  abort.iter_flags = kIterEndSumSquaresGiven;
+  abort.global_sum_squares = 1.0;
+  EXPECT_EQ(Code(abort), absl::StatusCode::kInvalidArgument);
+  SubmissionEntry begin = Iter(RingOp::kIterBegin, iteration + 1);
+  begin.iter_flags = kIterEndSumSquaresGiven;
+  EXPECT_EQ(Code(begin), absl::StatusCode::kInvalidArgument);
+  // Accepted, each ending the iteration: zero, finite, inf, NaN of either
+  // sign (inf - inf in an all-reduce), and no sum at all.
+  for (double good : {0.0, 3.25, 1e300, kInf, nan, -nan}) {
+    SubmissionEntry end = Iter(RingOp::kIterEnd, iteration);
+    end.iter_flags = kIterEndSumSquaresGiven;
+    end.global_sum_squares = good;
+    EXPECT_TRUE(validator_->Accept(end).ok()) << good;
+    EXPECT_FALSE(validator_->in_iteration());
+    ASSERT_TRUE(validator_->Accept(Iter(RingOp::kIterBegin, ++iteration)).ok());
+  }
+  EXPECT_TRUE(validator_->Accept(Iter(RingOp::kIterEnd, iteration)).ok());
+}
+
 TEST_F(EntryValidatorTest, ResumesAtAGivenIteration) {
   EntryValidator::Options options;
   options.next_iteration = 41;

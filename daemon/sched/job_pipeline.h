@@ -191,7 +191,9 @@ struct IterationReport {
   // Returned with updates still running (settle_in_background): `iteration`
   // is the one they commit. Their work is counted in the next report's busy.
   bool settling = false;
-  double global_norm = 0.0;   // Of the submitted (unclipped) gradients.
+  // Of the submitted (unclipped) gradients; given a global sum of squares,
+  // its square root.
+  double global_norm = 0.0;
   bool nonfinite = false;     // A gradient held inf/NaN.
   bool clipped = false;       // The update was redone with scaled gradients.
   double clip_scale = 1.0;    // The gradient scale of the committed update.
@@ -340,7 +342,23 @@ class JobPipeline {
   // error says so and those buffers hold unspecified values. Store errors
   // name the layer, chunk and tensor. (ABORTED for an earlier iteration
   // whose settle failed, see WaitLayer, ends nothing: the pipeline is done.)
-  absl::StatusOr<IterationReport> EndIteration()
+  //
+  // `global_sum_squares` (data-parallel ranks whose pipelines each hold one
+  // shard of every layer): the sum of squares of every rank's gradients
+  // times grad_scale, as ChunkSumSquares counts them, the same on every
+  // rank. Given, it alone decides the outcome (nonfinite, skip, clip scale)
+  // and global_norm is its square root; this pipeline's own sum, a lower
+  // bound of it, only lets updates wait early (kDeferWhenCertain), which
+  // never changes the result: should the given sum decide otherwise (it
+  // may be rounded below the own sum), the waiting chunks run unclipped,
+  // and updates made before a clip the own sum did not foresee are redone.
+  // So pipelines holding parts of a model, each given the sum over all of
+  // them, commit what one pipeline of the whole model commits, bit for bit,
+  // when the sums agree. inf/NaN: a non-finite gradient somewhere.
+  // INVALID_ARGUMENT when it is negative (-0.0 too), with the iteration
+  // still in progress, nothing changed.
+  absl::StatusOr<IterationReport> EndIteration(
+      std::optional<double> global_sum_squares = std::nullopt)
       ABSL_LOCKS_EXCLUDED(api_mu_, mu_);
   // With settle_in_background: waits until `layer`'s updates of the
   // iteration settling now are done (its new 16-bit copy written), at once

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
@@ -16,8 +17,16 @@ using sched_internal::Annotate;
 using sched_internal::IsNoPending;
 using sched_internal::Now;
 
-absl::StatusOr<IterationReport> JobPipeline::EndIteration() {
+absl::StatusOr<IterationReport> JobPipeline::EndIteration(
+    std::optional<double> global_sum_squares) {
   const double start = Now();
+  // NaN's sign bit means nothing (inf - inf in an all-reduce sets it).
+  if (global_sum_squares.has_value() && std::signbit(*global_sum_squares) &&
+      !std::isnan(*global_sum_squares)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("EndIteration: global sum of squares ",
+                     *global_sum_squares, " is negative"));
+  }
   absl::MutexLock api(&api_mu_);
   uint64_t iteration;
   ClipOptions clip;
@@ -74,6 +83,9 @@ absl::StatusOr<IterationReport> JobPipeline::EndIteration() {
   double sum = 0.0;
   // Fixed (layer, chunk) order; both sources hold the same bits.
   for (double x : defers() ? norm_squares_ : sum_squares_) sum += x;
+  // The own sum only decided which chunks waited; FinishDeferred and
+  // FinishRedoAll make any outcome right from any such start.
+  if (global_sum_squares.has_value()) sum = *global_sum_squares;
   report.global_norm = std::sqrt(sum);
   report.nonfinite = !std::isfinite(sum);
   report.iteration = iteration;

@@ -494,7 +494,11 @@ absl::Status JobSession::Handle(const SubmissionEntry& entry, uint64_t& detail,
     case RingOp::kIterEnd: {
       // On error the pipeline has put the committed weights back into
       // the weight slots it was given (JobPipeline::EndIteration).
-      absl::StatusOr<IterationReport> report = model.pipeline->EndIteration();
+      // A sharded data-parallel rank's: every rank's sum decides.
+      absl::StatusOr<IterationReport> report = model.pipeline->EndIteration(
+          (entry.iter_flags & kIterEndSumSquaresGiven) != 0
+              ? std::optional<double>(entry.global_sum_squares)
+              : std::nullopt);
       if (!report.ok()) return report.status();
       {
         absl::MutexLock stats_lock(&stats_mu_);

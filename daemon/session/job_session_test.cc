@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <random>
@@ -423,6 +424,79 @@ TEST_F(JobSessionTest, IterationsThroughTheRingsAndAFailedEnd) {
     EXPECT_EQ(WeightSlot(l), CommittedBf16(l)) << "layer " << l;
     EXPECT_NE(WeightSlot(l), committed[l]) << "layer " << l;
   }
+}
+
+TEST_F(JobSessionTest, AGivenGlobalSumOfSquaresDecidesTheIterationsEnd) {
+  // Clipping at 1: this job's own gradients (norm about 6) always clip.
+  v1::ModelSpec spec = Spec();
+  spec.set_max_grad_norm(1.0);
+  spec.set_skip_nonfinite(true);
+  ASSERT_NO_FATAL_FAILURE(Open(4 * kMiB, spec));
+  for (uint32_t l = 0; l < layers(); ++l) {
+    float* staging = reinterpret_cast<float*>(At(response_.staging_offset()));
+    for (uint64_t i = 0; i < elements(l); ++i) staging[i] = 0.25f;
+    ASSERT_EQ(Code(Call(Staging(RingOp::kInitWeights, l))),
+              absl::StatusCode::kOk);
+  }
+  auto end_with = [&](uint64_t iteration, double global) {
+    SubmissionEntry end = Iter(RingOp::kIterEnd, iteration);
+    end.iter_flags = kIterEndSumSquaresGiven;
+    end.global_sum_squares = global;
+    return Call(end);
+  };
+  auto run_backward = [&](uint64_t iteration, uint32_t seed) {
+    ASSERT_EQ(Code(Call(Iter(RingOp::kIterBegin, iteration))),
+              absl::StatusCode::kOk);
+    FillGradients(seed);
+    for (uint32_t l = layers(); l-- > 0;) {
+      ASSERT_EQ(Code(Call(Grad(l))), absl::StatusCode::kOk);
+    }
+  };
+  auto norm_of = [](const CompletionEntry& done) {
+    double norm;
+    std::memcpy(&norm, &done.detail, sizeof(norm));
+    return norm;
+  };
+
+  // Every rank's sum says norm 0.5: committed unclipped, the norm reported
+  // is the given one.
+  ASSERT_NO_FATAL_FAILURE(run_backward(0, 1));
+  const CompletionEntry unclipped = end_with(0, 0.25);
+  ASSERT_EQ(Code(unclipped), absl::StatusCode::kOk) << ErrorText(unclipped);
+  EXPECT_EQ(unclipped.flags, 0u);
+  EXPECT_EQ(norm_of(unclipped), 0.5);
+  EXPECT_EQ(session_->Status().iteration(), 1u);
+  std::vector<std::vector<uint8_t>> committed;
+  for (uint32_t l = 0; l < layers(); ++l) {
+    committed.push_back(CommittedBf16(l));
+    EXPECT_EQ(WeightSlot(l), committed[l]) << "layer " << l;
+  }
+
+  // Another rank's gradient held an inf: skipped here too, though this
+  // job's own are finite; the slots keep the committed weights.
+  ASSERT_NO_FATAL_FAILURE(run_backward(1, 2));
+  const CompletionEntry skipped =
+      end_with(1, std::numeric_limits<double>::infinity());
+  ASSERT_EQ(Code(skipped), absl::StatusCode::kOk) << ErrorText(skipped);
+  EXPECT_EQ(skipped.flags, kIterEndSkipped | kIterEndNonfinite);
+  EXPECT_EQ(session_->Status().iteration(), 1u);
+  for (uint32_t l = 0; l < layers(); ++l) {
+    EXPECT_EQ(WeightSlot(l), committed[l]) << "layer " << l;
+  }
+
+  // A negative sum is refused and ends nothing; the ITER_END after it
+  // (no sum: the job's own decides) clips.
+  ASSERT_NO_FATAL_FAILURE(run_backward(2, 3));
+  const CompletionEntry negative = end_with(2, -1.0);
+  EXPECT_EQ(Code(negative), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(ErrorText(negative).find("negative"), std::string::npos)
+      << ErrorText(negative);
+  EXPECT_TRUE(session_->InIteration());
+  const CompletionEntry own = Call(Iter(RingOp::kIterEnd, 2));
+  ASSERT_EQ(Code(own), absl::StatusCode::kOk) << ErrorText(own);
+  EXPECT_EQ(own.flags, kIterEndClipped);
+  EXPECT_GT(norm_of(own), 1.0);
+  EXPECT_EQ(session_->Status().iteration(), 2u);
 }
 
 TEST_F(JobSessionTest, AReopenedJobFindsItsCommittedWeightsInItsSlots) {

@@ -160,6 +160,9 @@ LOHAN_CLIENT_API void lohan_data_plane_destroy(lohan_data_plane* plane);
  *   lohan_model_iter_end              waits for every layer's update;
  *                                     exact global-norm clipping and
  *                                     inf/nan skipping happen here
+ *                                     (lohan_model_iter_end_global: on
+ *                                     every rank's sum of squares, for
+ *                                     jobs holding shards of the layers)
  * Each of these is one request to the daemon and waits for its answer. The
  * same requests can be made without waiting (see "Asynchronous requests"
  * below): a GPU training loop hands each layer's gradient over straight from
@@ -180,10 +183,10 @@ LOHAN_CLIENT_API void lohan_data_plane_destroy(lohan_data_plane* plane);
  *   lohan_model_iter_end
  * Without CUDA, lohan_model_grad_ready_from_host / lohan_model_weights_to_host
  * do the same with memcpy.
- * Threads: lohan_model_iter_begin, lohan_model_iter_end, init/read_weights,
- * init/read_state, register and destroy from one thread at a time; everything
- * else (the synchronous and asynchronous requests, waits, polls and copies)
- * from any number of threads at once. */
+ * Threads: lohan_model_iter_begin, lohan_model_iter_end(_global),
+ * init/read_weights, init/read_state, register and destroy from one thread
+ * at a time; everything else (the synchronous and asynchronous requests,
+ * waits, polls and copies) from any number of threads at once. */
 typedef struct lohan_model lohan_model;
 
 enum { LOHAN_DTYPE_FP32 = 1, LOHAN_DTYPE_BF16 = 2, LOHAN_DTYPE_FP16 = 3 };
@@ -385,6 +388,20 @@ LOHAN_CLIENT_API int lohan_model_act_free(lohan_model* model, uint64_t id);
 LOHAN_CLIENT_API int lohan_model_iter_end(lohan_model* model,
                                           double* global_norm, int* clipped,
                                           int* skipped);
+/* lohan_model_iter_end for sharded data-parallel jobs: each rank's job
+ * holds only that rank's shard of every layer, so no daemon sees the whole
+ * gradient. `global_sum_squares` is the sum over every rank's gradients of
+ * (g * grad_scale)^2 (all-reduce each rank's sum of its shards' squares),
+ * the same value on every rank: the daemon clips and skips on it, as one
+ * job of the whole model would on its own gradients, and `global_norm`
+ * receives its square root, so every rank decides alike. inf or NaN means
+ * a non-finite gradient somewhere (a skip when the model skips them).
+ * Negative (-0.0 too): LOHAN_INVALID_ARGUMENT, nothing sent, the iteration
+ * still in progress. `global_norm`, `clipped`, `skipped` may be NULL. */
+LOHAN_CLIENT_API int lohan_model_iter_end_global(lohan_model* model,
+                                                 double global_sum_squares,
+                                                 double* global_norm,
+                                                 int* clipped, int* skipped);
 /* Ends the iteration begun with nothing committed: the updates it ran are
  * rolled back, the step does not advance, the weight buffers hold the
  * committed weights again (e.g. after the caller's backward failed

@@ -147,6 +147,9 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
                                          ctypes.POINTER(ctypes.c_double),
                                          ctypes.POINTER(c_int),
                                          ctypes.POINTER(c_int)]),
+        "lohan_model_iter_end_global": (c_int, [
+            c_void_p, ctypes.c_double, ctypes.POINTER(ctypes.c_double),
+            ctypes.POINTER(c_int), ctypes.POINTER(c_int)]),
         "lohan_model_iter_abort": (c_int, [c_void_p]),
         "lohan_client_status_json": (c_int, [c_void_p,
                                              ctypes.POINTER(c_void_p)]),

@@ -313,13 +313,27 @@ class Model:
         """Ends the iteration with nothing committed (see lohan_client.h)."""
         _check(self._lib.lohan_model_iter_abort(self._handle))
 
-    def iter_end(self) -> tuple:
-        """(global_norm, clipped, skipped) of the iteration."""
+    def iter_end(self, global_sum_squares: Optional[float] = None) -> tuple:
+        """(global_norm, clipped, skipped) of the iteration.
+
+        `global_sum_squares` (sharded data-parallel jobs, each rank's job
+        holding only its shard of every layer): the sum over every rank's
+        gradients of (g * grad_scale) ** 2, the same on every rank (an
+        all-reduce of each rank's own sum); the daemon clips and skips on
+        it and returns its square root as the global norm, so every rank
+        decides alike (lohan_model_iter_end_global). inf/NaN: a non-finite
+        gradient somewhere; negative: InvalidArgument, the iteration still
+        in progress."""
         norm = ctypes.c_double()
         clipped, skipped = ctypes.c_int(), ctypes.c_int()
-        _check(self._lib.lohan_model_iter_end(
-            self._handle, ctypes.byref(norm), ctypes.byref(clipped),
-            ctypes.byref(skipped)))
+        if global_sum_squares is None:
+            _check(self._lib.lohan_model_iter_end(
+                self._handle, ctypes.byref(norm), ctypes.byref(clipped),
+                ctypes.byref(skipped)))
+        else:
+            _check(self._lib.lohan_model_iter_end_global(
+                self._handle, float(global_sum_squares), ctypes.byref(norm),
+                ctypes.byref(clipped), ctypes.byref(skipped)))
         return norm.value, bool(clipped.value), bool(skipped.value)
 
     def close(self) -> None:

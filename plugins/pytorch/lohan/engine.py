@@ -33,7 +33,7 @@ from lohan.activations import uses_store
 from lohan.auto_plan import AutoPlan, sizes_of
 from lohan.blocks import Layer, WIRE_NAMES
 from lohan.checkpoint import CheckpointReader
-from lohan.client import Job, Model
+from lohan.client import Job, LohanError, Model
 from lohan.groups import (ParamGroup, check_optimizer_groups, exempt_ranges,
                           param_groups)
 from lohan.hooks import GradientRouter, has_lohan_hook
@@ -42,6 +42,7 @@ from lohan.job import ARENA_RETURN_SECONDS, JobSession, model_spec
 from lohan.options import MIB, ActivationsArg, EngineOptions
 from lohan.params import Both, FrozenWeights, ParameterResidency
 from lohan.placement import Placement, normalized, place
+from lohan.sharding import Sharding, backward_order, process_group_of
 from lohan.weights import Weights, open_checkpoint
 
 if TYPE_CHECKING:
@@ -98,6 +99,7 @@ class Engine:
         self._start(model, opts)
         where = place(model, opts)
         self._adopt(where)
+        self._shard_across_ranks(opts)
         self._checkpoint = open_checkpoint(opts.resume)
         if self.params_mode == "resident" and where.moves_to_device:
             model.to(self.device)  # all of it: asked for resident weights
@@ -158,6 +160,7 @@ class Engine:
         self._iteration: Optional[Iteration] = None
         self._activations: Optional[ActivationStore] = None
         self._auto: Optional[AutoPlan] = None
+        self._sharding: Optional[Sharding] = None
         self._uninstall_activations: Callable[[], None] = lambda: None
 
     def _adopt(self, where: Placement) -> None:
@@ -170,6 +173,35 @@ class Engine:
         self.dtype: torch.dtype = where.dtype
         self.params_mode = where.params_mode
 
+    def _shard_across_ranks(self, opts: EngineOptions) -> None:
+        """Data-parallel ranks (torch.distributed, see sharding.py): this
+        rank's job holds a shard of every layer, named after the rank."""
+        group = process_group_of(opts.process_group)
+        if group is None:
+            return
+        if self.params_mode == "offload":
+            raise ValueError(
+                "lohan: params='offload' with data-parallel ranks is not "
+                "supported yet; pass params='resident' (each rank keeps "
+                "the model's weights, the daemons its sharded states)")
+        if opts.overlap_step:
+            raise ValueError(
+                "lohan: overlap_step=True with data-parallel ranks is not "
+                "supported yet; leave it False")
+        self._sharding = Sharding(group, self.layers)
+        suffix = f".rank{self._sharding.rank}"
+        self.job_name = self.job_name[:64 - len(suffix)] + suffix
+
+    @property
+    def rank(self) -> int:
+        """This process's rank among the data-parallel ranks (0 alone)."""
+        return self._sharding.rank if self._sharding else 0
+
+    @property
+    def world_size(self) -> int:
+        """Data-parallel ranks sharing the optimizer states (1 alone)."""
+        return self._sharding.world if self._sharding else 1
+
     def _open_job(self, opts: EngineOptions, where: Placement,
                   exempt: List[Tuple[int, int, int]]) -> None:
         """The job with its arena and the model registered, the first
@@ -177,7 +209,7 @@ class Engine:
         self._session = session = JobSession(opts.socket, self.job_name)
         self._weights = Weights(self.model, self.layers, self.dtype, session,
                                 self._checkpoint, self._amsgrad,
-                                self.job_name)
+                                self.job_name, self._sharding)
         # resume=True continues this user's job of that name on the daemon;
         # resume=<directory> starts a new job from a checkpoint (weights,
         # and the Adam moments and step when it has them).
@@ -186,7 +218,8 @@ class Engine:
             opts, self.layers, self.dtype, where.area_bytes, exempt,
             self._groups, initial_iteration=(
                 checkpoint.iteration
-                if checkpoint is not None and checkpoint.moments else 0))
+                if checkpoint is not None and checkpoint.moments else 0),
+            sharding=self._sharding)
         session.open(opts.resume is True, spec)
         remote = session.register(spec, self.layers, self.dtype)
         session.setup_cuda(self.device)
@@ -213,7 +246,9 @@ class Engine:
         self._iteration = Iteration(
             self._session, self.layers, self.grad_accumulation_steps,
             self._weights, self._activations, self._next_lr, scaling,
-            int(remote.iteration))
+            int(remote.iteration), self._sharding,
+            backward_order(self.model, self.blocks, self.layers)
+            if self._sharding else None)
 
     def _install_activations(self, opts: EngineOptions) -> None:
         """The activation policy on the blocks (activations="auto": the
@@ -362,10 +397,15 @@ class Engine:
         (returns None), as torch.optim's."""
         self._check_open()
         self._warn_untrained_gradients()
-        outcome = self._iteration.end()
-        if outcome is None:
-            return None
-        self._weights.pull()
+        try:
+            outcome = self._iteration.end()
+            if outcome is None:
+                return None
+            self._weights.pull()
+        except LohanError as error:
+            if self._sharding is not None:
+                self._sharding.publish_failure(error)  # the others name it
+            raise
         if self._activations is not None:
             self._activations.sweep()
         if self._auto is not None and self._auto.waiting:

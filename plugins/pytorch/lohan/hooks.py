@@ -20,12 +20,16 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Callable, Iterator, List, Optional, Protocol
+from typing import (TYPE_CHECKING, Callable, Iterator, List, Optional,
+                    Protocol)
 
 import torch
 from torch.utils.hooks import RemovableHandle
 
 from lohan.blocks import Layer
+
+if TYPE_CHECKING:
+    from lohan.sharding import GradientReducer
 
 
 def has_lohan_hook(param: torch.Tensor) -> bool:
@@ -78,9 +82,13 @@ class GradientRouter:
     def __init__(self, layers: List[Layer], grad_views: List[torch.Tensor],
                  accumulation_steps: int,
                  sink: Optional[GradientSink] = None, *,
-                 grad_ready: Optional[Callable[[int], None]] = None) -> None:
+                 grad_ready: Optional[Callable[[int], None]] = None,
+                 reducer: Optional[GradientReducer] = None) -> None:
         """`sink` takes each layer's gradients (the first begins the
-        step); `grad_ready` alone stands for HostSink(grad_ready)."""
+        step); `grad_ready` alone stands for HostSink(grad_ready).
+        `reducer` (data-parallel ranks, sharding.py): each layer's
+        gradients go to it flat instead, and it hands the sink this
+        rank's reduced shard."""
         if sink is None:
             if grad_ready is None:
                 raise TypeError("GradientRouter needs a sink or grad_ready")
@@ -89,6 +97,7 @@ class GradientRouter:
         self._grad_views = grad_views
         self._steps = accumulation_steps
         self._sink = sink
+        self._reducer = reducer
         self._arrivals: List[List[int]] = [[0] * len(l.params) for l in layers]
         self._waiting: List[int] = [len(l.params) for l in layers]
         self.handed: List[bool] = [False] * len(layers)
@@ -158,14 +167,14 @@ class GradientRouter:
         # Sizes from the layout: a parameter whose weights are offloaded is
         # an empty placeholder here when it got no gradient.
         sizes = spec.sizes()
+        if self._reducer is not None:
+            flat = self._flat_gradients(spec, sizes)
+            self.handed[layer] = True
+            self._warn_missing(missing)
+            self._reducer.add(layer, flat)
+            return
         if device.type == "cuda" and self._sink.device_copies:
-            flat = torch.cat([
-                (param.grad if param.grad is not None else
-                 torch.zeros(size, dtype=self._grad_views[layer].dtype,
-                             device=device)).reshape(-1)
-                for param, size in zip(spec.params, sizes)])
-            for param in spec.params:
-                param.grad = None
+            flat = self._flat_gradients(spec, sizes)
         else:
             flat = None
             self._sink.claim_grad_buffer(layer)
@@ -177,18 +186,35 @@ class GradientRouter:
                 else:
                     target.copy_(param.grad.reshape(-1))
                     param.grad = None
+        self._warn_missing(missing)
+        self.handed[layer] = True
+        if flat is not None:
+            self._sink.device_grad_ready(layer, flat)
+        else:
+            self._sink.grad_ready(layer)
+
+    def _flat_gradients(self, spec: Layer, sizes: List[int]) -> torch.Tensor:
+        """The layer's gradients back to back on its device (zeros for a
+        parameter without one); its parameters' .grad cleared."""
+        device = spec.params[0].device
+        flat = torch.cat([
+            (param.grad if param.grad is not None else
+             torch.zeros(size, dtype=self._grad_views[spec.index].dtype,
+                         device=device)).reshape(-1)
+            for param, size in zip(spec.params, sizes)])
+        for param in spec.params:
+            param.grad = None
+        return flat
+
+    @staticmethod
+    def _warn_missing(missing: List[str]) -> None:
         if missing:
             warnings.warn(
                 "lohan: no gradient this step for " + ", ".join(missing[:5]) +
                 (" ..." if len(missing) > 5 else "") +
                 "; the daemon updates them with a zero gradient (moments "
                 "decay, weight decay applies), unlike torch.optim which "
-                "skips parameters whose .grad is None", stacklevel=3)
-        self.handed[layer] = True
-        if flat is not None:
-            self._sink.device_grad_ready(layer, flat)
-        else:
-            self._sink.grad_ready(layer)
+                "skips parameters whose .grad is None", stacklevel=4)
 
     def flush(self) -> None:
         """Hands over every layer not handed over yet (a step() after fewer
@@ -202,7 +228,15 @@ class GradientRouter:
         return any(self.handed) or any(
             p.grad is not None for l in self._layers for p in l.params)
 
+    def finish_reductions(self) -> Optional[float]:
+        """Data-parallel ranks: waits until every layer's shard is handed
+        to the sink and returns the sum of squares of this rank's shards
+        (None without a reducer). After flush()."""
+        return self._reducer.finish() if self._reducer is not None else None
+
     def reset(self) -> None:
+        if self._reducer is not None:
+            self._reducer.reset()
         for layer in range(len(self._layers)):
             self._arrivals[layer] = [0] * len(self._layers[layer].params)
             self._waiting[layer] = len(self._layers[layer].params)

@@ -16,6 +16,7 @@ from lohan.client import LohanError
 from lohan.devices import copy_stream
 from lohan.hooks import GradientRouter
 from lohan.job import JobSession
+from lohan.sharding import GradientReducer, Sharding
 from lohan.weights import Weights
 
 # What the daemon reports at the end of a step: the global norm (before
@@ -80,10 +81,15 @@ class Iteration:
                  accumulation_steps: int, weights: Weights,
                  activations: Optional[ActivationStore],
                  learning_rate: Callable[[], float], loss: LossScale,
-                 committed: int) -> None:
+                 committed: int, sharding: Optional[Sharding] = None,
+                 order: Optional[List[int]] = None) -> None:
         """`learning_rate()`: the step's rate, read when its first
         gradient reaches the daemon (a scheduler may have set it since
-        the last step). `committed`: the job's committed steps."""
+        the last step). `committed`: the job's committed steps.
+        `sharding` (data-parallel ranks): the job holds this rank's
+        shards; gradients are reduced over the ranks in `order` (the same
+        on every rank, see sharding.backward_order) and the daemon clips
+        and skips on the global norm."""
         self._remote = session.remote
         self._layers = layers
         self._grad_views = session.grad_views
@@ -102,8 +108,15 @@ class Iteration:
         # layout shares buffers, and one may be refilled only once the
         # daemon has taken the previous gradient out of it.
         self._buffer_tickets: Dict[int, int] = {}
+        self._sharding = sharding
+        reducer = None
+        if sharding is not None:
+            reducer = GradientReducer(sharding, order,
+                                      session.grad_views[0].dtype,
+                                      self._shard_ready)
         self.router = GradientRouter(layers, self._grad_views,
-                                     accumulation_steps, self)
+                                     accumulation_steps, self,
+                                     reducer=reducer)
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """`loss` times the loss scale; the daemon unscales this step's
@@ -167,6 +180,20 @@ class Iteration:
             layer, flat.data_ptr(), flat.numel() * flat.element_size(),
             side.cuda_stream, device=flat.device.index))
 
+    def _shard_ready(self, layer: int, shard: torch.Tensor) -> None:
+        """This rank's reduced shard of the layer's gradient (data-parallel
+        ranks), into the layer's slot."""
+        try:
+            if self.device_copies and shard.is_cuda:
+                self.device_grad_ready(layer, shard)
+                return
+            self.claim_grad_buffer(layer)
+            self._grad_views[layer].copy_(shard)
+            self.grad_ready(layer)
+        except LohanError as error:
+            self._sharding.publish_failure(error)  # the others name it
+            raise
+
     # ------------------------------------------------------------------
 
     def take_tickets(self) -> List[int]:
@@ -193,6 +220,7 @@ class Iteration:
         if not router.any_gradient():
             return None
         router.flush()  # on an error here the iteration stays open
+        local_squares = router.finish_reductions()
         # GRAD_READYs posted from CUDA host functions must reach the daemon
         # before ITER_END does.
         tickets = self.take_tickets()
@@ -215,8 +243,14 @@ class Iteration:
             raise
         if self._activations is not None:
             self._activations.drain()  # an activation put's error lands here
+        global_squares = None
+        if local_squares is not None:
+            # As the daemon counts them: times this step's gradient scale.
+            scale = 1.0 / self.loss.scale if self.scaled_backward else 1.0
+            global_squares = self._sharding.sum(local_squares) * scale * scale
         try:
-            norm, clipped, skipped = self._remote.iter_end()
+            norm, clipped, skipped = self._remote.iter_end(
+                global_sum_squares=global_squares)
         finally:
             # On an error the daemon rolled the iteration back: the model
             # still holds the committed weights.

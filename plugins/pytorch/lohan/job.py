@@ -16,6 +16,7 @@ from lohan.client import (Client, DataPlane, Job, LohanError, Model,
 from lohan.groups import ParamGroup, Range
 from lohan.model_spec import ModelSpec
 from lohan.options import MIB, EngineOptions
+from lohan.sharding import Sharding
 
 # How long close() and a reopen wait for the daemon to take back an arena
 # (it does so as soon as it sees the data-plane connection close).
@@ -25,24 +26,33 @@ ARENA_RETURN_SECONDS = 30.0
 def model_spec(options: EngineOptions, layers: List[Layer],
                dtype: torch.dtype, area_bytes: int, exempt: List[Range],
                groups: Sequence[ParamGroup],
-               initial_iteration: int) -> ModelSpec:
+               initial_iteration: int,
+               sharding: Optional[Sharding] = None) -> ModelSpec:
     """The engine's model as the daemon takes it, its buffers as
     `options.buffers` says: "resident" one gradient and one weight buffer
     per layer; "streamed" `options.stream_buffers` shared ones (fewer than
     the layers) through the daemon's SSDs; "auto" resident if the arena
     holds it, else the most shared ones up to stream_buffers that it
-    holds (the daemon sizes a new job's arena so)."""
+    holds (the daemon sizes a new job's arena so). With `sharding`
+    (data-parallel ranks) the job's layers are this rank's shards."""
     count = len(layers)
+    elements = [layer.numel for layer in layers]
+    group_ranges = [g.ranges for g in groups]
+    if sharding is not None:
+        elements = list(sharding.shard)
+        exempt = sharding.local_ranges(exempt)
+        group_ranges = [sharding.local_ranges(r) for r in group_ranges]
     streamed = min(options.stream_buffers, count - 1) if count > 1 else 0
     slots = 0 if options.buffers == "resident" else streamed
     return ModelSpec(
-        layer_elements=[layer.numel for layer in layers],
+        layer_elements=elements,
         dtype=WIRE_NAMES[dtype], lr=options.lr, betas=options.betas,
         eps=options.eps, weight_decay=options.weight_decay,
         adamw=options.adamw, amsgrad=options.amsgrad,
         bf16_moments=bool(options.bf16_moments),
         no_weight_decay=exempt,
-        param_groups=[(g.lr_scale, g.weight_decay, g.ranges) for g in groups],
+        param_groups=[(g.lr_scale, g.weight_decay, r)
+                      for g, r in zip(groups, group_ranges)],
         max_grad_norm=options.max_grad_norm,
         clip_schedule=options.clip_schedule,
         skip_nonfinite=options.skip_nonfinite,
@@ -122,16 +132,17 @@ class JobSession:
 
     def register(self, spec: ModelSpec, layers: List[Layer],
                  dtype: torch.dtype) -> Model:
-        """Registers the model and maps its buffers."""
+        """Registers the model and maps its buffers (spec.layer_elements
+        elements each: a layer, or this rank's shard of it)."""
         self.remote = remote = self.plane.register_model(self.job.id, spec)
         streamed = remote.grad_slots < len(layers)
         self.slots = remote.grad_slots if streamed else 0
         self.grad_views = [
             torch.frombuffer(remote.grad_buffer(l.index), dtype=dtype)[
-                :l.numel] for l in layers]
+                :spec.layer_elements[l.index]] for l in layers]
         self.weight_views = [
             torch.frombuffer(remote.weight_buffer(l.index), dtype=dtype)[
-                :l.numel] for l in layers]
+                :spec.layer_elements[l.index]] for l in layers]
         self.staging = torch.frombuffer(remote.staging, dtype=torch.float32)
         return remote
 

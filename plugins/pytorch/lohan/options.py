@@ -66,6 +66,9 @@ class EngineOptions:
     clip_schedule: str = "deferred"
     overlap_step: bool = False
     service: str = "lanes"
+    # torch.distributed: None, the default group when initialized (with
+    # more than one rank); False: this process alone; or a ProcessGroup.
+    process_group: object = None
 
     def __post_init__(self) -> None:
         self._check_step_options()

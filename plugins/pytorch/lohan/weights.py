@@ -25,6 +25,7 @@ from lohan.job import JobSession
 from lohan.lazy_weights import LazyWeights
 from lohan.params import FrozenWeights, ParameterResidency
 from lohan.progress import Progress
+from lohan.sharding import Sharding, save_gathered
 
 # A trained parameter's name, the parameter and its version counter.
 Version = Tuple[str, nn.Parameter, int]
@@ -56,7 +57,11 @@ class Weights:
     def __init__(self, model: nn.Module, layers: List[Layer],
                  dtype: torch.dtype, session: JobSession,
                  checkpoint: Optional[CheckpointReader], amsgrad: bool,
-                 job_name: str) -> None:
+                 job_name: str, sharding: Optional[Sharding] = None) -> None:
+        """`sharding` (data-parallel ranks): the job holds this rank's
+        shard of each layer; whole layers are gathered from every rank's
+        (collectives: every rank makes the same calls in the same
+        order)."""
         self._model = model
         self._layers = layers
         self._dtype = dtype
@@ -64,6 +69,7 @@ class Weights:
         self._checkpoint = checkpoint
         self._amsgrad = amsgrad
         self._job_name = job_name
+        self._sharding = sharding
         self.residency: Optional[ParameterResidency] = None
         self.frozen: Optional[FrozenWeights] = None
         self.lazy: Optional[LazyWeights] = None
@@ -87,12 +93,15 @@ class Weights:
                             else "writing the initial states",
                             len(self._layers),
                             sum(layer.numel for layer in self._layers))
+        stored = self._agreed_initialized()
         for layer in self._layers:
             index = layer.index
-            if remote.layer_initialized(index):
+            if stored[index]:
                 self._convert(layer)
                 remote.read_weights(index)
-                self._copy_into_params(layer, self._session.staging)
+                self._copy_into_params(layer,
+                                       self._whole(layer,
+                                                   self._session.staging))
                 progress.advance(layer.numel)
                 continue
             if iteration > 0:
@@ -108,6 +117,40 @@ class Weights:
                 self.copy_fetched_into_params(layer)
             progress.advance(layer.numel)
         progress.done()
+
+    def _agreed_initialized(self) -> List[bool]:
+        """Which layers the job has states for; with data-parallel ranks
+        every rank's job must say the same (else their collectives would
+        part ways)."""
+        remote = self._session.remote
+        stored = [bool(remote.layer_initialized(layer.index))
+                  for layer in self._layers]
+        if self._sharding is not None:
+            if self._sharding.agree([int(remote.iteration)]) is not None:
+                raise LohanError(
+                    StatusCode.FAILED_PRECONDITION,
+                    f"the ranks' jobs {self._job_name!r} are at different "
+                    "iterations (a rank or daemon stopped between the "
+                    "ranks' commits of a step); resume from your last "
+                    "engine.save (resume=<directory>) with another job_name")
+            differ = self._sharding.agree(stored)
+            if differ is not None:
+                raise LohanError(
+                    StatusCode.FAILED_PRECONDITION,
+                    f"the ranks' jobs {self._job_name!r} disagree on which "
+                    f"layers have states (layers {differ[:5]}): some ranks "
+                    "resume a job the others start afresh. Resume every "
+                    "rank (resume=True, the same number of ranks) or none "
+                    "(another job_name)")
+        return stored
+
+    def _whole(self, layer: Layer, flat: torch.Tensor) -> torch.Tensor:
+        """`flat`: the job's values of the layer (this rank's shard of
+        them with data-parallel ranks, gathered then); the whole layer's
+        flat vector."""
+        if self._sharding is None:
+            return flat
+        return self._sharding.gather(layer.index, flat)
 
     def _load_checkpoint(self, checkpoint: CheckpointReader) -> None:
         """A new job's states from a checkpoint, layer by layer: the fp32
@@ -131,7 +174,8 @@ class Weights:
             remote.init_weights(index)
             self._convert(layer)
             if self._dtype == torch.float32:
-                self._copy_into_params(layer, self._session.staging)
+                self._copy_into_params(
+                    layer, self._whole(layer, self._session.staging))
             else:
                 self.copy_fetched_into_params(layer)
             for part in parts:
@@ -145,11 +189,11 @@ class Weights:
         """stage(layer, part): the checkpoint's `part` of the layer into
         the staging slot, tensor by tensor."""
         aliases = parameter_aliases(self._model)
-        staging = self._session.staging
 
         def stage(layer: Layer, part: str) -> None:
-            for name, param, shape, offset in zip(layer.names, layer.params,
-                                                  layer.shapes, layer.offsets):
+            sources = []
+            for name, param, shape in zip(layer.names, layer.params,
+                                          layer.shapes):
                 found = checkpoint.find(aliases.get(id(param), [name]), part)
                 if found is None:
                     raise LohanError(
@@ -161,18 +205,30 @@ class Weights:
                         StatusCode.INVALID_ARGUMENT,
                         f"{checkpoint.path}: {name} ({part}) has shape "
                         f"{tuple(found.shape)}, the model's {tuple(shape)}")
-                staging[offset:offset + shape.numel()].copy_(
-                    found.reshape(-1))
+                sources.append(found.reshape(-1))
+            self._fill_staging(layer, lambda position: sources[position])
         return stage
 
-    def _stage_params(self, layer: Layer) -> None:
-        """The layer's parameters as fp32 into the staging slot, each
-        straight into its place (no flat copy of the layer: the largest,
-        an embedding, can be hundreds of MB)."""
+    def _fill_staging(self, layer: Layer,
+                      flat_param: Callable[[int], torch.Tensor]) -> None:
+        """The layer's values (`flat_param(position)`: a parameter's, flat)
+        into the staging slot, each straight into its place (no flat copy
+        of the layer); this rank's shard of them with data-parallel
+        ranks."""
         staging = self._session.staging
-        for param, offset in zip(layer.params, layer.offsets):
-            staging[offset:offset + param.numel()].copy_(
-                param.detach().reshape(-1))
+        if self._sharding is not None:
+            self._sharding.fill(layer.index, staging, flat_param)
+            return
+        for position, (offset, size) in enumerate(zip(layer.offsets,
+                                                      layer.sizes())):
+            staging[offset:offset + size].copy_(flat_param(position))
+
+    def _stage_params(self, layer: Layer) -> None:
+        """The layer's parameters as fp32 into the staging slot (see
+        _fill_staging: the largest layer, an embedding, can be hundreds of
+        MB)."""
+        self._fill_staging(
+            layer, lambda position: layer.params[position].detach().reshape(-1))
 
     def _convert(self, layer: Layer) -> None:
         for param in layer.params:
@@ -317,7 +373,7 @@ class Weights:
         view = session.weight_views[layer.index]
         device = layer.params[0].device
         if not (session.cuda and device.type == "cuda"):
-            self._copy_into_params(layer, view)
+            self._copy_into_params(layer, self._whole(layer, view))
             return
         # On the GPU the host goes on at once: the C library copies the
         # buffer up on torch's current stream, holding it until the copy has
@@ -327,7 +383,7 @@ class Weights:
         session.remote.weights_to_device(
             layer.index, flat.data_ptr(), view.numel() * view.element_size(),
             torch.cuda.current_stream(device).cuda_stream, device.index)
-        self._copy_into_params(layer, flat)
+        self._copy_into_params(layer, self._whole(layer, flat))
 
     @staticmethod
     def _copy_into_params(layer: Layer, flat: torch.Tensor) -> None:
@@ -372,9 +428,10 @@ class Weights:
         weights: Dict[str, torch.Tensor] = {}
         for layer in self._layers:
             remote.read_weights(layer.index)
+            whole = self._whole(layer, staging)
             for name, offset, shape in zip(layer.names, layer.offsets,
                                            layer.shapes):
-                weights[name] = (staging[offset:offset + shape.numel()]
+                weights[name] = (whole[offset:offset + shape.numel()]
                                  .clone().view(shape))
         return weights
 
@@ -401,10 +458,14 @@ class Weights:
             else:
                 remote.read_state(layer.index, part)
             progress.advance(layer.numel)
-            return staging[:layer.numel]
+            return self._whole(layer, staging)[:layer.numel]
 
-        path = write_checkpoint(directory, layers, read_layer, parts,
-                                dict(meta))
+        if self._sharding is None:
+            path = write_checkpoint(directory, layers, read_layer, parts,
+                                    dict(meta))
+        else:
+            path = save_gathered(self._sharding, directory, layers,
+                                 read_layer, parts, dict(meta))
         progress.done()
         return path
 

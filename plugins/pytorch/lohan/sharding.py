@@ -1,0 +1,386 @@
+"""Data-parallel ranks (torch.distributed): each rank's job on its node's
+lohand holds one shard of every layer's states.
+
+Layer i's flat vector (n elements) is cut into W equal shards of
+s = ceil(n / W) elements, the last ones padded with zeros; rank r owns
+elements [r*s, r*s + s). Every rank's optimizer work, host-pool and SSD
+bytes are then 1/W of the model's (to within W-1 elements per layer),
+whatever the layers' sizes, which sharding whole layers cannot promise.
+The padding stays zero: its gradient is always zero, so AdamW keeps
+weight and moments at zero and adds nothing to the norm.
+
+Per step each rank reduce-scatters every layer's gradient as backward
+completes it (the SUM divided by W: the mean over ranks, as DDP), hands
+its shard to its daemon, and after the update all-gathers the new
+weights. Collectives run in one fixed layer order on every rank (see
+`backward_order`), whatever order backward completes layers in: ranks
+must issue them in the same order.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import (Any, Callable, Deque, Dict, List, Optional, Tuple,
+                    TypeVar, Union)
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from lohan.blocks import Layer, after_the_blocks
+from lohan.checkpoint import WEIGHTS_FILE, write_checkpoint
+
+Range = Tuple[int, int, int]  # (layer, begin, end)
+T = TypeVar("T")
+# torch.distributed's store key where a rank that stops says why.
+FAILURE_KEY = "lohan/failure"
+
+
+class RankFailure(RuntimeError):
+    """A collective across the data-parallel ranks failed: another rank (or
+    its daemon) stopped, or the network did. The message names the rank
+    and its error when that rank could say."""
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Where one parameter overlaps this rank's shard of its layer: its
+    flat elements [begin, end) go to the shard at `at`."""
+
+    position: int  # the parameter's index in the layer
+    begin: int
+    end: int
+    at: int
+
+
+def process_group_of(option: object) -> Optional[dist.ProcessGroup]:
+    """lohan.init's process_group: None means torch.distributed's default
+    group when it is initialized with more than one rank; False: train
+    this process alone whatever torch.distributed says; else the group
+    given. The group returned (None: alone) has at least two ranks."""
+    if option is False:
+        return None
+    if option is None:
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        group = dist.group.WORLD
+    elif isinstance(option, dist.ProcessGroup):
+        group = option
+    else:
+        raise TypeError("process_group must be a torch.distributed "
+                        "ProcessGroup, None (the default group, when "
+                        "torch.distributed is initialized) or False, got "
+                        f"{type(option).__name__}")
+    return group if dist.get_world_size(group) > 1 else None
+
+
+def backward_order(model: nn.Module, blocks: List[nn.Module],
+                   layers: List[Layer]) -> List[int]:
+    """The layers in the order backward usually completes them: the rest
+    after the blocks (the head), the blocks last to first, then the rest
+    before them (the embeddings, which a tied head finishes last)."""
+    after = after_the_blocks(model, blocks)
+    rest = [layer for layer in layers if layer.block is None]
+    tail = [layer.index for layer in rest if after(layer.names[0])]
+    head = [layer.index for layer in rest if not after(layer.names[0])]
+    in_blocks = [layer.index for layer in layers if layer.block is not None]
+    return tail + in_blocks[::-1] + head
+
+
+class Sharding:
+    """This rank's shard of every layer, and the collectives over them.
+    Every method that runs a collective must be called by every rank of
+    the group, in the same order."""
+
+    def __init__(self, group: dist.ProcessGroup, layers: List[Layer]) -> None:
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world = dist.get_world_size(group)
+        self._layers = layers
+        self.shard = [math.ceil(layer.numel / self.world) for layer in layers]
+        self._pieces = [self._pieces_of(layer) for layer in layers]
+        self._scatter_supported = True
+        self._store = _store_of(group)
+
+    def publish_failure(self, error: BaseException) -> None:
+        """Tells the other ranks why this one stops (they name it when
+        their next collective fails). Best effort: the store may be gone
+        too."""
+        if self._store is None or isinstance(error, RankFailure):
+            return
+        try:
+            self._store.set(FAILURE_KEY, f"rank {self.rank}: {error}")
+        except Exception:  # noqa: BLE001 - the store's own failure
+            pass
+
+    def run(self, what: str, collective: Callable[[], T]) -> T:
+        """`collective()`, its failure raised as a RankFailure that says
+        which rank stopped and why, when it said so."""
+        try:
+            return collective()
+        except RuntimeError as error:  # gloo/NCCL: a peer vanished
+            raise RankFailure(self._failure_message(what, error)) from error
+
+    def _failure_message(self, what: str, error: BaseException) -> str:
+        why = ("another rank stopped (killed, out of memory, or its script "
+               "ended) or the network failed; that rank's own output says "
+               "which")
+        if self._store is not None:
+            try:
+                if self._store.check([FAILURE_KEY]):
+                    why = self._store.get(FAILURE_KEY).decode()
+            except Exception:  # noqa: BLE001 - the store went with it
+                pass
+        return (f"lohan: {what} across the {self.world} data-parallel ranks "
+                f"failed: {why} ({error}). Every rank stops; resume with "
+                "lohan.init(..., resume=True) on the same ranks, or from "
+                "your last engine.save")
+
+    def begin(self, index: int) -> int:
+        return self.rank * self.shard[index]
+
+    def padded(self, index: int) -> int:
+        return self.shard[index] * self.world
+
+    def _pieces_of(self, layer: Layer) -> List[Piece]:
+        size = math.ceil(layer.numel / self.world)
+        first, last = self.rank * size, self.rank * size + size
+        pieces = []
+        for position, (offset, count) in enumerate(zip(layer.offsets,
+                                                       layer.sizes())):
+            begin, end = max(offset, first), min(offset + count, last)
+            if begin < end:
+                pieces.append(Piece(position, begin - offset, end - offset,
+                                    begin - first))
+        return pieces
+
+    def pieces(self, index: int) -> List[Piece]:
+        """The parameters of layer `index` that overlap this rank's
+        shard, in order."""
+        return self._pieces[index]
+
+    def local_ranges(self, ranges: List[Range]) -> List[Range]:
+        """(layer, begin, end) element ranges of whole layers as ranges of
+        this rank's shards (those that miss the shard dropped)."""
+        local = []
+        for index, begin, end in ranges:
+            first = self.begin(index)
+            low = max(begin, first) - first
+            high = min(end, first + self.shard[index]) - first
+            if low < high:
+                local.append((index, low, high))
+        return local
+
+    def fill(self, index: int, shard: torch.Tensor,
+             flat_param: Callable[[int], torch.Tensor]) -> None:
+        """Writes this rank's shard of layer `index` into `shard` (its
+        first shard[index] elements): `flat_param(position)` is a
+        parameter's flat values; the padding is zeros."""
+        size = self.shard[index]
+        target = shard[:size]
+        target.zero_()
+        for piece in self._pieces[index]:
+            count = piece.end - piece.begin
+            target[piece.at:piece.at + count].copy_(
+                flat_param(piece.position)[piece.begin:piece.end])
+
+    def gather(self, index: int, shard: torch.Tensor) -> torch.Tensor:
+        """Every rank's shard of layer `index` (this rank's: the first
+        shard[index] elements of `shard`) back to back: the layer's flat
+        vector, padding at the end."""
+        size = self.shard[index]
+        whole = torch.empty(self.padded(index), dtype=shard.dtype,
+                            device=shard.device)
+        part = shard[:size].contiguous()
+        self.run(f"gathering layer {index}'s weights",
+                 lambda: dist.all_gather_into_tensor(whole, part,
+                                                     group=self.group))
+        return whole
+
+    def reduce(self, index: int, flat: torch.Tensor) -> "Pending":
+        """Starts the mean over ranks of layer `index`'s flat gradient
+        (padded(index) elements, fp32); its shard when `Pending.wait`s."""
+        size = self.shard[index]
+        if self._scatter_supported:
+            out = torch.empty(size, dtype=flat.dtype, device=flat.device)
+            try:
+                work = dist.reduce_scatter_tensor(
+                    out, flat, op=dist.ReduceOp.SUM, group=self.group,
+                    async_op=True)
+                return Pending(self, index, work, out)
+            except (RuntimeError, NotImplementedError) as error:
+                if "support" not in str(error):
+                    raise RankFailure(self._failure_message(
+                        f"reducing layer {index}'s gradients",
+                        error)) from error
+                # A backend without reduce-scatter (older gloo): the same
+                # sums from an all-reduce, W times the traffic.
+                self._scatter_supported = False
+        work = self.run(
+            f"reducing layer {index}'s gradients",
+            lambda: dist.all_reduce(flat, op=dist.ReduceOp.SUM,
+                                    group=self.group, async_op=True))
+        begin = self.begin(index)
+        return Pending(self, index, work, flat[begin:begin + size])
+
+    def sum(self, value: float) -> float:
+        """`value` summed over the ranks, in float64."""
+        total = torch.tensor([value], dtype=torch.float64)
+        self.run("summing over the ranks", lambda: dist.all_reduce(
+            total, op=dist.ReduceOp.SUM, group=self.group))
+        return float(total.item())
+
+    def agree(self, values: List[int]) -> Optional[List[int]]:
+        """None when every rank passed the same values; else the indices
+        where they differ."""
+        mine = torch.tensor([int(v) for v in values], dtype=torch.int64)
+        low, high = mine.clone(), mine.clone()
+        self.run("comparing the ranks' jobs", lambda: (
+            dist.all_reduce(low, op=dist.ReduceOp.MIN, group=self.group),
+            dist.all_reduce(high, op=dist.ReduceOp.MAX, group=self.group)))
+        differ = (low != high).nonzero().flatten().tolist()
+        return differ or None
+
+
+def _store_of(group: dist.ProcessGroup) -> Optional[dist.Store]:
+    """torch.distributed's key-value store (torchrun's agent holds it, so
+    it outlives a rank), for the default group; None otherwise."""
+    if group is not dist.group.WORLD:
+        return None
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except (RuntimeError, AttributeError, ValueError):
+        return None
+
+
+class Pending:
+    """A layer's gradient reduction in flight."""
+
+    def __init__(self, sharding: Sharding, index: int, work: dist.Work,
+                 out: torch.Tensor) -> None:
+        self.index = index
+        self._sharding = sharding
+        self._work = work
+        self._out = out
+
+    def done(self) -> bool:
+        return self._work.is_completed()
+
+    def wait(self) -> torch.Tensor:
+        """The mean over ranks of this rank's shard."""
+        self._sharding.run(f"reducing layer {self.index}'s gradients",
+                           self._work.wait)
+        return self._out.div_(self._sharding.world)
+
+
+class GradientReducer:
+    """Reduces each layer's gradient as the GradientRouter hands it over,
+    in `order` (the same on every rank): a layer that completes before one
+    ahead of it in the order waits. Each shard goes to `deliver(layer,
+    shard)` once reduced; the sum of squares of what it delivered (as the
+    daemon counts it, in the training dtype) is summed for the global
+    norm."""
+
+    def __init__(self, sharding: Sharding, order: List[int],
+                 dtype: torch.dtype,
+                 deliver: Callable[[int, torch.Tensor], None]) -> None:
+        self._sharding = sharding
+        self._order = order
+        self._dtype = dtype
+        self._deliver = deliver
+        self._next = 0  # position in _order of the next layer to reduce
+        self._ready: Dict[int, torch.Tensor] = {}
+        self._pending: Deque[Pending] = deque()
+        # Summed where the shards are (no GPU sync per layer).
+        self._squares: Optional[torch.Tensor] = None
+
+    def add(self, index: int, flat: torch.Tensor) -> None:
+        """Layer `index`'s gradient, flat (its own dtype, numel elements):
+        reduced once every layer ahead of it in the order has been."""
+        padded = torch.zeros(self._sharding.padded(index),
+                             dtype=torch.float32, device=flat.device)
+        padded[:flat.numel()].copy_(flat)
+        self._ready[index] = padded
+        while (self._next < len(self._order)
+               and self._order[self._next] in self._ready):
+            layer = self._order[self._next]
+            self._pending.append(
+                self._sharding.reduce(layer, self._ready.pop(layer)))
+            self._next += 1
+        while self._pending and self._pending[0].done():
+            self._hand(self._pending.popleft())
+
+    def _hand(self, pending: Pending) -> None:
+        shard = pending.wait().to(self._dtype)
+        squares = shard.double().square().sum()
+        self._squares = (squares if self._squares is None
+                         else self._squares + squares)
+        self._deliver(pending.index, shard)
+
+    def finish(self) -> float:
+        """Waits for every reduction (every layer must have been added)
+        and returns the sum of squares of this rank's shards."""
+        if self._next != len(self._order):
+            missing = [i for i in self._order[self._next:]
+                       if i not in self._ready]
+            raise AssertionError(f"layers {missing} were not handed over")
+        while self._pending:
+            self._hand(self._pending.popleft())
+        total = 0.0 if self._squares is None else float(self._squares.item())
+        self.reset()
+        return total
+
+    def reset(self) -> None:
+        """Forgets the step: reductions in flight are waited for (every
+        rank runs them) and dropped."""
+        while self._pending:
+            self._pending.popleft().wait()
+        self._ready.clear()
+        self._next = 0
+        self._squares = None
+
+
+
+def save_gathered(sharding: Sharding, directory: Union[str, os.PathLike],
+                  layers: List[Layer],
+                  read_layer: Callable[[Layer, str], torch.Tensor],
+                  parts: List[str], meta: Dict[str, Any]) -> str:
+    """engine.save with data-parallel ranks: every rank reads its shards
+    (`read_layer` gathers the whole layer from them) and rank 0 writes
+    the one checkpoint, all or nothing, in the single-process format: any
+    number of ranks (or one process) resumes from it. Every rank returns
+    the weights file's path once rank 0 is done; if rank 0 failed, every
+    rank raises (rank 0 its own error)."""
+    # write_checkpoint's read order: every layer's weights, then every
+    # layer's moments; the other ranks follow it to match the gathers.
+    order = ([(layer, "weights") for layer in layers] +
+             [(layer, part) for layer in layers for part in parts
+              if part != "weights"])
+    done = 0
+
+    def counted(layer: Layer, part: str) -> torch.Tensor:
+        nonlocal done
+        done += 1
+        return read_layer(layer, part)
+
+    error: Optional[BaseException] = None
+    path = str(Path(directory).absolute() / WEIGHTS_FILE)
+    if sharding.rank == 0:
+        try:
+            path = write_checkpoint(directory, layers, counted, parts, meta)
+        except BaseException as failure:  # the others wait in gathers
+            error = failure
+    for layer, part in order[done:]:
+        read_layer(layer, part)
+    failed = sharding.sum(1.0 if error is not None else 0.0)
+    if error is not None:
+        raise error
+    if failed:
+        raise RuntimeError(
+            f"lohan: rank 0 could not write the checkpoint {directory} "
+            "(its error says why); nothing was replaced")
+    return path

@@ -1,0 +1,107 @@
+"""One data-parallel rank for test_data_parallel.py, started by torchrun
+(`python -m torch.distributed.run ... data_parallel_worker.py CONFIG`):
+trains test_engine's TinyGPT through lohan on its share of each global
+batch and writes what the test compares.
+
+CONFIG (JSON file): steps, micro (backward passes per step), samples
+(the global batch: global_batches), dtype,
+max_grad_norm, buffers, job_name, out (a directory), and optionally
+save (a directory to engine.save into after the last step), resume (a
+checkpoint directory for lohan.init), first_step (the global step the
+data starts at, for a resumed run), poison (a global step at which rank
+1 multiplies its loss by inf). Every rank writes out/pid<r> at the start
+and out/step<r> (its committed steps) after each step, for the tests that
+kill a rank or a daemon mid-run. The daemon's socket is $LOHAN_SOCKET (one
+per "server"). Rank 0 writes out/result.pt: the global loss of every
+micro-batch (the mean over ranks), each step's StepResult, and the final
+weights; every rank writes out/rank<r>.json with its job's name and its
+shard sizes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Dict, List
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_engine import (BETAS, EPS, LR, SEQ, VOCAB, WD,  # noqa: E402
+                         lm_loss, tiny_gpt)
+
+import lohan  # noqa: E402
+
+
+def global_batches(steps: int, micro: int, samples: int) -> torch.Tensor:
+    """(steps, micro, samples, SEQ + 1) token ids, the same in every
+    process."""
+    g = torch.Generator().manual_seed(1)
+    return torch.randint(0, VOCAB, (steps, micro, samples, SEQ + 1),
+                         generator=g)
+
+
+def main() -> int:
+    config: Dict[str, Any] = json.loads(Path(sys.argv[1]).read_text())
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = Path(config["out"])
+    (out / f"pid{rank}").write_text(str(os.getpid()))
+    steps, micro = config["steps"], config["micro"]
+    first = config.get("first_step", 0)
+    # The global batch of every micro-batch, cut into rank shares (unequal
+    # when the ranks do not divide it: each rank's mean loss is weighed by
+    # its share, so the mean over ranks is the global batch's mean).
+    data = global_batches(first + steps, micro, config["samples"])[first:]
+    samples = data.shape[2]
+    mine = torch.tensor_split(torch.arange(samples), world)[rank]
+    weight = len(mine) * world / samples
+    model = tiny_gpt()
+    engine = lohan.init(
+        model, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
+        no_weight_decay="1d", max_grad_norm=config["max_grad_norm"],
+        dtype=config["dtype"], grad_accumulation_steps=micro,
+        blocks=list(model.blocks), activations="keep", params="resident",
+        buffers=config["buffers"], stream_buffers=2,
+        job_name=config["job_name"],
+        resume=config.get("resume") or False)
+    # Summed over the ranks after training: the only collectives during
+    # it are lohan's (a test kills a rank or a daemon mid-run).
+    losses: List[float] = []
+    results: List[List[float]] = []
+    for index, step in enumerate(data):
+        for ids in step:
+            loss = lm_loss(model, ids[mine]) * weight
+            if config.get("poison") == first + index and rank == 1:
+                loss = loss * float("inf")
+            (loss / micro).backward()
+            losses.append(float(loss.item()) / world / micro)
+        result = engine.step()
+        results.append([result.global_norm, float(result.clipped),
+                        float(result.skipped), float(result.iteration)])
+        (out / f"step{rank}").write_text(str(result.iteration))
+    if config.get("save"):
+        engine.save(config["save"], optimizer_state=True)
+    masters = engine.master_weights()
+    (out / f"rank{rank}.json").write_text(json.dumps({
+        "job_name": engine.job_name, "world_size": engine.world_size,
+        "shard_elements": list(engine._sharding.shard),
+        "results": results}))
+    summed = torch.tensor(losses, dtype=torch.float64)
+    dist.all_reduce(summed)
+    if rank == 0:
+        torch.save({"losses": summed.tolist(), "results": results,
+                    "weights": {k: v.detach().float().clone()
+                                for k, v in model.state_dict().items()},
+                    "masters": masters}, out / "result.pt")
+    engine.close(delete_job=not config.get("keep_job", False))
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

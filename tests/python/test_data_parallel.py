@@ -1,0 +1,344 @@
+"""Data-parallel ranks through lohan (sharding.py), launched as users do
+with torchrun on gloo: 2 and 4 ranks against one lohand, and 4 ranks on two
+"servers" (two torchrun nodes, each with its own lohand, socket, state and
+SSD directory). Each rank's job holds a shard of every layer's states;
+the results must equal single-process torch AdamW on the global batch
+within the fp32 tolerances of docs/pytorch.md (losses 1e-6 relative,
+weights 1e-5 of the largest element, norms 1e-5 relative): the gradients
+are only summed in another order. bf16 against the single-process lohan
+run, within the bf16 5-step bounds (losses 1e-3, masters 1e-2).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Sequence
+
+import pytest
+import torch
+
+from conftest import Daemon
+from data_parallel_worker import global_batches
+from test_engine import BETAS, EPS, LR, WD, lm_loss, tiny_gpt
+
+import lohan
+from lohan.blocks import plan_layers
+
+WORKER = Path(__file__).resolve().parent / "data_parallel_worker.py"
+LOSS_RTOL, WEIGHT_ATOL_SCALE, NORM_RTOL = 1e-6, 1e-5, 1e-5
+SIXTEEN_LOSS_RTOL, SIXTEEN_MASTER_RTOL = 1e-3, 1e-2
+# Bounds a hung run only (a collective that never completes); a healthy
+# one takes seconds.
+RUN_SECONDS = 300
+
+
+@pytest.fixture
+def two_daemons() -> Iterator[List[Daemon]]:
+    with tempfile.TemporaryDirectory(prefix="lohan-dp-") as directory:
+        daemons = []
+        try:
+            for name in ("server0", "server1"):
+                path = Path(directory) / name
+                path.mkdir()
+                daemons.append(Daemon(path))
+            yield daemons
+        finally:
+            for daemon in daemons:
+                daemon.stop(signal.SIGKILL)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def launch(config: Dict[str, Any], out: Path, socket_path: str,
+           ranks_per_node: int, nodes: int = 1, node: int = 0,
+           port: Optional[int] = None) -> subprocess.Popen:
+    """torchrun of the worker on one node (its ranks use `socket_path`)."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"config{node}.json"
+    path.write_text(json.dumps({**config, "out": str(out)}))
+    rendezvous = (["--standalone"] if nodes == 1 else
+                  ["--nnodes", str(nodes), "--node_rank", str(node),
+                   "--master_addr", "127.0.0.1", "--master_port", str(port)])
+    env = {**os.environ, "LOHAN_SOCKET": socket_path,
+           "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", *rendezvous,
+         "--nproc_per_node", str(ranks_per_node), str(WORKER), str(path)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, start_new_session=True)
+
+
+def finish(runs: Sequence[subprocess.Popen]) -> None:
+    outputs = []
+    for run in runs:
+        try:
+            output, _ = run.communicate(timeout=RUN_SECONDS)
+        except subprocess.TimeoutExpired:
+            os.killpg(run.pid, signal.SIGKILL)
+            output, _ = run.communicate()
+            pytest.fail(f"a torchrun did not finish in {RUN_SECONDS} s:\n"
+                        + output[-4000:])
+        outputs.append(output)
+    for run, output in zip(runs, outputs):
+        assert run.returncode == 0, output[-6000:]
+
+
+def train(config: Dict[str, Any], out: Path, sockets: Sequence[str],
+          ranks_per_node: int) -> Dict[str, Any]:
+    """The worker on len(sockets) nodes; rank 0's result.pt, with every
+    rank's rank<r>.json under "ranks"."""
+    port = free_port()
+    finish([launch(config, out, path, ranks_per_node, len(sockets), node,
+                   port) for node, path in enumerate(sockets)])
+    result = torch.load(out / "result.pt")
+    world = ranks_per_node * len(sockets)
+    result["ranks"] = [json.loads((out / f"rank{r}.json").read_text())
+                       for r in range(world)]
+    return result
+
+
+def config(**overrides: Any) -> Dict[str, Any]:
+    return {"steps": 4, "micro": 1, "samples": 4, "dtype": "fp32",
+            "max_grad_norm": 0.0,
+            "buffers": "resident", "job_name": "dp", **overrides}
+
+
+def reference(steps: int, micro: int, max_norm: float, world: int,
+              skip: Sequence[int] = (), samples: int = 4) -> Dict[str, Any]:
+    """torch AdamW on the global batches (weight decay but for 1-D
+    parameters, as no_weight_decay="1d"); steps in `skip` update nothing
+    (lohan's inf/nan skip). Each global batch's gradient is accumulated
+    over the `world` rank shares, each loss weighed by its share: the
+    global batch's gradient, computed with the matmul shapes the ranks
+    use, so that only the order of the sum over ranks differs."""
+    model = tiny_gpt()
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    exempt = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay},
+                             {"params": exempt, "weight_decay": 0.0}],
+                            lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+    losses, norms = [], []
+    for index, step in enumerate(global_batches(steps, micro, samples)):
+        for ids in step:
+            total = 0.0
+            for share in torch.tensor_split(torch.arange(len(ids)), world):
+                loss = lm_loss(model, ids[share]) * len(share) / len(ids)
+                (loss / micro).backward()
+                total += loss.item()
+            losses.append(total / micro)
+        norms.append(float(torch.nn.utils.clip_grad_norm_(
+            model.parameters(), max_norm if max_norm else math.inf)))
+        if index not in skip:
+            opt.step()
+        opt.zero_grad()
+    return {"losses": losses, "norms": norms,
+            "weights": {k: v.detach().clone()
+                        for k, v in model.state_dict().items()}}
+
+
+def assert_weights_close(found: Dict[str, torch.Tensor],
+                         expected: Dict[str, torch.Tensor],
+                         rtol: float) -> None:
+    # Masters name a tied parameter once (head.weight is tok.weight).
+    assert found and found.keys() <= expected.keys()
+    for name, got in found.items():
+        want, got = expected[name], got.float()
+        bound = rtol * float(want.abs().max())
+        assert float((got - want.float()).abs().max()) <= bound, name
+
+
+def assert_matches_adamw(result: Dict[str, Any], steps: int, micro: int,
+                         max_norm: float, world: int) -> Dict[str, Any]:
+    want = reference(steps, micro, max_norm, world)
+    assert result["losses"] == pytest.approx(want["losses"], rel=LOSS_RTOL)
+    norms = [r[0] for r in result["results"]]
+    assert norms == pytest.approx(want["norms"], rel=NORM_RTOL)
+    clipped = [bool(r[1]) for r in result["results"]]
+    assert clipped == [bool(max_norm) and n > max_norm
+                       for n in want["norms"]]
+    assert_weights_close(result["weights"], want["weights"],
+                         WEIGHT_ATOL_SCALE)
+    assert_weights_close(result["masters"], want["weights"],
+                         WEIGHT_ATOL_SCALE)
+    return want
+
+
+def assert_sharded(result: Dict[str, Any], world: int) -> None:
+    """Every rank had its own job, each layer cut into equal shards, and
+    every rank saw the same step outcomes."""
+    ranks = result["ranks"]
+    assert [r["world_size"] for r in ranks] == [world] * world
+    assert len({r["job_name"] for r in ranks}) == world
+    model = tiny_gpt()
+    layers = [layer.numel for layer in plan_layers(model,
+                                                   list(model.blocks))]
+    for r in ranks:
+        assert r["shard_elements"] == [math.ceil(n / world) for n in layers]
+        assert r["results"] == ranks[0]["results"]
+
+
+def test_two_ranks_match_adamw_on_the_global_batch(lohand, tmp_path):
+    # A clip limit below the first steps' norms: each daemon holds half of
+    # every layer, so only the all-reduced sum of squares can decide it.
+    norm = reference(1, 1, 0.0, 2)["norms"][0]
+    max_norm = 0.6 * norm
+    result = train(config(steps=5, max_grad_norm=max_norm), tmp_path,
+                   [lohand.socket], 2)
+    want = assert_matches_adamw(result, 5, 1, max_norm, 2)
+    assert any(n > max_norm for n in want["norms"])
+    assert_sharded(result, 2)
+
+
+def test_four_ranks_accumulate_through_streamed_buffers(lohand, tmp_path):
+    max_norm = 0.8 * reference(1, 2, 0.0, 4)["norms"][0]
+    result = train(config(steps=3, micro=2, buffers="streamed",
+                          max_grad_norm=max_norm),
+                   tmp_path, [lohand.socket], 4)
+    assert_matches_adamw(result, 3, 2, max_norm, 4)
+    assert_sharded(result, 4)
+
+
+def test_four_ranks_on_two_servers_bf16(two_daemons, tmp_path):
+    sockets = [d.socket for d in two_daemons]
+    result = train(config(steps=4, dtype="bf16", max_grad_norm=1.0),
+                   tmp_path / "dp", sockets, 2)
+    assert_sharded(result, 4)
+    # The single-process lohan run of the same global batches.
+    model = tiny_gpt()
+    engine = lohan.init(model, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
+                        no_weight_decay="1d", max_grad_norm=1.0,
+                        dtype="bf16", blocks=list(model.blocks),
+                        activations="keep", params="resident",
+                        socket=sockets[0], job_name="alone")
+    losses = []
+    for step in global_batches(4, 1, 4):
+        loss = lm_loss(model, step[0])
+        loss.backward()
+        losses.append(loss.item())
+        engine.step()
+    masters = engine.master_weights()
+    engine.close(delete_job=True)
+    assert result["losses"] == pytest.approx(losses, rel=SIXTEEN_LOSS_RTOL)
+    # The ranks' bf16 gradients are rounded per rank share, the single
+    # process's over the whole batch: an element whose true gradient is
+    # about zero then moves by up to lr a step in a rounding-chosen
+    # direction in either run (docs/pytorch.md's noise elements), so every
+    # master is bounded by 2 lr a step, and all but 1% of them by the
+    # 16-bit tolerance (measured: 0.022 at most, 0.15% beyond).
+    total = beyond = 0
+    for name, got in result["masters"].items():
+        want = masters[name].float()
+        gap = (got.float() - want).abs()
+        assert float(gap.max()) <= 2 * LR * 4, name
+        beyond += int((gap > SIXTEEN_MASTER_RTOL * float(want.abs().max()))
+                      .sum())
+        total += gap.numel()
+    assert beyond <= 0.01 * total
+
+
+def test_a_checkpoint_of_four_ranks_resumes_on_two(lohand, tmp_path):
+    saved = tmp_path / "checkpoint"
+    train(config(steps=3, save=str(saved), job_name="first"),
+          tmp_path / "four", [lohand.socket], 4)
+    assert (saved / "model.safetensors").exists()
+    result = train(config(steps=2, first_step=3, resume=str(saved),
+                          job_name="second"),
+                   tmp_path / "two", [lohand.socket], 2)
+    # The first 3 steps were four ranks', the last 2 two ranks'.
+    want = reference(5, 1, 0.0, 4)
+    assert result["losses"] == pytest.approx(want["losses"][3:],
+                                             rel=LOSS_RTOL)
+    assert [r[3] for r in result["results"]] == [4.0, 5.0]
+    assert_weights_close(result["weights"], want["weights"],
+                         WEIGHT_ATOL_SCALE)
+
+
+def test_a_non_finite_gradient_on_one_rank_skips_every_rank(lohand,
+                                                            tmp_path):
+    # Three ranks: no layer of TinyGPT divides by 3, so every shard set
+    # ends in padding.
+    max_norm = 0.6 * reference(1, 1, 0.0, 3, samples=6)["norms"][0]
+    result = train(config(steps=3, poison=1, max_grad_norm=max_norm,
+                          samples=6),
+                   tmp_path, [lohand.socket], 3)
+    assert_sharded(result, 3)  # the others skipped as rank 1 did
+    assert [bool(r[2]) for r in result["results"]] == [False, True, False]
+    assert [r[3] for r in result["results"]] == [1.0, 1.0, 2.0]
+    want = reference(3, 1, max_norm, 3, skip=[1], samples=6)
+    assert_weights_close(result["weights"], want["weights"],
+                         WEIGHT_ATOL_SCALE)
+
+
+def wait_for_step(out: Path, rank: int, step: int,
+                  runs: Sequence[subprocess.Popen]) -> None:
+    """Until `rank` has committed `step` steps (bounded like a run)."""
+    deadline = time.monotonic() + RUN_SECONDS
+    marker = out / f"step{rank}"
+    while not (marker.exists() and marker.read_text()
+               and int(marker.read_text()) >= step):
+        if any(run.poll() is not None for run in runs):
+            pytest.fail("a torchrun ended early:\n" + "".join(
+                run.communicate()[0][-4000:] for run in runs))
+        if time.monotonic() > deadline:
+            pytest.fail(f"rank {rank} did not reach step {step}")
+        time.sleep(0.05)
+
+
+def ended(runs: Sequence[subprocess.Popen]) -> List[str]:
+    """Every run's output once it ended; each must fail (bounded by
+    RUN_SECONDS: a rank left waiting in a collective fails the test)."""
+    outputs = []
+    for run in runs:
+        try:
+            output, _ = run.communicate(timeout=RUN_SECONDS)
+        except subprocess.TimeoutExpired:
+            os.killpg(run.pid, signal.SIGKILL)
+            pytest.fail("a rank hung after the failure:\n" +
+                        run.communicate()[0][-4000:])
+        assert run.returncode != 0, output[-4000:]
+        outputs.append(output)
+    return outputs
+
+
+def two_servers(two_daemons: List[Daemon], out: Path,
+                **overrides: Any) -> List[subprocess.Popen]:
+    port = free_port()
+    return [launch(config(steps=100000, **overrides), out, daemon.socket, 2,
+                   2, node, port) for node, daemon in enumerate(two_daemons)]
+
+
+def test_a_killed_daemon_ends_every_rank_naming_it(two_daemons, tmp_path):
+    runs = two_servers(two_daemons, tmp_path)
+    wait_for_step(tmp_path, 0, 2, runs)
+    two_daemons[1].stop(signal.SIGKILL)  # server1's: ranks 2 and 3
+    first, second = ended(runs)
+    # Server1's ranks lose their daemon; server0's are told which rank
+    # stopped and why, not just that a peer vanished.
+    assert "LohanError" in second, second[-4000:]
+    assert "data-parallel ranks failed: rank " in first, first[-4000:]
+    # Server0's jobs stay with their daemon, at the last step every rank
+    # committed or one past it (the next step's commit may have raced).
+    with lohan.Client(two_daemons[0].socket) as client:
+        names = sorted(job.name for job in client.jobs())
+    assert names == ["dp.rank0", "dp.rank1"]
+
+
+def test_a_killed_rank_ends_every_rank(two_daemons, tmp_path):
+    runs = two_servers(two_daemons, tmp_path)
+    wait_for_step(tmp_path, 3, 2, runs)
+    os.kill(int((tmp_path / "pid3").read_text()), signal.SIGKILL)
+    first, second = ended(runs)
+    assert "data-parallel ranks failed" in first, first[-4000:]

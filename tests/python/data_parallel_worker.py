@@ -9,7 +9,9 @@ max_grad_norm, buffers, job_name, out (a directory), and optionally
 save (a directory to engine.save into after the last step), resume (a
 checkpoint directory for lohan.init), first_step (the global step the
 data starts at, for a resumed run), poison (a global step at which rank
-1 multiplies its loss by inf). Every rank writes out/pid<r> at the start
+1 multiplies its loss by inf), backend ("gloo", the default, or
+"nccl": each rank then trains on cuda:<LOCAL_RANK>), loss_scale (as
+lohan.init's). Every rank writes out/pid<r> at the start
 and out/step<r> (its committed steps) after each step, for the tests that
 kill a rank or a daemon mid-run. The daemon's socket is $LOHAN_SOCKET (one
 per "server"). Rank 0 writes out/result.pt: the global loss of every
@@ -46,7 +48,12 @@ def global_batches(steps: int, micro: int, samples: int) -> torch.Tensor:
 
 def main() -> int:
     config: Dict[str, Any] = json.loads(Path(sys.argv[1]).read_text())
-    dist.init_process_group("gloo")
+    backend = config.get("backend", "gloo")
+    device = torch.device("cpu")
+    if backend == "nccl":
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     out = Path(config["out"])
     (out / f"pid{rank}").write_text(str(os.getpid()))
@@ -61,9 +68,10 @@ def main() -> int:
     weight = len(mine) * world / samples
     model = tiny_gpt()
     engine = lohan.init(
-        model, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
+        model, device=device, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
         no_weight_decay="1d", max_grad_norm=config["max_grad_norm"],
-        dtype=config["dtype"], grad_accumulation_steps=micro,
+        dtype=config["dtype"], loss_scale=config.get("loss_scale"),
+        grad_accumulation_steps=micro,
         blocks=list(model.blocks), activations="keep", params="resident",
         buffers=config["buffers"], stream_buffers=2,
         job_name=config["job_name"],
@@ -74,10 +82,10 @@ def main() -> int:
     results: List[List[float]] = []
     for index, step in enumerate(data):
         for ids in step:
-            loss = lm_loss(model, ids[mine]) * weight
+            loss = lm_loss(model, ids[mine].to(device)) * weight
             if config.get("poison") == first + index and rank == 1:
                 loss = loss * float("inf")
-            (loss / micro).backward()
+            engine.backward(loss / micro)  # fp16: scaled by the engine
             losses.append(float(loss.item()) / world / micro)
         result = engine.step()
         results.append([result.global_norm, float(result.clipped),
@@ -89,14 +97,16 @@ def main() -> int:
     (out / f"rank{rank}.json").write_text(json.dumps({
         "job_name": engine.job_name, "world_size": engine.world_size,
         "shard_elements": list(engine._sharding.shard),
+        "loss_scale": engine.loss_scale,
         "results": results}))
-    summed = torch.tensor(losses, dtype=torch.float64)
+    summed = torch.tensor(losses, dtype=torch.float64, device=device)
     dist.all_reduce(summed)
     if rank == 0:
-        torch.save({"losses": summed.tolist(), "results": results,
-                    "weights": {k: v.detach().float().clone()
+        torch.save({"losses": summed.cpu().tolist(), "results": results,
+                    "weights": {k: v.detach().float().cpu().clone()
                                 for k, v in model.state_dict().items()},
-                    "masters": masters}, out / "result.pt")
+                    "masters": {k: v.cpu() for k, v in masters.items()}},
+                   out / "result.pt")
     engine.close(delete_job=not config.get("keep_job", False))
     dist.barrier()
     dist.destroy_process_group()

@@ -117,14 +117,15 @@ def config(**overrides: Any) -> Dict[str, Any]:
 
 
 def reference(steps: int, micro: int, max_norm: float, world: int,
-              skip: Sequence[int] = (), samples: int = 4) -> Dict[str, Any]:
+              skip: Sequence[int] = (), samples: int = 4,
+              device: str = "cpu") -> Dict[str, Any]:
     """torch AdamW on the global batches (weight decay but for 1-D
     parameters, as no_weight_decay="1d"); steps in `skip` update nothing
     (lohan's inf/nan skip). Each global batch's gradient is accumulated
     over the `world` rank shares, each loss weighed by its share: the
     global batch's gradient, computed with the matmul shapes the ranks
     use, so that only the order of the sum over ranks differs."""
-    model = tiny_gpt()
+    model = tiny_gpt().to(device)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     exempt = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay},
@@ -135,7 +136,8 @@ def reference(steps: int, micro: int, max_norm: float, world: int,
         for ids in step:
             total = 0.0
             for share in torch.tensor_split(torch.arange(len(ids)), world):
-                loss = lm_loss(model, ids[share]) * len(share) / len(ids)
+                loss = (lm_loss(model, ids[share].to(device)) * len(share)
+                        / len(ids))
                 (loss / micro).backward()
                 total += loss.item()
             losses.append(total / micro)
@@ -145,7 +147,7 @@ def reference(steps: int, micro: int, max_norm: float, world: int,
             opt.step()
         opt.zero_grad()
     return {"losses": losses, "norms": norms,
-            "weights": {k: v.detach().clone()
+            "weights": {k: v.detach().cpu().clone()
                         for k, v in model.state_dict().items()}}
 
 
@@ -161,8 +163,9 @@ def assert_weights_close(found: Dict[str, torch.Tensor],
 
 
 def assert_matches_adamw(result: Dict[str, Any], steps: int, micro: int,
-                         max_norm: float, world: int) -> Dict[str, Any]:
-    want = reference(steps, micro, max_norm, world)
+                         max_norm: float, world: int,
+                         device: str = "cpu") -> Dict[str, Any]:
+    want = reference(steps, micro, max_norm, world, device=device)
     assert result["losses"] == pytest.approx(want["losses"], rel=LOSS_RTOL)
     norms = [r[0] for r in result["results"]]
     assert norms == pytest.approx(want["norms"], rel=NORM_RTOL)
@@ -188,6 +191,7 @@ def assert_sharded(result: Dict[str, Any], world: int) -> None:
     for r in ranks:
         assert r["shard_elements"] == [math.ceil(n / world) for n in layers]
         assert r["results"] == ranks[0]["results"]
+        assert r["loss_scale"] == ranks[0]["loss_scale"]
 
 
 def test_two_ranks_match_adamw_on_the_global_batch(lohand, tmp_path):
@@ -211,28 +215,35 @@ def test_four_ranks_accumulate_through_streamed_buffers(lohand, tmp_path):
     assert_sharded(result, 4)
 
 
-def test_four_ranks_on_two_servers_bf16(two_daemons, tmp_path):
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_four_ranks_on_two_servers_in_16_bits(two_daemons, tmp_path, dtype):
+    # fp16 with a fixed loss scale: a dynamic one moves with how the
+    # gradients overflow, which differs between a rank's share and the
+    # whole batch (the ranks agree among themselves: assert_sharded).
+    scale = 1024.0 if dtype == "fp16" else None
     sockets = [d.socket for d in two_daemons]
-    result = train(config(steps=4, dtype="bf16", max_grad_norm=1.0),
+    result = train(config(steps=4, dtype=dtype, max_grad_norm=1.0,
+                          loss_scale=scale),
                    tmp_path / "dp", sockets, 2)
     assert_sharded(result, 4)
     # The single-process lohan run of the same global batches.
     model = tiny_gpt()
     engine = lohan.init(model, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
                         no_weight_decay="1d", max_grad_norm=1.0,
-                        dtype="bf16", blocks=list(model.blocks),
+                        dtype=dtype, loss_scale=scale,
+                        blocks=list(model.blocks),
                         activations="keep", params="resident",
                         socket=sockets[0], job_name="alone")
     losses = []
     for step in global_batches(4, 1, 4):
         loss = lm_loss(model, step[0])
-        loss.backward()
+        engine.backward(loss)
         losses.append(loss.item())
         engine.step()
     masters = engine.master_weights()
     engine.close(delete_job=True)
     assert result["losses"] == pytest.approx(losses, rel=SIXTEEN_LOSS_RTOL)
-    # The ranks' bf16 gradients are rounded per rank share, the single
+    # The ranks' 16-bit gradients are rounded per rank share, the single
     # process's over the whole batch: an element whose true gradient is
     # about zero then moves by up to lr a step in a rounding-chosen
     # direction in either run (docs/pytorch.md's noise elements), so every

@@ -188,7 +188,7 @@ class Engine:
             raise ValueError(
                 "lohan: overlap_step=True with data-parallel ranks is not "
                 "supported yet; leave it False")
-        self._sharding = Sharding(group, self.layers)
+        self._sharding = Sharding(group, self.layers, self.device)
         suffix = f".rank{self._sharding.rank}"
         self.job_name = self.job_name[:64 - len(suffix)] + suffix
 

@@ -96,7 +96,10 @@ class Sharding:
     Every method that runs a collective must be called by every rank of
     the group, in the same order."""
 
-    def __init__(self, group: dist.ProcessGroup, layers: List[Layer]) -> None:
+    def __init__(self, group: dist.ProcessGroup, layers: List[Layer],
+                 device: torch.device) -> None:
+        """`device`: the model's; NCCL's collectives run on it, so host
+        tensors (the arena's staging, scalars) go through it."""
         self.group = group
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
@@ -105,6 +108,8 @@ class Sharding:
         self._pieces = [self._pieces_of(layer) for layer in layers]
         self._scatter_supported = True
         self._store = _store_of(group)
+        on_device = dist.get_backend(group) == "nccl"
+        self._collective_device = device if on_device else None
 
     def publish_failure(self, error: BaseException) -> None:
         """Tells the other ranks why this one stops (they name it when
@@ -193,13 +198,14 @@ class Sharding:
         shard[index] elements of `shard`) back to back: the layer's flat
         vector, padding at the end."""
         size = self.shard[index]
+        where = self._collective_device or shard.device
         whole = torch.empty(self.padded(index), dtype=shard.dtype,
-                            device=shard.device)
-        part = shard[:size].contiguous()
+                            device=where)
+        part = shard[:size].to(where).contiguous()
         self.run(f"gathering layer {index}'s weights",
                  lambda: dist.all_gather_into_tensor(whole, part,
                                                      group=self.group))
-        return whole
+        return whole.to(shard.device)
 
     def reduce(self, index: int, flat: torch.Tensor) -> "Pending":
         """Starts the mean over ranks of layer `index`'s flat gradient
@@ -229,7 +235,8 @@ class Sharding:
 
     def sum(self, value: float) -> float:
         """`value` summed over the ranks, in float64."""
-        total = torch.tensor([value], dtype=torch.float64)
+        total = torch.tensor([value], dtype=torch.float64,
+                             device=self._collective_device)
         self.run("summing over the ranks", lambda: dist.all_reduce(
             total, op=dist.ReduceOp.SUM, group=self.group))
         return float(total.item())
@@ -237,12 +244,13 @@ class Sharding:
     def agree(self, values: List[int]) -> Optional[List[int]]:
         """None when every rank passed the same values; else the indices
         where they differ."""
-        mine = torch.tensor([int(v) for v in values], dtype=torch.int64)
+        mine = torch.tensor([int(v) for v in values], dtype=torch.int64,
+                            device=self._collective_device)
         low, high = mine.clone(), mine.clone()
         self.run("comparing the ranks' jobs", lambda: (
             dist.all_reduce(low, op=dist.ReduceOp.MIN, group=self.group),
             dist.all_reduce(high, op=dist.ReduceOp.MAX, group=self.group)))
-        differ = (low != high).nonzero().flatten().tolist()
+        differ = (low != high).nonzero().flatten().cpu().tolist()
         return differ or None
 
 

@@ -10,6 +10,7 @@
 
 #include "plugins/libtorch/lohan_error.h"
 #include "plugins/libtorch/model_spec_json.h"
+#include "plugins/libtorch/param_groups.h"
 #include "plugins/libtorch/recompute.h"
 
 namespace lohan::torch_plugin {
@@ -24,17 +25,12 @@ torch::ScalarType TrainingDtype(const Options& options) {
   return options.dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;
 }
 
-// Every trainable parameter is a CPU tensor of a dtype the engine trains.
+// Every trainable parameter is of a dtype the engine trains.
 void CheckParameters(const std::vector<Layer>& layers,
                      torch::ScalarType dtype) {
   for (const Layer& layer : layers) {
     for (size_t i = 0; i < layer.params.size(); ++i) {
       const torch::Tensor& param = layer.params[i];
-      if (!param.device().is_cpu()) {
-        throw std::invalid_argument(
-            "lohan Engine: parameter " + layer.names[i] + " is on " +
-            param.device().str() + "; this engine trains CPU modules");
-      }
       const auto found = param.scalar_type();
       if (found != torch::kFloat32 && found != dtype) {
         throw std::invalid_argument("lohan Engine: parameter " +
@@ -51,7 +47,12 @@ std::unique_ptr<CheckpointReader> OpenCheckpoint(const Options& options) {
   return std::make_unique<CheckpointReader>(options.resume_from);
 }
 
-ModelSpecFields SpecFields(const Options& options,
+std::optional<CudaTransfer> CudaFor(const torch::Device& device) {
+  if (!device.is_cuda()) return std::nullopt;
+  return CudaTransfer(device);
+}
+
+ModelSpecFields SpecFields(torch::nn::Module& model, const Options& options,
                            const std::vector<Layer>& layers,
                            const CheckpointReader* checkpoint) {
   ModelSpecFields spec;
@@ -67,9 +68,9 @@ ModelSpecFields SpecFields(const Options& options,
   spec.eps = options.eps;
   spec.weight_decay = options.weight_decay;
   spec.max_grad_norm = options.max_grad_norm;
-  if (options.no_weight_decay_1d) {
-    spec.no_weight_decay = OneDimensionalRanges(layers);
-  }
+  GroupPlan groups = PlanParamGroups(model, layers, options);
+  spec.no_weight_decay = std::move(groups.no_weight_decay);
+  spec.param_groups = std::move(groups.param_groups);
   const uint32_t count = static_cast<uint32_t>(layers.size());
   const uint32_t streamed =
       count > 1 ? std::min(options.stream_buffers, count - 1) : 0;
@@ -95,17 +96,21 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model,
       checkpoint_(OpenCheckpoint(options_)),
       layers_(PlanLayers(module_, blocks_)),
       dtype_(TrainingDtype(options_)),
+      device_(TrainingDevice(layers_)),
+      cuda_(CudaFor(device_)),
       session_(options_.socket_path),
       lr_(options_.lr) {
   CheckParameters(layers_, dtype_);
   const std::string spec =
-      ModelSpecJson(SpecFields(options_, layers_, checkpoint_.get()));
+      ModelSpecJson(SpecFields(*module_, options_, layers_, checkpoint_.get()));
   try {
     if (options_.resume_job) {
       session_.FindAndOpen(options_.job_name);
     } else {
       session_.CreateAndOpen(options_.job_name, spec);
     }
+    // Pinned once, before any copy, on the module's device.
+    if (cuda_) cuda_->PinArena(session_.plane());
     remote_ = session_.Register(spec);
     grad_slots_ = lohan_model_grad_slots(remote_);
     for (const Layer& layer : layers_) {
@@ -332,17 +337,18 @@ void Engine::BeginIfIdle() {
 void Engine::ClaimGradBuffer(uint32_t layer) {
   const auto found = buffer_tickets_.find(grad_views_[layer].data_ptr());
   if (found == buffer_tickets_.end()) return;
-  const uint64_t ticket = found->second;
+  const uint64_t ticket = found->second.ticket;
+  // A device source is released only once the copy has read it.
+  const int status = lohan_model_wait(remote_, ticket, -1);
   buffer_tickets_.erase(found);
-  ThrowIfFailed(lohan_model_wait(remote_, ticket, -1));
+  ThrowIfFailed(status);
 }
 
-void Engine::HandOver(uint32_t layer) {
-  ClaimGradBuffer(layer);
+void Engine::FillGradient(uint32_t layer, torch::Tensor& flat) {
   const Layer& owner = layers_[layer];
   for (size_t i = 0; i < owner.params.size(); ++i) {
     torch::Tensor slice =
-        grad_views_[layer].narrow(0, owner.offsets[i], owner.params[i].numel());
+        flat.narrow(0, owner.offsets[i], owner.params[i].numel());
     torch::Tensor& grad = arrived_[layer][i];
     if (grad.defined()) {
       slice.copy_(grad.reshape(-1));
@@ -351,9 +357,24 @@ void Engine::HandOver(uint32_t layer) {
     }
     grad = torch::Tensor();
   }
-  uint64_t ticket = 0;
-  ThrowIfFailed(lohan_model_submit_grad_ready(remote_, layer, &ticket));
-  buffer_tickets_[grad_views_[layer].data_ptr()] = ticket;
+}
+
+void Engine::HandOver(uint32_t layer) {
+  ClaimGradBuffer(layer);
+  Submitted submitted;
+  if (cuda_) {
+    // Built on the device on the current stream (backward's), then
+    // copied from there straight into the pinned gradient buffer.
+    submitted.source = torch::empty(
+        {layers_[layer].numel}, torch::TensorOptions(dtype_).device(device_));
+    FillGradient(layer, submitted.source);
+    submitted.ticket = cuda_->SubmitGradient(remote_, layer, submitted.source);
+  } else {
+    FillGradient(layer, grad_views_[layer]);
+    ThrowIfFailed(
+        lohan_model_submit_grad_ready(remote_, layer, &submitted.ticket));
+  }
+  buffer_tickets_[grad_views_[layer].data_ptr()] = std::move(submitted);
   handed_over_[layer] = true;
 }
 
@@ -368,8 +389,8 @@ void Engine::WaitForGradients() {
   // is thrown.
   int first_failure = LOHAN_OK;
   std::string message;
-  for (const auto& [buffer, ticket] : buffer_tickets_) {
-    const int status = lohan_model_wait(remote_, ticket, -1);
+  for (const auto& [buffer, submitted] : buffer_tickets_) {
+    const int status = lohan_model_wait(remote_, submitted.ticket, -1);
     if (status != LOHAN_OK && first_failure == LOHAN_OK) {
       first_failure = status;
       message = lohan_last_error();
@@ -430,11 +451,16 @@ void Engine::FetchIntoModule(uint32_t layer) {
   ThrowIfFailed(lohan_model_fetch_params(remote_, layer));
   torch::NoGradGuard no_grad;
   const Layer& owner = layers_[layer];
+  // On CUDA the buffer goes up on the current stream and the parameters
+  // take their slices on that same stream; the flat tensor may go as soon
+  // as they are enqueued (torch's allocator reuses it in stream order).
+  const torch::Tensor source =
+      cuda_ ? cuda_->FetchWeights(remote_, layer, owner.numel, dtype_)
+            : weight_views_[layer];
   for (size_t i = 0; i < owner.params.size(); ++i) {
     torch::Tensor param = owner.params[i];
-    param.copy_(weight_views_[layer]
-                    .narrow(0, owner.offsets[i], param.numel())
-                    .view(param.sizes()));
+    param.copy_(
+        source.narrow(0, owner.offsets[i], param.numel()).view(param.sizes()));
   }
 }
 

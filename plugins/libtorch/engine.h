@@ -6,12 +6,14 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "lohan/lohan_client.h"
 #include "plugins/libtorch/checkpoint.h"
+#include "plugins/libtorch/device_transfer.h"
 #include "plugins/libtorch/job_session.h"
 #include "plugins/libtorch/layer_plan.h"
 #include "plugins/libtorch/options.h"
@@ -28,10 +30,15 @@ struct StepResult {
 // A block's forward, as Engine::run_block calls it.
 using BlockForward = std::function<torch::Tensor(const torch::Tensor&)>;
 
-// Trains a torch::nn::Module (CPU) through lohand: AdamW runs in the
-// daemon, on fp32 masters it keeps, with its optimizer states on the
-// daemon's host memory and SSDs. Construction creates a new job named
-// options.job_name for the model's layers (see PlanLayers), attaches it,
+// Trains a torch::nn::Module through lohand: AdamW runs in the daemon, on
+// fp32 masters it keeps, with its optimizer states on the daemon's host
+// memory and SSDs. The module's trained parameters are all on the CPU or
+// all on one CUDA device (see TrainingDevice); on CUDA the gradients and
+// weights cross between the device and the daemon's pinned arena on
+// torch's current stream for that device (the one backward and step()
+// run on: use the same stream for both), the gradients of a layer summed
+// into one flat tensor on the device first. Construction creates a new job
+// named options.job_name for the model's layers (see PlanLayers), attaches it,
 // registers the model and stores the module's current weights as the
 // initial masters (or, with options.resume_from, the checkpoint's masters,
 // moments and step); with options.resume_job it attaches this user's
@@ -43,7 +50,9 @@ using BlockForward = std::function<torch::Tensor(const torch::Tensor&)>;
 //                     // the new weights are copied into the module
 // (k = options.grad_accumulation_steps backward passes before each
 // step(): a layer's gradients are summed over the k passes and handed
-// over after the k-th). Not thread-safe;
+// over after the k-th). On CUDA, autograd runs the hooks (and so the
+// hand-overs) on its device thread while the calling thread waits in
+// backward(): the engine is used by one thread at a time. Not thread-safe;
 // the module's parameters must stay where they are (same tensors) while
 // the engine lives.
 // Errors: LohanError (a std::runtime_error whose what() is the C ABI's
@@ -114,8 +123,13 @@ class Engine {
   void BeginIfIdle();
   void ClaimGradBuffer(uint32_t layer);
   // Copies the layer's gradients into its buffer (zeros for parameters
-  // without one) and submits GRAD_READY.
+  // without one) and submits GRAD_READY: on the CPU through the arena's
+  // buffer; on CUDA into a flat tensor on the device, copied over on the
+  // current stream.
   void HandOver(uint32_t layer);
+  // The layer's gradients back to back in `flat` (zeros for parameters
+  // backward gave none), forgotten after.
+  void FillGradient(uint32_t layer, torch::Tensor& flat);
   void FlushLayers();
   void WaitForGradients();
   // The layer's committed weights (in the training dtype), as the daemon
@@ -134,6 +148,9 @@ class Engine {
   std::unique_ptr<CheckpointReader> checkpoint_;
   std::vector<Layer> layers_;
   torch::ScalarType dtype_;
+  // Where the trained parameters are; cuda_ is set for a CUDA device.
+  torch::Device device_;
+  std::optional<CudaTransfer> cuda_;
   JobSession session_;
   lohan_model* remote_ = nullptr;  // owned by session_
   uint32_t grad_slots_ = 0;
@@ -158,9 +175,15 @@ class Engine {
   std::vector<std::vector<int>> arrivals_;
   std::vector<size_t> arrived_count_;
   std::vector<bool> handed_over_;
+  // A GRAD_READY in flight: its ticket and, on CUDA, the device tensor
+  // its copy reads (kept alive until the ticket is waited for).
+  struct Submitted {
+    uint64_t ticket = 0;
+    torch::Tensor source;
+  };
   // GRAD_READY in flight, per gradient buffer: a buffer shared by several
   // layers is refilled only once the daemon has taken the previous one.
-  std::unordered_map<const void*, uint64_t> buffer_tickets_;
+  std::unordered_map<const void*, Submitted> buffer_tickets_;
 };
 
 }  // namespace lohan::torch_plugin

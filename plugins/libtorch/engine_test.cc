@@ -15,7 +15,9 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "plugins/libtorch/adamw_comparison.h"
 #include "plugins/libtorch/lohan_error.h"
+#include "plugins/libtorch/param_groups.h"
 #include "plugins/libtorch/test_daemon.h"
 #include "plugins/libtorch/tiny_gpt.h"
 
@@ -23,165 +25,6 @@ namespace lohan::torch_plugin {
 namespace {
 
 using ::testing::HasSubstr;
-
-constexpr int kSteps = 20;
-constexpr uint64_t kSeed = 7;
-
-// What a run did: the loss and global norm of every step, the weights at
-// the end (by name, as fp32).
-struct Training {
-  std::vector<double> losses;
-  std::vector<double> norms;
-  int clipped = 0;
-  std::vector<std::pair<std::string, torch::Tensor>> weights;
-};
-
-Options TrainingOptions(const std::string& socket, const std::string& job) {
-  Options options;
-  options.socket_path = socket;
-  options.job_name = job;
-  options.lr = 3e-3;
-  options.beta1 = 0.9;
-  options.beta2 = 0.95;
-  options.eps = 1e-8;
-  options.weight_decay = 0.1;
-  options.no_weight_decay_1d = true;
-  options.max_grad_norm = 1.0;
-  return options;
-}
-
-std::vector<std::pair<std::string, torch::Tensor>> Weights(
-    torch::nn::Module& model) {
-  std::vector<std::pair<std::string, torch::Tensor>> weights;
-  for (const auto& item : model.named_parameters()) {
-    weights.emplace_back(item.key(), item.value().detach().to(torch::kFloat32));
-  }
-  return weights;
-}
-
-// AdamW as the daemon runs it: decay on >= 2-D parameters only, the global
-// norm clipped to max_grad_norm. With bf16, on fp32 masters whose bf16
-// copies run forward and backward.
-Training TrainWithAdamW(const tiny_gpt::Config& config,
-                        const Options& options) {
-  tiny_gpt::Model model = tiny_gpt::MakeModel(config, kSeed);
-  const bool bf16 = options.dtype == "bf16";
-  std::vector<torch::Tensor> masters;
-  for (auto& param : model->parameters()) {
-    masters.push_back(param.detach().clone().set_requires_grad(true));
-  }
-  if (bf16) model->to(torch::kBFloat16);
-  std::vector<torch::Tensor> decay;
-  std::vector<torch::Tensor> no_decay;
-  for (auto& master : masters) {
-    (master.dim() >= 2 ? decay : no_decay).push_back(master);
-  }
-  auto adamw = [&](double weight_decay) {
-    return std::make_unique<torch::optim::AdamWOptions>(
-        torch::optim::AdamWOptions(options.lr)
-            .betas({options.beta1, options.beta2})
-            .eps(options.eps)
-            .weight_decay(weight_decay));
-  };
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(decay, adamw(options.weight_decay));
-  groups.emplace_back(no_decay, adamw(0.0));
-  torch::optim::AdamW optimizer(groups, torch::optim::AdamWOptions(options.lr));
-
-  Training run;
-  std::vector<torch::Tensor> params = model->parameters();
-  for (int step = 0; step < kSteps; ++step) {
-    {
-      torch::NoGradGuard no_grad;
-      for (size_t i = 0; i < params.size(); ++i) params[i].copy_(masters[i]);
-    }
-    for (auto& param : params) param.mutable_grad() = torch::Tensor();
-    // k micro-batches: one backward of the sum of their losses, each / k.
-    const int k = options.grad_accumulation_steps;
-    torch::Tensor loss;
-    for (int micro = 0; micro < k; ++micro) {
-      auto [inputs, targets] = tiny_gpt::MakeBatch(config, step * k + micro);
-      torch::Tensor part = tiny_gpt::Loss(model->forward(inputs), targets) /
-                           static_cast<double>(k);
-      loss = loss.defined() ? loss + part : part;
-    }
-    loss.backward();
-    for (size_t i = 0; i < params.size(); ++i) {
-      masters[i].mutable_grad() = params[i].grad().to(torch::kFloat32);
-    }
-    run.losses.push_back(loss.item<double>());
-    const double norm =
-        torch::nn::utils::clip_grad_norm_(masters, options.max_grad_norm);
-    run.norms.push_back(norm);
-    if (norm > options.max_grad_norm) ++run.clipped;
-    if (options.lr_schedule) {
-      // The schedule by hand: step + 1 is the update's Adam step.
-      for (auto& group : optimizer.param_groups()) {
-        static_cast<torch::optim::AdamWOptions&>(group.options())
-            .lr(options.lr_schedule(step + 1));
-      }
-    }
-    optimizer.step();
-  }
-  torch::NoGradGuard no_grad;
-  for (size_t i = 0; i < params.size(); ++i) params[i].copy_(masters[i]);
-  run.weights = Weights(*model);
-  return run;
-}
-
-Training TrainWithLohan(const tiny_gpt::Config& config,
-                        const Options& options) {
-  tiny_gpt::Model model = tiny_gpt::MakeModel(config, kSeed);
-  Engine engine(model.ptr(), model->block_list(), options);
-  EXPECT_EQ(model->parameters()[0].scalar_type(),
-            options.dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32);
-  EXPECT_EQ(engine.buffers(),
-            options.buffers == "streamed" ? "streamed" : "resident");
-  Training run;
-  for (int step = 0; step < kSteps; ++step) {
-    // k backward passes, one per micro-batch, each loss / k.
-    const int k = options.grad_accumulation_steps;
-    double loss = 0.0;
-    for (int micro = 0; micro < k; ++micro) {
-      auto [inputs, targets] = tiny_gpt::MakeBatch(config, step * k + micro);
-      torch::Tensor part = tiny_gpt::Loss(model->forward(inputs), targets) /
-                           static_cast<double>(k);
-      part.backward();
-      loss += part.item<double>();
-    }
-    const StepResult result = engine.step();
-    EXPECT_FALSE(result.skipped) << "step " << step;
-    run.losses.push_back(loss);
-    run.norms.push_back(result.global_norm);
-    if (result.clipped) ++run.clipped;
-  }
-  EXPECT_EQ(engine.iteration(), static_cast<uint64_t>(kSteps));
-  run.weights = Weights(*model);
-  engine.close(/*delete_job=*/true);
-  return run;
-}
-
-double MaxRelativeDifference(const std::vector<double>& got,
-                             const std::vector<double>& want) {
-  double worst = 0.0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    worst = std::max(worst, std::abs(got[i] - want[i]) / std::abs(want[i]));
-  }
-  return worst;
-}
-
-// The largest of every tensor's max |got - want| / max |want|.
-double MaxWeightDifference(const Training& got, const Training& want) {
-  double worst = 0.0;
-  for (size_t i = 0; i < want.weights.size(); ++i) {
-    const torch::Tensor& expected = want.weights[i].second;
-    const double difference =
-        (got.weights[i].second - expected).abs().max().item<double>() /
-        expected.abs().max().item<double>();
-    worst = std::max(worst, difference);
-  }
-  return worst;
-}
 
 class EngineTest : public ::testing::Test {
  protected:
@@ -414,6 +257,200 @@ TEST_F(EngineTest, CallsOutOfOrderAreRefused) {
   EXPECT_EQ(engine.iteration(), 1u);
   engine.close(/*delete_job=*/true);
   EXPECT_THROW(engine.step(), std::logic_error);
+}
+
+// Block 1 slower (at 1e-3, AdamWOptions' default lr, which torch's
+// optimizer constructor would take for "unset": adamw_comparison.cc sets
+// each group's lr after construction) and without decay, the head faster with
+// more decay, the rest at the job's lr and decay but for the named exemptions
+// (head.bias is among them but in a group: its group's decay holds).
+Options GroupedOptions(const std::string& socket, const std::string& job,
+                       torch::nn::Module& model) {
+  Options options = TrainingOptions(socket, job);
+  options.no_weight_decay_1d = false;
+  options.no_weight_decay_names = {"positions.weight", "norm.weight",
+                                   "norm.bias", "head.bias"};
+  ParamGroup slow;
+  for (const auto& item : model.named_parameters()) {
+    if (item.key().rfind("blocks.1.", 0) == 0)
+      slow.params.push_back(item.key());
+  }
+  slow.lr = 1e-3;
+  slow.weight_decay = 0.0;
+  ParamGroup head;
+  head.params = {"head.weight", "head.bias"};
+  head.lr = 6e-3;
+  head.weight_decay = 0.3;
+  options.param_groups = {slow, head};
+  return options;
+}
+
+TEST_F(EngineTest, ParamGroupsMatchAdamWWithTheSameGroups) {
+  tiny_gpt::Model model = tiny_gpt::MakeModel(config_, kSeed);
+  const Options options = GroupedOptions(socket(), "groups", *model);
+  const Training want = TrainWithAdamW(config_, options);
+  const Training got = TrainWithLohan(config_, options);
+  const double losses = MaxRelativeDifference(got.losses, want.losses);
+  const double norms = MaxRelativeDifference(got.norms, want.norms);
+  const double weights = MaxWeightDifference(got, want);
+  std::cout << "fp32 with 2 param groups and named exemptions, " << kSteps
+            << " steps: max relative difference losses " << losses
+            << ", global norms " << norms << ", weights " << weights << "; "
+            << got.clipped << " steps clipped\n";
+  EXPECT_EQ(got.clipped, want.clipped);
+  EXPECT_LE(losses, 1e-6);
+  EXPECT_LE(norms, 1e-5);
+  EXPECT_LE(weights, 1e-5);
+  // Without the groups (one lr, 1-D exemptions) it is another run.
+  const Training ungrouped =
+      TrainWithLohan(config_, TrainingOptions(socket(), "ungrouped"));
+  EXPECT_GT(MaxWeightDifference(ungrouped, want), 1e-4);
+}
+
+// An lr schedule scales every group alike: each keeps its lr / the job's.
+TEST_F(EngineTest, ParamGroupsKeepTheirRatioUnderAnLrSchedule) {
+  tiny_gpt::Model model = tiny_gpt::MakeModel(config_, kSeed);
+  Options options = GroupedOptions(socket(), "group-schedule", *model);
+  const double peak = options.lr;
+  options.lr_schedule = [peak](int64_t step) {
+    return peak * (1.0 - 0.04 * static_cast<double>(step - 1));
+  };
+  const Training want = TrainWithAdamW(config_, options);
+  const Training got = TrainWithLohan(config_, options);
+  const double losses = MaxRelativeDifference(got.losses, want.losses);
+  const double weights = MaxWeightDifference(got, want);
+  std::cout << "fp32 with 2 param groups and an lr schedule: max relative "
+            << "difference losses " << losses << ", weights " << weights
+            << "\n";
+  EXPECT_LE(losses, 1e-6);
+  EXPECT_LE(weights, 1e-5);
+}
+
+// The ranges the daemon gets, as the Python plugin's groups.py maps them.
+TEST_F(EngineTest, ParamGroupsBecomeTheDaemonsElementRanges) {
+  tiny_gpt::Model model = tiny_gpt::MakeModel(config_, kSeed);
+  const Options options = GroupedOptions(socket(), "ranges", *model);
+  const std::vector<Layer> layers =
+      PlanLayers(model.ptr(), model->block_list());
+  const GroupPlan plan = PlanParamGroups(*model, layers, options);
+  const uint64_t dim = config_.dim;
+  const uint64_t tokens = config_.vocab * dim;
+  auto same = [](const std::vector<ElementRange>& got,
+                 const std::vector<ElementRange>& want) {
+    if (got.size() != want.size()) return false;
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (got[i].layer != want[i].layer || got[i].begin != want[i].begin ||
+          got[i].end != want[i].end) {
+        return false;
+      }
+    }
+    return true;
+  };
+  // positions.weight after tokens.weight in layer 0; norm.weight and
+  // norm.bias at the head of layer 1; head.bias (grouped) left out.
+  EXPECT_TRUE(
+      same(plan.no_weight_decay,
+           {{0, tokens, tokens + config_.context * dim}, {1, 0, 2 * dim}}));
+  ASSERT_EQ(plan.param_groups.size(), 2u);
+  // Block 1 is layer 3, whole.
+  EXPECT_TRUE(same(plan.param_groups[0].ranges,
+                   {{3, 0, static_cast<uint64_t>(layers[3].numel)}}));
+  EXPECT_DOUBLE_EQ(plan.param_groups[0].lr_scale, 1e-3 / options.lr);
+  EXPECT_EQ(plan.param_groups[0].weight_decay, 0.0);
+  // head.weight and head.bias, adjacent after the norm: one range.
+  EXPECT_TRUE(same(plan.param_groups[1].ranges,
+                   {{1, 2 * dim, static_cast<uint64_t>(layers[1].numel)}}));
+  EXPECT_DOUBLE_EQ(plan.param_groups[1].lr_scale, 6e-3 / options.lr);
+  EXPECT_EQ(plan.param_groups[1].weight_decay, 0.3);
+}
+
+TEST_F(EngineTest, BadParamGroupsAreRefusedBeforeAJobIsCreated) {
+  tiny_gpt::Model model = tiny_gpt::MakeModel(config_, kSeed);
+  model->named_parameters()["positions.weight"].set_requires_grad(false);
+  auto refusal = [&](const Options& options) {
+    try {
+      Engine engine(model.ptr(), model->block_list(), options);
+    } catch (const std::invalid_argument& error) {
+      return std::string(error.what());
+    }
+    return std::string("accepted");
+  };
+  const Options options = TrainingOptions(socket(), "bad-groups");
+  Options unknown = options;
+  unknown.no_weight_decay_1d = false;
+  unknown.no_weight_decay_names = {"norm.bias", "head.wieght"};
+  EXPECT_EQ(refusal(unknown),
+            "lohan Options: no_weight_decay_names names \"head.wieght\", "
+            "which the model does not have (see its named_parameters())");
+  Options unknown_in_group = options;
+  unknown_in_group.param_groups = {{{"head.weight"}, 1e-3, {}},
+                                   {{"blocks.9.up.weight"}, {}, 0.0}};
+  EXPECT_EQ(refusal(unknown_in_group),
+            "lohan Options: param_groups[1] names \"blocks.9.up.weight\", "
+            "which the model does not have (see its named_parameters())");
+  Options twice = options;
+  twice.param_groups = {{{"head.weight", "head.bias"}, 1e-3, {}},
+                        {{"norm.bias", "head.bias"}, 2e-3, {}}};
+  EXPECT_EQ(refusal(twice),
+            "lohan Options: param_groups[0] and param_groups[1] both hold "
+            "head.bias; a parameter may be in one group only");
+  Options frozen = options;
+  frozen.param_groups = {{{"positions.weight"}, 1e-3, {}}};
+  EXPECT_EQ(refusal(frozen),
+            "lohan Options: param_groups[0] names \"positions.weight\", a "
+            "parameter the engine does not train (requires_grad is false)");
+  // A frozen parameter among the exemptions is no trained one: nothing to
+  // exempt, as in the Python plugin.
+  Options frozen_exempt = options;
+  frozen_exempt.no_weight_decay_1d = false;
+  frozen_exempt.no_weight_decay_names = {"positions.weight"};
+  // Nothing was created on the daemon by the refusals: the name is free.
+  Engine engine(model.ptr(), model->block_list(), frozen_exempt);
+  engine.close(/*delete_job=*/true);
+}
+
+// A parameter "first" on `first` and a block whose "weight" is on
+// `second`.
+class TwoDevicesImpl : public torch::nn::Module {
+ public:
+  TwoDevicesImpl(torch::Device first, torch::Device second) {
+    register_parameter("first", torch::zeros({2}, torch::TensorOptions(first)));
+    block_ = register_module("block", std::make_shared<torch::nn::Module>());
+    block_->register_parameter(
+        "weight", torch::zeros({2, 2}, torch::TensorOptions(second)));
+  }
+  std::vector<std::shared_ptr<torch::nn::Module>> blocks() { return {block_}; }
+
+ private:
+  std::shared_ptr<torch::nn::Module> block_;
+};
+TORCH_MODULE(TwoDevices);
+
+// Parameters on two devices, or on one the engine cannot train on, are
+// refused naming them, before a job exists. (meta tensors stand in for a
+// second device on a machine without GPUs.)
+TEST_F(EngineTest, ParametersOnTwoDevicesAreRefusedNamingThem) {
+  auto refusal = [&](TwoDevices model) {
+    try {
+      Engine engine(model.ptr(), model->blocks(),
+                    TrainingOptions(socket(), "devices"));
+    } catch (const std::invalid_argument& error) {
+      return std::string(error.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(refusal(TwoDevices(torch::kCPU, torch::kMeta)),
+            "lohan Engine: parameters first (on cpu) and block.weight (on "
+            "meta) are on different devices; move the whole module to one "
+            "(model->to(device)) before creating the Engine");
+  EXPECT_EQ(refusal(TwoDevices(torch::kMeta, torch::kMeta)),
+            "lohan Engine: parameter first (on meta): the engine trains "
+            "modules on the CPU or on one CUDA device");
+  // Nothing was created on the daemon by the refusals: the name is free.
+  TwoDevices cpu(torch::kCPU, torch::kCPU);
+  Engine engine(cpu.ptr(), cpu->blocks(), TrainingOptions(socket(), "devices"));
+  EXPECT_EQ(engine.layers().size(), 2u);
+  engine.close(/*delete_job=*/true);
 }
 
 TEST_F(EngineTest, LayersAreCutAsThePythonPlugin) {

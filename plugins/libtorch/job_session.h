@@ -36,6 +36,9 @@ class JobSession {
   lohan_model* Register(const std::string& model_spec_json);
 
   const std::string& job_id() const { return job_id_; }
+  // The open data plane (null before CreateAndOpen / FindAndOpen and
+  // after Close); the session owns it.
+  lohan_data_plane* plane() const { return plane_.get(); }
 
   // Destroys the model, closes the data plane and waits until the daemon
   // has taken the arena back (so the job can be reopened at once), then

@@ -102,12 +102,12 @@ std::vector<Layer> PlanLayers(
   return layers;
 }
 
-std::vector<ElementRange> OneDimensionalRanges(
-    const std::vector<Layer>& layers) {
+std::vector<ElementRange> RangesOf(const std::vector<Layer>& layers,
+                                   const ParamPredicate& picks) {
   std::vector<ElementRange> ranges;
   for (const Layer& layer : layers) {
     for (size_t i = 0; i < layer.params.size(); ++i) {
-      if (layer.params[i].dim() >= 2) continue;
+      if (!picks(layer.names[i], layer.params[i])) continue;
       const uint64_t begin = layer.offsets[i];
       const uint64_t end = begin + layer.params[i].numel();
       if (!ranges.empty() && ranges.back().layer == layer.index &&
@@ -119,6 +119,13 @@ std::vector<ElementRange> OneDimensionalRanges(
     }
   }
   return ranges;
+}
+
+std::vector<ElementRange> OneDimensionalRanges(
+    const std::vector<Layer>& layers) {
+  return RangesOf(layers, [](const std::string&, const torch::Tensor& param) {
+    return param.dim() < 2;
+  });
 }
 
 }  // namespace lohan::torch_plugin

@@ -4,6 +4,7 @@
 #include <torch/nn/module.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,6 +35,14 @@ struct Layer {
 std::vector<Layer> PlanLayers(
     const std::shared_ptr<torch::nn::Module>& model,
     const std::vector<std::shared_ptr<torch::nn::Module>>& blocks);
+
+// The element ranges of the parameters `picks` chooses (by the layer's
+// name and tensor), in layer order, adjacent ones merged (the Python
+// plugin's ranges_of).
+using ParamPredicate =
+    std::function<bool(const std::string& name, const torch::Tensor& param)>;
+std::vector<ElementRange> RangesOf(const std::vector<Layer>& layers,
+                                   const ParamPredicate& picks);
 
 // The element ranges of parameters with fewer than 2 dimensions (biases,
 // norm weights), adjacent ones merged.

@@ -33,6 +33,23 @@ std::string RangesJson(const std::vector<ElementRange>& ranges) {
   return out + "]";
 }
 
+std::string GroupJson(const std::string& name, double lr_scale,
+                      double weight_decay,
+                      const std::vector<ElementRange>& ranges) {
+  return "{\"name\":" + Quoted(name) + ",\"lr_scale\":" + Number(lr_scale) +
+         ",\"weight_decay\":" + Number(weight_decay) +
+         ",\"ranges\":" + RangesJson(ranges) + "}";
+}
+
+std::string JoinedList(const std::vector<std::string>& items) {
+  std::string out = "[";
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i > 0) out += ",";
+    out += items[i];
+  }
+  return out + "]";
+}
+
 }  // namespace
 
 std::string ModelSpecJson(const ModelSpecFields& spec) {
@@ -42,14 +59,17 @@ std::string ModelSpecJson(const ModelSpecFields& spec) {
     elements += std::to_string(spec.layer_elements[i]);
   }
   elements += "]";
-  std::string groups = "[";
+  std::vector<std::string> groups;
   if (!spec.no_weight_decay.empty()) {
-    groups +=
-        "{\"name\":\"no_weight_decay\",\"lr_scale\":1.0,"
-        "\"weight_decay\":0.0,\"ranges\":" +
-        RangesJson(spec.no_weight_decay) + "}";
+    groups.push_back(
+        GroupJson("no_weight_decay", 1.0, 0.0, spec.no_weight_decay));
   }
-  groups += "]";
+  for (size_t n = 0; n < spec.param_groups.size(); ++n) {
+    const GroupRanges& group = spec.param_groups[n];
+    groups.push_back(GroupJson("param_groups[" + std::to_string(n) + "]",
+                               group.lr_scale, group.weight_decay,
+                               group.ranges));
+  }
   const std::string dtype = spec.dtype == "bf16" ? "DTYPE_BF16" : "DTYPE_FP32";
   return "{\"layer_elements\":" + elements + ",\"dtype\":" + Quoted(dtype) +
          ",\"adam\":{\"lr\":" + Number(spec.lr) +
@@ -66,7 +86,8 @@ std::string ModelSpecJson(const ModelSpecFields& spec) {
          ",\"arena_fit\":" +
          Quoted(spec.fit_arena ? "ARENA_FIT_MOST" : "ARENA_FIT_AS_GIVEN") +
          ",\"initial_iteration\":" + std::to_string(spec.initial_iteration) +
-         ",\"param_groups\":" + groups + ",\"overlap_updates\":false" +
+         ",\"param_groups\":" + JoinedList(groups) +
+         ",\"overlap_updates\":false" +
          ",\"clip_schedule\":\"CLIP_SCHEDULE_DEFERRED\"" +
          ",\"in_order_service\":false}";
 }

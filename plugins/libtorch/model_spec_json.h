@@ -14,6 +14,14 @@ struct ElementRange {
   uint64_t end = 0;
 };
 
+// One of the ModelSpec's param groups beyond "no_weight_decay": elements
+// updated with lr x lr_scale and this weight decay.
+struct GroupRanges {
+  double lr_scale = 1.0;
+  double weight_decay = 0.0;
+  std::vector<ElementRange> ranges;
+};
+
 // The model as lohand's ModelSpec (proto/lohan.proto) takes it; the fields
 // the Python plugin's ModelSpec.to_proto sends, with its defaults for the
 // rest (AdamW, inf/nan steps skipped, deferred clipping).
@@ -29,6 +37,9 @@ struct ModelSpecFields {
   // Updated with weight decay 0: sent as the param group
   // "no_weight_decay" (lr_scale 1), as the Python plugin does.
   std::vector<ElementRange> no_weight_decay;
+  // Sent after it as "param_groups[0]", "param_groups[1]", ... (the
+  // Python plugin's names, so both plugins' ModelSpecs agree).
+  std::vector<GroupRanges> param_groups;
   // 0: one buffer per layer; K: K shared ones (ModelSpec.grad_slots).
   uint32_t grad_slots = 0;
   uint32_t weight_slots = 0;

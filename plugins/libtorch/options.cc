@@ -67,6 +67,29 @@ void ValidateOptions(const Options& options) {
         "resume_job continues an existing job, resume_from starts a new "
         "one from a checkpoint");
   }
+  if (options.no_weight_decay_1d && !options.no_weight_decay_names.empty()) {
+    throw std::invalid_argument(
+        "lohan Options: no_weight_decay_1d and no_weight_decay_names "
+        "exclude each other: name the 1-D parameters too, or use one");
+  }
+  for (size_t n = 0; n < options.param_groups.size(); ++n) {
+    const ParamGroup& group = options.param_groups[n];
+    const std::string what = "param_groups[" + std::to_string(n) + "]";
+    if (group.params.empty()) {
+      throw std::invalid_argument("lohan Options: " + what +
+                                  " names no parameters");
+    }
+    const double lr = group.lr.value_or(options.lr);
+    CheckRange((what + ".lr").c_str(), lr, 0.0, infinity);
+    CheckRange((what + ".weight_decay").c_str(),
+               group.weight_decay.value_or(options.weight_decay), 0.0,
+               infinity);
+    if (options.lr == 0.0 && lr != 0.0) {
+      throw std::invalid_argument(
+          "lohan Options: " + what + ".lr=" + Format(lr) +
+          " but lr=0: a group runs at a fixed multiple of the job's lr");
+    }
+  }
   if (options.job_name.empty()) {
     throw std::invalid_argument("lohan Options: job_name must not be empty");
   }

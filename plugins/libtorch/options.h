@@ -3,9 +3,27 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
+#include <vector>
 
 namespace lohan::torch_plugin {
+
+// A torch-style param group (torch::optim::OptimizerParamGroup): these
+// parameters are trained with this lr and weight decay, every other one
+// with Options::lr and weight_decay. As the Python plugin's
+// lohan.init(param_groups=[{"params": [...], "lr": x, "weight_decay": y}]).
+struct ParamGroup {
+  // Names as model->named_parameters() gives them (any of a tied
+  // parameter's names); each trained parameter in at most one group.
+  std::vector<std::string> params;
+  // Unset: Options::lr / Options::weight_decay. The daemon runs the
+  // group's lr as the fixed multiple lr / Options::lr of the job's lr, so
+  // lr_schedule and set_lr scale every group alike (as torch's
+  // schedulers scale every group's initial lr).
+  std::optional<double> lr;
+  std::optional<double> weight_decay;
+};
 
 // How an Engine trains, as the Python plugin's lohan.init options of the
 // same names (plugins/pytorch/lohan/options.py).
@@ -24,6 +42,14 @@ struct Options {
   // true: parameters with fewer than 2 dimensions (biases, norm weights)
   // get weight decay 0 (the Python plugin's no_weight_decay="1d").
   bool no_weight_decay_1d = false;
+  // These parameters (names from model->named_parameters(), any of a
+  // tied one's names) get weight decay 0 (the Python plugin's
+  // no_weight_decay=[names]). Not together with no_weight_decay_1d. The
+  // exemptions skip parameters of param_groups, whose own weight_decay
+  // holds.
+  std::vector<std::string> no_weight_decay_names;
+  // Groups with their own lr and weight decay; see ParamGroup.
+  std::vector<ParamGroup> param_groups;
   // > 0: the global gradient norm is clipped to it, as
   // torch::nn::utils::clip_grad_norm_; 0: no clipping.
   double max_grad_norm = 0.0;

@@ -1,5 +1,6 @@
 // The torch-free parts of the libtorch plugin: option checks, the
 // ModelSpec JSON and reading GetStatus's arenas.
+#include <cmath>
 #include <stdexcept>
 #include <string>
 
@@ -48,6 +49,38 @@ TEST(ValidateOptions, NamesTheWrongOption) {
                         "\"recompute\""));
 }
 
+TEST(ValidateOptions, RefusesBadParamGroupsAndExemptions) {
+  Options options;
+  options.lr = 1e-3;
+  options.param_groups = {{{"head.weight"}, 2e-3, 0.0}};
+  EXPECT_EQ(Refusal(options), "accepted");
+  Options empty = options;
+  empty.param_groups.push_back({});
+  EXPECT_EQ(Refusal(empty),
+            "lohan Options: param_groups[1] names no parameters");
+  Options negative = options;
+  negative.param_groups[0].weight_decay = -0.5;
+  EXPECT_EQ(Refusal(negative),
+            "lohan Options: param_groups[0].weight_decay=-0.5 must be in "
+            "[0, inf)");
+  Options infinite = options;
+  infinite.param_groups[0].lr = INFINITY;
+  EXPECT_THAT(Refusal(infinite), HasSubstr("param_groups[0].lr=inf"));
+  Options zero = options;
+  zero.lr = 0.0;
+  EXPECT_THAT(Refusal(zero),
+              HasSubstr("param_groups[0].lr=0.002 but lr=0: a group runs at "
+                        "a fixed multiple of the job's lr"));
+  zero.param_groups[0].lr.reset();  // lr 0 like the job's: accepted
+  EXPECT_EQ(Refusal(zero), "accepted");
+  Options both = options;
+  both.no_weight_decay_1d = true;
+  both.no_weight_decay_names = {"head.bias"};
+  EXPECT_THAT(Refusal(both), HasSubstr("no_weight_decay_1d and "
+                                       "no_weight_decay_names exclude each "
+                                       "other"));
+}
+
 TEST(ModelSpecJson, CarriesEveryField) {
   ModelSpecFields spec;
   spec.layer_elements = {10, 20};
@@ -56,6 +89,7 @@ TEST(ModelSpecJson, CarriesEveryField) {
   spec.weight_decay = 0.01;
   spec.max_grad_norm = 1.5;
   spec.no_weight_decay = {{1, 2, 5}};
+  spec.param_groups = {{0.5, 0.25, {{0, 0, 4}, {1, 5, 9}}}};
   spec.grad_slots = spec.weight_slots = 1;
   spec.fit_arena = true;
   const std::string json = ModelSpecJson(spec);
@@ -63,9 +97,14 @@ TEST(ModelSpecJson, CarriesEveryField) {
   EXPECT_THAT(json, HasSubstr("\"dtype\":\"DTYPE_BF16\""));
   EXPECT_THAT(json, HasSubstr("\"lr\":0.10000000000000001"));
   EXPECT_THAT(json, HasSubstr("\"max_grad_norm\":1.5"));
-  EXPECT_THAT(json, HasSubstr("\"name\":\"no_weight_decay\",\"lr_scale\":1.0,"
-                              "\"weight_decay\":0.0,\"ranges\":[{\"layer\":1,"
-                              "\"begin\":2,\"end\":5}]"));
+  // The Python plugin's groups and names: "no_weight_decay" first.
+  EXPECT_THAT(json, HasSubstr("\"param_groups\":[{\"name\":\"no_weight_decay\","
+                              "\"lr_scale\":1,\"weight_decay\":0,\"ranges\":"
+                              "[{\"layer\":1,\"begin\":2,\"end\":5}]},"
+                              "{\"name\":\"param_groups[0]\",\"lr_scale\":0.5,"
+                              "\"weight_decay\":0.25,\"ranges\":[{\"layer\":0,"
+                              "\"begin\":0,\"end\":4},{\"layer\":1,"
+                              "\"begin\":5,\"end\":9}]}]"));
   EXPECT_THAT(json, HasSubstr("\"grad_slots\":1,\"weight_slots\":1"));
   EXPECT_THAT(json, HasSubstr("\"arena_fit\":\"ARENA_FIT_MOST\""));
   EXPECT_EQ(CreateJobRequestJson("j", "{}"),

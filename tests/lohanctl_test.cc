@@ -4,6 +4,7 @@
 #include <sstream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "client/control_client.h"
 #include "client/data_plane.h"
 #include "daemon/optim/tuning.h"
@@ -223,6 +224,63 @@ TEST_F(LohanctlTest, StatusShowsASessionsPlan) {
   EXPECT_EQ(status.sessions(0).plan().blocks_size(), 2);
   EXPECT_EQ(status.sessions(0).planned_iterations(), 2u);
   EXPECT_GT(status.sessions(0).planned_mean_iteration_seconds(), 0);
+}
+
+// Ranks 0 and 1 of a run of 3 (rank 2 on another daemon): one entry in the
+// text forms, every job with its run in JSON. The daemon refuses a second
+// job for rank 1, naming the first.
+TEST_F(LohanctlTest, ARunsJobsAreOneEntry) {
+  std::vector<std::string> ids;
+  for (uint32_t rank : {1u, 0u}) {
+    v1::JobSpec spec;
+    spec.set_name(absl::StrCat("dp.rank", rank));
+    spec.set_host_pool_bytes(1 << 20);
+    spec.mutable_run()->set_name("dp");
+    spec.mutable_run()->set_rank(rank);
+    spec.mutable_run()->set_world_size(3);
+    auto job = client_->CreateJob(spec);
+    ASSERT_TRUE(job.ok()) << job.status();
+    ids.insert(ids.begin(), job->id());
+  }
+  ASSERT_TRUE(client_->AttachJob(ids[1]).ok());
+  v1::JobSpec again;
+  again.set_name("dp-again");
+  again.mutable_run()->set_name("dp");
+  again.mutable_run()->set_rank(1);
+  again.mutable_run()->set_world_size(3);
+  absl::Status refused = client_->CreateJob(again).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(std::string(refused.message()),
+              HasSubstr("rank 1 of run 'dp' is already job " + ids[1]));
+
+  for (const char* command : {"status", "jobs"}) {
+    RunResult text = Lohanctl({command});
+    ASSERT_EQ(text.exit_code, 0) << text.err;
+    // The job on its own as before; the run's two jobs as one row.
+    EXPECT_THAT(text.out, HasSubstr(job_id_ + "   gpt-small"));
+    EXPECT_THAT(text.out, Not(HasSubstr("dp.rank")));
+    EXPECT_THAT(text.out,
+                MatchesRegex("(.|\n)*\ndistributed runs \\(one job per "
+                             "rank; ranks not listed are on other "
+                             "daemons\\)\nRUN +OWNER +WORLD +RANKS HERE "
+                             "+STATE +[A-Z ]+\ndp +[^ ]+ +3 +0,1 +1 of 2 "
+                             "attached +[-0-9 ]*2.0 MiB +0 B +" +
+                             ids[0] + " " + ids[1] + "\n(.|\n)*"))
+        << text.out;
+  }
+  RunResult json = Lohanctl({"jobs", "--json"});
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  v1::ListJobsResponse jobs;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json.out, &jobs).ok())
+      << json.out;
+  ASSERT_EQ(jobs.jobs_size(), 3);
+  EXPECT_FALSE(jobs.jobs(0).spec().has_run());
+  for (int i = 1; i < 3; ++i) {
+    EXPECT_EQ(jobs.jobs(i).spec().run().name(), "dp");
+    EXPECT_EQ(jobs.jobs(i).spec().run().world_size(), 3u);
+  }
+  EXPECT_EQ(jobs.jobs(1).spec().run().rank(), 1u);
+  EXPECT_EQ(jobs.jobs(2).spec().run().rank(), 0u);
 }
 
 TEST_F(LohanctlTest, JobsBothForms) {

@@ -8,6 +8,8 @@
 //   lohanctl jobs [--json]        the jobs you may see (all of them as root)
 //   lohanctl jobs delete JOB_ID   deletes a detached job and frees its SSD
 //                                 space
+// In status and jobs a distributed run's jobs (its ranks on this daemon) are
+// one entry (run_groups.h); --json lists every job as the daemon reports it.
 #include <google/protobuf/util/json_util.h>
 #include <unistd.h>
 
@@ -16,6 +18,7 @@
 #include <cstdio>
 #include <ctime>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -23,6 +26,7 @@
 #include "absl/strings/str_join.h"
 #include "client/control_client.h"
 #include "client/ctl/plan_command.h"
+#include "client/ctl/run_groups.h"
 #include "client/ctl/watch.h"
 #include "daemon/common/byte_size.h"
 #include "daemon/plan/model_shape.h"
@@ -78,11 +82,8 @@ std::string Duration(double seconds) {
   return absl::StrFormat("%ds", secs);
 }
 
+// Jobs on their own, one row each.
 void PrintJobTable(const std::vector<v1::Job>& jobs) {
-  if (jobs.empty()) {
-    std::printf("no jobs\n");
-    return;
-  }
   // As wide as the longest name (up to 64 characters), not less than 20.
   int name_width = 20;
   for (const v1::Job& job : jobs) {
@@ -108,6 +109,32 @@ void PrintJobTable(const std::vector<v1::Job>& jobs) {
                   job.last_failure().c_str());
     }
   }
+}
+
+// Jobs on their own as PrintJobTable does, then each distributed run's jobs
+// as one entry (see run_groups.h), with its ranks' iterations when given.
+void PrintJobs(const std::vector<v1::Job>& jobs,
+               const IterationsByJob* iterations) {
+  if (jobs.empty()) {
+    std::printf("no jobs\n");
+    return;
+  }
+  std::vector<v1::Job> alone;
+  std::vector<JobEntry> runs;
+  for (JobEntry& entry : GroupRuns(jobs)) {
+    if (entry.is_run()) {
+      runs.push_back(std::move(entry));
+    } else {
+      alone.push_back(std::move(entry.jobs.front()));
+    }
+  }
+  if (!alone.empty()) PrintJobTable(alone);
+  if (runs.empty()) return;
+  if (!alone.empty()) std::printf("\n");
+  std::printf(
+      "distributed runs (one job per rank; ranks not listed are on other "
+      "daemons)\n%s",
+      RunTable(runs, iterations).c_str());
 }
 
 int Fail(const absl::Status& status) {
@@ -182,7 +209,11 @@ int Status(const std::string& socket, bool json) {
   std::printf("  jobs         %u on the daemon, %u attached (yours below)\n",
               status->total_jobs(), status->attached_jobs());
   std::printf("  your quota   %s\n\n", QuotaLine(status->quota()).c_str());
-  PrintJobTable({status->jobs().begin(), status->jobs().end()});
+  IterationsByJob iterations;
+  for (const v1::SessionStatus& session : status->sessions()) {
+    iterations[session.job_id()] = session.iteration();
+  }
+  PrintJobs({status->jobs().begin(), status->jobs().end()}, &iterations);
   if (status->sessions_size() > 0) {
     std::printf("\ntraining (open data planes)\n");
     const char* format =
@@ -234,7 +265,7 @@ int Jobs(const std::string& socket, bool json) {
     std::printf("%s\n", Json(response).c_str());
     return 0;
   }
-  PrintJobTable(*jobs);
+  PrintJobs(*jobs, nullptr);
   return 0;
 }
 

@@ -24,10 +24,11 @@ constexpr size_t kMaxJobIdLength = 32;
 constexpr char kRegistryFile[] = "jobs.binpb";
 const QuotaTable kNoQuotas;
 
-absl::Status ValidateJobName(const std::string& name) {
+// Job names and run names: `what` names the field in the message.
+absl::Status ValidateName(const char* what, const std::string& name) {
   if (name.empty() || name.size() > kMaxJobNameLength) {
     return absl::InvalidArgumentError(
-        absl::StrCat("job name must be 1 to ", kMaxJobNameLength,
+        absl::StrCat(what, " must be 1 to ", kMaxJobNameLength,
                      " characters, got ", name.size()));
   }
   for (char c : name) {
@@ -36,9 +37,55 @@ absl::Status ValidateJobName(const std::string& name) {
                          c == '-';
     if (!allowed) {
       return absl::InvalidArgumentError(
-          absl::StrCat("job name '", absl::CHexEscape(name),
+          absl::StrCat(what, " '", absl::CHexEscape(name),
                        "' may hold only letters, digits, '.', '_' and '-'"));
     }
+  }
+  return absl::OkStatus();
+}
+
+// JobSpec.run, when set (see DistributedRun in proto/lohan.proto).
+absl::Status ValidateRun(const v1::JobSpec& spec) {
+  if (!spec.has_run()) return absl::OkStatus();
+  const v1::DistributedRun& run = spec.run();
+  const std::string what = absl::StrCat("job '", spec.name(), "': run name");
+  if (absl::Status named = ValidateName(what.c_str(), run.name());
+      !named.ok()) {
+    return named;
+  }
+  if (run.world_size() < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job '", spec.name(), "': run '", run.name(), "' has world_size ",
+        run.world_size(),
+        "; a distributed run has at least 2 ranks (leave run unset for a "
+        "job on its own)"));
+  }
+  if (run.rank() >= run.world_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job '", spec.name(), "': run '", run.name(), "' rank ",
+                     run.rank(), " is not below its world_size ",
+                     run.world_size(), " (ranks are 0 to world_size - 1)"));
+  }
+  return absl::OkStatus();
+}
+
+// ALREADY_EXISTS when `existing`, a job of the caller's, has the name or the
+// (run name, rank) `spec` asks for.
+absl::Status CheckDistinct(const std::string& id, const v1::Job& existing,
+                           const v1::JobSpec& spec) {
+  if (existing.spec().name() == spec.name()) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("you already have a job named '", spec.name(), "' (", id,
+                     "); attach to it or delete it first"));
+  }
+  if (spec.has_run() && existing.spec().has_run() &&
+      existing.spec().run().name() == spec.run().name() &&
+      existing.spec().run().rank() == spec.run().rank()) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("job '", spec.name(), "': rank ", spec.run().rank(),
+                     " of run '", spec.run().name(), "' is already job ", id,
+                     " ('", existing.spec().name(),
+                     "') on this daemon; resume that job or delete it first"));
   }
   return absl::OkStatus();
 }
@@ -225,17 +272,18 @@ absl::Status JobRegistry::CheckRequestLocked(const Caller& caller,
 
 absl::StatusOr<v1::Job> JobRegistry::Create(const Caller& caller,
                                             const v1::JobSpec& spec) {
-  if (absl::Status status = ValidateJobName(spec.name()); !status.ok()) {
+  if (absl::Status status = ValidateName("job name", spec.name());
+      !status.ok()) {
     return status;
   }
+  if (absl::Status status = ValidateRun(spec); !status.ok()) return status;
   absl::MutexLock lock(&mu_);
   ReapDeadAttachments();
   for (const auto& [id, entry] : jobs_) {
-    if (entry.job.owner_uid() == caller.uid &&
-        entry.job.spec().name() == spec.name()) {
-      return absl::AlreadyExistsError(
-          absl::StrCat("you already have a job named '", spec.name(), "' (", id,
-                       "); attach to it or delete it first"));
+    if (entry.job.owner_uid() != caller.uid) continue;
+    if (absl::Status distinct = CheckDistinct(id, entry.job, spec);
+        !distinct.ok()) {
+      return distinct;
     }
   }
   if (absl::Status fits = CheckRequestLocked(caller, spec); !fits.ok()) {

@@ -48,10 +48,12 @@ class JobRegistry {
   JobRegistry(const JobRegistry&) = delete;
   JobRegistry& operator=(const JobRegistry&) = delete;
 
-  // INVALID_ARGUMENT for a bad name; ALREADY_EXISTS when the caller has a job
-  // of that name; RESOURCE_EXHAUSTED when the caller has its quota of jobs,
-  // or asks for more pool or SSD space than the daemon has or the caller's
-  // quota allows (the message has the numbers). Durable before it returns.
+  // INVALID_ARGUMENT for a bad name or JobSpec.run (see DistributedRun);
+  // ALREADY_EXISTS when the caller has a job of that name, or one that is
+  // the same rank of the same run (the message names it); RESOURCE_EXHAUSTED
+  // when the caller has its quota of jobs, or asks for more pool or SSD space
+  // than the daemon has or the caller's quota allows (the message has the
+  // numbers). Durable before it returns.
   absl::StatusOr<v1::Job> Create(const Caller& caller, const v1::JobSpec& spec);
 
   // Binds the job to the calling process. Idempotent for the same process;

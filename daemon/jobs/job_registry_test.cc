@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -116,6 +118,70 @@ TEST_F(JobRegistryTest, NamesAreCheckedAndUniquePerOwner) {
   }
 }
 
+v1::JobSpec RankSpec(const std::string& name, const std::string& run,
+                     uint32_t rank, uint32_t world_size) {
+  v1::JobSpec spec;
+  spec.set_name(name);
+  spec.mutable_run()->set_name(run);
+  spec.mutable_run()->set_rank(rank);
+  spec.mutable_run()->set_world_size(world_size);
+  return spec;
+}
+
+TEST_F(JobRegistryTest, RunsAreCheckedSayingWhatIsAllowed) {
+  struct Bad {
+    v1::JobSpec spec;
+    std::string says;
+  };
+  const std::vector<Bad> bad = {
+      {RankSpec("a", "", 0, 2), "run name must be 1 to 64 characters, got 0"},
+      {RankSpec("a", std::string(65, 'r'), 0, 2),
+       "run name must be 1 to 64 characters, got 65"},
+      {RankSpec("a", "my run", 0, 2),
+       "run name 'my run' may hold only letters, digits, '.', '_' and '-'"},
+      {RankSpec("a", "dp", 0, 1),
+       "run 'dp' has world_size 1; a distributed run has at least 2 ranks"},
+      {RankSpec("a", "dp", 0, 0), "has world_size 0"},
+      {RankSpec("a", "dp", 2, 2),
+       "run 'dp' rank 2 is not below its world_size 2 (ranks are 0 to "
+       "world_size - 1)"},
+  };
+  for (const Bad& b : bad) {
+    absl::Status status = registry_->Create(alice_, b.spec).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << b.says;
+    EXPECT_THAT(std::string(status.message()), HasSubstr(b.says));
+    EXPECT_THAT(std::string(status.message()), HasSubstr("job 'a'"));
+  }
+  EXPECT_TRUE(registry_->List(root_).empty());
+  absl::StatusOr<v1::Job> last =
+      registry_->Create(alice_, RankSpec("a", "dp", 1, 2));
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_EQ(last->spec().run().rank(), 1u);
+  EXPECT_EQ(last->spec().run().world_size(), 2u);
+}
+
+TEST_F(JobRegistryTest, OneJobPerRankOfARunPerOwner) {
+  absl::StatusOr<v1::Job> rank0 =
+      registry_->Create(alice_, RankSpec("dp.rank0", "dp", 0, 2));
+  ASSERT_TRUE(rank0.ok()) << rank0.status();
+  ASSERT_TRUE(registry_->Create(alice_, RankSpec("dp.rank1", "dp", 1, 2)).ok());
+  // Rank 0 again under another job name: refused, naming the job.
+  absl::Status again =
+      registry_->Create(alice_, RankSpec("other", "dp", 0, 2)).status();
+  EXPECT_EQ(again.code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(std::string(again.message()),
+              HasSubstr("rank 0 of run 'dp' is already job j-000001 "
+                        "('dp.rank0') on this daemon"));
+  // Another owner's run of that name, another run, and a job on its own of
+  // that name are not the same rank.
+  EXPECT_TRUE(registry_->Create(bob_, RankSpec("dp.rank0", "dp", 0, 2)).ok());
+  EXPECT_TRUE(registry_->Create(alice_, RankSpec("x", "dp2", 0, 2)).ok());
+  EXPECT_TRUE(registry_->Create(alice_, Spec("dp")).ok());
+  // Once deleted, the rank may be created again.
+  ASSERT_TRUE(registry_->Delete(alice_, rank0->id()).ok());
+  EXPECT_TRUE(registry_->Create(alice_, RankSpec("other", "dp", 0, 2)).ok());
+}
+
 TEST_F(JobRegistryTest, UnknownJobIsNotFound) {
   absl::Status status = registry_->Detach(alice_, "j-999999").status();
   EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
@@ -196,10 +262,27 @@ TEST_F(JobRegistryTest, JobsSurviveReopenDetached) {
   EXPECT_EQ(jobs[0].spec().name(), "keep");
   EXPECT_EQ(jobs[0].owner_uid(), kAlice);
   EXPECT_EQ(jobs[0].state(), v1::JOB_STATE_DETACHED);
+  EXPECT_FALSE(jobs[0].spec().has_run());
   // Ids are never reused.
   absl::StatusOr<v1::Job> next = reopened->Create(alice_, Spec("new"));
   ASSERT_TRUE(next.ok());
   EXPECT_EQ(next->id(), "j-000003");
+}
+
+TEST_F(JobRegistryTest, RunSurvivesReopenAndStillBindsItsRank) {
+  ASSERT_TRUE(registry_->Create(alice_, RankSpec("dp.rank3", "dp", 3, 4)).ok());
+  registry_.reset();
+
+  std::unique_ptr<JobRegistry> reopened = OpenRegistry();
+  std::vector<v1::Job> jobs = reopened->List(alice_);
+  ASSERT_EQ(jobs.size(), 1u);
+  ASSERT_TRUE(jobs[0].spec().has_run());
+  EXPECT_EQ(jobs[0].spec().run().name(), "dp");
+  EXPECT_EQ(jobs[0].spec().run().rank(), 3u);
+  EXPECT_EQ(jobs[0].spec().run().world_size(), 4u);
+  EXPECT_EQ(
+      reopened->Create(alice_, RankSpec("again", "dp", 3, 4)).status().code(),
+      absl::StatusCode::kAlreadyExists);
 }
 
 TEST_F(JobRegistryTest, CorruptFileIsDataLoss) {

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import pwd
 import signal
 import socket
 import subprocess
@@ -26,12 +27,14 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 import pytest
 import torch
 
-from conftest import Daemon
+from conftest import Daemon, built
 from data_parallel_worker import global_batches
 from test_engine import BETAS, EPS, LR, WD, lm_loss, tiny_gpt
 
 import lohan
 from lohan.blocks import plan_layers
+from lohan.client import DistributedRun, LohanError, StatusCode
+from lohan.model_spec import ModelSpec
 
 WORKER = Path(__file__).resolve().parent / "data_parallel_worker.py"
 LOSS_RTOL, WEIGHT_ATOL_SCALE, NORM_RTOL = 1e-6, 1e-5, 1e-5
@@ -353,3 +356,82 @@ def test_a_killed_rank_ends_every_rank(two_daemons, tmp_path):
     os.kill(int((tmp_path / "pid3").read_text()), signal.SIGKILL)
     first, second = ended(runs)
     assert "data-parallel ranks failed" in first, first[-4000:]
+
+
+def lohanctl(socket_path: str, *args: str) -> str:
+    done = subprocess.run(
+        [str(built("client/ctl/lohanctl")), "--socket", socket_path, *args],
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def run_rows(text: str, run: str) -> List[List[str]]:
+    """The rows of lohanctl's run table for `run`, split at blanks."""
+    return [line.split() for line in text.splitlines()
+            if line.split()[:1] == [run]]
+
+
+def test_the_ranks_jobs_show_as_one_run(lohand, tmp_path):
+    train(config(steps=2, keep_job=True, job_name="tied"), tmp_path / "a",
+          [lohand.socket], 2)
+    status = json.loads(lohanctl(lohand.socket, "status", "--json"))
+    # Every job's JSON has its run: the name without ".rank<r>", its rank
+    # and the world size.
+    assert {job["spec"]["name"]: job["spec"]["run"]
+            for job in status["jobs"]} == {
+        f"tied.rank{r}": {"name": "tied", "rank": r, "world_size": 2}
+        for r in range(2)}
+    ids = [job["id"] for job in sorted(
+        status["jobs"], key=lambda job: job["spec"]["run"]["rank"])]
+    owner = pwd.getpwuid(os.getuid()).pw_name
+    for command in ("status", "jobs"):
+        text = lohanctl(lohand.socket, command)
+        assert "distributed runs" in text, text
+        rows = run_rows(text, "tied")
+        # One entry for both jobs, neither listed on its own.
+        assert len(rows) == 1, text
+        assert rows[0][:5] == ["tied", owner, "2", "0,1", "detached"], text
+        assert rows[0][-2:] == ids, text
+        assert "tied.rank" not in text, text
+    # status has the ranks' iterations: none training now.
+    assert run_rows(lohanctl(lohand.socket, "status"), "tied")[0][5] == "-"
+
+    # resume=True finds each rank's job by its name: the same two jobs, still
+    # one run, two steps on.
+    train(config(steps=2, keep_job=True, job_name="tied", resume=True,
+                 first_step=2), tmp_path / "b", [lohand.socket], 2)
+    status = json.loads(lohanctl(lohand.socket, "status", "--json"))
+    assert sorted(job["id"] for job in status["jobs"]) == sorted(ids)
+    rows = run_rows(lohanctl(lohand.socket, "status"), "tied")
+    assert len(rows) == 1 and rows[0][-2:] == ids
+
+
+def test_bad_runs_are_refused_saying_what_is_allowed(lohand):
+    spec = ModelSpec(layer_elements=[1024])
+    bad = [
+        (DistributedRun("", 0, 2), "run name must be 1 to 64 characters"),
+        (DistributedRun("a/b", 0, 2),
+         "may hold only letters, digits, '.', '_' and '-'"),
+        (DistributedRun("dp", 0, 1),
+         "a distributed run has at least 2 ranks"),
+        (DistributedRun("dp", 2, 2),
+         "rank 2 is not below its world_size 2"),
+    ]
+    with lohan.Client(lohand.socket) as client:
+        for run, says in bad:
+            with pytest.raises(LohanError) as refused:
+                client.create_job_for_model("bad", spec, run=run)
+            assert refused.value.code == StatusCode.INVALID_ARGUMENT, run
+            assert says in refused.value.message, refused.value.message
+        assert client.jobs() == []
+        job, _ = client.create_job_for_model(
+            "dp.rank0", spec, run=DistributedRun("dp", 0, 2))
+        with pytest.raises(LohanError) as refused:
+            client.create_job_for_model(
+                "again", spec, run=DistributedRun("dp", 0, 2))
+        assert refused.value.code == StatusCode.ALREADY_EXISTS
+        assert (f"rank 0 of run 'dp' is already job {job.id} ('dp.rank0')"
+                in refused.value.message), refused.value.message
+        client.create_job_for_model("dp.rank1", spec,
+                                    run=DistributedRun("dp", 1, 2))

@@ -62,6 +62,17 @@ class ArenaSizing:
 
 
 @dataclass(frozen=True)
+class DistributedRun:
+    """The distributed run a job is one rank of (JobSpec.run): data-parallel
+    ranks, one job each on its node's daemon. The daemon checks it: name 1
+    to 64 of [A-Za-z0-9._-], world_size >= 2, rank < world_size; one job
+    per rank of a run per owner on a daemon."""
+    name: str
+    rank: int
+    world_size: int
+
+
+@dataclass(frozen=True)
 class Job:
     id: str
     name: str
@@ -477,12 +488,18 @@ class Client:
                               host_pool_bytes, ssd_bytes)
 
     def create_job_for_model(self, name: str, model: ModelSpec,
-                             ssd_bytes: int = 0) -> Tuple[Job, ArenaSizing]:
+                             ssd_bytes: int = 0,
+                             run: Optional[DistributedRun] = None
+                             ) -> Tuple[Job, ArenaSizing]:
         """A job whose arena the daemon sizes for `model` (with
         `model.fit_arena`, the most it can hold the model with), and how it
-        sized it."""
-        request = {"spec": {"name": name, "ssd_bytes": ssd_bytes,
-                            "model": model.to_proto()}}
+        sized it; with `run`, one rank of that distributed run."""
+        spec: Dict[str, Any] = {"name": name, "ssd_bytes": ssd_bytes,
+                                "model": model.to_proto()}
+        if run is not None:
+            spec["run"] = {"name": run.name, "rank": run.rank,
+                           "world_size": run.world_size}
+        request = {"spec": spec}
         text = ctypes.c_void_p()
         _check(self._lib.lohan_job_create_json(
             self._handle, json.dumps(request).encode(), ctypes.byref(text)))

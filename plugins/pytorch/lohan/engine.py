@@ -33,7 +33,7 @@ from lohan.activations import uses_store
 from lohan.auto_plan import AutoPlan, sizes_of
 from lohan.blocks import Layer, WIRE_NAMES
 from lohan.checkpoint import CheckpointReader
-from lohan.client import Job, LohanError, Model
+from lohan.client import DistributedRun, Job, LohanError, Model
 from lohan.groups import (ParamGroup, check_optimizer_groups, exempt_ranges,
                           param_groups)
 from lohan.hooks import GradientRouter, has_lohan_hook
@@ -161,6 +161,8 @@ class Engine:
         self._activations: Optional[ActivationStore] = None
         self._auto: Optional[AutoPlan] = None
         self._sharding: Optional[Sharding] = None
+        # The run this rank's job is one rank of (None: not data-parallel).
+        self._run: Optional[DistributedRun] = None
         self._uninstall_activations: Callable[[], None] = lambda: None
 
     def _adopt(self, where: Placement) -> None:
@@ -175,7 +177,9 @@ class Engine:
 
     def _shard_across_ranks(self, opts: EngineOptions) -> None:
         """Data-parallel ranks (torch.distributed, see sharding.py): this
-        rank's job holds a shard of every layer, named after the rank."""
+        rank's job holds a shard of every layer, named after the rank, and
+        is that rank of the distributed run named job_name (JobSpec.run:
+        lohanctl shows the ranks' jobs as one run)."""
         group = process_group_of(opts.process_group)
         if group is None:
             return
@@ -190,7 +194,10 @@ class Engine:
                 "supported yet; leave it False")
         self._sharding = Sharding(group, self.layers, self.device)
         suffix = f".rank{self._sharding.rank}"
-        self.job_name = self.job_name[:64 - len(suffix)] + suffix
+        run_name = self.job_name[:64 - len(suffix)]
+        self._run = DistributedRun(name=run_name, rank=self._sharding.rank,
+                                   world_size=self._sharding.world)
+        self.job_name = run_name + suffix
 
     @property
     def rank(self) -> int:
@@ -206,7 +213,8 @@ class Engine:
                   exempt: List[Tuple[int, int, int]]) -> None:
         """The job with its arena and the model registered, the first
         states written or read, the model in the training dtype."""
-        self._session = session = JobSession(opts.socket, self.job_name)
+        self._session = session = JobSession(opts.socket, self.job_name,
+                                                 self._run)
         self._weights = Weights(self.model, self.layers, self.dtype, session,
                                 self._checkpoint, self._amsgrad,
                                 self.job_name, self._sharding)

@@ -11,8 +11,8 @@ from typing import List, Optional, Sequence
 import torch
 
 from lohan.blocks import Layer, WIRE_NAMES
-from lohan.client import (Client, DataPlane, Job, LohanError, Model,
-                          StatusCode)
+from lohan.client import (Client, DataPlane, DistributedRun, Job,
+                          LohanError, Model, StatusCode)
 from lohan.groups import ParamGroup, Range
 from lohan.model_spec import ModelSpec
 from lohan.options import MIB, EngineOptions
@@ -102,8 +102,11 @@ class JobSession:
     its fp32 staging slot as tensors. Each part is None until opened;
     close() takes down whatever was opened."""
 
-    def __init__(self, socket: Optional[str], job_name: str) -> None:
+    def __init__(self, socket: Optional[str], job_name: str,
+                 run: Optional[DistributedRun] = None) -> None:
         self.job_name = job_name
+        # The distributed run a created job is one rank of (None: alone).
+        self.run = run
         self.client: Optional[Client] = None
         self.job: Optional[Job] = None
         self.plane: Optional[DataPlane] = None
@@ -209,7 +212,8 @@ class JobSession:
 
     def _create_job(self, spec: ModelSpec) -> Job:
         try:
-            job, sizing = self.client.create_job_for_model(self.job_name, spec)
+            job, sizing = self.client.create_job_for_model(
+                self.job_name, spec, run=self.run)
         except LohanError as error:
             if error.code == StatusCode.ALREADY_EXISTS:
                 raise LohanError(

@@ -10,8 +10,8 @@ save (a directory to engine.save into after the last step), resume (a
 checkpoint directory for lohan.init), first_step (the global step the
 data starts at, for a resumed run), poison (a global step at which rank
 1 multiplies its loss by inf), backend ("gloo", the default, or
-"nccl": each rank then trains on cuda:<LOCAL_RANK>), loss_scale (as
-lohan.init's). Every rank writes out/pid<r> at the start
+"nccl": each rank then trains on cuda:<LOCAL_RANK>), loss_scale, params
+and activations (as lohan.init's). Every rank writes out/pid<r> at the start
 and out/step<r> (its committed steps) after each step, for the tests that
 kill a rank or a daemon mid-run. The daemon's socket is $LOHAN_SOCKET (one
 per "server"). Rank 0 writes out/result.pt: the global loss of every
@@ -72,7 +72,9 @@ def main() -> int:
         no_weight_decay="1d", max_grad_norm=config["max_grad_norm"],
         dtype=config["dtype"], loss_scale=config.get("loss_scale"),
         grad_accumulation_steps=micro,
-        blocks=list(model.blocks), activations="keep", params="resident",
+        blocks=list(model.blocks),
+        activations=config.get("activations", "keep"),
+        params=config.get("params", "resident"),
         buffers=config["buffers"], stream_buffers=2,
         job_name=config["job_name"],
         resume=config.get("resume") or False)
@@ -99,12 +101,15 @@ def main() -> int:
         "shard_elements": list(engine._sharding.shard),
         "loss_scale": engine.loss_scale,
         "results": results}))
+    # On every rank: with offloaded parameters state_dict() gathers each
+    # block's weights from the ranks' shards (a collective).
+    weights = {k: v.detach().float().cpu().clone()
+               for k, v in model.state_dict().items()}
     summed = torch.tensor(losses, dtype=torch.float64, device=device)
     dist.all_reduce(summed)
     if rank == 0:
         torch.save({"losses": summed.cpu().tolist(), "results": results,
-                    "weights": {k: v.detach().float().cpu().clone()
-                                for k, v in model.state_dict().items()},
+                    "weights": weights,
                     "masters": {k: v.cpu() for k, v in masters.items()}},
                    out / "result.pt")
     engine.close(delete_job=not config.get("keep_job", False))

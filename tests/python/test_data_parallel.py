@@ -209,6 +209,17 @@ def test_two_ranks_match_adamw_on_the_global_batch(lohand, tmp_path):
     assert_sharded(result, 2)
 
 
+def test_two_ranks_with_offloaded_parameters(lohand, tmp_path):
+    # Each block's weights are gathered from the ranks' shards just before
+    # it runs, in forward and again for its recompute in backward.
+    max_norm = 0.6 * reference(1, 1, 0.0, 2)["norms"][0]
+    result = train(config(steps=4, max_grad_norm=max_norm, params="offload",
+                          activations="offload"),
+                   tmp_path, [lohand.socket], 2)
+    assert_matches_adamw(result, 4, 1, max_norm, 2)
+    assert_sharded(result, 2)
+
+
 def test_four_ranks_accumulate_through_streamed_buffers(lohand, tmp_path):
     max_norm = 0.8 * reference(1, 2, 0.0, 4)["norms"][0]
     result = train(config(steps=3, micro=2, buffers="streamed",

@@ -183,11 +183,6 @@ class Engine:
         group = process_group_of(opts.process_group)
         if group is None:
             return
-        if self.params_mode == "offload":
-            raise ValueError(
-                "lohan: params='offload' with data-parallel ranks is not "
-                "supported yet; pass params='resident' (each rank keeps "
-                "the model's weights, the daemons its sharded states)")
         if opts.overlap_step:
             raise ValueError(
                 "lohan: overlap_step=True with data-parallel ranks is not "

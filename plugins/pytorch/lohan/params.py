@@ -19,7 +19,7 @@ params=...)`).
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -247,8 +247,15 @@ class ParameterResidency:
     thread."""
 
     def __init__(self, layers: List[Layer], remote, weight_views:
-                 List[torch.Tensor], device: torch.device):
+                 List[torch.Tensor], device: torch.device,
+                 whole: Optional[Callable[[int, torch.Tensor],
+                                          torch.Tensor]] = None):
+        """`whole(layer, flat)` (data-parallel ranks, whose arena holds a
+        shard of each layer): the layer's whole flat weights from this
+        rank's shard of them, gathered from every rank (a collective: the
+        ranks materialize blocks in the same order)."""
         self._remote = remote
+        self._whole = whole
         self._views = weight_views  # per layer, into the arena
         blocks = [layer for layer in layers if layer.block is not None]
         self._by_block: Dict[int, Layer] = {id(l.block): l for l in blocks}
@@ -285,7 +292,8 @@ class ParameterResidency:
     def current_weights(self, layer: Layer) -> torch.Tensor:
         """The layer's current weights, flat, in a private host tensor (for
         a state_dict between steps)."""
-        return self._fetch(layer).clone()
+        flat = self._fetch(layer).clone()
+        return flat if self._whole is None else self._whole(layer.index, flat)
 
     def layer_of(self, block: nn.Module) -> Optional[Layer]:
         return self._by_block.get(id(block))
@@ -347,15 +355,22 @@ class ParameterResidency:
             self._remote.submit_fetch_params(layer.index))
         self.fetches += 1
 
-    def _to_device(self, source: torch.Tensor,
+    def _to_device(self, layer: Layer, source: torch.Tensor,
                    device: torch.device) -> Tuple[torch.Tensor, Any]:
-        """A private copy of `source` (an arena buffer) on `device`; on a
-        GPU asynchronous on the copy stream, with its event, which a fetch
-        into that buffer waits for."""
+        """A private copy of `source` (the layer's arena buffer) on
+        `device`; on a GPU asynchronous on the copy stream, with its event,
+        which a fetch into that buffer waits for. Data-parallel ranks: the
+        whole layer gathered from the copy of this rank's shard, on the
+        compute stream (no event then)."""
         flat, event = to_device(source, device, private=True)
         if event is not None:
             self._copies[source.data_ptr()] = event
-        return flat, event
+        if self._whole is None:
+            return flat, event
+        if event is not None:
+            torch.cuda.current_stream(device).wait_event(event)
+            flat.record_stream(torch.cuda.current_stream(device))
+        return self._whole(layer.index, flat), None
 
     def _neighbour(self, position: int) -> Optional[Layer]:
         """The block expected after the one at `position`."""
@@ -380,7 +395,7 @@ class ParameterResidency:
                 flat.record_stream(current)
             self.prefetched += 1
         else:
-            flat, event = self._to_device(self._fetch(layer), device)
+            flat, event = self._to_device(layer, self._fetch(layer), device)
             if event is not None:
                 current = torch.cuda.current_stream(device)
                 current.wait_event(event)
@@ -419,8 +434,8 @@ class ParameterResidency:
         if self._holds.get(address) != wanted:
             return
         device = self._placeholders[nxt.index][0].device
-        self._ready[nxt.index] = self._to_device(self._views[nxt.index],
-                                                 device)
+        self._ready[nxt.index] = self._to_device(
+            nxt, self._views[nxt.index], device)
 
     def _assign(self, layer: Layer, flat: torch.Tensor) -> None:
         """The layer's parameters become views of `flat`."""
@@ -444,7 +459,7 @@ class ParameterResidency:
             self._live.clear()
             self._travel.reset()
             flat, event = self._to_device(
-                self._fetch(layer),
+                layer, self._fetch(layer),
                 device or self._placeholders[layer.index][0].device)
             if event is not None:
                 event.synchronize()

@@ -248,8 +248,12 @@ class Weights:
         not the placeholders (`in_step()`: refused in the middle of a
         step)."""
         session = self._session
+        whole = None
+        if self._sharding is not None:
+            whole = self._sharding.gather
         self.residency = ParameterResidency(
-            self._layers, session.remote, session.weight_views, device)
+            self._layers, session.remote, session.weight_views, device,
+            whole)
         self.residency.release_all()
         self.frozen = FrozenWeights(blocks, device, frozen_host_bytes,
                                     activations)

@@ -59,16 +59,6 @@ std::string StateName(v1::JobState state) {
   }
 }
 
-std::string LocalTime(int64_t unix_seconds) {
-  if (unix_seconds <= 0) return "-";
-  const time_t seconds = unix_seconds;
-  tm local{};
-  localtime_r(&seconds, &local);
-  char text[32];
-  strftime(text, sizeof(text), "%Y-%m-%d %H:%M:%S", &local);
-  return text;
-}
-
 std::string Duration(double seconds) {
   int64_t total = static_cast<int64_t>(seconds);
   const int64_t days = total / 86400;

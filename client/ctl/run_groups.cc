@@ -12,9 +12,9 @@
 #include "daemon/common/byte_size.h"
 
 namespace lohan {
-namespace {
 
 std::string LocalTime(int64_t unix_seconds) {
+  if (unix_seconds <= 0) return "-";
   const time_t seconds = unix_seconds;
   tm local{};
   localtime_r(&seconds, &local);
@@ -22,6 +22,8 @@ std::string LocalTime(int64_t unix_seconds) {
   strftime(text, sizeof(text), "%Y-%m-%d %H:%M:%S", &local);
   return text;
 }
+
+namespace {
 
 // "7" when every rank is at iteration 7, else each in rank order ("7,6,-").
 std::string Iterations(const JobEntry& run, const IterationsByJob& iterations) {

@@ -20,6 +20,10 @@ struct JobEntry {
   bool is_run() const { return jobs.front().spec().has_run(); }
 };
 
+// `unix_seconds` in local time as lohanctl prints times
+// ("2026-12-02 03:35:00"); "-" for none (<= 0).
+std::string LocalTime(int64_t unix_seconds);
+
 // `jobs` as entries, each where its first job is in `jobs`.
 std::vector<JobEntry> GroupRuns(const std::vector<v1::Job>& jobs);
 

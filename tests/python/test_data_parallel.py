@@ -84,7 +84,9 @@ def launch(config: Dict[str, Any], out: Path, socket_path: str,
         text=True, start_new_session=True)
 
 
-def finish(runs: Sequence[subprocess.Popen]) -> None:
+def outputs_of(runs: Sequence[subprocess.Popen]) -> List[str]:
+    """Every run's output once it ended (bounded by RUN_SECONDS: a rank
+    left waiting in a collective fails the test)."""
     outputs = []
     for run in runs:
         try:
@@ -95,7 +97,11 @@ def finish(runs: Sequence[subprocess.Popen]) -> None:
             pytest.fail(f"a torchrun did not finish in {RUN_SECONDS} s:\n"
                         + output[-4000:])
         outputs.append(output)
-    for run, output in zip(runs, outputs):
+    return outputs
+
+
+def finish(runs: Sequence[subprocess.Popen]) -> None:
+    for run, output in zip(runs, outputs_of(runs)):
         assert run.returncode == 0, output[-6000:]
 
 
@@ -323,18 +329,10 @@ def wait_for_step(out: Path, rank: int, step: int,
 
 
 def ended(runs: Sequence[subprocess.Popen]) -> List[str]:
-    """Every run's output once it ended; each must fail (bounded by
-    RUN_SECONDS: a rank left waiting in a collective fails the test)."""
-    outputs = []
-    for run in runs:
-        try:
-            output, _ = run.communicate(timeout=RUN_SECONDS)
-        except subprocess.TimeoutExpired:
-            os.killpg(run.pid, signal.SIGKILL)
-            pytest.fail("a rank hung after the failure:\n" +
-                        run.communicate()[0][-4000:])
+    """Every run's output once it ended; each must have failed."""
+    outputs = outputs_of(runs)
+    for run, output in zip(runs, outputs):
         assert run.returncode != 0, output[-4000:]
-        outputs.append(output)
     return outputs
 
 

@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "client/arena_pinning.h"
+#include "client/c_abi_handles.h"
 #include "client/control_client.h"
 #include "client/cuda_copy.h"
 #include "client/data_plane.h"
@@ -27,45 +28,12 @@
 #include "wire/ring_entry.h"
 #include "wire/version.h"
 
-struct lohan_client {
-  std::unique_ptr<lohan::ControlClient> impl;
-};
-
-struct lohan_job_info {
-  lohan::v1::Job job;
-};
-
-struct lohan_data_plane {
-  explicit lohan_data_plane(std::unique_ptr<lohan::DataPlane> plane)
-      : impl(std::move(plane)), cuda(*impl) {}
-  std::unique_ptr<lohan::DataPlane> impl;
-  lohan::ArenaPinning cuda;  // destroyed first: unpins before the unmap
-};
-
-struct lohan_model {
-  std::unique_ptr<lohan::ModelChannel> channel;
-};
-
-struct lohan_job_list {
-  std::vector<lohan_job_info> jobs;
-};
-
 namespace {
 
-thread_local std::string last_error;
-
-int Report(const absl::Status& status) {
-  if (status.ok()) {
-    last_error.clear();
-    return LOHAN_OK;
-  }
-  last_error = std::string(status.message());
-  return static_cast<int>(status.code());
-}
-
-int InvalidArgument(const char* what) {
-  return Report(absl::InvalidArgumentError(what));
-}
+using lohan::c_abi::InvalidArgument;
+using lohan::c_abi::NullModel;
+using lohan::c_abi::Report;
+using lohan::c_abi::ReturnTicket;
 
 int ReturnJob(const absl::StatusOr<lohan::v1::Job>& job, lohan_job_info** out) {
   if (!job.ok()) return Report(job.status());
@@ -88,10 +56,6 @@ int CopyOut(const std::string& text, char** out) {
   *out = copy;
   return Report(absl::OkStatus());
 }
-
-// The model handle's null check, as every lohan_model_* call without a
-// name of its own reports it.
-int NullModel() { return InvalidArgument("model is NULL"); }
 
 // READ_STATE / INIT_STATE: `call` with LOHAN_STATE_* `part` as the ring's.
 template <typename Call>
@@ -130,7 +94,7 @@ extern "C" {
 
 const char* lohan_version(void) { return lohan::kLohanVersion; }
 
-const char* lohan_last_error(void) { return last_error.c_str(); }
+const char* lohan_last_error(void) { return lohan::c_abi::LastError().c_str(); }
 
 const char* lohan_status_name(int status) {
   static const char* const kNames[] = {"OK",
@@ -351,14 +315,6 @@ void lohan_data_plane_destroy(lohan_data_plane* plane) {
 }
 
 namespace {
-
-// A ticket out of a Submit* call.
-int ReturnTicket(const absl::StatusOr<lohan::ModelChannel::Ticket>& submitted,
-                 uint64_t* ticket) {
-  if (!submitted.ok()) return Report(submitted.status());
-  *ticket = *submitted;
-  return Report(absl::OkStatus());
-}
 
 // Registers `spec` (whatever the caller described it in) and makes the
 // model handle.
@@ -699,112 +655,6 @@ int lohan_model_weights_to_host(const lohan_model* model, uint32_t layer,
         "lohan_model_weights_to_host: model and destination are required");
   }
   return Report(model->channel->WeightsToHost(layer, destination, bytes));
-}
-
-// ---- CUDA
-
-int lohan_cuda_built_with(void) { return lohan::cuda::BuiltWith() ? 1 : 0; }
-
-int lohan_cuda_available(void) {
-  const absl::Status available = lohan::cuda::Available();
-  Report(available);
-  return available.ok() ? 1 : 0;
-}
-
-namespace {
-
-// A device index from the C ABI: >= 0, or kUnspecifiedDevice for the
-// functions without one.
-bool BadDevice(int device) { return device < 0; }
-
-int CudaRegister(lohan_data_plane* plane, int device, const char* what) {
-  if (plane == nullptr) {
-    return Report(
-        absl::InvalidArgumentError(absl::StrCat(what, ": plane is NULL")));
-  }
-  return Report(plane->cuda.Register(device, what));
-}
-
-int GradReadyFromDevice(lohan_model* model, uint32_t layer, int device,
-                        const void* device_source, uint64_t bytes,
-                        void* cuda_stream, uint64_t* ticket, const char* what) {
-  if (model == nullptr || device_source == nullptr || ticket == nullptr) {
-    return Report(absl::InvalidArgumentError(
-        absl::StrCat(what, ": model, device_source and ticket are required")));
-  }
-  return ReturnTicket(model->channel->GradReadyFromDevice(
-                          layer, device, device_source, bytes, cuda_stream),
-                      ticket);
-}
-
-int WeightsToDevice(const lohan_model* model, uint32_t layer, int device,
-                    void* device_destination, uint64_t bytes, void* cuda_stream,
-                    const char* what) {
-  if (model == nullptr || device_destination == nullptr) {
-    return Report(absl::InvalidArgumentError(
-        absl::StrCat(what, ": model and device_destination are required")));
-  }
-  return Report(model->channel->WeightsToDevice(
-      layer, device, device_destination, bytes, cuda_stream));
-}
-
-}  // namespace
-
-int lohan_data_plane_cuda_register(lohan_data_plane* plane) {
-  return CudaRegister(plane, lohan::cuda::kUnspecifiedDevice,
-                      "lohan_data_plane_cuda_register");
-}
-
-int lohan_data_plane_cuda_register_on_device(lohan_data_plane* plane,
-                                             int device) {
-  if (BadDevice(device)) {
-    return InvalidArgument(
-        "lohan_data_plane_cuda_register_on_device: device is negative");
-  }
-  return CudaRegister(plane, device,
-                      "lohan_data_plane_cuda_register_on_device");
-}
-
-int lohan_model_grad_ready_from_device(lohan_model* model, uint32_t layer,
-                                       const void* device_source,
-                                       uint64_t bytes, void* cuda_stream,
-                                       uint64_t* ticket) {
-  return GradReadyFromDevice(model, layer, lohan::cuda::kUnspecifiedDevice,
-                             device_source, bytes, cuda_stream, ticket,
-                             "lohan_model_grad_ready_from_device");
-}
-
-int lohan_model_grad_ready_from_device_on_device(
-    lohan_model* model, uint32_t layer, int device, const void* device_source,
-    uint64_t bytes, void* cuda_stream, uint64_t* ticket) {
-  if (BadDevice(device)) {
-    return InvalidArgument(
-        "lohan_model_grad_ready_from_device_on_device: device is negative");
-  }
-  return GradReadyFromDevice(model, layer, device, device_source, bytes,
-                             cuda_stream, ticket,
-                             "lohan_model_grad_ready_from_device_on_device");
-}
-
-int lohan_model_weights_to_device(const lohan_model* model, uint32_t layer,
-                                  void* device_destination, uint64_t bytes,
-                                  void* cuda_stream) {
-  return WeightsToDevice(model, layer, lohan::cuda::kUnspecifiedDevice,
-                         device_destination, bytes, cuda_stream,
-                         "lohan_model_weights_to_device");
-}
-
-int lohan_model_weights_to_device_on_device(const lohan_model* model,
-                                            uint32_t layer, int device,
-                                            void* device_destination,
-                                            uint64_t bytes, void* cuda_stream) {
-  if (BadDevice(device)) {
-    return InvalidArgument(
-        "lohan_model_weights_to_device_on_device: device is negative");
-  }
-  return WeightsToDevice(model, layer, device, device_destination, bytes,
-                         cuda_stream,
-                         "lohan_model_weights_to_device_on_device");
 }
 
 }  // extern "C"

@@ -6,7 +6,8 @@ batch and writes what the test compares.
 CONFIG (JSON file): steps, micro (backward passes per step), samples
 (the global batch: global_batches), dtype,
 max_grad_norm, buffers, job_name, out (a directory), and optionally
-save (a directory to engine.save into after the last step), resume (a
+save (a directory to engine.save into after the last step),
+save_file_limit (see `save`), resume (a
 checkpoint directory for lohan.init), first_step (the global step the
 data starts at, for a resumed run), poison (a global step at which rank
 1 multiplies its loss by inf), backend ("gloo", the default, or
@@ -24,6 +25,8 @@ from __future__ import annotations
 
 import json
 import os
+import resource
+import signal
 import sys
 from pathlib import Path
 from typing import Any, Dict, List
@@ -44,6 +47,28 @@ def global_batches(steps: int, micro: int, samples: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(1)
     return torch.randint(0, VOCAB, (steps, micro, samples, SEQ + 1),
                          generator=g)
+
+
+def save(engine: Any, config: Dict[str, Any], rank: int, out: Path) -> None:
+    """engine.save(config["save"]); with save_file_limit {"rank", "bytes"}
+    that rank may not write files past that many bytes (RLIMIT_FSIZE,
+    which binds root too), so its shard file fails, and every rank writes
+    the error it got to out/save_error<r>.txt instead of stopping."""
+    limit = config.get("save_file_limit")
+    previous = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if limit and limit["rank"] == rank:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG, not a kill
+        resource.setrlimit(resource.RLIMIT_FSIZE,
+                           (limit["bytes"], previous[1]))
+    try:
+        engine.save(config["save"], optimizer_state=True)
+    except Exception as error:  # noqa: BLE001 - what the test compares
+        if not limit:
+            raise
+        (out / f"save_error{rank}.txt").write_text(
+            f"{type(error).__name__}: {error}")
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, previous)
 
 
 def main() -> int:
@@ -94,7 +119,7 @@ def main() -> int:
                         float(result.skipped), float(result.iteration)])
         (out / f"step{rank}").write_text(str(result.iteration))
     if config.get("save"):
-        engine.save(config["save"], optimizer_state=True)
+        save(engine, config, rank, out)
     masters = engine.master_weights()
     (out / f"rank{rank}.json").write_text(json.dumps({
         "job_name": engine.job_name, "world_size": engine.world_size,

@@ -89,6 +89,21 @@ def test_a_save_replaces_the_checkpoint_and_keeps_the_users_files(tmp_path):
                                   "optimizer.safetensors"}
 
 
+def test_a_save_drops_the_shard_files_of_a_sharded_checkpoint(tmp_path):
+    # A single-process save over a data-parallel one: the ranks' shard
+    # files are lohan's, replaced with the rest; a look-alike is not.
+    layers = layers_of_net()
+    target = tmp_path / "ckpt"
+    target.mkdir()
+    (target / "shard-00001-of-00002.safetensors").write_text("a shard")
+    (target / "shard-1-of-2.safetensors").write_text("mine")
+    save(target, layers, 1.0, 10)
+    assert sorted(p.name for p in target.iterdir()) == [
+        "lohan.json", "model.safetensors", "optimizer.safetensors",
+        "shard-1-of-2.safetensors"]
+    assert contents(target, layers) == expected(1.0, 10)
+
+
 def test_a_save_onto_a_file_is_refused_and_the_file_kept(tmp_path):
     target = tmp_path / "weights.bin"
     target.write_text("not a directory")

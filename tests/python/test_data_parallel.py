@@ -15,6 +15,7 @@ import json
 import math
 import os
 import pwd
+import shutil
 import signal
 import socket
 import subprocess
@@ -26,6 +27,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import pytest
 import torch
+from safetensors import safe_open
 
 from conftest import Daemon, built
 from data_parallel_worker import global_batches
@@ -33,6 +35,8 @@ from test_engine import BETAS, EPS, LR, WD, lm_loss, tiny_gpt
 
 import lohan
 from lohan.blocks import plan_layers
+from lohan.checkpoint import (CheckpointError, CheckpointReader,
+                              verify_checkpoint)
 from lohan.client import DistributedRun, LohanError, StatusCode
 from lohan.model_spec import ModelSpec
 
@@ -67,8 +71,10 @@ def free_port() -> int:
 
 def launch(config: Dict[str, Any], out: Path, socket_path: str,
            ranks_per_node: int, nodes: int = 1, node: int = 0,
-           port: Optional[int] = None) -> subprocess.Popen:
-    """torchrun of the worker on one node (its ranks use `socket_path`)."""
+           port: Optional[int] = None,
+           prefix: Sequence[str] = ()) -> subprocess.Popen:
+    """torchrun of the worker on one node (its ranks use `socket_path`),
+    its command line after `prefix`."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"config{node}.json"
     path.write_text(json.dumps({**config, "out": str(out)}))
@@ -78,7 +84,7 @@ def launch(config: Dict[str, Any], out: Path, socket_path: str,
     env = {**os.environ, "LOHAN_SOCKET": socket_path,
            "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", *rendezvous,
+        [*prefix, sys.executable, "-m", "torch.distributed.run", *rendezvous,
          "--nproc_per_node", str(ranks_per_node), str(WORKER), str(path)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, start_new_session=True)
@@ -280,21 +286,172 @@ def test_four_ranks_on_two_servers_in_16_bits(two_daemons, tmp_path, dtype):
     assert beyond <= 0.01 * total
 
 
-def test_a_checkpoint_of_four_ranks_resumes_on_two(lohand, tmp_path):
+SHARDS = [f"shard-{r:05d}-of-00004.safetensors" for r in range(4)]
+
+
+def assert_sharded_checkpoint(saved: Path, world: int) -> Dict[str, Any]:
+    """The ranks' shard files and the lohan.json describing them; its
+    contents."""
+    meta = json.loads((saved / "lohan.json").read_text())
+    names = [f"shard-{r:05d}-of-{world:05d}.safetensors"
+             for r in range(world)]
+    assert not (saved / "model.safetensors").exists()
+    plan = meta["sharding"]
+    assert plan["world_size"] == world and plan["files"] == names
+    model = tiny_gpt()
+    layers = plan_layers(model, list(model.blocks))
+    assert [(entry["numel"], entry["shard"], entry["names"])
+            for entry in plan["layers"]] == [
+        (layer.numel, math.ceil(layer.numel / world), layer.names)
+        for layer in layers]
+    assert sorted(meta["files"]) == names
+    for rank, name in enumerate(names):
+        assert meta["files"][name]["bytes"] == (saved / name).stat().st_size
+        with safe_open(str(saved / name), "pt") as shard:
+            assert shard.metadata()["lohan_save_id"] == meta["save_id"]
+            assert shard.metadata()["lohan_rank"] == str(rank)
+            for layer in layers:
+                for part in ["weights", "exp_avg", "exp_avg_sq"]:
+                    assert shard.get_slice(
+                        f"layer.{layer.index}/{part}").get_shape() == [
+                        math.ceil(layer.numel / world)]
+    assert meta["optimizer_state"] == ["exp_avg", "exp_avg_sq"]
+    assert meta["iteration"] == 3
+    verify_checkpoint(saved)  # every CRC-32
+    return meta
+
+
+def refused(directory: Path, says: str, verify: bool = False) -> str:
+    """The CheckpointError opening (or, with `verify`, verifying) the
+    checkpoint raises; it must contain `says`."""
+    with pytest.raises(CheckpointError) as error:
+        (verify_checkpoint if verify else CheckpointReader)(directory)
+    assert says in str(error.value), str(error.value)
+    return str(error.value)
+
+
+def test_a_sharded_checkpoint_of_four_ranks_resumes_on_two_and_alone(
+        lohand, tmp_path):
     saved = tmp_path / "checkpoint"
+    saved.mkdir()
+    (saved / "notes.txt").write_text("mine")  # a save keeps the user's files
     train(config(steps=3, save=str(saved), job_name="first"),
           tmp_path / "four", [lohand.socket], 4)
-    assert (saved / "model.safetensors").exists()
-    result = train(config(steps=2, first_step=3, resume=str(saved),
-                          job_name="second"),
-                   tmp_path / "two", [lohand.socket], 2)
-    # The first 3 steps were four ranks', the last 2 two ranks'.
+    meta = assert_sharded_checkpoint(saved, 4)
+    assert (saved / "notes.txt").read_text() == "mine"
     want = reference(5, 1, 0.0, 4)
+    after_three = reference(3, 1, 0.0, 4)["weights"]
+
+    # Two ranks resume from it; rank 1 then cannot write its shard file of
+    # the save into the same directory: every rank fails the save, and the
+    # checkpoint stays the four ranks' one.
+    result = train(config(steps=2, first_step=3, resume=str(saved),
+                          job_name="second", save=str(saved),
+                          save_file_limit={"rank": 1, "bytes": 16384}),
+                   tmp_path / "two", [lohand.socket], 2)
     assert result["losses"] == pytest.approx(want["losses"][3:],
                                              rel=LOSS_RTOL)
     assert [r[3] for r in result["results"]] == [4.0, 5.0]
     assert_weights_close(result["weights"], want["weights"],
                          WEIGHT_ATOL_SCALE)
+    errors = [(tmp_path / "two" / f"save_error{r}.txt").read_text()
+              for r in range(2)]
+    assert "File too large" in errors[1], errors
+    assert "failed writing the shard files on rank 1" in errors[0], errors
+    assert "File too large" in errors[0], errors
+    assert json.loads((saved / "lohan.json").read_text()) == meta
+    verify_checkpoint(saved)
+    assert sorted(p.name for p in saved.iterdir()) == sorted(
+        SHARDS + ["lohan.json", "notes.txt"])
+    assert not list(tmp_path.glob(".checkpoint.lohan-*"))  # no staging left
+
+    # One process resumes from it too (any number of ranks does).
+    model = tiny_gpt()
+    engine = lohan.init(model, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
+                        no_weight_decay="1d", max_grad_norm=0.0,
+                        dtype="fp32", blocks=list(model.blocks),
+                        activations="keep", params="resident",
+                        socket=lohand.socket, job_name="alone",
+                        resume=str(saved))
+    losses = []
+    for step in global_batches(5, 1, 4)[3:]:
+        loss = lm_loss(model, step[0])
+        engine.backward(loss)
+        losses.append(loss.item())
+        engine.step()
+    masters = engine.master_weights()
+    engine.close(delete_job=True)
+    assert losses == pytest.approx(want["losses"][3:], rel=LOSS_RTOL)
+    assert_weights_close(masters, want["weights"], WEIGHT_ATOL_SCALE)
+    # load_state assembles the weights from the shards as well.
+    fresh = tiny_gpt(seed=5)
+    assert lohan.load_state(fresh, saved) == []
+    assert_weights_close({k: v.detach() for k, v in fresh.named_parameters()},
+                         after_three,
+                         WEIGHT_ATOL_SCALE)
+
+    # A torn, damaged, incomplete or mixed copy is refused naming the file.
+    def copy(name: str) -> Path:
+        target = tmp_path / name
+        shutil.copytree(saved, target)
+        return target
+
+    torn = copy("torn")
+    with open(torn / SHARDS[1], "r+b") as shard:
+        shard.truncate((torn / SHARDS[1]).stat().st_size - 4)
+    refused(torn, f"is torn: {SHARDS[1]} has")
+    with pytest.raises(CheckpointError, match="is torn"):
+        lohan.load_state(tiny_gpt(), torn)
+    damaged = copy("damaged")
+    with open(damaged / SHARDS[3], "r+b") as shard:
+        shard.seek(-10, os.SEEK_END)
+        byte = shard.read(1)
+        shard.seek(-10, os.SEEK_END)
+        shard.write(bytes([byte[0] ^ 0x10]))
+    refused(damaged, f"{SHARDS[3]} is damaged (CRC-32", verify=True)
+    missing = copy("missing")
+    (missing / SHARDS[2]).unlink()
+    refused(missing, f"lists {SHARDS[2]}, which is missing")
+    with pytest.raises(CheckpointError, match=SHARDS[2]):
+        lohan.init(tiny_gpt(), socket=lohand.socket, job_name="never",
+                   resume=str(missing))
+    mixed = copy("mixed")
+    other = dict(meta, save_id="0" * 32)
+    (mixed / "lohan.json").write_text(json.dumps(other))
+    refused(mixed, f"is mixed: {SHARDS[0]} comes from save {meta['save_id']}")
+
+
+def private_mounts() -> bool:
+    """Whether this process may run a command in its own mount namespace
+    (root, or a user namespace allowed)."""
+    try:
+        return subprocess.run(["unshare", "-m", "--propagation", "private",
+                               "true"], capture_output=True,
+                              timeout=60).returncode == 0
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not private_mounts(),
+                    reason="needs unshare -m (a mount namespace)")
+def test_a_save_the_ranks_do_not_all_see_is_refused(two_daemons, tmp_path):
+    # Server1's ranks see an empty directory of their own (a tmpfs in
+    # their mount namespace) where server0's see the save's directory:
+    # two servers without a shared filesystem.
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    alone = ["unshare", "-m", "--propagation", "private", "sh", "-c",
+             'mount -t tmpfs lohan-test "$0" && exec "$@"', str(shared)]
+    out, port = tmp_path / "out", free_port()
+    runs = [launch(config(steps=1, save=str(shared / "checkpoint")), out,
+                   daemon.socket, 2, 2, node, port,
+                   prefix=alone if node == 1 else ())
+            for node, daemon in enumerate(two_daemons)]
+    for output in ended(runs):
+        assert ("engine.save with data-parallel ranks needs a directory "
+                "every rank sees (a shared filesystem): rank(s) 2, 3 cannot "
+                "see") in output, output[-4000:]
+    assert list(shared.iterdir()) == []  # rank 0 removed its staging
 
 
 def test_a_non_finite_gradient_on_one_rank_skips_every_rank(lohand,

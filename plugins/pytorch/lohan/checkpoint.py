@@ -10,6 +10,14 @@ A checkpoint directory holds
   and each file's size and CRC-32 (the id is also in each file's
   safetensors metadata).
 
+With data-parallel ranks a checkpoint is sharded instead
+(sharded_checkpoint.py): no model.safetensors or optimizer.safetensors but
+`shard-<r>-of-<W>.safetensors`, each rank's fp32 shard of every layer's
+flat vector per part, with lohan.json's manifest listing the shard files
+and its `sharding` field how they cut each layer (names, shapes,
+offsets). CheckpointReader and load_state read both formats; a save of
+either replaces the other's files.
+
 The writer streams: its header (every tensor's name, shape and offset) is
 known before any data, so each layer's tensors are written as they are read
 from the daemon, and memory never holds more than one layer.
@@ -21,7 +29,8 @@ exchanges it with the old directory in one rename (renameat2
 RENAME_EXCHANGE; where the filesystem lacks it, two renames, and a reader
 that finds the directory missing names the previous checkpoint left
 beside it). An interrupted save leaves the previous checkpoint as it was. A
-reader checks the manifest and refuses a torn or mixed directory.
+reader checks the manifest (sizes and save ids) and refuses a torn or mixed
+directory; verify_checkpoint also checks every file's CRC-32.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ import ctypes
 import errno
 import json
 import os
+import re
 import shutil
 import struct
 import uuid
@@ -46,6 +56,9 @@ META_FILE = "lohan.json"
 CHECKPOINT_FILES = (WEIGHTS_FILE, OPTIMIZER_FILE, META_FILE)
 MOMENT_PREFIXES = ("exp_avg/", "exp_avg_sq/", "max_exp_avg_sq/")
 SAVE_ID_KEY = "lohan_save_id"
+# A sharded checkpoint's file of rank r of W (sharded_checkpoint.py).
+SHARD_FILE = "shard-{rank:05d}-of-{world:05d}.safetensors"
+SHARD_FILE_PATTERN = re.compile(r"shard-\d{5}-of-\d{5}\.safetensors")
 _SAVE_TAG = ".lohan-save-"
 _OLD_TAG = ".lohan-old-"
 
@@ -183,6 +196,13 @@ def _remove_stale_saves(final: Path) -> None:
             shutil.rmtree(entry, ignore_errors=True)
 
 
+def is_lohan_file(name: str) -> bool:
+    """Whether a checkpoint directory's entry is one a save writes (either
+    format's): a save replaces these and keeps everything else."""
+    return name in CHECKPOINT_FILES or SHARD_FILE_PATTERN.fullmatch(
+        name) is not None
+
+
 def _link_tree(source: Path, target: Path) -> None:
     try:
         os.link(source, target)
@@ -196,7 +216,7 @@ def _keep_foreign_entries(final: Path, staging: Path) -> None:
     if not final.is_dir():
         return
     for entry in final.iterdir():
-        if entry.name in CHECKPOINT_FILES or entry.name.endswith(".partial"):
+        if is_lohan_file(entry.name) or entry.name.endswith(".partial"):
             continue
         target = staging / entry.name
         if entry.is_symlink():
@@ -208,15 +228,10 @@ def _keep_foreign_entries(final: Path, staging: Path) -> None:
             _link_tree(entry, target)
 
 
-def write_checkpoint(directory: Union[str, os.PathLike],
-                     layers: Iterable[Any],
-                     read_layer: Callable[[Any, str], torch.Tensor],
-                     parts: List[str], meta: Dict[str, Any]) -> str:
-    """Writes a checkpoint of `layers` (blocks.Layer) to `directory`,
-    replacing what it held as a whole (see the module doc). `read_layer(
-    layer, part)` returns the layer's flat fp32 values of `part`
-    ("weights", "exp_avg", ...): weights go to model.safetensors, the other
-    parts to optimizer.safetensors. Returns the weights file's path."""
+def begin_save(directory: Union[str, os.PathLike]) -> Tuple[Path, Path, str]:
+    """A save into `directory`: (the checkpoint's absolute path, its new
+    staging directory, the save id). What earlier interrupted saves left
+    beside it is removed first."""
     final = Path(directory).absolute()
     if final.exists() and not final.is_dir():
         raise NotADirectoryError(f"checkpoint path {final} is a file; "
@@ -227,17 +242,45 @@ def write_checkpoint(directory: Union[str, os.PathLike],
     staging = final.with_name(
         f".{final.name}{_SAVE_TAG}{os.getpid()}-{save_id[:12]}")
     staging.mkdir()
+    return final, staging, save_id
+
+
+def commit_save(final: Path, staging: Path) -> None:
+    """Makes the complete checkpoint in `staging` the one in `final`, in
+    one switch, with the user's files of the old one linked in. On an
+    error `final` is as it was; the caller removes `staging`."""
+    _keep_foreign_entries(final, staging)
+    _fsync_dir(staging)
+    previous = _switch(staging, final)
+    _fsync_dir(final.parent)
+    if previous is not None:
+        shutil.rmtree(previous, ignore_errors=True)
+
+
+def write_meta(path: Path, meta: Dict[str, Any]) -> None:
+    """`path/lohan.json`, synced."""
+    with open(path / META_FILE, "w") as out:
+        out.write(json.dumps(meta, indent=1) + "\n")
+        out.flush()
+        _fsync(out.fileno())
+
+
+def write_checkpoint(directory: Union[str, os.PathLike],
+                     layers: Iterable[Any],
+                     read_layer: Callable[[Any, str], torch.Tensor],
+                     parts: List[str], meta: Dict[str, Any]) -> str:
+    """Writes a checkpoint of `layers` (blocks.Layer) to `directory`,
+    replacing what it held as a whole (see the module doc). `read_layer(
+    layer, part)` returns the layer's flat fp32 values of `part`
+    ("weights", "exp_avg", ...): weights go to model.safetensors, the other
+    parts to optimizer.safetensors. Returns the weights file's path."""
+    final, staging, save_id = begin_save(directory)
     try:
         _write_files(staging, list(layers), read_layer, parts, meta, save_id)
-        _keep_foreign_entries(final, staging)
-        _fsync_dir(staging)
-        previous = _switch(staging, final)
-        _fsync_dir(final.parent)
+        commit_save(final, staging)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    if previous is not None:
-        shutil.rmtree(previous, ignore_errors=True)
     return str(final / WEIGHTS_FILE)
 
 
@@ -276,12 +319,8 @@ def _write_files(path: Path, layers: List[Any],
         except BaseException:
             writer.abandon()
             raise
-    meta = dict(meta, optimizer_state=moments, save_id=save_id,
-                files=manifest)
-    with open(path / META_FILE, "w") as out:
-        out.write(json.dumps(meta, indent=1) + "\n")
-        out.flush()
-        _fsync(out.fileno())
+    write_meta(path, dict(meta, optimizer_state=moments, save_id=save_id,
+                          files=manifest))
 
 
 def _safetensors_metadata(file: Path) -> Dict[str, str]:
@@ -362,25 +401,38 @@ def verify_checkpoint(directory: Union[str, os.PathLike]) -> None:
 
 class CheckpointReader:
     """A checkpoint directory, read tensor by tensor (nothing is loaded
-    whole). Parameters are found under any of their names (tied weights are
-    stored once, under the first)."""
+    whole), in either format: the single-process files or the ranks'
+    shard files (sharded_checkpoint.py), whose parameters are assembled
+    from the shards that hold them. Parameters are found under any of
+    their names (tied weights are stored once, under the first). Refuses a
+    torn or mixed directory (check_checkpoint; verify_checkpoint also
+    checks the CRC-32s)."""
 
     def __init__(self, directory: Union[str, os.PathLike]):
         from safetensors import safe_open
 
         self.path = Path(directory)
-        weights = self.path / WEIGHTS_FILE
-        if not weights.exists():
-            raise _missing_checkpoint(self.path, weights)
         meta_file = self.path / META_FILE
         self.meta: Dict[str, Any] = (json.loads(meta_file.read_text())
                                      if meta_file.exists() else {})
+        self._sharded: Optional[Any] = None  # a ShardedTensors
+        if "sharding" in self.meta:
+            from lohan.sharded_checkpoint import ShardedTensors
+
+            check_checkpoint(self.path, self.meta)
+            self._sharded = ShardedTensors(self.path, self.meta)
+            self.moments: List[str] = list(self.meta.get("optimizer_state",
+                                                         []))
+            return
+        weights = self.path / WEIGHTS_FILE
+        if not weights.exists():
+            raise _missing_checkpoint(self.path, weights)
         check_checkpoint(self.path, self.meta)
         self._weights = safe_open(str(weights), "pt")
         optimizer = self.path / OPTIMIZER_FILE
         self._optimizer = (safe_open(str(optimizer), "pt")
                            if optimizer.exists() else None)
-        self.moments: List[str] = list(self.meta.get("optimizer_state", []))
+        self.moments = list(self.meta.get("optimizer_state", []))
         if self._optimizer is None:
             self.moments = []
 
@@ -388,8 +440,20 @@ class CheckpointReader:
     def iteration(self) -> int:
         return int(self.meta.get("iteration", 0))
 
+    def names(self) -> List[str]:
+        """The name every stored parameter's weights are under."""
+        if self._sharded is not None:
+            return self._sharded.names()
+        return list(self._weights.keys())
+
     def find(self, aliases: List[str], part: str = "weights"
              ) -> Optional[torch.Tensor]:
+        """The parameter's fp32 `part` under the first of `aliases` stored;
+        None if none is (or the checkpoint lacks the part)."""
+        if self._sharded is not None:
+            if part != "weights" and part not in self.moments:
+                return None
+            return self._sharded.find(aliases, part)
         source = self._weights if part == "weights" else self._optimizer
         prefix = "" if part == "weights" else part + "/"
         names = set(source.keys())
@@ -409,7 +473,8 @@ def parameter_aliases(model: nn.Module) -> Dict[int, List[str]]:
 
 def load_state(model: nn.Module, directory: Union[str, os.PathLike],
                strict: bool = True) -> List[str]:
-    """Loads `directory/model.safetensors` (written by engine.save) into
+    """Loads a checkpoint's weights (`directory/model.safetensors`, or the
+    shard files of one engine.save wrote with data-parallel ranks) into
     `model`'s parameters, converting to each parameter's dtype. A tied
     parameter is found under any of its names. Returns the names of the
     model's parameters the file did not have (with strict=True, a missing
@@ -419,14 +484,21 @@ def load_state(model: nn.Module, directory: Union[str, os.PathLike],
     from safetensors.torch import load_file
 
     file = Path(directory) / WEIGHTS_FILE
+    meta_file = Path(directory) / META_FILE
     if Path(directory).is_file():
         file = Path(directory)
-    elif (Path(directory) / META_FILE).exists():
-        check_checkpoint(directory, json.loads(
-            (Path(directory) / META_FILE).read_text()))
-    if not file.exists():
-        raise _missing_checkpoint(Path(directory), file)
-    stored = load_file(str(file))
+        stored = load_file(str(file))
+    elif meta_file.exists() and "sharding" in json.loads(
+            meta_file.read_text()):
+        file = meta_file  # named in errors: the shard files' checkpoint
+        reader = CheckpointReader(directory)
+        stored = {name: reader.find([name]) for name in reader.names()}
+    else:
+        if meta_file.exists():
+            check_checkpoint(directory, json.loads(meta_file.read_text()))
+        if not file.exists():
+            raise _missing_checkpoint(Path(directory), file)
+        stored = load_file(str(file))
     used = set()
     missing: List[str] = []
     aliases = parameter_aliases(model)

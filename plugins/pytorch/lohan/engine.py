@@ -491,10 +491,15 @@ class Engine:
         """Writes `directory/model.safetensors` (the fp32 master weights by
         parameter name), with `optimizer_state=True` also
         `directory/optimizer.safetensors` (the Adam moments), and
-        `directory/lohan.json`; returns the weights file's path. Layer by
-        layer: memory holds one layer at a time. Continue from it with
+        `directory/lohan.json`; returns the weights file's path. With
+        data-parallel ranks (every rank calls it) each rank writes its own
+        shard file into `directory`, which every rank must see, and rank 0
+        the lohan.json describing them (sharded_checkpoint.py); every rank
+        returns lohan.json's path. Layer by layer: memory holds one layer
+        (or its shard) at a time; all or nothing. Continue from it with
         lohan.init(model, ..., resume=directory) (with the optimizer state,
-        exactly where this run is), or from the daemon's job itself with
+        exactly where this run is; a sharded checkpoint with any number of
+        ranks or in one process), or from the daemon's job itself with
         resume=True. Between steps only."""
         self._check_open()
         if self._in_iteration:

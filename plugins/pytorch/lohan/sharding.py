@@ -20,19 +20,16 @@ must issue them in the same order.
 from __future__ import annotations
 
 import math
-import os
 from collections import deque
 from dataclasses import dataclass
-from pathlib import Path
 from typing import (Any, Callable, Deque, Dict, List, Optional, Tuple,
-                    TypeVar, Union)
+                    TypeVar)
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from lohan.blocks import Layer, after_the_blocks
-from lohan.checkpoint import WEIGHTS_FILE, write_checkpoint
 
 Range = Tuple[int, int, int]  # (layer, begin, end)
 T = TypeVar("T")
@@ -241,6 +238,13 @@ class Sharding:
             total, op=dist.ReduceOp.SUM, group=self.group))
         return float(total.item())
 
+    def exchange(self, what: str, value: Any) -> List[Any]:
+        """Every rank's `value` (picklable, small), by rank."""
+        values: List[Any] = [None] * self.world
+        self.run(what, lambda: dist.all_gather_object(values, value,
+                                                      group=self.group))
+        return values
+
     def agree(self, values: List[int]) -> Optional[List[int]]:
         """None when every rank passed the same values; else the indices
         where they differ."""
@@ -350,45 +354,3 @@ class GradientReducer:
         self._ready.clear()
         self._next = 0
         self._squares = None
-
-
-
-def save_gathered(sharding: Sharding, directory: Union[str, os.PathLike],
-                  layers: List[Layer],
-                  read_layer: Callable[[Layer, str], torch.Tensor],
-                  parts: List[str], meta: Dict[str, Any]) -> str:
-    """engine.save with data-parallel ranks: every rank reads its shards
-    (`read_layer` gathers the whole layer from them) and rank 0 writes
-    the one checkpoint, all or nothing, in the single-process format: any
-    number of ranks (or one process) resumes from it. Every rank returns
-    the weights file's path once rank 0 is done; if rank 0 failed, every
-    rank raises (rank 0 its own error)."""
-    # write_checkpoint's read order: every layer's weights, then every
-    # layer's moments; the other ranks follow it to match the gathers.
-    order = ([(layer, "weights") for layer in layers] +
-             [(layer, part) for layer in layers for part in parts
-              if part != "weights"])
-    done = 0
-
-    def counted(layer: Layer, part: str) -> torch.Tensor:
-        nonlocal done
-        done += 1
-        return read_layer(layer, part)
-
-    error: Optional[BaseException] = None
-    path = str(Path(directory).absolute() / WEIGHTS_FILE)
-    if sharding.rank == 0:
-        try:
-            path = write_checkpoint(directory, layers, counted, parts, meta)
-        except BaseException as failure:  # the others wait in gathers
-            error = failure
-    for layer, part in order[done:]:
-        read_layer(layer, part)
-    failed = sharding.sum(1.0 if error is not None else 0.0)
-    if error is not None:
-        raise error
-    if failed:
-        raise RuntimeError(
-            f"lohan: rank 0 could not write the checkpoint {directory} "
-            "(its error says why); nothing was replaced")
-    return path

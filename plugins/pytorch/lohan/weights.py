@@ -25,7 +25,8 @@ from lohan.job import JobSession
 from lohan.lazy_weights import LazyWeights
 from lohan.params import FrozenWeights, ParameterResidency
 from lohan.progress import Progress
-from lohan.sharding import Sharding, save_gathered
+from lohan.sharded_checkpoint import save_sharded
+from lohan.sharding import Sharding
 
 # A trained parameter's name, the parameter and its version counter.
 Version = Tuple[str, nn.Parameter, int]
@@ -441,9 +442,10 @@ class Weights:
 
     def save(self, directory: Union[str, os.PathLike],
              optimizer_state: bool, meta: Mapping[str, object]) -> str:
-        """Writes the checkpoint (checkpoint.write_checkpoint) layer by
-        layer, `meta` into its lohan.json; returns the weights file's
-        path."""
+        """Writes the checkpoint layer by layer, `meta` into its lohan.json:
+        alone, checkpoint.write_checkpoint (returns the weights file's
+        path); with data-parallel ranks, every rank its shard file
+        (sharded_checkpoint.save_sharded; returns lohan.json's path)."""
         parts = ["weights"]
         if optimizer_state:
             parts += ["exp_avg", "exp_avg_sq"]
@@ -451,25 +453,27 @@ class Weights:
                 parts.append("max_exp_avg_sq")
         layers = self._layers
         remote, staging = self._session.remote, self._session.staging
+        sizes = ([layer.numel for layer in layers] if self._sharding is None
+                 else self._sharding.shard)
         progress = Progress(f"saving to {directory}",
-                            len(layers) * len(parts),
-                            sum(layer.numel for layer in layers) *
-                            len(parts))
+                            len(layers) * len(parts), sum(sizes) * len(parts))
 
         def read_layer(layer: Layer, part: str) -> torch.Tensor:
+            """The job's `part` of the layer (this rank's shard of it with
+            data-parallel ranks: nothing is gathered)."""
             if part == "weights":
                 remote.read_weights(layer.index)
             else:
                 remote.read_state(layer.index, part)
-            progress.advance(layer.numel)
-            return self._whole(layer, staging)[:layer.numel]
+            progress.advance(sizes[layer.index])
+            return staging[:sizes[layer.index]]
 
         if self._sharding is None:
             path = write_checkpoint(directory, layers, read_layer, parts,
                                     dict(meta))
         else:
-            path = save_gathered(self._sharding, directory, layers,
-                                 read_layer, parts, dict(meta))
+            path = save_sharded(self._sharding, directory, layers,
+                                read_layer, parts, dict(meta))
         progress.done()
         return path
 

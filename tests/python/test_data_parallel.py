@@ -177,10 +177,26 @@ def assert_weights_close(found: Dict[str, torch.Tensor],
         assert float((got - want.float()).abs().max()) <= bound, name
 
 
+def max_relative(got: Sequence[float], want: Sequence[float]) -> float:
+    return max(abs(g - w) / abs(w) for g, w in zip(got, want))
+
+
+def max_weight_gap(found: Dict[str, torch.Tensor],
+                   expected: Dict[str, torch.Tensor]) -> float:
+    return max(float((got.float() - expected[name].float()).abs().max())
+               / float(expected[name].abs().max())
+               for name, got in found.items())
+
+
 def assert_matches_adamw(result: Dict[str, Any], steps: int, micro: int,
                          max_norm: float, world: int,
                          device: str = "cpu") -> Dict[str, Any]:
     want = reference(steps, micro, max_norm, world, device=device)
+    print(f"{world} ranks vs AdamW: losses "
+          f"{max_relative(result['losses'], want['losses']):.2e}, norms "
+          f"{max_relative([r[0] for r in result['results']], want['norms']):.2e}"
+          f", weights {max_weight_gap(result['weights'], want['weights']):.2e}"
+          " (of each tensor's largest)")
     assert result["losses"] == pytest.approx(want["losses"], rel=LOSS_RTOL)
     norms = [r[0] for r in result["results"]]
     assert norms == pytest.approx(want["norms"], rel=NORM_RTOL)

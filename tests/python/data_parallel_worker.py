@@ -11,8 +11,8 @@ save_file_limit (see `save`), resume (a
 checkpoint directory for lohan.init), first_step (the global step the
 data starts at, for a resumed run), poison (a global step at which rank
 1 multiplies its loss by inf), backend ("gloo", the default, or
-"nccl": each rank then trains on cuda:<LOCAL_RANK>), loss_scale, params
-and activations (as lohan.init's). Every rank writes out/pid<r> at the start
+"nccl": each rank then trains on cuda:<LOCAL_RANK>), loss_scale, params,
+activations and overlap_step (as lohan.init's). Every rank writes out/pid<r> at the start
 and out/step<r> (its committed steps) after each step, for the tests that
 kill a rank or a daemon mid-run. The daemon's socket is $LOHAN_SOCKET (one
 per "server"). Rank 0 writes out/result.pt: the global loss of every
@@ -100,6 +100,7 @@ def main() -> int:
         blocks=list(model.blocks),
         activations=config.get("activations", "keep"),
         params=config.get("params", "resident"),
+        overlap_step=config.get("overlap_step", False),
         buffers=config["buffers"], stream_buffers=2,
         job_name=config["job_name"],
         resume=config.get("resume") or False)

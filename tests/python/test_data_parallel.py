@@ -248,6 +248,17 @@ def test_two_ranks_with_offloaded_parameters(lohand, tmp_path):
     assert_sharded(result, 2)
 
 
+def test_two_ranks_with_overlapped_steps(lohand, tmp_path):
+    # overlap_step=True: each block's new weights are gathered just before
+    # it next runs, the rest at the step's first gradient.
+    max_norm = 0.6 * reference(1, 1, 0.0, 2)["norms"][0]
+    result = train(config(steps=4, max_grad_norm=max_norm,
+                          overlap_step=True),
+                   tmp_path, [lohand.socket], 2)
+    assert_matches_adamw(result, 4, 1, max_norm, 2)
+    assert_sharded(result, 2)
+
+
 def test_four_ranks_accumulate_through_streamed_buffers(lohand, tmp_path):
     max_norm = 0.8 * reference(1, 2, 0.0, 4)["norms"][0]
     result = train(config(steps=3, micro=2, buffers="streamed",

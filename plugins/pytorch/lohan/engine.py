@@ -183,10 +183,6 @@ class Engine:
         group = process_group_of(opts.process_group)
         if group is None:
             return
-        if opts.overlap_step:
-            raise ValueError(
-                "lohan: overlap_step=True with data-parallel ranks is not "
-                "supported yet; leave it False")
         self._sharding = Sharding(group, self.layers, self.device)
         suffix = f".rank{self._sharding.rank}"
         run_name = self.job_name[:64 - len(suffix)]

@@ -111,9 +111,14 @@ class Iteration:
         self._sharding = sharding
         reducer = None
         if sharding is not None:
+            # Before the step's first gradient goes out: the lazy pulls of
+            # overlap_step gather weights across the ranks, so they must
+            # come at the same point of every rank's collectives (begin()
+            # then finds nothing left to pull).
             reducer = GradientReducer(sharding, order,
                                       session.grad_views[0].dtype,
-                                      self._shard_ready)
+                                      self._shard_ready,
+                                      first=weights.before_step)
         self.router = GradientRouter(layers, self._grad_views,
                                      accumulation_steps, self,
                                      reducer=reducer)

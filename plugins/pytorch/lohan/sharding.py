@@ -295,12 +295,17 @@ class GradientReducer:
     ahead of it in the order waits. Each shard goes to `deliver(layer,
     shard)` once reduced; the sum of squares of what it delivered (as the
     daemon counts it, in the training dtype) is summed for the global
-    norm."""
+    norm. `first()` runs before the step's first reduction: at the same
+    point of the collectives on every rank, unlike a delivery (which
+    happens whenever a reduction is seen done), so what it runs may use
+    collectives itself."""
 
     def __init__(self, sharding: Sharding, order: List[int],
                  dtype: torch.dtype,
-                 deliver: Callable[[int, torch.Tensor], None]) -> None:
+                 deliver: Callable[[int, torch.Tensor], None],
+                 first: Callable[[], None] = lambda: None) -> None:
         self._sharding = sharding
+        self._first = first
         self._order = order
         self._dtype = dtype
         self._deliver = deliver
@@ -313,6 +318,8 @@ class GradientReducer:
     def add(self, index: int, flat: torch.Tensor) -> None:
         """Layer `index`'s gradient, flat (its own dtype, numel elements):
         reduced once every layer ahead of it in the order has been."""
+        if self._next == 0 and not self._ready:
+            self._first()
         padded = torch.zeros(self._sharding.padded(index),
                              dtype=torch.float32, device=flat.device)
         padded[:flat.numel()].copy_(flat)

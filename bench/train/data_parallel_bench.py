@@ -95,7 +95,8 @@ def ranks_run(args: argparse.Namespace, socket: str, name: str,
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc_per_node", str(args.ranks), __file__, "--worker",
                "--name", name, "--out", str(out)] + shape_flags(args)
-    env = {**os.environ, "LOHAN_SOCKET": socket,
+    # TMPDIR: torchrun's agent leaves a torchelastic_* directory there.
+    env = {**os.environ, "LOHAN_SOCKET": socket, "TMPDIR": str(out),
            "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1)
                                       // args.ranks))}
     subprocess.run(command, env=env, check=True, timeout=1800)

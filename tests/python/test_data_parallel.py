@@ -81,8 +81,9 @@ def launch(config: Dict[str, Any], out: Path, socket_path: str,
     rendezvous = (["--standalone"] if nodes == 1 else
                   ["--nnodes", str(nodes), "--node_rank", str(node),
                    "--master_addr", "127.0.0.1", "--master_port", str(port)])
+    # TMPDIR: torchrun's agent leaves a torchelastic_* directory there.
     env = {**os.environ, "LOHAN_SOCKET": socket_path,
-           "OMP_NUM_THREADS": "1"}
+           "OMP_NUM_THREADS": "1", "TMPDIR": str(out)}
     return subprocess.Popen(
         [*prefix, sys.executable, "-m", "torch.distributed.run", *rendezvous,
          "--nproc_per_node", str(ranks_per_node), str(WORKER), str(path)],

@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import pytest
 import torch
@@ -211,6 +211,40 @@ def assert_matches_adamw(result: Dict[str, Any], steps: int, micro: int,
     return want
 
 
+def train_alone(socket_path: str, first: int, steps: int,
+                **options: Any) -> Tuple[List[float], Dict[str, torch.Tensor]]:
+    """One process through lohan on the whole global batches of steps
+    first .. first + steps (the workers' settings otherwise): the losses
+    and the final masters; its job deleted."""
+    model = tiny_gpt()
+    engine = lohan.init(model, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
+                        no_weight_decay="1d", blocks=list(model.blocks),
+                        activations="keep", params="resident",
+                        socket=socket_path, job_name="alone", **options)
+    losses = []
+    for step in global_batches(first + steps, 1, 4)[first:]:
+        loss = lm_loss(model, step[0])
+        engine.backward(loss)
+        losses.append(loss.item())
+        engine.step()
+    masters = engine.master_weights()
+    engine.close(delete_job=True)
+    return losses, masters
+
+
+def test_a_process_group_that_is_not_one_is_refused(lohand):
+    model = tiny_gpt()
+    with pytest.raises(TypeError, match="process_group must be"):
+        lohan.init(model, socket=lohand.socket, process_group="gloo")
+    # Nothing was created, and the daemon serves the next engine.
+    with lohan.Client(lohand.socket) as client:
+        assert client.jobs() == []
+    engine = lohan.init(model, socket=lohand.socket, process_group=False,
+                        job_name="after", blocks=list(model.blocks))
+    assert engine.world_size == 1 and engine.rank == 0
+    engine.close(delete_job=True)
+
+
 def assert_sharded(result: Dict[str, Any], world: int) -> None:
     """Every rank had its own job, each layer cut into equal shards, and
     every rank saw the same step outcomes."""
@@ -281,21 +315,8 @@ def test_four_ranks_on_two_servers_in_16_bits(two_daemons, tmp_path, dtype):
                    tmp_path / "dp", sockets, 2)
     assert_sharded(result, 4)
     # The single-process lohan run of the same global batches.
-    model = tiny_gpt()
-    engine = lohan.init(model, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
-                        no_weight_decay="1d", max_grad_norm=1.0,
-                        dtype=dtype, loss_scale=scale,
-                        blocks=list(model.blocks),
-                        activations="keep", params="resident",
-                        socket=sockets[0], job_name="alone")
-    losses = []
-    for step in global_batches(4, 1, 4):
-        loss = lm_loss(model, step[0])
-        engine.backward(loss)
-        losses.append(loss.item())
-        engine.step()
-    masters = engine.master_weights()
-    engine.close(delete_job=True)
+    losses, masters = train_alone(sockets[0], 0, 4, max_grad_norm=1.0,
+                                  dtype=dtype, loss_scale=scale)
     assert result["losses"] == pytest.approx(losses, rel=SIXTEEN_LOSS_RTOL)
     # The ranks' 16-bit gradients are rounded per rank share, the single
     # process's over the whole batch: an element whose true gradient is
@@ -394,21 +415,8 @@ def test_a_sharded_checkpoint_of_four_ranks_resumes_on_two_and_alone(
     assert not list(tmp_path.glob(".checkpoint.lohan-*"))  # no staging left
 
     # One process resumes from it too (any number of ranks does).
-    model = tiny_gpt()
-    engine = lohan.init(model, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
-                        no_weight_decay="1d", max_grad_norm=0.0,
-                        dtype="fp32", blocks=list(model.blocks),
-                        activations="keep", params="resident",
-                        socket=lohand.socket, job_name="alone",
-                        resume=str(saved))
-    losses = []
-    for step in global_batches(5, 1, 4)[3:]:
-        loss = lm_loss(model, step[0])
-        engine.backward(loss)
-        losses.append(loss.item())
-        engine.step()
-    masters = engine.master_weights()
-    engine.close(delete_job=True)
+    losses, masters = train_alone(lohand.socket, 3, 2, dtype="fp32",
+                                  resume=str(saved))
     assert losses == pytest.approx(want["losses"][3:], rel=LOSS_RTOL)
     assert_weights_close(masters, want["weights"], WEIGHT_ATOL_SCALE)
     # load_state assembles the weights from the shards as well.

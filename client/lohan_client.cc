@@ -391,6 +391,10 @@ int lohan_model_layer_initialized(const lohan_model* model, uint32_t layer) {
   return model != nullptr && model->channel->layer_initialized(layer) ? 1 : 0;
 }
 
+int lohan_model_previous_commit_kept(const lohan_model* model) {
+  return model != nullptr && model->channel->previous_commit_kept() ? 1 : 0;
+}
+
 void* lohan_model_grad_buffer(const lohan_model* model, uint32_t layer) {
   if (model == nullptr) return nullptr;
   absl::StatusOr<uint8_t*> buffer = model->channel->GradBuffer(layer);
@@ -486,6 +490,13 @@ int lohan_model_iter_end_global(lohan_model* model, double global_sum_squares,
 int lohan_model_iter_abort(lohan_model* model) {
   if (model == nullptr) return NullModel();
   return Report(model->channel->IterAbort());
+}
+
+int lohan_model_await_committed(lohan_model* model, uint64_t* iteration) {
+  if (model == nullptr) return NullModel();
+  absl::StatusOr<uint64_t> committed = model->channel->AwaitCommitted();
+  if (committed.ok() && iteration != nullptr) *iteration = *committed;
+  return Report(committed.status());
 }
 
 // ---- Layers and activations, synchronous

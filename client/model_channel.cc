@@ -159,6 +159,8 @@ absl::StatusOr<SubmissionEntry> ModelChannel::BuildEntry(
     case RingOp::kIterAbort:
       entry.iteration = sequence_;
       break;
+    case RingOp::kIterCommitted:
+      break;
     default:
       return absl::InvalidArgumentError("unsupported ring op");
   }
@@ -300,6 +302,19 @@ absl::StatusOr<ModelChannel::IterEndResult> ModelChannel::IterEnd(
 
 absl::Status ModelChannel::IterAbort() {
   return EndIteration(RingOp::kIterAbort).status();
+}
+
+absl::StatusOr<uint64_t> ModelChannel::AwaitCommitted() {
+  if (in_iteration_) {
+    return absl::FailedPreconditionError(
+        "ITER_COMMITTED: an iteration is in progress; it waits for the last "
+        "commit between iterations");
+  }
+  absl::StatusOr<SubmissionEntry> entry = BuildEntry(RingOp::kIterCommitted, 0);
+  if (!entry.ok()) return entry.status();
+  absl::StatusOr<CompletionEntry> completion = CallEntry(*entry);
+  if (!completion.ok()) return completion.status();
+  return completion->detail;
 }
 
 // ---- Layers

@@ -99,6 +99,11 @@ class ModelChannel {
   uint64_t iteration() const { return registration_.iteration(); }
   // Whether the layer had states at registration (false out of range).
   bool layer_initialized(uint32_t layer) const;
+  // Whether the job kept the commit before its last one at registration
+  // (RegisterModelResponse.previous_commit_kept).
+  bool previous_commit_kept() const {
+    return registration_.previous_commit_kept();
+  }
 
   // ---- Iterations
 
@@ -119,6 +124,9 @@ class ModelChannel {
       std::optional<double> global_sum_squares = std::nullopt);
   // ITER_ABORT, likewise after pending gradient copies.
   absl::Status IterAbort();
+  // ITER_COMMITTED (between iterations): waits until the last iteration
+  // has committed and returns the job's committed iterations.
+  absl::StatusOr<uint64_t> AwaitCommitted();
 
   // ---- Layers' weights and gradients in their arena buffers
 

@@ -81,6 +81,18 @@ inline constexpr uint32_t kRingEntryBytes = 64;
 //                    committed (every update of it rolled back, the step
 //                    not advanced), e.g. when the client's backward failed
 //                    half-way. The next ITER_BEGIN carries iteration + 1.
+//   kIterCommitted   no fields (all zero): waits until the last iteration
+//                    has committed (with ModelSpec.overlap_updates its last
+//                    updates run after kIterEnd completed) and completes
+//                    with the committed iterations in `detail`; ABORTED if
+//                    those updates failed. Between iterations only. A
+//                    data-parallel rank's job (JobSpec.run) keeps the
+//                    states its last commit replaced until its next
+//                    kIterBegin, which frees them: each rank sends
+//                    kIterCommitted and learns that every rank committed
+//                    before it sends kIterBegin, so that a rank whose peers
+//                    stopped short can go back to the iteration all of them
+//                    committed (ModelSpec.revert_last_commit).
 //   kInitWeights     layer, slot_offset/length = the staging slot holding the
 //                    layer's initial fp32 weights (length = elements x 4).
 //                    Outside iterations, once per layer of a new job.
@@ -118,6 +130,7 @@ enum class RingOp : uint16_t {
   kReadState = 11,
   kInitState = 12,
   kIterAbort = 13,
+  kIterCommitted = 14,
 };
 
 // kReadState / kInitState's activation_id: which Adam moment (torch's

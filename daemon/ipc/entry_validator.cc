@@ -85,6 +85,8 @@ const char* OpName(RingOp op) {
       return "ITER_END";
     case RingOp::kIterAbort:
       return "ITER_ABORT";
+    case RingOp::kIterCommitted:
+      return "ITER_COMMITTED";
     case RingOp::kInitWeights:
       return "INIT_WEIGHTS";
     case RingOp::kReadWeights:
@@ -148,7 +150,7 @@ absl::Status EntryValidator::Accept(const SubmissionEntry& entry) {
   }
   const RingOp op = static_cast<RingOp>(entry.op);
   const uint32_t fields = FieldsOf(op);
-  if (fields == 0) {
+  if (fields == 0 && op != RingOp::kIterCommitted) {
     if (IsStagingOp(op)) {
       return absl::InvalidArgumentError(absl::StrCat(
           OpName(op), ": a staging op, served by the job session"));
@@ -202,6 +204,14 @@ absl::Status EntryValidator::Accept(const SubmissionEntry& entry) {
     case RingOp::kIterEnd:
     case RingOp::kIterAbort:
       return WithOp(op, CheckIteration(entry, op));
+    case RingOp::kIterCommitted:
+      if (in_iteration_) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            OpName(op), ": iteration ", iteration_,
+            " is in progress (it waits for the last commit, between "
+            "iterations)"));
+      }
+      return absl::OkStatus();
     default:
       return absl::InternalError("unreachable");
   }

@@ -106,7 +106,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!validator.Accept(entry).ok()) continue;
 
     // Invariants every accepted entry must satisfy.
-    Require((entry.op >= 2 && entry.op <= 8) || entry.op == 13);
+    Require((entry.op >= 2 && entry.op <= 8) || entry.op == 13 ||
+            entry.op == 14);
     ++accepted_by_op[entry.op];
     const RingOp op = static_cast<RingOp>(entry.op);
     const bool has_range = op == RingOp::kGradReady ||

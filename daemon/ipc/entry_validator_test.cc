@@ -380,6 +380,31 @@ TEST_F(EntryValidatorTest, IterEndCarriesANonNegativeGlobalSumOfSquares) {
   EXPECT_TRUE(validator_->Accept(Iter(RingOp::kIterEnd, iteration)).ok());
 }
 
+TEST_F(EntryValidatorTest, IterCommittedWaitsBetweenIterationsWithNoFields) {
+  const SubmissionEntry committed = Entry(RingOp::kIterCommitted);
+  EXPECT_TRUE(validator_->Accept(committed).ok());
+  ASSERT_TRUE(validator_->Accept(Iter(RingOp::kIterBegin, 0)).ok());
+  const absl::Status inside = validator_->Accept(committed);
+  EXPECT_EQ(inside.code(), absl::StatusCode::kFailedPrecondition) << inside;
+  EXPECT_NE(inside.message().find("ITER_COMMITTED"), std::string::npos);
+  ASSERT_TRUE(validator_->Accept(Iter(RingOp::kIterEnd, 0)).ok());
+  EXPECT_TRUE(validator_->Accept(committed).ok());
+  // Every field is unused: any of them set is refused, nothing changed.
+  SubmissionEntry with_iteration = committed;
+  with_iteration.iteration = 1;
+  SubmissionEntry with_layer = committed;
+  with_layer.layer = 1;
+  SubmissionEntry with_flag = committed;
+  with_flag.iter_flags = kIterBeginLrGiven;
+  SubmissionEntry with_lr = committed;
+  with_lr.lr = 1e-3;
+  for (const SubmissionEntry& bad :
+       {with_iteration, with_layer, with_flag, with_lr}) {
+    EXPECT_EQ(Code(bad), absl::StatusCode::kInvalidArgument);
+  }
+  EXPECT_TRUE(validator_->Accept(Iter(RingOp::kIterBegin, 1)).ok());
+}
+
 TEST_F(EntryValidatorTest, ResumesAtAGivenIteration) {
   EntryValidator::Options options;
   options.next_iteration = 41;

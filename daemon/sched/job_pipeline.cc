@@ -160,6 +160,20 @@ absl::Status JobPipeline::OpenStates() {
   // Gradients of an iteration a dead pipeline never finished.
   if (absl::Status s = DropScratchTensors(store_, job_); !s.ok()) return s;
   const std::string meta_name = StateLayout::MetaName();
+  if (options_.revert_last_commit) {
+    if (!KeepsPreviousCommit()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job '", job_,
+          "' keeps no commit before its last one to go back to (only a "
+          "data-parallel rank's job keeps one, until its next iteration "
+          "begins)"));
+    }
+    absl::StatusOr<size_t> reverted = store_->RevertToPrevious(job_);
+    if (!reverted.ok()) {
+      return Annotate(reverted.status(),
+                      absl::StrCat("job '", job_, "': going back a commit"));
+    }
+  }
   absl::StatusOr<TensorInfo> meta_info = store_->Stat(job_, meta_name);
   if (!meta_info.ok() &&
       meta_info.status().code() != absl::StatusCode::kNotFound) {
@@ -306,6 +320,21 @@ absl::Status JobPipeline::OpenWeight16(const JobMeta& meta,
     return Annotate(s, "rebuilding the 16-bit weight copies");
   }
   return absl::OkStatus();
+}
+
+bool JobPipeline::KeepsPreviousCommit() const {
+  // The meta is in every iteration's commit: it keeps one exactly when the
+  // last commit was a kept one.
+  absl::StatusOr<TensorInfo> meta = store_->Stat(job_, StateLayout::MetaName());
+  return meta.ok() && meta->previous_version != 0;
+}
+
+absl::StatusOr<uint64_t> JobPipeline::AwaitCommitted() const {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status settled = AwaitSettledLocked(); !settled.ok()) {
+    return settled;
+  }
+  return iteration_;
 }
 
 absl::Status JobPipeline::DropScratchTensors(TensorStore* store,
@@ -671,19 +700,31 @@ absl::Status JobPipeline::BeginIteration(float grad_scale,
         absl::StrCat("learning rate must be finite and >= 0, got ", *lr));
   }
   absl::MutexLock api(&api_mu_);
-  absl::MutexLock lock(&mu_);
-  if (absl::Status settled = AwaitSettledLocked(); !settled.ok()) {
-    return settled;
-  }
-  if (phase_ != Phase::kIdle) {
-    return absl::FailedPreconditionError("an iteration is in progress");
-  }
-  for (size_t l = 0; l < initialized_.size(); ++l) {
-    if (!initialized_[l]) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "layer ", l, " has no states: call InitializeWeights first"));
+  {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status settled = AwaitSettledLocked(); !settled.ok()) {
+      return settled;
+    }
+    if (phase_ != Phase::kIdle) {
+      return absl::FailedPreconditionError("an iteration is in progress");
+    }
+    for (size_t l = 0; l < initialized_.size(); ++l) {
+      if (!initialized_[l]) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "layer ", l, " has no states: call InitializeWeights first"));
+      }
     }
   }
+  // Every rank has committed the last iteration (the caller's contract):
+  // the one before is needed no more, and its space is this iteration's.
+  // Idle, under api_mu_: nothing else runs meanwhile.
+  if (options_.keep_previous_commit) {
+    absl::StatusOr<size_t> released = store_->ReleasePrevious(job_);
+    if (!released.ok()) {
+      return Annotate(released.status(), absl::StrCat("job '", job_, "'"));
+    }
+  }
+  absl::MutexLock lock(&mu_);
   submissions_.assign(state_.num_layers(), Submission{});
   submit_order_.clear();
   grad_scale_ = grad_scale;

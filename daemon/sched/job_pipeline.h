@@ -136,6 +136,20 @@ struct PipelineOptions {
   // initial_iteration other than that is FAILED_PRECONDITION at Open (0:
   // whatever is stored).
   uint64_t initial_iteration = 0;
+  // A data-parallel rank's job (one shard of a run whose ranks commit each
+  // iteration independently): each iteration's commit keeps the states it
+  // replaces (TensorStore::CommitBatchKeepingPrevious), and BeginIteration
+  // frees them first, so a rank whose peers stopped before committing an
+  // iteration can go back to the one they all committed (revert_last_commit)
+  // and no tensor ever holds more than two versions in an iteration.
+  // REQUIRES of the caller: BeginIteration(k + 1) only once every rank has
+  // committed iteration k (AwaitCommitted on each, then an agreement).
+  bool keep_previous_commit = false;
+  // Open goes back to the commit before the last one kept
+  // (keep_previous_commit), before anything else: the job resumes one
+  // iteration earlier. FAILED_PRECONDITION (nothing changed) if the job
+  // keeps none (KeepsPreviousCommit).
+  bool revert_last_commit = false;
   // Shares the optimizer with other jobs: each chunk's update waits for
   // this job's turn (its flow is the job, in the group `fair_group` (its
   // owner; empty: alone) weighed `weight`, cost the chunk's parameters).
@@ -239,6 +253,14 @@ class JobPipeline {
   const StateLayout& state_layout() const { return state_; }
   uint64_t iteration() const ABSL_LOCKS_EXCLUDED(mu_);
   bool layer_initialized(size_t layer) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether the job keeps the commit before its last one, i.e. can go back
+  // to iteration() - 1 (PipelineOptions::revert_last_commit at the next
+  // Open).
+  bool KeepsPreviousCommit() const;
+  // Waits until the last iteration has committed (settle_in_background),
+  // then the committed iteration; the settle's error if it failed
+  // (ABORTED, see WaitLayer). Between iterations, what iteration() says.
+  absl::StatusOr<uint64_t> AwaitCommitted() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Stores `weights` (layer_elements(layer) floats) as the layer's fp32
   // master weights with zero moments (and, streaming 16-bit weights, their

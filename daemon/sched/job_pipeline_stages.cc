@@ -557,7 +557,9 @@ absl::Status JobPipeline::Commit(uint64_t new_iteration) {
   std::vector<std::string> names = chunk_names_;
   names.insert(names.end(), weight16_names_.begin(), weight16_names_.end());
   names.push_back(StateLayout::MetaName());
-  return store_->CommitBatch(job_, names);
+  return options_.keep_previous_commit
+             ? store_->CommitBatchKeepingPrevious(job_, names)
+             : store_->CommitBatch(job_, names);
 }
 
 size_t JobPipeline::WeightCopySize() const {

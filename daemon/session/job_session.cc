@@ -200,6 +200,8 @@ PipelineOptions JobSession::PipelineOptionsFor(const v1::ModelSpec& spec,
                                                const UpdateParts& parts) {
   PipelineOptions options;
   options.initial_iteration = spec.initial_iteration();
+  options.keep_previous_commit = parts.keep_previous_commit;
+  options.revert_last_commit = spec.revert_last_commit();
   options.stream_gradients = model.streamed_grads;
   // fp32 models have no 16-bit copy: FETCH_PARAMS reads the masters.
   options.stream_weight16 =
@@ -254,6 +256,7 @@ v1::RegisterModelResponse JobSession::ResponseFor(const Model& model) {
   response.set_staging_offset(model.staging.offset);
   response.set_staging_bytes(model.staging.length);
   response.set_iteration(model.pipeline->iteration());
+  response.set_previous_commit_kept(model.pipeline->KeepsPreviousCommit());
   response.set_error_text_offset(model.error_text.offset);
   response.set_error_text_bytes(model.error_text.length);
   if (model.activations.has_value()) {
@@ -548,6 +551,12 @@ absl::Status JobSession::Handle(const SubmissionEntry& entry, uint64_t& detail,
       // The pipeline puts the committed weights back into the weight slots
       // its updates wrote (JobPipeline::AbortIteration).
       return model.pipeline->AbortIteration();
+    case RingOp::kIterCommitted: {
+      absl::StatusOr<uint64_t> committed = model.pipeline->AwaitCommitted();
+      if (!committed.ok()) return committed.status();
+      detail = *committed;
+      return absl::OkStatus();
+    }
     default:
       return absl::InternalError(
           absl::StrCat("op ", entry.op, " reached the ordered lane"));

@@ -131,6 +131,10 @@ class JobSession {
     // read_ahead_shares (may be null), that memory shared among jobs.
     uint64_t read_ahead_bytes = 0;
     MemoryShares* read_ahead_shares = nullptr;
+    // The job is a data-parallel rank's (JobSpec.run): each commit keeps
+    // the states it replaced until the next ITER_BEGIN
+    // (PipelineOptions::keep_previous_commit).
+    bool keep_previous_commit = false;
   };
   // REQUIRES: every part (and the updater's worker pool) outlives the
   // session.

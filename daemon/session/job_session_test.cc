@@ -98,8 +98,12 @@ class JobSessionTest : public ::testing::Test {
 
   JobSession::UpdateParts Parts() const {
     return JobSession::UpdateParts{.store = store_.get(),
-                                   .updater = &*updater_};
+                                   .updater = &*updater_,
+                                   .keep_previous_commit = rank_job_};
   }
+
+  // Parts() makes the job a data-parallel rank's (keep_previous_commit).
+  bool rank_job_ = false;
 
   // A session of `arena_bytes` for job "job", registered with `spec`.
   void Open(uint64_t arena_bytes, const v1::ModelSpec& spec) {
@@ -520,6 +524,70 @@ TEST_F(JobSessionTest, AReopenedJobFindsItsCommittedWeightsInItsSlots) {
     EXPECT_TRUE(response_.layer_initialized(l));
     EXPECT_EQ(WeightSlot(l), committed[l]) << "layer " << l;
   }
+}
+
+TEST_F(JobSessionTest, ARanksJobReportsItsCommitAndGoesBackToTheOneBefore) {
+  rank_job_ = true;
+  ASSERT_NO_FATAL_FAILURE(Open(4 * kMiB, Spec()));
+  for (uint32_t l = 0; l < layers(); ++l) {
+    float* staging = reinterpret_cast<float*>(At(response_.staging_offset()));
+    for (uint64_t i = 0; i < elements(l); ++i) {
+      staging[i] = 0.002f * static_cast<float>(i % 409) - 0.4f;
+    }
+    ASSERT_EQ(Code(Call(Staging(RingOp::kInitWeights, l))),
+              absl::StatusCode::kOk);
+  }
+  std::vector<std::vector<uint8_t>> initial;
+  for (uint32_t l = 0; l < layers(); ++l) initial.push_back(WeightSlot(l));
+  CompletionEntry committed = Call(Entry(RingOp::kIterCommitted));
+  ASSERT_EQ(Code(committed), absl::StatusCode::kOk) << ErrorText(committed);
+  EXPECT_EQ(committed.detail, 0u);
+  ASSERT_EQ(Code(Call(Iter(RingOp::kIterBegin, 0))), absl::StatusCode::kOk);
+  EXPECT_EQ(Code(Call(Entry(RingOp::kIterCommitted))),
+            absl::StatusCode::kFailedPrecondition)
+      << "only between iterations";
+  FillGradients(1);
+  for (uint32_t l = layers(); l-- > 0;) {
+    ASSERT_EQ(Code(Call(Grad(l))), absl::StatusCode::kOk);
+  }
+  ASSERT_EQ(Code(Call(Iter(RingOp::kIterEnd, 0))), absl::StatusCode::kOk);
+  committed = Call(Entry(RingOp::kIterCommitted));
+  ASSERT_EQ(Code(committed), absl::StatusCode::kOk) << ErrorText(committed);
+  EXPECT_EQ(committed.detail, 1u);
+  ASSERT_NE(WeightSlot(0), initial[0]);
+
+  // Reopened: the commit before is kept; asked to, the job goes back to
+  // it, its slots holding those weights again.
+  auto reopen = [&](bool revert) {
+    completions_.reset();
+    submissions_.reset();
+    mapping_.reset();
+    session_.reset();
+    v1::ModelSpec spec = Spec();
+    spec.set_revert_last_commit(revert);
+    Open(4 * kMiB, spec);
+  };
+  ASSERT_NO_FATAL_FAILURE(reopen(false));
+  EXPECT_EQ(response_.iteration(), 1u);
+  EXPECT_TRUE(response_.previous_commit_kept());
+  ASSERT_NO_FATAL_FAILURE(reopen(true));
+  EXPECT_EQ(response_.iteration(), 0u);
+  EXPECT_FALSE(response_.previous_commit_kept());
+  for (uint32_t l = 0; l < layers(); ++l) {
+    EXPECT_EQ(WeightSlot(l), initial[l]) << "layer " << l;
+  }
+  // Once is all: there is nothing further back.
+  completions_.reset();
+  submissions_.reset();
+  mapping_.reset();
+  session_.reset();
+  auto session = JobSession::Create(&pool_, "job", 4 * kMiB);
+  ASSERT_TRUE(session.ok()) << session.status();
+  v1::ModelSpec spec = Spec();
+  spec.set_revert_last_commit(true);
+  auto refused = (*session)->RegisterModel(spec, Parts());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition)
+      << refused.status();
 }
 
 }  // namespace

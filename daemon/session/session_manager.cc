@@ -335,7 +335,8 @@ absl::StatusOr<v1::RegisterModelResponse> SessionManager::RegisterModel(
                static_cast<double>(parts_.quotas->For(job->owner_uid()).weight),
            .fair_group = absl::StrCat("uid ", job->owner_uid()),
            .read_ahead_bytes = parts_.read_ahead_bytes,
-           .read_ahead_shares = parts_.read_ahead_shares});
+           .read_ahead_shares = parts_.read_ahead_shares,
+           .keep_previous_commit = job->spec().has_run()});
   // A model that did not fit (the SSDs, the arena) or whose states could
   // not be opened: what `lohanctl jobs` says of the job afterwards.
   if (!registered.ok() &&

@@ -144,12 +144,18 @@ std::string CatalogRecord::Encode() const {
       w.U64(bytes);
       break;
     case Kind::kCommit:
+    case Kind::kPrevious:
       w.Str(job);
       w.Str(name);
       w.U64(version);
       PutPlacement(w, placement);
       break;
+    case Kind::kReleasePrevious:
+    case Kind::kRevertToPrevious:
+      w.Str(job);
+      break;
     case Kind::kCommitBatch:
+    case Kind::kCommitBatchKeepingPrevious:
       w.Str(job);
       w.U32(static_cast<uint32_t>(commits.size()));
       for (const CommittedVersion& c : commits) {
@@ -191,11 +197,17 @@ absl::StatusOr<CatalogRecord> CatalogRecord::Decode(absl::string_view payload) {
         ok = r.Str(rec.job) && r.Str(rec.name) && r.U64(rec.bytes);
         break;
       case Kind::kCommit:
+      case Kind::kPrevious:
         ok = r.Str(rec.job) && r.Str(rec.name) && r.U64(rec.version) &&
              GetPlacement(r, rec.placement);
         rec.bytes = rec.placement.bytes;
         break;
-      case Kind::kCommitBatch: {
+      case Kind::kReleasePrevious:
+      case Kind::kRevertToPrevious:
+        ok = r.Str(rec.job);
+        break;
+      case Kind::kCommitBatch:
+      case Kind::kCommitBatchKeepingPrevious: {
         // An entry takes at least 4 (name) + 8 + 8 + 4 + 4 + 4 bytes.
         uint32_t n = 0;
         ok = r.Str(rec.job) && r.Count(n, 32) && n > 0;

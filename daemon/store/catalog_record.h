@@ -13,8 +13,9 @@ namespace lohan {
 
 // The records of the store's catalog (payloads of RecordLog records), in a
 // small hand-rolled little-endian encoding: a kind byte, then fields.
-// Replaying them in order rebuilds the set of tensors and their committed
-// versions; uncommitted versions are never recorded.
+// Replaying them in order rebuilds the set of tensors, their committed
+// versions and the previous versions kept (see TensorStore's kept
+// commits); uncommitted versions are never recorded.
 struct CatalogRecord {
   enum class Kind : uint8_t {
     kStoreInfo = 1,  // First record: the array the catalog describes.
@@ -28,6 +29,17 @@ struct CatalogRecord {
     // snapshot), so bytes before an intact one were durable. What tells
     // damage from a torn tail (catalog_recovery.h).
     kSyncMark = 6,
+    // As kCommitBatch, and each tensor's committed version until now stays
+    // as its previous one (one it had before is dropped).
+    kCommitBatchKeepingPrevious = 7,
+    // Every tensor of `job` drops its previous version.
+    kReleasePrevious = 8,
+    // Every tensor of `job` that has a previous version reads it again;
+    // the committed one is dropped.
+    kRevertToPrevious = 9,
+    // (job, name) keeps `version` at `placement` as its previous version:
+    // how a snapshot says what kCommitBatchKeepingPrevious left.
+    kPrevious = 10,
   };
   Kind kind = Kind::kCreate;
 
@@ -48,13 +60,15 @@ struct CatalogRecord {
     bool operator==(const CommittedVersion&) const = default;
   };
 
-  // kCreate, kCommit, kDelete, kCommitBatch (job only).
+  // kCreate, kCommit, kDelete, kPrevious; kCommitBatch*, kReleasePrevious
+  // and kRevertToPrevious (job only).
   std::string job;
   std::string name;
   uint64_t bytes = 0;    // kCreate.
-  uint64_t version = 0;  // kCommit.
-  Placement placement;   // kCommit (placement.bytes == the tensor's size).
-  std::vector<CommittedVersion> commits;  // kCommitBatch, at least one.
+  uint64_t version = 0;  // kCommit, kPrevious.
+  // kCommit, kPrevious (placement.bytes == the tensor's size).
+  Placement placement;
+  std::vector<CommittedVersion> commits;  // kCommitBatch*, at least one.
 
   std::string Encode() const;
   // DATA_LOSS if `payload` is not a well-formed record.

@@ -154,5 +154,41 @@ TEST(CatalogRecordTest, PlacementsInSeveralRunsRoundTripInBatches) {
   }
 }
 
+TEST(CatalogRecordTest, KeptCommitRecordsRoundTrip) {
+  CatalogRecord previous;
+  previous.kind = Kind::kPrevious;
+  previous.job = "job";
+  previous.name = "t";
+  previous.version = 41;
+  previous.placement.bytes = 4096;
+  previous.placement.region_offset = {8192};
+  previous.placement.region_length = {4096};
+  previous.placement.chunk_crc = {7};
+  auto back = CatalogRecord::Decode(previous.Encode());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->kind, Kind::kPrevious);
+  EXPECT_EQ(back->version, 41u);
+  EXPECT_EQ(back->placement, previous.placement);
+  for (Kind kind : {Kind::kReleasePrevious, Kind::kRevertToPrevious}) {
+    CatalogRecord of_job;
+    of_job.kind = kind;
+    of_job.job = "job";
+    const std::string enc = of_job.Encode();
+    auto decoded = CatalogRecord::Decode(enc);
+    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    EXPECT_EQ(decoded->kind, kind);
+    EXPECT_EQ(decoded->job, "job");
+    EXPECT_FALSE(CatalogRecord::Decode(enc.substr(0, enc.size() - 1)).ok());
+  }
+  CatalogRecord batch;
+  batch.kind = Kind::kCommitBatchKeepingPrevious;
+  batch.job = "job";
+  batch.commits.push_back({"t", 42, previous.placement});
+  auto kept = CatalogRecord::Decode(batch.Encode());
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(kept->kind, Kind::kCommitBatchKeepingPrevious);
+  EXPECT_EQ(kept->commits, batch.commits);
+}
+
 }  // namespace
 }  // namespace lohan

@@ -31,11 +31,30 @@ absl::Status CatalogState::Check(const CatalogRecord& record) const {
     case CatalogRecord::Kind::kCreate:
     case CatalogRecord::Kind::kDelete:
     case CatalogRecord::Kind::kSyncMark:
+    case CatalogRecord::Kind::kReleasePrevious:
+    case CatalogRecord::Kind::kRevertToPrevious:
       return absl::OkStatus();
     case CatalogRecord::Kind::kCommit:
       return CheckCommitted(tensors_, record.job, record.name, record.version,
                             record.placement.bytes, "");
+    case CatalogRecord::Kind::kPrevious: {
+      if (absl::Status s =
+              CheckCommitted(tensors_, record.job, record.name, record.version,
+                             record.placement.bytes, "(previous) ");
+          !s.ok()) {
+        return s;
+      }
+      // A previous version comes after the committed one it preceded.
+      auto it = tensors_.find(Key(record.job, record.name));
+      if (!it->second.placement.has_value()) {
+        return absl::DataLossError(absl::StrCat(
+            "keeps previous ", Describe(record.job, record.name, record.version),
+            " of a tensor with no committed version"));
+      }
+      return absl::OkStatus();
+    }
     case CatalogRecord::Kind::kCommitBatch:
+    case CatalogRecord::Kind::kCommitBatchKeepingPrevious:
       for (const CatalogRecord::CommittedVersion& c : record.commits) {
         if (absl::Status s =
                 CheckCommitted(tensors_, record.job, c.name, c.version,
@@ -61,15 +80,49 @@ absl::Status CatalogState::Apply(CatalogRecord record) {
       Tensor& t = tensors_[Key(record.job, record.name)];
       t.committed_version = record.version;
       t.placement = std::move(record.placement);
+      t.previous_version = 0;  // Only a kept commit keeps one.
+      t.previous_placement.reset();
       break;
     }
     case CatalogRecord::Kind::kCommitBatch:
+    case CatalogRecord::Kind::kCommitBatchKeepingPrevious: {
+      const bool keep =
+          record.kind == CatalogRecord::Kind::kCommitBatchKeepingPrevious;
       for (CatalogRecord::CommittedVersion& c : record.commits) {
         Tensor& t = tensors_[Key(record.job, c.name)];
+        // Only a kept commit keeps the version it replaces; either drops
+        // the one kept before.
+        t.previous_version = keep ? t.committed_version : 0;
+        t.previous_placement.reset();
+        if (keep) t.previous_placement = std::move(t.placement);
         t.committed_version = c.version;
         t.placement = std::move(c.placement);
       }
       break;
+    }
+    case CatalogRecord::Kind::kPrevious: {
+      Tensor& t = tensors_[Key(record.job, record.name)];
+      t.previous_version = record.version;
+      t.previous_placement = std::move(record.placement);
+      break;
+    }
+    case CatalogRecord::Kind::kReleasePrevious:
+    case CatalogRecord::Kind::kRevertToPrevious: {
+      const bool revert =
+          record.kind == CatalogRecord::Kind::kRevertToPrevious;
+      for (auto it = tensors_.lower_bound(Key(record.job, ""));
+           it != tensors_.end() && it->first.first == record.job; ++it) {
+        Tensor& t = it->second;
+        if (!t.previous_placement.has_value()) continue;
+        if (revert) {
+          t.committed_version = t.previous_version;
+          t.placement = std::move(t.previous_placement);
+        }
+        t.previous_version = 0;
+        t.previous_placement.reset();
+      }
+      break;
+    }
     case CatalogRecord::Kind::kDelete:
       tensors_.erase(Key(record.job, record.name));
       break;
@@ -99,6 +152,15 @@ std::vector<std::string> CatalogState::Snapshot(
       commit.version = tensor.committed_version;
       commit.placement = *tensor.placement;
       records.push_back(commit.Encode());
+    }
+    if (tensor.previous_placement.has_value()) {
+      CatalogRecord previous;
+      previous.kind = CatalogRecord::Kind::kPrevious;
+      previous.job = key.first;
+      previous.name = key.second;
+      previous.version = tensor.previous_version;
+      previous.placement = *tensor.previous_placement;
+      records.push_back(previous.Encode());
     }
   }
   // A snapshot is synced before it is put in place: all of it is durable.

@@ -15,7 +15,8 @@
 namespace lohan {
 
 // What a catalog says once its records are applied in order: every tensor,
-// its size, and its committed version with the placement of that version.
+// its size, its committed version with the placement of that version, and
+// the previous version a kept commit left (TensorStore's kept commits).
 // The store replays the log into one at open and keeps one in step with
 // every record it appends, so the log can be rewritten as a snapshot at any
 // moment without waiting for mutations in progress (they have either
@@ -28,19 +29,23 @@ class CatalogState {
     uint64_t bytes = 0;
     uint64_t committed_version = 0;  // 0: none.
     std::optional<Placement> placement;
+    uint64_t previous_version = 0;  // 0: none kept.
+    std::optional<Placement> previous_placement;
   };
   using Key = std::pair<std::string, std::string>;  // (job, name)
 
-  // Whether Apply would take `record`: DATA_LOSS if it commits a tensor
-  // that does not exist or with the wrong size, or repeats the store
-  // record.
+  // Whether Apply would take `record`: DATA_LOSS if it commits (or keeps
+  // a previous version of) a tensor that does not exist or with the wrong
+  // size, keeps a previous version of one with no committed version, or
+  // repeats the store record.
   absl::Status Check(const CatalogRecord& record) const;
   // Applies one record other than the store record; Check's errors, with
   // nothing applied.
   absl::Status Apply(CatalogRecord record);
 
   // The records of a log holding exactly this state: `store_info`, then a
-  // create (and a commit where there is a committed version) per tensor,
+  // create (and a commit where there is a committed version, then a
+  // kPrevious where one is kept) per tensor,
   // then a sync mark (see CatalogRecord::kSyncMark).
   std::vector<std::string> Snapshot(const CatalogRecord& store_info) const;
 

@@ -124,5 +124,90 @@ TEST(CatalogStateTest, SnapshotReplaysToTheSameState) {
   }
 }
 
+CatalogRecord OfJob(CatalogRecord::Kind kind) {
+  CatalogRecord r;
+  r.kind = kind;
+  r.job = "j";
+  return r;
+}
+
+CatalogRecord Batch(CatalogRecord::Kind kind,
+                    std::vector<CatalogRecord::CommittedVersion> commits) {
+  CatalogRecord r = OfJob(kind);
+  r.commits = std::move(commits);
+  return r;
+}
+
+TEST(CatalogStateTest, KeptCommitsReleaseAndRevertAndSurviveASnapshot) {
+  using Kind = CatalogRecord::Kind;
+  CatalogState state;
+  ASSERT_TRUE(state.Apply(Create("a", 10)).ok());
+  ASSERT_TRUE(state.Apply(Create("b", 10)).ok());
+  ASSERT_TRUE(state.Apply(Batch(Kind::kCommitBatch,
+                                {{"a", 1, PlacementOf(10, 0)},
+                                 {"b", 1, PlacementOf(10, 4096)}}))
+                  .ok());
+  ASSERT_TRUE(state.Apply(Batch(Kind::kCommitBatchKeepingPrevious,
+                                {{"a", 2, PlacementOf(10, 8192)},
+                                 {"b", 2, PlacementOf(10, 12288)}}))
+                  .ok());
+  const CatalogState::Tensor& a = state.tensors().at({"j", "a"});
+  EXPECT_EQ(a.committed_version, 2u);
+  EXPECT_EQ(a.previous_version, 1u);
+  EXPECT_EQ(a.previous_placement->region_offset[0], 0u);
+
+  // A snapshot replayed says the same (the kPrevious records).
+  CatalogState replayed;
+  const std::vector<std::string> records = state.Snapshot(StoreInfo());
+  for (size_t i = 1; i < records.size(); ++i) {
+    auto rec = CatalogRecord::Decode(records[i]);
+    ASSERT_TRUE(rec.ok()) << rec.status();
+    ASSERT_TRUE(replayed.Apply(*std::move(rec)).ok()) << i;
+  }
+  EXPECT_EQ(replayed.tensors().at({"j", "b"}).previous_version, 1u);
+  EXPECT_EQ(replayed.tensors().at({"j", "b"}).committed_version, 2u);
+
+  CatalogState released = state;
+  ASSERT_TRUE(released.Apply(OfJob(Kind::kReleasePrevious)).ok());
+  EXPECT_EQ(released.tensors().at({"j", "a"}).previous_version, 0u);
+  EXPECT_FALSE(released.tensors().at({"j", "a"}).previous_placement);
+  EXPECT_EQ(released.tensors().at({"j", "a"}).committed_version, 2u);
+
+  ASSERT_TRUE(state.Apply(OfJob(Kind::kRevertToPrevious)).ok());
+  for (const char* name : {"a", "b"}) {
+    const CatalogState::Tensor& t = state.tensors().at({"j", name});
+    EXPECT_EQ(t.committed_version, 1u) << name;
+    EXPECT_EQ(t.previous_version, 0u) << name;
+    EXPECT_FALSE(t.previous_placement) << name;
+  }
+  EXPECT_EQ(state.tensors().at({"j", "b"}).placement->region_offset[0],
+            4096u);
+  // A plain commit after a kept one drops the previous version, one
+  // tensor's or a batch's.
+  for (CatalogRecord plain :
+       {Commit("a", 4, PlacementOf(10, 16384)),
+        Batch(Kind::kCommitBatch, {{"a", 4, PlacementOf(10, 16384)}})}) {
+    const uint64_t before = state.tensors().at({"j", "a"}).committed_version;
+    ASSERT_TRUE(state.Apply(Batch(Kind::kCommitBatchKeepingPrevious,
+                                  {{"a", 3, PlacementOf(10, 8192)}}))
+                    .ok());
+    EXPECT_EQ(state.tensors().at({"j", "a"}).previous_version, before);
+    ASSERT_TRUE(state.Apply(plain).ok());
+    EXPECT_EQ(state.tensors().at({"j", "a"}).committed_version, 4u);
+    EXPECT_EQ(state.tensors().at({"j", "a"}).previous_version, 0u);
+    EXPECT_FALSE(state.tensors().at({"j", "a"}).previous_placement);
+  }
+}
+
+TEST(CatalogStateTest, RefusesAPreviousVersionOfAnUncommittedTensor) {
+  CatalogState state;
+  ASSERT_TRUE(state.Apply(Create("a", 10)).ok());
+  CatalogRecord previous = Commit("a", 1, PlacementOf(10, 0));
+  previous.kind = CatalogRecord::Kind::kPrevious;
+  EXPECT_EQ(state.Check(previous).code(), absl::StatusCode::kDataLoss);
+  previous.name = "missing";
+  EXPECT_EQ(state.Check(previous).code(), absl::StatusCode::kDataLoss);
+}
+
 }  // namespace
 }  // namespace lohan

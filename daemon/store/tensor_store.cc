@@ -19,42 +19,10 @@
 #include "daemon/store/catalog_record.h"
 #include "daemon/store/catalog_recovery.h"
 #include "daemon/store/store_identity.h"
+#include "daemon/store/tensor_store_entry.h"
 #include "wire/errno_status.h"
 
 namespace lohan {
-
-// One written version of a tensor. Frees its space when the last holder
-// (the tensor entry, a reader in progress) lets go.
-struct TensorStore::Version {
-  Version(SsdArray* array, Placement placement)
-      : array(array), placement(std::move(placement)) {}
-  Version(const Version&) = delete;
-  Version& operator=(const Version&) = delete;
-  ~Version() {
-    array->Free(placement);
-    if (budget != nullptr) budget->Release(job, charged);
-  }
-
-  SsdArray* const array;
-  uint64_t number = 0;  // Set before the version is published.
-  Placement placement;
-  // Set when the version's bytes are counted in a SpaceBudget (by Write, or
-  // by SetSpaceBudget before the store serves anyone), which the destructor
-  // gives them back to.
-  mutable SpaceBudget* budget = nullptr;
-  mutable std::string job;
-  mutable uint64_t charged = 0;
-};
-
-// All fields are protected by TensorStore::mu_.
-struct TensorStore::Entry {
-  uint64_t bytes = 0;
-  uint64_t last_version = 0;  // Highest version number handed out.
-  std::shared_ptr<const Version> committed;
-  std::shared_ptr<const Version> pending;
-  bool busy = false;     // A mutation is in progress.
-  bool deleted = false;  // Removed from tensors_ while someone waited.
-};
 
 namespace {
 
@@ -215,25 +183,37 @@ absl::Status TensorStore::Check(const StoreOptions& options) {
   if (contents->records.empty()) return absl::OkStatus();  // a new store
   if (options.device_capacity_bytes == 0) return absl::OkStatus();
   for (const auto& [key, tensor] : state->tensors()) {
-    if (!tensor.placement.has_value()) continue;
-    const Placement& p = *tensor.placement;
-    std::vector<Placement::Run> runs = p.more_runs;
-    for (size_t d = 0; d < p.region_offset.size(); ++d) {
-      runs.push_back(Placement::Run{static_cast<uint32_t>(d),
-                                    p.region_offset[d], p.region_length[d]});
-    }
-    for (const Placement::Run& run : runs) {
-      if (run.length > 0 &&
-          run.offset + run.length > options.device_capacity_bytes) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "the catalog keeps tensor '", key.first, "/", key.second,
-            "' up to byte ", run.offset + run.length, " of SSD ",
-            run.device < options.ssd_paths.size()
-                ? options.ssd_paths[run.device]
-                : std::string("?"),
-            ", past the ", options.device_capacity_bytes,
-            " bytes the options give it"));
+    for (const std::optional<Placement>& placement :
+         {tensor.placement, tensor.previous_placement}) {
+      if (!placement.has_value()) continue;
+      if (absl::Status s = CheckWithinCapacity(options, key, *placement);
+          !s.ok()) {
+        return s;
       }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TensorStore::CheckWithinCapacity(const StoreOptions& options,
+                                              const Key& key,
+                                              const Placement& p) {
+  std::vector<Placement::Run> runs = p.more_runs;
+  for (size_t d = 0; d < p.region_offset.size(); ++d) {
+    runs.push_back(Placement::Run{static_cast<uint32_t>(d), p.region_offset[d],
+                                  p.region_length[d]});
+  }
+  for (const Placement::Run& run : runs) {
+    if (run.length > 0 &&
+        run.offset + run.length > options.device_capacity_bytes) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the catalog keeps tensor '", key.first, "/", key.second,
+          "' up to byte ", run.offset + run.length, " of SSD ",
+          run.device < options.ssd_paths.size()
+              ? options.ssd_paths[run.device]
+              : std::string("?"),
+          ", past the ", options.device_capacity_bytes,
+          " bytes the options give it"));
     }
   }
   return absl::OkStatus();
@@ -324,18 +304,16 @@ absl::Status TensorStore::Recover() {
   for (const auto& [key, tensor] : replayed->tensors()) {
     auto entry = std::make_shared<Entry>();
     entry->bytes = tensor.bytes;
-    entry->last_version = tensor.committed_version;
-    if (tensor.placement.has_value()) {
-      absl::Status s = array_->Reserve(*tensor.placement);
-      if (!s.ok()) {
-        return absl::DataLossError(absl::StrCat(
-            "catalog entry of tensor ", Describe(key, tensor.committed_version),
-            ": ", s.message()));
-      }
-      auto version = std::make_shared<Version>(array_.get(), *tensor.placement);
-      version->number = tensor.committed_version;
-      entry->committed = std::move(version);
-    }
+    entry->last_version =
+        std::max(tensor.committed_version, tensor.previous_version);
+    absl::StatusOr<std::shared_ptr<const Version>> committed =
+        RecoveredVersion(key, tensor.committed_version, tensor.placement);
+    if (!committed.ok()) return committed.status();
+    entry->committed = *std::move(committed);
+    absl::StatusOr<std::shared_ptr<const Version>> previous = RecoveredVersion(
+        key, tensor.previous_version, tensor.previous_placement);
+    if (!previous.ok()) return previous.status();
+    entry->previous = *std::move(previous);
     tensors_[key] = std::move(entry);
   }
 
@@ -355,6 +333,20 @@ absl::Status TensorStore::Recover() {
   compact_at_bytes_ =
       std::max(options_.catalog_compact_bytes, 2 * log_->size());
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<const TensorStore::Version>>
+TensorStore::RecoveredVersion(const Key& key, uint64_t number,
+                              const std::optional<Placement>& placement) {
+  if (!placement.has_value()) return nullptr;
+  absl::Status s = array_->Reserve(*placement);
+  if (!s.ok()) {
+    return absl::DataLossError(absl::StrCat(
+        "catalog entry of tensor ", Describe(key, number), ": ", s.message()));
+  }
+  auto version = std::make_shared<Version>(array_.get(), *placement);
+  version->number = number;
+  return version;
 }
 
 CatalogRecord TensorStore::StoreInfoOf(const StoreOptions& options) {
@@ -573,12 +565,20 @@ absl::Status TensorStore::Commit(absl::string_view job,
   absl::MutexLock lock(&mu_);
   entry.busy = false;
   if (!s.ok()) return s;
-  entry.committed = std::move(entry.pending);  // The old one frees its space.
+  // The old one (and any kept previous one) frees its space.
+  entry.committed = std::move(entry.pending);
+  entry.previous.reset();
   return absl::OkStatus();
 }
 
 absl::Status TensorStore::CommitBatch(absl::string_view job,
                                       absl::Span<const std::string> names) {
+  return CommitBatchImpl(job, names, /*keep_previous=*/false);
+}
+
+absl::Status TensorStore::CommitBatchImpl(absl::string_view job,
+                                          absl::Span<const std::string> names,
+                                          bool keep_previous) {
   if (names.empty()) {
     return absl::InvalidArgumentError("a commit batch needs at least one name");
   }
@@ -604,7 +604,8 @@ absl::Status TensorStore::CommitBatch(absl::string_view job,
     entries.push_back(*std::move(found));
   }
   CatalogRecord batch;
-  batch.kind = CatalogRecord::Kind::kCommitBatch;
+  batch.kind = keep_previous ? CatalogRecord::Kind::kCommitBatchKeepingPrevious
+                             : CatalogRecord::Kind::kCommitBatch;
   batch.job = std::string(job);
   {
     absl::MutexLock lock(&mu_);
@@ -626,7 +627,11 @@ absl::Status TensorStore::CommitBatch(absl::string_view job,
   absl::MutexLock lock(&mu_);
   for (const auto& e : entries) {
     e->busy = false;
-    if (s.ok()) e->committed = std::move(e->pending);
+    if (!s.ok()) continue;
+    // Not kept: the old committed version (and any previous one left by
+    // an earlier kept commit) frees its space.
+    e->previous = keep_previous ? std::move(e->committed) : nullptr;
+    e->committed = std::move(e->pending);
   }
   return s;
 }
@@ -713,7 +718,7 @@ absl::Status TensorStore::Delete(absl::string_view job,
   bool committed;
   {
     absl::MutexLock lock(&mu_);
-    committed = entry.committed != nullptr;
+    committed = entry.committed != nullptr || entry.previous != nullptr;
   }
   CatalogRecord del;
   del.kind = CatalogRecord::Kind::kDelete;
@@ -730,6 +735,7 @@ absl::Status TensorStore::Delete(absl::string_view job,
   entry.deleted = true;
   entry.committed.reset();
   entry.pending.reset();
+  entry.previous.reset();
   tensors_.erase(Key(job, name));
   return absl::OkStatus();
 }
@@ -747,6 +753,7 @@ absl::StatusOr<TensorInfo> TensorStore::Stat(absl::string_view job,
   info.bytes = e.bytes;
   info.committed_version = e.committed ? e.committed->number : 0;
   info.pending_version = e.pending ? e.pending->number : 0;
+  info.previous_version = e.previous ? e.previous->number : 0;
   info.next_version = e.last_version + 1;
   return info;
 }
@@ -787,7 +794,7 @@ void TensorStore::SetSpaceBudget(SpaceBudget* budget) {
   budget_ = budget;
   for (const auto& [key, entry] : tensors_) {
     for (const std::shared_ptr<const Version>& version :
-         {entry->committed, entry->pending}) {
+         {entry->committed, entry->pending, entry->previous}) {
       if (version == nullptr || version->budget != nullptr) continue;
       version->charged = FootprintBytes(version->placement.bytes);
       budget->Charge(key.first, version->charged);
@@ -802,7 +809,8 @@ std::map<std::string, uint64_t> TensorStore::BytesByJob() const {
   absl::MutexLock lock(&mu_);
   for (const auto& [key, entry] : tensors_) {
     bytes[key.first] += entry->bytes * ((entry->committed != nullptr ? 1 : 0) +
-                                        (entry->pending != nullptr ? 1 : 0));
+                                        (entry->pending != nullptr ? 1 : 0) +
+                                        (entry->previous != nullptr ? 1 : 0));
   }
   return bytes;
 }

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -60,6 +61,8 @@ struct TensorInfo {
   uint64_t bytes = 0;
   uint64_t committed_version = 0;  // 0: nothing committed yet.
   uint64_t pending_version = 0;    // 0: no written, uncommitted version.
+  // 0: none kept (see TensorStore's kept commits).
+  uint64_t previous_version = 0;
   // The number the next Write will return (by this process; versions that
   // were never committed are forgotten across restarts).
   uint64_t next_version = 1;
@@ -88,6 +91,16 @@ struct StoreStats {
 // durable once any later Commit or Delete returns (or the store reopens
 // cleanly). After a crash, Open replays the catalog: committed versions
 // come back bit-exact, pending versions are gone and their space is free.
+//
+// Kept commits: CommitBatchKeepingPrevious commits as CommitBatch but
+// keeps each tensor's version until then as its previous one (a
+// data-parallel rank's states of the step before, until every rank has
+// committed the step); ReleasePrevious frees a job's previous versions,
+// RevertToPrevious makes them the committed ones again. Both are one
+// synced catalog record; previous versions survive a crash like committed
+// ones. Any other commit of a tensor (Commit, CommitBatch) frees its
+// previous version. A tensor holds at most committed, pending and previous
+// versions.
 //
 // Errors: a full SSD is RESOURCE_EXHAUSTED (committed data untouched); an I/O
 // error names the SSD and offset; unknown tensor NOT_FOUND.
@@ -147,6 +160,20 @@ class TensorStore {
   // deadlock).
   absl::Status CommitBatch(absl::string_view job,
                            absl::Span<const std::string> names);
+  // As CommitBatch; each tensor's committed version until now becomes its
+  // previous one (freeing any previous one it had), in the same record.
+  absl::Status CommitBatchKeepingPrevious(absl::string_view job,
+                                          absl::Span<const std::string> names);
+  // Frees every previous version of `job`'s tensors, durably (the space
+  // is reused only once the catalog no longer names it); the number of
+  // tensors that had one (0: nothing written).
+  absl::StatusOr<size_t> ReleasePrevious(absl::string_view job);
+  // Makes every previous version of `job`'s tensors the committed one
+  // again, all or none, durably; their committed versions (and any
+  // pending ones) are freed. Returns how many went back;
+  // FAILED_PRECONDITION (nothing changed) if no tensor of the job keeps
+  // one.
+  absl::StatusOr<size_t> RevertToPrevious(absl::string_view job);
   // Drops the pending version. FAILED_PRECONDITION if there is none.
   absl::Status Rollback(absl::string_view job, absl::string_view name);
   // Reads the committed version into `dest` (exactly the tensor's size) and
@@ -219,6 +246,13 @@ class TensorStore {
                                                        absl::string_view name)
       ABSL_LOCKS_EXCLUDED(mu_);
   void EndMutation(Entry& entry) ABSL_LOCKS_EXCLUDED(mu_);
+  // BeginMutation of every tensor of `job`, in name order (as CommitBatch
+  // takes them, so the two cannot wait for each other in a cycle).
+  std::vector<std::shared_ptr<Entry>> BeginJobMutation(absl::string_view job)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status CommitBatchImpl(absl::string_view job,
+                               absl::Span<const std::string> names,
+                               bool keep_previous);
   // Appends `record` (synced if `sync`), keeps catalog_ in step with it, and
   // compacts the log when it has grown enough.
   absl::Status AppendToCatalog(CatalogRecord record, bool sync)
@@ -233,6 +267,14 @@ class TensorStore {
   }
   static CatalogRecord StoreInfoOf(const StoreOptions& options);
   static std::string Describe(const Key& key, uint64_t version);
+  // Check's test of one placement against options.device_capacity_bytes.
+  static absl::Status CheckWithinCapacity(const StoreOptions& options,
+                                          const Key& key, const Placement& p);
+  // A version the catalog names (none without a placement), its space
+  // reserved in the array. DATA_LOSS if that space is taken.
+  absl::StatusOr<std::shared_ptr<const Version>> RecoveredVersion(
+      const Key& key, uint64_t number,
+      const std::optional<Placement>& placement);
   absl::StatusOr<uint64_t> ReadVersion(absl::string_view job,
                                        absl::string_view name,
                                        absl::Span<uint8_t> dest, bool pending,

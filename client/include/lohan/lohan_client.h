@@ -318,6 +318,11 @@ LOHAN_CLIENT_API uint64_t lohan_model_iteration(const lohan_model* model);
 /* 1 if the layer has stored states already (a re-attached job). */
 LOHAN_CLIENT_API int lohan_model_layer_initialized(const lohan_model* model,
                                                    uint32_t layer);
+/* 1 if the job kept the commit before its last one when the model was
+ * registered (a data-parallel rank's job between its commit and its next
+ * iteration): registering again with ModelSpec.revert_last_commit
+ * (lohan_model_register_json) resumes it at lohan_model_iteration - 1. */
+LOHAN_CLIENT_API int lohan_model_previous_commit_kept(const lohan_model* model);
 /* Buffers in the arena; NULL for a layer out of range. Sizes in bytes.
  * Streamed (lohan_model_spec.grad_slots / weight_slots = K): buffer
  * layer % K, shared with every layer of the same residue, as large as the
@@ -408,6 +413,17 @@ LOHAN_CLIENT_API int lohan_model_iter_end_global(lohan_model* model,
  * half-way). Gradients still being copied from a GPU are waited for
  * first. */
 LOHAN_CLIENT_API int lohan_model_iter_abort(lohan_model* model);
+/* Between iterations: waits until the last iteration has committed (its
+ * last updates may run after lohan_model_iter_end returned) and sets
+ * `*iteration` (may be NULL) to the job's committed iterations;
+ * LOHAN_ABORTED if those updates failed. A data-parallel rank's job
+ * (lohan_job_spec run) keeps the states its last commit replaced until its
+ * next lohan_model_iter_begin, which frees them: call this on every rank
+ * and agree that every rank committed before that begin, so that ranks
+ * whose peers stopped short can go back (ModelSpec.revert_last_commit,
+ * lohan_model_previous_commit_kept). */
+LOHAN_CLIENT_API int lohan_model_await_committed(lohan_model* model,
+                                                 uint64_t* iteration);
 
 /* The daemon's status (GetStatus) as JSON, field names as in
  * proto/lohan.proto (snake_case); free it with lohan_string_free. */

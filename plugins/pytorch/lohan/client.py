@@ -113,6 +113,10 @@ class Model:
         self.layer_elements = list(layer_elements)
         self.dtype = dtype
         self.iteration = lib.lohan_model_iteration(handle)
+        # The job kept the commit before its last one (a data-parallel
+        # rank's): ModelSpec.revert_last_commit goes back to it.
+        self.previous_commit_kept = bool(
+            lib.lohan_model_previous_commit_kept(handle))
         # Gradient / weight buffers: the layers, or K shared ones.
         self.grad_slots = lib.lohan_model_grad_slots(handle)
         self.weight_slots = lib.lohan_model_weight_slots(handle)
@@ -323,6 +327,14 @@ class Model:
     def iter_abort(self) -> None:
         """Ends the iteration with nothing committed (see lohan_client.h)."""
         _check(self._lib.lohan_model_iter_abort(self._handle))
+
+    def await_committed(self) -> int:
+        """Between iterations: waits until the last one has committed and
+        returns the committed iterations (see lohan_client.h)."""
+        committed = ctypes.c_uint64()
+        _check(self._lib.lohan_model_await_committed(
+            self._handle, ctypes.byref(committed)))
+        return committed.value
 
     def iter_end(self, global_sum_squares: Optional[float] = None) -> tuple:
         """(global_norm, clipped, skipped) of the iteration.

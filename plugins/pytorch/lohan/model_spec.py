@@ -35,6 +35,9 @@ class ModelSpec:
     starts at (its first update is Adam step initial_iteration + 1), to
     restore a checkpoint with init_weights and init_state; a job with
     states refuses another nonzero value (FAILED_PRECONDITION).
+    `revert_last_commit`: the job goes back to the commit before its last
+    one, which a data-parallel rank's job keeps until its next step
+    begins (Model.previous_commit_kept), before it opens.
 
     `no_weight_decay`: (layer, begin, end) tuples, in any order; the
     elements [begin, end) of that layer's flat vector are updated with
@@ -78,6 +81,7 @@ class ModelSpec:
     overlap_updates: bool = False
     clip_schedule: str = "deferred"
     in_order_service: bool = False
+    revert_last_commit: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -133,6 +137,7 @@ class ModelSpec:
             "overlap_updates": bool(self.overlap_updates),
             "clip_schedule": CLIP_SCHEDULES[self.clip_schedule],
             "in_order_service": bool(self.in_order_service),
+            "revert_last_commit": bool(self.revert_last_commit),
         }
 
     def to_json(self) -> str:

@@ -1,0 +1,55 @@
+#ifndef LOHAN_DAEMON_STORE_TENSOR_STORE_ENTRY_H_
+#define LOHAN_DAEMON_STORE_TENSOR_STORE_ENTRY_H_
+
+// TensorStore's private parts, shared by its source files
+// (tensor_store.cc, tensor_store_kept.cc); no one else includes this.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "daemon/store/space_budget.h"
+#include "daemon/store/ssd_array.h"
+#include "daemon/store/tensor_store.h"
+
+namespace lohan {
+
+// One written version of a tensor. Frees its space when the last holder
+// (the tensor entry, a reader in progress) lets go.
+struct TensorStore::Version {
+  Version(SsdArray* array, Placement placement)
+      : array(array), placement(std::move(placement)) {}
+  Version(const Version&) = delete;
+  Version& operator=(const Version&) = delete;
+  ~Version() {
+    array->Free(placement);
+    if (budget != nullptr) budget->Release(job, charged);
+  }
+
+  SsdArray* const array;
+  uint64_t number = 0;  // Set before the version is published.
+  Placement placement;
+  // Set when the version's bytes are counted in a SpaceBudget (by Write, or
+  // by SetSpaceBudget before the store serves anyone), which the destructor
+  // gives them back to.
+  mutable SpaceBudget* budget = nullptr;
+  mutable std::string job;
+  mutable uint64_t charged = 0;
+};
+
+// All fields are protected by TensorStore::mu_.
+struct TensorStore::Entry {
+  uint64_t bytes = 0;
+  uint64_t last_version = 0;  // Highest version number handed out.
+  std::shared_ptr<const Version> committed;
+  std::shared_ptr<const Version> pending;
+  // The version committed before `committed`, kept by a kept commit
+  // (CommitBatchKeepingPrevious) until ReleasePrevious or RevertToPrevious.
+  std::shared_ptr<const Version> previous;
+  bool busy = false;     // A mutation is in progress.
+  bool deleted = false;  // Removed from tensors_ while someone waited.
+};
+
+}  // namespace lohan
+
+#endif  // LOHAN_DAEMON_STORE_TENSOR_STORE_ENTRY_H_

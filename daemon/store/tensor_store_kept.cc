@@ -1,0 +1,87 @@
+// TensorStore's kept commits: a job's versions of the commit before the
+// last, kept until released or gone back to (see tensor_store.h).
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/store/catalog_record.h"
+#include "daemon/store/tensor_store.h"
+#include "daemon/store/tensor_store_entry.h"
+
+namespace lohan {
+
+absl::Status TensorStore::CommitBatchKeepingPrevious(
+    absl::string_view job, absl::Span<const std::string> names) {
+  return CommitBatchImpl(job, names, /*keep_previous=*/true);
+}
+
+std::vector<std::shared_ptr<TensorStore::Entry>> TensorStore::BeginJobMutation(
+    absl::string_view job) {
+  std::vector<std::shared_ptr<Entry>> entries;
+  for (const std::string& name : List(job)) {  // sorted
+    absl::StatusOr<std::shared_ptr<Entry>> found = BeginMutation(job, name);
+    if (found.ok()) entries.push_back(*std::move(found));  // else deleted
+  }
+  return entries;
+}
+
+absl::StatusOr<size_t> TensorStore::ReleasePrevious(absl::string_view job) {
+  std::vector<std::shared_ptr<Entry>> entries = BeginJobMutation(job);
+  size_t kept = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& e : entries) kept += e->previous != nullptr ? 1 : 0;
+  }
+  absl::Status s;
+  if (kept > 0) {
+    CatalogRecord release;
+    release.kind = CatalogRecord::Kind::kReleasePrevious;
+    release.job = std::string(job);
+    // Synced before the space is free: a crash must not bring back a
+    // previous version whose space a later write reused.
+    s = AppendToCatalog(std::move(release), /*sync=*/true);
+  }
+  absl::MutexLock lock(&mu_);
+  for (const auto& e : entries) {
+    e->busy = false;
+    if (s.ok()) e->previous.reset();
+  }
+  if (!s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("releasing job '", job,
+                                               "'s previous versions: ",
+                                               s.message()));
+  }
+  return kept;
+}
+
+absl::StatusOr<size_t> TensorStore::RevertToPrevious(absl::string_view job) {
+  std::vector<std::shared_ptr<Entry>> entries = BeginJobMutation(job);
+  size_t kept = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& e : entries) kept += e->previous != nullptr ? 1 : 0;
+  }
+  absl::Status s;
+  if (kept == 0) {
+    s = absl::FailedPreconditionError(absl::StrCat(
+        "job '", job, "' keeps no previous versions to go back to"));
+  } else {
+    CatalogRecord revert;
+    revert.kind = CatalogRecord::Kind::kRevertToPrevious;
+    revert.job = std::string(job);
+    s = AppendToCatalog(std::move(revert), /*sync=*/true);
+  }
+  absl::MutexLock lock(&mu_);
+  for (const auto& e : entries) {
+    e->busy = false;
+    if (!s.ok() || e->previous == nullptr) continue;
+    e->pending.reset();
+    e->committed = std::move(e->previous);  // The newer one frees its space.
+  }
+  if (!s.ok()) return s;
+  return kept;
+}
+
+}  // namespace lohan

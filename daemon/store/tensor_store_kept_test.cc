@@ -1,0 +1,193 @@
+// Kept commits (TensorStore::CommitBatchKeepingPrevious, ReleasePrevious,
+// RevertToPrevious): the space they hold, and what a restart brings back.
+
+#include <string>
+#include <vector>
+
+#include "daemon/store/tensor_store.h"
+#include "daemon/store/test_util.h"
+#include "gtest/gtest.h"
+
+namespace lohan {
+namespace {
+
+using testing_util::Pattern;
+using testing_util::TempDir;
+
+constexpr uint64_t kStripe = 64 << 10;
+const std::vector<std::string> kNames = {"chunk0", "chunk1", "meta"};
+
+uint64_t SizeOf(size_t i) { return 3 * kStripe + 1000 * i + 7; }
+uint64_t Padded(uint64_t bytes) { return (bytes + 4095) / 4096 * 4096; }
+
+class KeptCommitTest : public ::testing::Test {
+ protected:
+  KeptCommitTest() {
+    options_.ssd_paths = {dir_.Subdir("ssd0"), dir_.Subdir("ssd1")};
+    options_.state_dir = dir_.path() + "/state";
+    options_.stripe_unit = kStripe;
+    options_.queue_depth = 8;
+    options_.device_capacity_bytes = 16 << 20;
+  }
+
+  std::unique_ptr<TensorStore> Open() {
+    auto store = TensorStore::Open(options_);
+    EXPECT_TRUE(store.ok()) << store.status();
+    return store.ok() ? *std::move(store) : nullptr;
+  }
+  // Every tensor of job "j" written with the data of `step`.
+  static void WriteStep(TensorStore& store, uint64_t step) {
+    for (size_t i = 0; i < kNames.size(); ++i) {
+      ASSERT_TRUE(
+          store.Write("j", kNames[i], Pattern(100 * step + i, SizeOf(i))).ok());
+    }
+  }
+  // Every tensor of job "j" reads the data of `step`.
+  static void ExpectStep(TensorStore& store, uint64_t step) {
+    for (size_t i = 0; i < kNames.size(); ++i) {
+      std::vector<uint8_t> back(SizeOf(i));
+      auto read = store.Read("j", kNames[i], absl::MakeSpan(back));
+      ASSERT_TRUE(read.ok()) << read.status();
+      EXPECT_EQ(back, Pattern(100 * step + i, SizeOf(i)))
+          << kNames[i] << " is not at step " << step;
+    }
+  }
+  static uint64_t Used(const TensorStore& store) {
+    uint64_t used = 0;
+    for (const auto& device : store.Stats().devices) used += device.used_bytes;
+    return used;
+  }
+  // The SSD space of `versions` versions of every tensor.
+  static uint64_t Versions(uint64_t versions) {
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < kNames.size(); ++i) bytes += Padded(SizeOf(i));
+    return versions * bytes;
+  }
+  // Steps 1 (a plain commit) and 2 (kept): the previous version is step 1.
+  void CommitTwoSteps(TensorStore& store) {
+    for (size_t i = 0; i < kNames.size(); ++i) {
+      ASSERT_TRUE(store.Create("j", kNames[i], SizeOf(i)).ok());
+    }
+    WriteStep(store, 1);
+    ASSERT_TRUE(store.CommitBatch("j", kNames).ok());
+    WriteStep(store, 2);
+    ASSERT_TRUE(store.CommitBatchKeepingPrevious("j", kNames).ok());
+  }
+
+  TempDir dir_;
+  StoreOptions options_;
+};
+
+TEST_F(KeptCommitTest, KeepsThePreviousVersionUntilReleased) {
+  auto store = Open();
+  ASSERT_NE(store, nullptr);
+  CommitTwoSteps(*store);
+  ExpectStep(*store, 2);
+  EXPECT_EQ(store->Stat("j", "meta")->previous_version, 1u);
+  EXPECT_EQ(Used(*store), Versions(2));
+  EXPECT_EQ(store->BytesByJob()["j"],
+            2 * (SizeOf(0) + SizeOf(1) + SizeOf(2)));
+
+  auto released = store->ReleasePrevious("j");
+  ASSERT_TRUE(released.ok()) << released.status();
+  EXPECT_EQ(*released, kNames.size());
+  EXPECT_EQ(Used(*store), Versions(1));
+  EXPECT_EQ(store->Stat("j", "meta")->previous_version, 0u);
+  ExpectStep(*store, 2);
+  EXPECT_EQ(*store->ReleasePrevious("j"), 0u) << "nothing left to release";
+  EXPECT_EQ(store->RevertToPrevious("j").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  ExpectStep(*store, 2);
+
+  // A kept commit while one is kept frees the older one: at most committed,
+  // previous and pending at any time.
+  WriteStep(*store, 3);
+  EXPECT_EQ(Used(*store), Versions(2));
+  ASSERT_TRUE(store->CommitBatchKeepingPrevious("j", kNames).ok());
+  WriteStep(*store, 4);
+  EXPECT_EQ(Used(*store), Versions(3));
+  ASSERT_TRUE(store->CommitBatchKeepingPrevious("j", kNames).ok());
+  EXPECT_EQ(Used(*store), Versions(2));
+  EXPECT_EQ(store->Stat("j", "chunk0")->previous_version, 3u);
+  // A plain commit frees it.
+  WriteStep(*store, 5);
+  ASSERT_TRUE(store->CommitBatch("j", kNames).ok());
+  EXPECT_EQ(Used(*store), Versions(1));
+  EXPECT_EQ(store->Stat("j", "chunk0")->previous_version, 0u);
+}
+
+TEST_F(KeptCommitTest, RevertGoesBackToThePreviousVersionAcrossRestarts) {
+  {
+    auto store = Open();
+    ASSERT_NE(store, nullptr);
+    CommitTwoSteps(*store);
+  }
+  // Twice: the first open replays the kept batch's record, the second the
+  // snapshot the first wrote.
+  for (int reopen = 0; reopen < 2; ++reopen) {
+    auto store = Open();
+    ASSERT_NE(store, nullptr);
+    ExpectStep(*store, 2);
+    EXPECT_EQ(store->Stat("j", "chunk1")->previous_version, 1u) << reopen;
+    EXPECT_EQ(Used(*store), Versions(2)) << reopen;
+  }
+  {
+    auto store = Open();
+    ASSERT_NE(store, nullptr);
+    WriteStep(*store, 3);  // a step in progress: dropped by the revert
+    EXPECT_EQ(Used(*store), Versions(3));
+    auto reverted = store->RevertToPrevious("j");
+    ASSERT_TRUE(reverted.ok()) << reverted.status();
+    EXPECT_EQ(*reverted, kNames.size());
+    ExpectStep(*store, 1);
+    EXPECT_EQ(Used(*store), Versions(1));
+    EXPECT_EQ(store->Stat("j", "meta")->pending_version, 0u);
+    EXPECT_EQ(store->Stat("j", "meta")->previous_version, 0u);
+    EXPECT_EQ(store->RevertToPrevious("j").status().code(),
+              absl::StatusCode::kFailedPrecondition)
+        << "only one step back";
+  }
+  auto store = Open();
+  ASSERT_NE(store, nullptr);
+  ExpectStep(*store, 1);
+  EXPECT_EQ(Used(*store), Versions(1));
+  // The job goes on from there.
+  WriteStep(*store, 6);
+  ASSERT_TRUE(store->CommitBatchKeepingPrevious("j", kNames).ok());
+  ExpectStep(*store, 6);
+}
+
+TEST_F(KeptCommitTest, AReleaseSurvivesARestartAndOtherJobsAreUntouched) {
+  {
+    auto store = Open();
+    ASSERT_NE(store, nullptr);
+    CommitTwoSteps(*store);
+    ASSERT_TRUE(store->Create("other", "t", 5000).ok());
+    ASSERT_TRUE(store->Write("other", "t", Pattern(7, 5000)).ok());
+    ASSERT_TRUE(store->CommitBatch("other", {"t"}).ok());
+    ASSERT_TRUE(store->Write("other", "t", Pattern(8, 5000)).ok());
+    ASSERT_TRUE(store->CommitBatchKeepingPrevious("other", {"t"}).ok());
+    ASSERT_TRUE(store->ReleasePrevious("j").ok());
+  }
+  auto store = Open();
+  ASSERT_NE(store, nullptr);
+  ExpectStep(*store, 2);
+  EXPECT_EQ(store->Stat("j", "chunk0")->previous_version, 0u);
+  EXPECT_EQ(Used(*store), Versions(1) + 2 * Padded(5000));
+  ASSERT_TRUE(store->RevertToPrevious("other").ok());
+  std::vector<uint8_t> back(5000);
+  ASSERT_TRUE(store->Read("other", "t", absl::MakeSpan(back)).ok());
+  EXPECT_EQ(back, Pattern(7, 5000));
+  ExpectStep(*store, 2);
+  // Deleting a job frees its previous versions too.
+  ASSERT_TRUE(store->Create("gone", "t", 5000).ok());
+  ASSERT_TRUE(store->Write("gone", "t", Pattern(1, 5000)).ok());
+  ASSERT_TRUE(store->CommitBatch("gone", {"t"}).ok());
+  ASSERT_TRUE(store->Write("gone", "t", Pattern(2, 5000)).ok());
+  ASSERT_TRUE(store->CommitBatchKeepingPrevious("gone", {"t"}).ok());
+  ASSERT_TRUE(store->DeleteJob("gone").ok());
+  EXPECT_EQ(Used(*store), Versions(1) + Padded(5000));
+}
+
+}  // namespace
+}  // namespace lohan

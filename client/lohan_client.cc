@@ -492,6 +492,11 @@ int lohan_model_iter_abort(lohan_model* model) {
   return Report(model->channel->IterAbort());
 }
 
+int lohan_model_release_previous_commit(lohan_model* model) {
+  if (model == nullptr) return NullModel();
+  return Report(model->channel->ReleasePreviousCommit());
+}
+
 int lohan_model_await_committed(lohan_model* model, uint64_t* iteration) {
   if (model == nullptr) return NullModel();
   absl::StatusOr<uint64_t> committed = model->channel->AwaitCommitted();

@@ -305,6 +305,14 @@ absl::Status ModelChannel::IterAbort() {
 }
 
 absl::StatusOr<uint64_t> ModelChannel::AwaitCommitted() {
+  return CallIterCommitted(0);
+}
+
+absl::Status ModelChannel::ReleasePreviousCommit() {
+  return CallIterCommitted(kIterCommittedRelease).status();
+}
+
+absl::StatusOr<uint64_t> ModelChannel::CallIterCommitted(uint8_t flags) {
   if (in_iteration_) {
     return absl::FailedPreconditionError(
         "ITER_COMMITTED: an iteration is in progress; it waits for the last "
@@ -312,6 +320,7 @@ absl::StatusOr<uint64_t> ModelChannel::AwaitCommitted() {
   }
   absl::StatusOr<SubmissionEntry> entry = BuildEntry(RingOp::kIterCommitted, 0);
   if (!entry.ok()) return entry.status();
+  entry->iter_flags = flags;
   absl::StatusOr<CompletionEntry> completion = CallEntry(*entry);
   if (!completion.ok()) return completion.status();
   return completion->detail;

@@ -127,6 +127,9 @@ class ModelChannel {
   // ITER_COMMITTED (between iterations): waits until the last iteration
   // has committed and returns the job's committed iterations.
   absl::StatusOr<uint64_t> AwaitCommitted();
+  // ITER_COMMITTED with kIterCommittedRelease: once every rank has
+  // committed the last iteration, frees the states that commit kept.
+  absl::Status ReleasePreviousCommit();
 
   // ---- Layers' weights and gradients in their arena buffers
 
@@ -209,6 +212,8 @@ class ModelChannel {
   // Submits `entry` (a FETCH_PARAMS under a reservation of its buffer).
   absl::StatusOr<Ticket> SubmitEntry(const SubmissionEntry& entry);
   // SubmitEntry, then waits for the completion.
+  // ITER_COMMITTED with `flags`; the committed iterations.
+  absl::StatusOr<uint64_t> CallIterCommitted(uint8_t flags);
   absl::StatusOr<CompletionEntry> CallEntry(const SubmissionEntry& entry);
   absl::StatusOr<Ticket> SubmitRefill(const SubmissionEntry& entry);
   // ITER_END (with every rank's sum of squares, when given) / ITER_ABORT.

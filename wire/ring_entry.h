@@ -92,7 +92,10 @@ inline constexpr uint32_t kRingEntryBytes = 64;
 //                    kIterCommitted and learns that every rank committed
 //                    before it sends kIterBegin, so that a rank whose peers
 //                    stopped short can go back to the iteration all of them
-//                    committed (ModelSpec.revert_last_commit).
+//                    committed (ModelSpec.revert_last_commit). With
+//                    kIterCommittedRelease (after that agreement) it frees
+//                    them at once, as the next kIterBegin would (a run
+//                    closing: an idle job keeps one version of its states).
 //   kInitWeights     layer, slot_offset/length = the staging slot holding the
 //                    layer's initial fp32 weights (length = elements x 4).
 //                    Outside iterations, once per layer of a new job.
@@ -146,6 +149,9 @@ enum class RingStatePart : uint64_t {
 inline constexpr uint8_t kIterBeginLrGiven = 1u << 0;
 // Of a kIterEnd: the entry's global_sum_squares decides the outcome.
 inline constexpr uint8_t kIterEndSumSquaresGiven = 1u << 1;
+// Of a kIterCommitted: every rank has committed too (the caller's
+// agreement): free the states the last commit kept now (a run closing).
+inline constexpr uint8_t kIterCommittedRelease = 1u << 2;
 
 // CompletionEntry::flags of a kIterEnd completion.
 inline constexpr uint32_t kIterEndClipped = 1u << 0;

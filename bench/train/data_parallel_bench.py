@@ -15,7 +15,10 @@ shard handling are the difference, but on a CPU the ranks also split the
 model's compute, so a ratio below 1 is possible), and, from the daemon's
 status, each job's arena and its SSD bytes read and written per
 parameter of the model per step: every rank's should be 1/N of the
-single job's.
+single job's. Each rank also times, per step, the agreement that every
+rank committed the last step (rank_commits.agree_committed: waiting for
+its daemon's commit, then an all-gather) and its ITER_BEGIN (which frees
+the states the last commit kept).
 """
 
 from __future__ import annotations
@@ -56,10 +59,12 @@ def train(args: argparse.Namespace, socket: str, name: str,
     engine = lohan.init(model, lr=1e-3, socket=socket, job_name=name,
                         buffers=args.buffers, params="resident",
                         activations="keep", max_grad_norm=1.0)
+    timers = time_commit_agreement(engine) if world > 1 else {}
     start = 0.0
     for n, ids in enumerate(data):
         if n == WARMUP:
             start = time.perf_counter()
+            timers.update({key: 0.0 for key in timers})
         mine = ids[rank * share:(rank + 1) * share]
         model(input_ids=mine, labels=mine).loss.backward()
         engine.step()
@@ -70,8 +75,32 @@ def train(args: argparse.Namespace, socket: str, name: str,
         "arena_bytes": int(status.get("arena_bytes", 0)),
         "ssd_read_bytes": int(status.get("ssd_read_bytes", 0)),
         "ssd_written_bytes": int(status.get("ssd_written_bytes", 0)),
-        "steps": args.steps + WARMUP}))
+        "steps": args.steps + WARMUP,
+        **{f"{key}_seconds": value / args.steps
+           for key, value in timers.items()}}))
     engine.close(delete_job=True)
+
+
+def time_commit_agreement(engine: lohan.Engine) -> Dict[str, float]:
+    """Seconds spent (summed, from now) in the ranks' agreement on the
+    last commit and in ITER_BEGIN, by wrapping both."""
+    import lohan.iteration as iteration_module
+    timers = {"agreement": 0.0, "iter_begin": 0.0}
+
+    def timed(key: str, call: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            begun = time.perf_counter()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                timers[key] += time.perf_counter() - begun
+        return wrapper
+
+    iteration_module.agree_committed = timed(
+        "agreement", iteration_module.agree_committed)
+    remote = engine._session.remote
+    remote.iter_begin = timed("iter_begin", remote.iter_begin)
+    return timers
 
 
 def session_status(engine: lohan.Engine) -> Dict[str, Any]:
@@ -132,7 +161,10 @@ def report(singles: List[Dict[str, Any]],
               f"{per_parameter_step(record, 'ssd_read_bytes'):.2f} B "
               f"({share('ssd_read_bytes'):.3f}), written "
               f"{per_parameter_step(record, 'ssd_written_bytes'):.2f} B "
-              f"({share('ssd_written_bytes'):.3f})")
+              f"({share('ssd_written_bytes'):.3f}); agreeing on the last "
+              f"commit {record.get('agreement_seconds', 0) * 1e3:.2f} ms, "
+              f"ITER_BEGIN {record.get('iter_begin_seconds', 0) * 1e3:.2f} "
+              "ms per step")
 
 
 def main() -> int:

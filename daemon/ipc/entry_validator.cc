@@ -54,6 +54,7 @@ uint32_t FieldsOf(RingOp op) {
 uint8_t IterFlagsOf(RingOp op) {
   if (op == RingOp::kIterBegin) return kIterBeginLrGiven;
   if (op == RingOp::kIterEnd) return kIterEndSumSquaresGiven;
+  if (op == RingOp::kIterCommitted) return kIterCommittedRelease;
   return 0;
 }
 

@@ -132,6 +132,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       Require(std::isnan(entry.global_sum_squares) ||
               !std::signbit(entry.global_sum_squares));
       ++accepted_sum_squares;
+    } else if (op == RingOp::kIterCommitted) {
+      Require((entry.iter_flags & ~kIterCommittedRelease) == 0);
+      Require(last_bits == 0 && !validator.in_iteration());
     } else {
       Require(entry.iter_flags == 0 && last_bits == 0);
     }

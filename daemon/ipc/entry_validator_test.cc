@@ -402,6 +402,10 @@ TEST_F(EntryValidatorTest, IterCommittedWaitsBetweenIterationsWithNoFields) {
        {with_iteration, with_layer, with_flag, with_lr}) {
     EXPECT_EQ(Code(bad), absl::StatusCode::kInvalidArgument);
   }
+  // Its one flag: free the kept states too.
+  SubmissionEntry release = committed;
+  release.iter_flags = kIterCommittedRelease;
+  EXPECT_TRUE(validator_->Accept(release).ok());
   EXPECT_TRUE(validator_->Accept(Iter(RingOp::kIterBegin, 1)).ok());
 }
 

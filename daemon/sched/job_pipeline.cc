@@ -329,6 +329,30 @@ bool JobPipeline::KeepsPreviousCommit() const {
   return meta.ok() && meta->previous_version != 0;
 }
 
+absl::Status JobPipeline::ReleaseKeptStates() {
+  if (!options_.keep_previous_commit) return absl::OkStatus();
+  absl::StatusOr<size_t> released = store_->ReleasePrevious(job_);
+  if (!released.ok()) {
+    return Annotate(released.status(), absl::StrCat("job '", job_, "'"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobPipeline::ReleasePreviousCommit() {
+  absl::MutexLock api(&api_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status settled = AwaitSettledLocked(); !settled.ok()) {
+      return settled;
+    }
+    if (phase_ != Phase::kIdle) {
+      return absl::FailedPreconditionError(
+          "the kept states are released between iterations only");
+    }
+  }
+  return ReleaseKeptStates();
+}
+
 absl::StatusOr<uint64_t> JobPipeline::AwaitCommitted() const {
   absl::MutexLock lock(&mu_);
   if (absl::Status settled = AwaitSettledLocked(); !settled.ok()) {
@@ -718,11 +742,8 @@ absl::Status JobPipeline::BeginIteration(float grad_scale,
   // Every rank has committed the last iteration (the caller's contract):
   // the one before is needed no more, and its space is this iteration's.
   // Idle, under api_mu_: nothing else runs meanwhile.
-  if (options_.keep_previous_commit) {
-    absl::StatusOr<size_t> released = store_->ReleasePrevious(job_);
-    if (!released.ok()) {
-      return Annotate(released.status(), absl::StrCat("job '", job_, "'"));
-    }
+  if (absl::Status released = ReleaseKeptStates(); !released.ok()) {
+    return released;
   }
   absl::MutexLock lock(&mu_);
   submissions_.assign(state_.num_layers(), Submission{});

@@ -261,6 +261,12 @@ class JobPipeline {
   // then the committed iteration; the settle's error if it failed
   // (ABORTED, see WaitLayer). Between iterations, what iteration() says.
   absl::StatusOr<uint64_t> AwaitCommitted() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Between iterations, once every rank has committed the last one (the
+  // caller's agreement, as for BeginIteration): frees the states the last
+  // commit kept now rather than at the next BeginIteration (a run closing:
+  // an idle job holds one version of its states). FAILED_PRECONDITION in
+  // an iteration; the settle's error if it failed. OK with nothing kept.
+  absl::Status ReleasePreviousCommit() ABSL_LOCKS_EXCLUDED(api_mu_, mu_);
 
   // Stores `weights` (layer_elements(layer) floats) as the layer's fp32
   // master weights with zero moments (and, streaming 16-bit weights, their
@@ -639,6 +645,9 @@ class JobPipeline {
   // weight16_out buffer submitted this iteration. The first error.
   absl::Status RestoreWeightCopies() ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Commit(uint64_t new_iteration);
+  // With keep_previous_commit, the store's ReleasePrevious of the job.
+  // REQUIRES: api_mu_ held, no iteration in progress or settling.
+  absl::Status ReleaseKeptStates();
   void EndIterationIdle() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Constant after construction.

@@ -166,11 +166,24 @@ TEST_P(KeptCommitTest, BeginIterationFreesTheKeptStatesAndPlainJobsKeepNone) {
   EXPECT_LT(store_->BytesByJob()["job"], bytes_kept);
   ASSERT_TRUE(pipeline_->AbortIteration().ok());
   EXPECT_FALSE(pipeline_->KeepsPreviousCommit());
+  // Or at once, between iterations (a run closing).
+  Step(2);
+  ASSERT_TRUE(pipeline_->KeepsPreviousCommit());
+  ASSERT_TRUE(pipeline_->BeginIteration().ok());
+  EXPECT_EQ(pipeline_->ReleasePreviousCommit().code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(pipeline_->AbortIteration().ok());
+  Step(3);
+  ASSERT_GT(Kept(), 0u);
+  ASSERT_TRUE(pipeline_->ReleasePreviousCommit().ok());
+  EXPECT_EQ(Kept(), 0u);
+  EXPECT_EQ(pipeline_->iteration(), 3u);
+  EXPECT_TRUE(pipeline_->ReleasePreviousCommit().ok()) << "nothing kept: OK";
 
   // A job that is no rank's keeps nothing.
   ASSERT_TRUE(Open(/*revert=*/false, /*keep=*/false).ok());
-  Step(2);
-  ASSERT_EQ(*pipeline_->AwaitCommitted(), 2u);
+  Step(4);
+  ASSERT_EQ(*pipeline_->AwaitCommitted(), 4u);
   EXPECT_EQ(Kept(), 0u);
   EXPECT_EQ(Open(/*revert=*/true, /*keep=*/false).code(),
             absl::StatusCode::kFailedPrecondition);

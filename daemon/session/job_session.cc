@@ -107,6 +107,7 @@ JobSession::~JobSession() {
   stopping_.store(true);
   if (server_.joinable()) server_.join();
   lanes_ready_.store(nullptr);
+  pipeline_ready_.store(nullptr);
   lanes_.reset();  // drops what has not begun, waits for what runs
   if (served_ != nullptr) DropActivations();
   // The pipeline (inside model_) rolls back an unfinished iteration as it
@@ -362,6 +363,7 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
   }
   lanes_ = std::make_unique<ServeLanes>(spec.in_order_service());
   lanes_ready_.store(lanes_.get());
+  pipeline_ready_.store(served_->pipeline.get());
   server_ = std::thread([this] { Serve(); });
   spdlog::info(
       "job {}: model of {} layers registered ({} gradient and {} weight "
@@ -552,6 +554,12 @@ absl::Status JobSession::Handle(const SubmissionEntry& entry, uint64_t& detail,
       // its updates wrote (JobPipeline::AbortIteration).
       return model.pipeline->AbortIteration();
     case RingOp::kIterCommitted: {
+      if ((entry.iter_flags & kIterCommittedRelease) != 0) {
+        if (absl::Status released = model.pipeline->ReleasePreviousCommit();
+            !released.ok()) {
+          return released;
+        }
+      }
       absl::StatusOr<uint64_t> committed = model.pipeline->AwaitCommitted();
       if (!committed.ok()) return committed.status();
       detail = *committed;
@@ -633,6 +641,9 @@ v1::SessionStatus JobSession::Status() const {
   if (const MemoryShares* shares = read_ahead_shares_.load()) {
     status.set_read_ahead_held_bytes(shares->Held(job_id()));
     status.set_read_ahead_share_bytes(shares->ShareOf(job_id()));
+  }
+  if (const JobPipeline* pipeline = pipeline_ready_.load()) {
+    status.set_committed_iteration(pipeline->iteration());
   }
   if (const ServeLanes* lanes = lanes_ready_.load()) {
     status.set_urgent_queued(

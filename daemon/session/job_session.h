@@ -254,7 +254,8 @@ class JobSession {
   std::optional<RingProducer> completions_ ABSL_GUARDED_BY(complete_mu_);
   uint64_t error_sequence_ ABSL_GUARDED_BY(complete_mu_) = 0;
   std::unique_ptr<ServeLanes> lanes_;  // created before serving starts
-  std::atomic<const ServeLanes*> lanes_ready_{nullptr};  // for Status()
+  std::atomic<const ServeLanes*> lanes_ready_{nullptr};      // for Status()
+  std::atomic<const JobPipeline*> pipeline_ready_{nullptr};  // likewise
   // The read-ahead memory's shares, once registered (may stay null).
   std::atomic<const MemoryShares*> read_ahead_shares_{nullptr};
   std::atomic<bool> drain_requested_{false};

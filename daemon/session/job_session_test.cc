@@ -555,9 +555,12 @@ TEST_F(JobSessionTest, ARanksJobReportsItsCommitAndGoesBackToTheOneBefore) {
   ASSERT_EQ(Code(committed), absl::StatusCode::kOk) << ErrorText(committed);
   EXPECT_EQ(committed.detail, 1u);
   ASSERT_NE(WeightSlot(0), initial[0]);
+  std::vector<std::vector<uint8_t>> after_first;
+  for (uint32_t l = 0; l < layers(); ++l) after_first.push_back(WeightSlot(l));
 
-  // Reopened: the commit before is kept; asked to, the job goes back to
-  // it, its slots holding those weights again.
+  // Reopened: the commit before is kept, until freed on request; after
+  // another step it is kept again and, asked to, the job goes back to it,
+  // its slots holding those weights again.
   auto reopen = [&](bool revert) {
     completions_.reset();
     submissions_.reset();
@@ -570,11 +573,35 @@ TEST_F(JobSessionTest, ARanksJobReportsItsCommitAndGoesBackToTheOneBefore) {
   ASSERT_NO_FATAL_FAILURE(reopen(false));
   EXPECT_EQ(response_.iteration(), 1u);
   EXPECT_TRUE(response_.previous_commit_kept());
+  const uint64_t kept_bytes = store_->BytesByJob()["job"];
+  {
+    // Freed at once on request (a run closing), then nothing to go back to.
+    SubmissionEntry release = Entry(RingOp::kIterCommitted);
+    release.iter_flags = kIterCommittedRelease;
+    const CompletionEntry released = Call(release);
+    ASSERT_EQ(Code(released), absl::StatusCode::kOk) << ErrorText(released);
+    EXPECT_EQ(released.detail, 1u);
+    EXPECT_LT(store_->BytesByJob()["job"], kept_bytes);
+    ASSERT_NO_FATAL_FAILURE(reopen(false));
+    EXPECT_FALSE(response_.previous_commit_kept());
+  }
+  // Another step, kept again, to go back from.
+  ASSERT_EQ(Code(Call(Iter(RingOp::kIterBegin, 1))), absl::StatusCode::kOk);
+  FillGradients(2);
+  for (uint32_t l = layers(); l-- > 0;) {
+    ASSERT_EQ(Code(Call(Grad(l))), absl::StatusCode::kOk);
+  }
+  ASSERT_EQ(Code(Call(Iter(RingOp::kIterEnd, 1))), absl::StatusCode::kOk);
+  {
+    ASSERT_NO_FATAL_FAILURE(reopen(false));
+    ASSERT_EQ(response_.iteration(), 2u);
+    ASSERT_TRUE(response_.previous_commit_kept());
+  }
   ASSERT_NO_FATAL_FAILURE(reopen(true));
-  EXPECT_EQ(response_.iteration(), 0u);
+  EXPECT_EQ(response_.iteration(), 1u);
   EXPECT_FALSE(response_.previous_commit_kept());
   for (uint32_t l = 0; l < layers(); ++l) {
-    EXPECT_EQ(WeightSlot(l), initial[l]) << "layer " << l;
+    EXPECT_EQ(WeightSlot(l), after_first[l]) << "layer " << l;
   }
   // Once is all: there is nothing further back.
   completions_.reset();

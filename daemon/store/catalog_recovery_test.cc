@@ -66,7 +66,8 @@ class CatalogSweepTest : public ::testing::Test {
   }
 
   // A store's life: tensors created, written and committed over a few
-  // iterations, one batch commit, a tensor deleted.
+  // iterations, one batch commit, kept commits (a data-parallel rank's:
+  // released, reverted, one left kept), a tensor deleted.
   void SetUp() override {
     const StoreOptions o = Options(dir_.path() + "/state");
     auto store = TensorStore::Open(o);
@@ -76,7 +77,7 @@ class CatalogSweepTest : public ::testing::Test {
     for (const std::string& name : names) {
       ASSERT_TRUE(s.Create("job", name, 70000).ok());
     }
-    for (int iteration = 1; iteration <= 3; ++iteration) {
+    for (int iteration = 1; iteration <= 6; ++iteration) {
       for (const std::string& name : names) {
         const std::vector<uint8_t> data =
             Pattern(iteration * 10 + name[0], 70000);
@@ -84,6 +85,10 @@ class CatalogSweepTest : public ::testing::Test {
       }
       if (iteration == 2) {
         ASSERT_TRUE(s.CommitBatch("job", names).ok());
+      } else if (iteration >= 4) {
+        ASSERT_TRUE(s.CommitBatchKeepingPrevious("job", names).ok());
+        if (iteration == 4) ASSERT_TRUE(s.ReleasePrevious("job").ok());
+        if (iteration == 5) ASSERT_TRUE(s.RevertToPrevious("job").ok());
       } else {
         for (const std::string& name : names) {
           ASSERT_TRUE(s.Commit("job", name).ok());

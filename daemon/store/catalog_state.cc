@@ -47,9 +47,10 @@ absl::Status CatalogState::Check(const CatalogRecord& record) const {
       // A previous version comes after the committed one it preceded.
       auto it = tensors_.find(Key(record.job, record.name));
       if (!it->second.placement.has_value()) {
-        return absl::DataLossError(absl::StrCat(
-            "keeps previous ", Describe(record.job, record.name, record.version),
-            " of a tensor with no committed version"));
+        return absl::DataLossError(
+            absl::StrCat("keeps previous ",
+                         Describe(record.job, record.name, record.version),
+                         " of a tensor with no committed version"));
       }
       return absl::OkStatus();
     }
@@ -108,8 +109,7 @@ absl::Status CatalogState::Apply(CatalogRecord record) {
     }
     case CatalogRecord::Kind::kReleasePrevious:
     case CatalogRecord::Kind::kRevertToPrevious: {
-      const bool revert =
-          record.kind == CatalogRecord::Kind::kRevertToPrevious;
+      const bool revert = record.kind == CatalogRecord::Kind::kRevertToPrevious;
       for (auto it = tensors_.lower_bound(Key(record.job, ""));
            it != tensors_.end() && it->first.first == record.job; ++it) {
         Tensor& t = it->second;

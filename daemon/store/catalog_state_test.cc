@@ -143,13 +143,15 @@ TEST(CatalogStateTest, KeptCommitsReleaseAndRevertAndSurviveASnapshot) {
   CatalogState state;
   ASSERT_TRUE(state.Apply(Create("a", 10)).ok());
   ASSERT_TRUE(state.Apply(Create("b", 10)).ok());
-  ASSERT_TRUE(state.Apply(Batch(Kind::kCommitBatch,
-                                {{"a", 1, PlacementOf(10, 0)},
-                                 {"b", 1, PlacementOf(10, 4096)}}))
-                  .ok());
-  ASSERT_TRUE(state.Apply(Batch(Kind::kCommitBatchKeepingPrevious,
-                                {{"a", 2, PlacementOf(10, 8192)},
-                                 {"b", 2, PlacementOf(10, 12288)}}))
+  ASSERT_TRUE(
+      state
+          .Apply(Batch(Kind::kCommitBatch, {{"a", 1, PlacementOf(10, 0)},
+                                            {"b", 1, PlacementOf(10, 4096)}}))
+          .ok());
+  ASSERT_TRUE(state
+                  .Apply(Batch(Kind::kCommitBatchKeepingPrevious,
+                               {{"a", 2, PlacementOf(10, 8192)},
+                                {"b", 2, PlacementOf(10, 12288)}}))
                   .ok());
   const CatalogState::Tensor& a = state.tensors().at({"j", "a"});
   EXPECT_EQ(a.committed_version, 2u);
@@ -180,16 +182,16 @@ TEST(CatalogStateTest, KeptCommitsReleaseAndRevertAndSurviveASnapshot) {
     EXPECT_EQ(t.previous_version, 0u) << name;
     EXPECT_FALSE(t.previous_placement) << name;
   }
-  EXPECT_EQ(state.tensors().at({"j", "b"}).placement->region_offset[0],
-            4096u);
+  EXPECT_EQ(state.tensors().at({"j", "b"}).placement->region_offset[0], 4096u);
   // A plain commit after a kept one drops the previous version, one
   // tensor's or a batch's.
   for (CatalogRecord plain :
        {Commit("a", 4, PlacementOf(10, 16384)),
         Batch(Kind::kCommitBatch, {{"a", 4, PlacementOf(10, 16384)}})}) {
     const uint64_t before = state.tensors().at({"j", "a"}).committed_version;
-    ASSERT_TRUE(state.Apply(Batch(Kind::kCommitBatchKeepingPrevious,
-                                  {{"a", 3, PlacementOf(10, 8192)}}))
+    ASSERT_TRUE(state
+                    .Apply(Batch(Kind::kCommitBatchKeepingPrevious,
+                                 {{"a", 3, PlacementOf(10, 8192)}}))
                     .ok());
     EXPECT_EQ(state.tensors().at({"j", "a"}).previous_version, before);
     ASSERT_TRUE(state.Apply(plain).ok());

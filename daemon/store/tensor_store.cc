@@ -209,9 +209,8 @@ absl::Status TensorStore::CheckWithinCapacity(const StoreOptions& options,
       return absl::FailedPreconditionError(absl::StrCat(
           "the catalog keeps tensor '", key.first, "/", key.second,
           "' up to byte ", run.offset + run.length, " of SSD ",
-          run.device < options.ssd_paths.size()
-              ? options.ssd_paths[run.device]
-              : std::string("?"),
+          run.device < options.ssd_paths.size() ? options.ssd_paths[run.device]
+                                                : std::string("?"),
           ", past the ", options.device_capacity_bytes,
           " bytes the options give it"));
     }

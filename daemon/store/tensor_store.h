@@ -12,6 +12,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -249,6 +250,16 @@ class TensorStore {
   // BeginMutation of every tensor of `job`, in name order (as CommitBatch
   // takes them, so the two cannot wait for each other in a cycle).
   std::vector<std::shared_ptr<Entry>> BeginJobMutation(absl::string_view job)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // How many of `entries` keep a previous version.
+  size_t CountPrevious(const std::vector<std::shared_ptr<Entry>>& entries) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // A job-wide record (kReleasePrevious, kRevertToPrevious), synced.
+  absl::Status AppendJobRecord(CatalogRecord::Kind kind, absl::string_view job);
+  // Ends BeginJobMutation's mutations; with `apply`, `change` each entry
+  // that keeps a previous version first.
+  void EndJobMutation(const std::vector<std::shared_ptr<Entry>>& entries,
+                      bool apply, absl::FunctionRef<void(Entry&)> change)
       ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CommitBatchImpl(absl::string_view job,
                                absl::Span<const std::string> names,

@@ -27,59 +27,61 @@ std::vector<std::shared_ptr<TensorStore::Entry>> TensorStore::BeginJobMutation(
   return entries;
 }
 
-absl::StatusOr<size_t> TensorStore::ReleasePrevious(absl::string_view job) {
-  std::vector<std::shared_ptr<Entry>> entries = BeginJobMutation(job);
+size_t TensorStore::CountPrevious(
+    const std::vector<std::shared_ptr<Entry>>& entries) const {
+  absl::MutexLock lock(&mu_);
   size_t kept = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    for (const auto& e : entries) kept += e->previous != nullptr ? 1 : 0;
-  }
-  absl::Status s;
-  if (kept > 0) {
-    CatalogRecord release;
-    release.kind = CatalogRecord::Kind::kReleasePrevious;
-    release.job = std::string(job);
-    // Synced before the space is free: a crash must not bring back a
-    // previous version whose space a later write reused.
-    s = AppendToCatalog(std::move(release), /*sync=*/true);
-  }
+  for (const auto& e : entries) kept += e->previous != nullptr ? 1 : 0;
+  return kept;
+}
+
+absl::Status TensorStore::AppendJobRecord(CatalogRecord::Kind kind,
+                                          absl::string_view job) {
+  CatalogRecord record;
+  record.kind = kind;
+  record.job = std::string(job);
+  return AppendToCatalog(std::move(record), /*sync=*/true);
+}
+
+void TensorStore::EndJobMutation(
+    const std::vector<std::shared_ptr<Entry>>& entries, bool apply,
+    absl::FunctionRef<void(Entry&)> change) {
   absl::MutexLock lock(&mu_);
   for (const auto& e : entries) {
     e->busy = false;
-    if (s.ok()) e->previous.reset();
+    if (apply && e->previous != nullptr) change(*e);
   }
+}
+
+absl::StatusOr<size_t> TensorStore::ReleasePrevious(absl::string_view job) {
+  std::vector<std::shared_ptr<Entry>> entries = BeginJobMutation(job);
+  const size_t kept = CountPrevious(entries);
+  // Synced before the space is free: a crash must not bring back a
+  // previous version whose space a later write reused.
+  const absl::Status s =
+      kept > 0 ? AppendJobRecord(CatalogRecord::Kind::kReleasePrevious, job)
+               : absl::OkStatus();
+  EndJobMutation(entries, s.ok(), [](Entry& e) { e.previous.reset(); });
   if (!s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("releasing job '", job,
-                                               "'s previous versions: ",
-                                               s.message()));
+    return absl::Status(s.code(),
+                        absl::StrCat("releasing job '", job,
+                                     "'s previous versions: ", s.message()));
   }
   return kept;
 }
 
 absl::StatusOr<size_t> TensorStore::RevertToPrevious(absl::string_view job) {
   std::vector<std::shared_ptr<Entry>> entries = BeginJobMutation(job);
-  size_t kept = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    for (const auto& e : entries) kept += e->previous != nullptr ? 1 : 0;
-  }
-  absl::Status s;
-  if (kept == 0) {
-    s = absl::FailedPreconditionError(absl::StrCat(
-        "job '", job, "' keeps no previous versions to go back to"));
-  } else {
-    CatalogRecord revert;
-    revert.kind = CatalogRecord::Kind::kRevertToPrevious;
-    revert.job = std::string(job);
-    s = AppendToCatalog(std::move(revert), /*sync=*/true);
-  }
-  absl::MutexLock lock(&mu_);
-  for (const auto& e : entries) {
-    e->busy = false;
-    if (!s.ok() || e->previous == nullptr) continue;
-    e->pending.reset();
-    e->committed = std::move(e->previous);  // The newer one frees its space.
-  }
+  const size_t kept = CountPrevious(entries);
+  const absl::Status s =
+      kept == 0
+          ? absl::FailedPreconditionError(absl::StrCat(
+                "job '", job, "' keeps no previous versions to go back to"))
+          : AppendJobRecord(CatalogRecord::Kind::kRevertToPrevious, job);
+  EndJobMutation(entries, s.ok(), [](Entry& e) {
+    e.pending.reset();
+    e.committed = std::move(e.previous);  // The newer one frees its space.
+  });
   if (!s.ok()) return s;
   return kept;
 }

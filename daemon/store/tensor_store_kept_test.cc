@@ -85,8 +85,7 @@ TEST_F(KeptCommitTest, KeepsThePreviousVersionUntilReleased) {
   ExpectStep(*store, 2);
   EXPECT_EQ(store->Stat("j", "meta")->previous_version, 1u);
   EXPECT_EQ(Used(*store), Versions(2));
-  EXPECT_EQ(store->BytesByJob()["j"],
-            2 * (SizeOf(0) + SizeOf(1) + SizeOf(2)));
+  EXPECT_EQ(store->BytesByJob()["j"], 2 * (SizeOf(0) + SizeOf(1) + SizeOf(2)));
 
   auto released = store->ReleasePrevious("j");
   ASSERT_TRUE(released.ok()) << released.status();

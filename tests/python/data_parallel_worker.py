@@ -12,7 +12,10 @@ checkpoint directory for lohan.init), first_step (the global step the
 data starts at, for a resumed run), poison (a global step at which rank
 1 multiplies its loss by inf), backend ("gloo", the default, or
 "nccl": each rank then trains on cuda:<LOCAL_RANK>), loss_scale, params,
-activations and overlap_step (as lohan.init's). Every rank writes out/pid<r> at the start
+activations and overlap_step (as lohan.init's), stop_daemon ({"rank",
+"step", "pid"}: that rank SIGSTOPs process `pid`, its daemon, once every
+rank has summed that global step's norm, before its ITER_END). Every rank
+writes out/pid<r> at the start
 and out/step<r> (its committed steps) after each step, for the tests that
 kill a rank or a daemon mid-run. The daemon's socket is $LOHAN_SOCKET (one
 per "server"). Rank 0 writes out/result.pt: the global loss of every
@@ -71,6 +74,23 @@ def save(engine: Any, config: Dict[str, Any], rank: int, out: Path) -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, previous)
 
 
+def stop_daemon_after_the_norm(engine: Any, step: int, pid: int) -> None:
+    """Freezes the daemon (SIGSTOP) once this rank has the global norm of
+    its `step`-th step, before it sends ITER_END: the other daemons'
+    ranks commit that step, this daemon's cannot."""
+    sharding = engine._sharding
+    norm_sum = sharding.sum
+    steps = iter(range(1 << 30))
+
+    def sum_then_stop(value: float) -> float:
+        total = norm_sum(value)
+        if next(steps) == step:
+            os.kill(pid, signal.SIGSTOP)
+        return total
+
+    sharding.sum = sum_then_stop
+
+
 def main() -> int:
     config: Dict[str, Any] = json.loads(Path(sys.argv[1]).read_text())
     backend = config.get("backend", "gloo")
@@ -104,6 +124,9 @@ def main() -> int:
         buffers=config["buffers"], stream_buffers=2,
         job_name=config["job_name"],
         resume=config.get("resume") or False)
+    stop = config.get("stop_daemon")
+    if stop and stop["rank"] == rank:
+        stop_daemon_after_the_norm(engine, stop["step"] - first, stop["pid"])
     # Summed over the ranks after training: the only collectives during
     # it are lohan's (a test kills a rank or a daemon mid-run).
     losses: List[float] = []

@@ -107,19 +107,24 @@ def outputs_of(runs: Sequence[subprocess.Popen]) -> List[str]:
     return outputs
 
 
-def finish(runs: Sequence[subprocess.Popen]) -> None:
-    for run, output in zip(runs, outputs_of(runs)):
+def finish(runs: Sequence[subprocess.Popen]) -> List[str]:
+    """Every run's output; each must have succeeded."""
+    outputs = outputs_of(runs)
+    for run, output in zip(runs, outputs):
         assert run.returncode == 0, output[-6000:]
+    return outputs
 
 
 def train(config: Dict[str, Any], out: Path, sockets: Sequence[str],
           ranks_per_node: int) -> Dict[str, Any]:
     """The worker on len(sockets) nodes; rank 0's result.pt, with every
-    rank's rank<r>.json under "ranks"."""
+    rank's rank<r>.json under "ranks" and each node's output under
+    "outputs"."""
     port = free_port()
-    finish([launch(config, out, path, ranks_per_node, len(sockets), node,
-                   port) for node, path in enumerate(sockets)])
+    outputs = finish([launch(config, out, path, ranks_per_node, len(sockets),
+                             node, port) for node, path in enumerate(sockets)])
     result = torch.load(out / "result.pt")
+    result["outputs"] = outputs
     world = ranks_per_node * len(sockets)
     result["ranks"] = [json.loads((out / f"rank{r}.json").read_text())
                        for r in range(world)]
@@ -552,6 +557,58 @@ def test_a_killed_daemon_ends_every_rank_naming_it(two_daemons, tmp_path):
     assert names == ["dp.rank0", "dp.rank1"]
 
 
+def committed_steps(socket_path: str) -> Dict[str, int]:
+    """Per job name, the committed steps of the jobs with a data plane
+    open on that daemon."""
+    with lohan.Client(socket_path) as client:
+        names = {job.id: job.name for job in client.jobs()}
+        sessions = client.status().get("sessions", [])
+    return {names[s["job_id"]]: int(s.get("committed_iteration", 0))
+            for s in sessions if s.get("job_id") in names}
+
+
+def test_a_daemon_lost_between_the_ranks_commits_resumes_where_all_did(
+        two_daemons, tmp_path):
+    # Rank 2 freezes server1's daemon once every rank has summed step 2's
+    # norm: server0's ranks commit it (their jobs at 3 steps), server1's
+    # cannot, and server0's then wait in the next collective.
+    server0, server1 = two_daemons
+    port = free_port()
+    frozen = {"rank": 2, "step": 2, "pid": server1.process.pid}
+    runs = [launch(config(steps=3, stop_daemon=frozen), tmp_path / "first",
+                   daemon.socket, 2, 2, node, port)
+            for node, daemon in enumerate(two_daemons)]
+    deadline = time.monotonic() + RUN_SECONDS
+    while committed_steps(server0.socket) != {"dp.rank0": 3, "dp.rank1": 3}:
+        assert time.monotonic() < deadline, committed_steps(server0.socket)
+        assert all(run.poll() is None for run in runs)
+        time.sleep(0.05)
+    server1.stop(signal.SIGKILL)
+    ended(runs)
+    two_daemons[1] = server1 = Daemon(server1.directory)  # restarted
+
+    # Resumed, server0's ranks go back the step server1's never committed
+    # (their daemon kept it), and every rank trains on from step 2: the
+    # same as AdamW without the interruption.
+    result = train(config(steps=2, first_step=2, resume=True),
+                   tmp_path / "second", [server0.socket, server1.socket], 2)
+    want = reference(4, 1, 0.0, 4)
+    print(f"resumed where all committed vs AdamW: losses "
+          f"{max_relative(result['losses'], want['losses'][2:]):.2e}, "
+          f"weights {max_weight_gap(result['weights'], want['weights']):.2e},"
+          f" masters {max_weight_gap(result['masters'], want['weights']):.2e}")
+    assert result["losses"] == pytest.approx(want["losses"][2:],
+                                             rel=LOSS_RTOL)
+    assert [r[3] for r in result["results"]] == [3.0, 4.0]
+    assert_weights_close(result["weights"], want["weights"],
+                         WEIGHT_ATOL_SCALE)
+    assert_weights_close(result["masters"], want["weights"],
+                         WEIGHT_ATOL_SCALE)
+    first_server = result["outputs"][0]
+    assert first_server.count("goes back to step 2") == 2, first_server
+    assert "goes back" not in result["outputs"][1]
+
+
 def test_a_killed_rank_ends_every_rank(two_daemons, tmp_path):
     runs = two_servers(two_daemons, tmp_path)
     wait_for_step(tmp_path, 3, 2, runs)
@@ -575,9 +632,15 @@ def run_rows(text: str, run: str) -> List[List[str]]:
 
 
 def test_the_ranks_jobs_show_as_one_run(lohand, tmp_path):
-    train(config(steps=2, keep_job=True, job_name="tied"), tmp_path / "a",
-          [lohand.socket], 2)
+    result = train(config(steps=2, keep_job=True, job_name="tied"),
+                   tmp_path / "a", [lohand.socket], 2)
     status = json.loads(lohanctl(lohand.socket, "status", "--json"))
+    # Closed cleanly, each job keeps one version of its states (fp32: 12
+    # bytes a parameter, and its meta), not the step before as well.
+    for job in status["jobs"]:
+        rank = job["spec"]["run"]["rank"]
+        states = 12 * sum(result["ranks"][rank]["shard_elements"])
+        assert states <= int(job["ssd_bytes"]) < 1.5 * states, job
     # Every job's JSON has its run: the name without ".rank<r>", its rank
     # and the world size.
     assert {job["spec"]["name"]: job["spec"]["run"]

@@ -424,6 +424,11 @@ LOHAN_CLIENT_API int lohan_model_iter_abort(lohan_model* model);
  * lohan_model_previous_commit_kept). */
 LOHAN_CLIENT_API int lohan_model_await_committed(lohan_model* model,
                                                  uint64_t* iteration);
+/* As lohan_model_await_committed, once every rank has committed (the
+ * caller's agreement): frees the states the last commit kept now rather
+ * than at the next lohan_model_iter_begin (a run closing: an idle job then
+ * holds one version of its states). OK when nothing is kept. */
+LOHAN_CLIENT_API int lohan_model_release_previous_commit(lohan_model* model);
 
 /* The daemon's status (GetStatus) as JSON, field names as in
  * proto/lohan.proto (snake_case); free it with lohan_string_free. */

@@ -154,6 +154,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "lohan_model_iter_abort": (c_int, [c_void_p]),
         "lohan_model_await_committed": (c_int, [c_void_p,
                                                 ctypes.POINTER(u64)]),
+        "lohan_model_release_previous_commit": (c_int, [c_void_p]),
         "lohan_client_status_json": (c_int, [c_void_p,
                                              ctypes.POINTER(c_void_p)]),
         "lohan_job_plan_json": (c_int, [c_void_p, c_char_p, c_char_p,

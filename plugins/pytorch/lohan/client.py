@@ -336,6 +336,11 @@ class Model:
             self._handle, ctypes.byref(committed)))
         return committed.value
 
+    def release_previous_commit(self) -> None:
+        """Once every rank has committed the last step: frees the states
+        the last commit kept (see lohan_client.h)."""
+        _check(self._lib.lohan_model_release_previous_commit(self._handle))
+
     def iter_end(self, global_sum_squares: Optional[float] = None) -> tuple:
         """(global_norm, clipped, skipped) of the iteration.
 
@@ -448,8 +453,9 @@ class Client:
     when no daemon answers."""
 
     def __init__(self, socket_path: Optional[str] = None):
-        self._lib = _native.library()
+        # Before the library loads: __del__ runs even if that fails.
         self._handle = ctypes.c_void_p()
+        self._lib = _native.library()
         path = socket_path.encode() if socket_path is not None else None
         _check(self._lib.lohan_client_connect(path, ctypes.byref(self._handle)))
 

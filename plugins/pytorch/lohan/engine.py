@@ -42,6 +42,7 @@ from lohan.job import ARENA_RETURN_SECONDS, JobSession, model_spec
 from lohan.options import MIB, ActivationsArg, EngineOptions
 from lohan.params import Both, FrozenWeights, ParameterResidency
 from lohan.placement import Placement, normalized, place
+from lohan.rank_commits import rejoin_point, release_kept
 from lohan.sharding import Sharding, backward_order, process_group_of
 from lohan.weights import Weights, open_checkpoint
 
@@ -221,6 +222,15 @@ class Engine:
             sharding=self._sharding)
         session.open(opts.resume is True, spec)
         remote = session.register(spec, self.layers, self.dtype)
+        if self._sharding is not None and opts.resume is True and (
+                rejoin_point(self._sharding, remote, self.job_name)):
+            remote = session.register_reverted(spec, self.layers, self.dtype)
+            warnings.warn(
+                f"lohan: rank {self._sharding.rank}'s job {self.job_name!r} "
+                f"committed one step more than other ranks (their daemon or "
+                f"they stopped before committing it); it goes back to step "
+                f"{remote.iteration}, where every rank continues",
+                stacklevel=4)
         session.setup_cuda(self.device)
         self._weights.load_or_init(int(remote.iteration))
         if opts.dtype is not None:
@@ -534,11 +544,20 @@ class Engine:
         the daemon for a resume; with `delete_job=True` the job and its
         states are deleted, for a run whose checkpoints are elsewhere). An
         unfinished step is rolled back."""
+        self._close(delete_job, clean=True)
+
+    def _close(self, delete_job: bool, clean: bool) -> None:
+        """close(); `clean`: not unwinding an error, so with data-parallel
+        ranks every rank is closing too and may run collectives."""
         if self._closed:
             return
         weights = self._weights
         if weights is not None:
             weights.bring_up_to_date()
+        iteration = self._iteration
+        if (clean and not delete_job and self._sharding is not None
+                and iteration is not None and not iteration.active):
+            release_kept(self._sharding, self._session.remote)
         self._closed = True
         self._settle_device_copies()
         # The model goes back where it was given (a model larger than the
@@ -562,7 +581,7 @@ class Engine:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        self._close(delete_job=False, clean=exc[0] is None)
 
 
 def init(model: nn.Module, **options: object) -> Engine:

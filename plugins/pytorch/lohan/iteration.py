@@ -16,6 +16,7 @@ from lohan.client import LohanError
 from lohan.devices import copy_stream
 from lohan.hooks import GradientRouter
 from lohan.job import JobSession
+from lohan.rank_commits import agree_committed
 from lohan.sharding import GradientReducer, Sharding
 from lohan.weights import Weights
 
@@ -118,10 +119,19 @@ class Iteration:
             reducer = GradientReducer(sharding, order,
                                       session.grad_views[0].dtype,
                                       self._shard_ready,
-                                      first=weights.before_step)
+                                      first=self._before_first_reduction)
         self.router = GradientRouter(layers, self._grad_views,
                                      accumulation_steps, self,
                                      reducer=reducer)
+
+    def _before_first_reduction(self) -> None:
+        """Data-parallel ranks, at the same point of every rank's
+        collectives: the lazy pulls of overlap_step (which gather weights
+        across the ranks), then the agreement that every rank committed
+        the last step; this step's ITER_BEGIN then frees the states that
+        step replaced (see rank_commits)."""
+        self._weights.before_step()
+        agree_committed(self._sharding, self._remote)
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """`loss` times the loss scale; the daemon unscales this step's

@@ -4,6 +4,7 @@ registered on it; and, at close, detached with the arena given back."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from typing import List, Optional, Sequence
@@ -149,6 +150,19 @@ class JobSession:
         self.staging = torch.frombuffer(remote.staging, dtype=torch.float32)
         return remote
 
+    def register_reverted(self, spec: ModelSpec, layers: List[Layer],
+                          dtype: torch.dtype) -> Model:
+        """Registers the model again on a fresh data plane, the job going
+        back to the commit before its last one (a data-parallel rank
+        ahead of its peers, see sharding.rejoin_point)."""
+        self._unmap()
+        self.plane.close()
+        self._wait_for_arena_return()
+        self.plane = self._open_data_plane()
+        return self.register(dataclasses.replace(spec,
+                                                 revert_last_commit=True),
+                             layers, dtype)
+
     def setup_cuda(self, device: torch.device) -> bool:
         """For a model on a GPU: pins the arena for DMA and lets the C
         library copy gradients out on torch's stream. False (plain tensor
@@ -176,10 +190,7 @@ class JobSession:
         """Unmaps the arena (the views into it go first), waits until the
         daemon has taken it back, detaches the job (deleting it with
         `delete_job`, or if the engine did not start) and disconnects."""
-        self.grad_views = []
-        self.weight_views = []
-        self.staging = None
-        self.remote = None
+        self._unmap()
         if self.plane is not None:
             self.plane.close()
             self.plane = None
@@ -195,6 +206,13 @@ class JobSession:
                     pass  # not attached, or the daemon is gone
             self.client.close()
             self.client = None
+
+    def _unmap(self) -> None:
+        """Lets go of every view into the arena (before the plane goes)."""
+        self.grad_views = []
+        self.weight_views = []
+        self.staging = None
+        self.remote = None
 
     def _find_job(self) -> Job:
         """This user's job of this name: it keeps the arena it was created

@@ -245,6 +245,15 @@ class Sharding:
                                                       group=self.group))
         return values
 
+    def gather_int(self, what: str, value: int) -> List[int]:
+        """Every rank's `value`, by rank (one all-gather of an int64)."""
+        where = self._collective_device
+        mine = torch.tensor([int(value)], dtype=torch.int64, device=where)
+        every = torch.empty(self.world, dtype=torch.int64, device=where)
+        self.run(what, lambda: dist.all_gather_into_tensor(every, mine,
+                                                           group=self.group))
+        return [int(v) for v in every.cpu().tolist()]
+
     def agree(self, values: List[int]) -> Optional[List[int]]:
         """None when every rank passed the same values; else the indices
         where they differ."""

@@ -127,13 +127,7 @@ class Weights:
         stored = [bool(remote.layer_initialized(layer.index))
                   for layer in self._layers]
         if self._sharding is not None:
-            if self._sharding.agree([int(remote.iteration)]) is not None:
-                raise LohanError(
-                    StatusCode.FAILED_PRECONDITION,
-                    f"the ranks' jobs {self._job_name!r} are at different "
-                    "iterations (a rank or daemon stopped between the "
-                    "ranks' commits of a step); resume from your last "
-                    "engine.save (resume=<directory>) with another job_name")
+            # (Their steps agree already: see rank_commits.rejoin_point.)
             differ = self._sharding.agree(stored)
             if differ is not None:
                 raise LohanError(

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -244,9 +245,10 @@ CheckpointReader::CheckpointReader(const std::string& directory)
     : path_(directory) {
   const fs::path path(directory);
   const fs::path weights = path / kWeightsFile;
-  if (!fs::exists(weights)) throw Missing(path, weights);
+  const bool has_meta = fs::exists(path / kMetaFile);
+  if (!has_meta && !fs::exists(weights)) throw Missing(path, weights);
   std::vector<std::string> listed;
-  if (fs::exists(path / kMetaFile)) {
+  if (has_meta) {
     const JsonValue meta = JsonValue::Parse(ReadText(path / kMetaFile),
                                             (path / kMetaFile).string());
     if (!meta.is_object()) {
@@ -261,7 +263,14 @@ CheckpointReader::CheckpointReader(const std::string& directory)
       for (const JsonValue& part : parts->items())
         listed.push_back(part.text());
     }
+    if (const JsonValue* plan = meta.Find("sharding")) {
+      sharded_ =
+          std::make_unique<ShardedTensors>(path, *plan, meta.Find("files"));
+      moments_ = std::move(listed);
+      return;
+    }
   }
+  if (!fs::exists(weights)) throw Missing(path, weights);
   weights_ = std::make_unique<SafetensorsFile>(weights.string());
   if (fs::exists(path / kOptimizerFile)) {
     optimizer_ =
@@ -270,9 +279,46 @@ CheckpointReader::CheckpointReader(const std::string& directory)
   }
 }
 
+uint32_t CheckpointReader::world_size() const {
+  return sharded_ != nullptr ? sharded_->world_size() : 1;
+}
+
+std::vector<std::pair<std::string, std::vector<int64_t>>>
+CheckpointReader::Parameters() const {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  if (sharded_ != nullptr) {
+    for (const std::string& name : sharded_->names()) {
+      out.emplace_back(name, *sharded_->ShapeOf(name));
+    }
+    return out;
+  }
+  for (const auto& [name, entry] : weights_->entries()) {
+    out.emplace_back(name, entry.shape);
+  }
+  return out;
+}
+
 void CheckpointReader::Read(const std::string& name, const std::string& part,
                             const std::vector<int64_t>& shape,
                             float* out) const {
+  if (sharded_ != nullptr) {
+    const std::vector<int64_t>* stored = sharded_->ShapeOf(name);
+    const bool known =
+        part == "weights" ||
+        std::find(moments_.begin(), moments_.end(), part) != moments_.end();
+    if (stored == nullptr || !known) {
+      throw std::invalid_argument("checkpoint " + path_ + ": no " + part +
+                                  " for parameter " + name +
+                                  " (the checkpoint is of another model?)");
+    }
+    if (*stored != shape) {
+      throw std::invalid_argument("checkpoint " + path_ + ": " + name + " (" +
+                                  part + ") has shape " + ShapeText(*stored) +
+                                  ", the model's " + ShapeText(shape));
+    }
+    sharded_->Read(name, part, out);
+    return;
+  }
   const bool weights = part == "weights";
   const SafetensorsFile* file = weights ? weights_.get() : optimizer_.get();
   const std::string key = weights ? name : part + "/" + name;

@@ -5,9 +5,11 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "plugins/libtorch/safetensors.h"
+#include "plugins/libtorch/sharded_checkpoint.h"
 
 namespace lohan::torch_plugin {
 
@@ -60,8 +62,11 @@ void WriteCheckpoint(const std::string& directory,
 
 // A checkpoint directory, checked against its manifest on opening (every
 // listed file present, of its size and CRC-32, from the same save), read
-// tensor by tensor. Errors: std::invalid_argument saying what is wrong
-// (missing, torn, mixed, damaged) and, for a tensor, which one.
+// tensor by tensor: a one-process checkpoint, or a sharded one saved by
+// data-parallel ranks (ShardedTensors: each parameter assembled from the
+// shards that hold it), whatever number of ranks saved it. Errors:
+// std::invalid_argument saying what is wrong (missing, torn, mixed,
+// damaged) and, for a tensor, which one.
 class CheckpointReader {
  public:
   explicit CheckpointReader(const std::string& directory);
@@ -71,6 +76,10 @@ class CheckpointReader {
   // The optimizer parts it holds ("exp_avg", "exp_avg_sq"); empty for a
   // weights-only checkpoint.
   const std::vector<std::string>& moments() const { return moments_; }
+  // The data-parallel ranks that saved it (1: one process).
+  uint32_t world_size() const;
+  // Every parameter it holds and its shape.
+  std::vector<std::pair<std::string, std::vector<int64_t>>> Parameters() const;
   // `part` of parameter `name` into `out`; throws when the checkpoint has
   // no such tensor or it is not of `shape`.
   void Read(const std::string& name, const std::string& part,
@@ -82,6 +91,7 @@ class CheckpointReader {
   std::vector<std::string> moments_;
   std::unique_ptr<SafetensorsFile> weights_;
   std::unique_ptr<SafetensorsFile> optimizer_;
+  std::unique_ptr<ShardedTensors> sharded_;  // instead of the two files
 };
 
 }  // namespace lohan::torch_plugin

@@ -195,6 +195,23 @@ void SafetensorsFile::Read(const Entry& entry, float* out) const {
   }
 }
 
+void SafetensorsFile::ReadRange(const Entry& entry, uint64_t first,
+                                uint64_t count, float* out) const {
+  const uint64_t elements = (entry.end - entry.begin) / 4;
+  if (first > elements || count > elements - first) {
+    throw std::out_of_range(
+        "checkpoint: " + path_ + ": elements " + std::to_string(first) + " + " +
+        std::to_string(count) + " of a tensor of " + std::to_string(elements));
+  }
+  std::ifstream in(path_, std::ios::binary);
+  in.seekg(static_cast<std::streamoff>(entry.begin + 4 * first));
+  if (!in.read(reinterpret_cast<char*>(out),
+               static_cast<std::streamsize>(4 * count))) {
+    throw std::invalid_argument("checkpoint: " + path_ +
+                                " ends before a tensor's data");
+  }
+}
+
 FileDigest DigestFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::invalid_argument("checkpoint: cannot open " + path);

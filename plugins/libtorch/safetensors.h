@@ -74,6 +74,12 @@ class SafetensorsFile {
   const Entry* Find(const std::string& name) const;
   // The tensor's elements into `out` (its element count of floats).
   void Read(const Entry& entry, float* out) const;
+  // `count` of its elements from element `first` on (of the flat tensor)
+  // into `out`; std::out_of_range past its end.
+  void ReadRange(const Entry& entry, uint64_t first, uint64_t count,
+                 float* out) const;
+  // Every tensor, by name.
+  const std::map<std::string, Entry>& entries() const { return entries_; }
   const std::string& path() const { return path_; }
 
  private:

@@ -384,6 +384,28 @@ def refused(directory: Path, says: str, verify: bool = False) -> str:
     return str(error.value)
 
 
+def assert_cpp_reader_agrees(checkpoint: Path, dump: Path) -> None:
+    """The C++ CheckpointReader (plugins/libtorch) assembles every
+    parameter's weights and moments from the shards bit for bit as the
+    Python reader does."""
+    done = subprocess.run(
+        [str(built("plugins/libtorch/checkpoint_dump")), str(checkpoint),
+         str(dump)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    reader = CheckpointReader(checkpoint)
+    parts = ["weights", *reader.moments]
+    assert sorted(p.name for p in dump.iterdir()) == sorted(parts)
+    for part in parts:
+        assert sorted(p.stem for p in (dump / part).iterdir()) == sorted(
+            reader.names())
+        for name in reader.names():
+            want = reader.find([name], part)
+            got = torch.frombuffer(
+                bytearray((dump / part / f"{name}.f32").read_bytes()),
+                dtype=torch.float32).reshape(want.shape)
+            assert torch.equal(got, want), (part, name)
+
+
 def test_a_sharded_checkpoint_of_four_ranks_resumes_on_two_and_alone(
         lohand, tmp_path):
     saved = tmp_path / "checkpoint"
@@ -392,6 +414,7 @@ def test_a_sharded_checkpoint_of_four_ranks_resumes_on_two_and_alone(
     train(config(steps=3, save=str(saved), job_name="first"),
           tmp_path / "four", [lohand.socket], 4)
     meta = assert_sharded_checkpoint(saved, 4)
+    assert_cpp_reader_agrees(saved, tmp_path / "dump")
     assert (saved / "notes.txt").read_text() == "mine"
     want = reference(5, 1, 0.0, 4)
     after_three = reference(3, 1, 0.0, 4)["weights"]

@@ -14,7 +14,10 @@ data starts at, for a resumed run), poison (a global step at which rank
 "nccl": each rank then trains on cuda:<LOCAL_RANK>), loss_scale, params,
 activations and overlap_step (as lohan.init's), stop_daemon ({"rank",
 "step", "pid"}: that rank SIGSTOPs process `pid`, its daemon, once every
-rank has summed that global step's norm, before its ITER_END). Every rank
+rank has summed that global step's norm, before its ITER_END),
+kill_daemon ({"rank", "step", "pid"}: that rank SIGKILLs process `pid`
+when that global step's first gradient is about to reach the daemons,
+just before the ranks agree on the last commit). Every rank
 writes out/pid<r> at the start
 and out/step<r> (its committed steps) after each step, for the tests that
 kill a rank or a daemon mid-run. The daemon's socket is $LOHAN_SOCKET (one
@@ -91,6 +94,22 @@ def stop_daemon_after_the_norm(engine: Any, step: int, pid: int) -> None:
     sharding.sum = sum_then_stop
 
 
+def kill_daemon_before_the_agreement(step: int, pid: int) -> None:
+    """SIGKILLs the daemon as the `step`-th step's first gradient is about
+    to reach it: every rank's next request is then the agreement on the
+    last commit (the ranks finished the last step's weight gathers)."""
+    import lohan.iteration as iteration_module
+    agree = iteration_module.agree_committed
+    steps = iter(range(1 << 30))
+
+    def kill_then_agree(sharding: Any, remote: Any) -> int:
+        if next(steps) == step:
+            os.kill(pid, signal.SIGKILL)
+        return agree(sharding, remote)
+
+    iteration_module.agree_committed = kill_then_agree
+
+
 def main() -> int:
     config: Dict[str, Any] = json.loads(Path(sys.argv[1]).read_text())
     backend = config.get("backend", "gloo")
@@ -127,6 +146,9 @@ def main() -> int:
     stop = config.get("stop_daemon")
     if stop and stop["rank"] == rank:
         stop_daemon_after_the_norm(engine, stop["step"] - first, stop["pid"])
+    kill = config.get("kill_daemon")
+    if kill and kill["rank"] == rank:
+        kill_daemon_before_the_agreement(kill["step"] - first, kill["pid"])
     # Summed over the ranks after training: the only collectives during
     # it are lohan's (a test kills a rank or a daemon mid-run).
     losses: List[float] = []

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import pwd
+import re
 import shutil
 import signal
 import socket
@@ -630,6 +631,24 @@ def test_a_daemon_lost_between_the_ranks_commits_resumes_where_all_did(
     first_server = result["outputs"][0]
     assert first_server.count("goes back to step 2") == 2, first_server
     assert "goes back" not in result["outputs"][1]
+
+
+def test_a_daemon_lost_between_steps_is_named_at_the_agreement(
+        two_daemons, tmp_path):
+    # Server1's lohand dies as rank 2 begins step 3: server1's ranks' next
+    # request is the agreement on step 2's commit (rank 3's may have been
+    # answered just before), which tells every rank who failed.
+    port = free_port()
+    killed = {"rank": 2, "step": 2, "pid": two_daemons[1].process.pid}
+    runs = [launch(config(steps=4, kill_daemon=killed), tmp_path,
+                   daemon.socket, 2, 2, node, port)
+            for node, daemon in enumerate(two_daemons)]
+    first, second = ended(runs)
+    named = re.search(r"data-parallel ranks \[2(, 3)?\] did not commit step "
+                      r"2 \(the ranks report \[2, 2, -1, (-1|2)\]", first)
+    assert named and bool(named.group(1)) == (named.group(2) == "-1"), (
+        first[-4000:])
+    assert "UNAVAILABLE" in second, second[-4000:]
 
 
 def test_a_killed_rank_ends_every_rank(two_daemons, tmp_path):

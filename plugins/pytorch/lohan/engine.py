@@ -43,7 +43,8 @@ from lohan.options import MIB, ActivationsArg, EngineOptions
 from lohan.params import Both, FrozenWeights, ParameterResidency
 from lohan.placement import Placement, normalized, place
 from lohan.rank_commits import rejoin_point, release_kept
-from lohan.sharding import Sharding, backward_order, process_group_of
+from lohan.sharding import (RankFailure, Sharding, backward_order,
+                            process_group_of)
 from lohan.weights import Weights, open_checkpoint
 
 if TYPE_CHECKING:
@@ -557,7 +558,15 @@ class Engine:
         iteration = self._iteration
         if (clean and not delete_job and self._sharding is not None
                 and iteration is not None and not iteration.active):
-            release_kept(self._sharding, self._session.remote)
+            try:
+                release_kept(self._sharding, self._session.remote)
+            except (RankFailure, LohanError) as error:
+                # Harmless: the next step frees them; the close goes on.
+                warnings.warn(
+                    f"lohan: rank {self._sharding.rank} closed without the "
+                    f"other ranks ({error}); its job keeps the states of the "
+                    "step before its last until its next step",
+                    stacklevel=3)
         self._closed = True
         self._settle_device_copies()
         # The model goes back where it was given (a model larger than the

@@ -154,7 +154,7 @@ class JobSession:
                           dtype: torch.dtype) -> Model:
         """Registers the model again on a fresh data plane, the job going
         back to the commit before its last one (a data-parallel rank
-        ahead of its peers, see sharding.rejoin_point)."""
+        ahead of its peers, see rank_commits.rejoin_point)."""
         self._unmap()
         self.plane.close()
         self._wait_for_arena_return()

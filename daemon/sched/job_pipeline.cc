@@ -161,18 +161,7 @@ absl::Status JobPipeline::OpenStates() {
   if (absl::Status s = DropScratchTensors(store_, job_); !s.ok()) return s;
   const std::string meta_name = StateLayout::MetaName();
   if (options_.revert_last_commit) {
-    if (!KeepsPreviousCommit()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job '", job_,
-          "' keeps no commit before its last one to go back to (only a "
-          "data-parallel rank's job keeps one, until its next iteration "
-          "begins)"));
-    }
-    absl::StatusOr<size_t> reverted = store_->RevertToPrevious(job_);
-    if (!reverted.ok()) {
-      return Annotate(reverted.status(),
-                      absl::StrCat("job '", job_, "': going back a commit"));
-    }
+    if (absl::Status s = RevertLastCommit(); !s.ok()) return s;
   }
   absl::StatusOr<TensorInfo> meta_info = store_->Stat(job_, meta_name);
   if (!meta_info.ok() &&
@@ -320,45 +309,6 @@ absl::Status JobPipeline::OpenWeight16(const JobMeta& meta,
     return Annotate(s, "rebuilding the 16-bit weight copies");
   }
   return absl::OkStatus();
-}
-
-bool JobPipeline::KeepsPreviousCommit() const {
-  // The meta is in every iteration's commit: it keeps one exactly when the
-  // last commit was a kept one.
-  absl::StatusOr<TensorInfo> meta = store_->Stat(job_, StateLayout::MetaName());
-  return meta.ok() && meta->previous_version != 0;
-}
-
-absl::Status JobPipeline::ReleaseKeptStates() {
-  if (!options_.keep_previous_commit) return absl::OkStatus();
-  absl::StatusOr<size_t> released = store_->ReleasePrevious(job_);
-  if (!released.ok()) {
-    return Annotate(released.status(), absl::StrCat("job '", job_, "'"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status JobPipeline::ReleasePreviousCommit() {
-  absl::MutexLock api(&api_mu_);
-  {
-    absl::MutexLock lock(&mu_);
-    if (absl::Status settled = AwaitSettledLocked(); !settled.ok()) {
-      return settled;
-    }
-    if (phase_ != Phase::kIdle) {
-      return absl::FailedPreconditionError(
-          "the kept states are released between iterations only");
-    }
-  }
-  return ReleaseKeptStates();
-}
-
-absl::StatusOr<uint64_t> JobPipeline::AwaitCommitted() const {
-  absl::MutexLock lock(&mu_);
-  if (absl::Status settled = AwaitSettledLocked(); !settled.ok()) {
-    return settled;
-  }
-  return iteration_;
 }
 
 absl::Status JobPipeline::DropScratchTensors(TensorStore* store,

@@ -648,6 +648,8 @@ class JobPipeline {
   // With keep_previous_commit, the store's ReleasePrevious of the job.
   // REQUIRES: api_mu_ held, no iteration in progress or settling.
   absl::Status ReleaseKeptStates();
+  // Open's revert_last_commit: the job's kept commit made current again.
+  absl::Status RevertLastCommit();
   void EndIterationIdle() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Constant after construction.

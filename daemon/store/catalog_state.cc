@@ -24,6 +24,20 @@ absl::Status CheckCommitted(
   return absl::OkStatus();
 }
 
+// A snapshot's record of one version of a tensor (kCommit or kPrevious),
+// encoded.
+std::string VersionRecord(CatalogRecord::Kind kind,
+                          const CatalogState::Key& key, uint64_t version,
+                          const Placement& placement) {
+  CatalogRecord record;
+  record.kind = kind;
+  record.job = key.first;
+  record.name = key.second;
+  record.version = version;
+  record.placement = placement;
+  return record.Encode();
+}
+
 }  // namespace
 
 absl::Status CatalogState::Check(const CatalogRecord& record) const {
@@ -145,22 +159,14 @@ std::vector<std::string> CatalogState::Snapshot(
     create.bytes = tensor.bytes;
     records.push_back(create.Encode());
     if (tensor.placement.has_value()) {
-      CatalogRecord commit;
-      commit.kind = CatalogRecord::Kind::kCommit;
-      commit.job = key.first;
-      commit.name = key.second;
-      commit.version = tensor.committed_version;
-      commit.placement = *tensor.placement;
-      records.push_back(commit.Encode());
+      records.push_back(VersionRecord(CatalogRecord::Kind::kCommit, key,
+                                      tensor.committed_version,
+                                      *tensor.placement));
     }
     if (tensor.previous_placement.has_value()) {
-      CatalogRecord previous;
-      previous.kind = CatalogRecord::Kind::kPrevious;
-      previous.job = key.first;
-      previous.name = key.second;
-      previous.version = tensor.previous_version;
-      previous.placement = *tensor.previous_placement;
-      records.push_back(previous.Encode());
+      records.push_back(VersionRecord(CatalogRecord::Kind::kPrevious, key,
+                                      tensor.previous_version,
+                                      *tensor.previous_placement));
     }
   }
   // A snapshot is synced before it is put in place: all of it is durable.

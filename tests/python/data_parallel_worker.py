@@ -17,7 +17,9 @@ activations and overlap_step (as lohan.init's), stop_daemon ({"rank",
 rank has summed that global step's norm, before its ITER_END),
 kill_daemon ({"rank", "step", "pid"}: that rank SIGKILLs process `pid`
 when that global step's first gradient is about to reach the daemons,
-just before the ranks agree on the last commit). Every rank
+just before the ranks agree on the last commit), exit_before_close (a
+rank that ends without closing its engine; every rank that closes writes
+out/closed<r>). Every rank
 writes out/pid<r> at the start
 and out/step<r> (its committed steps) after each step, for the tests that
 kill a rank or a daemon mid-run. The daemon's socket is $LOHAN_SOCKET (one
@@ -183,7 +185,10 @@ def main() -> int:
                     "weights": weights,
                     "masters": {k: v.cpu() for k, v in masters.items()}},
                    out / "result.pt")
+    if config.get("exit_before_close") == rank:
+        os._exit(0)  # the others then close without this rank
     engine.close(delete_job=not config.get("keep_job", False))
+    (out / f"closed{rank}").write_text("closed")
     dist.barrier()
     dist.destroy_process_group()
     return 0

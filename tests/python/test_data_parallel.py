@@ -714,6 +714,22 @@ def test_the_ranks_jobs_show_as_one_run(lohand, tmp_path):
     assert len(rows) == 1 and rows[0][-2:] == ids
 
 
+def test_a_rank_closing_without_the_others_warns_and_closes(lohand, tmp_path):
+    # Rank 1 ends without closing: rank 0's close cannot agree on the last
+    # commit with it, says so, and closes all the same (its job keeps the
+    # step before until its next step; nothing waits).
+    port = free_port()
+    run = launch(config(steps=2, keep_job=True, exit_before_close=1),
+                 tmp_path, lohand.socket, 2, 1, 0, port)
+    output = outputs_of([run])[0]
+    assert "rank 0 closed without the other ranks" in output, output[-4000:]
+    assert (tmp_path / "closed0").exists(), output[-4000:]
+    assert not (tmp_path / "closed1").exists()
+    with lohan.Client(lohand.socket) as client:
+        assert sorted(job.name for job in client.jobs()) == [
+            "dp.rank0", "dp.rank1"]
+
+
 def test_bad_runs_are_refused_saying_what_is_allowed(lohand):
     spec = ModelSpec(layer_elements=[1024])
     bad = [

@@ -79,21 +79,32 @@ def save(engine: Any, config: Dict[str, Any], rank: int, out: Path) -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, previous)
 
 
+def signal_on_call(owner: Any, name: str, call: int, pid: int, sig: int,
+                   after: bool) -> None:
+    """Replaces owner.<name> by a wrapper that sends `sig` to `pid` on its
+    `call`-th call (0-based), before or `after` the real one."""
+    real = getattr(owner, name)
+    calls = iter(range(1 << 30))
+
+    def wrapper(*args: Any) -> Any:
+        now = next(calls) == call
+        if now and not after:
+            os.kill(pid, sig)
+        result = real(*args)
+        if now and after:
+            os.kill(pid, sig)
+        return result
+
+    setattr(owner, name, wrapper)
+
+
 def stop_daemon_after_the_norm(engine: Any, step: int, pid: int) -> None:
     """Freezes the daemon (SIGSTOP) once this rank has the global norm of
-    its `step`-th step, before it sends ITER_END: the other daemons'
-    ranks commit that step, this daemon's cannot."""
-    sharding = engine._sharding
-    norm_sum = sharding.sum
-    steps = iter(range(1 << 30))
-
-    def sum_then_stop(value: float) -> float:
-        total = norm_sum(value)
-        if next(steps) == step:
-            os.kill(pid, signal.SIGSTOP)
-        return total
-
-    sharding.sum = sum_then_stop
+    its `step`-th step (one sum over the ranks a step), before it sends
+    ITER_END: the other daemons' ranks commit that step, this daemon's
+    cannot."""
+    signal_on_call(engine._sharding, "sum", step, pid, signal.SIGSTOP,
+                   after=True)
 
 
 def kill_daemon_before_the_agreement(step: int, pid: int) -> None:
@@ -101,15 +112,8 @@ def kill_daemon_before_the_agreement(step: int, pid: int) -> None:
     to reach it: every rank's next request is then the agreement on the
     last commit (the ranks finished the last step's weight gathers)."""
     import lohan.iteration as iteration_module
-    agree = iteration_module.agree_committed
-    steps = iter(range(1 << 30))
-
-    def kill_then_agree(sharding: Any, remote: Any) -> int:
-        if next(steps) == step:
-            os.kill(pid, signal.SIGKILL)
-        return agree(sharding, remote)
-
-    iteration_module.agree_committed = kill_then_agree
+    signal_on_call(iteration_module, "agree_committed", step, pid,
+                   signal.SIGKILL, after=False)
 
 
 def main() -> int:

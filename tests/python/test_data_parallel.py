@@ -594,8 +594,9 @@ def committed_steps(socket_path: str) -> Dict[str, int]:
 def test_a_daemon_lost_between_the_ranks_commits_resumes_where_all_did(
         two_daemons, tmp_path):
     # Rank 2 freezes server1's daemon once every rank has summed step 2's
-    # norm: server0's ranks commit it (their jobs at 3 steps), server1's
-    # cannot, and server0's then wait in the next collective.
+    # norm: server0's ranks commit it (their jobs at 3 steps), rank 2 cannot
+    # (rank 3 may have just before), and server0's then wait in the next
+    # collective.
     server0, server1 = two_daemons
     port = free_port()
     frozen = {"rank": 2, "step": 2, "pid": server1.process.pid}
@@ -628,9 +629,12 @@ def test_a_daemon_lost_between_the_ranks_commits_resumes_where_all_did(
                          WEIGHT_ATOL_SCALE)
     assert_weights_close(result["masters"], want["weights"],
                          WEIGHT_ATOL_SCALE)
-    first_server = result["outputs"][0]
+    first_server, second_server = result["outputs"]
     assert first_server.count("goes back to step 2") == 2, first_server
-    assert "goes back" not in result["outputs"][1]
+    # Rank 2 froze its daemon before its ITER_END; rank 3's may have been
+    # committed just before (then it goes back too).
+    assert "rank 2's job" not in second_server, second_server[-4000:]
+    assert second_server.count("goes back") <= 1, second_server[-4000:]
 
 
 def test_a_daemon_lost_between_steps_is_named_at_the_agreement(
@@ -646,8 +650,13 @@ def test_a_daemon_lost_between_steps_is_named_at_the_agreement(
     first, second = ended(runs)
     named = re.search(r"data-parallel ranks \[2(, 3)?\] did not commit step "
                       r"2 \(the ranks report \[2, 2, -1, (-1|2)\]", first)
-    assert named and bool(named.group(1)) == (named.group(2) == "-1"), (
-        first[-4000:])
+    # Or, when a server1 rank had ended before the all-gather reached
+    # server0 through it (a ring), the rank it published its error for.
+    relayed = re.search(r"confirming every rank committed the last step "
+                        r"across the 4 data-parallel ranks failed: rank "
+                        r"[23]: UNAVAILABLE", first)
+    assert (named and bool(named.group(1)) == (named.group(2) == "-1")
+            ) or relayed, first[-4000:]
     assert "UNAVAILABLE" in second, second[-4000:]
 
 

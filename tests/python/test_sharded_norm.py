@@ -6,11 +6,14 @@ flags, the global norm and every new weight agree bit for bit: clipped by
 the global norm though neither half's own reaches the limit, unclipped,
 and skipped on both when only one half holds a NaN. The gradients are
 multiples of 1/64 (bf16, few bits), so every sum of their squares is
-exact in any order and the client's sum is the daemon's."""
+exact in any order and the client's sum is the daemon's. Also the ops of
+the ranks' agreement on the last commit (ITER_COMMITTED, its release,
+revert_last_commit) misused on a job that is no rank's."""
 
 from __future__ import annotations
 
 import math
+import time
 from contextlib import ExitStack
 from typing import List, Optional, Sequence
 
@@ -18,6 +21,7 @@ import pytest
 import torch
 
 from lohan import Client, LohanError, StatusCode
+from lohan.client import DataPlane
 
 SIZES = [300, 70, 129, 40]
 SPLIT = 2
@@ -150,3 +154,65 @@ def test_a_negative_sum_is_refused_and_the_iteration_goes_on(lohand):
         assert (norm, clipped, skipped) == (2.0, True, False)
         # The next iteration follows: the one refused was not lost.
         assert job.step(grads, 0.25) == (0.5, False, False)
+
+
+def open_when_returned(client: Client, job_id: str) -> DataPlane:
+    """The job's data plane, once the daemon has taken back the arena of
+    the one just closed (it does so when it sees the connection close;
+    bounded only against a hang)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return client.open_data_plane(job_id)
+        except LohanError as error:
+            if (error.code != StatusCode.ALREADY_EXISTS
+                    or time.monotonic() > deadline):
+                raise
+        time.sleep(0.01)
+
+
+def test_the_commit_agreements_ops_refuse_misuse_and_lose_nothing(lohand):
+    # ITER_COMMITTED, its release flag and revert_last_commit on a job that
+    # is no data-parallel rank's: the misuse refused with a clear error, the
+    # job's steps and weights untouched, another job served throughout.
+    initial = [torch.zeros(n) for n in SIZES]
+    with ExitStack() as stack:
+        job = Job(stack, lohand.socket, "plain", 0, SPLIT, initial, 0.0,
+                  "deferred", 0)
+        other = Job(stack, lohand.socket, "other", SPLIT, 2, initial, 0.0,
+                    "deferred", 0)
+        grads = gradients(6, 1 / 64)
+        job.step(grads, None)
+        assert job.model.await_committed() == 1
+        job.backward(grads)
+        with pytest.raises(LohanError) as inside:
+            job.model.await_committed()
+        assert inside.value.code == StatusCode.FAILED_PRECONDITION
+        assert "an iteration is in progress" in inside.value.message
+        with pytest.raises(LohanError):
+            job.model.release_previous_commit()
+        job.model.iter_end()  # the iteration refused inside goes on
+        assert job.model.await_committed() == 2
+        job.model.release_previous_commit()  # nothing kept: nothing done
+        assert not job.model.previous_commit_kept
+        weights = job.weights()
+        other.step(grads, None)
+    # Its plane closed (the job stays): registered again, asked to go back.
+    with ExitStack() as stack:
+        client = stack.enter_context(Client(lohand.socket))
+        plain = next(j for j in client.jobs() if j.name == "plain")
+        client.attach_job(plain.id)
+        plane = stack.enter_context(open_when_returned(client, plain.id))
+        spec = dict(dtype="bf16", lr=1e-2, weight_decay=0.01,
+                    skip_nonfinite=True, chunk_elements=CHUNK)
+        with pytest.raises(LohanError) as back:
+            plane.register_model(plain.id, SIZES[:SPLIT],
+                                 revert_last_commit=True, **spec)
+        assert back.value.code == StatusCode.FAILED_PRECONDITION
+        assert "keeps no commit before its last one" in back.value.message
+        model = plane.register_model(plain.id, SIZES[:SPLIT], **spec)
+        assert model.iteration == 2
+        staging = torch.frombuffer(model.staging, dtype=torch.float32)
+        for j in range(SPLIT):
+            model.read_weights(j)
+            assert torch.equal(staging[:SIZES[j]], weights[j]), j

@@ -244,6 +244,23 @@ TEST_F(MultiUserTest, HostileRequestsGetClearCheapRefusals) {
   ResumeAndCheckVictim();
 }
 
+// Another user's job name with ESC, CR and LF: refused, and the refusal
+// reaches root's log escaped, not as a forged line or a terminal command.
+TEST_F(MultiUserTest, AJobNameWithControlBytesReachesTheLogEscaped) {
+  StartDaemon();
+  RunResult created = RunCommand(
+      Nobody({"attach-hold", daemon_->socket(),
+              "x\x1b[31mred\r\n2026-12-03 00:00:00 info FORGED", "1048576"}));
+  EXPECT_NE(created.exit_code, 0);
+  EXPECT_THAT(created.out + created.err, HasSubstr("may hold only letters"));
+  const std::string log = daemon_->Log();
+  EXPECT_THAT(log, HasSubstr("x\\x1b[31mred\\r\\n2026-12-03 00:00:00 info "
+                             "FORGED"));
+  EXPECT_EQ(log.find('\x1b'), std::string::npos);
+  EXPECT_EQ(log.find('\r'), std::string::npos);
+  EXPECT_EQ(log.find("\n2026-12-03 00:00:00 info FORGED"), std::string::npos);
+}
+
 TEST_F(MultiUserTest, IdleControlConnectionsAreClosed) {
   StartDaemon("[daemon]\ncontrol_idle_timeout = 1\n");
   RunResult idle = RunCommand(Nobody({"idle", daemon_->socket(), "30"}));

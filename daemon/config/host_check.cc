@@ -15,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/common/byte_size.h"
+#include "daemon/config/trusted_path.h"
 #include "wire/errno_status.h"
 #include "wire/unique_fd.h"
 
@@ -142,6 +143,10 @@ absl::Status CheckSsdPath(const std::string& path, uint64_t capacity_bytes) {
 }
 
 absl::Status CheckHost(const DaemonConfig& config) {
+  if (absl::Status status = CheckTrustedPaths(config, geteuid());
+      !status.ok()) {
+    return status;
+  }
   for (const std::string& path : config.ssd_paths) {
     if (absl::Status status = CheckSsdPath(path, config.ssd_capacity_bytes);
         !status.ok()) {

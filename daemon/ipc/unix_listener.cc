@@ -69,12 +69,24 @@ absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Bind(
         absl::StrCat("socket '", path, "': ", status.message()));
   }
 
+  // Never through a symlink, and only a plain file of ours: what sits at
+  // the lock's name must not make lohand write someone else's file.
   const std::string lock_path = absl::StrCat(path, ".lock");
-  UniqueFd lock(open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+  UniqueFd lock(
+      open(lock_path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644));
   if (!lock) {
-    return absl::FailedPreconditionError(
-        ErrnoToStatus(errno, absl::StrCat("socket lock ", lock_path))
-            .message());
+    return absl::FailedPreconditionError(absl::StrCat(
+        ErrnoToStatus(errno, absl::StrCat("socket lock ", lock_path)).message(),
+        errno == ELOOP ? " (it is a symlink: remove it)" : ""));
+  }
+  struct stat lock_info {};
+  if (fstat(lock.get(), &lock_info) != 0 || !S_ISREG(lock_info.st_mode) ||
+      lock_info.st_uid != geteuid() || lock_info.st_nlink != 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "socket lock ", lock_path,
+        " is not a plain file of lohand's own (owner uid ", lock_info.st_uid,
+        ", ", lock_info.st_nlink,
+        " links): someone else made it; remove it and start lohand again"));
   }
   if (flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
     if (errno == EWOULDBLOCK) {
@@ -112,14 +124,20 @@ absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Bind(
 
   UniqueFd listen_fd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!listen_fd) return ErrnoToStatus(errno, "socket(AF_UNIX)");
-  if (bind(listen_fd.get(), reinterpret_cast<const sockaddr*>(&address),
-           sizeof(address)) != 0) {
-    return absl::FailedPreconditionError(
-        ErrnoToStatus(errno, absl::StrCat("binding ", path)).message());
-  }
   // Any local user may connect; calls are authorized by peer credentials.
-  if (chmod(path.c_str(), 0666) != 0) {
-    return ErrnoToStatus(errno, absl::StrCat("chmod ", path));
+  // The mode comes with the name (bind under a umask), never by a chmod
+  // of the name afterwards, which a renamed entry could redirect. The
+  // umask is the process's: lohand binds before it starts other threads
+  // that create files, and a moment of 0111 only withholds execute bits.
+  const mode_t umask_before = umask(0111);
+  const int bound =
+      bind(listen_fd.get(), reinterpret_cast<const sockaddr*>(&address),
+           sizeof(address));
+  const int bind_errno = errno;
+  umask(umask_before);
+  if (bound != 0) {
+    return absl::FailedPreconditionError(
+        ErrnoToStatus(bind_errno, absl::StrCat("binding ", path)).message());
   }
   if (listen(listen_fd.get(), kListenBacklog) != 0) {
     return ErrnoToStatus(errno, absl::StrCat("listen on ", path));

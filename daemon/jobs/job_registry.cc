@@ -9,10 +9,10 @@
 #include <fstream>
 #include <sstream>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "daemon/common/byte_size.h"
+#include "daemon/common/log_text.h"
 #include "wire/errno_status.h"
 #include "wire/unique_fd.h"
 
@@ -37,7 +37,7 @@ absl::Status ValidateName(const char* what, const std::string& name) {
                          c == '-';
     if (!allowed) {
       return absl::InvalidArgumentError(
-          absl::StrCat(what, " '", absl::CHexEscape(name),
+          absl::StrCat(what, " '", LogSafe(name, kMaxJobNameLength + 1),
                        "' may hold only letters, digits, '.', '_' and '-'"));
     }
   }
@@ -220,7 +220,7 @@ absl::StatusOr<JobRegistry::Entry*> JobRegistry::FindOwned(
   if (found == jobs_.end() ||
       (!caller.is_root() && found->second.job.owner_uid() != caller.uid)) {
     return absl::NotFoundError(
-        absl::StrCat("no job '", absl::CHexEscape(job_id),
+        absl::StrCat("no job '", LogSafe(job_id, 64),
                      "' of yours; 'lohanctl jobs' lists the jobs you can see"));
   }
   return &found->second;
@@ -404,14 +404,30 @@ std::vector<v1::Job> JobRegistry::List(const Caller& caller) {
   return visible;
 }
 
+absl::Status JobRegistry::NoteStatesStored(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  auto found = jobs_.find(job_id);
+  if (found == jobs_.end() || found->second.job.has_states()) {
+    return absl::OkStatus();
+  }
+  std::map<std::string, Entry> next = jobs_;
+  next[job_id].job.set_has_states(true);
+  if (absl::Status status = Persist(next, next_job_number_); !status.ok()) {
+    return status;
+  }
+  jobs_ = std::move(next);
+  return absl::OkStatus();
+}
+
 void JobRegistry::NoteFailure(const std::string& job_id,
                               const absl::Status& failure) {
   absl::MutexLock lock(&mu_);
   auto found = jobs_.find(job_id);
   if (found == jobs_.end()) return;
+  // Shown by root's lohanctl: whatever of a client's it quotes, escaped.
   found->second.last_failure =
       absl::StrCat(absl::StatusCodeToString(failure.code()), ": ",
-                   failure.message().substr(0, 1000));
+                   LogSafe(failure.message(), 1000));
   found->second.last_failure_unix_seconds = absl::ToUnixSeconds(absl::Now());
 }
 

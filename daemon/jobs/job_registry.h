@@ -78,6 +78,11 @@ class JobRegistry {
   // its last noted failure.
   std::vector<v1::Job> List(const Caller& caller);
 
+  // Notes, durably, that the store now holds the job's states (its model
+  // registered): Job.has_states. A job that is gone (deleted meanwhile):
+  // OK, nothing done.
+  absl::Status NoteStatesStored(const std::string& job_id);
+
   // Notes a failure on the daemon's side of the job's requests (shown as
   // Job.last_failure, kept in memory only). A job that is gone: ignored.
   void NoteFailure(const std::string& job_id, const absl::Status& failure);

@@ -25,6 +25,7 @@
 #include "daemon/common/caller.h"
 #include "daemon/config/config.h"
 #include "daemon/config/host_check.h"
+#include "daemon/config/trusted_path.h"
 #include "daemon/ipc/unix_listener.h"
 #include "daemon/jobs/job_registry.h"
 #include "daemon/optim/adam.h"
@@ -61,6 +62,12 @@ struct CommandLine {
   bool salvage = false;
   bool reprofile = false;
 };
+
+std::string SocketDirectory(const std::string& socket_path) {
+  const size_t slash = socket_path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : socket_path.substr(0, slash);
+}
 
 absl::Status MakeDirectories(const std::string& path, mode_t mode) {
   struct stat info {};
@@ -128,6 +135,9 @@ StoreOptions StoreOptionsOf(const DaemonConfig& config) {
   options.queue_depth = config.queue_depth;
   options.device_capacity_bytes = config.ssd_capacity_bytes;
   options.allow_buffered_io = config.allow_buffered_io;
+  options.warn = [](const std::string& message) {
+    spdlog::warn("store: {}", message);
+  };
   return options;
 }
 
@@ -240,7 +250,12 @@ int Run(const CommandLine& command_line) {
 
   if (command_line.salvage) {
     // The operator's answer to a damaged catalog, which a normal start
-    // refuses: rebuilt from what is intact, with a report.
+    // refuses: rebuilt from what is intact, with a report. It writes in
+    // the state directory: only one that is lohand's own.
+    if (absl::Status status = CheckTrustedPaths(*config, geteuid());
+        !status.ok()) {
+      return Fail(status);
+    }
     absl::StatusOr<std::string> report =
         TensorStore::Salvage(StoreOptionsOf(*config));
     if (!report.ok()) {
@@ -293,7 +308,7 @@ int Run(const CommandLine& command_line) {
     // What the real start would refuse about the state it finds: another
     // daemon on it, or a store made for other SSDs or a larger capacity.
     const std::string socket_lock = absl::StrCat(config->socket_path, ".lock");
-    UniqueFd lock(open(socket_lock.c_str(), O_RDONLY | O_CLOEXEC));
+    UniqueFd lock(open(socket_lock.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
     if (lock.valid() && flock(lock.get(), LOCK_EX | LOCK_NB) != 0 &&
         errno == EWOULDBLOCK) {
       return Fail(absl::FailedPreconditionError(
@@ -312,6 +327,17 @@ int Run(const CommandLine& command_line) {
       !status.ok()) {
     return Fail(absl::FailedPreconditionError(
         absl::StrCat("key 'daemon.state_dir': ", status.message())));
+  }
+  if (absl::Status status =
+          MakeDirectories(SocketDirectory(config->socket_path), 0755);
+      !status.ok()) {
+    return Fail(absl::FailedPreconditionError(
+        absl::StrCat("key 'daemon.socket': ", status.message())));
+  }
+  // Again now that every directory exists: each must be lohand's own.
+  if (absl::Status status = CheckTrustedPaths(*config, geteuid());
+      !status.ok()) {
+    return Fail(status);
   }
 
   // Signals go to sigwait below, never to a handler on some other thread.

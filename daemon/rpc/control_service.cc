@@ -4,9 +4,9 @@
 #include <ctime>
 #include <set>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/common/check.h"
+#include "daemon/common/log_text.h"
 #include "daemon/plan/job_plan.h"
 #include "daemon/session/arena_layout.h"
 #include "daemon/session/model_spec_checks.h"
@@ -22,14 +22,9 @@ grpc::Status ToGrpc(const absl::Status& status) {
                       std::string(status.message()));
 }
 
-// A client's free text, fit for a log line or an error message: at most
-// kMaxEchoedBytes, escaped.
+// How much of a client's free text (its name) a log line or an error
+// message quotes (LogSafe).
 constexpr size_t kMaxEchoedBytes = 64;
-std::string Echo(const std::string& text) {
-  std::string shown = absl::CHexEscape(text.substr(0, kMaxEchoedBytes));
-  if (text.size() > kMaxEchoedBytes) absl::StrAppend(&shown, "...");
-  return shown;
-}
 
 void SetProtocol(v1::ProtocolVersion* version) {
   version->set_major(kProtocolMajor);
@@ -66,13 +61,14 @@ grpc::Status ControlService::Hello(grpc::ServerContext* context,
   if (client_major != kProtocolMajor) {
     return grpc::Status(
         grpc::StatusCode::FAILED_PRECONDITION,
-        absl::StrCat("client '", Echo(request->client_name()),
-                     "' speaks protocol ", client_major, ".x but lohand ",
-                     kLohanVersion, " speaks ", kProtocolMajor,
-                     ".x; install matching versions"));
+        absl::StrCat(
+            "client '", LogSafe(request->client_name(), kMaxEchoedBytes),
+            "' speaks protocol ", client_major, ".x but lohand ", kLohanVersion,
+            " speaks ", kProtocolMajor, ".x; install matching versions"));
   }
   spdlog::debug("hello from '{}' (uid {}, pid {})",
-                Echo(request->client_name()), caller.uid, caller.pid);
+                LogSafe(request->client_name(), kMaxEchoedBytes), caller.uid,
+                caller.pid);
   SetProtocol(response->mutable_daemon_protocol());
   response->set_daemon_version(kLohanVersion);
   response->add_capabilities("jobs");
@@ -95,8 +91,8 @@ grpc::Status ControlService::CreateJob(grpc::ServerContext* context,
     if (std::optional<uint64_t> dropped =
             refusal_log_.Admit(absl::StrCat("create_job:", caller.uid))) {
       spdlog::info("job '{}' of uid {} (pid {}) not created: {}{}",
-                   request->spec().name(), caller.uid, caller.pid,
-                   job.status().ToString(),
+                   LogSafe(request->spec().name()), caller.uid, caller.pid,
+                   LogSafe(job.status().ToString(), 1000),
                    *dropped == 0 ? ""
                                  : absl::StrCat(" (", *dropped,
                                                 " more refusals not logged)"));
@@ -105,7 +101,7 @@ grpc::Status ControlService::CreateJob(grpc::ServerContext* context,
   }
   parts_.ledger->Track(job->id(), job->owner_uid(), job->spec().ssd_bytes());
   spdlog::info("job {} '{}' created by uid {} (pid {})", job->id(),
-               job->spec().name(), caller.uid, caller.pid);
+               LogSafe(job->spec().name()), caller.uid, caller.pid);
   *response->mutable_job() = *std::move(job);
   return grpc::Status::OK;
 }

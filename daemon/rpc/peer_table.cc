@@ -2,10 +2,10 @@
 
 #include <sys/socket.h>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "daemon/common/log_text.h"
 
 namespace lohan {
 namespace {
@@ -55,8 +55,8 @@ absl::StatusOr<Caller> PeerTable::Lookup(const std::string& grpc_peer) const {
   absl::string_view peer = grpc_peer;
   int fd = -1;
   if (!absl::ConsumePrefix(&peer, "fd:") || !absl::SimpleAtoi(peer, &fd)) {
-    return absl::UnauthenticatedError(absl::StrCat(
-        "unrecognised peer '", absl::CHexEscape(grpc_peer.substr(0, 64)), "'"));
+    return absl::UnauthenticatedError(
+        absl::StrCat("unrecognised peer '", LogSafe(grpc_peer, 64), "'"));
   }
   absl::MutexLock lock(&mu_);
   auto found = peers_.find(fd);

@@ -5,6 +5,7 @@
 // in the same batch, so the step counter moves with the states.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -23,9 +24,14 @@ struct JobMeta {
   // later streamed run knows to rebuild them from the master weights.
   bool has_weight16 = false;
   DType weight16_dtype = DType::kBFloat16;
+  // The iteration the job started at (0, or a checkpoint's step restored
+  // into a new job): a job past it has trained, so every layer has states.
+  // Unknown in metas written before format 3.
+  std::optional<uint64_t> first_iteration;
 
   // Fixed kBytes: magic "LOHANJOB", format version, fields, zero padding.
-  // Writes format 2; reads 1 (no weight16 field) and 2.
+  // Writes format 3; reads 1 (no weight16 field), 2 (no first_iteration)
+  // and 3.
   static constexpr size_t kBytes = 64;
   std::string Encode() const;
   // DATA_LOSS if `bytes` is not an encoded JobMeta.

@@ -25,7 +25,7 @@ TEST(JobMetaTest, RoundTripsAndRejectsDamage) {
   bad[63] = 1;
   EXPECT_FALSE(JobMeta::Decode(bad).ok());
   bad = enc;
-  bad[8] = 3;  // Format version.
+  bad[8] = 4;  // Format version.
   EXPECT_FALSE(JobMeta::Decode(bad).ok());
   bad = enc;
   bad[32] = 9;  // No such 16-bit dtype.
@@ -50,6 +50,30 @@ TEST(JobMetaTest, CarriesTheWeight16CopyAndReadsFormat1) {
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->iteration, 5u);
   EXPECT_FALSE(back->has_weight16);
+}
+
+TEST(JobMetaTest, CarriesTheFirstIterationAndReadsFormat2AsUnknown) {
+  JobMeta meta;
+  meta.iteration = 9;
+  meta.first_iteration = 4;
+  auto back = JobMeta::Decode(meta.Encode());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->first_iteration, std::optional<uint64_t>(4));
+  meta.first_iteration = 0;
+  back = JobMeta::Decode(meta.Encode());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->first_iteration, std::optional<uint64_t>(0));
+  // Written before the field: unknown.
+  meta.first_iteration.reset();
+  std::string v2 = meta.Encode();
+  v2[8] = 2;
+  back = JobMeta::Decode(v2);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_FALSE(back->first_iteration.has_value());
+  // A first iteration past the current one is damage.
+  meta.first_iteration = 10;
+  EXPECT_EQ(JobMeta::Decode(meta.Encode()).status().code(),
+            absl::StatusCode::kDataLoss);
 }
 
 }  // namespace

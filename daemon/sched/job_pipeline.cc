@@ -1,6 +1,7 @@
-// JobPipeline: opening a job, its threads, and the calls between and
-// within iterations. Stages and passes: job_pipeline_stages.cc; the end of
-// an iteration (clip, skip, commit, settle): job_pipeline_end.cc.
+// JobPipeline: its threads, and the calls between and within iterations.
+// Opening a job's stored states: job_pipeline_open.cc; stages and passes:
+// job_pipeline_stages.cc; the end of an iteration (clip, skip, commit,
+// settle): job_pipeline_end.cc.
 
 #include "daemon/sched/job_pipeline.h"
 
@@ -129,201 +130,6 @@ absl::StatusOr<std::unique_ptr<JobPipeline>> JobPipeline::Open(
   return pipeline;
 }
 
-absl::StatusOr<TensorInfo> JobPipeline::OpenTensor(const std::string& name,
-                                                   uint64_t bytes, bool create,
-                                                   absl::string_view what) {
-  absl::StatusOr<TensorInfo> info = store_->Stat(job_, name);
-  if (!info.ok() && info.status().code() == absl::StatusCode::kNotFound) {
-    if (!create) {
-      return absl::DataLossError(
-          absl::StrCat("job '", job_, "': ", what, " ", name, " is missing"));
-    }
-    absl::Status s = store_->Create(job_, name, bytes);
-    if (!s.ok()) return s;
-    info = store_->Stat(job_, name);
-  }
-  if (!info.ok()) return info.status();
-  if (info->bytes != bytes) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("job '", job_, "': ", what, " ", name, " has ",
-                     info->bytes, " bytes, the layout needs ", bytes));
-  }
-  if (info->pending_version != 0) {
-    absl::Status s = store_->Rollback(job_, name);
-    if (!s.ok() && !IsNoPending(s)) return s;
-    info->pending_version = 0;
-  }
-  return info;
-}
-
-absl::Status JobPipeline::OpenStates() {
-  // Gradients of an iteration a dead pipeline never finished.
-  if (absl::Status s = DropScratchTensors(store_, job_); !s.ok()) return s;
-  const std::string meta_name = StateLayout::MetaName();
-  if (options_.revert_last_commit) {
-    if (absl::Status s = RevertLastCommit(); !s.ok()) return s;
-  }
-  absl::StatusOr<TensorInfo> meta_info = store_->Stat(job_, meta_name);
-  if (!meta_info.ok() &&
-      meta_info.status().code() != absl::StatusCode::kNotFound) {
-    return meta_info.status();
-  }
-  const bool existing = meta_info.ok() && meta_info->committed_version != 0;
-  uint64_t iteration = 0;
-  // The committed meta (a new job's once written below).
-  JobMeta committed_meta;
-  if (existing) {
-    std::string bytes(JobMeta::kBytes, '\0');
-    if (meta_info->bytes != JobMeta::kBytes) {
-      return absl::DataLossError(absl::StrCat(
-          "job '", job_, "': meta tensor has ", meta_info->bytes, " bytes"));
-    }
-    absl::StatusOr<uint64_t> r = store_->Read(
-        job_, meta_name,
-        absl::MakeSpan(reinterpret_cast<uint8_t*>(bytes.data()), bytes.size()));
-    if (!r.ok()) return r.status();
-    absl::StatusOr<JobMeta> meta = JobMeta::Decode(bytes);
-    if (!meta.ok())
-      return Annotate(meta.status(), absl::StrCat("job '", job_, "'"));
-    if (meta->layout_fingerprint != fingerprint_) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job '", job_,
-          "' was created with another model layout (fingerprint ",
-          meta->layout_fingerprint, ", this layout's ", fingerprint_,
-          "): layer sizes, chunk size, moment dtype and AMSGrad must match"));
-    }
-    iteration = meta->iteration;
-    committed_meta = *meta;
-  }
-  // Chunk tensors: created if new (or left half-created by a crash), and
-  // checked either way.
-  std::vector<bool> initialized(state_.num_layers(), true);
-  for (size_t l = 0; l < state_.num_layers(); ++l) {
-    for (size_t c = 0; c < state_.num_chunks(l); ++c) {
-      const std::string& name = chunk_names_[FlatIndex(l, c)];
-      const uint64_t bytes = state_.state_bytes(state_.chunk_count(l, c));
-      absl::StatusOr<TensorInfo> info =
-          OpenTensor(name, bytes, /*create=*/!existing, "state tensor");
-      if (!info.ok()) return info.status();
-      if (info->committed_version == 0) initialized[l] = false;
-    }
-  }
-  const uint64_t initial = options_.initial_iteration;
-  const bool has_states = std::find(initialized.begin(), initialized.end(),
-                                    true) != initialized.end();
-  if (existing && has_states && initial != 0 && initial != iteration) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job '", job_, "' has states at iteration ", iteration,
-        "; it cannot start at initial_iteration ", initial,
-        " (0 resumes at the stored iteration; a checkpoint from another "
-        "step goes into a new job)"));
-  }
-  if (existing && meta_info->pending_version != 0) {
-    absl::Status s = store_->Rollback(job_, meta_name);
-    if (!s.ok() && !IsNoPending(s)) return s;
-  }
-  // A new job, or one whose earlier Open wrote a meta but no layer got
-  // weights: its meta (re)starts at `initial`.
-  if (!existing || (!has_states && initial != 0 && initial != iteration)) {
-    if (!meta_info.ok()) {
-      absl::Status s = store_->Create(job_, meta_name, JobMeta::kBytes);
-      if (!s.ok()) return s;
-    }
-    absl::Status s = WriteMeta(initial);
-    if (s.ok()) s = store_->Commit(job_, meta_name);
-    if (!s.ok()) return s;
-    iteration = initial;
-    committed_meta.layout_fingerprint = fingerprint_;
-    committed_meta.iteration = initial;
-    // No layer has weights yet, so every 16-bit copy there is is current.
-    committed_meta.has_weight16 = options_.stream_weight16;
-    committed_meta.weight16_dtype = layout_.weight16_dtype;
-  }
-  if (options_.stream_weight16) {
-    absl::Status s = OpenWeight16(committed_meta, initialized);
-    if (!s.ok()) return Annotate(s, absl::StrCat("job '", job_, "'"));
-  }
-  absl::MutexLock lock(&mu_);
-  iteration_ = iteration;
-  for (size_t l = 0; l < initialized.size(); ++l) {
-    initialized_[l] = initialized[l];
-  }
-  return absl::OkStatus();
-}
-
-absl::Status JobPipeline::OpenWeight16(const JobMeta& meta,
-                                       const std::vector<bool>& initialized) {
-  // Copies are current only if the last commit was a streaming pipeline's
-  // in the same dtype; otherwise (a run that kept them in the client's
-  // buffers, or another dtype) they are rebuilt from the master weights.
-  const bool current =
-      meta.has_weight16 && meta.weight16_dtype == layout_.weight16_dtype;
-  std::vector<size_t> rebuild;
-  for (size_t l = 0; l < state_.num_layers(); ++l) {
-    bool complete = true;
-    for (size_t c = 0; c < state_.num_chunks(l); ++c) {
-      const std::string& name = weight16_names_[FlatIndex(l, c)];
-      const uint64_t bytes = state_.chunk_count(l, c) * 2;
-      absl::StatusOr<TensorInfo> info =
-          OpenTensor(name, bytes, /*create=*/true, "16-bit weight tensor");
-      if (!info.ok()) return info.status();
-      // A layer initialized by a pipeline that did not stream them.
-      if (info->committed_version == 0) complete = false;
-    }
-    if (initialized[l] && (!current || !complete)) rebuild.push_back(l);
-  }
-  if (current && rebuild.empty()) return absl::OkStatus();
-
-  AlignedBuffer buffer(buffer_bytes_, kBufferAlignment);
-  std::vector<std::string> names;
-  absl::Status s;
-  for (size_t l : rebuild) {
-    for (size_t c = 0; s.ok() && c < state_.num_chunks(l); ++c) {
-      const uint64_t count = state_.chunk_count(l, c);
-      absl::StatusOr<uint64_t> r = store_->Read(
-          job_, chunk_names_[FlatIndex(l, c)],
-          absl::MakeSpan(buffer.data(), state_.state_bytes(count)));
-      if (!r.ok()) {
-        s = r.status();
-        break;
-      }
-      uint8_t* copy = buffer.data() + weight16_offset_;
-      ToWeight16(reinterpret_cast<const float*>(buffer.data()), count,
-                 reinterpret_cast<uint16_t*>(copy));
-      names.push_back(weight16_names_[FlatIndex(l, c)]);
-      s = store_
-              ->Write(job_, names.back(), absl::MakeConstSpan(copy, count * 2))
-              .status();
-    }
-  }
-  // The same batch marks them current: a crash leaves either the old
-  // copies and meta or the new ones.
-  if (s.ok()) s = WriteMeta(meta.iteration);
-  if (s.ok()) {
-    names.push_back(StateLayout::MetaName());
-    s = store_->CommitBatch(job_, names);
-  }
-  if (!s.ok()) {
-    for (const std::string& name : names) (void)store_->Rollback(job_, name);
-    (void)store_->Rollback(job_, StateLayout::MetaName());
-    return Annotate(s, "rebuilding the 16-bit weight copies");
-  }
-  return absl::OkStatus();
-}
-
-absl::Status JobPipeline::DropScratchTensors(TensorStore* store,
-                                             absl::string_view job) {
-  absl::Status first;
-  for (const std::string& name : store->List(job)) {
-    if (name.rfind(StateLayout::kScratchPrefix, 0) != 0) continue;
-    absl::Status s = store->Delete(job, name);
-    if (!s.ok() && s.code() != absl::StatusCode::kNotFound && first.ok()) {
-      first = s;
-    }
-  }
-  return first;
-}
-
 void JobPipeline::StartThreads() {
   threads_.emplace_back([this] { SettleLoop(); });
   threads_.emplace_back([this] { DecideLoop(); });
@@ -416,7 +222,11 @@ absl::Status JobPipeline::InitializeWeights(size_t layer, const float* weights,
               .status();
     }
   }
-  if (s.ok()) s = store_->CommitBatch(job_, names);
+  // At the committed iteration: the layer's states belong to it.
+  if (s.ok()) {
+    s = store_->CommitBatch(job_, names,
+                            sched_internal::CommitTag(iteration()));
+  }
   if (!s.ok()) {
     for (const std::string& name : names) (void)store_->Rollback(job_, name);
     return Annotate(s, absl::StrCat("initializing layer ", layer));
@@ -649,7 +459,11 @@ absl::Status JobPipeline::InitState(size_t layer, StatePart part,
     s = store_->Write(job_, name, absl::MakeConstSpan(buffer.data(), bytes))
             .status();
   }
-  if (s.ok()) s = store_->CommitBatch(job_, names);
+  // At the committed iteration: the layer's states belong to it.
+  if (s.ok()) {
+    s = store_->CommitBatch(job_, names,
+                            sched_internal::CommitTag(iteration()));
+  }
   if (!s.ok()) {
     for (const std::string& name : names) (void)store_->Rollback(job_, name);
     return Annotate(s, absl::StrCat("restoring a moment of layer ", layer));

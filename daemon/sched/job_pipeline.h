@@ -150,6 +150,10 @@ struct PipelineOptions {
   // iteration earlier. FAILED_PRECONDITION (nothing changed) if the job
   // keeps none (KeepsPreviousCommit).
   bool revert_last_commit = false;
+  // The caller knows the store has held this job's states (lohand's
+  // registry saw them made): a store with none (no committed meta) lost
+  // them, and Open is DATA_LOSS naming the job instead of starting it anew.
+  bool expect_stored_states = false;
   // Shares the optimizer with other jobs: each chunk's update waits for
   // this job's turn (its flow is the job, in the group `fair_group` (its
   // owner; empty: alone) weighed `weight`, cost the chunk's parameters).
@@ -509,6 +513,18 @@ class JobPipeline {
   // Writes the meta (this pipeline's fingerprint, `iteration`, and whether
   // it keeps the 16-bit copies in the store current) as a pending version.
   absl::Status WriteMeta(uint64_t iteration);
+  // The committed meta of a stored job, checked against this layout.
+  absl::StatusOr<JobMeta> ReadMeta(const TensorInfo& info) const;
+  // Whether the stored states of the job belong together, before it
+  // resumes on them (DATA_LOSS naming the job and what is wrong, nothing
+  // changed): `meta` (null: none committed) and its store tag, every
+  // chunk's info by flat index, which layers have states. States without a
+  // meta, a chunk committed at another iteration than the meta, a layer
+  // without states in a job that has trained: records the catalog lost.
+  absl::Status CheckStatesBelongTogether(
+      const JobMeta* meta, uint64_t meta_tag,
+      const std::vector<TensorInfo>& chunks,
+      const std::vector<bool>& initialized) const;
   // The 16-bit copy of `count` fp32 weights.
   void ToWeight16(const float* weights, uint64_t count, uint16_t* out) const;
   // Bytes per element of the weight copy written to weight16_out: 4 with
@@ -660,6 +676,9 @@ class JobPipeline {
   const StateLayout state_;
   const PipelineOptions options_;
   const uint64_t fingerprint_;
+  // The iteration the job started at, as its meta says (unknown for a meta
+  // written before it did); set by Open, then constant.
+  std::optional<uint64_t> first_iteration_;
   std::vector<size_t> chunk_base_;        // Flat index of each layer's chunk 0.
   std::vector<std::string> chunk_names_;  // By flat index.
   // By flat index, when streaming (else empty).

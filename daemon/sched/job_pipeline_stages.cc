@@ -540,6 +540,7 @@ absl::Status JobPipeline::WriteMeta(uint64_t iteration) {
   JobMeta meta;
   meta.layout_fingerprint = fingerprint_;
   meta.iteration = iteration;
+  meta.first_iteration = first_iteration_;
   // A commit by a pipeline that does not stream them leaves the 16-bit
   // copies in the store stale.
   meta.has_weight16 = options_.stream_weight16;
@@ -557,9 +558,10 @@ absl::Status JobPipeline::Commit(uint64_t new_iteration) {
   std::vector<std::string> names = chunk_names_;
   names.insert(names.end(), weight16_names_.begin(), weight16_names_.end());
   names.push_back(StateLayout::MetaName());
+  const uint64_t tag = sched_internal::CommitTag(new_iteration);
   return options_.keep_previous_commit
-             ? store_->CommitBatchKeepingPrevious(job_, names)
-             : store_->CommitBatch(job_, names);
+             ? store_->CommitBatchKeepingPrevious(job_, names, tag)
+             : store_->CommitBatch(job_, names, tag);
 }
 
 size_t JobPipeline::WeightCopySize() const {

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -32,6 +33,12 @@ inline absl::Status Annotate(const absl::Status& s, absl::string_view context) {
   if (s.ok()) return s;
   return absl::Status(s.code(), absl::StrCat(context, ": ", s.message()));
 }
+
+// The store tag (TensorStore::Commit's) of the versions committed at
+// `iteration` (the job's meta then reads it): every commit of a job's
+// tensors carries the iteration its meta is at, so tensors committed apart
+// can be checked to belong together when a job reopens. 0 is "no tag".
+inline uint64_t CommitTag(uint64_t iteration) { return iteration + 1; }
 
 // The store's answer when a tensor has no pending version.
 inline bool IsNoPending(const absl::Status& s) {

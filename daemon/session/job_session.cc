@@ -203,6 +203,7 @@ PipelineOptions JobSession::PipelineOptionsFor(const v1::ModelSpec& spec,
   options.initial_iteration = spec.initial_iteration();
   options.keep_previous_commit = parts.keep_previous_commit;
   options.revert_last_commit = spec.revert_last_commit();
+  options.expect_stored_states = parts.expect_stored_states;
   options.stream_gradients = model.streamed_grads;
   // fp32 models have no 16-bit copy: FETCH_PARAMS reads the masters.
   options.stream_weight16 =

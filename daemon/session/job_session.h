@@ -135,6 +135,10 @@ class JobSession {
     // the states it replaced until the next ITER_BEGIN
     // (PipelineOptions::keep_previous_commit).
     bool keep_previous_commit = false;
+    // The registry says the store has held the job's states
+    // (Job.has_states): none there is DATA_LOSS
+    // (PipelineOptions::expect_stored_states).
+    bool expect_stored_states = false;
   };
   // REQUIRES: every part (and the updater's worker pool) outlives the
   // session.

@@ -2,6 +2,7 @@
 // dispatch to a lane, and the completions). The rest of the class is
 // in job_session.cc.
 #include "absl/strings/str_cat.h"
+#include "daemon/common/log_text.h"
 #include "daemon/session/job_session.h"
 #include "daemon/store/io_gate.h"
 #include "spdlog/spdlog.h"
@@ -17,7 +18,8 @@ constexpr absl::Duration kIdleWake = absl::Milliseconds(100);
 
 void JobSession::LogFailure(const SubmissionEntry& entry,
                             const absl::Status& status) {
-  const std::string message(status.message());
+  // It may quote what the client sent.
+  const std::string message = LogSafe(status.message(), 1000);
   switch (status.code()) {
     // The daemon's side failed (a full or failing SSD, damaged data, a
     // settle that failed): the operator must see it, with the store's

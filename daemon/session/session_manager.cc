@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/common/byte_size.h"
 #include "daemon/common/check.h"
+#include "daemon/common/log_text.h"
 #include "daemon/ipc/arena_access.h"
 #include "spdlog/spdlog.h"
 #include "wire/attach_protocol.h"
@@ -58,7 +59,7 @@ void SessionManager::Refused(const Caller& caller, absl::string_view kind,
       log_limiter_.Admit(absl::StrCat(kind, ":", caller.uid));
   if (!dropped.has_value()) return;
   spdlog::info("data plane refused to pid {} (uid {}): {}{}", caller.pid,
-               caller.uid, std::string(why.message()),
+               caller.uid, LogSafe(why.message(), 1000),
                *dropped == 0 ? ""
                              : absl::StrCat(" (", *dropped,
                                             " more such refusals not "
@@ -336,7 +337,16 @@ absl::StatusOr<v1::RegisterModelResponse> SessionManager::RegisterModel(
            .fair_group = absl::StrCat("uid ", job->owner_uid()),
            .read_ahead_bytes = parts_.read_ahead_bytes,
            .read_ahead_shares = parts_.read_ahead_shares,
-           .keep_previous_commit = job->spec().has_run()});
+           .keep_previous_commit = job->spec().has_run(),
+           .expect_stored_states = job->has_states()});
+  if (registered.ok() && !job->has_states()) {
+    // From now on a store without the job's states has lost them.
+    if (absl::Status noted = parts_.jobs->NoteStatesStored(request.job_id());
+        !noted.ok()) {
+      spdlog::warn("job {}: {}", request.job_id(),
+                   std::string(noted.message()));
+    }
+  }
   // A model that did not fit (the SSDs, the arena) or whose states could
   // not be opened: what `lohanctl jobs` says of the job afterwards.
   if (!registered.ok() &&

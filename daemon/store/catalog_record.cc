@@ -136,7 +136,11 @@ std::string CatalogRecord::Encode() const {
       w.U32(block_size);
       w.U32(static_cast<uint32_t>(device_paths.size()));
       for (const std::string& p : device_paths) w.Str(p);
-      if (!store_id.empty()) w.Str(store_id);
+      if (!store_id.empty() || has_snapshot_size) w.Str(store_id);
+      if (has_snapshot_size) {
+        w.U64(snapshot_records);
+        w.U64(snapshot_bytes);
+      }
       break;
     case Kind::kCreate:
       w.Str(job);
@@ -149,6 +153,7 @@ std::string CatalogRecord::Encode() const {
       w.Str(name);
       w.U64(version);
       PutPlacement(w, placement);
+      if (tag != 0) w.U64(tag);
       break;
     case Kind::kReleasePrevious:
     case Kind::kRevertToPrevious:
@@ -163,6 +168,7 @@ std::string CatalogRecord::Encode() const {
         w.U64(c.version);
         PutPlacement(w, c.placement);
       }
+      if (tag != 0) w.U64(tag);
       break;
     case Kind::kDelete:
       w.Str(job);
@@ -191,6 +197,10 @@ absl::StatusOr<CatalogRecord> CatalogRecord::Decode(absl::string_view payload) {
           ok = r.Str(rec.device_paths.back());
         }
         if (ok && !r.done()) ok = r.Str(rec.store_id);  // absent: older
+        if (ok && !r.done()) {                          // absent: older
+          rec.has_snapshot_size = true;
+          ok = r.U64(rec.snapshot_records) && r.U64(rec.snapshot_bytes);
+        }
         break;
       }
       case Kind::kCreate:
@@ -200,6 +210,7 @@ absl::StatusOr<CatalogRecord> CatalogRecord::Decode(absl::string_view payload) {
       case Kind::kPrevious:
         ok = r.Str(rec.job) && r.Str(rec.name) && r.U64(rec.version) &&
              GetPlacement(r, rec.placement);
+        if (ok && !r.done()) ok = r.U64(rec.tag) && rec.tag != 0;
         rec.bytes = rec.placement.bytes;
         break;
       case Kind::kReleasePrevious:
@@ -217,6 +228,7 @@ absl::StatusOr<CatalogRecord> CatalogRecord::Decode(absl::string_view payload) {
           ok =
               r.Str(c.name) && r.U64(c.version) && GetPlacement(r, c.placement);
         }
+        if (ok && !r.done()) ok = r.U64(rec.tag) && rec.tag != 0;
         break;
       }
       case Kind::kDelete:

@@ -51,6 +51,15 @@ struct CatalogRecord {
   // The store's identity (store_identity.h), also kept beside each SSD's
   // data file; empty in catalogs written before stores had one.
   std::string store_id;
+  // The snapshot this record begins (every catalog file starts with one):
+  // how many records follow it in the snapshot and their framed bytes,
+  // its closing sync mark included. A file whose intact records end before
+  // them was cut or damaged inside a synced snapshot, never torn by a
+  // crash (catalog_recovery.h). Absent (has_snapshot_size false) in
+  // catalogs written before snapshots said their size.
+  bool has_snapshot_size = false;
+  uint64_t snapshot_records = 0;
+  uint64_t snapshot_bytes = 0;
 
   // One tensor's new committed version inside a kCommitBatch record.
   struct CommittedVersion {
@@ -69,6 +78,11 @@ struct CatalogRecord {
   // kCommit, kPrevious (placement.bytes == the tensor's size).
   Placement placement;
   std::vector<CommittedVersion> commits;  // kCommitBatch*, at least one.
+  // kCommit, kCommitBatch*, kPrevious: the committer's label of the
+  // version(s), opaque to the store (a job pipeline's iteration), so that a
+  // reader can tell whether tensors committed apart belong together. 0: no
+  // label (also what records written before labels decode to).
+  uint64_t tag = 0;
 
   std::string Encode() const;
   // DATA_LOSS if `payload` is not a well-formed record.

@@ -190,5 +190,57 @@ TEST(CatalogRecordTest, KeptCommitRecordsRoundTrip) {
   EXPECT_EQ(kept->commits, batch.commits);
 }
 
+// Tags and snapshot sizes are trailing fields: records written before them
+// decode as untagged (0) and without a size; written, they come back.
+TEST(CatalogRecordTest, TagsAndSnapshotSizesRoundTripAndOlderRecordsDecode) {
+  CatalogRecord info;
+  info.kind = Kind::kStoreInfo;
+  info.device_paths = {"/a"};
+  info.store_id = "id";
+  auto old_info = CatalogRecord::Decode(info.Encode());
+  ASSERT_TRUE(old_info.ok());
+  EXPECT_FALSE(old_info->has_snapshot_size);
+  info.has_snapshot_size = true;
+  info.snapshot_records = 12;
+  info.snapshot_bytes = 3456;
+  auto sized = CatalogRecord::Decode(info.Encode());
+  ASSERT_TRUE(sized.ok()) << sized.status();
+  EXPECT_TRUE(sized->has_snapshot_size);
+  EXPECT_EQ(sized->snapshot_records, 12u);
+  EXPECT_EQ(sized->snapshot_bytes, 3456u);
+  EXPECT_EQ(sized->store_id, "id");
+  info.store_id.clear();  // a store without an id still says its size
+  sized = CatalogRecord::Decode(info.Encode());
+  ASSERT_TRUE(sized.ok()) << sized.status();
+  EXPECT_EQ(sized->snapshot_bytes, 3456u);
+
+  for (Kind kind : {Kind::kCommit, Kind::kPrevious, Kind::kCommitBatch,
+                    Kind::kCommitBatchKeepingPrevious}) {
+    CatalogRecord commit;
+    commit.kind = kind;
+    commit.job = "job";
+    commit.name = "t";
+    commit.placement.bytes = 1;
+    commit.placement.region_offset = {0};
+    commit.placement.region_length = {4096};
+    commit.placement.chunk_crc = {1};
+    commit.commits = {{"t", 3, commit.placement}};
+    auto untagged = CatalogRecord::Decode(commit.Encode());
+    ASSERT_TRUE(untagged.ok()) << untagged.status();
+    EXPECT_EQ(untagged->tag, 0u);
+    commit.tag = 42;
+    const std::string tagged = commit.Encode();
+    auto decoded = CatalogRecord::Decode(tagged);
+    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    EXPECT_EQ(decoded->tag, 42u) << static_cast<int>(kind);
+    // A tag field that says 0 is written by no one: malformed.
+    std::string zero = tagged;
+    zero.replace(zero.size() - 8, 8, std::string(8, '\0'));
+    EXPECT_EQ(CatalogRecord::Decode(zero).status().code(),
+              absl::StatusCode::kDataLoss);
+    EXPECT_FALSE(CatalogRecord::Decode(tagged + "x").ok());
+  }
+}
+
 }  // namespace
 }  // namespace lohan

@@ -87,8 +87,12 @@ class CatalogSweepTest : public ::testing::Test {
         ASSERT_TRUE(s.CommitBatch("job", names).ok());
       } else if (iteration >= 4) {
         ASSERT_TRUE(s.CommitBatchKeepingPrevious("job", names).ok());
-        if (iteration == 4) ASSERT_TRUE(s.ReleasePrevious("job").ok());
-        if (iteration == 5) ASSERT_TRUE(s.RevertToPrevious("job").ok());
+        if (iteration == 4) {
+          ASSERT_TRUE(s.ReleasePrevious("job").ok());
+        }
+        if (iteration == 5) {
+          ASSERT_TRUE(s.RevertToPrevious("job").ok());
+        }
       } else {
         for (const std::string& name : names) {
           ASSERT_TRUE(s.Commit("job", name).ok());
@@ -243,6 +247,84 @@ TEST_F(CatalogSweepTest, EveryDamageIsReplayedExactlyOrRefused) {
       cut_counts[Outcome::kSilentLoss]);
   EXPECT_EQ(counts[Outcome::kSilentLoss], 0);
   EXPECT_EQ(cut_counts[Outcome::kSilentLoss], 0);
+}
+
+// A catalog that begins with a snapshot of many tensors (the store
+// reopened, which compacts), then one more commit appended. A snapshot is
+// synced whole before it is put in place, so no crash leaves it short: a
+// cut at any record boundary or inside any record of it, or a zeroed block
+// in it, is damage, refused naming the catalog; only cuts after it open.
+TEST_F(CatalogSweepTest, ACutInsideASnapshotIsRefusedNeverTakenForATornTail) {
+  const StoreOptions o = Options(dir_.Subdir("snapshot"));
+  WriteFile(o.state_dir + "/catalog.log", clean_);
+  {
+    auto store = TensorStore::Open(o);  // compacts into a snapshot
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE((*store)->Write("job", "a", Pattern(99, 70000)).ok());
+    ASSERT_TRUE((*store)->Commit("job", "a", /*tag=*/7).ok());
+  }
+  const std::string log = ReadFile(o.state_dir + "/catalog.log");
+  absl::StatusOr<RecordLog::Scan> scan =
+      RecordLog::ScanFile(o.state_dir + "/catalog.log");
+  ASSERT_TRUE(scan.ok());
+  absl::StatusOr<CatalogRecord> info =
+      CatalogRecord::Decode(scan->prefix.records[0]);
+  ASSERT_TRUE(info.ok());
+  ASSERT_TRUE(info->has_snapshot_size);
+  std::vector<uint64_t> starts;
+  uint64_t at = 0;
+  for (const std::string& record : scan->prefix.records) {
+    starts.push_back(at);
+    at += RecordLog::FramedBytes(record.size());
+  }
+  const uint64_t snapshot_end =
+      starts[0] + RecordLog::FramedBytes(scan->prefix.records[0].size()) +
+      info->snapshot_bytes;
+  ASSERT_EQ(starts[info->snapshot_records + 1], snapshot_end);
+  ASSERT_GE(info->snapshot_records, 8u);  // creates, commits, previous
+  int refused = 0, opened = 0;
+  auto open = [&](const std::string& catalog, const std::string& label) {
+    const std::string state = dir_.Subdir("s" + std::to_string(cases_++));
+    WriteFile(state + "/catalog.log", catalog);
+    auto store = TensorStore::Open(Options(state));
+    if (store.ok()) {
+      ++opened;
+      return true;
+    }
+    EXPECT_EQ(store.status().code(), absl::StatusCode::kDataLoss) << label;
+    EXPECT_THAT(std::string(store.status().message()),
+                HasSubstr(state + "/catalog.log"))
+        << label;
+    ++refused;
+    return false;
+  };
+  for (size_t r = 1; r <= info->snapshot_records; ++r) {
+    for (uint64_t cut : {starts[r], starts[r] + 5,
+                         (starts[r] + starts[r + 1]) / 2, starts[r + 1] - 1}) {
+      EXPECT_FALSE(open(log.substr(0, cut), absl::StrCat("cut at ", cut)))
+          << "a snapshot cut at " << cut << " (record " << r << ") opened";
+    }
+  }
+  // A block of the snapshot zeroed, as a lost page leaves it.
+  for (uint64_t block = 0; block < snapshot_end; block += 512) {
+    std::string zeroed = log;
+    for (uint64_t i = block; i < std::min<uint64_t>(block + 512, zeroed.size());
+         ++i) {
+      zeroed[i] = '\0';
+    }
+    EXPECT_FALSE(open(zeroed, absl::StrCat("zeroed block at ", block)))
+        << "a snapshot with the block at " << block << " zeroed opened";
+  }
+  // Cut after the snapshot: what the records there say (here the commit
+  // appended, or not), never refused.
+  for (uint64_t cut = snapshot_end; cut <= log.size(); ++cut) {
+    EXPECT_TRUE(open(log.substr(0, cut), absl::StrCat("cut at ", cut)))
+        << "cut after the snapshot at " << cut;
+  }
+  std::printf(
+      "snapshot of %llu records: %d cuts and zeroed blocks inside it "
+      "refused, %d cuts after it opened\n",
+      static_cast<unsigned long long>(info->snapshot_records), refused, opened);
 }
 
 TEST_F(CatalogSweepTest, SalvageKeepsWhatIsIntactAndSaysWhatItDrops) {

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "daemon/store/record_log.h"
 
 namespace lohan {
 namespace {
@@ -28,13 +29,14 @@ absl::Status CheckCommitted(
 // encoded.
 std::string VersionRecord(CatalogRecord::Kind kind,
                           const CatalogState::Key& key, uint64_t version,
-                          const Placement& placement) {
+                          const Placement& placement, uint64_t tag) {
   CatalogRecord record;
   record.kind = kind;
   record.job = key.first;
   record.name = key.second;
   record.version = version;
   record.placement = placement;
+  record.tag = tag;
   return record.Encode();
 }
 
@@ -95,8 +97,10 @@ absl::Status CatalogState::Apply(CatalogRecord record) {
       Tensor& t = tensors_[Key(record.job, record.name)];
       t.committed_version = record.version;
       t.placement = std::move(record.placement);
+      t.committed_tag = record.tag;
       t.previous_version = 0;  // Only a kept commit keeps one.
       t.previous_placement.reset();
+      t.previous_tag = 0;
       break;
     }
     case CatalogRecord::Kind::kCommitBatch:
@@ -108,10 +112,12 @@ absl::Status CatalogState::Apply(CatalogRecord record) {
         // Only a kept commit keeps the version it replaces; either drops
         // the one kept before.
         t.previous_version = keep ? t.committed_version : 0;
+        t.previous_tag = keep ? t.committed_tag : 0;
         t.previous_placement.reset();
         if (keep) t.previous_placement = std::move(t.placement);
         t.committed_version = c.version;
         t.placement = std::move(c.placement);
+        t.committed_tag = record.tag;
       }
       break;
     }
@@ -119,6 +125,7 @@ absl::Status CatalogState::Apply(CatalogRecord record) {
       Tensor& t = tensors_[Key(record.job, record.name)];
       t.previous_version = record.version;
       t.previous_placement = std::move(record.placement);
+      t.previous_tag = record.tag;
       break;
     }
     case CatalogRecord::Kind::kReleasePrevious:
@@ -131,9 +138,11 @@ absl::Status CatalogState::Apply(CatalogRecord record) {
         if (revert) {
           t.committed_version = t.previous_version;
           t.placement = std::move(t.previous_placement);
+          t.committed_tag = t.previous_tag;
         }
         t.previous_version = 0;
         t.previous_placement.reset();
+        t.previous_tag = 0;
       }
       break;
     }
@@ -148,9 +157,23 @@ absl::Status CatalogState::Apply(CatalogRecord record) {
   return absl::OkStatus();
 }
 
+void CatalogState::DropVersion(const Key& key, bool previous) {
+  auto it = tensors_.find(key);
+  if (it == tensors_.end()) return;
+  Tensor& t = it->second;
+  if (!previous) {
+    t.committed_version = 0;
+    t.placement.reset();
+    t.committed_tag = 0;
+  }
+  t.previous_version = 0;
+  t.previous_placement.reset();
+  t.previous_tag = 0;
+}
+
 std::vector<std::string> CatalogState::Snapshot(
     const CatalogRecord& store_info) const {
-  std::vector<std::string> records = {store_info.Encode()};
+  std::vector<std::string> records = {std::string()};  // store_info, below
   for (const auto& [key, tensor] : tensors_) {
     CatalogRecord create;
     create.kind = CatalogRecord::Kind::kCreate;
@@ -161,18 +184,28 @@ std::vector<std::string> CatalogState::Snapshot(
     if (tensor.placement.has_value()) {
       records.push_back(VersionRecord(CatalogRecord::Kind::kCommit, key,
                                       tensor.committed_version,
-                                      *tensor.placement));
+                                      *tensor.placement, tensor.committed_tag));
     }
     if (tensor.previous_placement.has_value()) {
-      records.push_back(VersionRecord(CatalogRecord::Kind::kPrevious, key,
-                                      tensor.previous_version,
-                                      *tensor.previous_placement));
+      records.push_back(VersionRecord(
+          CatalogRecord::Kind::kPrevious, key, tensor.previous_version,
+          *tensor.previous_placement, tensor.previous_tag));
     }
   }
   // A snapshot is synced before it is put in place: all of it is durable.
   CatalogRecord mark;
   mark.kind = CatalogRecord::Kind::kSyncMark;
   records.push_back(mark.Encode());
+  // The first record says how much follows it, so a snapshot cut short is
+  // never taken for a complete one.
+  CatalogRecord info = store_info;
+  info.has_snapshot_size = true;
+  info.snapshot_records = records.size() - 1;
+  info.snapshot_bytes = 0;
+  for (size_t i = 1; i < records.size(); ++i) {
+    info.snapshot_bytes += RecordLog::FramedBytes(records[i].size());
+  }
+  records[0] = info.Encode();
   return records;
 }
 

@@ -31,6 +31,9 @@ class CatalogState {
     std::optional<Placement> placement;
     uint64_t previous_version = 0;  // 0: none kept.
     std::optional<Placement> previous_placement;
+    // The committer's labels of the two versions (CatalogRecord::tag).
+    uint64_t committed_tag = 0;
+    uint64_t previous_tag = 0;
   };
   using Key = std::pair<std::string, std::string>;  // (job, name)
 
@@ -43,11 +46,18 @@ class CatalogState {
   // nothing applied.
   absl::Status Apply(CatalogRecord record);
 
-  // The records of a log holding exactly this state: `store_info`, then a
-  // create (and a commit where there is a committed version, then a
-  // kPrevious where one is kept) per tensor,
-  // then a sync mark (see CatalogRecord::kSyncMark).
+  // The records of a log holding exactly this state: `store_info` (with
+  // the snapshot's size: the records after it and their framed bytes),
+  // then a create (and a commit where there is a committed version, then a
+  // kPrevious where one is kept) per tensor, then a sync mark (see
+  // CatalogRecord::kSyncMark).
   std::vector<std::string> Snapshot(const CatalogRecord& store_info) const;
+
+  // Drops `key`'s previous version, or (`previous` false) its committed
+  // one with the previous one too (a previous version needs a committed
+  // one): how a salvage leaves out a version it cannot keep. Nothing if
+  // there is none.
+  void DropVersion(const Key& key, bool previous);
 
   const std::map<Key, Tensor>& tensors() const { return tensors_; }
 

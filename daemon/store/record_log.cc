@@ -15,7 +15,7 @@
 namespace lohan {
 namespace {
 
-constexpr size_t kHeader = 8;
+constexpr size_t kHeader = RecordLog::kHeaderBytes;
 constexpr uint32_t kMaxRecord = 256u << 20;
 
 void PutU32(std::string& out, uint32_t v) {

@@ -75,6 +75,13 @@ class RecordLog {
 
   uint64_t size() const { return end_; }
 
+  // The bytes a record of `payload_bytes` takes in the file (its frame
+  // header included).
+  static uint64_t FramedBytes(uint64_t payload_bytes) {
+    return kHeaderBytes + payload_bytes;
+  }
+  static constexpr uint64_t kHeaderBytes = 8;
+
  private:
   RecordLog(std::string path, UniqueFd fd, uint64_t end);
   static std::string Frame(absl::string_view payload);

@@ -207,6 +207,20 @@ absl::StatusOr<Placement> SsdArray::Allocate(uint64_t bytes) {
   return p;
 }
 
+std::vector<Placement::Run> RunsOf(const Placement& p) {
+  std::vector<Placement::Run> runs;
+  for (size_t d = 0; d < p.region_offset.size() && d < p.region_length.size();
+       ++d) {
+    if (p.region_length[d] == 0) continue;
+    runs.push_back(Placement::Run{static_cast<uint32_t>(d), p.region_offset[d],
+                                  p.region_length[d]});
+  }
+  for (const Placement::Run& run : p.more_runs) {
+    if (run.length > 0) runs.push_back(run);
+  }
+  return runs;
+}
+
 absl::Status SsdArray::Reserve(const Placement& p) {
   const size_t n = devices_.size();
   if (p.bytes == 0 || p.region_offset.size() != n ||
@@ -221,20 +235,14 @@ absl::Status SsdArray::Reserve(const Placement& p) {
   for (size_t i = 0; i < p.chunk_crc.size(); ++i) {
     expected[(p.first_device + i) % n] += ChunkAt(p, i).length;
   }
-  std::vector<Placement::Run> runs;
-  std::vector<uint64_t> total(n, 0);
-  for (size_t d = 0; d < n; ++d) {
-    if (p.region_length[d] == 0) continue;
-    runs.push_back(Placement::Run{static_cast<uint32_t>(d), p.region_offset[d],
-                                  p.region_length[d]});
-  }
   for (const Placement::Run& run : p.more_runs) {
     if (run.device >= n || run.length == 0 ||
         p.region_length[run.device] == 0) {
       return absl::DataLossError("catalog placement has a bad extra run");
     }
-    runs.push_back(run);
   }
+  const std::vector<Placement::Run> runs = RunsOf(p);
+  std::vector<uint64_t> total(n, 0);
   for (const Placement::Run& run : runs) {
     if (total[run.device] % stripe_unit_ != 0) {
       return absl::DataLossError(

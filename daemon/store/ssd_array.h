@@ -42,6 +42,10 @@ struct Placement {
   bool operator==(const Placement&) const = default;
 };
 
+// Every run of `placement` that holds bytes: each device's region, then
+// the more_runs, in order.
+std::vector<Placement::Run> RunsOf(const Placement& placement);
+
 struct DeviceStats {
   std::string path;
   uint64_t capacity_bytes = 0;

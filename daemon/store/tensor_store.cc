@@ -47,6 +47,14 @@ absl::Status ValidateName(absl::string_view job, absl::string_view name) {
 
 }  // namespace
 
+void TensorStore::Warn(const std::string& message) const {
+  if (options_.warn) {
+    options_.warn(message);
+  } else {
+    std::fprintf(stderr, "lohan store: %s\n", message.c_str());
+  }
+}
+
 std::string TensorStore::Describe(const Key& key, uint64_t version) {
   return absl::StrCat("'", key.first, "/", key.second, "' version ", version);
 }
@@ -198,14 +206,8 @@ absl::Status TensorStore::Check(const StoreOptions& options) {
 absl::Status TensorStore::CheckWithinCapacity(const StoreOptions& options,
                                               const Key& key,
                                               const Placement& p) {
-  std::vector<Placement::Run> runs = p.more_runs;
-  for (size_t d = 0; d < p.region_offset.size(); ++d) {
-    runs.push_back(Placement::Run{static_cast<uint32_t>(d), p.region_offset[d],
-                                  p.region_length[d]});
-  }
-  for (const Placement::Run& run : runs) {
-    if (run.length > 0 &&
-        run.offset + run.length > options.device_capacity_bytes) {
+  for (const Placement::Run& run : RunsOf(p)) {
+    if (run.offset + run.length > options.device_capacity_bytes) {
       return absl::FailedPreconditionError(absl::StrCat(
           "the catalog keeps tensor '", key.first, "/", key.second,
           "' up to byte ", run.offset + run.length, " of SSD ",
@@ -279,9 +281,7 @@ absl::Status TensorStore::Recover() {
   // below would make it permanent).
   absl::StatusOr<CatalogRead> read = ReadCatalog(path);
   if (!read.ok()) return read.status();
-  if (!read->torn.empty()) {
-    std::fprintf(stderr, "lohan store: %s\n", read->torn.c_str());
-  }
+  if (!read->torn.empty()) Warn(read->torn);
   const RecordLog::Contents* contents = &read->contents;
 
   std::string store_id;
@@ -305,12 +305,13 @@ absl::Status TensorStore::Recover() {
     entry->bytes = tensor.bytes;
     entry->last_version =
         std::max(tensor.committed_version, tensor.previous_version);
-    absl::StatusOr<std::shared_ptr<const Version>> committed =
-        RecoveredVersion(key, tensor.committed_version, tensor.placement);
+    absl::StatusOr<std::shared_ptr<const Version>> committed = RecoveredVersion(
+        key, tensor.committed_version, tensor.placement, tensor.committed_tag);
     if (!committed.ok()) return committed.status();
     entry->committed = *std::move(committed);
-    absl::StatusOr<std::shared_ptr<const Version>> previous = RecoveredVersion(
-        key, tensor.previous_version, tensor.previous_placement);
+    absl::StatusOr<std::shared_ptr<const Version>> previous =
+        RecoveredVersion(key, tensor.previous_version,
+                         tensor.previous_placement, tensor.previous_tag);
     if (!previous.ok()) return previous.status();
     entry->previous = *std::move(previous);
     tensors_[key] = std::move(entry);
@@ -336,15 +337,22 @@ absl::Status TensorStore::Recover() {
 
 absl::StatusOr<std::shared_ptr<const TensorStore::Version>>
 TensorStore::RecoveredVersion(const Key& key, uint64_t number,
-                              const std::optional<Placement>& placement) {
+                              const std::optional<Placement>& placement,
+                              uint64_t tag) {
   if (!placement.has_value()) return nullptr;
   absl::Status s = array_->Reserve(*placement);
   if (!s.ok()) {
     return absl::DataLossError(absl::StrCat(
-        "catalog entry of tensor ", Describe(key, number), ": ", s.message()));
+        "the catalog ", CatalogPath(options_.state_dir),
+        " is damaged: its entry of tensor ", Describe(key, number), ": ",
+        s.message(),
+        ". Nothing was changed. Keep a copy of the file; `lohand --salvage` "
+        "(same configuration) rebuilds the catalog from what is consistent "
+        "and reports what it leaves out"));
   }
   auto version = std::make_shared<Version>(array_.get(), *placement);
   version->number = number;
+  version->tag = tag;
   return version;
 }
 
@@ -404,8 +412,8 @@ void TensorStore::MaybeCompactCatalog() {
     // Rewrite replaces the log only once the snapshot is durable, so the old
     // one is still in place and complete: go on appending to it, and try
     // again once it has doubled.
-    std::fprintf(stderr, "lohan store: could not compact %s (%s); will retry\n",
-                 path.c_str(), std::string(log.status().message()).c_str());
+    Warn(absl::StrCat("could not compact ", path, " (", log.status().message(),
+                      "); will retry"));
     compact_at_bytes_ = 2 * log_->size();
     return;
   }
@@ -535,8 +543,8 @@ absl::StatusOr<uint64_t> TensorStore::Write(absl::string_view job,
   return next;
 }
 
-absl::Status TensorStore::Commit(absl::string_view job,
-                                 absl::string_view name) {
+absl::Status TensorStore::Commit(absl::string_view job, absl::string_view name,
+                                 uint64_t tag) {
   absl::StatusOr<std::shared_ptr<Entry>> found = BeginMutation(job, name);
   if (!found.ok()) return found.status();
   Entry& entry = **found;
@@ -559,25 +567,28 @@ absl::Status TensorStore::Commit(absl::string_view job,
     commit.name = std::string(name);
     commit.version = pending->number;
     commit.placement = pending->placement;
+    commit.tag = tag;
     s = AppendToCatalog(std::move(commit), /*sync=*/true);
   }
   absl::MutexLock lock(&mu_);
   entry.busy = false;
   if (!s.ok()) return s;
   // The old one (and any kept previous one) frees its space.
+  pending->tag = tag;
   entry.committed = std::move(entry.pending);
   entry.previous.reset();
   return absl::OkStatus();
 }
 
 absl::Status TensorStore::CommitBatch(absl::string_view job,
-                                      absl::Span<const std::string> names) {
-  return CommitBatchImpl(job, names, /*keep_previous=*/false);
+                                      absl::Span<const std::string> names,
+                                      uint64_t tag) {
+  return CommitBatchImpl(job, names, /*keep_previous=*/false, tag);
 }
 
 absl::Status TensorStore::CommitBatchImpl(absl::string_view job,
                                           absl::Span<const std::string> names,
-                                          bool keep_previous) {
+                                          bool keep_previous, uint64_t tag) {
   if (names.empty()) {
     return absl::InvalidArgumentError("a commit batch needs at least one name");
   }
@@ -606,6 +617,7 @@ absl::Status TensorStore::CommitBatchImpl(absl::string_view job,
   batch.kind = keep_previous ? CatalogRecord::Kind::kCommitBatchKeepingPrevious
                              : CatalogRecord::Kind::kCommitBatch;
   batch.job = std::string(job);
+  batch.tag = tag;
   {
     absl::MutexLock lock(&mu_);
     for (size_t i = 0; i < entries.size(); ++i) {
@@ -630,6 +642,7 @@ absl::Status TensorStore::CommitBatchImpl(absl::string_view job,
     // Not kept: the old committed version (and any previous one left by
     // an earlier kept commit) frees its space.
     e->previous = keep_previous ? std::move(e->committed) : nullptr;
+    e->pending->tag = tag;
     e->committed = std::move(e->pending);
   }
   return s;
@@ -754,6 +767,8 @@ absl::StatusOr<TensorInfo> TensorStore::Stat(absl::string_view job,
   info.pending_version = e.pending ? e.pending->number : 0;
   info.previous_version = e.previous ? e.previous->number : 0;
   info.next_version = e.last_version + 1;
+  info.committed_tag = e.committed ? e.committed->tag : 0;
+  info.previous_tag = e.previous ? e.previous->tag : 0;
   return info;
 }
 

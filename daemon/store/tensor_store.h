@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -56,6 +57,10 @@ struct StoreOptions {
   // run (one commit record per iteration) keeps it, and the replay at the
   // next open, bounded.
   uint64_t catalog_compact_bytes = 64ull << 20;
+  // Told what the store recovers from or works around without failing (a
+  // torn catalog tail it ignored, a compaction it will retry): the
+  // daemon's log at warning. Unset: written to stderr.
+  std::function<void(const std::string&)> warn;
 };
 
 struct TensorInfo {
@@ -67,6 +72,10 @@ struct TensorInfo {
   // The number the next Write will return (by this process; versions that
   // were never committed are forgotten across restarts).
   uint64_t next_version = 1;
+  // The labels the committed and previous versions were committed with
+  // (Commit's `tag`); 0: none.
+  uint64_t committed_tag = 0;
+  uint64_t previous_tag = 0;
 };
 
 struct StoreStats {
@@ -148,8 +157,13 @@ class TensorStore {
   absl::StatusOr<uint64_t> Write(absl::string_view job, absl::string_view name,
                                  absl::Span<const uint8_t> data);
   // Makes the pending version the committed one. FAILED_PRECONDITION if
-  // there is no pending version.
-  absl::Status Commit(absl::string_view job, absl::string_view name);
+  // there is no pending version. `tag` (any value, 0: none) is recorded
+  // with the version in the catalog and returned by Stat as committed_tag
+  // (and previous_tag once a kept commit replaces it): the caller's label,
+  // e.g. the iteration, so that tensors committed apart can be checked to
+  // belong together after a restart.
+  absl::Status Commit(absl::string_view job, absl::string_view name,
+                      uint64_t tag = 0);
   // Group commit: makes the pending versions of `names` (tensors of `job`,
   // at least one, no name twice) committed together, all or none, with one
   // fdatasync of the SSDs and one catalog record, fdatasync'd. After a crash
@@ -158,13 +172,15 @@ class TensorStore {
   // one has no pending version; NOT_FOUND if one is missing; INVALID_ARGUMENT
   // for an empty list or a repeated name. Waits for the other mutations of
   // these tensors (taken in name order, so concurrent batches cannot
-  // deadlock).
+  // deadlock). `tag` as for Commit, the same for every tensor of the batch.
   absl::Status CommitBatch(absl::string_view job,
-                           absl::Span<const std::string> names);
+                           absl::Span<const std::string> names,
+                           uint64_t tag = 0);
   // As CommitBatch; each tensor's committed version until now becomes its
   // previous one (freeing any previous one it had), in the same record.
   absl::Status CommitBatchKeepingPrevious(absl::string_view job,
-                                          absl::Span<const std::string> names);
+                                          absl::Span<const std::string> names,
+                                          uint64_t tag = 0);
   // Frees every previous version of `job`'s tensors, durably (the space
   // is reused only once the catalog no longer names it); the number of
   // tensors that had one (0: nothing written).
@@ -263,7 +279,7 @@ class TensorStore {
       ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CommitBatchImpl(absl::string_view job,
                                absl::Span<const std::string> names,
-                               bool keep_previous);
+                               bool keep_previous, uint64_t tag);
   // Appends `record` (synced if `sync`), keeps catalog_ in step with it, and
   // compacts the log when it has grown enough.
   absl::Status AppendToCatalog(CatalogRecord record, bool sync)
@@ -278,6 +294,7 @@ class TensorStore {
   }
   static CatalogRecord StoreInfoOf(const StoreOptions& options);
   static std::string Describe(const Key& key, uint64_t version);
+  void Warn(const std::string& message) const;
   // Check's test of one placement against options.device_capacity_bytes.
   static absl::Status CheckWithinCapacity(const StoreOptions& options,
                                           const Key& key, const Placement& p);
@@ -285,7 +302,7 @@ class TensorStore {
   // reserved in the array. DATA_LOSS if that space is taken.
   absl::StatusOr<std::shared_ptr<const Version>> RecoveredVersion(
       const Key& key, uint64_t number,
-      const std::optional<Placement>& placement);
+      const std::optional<Placement>& placement, uint64_t tag);
   absl::StatusOr<uint64_t> ReadVersion(absl::string_view job,
                                        absl::string_view name,
                                        absl::Span<uint8_t> dest, bool pending,

@@ -29,6 +29,9 @@ struct TensorStore::Version {
   SsdArray* const array;
   uint64_t number = 0;  // Set before the version is published.
   Placement placement;
+  // The committer's label (CatalogRecord::tag), set as it is committed
+  // (under TensorStore::mu_ while the tensor's mutation is held).
+  mutable uint64_t tag = 0;
   // Set when the version's bytes are counted in a SpaceBudget (by Write, or
   // by SetSpaceBudget before the store serves anyone), which the destructor
   // gives them back to.

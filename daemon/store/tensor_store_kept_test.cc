@@ -188,5 +188,55 @@ TEST_F(KeptCommitTest, AReleaseSurvivesARestartAndOtherJobsAreUntouched) {
   EXPECT_EQ(Used(*store), Versions(1) + Padded(5000));
 }
 
+// Tags (a committer's label of each version, e.g. the iteration) follow
+// their versions: through a kept commit, a revert, a release, a reopen
+// (replayed from the log, then from the snapshot it compacts into).
+TEST_F(KeptCommitTest, TagsFollowTheirVersionsThroughRevertAndReopen) {
+  auto tags = [](TensorStore& store) {
+    std::vector<std::pair<uint64_t, uint64_t>> out;
+    for (const std::string& name : kNames) {
+      auto info = store.Stat("j", name);
+      EXPECT_TRUE(info.ok()) << info.status();
+      out.emplace_back(info->committed_tag, info->previous_tag);
+    }
+    return out;
+  };
+  using Tags = std::vector<std::pair<uint64_t, uint64_t>>;
+  {
+    auto store = Open();
+    ASSERT_NE(store, nullptr);
+    for (size_t i = 0; i < kNames.size(); ++i) {
+      ASSERT_TRUE(store->Create("j", kNames[i], SizeOf(i)).ok());
+    }
+    WriteStep(*store, 1);
+    ASSERT_TRUE(store->CommitBatch("j", kNames, /*tag=*/11).ok());
+    EXPECT_EQ(tags(*store), Tags(3, {11, 0}));
+    WriteStep(*store, 2);
+    ASSERT_TRUE(store->CommitBatchKeepingPrevious("j", kNames, 12).ok());
+    EXPECT_EQ(tags(*store), Tags(3, {12, 11}));
+  }
+  for (int reopen = 0; reopen < 2; ++reopen) {
+    auto store = Open();
+    ASSERT_NE(store, nullptr);
+    EXPECT_EQ(tags(*store), Tags(3, {12, 11})) << "reopen " << reopen;
+  }
+  {
+    auto store = Open();
+    ASSERT_NE(store, nullptr);
+    ASSERT_TRUE(store->RevertToPrevious("j").ok());
+    EXPECT_EQ(tags(*store), Tags(3, {11, 0}));
+    ExpectStep(*store, 1);
+    WriteStep(*store, 3);
+    ASSERT_TRUE(store->CommitBatchKeepingPrevious("j", kNames, 13).ok());
+    ASSERT_TRUE(store->ReleasePrevious("j").ok());
+    EXPECT_EQ(tags(*store), Tags(3, {13, 0}));
+    ASSERT_TRUE(store->Write("j", "meta", Pattern(5, SizeOf(2))).ok());
+    ASSERT_TRUE(store->Commit("j", "meta").ok());  // untagged
+  }
+  auto store = Open();
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ(tags(*store), (Tags{{13, 0}, {13, 0}, {0, 0}}));
+}
+
 }  // namespace
 }  // namespace lohan

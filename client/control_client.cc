@@ -43,10 +43,17 @@ absl::Status ControlClient::FromGrpc(const grpc::Status& status) const {
                       status.error_message());
 }
 
+namespace {
+constexpr int kMaxReceiveBytes = 64 << 20;
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<ControlClient>> ControlClient::Connect(
     Options options) {
   if (options.socket_path.empty()) options.socket_path = DefaultSocketPath();
   grpc::ChannelArguments arguments;
+  // GetStatus has a fixed bound far below this; ListJobs grows with the
+  // jobs the caller may see (root: every user's), a few hundred bytes each.
+  arguments.SetMaxReceiveMessageSize(kMaxReceiveBytes);
   // Unix sockets need no reconnect back-off; fail fast and say so.
   arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
@@ -162,6 +169,17 @@ absl::StatusOr<v1::RegisterModelResponse> ControlClient::RegisterModel(
       Invoke(&v1::Lohan::Stub::RegisterModel, request, &response);
   if (!status.ok()) return status;
   return response;
+}
+
+absl::StatusOr<v1::JobPlan> ControlClient::GetJobPlan(
+    const std::string& job_id) {
+  v1::GetJobPlanRequest request;
+  request.set_job_id(job_id);
+  v1::PlanJobResponse response;
+  absl::Status status =
+      Invoke(&v1::Lohan::Stub::GetJobPlan, request, &response);
+  if (!status.ok()) return status;
+  return response.plan();
 }
 
 absl::StatusOr<v1::JobPlan> ControlClient::PlanJob(

@@ -50,6 +50,8 @@ class ControlClient {
   // The activation plan for the caller's job (attached by this process,
   // its model registered), kept by the daemon with the job's session.
   absl::StatusOr<v1::JobPlan> PlanJob(const v1::PlanJobRequest& request);
+  // The whole plan kept with a job's session (its owner or root).
+  absl::StatusOr<v1::JobPlan> GetJobPlan(const std::string& job_id);
 
  private:
   ControlClient(Options options, std::unique_ptr<v1::Lohan::Stub> stub);

@@ -569,6 +569,21 @@ int lohan_job_plan_json(lohan_client* client, const char* job_id,
   return CopyOut(*json, plan_json_out);
 }
 
+int lohan_job_kept_plan_json(lohan_client* client, const char* job_id,
+                             char** plan_json_out) {
+  if (client == nullptr || job_id == nullptr || plan_json_out == nullptr) {
+    return InvalidArgument(
+        "lohan_job_kept_plan_json: client, job_id and plan_json_out are "
+        "required");
+  }
+  absl::StatusOr<lohan::v1::JobPlan> plan = client->impl->GetJobPlan(job_id);
+  if (!plan.ok()) return Report(plan.status());
+  absl::StatusOr<std::string> json =
+      lohan::ToJson(*plan, /*proto_names=*/false);
+  if (!json.ok()) return Report(json.status());
+  return CopyOut(*json, plan_json_out);
+}
+
 void lohan_string_free(char* text) { std::free(text); }
 
 // ---- Asynchronous requests

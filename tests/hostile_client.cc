@@ -287,6 +287,130 @@ int RegisterHold(ControlClient& client, const std::string& name) {
   Hold();
 }
 
+// A job of its own with the largest plan PlanJob makes (65536 blocks of 4
+// saved tensors: 262144 decisions), kept with its session; prints
+// "planned <blocks>" and holds it until killed.
+v1::PlanJobRequest MaximalPlanRequest(const std::string& job_id) {
+  v1::PlanJobRequest request;
+  request.set_job_id(job_id);
+  request.set_activation_host_bytes(1 << 20);
+  v1::ClientProfile* profile = request.mutable_profile();
+  profile->set_device_bytes(uint64_t{1} << 40);
+  profile->set_device_flops(1e12);
+  profile->set_host_to_device_bytes_per_second(1e10);
+  profile->set_device_to_host_bytes_per_second(1e10);
+  profile->set_blocks(65536);
+  profile->set_parameters(1024);
+  profile->set_block_parameters(1);
+  profile->set_largest_layer_parameters(1024);
+  profile->set_head_parameters(1);
+  profile->set_first_layer_parameters(1);
+  profile->set_forward_flops(1e9);
+  profile->set_block_forward_flops(1e4);
+  profile->set_batch(1);
+  profile->set_seq(16);
+  for (int t = 0; t < 4; ++t) {
+    v1::MeasuredTensor* tensor = profile->add_block_tensors();
+    tensor->set_name(std::string(64, 'n'));
+    tensor->set_bytes(4096);
+    tensor->set_recompute_flops(t % 2 == 0 ? 1e3 : 1e12);
+  }
+  return request;
+}
+
+// PlanJob, asked again while lohand is still measuring its machine.
+absl::StatusOr<v1::JobPlan> PlanWhenReady(ControlClient& client,
+                                          const v1::PlanJobRequest& request) {
+  absl::StatusOr<v1::JobPlan> plan = client.PlanJob(request);
+  for (int tries = 0; absl::IsUnavailable(plan.status()) && tries < 2400;
+       ++tries) {
+    usleep(50 * 1000);
+    plan = client.PlanJob(request);
+  }
+  return plan;
+}
+
+// A job of its own, attached, its data plane open and a small model
+// registered; the plane is returned through `plane` (kept open).
+absl::StatusOr<v1::Job> RegisteredJob(ControlClient& client,
+                                      const std::string& name,
+                                      std::unique_ptr<DataPlane>* plane) {
+  absl::StatusOr<v1::Job> job = CreateAttached(client, name, 1 << 20);
+  if (!job.ok()) return job.status();
+  auto opened = DataPlane::Open(client.hello().data_socket_path(), job->id());
+  if (!opened.ok()) return opened.status();
+  *plane = *std::move(opened);
+  auto registered = client.RegisterModel(OneLayerModel(job->id(), 0));
+  if (!registered.ok()) return registered.status();
+  return job;
+}
+
+int PlanHold(ControlClient& client, const std::string& name) {
+  std::unique_ptr<DataPlane> plane;
+  absl::StatusOr<v1::Job> job = RegisteredJob(client, name, &plane);
+  if (!job.ok()) return Fail("job", job.status());
+  absl::StatusOr<v1::JobPlan> plan =
+      PlanWhenReady(client, MaximalPlanRequest(job->id()));
+  if (!plan.ok()) return Fail("plan", plan.status());
+  std::printf("planned %d blocks, %zu bytes\n", plan->block_modes_size(),
+              plan->ByteSizeLong());
+  Hold();
+}
+
+// `count` maximal PlanJobs of one job, each replacing the last one kept,
+// then one PlanJob lohand refuses (a profile of no blocks: what lohand
+// holds then is only what it keeps, every reply before it freed); prints
+// "planned <count> times" and holds the job until killed.
+int PlanLoop(ControlClient& client, uint64_t count) {
+  std::unique_ptr<DataPlane> plane;
+  absl::StatusOr<v1::Job> job =
+      RegisteredJob(client, absl::StrCat("plan-loop-", getpid()), &plane);
+  if (!job.ok()) return Fail("job", job.status());
+  v1::PlanJobRequest request = MaximalPlanRequest(job->id());
+  for (uint64_t i = 0; i < count; ++i) {
+    absl::StatusOr<v1::JobPlan> plan = PlanWhenReady(client, request);
+    if (!plan.ok()) return Fail("plan", plan.status());
+  }
+  request.mutable_profile()->set_blocks(0);
+  if (absl::Status refused = client.PlanJob(request).status();
+      !absl::IsInvalidArgument(refused)) {
+    return Fail("a plan of no blocks", refused);
+  }
+  std::printf("planned %llu times\n", static_cast<unsigned long long>(count));
+  Hold();
+}
+
+// `count` RegisterModels of a model of `layers` one-element layers on one
+// job's data plane (each refused, or the first accepted and the rest
+// refused as a second registration); prints "registered <n>, refused <m>
+// (<last refusal>)".
+int RegisterLoop(ControlClient& client, uint64_t layers, uint64_t count) {
+  absl::StatusOr<v1::Job> job = CreateAttached(
+      client, absl::StrCat("register-loop-", getpid()), 16 << 20);
+  if (!job.ok()) return Fail("create", job.status());
+  auto plane = DataPlane::Open(client.hello().data_socket_path(), job->id());
+  if (!plane.ok()) return Fail("data plane", plane.status());
+  v1::RegisterModelRequest request = OneLayerModel(job->id(), 0);
+  request.mutable_model()->clear_layer_elements();
+  for (uint64_t l = 0; l < layers; ++l) {
+    request.mutable_model()->add_layer_elements(1);
+  }
+  // Two shared buffers of each kind: the arena holds any model, so what
+  // refuses it is the SSD space its states need.
+  request.mutable_model()->set_grad_slots(2);
+  request.mutable_model()->set_weight_slots(2);
+  uint64_t registered = 0, refused = 0;
+  absl::Status last;
+  for (uint64_t i = 0; i < count; ++i) {
+    last = client.RegisterModel(request).status();
+    ++(last.ok() ? registered : refused);
+  }
+  std::printf("registered %llu, refused %llu (%s)\n",
+              static_cast<unsigned long long>(registered),
+              static_cast<unsigned long long>(refused), Describe(last).c_str());
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   if (argc < 4) {
     std::fprintf(stderr, "usage: %s COMMAND SOCKET ARG...\n", argv[0]);
@@ -314,6 +438,11 @@ int Main(int argc, char** argv) {
     return AttachHold(**client, argv[3], Number(argv[4]));
   }
   if (command == "register-hold") return RegisterHold(**client, argv[3]);
+  if (command == "plan-hold") return PlanHold(**client, argv[3]);
+  if (command == "plan-loop") return PlanLoop(**client, Number(argv[3]));
+  if (command == "register-loop" && argc == 5) {
+    return RegisterLoop(**client, Number(argv[3]), Number(argv[4]));
+  }
   std::fprintf(stderr, "unknown command or arguments: %s\n", command.c_str());
   return 2;
 }

@@ -60,7 +60,7 @@ TEST_F(LohanctlTest, StatusText) {
   EXPECT_THAT(result.out,
               HasSubstr("  your quota   jobs 1 of 64, SSD 0 B held of no "
                         "limit, host pool no limit, data planes 16, control "
-                        "connections 64\n"));
+                        "connections 64, daemon memory 0 B held of "));
   EXPECT_THAT(result.out, HasSubstr("  SSD array    1 SSD, 1.0 MiB stripes, "
                                     "4096 B blocks, queue depth 32, 0 "
                                     "tensors"));
@@ -221,8 +221,20 @@ TEST_F(LohanctlTest, StatusShowsASessionsPlan) {
       google::protobuf::util::JsonStringToMessage(json.out, &status).ok());
   ASSERT_EQ(status.sessions_size(), 1);
   EXPECT_EQ(status.sessions(0).plan().search_case(), plan->search_case());
-  EXPECT_EQ(status.sessions(0).plan().blocks_size(), 2);
+  // Summarised: blocks per mode; `lohanctl jobs plan` has the whole plan.
+  EXPECT_EQ(status.sessions(0).plan().blocks_size(), 0);
+  EXPECT_EQ(status.sessions(0).plan().block_mode_counts().at("keep"), 2u);
   EXPECT_EQ(status.sessions(0).planned_iterations(), 2u);
+  RunResult whole = Lohanctl({"jobs", "plan", job_id_});
+  ASSERT_EQ(whole.exit_code, 0) << whole.err;
+  v1::JobPlan kept;
+  ASSERT_TRUE(
+      google::protobuf::util::JsonStringToMessage(whole.out, &kept).ok());
+  EXPECT_EQ(kept.blocks_size(), 2);
+  EXPECT_EQ(kept.block_modes(0), "keep");
+  RunResult missing = Lohanctl({"jobs", "plan", "j-999999"});
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_THAT(missing.err, HasSubstr("no job 'j-999999'"));
   EXPECT_GT(status.sessions(0).planned_mean_iteration_seconds(), 0);
 }
 

@@ -261,6 +261,77 @@ TEST_F(MultiUserTest, AJobNameWithControlBytesReachesTheLogEscaped) {
   EXPECT_EQ(log.find("\n2026-12-03 00:00:00 info FORGED"), std::string::npos);
 }
 
+// Another user holds the most plans its quota allows (a data plane each,
+// each with the largest plan PlanJob makes): root's status still answers,
+// small (plans summarised), and root can still read a whole plan.
+TEST_F(MultiUserTest, RootsStatusAnswersWhileAnotherUserHoldsMaximalPlans) {
+  StartDaemon("[quotas]\ndata_planes = 4\n");
+  std::vector<std::unique_ptr<BackgroundProcess>> planners;
+  for (int i = 0; i < 4; ++i) {
+    auto planner = BackgroundProcess::Start(
+        Nobody({"plan-hold", daemon_->socket(), absl::StrCat("plans-", i)}));
+    ASSERT_TRUE(planner.ok()) << planner.status();
+    planners.push_back(*std::move(planner));
+  }
+  uint64_t plan_bytes = 0;
+  for (auto& planner : planners) {
+    const std::string line = planner->first_line();
+    ASSERT_THAT(line, HasSubstr("planned 65536 blocks")) << line;
+    plan_bytes += NumberAfter(line, "blocks, ");
+  }
+  auto status = root_->GetStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  ASSERT_EQ(status->sessions_size(), 4);
+  uint32_t blocks = 0;
+  for (const auto& [mode, count] :
+       status->sessions(0).plan().block_mode_counts()) {
+    blocks += count;
+  }
+  EXPECT_EQ(blocks, 65536u);
+  EXPECT_EQ(status->sessions(0).plan().block_modes_size(), 0);
+  EXPECT_EQ(status->sessions(0).plan().blocks_size(), 0);
+  EXPECT_LT(status->ByteSizeLong(), 64u << 10);
+  std::printf(
+      "another user's 4 plans of %llu bytes in all; root's status: %zu "
+      "bytes\n",
+      static_cast<unsigned long long>(plan_bytes), status->ByteSizeLong());
+  RunResult lohanctl = RunCommand({Runfile("client/ctl/lohanctl"), "--socket",
+                                   daemon_->socket(), "status"});
+  EXPECT_EQ(lohanctl.exit_code, 0) << lohanctl.err;
+  EXPECT_THAT(lohanctl.out, HasSubstr("blocks: "));
+  // The whole plan on request, for root (and the owner), not for others.
+  auto plan = root_->GetJobPlan(status->sessions(0).job_id());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->block_modes_size(), 65536);
+}
+
+// [quotas] daemon_memory bounds what lohand holds for a user: a model
+// whose store tensors would pass it, or a plan that would, is refused
+// before anything is made, naming the quota; root's job trains on.
+TEST_F(MultiUserTest, DaemonMemoryQuotaRefusesModelsAndPlansBeforeAnything) {
+  StartDaemon("[quotas.user.nobody]\ndaemon_memory = \"3MiB\"\n");
+  StartVictim();
+  RunResult huge =
+      RunCommand(Nobody({"register-loop", daemon_->socket(), "65536", "1"}));
+  EXPECT_THAT(huge.out,
+              HasSubstr("refused 1 (RESOURCE_EXHAUSTED: job j-000002's model "
+                        "(65536 layers, 131073 store tensors) needs 192.0 MiB "
+                        "of lohand's memory; uid 65534's jobs and plans hold "
+                        "0 B of it and the quota is 3.0 MiB ([quotas] "
+                        "daemon_memory"))
+      << huge.out << huge.err;
+  auto status = root_->GetStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  for (const v1::Job& job : status->jobs()) {
+    if (job.owner_uid() == 65534) EXPECT_EQ(job.ssd_bytes(), 0u) << job.id();
+  }
+  RunResult plan = RunCommand(Nobody({"plan-hold", daemon_->socket(), "p"}));
+  EXPECT_THAT(plan.out, HasSubstr("plan failed: RESOURCE_EXHAUSTED: job "));
+  EXPECT_THAT(plan.out, HasSubstr("'s activation plan needs 3.8 MiB of "
+                                  "lohand's memory"));
+  ResumeAndCheckVictim();
+}
+
 TEST_F(MultiUserTest, IdleControlConnectionsAreClosed) {
   StartDaemon("[daemon]\ncontrol_idle_timeout = 1\n");
   RunResult idle = RunCommand(Nobody({"idle", daemon_->socket(), "30"}));

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <ctime>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -158,10 +159,24 @@ int Status(const std::string& socket, bool json) {
   std::printf("  socket       %s\n", config.socket_path().c_str());
   std::printf("  state dir    %s\n", config.state_dir().c_str());
   const v1::PoolStatus& pool = status->pool();
-  std::printf("  host pool    %s, %s in use (%d arena%s of yours)\n",
+  // Root sees every job's arena: say which are the caller's own.
+  std::set<std::string> own_jobs;
+  for (const v1::Job& job : status->jobs()) {
+    if (job.owner_uid() == getuid()) own_jobs.insert(job.id());
+  }
+  int own_arenas = 0;
+  for (const v1::ArenaStatus& arena : pool.arenas()) {
+    own_arenas += own_jobs.count(arena.job_id()) != 0 ? 1 : 0;
+  }
+  const std::string arenas =
+      own_arenas == pool.arenas_size()
+          ? absl::StrFormat("%d arena%s of yours", own_arenas,
+                            own_arenas == 1 ? "" : "s")
+          : absl::StrFormat("%d arena%s, %d of yours", pool.arenas_size(),
+                            pool.arenas_size() == 1 ? "" : "s", own_arenas);
+  std::printf("  host pool    %s, %s in use (%s)\n",
               FormatByteSize(pool.capacity_bytes()).c_str(),
-              FormatByteSize(pool.used_bytes()).c_str(), pool.arenas_size(),
-              pool.arenas_size() == 1 ? "" : "s");
+              FormatByteSize(pool.used_bytes()).c_str(), arenas.c_str());
   const v1::StoreStatus& store = status->store();
   std::printf(
       "  SSD array    %d SSD%s, %s stripes, %u B blocks, queue depth "
@@ -204,6 +219,10 @@ int Status(const std::string& socket, bool json) {
     iterations[session.job_id()] = session.iteration();
   }
   PrintJobs({status->jobs().begin(), status->jobs().end()}, &iterations);
+  if (status->jobs_not_listed() > 0) {
+    std::printf("... and %u more jobs (lohanctl jobs lists them all)\n",
+                status->jobs_not_listed());
+  }
   if (status->sessions_size() > 0) {
     std::printf("\ntraining (open data planes)\n");
     const char* format =
@@ -291,6 +310,15 @@ int StopJob(const std::string& socket, const std::string& job_id, bool drain) {
   return 0;
 }
 
+int JobPlan(const std::string& socket, const std::string& job_id) {
+  auto client = Connect(socket);
+  if (!client.ok()) return Fail(client.status());
+  auto plan = (*client)->GetJobPlan(job_id);
+  if (!plan.ok()) return Fail(plan.status());
+  std::printf("%s\n", Json(*plan).c_str());
+  return 0;
+}
+
 int DeleteJob(const std::string& socket, const std::string& job_id) {
   auto client = Connect(socket);
   if (!client.ok()) return Fail(client.status());
@@ -353,6 +381,13 @@ int main(int argc, char** argv) {
   CLI::App* jobs_delete =
       jobs->add_subcommand("delete", "delete a detached job");
   jobs_delete->add_option("job_id", delete_id, "the job's id, e.g. j-000001")
+      ->required();
+  std::string plan_id;
+  CLI::App* jobs_plan = jobs->add_subcommand(
+      "plan",
+      "a job's whole activation plan, as JSON (status shows its summary); "
+      "yours, or any as root");
+  jobs_plan->add_option("job_id", plan_id, "the job's id, e.g. j-000001")
       ->required();
   std::string detach_id;
   CLI::App* jobs_detach = jobs->add_subcommand(
@@ -443,6 +478,7 @@ int main(int argc, char** argv) {
   }
   if (status->parsed()) return lohan::Status(socket, status_json);
   if (jobs_delete->parsed()) return lohan::DeleteJob(socket, delete_id);
+  if (jobs_plan->parsed()) return lohan::JobPlan(socket, plan_id);
   if (jobs_detach->parsed()) return lohan::DetachJob(socket, detach_id);
   return lohan::Jobs(socket, jobs_json);
 }

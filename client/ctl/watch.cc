@@ -119,13 +119,15 @@ void PrintTable(const v1::GetStatusResponse& status,
 std::string QuotaLine(const v1::QuotaStatus& quota) {
   return absl::StrFormat(
       "jobs %u of %s, SSD %s held of %s, host pool %s, data planes %s, "
-      "control connections %s",
+      "control connections %s, daemon memory %s held of %s",
       quota.jobs(), Limit(quota.jobs_limit(), false),
       FormatByteSize(quota.ssd_held_bytes()),
       Limit(quota.ssd_limit_bytes(), true),
       Limit(quota.host_pool_limit_bytes(), true),
       Limit(quota.data_planes_limit(), false),
-      Limit(quota.control_connections_limit(), false));
+      Limit(quota.control_connections_limit(), false),
+      FormatByteSize(quota.daemon_memory_held_bytes()),
+      Limit(quota.daemon_memory_limit_bytes(), true));
 }
 
 std::string OptimizerLine(const v1::OptimizerStatus& optimizer) {
@@ -164,10 +166,13 @@ std::string PlanLine(const v1::SessionStatus& session) {
       absl::StrAppendFormat(&measured, " (%.2fx)", mean / predicted);
     }
   }
+  // GetStatus summarises the plan: blocks per mode (lohanctl jobs plan
+  // has the whole plan).
   std::string blocks;
   for (const char* mode : {"offload", "swap", "keep", "mixed"}) {
-    int count = 0;
-    for (const std::string& m : plan.block_modes()) count += m == mode;
+    auto found = plan.block_mode_counts().find(mode);
+    const uint32_t count =
+        found == plan.block_mode_counts().end() ? 0 : found->second;
     if (count == 0) continue;
     absl::StrAppendFormat(&blocks, "%s%d %s", blocks.empty() ? "" : ", ", count,
                           mode);

@@ -151,6 +151,8 @@ constexpr LimitKey kLimitKeys[] = {
      SetLimit<uint32_t, &UserLimitOverrides::control_connections>},
     {"host_pool", SetLimit<uint64_t, &UserLimitOverrides::host_pool_bytes>},
     {"ssd", SetLimit<uint64_t, &UserLimitOverrides::ssd_bytes>},
+    {"daemon_memory",
+     SetLimit<uint64_t, &UserLimitOverrides::daemon_memory_bytes>},
     {"weight", SetLimit<uint32_t, &UserLimitOverrides::weight>},
 };
 

@@ -369,6 +369,14 @@ absl::StatusOr<v1::Job> JobRegistry::CheckAttachedBy(
   return job;
 }
 
+absl::StatusOr<v1::Job> JobRegistry::Get(const Caller& caller,
+                                         const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Entry*> entry = FindOwned(caller, job_id);
+  if (!entry.ok()) return entry.status();
+  return (*entry)->job;
+}
+
 absl::Status JobRegistry::Delete(const Caller& caller,
                                  const std::string& job_id) {
   absl::MutexLock lock(&mu_);

@@ -71,6 +71,10 @@ class JobRegistry {
   absl::StatusOr<v1::Job> CheckAttachedBy(const Caller& caller,
                                           const std::string& job_id);
 
+  // The job, if the caller may see it (its owner, or root); NOT_FOUND as
+  // elsewhere.
+  absl::StatusOr<v1::Job> Get(const Caller& caller, const std::string& job_id);
+
   // FAILED_PRECONDITION while attached. Durable before it returns.
   absl::Status Delete(const Caller& caller, const std::string& job_id);
 

@@ -23,6 +23,7 @@
 #include "absl/strings/str_join.h"
 #include "daemon/common/byte_size.h"
 #include "daemon/common/caller.h"
+#include "daemon/common/memory_release.h"
 #include "daemon/config/config.h"
 #include "daemon/config/host_check.h"
 #include "daemon/config/trusted_path.h"
@@ -35,6 +36,7 @@
 #include "daemon/pool/host_pool.h"
 #include "daemon/profile/host_profile.h"
 #include "daemon/profile/optimizer_kernel.h"
+#include "daemon/quota/daemon_memory.h"
 #include "daemon/quota/space_ledger.h"
 #include "daemon/quota/user_limits.h"
 #include "daemon/rpc/control_server.h"
@@ -215,6 +217,16 @@ void LogConfig(const DaemonConfig& config) {
       FormatByteSize(config.optimizer_read_ahead_bytes));
 }
 
+// A daemon_memory left 0 by the config, sized to this machine.
+UserLimits WithDaemonMemory(UserLimits limits) {
+  if (limits.daemon_memory_bytes == 0) {
+    limits.daemon_memory_bytes = DefaultDaemonMemoryLimit(
+        static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
+        static_cast<uint64_t>(sysconf(_SC_PAGESIZE)));
+  }
+  return limits;
+}
+
 // [quotas] with every [quotas.user.NAME] resolved to its uid now: a name
 // that is no user stops the daemon rather than silently limiting nobody.
 absl::StatusOr<QuotaTable> ResolveQuotas(const DaemonConfig& config) {
@@ -229,9 +241,10 @@ absl::StatusOr<QuotaTable> ResolveQuotas(const DaemonConfig& config) {
           absl::StrCat("section [quotas.user.", name, "]: no user named '",
                        name, "' on this machine"));
     }
-    by_uid[found->pw_uid] = overrides.Over(config.quota_defaults);
+    by_uid[found->pw_uid] =
+        WithDaemonMemory(overrides.Over(config.quota_defaults));
   }
-  return QuotaTable(config.quota_defaults, std::move(by_uid));
+  return QuotaTable(WithDaemonMemory(config.quota_defaults), std::move(by_uid));
 }
 
 int Fail(const absl::Status& status) {
@@ -473,6 +486,7 @@ int Run(const CommandLine& command_line) {
 }  // namespace lohan
 
 int main(int argc, char** argv) {
+  lohan::ConfigureAllocator();  // before any thread
   lohan::CommandLine command_line;
   CLI::App app{
       "lohand: the lohan daemon. Owns the SSD array, the pinned host pool and "

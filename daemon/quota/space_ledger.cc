@@ -106,8 +106,8 @@ absl::Status SpaceLedger::SetAside(const std::string& job, uint64_t bytes,
   Job& entry = jobs_[job];
   Job after = entry;
   after.set_aside = bytes;
-  if (absl::Status fits =
-          FitsLocked(job, entry, after.Held(), bytes, "its model's updates");
+  if (absl::Status fits = FitsLocked(job, entry, after.Held(), bytes,
+                                     "the updates of its model");
       !fits.ok()) {
     if (entry.used == 0 && entry.set_aside == 0 && !entry.tracked) {
       jobs_.erase(job);

@@ -46,7 +46,8 @@ TEST_F(SpaceLedgerTest, ASetAsideThatDoesNotFitIsRefusedAndChangesNothing) {
   ASSERT_TRUE(ledger_.Reserve("b", 700).ok());
   absl::Status refused = ledger_.SetAside("a", 400, 1);
   ASSERT_TRUE(absl::IsResourceExhausted(refused)) << refused;
-  EXPECT_THAT(refused.message(), HasSubstr("its model's updates needs 400 "));
+  EXPECT_THAT(refused.message(),
+              HasSubstr("the updates of its model needs 400 "));
   EXPECT_EQ(ledger_.UsageOf("a").set_aside, 0u);
   EXPECT_EQ(ledger_.HeldByAll(), 700u);
 }

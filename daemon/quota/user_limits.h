@@ -19,6 +19,10 @@ struct UserLimits {
   uint32_t control_connections = 0;  // open gRPC connections
   uint64_t host_pool_bytes = 0;      // arenas of the user's open data planes
   uint64_t ssd_bytes = 0;            // SSD space of the user's jobs
+  // What lohand holds in its memory for the user's jobs and plans
+  // (daemon_memory.h). Always bounded: 0 in the config means sized to the
+  // machine (DefaultDaemonMemoryLimit), which lohand resolves at start.
+  uint64_t daemon_memory_bytes = 0;
   // Not a limit: each of the user's jobs' weight when jobs compete for the
   // SSD array and the optimizer (1 to 1000; a job of weight 2 gets twice
   // the share of one of weight 1 while both want more).
@@ -34,6 +38,7 @@ struct UserLimitOverrides {
   std::optional<uint32_t> control_connections;
   std::optional<uint64_t> host_pool_bytes;
   std::optional<uint64_t> ssd_bytes;
+  std::optional<uint64_t> daemon_memory_bytes;
   std::optional<uint32_t> weight;
 
   UserLimits Over(UserLimits limits) const {
@@ -42,6 +47,7 @@ struct UserLimitOverrides {
     if (control_connections) limits.control_connections = *control_connections;
     if (host_pool_bytes) limits.host_pool_bytes = *host_pool_bytes;
     if (ssd_bytes) limits.ssd_bytes = *ssd_bytes;
+    if (daemon_memory_bytes) limits.daemon_memory_bytes = *daemon_memory_bytes;
     if (weight) limits.weight = *weight;
     return limits;
   }

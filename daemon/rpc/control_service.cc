@@ -7,7 +7,9 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/common/check.h"
 #include "daemon/common/log_text.h"
+#include "daemon/common/memory_release.h"
 #include "daemon/plan/job_plan.h"
+#include "daemon/quota/daemon_memory.h"
 #include "daemon/session/arena_layout.h"
 #include "daemon/session/model_spec_checks.h"
 #include "spdlog/spdlog.h"
@@ -25,6 +27,33 @@ grpc::Status ToGrpc(const absl::Status& status) {
 // How much of a client's free text (its name) a log line or an error
 // message quotes (LogSafe).
 constexpr size_t kMaxEchoedBytes = 64;
+
+// GetStatus's bounds (GetStatusResponse.jobs_not_listed): whatever other
+// users hold, root's status stays small enough for any client.
+constexpr size_t kMaxStatusJobs = 256;
+constexpr size_t kMaxStatusFailureBytes = 256;
+
+// The jobs GetStatus lists: the caller's own first, then the others (root
+// sees all), each in id order, at most kMaxStatusJobs.
+std::vector<v1::Job> StatusJobs(std::vector<v1::Job> jobs, uid_t caller,
+                                uint32_t* not_listed) {
+  std::stable_partition(jobs.begin(), jobs.end(), [caller](const v1::Job& j) {
+    return j.owner_uid() == caller;
+  });
+  *not_listed = 0;
+  if (jobs.size() > kMaxStatusJobs) {
+    *not_listed = static_cast<uint32_t>(jobs.size() - kMaxStatusJobs);
+    jobs.resize(kMaxStatusJobs);
+  }
+  for (v1::Job& job : jobs) {
+    if (job.last_failure().size() > kMaxStatusFailureBytes) {
+      job.set_last_failure(
+          absl::StrCat(job.last_failure().substr(0, kMaxStatusFailureBytes),
+                       "... (lohanctl jobs shows it whole)"));
+    }
+  }
+  return jobs;
+}
 
 void SetProtocol(v1::ProtocolVersion* version) {
   version->set_major(kProtocolMajor);
@@ -166,12 +195,13 @@ grpc::Status ControlService::DeleteJob(grpc::ServerContext* context,
   // Ownership first: whether another user's job is running is not the
   // caller's to learn (JobRegistry::Delete answers NOT_FOUND for it).
   const bool owned = CheckOwned(caller, request->job_id()).ok();
-  for (const v1::SessionStatus& session : parts_.sessions->Status()) {
-    if (owned && session.job_id() == request->job_id()) {
-      return ToGrpc(absl::FailedPreconditionError(absl::StrCat(
-          "job ", request->job_id(), " has an open data plane (process ",
-          session.pid(), "); close it first")));
-    }
+  if (std::optional<pid_t> plane =
+          parts_.sessions->DataPlaneOf(request->job_id());
+      owned && plane.has_value()) {
+    return ToGrpc(absl::FailedPreconditionError(absl::StrCat(
+        "job ", request->job_id(), " has an open data plane (process ", *plane,
+        "); close it first (a process that ended: its data "
+        "plane closes in a moment)")));
   }
   absl::Status status = jobs_->Delete(caller, request->job_id());
   if (!status.ok()) return ToGrpc(status);
@@ -180,6 +210,7 @@ grpc::Status ControlService::DeleteJob(grpc::ServerContext* context,
   const uint64_t bytes =
       SsdBytesOf(parts_.store->BytesByJob(), request->job_id());
   absl::Status freed = parts_.store->DeleteJob(request->job_id());
+  ReleaseFreedMemory();  // its tensors' entries
   parts_.ledger->Forget(request->job_id());
   if (parts_.job_deleted) parts_.job_deleted(request->job_id());
   if (!freed.ok()) {
@@ -234,9 +265,11 @@ grpc::Status ControlService::GetStatus(grpc::ServerContext* context,
   std::set<std::string> visible;
   uint32_t jobs_owned = 0;
   const std::map<std::string, uint64_t> ssd = parts_.store->BytesByJob();
-  for (v1::Job& job : jobs_->List(caller)) {
+  std::vector<v1::Job> all = jobs_->List(caller);
+  for (const v1::Job& job : all) jobs_owned += job.owner_uid() == caller.uid;
+  uint32_t not_listed = 0;
+  for (v1::Job& job : StatusJobs(std::move(all), caller.uid, &not_listed)) {
     visible.insert(job.id());
-    if (job.owner_uid() == caller.uid) ++jobs_owned;
     job.set_ssd_bytes(SsdBytesOf(ssd, job.id()));
     *response->add_jobs() = std::move(job);
   }
@@ -245,6 +278,7 @@ grpc::Status ControlService::GetStatus(grpc::ServerContext* context,
       *response->add_sessions() = std::move(session);
     }
   }
+  response->set_jobs_not_listed(not_listed);
   const JobRegistry::Counts counts = jobs_->CountAll();
   response->set_total_jobs(counts.total);
   response->set_attached_jobs(counts.attached);
@@ -326,8 +360,16 @@ grpc::Status ControlService::PlanJob(grpc::ServerContext* context,
                                      const v1::PlanJobRequest* request,
                                      v1::PlanJobResponse* response) {
   LOHAN_IDENTIFY_CALLER(context, caller);
+  // One plan is made at a time, whoever asks: a large plan's working
+  // memory (tens of MiB) is then bounded by one, not by the callers.
+  absl::MutexLock planning(&plan_mu_);
+  // The last plan's reply, freed once it was sent, goes back first.
+  ReleaseFreedMemory();
   absl::StatusOr<v1::JobPlan> plan = parts_.sessions->PlanJob(
       caller, request->job_id(),
+      PlanBytesEstimate(
+          request->profile().blocks(),
+          static_cast<uint64_t>(request->profile().block_tensors_size())),
       [&](const std::string& job_id,
           const SessionManager::SessionLayout& layout)
           -> absl::StatusOr<v1::JobPlan> {
@@ -352,12 +394,24 @@ grpc::Status ControlService::PlanJob(grpc::ServerContext* context,
                                  free_bytes, parts_.ledger->RoomFor(job_id))};
         return PlanForJob(*request, *host, facts, time(nullptr));
       });
+  ReleaseFreedMemory();  // the planner's working memory
   if (!plan.ok()) return ToGrpc(plan.status());
   spdlog::info(
       "job {}: activation plan (case {}) for pid {}: predicted {:.3f} "
       "s/iteration",
       request->job_id(), plan->search_case(), caller.pid,
       plan->predicted_iteration_seconds());
+  *response->mutable_plan() = *std::move(plan);
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlService::GetJobPlan(grpc::ServerContext* context,
+                                        const v1::GetJobPlanRequest* request,
+                                        v1::PlanJobResponse* response) {
+  LOHAN_IDENTIFY_CALLER(context, caller);
+  absl::StatusOr<v1::JobPlan> plan =
+      parts_.sessions->KeptPlan(caller, request->job_id());
+  if (!plan.ok()) return ToGrpc(plan.status());
   *response->mutable_plan() = *std::move(plan);
   return grpc::Status::OK;
 }
@@ -385,6 +439,9 @@ void ControlService::FillQuota(const Caller& caller, uint32_t jobs_owned,
   quota->set_ssd_limit_bytes(limits.ssd_bytes);
   quota->set_jobs(jobs_owned);
   quota->set_ssd_held_bytes(parts_.ledger->HeldBy(caller.uid));
+  quota->set_daemon_memory_limit_bytes(limits.daemon_memory_bytes);
+  quota->set_daemon_memory_held_bytes(
+      parts_.sessions->DaemonMemoryHeld(caller.uid, "", ""));
 }
 
 }  // namespace lohan

@@ -85,6 +85,10 @@ class ControlService final : public v1::Lohan::Service {
   grpc::Status PlanJob(grpc::ServerContext* context,
                        const v1::PlanJobRequest* request,
                        v1::PlanJobResponse* response) override;
+  // The whole plan kept with a job's session (SessionManager::KeptPlan).
+  grpc::Status GetJobPlan(grpc::ServerContext* context,
+                          const v1::GetJobPlanRequest* request,
+                          v1::PlanJobResponse* response) override;
 
  private:
   // The job, created with the request's spec; with JobSpec.model, its arena
@@ -111,6 +115,8 @@ class ControlService final : public v1::Lohan::Service {
   // Refused CreateJobs are logged (the operator sees why a user's job did
   // not start), a few per user per minute.
   LogLimiter refusal_log_{3, absl::Seconds(60)};
+  // Held while a plan is made (PlanJob): one at a time.
+  absl::Mutex plan_mu_;
 };
 
 }  // namespace lohan

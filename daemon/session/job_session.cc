@@ -7,6 +7,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "daemon/quota/daemon_memory.h"
 #include "daemon/sched/job_space.h"
 #include "daemon/session/arena_layout.h"
 #include "daemon/session/model_layout_of.h"
@@ -313,18 +314,41 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
 
   const PipelineOptions options = PipelineOptionsFor(spec, model, parts);
   read_ahead_shares_.store(parts.read_ahead_shares);
-  absl::StatusOr<std::unique_ptr<JobPipeline>> pipeline =
-      JobPipeline::Open(store, *parts.updater, job_id(), layout, options);
-  if (!pipeline.ok()) return pipeline.status();
-  model.pipeline = *std::move(pipeline);
+  // The daemon memory its tensors take (the meta, a state per chunk and,
+  // streamed, a 16-bit copy per chunk), before any is made.
+  const uint64_t chunks = StateLayout(layout).total_chunks();
+  const uint64_t tensors = 1 + chunks * (options.stream_weight16 ? 2 : 1);
+  if (absl::Status fits = FitsDaemonMemory(
+          parts.owner, tensors * kDaemonBytesPerTensor,
+          parts.daemon_memory_held, parts.daemon_memory_limit,
+          absl::StrCat("job ", job_id(), "'s model (", layers, " layers, ",
+                       tensors, " store tensors)"));
+      !fits.ok()) {
+    return fits;
+  }
+  // The SSD space the updates need is claimed before anything is made in
+  // the store: a model that does not fit is refused with nothing left
+  // behind.
   if (ledger != nullptr) {
     if (absl::Status set_aside =
-            ledger->SetAside(job_id(), UpdateSpace(*store, options),
+            ledger->SetAside(job_id(), UpdateSpace(*store, layout, options),
                              reinterpret_cast<uintptr_t>(this));
         !set_aside.ok()) {
       return set_aside;
     }
     ledger_ = ledger;
+  }
+  absl::StatusOr<std::unique_ptr<JobPipeline>> pipeline =
+      JobPipeline::Open(store, *parts.updater, job_id(), layout, options);
+  if (!pipeline.ok()) {
+    if (ledger_ != nullptr) {
+      ledger_->ClearSetAside(job_id(), reinterpret_cast<uintptr_t>(this));
+      ledger_ = nullptr;
+    }
+    return pipeline.status();
+  }
+  model.pipeline = *std::move(pipeline);
+  if (ledger != nullptr) {
     absl::MutexLock stats_lock(&stats_mu_);
     stats_.set_ssd_set_aside_bytes(ledger->UsageOf(job_id()).set_aside);
   }
@@ -375,20 +399,13 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
 }
 
 uint64_t JobSession::UpdateSpace(const TensorStore& store,
-                                 const PipelineOptions& options) const {
-  // The tensors the pipeline keeps (its Open created them: on a fresh job
-  // what KeptTensorSpace counts), as the store holds them.
-  uint64_t footprint = 0;
-  uint64_t largest = 0;
-  for (const std::string& name : store.List(job_id())) {
-    if (name.rfind("act.", 0) == 0) continue;
-    absl::StatusOr<TensorInfo> info = store.Stat(job_id(), name);
-    if (!info.ok()) continue;
-    const uint64_t bytes = store.FootprintBytes(info->bytes);
-    footprint += bytes;
-    largest = std::max(largest, bytes);
-  }
-  return UpdateSpaceBytes(footprint, largest, options.buffers);
+                                 const ModelLayout& layout,
+                                 const PipelineOptions& options) {
+  // The tensors the pipeline keeps, as its Open makes them (job_space.h).
+  const KeptSpace kept = KeptTensorSpace(
+      StateLayout(layout), options.stream_weight16, store.block_size());
+  return UpdateSpaceBytes(kept.footprint, kept.largest_footprint,
+                          options.buffers);
 }
 
 uint8_t* JobSession::ResidentWeights(size_t layer) const {
@@ -619,9 +636,40 @@ absl::Status JobSession::Execute(const SubmissionEntry& entry, uint64_t& detail,
 
 bool JobSession::weights_resident() const { return !served_->streamed_weights; }
 
+namespace {
+
+// What GetStatus carries of a plan: every figure, and the blocks per mode
+// instead of the per-block lists, so a status stays small however large
+// the plans its sessions keep.
+v1::JobPlan Summary(const v1::JobPlan& plan) {
+  v1::JobPlan summary = plan;
+  summary.clear_blocks();
+  summary.clear_block_modes();
+  for (const std::string& mode : plan.block_modes()) {
+    ++(*summary.mutable_block_mode_counts())[mode];
+  }
+  return summary;
+}
+
+}  // namespace
+
+std::optional<v1::JobPlan> JobSession::Plan() const {
+  absl::MutexLock lock(&stats_mu_);
+  if (!plan_.has_value()) return std::nullopt;
+  v1::JobPlan plan;
+  if (!plan.ParseFromString(*plan_)) return std::nullopt;  // made by us
+  return plan;
+}
+
+uint64_t JobSession::plan_bytes() const {
+  absl::MutexLock lock(&stats_mu_);
+  return plan_.has_value() ? plan_->size() : 0;
+}
+
 void JobSession::SetPlan(v1::JobPlan plan) {
   absl::MutexLock lock(&stats_mu_);
-  *stats_.mutable_plan() = std::move(plan);
+  *stats_.mutable_plan() = Summary(plan);
+  plan_ = plan.SerializeAsString();
   stats_.set_planned_iterations(0);
   stats_.set_planned_mean_iteration_seconds(0);
   begun_before_plan_ = iterations_begun_.load();

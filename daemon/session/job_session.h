@@ -102,6 +102,11 @@ class JobSession {
   // iterations begun after now and committed are counted in
   // planned_iterations and planned_mean_iteration_seconds, from zero.
   void SetPlan(v1::JobPlan plan) ABSL_LOCKS_EXCLUDED(stats_mu_);
+  // The plan SetPlan kept, whole (Status() carries its summary); none
+  // before one was set.
+  std::optional<v1::JobPlan> Plan() const ABSL_LOCKS_EXCLUDED(stats_mu_);
+  // The bytes the kept plan holds (kept serialized); 0 without one.
+  uint64_t plan_bytes() const ABSL_LOCKS_EXCLUDED(stats_mu_);
   int arena_fd() const { return arena_->arena().fd(); }
 
   // Lays out the model's slots in the arena, opens (or reopens) its states
@@ -139,6 +144,12 @@ class JobSession {
     // (Job.has_states): none there is DATA_LOSS
     // (PipelineOptions::expect_stored_states).
     bool expect_stored_states = false;
+    // [quotas] daemon_memory (daemon/quota/daemon_memory.h): the job's
+    // owner, what the owner holds beside this job's tensors and the limit;
+    // a model whose tensors would pass it is refused before any is made.
+    uid_t owner = 0;
+    uint64_t daemon_memory_held = 0;
+    uint64_t daemon_memory_limit = UINT64_MAX;
   };
   // REQUIRES: every part (and the updater's worker pool) outlives the
   // session.
@@ -187,10 +198,11 @@ class JobSession {
   absl::Status TakeSlots(const v1::ModelSpec& spec, Model& model,
                          std::vector<uint64_t>& taken)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The SSD space the job's updates need at most, from its tensors in
-  // `store` once the pipeline has opened them.
-  uint64_t UpdateSpace(const TensorStore& store,
-                       const PipelineOptions& options) const;
+  // The SSD space the job's updates need at most: the tensors a pipeline
+  // of `layout` keeps (what its Open makes) in `store`'s blocks.
+  static uint64_t UpdateSpace(const TensorStore& store,
+                              const ModelLayout& layout,
+                              const PipelineOptions& options);
 
   void Serve();
   // The lane a request runs in (ServeLanes) unless an earlier request on
@@ -274,7 +286,10 @@ class JobSession {
   // Failures the operator must see, a few a minute per kind.
   LogLimiter failure_log_{3, absl::Seconds(60)};
   mutable absl::Mutex stats_mu_;
+  // stats_.plan is the summary of the plan kept serialized in plan_ (a
+  // tenth of its bytes as a message: it holds a string per decision).
   v1::SessionStatus stats_ ABSL_GUARDED_BY(stats_mu_);
+  std::optional<std::string> plan_ ABSL_GUARDED_BY(stats_mu_);
   // ITER_BEGINs handled (the ordered lane counts), and how many there had
   // been when the plan was set: later ones are the plan's.
   std::atomic<uint64_t> iterations_begun_{0};

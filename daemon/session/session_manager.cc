@@ -5,12 +5,15 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/common/byte_size.h"
 #include "daemon/common/check.h"
 #include "daemon/common/log_text.h"
+#include "daemon/common/memory_release.h"
 #include "daemon/ipc/arena_access.h"
+#include "daemon/quota/daemon_memory.h"
 #include "spdlog/spdlog.h"
 #include "wire/attach_protocol.h"
 #include "wire/fd_passing.h"
@@ -103,6 +106,11 @@ void SessionManager::Accept(UniqueFd connection, const Caller& caller) {
       });
 }
 
+namespace {
+// How long a new data plane waits for its job's last one to finish closing.
+constexpr absl::Duration kCloseWait = absl::Seconds(30);
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<JobSession>> SessionManager::OpenSession(
     int connection, const Caller& caller, uint64_t& claim_id) {
   pollfd fds[2] = {{.fd = connection, .events = POLLIN},
@@ -127,9 +135,19 @@ absl::StatusOr<std::unique_ptr<JobSession>> SessionManager::OpenSession(
   }
   {
     absl::MutexLock lock(&mu_);
+    // A data plane that is closing (its process gone, the job's pipeline
+    // finishing) is waited for, not refused: the new process follows it.
+    auto closed = [this, id = *job_id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      auto found = sessions_.find(id);
+      return found == sessions_.end() || found->second.session != nullptr;
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&closed), kCloseWait);
     if (sessions_.count(*job_id) != 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("job ", *job_id, " already has a data plane open"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", *job_id,
+          sessions_.at(*job_id).session == nullptr
+              ? " has a data plane still closing; try again in a moment"
+              : " already has a data plane open"));
     }
     absl::StatusOr<uint64_t> claim = ClaimPoolLocked(
         *job_id, job->owner_uid(), job->spec().host_pool_bytes());
@@ -191,15 +209,19 @@ void SessionManager::EndSessionLocked(const std::string& job_id) {
   }
 }
 
+JobSession* SessionManager::OpenSessionLocked(const std::string& job_id) const {
+  auto found = sessions_.find(job_id);
+  return found == sessions_.end() ? nullptr : found->second.session;
+}
+
 absl::StatusOr<std::string> SessionManager::StopSession(
     const std::string& job_id, bool drain) {
   absl::MutexLock lock(&mu_);
-  auto found = sessions_.find(job_id);
-  if (found == sessions_.end()) {
+  JobSession* session = OpenSessionLocked(job_id);
+  if (session == nullptr) {
     return absl::NotFoundError(
         absl::StrCat("job ", job_id, " has no data plane open"));
   }
-  JobSession* session = found->second.session;
   const bool in_iteration = session->registered() && session->InIteration();
   const uint64_t iteration = session->Status().iteration();
   if (drain && in_iteration) {
@@ -272,14 +294,20 @@ void SessionManager::Serve(int connection, const Caller& caller) {
     stopped_from_outside =
         read(end_event.get(), &ended, sizeof(ended)) == sizeof(ended);
   }
+  // Closing: no call reaches the session any more, but the job shows an
+  // open data plane (and cannot open another) until all of it is gone: its
+  // pipeline (which may commit a settling iteration first), its arena, the
+  // memory of its model and plan.
   {
     absl::MutexLock lock(&mu_);
-    sessions_.erase(job_id);
+    sessions_.at(job_id).session = nullptr;
   }
   session->reset();  // the arena is back in the pool: so is the claim
+  ReleaseFreedMemory();
   {
     absl::MutexLock lock(&mu_);
     pool_claims_.erase(claim_id);
+    sessions_.erase(job_id);
   }
   spdlog::info("data plane closed for job {} (pid {}); arena freed", job_id,
                caller.pid);
@@ -316,29 +344,35 @@ absl::StatusOr<v1::RegisterModelResponse> SessionManager::RegisterModel(
   absl::StatusOr<v1::Job> job =
       parts_.jobs->CheckAttachedBy(caller, request.job_id());
   if (!job.ok()) return job.status();
+  const uid_t owner = job->owner_uid();
+  const uint64_t held = DaemonMemoryHeld(owner, request.job_id(), "");
   // Held throughout, so the session cannot be closed under us; a closing
   // connection waits (RegisterModel is short but for opening the states).
   absl::MutexLock lock(&mu_);
-  auto found = sessions_.find(request.job_id());
-  if (found == sessions_.end()) {
+  JobSession* session = OpenSessionLocked(request.job_id());
+  if (session == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "job ", request.job_id(),
         " has no data plane open; open it (lohan_data_plane_open) first"));
   }
-  absl::StatusOr<v1::RegisterModelResponse> registered =
-      found->second.session->RegisterModel(
-          request.model(),
-          {.store = parts_.store,
-           .updater = parts_.updater,
-           .ledger = parts_.ledger,
-           .optimizer_queue = parts_.optimizer_queue,
-           .weight =
-               static_cast<double>(parts_.quotas->For(job->owner_uid()).weight),
-           .fair_group = absl::StrCat("uid ", job->owner_uid()),
-           .read_ahead_bytes = parts_.read_ahead_bytes,
-           .read_ahead_shares = parts_.read_ahead_shares,
-           .keep_previous_commit = job->spec().has_run(),
-           .expect_stored_states = job->has_states()});
+  absl::StatusOr<v1::RegisterModelResponse> registered = session->RegisterModel(
+      request.model(),
+      {.store = parts_.store,
+       .updater = parts_.updater,
+       .ledger = parts_.ledger,
+       .optimizer_queue = parts_.optimizer_queue,
+       .weight =
+           static_cast<double>(parts_.quotas->For(job->owner_uid()).weight),
+       .fair_group = absl::StrCat("uid ", job->owner_uid()),
+       .read_ahead_bytes = parts_.read_ahead_bytes,
+       .read_ahead_shares = parts_.read_ahead_shares,
+       .keep_previous_commit = job->spec().has_run(),
+       .expect_stored_states = job->has_states(),
+       .owner = owner,
+       .daemon_memory_held = held,
+       .daemon_memory_limit = parts_.quotas->For(owner).daemon_memory_bytes});
+  // A refused model's memory (its spec, its layout) goes back at once.
+  if (!registered.ok()) ReleaseFreedMemory();
   if (registered.ok() && !job->has_states()) {
     // From now on a store without the job's states has lost them.
     if (absl::Status noted = parts_.jobs->NoteStatesStored(request.job_id());
@@ -362,23 +396,55 @@ absl::StatusOr<v1::RegisterModelResponse> SessionManager::RegisterModel(
   return registered;
 }
 
+uint64_t SessionManager::DaemonMemoryHeld(
+    uid_t uid, const std::string& except_tensors_of,
+    const std::string& except_plan_of) const {
+  std::set<std::string> jobs;
+  for (const v1::Job& job : parts_.jobs->List(Caller{.uid = uid})) {
+    if (job.owner_uid() == uid) jobs.insert(job.id());
+  }
+  uint64_t tensors = 0;
+  for (const auto& [job, count] : parts_.store->TensorsByJob()) {
+    if (jobs.count(job) != 0 && job != except_tensors_of) tensors += count;
+  }
+  uint64_t plans = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [job, live] : sessions_) {
+      if (live.session != nullptr && jobs.count(job) != 0 &&
+          job != except_plan_of) {
+        plans += live.session->plan_bytes();
+      }
+    }
+  }
+  return tensors * kDaemonBytesPerTensor + plans;
+}
+
 absl::StatusOr<v1::JobPlan> SessionManager::PlanJob(const Caller& caller,
                                                     const std::string& job_id,
+                                                    uint64_t plan_bytes,
                                                     Planner plan) {
   absl::StatusOr<v1::Job> job = parts_.jobs->CheckAttachedBy(caller, job_id);
   if (!job.ok()) return job.status();
+  const uid_t owner = job->owner_uid();
+  if (absl::Status fits = FitsDaemonMemory(
+          owner, plan_bytes, DaemonMemoryHeld(owner, "", job_id),
+          parts_.quotas->For(owner).daemon_memory_bytes,
+          absl::StrCat("job ", job_id, "'s activation plan"));
+      !fits.ok()) {
+    return fits;
+  }
   SessionLayout layout;
   uint64_t serial = 0;
   {
     absl::MutexLock lock(&mu_);
-    auto found = sessions_.find(job_id);
-    if (found == sessions_.end()) {
+    const JobSession* session = OpenSessionLocked(job_id);
+    if (session == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat(
           "job ", job_id,
           " has no data plane open; open it (lohan_data_plane_open) and "
           "register the model first"));
     }
-    const JobSession* session = found->second.session;
     if (!session->registered()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "job ", job_id,
@@ -387,13 +453,14 @@ absl::StatusOr<v1::JobPlan> SessionManager::PlanJob(const Caller& caller,
     }
     layout = {.arena_bytes = session->grant().arena_bytes,
               .weights_resident = session->weights_resident()};
-    serial = found->second.serial;
+    serial = sessions_.at(job_id).serial;
   }
   absl::StatusOr<v1::JobPlan> planned = plan(job_id, layout);
   if (!planned.ok()) return planned.status();
   absl::MutexLock lock(&mu_);
   auto found = sessions_.find(job_id);
-  if (found == sessions_.end() || found->second.serial != serial) {
+  if (found == sessions_.end() || found->second.serial != serial ||
+      found->second.session == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "job ", job_id, "'s data plane closed while its plan was made"));
   }
@@ -401,15 +468,41 @@ absl::StatusOr<v1::JobPlan> SessionManager::PlanJob(const Caller& caller,
   return planned;
 }
 
+absl::StatusOr<v1::JobPlan> SessionManager::KeptPlan(
+    const Caller& caller, const std::string& job_id) const {
+  absl::StatusOr<v1::Job> job = parts_.jobs->Get(caller, job_id);
+  if (!job.ok()) return job.status();
+  absl::MutexLock lock(&mu_);
+  const JobSession* session = OpenSessionLocked(job_id);
+  std::optional<v1::JobPlan> plan;
+  if (session != nullptr) plan = session->Plan();
+  if (!plan.has_value()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id,
+                     session == nullptr ? " has no data plane open"
+                                        : " has no activation plan (PlanJob)"));
+  }
+  return *std::move(plan);
+}
+
 std::vector<v1::SessionStatus> SessionManager::Status() const {
   absl::MutexLock lock(&mu_);
   std::vector<v1::SessionStatus> statuses;
   for (const auto& [job_id, open] : sessions_) {
+    if (open.session == nullptr) continue;  // closing
     v1::SessionStatus status = open.session->Status();
     status.set_pid(open.pid);
     statuses.push_back(std::move(status));
   }
   return statuses;
+}
+
+std::optional<pid_t> SessionManager::DataPlaneOf(
+    const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
+  auto found = sessions_.find(job_id);
+  if (found == sessions_.end()) return std::nullopt;
+  return found->second.pid;
 }
 
 size_t SessionManager::ActiveSessions() const {

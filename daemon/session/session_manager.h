@@ -5,6 +5,7 @@
 #include <list>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -77,8 +78,16 @@ class SessionManager {
   void Shutdown();
 
   size_t ActiveSessions() const;
+  // The pid of the process whose data plane `job_id` has open (or still
+  // closing); none without one.
+  std::optional<pid_t> DataPlaneOf(const std::string& job_id) const;
 
   // Every open data plane's progress, by job id.
+  // The whole plan kept with `job_id`'s session (JobSession::Plan), for
+  // its owner or root: NOT_FOUND for a job the caller may not see,
+  // FAILED_PRECONDITION without a data plane or a plan.
+  absl::StatusOr<v1::JobPlan> KeptPlan(const Caller& caller,
+                                       const std::string& job_id) const;
   std::vector<v1::SessionStatus> Status() const;
 
   // Ends `job_id`'s data plane from outside its process: `drain` once the
@@ -112,8 +121,18 @@ class SessionManager {
   // other callers do not wait for it); what it returns is kept with the
   // session (JobSession::SetPlan) and returned, a failure passed through;
   // FAILED_PRECONDITION if the session closed meanwhile.
+  // `plan_bytes` (PlanBytesEstimate of the request) is checked against the
+  // owner's [quotas] daemon_memory first (RESOURCE_EXHAUSTED, nothing
+  // planned), the job's kept plan not counted: a new one replaces it.
   absl::StatusOr<v1::JobPlan> PlanJob(const Caller& caller,
-                                      const std::string& job_id, Planner plan);
+                                      const std::string& job_id,
+                                      uint64_t plan_bytes, Planner plan);
+
+  // What lohand holds in its memory for `uid` ([quotas] daemon_memory):
+  // its jobs' store tensors, but `except_tensors_of`'s, and its sessions'
+  // kept plans, but `except_plan_of`'s (either may be empty).
+  uint64_t DaemonMemoryHeld(uid_t uid, const std::string& except_tensors_of,
+                            const std::string& except_plan_of) const;
 
  private:
   struct Connection {
@@ -123,6 +142,7 @@ class SessionManager {
   };
   // An open session, as the other threads may reach it.
   struct LiveSession {
+    // Null while the session closes (its connection thread destroys it).
     JobSession* session = nullptr;
     pid_t pid = 0;
     int end_event = -1;   // eventfd: signalled, its connection thread ends it
@@ -151,6 +171,9 @@ class SessionManager {
   // manager stops or `end_event` (an eventfd) is signalled.
   void WaitForHangUp(int connection, int end_event);
   void JoinFinished() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `job_id`'s session, or null when it has none open (or it is closing).
+  JobSession* OpenSessionLocked(const std::string& job_id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Claims `bytes` of `owner`'s pool quota for `job_id`'s session: the
   // claim's id, or RESOURCE_EXHAUSTED with the numbers.
   absl::StatusOr<uint64_t> ClaimPoolLocked(const std::string& job_id,

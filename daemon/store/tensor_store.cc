@@ -829,6 +829,13 @@ std::map<std::string, uint64_t> TensorStore::BytesByJob() const {
   return bytes;
 }
 
+std::map<std::string, uint64_t> TensorStore::TensorsByJob() const {
+  std::map<std::string, uint64_t> tensors;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [key, entry] : tensors_) ++tensors[key.first];
+  return tensors;
+}
+
 absl::Status TensorStore::DeleteJob(absl::string_view job) {
   absl::Status first;
   for (const std::string& name : List(job)) {

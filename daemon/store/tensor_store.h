@@ -225,6 +225,8 @@ class TensorStore {
   // Per job, the bytes its tensors' versions (committed and pending) hold:
   // one pass over the catalog in memory.
   std::map<std::string, uint64_t> BytesByJob() const;
+  // Per job, how many tensors it has (scratch and activations included).
+  std::map<std::string, uint64_t> TensorsByJob() const;
   // Deletes every tensor of `job`; the first error (the others are still
   // tried). Frees a deleted job's space.
   absl::Status DeleteJob(absl::string_view job);
@@ -238,6 +240,7 @@ class TensorStore {
   // SpaceBudget is asked for and given back (TensorFootprintBytes at this
   // store's block size).
   uint64_t FootprintBytes(uint64_t tensor_bytes) const;
+  uint32_t block_size() const { return options_.block_size; }
 
   // From now on every Write asks `budget` first (its refusal is the
   // write's error) and every version's space is given back to it when

@@ -13,11 +13,13 @@ data starts at, for a resumed run), poison (a global step at which rank
 1 multiplies its loss by inf), backend ("gloo", the default, or
 "nccl": each rank then trains on cuda:<LOCAL_RANK>), loss_scale, params,
 activations and overlap_step (as lohan.init's), stop_daemon ({"rank",
-"step", "pid"}: that rank SIGSTOPs process `pid`, its daemon, once every
-rank has summed that global step's norm, before its ITER_END),
-kill_daemon ({"rank", "step", "pid"}: that rank SIGKILLs process `pid`
-when that global step's first gradient is about to reach the daemons,
-just before the ranks agree on the last commit), exit_before_close (a
+"step", "pid", "then"}: that rank SIGSTOPs process `pid`, its daemon, once
+every rank has summed that global step's norm, before its ITER_END; the
+ranks in "then" wait for that, after their own sum, before theirs),
+kill_daemon ({"rank", "step", "pid", "then"}: that rank SIGKILLs process
+`pid` when that global step's first gradient is about to reach the
+daemons, just before the ranks agree on the last commit; the ranks in
+"then" wait for the kill before they ask), exit_before_close (a
 rank that ends without closing its engine; every rank that closes writes
 out/closed<r>). Every rank
 writes out/pid<r> at the start
@@ -36,6 +38,7 @@ import os
 import resource
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -80,40 +83,73 @@ def save(engine: Any, config: Dict[str, Any], rank: int, out: Path) -> None:
 
 
 def signal_on_call(owner: Any, name: str, call: int, pid: int, sig: int,
-                   after: bool) -> None:
+                   after: bool, marker: Path) -> None:
     """Replaces owner.<name> by a wrapper that sends `sig` to `pid` on its
-    `call`-th call (0-based), before or `after` the real one."""
+    `call`-th call (0-based), before or `after` the real one, and then
+    writes `marker`."""
     real = getattr(owner, name)
     calls = iter(range(1 << 30))
+
+    def send() -> None:
+        os.kill(pid, sig)
+        marker.write_text(str(pid))
 
     def wrapper(*args: Any) -> Any:
         now = next(calls) == call
         if now and not after:
-            os.kill(pid, sig)
+            send()
         result = real(*args)
         if now and after:
-            os.kill(pid, sig)
+            send()
         return result
 
     setattr(owner, name, wrapper)
 
 
-def stop_daemon_after_the_norm(engine: Any, step: int, pid: int) -> None:
+def wait_on_call(owner: Any, name: str, call: int, marker: Path,
+                 after: bool) -> None:
+    """Replaces owner.<name> by a wrapper that, on its `call`-th call,
+    waits (before or `after` the real one) until `marker` exists: another
+    rank writes it once it has signalled the daemon, so this rank's next
+    request certainly finds it stopped or gone."""
+    real = getattr(owner, name)
+    calls = iter(range(1 << 30))
+
+    def wait() -> None:
+        while not marker.exists():
+            time.sleep(0.01)
+
+    def wrapper(*args: Any) -> Any:
+        now = next(calls) == call
+        if now and not after:
+            wait()
+        result = real(*args)
+        if now and after:
+            wait()
+        return result
+
+    setattr(owner, name, wrapper)
+
+
+def stop_daemon_after_the_norm(engine: Any, step: int, pid: int,
+                               marker: Path) -> None:
     """Freezes the daemon (SIGSTOP) once this rank has the global norm of
     its `step`-th step (one sum over the ranks a step), before it sends
-    ITER_END: the other daemons' ranks commit that step, this daemon's
-    cannot."""
+    ITER_END, then writes `marker`: the other daemons' ranks commit that
+    step, this daemon's cannot."""
     signal_on_call(engine._sharding, "sum", step, pid, signal.SIGSTOP,
-                   after=True)
+                   after=True, marker=marker)
 
 
-def kill_daemon_before_the_agreement(step: int, pid: int) -> None:
+def kill_daemon_before_the_agreement(step: int, pid: int,
+                                     marker: Path) -> None:
     """SIGKILLs the daemon as the `step`-th step's first gradient is about
-    to reach it: every rank's next request is then the agreement on the
-    last commit (the ranks finished the last step's weight gathers)."""
+    to reach it, then writes `marker`: every rank's next request is then
+    the agreement on the last commit (the ranks finished the last step's
+    weight gathers)."""
     import lohan.iteration as iteration_module
     signal_on_call(iteration_module, "agree_committed", step, pid,
-                   signal.SIGKILL, after=False)
+                   signal.SIGKILL, after=False, marker=marker)
 
 
 def main() -> int:
@@ -151,10 +187,19 @@ def main() -> int:
         resume=config.get("resume") or False)
     stop = config.get("stop_daemon")
     if stop and stop["rank"] == rank:
-        stop_daemon_after_the_norm(engine, stop["step"] - first, stop["pid"])
+        stop_daemon_after_the_norm(engine, stop["step"] - first, stop["pid"],
+                                   out / "stopped")
+    elif stop and rank in stop.get("then", []):
+        wait_on_call(engine._sharding, "sum", stop["step"] - first,
+                     out / "stopped", after=True)
     kill = config.get("kill_daemon")
     if kill and kill["rank"] == rank:
-        kill_daemon_before_the_agreement(kill["step"] - first, kill["pid"])
+        kill_daemon_before_the_agreement(kill["step"] - first, kill["pid"],
+                                         out / "killed")
+    elif kill and rank in kill.get("then", []):
+        import lohan.iteration as iteration_module
+        wait_on_call(iteration_module, "agree_committed",
+                     kill["step"] - first, out / "killed", after=False)
     # Summed over the ranks after training: the only collectives during
     # it are lohan's (a test kills a rank or a daemon mid-run).
     losses: List[float] = []

@@ -28,9 +28,12 @@ def _train(lohand, steps: int = 4, **options) -> Dict[str, Any]:
     with lohan.Client(lohand.socket) as client:
         sessions = [s for s in client.status().get("sessions", [])
                     if s["job_id"] == engine._job.id]
+        kept = (client.kept_plan(engine._job.id)
+                if "plan" in sessions[0] else None)
     result = {"losses": losses, "plan": engine.activation_plan,
               "weights": [p.detach().clone() for p in model.parameters()],
-              "stats": engine.activation_stats, "session": sessions[0]}
+              "stats": engine.activation_stats, "session": sessions[0],
+              "kept_plan": kept}
     engine.close()
     return result
 
@@ -56,8 +59,15 @@ def test_auto_profiles_plans_and_stays_exact(lohand):
     assert float(plan["predictedIterationSeconds"]) > 0
     assert plan["forwardBinding"] and plan["backwardBinding"]
     # lohand keeps the plan with the session and times what follows it.
+    # GetStatus carries its summary (blocks per mode), GetJobPlan all of it.
     session = auto["session"]
-    assert session["plan"]["block_modes"] == plan["blockModes"]
+    assert "block_modes" not in session["plan"]
+    assert "blocks" not in session["plan"]
+    counts: Dict[str, int] = {}
+    for mode in plan["blockModes"]:
+        counts[mode] = counts.get(mode, 0) + 1
+    assert session["plan"]["block_mode_counts"] == counts
+    assert auto["kept_plan"] == plan
     assert int(session["planned_iterations"]) == 3
     assert float(session["planned_mean_iteration_seconds"]) > 0
 

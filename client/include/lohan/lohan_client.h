@@ -455,6 +455,14 @@ LOHAN_CLIENT_API int lohan_job_plan_json(lohan_client* client,
                                          const char* job_id,
                                          const char* request_json,
                                          char** plan_json_out);
+/* The whole plan lohand keeps with `job_id`'s session (GetStatus carries
+ * only its summary), as lohan_job_plan_json returns it; for the job's
+ * owner or root. LOHAN_NOT_FOUND for a job the caller may not see;
+ * LOHAN_FAILED_PRECONDITION when the job has no data plane open or no
+ * plan. Free it with lohan_string_free. */
+LOHAN_CLIENT_API int lohan_job_kept_plan_json(lohan_client* client,
+                                              const char* job_id,
+                                              char** plan_json_out);
 LOHAN_CLIENT_API void lohan_string_free(char* text);
 
 /* ---- Asynchronous requests ----

@@ -159,6 +159,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
                                              ctypes.POINTER(c_void_p)]),
         "lohan_job_plan_json": (c_int, [c_void_p, c_char_p, c_char_p,
                                         ctypes.POINTER(c_void_p)]),
+        "lohan_job_kept_plan_json": (c_int, [c_void_p, c_char_p,
+                                             ctypes.POINTER(c_void_p)]),
         "lohan_string_free": (None, [c_void_p]),
         # Asynchronous requests: a ticket out, waited for (or polled) later.
         "lohan_model_submit_grad_ready": (c_int, [c_void_p, u32,

@@ -596,3 +596,17 @@ class Client:
             return json.loads(ctypes.string_at(text).decode())
         finally:
             self._lib.lohan_string_free(text)
+
+    def kept_plan(self, job_id: str) -> Dict[str, Any]:
+        """The whole plan lohand keeps with `job_id`'s session, as plan_job
+        returned it (status() carries only its summary: the figures and
+        "block_mode_counts"). For the job's owner or root; LohanError
+        NOT_FOUND for a job the caller may not see, FAILED_PRECONDITION when
+        the job has no data plane open or no plan."""
+        text = ctypes.c_void_p()
+        _check(self._lib.lohan_job_kept_plan_json(
+            self._handle, job_id.encode(), ctypes.byref(text)))
+        try:
+            return json.loads(ctypes.string_at(text).decode())
+        finally:
+            self._lib.lohan_string_free(text)

@@ -35,9 +35,12 @@ def agree_committed(sharding: Sharding, remote: Model) -> int:
         sharding.publish_failure(error)
     every = sharding.gather_int("confirming every rank committed the last "
                                 "step", mine)
+    short = [rank for rank, steps in enumerate(every) if steps != mine]
+    if own is not None or short:
+        # Every rank holds the outcome before any stops on it.
+        sharding.settle()
     if own is not None:
         raise own
-    short = [rank for rank, steps in enumerate(every) if steps != mine]
     if short:
         raise RankFailure(
             f"lohan: data-parallel ranks {short} did not commit step {mine} "

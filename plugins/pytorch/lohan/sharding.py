@@ -127,6 +127,18 @@ class Sharding:
         except RuntimeError as error:  # gloo/NCCL: a peer vanished
             raise RankFailure(self._failure_message(what, error)) from error
 
+    def settle(self) -> None:
+        """Waits until every rank has come this far (a barrier) before this
+        one goes on to stop: a rank that ended at once after a collective
+        could otherwise cut it short for a rank it still relays to (gloo's
+        ring), which would then hear of a vanished peer instead of the
+        outcome. Best effort: a rank that is really gone fails it, and
+        what happens next is the caller's either way."""
+        try:
+            dist.barrier(group=self.group)
+        except RuntimeError:
+            pass
+
     def _failure_message(self, what: str, error: BaseException) -> str:
         why = ("another rank stopped (killed, out of memory, or its script "
                "ended) or the network failed; that rank's own output says "

@@ -132,24 +132,27 @@ class MultiUserTest : public ::testing::Test {
   std::unique_ptr<BackgroundProcess> victim_;
 };
 
+// Root trains (its share of the array is kept for it); nobody swaps out
+// activations until the daemon says no and keeps them: it gets its share
+// (and what is free beyond the shares), never root's, so root's next job
+// still registers, and root's running job never fails a step.
 TEST_F(MultiUserTest, ASecondUserCannotFillTheSsdsUnderARunningJob) {
   StartDaemon();
   StartVictim();
-  // nobody swaps out 1 MiB activations until the daemon says no, and keeps
-  // them.
   auto greedy = BackgroundProcess::Start(
       Nobody({"fill-ssd", daemon_->socket(), "greedy", "1048576"}));
   ASSERT_TRUE(greedy.ok()) << greedy.status();
   const std::string said = (*greedy)->first_line();
   EXPECT_THAT(said, HasSubstr("RESOURCE_EXHAUSTED: "));
-  EXPECT_THAT(said, HasSubstr("the SSD array is full: jobs hold "));
-  // It got what nobody else needed (the 64 MiB array but the victim's
-  // set-aside), not less.
-  EXPECT_GE(NumberAfter(said, "stored "), uint64_t{48} << 20) << said;
+  EXPECT_THAT(said, HasSubstr("beyond uid 65534's share of the SSD array"));
+  // Its share of the 64 MiB array is half, less its own job's set-aside.
+  const uint64_t stored = NumberAfter(said, "stored ");
+  EXPECT_GE(stored, uint64_t{24} << 20) << said;
+  EXPECT_LE(stored, uint64_t{32} << 20) << said;
   // The operator sees it in the daemon's log, once, not per refusal.
   const std::string log = daemon_->Log();
   EXPECT_THAT(log, HasSubstr("failed: RESOURCE_EXHAUSTED: "));
-  EXPECT_THAT(log, HasSubstr("the SSD array is full"));
+  EXPECT_THAT(log, HasSubstr("share of the SSD array"));
   // And `lohanctl jobs` says why under the job; the victim has none.
   auto jobs = root_->ListJobs();
   ASSERT_TRUE(jobs.ok()) << jobs.status();
@@ -158,12 +161,47 @@ TEST_F(MultiUserTest, ASecondUserCannotFillTheSsdsUnderARunningJob) {
     if (job.spec().name() != "greedy") continue;
     found = true;
     EXPECT_THAT(job.last_failure(), HasSubstr("RESOURCE_EXHAUSTED: "));
-    EXPECT_THAT(job.last_failure(), HasSubstr("the SSD array is full"));
+    EXPECT_THAT(job.last_failure(), HasSubstr("share of the SSD array"));
     EXPECT_GT(job.last_failure_unix_seconds(), 0);
   }
   EXPECT_TRUE(found);
   EXPECT_EQ(VictimJob().last_failure(), "");
-  // Root's job runs its next two iterations into the full array.
+  // Root's new job registers in root's share.
+  auto second = BackgroundProcess::Start(
+      {bin_ + "/hostile_client", "register-hold", daemon_->socket(), "next"});
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_THAT((*second)->first_line(), HasSubstr("registered j-"));
+  // Root's job runs its next two iterations beside the full share.
+  ResumeAndCheckVictim();
+}
+
+// Root trains (a data plane open); nobody opens data planes until the
+// daemon says no: it gets its share of the pool, and root's new data
+// plane still opens.
+TEST_F(MultiUserTest, AnotherUsersPlanesLeaveATrainingUsersShareOfThePool) {
+  StartDaemon();
+  StartVictim();
+  std::vector<std::unique_ptr<BackgroundProcess>> planes;
+  std::string refusal;
+  for (int i = 0; i < 8 && refusal.empty(); ++i) {
+    auto plane = BackgroundProcess::Start(Nobody(
+        {"register-hold", daemon_->socket(), absl::StrCat("plane-", i)}));
+    ASSERT_TRUE(plane.ok()) << plane.status();
+    if ((*plane)->first_line().find("registered") == 0) {
+      planes.push_back(*std::move(plane));
+    } else {
+      refusal = (*plane)->first_line();
+    }
+  }
+  EXPECT_THAT(refusal, HasSubstr("beyond uid 65534's share of the host pool"));
+  EXPECT_GE(planes.size(), 1u);
+  auto status = root_->GetStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_LT(status->pool().used_bytes(), status->pool().capacity_bytes());
+  auto second = BackgroundProcess::Start(
+      {bin_ + "/hostile_client", "register-hold", daemon_->socket(), "next"});
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_THAT((*second)->first_line(), HasSubstr("registered j-"));
   ResumeAndCheckVictim();
 }
 

@@ -83,8 +83,9 @@ absl::StatusOr<JobLayoutBytes> LayoutBytes(
       streaming
           ? GradScratchFootprint(state, layout.grad_dtype, store_block_bytes)
           : 0;
-  bytes.ssd_set_aside_bytes = UpdateSpaceBytes(
-      kept.footprint, kept.largest_footprint, kDefaultChunkBuffers);
+  bytes.ssd_set_aside_bytes =
+      SetAsideBytes(state, layout.grad_dtype, streaming, streaming,
+                    store_block_bytes, kDefaultChunkBuffers);
   return bytes;
 }
 

@@ -54,12 +54,13 @@ struct JobLayoutBytes {
   uint64_t ssd_scratch_bytes = 0;
   // What registering the model sets aside on the SSDs
   // (SessionStatus.ssd_set_aside_bytes): two versions of every kept
-  // tensor and a third of the largest per chunk buffer and one more.
+  // tensor and a third of the largest per chunk buffer and one more, and
+  // the streamed gradients (SetAsideBytes).
   uint64_t ssd_set_aside_bytes = 0;
   uint64_t host_bytes() const { return arena_bytes + update_buffer_bytes; }
-  // The SSD space the job needs before activations: the set-aside, and
-  // the streamed gradients beside it.
-  uint64_t ssd_bytes() const { return ssd_set_aside_bytes + ssd_scratch_bytes; }
+  // The SSD space the job needs before activations: the set-aside (the
+  // streamed gradients inside it).
+  uint64_t ssd_bytes() const { return ssd_set_aside_bytes; }
 };
 
 // The bytes of a 16-bit (bf16 or fp16) model of `layer_elements` trained

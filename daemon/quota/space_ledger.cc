@@ -34,11 +34,10 @@ void SpaceLedger::Forget(const std::string& job) {
   absl::MutexLock lock(&mu_);
   auto found = jobs_.find(job);
   if (found == jobs_.end()) return;
-  Job& entry = found->second;
-  held_by_all_ -= entry.Held();
-  entry = Job{.used = entry.used};  // versions a reader still holds
-  held_by_all_ += entry.Held();
-  if (entry.used == 0) jobs_.erase(found);
+  // Versions a reader still holds.
+  UpdateLocked(found->second, Job{.used = found->second.used,
+                                  .activations = found->second.activations});
+  if (found->second.Held() == 0) jobs_.erase(found);
 }
 
 uint64_t SpaceLedger::HeldByLocked(uid_t uid) const {
@@ -47,6 +46,33 @@ uint64_t SpaceLedger::HeldByLocked(uid_t uid) const {
     if (job.tracked && job.owner == uid) held += job.Held();
   }
   return held;
+}
+
+std::map<uid_t, ShareHolder> SpaceLedger::HoldersLocked() const {
+  std::map<uid_t, ShareHolder> holders;
+  for (const auto& [name, job] : jobs_) {
+    if (!job.tracked) continue;
+    ShareHolder& h = holders[job.owner];
+    h.held += job.Held();
+  }
+  for (const auto& [uid, planes] : present_) {
+    if (planes > 0) holders[uid].present = true;
+  }
+  for (auto& [uid, holder] : holders) {
+    holder.weight = static_cast<double>(quotas_->For(uid).weight);
+  }
+  return holders;
+}
+
+bool SpaceLedger::OthersOverShareLocked(uid_t uid) const {
+  const std::map<uid_t, ShareHolder> holders = HoldersLocked();
+  for (const auto& [other, holder] : holders) {
+    if (other != uid &&
+        holder.held > ShareOf(capacity_bytes_, other, holders)) {
+      return true;
+    }
+  }
+  return false;
 }
 
 uint64_t SpaceLedger::RoomFor(const std::string& name) const {
@@ -61,7 +87,22 @@ uint64_t SpaceLedger::RoomFor(const std::string& name) const {
   if (job.limit != 0) room = std::min(room, left(job.limit, job.Held()));
   const uint64_t quota = quotas_->For(job.owner).ssd_bytes;
   if (quota != 0) room = std::min(room, left(quota, HeldByLocked(job.owner)));
-  return room;
+  // The most the fair share lets it take: what leaves the other training
+  // users' shares free, or what is left of its own share (bisected: the
+  // rule is monotone in the bytes asked).
+  const std::map<uid_t, ShareHolder> holders = HoldersLocked();
+  uint64_t low = 0, high = room;
+  while (low < high) {
+    const uint64_t mid = low + (high - low + 1) / 2;
+    if (FitsFairShare(capacity_bytes_, held_by_all_, job.owner, mid, holders,
+                      "", "")
+            .ok()) {
+      low = mid;
+    } else {
+      high = mid - 1;
+    }
+  }
+  return low;
 }
 
 absl::Status SpaceLedger::FitsLocked(const std::string& name, const Job& job,
@@ -97,80 +138,136 @@ absl::Status SpaceLedger::FitsLocked(const std::string& name, const Job& job,
         " (running jobs' updates set aside included); space comes back as "
         "jobs end or are deleted"));
   }
+  if (job.tracked) {
+    if (absl::Status fair = FitsFairShare(
+            capacity_bytes_, held_by_all_, job.owner, more, HoldersLocked(),
+            absl::StrCat("SSD space for job ", name, ": ", what), "SSD array");
+        !fair.ok()) {
+      return fair;
+    }
+  }
   return absl::OkStatus();
 }
 
-absl::Status SpaceLedger::SetAside(const std::string& job, uint64_t bytes,
-                                   uintptr_t holder) {
+void SpaceLedger::UpdateLocked(Job& job, const Job& after) {
+  held_by_all_ = held_by_all_ - job.Held() + after.Held();
+  const bool gave_back = after.Held() < job.Held();
+  job = after;
+  if (gave_back) released_.SignalAll();
+}
+
+void SpaceLedger::SetPresent(uid_t uid, bool present) {
   absl::MutexLock lock(&mu_);
-  Job& entry = jobs_[job];
-  Job after = entry;
-  after.set_aside = bytes;
-  if (absl::Status fits = FitsLocked(job, entry, after.Held(), bytes,
-                                     "the updates of its model");
-      !fits.ok()) {
-    if (entry.used == 0 && entry.set_aside == 0 && !entry.tracked) {
-      jobs_.erase(job);
+  int& planes = present_[uid];
+  planes += present ? 1 : -1;
+  if (planes <= 0) present_.erase(uid);
+  released_.SignalAll();  // shares changed
+}
+
+uint8_t SpaceLedger::AccountOf(absl::string_view name) const {
+  return name.rfind("act.", 0) == 0 ? kActivations : kStates;
+}
+
+absl::Status SpaceLedger::SetAside(const std::string& job, uint64_t bytes,
+                                   uintptr_t holder, absl::Duration patience) {
+  absl::MutexLock lock(&mu_);
+  const absl::Time deadline = absl::Now() + patience;
+  while (true) {
+    Job& entry = jobs_[job];
+    Job after = entry;
+    after.set_aside = bytes;
+    absl::Status fits =
+        FitsLocked(job, entry, after.Held(), bytes, "the updates of its model");
+    if (fits.ok()) {
+      after.holder = holder;
+      UpdateLocked(entry, after);
+      return absl::OkStatus();
     }
-    return fits;
+    // Worth waiting only for space others hold beyond their shares: they
+    // may take no more meanwhile, and their activations come back as their
+    // iterations end.
+    const bool waiting_helps = absl::IsResourceExhausted(fits) &&
+                               entry.tracked &&
+                               OthersOverShareLocked(entry.owner);
+    bool timed_out = !waiting_helps;
+    if (waiting_helps) {
+      ++waiting_;
+      timed_out = released_.WaitWithDeadline(&mu_, deadline);
+      --waiting_;
+    }
+    if (timed_out) {
+      Job& now = jobs_[job];
+      if (now.used == 0 && now.set_aside == 0 && now.activations == 0 &&
+          !now.tracked) {
+        jobs_.erase(job);
+      }
+      if (waiting_helps) {
+        return absl::Status(
+            fits.code(),
+            absl::StrCat(fits.message(), " (waited ",
+                         absl::FormatDuration(patience), " for it)"));
+      }
+      return fits;
+    }
   }
-  held_by_all_ = held_by_all_ - entry.Held() + after.Held();
-  entry.set_aside = bytes;
-  entry.holder = holder;
-  return absl::OkStatus();
 }
 
 void SpaceLedger::ClearSetAside(const std::string& job, uintptr_t holder) {
   absl::MutexLock lock(&mu_);
   auto found = jobs_.find(job);
   if (found == jobs_.end() || found->second.holder != holder) return;
-  Job& entry = found->second;
-  held_by_all_ -= entry.Held();
-  entry.set_aside = 0;
-  entry.holder = 0;
-  held_by_all_ += entry.Held();
+  Job after = found->second;
+  after.set_aside = 0;
+  after.holder = 0;
+  UpdateLocked(found->second, after);
 }
 
-absl::Status SpaceLedger::Reserve(absl::string_view job, uint64_t bytes) {
+absl::Status SpaceLedger::Reserve(absl::string_view job, uint8_t account,
+                                  uint64_t bytes) {
   absl::MutexLock lock(&mu_);
   Job& entry = jobs_[std::string(job)];
   Job after = entry;
-  after.used += bytes;
-  if (absl::Status fits =
-          FitsLocked(std::string(job), entry, after.Held(), bytes, "a write");
+  (account == kActivations ? after.activations : after.used) += bytes;
+  if (absl::Status fits = FitsLocked(
+          std::string(job), entry, after.Held(), bytes,
+          account == kActivations ? "a swapped activation" : "a write");
       !fits.ok()) {
     return fits;
   }
-  held_by_all_ = held_by_all_ - entry.Held() + after.Held();
-  entry.used = after.used;
+  UpdateLocked(entry, after);
   return absl::OkStatus();
 }
 
-void SpaceLedger::Charge(absl::string_view job, uint64_t bytes) {
+void SpaceLedger::Charge(absl::string_view job, uint8_t account,
+                         uint64_t bytes) {
   absl::MutexLock lock(&mu_);
   Job& entry = jobs_[std::string(job)];
-  held_by_all_ -= entry.Held();
-  entry.used += bytes;
-  held_by_all_ += entry.Held();
+  Job after = entry;
+  (account == kActivations ? after.activations : after.used) += bytes;
+  UpdateLocked(entry, after);
 }
 
-void SpaceLedger::Release(absl::string_view job, uint64_t bytes) {
+void SpaceLedger::Release(absl::string_view job, uint8_t account,
+                          uint64_t bytes) {
   absl::MutexLock lock(&mu_);
   auto found = jobs_.find(job);
   // The store gives back only what it was granted.
-  LOHAN_CHECK(found != jobs_.end() && found->second.used >= bytes);
-  Job& entry = found->second;
-  held_by_all_ -= entry.Held();
-  entry.used -= bytes;
-  held_by_all_ += entry.Held();
-  if (!entry.tracked && entry.Held() == 0) jobs_.erase(found);
+  LOHAN_CHECK(found != jobs_.end());
+  Job after = found->second;
+  uint64_t& counted = account == kActivations ? after.activations : after.used;
+  LOHAN_CHECK(counted >= bytes);
+  counted -= bytes;
+  UpdateLocked(found->second, after);
+  if (!after.tracked && after.Held() == 0) jobs_.erase(found);
 }
 
 SpaceLedger::JobUsage SpaceLedger::UsageOf(const std::string& job) const {
   absl::MutexLock lock(&mu_);
   auto found = jobs_.find(job);
   if (found == jobs_.end()) return {};
-  return {.used = found->second.used, .set_aside = found->second.set_aside};
+  return {.used = found->second.used,
+          .set_aside = found->second.set_aside,
+          .activations = found->second.activations};
 }
 
 std::optional<uid_t> SpaceLedger::OwnerOf(absl::string_view job) const {
@@ -183,6 +280,11 @@ std::optional<uid_t> SpaceLedger::OwnerOf(absl::string_view job) const {
 uint64_t SpaceLedger::HeldBy(uid_t uid) const {
   absl::MutexLock lock(&mu_);
   return HeldByLocked(uid);
+}
+
+size_t SpaceLedger::waiting() const {
+  absl::MutexLock lock(&mu_);
+  return waiting_;
 }
 
 uint64_t SpaceLedger::HeldByAll() const {

@@ -11,6 +11,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "daemon/quota/fair_share.h"
 #include "daemon/quota/user_limits.h"
 #include "daemon/store/space_budget.h"
 
@@ -19,16 +21,19 @@ namespace lohan {
 // Who holds how much of the SSD array, and who may take more: the store's
 // SpaceBudget for the daemon.
 //
-// A job holds max(used, set aside): `used` is the space its tensor versions
-// take now; `set aside` is what a job with an open data plane needs to run
-// its updates (its states' committed and pending versions), claimed when it
-// registers its model and kept for it until the data plane closes. A write
-// within a job's set-aside always succeeds, whatever anyone else does; a
-// write beyond it (activations, or a job that never registered) must fit
-// (1) the job's own limit (CreateJob's ssd_bytes, when not 0), (2) its
-// owner's quota (UserLimits.ssd_bytes), and (3) what the array has left
-// beside everything every job holds. So no job can fill the array under
-// another job's running update.
+// A job holds max(used, set aside) + activations: `used` is the space its
+// optimizer states' versions take now (its meta, chunk states, 16-bit
+// copies, streamed gradients); `set aside` is what a job with an open data
+// plane needs to run its updates, claimed when it registers its model and
+// kept for it until the data plane closes; `activations` are its swapped
+// activations (tensors "act.*", account kActivations), never inside the
+// set-aside: a job's growing activations cannot eat the space its own
+// updates need. A state write within the set-aside always succeeds,
+// whatever anyone does; any other write, and a set-aside, must fit (1) the
+// job's own limit (CreateJob's ssd_bytes, when not 0), (2) its owner's
+// quota (UserLimits.ssd_bytes), and (3) its owner's fair share of the array
+// (fair_share.h): what is free, but never what another training user's
+// share (users with an open data plane, SetPresent) still has free.
 //
 // A job the ledger was not told about (Track) counts against the array
 // alone. Thread-safe; never calls into the store.
@@ -46,17 +51,32 @@ class SpaceLedger : public SpaceBudget {
   // Sets aside `bytes` for the job on behalf of `holder` (a token unique
   // among live holders, e.g. the session's address), replacing what it had
   // set aside, or RESOURCE_EXHAUSTED naming the limit it would pass, with
-  // the numbers (needed, held, limit), and changes nothing.
+  // the numbers (needed, held, limit), and changes nothing. When only space
+  // that other users hold beyond their shares stands in the way (their
+  // swapped activations, freed as their iterations end; meanwhile they may
+  // take no more), it waits up to `patience` for it.
   absl::Status SetAside(const std::string& job, uint64_t bytes,
-                        uintptr_t holder) ABSL_LOCKS_EXCLUDED(mu_);
+                        uintptr_t holder,
+                        absl::Duration patience = absl::ZeroDuration())
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // `uid` starts (true) or stops (false) training: a data plane of one of
+  // its jobs opens or closes. A user with any open is present: its fair
+  // share is kept for it.
+  void SetPresent(uid_t uid, bool present) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The accounts of a job's versions (SpaceBudget::AccountOf).
+  static constexpr uint8_t kStates = 0;
+  static constexpr uint8_t kActivations = 1;
   // Gives the set-aside back if `holder` still holds it (a newer session of
   // the job may have set aside its own since).
   void ClearSetAside(const std::string& job, uintptr_t holder)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   struct JobUsage {
-    uint64_t used = 0;
+    uint64_t used = 0;  // optimizer states' versions
     uint64_t set_aside = 0;
+    uint64_t activations = 0;
   };
   JobUsage UsageOf(const std::string& job) const ABSL_LOCKS_EXCLUDED(mu_);
   // The owner Track gave `job`, if any.
@@ -67,18 +87,21 @@ class SpaceLedger : public SpaceBudget {
   // What every job holds.
   uint64_t HeldByAll() const ABSL_LOCKS_EXCLUDED(mu_);
   // How much more `job` may come to hold now: the least of what its own
-  // limit, its owner's quota and the array leave beside what is held (the
-  // array's alone for a job not tracked). What the planner may put of the
-  // job's activations on the SSDs.
+  // limit, its owner's quota and its owner's fair share of the array leave
+  // beside what is held (the array's alone for a job not tracked). What the
+  // planner may put of the job's activations on the SSDs.
   uint64_t RoomFor(const std::string& job) const ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t capacity_bytes() const { return capacity_bytes_; }
+  // Set-asides waiting for space now (SetAside's patience).
+  size_t waiting() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // SpaceBudget.
-  absl::Status Reserve(absl::string_view job, uint64_t bytes) override
+  uint8_t AccountOf(absl::string_view name) const override;
+  absl::Status Reserve(absl::string_view job, uint8_t account,
+                       uint64_t bytes) override ABSL_LOCKS_EXCLUDED(mu_);
+  void Charge(absl::string_view job, uint8_t account, uint64_t bytes) override
       ABSL_LOCKS_EXCLUDED(mu_);
-  void Charge(absl::string_view job, uint64_t bytes) override
-      ABSL_LOCKS_EXCLUDED(mu_);
-  void Release(absl::string_view job, uint64_t bytes) override
+  void Release(absl::string_view job, uint8_t account, uint64_t bytes) override
       ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
@@ -87,9 +110,12 @@ class SpaceLedger : public SpaceBudget {
     uid_t owner = 0;
     uint64_t limit = 0;
     uint64_t used = 0;
+    uint64_t activations = 0;
     uint64_t set_aside = 0;
     uintptr_t holder = 0;
-    uint64_t Held() const { return used > set_aside ? used : set_aside; }
+    uint64_t Held() const {
+      return (used > set_aside ? used : set_aside) + activations;
+    }
   };
 
   // OK when `job` may go from holding job.Held() to `held_after`.
@@ -98,6 +124,15 @@ class SpaceLedger : public SpaceBudget {
                           const char* what) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t HeldByLocked(uid_t uid) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every user's holding, weight and presence (fair_share.h).
+  std::map<uid_t, ShareHolder> HoldersLocked() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a user other than `uid` holds more than its share.
+  bool OthersOverShareLocked(uid_t uid) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `job`'s entry after `change`, with held_by_all_ kept in step.
+  void UpdateLocked(Job& job, const Job& after)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const uint64_t capacity_bytes_;
   const QuotaTable* const quotas_;
@@ -105,6 +140,11 @@ class SpaceLedger : public SpaceBudget {
   mutable absl::Mutex mu_;
   std::map<std::string, Job, std::less<>> jobs_ ABSL_GUARDED_BY(mu_);
   uint64_t held_by_all_ ABSL_GUARDED_BY(mu_) = 0;
+  // Open data planes by user (SetPresent).
+  std::map<uid_t, int> present_ ABSL_GUARDED_BY(mu_);
+  // Signalled whenever anything is given back (SetAside's patience).
+  absl::CondVar released_;
+  size_t waiting_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace lohan

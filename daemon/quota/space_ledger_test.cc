@@ -1,5 +1,7 @@
 #include "daemon/quota/space_ledger.h"
 
+#include <thread>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -22,28 +24,28 @@ TEST_F(SpaceLedgerTest, AJobsSetAsideIsItsWhateverOthersWrite) {
   ledger_.Track("alice-greedy", kAlice, 0);
   ASSERT_TRUE(ledger_.SetAside("alice-train", 600, 1).ok());
   // The greedy job can take only what is not set aside...
-  EXPECT_TRUE(ledger_.Reserve("alice-greedy", 400).ok());
-  absl::Status full = ledger_.Reserve("alice-greedy", 1);
+  EXPECT_TRUE(ledger_.Reserve("alice-greedy", SpaceLedger::kStates, 400).ok());
+  absl::Status full = ledger_.Reserve("alice-greedy", SpaceLedger::kStates, 1);
   ASSERT_TRUE(absl::IsResourceExhausted(full)) << full;
   EXPECT_THAT(
       full.message(),
       HasSubstr("SSD array is full: jobs hold 1000 (1000 B) of its 1000 "));
   // ...while the running job writes into its own set-aside.
-  EXPECT_TRUE(ledger_.Reserve("alice-train", 600).ok());
+  EXPECT_TRUE(ledger_.Reserve("alice-train", SpaceLedger::kStates, 600).ok());
   EXPECT_EQ(ledger_.HeldByAll(), 1000u);
-  ledger_.Release("alice-train", 600);
+  ledger_.Release("alice-train", SpaceLedger::kStates, 600);
   EXPECT_EQ(ledger_.HeldByAll(), 1000u);    // still set aside
   ledger_.ClearSetAside("alice-train", 2);  // not the holder
   EXPECT_EQ(ledger_.HeldByAll(), 1000u);
   ledger_.ClearSetAside("alice-train", 1);
   EXPECT_EQ(ledger_.HeldByAll(), 400u);
-  EXPECT_TRUE(ledger_.Reserve("alice-greedy", 600).ok());
+  EXPECT_TRUE(ledger_.Reserve("alice-greedy", SpaceLedger::kStates, 600).ok());
 }
 
 TEST_F(SpaceLedgerTest, ASetAsideThatDoesNotFitIsRefusedAndChangesNothing) {
   ledger_.Track("a", kAlice, 0);
   ledger_.Track("b", kAlice, 0);
-  ASSERT_TRUE(ledger_.Reserve("b", 700).ok());
+  ASSERT_TRUE(ledger_.Reserve("b", SpaceLedger::kStates, 700).ok());
   absl::Status refused = ledger_.SetAside("a", 400, 1);
   ASSERT_TRUE(absl::IsResourceExhausted(refused)) << refused;
   EXPECT_THAT(refused.message(),
@@ -54,8 +56,8 @@ TEST_F(SpaceLedgerTest, ASetAsideThatDoesNotFitIsRefusedAndChangesNothing) {
 
 TEST_F(SpaceLedgerTest, JobLimitAndUserQuotaBoundEveryWrite) {
   ledger_.Track("capped", kAlice, 100);
-  EXPECT_TRUE(ledger_.Reserve("capped", 100).ok());
-  absl::Status over_job = ledger_.Reserve("capped", 1);
+  EXPECT_TRUE(ledger_.Reserve("capped", SpaceLedger::kStates, 100).ok());
+  absl::Status over_job = ledger_.Reserve("capped", SpaceLedger::kStates, 1);
   ASSERT_TRUE(absl::IsResourceExhausted(over_job));
   EXPECT_THAT(over_job.message(),
               HasSubstr("the job holds 100 (100 B) and its limit is 100"));
@@ -64,47 +66,115 @@ TEST_F(SpaceLedgerTest, JobLimitAndUserQuotaBoundEveryWrite) {
   ledger_.Track("bob-1", kBob, 0);
   ledger_.Track("bob-2", kBob, 0);
   ASSERT_TRUE(ledger_.SetAside("bob-1", 200, 1).ok());
-  EXPECT_TRUE(ledger_.Reserve("bob-2", 100).ok());
-  absl::Status over_user = ledger_.Reserve("bob-2", 1);
+  EXPECT_TRUE(ledger_.Reserve("bob-2", SpaceLedger::kStates, 100).ok());
+  absl::Status over_user = ledger_.Reserve("bob-2", SpaceLedger::kStates, 1);
   ASSERT_TRUE(absl::IsResourceExhausted(over_user));
   EXPECT_THAT(over_user.message(),
               HasSubstr("its owner (uid 1002) holds 300 (300 B) over all "
                         "their jobs and the quota is 300"));
   EXPECT_EQ(ledger_.HeldBy(kBob), 300u);
   // Within its set-aside bob-1 still writes.
-  EXPECT_TRUE(ledger_.Reserve("bob-1", 200).ok());
-  EXPECT_FALSE(ledger_.Reserve("bob-1", 1).ok());
+  EXPECT_TRUE(ledger_.Reserve("bob-1", SpaceLedger::kStates, 200).ok());
+  EXPECT_FALSE(ledger_.Reserve("bob-1", SpaceLedger::kStates, 1).ok());
 }
 
 TEST_F(SpaceLedgerTest, RoomIsTheLeastOfTheJobsUsersAndArraysLeft) {
   EXPECT_EQ(ledger_.RoomFor("untracked"), 1000u);
   ledger_.Track("capped", kAlice, 100);
-  ASSERT_TRUE(ledger_.Reserve("capped", 30).ok());
+  ASSERT_TRUE(ledger_.Reserve("capped", SpaceLedger::kStates, 30).ok());
   EXPECT_EQ(ledger_.RoomFor("capped"), 70u);  // its own limit
   ledger_.Track("bobs", kBob, 0);
   ledger_.Track("bobs-other", kBob, 0);
   ASSERT_TRUE(ledger_.SetAside("bobs-other", 200, 1).ok());
   EXPECT_EQ(ledger_.RoomFor("bobs"), 100u);  // Bob's quota of 300
   ledger_.Track("alice-big", kAlice, 0);
-  ASSERT_TRUE(ledger_.Reserve("alice-big", 700).ok());
+  ASSERT_TRUE(ledger_.Reserve("alice-big", SpaceLedger::kStates, 700).ok());
   EXPECT_EQ(ledger_.RoomFor("alice-big"), 70u);  // the array's 1000
   EXPECT_EQ(ledger_.RoomFor("bobs"), 70u);
   // What a room says may be written fits; one byte more does not.
-  EXPECT_TRUE(ledger_.Reserve("bobs", 70).ok());
+  EXPECT_TRUE(ledger_.Reserve("bobs", SpaceLedger::kStates, 70).ok());
   EXPECT_EQ(ledger_.RoomFor("bobs"), 0u);
-  EXPECT_FALSE(ledger_.Reserve("bobs", 1).ok());
+  EXPECT_FALSE(ledger_.Reserve("bobs", SpaceLedger::kStates, 1).ok());
 }
 
 TEST_F(SpaceLedgerTest, ChargedSpaceCountsAndForgottenJobsDrainToNothing) {
-  ledger_.Charge("old", 900);  // found at start, before anyone asked
-  EXPECT_FALSE(ledger_.Reserve("new", 101).ok());
+  ledger_.Charge("old", SpaceLedger::kStates,
+                 900);  // found at start, before anyone asked
+  EXPECT_FALSE(ledger_.Reserve("new", SpaceLedger::kStates, 101).ok());
   ledger_.Track("old", kAlice, 0);
   ledger_.Forget("old");  // deleted while a reader holds a version
   EXPECT_EQ(ledger_.HeldByAll(), 900u);
-  ledger_.Release("old", 900);
+  ledger_.Release("old", SpaceLedger::kStates, 900);
   EXPECT_EQ(ledger_.HeldByAll(), 0u);
   EXPECT_EQ(ledger_.UsageOf("old").used, 0u);
-  EXPECT_TRUE(ledger_.Reserve("new", 1000).ok());
+  EXPECT_TRUE(ledger_.Reserve("new", SpaceLedger::kStates, 1000).ok());
+}
+
+// A job's swapped activations never eat the set-aside of its updates: its
+// states may fill it whatever its activations hold.
+TEST_F(SpaceLedgerTest, ActivationsNeverTakeTheirOwnJobsSetAside) {
+  ledger_.Track("train", kAlice, 0);
+  ASSERT_TRUE(ledger_.SetAside("train", 600, 1).ok());
+  EXPECT_EQ(ledger_.AccountOf("act.12"), SpaceLedger::kActivations);
+  EXPECT_EQ(ledger_.AccountOf("layer.000001.chunk.000000"),
+            SpaceLedger::kStates);
+  EXPECT_TRUE(ledger_.Reserve("train", SpaceLedger::kActivations, 400).ok());
+  absl::Status full = ledger_.Reserve("train", SpaceLedger::kActivations, 1);
+  ASSERT_TRUE(absl::IsResourceExhausted(full)) << full;
+  EXPECT_THAT(full.message(), HasSubstr("a swapped activation needs 1 (1 B)"));
+  // The updates still have all 600.
+  EXPECT_TRUE(ledger_.Reserve("train", SpaceLedger::kStates, 600).ok());
+  EXPECT_EQ(ledger_.UsageOf("train").activations, 400u);
+  EXPECT_EQ(ledger_.HeldByAll(), 1000u);
+  ledger_.Release("train", SpaceLedger::kActivations, 400);
+  EXPECT_EQ(ledger_.HeldByAll(), 600u);
+}
+
+// Two users training: each one's share of the array stays free for it.
+TEST_F(SpaceLedgerTest, ATrainingUsersShareStaysFreeForItsNextJob) {
+  ledger_.Track("alice", kAlice, 0);
+  ledger_.Track("bob", kBob, 0);
+  ledger_.SetPresent(kAlice, true);
+  // Alone, Alice's activations may take the whole array.
+  EXPECT_TRUE(ledger_.Reserve("alice", SpaceLedger::kActivations, 900).ok());
+  ledger_.Release("alice", SpaceLedger::kActivations, 900);
+  ledger_.SetPresent(kBob, true);
+  EXPECT_EQ(ledger_.RoomFor("alice"), 500u);
+  EXPECT_TRUE(ledger_.Reserve("alice", SpaceLedger::kActivations, 500).ok());
+  absl::Status over = ledger_.Reserve("alice", SpaceLedger::kActivations, 1);
+  ASSERT_TRUE(absl::IsResourceExhausted(over)) << over;
+  EXPECT_THAT(over.message(), HasSubstr("beyond uid 1001's share"));
+  // Bob's (quota 300) new job sets aside what it needs of his share.
+  EXPECT_TRUE(ledger_.SetAside("bob", 300, 7).ok());
+  ledger_.SetPresent(kBob, false);  // Bob stops: his unused share is free
+  ledger_.ClearSetAside("bob", 7);
+  EXPECT_TRUE(ledger_.Reserve("alice", SpaceLedger::kActivations, 500).ok());
+}
+
+// A set-aside that only space held beyond another user's share stands in
+// the way of waits for it (that user's activations come back as its
+// iterations end); one that waiting cannot help is refused at once.
+TEST_F(SpaceLedgerTest, ASetAsideWaitsForSpaceHeldBeyondAnotherShare) {
+  ledger_.Track("alice", kAlice, 0);
+  ledger_.Track("bob", kBob, 0);
+  ledger_.SetPresent(kAlice, true);
+  ASSERT_TRUE(ledger_.Reserve("alice", SpaceLedger::kActivations, 900).ok());
+  ledger_.SetPresent(kBob, true);
+  absl::Status set_aside;
+  std::thread bob([&] {
+    set_aside = ledger_.SetAside("bob", 300, 7, absl::InfiniteDuration());
+  });
+  while (ledger_.waiting() == 0) absl::SleepFor(absl::Milliseconds(1));
+  // Alice, over her share, may take nothing more meanwhile.
+  EXPECT_FALSE(ledger_.Reserve("alice", SpaceLedger::kActivations, 1).ok());
+  ledger_.Release("alice", SpaceLedger::kActivations, 900);  // her iteration
+  bob.join();
+  EXPECT_TRUE(set_aside.ok()) << set_aside;
+  EXPECT_EQ(ledger_.UsageOf("bob").set_aside, 300u);
+  // Nothing over anyone's share (Bob's quota is what stands in the way):
+  // refused at once, however long it might wait.
+  ledger_.Track("bob-2", kBob, 0);
+  EXPECT_FALSE(ledger_.SetAside("bob-2", 1, 8, absl::InfiniteDuration()).ok());
 }
 
 }  // namespace

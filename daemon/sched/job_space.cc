@@ -77,4 +77,13 @@ uint64_t GradScratchFootprint(const StateLayout& state, DType grad_dtype,
   return space.footprint;
 }
 
+uint64_t SetAsideBytes(const StateLayout& state, DType grad_dtype,
+                       bool stream_gradients, bool stream_weight16,
+                       uint64_t block_size, size_t buffers) {
+  const KeptSpace kept = KeptTensorSpace(state, stream_weight16, block_size);
+  return UpdateSpaceBytes(kept.footprint, kept.largest_footprint, buffers) +
+         (stream_gradients ? GradScratchFootprint(state, grad_dtype, block_size)
+                           : 0);
+}
+
 }  // namespace lohan

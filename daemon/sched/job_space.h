@@ -65,6 +65,14 @@ constexpr uint64_t UpdateSpaceBytes(uint64_t footprint,
   return 2 * footprint + (buffers + 1) * largest_footprint;
 }
 
+// The SSD space a registered job's pipeline sets aside (its ledger claim,
+// which no other write may take): UpdateSpaceBytes of the tensors it keeps
+// and, with stream_gradients, one iteration's streamed gradients (written
+// in backward, deleted when the iteration ends) beside them.
+uint64_t SetAsideBytes(const StateLayout& state, DType grad_dtype,
+                       bool stream_gradients, bool stream_weight16,
+                       uint64_t block_size, size_t buffers);
+
 }  // namespace lohan
 
 #endif  // LOHAN_DAEMON_SCHED_JOB_SPACE_H_

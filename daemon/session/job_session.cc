@@ -17,6 +17,11 @@
 namespace lohan {
 namespace {
 
+// How long a registration waits for SSD space that other users hold
+// beyond their fair shares (their swapped activations, freed as their
+// iterations end) before it is refused.
+constexpr absl::Duration kSpaceWait = absl::Seconds(60);
+
 constexpr uint64_t kPage = 4096;
 
 uint64_t RoundUp(uint64_t bytes, uint64_t unit) {
@@ -332,7 +337,7 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
   if (ledger != nullptr) {
     if (absl::Status set_aside =
             ledger->SetAside(job_id(), UpdateSpace(*store, layout, options),
-                             reinterpret_cast<uintptr_t>(this));
+                             reinterpret_cast<uintptr_t>(this), kSpaceWait);
         !set_aside.ok()) {
       return set_aside;
     }
@@ -401,11 +406,11 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
 uint64_t JobSession::UpdateSpace(const TensorStore& store,
                                  const ModelLayout& layout,
                                  const PipelineOptions& options) {
-  // The tensors the pipeline keeps, as its Open makes them (job_space.h).
-  const KeptSpace kept = KeptTensorSpace(
-      StateLayout(layout), options.stream_weight16, store.block_size());
-  return UpdateSpaceBytes(kept.footprint, kept.largest_footprint,
-                          options.buffers);
+  // The tensors the pipeline keeps, as its Open makes them, and its
+  // streamed gradients (job_space.h).
+  return SetAsideBytes(StateLayout(layout), layout.grad_dtype,
+                       options.stream_gradients, options.stream_weight16,
+                       store.block_size(), options.buffers);
 }
 
 uint8_t* JobSession::ResidentWeights(size_t layer) const {

@@ -14,6 +14,7 @@
 #include "daemon/common/memory_release.h"
 #include "daemon/ipc/arena_access.h"
 #include "daemon/quota/daemon_memory.h"
+#include "daemon/quota/fair_share.h"
 #include "spdlog/spdlog.h"
 #include "wire/attach_protocol.h"
 #include "wire/fd_passing.h"
@@ -178,6 +179,26 @@ absl::StatusOr<uint64_t> SessionManager::ClaimPoolLocked(
         limit, " (", FormatByteSize(limit),
         ", [quotas] host_pool); close another data plane first"));
   }
+  // The pool shared by the users training (with open data planes) by
+  // weight: what is free, but never what another's share still has free.
+  std::map<uid_t, ShareHolder> holders;
+  uint64_t held_by_all = 0;
+  for (const auto& [id, claim] : pool_claims_) {
+    ShareHolder& holder = holders[claim.owner];
+    holder.held += claim.bytes;
+    holder.present = true;
+    held_by_all += claim.bytes;
+  }
+  for (auto& [uid, holder] : holders) {
+    holder.weight = static_cast<double>(parts_.quotas->For(uid).weight);
+  }
+  holders[owner].weight = static_cast<double>(parts_.quotas->For(owner).weight);
+  if (absl::Status fair = FitsFairShare(
+          parts_.pool->GetStats().capacity_bytes, held_by_all, owner, bytes,
+          holders, absl::StrCat("job ", job_id, "'s arena"), "host pool");
+      !fair.ok()) {
+    return fair;
+  }
   const uint64_t id = ++last_claim_;
   pool_claims_[id] = PoolClaim{.owner = owner, .bytes = bytes};
   return id;
@@ -260,6 +281,7 @@ void SessionManager::Serve(int connection, const Caller& caller) {
   (*session)->SetFailureCallback([this, job_id](const absl::Status& failure) {
     parts_.jobs->NoteFailure(job_id, failure);
   });
+  uid_t owner = 0;
   {
     absl::MutexLock lock(&mu_);
     if (stopping_ ||
@@ -277,7 +299,10 @@ void SessionManager::Serve(int connection, const Caller& caller) {
                         {});
       return;
     }
+    owner = pool_claims_.at(claim_id).owner;
   }
+  // Training now: its owner's fair share of the SSDs is kept for it.
+  if (parts_.ledger != nullptr) parts_.ledger->SetPresent(owner, true);
   bool stopped_from_outside = false;
   const int arena_fd = (*session)->arena_fd();
   absl::Status sent =
@@ -303,6 +328,7 @@ void SessionManager::Serve(int connection, const Caller& caller) {
     sessions_.at(job_id).session = nullptr;
   }
   session->reset();  // the arena is back in the pool: so is the claim
+  if (parts_.ledger != nullptr) parts_.ledger->SetPresent(owner, false);
   ReleaseFreedMemory();
   {
     absl::MutexLock lock(&mu_);

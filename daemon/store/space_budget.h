@@ -15,19 +15,30 @@ namespace lohan {
 // The daemon's quotas implement it (daemon/quota); the store knows nothing of
 // users or limits.
 //
+// A budget may count a job's versions in accounts of its own, named from
+// the tensor's name (AccountOf: the daemon counts swapped activations apart
+// from a job's optimizer states); the store keeps each version's account
+// and gives it back with the bytes.
+//
 // Implementations must be thread-safe and must not call into the store.
 class SpaceBudget {
  public:
   virtual ~SpaceBudget() = default;
 
-  // Counts `bytes` more for `job`, or refuses (RESOURCE_EXHAUSTED, with the
-  // numbers) and counts nothing.
-  virtual absl::Status Reserve(absl::string_view job, uint64_t bytes) = 0;
+  // The account of tensor `name`'s versions (0 unless the budget tells
+  // tensors apart).
+  virtual uint8_t AccountOf(absl::string_view name) const { return 0; }
+  // Counts `bytes` more for `job` in `account`, or refuses
+  // (RESOURCE_EXHAUSTED, with the numbers) and counts nothing.
+  virtual absl::Status Reserve(absl::string_view job, uint8_t account,
+                               uint64_t bytes) = 0;
   // Counts `bytes` the job holds already (versions found when the budget is
   // attached); never refused.
-  virtual void Charge(absl::string_view job, uint64_t bytes) = 0;
+  virtual void Charge(absl::string_view job, uint8_t account,
+                      uint64_t bytes) = 0;
   // Returns what Reserve or Charge counted.
-  virtual void Release(absl::string_view job, uint64_t bytes) = 0;
+  virtual void Release(absl::string_view job, uint8_t account,
+                       uint64_t bytes) = 0;
 };
 
 }  // namespace lohan

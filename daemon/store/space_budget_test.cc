@@ -21,11 +21,18 @@ using testing_util::TempDir;
 // What one version of a tensor of up to 4 KiB takes (the default block).
 constexpr uint64_t kBlock = 4096;
 
-// A budget with one limit per job, counting what the store tells it.
+// A budget with one limit per job, counting what the store tells it; the
+// versions of tensors named "act.*" in an account of their own (as the
+// daemon's ledger counts swapped activations), which must come back with
+// the bytes.
 class CountingBudget : public SpaceBudget {
  public:
   explicit CountingBudget(uint64_t limit) : limit_(limit) {}
-  absl::Status Reserve(absl::string_view job, uint64_t bytes) override {
+  uint8_t AccountOf(absl::string_view name) const override {
+    return name.rfind("act.", 0) == 0 ? 1 : 0;
+  }
+  absl::Status Reserve(absl::string_view job, uint8_t account,
+                       uint64_t bytes) override {
     absl::MutexLock lock(&mu_);
     uint64_t& held = held_[std::string(job)];
     if (held + bytes > limit_) {
@@ -33,17 +40,26 @@ class CountingBudget : public SpaceBudget {
           absl::StrCat("needed ", bytes, ", held ", held, ", limit ", limit_));
     }
     held += bytes;
+    by_account_[account] += bytes;
     return absl::OkStatus();
   }
-  void Charge(absl::string_view job, uint64_t bytes) override {
+  void Charge(absl::string_view job, uint8_t account, uint64_t bytes) override {
     absl::MutexLock lock(&mu_);
     held_[std::string(job)] += bytes;
+    by_account_[account] += bytes;
   }
-  void Release(absl::string_view job, uint64_t bytes) override {
+  void Release(absl::string_view job, uint8_t account,
+               uint64_t bytes) override {
     absl::MutexLock lock(&mu_);
     uint64_t& held = held_[std::string(job)];
     EXPECT_GE(held, bytes) << "released more than was counted";
+    EXPECT_GE(by_account_[account], bytes) << "released in another account";
     held -= bytes;
+    by_account_[account] -= bytes;
+  }
+  uint64_t InAccount(uint8_t account) {
+    absl::MutexLock lock(&mu_);
+    return by_account_[account];
   }
   uint64_t Held(const std::string& job) {
     absl::MutexLock lock(&mu_);
@@ -53,7 +69,8 @@ class CountingBudget : public SpaceBudget {
  private:
   const uint64_t limit_;
   absl::Mutex mu_;
-  std::map<std::string, uint64_t> held_;
+  std::map<uint8_t, uint64_t> by_account_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, uint64_t> held_ ABSL_GUARDED_BY(mu_);
 };
 
 class SpaceBudgetTest : public ::testing::Test {
@@ -94,6 +111,23 @@ TEST_F(SpaceBudgetTest, EveryVersionIsCountedWhileItHoldsSpace) {
   EXPECT_EQ(budget.Held("j"), kBlock);
   ASSERT_TRUE((*store)->Delete("j", "t").ok());
   EXPECT_EQ(budget.Held("j"), 0u);
+}
+
+// Each version comes back to the account its tensor's name gave it.
+TEST_F(SpaceBudgetTest, VersionsAreCountedInTheirTensorsAccount) {
+  auto store = TensorStore::Open(Options());
+  ASSERT_TRUE(store.ok()) << store.status();
+  CountingBudget budget(uint64_t{1} << 30);
+  (*store)->SetSpaceBudget(&budget);
+  for (const char* name : {"layer.0", "act.7"}) {
+    ASSERT_TRUE((*store)->Create("j", name, 5000).ok());
+    ASSERT_TRUE((*store)->Write("j", name, Pattern(1, 5000)).ok());
+  }
+  EXPECT_EQ(budget.InAccount(0), 2 * kBlock);
+  EXPECT_EQ(budget.InAccount(1), 2 * kBlock);
+  ASSERT_TRUE((*store)->Delete("j", "act.7").ok());
+  EXPECT_EQ(budget.InAccount(1), 0u);
+  EXPECT_EQ(budget.InAccount(0), 2 * kBlock);
 }
 
 TEST_F(SpaceBudgetTest, ARefusedWriteFailsWithTheBudgetsNumbersAndKeepsData) {
@@ -145,6 +179,7 @@ TEST_F(SpaceBudgetTest, VersionsFoundAtOpenAreChargedAndReleased) {
   CountingBudget budget(6000);
   (*store)->SetSpaceBudget(&budget);
   EXPECT_EQ(budget.Held("j"), kBlock);
+  EXPECT_EQ(budget.InAccount(0), kBlock);
   EXPECT_TRUE(absl::IsResourceExhausted(
       (*store)->Write("j", "t", Pattern(2, 1000)).status()));
   ASSERT_TRUE((*store)->DeleteJob("j").ok());

@@ -501,8 +501,9 @@ absl::StatusOr<uint64_t> TensorStore::Write(absl::string_view job,
                      " bytes, the write ", data.size()));
   }
   const uint64_t footprint = FootprintBytes(bytes);
+  const uint8_t account = budget_ != nullptr ? budget_->AccountOf(name) : 0;
   if (budget_ != nullptr) {
-    if (absl::Status allowed = budget_->Reserve(job, footprint);
+    if (absl::Status allowed = budget_->Reserve(job, account, footprint);
         !allowed.ok()) {
       EndMutation(entry);
       return absl::Status(allowed.code(),
@@ -512,7 +513,7 @@ absl::StatusOr<uint64_t> TensorStore::Write(absl::string_view job,
   }
   absl::StatusOr<Placement> placement = array_->Allocate(bytes);
   if (!placement.ok()) {
-    if (budget_ != nullptr) budget_->Release(job, footprint);
+    if (budget_ != nullptr) budget_->Release(job, account, footprint);
     EndMutation(entry);
     return absl::Status(placement.status().code(),
                         absl::StrCat("write of tensor '", job, "/", name,
@@ -524,6 +525,7 @@ absl::StatusOr<uint64_t> TensorStore::Write(absl::string_view job,
   if (budget_ != nullptr) {
     version->budget = budget_;
     version->job = std::string(job);
+    version->account = account;
     version->charged = footprint;
   }
   absl::Status s;
@@ -811,7 +813,8 @@ void TensorStore::SetSpaceBudget(SpaceBudget* budget) {
          {entry->committed, entry->pending, entry->previous}) {
       if (version == nullptr || version->budget != nullptr) continue;
       version->charged = FootprintBytes(version->placement.bytes);
-      budget->Charge(key.first, version->charged);
+      version->account = budget->AccountOf(key.second);
+      budget->Charge(key.first, version->account, version->charged);
       version->budget = budget;
       version->job = key.first;
     }

@@ -23,7 +23,7 @@ struct TensorStore::Version {
   Version& operator=(const Version&) = delete;
   ~Version() {
     array->Free(placement);
-    if (budget != nullptr) budget->Release(job, charged);
+    if (budget != nullptr) budget->Release(job, account, charged);
   }
 
   SsdArray* const array;
@@ -37,6 +37,7 @@ struct TensorStore::Version {
   // gives them back to.
   mutable SpaceBudget* budget = nullptr;
   mutable std::string job;
+  mutable uint8_t account = 0;  // SpaceBudget::AccountOf the tensor
   mutable uint64_t charged = 0;
 };
 

@@ -16,10 +16,11 @@ activations and overlap_step (as lohan.init's), stop_daemon ({"rank",
 "step", "pid", "then"}: that rank SIGSTOPs process `pid`, its daemon, once
 every rank has summed that global step's norm, before its ITER_END; the
 ranks in "then" wait for that, after their own sum, before theirs),
-kill_daemon ({"rank", "step", "pid", "then"}: that rank SIGKILLs process
-`pid` when that global step's first gradient is about to reach the
-daemons, just before the ranks agree on the last commit; the ranks in
-"then" wait for the kill before they ask), exit_before_close (a
+kill_daemon ({"rank", "step", "pid", "then", "after"}: that rank SIGKILLs
+process `pid` when that global step's first gradient is about to reach
+the daemons, just before the ranks agree on the last commit, or with
+"after" just after they agreed; the ranks in "then" wait for the kill
+before they ask), exit_before_close (a
 rank that ends without closing its engine; every rank that closes writes
 out/closed<r>). Every rank
 writes out/pid<r> at the start
@@ -141,15 +142,16 @@ def stop_daemon_after_the_norm(engine: Any, step: int, pid: int,
                    after=True, marker=marker)
 
 
-def kill_daemon_before_the_agreement(step: int, pid: int,
-                                     marker: Path) -> None:
+def kill_daemon_at_the_agreement(step: int, pid: int, marker: Path,
+                                 after: bool) -> None:
     """SIGKILLs the daemon as the `step`-th step's first gradient is about
-    to reach it, then writes `marker`: every rank's next request is then
-    the agreement on the last commit (the ranks finished the last step's
-    weight gathers)."""
+    to reach it, then writes `marker`: before the ranks agree on the last
+    commit (every rank's next request is then that agreement: the ranks
+    finished the last step's weight gathers), or `after` every rank has
+    (the next requests hand over gradients)."""
     import lohan.iteration as iteration_module
     signal_on_call(iteration_module, "agree_committed", step, pid,
-                   signal.SIGKILL, after=False, marker=marker)
+                   signal.SIGKILL, after=after, marker=marker)
 
 
 def main() -> int:
@@ -194,8 +196,9 @@ def main() -> int:
                      out / "stopped", after=True)
     kill = config.get("kill_daemon")
     if kill and kill["rank"] == rank:
-        kill_daemon_before_the_agreement(kill["step"] - first, kill["pid"],
-                                         out / "killed")
+        kill_daemon_at_the_agreement(kill["step"] - first, kill["pid"],
+                                     out / "killed",
+                                     bool(kill.get("after")))
     elif kill and rank in kill.get("then", []):
         import lohan.iteration as iteration_module
         wait_on_call(iteration_module, "agree_committed",

@@ -10,6 +10,7 @@ import torch
 
 import lohan
 import lohan.activations
+from conftest import Daemon
 from test_engine import (batches, engine_for, lm_loss, tiny_gpt,
                          train_lohan)
 
@@ -69,6 +70,26 @@ def test_swapped_tensors_beyond_the_host_budget_go_to_the_ssds(lohand):
     stats = planned[2]
     assert stats.ssd_puts > 0 and stats.host_puts == 0
     assert stats.ssd_bytes == 0  # all freed after each backward
+
+
+def test_refused_ssd_space_keeps_the_pieces_in_host_memory(lohand, tmp_path):
+    """An array that holds the job's set-aside and little more: the swapped
+    pieces lohand has no SSD space for (RESOURCE_EXHAUSTED, the set-aside
+    of the job's own updates untouchable) stay in host memory, read back
+    from the arena buffer they were in. Same bits; every step commits."""
+    keep = _train(lohand, "keep")
+    small = Daemon(tmp_path, ssd_capacity="1800KiB")
+    try:
+        planned = _train(small, ["swap", "swap", "offload"],
+                         activation_host_bytes=0)
+    finally:
+        small.stop()
+    _assert_same(keep, planned, "swap to a full array")
+    stats = planned[2]
+    print(f"full array: {stats.ssd_refused} of {stats.ssd_puts} pieces "
+          f"kept in host memory ({stats.ssd_refused_bytes} bytes)")
+    assert 0 < stats.ssd_refused < stats.ssd_puts
+    assert stats.ssd_bytes == 0
 
 
 def test_bad_plans_are_refused_by_name(lohand):

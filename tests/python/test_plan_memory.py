@@ -155,6 +155,6 @@ def test_the_plans_memory_is_what_lohand_allocates(lohand, tmp_path: Path,
     assert int(session["ssd_set_aside_bytes"]) == plan["ssd_set_aside_bytes"]
     assert int(job["ssd_bytes"]) == plan["ssd_state_tensor_bytes"]
     assert int(quota["ssd_held_bytes"]) == plan["ssd_state_bytes"]
-    assert plan["ssd_fixed_bytes"] == (plan["ssd_set_aside_bytes"]
-                                       + plan["ssd_scratch_bytes"])
+    # The set-aside holds the streamed gradients too.
+    assert plan["ssd_fixed_bytes"] == plan["ssd_set_aside_bytes"]
     assert (plan["ssd_scratch_bytes"] > 0) == (layout == "streamed")

@@ -67,6 +67,10 @@ class ActivationStats:
     gets: int = 0
     prefetched: int = 0       # SSD inputs read ahead of their recompute
     shared: int = 0           # puts of a tensor stored already (not again)
+    # Pieces the daemon had no SSD space for (the job's limit, its owner's
+    # quota or fair share, a full array): kept in host memory instead.
+    ssd_refused: int = 0
+    ssd_refused_bytes: int = 0
 
 
 class _Handle:
@@ -75,7 +79,7 @@ class _Handle:
 
     __slots__ = ("store", "tensor", "ids", "nbytes", "shape", "dtype",
                  "device", "prefetch", "copied", "counted", "version",
-                 "__weakref__")
+                 "host_pieces", "pending", "__weakref__")
 
     def __init__(self, store: "ActivationStore", nbytes: int,
                  shape: torch.Size, dtype: torch.dtype,
@@ -94,6 +98,10 @@ class _Handle:
         # A tensor kept as it is (no copy): its version at the put. Changed
         # in place before backward, the recompute would see other values.
         self.version: Optional[int] = None
+        # SSD pieces the daemon refused, kept in host memory instead (by
+        # their index in ids), and puts not yet answered.
+        self.host_pieces: Dict[int, torch.Tensor] = {}
+        self.pending = 0
 
     def __del__(self) -> None:
         store = self.store
@@ -105,14 +113,16 @@ class _Handle:
 
 class _Buffer:
     """One half of the arena's activation area: the request using it (a
-    put's ticket) and the handle a prefetch keeps it for."""
+    put's ticket, and the handle and piece it holds until the put is
+    answered) and the handle a prefetch keeps it for."""
 
-    __slots__ = ("offset", "view", "ticket", "reserved")
+    __slots__ = ("offset", "view", "ticket", "piece", "reserved")
 
     def __init__(self, offset: int, view: torch.Tensor):
         self.offset = offset
         self.view = view
         self.ticket: Optional[int] = None
+        self.piece: Optional[Tuple["weakref.ref[_Handle]", int, int]] = None
         self.reserved = False
 
 
@@ -202,16 +212,32 @@ class ActivationStore:
         return buffer
 
     def _wait_put(self, buffer: _Buffer) -> None:
-        """Waits for the buffer's put. If it failed, the other put in
-        flight is waited for too (it most likely failed the same way, and
-        must not surface again later) and the first error is raised."""
+        """Waits for the buffer's put. One the daemon had no SSD space for
+        (RESOURCE_EXHAUSTED: the job's limit, its owner's quota or fair
+        share, a full array) keeps its piece in host memory: its bytes are
+        still in the buffer. Any other failure: the other put in flight is
+        waited for too (it most likely failed the same way, and must not
+        surface again later) and the first error is raised."""
         ticket, buffer.ticket = buffer.ticket, None
+        piece, buffer.piece = buffer.piece, None
+        handle = piece[0]() if piece is not None else None
+        if handle is not None:
+            handle.pending -= 1
         try:
             self._remote.wait(ticket)
-        except LohanError:
+        except LohanError as error:
+            if (error.code == StatusCode.RESOURCE_EXHAUSTED
+                    and piece is not None):
+                _, index, length = piece
+                if handle is not None:
+                    handle.host_pieces[index] = buffer.view[:length].clone()
+                self.stats.ssd_refused += 1
+                self.stats.ssd_refused_bytes += length
+                return
             for other in self._buffers:
                 if other.ticket is not None:
                     pending, other.ticket = other.ticket, None
+                    other.piece = None
                     try:
                         self._remote.wait(pending)
                     except LohanError:
@@ -309,6 +335,8 @@ class ActivationStore:
             length = min(self.piece_bytes, handle.nbytes - begin)
             buffer = self._buffer()
             activation_id = next(self._ids)
+            buffer.piece = (weakref.ref(handle), len(handle.ids), length)
+            handle.pending += 1
             if on_device:
                 buffer.ticket = self._remote.submit_act_put_from_device(
                     activation_id, buffer.offset, length,
@@ -360,6 +388,8 @@ class ActivationStore:
             return tensor
         self._on_ssd = [ref for ref in self._on_ssd
                         if ref() is not None and ref() is not handle]
+        if handle.pending > 0:
+            self.drain()  # which of its pieces the daemon took
         if pinned is None:
             pinned = handle.device.type == "cuda"
         out = torch.empty(handle.nbytes, dtype=torch.uint8, pin_memory=pinned)
@@ -374,7 +404,12 @@ class ActivationStore:
                 buffer.reserved = False
             self.stats.prefetched += 1
         else:
-            for activation_id, begin, length in handle.ids:
+            for index, (activation_id, begin, length) in enumerate(
+                    handle.ids):
+                kept = handle.host_pieces.get(index)
+                if kept is not None:
+                    out[begin:begin + length].copy_(kept)
+                    continue
                 buffer = self._buffer()
                 self._remote.wait(self._remote.submit_act_get(
                     activation_id, buffer.offset, length))
@@ -391,7 +426,8 @@ class ActivationStore:
         if not self._on_ssd:
             return
         candidate = self._on_ssd[-1]()
-        if candidate.prefetch is not None or len(candidate.ids) != 1:
+        if (candidate.prefetch is not None or len(candidate.ids) != 1
+                or candidate.pending > 0 or candidate.host_pieces):
             return
         buffer = self._buffer()
         activation_id, _, length = candidate.ids[0]

@@ -1,0 +1,72 @@
+#include "daemon/quota/fair_share.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/common/byte_size.h"
+
+namespace lohan {
+namespace {
+
+double WeightOf(uid_t uid, const std::map<uid_t, ShareHolder>& holders) {
+  auto found = holders.find(uid);
+  return found == holders.end() ? 1.0 : found->second.weight;
+}
+
+}  // namespace
+
+uint64_t ShareOf(uint64_t capacity, uid_t uid,
+                 const std::map<uid_t, ShareHolder>& holders) {
+  double total = WeightOf(uid, holders);
+  for (const auto& [other, holder] : holders) {
+    if (other != uid && holder.present) total += holder.weight;
+  }
+  const double share =
+      static_cast<double>(capacity) * WeightOf(uid, holders) / total;
+  return static_cast<uint64_t>(std::floor(share));
+}
+
+absl::Status FitsFairShare(uint64_t capacity, uint64_t held_by_all, uid_t uid,
+                           uint64_t bytes,
+                           const std::map<uid_t, ShareHolder>& holders,
+                           absl::string_view what, absl::string_view resource) {
+  // What the other training users' shares still have free.
+  uint64_t kept_for_others = 0;
+  int others = 0;
+  for (const auto& [other, holder] : holders) {
+    if (other == uid || !holder.present) continue;
+    ++others;
+    const uint64_t share = ShareOf(capacity, other, holders);
+    kept_for_others += share > holder.held ? share - holder.held : 0;
+  }
+  const uint64_t free = capacity > held_by_all ? capacity - held_by_all : 0;
+  if (bytes <= free && kept_for_others <= free - bytes) {
+    return absl::OkStatus();
+  }
+  auto found = holders.find(uid);
+  const uint64_t held = found == holders.end() ? 0 : found->second.held;
+  const uint64_t share = ShareOf(capacity, uid, holders);
+  if (others == 0 || (held + bytes <= share && bytes <= free)) {
+    // Within its share (or nobody else is training): only what is free.
+    if (bytes <= free) return absl::OkStatus();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        what, " needs ", FormatByteSize(bytes), " but the ", resource,
+        " is full (", FormatByteSize(held_by_all), " of ",
+        FormatByteSize(capacity), " held, ", FormatByteSize(held),
+        " of it by uid ", uid, ", whose share is ", FormatByteSize(share),
+        "); space comes back as jobs end or free what they swapped"));
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      what, " needs ", FormatByteSize(bytes), " beyond uid ", uid,
+      "'s share of the ", resource, ": it holds ", FormatByteSize(held),
+      " and its share is ", FormatByteSize(share), " while ", others,
+      " other user", others == 1 ? " is" : "s are",
+      " training (by [quotas] weight); the rest of their shares, ",
+      FormatByteSize(kept_for_others),
+      ", stays free for them. Use less (for "
+      "activations: lohan keeps them in host memory instead), or wait for "
+      "them to finish"));
+}
+
+}  // namespace lohan

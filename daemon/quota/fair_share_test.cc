@@ -1,0 +1,68 @@
+#include "daemon/quota/fair_share.h"
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace lohan {
+namespace {
+
+using testing::HasSubstr;
+
+constexpr uid_t kAlice = 1001;
+constexpr uid_t kBob = 1002;
+constexpr uid_t kCarol = 1003;
+
+TEST(FairShareTest, ALoneUserTakesEverythingFree) {
+  std::map<uid_t, ShareHolder> holders = {{kAlice, {1, 900, true}}};
+  EXPECT_TRUE(FitsFairShare(1000, 900, kAlice, 100, holders, "x", "r").ok());
+  absl::Status full = FitsFairShare(1000, 900, kAlice, 101, holders, "x", "r");
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(full.message()), HasSubstr("the r is full"));
+  // A user who is not training reserves nothing.
+  holders[kBob] = {1, 0, false};
+  EXPECT_TRUE(FitsFairShare(1000, 900, kAlice, 100, holders, "x", "r").ok());
+}
+
+TEST(FairShareTest, ATrainingUsersUnusedShareStaysFreeForIt) {
+  std::map<uid_t, ShareHolder> holders = {{kAlice, {1, 400, true}},
+                                          {kBob, {1, 100, true}}};
+  // Bob's share is 500, 400 of it free: Alice may take 100 more, not 101.
+  EXPECT_TRUE(FitsFairShare(1000, 500, kAlice, 100, holders, "x", "r").ok());
+  absl::Status over = FitsFairShare(1000, 500, kAlice, 101, holders,
+                                    "a swapped activation", "SSD array");
+  EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(over.message()),
+              HasSubstr("a swapped activation needs 101 B beyond uid 1001's "
+                        "share of the SSD array: it holds 400 B and its "
+                        "share is 500 B while 1 other user is training"));
+  EXPECT_THAT(std::string(over.message()), HasSubstr("400 B, stays free"));
+  // Bob may take the rest of his share; Alice's unused 100 stays hers.
+  EXPECT_TRUE(FitsFairShare(1000, 500, kBob, 400, holders, "x", "r").ok());
+  EXPECT_FALSE(FitsFairShare(1000, 500, kBob, 401, holders, "x", "r").ok());
+}
+
+TEST(FairShareTest, WeightsDivideTheShares) {
+  std::map<uid_t, ShareHolder> holders = {{kAlice, {2, 0, true}},
+                                          {kBob, {1, 0, true}}};
+  EXPECT_EQ(ShareOf(900, kAlice, holders), 600u);
+  EXPECT_EQ(ShareOf(900, kBob, holders), 300u);
+  // A newcomer's share counts it too.
+  EXPECT_EQ(ShareOf(900, kCarol, holders), 225u);
+  EXPECT_TRUE(FitsFairShare(900, 0, kAlice, 600, holders, "x", "r").ok());
+  EXPECT_FALSE(FitsFairShare(900, 0, kAlice, 601, holders, "x", "r").ok());
+}
+
+// A user over its share (it took it while alone) keeps what it holds, but
+// a user within its share still gets what is free.
+TEST(FairShareTest, AUserWithinItsShareTakesWhatIsFreeBesideAnOverShareOne) {
+  std::map<uid_t, ShareHolder> holders = {{kAlice, {1, 900, true}},
+                                          {kBob, {1, 0, true}}};
+  EXPECT_TRUE(FitsFairShare(1000, 900, kBob, 100, holders, "x", "r").ok());
+  EXPECT_FALSE(FitsFairShare(1000, 900, kBob, 101, holders, "x", "r").ok());
+  EXPECT_FALSE(FitsFairShare(1000, 900, kAlice, 1, holders, "x", "r").ok());
+}
+
+}  // namespace
+}  // namespace lohan

@@ -411,6 +411,25 @@ int RegisterLoop(ControlClient& client, uint64_t layers, uint64_t count) {
   return 0;
 }
 
+// A job of its own with its model registered, which sends a request, then
+// breaks its submission ring (the producer's head far past anything the
+// ring can hold); prints "corrupted <job>" and holds until killed.
+int CorruptRing(ControlClient& client, const std::string& name) {
+  std::unique_ptr<DataPlane> plane;
+  absl::StatusOr<v1::Job> job = RegisteredJob(client, name, &plane);
+  if (!job.ok()) return Fail("job", job.status());
+  SubmissionEntry begin{};
+  begin.op = static_cast<uint16_t>(RingOp::kIterBegin);
+  (void)plane->Call(begin, absl::Seconds(5));
+  // After our last push (the client's producer writes the head it keeps):
+  // lohand finds it when it next looks at the ring.
+  auto* header = reinterpret_cast<RingHeader*>(
+      plane->arena() + plane->grant().submission_offset);
+  header->head.store(header->tail.load() + (uint64_t{1} << 40));
+  std::printf("corrupted %s\n", job->id().c_str());
+  Hold();
+}
+
 int Main(int argc, char** argv) {
   if (argc < 4) {
     std::fprintf(stderr, "usage: %s COMMAND SOCKET ARG...\n", argv[0]);
@@ -439,6 +458,7 @@ int Main(int argc, char** argv) {
   }
   if (command == "register-hold") return RegisterHold(**client, argv[3]);
   if (command == "plan-hold") return PlanHold(**client, argv[3]);
+  if (command == "corrupt-ring") return CorruptRing(**client, argv[3]);
   if (command == "plan-loop") return PlanLoop(**client, Number(argv[3]));
   if (command == "register-loop" && argc == 5) {
     return RegisterLoop(**client, Number(argv[3]), Number(argv[4]));

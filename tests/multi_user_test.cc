@@ -186,11 +186,13 @@ TEST_F(MultiUserTest, AnotherUsersPlanesLeaveATrainingUsersShareOfThePool) {
   for (int i = 0; i < 8 && refusal.empty(); ++i) {
     auto plane = BackgroundProcess::Start(Nobody(
         {"register-hold", daemon_->socket(), absl::StrCat("plane-", i)}));
-    ASSERT_TRUE(plane.ok()) << plane.status();
-    if ((*plane)->first_line().find("registered") == 0) {
+    // A refused one says so and ends (perhaps before the harness looks).
+    const std::string said = plane.ok() ? (*plane)->first_line()
+                                        : std::string(plane.status().message());
+    if (plane.ok() && said.find("registered") == 0) {
       planes.push_back(*std::move(plane));
     } else {
-      refusal = (*plane)->first_line();
+      refusal = said;
     }
   }
   EXPECT_THAT(refusal, HasSubstr("beyond uid 65534's share of the host pool"));
@@ -367,6 +369,42 @@ TEST_F(MultiUserTest, DaemonMemoryQuotaRefusesModelsAndPlansBeforeAnything) {
   EXPECT_THAT(plan.out, HasSubstr("plan failed: RESOURCE_EXHAUSTED: job "));
   EXPECT_THAT(plan.out, HasSubstr("'s activation plan needs 3.8 MiB of "
                                   "lohand's memory"));
+  ResumeAndCheckVictim();
+}
+
+// A client that breaks its own submission ring: lohand stops serving that
+// data plane, closes it, and says why under the job; root's job trains on.
+TEST_F(MultiUserTest, ABrokenRingEndsItsOwnPlaneWithTheReasonShown) {
+  StartDaemon();
+  StartVictim();
+  auto broken = BackgroundProcess::Start(
+      Nobody({"corrupt-ring", daemon_->socket(), "broken"}));
+  ASSERT_TRUE(broken.ok()) << broken.status();
+  ASSERT_THAT((*broken)->first_line(), HasSubstr("corrupted j-"));
+  const std::string job_id = (*broken)->first_line().substr(10);
+  std::string failure;
+  for (int i = 0; i < 1000 && failure.empty(); ++i) {
+    auto jobs = root_->ListJobs();
+    ASSERT_TRUE(jobs.ok()) << jobs.status();
+    for (const v1::Job& job : *jobs) {
+      if (job.id() == job_id) failure = job.last_failure();
+    }
+    usleep(10 * 1000);
+  }
+  EXPECT_THAT(failure, HasSubstr("DATA_LOSS: the submission ring of its data "
+                                 "plane was broken by its client"));
+  // Its data plane is closed, not left open unserved.
+  bool open = true;
+  for (int i = 0; i < 1000 && open; ++i) {
+    auto status = root_->GetStatus();
+    ASSERT_TRUE(status.ok()) << status.status();
+    open = false;
+    for (const v1::SessionStatus& session : status->sessions()) {
+      open = open || session.job_id() == job_id;
+    }
+    usleep(10 * 1000);
+  }
+  EXPECT_FALSE(open);
   ResumeAndCheckVictim();
 }
 

@@ -205,6 +205,9 @@ class JobSession {
                               const PipelineOptions& options);
 
   void Serve();
+  // Serve's end when the client broke its submission ring: logged, noted
+  // as the job's failure, the data plane closed.
+  void StopServingBrokenRing(const absl::Status& why);
   // The lane a request runs in (ServeLanes) unless an earlier request on
   // the same activation is still queued (then it follows that one).
   static ServeLanes::Lane LaneOf(RingOp op);

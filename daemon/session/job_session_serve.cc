@@ -73,15 +73,24 @@ void JobSession::Complete(const SubmissionEntry& entry,
         error_sequence_,
         std::string_view(status.message().data(), status.message().size()));
   }
-  while (!stopping_.load()) {
+  // Answered even while the session stops (a drain, lohand's SIGTERM): a
+  // request that ran, an ITER_END that committed, is one the client must
+  // hear of, and it reads what is in the ring before it reports the daemon
+  // gone. Only a full ring is given up on then: nobody reads it.
+  while (true) {
     absl::StatusOr<bool> pushed = completions_->TryPush(&completion);
     if (!pushed.ok()) {
       spdlog::warn("job {}: completion ring broken: {}", job_id(),
                    std::string(pushed.status().message()));
+      if (on_failure_) {
+        on_failure_(absl::DataLossError(
+            absl::StrCat("the completion ring of its data plane was broken (",
+                         pushed.status().message(), "); serving stopped")));
+      }
       stopping_.store(true);
       return;
     }
-    if (*pushed) return;
+    if (*pushed || stopping_.load()) return;
     (void)completions_->WaitForSpace(kIdleWake);
   }
 }
@@ -92,6 +101,21 @@ bool JobSession::InIteration() const {
 }
 
 void JobSession::RequestDrain() { drain_requested_.store(true); }
+
+void JobSession::StopServingBrokenRing(const absl::Status& why) {
+  spdlog::warn("job {}: submission ring broken, serving stops: {}", job_id(),
+               LogSafe(why.message(), 1000));
+  // What `lohanctl jobs` shows under the job, and the plane closed rather
+  // than left open unserved.
+  if (on_failure_) {
+    on_failure_(absl::DataLossError(absl::StrCat(
+        "the submission ring of its data plane was broken by its client (",
+        why.message(),
+        "); lohand stopped serving it and closed it: open it "
+        "again")));
+  }
+  if (on_drained_) on_drained_();
+}
 
 void JobSession::Serve() {
   while (!stopping_.load()) {
@@ -105,17 +129,11 @@ void JobSession::Serve() {
     }
     SubmissionEntry entry;
     absl::StatusOr<bool> popped = submissions_->TryPop(&entry);
-    if (!popped.ok()) {
-      spdlog::warn("job {}: submission ring broken, serving stops: {}",
-                   job_id(), std::string(popped.status().message()));
-      return;
-    }
+    if (!popped.ok()) return StopServingBrokenRing(popped.status());
     if (!*popped) {
       absl::Status waited = submissions_->WaitForEntries(kIdleWake);
       if (!waited.ok() && !absl::IsDeadlineExceeded(waited)) {
-        spdlog::warn("job {}: waiting on the submission ring: {}", job_id(),
-                     std::string(waited.message()));
-        return;
+        return StopServingBrokenRing(waited);
       }
       continue;
     }

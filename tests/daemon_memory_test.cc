@@ -49,9 +49,7 @@ class DaemonMemoryTest : public ::testing::Test {
     if (getuid() != 0) GTEST_SKIP() << "needs root to run a client as nobody";
     bin_ = dir_.path() + "/bin";
     ASSERT_EQ(mkdir(bin_.c_str(), 0755), 0);
-    ASSERT_EQ(RunCommand({"/bin/cp", Runfile("tests/hostile_client"), bin_})
-                  .exit_code,
-              0);
+    ASSERT_NE(CopyForOtherUsers("tests/hostile_client", bin_), "");
     // 256 MiB of SSD: a 65536-layer model's updates need 1 GiB.
     auto daemon =
         DaemonProcess::Start(dir_.path(), {"--ssd-capacity", "256MiB"});
@@ -70,11 +68,9 @@ class DaemonMemoryTest : public ::testing::Test {
   }
 
   std::string Nobody(const std::vector<std::string>& args) {
-    std::vector<std::string> argv = {"/usr/bin/setpriv", "--reuid=65534",
-                                     "--regid=65534", "--clear-groups",
-                                     bin_ + "/hostile_client"};
+    std::vector<std::string> argv = {bin_ + "/hostile_client"};
     argv.insert(argv.end(), args.begin(), args.end());
-    RunResult r = RunCommand(argv);
+    RunResult r = RunCommand(AsNobody(argv));
     EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
     return r.out;
   }
@@ -85,9 +81,8 @@ class DaemonMemoryTest : public ::testing::Test {
   // kept with its session) until the returned process is destroyed.
   std::unique_ptr<BackgroundProcess> Planner(uint64_t count) {
     auto process = BackgroundProcess::Start(
-        {"/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-         bin_ + "/hostile_client", "plan-loop", daemon_->socket(),
-         std::to_string(count)});
+        AsNobody({bin_ + "/hostile_client", "plan-loop", daemon_->socket(),
+                  std::to_string(count)}));
     EXPECT_TRUE(process.ok()) << process.status();
     if (!process.ok()) return nullptr;
     EXPECT_EQ((*process)->first_line(),

@@ -190,16 +190,23 @@ int Idle(const std::string& path, uint64_t seconds) {
   return 0;
 }
 
+// OneLayerModel's model as `layers` layers of one element each.
+v1::RegisterModelRequest OneElementLayers(const std::string& job_id,
+                                          uint64_t layers) {
+  v1::RegisterModelRequest request = OneLayerModel(job_id, 0);
+  request.mutable_model()->clear_layer_elements();
+  for (uint64_t l = 0; l < layers; ++l) {
+    request.mutable_model()->add_layer_elements(1);
+  }
+  return request;
+}
+
 int RegisterHuge(ControlClient& client, uint64_t layers) {
   absl::StatusOr<v1::Job> job = CreateAttached(client, "huge", 16 << 20);
   if (!job.ok()) return Fail("create", job.status());
   auto plane = DataPlane::Open(client.hello().data_socket_path(), job->id());
   if (!plane.ok()) return Fail("data plane", plane.status());
-  v1::RegisterModelRequest request = OneLayerModel(job->id(), 0);
-  request.mutable_model()->clear_layer_elements();
-  for (uint64_t l = 0; l < layers; ++l) {
-    request.mutable_model()->add_layer_elements(1);
-  }
+  v1::RegisterModelRequest request = OneElementLayers(job->id(), layers);
   const auto start = std::chrono::steady_clock::now();
   absl::Status status = client.RegisterModel(request).status();
   const double ms = std::chrono::duration<double, std::milli>(
@@ -390,11 +397,7 @@ int RegisterLoop(ControlClient& client, uint64_t layers, uint64_t count) {
   if (!job.ok()) return Fail("create", job.status());
   auto plane = DataPlane::Open(client.hello().data_socket_path(), job->id());
   if (!plane.ok()) return Fail("data plane", plane.status());
-  v1::RegisterModelRequest request = OneLayerModel(job->id(), 0);
-  request.mutable_model()->clear_layer_elements();
-  for (uint64_t l = 0; l < layers; ++l) {
-    request.mutable_model()->add_layer_elements(1);
-  }
+  v1::RegisterModelRequest request = OneElementLayers(job->id(), layers);
   // Two shared buffers of each kind: the arena holds any model, so what
   // refuses it is the SSD space its states need.
   request.mutable_model()->set_grad_slots(2);

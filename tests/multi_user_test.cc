@@ -35,9 +35,7 @@ class MultiUserTest : public ::testing::Test {
     // into the public test directory.
     bin_ = dir_.path() + "/bin";
     ASSERT_EQ(mkdir(bin_.c_str(), 0755), 0);
-    ASSERT_EQ(RunCommand({"/bin/cp", Runfile("tests/hostile_client"), bin_})
-                  .exit_code,
-              0);
+    ASSERT_NE(CopyForOtherUsers("tests/hostile_client", bin_), "");
   }
 
   void StartDaemon(const std::string& config_toml = "") {
@@ -56,11 +54,9 @@ class MultiUserTest : public ::testing::Test {
   }
 
   std::vector<std::string> Nobody(const std::vector<std::string>& args) {
-    std::vector<std::string> argv = {"/usr/bin/setpriv", "--reuid=65534",
-                                     "--regid=65534", "--clear-groups",
-                                     bin_ + "/hostile_client"};
+    std::vector<std::string> argv = {bin_ + "/hostile_client"};
     argv.insert(argv.end(), args.begin(), args.end());
-    return argv;
+    return AsNobody(argv);
   }
 
   // Root's job: trains `iterations` of the synthetic model, pausing after

@@ -54,10 +54,8 @@ class TrustedPathsTest : public ::testing::Test {
   }
 
   // Runs `script` with /bin/sh as uid and gid 65534.
-  void AsNobody(const std::string& script) {
-    RunResult r =
-        RunCommand({"/usr/bin/setpriv", "--reuid=65534", "--regid=65534",
-                    "--clear-groups", "/bin/sh", "-c", script});
+  void ShellAsNobody(const std::string& script) {
+    RunResult r = RunCommand(AsNobody({"/bin/sh", "-c", script}));
     ASSERT_EQ(r.exit_code, 0) << script << ": " << r.err;
   }
 
@@ -81,7 +79,7 @@ class TrustedPathsTest : public ::testing::Test {
 TEST_F(TrustedPathsTest, ASocketDirectoryOthersCanWriteIsRefused) {
   const std::string open = OpenDirectory("run");
   // Another user plants a symlink where lohand would create its lock.
-  AsNobody("ln -s " + precious_ + " " + open + "/lohand.sock.lock");
+  ShellAsNobody("ln -s " + precious_ + " " + open + "/lohand.sock.lock");
   for (const std::vector<std::string>& extra :
        {std::vector<std::string>{}, {"--check-config"}}) {
     std::vector<std::string> args = {"--socket", open + "/lohand.sock"};
@@ -100,7 +98,7 @@ TEST_F(TrustedPathsTest, ASocketDirectoryOthersCanWriteIsRefused) {
   // A lock file of another user's, likewise.
   ASSERT_EQ(unlink((open + "/lohand.sock.lock").c_str()), 0);
   ASSERT_EQ(chmod(open.c_str(), 0777), 0);
-  AsNobody("touch " + open + "/lohand.sock.lock");
+  ShellAsNobody("touch " + open + "/lohand.sock.lock");
   ASSERT_EQ(chmod(open.c_str(), 0755), 0);
   ExpectRefused(Lohand({"--socket", open + "/lohand.sock"}),
                 {"is not a plain file of lohand's own (owner uid 65534"});
@@ -115,7 +113,7 @@ TEST_F(TrustedPathsTest, ASocketDirectoryOthersCanWriteIsRefused) {
 
 TEST_F(TrustedPathsTest, AStateDirectoryAnotherUserMadeIsRefused) {
   const std::string open = OpenDirectory("shared");
-  AsNobody("mkdir -m 0777 " + open + "/state");
+  ShellAsNobody("mkdir -m 0777 " + open + "/state");
   for (const std::vector<std::string>& extra :
        {std::vector<std::string>{}, {"--check-config"}, {"--salvage"}}) {
     std::vector<std::string> args = {"--state-dir", open + "/state"};
@@ -137,7 +135,7 @@ TEST_F(TrustedPathsTest, AnSsdDirectoryAnotherUserCanWriteIsRefused) {
   ExpectRefused(Lohand({"--ssd-path", open}),
                 {"key 'store.ssd_paths'", open + " is writable by others"});
   EXPECT_FALSE(Exists(open + "/lohan.data"));
-  AsNobody("mkdir " + open + "/theirs");
+  ShellAsNobody("mkdir " + open + "/theirs");
   ASSERT_EQ(chmod(open.c_str(), 0755), 0);
   ExpectRefused(Lohand({"--ssd-path", open + "/theirs"}),
                 {"key 'store.ssd_paths'", "is owned by uid 65534"});

@@ -47,19 +47,9 @@ namespace {
 using clip_test::Layout;
 using clip_test::MakeGradients;
 using testing::HasSubstr;
+using testing_util::ReadWholeFile;
 using testing_util::TempDir;
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-void WriteFile(const std::string& path, const std::string& data) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << data;
-}
+using testing_util::WriteWholeFile;
 
 // A job's committed tensors: name -> bytes.
 using Tensors = std::map<std::string, std::string>;
@@ -116,9 +106,9 @@ class CatalogSweepTest : public ::testing::Test {
       ASSERT_TRUE(store.ok()) << store.status();
       Train(**store, kFirstRun, kSecondRun, /*initialize=*/false);
     }
-    catalog_ = ReadFile(CatalogPath(options_.state_dir));
+    catalog_ = ReadWholeFile(CatalogPath(options_.state_dir));
     for (const std::string& ssd : options_.ssd_paths) {
-      data_.push_back(ReadFile(ssd + "/lohan.data"));
+      data_.push_back(ReadWholeFile(ssd + "/lohan.data"));
     }
     absl::StatusOr<RecordLog::Scan> scan =
         RecordLog::ScanFile(CatalogPath(options_.state_dir));
@@ -300,9 +290,9 @@ class CatalogSweepTest : public ::testing::Test {
   // 16-bit copies).
   std::string Case(const std::string& catalog) {
     const std::string state = dir_.Subdir("case" + std::to_string(cases_++));
-    WriteFile(CatalogPath(state), catalog);
+    WriteWholeFile(CatalogPath(state), catalog);
     for (size_t d = 0; d < options_.ssd_paths.size(); ++d) {
-      WriteFile(options_.ssd_paths[d] + "/lohan.data", data_[d]);
+      WriteWholeFile(options_.ssd_paths[d] + "/lohan.data", data_[d]);
     }
     return state;
   }

@@ -36,19 +36,9 @@ namespace {
 
 using testing::HasSubstr;
 using testing_util::Pattern;
+using testing_util::ReadWholeFile;
 using testing_util::TempDir;
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-void WriteFile(const std::string& path, const std::string& data) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << data;
-}
+using testing_util::WriteWholeFile;
 
 // Each tensor's committed version and data ("" when the read fails).
 using Committed = std::map<std::string, std::pair<uint64_t, std::string>>;
@@ -103,7 +93,7 @@ class CatalogSweepTest : public ::testing::Test {
     ASSERT_TRUE(s.Create("job", "scratch", 4096).ok());  // unsynced
     want_ = CommittedOf(s);
     store->reset();
-    clean_ = ReadFile(o.state_dir + "/catalog.log");
+    clean_ = ReadWholeFile(o.state_dir + "/catalog.log");
     // Record boundaries of the clean log.
     absl::StatusOr<RecordLog::Scan> scan =
         RecordLog::ScanFile(o.state_dir + "/catalog.log");
@@ -149,7 +139,7 @@ class CatalogSweepTest : public ::testing::Test {
   // kRefused: DATA_LOSS naming an offset; kSilentLoss: anything else.
   Outcome Open(const std::string& catalog, const std::string& label, bool cut) {
     const std::string state = dir_.Subdir("case" + std::to_string(cases_++));
-    WriteFile(state + "/catalog.log", catalog);
+    WriteWholeFile(state + "/catalog.log", catalog);
     auto store = TensorStore::Open(Options(state));
     if (!store.ok()) {
       EXPECT_EQ(store.status().code(), absl::StatusCode::kDataLoss)
@@ -159,7 +149,7 @@ class CatalogSweepTest : public ::testing::Test {
       EXPECT_THAT(std::string(store.status().message()), HasSubstr("--salvage"))
           << label;
       // Nothing was changed.
-      EXPECT_EQ(ReadFile(state + "/catalog.log"), catalog) << label;
+      EXPECT_EQ(ReadWholeFile(state + "/catalog.log"), catalog) << label;
       return Outcome::kRefused;
     }
     const Committed found = CommittedOf(**store);
@@ -256,14 +246,14 @@ TEST_F(CatalogSweepTest, EveryDamageIsReplayedExactlyOrRefused) {
 // in it, is damage, refused naming the catalog; only cuts after it open.
 TEST_F(CatalogSweepTest, ACutInsideASnapshotIsRefusedNeverTakenForATornTail) {
   const StoreOptions o = Options(dir_.Subdir("snapshot"));
-  WriteFile(o.state_dir + "/catalog.log", clean_);
+  WriteWholeFile(o.state_dir + "/catalog.log", clean_);
   {
     auto store = TensorStore::Open(o);  // compacts into a snapshot
     ASSERT_TRUE(store.ok()) << store.status();
     ASSERT_TRUE((*store)->Write("job", "a", Pattern(99, 70000)).ok());
     ASSERT_TRUE((*store)->Commit("job", "a", /*tag=*/7).ok());
   }
-  const std::string log = ReadFile(o.state_dir + "/catalog.log");
+  const std::string log = ReadWholeFile(o.state_dir + "/catalog.log");
   absl::StatusOr<RecordLog::Scan> scan =
       RecordLog::ScanFile(o.state_dir + "/catalog.log");
   ASSERT_TRUE(scan.ok());
@@ -285,7 +275,7 @@ TEST_F(CatalogSweepTest, ACutInsideASnapshotIsRefusedNeverTakenForATornTail) {
   int refused = 0, opened = 0;
   auto open = [&](const std::string& catalog, const std::string& label) {
     const std::string state = dir_.Subdir("s" + std::to_string(cases_++));
-    WriteFile(state + "/catalog.log", catalog);
+    WriteWholeFile(state + "/catalog.log", catalog);
     auto store = TensorStore::Open(Options(state));
     if (store.ok()) {
       ++opened;
@@ -335,8 +325,8 @@ TEST_F(CatalogSweepTest, SalvageKeepsWhatIsIntactAndSaysWhatItDrops) {
   std::string damaged = clean_;
   damaged[starts_[r] + 9] = static_cast<char>(damaged[starts_[r] + 9] ^ 0x40);
   const StoreOptions o = Options(dir_.Subdir("salvage"));
-  WriteFile(o.state_dir + "/catalog.log", damaged);
-  WriteFile(o.state_dir + "/LOCK", "");
+  WriteWholeFile(o.state_dir + "/catalog.log", damaged);
+  WriteWholeFile(o.state_dir + "/LOCK", "");
   auto refused = TensorStore::Open(o);
   ASSERT_FALSE(refused.ok());
   absl::StatusOr<std::string> report = TensorStore::Salvage(o);
@@ -349,7 +339,7 @@ TEST_F(CatalogSweepTest, SalvageKeepsWhatIsIntactAndSaysWhatItDrops) {
   for (const auto& entry : std::filesystem::directory_iterator(o.state_dir)) {
     const std::string name = entry.path().filename();
     if (name.rfind("catalog.log.damaged-", 0) == 0) {
-      EXPECT_EQ(ReadFile(entry.path()), damaged);
+      EXPECT_EQ(ReadWholeFile(entry.path()), damaged);
       kept = true;
     }
   }
@@ -369,8 +359,8 @@ TEST_F(CatalogSweepTest, ADamagedFirstRecordIsSalvagedFromTheConfiguration) {
   std::string damaged = clean_;
   damaged[10] = static_cast<char>(damaged[10] ^ 0x01);
   const StoreOptions o = Options(dir_.Subdir("first"));
-  WriteFile(o.state_dir + "/catalog.log", damaged);
-  WriteFile(o.state_dir + "/LOCK", "");
+  WriteWholeFile(o.state_dir + "/catalog.log", damaged);
+  WriteWholeFile(o.state_dir + "/LOCK", "");
   auto refused = TensorStore::Open(o);
   ASSERT_FALSE(refused.ok());
   EXPECT_THAT(std::string(refused.status().message()),
@@ -409,7 +399,7 @@ TEST_F(CatalogSweepTest, APowerCutAtEveryStepOfACommitOpensAtACommittedState) {
   // The reopen compacted the log: rebuild the tail as the crash would have
   // seen it, the clean log's bytes then the batch record (the last record
   // of the new file).
-  const std::string compacted = ReadFile(o.state_dir + "/catalog.log");
+  const std::string compacted = ReadWholeFile(o.state_dir + "/catalog.log");
   absl::StatusOr<RecordLog::Scan> scan =
       RecordLog::ScanFile(o.state_dir + "/catalog.log");
   ASSERT_TRUE(scan.ok());
@@ -436,7 +426,7 @@ TEST_F(CatalogSweepTest, APowerCutAtEveryStepOfACommitOpensAtACommittedState) {
             '\0');
       }
       const std::string state = dir_.Subdir("cut" + std::to_string(cuts++));
-      WriteFile(state + "/catalog.log", crashed);
+      WriteWholeFile(state + "/catalog.log", crashed);
       auto store = TensorStore::Open(Options(state));
       if (!store.ok()) {
         ADD_FAILURE() << "keep " << keep << " zero " << zero_rest << ": "

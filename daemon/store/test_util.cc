@@ -76,5 +76,10 @@ std::string ReadWholeFile(const std::string& path) {
   return out.str();
 }
 
+void WriteWholeFile(const std::string& path, const std::string& data) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << data;
+}
+
 }  // namespace testing_util
 }  // namespace lohan

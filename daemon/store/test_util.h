@@ -32,6 +32,9 @@ std::vector<uint8_t> Pattern(uint64_t seed, size_t size);
 
 // The whole content of a file (empty on error).
 std::string ReadWholeFile(const std::string& path);
+// Replaces the file's content with `data` (a test's files: errors show as
+// the next read's).
+void WriteWholeFile(const std::string& path, const std::string& data);
 
 }  // namespace testing_util
 }  // namespace lohan

@@ -154,6 +154,21 @@ std::string Runfile(const std::string& relative) {
          relative;
 }
 
+std::vector<std::string> AsNobody(const std::vector<std::string>& argv) {
+  std::vector<std::string> wrapped = {"/usr/bin/setpriv", "--reuid=65534",
+                                      "--regid=65534", "--clear-groups"};
+  wrapped.insert(wrapped.end(), argv.begin(), argv.end());
+  return wrapped;
+}
+
+std::string CopyForOtherUsers(const std::string& relative,
+                              const std::string& dir) {
+  const std::string source = Runfile(relative);
+  const std::string copy = dir + source.substr(source.rfind('/'));
+  if (RunCommand({"/bin/cp", source, copy}).exit_code != 0) return "";
+  return copy;
+}
+
 PublicTempDir::PublicTempDir() {
   std::string templ = "/tmp/lohan-test-XXXXXX";
   if (mkdtemp(templ.data()) != nullptr) {

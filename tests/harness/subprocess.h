@@ -58,6 +58,16 @@ class BackgroundProcess {
 // "daemon/main/lohand".
 std::string Runfile(const std::string& relative);
 
+// `argv` to run as uid and gid 65534 (nobody) with no groups, through
+// setpriv: a real second user. REQUIRES: the test runs as root.
+std::vector<std::string> AsNobody(const std::vector<std::string>& argv);
+
+// Copies runfile `relative` into `dir` (nobody cannot reach Bazel's output
+// tree; a PublicTempDir it can) and returns the copy's path; empty when the
+// copy fails.
+std::string CopyForOtherUsers(const std::string& relative,
+                              const std::string& dir);
+
 // A fresh directory under /tmp (not the test's private tmp: other uids must
 // reach sockets in it), removed with everything in it on destruction.
 class PublicTempDir {

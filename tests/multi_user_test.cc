@@ -359,7 +359,9 @@ TEST_F(MultiUserTest, DaemonMemoryQuotaRefusesModelsAndPlansBeforeAnything) {
   auto status = root_->GetStatus();
   ASSERT_TRUE(status.ok()) << status.status();
   for (const v1::Job& job : status->jobs()) {
-    if (job.owner_uid() == 65534) EXPECT_EQ(job.ssd_bytes(), 0u) << job.id();
+    if (job.owner_uid() == 65534) {
+      EXPECT_EQ(job.ssd_bytes(), 0u) << job.id();
+    }
   }
   RunResult plan = RunCommand(Nobody({"plan-hold", daemon_->socket(), "p"}));
   EXPECT_THAT(plan.out, HasSubstr("plan failed: RESOURCE_EXHAUSTED: job "));

@@ -20,7 +20,8 @@
 namespace lohan::fuzz {
 namespace {
 
-uint64_t accepted_by_op[14] = {};
+// By RingOp value, every op the ring knows (kIterCommitted is the last).
+uint64_t accepted_by_op[kAcceptedOps] = {};
 uint64_t accepted_streamed = 0;
 uint64_t accepted_sum_squares = 0;
 

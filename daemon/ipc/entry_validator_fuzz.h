@@ -15,7 +15,10 @@
 //   then     64-byte SubmissionEntry images, each fed to Accept in order
 //            (a trailing partial entry is ignored).
 
+#include <cstddef>
 #include <cstdint>
+
+#include "wire/ring_entry.h"
 
 namespace lohan::fuzz {
 
@@ -27,9 +30,11 @@ inline constexpr uint64_t kActOffsets[] = {28672, 32768};  // 4096 bytes each
 inline constexpr uint32_t kLayers = 4;
 inline constexpr uint64_t kLayerBytes[kLayers] = {4096, 8192, 100, 4096};
 
-// Entries accepted so far, by RingOp value (0..13), over all inputs: ops
-// 2..8 and 13 by EntryValidator::Accept, the staging ops 9..12 by
+// Entries accepted so far, by RingOp value (0..14), over all inputs: ops
+// 2..8, 13 and 14 by EntryValidator::Accept, the staging ops 9..12 by
 // CheckStagingEntry; never 0 nor 1 (kReservedRegisterLayout).
+inline constexpr size_t kAcceptedOps =
+    static_cast<size_t>(RingOp::kIterCommitted) + 1;
 const uint64_t* AcceptedByOp();
 // GRAD_READY and FETCH_PARAMS entries accepted with a streamed layout.
 uint64_t AcceptedStreamed();

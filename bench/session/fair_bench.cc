@@ -7,7 +7,8 @@
 // over the sum).
 //
 //   bazel run //bench/session:fair_bench -- [--window=10] [--layers=8]
-//       [--elements=1048576]
+//       [--elements=1048576] [--light-only] [--greedy-elements=N]
+//       [--light-think-ms=100] [--gate-unit=SIZE]
 //
 // Scenarios: 2 and 4 jobs of equal weight; 2 jobs of two users weighted
 // 2:1 (needs root: the second runs as nobody); a light job (a smaller
@@ -251,7 +252,15 @@ void Report(const char* title, const std::vector<JobPlan>& plans,
   }
 }
 
-int Run(double window, uint32_t layers, uint64_t elements) {
+struct LightOptions {
+  bool only = false;             // just the light-job scenario
+  uint64_t greedy_elements = 0;  // per layer of the greedy job; 0: elements
+  int think_ms = 100;            // the light job's device time
+  std::string gate_unit;         // store.gate_unit; empty: the default
+};
+
+int Run(double window, uint32_t layers, uint64_t elements,
+        const LightOptions& light_options) {
   testing::PublicTempDir dir;
   // The worker runs as nobody too: a copy it can reach.
   const std::string bin = dir.path() + "/fair_bench";
@@ -262,7 +271,13 @@ int Run(double window, uint32_t layers, uint64_t elements) {
   }
   chmod(bin.c_str(), 0755);
   auto config = [&](const std::string& text) {
-    std::ofstream(dir.path() + "/lohand.toml") << text;
+    std::ofstream config_file(dir.path() + "/lohand.toml");
+    if (!light_options.gate_unit.empty()) {
+      config_file << "[store]\ngate_unit = \"" << light_options.gate_unit
+                  << "\"\n";
+    }
+    config_file << text;
+    config_file.close();
     // A fresh daemon state for each scenario.
     testing::RunCommand(
         {"/bin/rm", "-rf", dir.path() + "/state", dir.path() + "/ssd0"});
@@ -275,6 +290,7 @@ int Run(double window, uint32_t layers, uint64_t elements) {
     return JobPlan{.name = name, .layers = layers, .elements = elements};
   };
   for (int jobs : {1, 2, 4}) {
+    if (light_options.only) break;
     config("");
     std::vector<JobPlan> plans;
     for (int j = 0; j < jobs; ++j) {
@@ -283,7 +299,7 @@ int Run(double window, uint32_t layers, uint64_t elements) {
     Report(absl::StrCat(jobs, " jobs, equal weights").c_str(), plans,
            RunScenario(dir.path(), bin, plans, window), window);
   }
-  if (getuid() == 0) {
+  if (!light_options.only && getuid() == 0) {
     config("[quotas.user.root]\nweight = 2\n");
     std::vector<JobPlan> plans = {plan("root"), plan("nobody")};
     plans[0].weight = 2;
@@ -299,7 +315,7 @@ int Run(double window, uint32_t layers, uint64_t elements) {
     plans[2].as_nobody = true;
     Report("2 users, equal weights, root with 2 jobs", plans,
            RunScenario(dir.path(), bin, plans, window), window);
-  } else {
+  } else if (!light_options.only) {
     std::printf(
         "\n(2:1 between users skipped: needs root for a second "
         "uid)\n");
@@ -307,17 +323,25 @@ int Run(double window, uint32_t layers, uint64_t elements) {
   config("");
   JobPlan light = plan("light");
   light.layers = 2;
-  light.think_ms = 100;
+  light.think_ms = light_options.think_ms;
+  JobPlan greedy = plan("greedy");
+  if (light_options.greedy_elements != 0) {
+    greedy.elements = light_options.greedy_elements;
+  }
   auto alone = RunScenario(dir.path(), bin, {light}, window);
   config("");
-  auto beside = RunScenario(dir.path(), bin, {light, plan("greedy")}, window);
+  auto beside = RunScenario(dir.path(), bin, {light, greedy}, window);
   const double t_alone = window / alone["light"].iterations;
   const double t_beside = window / beside["light"].iterations;
   std::printf(
-      "\nlight job (2 layers, 100 ms device time per iteration): "
-      "%.3f s/iteration alone, %.3f s beside a greedy job (%.2fx); "
-      "the greedy job did %.0f iterations\n",
-      t_alone, t_beside, t_beside / t_alone, beside["greedy"].iterations);
+      "\nlight job (2 layers x %llu, %d ms device time per iteration): "
+      "%.3f s/iteration alone, %.3f s beside a greedy job of %u layers x "
+      "%llu (%.2fx); the greedy job did %.0f iterations, %.2f GB/s of SSD "
+      "traffic\n",
+      static_cast<unsigned long long>(light.elements), light.think_ms, t_alone,
+      t_beside, t_beside / t_alone, greedy.layers,
+      static_cast<unsigned long long>(greedy.elements),
+      beside["greedy"].iterations, beside["greedy"].ssd_bytes / window / 1e9);
   return 0;
 }
 
@@ -335,6 +359,7 @@ int main(int argc, char** argv) {
   double window = 10;
   uint32_t layers = 8;
   uint64_t elements = 1 << 20;
+  lohan::LightOptions light;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg.rfind("--window=", 0) == 0) {
@@ -343,10 +368,18 @@ int main(int argc, char** argv) {
       layers = static_cast<uint32_t>(std::atoi(arg.c_str() + 9));
     } else if (arg.rfind("--elements=", 0) == 0) {
       elements = std::strtoull(arg.c_str() + 11, nullptr, 10);
+    } else if (arg == "--light-only") {
+      light.only = true;
+    } else if (arg.rfind("--greedy-elements=", 0) == 0) {
+      light.greedy_elements = std::strtoull(arg.c_str() + 18, nullptr, 10);
+    } else if (arg.rfind("--gate-unit=", 0) == 0) {
+      light.gate_unit = arg.substr(12);
+    } else if (arg.rfind("--light-think-ms=", 0) == 0) {
+      light.think_ms = std::atoi(arg.c_str() + 17);
     } else {
       std::fprintf(stderr, "fair_bench: unknown flag %s\n", argv[i]);
       return 2;
     }
   }
-  return lohan::Run(window, layers, elements);
+  return lohan::Run(window, layers, elements, light);
 }

@@ -273,6 +273,8 @@ const std::map<std::string, Setter>& KeySetters() {
                                          "store.block_size", 512, 1 << 20)},
       {"store.queue_depth",
        IntegerSetter(&DaemonConfig::queue_depth, "store.queue_depth", 1, 1024)},
+      {"store.gate_unit",
+       SizeSetter(&DaemonConfig::gate_unit_bytes, "store.gate_unit")},
       {"store.allow_buffered_io",
        BoolSetter(&DaemonConfig::allow_buffered_io, "store.allow_buffered_io")},
       {"store.profile_probe",
@@ -561,6 +563,12 @@ uint32_t EffectiveOptimizerThreads(const DaemonConfig& config,
                                    uint32_t online_cores) {
   if (config.optimizer_threads != 0) return config.optimizer_threads;
   return std::max<uint32_t>(1, online_cores / 2);
+}
+
+uint64_t GateUnitBytes(const DaemonConfig& config) {
+  if (config.gate_unit_bytes != 0) return config.gate_unit_bytes;
+  return std::max<uint64_t>(uint64_t{8} << 20, 4 * config.ssd_paths.size() *
+                                                   config.stripe_unit_bytes);
 }
 
 }  // namespace lohan

@@ -25,6 +25,9 @@ struct DaemonConfig {
   uint64_t stripe_unit_bytes = 0;
   uint32_t block_size = 0;
   uint32_t queue_depth = 0;
+  // The most bytes of one tensor transfer that pass the fair I/O gate at
+  // once (whole stripe units); 0: see GateUnitBytes.
+  uint64_t gate_unit_bytes = 0;
   bool allow_buffered_io = false;
   // Bytes written then read on each SSD to measure it for the planner (a
   // probe file beside the data file); 0: the SSDs are not measured.
@@ -98,6 +101,10 @@ std::string DataSocketPath(const DaemonConfig& config);
 // The number of optimizer threads to start given `online_cores`.
 uint32_t EffectiveOptimizerThreads(const DaemonConfig& config,
                                    uint32_t online_cores);
+
+// store.gate_unit, or (0) four stripe rows over all SSDs, at least 8 MiB:
+// every SSD's queue stays busy through one part of a transfer.
+uint64_t GateUnitBytes(const DaemonConfig& config);
 
 }  // namespace lohan
 

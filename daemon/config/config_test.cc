@@ -41,6 +41,8 @@ TEST(DefaultConfig, IsTheDeployedFile) {
   EXPECT_EQ(defaults.stripe_unit_bytes, 1u << 20);
   EXPECT_EQ(defaults.block_size, 4096u);
   EXPECT_EQ(defaults.queue_depth, 32u);
+  EXPECT_EQ(defaults.gate_unit_bytes, 0u);
+  EXPECT_EQ(GateUnitBytes(defaults), uint64_t{8} << 20);
   EXPECT_FALSE(defaults.allow_buffered_io);
   EXPECT_EQ(defaults.profile_probe_bytes, uint64_t{256} << 20);
   EXPECT_EQ(defaults.control_idle_timeout_seconds, 600u);
@@ -104,6 +106,7 @@ capacity_per_ssd = "2 TiB"
 stripe_unit = 262144
 block_size = 512
 queue_depth = 128
+gate_unit = "16MiB"
 allow_buffered_io = true
 [optimizer]
 isa = "avx2"
@@ -115,11 +118,23 @@ tuning = "prefetch=256,stream=off,chunks=8"
   EXPECT_EQ(config->stripe_unit_bytes, 262144u);
   EXPECT_EQ(config->block_size, 512u);
   EXPECT_EQ(config->queue_depth, 128u);
+  EXPECT_EQ(GateUnitBytes(*config), uint64_t{16} << 20);
   EXPECT_TRUE(config->allow_buffered_io);
   EXPECT_EQ(config->optimizer_isa, "avx2");
   EXPECT_EQ(config->optimizer_read_ahead_bytes, 0u);
   EXPECT_EQ(config->optimizer_tuning, "prefetch=256,stream=off,chunks=8");
   EXPECT_TRUE(ValidateConfig(*config).ok());
+}
+
+// The gate's default unit keeps every SSD busy through a part: four stripe
+// rows, never under 8 MiB.
+TEST(GateUnitBytes, DefaultGrowsWithTheStripeRow) {
+  DaemonConfig config = DefaultConfig();
+  config.ssd_paths = {"/a", "/b", "/c", "/d"};
+  config.stripe_unit_bytes = 4 << 20;
+  EXPECT_EQ(GateUnitBytes(config), uint64_t{64} << 20);
+  config.stripe_unit_bytes = 256 << 10;
+  EXPECT_EQ(GateUnitBytes(config), uint64_t{8} << 20);
 }
 
 TEST(ParseConfigToml, SizeWithUnits) {
@@ -177,6 +192,9 @@ INSTANTIATE_TEST_SUITE_P(
                 "'store.allow_buffered_io' must be true or false"},
         BadCase{"[store]\ncapacity_per_ssd = \"big\"\n",
                 "'store.capacity_per_ssd': 'big' is not a byte size"},
+        BadCase{"[store]\ngate_unit = \"parts\"\n",
+                "'store.gate_unit': 'parts' is not a byte size"},
+        BadCase{"[store]\ngate_unit = -8\n", "'store.gate_unit'"},
         BadCase{"[quotas]\nsdd = 1\n", "unknown key 'quotas.sdd'"},
         BadCase{"[quotas]\nweight = 0\n",
                 "'quotas.weight' must be an integer from 1 to 1000"},

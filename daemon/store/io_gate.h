@@ -9,7 +9,9 @@
 namespace lohan {
 
 // Who moves bytes on the SSDs when: the store enters the gate before each
-// version it writes or reads and leaves it when the transfer is done. The
+// part of a version it writes or reads (StoreOptions::gate_unit_bytes) and
+// leaves it when that part's I/O is done: the pass is destroyed on the
+// thread that completes the part's last request, not the one that entered. The
 // daemon shares the array among jobs through it (daemon/sched/fair_gates.h);
 // the store knows nothing of jobs' weights.
 // Implementations must be thread-safe and must not call into the store.
@@ -37,7 +39,8 @@ class IoGate {
   };
   virtual ~IoGate() = default;
   // Waits until `job` may move `bytes` in `direction`; held (not
-  // destroyed) for the transfer.
+  // destroyed) for the transfer. Pass destructors must not block and may
+  // run on any thread.
   virtual std::unique_ptr<Pass> Enter(absl::string_view job, uint64_t bytes,
                                       Direction direction) = 0;
 };

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/memory/memory.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "daemon/common/check.h"
@@ -12,12 +13,14 @@
 
 namespace lohan {
 
-// Counts the outstanding chunk I/Os of one Read or Write, keeps at most
-// `limit` in flight and remembers the first error. Shared with the
+// Counts the outstanding chunk I/Os of one part of a Read or Write, keeps
+// at most `limit` in flight, remembers the first error and, once sealed
+// (everything submitted) and drained, runs `done`. Shared with the
 // completion callbacks, so it outlives the call that made it.
 class SsdArray::Batch {
  public:
-  explicit Batch(size_t limit) : limit_(limit) {}
+  Batch(size_t limit, std::function<void()> done)
+      : limit_(limit), done_(std::move(done)) {}
 
   void Acquire() {
     mu_.LockWhen(absl::Condition(
@@ -29,18 +32,34 @@ class SsdArray::Batch {
     mu_.Unlock();
   }
   void Finished(absl::Status status) {
-    absl::MutexLock lock(&mu_);
-    --in_flight_;
-    if (!status.ok() && first_error_.ok()) first_error_ = std::move(status);
+    std::function<void()> done;
+    {
+      absl::MutexLock lock(&mu_);
+      --in_flight_;
+      if (!status.ok() && first_error_.ok()) first_error_ = std::move(status);
+      done = TakeDoneIfDrainedLocked();
+    }
+    RunDone(done);
+  }
+  // Nothing more will be submitted.
+  void Seal() {
+    std::function<void()> done;
+    {
+      absl::MutexLock lock(&mu_);
+      sealed_ = true;
+      done = TakeDoneIfDrainedLocked();
+    }
+    RunDone(done);
   }
   bool failed() {
     absl::MutexLock lock(&mu_);
     return !first_error_.ok();
   }
+  // Waits for every request and for `done` (REQUIRES: sealed).
   absl::Status Wait() {
     mu_.LockWhen(absl::Condition(
         +[](Batch* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(b->mu_) {
-          return b->in_flight_ == 0;
+          return b->in_flight_ == 0 && !b->done_ && !b->done_running_;
         },
         this));
     absl::Status status = first_error_;
@@ -49,11 +68,39 @@ class SsdArray::Batch {
   }
 
  private:
+  std::function<void()> TakeDoneIfDrainedLocked()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!sealed_ || in_flight_ != 0 || !done_) return nullptr;
+    done_running_ = true;
+    return std::exchange(done_, nullptr);
+  }
+  // Runs `done` outside the lock (it may wake other threads), then lets
+  // Wait return.
+  void RunDone(std::function<void()>& done) {
+    if (!done) return;
+    done();
+    done = nullptr;  // what it captured goes now, before Wait returns
+    absl::MutexLock lock(&mu_);
+    done_running_ = false;
+  }
+
   const size_t limit_;
   absl::Mutex mu_;
   size_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  bool sealed_ ABSL_GUARDED_BY(mu_) = false;
+  std::function<void()> done_ ABSL_GUARDED_BY(mu_);
+  bool done_running_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);
 };
+
+SsdArray::InFlight::InFlight(std::shared_ptr<Batch> batch)
+    : batch_(std::move(batch)) {}
+
+SsdArray::InFlight::~InFlight() { batch_->Wait().IgnoreError(); }
+
+absl::Status SsdArray::InFlight::Wait() { return batch_->Wait(); }
+
+bool SsdArray::InFlight::failed() const { return batch_->failed(); }
 
 namespace {
 
@@ -284,10 +331,19 @@ absl::Status SsdArray::Write(const void* data, Placement& p,
                              absl::string_view what) {
   const size_t chunks = ChunkCount(p.bytes);
   p.chunk_crc.assign(chunks, 0);
-  auto batch = std::make_shared<Batch>(max_in_flight_);
+  return SubmitWrite(data, p, what, 0, chunks)->Wait();
+}
+
+std::unique_ptr<SsdArray::InFlight> SsdArray::SubmitWrite(
+    const void* data, Placement& p, absl::string_view what, size_t first,
+    size_t end, std::function<void()> done) {
+  const size_t chunks = ChunkCount(p.bytes);
+  if (p.chunk_crc.size() != chunks) p.chunk_crc.assign(chunks, 0);
+  end = std::min(end, chunks);
+  auto batch = std::make_shared<Batch>(max_in_flight_, std::move(done));
   auto name = std::make_shared<std::string>(what);
   const uint8_t* src_base = static_cast<const uint8_t*>(data);
-  for (size_t i = 0; i < chunks; ++i) {
+  for (size_t i = first; i < end; ++i) {
     if (batch->failed()) break;
     const Chunk c = ChunkAt(p, i);
     const uint8_t* src = src_base + c.logical_offset;
@@ -312,18 +368,26 @@ absl::Status SsdArray::Write(const void* data, Placement& p,
     };
     devices_[c.device]->Submit(std::move(request));
   }
-  return batch->Wait();
+  batch->Seal();
+  return absl::WrapUnique(new InFlight(std::move(batch)));
 }
 
 absl::Status SsdArray::Read(const Placement& p, void* dest,
                             absl::string_view what, uint64_t prefix) {
+  return SubmitRead(p, dest, what, prefix, 0, ChunkCount(p.bytes))->Wait();
+}
+
+std::unique_ptr<SsdArray::InFlight> SsdArray::SubmitRead(
+    const Placement& p, void* dest, absl::string_view what, uint64_t prefix,
+    size_t first, size_t end, std::function<void()> done) {
   const size_t chunks = ChunkCount(p.bytes);
   LOHAN_CHECK(p.chunk_crc.size() == chunks);
+  end = std::min(end, chunks);
   const uint64_t wanted = std::min(prefix, p.bytes);
-  auto batch = std::make_shared<Batch>(max_in_flight_);
+  auto batch = std::make_shared<Batch>(max_in_flight_, std::move(done));
   auto name = std::make_shared<std::string>(what);
   uint8_t* dest_base = static_cast<uint8_t*>(dest);
-  for (size_t i = 0; i < chunks; ++i) {
+  for (size_t i = first; i < end; ++i) {
     if (batch->failed()) break;
     const Chunk c = ChunkAt(p, i);
     if (c.logical_offset >= wanted) break;  // chunks are in logical order
@@ -363,7 +427,8 @@ absl::Status SsdArray::Read(const Placement& p, void* dest,
     };
     devices_[c.device]->Submit(std::move(request));
   }
-  return batch->Wait();
+  batch->Seal();
+  return absl::WrapUnique(new InFlight(std::move(batch)));
 }
 
 absl::Status SsdArray::FlushAll() {

@@ -2,6 +2,7 @@
 #define LOHAN_DAEMON_STORE_SSD_ARRAY_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -56,6 +57,8 @@ struct DeviceStats {
 // Thread-safe: allocation is under a mutex; reads and writes of distinct
 // placements run in parallel with no lock held.
 class SsdArray {
+  class Batch;  // the requests of one part in flight (ssd_array.cc)
+
  public:
   // REQUIRES (checked, INVALID_ARGUMENT): at least one device, all with the
   // same block size; stripe_unit a non-zero multiple of it.
@@ -81,6 +84,34 @@ class SsdArray {
   // the device; unaligned ones and the padded tail go through bounce buffers.
   absl::Status Write(const void* data, Placement& placement,
                      absl::string_view what);
+  // A part of one version's I/O on its way (SubmitWrite, SubmitRead).
+  // Destroying it waits for it: its buffers are in use until then.
+  class InFlight {
+   public:
+    ~InFlight();
+    InFlight(const InFlight&) = delete;
+    InFlight& operator=(const InFlight&) = delete;
+    // Waits for every request of the part; the first error.
+    absl::Status Wait();
+    // Whether a request of the part has failed already (does not wait).
+    bool failed() const;
+
+   private:
+    friend class SsdArray;
+    explicit InFlight(std::shared_ptr<Batch> batch);
+    std::shared_ptr<Batch> batch_;
+  };
+  // Starts Write's part: chunks [first, end) of `data` (the whole tensor's
+  // bytes), their chunk_crc set (sized for the placement if it is not),
+  // and returns without waiting for the SSDs. `done`, if set, runs once
+  // when the part's last request has completed (on a completion thread),
+  // or at once if nothing was submitted. A version written part by part,
+  // every part waited for, reads as Write's would. `data`, `placement` and
+  // `what`'s bytes stay valid until the part is waited for.
+  std::unique_ptr<InFlight> SubmitWrite(const void* data, Placement& placement,
+                                        absl::string_view what, size_t first,
+                                        size_t end,
+                                        std::function<void()> done = {});
   // Reads the placement into dest[0, placement.bytes), checking every
   // chunk's CRC32C: a mismatch is DATA_LOSS naming `what`, the extent, the
   // device and offset. I/O errors name the device and offset too. With
@@ -88,6 +119,14 @@ class SsdArray {
   // it are read (and checked) whole, the rest not at all.
   absl::Status Read(const Placement& placement, void* dest,
                     absl::string_view what, uint64_t prefix = UINT64_MAX);
+  // Starts Read's part: chunks [first, end) into `dest` (the whole
+  // tensor's buffer), those past `prefix` left out; `done` as SubmitWrite's.
+  std::unique_ptr<InFlight> SubmitRead(const Placement& placement, void* dest,
+                                       absl::string_view what, uint64_t prefix,
+                                       size_t first, size_t end,
+                                       std::function<void()> done = {});
+  // The stripe-unit chunks a version of `bytes` is cut into.
+  size_t chunk_count(uint64_t bytes) const { return ChunkCount(bytes); }
   // fdatasync on every device.
   absl::Status FlushAll();
 
@@ -113,7 +152,6 @@ class SsdArray {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   size_t ChunkCount(uint64_t bytes) const;
   // Bounds and waits for the chunk I/Os of one Read or Write.
-  class Batch;
 
   // Constant after construction.
   const std::vector<std::unique_ptr<BlockDevice>> devices_;

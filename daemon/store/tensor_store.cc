@@ -528,14 +528,13 @@ absl::StatusOr<uint64_t> TensorStore::Write(absl::string_view job,
     version->account = account;
     version->charged = footprint;
   }
-  absl::Status s;
-  {
-    std::unique_ptr<IoGate::Pass> pass =
-        gate_ != nullptr ? gate_->Enter(job, bytes, IoGate::Direction::kWrite)
-                         : nullptr;
-    s = array_->Write(data.data(), version->placement,
-                      Describe(Key(job, name), next));
-  }
+  const std::string what = Describe(Key(job, name), next);
+  const absl::Status s =
+      Gated(job, bytes, IoGate::Direction::kWrite,
+            [&](size_t first, size_t end, std::function<void()> done) {
+              return array_->SubmitWrite(data.data(), version->placement, what,
+                                         first, end, std::move(done));
+            });
   absl::MutexLock lock(&mu_);
   entry.busy = false;
   if (!s.ok()) return s;
@@ -713,15 +712,48 @@ absl::StatusOr<uint64_t> TensorStore::ReadVersion(absl::string_view job,
         absl::StrCat("tensor '", job, "/", name, "' has no ",
                      pending ? "pending" : "committed", " version"));
   }
-  std::unique_ptr<IoGate::Pass> pass =
-      gate_ != nullptr
-          ? gate_->Enter(job, dest.size(), IoGate::Direction::kRead)
-          : nullptr;
-  absl::Status s = array_->Read(
-      version->placement, dest.data(), Describe(key, version->number),
-      prefix ? dest.size() : std::numeric_limits<uint64_t>::max());
+  const std::string what = Describe(key, version->number);
+  const uint64_t wanted =
+      prefix ? dest.size() : std::numeric_limits<uint64_t>::max();
+  absl::Status s =
+      Gated(job, dest.size(), IoGate::Direction::kRead,
+            [&](size_t first, size_t end, std::function<void()> done) {
+              return array_->SubmitRead(version->placement, dest.data(), what,
+                                        wanted, first, end, std::move(done));
+            });
   if (!s.ok()) return s;
   return version->number;
+}
+
+absl::Status TensorStore::Gated(absl::string_view job, uint64_t bytes,
+                                IoGate::Direction direction,
+                                absl::FunctionRef<PartSubmitter> submit) {
+  const size_t chunks = array_->chunk_count(bytes);
+  if (gate_ == nullptr) return submit(0, chunks, nullptr)->Wait();
+  const uint64_t stripe = options_.stripe_unit;
+  const size_t per_pass =
+      options_.gate_unit_bytes == 0
+          ? chunks
+          : std::max<size_t>(1, options_.gate_unit_bytes / stripe);
+  // Each part holds its pass until its last request completes, and gives
+  // it back from the completion thread: the next part, already waiting at
+  // the gate, goes in the moment this one is done (or another job's does,
+  // when it is that job's turn).
+  std::vector<std::unique_ptr<SsdArray::InFlight>> parts;
+  for (size_t first = 0; first < chunks; first += per_pass) {
+    if (!parts.empty() && parts.back()->failed()) break;
+    const size_t end = std::min(chunks, first + per_pass);
+    const uint64_t part = std::min<uint64_t>(bytes, end * stripe) -
+                          std::min<uint64_t>(bytes, first * stripe);
+    std::shared_ptr<IoGate::Pass> pass = gate_->Enter(job, part, direction);
+    parts.push_back(submit(
+        first, end, [pass = std::move(pass)]() mutable { pass.reset(); }));
+  }
+  absl::Status status;
+  for (const std::unique_ptr<SsdArray::InFlight>& part : parts) {
+    status.Update(part->Wait());
+  }
+  return status;
 }
 
 absl::Status TensorStore::Delete(absl::string_view job,

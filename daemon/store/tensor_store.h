@@ -57,6 +57,12 @@ struct StoreOptions {
   // run (one commit record per iteration) keeps it, and the replay at the
   // next open, bounded.
   uint64_t catalog_compact_bytes = 64ull << 20;
+  // With an IoGate (SetIoGate), a version's transfer passes the gate in
+  // parts of at most this many bytes (whole stripe units), each part's
+  // I/O done before the next enters: another job waits for a part, not for
+  // a whole version (a 4 M-element chunk's state is 48 MB). 0: one pass
+  // per version.
+  uint64_t gate_unit_bytes = 0;
   // Told what the store recovers from or works around without failing (a
   // torn catalog tail it ignored, a compaction it will retry): the
   // daemon's log at warning. Unset: written to stderr.
@@ -306,6 +312,16 @@ class TensorStore {
   absl::StatusOr<std::shared_ptr<const Version>> RecoveredVersion(
       const Key& key, uint64_t number,
       const std::optional<Placement>& placement, uint64_t tag);
+  // Starts the I/O of chunks [first, end) of a version, `done` to run when
+  // it has completed (SsdArray::SubmitWrite / SubmitRead).
+  using PartSubmitter = std::unique_ptr<SsdArray::InFlight>(
+      size_t first, size_t end, std::function<void()> done);
+  // A version of `bytes` moved through the gate in parts of
+  // options_.gate_unit_bytes, each holding its own pass until it is done;
+  // the first failure.
+  absl::Status Gated(absl::string_view job, uint64_t bytes,
+                     IoGate::Direction direction,
+                     absl::FunctionRef<PartSubmitter> submit);
   absl::StatusOr<uint64_t> ReadVersion(absl::string_view job,
                                        absl::string_view name,
                                        absl::Span<uint8_t> dest, bool pending,

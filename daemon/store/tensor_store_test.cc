@@ -6,9 +6,14 @@
 #include <atomic>
 #include <random>
 #include <thread>
+#include <utility>
+#include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/synchronization/mutex.h"
 #include "daemon/store/fault_injection_device.h"
 #include "daemon/store/fault_store.h"
+#include "daemon/store/io_gate.h"
 #include "daemon/store/test_util.h"
 #include "gtest/gtest.h"
 
@@ -750,6 +755,124 @@ TEST_F(TensorStoreTest, MutationsOfOneTensorSerialize) {
   EXPECT_TRUE(back == Pattern(0, n) || back == Pattern(1, n));
   const uint64_t pending = store->Stat("j", "t")->pending_version ? 1 : 0;
   EXPECT_EQ(Used(*store), (1 + pending) * Padded(n));
+}
+
+// A gate of one slot that records each pass: its job, bytes and
+// direction. Enter waits until no pass is held.
+class RecordingGate : public IoGate {
+ public:
+  struct Passed {
+    std::string job;
+    uint64_t bytes;
+    Direction direction;
+    bool operator==(const Passed&) const = default;
+  };
+  std::unique_ptr<Pass> Enter(absl::string_view job, uint64_t bytes,
+                              Direction direction) override {
+    mu_.LockWhen(absl::Condition(
+        +[](int* open) { return *open == 0; }, &open_));
+    passes_.push_back({std::string(job), bytes, direction});
+    ++open_;
+    mu_.Unlock();
+    return std::make_unique<Held>(this);
+  }
+  std::vector<Passed> TakePasses() {
+    absl::MutexLock lock(&mu_);
+    return std::exchange(passes_, {});
+  }
+  int open() {
+    absl::MutexLock lock(&mu_);
+    return open_;
+  }
+
+ private:
+  class Held : public Pass {
+   public:
+    explicit Held(RecordingGate* gate) : gate_(gate) {}
+    ~Held() override {
+      absl::MutexLock lock(&gate_->mu_);
+      --gate_->open_;
+    }
+
+   private:
+    RecordingGate* const gate_;
+  };
+  absl::Mutex mu_;
+  std::vector<Passed> passes_ ABSL_GUARDED_BY(mu_);
+  int open_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// With gate_unit_bytes, a version's transfer passes the gate in parts of
+// whole stripes summing to the version, each part's pass given back once
+// its I/O is done (a gate of one slot lets the next part in then): another
+// job waits for a part, not for a whole version; the data is as ungated.
+TEST_F(TensorStoreTest, AGatedTransferPassesInPartsOfTheGateUnit) {
+  StoreOptions o = Options(2);
+  o.gate_unit_bytes = 3 * kStripe;
+  auto store = OpenOrDie(o);
+  ASSERT_NE(store, nullptr);
+  RecordingGate gate;
+  store->SetIoGate(&gate);
+  const uint64_t n = 7 * kStripe + 1000;  // 8 stripes
+  ASSERT_TRUE(store->Create("j", "t", n).ok());
+  ASSERT_TRUE(store->Write("j", "t", Pattern(3, n)).ok());
+  using Passed = RecordingGate::Passed;
+  const auto kWrite = IoGate::Direction::kWrite;
+  const auto kRead = IoGate::Direction::kRead;
+  EXPECT_EQ(gate.TakePasses(),
+            (std::vector<Passed>{{"j", 3 * kStripe, kWrite},
+                                 {"j", 3 * kStripe, kWrite},
+                                 {"j", kStripe + 1000, kWrite}}));
+  ASSERT_TRUE(store->Commit("j", "t").ok());
+  std::vector<uint8_t> back(n);
+  ASSERT_TRUE(store->Read("j", "t", absl::MakeSpan(back)).ok());
+  EXPECT_EQ(back, Pattern(3, n));
+  EXPECT_EQ(gate.TakePasses(),
+            (std::vector<Passed>{{"j", 3 * kStripe, kRead},
+                                 {"j", 3 * kStripe, kRead},
+                                 {"j", kStripe + 1000, kRead}}));
+  // A prefix read passes only for the stripes that hold it.
+  std::vector<uint8_t> head(kStripe + 10);
+  ASSERT_TRUE(store->ReadPrefix("j", "t", absl::MakeSpan(head)).ok());
+  EXPECT_TRUE(std::equal(head.begin(), head.end(), back.begin()));
+  EXPECT_EQ(gate.TakePasses(),
+            (std::vector<Passed>{{"j", kStripe + 10, kRead}}));
+  EXPECT_EQ(gate.open(), 0);
+  // Without a unit: one pass a version.
+  store.reset();
+  o.gate_unit_bytes = 0;
+  store = OpenOrDie(o);
+  ASSERT_NE(store, nullptr);
+  store->SetIoGate(&gate);
+  ASSERT_TRUE(store->Read("j", "t", absl::MakeSpan(back)).ok());
+  EXPECT_EQ(gate.TakePasses(), (std::vector<Passed>{{"j", n, kRead}}));
+}
+
+// A part that fails fails the transfer naming the tensor, leaves no pass
+// held, and the parts after it are not started: the version is not
+// committed, the last one still reads back.
+TEST_F(TensorStoreTest, AFailedPartFailsTheGatedTransfer) {
+  StoreOptions o = Options(1);
+  o.gate_unit_bytes = 2 * kStripe;
+  auto store = OpenWithFaults(o);
+  ASSERT_NE(store, nullptr);
+  RecordingGate gate;
+  store->SetIoGate(&gate);
+  const uint64_t n = 6 * kStripe;  // three parts
+  ASSERT_TRUE(store->Create("j", "t", n).ok());
+  ASSERT_TRUE(store->Write("j", "t", Pattern(1, n)).ok());
+  ASSERT_TRUE(store->Commit("j", "t").ok());
+  gate.TakePasses();
+  faults_[0]->Inject({Fault::kEio, Op::kWrite, 1, 0, UINT64_MAX, 0});
+  const absl::Status failed = store->Write("j", "t", Pattern(2, n)).status();
+  EXPECT_EQ(failed.code(), absl::StatusCode::kDataLoss) << failed;
+  EXPECT_TRUE(absl::StrContains(failed.message(), "j/t")) << failed;
+  EXPECT_EQ(gate.open(), 0);
+  // The first part's EIO completes inside Submit: the second never starts.
+  EXPECT_EQ(gate.TakePasses().size(), 1u);
+  std::vector<uint8_t> back(n);
+  ASSERT_TRUE(store->Read("j", "t", absl::MakeSpan(back)).ok());
+  EXPECT_EQ(back, Pattern(1, n));
 }
 
 TEST_F(TensorStoreTest, RejectsBadArguments) {

@@ -7,6 +7,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "daemon/common/test_point.h"
 #include "daemon/quota/daemon_memory.h"
 #include "daemon/sched/job_space.h"
 #include "daemon/session/arena_layout.h"
@@ -111,6 +112,7 @@ absl::StatusOr<std::unique_ptr<JobSession>> JobSession::Create(
 
 JobSession::~JobSession() {
   stopping_.store(true);
+  TestPoint("job_session.stopping");
   if (server_.joinable()) server_.join();
   lanes_ready_.store(nullptr);
   pipeline_ready_.store(nullptr);
@@ -563,6 +565,7 @@ absl::Status JobSession::Handle(const SubmissionEntry& entry, uint64_t& detail,
           stats_.set_skipped_iterations(stats_.skipped_iterations() + 1);
         }
       }
+      TestPoint("job_session.iteration_committed");
       std::memcpy(&detail, &report->global_norm, sizeof(detail));
       flags = (report->clipped ? kIterEndClipped : 0) |
               (report->skipped ? kIterEndSkipped : 0) |

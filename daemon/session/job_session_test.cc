@@ -21,7 +21,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "daemon/common/test_point.h"
 #include "daemon/optim/adam.h"
 #include "daemon/optim/half.h"
 #include "daemon/pool/host_pool.h"
@@ -524,6 +526,51 @@ TEST_F(JobSessionTest, AReopenedJobFindsItsCommittedWeightsInItsSlots) {
     EXPECT_TRUE(response_.layer_initialized(l));
     EXPECT_EQ(WeightSlot(l), committed[l]) << "layer " << l;
   }
+}
+
+// An ITER_END that commits while its session stops (lohand's SIGTERM closes
+// every session) is answered: the client hears of the step the store holds,
+// not UNAVAILABLE. The test holds the ITER_END right after its commit until
+// the session has begun to stop.
+TEST_F(JobSessionTest, AnIterationCommittedAsItsSessionStopsIsAnswered) {
+  ASSERT_NO_FATAL_FAILURE(Open(4 * kMiB, Spec()));
+  for (uint32_t l = 0; l < layers(); ++l) {
+    float* staging = reinterpret_cast<float*>(At(response_.staging_offset()));
+    for (uint64_t i = 0; i < elements(l); ++i) staging[i] = 0.25f;
+    ASSERT_EQ(Code(Call(Staging(RingOp::kInitWeights, l))),
+              absl::StatusCode::kOk);
+  }
+  ASSERT_EQ(Code(Call(Iter(RingOp::kIterBegin, 0))), absl::StatusCode::kOk);
+  FillGradients(1);
+  for (uint32_t l = layers(); l-- > 0;) {
+    ASSERT_EQ(Code(Call(Grad(l))), absl::StatusCode::kOk);
+  }
+  {
+    absl::Notification committed, stopping;
+    ScopedTestPointHook at_commit("job_session.iteration_committed", [&] {
+      committed.Notify();
+      stopping.WaitForNotification();
+    });
+    ScopedTestPointHook at_stop("job_session.stopping",
+                                [&] { stopping.Notify(); });
+    SubmissionEntry end = Iter(RingOp::kIterEnd, 0);
+    end.request_id = ++request_id_;
+    auto pushed = submissions_->TryPush(&end);
+    ASSERT_TRUE(pushed.ok() && *pushed);
+    ASSERT_TRUE(committed.WaitForNotificationWithTimeout(kFailsafe));
+    session_.reset();  // lets the ITER_END go on once it is stopping
+  }
+  CompletionEntry done{};
+  auto popped = completions_->TryPop(&done);
+  ASSERT_TRUE(popped.ok()) << popped.status();
+  ASSERT_TRUE(*popped) << "the committed ITER_END was not answered";
+  EXPECT_EQ(done.request_id, request_id_);
+  EXPECT_EQ(Code(done), absl::StatusCode::kOk);
+  completions_.reset();
+  submissions_.reset();
+  mapping_.reset();
+  ASSERT_NO_FATAL_FAILURE(Open(4 * kMiB, Spec()));
+  EXPECT_EQ(session_->Status().committed_iteration(), 1u);
 }
 
 TEST_F(JobSessionTest, ARanksJobReportsItsCommitAndGoesBackToTheOneBefore) {

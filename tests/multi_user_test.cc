@@ -203,6 +203,62 @@ TEST_F(MultiUserTest, AnotherUsersPlanesLeaveATrainingUsersShareOfThePool) {
   ResumeAndCheckVictim();
 }
 
+// Nobody opens data planes while alone until the pool is full: it may take
+// all of it. Then root opens one within its share: nobody's newest planes
+// beyond its share are closed (between iterations: at once), each job told
+// why, and root's opens; nobody keeps its share.
+TEST_F(MultiUserTest, AUserWhoFilledThePoolAloneGivesANewcomerItsShare) {
+  StartDaemon();
+  std::vector<std::unique_ptr<BackgroundProcess>> planes;
+  std::string refusal;
+  for (int i = 0; i < 16 && refusal.empty(); ++i) {
+    auto plane = BackgroundProcess::Start(Nobody(
+        {"register-hold", daemon_->socket(), absl::StrCat("plane-", i)}));
+    const std::string said = plane.ok() ? (*plane)->first_line()
+                                        : std::string(plane.status().message());
+    if (plane.ok() && said.find("registered") == 0) {
+      planes.push_back(*std::move(plane));
+    } else {
+      refusal = said;
+    }
+  }
+  EXPECT_THAT(refusal, HasSubstr("host pool"));
+  ASSERT_GE(planes.size(), 2u);
+  auto full = root_->GetStatus();
+  ASSERT_TRUE(full.ok()) << full.status();
+  const uint64_t capacity = full->pool().capacity_bytes();
+  ASSERT_GT(full->pool().used_bytes() + capacity / planes.size(), capacity)
+      << "nobody's planes should have filled the pool";
+  auto root_plane = BackgroundProcess::Start(
+      {bin_ + "/hostile_client", "register-hold", daemon_->socket(), "next"});
+  ASSERT_TRUE(root_plane.ok()) << root_plane.status();
+  EXPECT_THAT((*root_plane)->first_line(), HasSubstr("registered j-"));
+  // Nobody's closed planes say why; it keeps at least half the pool.
+  auto jobs = root_->ListJobs();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  int closed = 0;
+  for (const v1::Job& job : *jobs) {
+    if (job.owner_uid() != 65534) continue;
+    if (job.last_failure().find("fair share") == std::string::npos) continue;
+    ++closed;
+    EXPECT_THAT(job.last_failure(), HasSubstr("was closed for uid 0's job"));
+  }
+  EXPECT_GE(closed, 1);
+  EXPECT_LT(closed, static_cast<int>(planes.size()));
+  auto after = root_->GetStatus();
+  ASSERT_TRUE(after.ok()) << after.status();
+  uint64_t nobodys = 0;
+  for (const v1::SessionStatus& session : after->sessions()) {
+    for (const v1::Job& job : *jobs) {
+      if (job.id() == session.job_id() && job.owner_uid() == 65534) {
+        nobodys += session.arena_bytes();
+      }
+    }
+  }
+  EXPECT_GE(nobodys, capacity / 2 - capacity / planes.size());
+  EXPECT_THAT(daemon_->Log(), HasSubstr("beyond uid 65534's fair share"));
+}
+
 TEST_F(MultiUserTest, ConnectionFloodsNeitherDetachNorStarveALiveJob) {
   StartDaemon();
   StartVictim();

@@ -110,6 +110,10 @@ void SessionManager::Accept(UniqueFd connection, const Caller& caller) {
 namespace {
 // How long a new data plane waits for its job's last one to finish closing.
 constexpr absl::Duration kCloseWait = absl::Seconds(30);
+// How long a new data plane within its owner's share of the pool waits for
+// other users' planes beyond theirs to close (each at the end of its
+// iteration).
+constexpr absl::Duration kReclaimWait = absl::Seconds(60);
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<JobSession>> SessionManager::OpenSession(
@@ -150,8 +154,19 @@ absl::StatusOr<std::unique_ptr<JobSession>> SessionManager::OpenSession(
               ? " has a data plane still closing; try again in a moment"
               : " already has a data plane open"));
     }
-    absl::StatusOr<uint64_t> claim = ClaimPoolLocked(
-        *job_id, job->owner_uid(), job->spec().host_pool_bytes());
+    const uid_t owner = job->owner_uid();
+    const uint64_t bytes = job->spec().host_pool_bytes();
+    absl::StatusOr<uint64_t> claim = ClaimPoolLocked(*job_id, owner, bytes);
+    if (absl::IsResourceExhausted(claim.status()) &&
+        ReclaimPoolLocked(*job_id, owner, bytes)) {
+      // Other users' data planes beyond their shares close at the end of
+      // their iterations; this one opens once their arenas are back.
+      auto fits = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return PoolClaimRefusalLocked(*job_id, owner, bytes).ok();
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&fits), kReclaimWait);
+      claim = ClaimPoolLocked(*job_id, owner, bytes);
+    }
     if (!claim.ok()) return claim.status();
     claim_id = *claim;
   }
@@ -162,46 +177,6 @@ absl::StatusOr<std::unique_ptr<JobSession>> SessionManager::OpenSession(
     pool_claims_.erase(claim_id);
   }
   return session;
-}
-
-absl::StatusOr<uint64_t> SessionManager::ClaimPoolLocked(
-    const std::string& job_id, uid_t owner, uint64_t bytes) {
-  const uint64_t limit = parts_.quotas->For(owner).host_pool_bytes;
-  uint64_t held = 0;
-  for (const auto& [id, claim] : pool_claims_) {
-    if (claim.owner == owner) held += claim.bytes;
-  }
-  if (limit != 0 && held + bytes > limit) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "job ", job_id, "'s arena needs ", bytes, " bytes (",
-        FormatByteSize(bytes), ") of host pool; uid ", owner, " holds ", held,
-        " (", FormatByteSize(held), ") in open data planes and the quota is ",
-        limit, " (", FormatByteSize(limit),
-        ", [quotas] host_pool); close another data plane first"));
-  }
-  // The pool shared by the users training (with open data planes) by
-  // weight: what is free, but never what another's share still has free.
-  std::map<uid_t, ShareHolder> holders;
-  uint64_t held_by_all = 0;
-  for (const auto& [id, claim] : pool_claims_) {
-    ShareHolder& holder = holders[claim.owner];
-    holder.held += claim.bytes;
-    holder.present = true;
-    held_by_all += claim.bytes;
-  }
-  for (auto& [uid, holder] : holders) {
-    holder.weight = static_cast<double>(parts_.quotas->For(uid).weight);
-  }
-  holders[owner].weight = static_cast<double>(parts_.quotas->For(owner).weight);
-  if (absl::Status fair = FitsFairShare(
-          parts_.pool->GetStats().capacity_bytes, held_by_all, owner, bytes,
-          holders, absl::StrCat("job ", job_id, "'s arena"), "host pool");
-      !fair.ok()) {
-    return fair;
-  }
-  const uint64_t id = ++last_claim_;
-  pool_claims_[id] = PoolClaim{.owner = owner, .bytes = bytes};
-  return id;
 }
 
 void SessionManager::WaitForHangUp(int connection, int end_event) {
@@ -243,10 +218,15 @@ absl::StatusOr<std::string> SessionManager::StopSession(
     return absl::NotFoundError(
         absl::StrCat("job ", job_id, " has no data plane open"));
   }
-  const bool in_iteration = session->registered() && session->InIteration();
-  const uint64_t iteration = session->Status().iteration();
+  return StopSessionLocked(job_id, *session, drain);
+}
+
+std::string SessionManager::StopSessionLocked(const std::string& job_id,
+                                              JobSession& session, bool drain) {
+  const bool in_iteration = session.registered() && session.InIteration();
+  const uint64_t iteration = session.Status().iteration();
   if (drain && in_iteration) {
-    session->RequestDrain();
+    session.RequestDrain();
     return absl::StrCat("draining: the data plane closes once iteration ",
                         iteration + 1, " ends");
   }
@@ -289,7 +269,8 @@ void SessionManager::Serve(int connection, const Caller& caller) {
              .emplace(job_id, LiveSession{.session = session->get(),
                                           .pid = caller.pid,
                                           .end_event = end_event.get(),
-                                          .serial = ++last_serial_})
+                                          .serial = ++last_serial_,
+                                          .claim_id = claim_id})
              .second) {
       pool_claims_.erase(claim_id);
       (void)SendWithFds(connection,

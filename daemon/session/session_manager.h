@@ -18,6 +18,7 @@
 #include "daemon/ipc/unix_listener.h"
 #include "daemon/jobs/job_registry.h"
 #include "daemon/pool/host_pool.h"
+#include "daemon/quota/fair_share.h"
 #include "daemon/quota/space_ledger.h"
 #include "daemon/quota/user_limits.h"
 #include "daemon/sched/memory_shares.h"
@@ -145,8 +146,9 @@ class SessionManager {
     // Null while the session closes (its connection thread destroys it).
     JobSession* session = nullptr;
     pid_t pid = 0;
-    int end_event = -1;   // eventfd: signalled, its connection thread ends it
-    uint64_t serial = 0;  // unique among the manager's sessions, ever
+    int end_event = -1;     // eventfd: signalled, its connection thread ends it
+    uint64_t serial = 0;    // unique among the manager's sessions, ever
+    uint64_t claim_id = 0;  // its PoolClaim
   };
   // An open (or opening) session's claim on its owner's pool quota.
   struct PoolClaim {
@@ -174,11 +176,29 @@ class SessionManager {
   // `job_id`'s session, or null when it has none open (or it is closing).
   JobSession* OpenSessionLocked(const std::string& job_id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Claims `bytes` of `owner`'s pool quota for `job_id`'s session: the
-  // claim's id, or RESOURCE_EXHAUSTED with the numbers.
+  // Pool claims and their fair shares: session_manager_pool.cc.
+  // Claims `bytes` of the pool for `job_id`'s session, of `owner`'s quota
+  // and fair share: the claim's id, or RESOURCE_EXHAUSTED with the numbers.
   absl::StatusOr<uint64_t> ClaimPoolLocked(const std::string& job_id,
                                            uid_t owner, uint64_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Why ClaimPoolLocked would refuse now; OK when it would not.
+  absl::Status PoolClaimRefusalLocked(const std::string& job_id, uid_t owner,
+                                      uint64_t bytes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // When `bytes` more fit `owner`'s share of the pool but not what is
+  // free, asks other users' data planes beyond their shares to close, the
+  // newest first (a drain: at the end of the iteration in progress), until
+  // what they hold covers it, each job told why. Whether any was asked.
+  bool ReclaimPoolLocked(const std::string& job_id, uid_t owner, uint64_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every user holding pool claims (present: training) and their sum.
+  std::map<uid_t, ShareHolder> PoolHoldersLocked(uint64_t& held_by_all) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The drain of StopSession, under the lock (`drain`: at the end of the
+  // iteration in progress; else at once, the iteration rolled back).
+  std::string StopSessionLocked(const std::string& job_id, JobSession& session,
+                                bool drain) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Refused(const Caller& caller, absl::string_view kind,
                const absl::Status& why);
 

@@ -1,0 +1,126 @@
+// SessionManager: the host pool's claims, shared among the users who train
+// by their weights (fair_share.h), and taken back from users beyond their
+// shares when another user's data plane needs its share. The rest of the
+// class is in session_manager.cc.
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/common/byte_size.h"
+#include "daemon/quota/fair_share.h"
+#include "daemon/session/session_manager.h"
+#include "spdlog/spdlog.h"
+
+namespace lohan {
+
+std::map<uid_t, ShareHolder> SessionManager::PoolHoldersLocked(
+    uint64_t& held_by_all) const {
+  std::map<uid_t, ShareHolder> holders;
+  held_by_all = 0;
+  for (const auto& [id, claim] : pool_claims_) {
+    ShareHolder& holder = holders[claim.owner];
+    holder.held += claim.bytes;
+    holder.present = true;
+    held_by_all += claim.bytes;
+  }
+  for (auto& [uid, holder] : holders) {
+    holder.weight = static_cast<double>(parts_.quotas->For(uid).weight);
+  }
+  return holders;
+}
+
+absl::Status SessionManager::PoolClaimRefusalLocked(const std::string& job_id,
+                                                    uid_t owner,
+                                                    uint64_t bytes) const {
+  const uint64_t limit = parts_.quotas->For(owner).host_pool_bytes;
+  uint64_t held_by_all = 0;
+  std::map<uid_t, ShareHolder> holders = PoolHoldersLocked(held_by_all);
+  const uint64_t held = holders.count(owner) ? holders.at(owner).held : 0;
+  if (limit != 0 && held + bytes > limit) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "job ", job_id, "'s arena needs ", bytes, " bytes (",
+        FormatByteSize(bytes), ") of host pool; uid ", owner, " holds ", held,
+        " (", FormatByteSize(held), ") in open data planes and the quota is ",
+        limit, " (", FormatByteSize(limit),
+        ", [quotas] host_pool); close another data plane first"));
+  }
+  // What is free, but never what another training user's share still has
+  // free.
+  holders[owner].weight = static_cast<double>(parts_.quotas->For(owner).weight);
+  return FitsFairShare(parts_.pool->GetStats().capacity_bytes, held_by_all,
+                       owner, bytes, holders,
+                       absl::StrCat("job ", job_id, "'s arena"), "host pool");
+}
+
+absl::StatusOr<uint64_t> SessionManager::ClaimPoolLocked(
+    const std::string& job_id, uid_t owner, uint64_t bytes) {
+  if (absl::Status refused = PoolClaimRefusalLocked(job_id, owner, bytes);
+      !refused.ok()) {
+    return refused;
+  }
+  const uint64_t id = ++last_claim_;
+  pool_claims_[id] = PoolClaim{.owner = owner, .bytes = bytes};
+  return id;
+}
+
+bool SessionManager::ReclaimPoolLocked(const std::string& job_id, uid_t owner,
+                                       uint64_t bytes) {
+  const uint64_t capacity = parts_.pool->GetStats().capacity_bytes;
+  uint64_t held_by_all = 0;
+  std::map<uid_t, ShareHolder> holders = PoolHoldersLocked(held_by_all);
+  ShareHolder& requester = holders[owner];
+  const uint64_t limit = parts_.quotas->For(owner).host_pool_bytes;
+  if (limit != 0 && requester.held + bytes > limit) return false;
+  requester.weight = static_cast<double>(parts_.quotas->For(owner).weight);
+  requester.present = true;  // it is about to train
+  if (requester.held + bytes > ShareOf(capacity, owner, holders) ||
+      held_by_all + bytes <= capacity) {
+    return false;  // beyond its own share, or not for want of room
+  }
+  uint64_t needed = held_by_all + bytes - capacity;
+  // Other users' planes, the newest first: the ones that came last while
+  // nobody else wanted the pool.
+  struct Candidate {
+    uint64_t serial;
+    std::string job_id;
+    JobSession* session;
+    uid_t uid;
+    uint64_t bytes;
+  };
+  std::vector<Candidate> candidates;
+  for (const auto& [id, live] : sessions_) {
+    auto claim = pool_claims_.find(live.claim_id);
+    if (live.session == nullptr || claim == pool_claims_.end() ||
+        claim->second.owner == owner) {
+      continue;
+    }
+    candidates.push_back({live.serial, id, live.session, claim->second.owner,
+                          claim->second.bytes});
+  }
+  std::sort(candidates.begin(), candidates.end(),
+            [](const Candidate& a, const Candidate& b) {
+              return a.serial > b.serial;
+            });
+  bool asked = false;
+  for (const Candidate& c : candidates) {
+    if (needed == 0) break;
+    ShareHolder& holder = holders.at(c.uid);
+    if (holder.held <= ShareOf(capacity, c.uid, holders)) continue;
+    const std::string how = StopSessionLocked(c.job_id, *c.session, true);
+    const std::string why = absl::StrCat(
+        "its data plane (", FormatByteSize(c.bytes),
+        " of host pool, beyond uid ", c.uid,
+        "'s fair share) was closed for uid ", owner, "'s job ", job_id,
+        ", within that user's share (", how,
+        "); open it again with a smaller arena (host_pool_bytes), or when "
+        "the pool is free");
+    spdlog::info("job {}: {}", c.job_id, why);
+    parts_.jobs->NoteFailure(c.job_id, absl::ResourceExhaustedError(why));
+    holder.held -= c.bytes;
+    needed -= std::min(needed, c.bytes);
+    asked = true;
+  }
+  return asked;
+}
+
+}  // namespace lohan

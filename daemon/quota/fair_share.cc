@@ -47,7 +47,7 @@ absl::Status FitsFairShare(uint64_t capacity, uint64_t held_by_all, uid_t uid,
   auto found = holders.find(uid);
   const uint64_t held = found == holders.end() ? 0 : found->second.held;
   const uint64_t share = ShareOf(capacity, uid, holders);
-  if (others == 0 || (held + bytes <= share && bytes <= free)) {
+  if (others == 0 || held + bytes <= share) {
     // Within its share (or nobody else is training): only what is free.
     if (bytes <= free) return absl::OkStatus();
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -55,7 +55,11 @@ absl::Status FitsFairShare(uint64_t capacity, uint64_t held_by_all, uid_t uid,
         " is full (", FormatByteSize(held_by_all), " of ",
         FormatByteSize(capacity), " held, ", FormatByteSize(held),
         " of it by uid ", uid, ", whose share is ", FormatByteSize(share),
-        "); space comes back as jobs end or free what they swapped"));
+        others == 0 ? "); space comes back as jobs end or free what they "
+                      "swapped"
+                    : "); it is within that share: other users hold beyond "
+                      "theirs, which comes back as their jobs end or free "
+                      "what they swapped"));
   }
   return absl::ResourceExhaustedError(absl::StrCat(
       what, " needs ", FormatByteSize(bytes), " beyond uid ", uid,

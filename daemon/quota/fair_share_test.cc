@@ -60,7 +60,15 @@ TEST(FairShareTest, AUserWithinItsShareTakesWhatIsFreeBesideAnOverShareOne) {
   std::map<uid_t, ShareHolder> holders = {{kAlice, {1, 900, true}},
                                           {kBob, {1, 0, true}}};
   EXPECT_TRUE(FitsFairShare(1000, 900, kBob, 100, holders, "x", "r").ok());
-  EXPECT_FALSE(FitsFairShare(1000, 900, kBob, 101, holders, "x", "r").ok());
+  // Bob's 101 are within his share: the refusal says the resource is full
+  // because of what others hold beyond theirs, not that he asks too much.
+  const absl::Status full =
+      FitsFairShare(1000, 900, kBob, 101, holders, "x", "r");
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(full.message()),
+              HasSubstr("the r is full (900 B of 1000 B held, 0 B of it by "
+                        "uid 1002, whose share is 500 B); it is within that "
+                        "share: other users hold beyond theirs"));
   EXPECT_FALSE(FitsFairShare(1000, 900, kAlice, 1, holders, "x", "r").ok());
 }
 

@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
@@ -19,9 +20,11 @@ ControlClient::ControlClient(Options options,
                              std::unique_ptr<v1::Lohan::Stub> stub)
     : options_(std::move(options)), stub_(std::move(stub)) {}
 
-std::unique_ptr<grpc::ClientContext> ControlClient::NewContext() const {
+std::unique_ptr<grpc::ClientContext> ControlClient::NewContext(
+    std::chrono::milliseconds at_least) const {
   auto context = std::make_unique<grpc::ClientContext>();
-  context->set_deadline(std::chrono::system_clock::now() + options_.timeout);
+  context->set_deadline(std::chrono::system_clock::now() +
+                        std::max(options_.timeout, at_least));
   return context;
 }
 
@@ -89,8 +92,9 @@ template <typename Request, typename Response>
 absl::Status ControlClient::Invoke(
     grpc::Status (v1::Lohan::Stub::*method)(grpc::ClientContext*,
                                             const Request&, Response*),
-    const Request& request, Response* response) const {
-  auto context = NewContext();
+    const Request& request, Response* response,
+    std::chrono::milliseconds at_least) const {
+  auto context = NewContext(at_least);
   return FromGrpc((stub_.get()->*method)(context.get(), request, response));
 }
 
@@ -165,8 +169,11 @@ absl::StatusOr<v1::GetStatusResponse> ControlClient::GetStatus() {
 absl::StatusOr<v1::RegisterModelResponse> ControlClient::RegisterModel(
     const v1::RegisterModelRequest& request) {
   v1::RegisterModelResponse response;
-  absl::Status status =
-      Invoke(&v1::Lohan::Stub::RegisterModel, request, &response);
+  // Opening a large model's states takes a while, and lohand may wait up
+  // to a minute for SSD space other users give back (docs/security.md).
+  constexpr std::chrono::minutes kRegisterTime(3);
+  absl::Status status = Invoke(&v1::Lohan::Stub::RegisterModel, request,
+                               &response, kRegisterTime);
   if (!status.ok()) return status;
   return response;
 }

@@ -55,13 +55,18 @@ class ControlClient {
 
  private:
   ControlClient(Options options, std::unique_ptr<v1::Lohan::Stub> stub);
-  std::unique_ptr<grpc::ClientContext> NewContext() const;
+  // A context whose deadline is this client's timeout, or `at_least` when
+  // that is longer.
+  std::unique_ptr<grpc::ClientContext> NewContext(
+      std::chrono::milliseconds at_least = std::chrono::milliseconds(0)) const;
   absl::Status FromGrpc(const grpc::Status& status) const;
-  // One unary call with this client's deadline, status mapped.
+  // One unary call with NewContext(at_least)'s deadline, status mapped.
   template <typename Request, typename Response>
-  absl::Status Invoke(grpc::Status (v1::Lohan::Stub::*method)(
-                          grpc::ClientContext*, const Request&, Response*),
-                      const Request& request, Response* response) const;
+  absl::Status Invoke(
+      grpc::Status (v1::Lohan::Stub::*method)(grpc::ClientContext*,
+                                              const Request&, Response*),
+      const Request& request, Response* response,
+      std::chrono::milliseconds at_least = std::chrono::milliseconds(0)) const;
 
   const Options options_;
   const std::unique_ptr<v1::Lohan::Stub> stub_;

@@ -171,6 +171,44 @@ TEST_F(MultiUserTest, ASecondUserCannotFillTheSsdsUnderARunningJob) {
   ResumeAndCheckVictim();
 }
 
+// Nobody swaps out activations while alone until the array is full: it
+// may take all of it. Then root registers a model within its share: lohand
+// closes nobody's data plane (between iterations: at once), whose
+// activations come back, and root's job registers without waiting out the
+// patience; nobody's job says why.
+TEST_F(MultiUserTest, AUserWhoFilledTheSsdsAloneGivesANewcomerItsShare) {
+  StartDaemon();
+  auto greedy = BackgroundProcess::Start(
+      Nobody({"fill-ssd", daemon_->socket(), "greedy", "1048576"}));
+  ASSERT_TRUE(greedy.ok()) << greedy.status();
+  const std::string said = (*greedy)->first_line();
+  EXPECT_THAT(said, HasSubstr("is full")) << said;
+  // Alone, it took the 64 MiB array but for its own job's set-aside.
+  EXPECT_GE(NumberAfter(said, "stored "), uint64_t{48} << 20) << said;
+  auto next = BackgroundProcess::Start(
+      {bin_ + "/hostile_client", "register-hold", daemon_->socket(), "next"});
+  ASSERT_TRUE(next.ok()) << next.status();
+  // Nobody never frees what it holds: without the reclaim this waits out
+  // the 60 s patience and is refused.
+  EXPECT_THAT((*next)->first_line(), HasSubstr("registered j-"));
+  auto jobs = root_->ListJobs();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  bool told = false;
+  for (const v1::Job& job : *jobs) {
+    if (job.spec().name() != "greedy") continue;
+    told = true;
+    EXPECT_THAT(job.last_failure(),
+                HasSubstr("its data plane was closed for uid 0's job"));
+    EXPECT_THAT(job.last_failure(), HasSubstr("beyond its fair share"));
+  }
+  EXPECT_TRUE(told);
+  auto status = root_->GetStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  for (const v1::SessionStatus& session : status->sessions()) {
+    EXPECT_EQ(session.swapped_activation_bytes(), 0u) << session.job_id();
+  }
+}
+
 // Root trains (a data plane open); nobody opens data planes until the
 // daemon says no: it gets its share of the pool, and root's new data
 // plane still opens.

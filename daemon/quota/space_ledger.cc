@@ -65,14 +65,24 @@ std::map<uid_t, ShareHolder> SpaceLedger::HoldersLocked() const {
 }
 
 bool SpaceLedger::OthersOverShareLocked(uid_t uid) const {
+  return !BeyondSharesLocked(uid).empty();
+}
+
+std::map<uid_t, uint64_t> SpaceLedger::BeyondSharesLocked(uid_t uid) const {
   const std::map<uid_t, ShareHolder> holders = HoldersLocked();
+  std::map<uid_t, uint64_t> beyond;
   for (const auto& [other, holder] : holders) {
-    if (other != uid &&
-        holder.held > ShareOf(capacity_bytes_, other, holders)) {
-      return true;
+    const uint64_t share = ShareOf(capacity_bytes_, other, holders);
+    if (other != uid && holder.held > share) {
+      beyond[other] = holder.held - share;
     }
   }
-  return false;
+  return beyond;
+}
+
+void SpaceLedger::SetReclaimer(Reclaimer reclaimer) {
+  absl::MutexLock lock(&reclaimer_mu_);
+  reclaimer_ = std::move(reclaimer);
 }
 
 uint64_t SpaceLedger::RoomFor(const std::string& name) const {
@@ -172,6 +182,7 @@ absl::Status SpaceLedger::SetAside(const std::string& job, uint64_t bytes,
                                    uintptr_t holder, absl::Duration patience) {
   absl::MutexLock lock(&mu_);
   const absl::Time deadline = absl::Now() + patience;
+  bool reclaim_asked = patience == absl::ZeroDuration();
   while (true) {
     Job& entry = jobs_[job];
     Job after = entry;
@@ -189,6 +200,20 @@ absl::Status SpaceLedger::SetAside(const std::string& job, uint64_t bytes,
     const bool waiting_helps = absl::IsResourceExhausted(fits) &&
                                entry.tracked &&
                                OthersOverShareLocked(entry.owner);
+    if (waiting_helps && !reclaim_asked) {
+      // Once: those beyond their shares are asked to give it back, then
+      // the set-aside is tried again before it waits.
+      reclaim_asked = true;
+      const uid_t owner = entry.owner;
+      const std::map<uid_t, uint64_t> beyond = BeyondSharesLocked(owner);
+      mu_.Unlock();
+      {
+        absl::MutexLock reclaiming(&reclaimer_mu_);
+        if (reclaimer_) reclaimer_(owner, job, beyond);
+      }
+      mu_.Lock();
+      continue;
+    }
     bool timed_out = !waiting_helps;
     if (waiting_helps) {
       ++waiting_;

@@ -4,6 +4,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -95,6 +96,17 @@ class SpaceLedger : public SpaceBudget {
   // Set-asides waiting for space now (SetAside's patience).
   size_t waiting() const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Told, when a set-aside of `job` (owned by `for_uid`) starts waiting for
+  // space other users hold beyond their shares, what each of them holds
+  // beyond its share: the daemon then closes their data planes, whose
+  // swapped activations and set-asides come back. Called without the
+  // ledger's lock, at most once per SetAside; it must not call SetAside.
+  using Reclaimer =
+      std::function<void(uid_t for_uid, const std::string& job,
+                         const std::map<uid_t, uint64_t>& beyond_share)>;
+  // Replaces the reclaimer (empty: none). A call under way finishes first.
+  void SetReclaimer(Reclaimer reclaimer) ABSL_LOCKS_EXCLUDED(reclaimer_mu_);
+
   // SpaceBudget.
   uint8_t AccountOf(absl::string_view name) const override;
   absl::Status Reserve(absl::string_view job, uint8_t account,
@@ -130,6 +142,9 @@ class SpaceLedger : public SpaceBudget {
   // Whether a user other than `uid` holds more than its share.
   bool OthersOverShareLocked(uid_t uid) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What each user other than `uid` holds beyond its share (those who do).
+  std::map<uid_t, uint64_t> BeyondSharesLocked(uid_t uid) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `job`'s entry after `change`, with held_by_all_ kept in step.
   void UpdateLocked(Job& job, const Job& after)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -145,6 +160,9 @@ class SpaceLedger : public SpaceBudget {
   // Signalled whenever anything is given back (SetAside's patience).
   absl::CondVar released_;
   size_t waiting_ ABSL_GUARDED_BY(mu_) = 0;
+  // Held while the reclaimer runs (never with mu_).
+  absl::Mutex reclaimer_mu_;
+  Reclaimer reclaimer_ ABSL_GUARDED_BY(reclaimer_mu_);
 };
 
 }  // namespace lohan

@@ -397,6 +397,7 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
   lanes_ready_.store(lanes_.get());
   pipeline_ready_.store(served_->pipeline.get());
   server_ = std::thread([this] { Serve(); });
+  registered_.store(true);
   spdlog::info(
       "job {}: model of {} layers registered ({} gradient and {} weight "
       "buffers), resuming at iteration {}",

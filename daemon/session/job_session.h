@@ -88,15 +88,14 @@ class JobSession {
   void SetFailureCallback(std::function<void(const absl::Status&)> failed) {
     on_failure_ = std::move(failed);
   }
-  // Whether RegisterModel succeeded. REQUIRES: not concurrent with
-  // RegisterModel (SessionManager calls both under its lock).
-  bool registered() const { return served_ != nullptr; }
+  // Whether RegisterModel succeeded (and serving began). Thread-safe.
+  bool registered() const { return registered_.load(); }
   // Whether an iteration is in progress (between ITER_BEGIN and its end).
   // REQUIRES: the model is registered.
   bool InIteration() const ABSL_LOCKS_EXCLUDED(validator_mu_);
   // Whether the registered model's weights are resident in the arena (a
   // weight buffer per layer), not streamed from the store.
-  // REQUIRES: registered(), under the same rule.
+  // REQUIRES: registered().
   bool weights_resident() const;
   // Keeps `plan` as the job's activation plan (SessionStatus.plan): the
   // iterations begun after now and committed are counted in
@@ -263,6 +262,7 @@ class JobSession {
   // lanes.
   std::optional<Model> model_ ABSL_GUARDED_BY(mu_);
   Model* served_ = nullptr;  // = &*model_ once serving
+  std::atomic<bool> registered_{false};  // RegisterModel has returned it
   // Holds the model's SSD set-aside, given back when the session ends.
   SpaceLedger* ledger_ ABSL_GUARDED_BY(mu_) = nullptr;
   mutable absl::Mutex validator_mu_;

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <set>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/common/byte_size.h"
 #include "daemon/common/check.h"
@@ -38,6 +39,12 @@ std::unique_ptr<SessionManager> SessionManager::Start(
   std::unique_ptr<SessionManager> manager(
       new SessionManager(std::move(listener), parts, std::move(stop_event)));
   SessionManager* self = manager.get();
+  if (parts.ledger != nullptr) {
+    parts.ledger->SetReclaimer([self](uid_t for_uid, const std::string& job_id,
+                                      const std::map<uid_t, uint64_t>& beyond) {
+      self->ReclaimSsd(for_uid, job_id, beyond);
+    });
+  }
   manager->listener_->Start([self](UniqueFd connection, const Caller& caller) {
     self->Accept(std::move(connection), caller);
   });
@@ -306,6 +313,10 @@ void SessionManager::Serve(int connection, const Caller& caller) {
   // memory of its model and plan.
   {
     absl::MutexLock lock(&mu_);
+    auto registered = [this, &job_id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return !sessions_.at(job_id).registering;
+    };
+    mu_.Await(absl::Condition(&registered));
     sessions_.at(job_id).session = nullptr;
   }
   session->reset();  // the arena is back in the pool: so is the claim
@@ -328,6 +339,8 @@ void SessionManager::Serve(int connection, const Caller& caller) {
 }
 
 void SessionManager::Shutdown() {
+  // Not under mu_: a reclaim under way (it takes mu_) finishes first.
+  if (parts_.ledger != nullptr) parts_.ledger->SetReclaimer(nullptr);
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return;
@@ -353,15 +366,30 @@ absl::StatusOr<v1::RegisterModelResponse> SessionManager::RegisterModel(
   if (!job.ok()) return job.status();
   const uid_t owner = job->owner_uid();
   const uint64_t held = DaemonMemoryHeld(owner, request.job_id(), "");
-  // Held throughout, so the session cannot be closed under us; a closing
-  // connection waits (RegisterModel is short but for opening the states).
-  absl::MutexLock lock(&mu_);
-  JobSession* session = OpenSessionLocked(request.job_id());
-  if (session == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job ", request.job_id(),
-        " has no data plane open; open it (lohan_data_plane_open) first"));
+  // The session is marked registering: its connection waits for that to
+  // end before closing it, so it cannot go under us, while the manager's
+  // lock is free (a registration may wait for SSD space that other users'
+  // closing data planes give back).
+  JobSession* session = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    session = OpenSessionLocked(request.job_id());
+    if (session == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", request.job_id(),
+          " has no data plane open; open it (lohan_data_plane_open) first"));
+    }
+    LiveSession& live = sessions_.at(request.job_id());
+    if (live.registering) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", request.job_id(), " is registering a model already"));
+    }
+    live.registering = true;
   }
+  absl::Cleanup registered_or_not = [&] {
+    absl::MutexLock lock(&mu_);
+    sessions_.at(request.job_id()).registering = false;
+  };
   absl::StatusOr<v1::RegisterModelResponse> registered = session->RegisterModel(
       request.model(),
       {.store = parts_.store,

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
@@ -149,6 +150,9 @@ class SessionManager {
     int end_event = -1;     // eventfd: signalled, its connection thread ends it
     uint64_t serial = 0;    // unique among the manager's sessions, ever
     uint64_t claim_id = 0;  // its PoolClaim
+    // RegisterModel runs on it (without the manager's lock): the session
+    // is not closed until it returns.
+    bool registering = false;
   };
   // An open (or opening) session's claim on its owner's pool quota.
   struct PoolClaim {
@@ -176,7 +180,7 @@ class SessionManager {
   // `job_id`'s session, or null when it has none open (or it is closing).
   JobSession* OpenSessionLocked(const std::string& job_id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Pool claims and their fair shares: session_manager_pool.cc.
+  // Pool claims and their fair shares: session_manager_shares.cc.
   // Claims `bytes` of the pool for `job_id`'s session, of `owner`'s quota
   // and fair share: the claim's id, or RESOURCE_EXHAUSTED with the numbers.
   absl::StatusOr<uint64_t> ClaimPoolLocked(const std::string& job_id,
@@ -192,6 +196,23 @@ class SessionManager {
   // what they hold covers it, each job told why. Whether any was asked.
   bool ReclaimPoolLocked(const std::string& job_id, uid_t owner, uint64_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Other users' open sessions than `owner`'s, the newest first.
+  struct Candidate {
+    uint64_t serial;
+    std::string job_id;
+    JobSession* session;
+    uid_t uid;
+    uint64_t bytes;  // its pool claim
+  };
+  std::vector<Candidate> OthersNewestFirstLocked(uid_t owner) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The ledger's reclaimer (SpaceLedger::SetReclaimer): closes data planes
+  // of the users in `beyond` (newest first, each at the end of its
+  // iteration) whose closing gives SSD space back, until what each holds
+  // beyond its share is covered; each job told why.
+  void ReclaimSsd(uid_t for_uid, const std::string& job_id,
+                  const std::map<uid_t, uint64_t>& beyond)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Every user holding pool claims (present: training) and their sum.
   std::map<uid_t, ShareHolder> PoolHoldersLocked(uint64_t& held_by_all) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -1,7 +1,8 @@
 // SessionManager: the host pool's claims, shared among the users who train
-// by their weights (fair_share.h), and taken back from users beyond their
-// shares when another user's data plane needs its share. The rest of the
-// class is in session_manager.cc.
+// by their weights (fair_share.h), and what users took beyond their shares
+// of the pool or the SSD array taken back when another user needs its
+// share: their data planes closed, the newest first, each at the end of its
+// iteration. The rest of the class is in session_manager.cc.
 #include <algorithm>
 #include <vector>
 
@@ -78,31 +79,10 @@ bool SessionManager::ReclaimPoolLocked(const std::string& job_id, uid_t owner,
     return false;  // beyond its own share, or not for want of room
   }
   uint64_t needed = held_by_all + bytes - capacity;
-  // Other users' planes, the newest first: the ones that came last while
-  // nobody else wanted the pool.
-  struct Candidate {
-    uint64_t serial;
-    std::string job_id;
-    JobSession* session;
-    uid_t uid;
-    uint64_t bytes;
-  };
-  std::vector<Candidate> candidates;
-  for (const auto& [id, live] : sessions_) {
-    auto claim = pool_claims_.find(live.claim_id);
-    if (live.session == nullptr || claim == pool_claims_.end() ||
-        claim->second.owner == owner) {
-      continue;
-    }
-    candidates.push_back({live.serial, id, live.session, claim->second.owner,
-                          claim->second.bytes});
-  }
-  std::sort(candidates.begin(), candidates.end(),
-            [](const Candidate& a, const Candidate& b) {
-              return a.serial > b.serial;
-            });
   bool asked = false;
-  for (const Candidate& c : candidates) {
+  // The newest first: the ones that came last while nobody else wanted
+  // the pool.
+  for (const Candidate& c : OthersNewestFirstLocked(owner)) {
     if (needed == 0) break;
     ShareHolder& holder = holders.at(c.uid);
     if (holder.held <= ShareOf(capacity, c.uid, holders)) continue;
@@ -121,6 +101,53 @@ bool SessionManager::ReclaimPoolLocked(const std::string& job_id, uid_t owner,
     asked = true;
   }
   return asked;
+}
+
+std::vector<SessionManager::Candidate> SessionManager::OthersNewestFirstLocked(
+    uid_t owner) const {
+  std::vector<Candidate> candidates;
+  for (const auto& [id, live] : sessions_) {
+    auto claim = pool_claims_.find(live.claim_id);
+    if (live.session == nullptr || claim == pool_claims_.end() ||
+        claim->second.owner == owner) {
+      continue;
+    }
+    candidates.push_back({live.serial, id, live.session, claim->second.owner,
+                          claim->second.bytes});
+  }
+  std::sort(candidates.begin(), candidates.end(),
+            [](const Candidate& a, const Candidate& b) {
+              return a.serial > b.serial;
+            });
+  return candidates;
+}
+
+void SessionManager::ReclaimSsd(uid_t for_uid, const std::string& job_id,
+                                const std::map<uid_t, uint64_t>& beyond) {
+  absl::MutexLock lock(&mu_);
+  if (stopping_ || parts_.ledger == nullptr) return;
+  std::map<uid_t, uint64_t> left = beyond;
+  for (const Candidate& c : OthersNewestFirstLocked(for_uid)) {
+    auto over = left.find(c.uid);
+    if (over == left.end() || over->second == 0) continue;
+    // What closing it gives back: its swapped activations and the part of
+    // its set-aside its states do not fill.
+    const SpaceLedger::JobUsage usage = parts_.ledger->UsageOf(c.job_id);
+    const uint64_t freed =
+        usage.activations +
+        (usage.set_aside > usage.used ? usage.set_aside - usage.used : 0);
+    if (freed == 0) continue;
+    const std::string how = StopSessionLocked(c.job_id, *c.session, true);
+    const std::string why = absl::StrCat(
+        "its data plane was closed for uid ", for_uid, "'s job ", job_id,
+        ", within that user's share of the SSD array: uid ", c.uid, " held ",
+        FormatByteSize(over->second), " beyond its fair share (", how,
+        "; its swapped activations, ", FormatByteSize(usage.activations),
+        ", are gone); open it again: it gets its share");
+    spdlog::info("job {}: {}", c.job_id, why);
+    parts_.jobs->NoteFailure(c.job_id, absl::ResourceExhaustedError(why));
+    over->second -= std::min(over->second, freed);
+  }
 }
 
 }  // namespace lohan

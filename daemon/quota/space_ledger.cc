@@ -64,6 +64,11 @@ std::map<uid_t, ShareHolder> SpaceLedger::HoldersLocked() const {
   return holders;
 }
 
+bool SpaceLedger::WithinShareLocked(uid_t uid, uint64_t more) const {
+  const std::map<uid_t, ShareHolder> holders = HoldersLocked();
+  return HeldByLocked(uid) + more <= ShareOf(capacity_bytes_, uid, holders);
+}
+
 bool SpaceLedger::OthersOverShareLocked(uid_t uid) const {
   return !BeyondSharesLocked(uid).empty();
 }
@@ -115,31 +120,43 @@ uint64_t SpaceLedger::RoomFor(const std::string& name) const {
   return low;
 }
 
-absl::Status SpaceLedger::FitsLocked(const std::string& name, const Job& job,
-                                     uint64_t held_after, uint64_t needed,
-                                     const char* what) const {
+absl::Status SpaceLedger::OwnLimitsLocked(const std::string& name,
+                                          const Job& job, uint64_t held_after,
+                                          uint64_t needed,
+                                          const char* what) const {
   const uint64_t held = job.Held();
-  if (held_after <= held) return absl::OkStatus();
+  if (held_after <= held || !job.tracked) return absl::OkStatus();
   const uint64_t more = held_after - held;
-  if (job.tracked && job.limit != 0 && held_after > job.limit) {
+  if (job.limit != 0 && held_after > job.limit) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "SSD space for job ", name, ": ", what, " needs ", Bytes(needed),
         ", the job holds ", Bytes(held), " and its limit is ", Bytes(job.limit),
         " (CreateJob ssd_bytes; free some, e.g. swapped activations, or "
         "create the job with more)"));
   }
-  if (job.tracked) {
-    const uint64_t quota = quotas_->For(job.owner).ssd_bytes;
-    const uint64_t user_held = HeldByLocked(job.owner);
-    if (quota != 0 && user_held + more > quota) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "SSD space for job ", name, ": ", what, " needs ", Bytes(needed),
-          ", its owner (uid ", job.owner, ") holds ", Bytes(user_held),
-          " over all their jobs and the quota is ", Bytes(quota),
-          " ([quotas] ssd in lohand.toml; delete a job you no longer need "
-          "with 'lohanctl delete')"));
-    }
+  const uint64_t quota = quotas_->For(job.owner).ssd_bytes;
+  const uint64_t user_held = HeldByLocked(job.owner);
+  if (quota != 0 && user_held + more > quota) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "SSD space for job ", name, ": ", what, " needs ", Bytes(needed),
+        ", its owner (uid ", job.owner, ") holds ", Bytes(user_held),
+        " over all their jobs and the quota is ", Bytes(quota),
+        " ([quotas] ssd in lohand.toml; delete a job you no longer need "
+        "with 'lohanctl delete')"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status SpaceLedger::FitsLocked(const std::string& name, const Job& job,
+                                     uint64_t held_after, uint64_t needed,
+                                     const char* what) const {
+  if (absl::Status own = OwnLimitsLocked(name, job, held_after, needed, what);
+      !own.ok()) {
+    return own;
+  }
+  const uint64_t held = job.Held();
+  if (held_after <= held) return absl::OkStatus();
+  const uint64_t more = held_after - held;
   if (held_by_all_ + more > capacity_bytes_) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "SSD space for job ", name, ": ", what, " needs ", Bytes(needed),
@@ -182,7 +199,9 @@ absl::Status SpaceLedger::SetAside(const std::string& job, uint64_t bytes,
                                    uintptr_t holder, absl::Duration patience) {
   absl::MutexLock lock(&mu_);
   const absl::Time deadline = absl::Now() + patience;
-  bool reclaim_asked = patience == absl::ZeroDuration();
+  const absl::Time at_once_after = absl::Now() + patience / 2;
+  // Reclaims asked: none yet, at the end of their iterations, at once.
+  int reclaims = patience == absl::ZeroDuration() ? 2 : 0;
   while (true) {
     Job& entry = jobs_[job];
     Job after = entry;
@@ -197,19 +216,24 @@ absl::Status SpaceLedger::SetAside(const std::string& job, uint64_t bytes,
     // Worth waiting only for space others hold beyond their shares: they
     // may take no more meanwhile, and their activations come back as their
     // iterations end.
-    const bool waiting_helps = absl::IsResourceExhausted(fits) &&
-                               entry.tracked &&
-                               OthersOverShareLocked(entry.owner);
-    if (waiting_helps && !reclaim_asked) {
-      // Once: those beyond their shares are asked to give it back, then
-      // the set-aside is tried again before it waits.
-      reclaim_asked = true;
+    const bool waiting_helps =
+        absl::IsResourceExhausted(fits) && entry.tracked &&
+        OwnLimitsLocked(job, entry, after.Held(), bytes, "").ok() &&
+        WithinShareLocked(
+            entry.owner, after.Held() - std::min(after.Held(), entry.Held())) &&
+        OthersOverShareLocked(entry.owner);
+    if (waiting_helps &&
+        (reclaims == 0 || (reclaims == 1 && absl::Now() >= at_once_after))) {
+      // Those beyond their shares are asked to give it back (at the end of
+      // their iterations, then at once), and the set-aside tried again.
+      const bool at_once = reclaims == 1;
+      ++reclaims;
       const uid_t owner = entry.owner;
       const std::map<uid_t, uint64_t> beyond = BeyondSharesLocked(owner);
       mu_.Unlock();
       {
         absl::MutexLock reclaiming(&reclaimer_mu_);
-        if (reclaimer_) reclaimer_(owner, job, beyond);
+        if (reclaimer_) reclaimer_(owner, job, beyond, at_once);
       }
       mu_.Lock();
       continue;
@@ -217,8 +241,10 @@ absl::Status SpaceLedger::SetAside(const std::string& job, uint64_t bytes,
     bool timed_out = !waiting_helps;
     if (waiting_helps) {
       ++waiting_;
-      timed_out = released_.WaitWithDeadline(&mu_, deadline);
+      timed_out = released_.WaitWithDeadline(
+          &mu_, reclaims == 1 ? at_once_after : deadline);
       --waiting_;
+      if (timed_out && reclaims == 1) continue;  // the second reclaim
     }
     if (timed_out) {
       Job& now = jobs_[job];

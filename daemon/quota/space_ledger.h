@@ -99,11 +99,13 @@ class SpaceLedger : public SpaceBudget {
   // Told, when a set-aside of `job` (owned by `for_uid`) starts waiting for
   // space other users hold beyond their shares, what each of them holds
   // beyond its share: the daemon then closes their data planes, whose
-  // swapped activations and set-asides come back. Called without the
-  // ledger's lock, at most once per SetAside; it must not call SetAside.
-  using Reclaimer =
-      std::function<void(uid_t for_uid, const std::string& job,
-                         const std::map<uid_t, uint64_t>& beyond_share)>;
+  // swapped activations and set-asides come back, each at the end of its
+  // iteration; told again (`at_once`) if half the patience passed without
+  // room: close them now, their iterations rolled back. Called without
+  // the ledger's lock, at most twice per SetAside; must not call SetAside.
+  using Reclaimer = std::function<void(
+      uid_t for_uid, const std::string& job,
+      const std::map<uid_t, uint64_t>& beyond_share, bool at_once)>;
   // Replaces the reclaimer (empty: none). A call under way finishes first.
   void SetReclaimer(Reclaimer reclaimer) ABSL_LOCKS_EXCLUDED(reclaimer_mu_);
 
@@ -130,7 +132,17 @@ class SpaceLedger : public SpaceBudget {
     }
   };
 
-  // OK when `job` may go from holding job.Held() to `held_after`.
+  // Its own limits: the job's cap and its owner's quota (waiting for
+  // others cannot help with these).
+  absl::Status OwnLimitsLocked(const std::string& name, const Job& job,
+                               uint64_t held_after, uint64_t needed,
+                               const char* what) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `uid` holding `more` stays within its fair share of the array.
+  bool WithinShareLocked(uid_t uid, uint64_t more) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OK when `job` may go from holding job.Held() to `held_after`: its own
+  // limits, the array, its owner's fair share.
   absl::Status FitsLocked(const std::string& name, const Job& job,
                           uint64_t held_after, uint64_t needed,
                           const char* what) const

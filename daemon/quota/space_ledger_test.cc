@@ -1,6 +1,9 @@
 #include "daemon/quota/space_ledger.h"
 
+#include <map>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -175,6 +178,57 @@ TEST_F(SpaceLedgerTest, ASetAsideWaitsForSpaceHeldBeyondAnotherShare) {
   // refused at once, however long it might wait.
   ledger_.Track("bob-2", kBob, 0);
   EXPECT_FALSE(ledger_.SetAside("bob-2", 1, 8, absl::InfiniteDuration()).ok());
+}
+
+// A set-aside that waits first tells the reclaimer what others hold beyond
+// their shares (close them at the end of their iterations); with no room
+// after half its patience, tells it again to close them at once.
+TEST_F(SpaceLedgerTest, AWaitingSetAsideAsksTheReclaimerTwice) {
+  ledger_.Track("alice", kAlice, 0);
+  ledger_.Track("bob", kBob, 0);
+  ledger_.SetPresent(kAlice, true);
+  ASSERT_TRUE(ledger_.Reserve("alice", SpaceLedger::kActivations, 900).ok());
+  ledger_.SetPresent(kBob, true);
+  std::vector<bool> asked;  // at_once, per call
+  ledger_.SetReclaimer([&](uid_t for_uid, const std::string& job,
+                           const std::map<uid_t, uint64_t>& beyond,
+                           bool at_once) {
+    EXPECT_EQ(for_uid, kBob);
+    EXPECT_EQ(job, "bob");
+    // Alice's share is 500 of the 1000 with Bob training.
+    EXPECT_EQ(beyond, (std::map<uid_t, uint64_t>{{kAlice, 400}}));
+    asked.push_back(at_once);
+    // Her plane ignores the drain; closed at once, its activations go.
+    if (at_once) ledger_.Release("alice", SpaceLedger::kActivations, 900);
+  });
+  const absl::Status set_aside =
+      ledger_.SetAside("bob", 300, 7, absl::Milliseconds(400));
+  EXPECT_TRUE(set_aside.ok()) << set_aside;
+  EXPECT_EQ(asked, (std::vector<bool>{false, true}));
+  // Without room even then: refused once the patience is out, having asked
+  // twice.
+  asked.clear();
+  ledger_.SetReclaimer([&](uid_t, const std::string&,
+                           const std::map<uid_t, uint64_t>&,
+                           bool at_once) { asked.push_back(at_once); });
+  ledger_.ClearSetAside("bob", 7);
+  ledger_.SetPresent(kBob, false);  // Alice alone again takes 900
+  ASSERT_TRUE(ledger_.Reserve("alice", SpaceLedger::kActivations, 900).ok());
+  ledger_.SetPresent(kBob, true);
+  ledger_.Track("bob-2", kBob, 0);
+  const absl::Status refused =
+      ledger_.SetAside("bob-2", 200, 8, absl::Milliseconds(200));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.message(), HasSubstr("waited"));
+  EXPECT_EQ(asked, (std::vector<bool>{false, true}));
+  // What Bob's own quota (300) stands in the way of is refused at once,
+  // nobody asked to give anything back.
+  asked.clear();
+  const absl::Status over_quota =
+      ledger_.SetAside("bob-2", 301, 8, absl::InfiniteDuration());
+  EXPECT_THAT(over_quota.message(), HasSubstr("the quota is 300"));
+  EXPECT_TRUE(asked.empty());
+  ledger_.SetReclaimer(nullptr);
 }
 
 }  // namespace

@@ -41,8 +41,9 @@ std::unique_ptr<SessionManager> SessionManager::Start(
   SessionManager* self = manager.get();
   if (parts.ledger != nullptr) {
     parts.ledger->SetReclaimer([self](uid_t for_uid, const std::string& job_id,
-                                      const std::map<uid_t, uint64_t>& beyond) {
-      self->ReclaimSsd(for_uid, job_id, beyond);
+                                      const std::map<uid_t, uint64_t>& beyond,
+                                      bool at_once) {
+      self->ReclaimSsd(for_uid, job_id, beyond, at_once);
     });
   }
   manager->listener_->Start([self](UniqueFd connection, const Caller& caller) {
@@ -119,7 +120,7 @@ namespace {
 constexpr absl::Duration kCloseWait = absl::Seconds(30);
 // How long a new data plane within its owner's share of the pool waits for
 // other users' planes beyond theirs to close (each at the end of its
-// iteration).
+// iteration; after half of it, at once).
 constexpr absl::Duration kReclaimWait = absl::Seconds(60);
 }  // namespace
 
@@ -165,13 +166,17 @@ absl::StatusOr<std::unique_ptr<JobSession>> SessionManager::OpenSession(
     const uint64_t bytes = job->spec().host_pool_bytes();
     absl::StatusOr<uint64_t> claim = ClaimPoolLocked(*job_id, owner, bytes);
     if (absl::IsResourceExhausted(claim.status()) &&
-        ReclaimPoolLocked(*job_id, owner, bytes)) {
+        ReclaimPoolLocked(*job_id, owner, bytes, /*at_once=*/false)) {
       // Other users' data planes beyond their shares close at the end of
-      // their iterations; this one opens once their arenas are back.
+      // their iterations (those still open after half the wait, at once);
+      // this one opens once their arenas are back.
       auto fits = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return PoolClaimRefusalLocked(*job_id, owner, bytes).ok();
       };
-      mu_.AwaitWithTimeout(absl::Condition(&fits), kReclaimWait);
+      if (!mu_.AwaitWithTimeout(absl::Condition(&fits), kReclaimWait / 2) &&
+          ReclaimPoolLocked(*job_id, owner, bytes, /*at_once=*/true)) {
+        mu_.AwaitWithTimeout(absl::Condition(&fits), kReclaimWait / 2);
+      }
       claim = ClaimPoolLocked(*job_id, owner, bytes);
     }
     if (!claim.ok()) return claim.status();

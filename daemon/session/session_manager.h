@@ -191,11 +191,12 @@ class SessionManager {
                                       uint64_t bytes) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // When `bytes` more fit `owner`'s share of the pool but not what is
-  // free, asks other users' data planes beyond their shares to close, the
-  // newest first (a drain: at the end of the iteration in progress), until
-  // what they hold covers it, each job told why. Whether any was asked.
-  bool ReclaimPoolLocked(const std::string& job_id, uid_t owner, uint64_t bytes)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // free, closes other users' data planes beyond their shares, the newest
+  // first (at the end of the iteration in progress, or `at_once`, the
+  // iteration rolled back), until what they hold covers it, each job told
+  // why. Whether any was asked.
+  bool ReclaimPoolLocked(const std::string& job_id, uid_t owner, uint64_t bytes,
+                         bool at_once) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Other users' open sessions than `owner`'s, the newest first.
   struct Candidate {
     uint64_t serial;
@@ -207,11 +208,12 @@ class SessionManager {
   std::vector<Candidate> OthersNewestFirstLocked(uid_t owner) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The ledger's reclaimer (SpaceLedger::SetReclaimer): closes data planes
-  // of the users in `beyond` (newest first, each at the end of its
-  // iteration) whose closing gives SSD space back, until what each holds
-  // beyond its share is covered; each job told why.
+  // of the users in `beyond` (newest first; each at the end of its
+  // iteration, or `at_once`, its iteration rolled back) whose closing gives
+  // SSD space back, until what each holds beyond its share is covered;
+  // each job told why.
   void ReclaimSsd(uid_t for_uid, const std::string& job_id,
-                  const std::map<uid_t, uint64_t>& beyond)
+                  const std::map<uid_t, uint64_t>& beyond, bool at_once)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Every user holding pool claims (present: training) and their sum.
   std::map<uid_t, ShareHolder> PoolHoldersLocked(uint64_t& held_by_all) const

@@ -65,7 +65,7 @@ absl::StatusOr<uint64_t> SessionManager::ClaimPoolLocked(
 }
 
 bool SessionManager::ReclaimPoolLocked(const std::string& job_id, uid_t owner,
-                                       uint64_t bytes) {
+                                       uint64_t bytes, bool at_once) {
   const uint64_t capacity = parts_.pool->GetStats().capacity_bytes;
   uint64_t held_by_all = 0;
   std::map<uid_t, ShareHolder> holders = PoolHoldersLocked(held_by_all);
@@ -86,7 +86,7 @@ bool SessionManager::ReclaimPoolLocked(const std::string& job_id, uid_t owner,
     if (needed == 0) break;
     ShareHolder& holder = holders.at(c.uid);
     if (holder.held <= ShareOf(capacity, c.uid, holders)) continue;
-    const std::string how = StopSessionLocked(c.job_id, *c.session, true);
+    const std::string how = StopSessionLocked(c.job_id, *c.session, !at_once);
     const std::string why = absl::StrCat(
         "its data plane (", FormatByteSize(c.bytes),
         " of host pool, beyond uid ", c.uid,
@@ -123,7 +123,8 @@ std::vector<SessionManager::Candidate> SessionManager::OthersNewestFirstLocked(
 }
 
 void SessionManager::ReclaimSsd(uid_t for_uid, const std::string& job_id,
-                                const std::map<uid_t, uint64_t>& beyond) {
+                                const std::map<uid_t, uint64_t>& beyond,
+                                bool at_once) {
   absl::MutexLock lock(&mu_);
   if (stopping_ || parts_.ledger == nullptr) return;
   std::map<uid_t, uint64_t> left = beyond;
@@ -137,7 +138,7 @@ void SessionManager::ReclaimSsd(uid_t for_uid, const std::string& job_id,
         usage.activations +
         (usage.set_aside > usage.used ? usage.set_aside - usage.used : 0);
     if (freed == 0) continue;
-    const std::string how = StopSessionLocked(c.job_id, *c.session, true);
+    const std::string how = StopSessionLocked(c.job_id, *c.session, !at_once);
     const std::string why = absl::StrCat(
         "its data plane was closed for uid ", for_uid, "'s job ", job_id,
         ", within that user's share of the SSD array: uid ", c.uid, " held ",

@@ -100,6 +100,23 @@ class MultiUserTest : public ::testing::Test {
     return {};
   }
 
+  // Nobody opens data planes (a one-layer model registered in each) until
+  // one is refused, at most `most`: the planes, and the refusal's text.
+  std::string OpenNobodysPlanesUntilRefused(
+      int most, std::vector<std::unique_ptr<BackgroundProcess>>& planes) {
+    for (int i = 0; i < most; ++i) {
+      auto plane = BackgroundProcess::Start(Nobody(
+          {"register-hold", daemon_->socket(), absl::StrCat("plane-", i)}));
+      // A refused one says so and ends (perhaps before the harness looks).
+      const std::string said = plane.ok()
+                                   ? (*plane)->first_line()
+                                   : std::string(plane.status().message());
+      if (!plane.ok() || said.find("registered") != 0) return said;
+      planes.push_back(*std::move(plane));
+    }
+    return "";
+  }
+
   // The leading number of `text` after `prefix` ("stored 123 bytes" -> 123).
   static uint64_t NumberAfter(const std::string& text,
                               const std::string& prefix) {
@@ -216,19 +233,7 @@ TEST_F(MultiUserTest, AnotherUsersPlanesLeaveATrainingUsersShareOfThePool) {
   StartDaemon();
   StartVictim();
   std::vector<std::unique_ptr<BackgroundProcess>> planes;
-  std::string refusal;
-  for (int i = 0; i < 8 && refusal.empty(); ++i) {
-    auto plane = BackgroundProcess::Start(Nobody(
-        {"register-hold", daemon_->socket(), absl::StrCat("plane-", i)}));
-    // A refused one says so and ends (perhaps before the harness looks).
-    const std::string said = plane.ok() ? (*plane)->first_line()
-                                        : std::string(plane.status().message());
-    if (plane.ok() && said.find("registered") == 0) {
-      planes.push_back(*std::move(plane));
-    } else {
-      refusal = said;
-    }
-  }
+  const std::string refusal = OpenNobodysPlanesUntilRefused(8, planes);
   EXPECT_THAT(refusal, HasSubstr("beyond uid 65534's share of the host pool"));
   EXPECT_GE(planes.size(), 1u);
   auto status = root_->GetStatus();
@@ -248,18 +253,7 @@ TEST_F(MultiUserTest, AnotherUsersPlanesLeaveATrainingUsersShareOfThePool) {
 TEST_F(MultiUserTest, AUserWhoFilledThePoolAloneGivesANewcomerItsShare) {
   StartDaemon();
   std::vector<std::unique_ptr<BackgroundProcess>> planes;
-  std::string refusal;
-  for (int i = 0; i < 16 && refusal.empty(); ++i) {
-    auto plane = BackgroundProcess::Start(Nobody(
-        {"register-hold", daemon_->socket(), absl::StrCat("plane-", i)}));
-    const std::string said = plane.ok() ? (*plane)->first_line()
-                                        : std::string(plane.status().message());
-    if (plane.ok() && said.find("registered") == 0) {
-      planes.push_back(*std::move(plane));
-    } else {
-      refusal = said;
-    }
-  }
+  const std::string refusal = OpenNobodysPlanesUntilRefused(16, planes);
   EXPECT_THAT(refusal, HasSubstr("host pool"));
   ASSERT_GE(planes.size(), 2u);
   auto full = root_->GetStatus();

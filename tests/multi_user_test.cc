@@ -100,6 +100,17 @@ class MultiUserTest : public ::testing::Test {
     return {};
   }
 
+  // Root's new job "next" (a one-layer model registered, its data plane
+  // held open): the first line it says.
+  std::string RootsNewJobSays() {
+    auto job = BackgroundProcess::Start(
+        {bin_ + "/hostile_client", "register-hold", daemon_->socket(), "next"});
+    if (!job.ok()) return std::string(job.status().message());
+    const std::string said = (*job)->first_line();
+    roots_jobs_.push_back(*std::move(job));
+    return said;
+  }
+
   // Nobody opens data planes (a one-layer model registered in each) until
   // one is refused, at most `most`: the planes, and the refusal's text.
   std::string OpenNobodysPlanesUntilRefused(
@@ -143,6 +154,7 @@ class MultiUserTest : public ::testing::Test {
   std::unique_ptr<DaemonProcess> daemon_;
   std::unique_ptr<ControlClient> root_;
   std::unique_ptr<BackgroundProcess> victim_;
+  std::vector<std::unique_ptr<BackgroundProcess>> roots_jobs_;
 };
 
 // Root trains (its share of the array is kept for it); nobody swaps out
@@ -180,10 +192,7 @@ TEST_F(MultiUserTest, ASecondUserCannotFillTheSsdsUnderARunningJob) {
   EXPECT_TRUE(found);
   EXPECT_EQ(VictimJob().last_failure(), "");
   // Root's new job registers in root's share.
-  auto second = BackgroundProcess::Start(
-      {bin_ + "/hostile_client", "register-hold", daemon_->socket(), "next"});
-  ASSERT_TRUE(second.ok()) << second.status();
-  EXPECT_THAT((*second)->first_line(), HasSubstr("registered j-"));
+  EXPECT_THAT(RootsNewJobSays(), HasSubstr("registered j-"));
   // Root's job runs its next two iterations beside the full share.
   ResumeAndCheckVictim();
 }
@@ -202,12 +211,9 @@ TEST_F(MultiUserTest, AUserWhoFilledTheSsdsAloneGivesANewcomerItsShare) {
   EXPECT_THAT(said, HasSubstr("is full")) << said;
   // Alone, it took the 64 MiB array but for its own job's set-aside.
   EXPECT_GE(NumberAfter(said, "stored "), uint64_t{48} << 20) << said;
-  auto next = BackgroundProcess::Start(
-      {bin_ + "/hostile_client", "register-hold", daemon_->socket(), "next"});
-  ASSERT_TRUE(next.ok()) << next.status();
   // Nobody never frees what it holds: without the reclaim this waits out
   // the 60 s patience and is refused.
-  EXPECT_THAT((*next)->first_line(), HasSubstr("registered j-"));
+  EXPECT_THAT(RootsNewJobSays(), HasSubstr("registered j-"));
   auto jobs = root_->ListJobs();
   ASSERT_TRUE(jobs.ok()) << jobs.status();
   bool told = false;
@@ -239,10 +245,7 @@ TEST_F(MultiUserTest, AnotherUsersPlanesLeaveATrainingUsersShareOfThePool) {
   auto status = root_->GetStatus();
   ASSERT_TRUE(status.ok()) << status.status();
   EXPECT_LT(status->pool().used_bytes(), status->pool().capacity_bytes());
-  auto second = BackgroundProcess::Start(
-      {bin_ + "/hostile_client", "register-hold", daemon_->socket(), "next"});
-  ASSERT_TRUE(second.ok()) << second.status();
-  EXPECT_THAT((*second)->first_line(), HasSubstr("registered j-"));
+  EXPECT_THAT(RootsNewJobSays(), HasSubstr("registered j-"));
   ResumeAndCheckVictim();
 }
 
@@ -261,10 +264,7 @@ TEST_F(MultiUserTest, AUserWhoFilledThePoolAloneGivesANewcomerItsShare) {
   const uint64_t capacity = full->pool().capacity_bytes();
   ASSERT_GT(full->pool().used_bytes() + capacity / planes.size(), capacity)
       << "nobody's planes should have filled the pool";
-  auto root_plane = BackgroundProcess::Start(
-      {bin_ + "/hostile_client", "register-hold", daemon_->socket(), "next"});
-  ASSERT_TRUE(root_plane.ok()) << root_plane.status();
-  EXPECT_THAT((*root_plane)->first_line(), HasSubstr("registered j-"));
+  EXPECT_THAT(RootsNewJobSays(), HasSubstr("registered j-"));
   // Nobody's closed planes say why; it keeps at least half the pool.
   auto jobs = root_->ListJobs();
   ASSERT_TRUE(jobs.ok()) << jobs.status();

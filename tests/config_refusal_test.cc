@@ -128,6 +128,16 @@ TEST_F(ConfigRefusalTest, PoolLargerThanTheMachineCanLock) {
                 "key 'pool.host_pool_size' asks for 1000.0 TiB");
 }
 
+TEST_F(ConfigRefusalTest, StateTierLargerThanTheMachineCanLock) {
+  ExpectRefused(Lohand({"--state-tier", "1000TiB"}),
+                "key 'pool.state_tier' asks for 1000.0 TiB");
+  ExpectRefused(Lohand({"--state-tier", "most"}),
+                "flag --state-tier: 'most' is not a byte size");
+  const std::string config = WriteConfig("[pool]\nstate_tier = \"all\"\n");
+  ExpectRefused(Lohand({"--config", config}),
+                "key 'pool.state_tier': 'all' is not a byte size");
+}
+
 TEST_F(ConfigRefusalTest, SsdCapacityLargerThanTheDisk) {
   ExpectRefused(Lohand({"--ssd-capacity", "1000TiB"}),
                 "key 'store.capacity_per_ssd' asks for 1000.0 TiB");

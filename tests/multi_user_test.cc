@@ -578,5 +578,121 @@ TEST_F(MultiUserTest, ReadAheadMemoryIsSharedByTheUsersWeights) {
   ResumeAndCheckVictim();
 }
 
+// The state tier is the daemon's too: split by the users' weights among the
+// jobs that train (each keeps the longest prefix of its chunks that fits
+// its share), a newcomer's share given back by the others at their next
+// iteration, and a user's [quotas] state_tier caps what their jobs hold.
+class StateTierUsersTest : public MultiUserTest {
+ protected:
+  void SetUp() override {
+    MultiUserTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    ASSERT_NE(CopyForOtherUsers("tests/train_client", bin_), "");
+    out_ = dir_.path() + "/out";
+    ASSERT_EQ(mkdir(out_.c_str(), 0777), 0);
+    ASSERT_EQ(chmod(out_.c_str(), 0777), 0);
+  }
+
+  // A job of 40 chunks of 5000 parameters (60000-byte states: 2.4 MB, more
+  // than any share below) training 4 iterations, pausing after 2 until
+  // Resume(name), then holding its data plane open.
+  std::unique_ptr<BackgroundProcess> Train(const std::string& name,
+                                           bool as_nobody) {
+    std::vector<std::string> argv = {
+        as_nobody ? bin_ + "/train_client" : Runfile("tests/train_client"),
+        "--socket",
+        daemon_->socket(),
+        "--job",
+        name,
+        "--layers",
+        "200000",
+        "--chunk",
+        "5000",
+        "--iterations",
+        "4",
+        "--pause-after",
+        "2",
+        "--resume-file",
+        out_ + "/" + name,
+        "--out",
+        out_ + "/" + name + ".weights",
+        "--hold"};
+    auto job = BackgroundProcess::Start(as_nobody ? AsNobody(argv) : argv);
+    EXPECT_TRUE(job.ok()) << job.status();
+    EXPECT_TRUE(WaitForFile(out_ + "/" + name + ".paused")) << daemon_->Log();
+    return job.ok() ? *std::move(job) : nullptr;
+  }
+  void Resume(const std::string& name) {
+    std::ofstream(out_ + "/" + name) << "go\n";
+  }
+
+  // The session of process `pid` once it has committed `iteration`.
+  v1::SessionStatus SessionAt(pid_t pid, uint64_t iteration) {
+    for (int i = 0; i < 6000; ++i) {
+      auto status = root_->GetStatus();
+      if (!status.ok()) break;
+      for (const v1::SessionStatus& session : status->sessions()) {
+        if (session.pid() == pid &&
+            session.committed_iteration() >= iteration) {
+          return session;
+        }
+      }
+      usleep(10 * 1000);
+    }
+    ADD_FAILURE() << "pid " << pid << " never reached iteration " << iteration;
+    return {};
+  }
+
+  static constexpr uint64_t kChunkState = 5000 * 12;
+  std::string out_;
+};
+
+TEST_F(StateTierUsersTest, SharedByTheUsersWeights) {
+  StartDaemon(
+      "[pool]\nstate_tier = \"3MiB\"\n[quotas.user.root]\nweight = 2\n");
+  std::unique_ptr<BackgroundProcess> root = Train("roots", false);
+  ASSERT_NE(root, nullptr);
+  // Alone: every state in RAM.
+  EXPECT_EQ(SessionAt(root->pid(), 2).state_tier_bytes(), 40 * kChunkState);
+  std::unique_ptr<BackgroundProcess> other = Train("others", true);
+  ASSERT_NE(other, nullptr);
+  // The newcomer got what was free; root gives back its excess at its next
+  // iteration, the newcomer takes its share at its own.
+  EXPECT_LT(SessionAt(other->pid(), 2).state_tier_bytes(),
+            SessionAt(other->pid(), 2).state_tier_share_bytes());
+  Resume("roots");
+  const v1::SessionStatus roots = SessionAt(root->pid(), 4);
+  Resume("others");
+  const v1::SessionStatus others = SessionAt(other->pid(), 4);
+  EXPECT_EQ(roots.state_tier_share_bytes(), uint64_t{2} << 20);  // 2 of 3
+  EXPECT_EQ(others.state_tier_share_bytes(), uint64_t{1} << 20);
+  const double ratio = static_cast<double>(roots.state_tier_bytes()) /
+                       static_cast<double>(others.state_tier_bytes());
+  EXPECT_NEAR(ratio, 2.0, 0.2)
+      << roots.state_tier_bytes() << " : " << others.state_tier_bytes();
+  // Each holds the prefix of whole chunks its share holds.
+  EXPECT_EQ(roots.state_tier_bytes(), ((2 << 20) / kChunkState) * kChunkState);
+  EXPECT_EQ(others.state_tier_bytes(), ((1 << 20) / kChunkState) * kChunkState);
+}
+
+TEST_F(StateTierUsersTest, AUsersQuotaCapsWhatTheirJobsHold) {
+  StartDaemon(
+      "[pool]\nstate_tier = \"3MiB\"\n"
+      "[quotas.user.nobody]\nstate_tier = \"512KiB\"\n");
+  std::unique_ptr<BackgroundProcess> other = Train("capped", true);
+  ASSERT_NE(other, nullptr);
+  Resume("capped");
+  const v1::SessionStatus capped = SessionAt(other->pid(), 4);
+  EXPECT_EQ(capped.state_tier_share_bytes(), uint64_t{512} << 10);
+  EXPECT_EQ(capped.state_tier_bytes(),
+            ((512 << 10) / kChunkState) * kChunkState);
+  // Root, beside it, may take the rest.
+  std::unique_ptr<BackgroundProcess> root = Train("roots", false);
+  ASSERT_NE(root, nullptr);
+  EXPECT_EQ(SessionAt(root->pid(), 2).state_tier_share_bytes(),
+            (uint64_t{3} << 20) - (uint64_t{512} << 10));
+  EXPECT_EQ(SessionAt(root->pid(), 2).state_tier_bytes(), 40 * kChunkState);
+}
+
 }  // namespace
 }  // namespace lohan::testing

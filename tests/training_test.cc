@@ -259,10 +259,17 @@ TEST_F(TrainingTest, StatusShowsTrainingProgress) {
   EXPECT_GT(session.last_global_norm(), 1.0);
   EXPECT_GT(session.last_iteration_seconds(), 0.0);
   EXPECT_EQ(session.failed_requests(), 0u);
+  // The states (12 bytes a parameter) all in the state tier ("auto": this
+  // machine has room), read from RAM, every update written to the SSDs.
+  EXPECT_EQ(session.state_bytes(), 6333u * 12);
+  EXPECT_EQ(session.state_tier_bytes(), session.state_bytes());
+  EXPECT_GE(session.state_tier_share_bytes(), session.state_bytes());
   RunResult text = RunCommand({Runfile("client/ctl/lohanctl"), "--socket",
                                daemon_->socket(), "status"});
   EXPECT_THAT(text.out, HasSubstr("training (open data planes)"));
   EXPECT_THAT(text.out, HasSubstr(session.job_id()));
+  EXPECT_THAT(text.out, HasSubstr("states 74.2 KiB: 74.2 KiB in RAM (share "));
+  EXPECT_THAT(text.out, HasSubstr("0 B on the SSDs only; SSD "));
 }
 
 TEST_F(TrainingTest, RegisterModelRefusesBadSpecs) {

@@ -1,6 +1,6 @@
-"""lohan beside DeepSpeed ZeRO-3 with NVMe offload (ZeRO-Infinity) and plain
-PyTorch AdamW, in the same run, on the same model, data and optimizer
-settings (AdamW, clipping at 1.0, fp32).
+"""lohan beside DeepSpeed ZeRO-3 with NVMe offload (ZeRO-Infinity), with cpu
+offload (ZeRO-Offload) and plain PyTorch AdamW, in the same run, on the same
+model, data and optimizer settings (AdamW, clipping at 1.0, fp32).
 
     bazel build //daemon/main:lohand //client:liblohan_client.so
     scripts/setup --peers        # DeepSpeed into .venv
@@ -12,8 +12,13 @@ order reversed every other round):
 - ds-nvme-opt: ZeRO-3, optimizer states on NVMe, parameters in host memory;
 - ds-nvme-all: ZeRO-3, optimizer states and parameters on NVMe
   (ZeRO-Infinity);
-- lohan-resident: states on lohand's SSDs, a gradient and a weight buffer
-  per layer in its host pool;
+- ds-cpu: ZeRO-3, optimizer states and parameters in host memory
+  (ZeRO-Offload);
+- lohan-resident: a gradient and a weight buffer per layer in lohand's host
+  pool, states in its state tier as far as --state-tier holds them (the
+  rest, and every update written through, on its SSDs);
+- lohan-resident-ssd: the same on a second lohand without a state tier
+  (every state read from and written to its SSDs);
 - lohan-streamed: the same, gradients and weights streamed through
   --stream-buffers shared buffers of each (4) and the SSDs (a pool that
   does not hold the model; 1 is the least arena).
@@ -42,8 +47,8 @@ from pathlib import Path
 from typing import Dict, List, Tuple
 
 REPO = Path(__file__).resolve().parents[2]
-CONFIGS = ("torch", "ds-nvme-opt", "ds-nvme-all", "lohan-resident",
-           "lohan-streamed")
+CONFIGS = ("torch", "ds-nvme-opt", "ds-nvme-all", "ds-cpu", "lohan-resident",
+           "lohan-resident-ssd", "lohan-streamed")
 
 
 def io_bytes(pid: int) -> Tuple[int, int]:
@@ -68,7 +73,7 @@ def build(args: argparse.Namespace):
 
 
 def deepspeed_engine(model, args: argparse.Namespace, nvme: Path,
-                     params_on_nvme: bool):
+                     params_on_nvme: bool, states_on_nvme: bool = True):
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
                       MASTER_ADDR="127.0.0.1",
@@ -77,6 +82,9 @@ def deepspeed_engine(model, args: argparse.Namespace, nvme: Path,
     offload_param = ({"device": "nvme", "nvme_path": str(nvme),
                       "pin_memory": False} if params_on_nvme
                      else {"device": "cpu", "pin_memory": False})
+    offload_optimizer = ({"device": "nvme", "nvme_path": str(nvme),
+                          "pin_memory": False} if states_on_nvme
+                         else {"device": "cpu", "pin_memory": False})
     config = {
         "train_micro_batch_size_per_gpu": args.batch,
         "gradient_clipping": 1.0,
@@ -85,8 +93,7 @@ def deepspeed_engine(model, args: argparse.Namespace, nvme: Path,
             "weight_decay": 0.0}},
         "zero_optimization": {
             "stage": 3,
-            "offload_optimizer": {"device": "nvme", "nvme_path": str(nvme),
-                                  "pin_memory": False},
+            "offload_optimizer": offload_optimizer,
             "offload_param": offload_param},
         "steps_per_print": 1 << 30,
     }
@@ -119,7 +126,8 @@ def worker(args: argparse.Namespace) -> Dict[str, float]:
         nvme = scratch / f"ds-nvme-{os.getpid()}"
         nvme.mkdir()
         engine = deepspeed_engine(model, args, nvme,
-                                  args.worker == "ds-nvme-all")
+                                  args.worker == "ds-nvme-all",
+                                  args.worker != "ds-cpu")
         forward = lambda ids: engine(input_ids=ids, labels=ids).loss  # noqa
         backward = engine.backward
         update = engine.step
@@ -129,7 +137,7 @@ def worker(args: argparse.Namespace) -> Dict[str, float]:
         options = (dict(buffers="streamed",
                         stream_buffers=args.stream_buffers)
                    if args.worker == "lohan-streamed"
-                   else dict(buffers="resident"))
+                   else dict(buffers="resident"))  # -ssd too
         engine = lohan.init(model, lr=1e-4, max_grad_norm=1.0,
                             socket=args.socket,
                             job_name=f"peer-{os.getpid()}", **options)
@@ -193,17 +201,20 @@ def report(results: Dict[str, List[Dict[str, float]]],
           f"{args.vocab}, {parameters:,} parameters, batch {args.batch}x"
           f"{args.seq}, fp32, AdamW, clip 1.0, torch threads {args.threads};"
           f" median of {args.rounds} rounds of {args.steps} timed steps")
-    print(f"{'configuration':16s} {'s/step':>7s} {'vs torch':>8s} "
-          f"{'vs ds-opt':>9s} {'vs ds-all':>9s} {'read B/p':>8s} "
-          f"{'wrt B/p':>8s}  forward / backward / step (s, medians)")
+    print(f"{'configuration':18s} {'s/step':>7s} {'vs torch':>8s} "
+          f"{'vs ds-opt':>9s} {'vs ds-all':>9s} {'vs ds-cpu':>9s} "
+          f"{'read B/p':>8s} {'wrt B/p':>8s}  forward / backward / step "
+          "(s, medians)")
     for config, row in median.items():
         ratios = [row["seconds"] / median[ref]["seconds"]
                   if ref in median else float("nan")
-                  for ref in ("torch", "ds-nvme-opt", "ds-nvme-all")]
-        print(f"{config:16s} {row['seconds']:7.3f} {ratios[0]:7.2f}x "
-              f"{ratios[1]:8.2f}x {ratios[2]:8.2f}x {row['read']:8.2f} "
-              f"{row['written']:8.2f}  {row['forward']:.3f} / "
-              f"{row['backward']:.3f} / {row['update']:.3f}")
+                  for ref in ("torch", "ds-nvme-opt", "ds-nvme-all",
+                              "ds-cpu")]
+        print(f"{config:18s} {row['seconds']:7.3f} {ratios[0]:7.2f}x "
+              f"{ratios[1]:8.2f}x {ratios[2]:8.2f}x {ratios[3]:8.2f}x "
+              f"{row['read']:8.2f} {row['written']:8.2f}  "
+              f"{row['forward']:.3f} / {row['backward']:.3f} / "
+              f"{row['update']:.3f}")
 
 
 def main() -> int:
@@ -227,6 +238,10 @@ def main() -> int:
                         help="lohand's SSD file (twice the states and more)")
     parser.add_argument("--daemon-config", default="",
                         help="a lohand.toml for the bench's daemon")
+    parser.add_argument("--state-tier", default="auto",
+                        help="lohand's [pool] state_tier for the lohan "
+                        "configurations but lohan-resident-ssd (a size, 0 "
+                        "or auto)")
     parser.add_argument("--worker", choices=CONFIGS, help=argparse.SUPPRESS)
     parser.add_argument("--scratch", help=argparse.SUPPRESS)
     parser.add_argument("--socket", help=argparse.SUPPRESS)
@@ -248,22 +263,37 @@ def main() -> int:
         bazel_bin = Path(os.environ.get("LOHAN_BAZEL_BIN",
                                         REPO / "bazel-bin"))
         daemon = start_daemon(scratch, bazel_bin, args.pool,
-                              args.ssd_capacity, args.daemon_config)
+                              args.ssd_capacity, args.daemon_config,
+                              ("--profile-probe", "0", "--state-tier",
+                               args.state_tier))
+        # lohan-resident-ssd: a lohand without a state tier, its own
+        # directory on the same disk.
+        plain_dir = scratch / "no-tier"
+        plain = None
+        if "lohan-resident-ssd" in configs:
+            plain_dir.mkdir()
+            plain = start_daemon(plain_dir, bazel_bin, args.pool,
+                                 args.ssd_capacity, args.daemon_config,
+                                 ("--profile-probe", "0", "--state-tier",
+                                  "0"))
         try:
             for round_ in range(args.rounds):
                 order = configs if round_ % 2 == 0 else configs[::-1]
                 for config in order:
+                    on = plain if config == "lohan-resident-ssd" else daemon
+                    where = plain_dir if on is plain else scratch
                     row = run_worker(config, args, scratch,
-                                     str(scratch / "lohand.sock"),
-                                     daemon.pid)
+                                     str(where / "lohand.sock"), on.pid)
                     results[config].append(row)
                     print(f"round {round_ + 1} {config:16s} "
                           f"{row['seconds']:7.3f} s/step, SSD "
                           f"{row['read']:6.2f} read {row['written']:6.2f} "
                           "written B/param", flush=True)
         finally:
-            daemon.send_signal(signal.SIGTERM)
-            daemon.wait(timeout=60)
+            for process in (daemon, plain):
+                if process is not None:
+                    process.send_signal(signal.SIGTERM)
+                    process.wait(timeout=60)
     report(results, args)
     return 0
 

@@ -258,6 +258,9 @@ int Status(const std::string& socket, bool json) {
       if (const std::string plan = PlanLine(session); !plan.empty()) {
         std::printf("           %s\n", plan.c_str());
       }
+      if (const std::string states = StatesLine(session); !states.empty()) {
+        std::printf("           %s\n", states.c_str());
+      }
     }
   }
   return 0;

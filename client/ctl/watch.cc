@@ -152,6 +152,24 @@ std::string OptimizerLine(const v1::OptimizerStatus& optimizer) {
   return line;
 }
 
+std::string StatesLine(const v1::SessionStatus& session) {
+  if (session.state_bytes() == 0) return "";
+  std::string line = absl::StrFormat(
+      "states %s: %s in RAM (share %s), %s on the SSDs only",
+      FormatByteSize(session.state_bytes()),
+      FormatByteSize(session.state_tier_bytes()),
+      FormatByteSize(session.state_tier_share_bytes()),
+      FormatByteSize(session.state_bytes() - session.state_tier_bytes()));
+  const double per = static_cast<double>(session.parameters()) *
+                     static_cast<double>(session.session_iterations());
+  if (per > 0) {
+    absl::StrAppendFormat(
+        &line, "; SSD %.2f read, %.2f written B/param/iteration",
+        session.ssd_read_bytes() / per, session.ssd_written_bytes() / per);
+  }
+  return line;
+}
+
 std::string PlanLine(const v1::SessionStatus& session) {
   if (!session.has_plan()) return "";
   const v1::JobPlan& plan = session.plan();

@@ -37,6 +37,13 @@ std::string OptimizerLine(const v1::OptimizerStatus& optimizer);
 // iterations since, for `status`; "" when the session has no plan.
 std::string PlanLine(const v1::SessionStatus& session);
 
+// "states 3.7 GB: 3.7 GB in RAM (share 6.5 GB), 0 B on the SSDs only; SSD
+// 0.02 read, 12.0 written B/param/iteration": where a session's optimizer
+// states are (the state tier's copies, every update written to the SSDs)
+// and what its iterations moved through the SSDs since it attached, for
+// `status`; "" before its model is registered.
+std::string StatesLine(const v1::SessionStatus& session);
+
 }  // namespace lohan
 
 #endif  // LOHAN_CLIENT_CTL_WATCH_H_

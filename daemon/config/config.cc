@@ -153,6 +153,7 @@ constexpr LimitKey kLimitKeys[] = {
     {"ssd", SetLimit<uint64_t, &UserLimitOverrides::ssd_bytes>},
     {"daemon_memory",
      SetLimit<uint64_t, &UserLimitOverrides::daemon_memory_bytes>},
+    {"state_tier", SetLimit<uint64_t, &UserLimitOverrides::state_tier_bytes>},
     {"weight", SetLimit<uint32_t, &UserLimitOverrides::weight>},
 };
 
@@ -281,6 +282,24 @@ const std::map<std::string, Setter>& KeySetters() {
        SizeSetter(&DaemonConfig::profile_probe_bytes, "store.profile_probe")},
       {"pool.host_pool_size",
        SizeSetter(&DaemonConfig::host_pool_bytes, "pool.host_pool_size")},
+      {"pool.state_tier",
+       [](const toml::node& node, absl::string_view origin,
+          DaemonConfig& config) -> absl::Status {
+         if (node.value_exact<std::string>() ==
+             std::optional<std::string>("auto")) {
+           config.state_tier_bytes.reset();
+           return absl::OkStatus();
+         }
+         absl::StatusOr<uint64_t> bytes =
+             SizeValue(node, origin, "pool.state_tier");
+         if (!bytes.ok()) {
+           return absl::InvalidArgumentError(
+               absl::StrCat(bytes.status().message(),
+                            "; use a size, 0 (no tier) or \"auto\""));
+         }
+         config.state_tier_bytes = *bytes;
+         return absl::OkStatus();
+       }},
       {"pool.ring_entries",
        [](const toml::node& node, absl::string_view origin,
           DaemonConfig& config) -> absl::Status {
@@ -412,6 +431,16 @@ absl::Status ApplyOverrides(const ConfigOverrides& overrides,
                                  config.host_pool_bytes);
       !set.ok()) {
     return set;
+  }
+  if (overrides.state_tier == std::optional<std::string>("auto")) {
+    config.state_tier_bytes.reset();
+  } else if (overrides.state_tier) {
+    uint64_t bytes = 0;
+    if (absl::Status set = SetSize(overrides.state_tier, "--state-tier", bytes);
+        !set.ok()) {
+      return set;
+    }
+    config.state_tier_bytes = bytes;
   }
   if (absl::Status set = SetSize(overrides.profile_probe, "--profile-probe",
                                  config.profile_probe_bytes);

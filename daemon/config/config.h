@@ -33,6 +33,10 @@ struct DaemonConfig {
   // probe file beside the data file); 0: the SSDs are not measured.
   uint64_t profile_probe_bytes = 0;
   uint64_t host_pool_bytes = 0;
+  // [pool] state_tier: host memory for jobs' optimizer states (the state
+  // tier), or nullopt: "auto", sized to the machine when the daemon starts
+  // (ResolveStateTier in host_check.h). 0: no tier.
+  std::optional<uint64_t> state_tier_bytes;
   // Entries in each of a data plane's two rings (a power of two, 8 to
   // 1024): the requests one process may have in flight.
   uint32_t ring_entries = 0;
@@ -65,6 +69,7 @@ struct ConfigOverrides {
   std::optional<std::string> ssd_capacity;    // unparsed, e.g. "64GiB"
   std::optional<std::string> host_pool_size;  // unparsed, e.g. "8GiB"
   std::optional<std::string> profile_probe;   // unparsed, e.g. "256MiB"
+  std::optional<std::string> state_tier;      // "auto" or a size
   std::optional<int64_t> optimizer_threads;
   std::optional<int64_t> ring_entries;
   std::optional<std::string> optimizer_tuning;

@@ -37,6 +37,7 @@ TEST(DefaultConfig, IsTheDeployedFile) {
   EXPECT_EQ(defaults.optimizer_isa, "auto");
   EXPECT_EQ(defaults.optimizer_tuning, "auto");
   EXPECT_EQ(defaults.optimizer_read_ahead_bytes, 1ull << 30);
+  EXPECT_EQ(defaults.state_tier_bytes, std::nullopt);  // "auto"
   EXPECT_EQ(defaults.ssd_capacity_bytes, 64ull << 30);
   EXPECT_EQ(defaults.stripe_unit_bytes, 1u << 20);
   EXPECT_EQ(defaults.block_size, 4096u);
@@ -60,7 +61,8 @@ TEST(ParseConfigToml, QuotasForEveryoneAndForOneUser) {
   absl::StatusOr<DaemonConfig> config = ParseConfigToml(
       "[quotas.user.alice]\nssd = \"4TiB\"\njobs = 200\n"
       "[quotas]\nssd = \"1TiB\"\nhost_pool = 1073741824\n"
-      "[quotas.user.bob]\ndata_planes = 0\nweight = 3\n",
+      "[quotas.user.bob]\ndata_planes = 0\nweight = 3\n"
+      "state_tier = \"2GiB\"\n",
       "test.toml", DefaultConfig());
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->quota_defaults.ssd_bytes, 1ull << 40);
@@ -78,6 +80,8 @@ TEST(ParseConfigToml, QuotasForEveryoneAndForOneUser) {
   EXPECT_EQ(bob.weight, 3u);
   EXPECT_EQ(alice.weight, 1u);
   EXPECT_EQ(bob.ssd_bytes, 1ull << 40);
+  EXPECT_EQ(bob.state_tier_bytes, 2ull << 30);
+  EXPECT_EQ(alice.state_tier_bytes, 0u);
 }
 
 TEST(ParseConfigToml, OverridesOnlyGivenKeys) {
@@ -144,6 +148,19 @@ TEST(ParseConfigToml, SizeWithUnits) {
   EXPECT_EQ(config->host_pool_bytes, 512ull << 20);
 }
 
+TEST(ParseConfigToml, StateTierIsASizeZeroOrAuto) {
+  absl::StatusOr<DaemonConfig> config =
+      Parse("[pool]\nstate_tier = \"16GiB\"\n");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->state_tier_bytes, 16ull << 30);
+  config = Parse("[pool]\nstate_tier = 0\n");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->state_tier_bytes, 0u);
+  config = Parse("[pool]\nstate_tier = \"auto\"\n");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->state_tier_bytes, std::nullopt);
+}
+
 struct BadCase {
   const char* text;
   const char* expected_in_message;
@@ -179,6 +196,10 @@ INSTANTIATE_TEST_SUITE_P(
                 "'pool.ring_entries' must be a power of two from 8 to 1024"},
         BadCase{"[pool]\nring_entries = 4\n", "'pool.ring_entries'"},
         BadCase{"[optimizer]\nthreads = -1\n", "'optimizer.threads' must be"},
+        BadCase{"[pool]\nstate_tier = \"most\"\n",
+                "use a size, 0 (no tier) or \"auto\""},
+        BadCase{"[pool]\nstate_tier = -1\n", "pool.state_tier"},
+        BadCase{"[pool]\nstate_tierr = 0\n", "unknown key 'pool.state_tierr'"},
         BadCase{"[optimizer]\nread_ahead = \"plenty\"\n",
                 "'optimizer.read_ahead': 'plenty' is not a byte size"},
         BadCase{"[optimizer]\nthreads = \"4\"\n", "'optimizer.threads'"},
@@ -236,7 +257,12 @@ TEST(ApplyOverrides, FlagsWinOverFile) {
   overrides.profile_probe = "0";
   overrides.optimizer_tuning = "default";
   overrides.ring_entries = 16;
+  overrides.state_tier = "3GiB";
   ASSERT_TRUE(ApplyOverrides(overrides, config).ok());
+  EXPECT_EQ(config.state_tier_bytes, 3ull << 30);
+  overrides.state_tier = "auto";
+  ASSERT_TRUE(ApplyOverrides(overrides, config).ok());
+  EXPECT_EQ(config.state_tier_bytes, std::nullopt);
   EXPECT_EQ(config.ring_entries, 16u);
   EXPECT_EQ(config.optimizer_tuning, "default");
   EXPECT_EQ(config.profile_probe_bytes, 0u);
@@ -263,6 +289,10 @@ TEST(ApplyOverrides, BadFlagValuesNameTheFlag) {
   bad_probe.profile_probe = "lots";
   EXPECT_THAT(std::string(ApplyOverrides(bad_probe, config).message()),
               HasSubstr("--profile-probe"));
+  ConfigOverrides bad_tier;
+  bad_tier.state_tier = "everything";
+  EXPECT_THAT(std::string(ApplyOverrides(bad_tier, config).message()),
+              HasSubstr("--state-tier"));
   ConfigOverrides bad_ring;
   bad_ring.ring_entries = 24;
   EXPECT_THAT(std::string(ApplyOverrides(bad_ring, config).message()),

@@ -6,6 +6,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -15,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/common/byte_size.h"
+#include "daemon/common/meminfo.h"
 #include "daemon/config/trusted_path.h"
 #include "wire/errno_status.h"
 #include "wire/unique_fd.h"
@@ -23,18 +25,6 @@ namespace lohan {
 namespace {
 
 constexpr int kCapIpcLock = 14;  // linux/capability.h
-
-uint64_t ReadMemAvailable() {
-  std::ifstream meminfo("/proc/meminfo");
-  std::string line;
-  while (std::getline(meminfo, line)) {
-    std::istringstream fields(line);
-    std::string name;
-    uint64_t kib = 0;
-    if (fields >> name >> kib && name == "MemAvailable:") return kib * 1024;
-  }
-  return 0;
-}
 
 bool HasCapIpcLock() {
   std::ifstream status("/proc/self/status");
@@ -53,7 +43,8 @@ bool HasCapIpcLock() {
 
 HostMemory ReadHostMemory() {
   HostMemory memory;
-  memory.available_bytes = ReadMemAvailable();
+  memory.available_bytes = MemAvailableBytes();
+  memory.total_bytes = MemTotalBytes();
   rlimit limit{};
   if (getrlimit(RLIMIT_MEMLOCK, &limit) == 0) {
     memory.memlock_limit_bytes = limit.rlim_cur == RLIM_INFINITY
@@ -80,6 +71,47 @@ absl::Status CheckPoolFits(uint64_t pool_bytes, const HostMemory& memory) {
         "does), raise the limit (LimitMEMLOCK=), or lower the pool"));
   }
   return absl::OkStatus();
+}
+
+uint64_t StateTierFloorBytes(const HostMemory& memory) {
+  return std::max<uint64_t>(uint64_t{1} << 30, memory.total_bytes / 16);
+}
+
+absl::StatusOr<uint64_t> ResolveStateTier(const DaemonConfig& config,
+                                          const HostMemory& memory) {
+  const uint64_t pool = config.host_pool_bytes;
+  if (!config.state_tier_bytes.has_value()) {
+    const uint64_t taken =
+        pool + config.optimizer_read_ahead_bytes + StateTierFloorBytes(memory);
+    if (memory.available_bytes <= taken) return 0;
+    uint64_t tier = (memory.available_bytes - taken) / 2;
+    if (!memory.has_cap_ipc_lock) {
+      const uint64_t lockable = memory.memlock_limit_bytes > pool
+                                    ? memory.memlock_limit_bytes - pool
+                                    : 0;
+      tier = std::min(tier, lockable);
+    }
+    return tier & ~((uint64_t{1} << 20) - 1);  // whole MiB
+  }
+  const uint64_t tier = *config.state_tier_bytes;
+  if (tier == 0) return 0;
+  if (pool + tier > memory.available_bytes) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "key 'pool.state_tier' asks for ", FormatByteSize(tier), " beside a ",
+        FormatByteSize(pool), " pool, but this machine has only ",
+        FormatByteSize(memory.available_bytes),
+        " of memory available to lock; lower it (--state-tier), or use "
+        "\"auto\" to size it to the machine"));
+  }
+  if (!memory.has_cap_ipc_lock && pool + tier > memory.memlock_limit_bytes) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "key 'pool.state_tier' asks for ", FormatByteSize(tier), " beside a ",
+        FormatByteSize(pool), " pool, but RLIMIT_MEMLOCK allows ",
+        FormatByteSize(memory.memlock_limit_bytes),
+        " and lohand lacks CAP_IPC_LOCK; run it as root (the systemd unit "
+        "does), raise the limit (LimitMEMLOCK=), or lower the tier"));
+  }
+  return tier;
 }
 
 absl::Status CheckSsdPath(const std::string& path, uint64_t capacity_bytes) {
@@ -153,7 +185,12 @@ absl::Status CheckHost(const DaemonConfig& config) {
       return status;
     }
   }
-  return CheckPoolFits(config.host_pool_bytes, ReadHostMemory());
+  const HostMemory memory = ReadHostMemory();
+  if (absl::Status fits = CheckPoolFits(config.host_pool_bytes, memory);
+      !fits.ok()) {
+    return fits;
+  }
+  return ResolveStateTier(config, memory).status();
 }
 
 }  // namespace lohan

@@ -35,6 +35,49 @@ TEST(CheckPoolFits, MemlockLimitAppliesOnlyWithoutCapability) {
   EXPECT_TRUE(CheckPoolFits(1ull << 30, memory).ok());
 }
 
+TEST(ResolveStateTier, AutoIsHalfOfWhatThePoolReadAheadAndFloorLeave) {
+  DaemonConfig config = DefaultConfig();  // "auto", a 4 GiB pool, 1 GiB
+  HostMemory memory{.available_bytes = 24ull << 30,
+                    .total_bytes = 32ull << 30,
+                    .memlock_limit_bytes = std::numeric_limits<uint64_t>::max(),
+                    .has_cap_ipc_lock = true};
+  EXPECT_EQ(StateTierFloorBytes(memory), 2ull << 30);  // a sixteenth
+  // (24 - 4 - 1 - 2) / 2 GiB.
+  EXPECT_EQ(*ResolveStateTier(config, memory), (17ull << 30) / 2);
+  memory.available_bytes = 6ull << 30;  // nothing left: no tier
+  EXPECT_EQ(*ResolveStateTier(config, memory), 0u);
+  // Without CAP_IPC_LOCK, what RLIMIT_MEMLOCK leaves beside the pool.
+  memory.available_bytes = 24ull << 30;
+  memory.has_cap_ipc_lock = false;
+  memory.memlock_limit_bytes = 5ull << 30;
+  EXPECT_EQ(*ResolveStateTier(config, memory), 1ull << 30);
+}
+
+TEST(ResolveStateTier, ASizeThatCannotBeLockedIsRefusedNamingTheKey) {
+  DaemonConfig config = DefaultConfig();
+  HostMemory memory{.available_bytes = 24ull << 30,
+                    .total_bytes = 32ull << 30,
+                    .memlock_limit_bytes = std::numeric_limits<uint64_t>::max(),
+                    .has_cap_ipc_lock = true};
+  config.state_tier_bytes = 16ull << 30;
+  EXPECT_EQ(*ResolveStateTier(config, memory), 16ull << 30);
+  config.state_tier_bytes = 0;
+  EXPECT_EQ(*ResolveStateTier(config, memory), 0u);
+  config.state_tier_bytes = 21ull << 30;  // beside the 4 GiB pool: 25
+  absl::StatusOr<uint64_t> tier = ResolveStateTier(config, memory);
+  EXPECT_EQ(tier.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(tier.status().message()),
+              HasSubstr("key 'pool.state_tier' asks for 21.0 GiB"));
+  EXPECT_THAT(std::string(tier.status().message()), HasSubstr("\"auto\""));
+  config.state_tier_bytes = 2ull << 30;
+  memory.has_cap_ipc_lock = false;
+  memory.memlock_limit_bytes = 5ull << 30;
+  tier = ResolveStateTier(config, memory);
+  EXPECT_EQ(tier.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(tier.status().message()),
+              HasSubstr("RLIMIT_MEMLOCK"));
+}
+
 TEST(ReadHostMemory, SeesThisMachine) {
   HostMemory memory = ReadHostMemory();
   EXPECT_GT(memory.available_bytes, 0u);

@@ -310,6 +310,19 @@ int Run(const CommandLine& command_line) {
   // The read-ahead memory ([optimizer] read_ahead) is the daemon's, shared
   // by all jobs by their owners' weights: a lone job may fill it.
   MemoryShares read_ahead_shares(config->optimizer_read_ahead_bytes);
+  // The state tier ([pool] state_tier) likewise: copies of jobs' committed
+  // optimizer states, taken only while the machine keeps its floor free.
+  const HostMemory host_memory = ReadHostMemory();
+  absl::StatusOr<uint64_t> state_tier_bytes =
+      ResolveStateTier(*config, host_memory);
+  if (!state_tier_bytes.ok()) return Fail(state_tier_bytes.status());
+  MemoryShares state_tier_shares(*state_tier_bytes);
+  const StateTierMemory state_tier{
+      .shares = *state_tier_bytes > 0 ? &state_tier_shares : nullptr,
+      .keep_available_bytes = StateTierFloorBytes(host_memory)};
+  spdlog::info("state tier {} shared by the jobs (keeps {} of memory free)",
+               FormatByteSize(*state_tier_bytes),
+               FormatByteSize(state_tier.keep_available_bytes));
   FairSsdGate ssd_gate(
       &ssd_reads, &ssd_writes, [&ledger, &quotas](absl::string_view job) {
         // A user's jobs share the user's weight.
@@ -431,6 +444,7 @@ int Run(const CommandLine& command_line) {
        .optimizer_queue = &optimizer_queue,
        .read_ahead_bytes = config->optimizer_read_ahead_bytes,
        .read_ahead_shares = &read_ahead_shares,
+       .state_tier = state_tier,
        .ring_entries = config->ring_entries});
 
   const DaemonParts parts{.config = &*config,
@@ -502,6 +516,7 @@ int main(int argc, char** argv) {
   std::string config_path;
   app.add_option("-c,--config", config_path, "TOML config file");
   std::string socket, state_dir, log_level, pool_size, ssd_capacity;
+  std::string state_tier;
   std::vector<std::string> ssd_paths;
   int64_t threads = -1;
   app.add_option("--socket", socket, "unix socket path [daemon.socket]");
@@ -514,6 +529,9 @@ int main(int argc, char** argv) {
                  "[store.capacity_per_ssd]");
   app.add_option("--host-pool-size", pool_size,
                  "pinned host pool, e.g. 8GiB [pool.host_pool_size]");
+  app.add_option("--state-tier", state_tier,
+                 "host memory for optimizer states, e.g. 16GiB, 0 or auto "
+                 "[pool.state_tier]");
   app.add_option("--optimizer-threads", threads,
                  "optimizer threads, 0 = auto [optimizer.threads]");
   int64_t ring_entries = 0;
@@ -555,6 +573,7 @@ int main(int argc, char** argv) {
   if (app.count("--state-dir")) overrides.state_dir = state_dir;
   if (app.count("--ssd-path")) overrides.ssd_paths = ssd_paths;
   if (app.count("--host-pool-size")) overrides.host_pool_size = pool_size;
+  if (app.count("--state-tier")) overrides.state_tier = state_tier;
   if (app.count("--ssd-capacity")) overrides.ssd_capacity = ssd_capacity;
   if (app.count("--profile-probe")) overrides.profile_probe = profile_probe;
   if (app.count("--optimizer-threads")) overrides.optimizer_threads = threads;

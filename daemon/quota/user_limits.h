@@ -23,6 +23,9 @@ struct UserLimits {
   // (daemon_memory.h). Always bounded: 0 in the config means sized to the
   // machine (DefaultDaemonMemoryLimit), which lohand resolves at start.
   uint64_t daemon_memory_bytes = 0;
+  // Host memory of the state tier ([pool] state_tier) the user's jobs hold
+  // copies of their optimizer states in.
+  uint64_t state_tier_bytes = 0;
   // Not a limit: each of the user's jobs' weight when jobs compete for the
   // SSD array and the optimizer (1 to 1000; a job of weight 2 gets twice
   // the share of one of weight 1 while both want more).
@@ -39,6 +42,7 @@ struct UserLimitOverrides {
   std::optional<uint64_t> host_pool_bytes;
   std::optional<uint64_t> ssd_bytes;
   std::optional<uint64_t> daemon_memory_bytes;
+  std::optional<uint64_t> state_tier_bytes;
   std::optional<uint32_t> weight;
 
   UserLimits Over(UserLimits limits) const {
@@ -48,6 +52,7 @@ struct UserLimitOverrides {
     if (host_pool_bytes) limits.host_pool_bytes = *host_pool_bytes;
     if (ssd_bytes) limits.ssd_bytes = *ssd_bytes;
     if (daemon_memory_bytes) limits.daemon_memory_bytes = *daemon_memory_bytes;
+    if (state_tier_bytes) limits.state_tier_bytes = *state_tier_bytes;
     if (weight) limits.weight = *weight;
     return limits;
   }

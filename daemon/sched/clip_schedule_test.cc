@@ -41,11 +41,15 @@ struct Variant {
   bool predict;
   bool settle = false;      // The deferred job's settle_in_background.
   uint64_t read_ahead = 0;  // The deferred job's read_ahead_bytes.
+  uint64_t tier = 0;        // The deferred job's state tier (0: none).
 };
 
 // Read-ahead budgets: every chunk, and a few (2 to 4 buffers, by layout).
 constexpr uint64_t kReadAheadAll = uint64_t{1} << 30;
 constexpr uint64_t kReadAheadSome = 50000;
+// State tiers: every chunk, and the first three (12 KB states each).
+constexpr uint64_t kTierAll = uint64_t{1} << 30;
+constexpr uint64_t kTierSome = 40000;
 
 // What one job produced in an iteration.
 struct Outcome {
@@ -60,6 +64,9 @@ class ClipScheduleTest : public clip_test::UpdaterAndStoreTest<Variant> {
     UpdaterAndStoreTest::SetUp();
     if (HasFatalFailure()) return;
     layout_ = Layout(GetParam().grad_dtype);
+    if (GetParam().tier > 0) {
+      tier_ = std::make_unique<MemoryShares>(GetParam().tier);
+    }
     for (int k = 0; k < 2; ++k) {
       PipelineOptions options;
       options.schedule = GetParam().schedule;
@@ -71,6 +78,7 @@ class ClipScheduleTest : public clip_test::UpdaterAndStoreTest<Variant> {
       options.predict_clipping = GetParam().predict;
       options.settle_in_background = k == 1 && GetParam().settle;
       if (k == 1) options.read_ahead_bytes = GetParam().read_ahead;
+      if (k == 1) options.state_tier.shares = tier_.get();
       auto p = JobPipeline::Open(store_.get(), *updater_,
                                  k == 0 ? "old" : "new", layout_, options);
       ASSERT_TRUE(p.ok()) << p.status();
@@ -216,6 +224,7 @@ class ClipScheduleTest : public clip_test::UpdaterAndStoreTest<Variant> {
   }
 
   ModelLayout layout_;
+  std::unique_ptr<MemoryShares> tier_;  // Outlives the jobs.
   std::unique_ptr<JobPipeline> jobs_[2];
   // Run waits for the deferred job's read-ahead before EndIteration.
   bool await_read_ahead_ = false;
@@ -234,8 +243,20 @@ TEST_P(ClipScheduleTest, NeverClippedUpdatesEagerlyAndOnce) {
     EXPECT_EQ(r.deferred_chunks, AfterBackward() ? kChunks : 0u);
     EXPECT_EQ(r.redone_chunks, 0u);
     if (!GetParam().settle) {  // Else counted in the next report.
-      EXPECT_EQ(r.busy.bytes_read, old.busy.bytes_read);
+      // Every state read once, from the store or the tier.
+      EXPECT_EQ(r.busy.bytes_read + r.busy.bytes_from_tier,
+                old.busy.bytes_read);
       EXPECT_EQ(r.busy.bytes_written, old.busy.bytes_written);
+      if (seed == 2 && GetParam().tier == kTierAll) {
+        // From the second iteration on, no state is read from the SSDs.
+        EXPECT_EQ(r.busy.bytes_read, GradBytes());
+        EXPECT_EQ(jobs_[1]->tier_stats().placed_chunks, kChunks);
+      }
+      if (seed == 2 && GetParam().tier == kTierSome) {
+        EXPECT_EQ(jobs_[1]->tier_stats().placed_chunks, 3u);
+        EXPECT_GT(r.busy.bytes_from_tier, 0u);
+        EXPECT_GT(r.busy.bytes_read, GradBytes());
+      }
     }
   }
 }
@@ -264,8 +285,11 @@ TEST_P(ClipScheduleTest, ClippedFromTheFirstChunkPaysOnePass) {
     } else {
       EXPECT_EQ(budget, 0u);
     }
-    EXPECT_EQ(r.busy.read_ahead_used, budget);
-    EXPECT_EQ(r.busy.bytes_read * 2, old.busy.bytes_read);
+    if (GetParam().tier == 0) {
+      EXPECT_EQ(r.busy.read_ahead_used, budget);
+    }
+    EXPECT_EQ((r.busy.bytes_read + r.busy.bytes_from_tier) * 2,
+              old.busy.bytes_read);
     // Streamed, both store each gradient once at submit.
     EXPECT_EQ(r.busy.bytes_written * 2, old.busy.bytes_written + GradBytes());
   }
@@ -301,7 +325,7 @@ TEST_P(ClipScheduleTest, ClippingStreaksStartDeferredWhenPredicted) {
   const bool predicted = GetParam().predict || AfterBackward();
   EXPECT_EQ(second.started_deferred, predicted);
   EXPECT_EQ(second.eager_chunks, predicted ? 0u : 8u);
-  if (predicted && !GetParam().settle) {
+  if (predicted && !GetParam().settle && GetParam().tier == 0) {
     // Read ahead from the start of backward, layer 0 first.
     EXPECT_EQ(second.busy.read_ahead_used,
               jobs_[1]->read_ahead_budget_chunks());
@@ -404,7 +428,18 @@ INSTANTIATE_TEST_SUITE_P(
         Variant{Schedule::kPipelined, DType::kBFloat16, true, true, false,
                 kReadAheadAll},
         Variant{Schedule::kPipelined, DType::kBFloat16, false, false, true,
-                kReadAheadSome}));
+                kReadAheadSome},
+        // The state tier: every state in RAM, or the first three chunks'.
+        Variant{Schedule::kPipelined, DType::kBFloat16, false, true, false, 0,
+                kTierAll},
+        Variant{Schedule::kPipelined, DType::kBFloat16, false, false, false, 0,
+                kTierSome},
+        Variant{Schedule::kPipelined, DType::kFloat32, true, false, true, 0,
+                kTierSome},
+        Variant{Schedule::kPipelined, DType::kBFloat16, false, true, false,
+                kReadAheadSome, kTierSome},
+        Variant{Schedule::kAfterBackward, DType::kFloat16, false, true, true, 0,
+                kTierAll}));
 
 }  // namespace
 }  // namespace lohan

@@ -42,6 +42,17 @@ size_t ReadAheadChunks(const StateLayout& state, const PipelineOptions& options,
       state.total_chunks(), options.read_ahead_bytes / buffer_bytes));
 }
 
+// Each chunk's state bytes, by flat index (forward order).
+std::vector<uint64_t> ChunkStateBytes(const StateLayout& state) {
+  std::vector<uint64_t> bytes;
+  for (size_t l = 0; l < state.num_layers(); ++l) {
+    for (size_t c = 0; c < state.num_chunks(l); ++c) {
+      bytes.push_back(state.state_bytes(state.chunk_count(l, c)));
+    }
+  }
+  return bytes;
+}
+
 // A chunk buffer: [state | streamed gradient | streamed 16-bit copy].
 ChunkBufferLayout BufferOf(const StateLayout& state, const ModelLayout& layout,
                            const PipelineOptions& options) {
@@ -76,7 +87,9 @@ JobPipeline::JobPipeline(TensorStore* store, const AdamUpdater& updater,
       write_queue_(pool_.count()),
       read_ahead_chunks_(ReadAheadChunks(state_, options, buffer_bytes_)),
       read_ahead_shares_(read_ahead_chunks_ > 0 ? options.read_ahead_shares
-                                                : nullptr) {
+                                                : nullptr),
+      tier_(job_, ChunkStateBytes(state_), options.state_tier,
+            options.fair_group, options.weight) {
   if (read_ahead_shares_ != nullptr) {
     read_ahead_shares_->Join(job_, options.fair_group, options.weight);
   }
@@ -199,6 +212,8 @@ absl::Status JobPipeline::InitializeWeights(size_t layer, const float* weights,
           absl::StrCat("layer ", layer, " already has states"));
     }
   }
+  // Committed outside the passes: no copy of the layer's old states stands.
+  tier_.Invalidate(FlatIndex(layer, 0), state_.num_chunks(layer));
   AlignedBuffer buffer(buffer_bytes_, kBufferAlignment);
   std::vector<std::string> names;
   absl::Status s;
@@ -432,6 +447,8 @@ absl::Status JobPipeline::InitState(size_t layer, StatePart part,
     return access;
   }
   const bool bf16 = layout_.moment_dtype == DType::kBFloat16;
+  // Committed outside the passes: no copy of the layer's old states stands.
+  tier_.Invalidate(FlatIndex(layer, 0), state_.num_chunks(layer));
   AlignedBuffer buffer(buffer_bytes_, kBufferAlignment);
   std::vector<std::string> names;
   absl::Status s;
@@ -523,6 +540,9 @@ absl::Status JobPipeline::BeginIteration(float grad_scale,
                              clip.max_grad_norm > 0.0));
   started_deferred_ = deferring_;
   norm_known_ = false;
+  // Another job's arrival or departure moves the tier's prefix now, between
+  // iterations, when no copy is in use.
+  tier_.Place();
   ++read_ahead_epoch_;  // (Every end of an iteration started one, too.)
   BeginPassLocked();
   if (started_deferred_) EnqueueReadAheadLocked();

@@ -33,6 +33,7 @@
 #include "daemon/sched/job_space.h"
 #include "daemon/sched/memory_shares.h"
 #include "daemon/sched/model_layout.h"
+#include "daemon/sched/state_tier.h"
 #include "daemon/store/aligned_buffer.h"
 #include "daemon/store/tensor_store.h"
 
@@ -105,6 +106,13 @@ struct PipelineOptions {
   // it are given back at the end of the iteration. Null: read_ahead_bytes
   // alone bounds it. REQUIRES: outlives the pipeline.
   MemoryShares* read_ahead_shares = nullptr;
+  // The state tier (state_tier.h): host memory that keeps copies of the
+  // committed states of the job's first chunks in forward order, within
+  // the job's share (flow `job`, group `fair_group`, `weight`), so their
+  // updates read no state from the SSDs. Write-through: every version is
+  // still written to the store, so durability and results are unchanged.
+  // No shares: off. REQUIRES: the shares outlive the pipeline.
+  StateTierMemory state_tier;
   // Streamed gradients (a client with fewer gradient buffers than layers):
   // SubmitGradients copies the gradient into per-iteration scratch tensors
   // of the store (StateLayout::GradScratchName) before it returns, so the
@@ -189,6 +197,9 @@ struct StageBusy {  // Seconds each stage thread spent working.
   double norm = 0.0;
   // Chunks whose update found its state read ahead (read_ahead_bytes).
   uint64_t read_ahead_used = 0;
+  // State bytes the read stage copied from the state tier instead of
+  // reading them from the store.
+  uint64_t bytes_from_tier = 0;
   // Bytes moved to and from the store: states, streamed gradients and
   // 16-bit copies (not the meta, nor the commit's sync).
   uint64_t bytes_read = 0;
@@ -414,6 +425,8 @@ class JobPipeline {
     return pool_.count() * pool_.buffer_bytes();
   }
   size_t chunks_read_ahead() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The state tier's use by this job now (PipelineOptions::state_tier).
+  StateTier::Stats tier_stats() const { return tier_.stats(); }
 
   // Ends the iteration in progress with nothing committed: work not begun
   // is dropped, work in progress finishes, every pending version and the
@@ -739,6 +752,8 @@ class JobPipeline {
   std::vector<Staged> staged_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<AlignedBuffer>> spare_ ABSL_GUARDED_BY(mu_);
   MemoryShares* const read_ahead_shares_;  // null: none
+  // Copies of committed states in host memory (PipelineOptions::state_tier).
+  StateTier tier_;
   uint64_t read_ahead_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   bool read_ahead_queued_ ABSL_GUARDED_BY(mu_) = false;
   // Whether the last committed iteration clipped (predict_clipping).

@@ -62,10 +62,16 @@ void JobPipeline::ReadLoop() {
     uint64_t bytes = 0;
     const double start = Now();
     absl::StatusOr<uint64_t> r = uint64_t{0};
+    uint64_t from_tier = 0;
     if (!task->staged) {
       bytes = state_.state_bytes(count);
-      r = store_->Read(job_, chunk_names_[flat],
-                       absl::MakeSpan(task->buffer, bytes));
+      if (tier_.ReadCommitted(flat, absl::MakeSpan(task->buffer, bytes))) {
+        from_tier = bytes;
+        bytes = 0;
+      } else {
+        r = store_->Read(job_, chunk_names_[flat],
+                         absl::MakeSpan(task->buffer, bytes));
+      }
     }
     if (r.ok() && update && options_.stream_gradients) {
       // The gradient SubmitGradients stored, next to the states it updates.
@@ -84,6 +90,7 @@ void JobPipeline::ReadLoop() {
       absl::MutexLock lock(&mu_);
       busy_.read += seconds;
       if (r.ok()) busy_.bytes_read += bytes;
+      busy_.bytes_from_tier += from_tier;
       if (task->staged) ++busy_.read_ahead_used;
     }
     if (!r.ok()) {
@@ -181,6 +188,8 @@ void JobPipeline::EnqueueReadAheadLocked() {
   size_t queued = 0;
   for (size_t l = 0; l < state_.num_layers(); ++l) {
     for (size_t c = 0; c < state_.num_chunks(l); ++c) {
+      // A chunk the tier holds needs no read: the budget goes on.
+      if (tier_.HoldsCommitted(FlatIndex(l, c))) continue;
       if (queued++ == read_ahead_chunks_) return;
       Task task;
       task.layer = static_cast<uint32_t>(l);
@@ -381,6 +390,9 @@ void JobPipeline::WriteLoop() {
     const double start = Now();
     absl::StatusOr<uint64_t> w = store_->Write(
         job_, chunk_names_[flat], absl::MakeConstSpan(task->buffer, bytes));
+    // The tier's copy is the version just written, or none.
+    tier_.KeepPending(flat, w.ok() ? absl::MakeConstSpan(task->buffer, bytes)
+                                   : absl::Span<const uint8_t>());
     if (w.ok() && options_.stream_weight16) {
       // The new 16-bit copy, pending with the states it was made from.
       w = store_->Write(
@@ -533,6 +545,7 @@ absl::Status JobPipeline::RollbackAll() {
   for (const std::string& name : chunk_names_) rollback(name);
   for (const std::string& name : weight16_names_) rollback(name);
   rollback(StateLayout::MetaName());
+  tier_.DropPending();
   return first;
 }
 
@@ -559,9 +572,11 @@ absl::Status JobPipeline::Commit(uint64_t new_iteration) {
   names.insert(names.end(), weight16_names_.begin(), weight16_names_.end());
   names.push_back(StateLayout::MetaName());
   const uint64_t tag = sched_internal::CommitTag(new_iteration);
-  return options_.keep_previous_commit
-             ? store_->CommitBatchKeepingPrevious(job_, names, tag)
-             : store_->CommitBatch(job_, names, tag);
+  absl::Status s = options_.keep_previous_commit
+                       ? store_->CommitBatchKeepingPrevious(job_, names, tag)
+                       : store_->CommitBatch(job_, names, tag);
+  if (s.ok()) tier_.CommitPending();
+  return s;
 }
 
 size_t JobPipeline::WeightCopySize() const {

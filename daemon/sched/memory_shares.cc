@@ -7,13 +7,14 @@
 namespace lohan {
 
 void MemoryShares::Join(absl::string_view flow, absl::string_view group,
-                        double weight) {
+                        double weight, uint64_t group_limit) {
   absl::MutexLock lock(&mu_);
   if (flows_.count(flow) > 0) return;
   if (group.empty()) group = flow;
   Group& shared = groups_[std::string(group)];
   if (shared.flows++ == 0) {
     shared.weight = weight > 0 ? weight : 1.0;
+    shared.limit = group_limit;
     total_weight_ += shared.weight;
   }
   flows_.emplace(std::string(flow), Flow{std::string(group)});
@@ -33,10 +34,35 @@ void MemoryShares::Leave(absl::string_view flow) {
   if (flows_.empty()) total_weight_ = 0;  // no rounding left behind
 }
 
+std::map<std::string, double, std::less<>> MemoryShares::GroupSharesLocked()
+    const {
+  std::map<std::string, double, std::less<>> shares;
+  double left = static_cast<double>(capacity_);
+  double weight = total_weight_;
+  // Groups whose limit is below their weighted part of what is left get
+  // their limit; the rest is split again among the others, until none is.
+  for (bool capped = true; capped;) {
+    capped = false;
+    for (const auto& [name, group] : groups_) {
+      if (shares.count(name) > 0 || group.limit == 0) continue;
+      if (static_cast<double>(group.limit) < left * group.weight / weight) {
+        shares[name] = static_cast<double>(group.limit);
+        left -= static_cast<double>(group.limit);
+        weight -= group.weight;
+        capped = true;
+      }
+    }
+  }
+  for (const auto& [name, group] : groups_) {
+    if (shares.count(name) == 0) shares[name] = left * group.weight / weight;
+  }
+  return shares;
+}
+
 uint64_t MemoryShares::ShareLocked(const Flow& flow) const {
   const Group& group = groups_.find(flow.group)->second;
-  const double share = static_cast<double>(capacity_) * group.weight /
-                       total_weight_ / static_cast<double>(group.flows);
+  const double share = GroupSharesLocked().find(flow.group)->second /
+                       static_cast<double>(group.flows);
   return static_cast<uint64_t>(share);
 }
 

@@ -21,6 +21,9 @@ namespace lohan {
 // time (the update reads its state itself). When a flow joins, the others'
 // shares shrink at once; what they hold beyond them (Excess) is theirs to
 // give back, which a pipeline does at the end of its iteration.
+// A group may have a limit of its own (a user's quota): it never holds more,
+// and what its weight would give it beyond that goes to the other groups
+// (water-filling).
 // Thread-safe.
 class MemoryShares {
  public:
@@ -29,10 +32,11 @@ class MemoryShares {
   MemoryShares& operator=(const MemoryShares&) = delete;
 
   // `flow` takes part, in `group` (empty: a group of its own) weighed
-  // `weight` (the group's; non-positive counts as 1). Joining again
-  // changes nothing.
-  void Join(absl::string_view flow, absl::string_view group, double weight)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // `weight` (the group's; non-positive counts as 1), the group holding
+  // at most `group_limit` bytes (0: no limit of its own; the group's first
+  // flow sets both). Joining again changes nothing.
+  void Join(absl::string_view flow, absl::string_view group, double weight,
+            uint64_t group_limit = 0) ABSL_LOCKS_EXCLUDED(mu_);
   // Gives back everything `flow` holds and takes it out of the shares.
   void Leave(absl::string_view flow) ABSL_LOCKS_EXCLUDED(mu_);
   // Whether `flow` (joined) may hold `bytes` more: true takes them.
@@ -54,7 +58,12 @@ class MemoryShares {
   struct Group {
     double weight = 1.0;
     size_t flows = 0;
+    uint64_t limit = 0;  // 0: none
   };
+  // Each group's share of the capacity: by weight, a group's limit capping
+  // it and what it leaves split among the others by weight.
+  std::map<std::string, double, std::less<>> GroupSharesLocked() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t ShareLocked(const Flow& flow) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -62,5 +62,25 @@ TEST(MemoryShares, JoiningTwiceChangesNothing) {
   EXPECT_EQ(shares.ShareOf("b"), 4 * kMiB);
 }
 
+TEST(MemoryShares, AGroupsLimitCapsItAndTheRestGoesToTheOthers) {
+  MemoryShares shares(12 * kMiB);
+  // Three users of equal weight; one may hold 2 MiB at most.
+  shares.Join("capped", "uid 1", 1, 2 * kMiB);
+  shares.Join("a", "uid 2", 1);
+  shares.Join("b", "uid 3", 1);
+  EXPECT_EQ(shares.ShareOf("capped"), 2 * kMiB);
+  EXPECT_EQ(shares.ShareOf("a"), 5 * kMiB);
+  EXPECT_EQ(shares.ShareOf("b"), 5 * kMiB);
+  EXPECT_TRUE(shares.TryTake("capped", 2 * kMiB));
+  EXPECT_FALSE(shares.TryTake("capped", 1));
+  // Alone, the capped user still holds no more than its limit; a limit
+  // above its share changes nothing.
+  shares.Leave("a");
+  shares.Leave("b");
+  EXPECT_EQ(shares.ShareOf("capped"), 2 * kMiB);
+  shares.Join("roomy", "uid 4", 1, 100 * kMiB);
+  EXPECT_EQ(shares.ShareOf("roomy"), 10 * kMiB);
+}
+
 }  // namespace
 }  // namespace lohan

@@ -225,6 +225,7 @@ PipelineOptions JobSession::PipelineOptionsFor(const v1::ModelSpec& spec,
   options.fair_group = parts.fair_group;
   options.read_ahead_bytes = parts.read_ahead_bytes;
   options.read_ahead_shares = parts.read_ahead_shares;
+  options.state_tier = parts.state_tier;
   options.clip_schedule = spec.clip_schedule() == v1::CLIP_SCHEDULE_REDO_ALL
                               ? ClipSchedule::kRedoAll
                               : ClipSchedule::kDeferWhenCertain;
@@ -702,6 +703,10 @@ v1::SessionStatus JobSession::Status() const {
   }
   if (const JobPipeline* pipeline = pipeline_ready_.load()) {
     status.set_committed_iteration(pipeline->iteration());
+    const StateTier::Stats tier = pipeline->tier_stats();
+    status.set_state_bytes(tier.state_bytes);
+    status.set_state_tier_bytes(tier.committed_bytes);
+    status.set_state_tier_share_bytes(tier.share_bytes);
   }
   if (const ServeLanes* lanes = lanes_ready_.load()) {
     status.set_urgent_queued(

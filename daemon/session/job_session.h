@@ -135,6 +135,9 @@ class JobSession {
     // read_ahead_shares (may be null), that memory shared among jobs.
     uint64_t read_ahead_bytes = 0;
     MemoryShares* read_ahead_shares = nullptr;
+    // PipelineOptions::state_tier: the daemon's host memory for optimizer
+    // states, shared among jobs (no shares: no tier).
+    StateTierMemory state_tier;
     // The job is a data-parallel rank's (JobSpec.run): each commit keeps
     // the states it replaced until the next ITER_BEGIN
     // (PipelineOptions::keep_previous_commit).
@@ -261,7 +264,7 @@ class JobSession {
   // Set once by RegisterModel, then used by the serving thread and the
   // lanes.
   std::optional<Model> model_ ABSL_GUARDED_BY(mu_);
-  Model* served_ = nullptr;  // = &*model_ once serving
+  Model* served_ = nullptr;              // = &*model_ once serving
   std::atomic<bool> registered_{false};  // RegisterModel has returned it
   // Holds the model's SSD set-aside, given back when the session ends.
   SpaceLedger* ledger_ ABSL_GUARDED_BY(mu_) = nullptr;

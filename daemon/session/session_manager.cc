@@ -395,6 +395,10 @@ absl::StatusOr<v1::RegisterModelResponse> SessionManager::RegisterModel(
     absl::MutexLock lock(&mu_);
     sessions_.at(request.job_id()).registering = false;
   };
+  // The job's part of the state tier, within its owner's quota of it.
+  StateTierMemory state_tier = parts_.state_tier;
+  state_tier.group_limit_bytes =
+      parts_.quotas->For(job->owner_uid()).state_tier_bytes;
   absl::StatusOr<v1::RegisterModelResponse> registered = session->RegisterModel(
       request.model(),
       {.store = parts_.store,
@@ -406,6 +410,7 @@ absl::StatusOr<v1::RegisterModelResponse> SessionManager::RegisterModel(
        .fair_group = absl::StrCat("uid ", job->owner_uid()),
        .read_ahead_bytes = parts_.read_ahead_bytes,
        .read_ahead_shares = parts_.read_ahead_shares,
+       .state_tier = state_tier,
        .keep_previous_commit = job->spec().has_run(),
        .expect_stored_states = job->has_states(),
        .owner = owner,

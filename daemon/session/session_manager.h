@@ -63,6 +63,9 @@ class SessionManager {
     // owners' weights (may be null: each job up to read_ahead_bytes).
     uint64_t read_ahead_bytes = 0;
     MemoryShares* read_ahead_shares = nullptr;
+    // The state tier ([pool] state_tier) all jobs share by their owners'
+    // weights (no shares: none).
+    StateTierMemory state_tier;
     // Entries in each of a session's two rings ([pool] ring_entries).
     uint32_t ring_entries = JobSession::kRingCapacity;
   };

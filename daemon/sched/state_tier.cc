@@ -1,0 +1,173 @@
+#include "daemon/sched/state_tier.h"
+
+#include <sys/mman.h>
+
+#include <cstring>
+#include <utility>
+
+#include "daemon/common/check.h"
+#include "daemon/common/meminfo.h"
+
+namespace lohan {
+
+// A chunk copy's memory: an anonymous mapping locked in RAM (a state swapped
+// out would cost more than reading it from the SSDs). Huge pages advised, as
+// the optimizer streams it.
+class StateTier::Region {
+ public:
+  // Null when the memory cannot be mapped or locked.
+  static std::unique_ptr<Region> Map(size_t bytes) {
+    void* data = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (data == MAP_FAILED) return nullptr;
+    (void)::madvise(data, bytes, MADV_HUGEPAGE);
+    std::unique_ptr<Region> region(new Region(data, bytes));
+    if (::mlock(data, bytes) != 0) return nullptr;
+    return region;
+  }
+  Region(const Region&) = delete;
+  Region& operator=(const Region&) = delete;
+  ~Region() { ::munmap(data_, bytes_); }
+  uint8_t* data() { return static_cast<uint8_t*>(data_); }
+
+ private:
+  Region(void* data, size_t bytes) : data_(data), bytes_(bytes) {}
+  void* const data_;
+  const size_t bytes_;
+};
+
+StateTier::StateTier(std::string job, std::vector<uint64_t> chunk_bytes,
+                     const StateTierMemory& memory, absl::string_view group,
+                     double weight)
+    : job_(std::move(job)),
+      chunk_bytes_(std::move(chunk_bytes)),
+      memory_(memory),
+      slots_(chunk_bytes_.size()) {
+  if (memory_.shares != nullptr) {
+    memory_.shares->Join(job_, group, weight, memory_.group_limit_bytes);
+  }
+}
+
+StateTier::~StateTier() {
+  {
+    absl::MutexLock lock(&mu_);
+    slots_.clear();
+  }
+  if (memory_.shares != nullptr) memory_.shares->Leave(job_);
+}
+
+void StateTier::Place() {
+  if (!enabled()) return;
+  const uint64_t share = memory_.shares->ShareOf(job_);
+  absl::MutexLock lock(&mu_);
+  uint64_t fits = 0;
+  size_t placed = 0;
+  while (placed < chunk_bytes_.size() && fits + chunk_bytes_[placed] <= share) {
+    fits += chunk_bytes_[placed++];
+  }
+  placed_ = placed;
+  for (size_t flat = placed_; flat < slots_.size(); ++flat) FreeLocked(flat);
+  // Under memory pressure copies go back, from the end: the store holds
+  // every state, so dropping a copy costs only its reads.
+  if (memory_.keep_available_bytes == 0) return;
+  for (size_t flat = placed_; flat-- > 0;) {
+    if (slots_[flat].region == nullptr) continue;
+    if (!ShortOfMemory(0)) break;
+    FreeLocked(flat);
+  }
+}
+
+bool StateTier::HoldsCommitted(size_t flat) const {
+  absl::MutexLock lock(&mu_);
+  return slots_[flat].copy == Copy::kCommitted;
+}
+
+bool StateTier::ReadCommitted(size_t flat, absl::Span<uint8_t> dest) {
+  absl::MutexLock lock(&mu_);
+  Slot& slot = slots_[flat];
+  if (slot.copy != Copy::kCommitted) return false;
+  LOHAN_CHECK(dest.size() == chunk_bytes_[flat]);
+  std::memcpy(dest.data(), slot.region->data(), dest.size());
+  return true;
+}
+
+void StateTier::KeepPending(size_t flat, absl::Span<const uint8_t> state) {
+  if (!enabled()) return;
+  absl::MutexLock lock(&mu_);
+  Slot& slot = slots_[flat];
+  slot.copy = Copy::kNone;
+  if (state.empty() || flat >= placed_ || !AllocateLocked(flat)) return;
+  LOHAN_CHECK(state.size() == chunk_bytes_[flat]);
+  std::memcpy(slot.region->data(), state.data(), state.size());
+  slot.copy = Copy::kPending;
+}
+
+void StateTier::CommitPending() {
+  absl::MutexLock lock(&mu_);
+  for (Slot& slot : slots_) {
+    if (slot.copy == Copy::kPending) slot.copy = Copy::kCommitted;
+  }
+}
+
+void StateTier::DropPending() {
+  absl::MutexLock lock(&mu_);
+  for (Slot& slot : slots_) {
+    if (slot.copy == Copy::kPending) slot.copy = Copy::kNone;
+  }
+}
+
+void StateTier::Invalidate(size_t first, size_t count) {
+  absl::MutexLock lock(&mu_);
+  for (size_t flat = first; flat < first + count && flat < slots_.size();
+       ++flat) {
+    slots_[flat].copy = Copy::kNone;
+  }
+}
+
+StateTier::Stats StateTier::stats() const {
+  Stats stats;
+  if (enabled()) stats.share_bytes = memory_.shares->ShareOf(job_);
+  absl::MutexLock lock(&mu_);
+  stats.placed_chunks = placed_;
+  stats.chunks = slots_.size();
+  for (size_t flat = 0; flat < slots_.size(); ++flat) {
+    stats.state_bytes += chunk_bytes_[flat];
+    if (slots_[flat].region == nullptr) continue;
+    stats.bytes_held += chunk_bytes_[flat];
+    if (slots_[flat].copy == Copy::kCommitted) {
+      stats.committed_bytes += chunk_bytes_[flat];
+    }
+  }
+  return stats;
+}
+
+void StateTier::FreeLocked(size_t flat) {
+  Slot& slot = slots_[flat];
+  slot.copy = Copy::kNone;
+  if (slot.region == nullptr) return;
+  slot.region.reset();
+  memory_.shares->Give(job_, chunk_bytes_[flat]);
+}
+
+bool StateTier::ShortOfMemory(uint64_t more) const {
+  if (memory_.keep_available_bytes == 0) return false;
+  const uint64_t available =
+      memory_.available_bytes ? memory_.available_bytes() : MemAvailableBytes();
+  return available < memory_.keep_available_bytes + more;
+}
+
+bool StateTier::AllocateLocked(size_t flat) {
+  Slot& slot = slots_[flat];
+  if (slot.region != nullptr) return true;
+  const uint64_t bytes = chunk_bytes_[flat];
+  if (ShortOfMemory(bytes)) return false;
+  if (!memory_.shares->TryTake(job_, bytes)) return false;
+  slot.region = Region::Map(bytes);
+  if (slot.region == nullptr) {
+    memory_.shares->Give(job_, bytes);
+    return false;
+  }
+  return true;
+}
+
+}  // namespace lohan

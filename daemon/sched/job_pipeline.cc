@@ -290,14 +290,14 @@ absl::Status JobPipeline::ReadWeights(size_t layer, float* out) const {
   // (only the stripe units that hold them; no staging buffer, no copy).
   for (size_t c = 0; c < state_.num_chunks(layer); ++c) {
     const uint64_t count = state_.chunk_count(layer, c);
-    absl::StatusOr<uint64_t> r = ReadCurrent(
-        chunk_names_[FlatIndex(layer, c)],
+    absl::Status r = ReadCurrent(
+        FlatIndex(layer, c),
         absl::MakeSpan(reinterpret_cast<uint8_t*>(out + state_.chunk_begin(c)),
                        count * 4),
         /*prefix=*/true);
     if (!r.ok()) {
-      return Annotate(r.status(), absl::StrCat("reading the weights of layer ",
-                                               layer, " chunk ", c));
+      return Annotate(r, absl::StrCat("reading the weights of layer ", layer,
+                                      " chunk ", c));
     }
   }
   return absl::OkStatus();
@@ -349,14 +349,18 @@ absl::Status JobPipeline::ForEachCommittedChunk(
                        kBufferAlignment);
   for (size_t c = 0; c < state_.num_chunks(layer); ++c) {
     const uint64_t count = state_.chunk_count(layer, c);
-    const std::string& name = chunk_names_[FlatIndex(layer, c)];
+    const size_t flat = FlatIndex(layer, c);
     const absl::Span<uint8_t> out =
         absl::MakeSpan(buffer.data(), state_.state_bytes(count));
-    absl::StatusOr<uint64_t> r =
-        current ? ReadCurrent(name, out) : store_->Read(job_, name, out);
+    absl::Status r = absl::OkStatus();
+    if (current) {
+      r = ReadCurrent(flat, out);
+    } else if (!tier_.ReadCommitted(flat, out)) {
+      r = store_->Read(job_, chunk_names_[flat], out).status();
+    }
     if (!r.ok()) {
-      return Annotate(r.status(), absl::StrCat("reading the states of layer ",
-                                               layer, " chunk ", c));
+      return Annotate(
+          r, absl::StrCat("reading the states of layer ", layer, " chunk ", c));
     }
     use(c, count, buffer.data());
   }
@@ -379,10 +383,10 @@ absl::Status JobPipeline::ReadWeight16(size_t layer, void* out) const {
   uint8_t* dest = static_cast<uint8_t*>(out);
   for (size_t c = 0; c < state_.num_chunks(layer); ++c) {
     const uint64_t count = state_.chunk_count(layer, c);
-    absl::StatusOr<uint64_t> r = ReadCurrent(
+    absl::Status r = ReadCurrentStored(
         weight16_names_[FlatIndex(layer, c)],
         absl::MakeSpan(dest + state_.chunk_begin(c) * 2, count * 2));
-    if (!r.ok()) return r.status();
+    if (!r.ok()) return r;
   }
   return absl::OkStatus();
 }

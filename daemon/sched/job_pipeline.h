@@ -614,10 +614,14 @@ class JobPipeline {
   // iteration settles (its chunks all have their new pending version),
   // that one; otherwise the committed one. `prefix`: only out.size()
   // bytes of it (TensorStore::ReadPrefix).
-  absl::StatusOr<uint64_t> ReadCurrent(const std::string& name,
-                                       absl::Span<uint8_t> out,
-                                       bool prefix = false) const
+  absl::Status ReadCurrentStored(const std::string& name,
+                                 absl::Span<uint8_t> out,
+                                 bool prefix = false) const
       ABSL_LOCKS_EXCLUDED(mu_);
+  // As ReadCurrentStored of chunk `flat`'s state, the state tier's copy
+  // standing in for the store when it holds that version.
+  absl::Status ReadCurrent(size_t flat, absl::Span<uint8_t> out,
+                           bool prefix = false) const ABSL_LOCKS_EXCLUDED(mu_);
   void ComputeLoop();
   void WriteLoop();
   // Ends a task: releases its buffer (if any), records the first error.
@@ -753,7 +757,8 @@ class JobPipeline {
   std::vector<std::unique_ptr<AlignedBuffer>> spare_ ABSL_GUARDED_BY(mu_);
   MemoryShares* const read_ahead_shares_;  // null: none
   // Copies of committed states in host memory (PipelineOptions::state_tier).
-  StateTier tier_;
+  // Mutable: reading a copy is const to the pipeline.
+  mutable StateTier tier_;
   uint64_t read_ahead_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   bool read_ahead_queued_ ABSL_GUARDED_BY(mu_) = false;
   // Whether the last committed iteration clipped (predict_clipping).

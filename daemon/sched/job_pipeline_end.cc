@@ -309,9 +309,22 @@ absl::Status JobPipeline::WaitLayer(size_t layer) const {
   return settle_error_;
 }
 
-absl::StatusOr<uint64_t> JobPipeline::ReadCurrent(const std::string& name,
-                                                  absl::Span<uint8_t> out,
-                                                  bool prefix) const {
+absl::Status JobPipeline::ReadCurrent(size_t flat, absl::Span<uint8_t> out,
+                                      bool prefix) const {
+  bool settling;
+  {
+    absl::MutexLock lock(&mu_);
+    settling = phase_ == Phase::kSettling;
+  }
+  if (tier_.ReadCommitted(flat, out, /*or_pending=*/settling)) {
+    return absl::OkStatus();
+  }
+  return ReadCurrentStored(chunk_names_[flat], out, prefix);
+}
+
+absl::Status JobPipeline::ReadCurrentStored(const std::string& name,
+                                            absl::Span<uint8_t> out,
+                                            bool prefix) const {
   bool settling;
   {
     absl::MutexLock lock(&mu_);
@@ -322,10 +335,11 @@ absl::StatusOr<uint64_t> JobPipeline::ReadCurrent(const std::string& name,
         prefix ? store_->ReadPrefix(job_, name, out, /*pending=*/true)
                : store_->ReadPending(job_, name, out);
     // Committed meanwhile: the same bytes are now the committed version.
-    if (r.ok() || !IsNoPending(r.status())) return r;
+    if (r.ok() || !IsNoPending(r.status())) return r.status();
   }
-  return prefix ? store_->ReadPrefix(job_, name, out)
-                : store_->Read(job_, name, out);
+  return (prefix ? store_->ReadPrefix(job_, name, out)
+                 : store_->Read(job_, name, out))
+      .status();
 }
 
 }  // namespace lohan

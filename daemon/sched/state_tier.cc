@@ -82,11 +82,15 @@ bool StateTier::HoldsCommitted(size_t flat) const {
   return slots_[flat].copy == Copy::kCommitted;
 }
 
-bool StateTier::ReadCommitted(size_t flat, absl::Span<uint8_t> dest) {
+bool StateTier::ReadCommitted(size_t flat, absl::Span<uint8_t> dest,
+                              bool or_pending) {
   absl::MutexLock lock(&mu_);
   Slot& slot = slots_[flat];
-  if (slot.copy != Copy::kCommitted) return false;
-  LOHAN_CHECK(dest.size() == chunk_bytes_[flat]);
+  if (slot.copy != Copy::kCommitted &&
+      !(or_pending && slot.copy == Copy::kPending)) {
+    return false;
+  }
+  LOHAN_CHECK(dest.size() <= chunk_bytes_[flat]);
   std::memcpy(dest.data(), slot.region->data(), dest.size());
   return true;
 }

@@ -73,10 +73,13 @@ class StateTier {
   void Place() ABSL_LOCKS_EXCLUDED(mu_);
   // Whether chunk `flat` has a copy of its committed version.
   bool HoldsCommitted(size_t flat) const ABSL_LOCKS_EXCLUDED(mu_);
-  // Copies chunk `flat`'s committed version into `dest` (its state bytes)
-  // and returns true, or returns false (no such copy: read the store).
-  bool ReadCommitted(size_t flat, absl::Span<uint8_t> dest)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // Copies the first dest.size() bytes (at most its state's) of chunk
+  // `flat`'s committed version into `dest` and returns true, or returns
+  // false (no such copy: read the store). `or_pending`: the pending copy
+  // does too (an iteration settling, the chunk's update done: its new
+  // version, pending or committed by now).
+  bool ReadCommitted(size_t flat, absl::Span<uint8_t> dest,
+                     bool or_pending = false) ABSL_LOCKS_EXCLUDED(mu_);
   // The chunk's state just written to the store as its pending version:
   // kept when the chunk is placed and memory is had; any older copy of the
   // chunk is void either way (an empty `state`: the write failed).

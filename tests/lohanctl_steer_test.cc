@@ -100,6 +100,7 @@ TEST_F(LohanctlSteerTest, WatchShowsTheTrainingJobAndTheQuota) {
   EXPECT_THAT(watch.out, HasSubstr("READ GB/s"));
   EXPECT_THAT(watch.out, HasSubstr("QUEUED urg/bulk"));
   EXPECT_THAT(watch.out, HasSubstr("READ-AHEAD held/share"));
+  EXPECT_THAT(watch.out, HasSubstr("STATES in RAM/all"));
   EXPECT_THAT(watch.out, HasSubstr("\n" + id + " "));
   // The second refresh has rates (nothing moves while it is paused).
   EXPECT_THAT(watch.out, HasSubstr("0.00"));

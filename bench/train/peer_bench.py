@@ -16,7 +16,8 @@ order reversed every other round):
   (ZeRO-Offload);
 - lohan-resident: a gradient and a weight buffer per layer in lohand's host
   pool, states in its state tier as far as --state-tier holds them (the
-  rest, and every update written through, on its SSDs);
+  rest on its SSDs; the tier's written through every --commit-interval
+  steps, every step by default);
 - lohan-resident-ssd: the same on a second lohand without a state tier
   (every state read from and written to its SSDs);
 - lohan-streamed: the same, gradients and weights streamed through
@@ -138,6 +139,8 @@ def worker(args: argparse.Namespace) -> Dict[str, float]:
                         stream_buffers=args.stream_buffers)
                    if args.worker == "lohan-streamed"
                    else dict(buffers="resident"))  # -ssd too
+        if args.worker != "lohan-resident-ssd":
+            options["commit_interval"] = args.commit_interval
         engine = lohan.init(model, lr=1e-4, max_grad_norm=1.0,
                             socket=args.socket,
                             job_name=f"peer-{os.getpid()}", **options)
@@ -183,7 +186,7 @@ def run_worker(config: str, args: argparse.Namespace, scratch: Path,
                "--scratch", str(scratch), "--socket", socket,
                "--daemon-pid", str(daemon_pid)]
     for name in ("steps", "warmup", "layers", "width", "seq", "batch",
-                 "vocab", "threads", "stream_buffers"):
+                 "vocab", "threads", "stream_buffers", "commit_interval"):
         command += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
@@ -238,6 +241,10 @@ def main() -> int:
                         help="lohand's SSD file (twice the states and more)")
     parser.add_argument("--daemon-config", default="",
                         help="a lohand.toml for the bench's daemon")
+    parser.add_argument("--commit-interval", type=int, default=1,
+                        help="lohan.init's commit_interval for the lohan "
+                        "configurations with a state tier (1: every step "
+                        "durable)")
     parser.add_argument("--state-tier", default="auto",
                         help="lohand's [pool] state_tier for the lohan "
                         "configurations but lohan-resident-ssd (a size, 0 "

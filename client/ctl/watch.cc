@@ -59,10 +59,10 @@ void PrintTable(const v1::GetStatusResponse& status,
               status.store().ssds_size() == 1 ? "" : "s",
               FormatByteSize(used).c_str(), FormatByteSize(capacity).c_str());
   const char* format =
-      "%-10s %-10s %-7s %-15s %-9s %-9s %-6s %-10s %-10s %-21s %s\n";
+      "%-10s %-10s %-7s %-15s %-9s %-9s %-6s %-10s %-10s %-21s %-21s %s\n";
   std::printf(format, "JOB", "OWNER", "STEP", "ITER s last/avg", "READ GB/s",
               "WRITE GB/s", "OPT %", "ARENA", "SET ASIDE",
-              "READ-AHEAD held/share", "QUEUED urg/bulk");
+              "READ-AHEAD held/share", "STATES in RAM/all", "QUEUED urg/bulk");
   double total_read = 0, total_written = 0, total_optimizer = 0;
   const double threads = std::max(1u, status.optimizer().threads());
   for (const v1::SessionStatus& session : status.sessions()) {
@@ -102,6 +102,9 @@ void PrintTable(const v1::GetStatusResponse& status,
         FormatByteSize(session.ssd_set_aside_bytes()).c_str(),
         absl::StrCat(FormatByteSize(session.read_ahead_held_bytes()), "/",
                      FormatByteSize(session.read_ahead_share_bytes()))
+            .c_str(),
+        absl::StrCat(FormatByteSize(session.state_tier_bytes()), "/",
+                     FormatByteSize(session.state_bytes()))
             .c_str(),
         absl::StrFormat("%u/%u", session.urgent_queued(), session.bulk_queued())
             .c_str());
@@ -160,6 +163,11 @@ std::string StatesLine(const v1::SessionStatus& session) {
       FormatByteSize(session.state_tier_bytes()),
       FormatByteSize(session.state_tier_share_bytes()),
       FormatByteSize(session.state_bytes() - session.state_tier_bytes()));
+  if (session.durable_iteration() != session.committed_iteration()) {
+    // Iterations since lohand's last durable commit (commit_interval).
+    absl::StrAppendFormat(&line, ", durable at iteration %d",
+                          session.durable_iteration());
+  }
   const double per = static_cast<double>(session.parameters()) *
                      static_cast<double>(session.session_iterations());
   if (per > 0) {

@@ -39,9 +39,10 @@ std::string PlanLine(const v1::SessionStatus& session);
 
 // "states 3.7 GB: 3.7 GB in RAM (share 6.5 GB), 0 B on the SSDs only; SSD
 // 0.02 read, 12.0 written B/param/iteration": where a session's optimizer
-// states are (the state tier's copies, every update written to the SSDs)
-// and what its iterations moved through the SSDs since it attached, for
-// `status`; "" before its model is registered.
+// states are (the state tier's copies), the last durable iteration when
+// later ones are in RAM only (ModelSpec.commit_interval), and what its
+// iterations moved through the SSDs since it attached, for `status`; ""
+// before its model is registered.
 std::string StatesLine(const v1::SessionStatus& session);
 
 }  // namespace lohan

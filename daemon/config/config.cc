@@ -300,6 +300,9 @@ const std::map<std::string, Setter>& KeySetters() {
          config.state_tier_bytes = *bytes;
          return absl::OkStatus();
        }},
+      {"pool.commit_interval",
+       IntegerSetter(&DaemonConfig::commit_interval, "pool.commit_interval", 1,
+                     1000000)},
       {"pool.ring_entries",
        [](const toml::node& node, absl::string_view origin,
           DaemonConfig& config) -> absl::Status {

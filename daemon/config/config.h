@@ -37,6 +37,8 @@ struct DaemonConfig {
   // tier), or nullopt: "auto", sized to the machine when the daemon starts
   // (ResolveStateTier in host_check.h). 0: no tier.
   std::optional<uint64_t> state_tier_bytes;
+  // [pool] commit_interval: the jobs' default ModelSpec.commit_interval.
+  uint32_t commit_interval = 1;
   // Entries in each of a data plane's two rings (a power of two, 8 to
   // 1024): the requests one process may have in flight.
   uint32_t ring_entries = 0;

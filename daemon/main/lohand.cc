@@ -445,6 +445,7 @@ int Run(const CommandLine& command_line) {
        .read_ahead_bytes = config->optimizer_read_ahead_bytes,
        .read_ahead_shares = &read_ahead_shares,
        .state_tier = state_tier,
+       .commit_interval = config->commit_interval,
        .ring_entries = config->ring_entries});
 
   const DaemonParts parts{.config = &*config,

@@ -129,6 +129,19 @@ absl::StatusOr<std::unique_ptr<JobPipeline>> JobPipeline::Open(
   if (options.buffers == 0) {
     return absl::InvalidArgumentError("job pipeline: needs at least 1 buffer");
   }
+  if (options.commit_interval == 0) {
+    return absl::InvalidArgumentError(
+        "job pipeline: commit_interval must be at least 1 (1: every "
+        "iteration durable)");
+  }
+  if (options.commit_interval > 1 &&
+      (options.keep_previous_commit ||
+       options.clip_schedule != ClipSchedule::kDeferWhenCertain)) {
+    return absl::InvalidArgumentError(
+        "job pipeline: a commit_interval above 1 needs the default clip "
+        "schedule and no kept commits (a data-parallel rank's job commits "
+        "every iteration)");
+  }
   if (options.fp32_weights_out &&
       (layout.grad_dtype != DType::kFloat32 || options.stream_weight16)) {
     return absl::InvalidArgumentError(
@@ -173,6 +186,13 @@ JobPipeline::~JobPipeline() {
     (void)RollbackAll();
     DropScratch();
   }
+  {
+    // What only the state tier holds reaches the store before the tier
+    // goes (a session closing, lohand stopping); a failure leaves the job
+    // at its last durable iteration.
+    absl::MutexLock api(&api_mu_);
+    (void)MakeDurableLocked();
+  }
   // Its read-ahead buffers go with it.
   if (read_ahead_shares_ != nullptr) read_ahead_shares_->Leave(job_);
 }
@@ -180,6 +200,11 @@ JobPipeline::~JobPipeline() {
 uint64_t JobPipeline::iteration() const {
   absl::MutexLock lock(&mu_);
   return iteration_;
+}
+
+uint64_t JobPipeline::durable_iteration() const {
+  absl::MutexLock lock(&mu_);
+  return durable_iteration_;
 }
 
 bool JobPipeline::layer_initialized(size_t layer) const {
@@ -212,7 +237,11 @@ absl::Status JobPipeline::InitializeWeights(size_t layer, const float* weights,
           absl::StrCat("layer ", layer, " already has states"));
     }
   }
-  // Committed outside the passes: no copy of the layer's old states stands.
+  // Committed outside the passes (durably, with everything else first): no
+  // copy of the layer's old states stands.
+  if (absl::Status durable = MakeDurableLocked(); !durable.ok()) {
+    return durable;
+  }
   tier_.Invalidate(FlatIndex(layer, 0), state_.num_chunks(layer));
   AlignedBuffer buffer(buffer_bytes_, kBufferAlignment);
   std::vector<std::string> names;
@@ -451,7 +480,11 @@ absl::Status JobPipeline::InitState(size_t layer, StatePart part,
     return access;
   }
   const bool bf16 = layout_.moment_dtype == DType::kBFloat16;
-  // Committed outside the passes: no copy of the layer's old states stands.
+  // Committed outside the passes (durably, with everything else first): no
+  // copy of the layer's old states stands.
+  if (absl::Status durable = MakeDurableLocked(); !durable.ok()) {
+    return durable;
+  }
   tier_.Invalidate(FlatIndex(layer, 0), state_.num_chunks(layer));
   AlignedBuffer buffer(buffer_bytes_, kBufferAlignment);
   std::vector<std::string> names;
@@ -530,7 +563,12 @@ absl::Status JobPipeline::BeginIteration(float grad_scale,
   if (absl::Status released = ReleaseKeptStates(); !released.ok()) {
     return released;
   }
+  // Another job's arrival or departure moves the tier's prefix now, between
+  // iterations, when no copy is in use.
+  PlaceTier();
   absl::MutexLock lock(&mu_);
+  durable_this_ = options_.commit_interval <= 1 || !tier_.enabled() ||
+                  (iteration_ + 1) % options_.commit_interval == 0;
   submissions_.assign(state_.num_layers(), Submission{});
   submit_order_.clear();
   grad_scale_ = grad_scale;
@@ -544,9 +582,6 @@ absl::Status JobPipeline::BeginIteration(float grad_scale,
                              clip.max_grad_norm > 0.0));
   started_deferred_ = deferring_;
   norm_known_ = false;
-  // Another job's arrival or departure moves the tier's prefix now, between
-  // iterations, when no copy is in use.
-  tier_.Place();
   ++read_ahead_epoch_;  // (Every end of an iteration started one, too.)
   BeginPassLocked();
   if (started_deferred_) EnqueueReadAheadLocked();

@@ -113,6 +113,19 @@ struct PipelineOptions {
   // still written to the store, so durability and results are unchanged.
   // No shares: off. REQUIRES: the shares outlive the pipeline.
   StateTierMemory state_tier;
+  // Durability by commit interval (with a state tier): iteration k is
+  // committed durably when k is a multiple of this (and at MakeDurable,
+  // InitializeWeights, InitState and destruction); in between, the new
+  // states of the chunks the tier holds stay in RAM, unwritten, and the
+  // store's other versions are committed volatile (TensorStore), so a
+  // crash resumes at the last durable iteration, every tensor alike. A
+  // chunk whose committed state only the tier holds updates only after the
+  // iteration's outcome is known (no clip redo, no skip touches it); should
+  // the iteration fail after such an update, the pipeline is done (ABORTED,
+  // as after a failed settle): open the job again to resume at the last
+  // durable iteration. 1: every iteration durable (the tier written
+  // through). > 1 needs kDeferWhenCertain and no keep_previous_commit.
+  uint32_t commit_interval = 1;
   // Streamed gradients (a client with fewer gradient buffers than layers):
   // SubmitGradients copies the gradient into per-iteration scratch tensors
   // of the store (StateLayout::GradScratchName) before it returns, so the
@@ -267,6 +280,13 @@ class JobPipeline {
   const std::string& job() const { return job_; }
   const StateLayout& state_layout() const { return state_; }
   uint64_t iteration() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The last iteration committed durably: what a restart resumes at
+  // (PipelineOptions::commit_interval).
+  uint64_t durable_iteration() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Between iterations: commits the job's states durably now, those only
+  // the state tier holds written first (a drain, a checkpoint). A no-op
+  // when they are; FAILED_PRECONDITION in an iteration.
+  absl::Status MakeDurable() ABSL_LOCKS_EXCLUDED(api_mu_, mu_);
   bool layer_initialized(size_t layer) const ABSL_LOCKS_EXCLUDED(mu_);
   // Whether the job keeps the commit before its last one, i.e. can go back
   // to iteration() - 1 (PipelineOptions::revert_last_commit at the next
@@ -677,7 +697,23 @@ class JobPipeline {
   // pending versions rolled back): the committed weights' copy into every
   // weight16_out buffer submitted this iteration. The first error.
   absl::Status RestoreWeightCopies() ABSL_LOCKS_EXCLUDED(mu_);
+  // Commits the iteration's versions: durably in a durable iteration,
+  // volatile otherwise (those only the tier holds not written).
   absl::Status Commit(uint64_t new_iteration);
+  // Commit's between durable iterations: the store's pending versions
+  // committed volatile, the tier's copies made committed.
+  absl::Status CommitVolatile(uint64_t new_iteration, uint64_t tag);
+  // MakeDurable's work. REQUIRES: api_mu_ held, no iteration in progress.
+  absl::Status MakeDurableLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(api_mu_);
+  // Writes what only the tier holds and commits every tensor of the job
+  // durably at the committed iteration.
+  absl::Status WriteDurable() ABSL_EXCLUSIVE_LOCKS_REQUIRED(api_mu_);
+  // At an iteration's start: the tier's placement, the copies it gives
+  // back that the store lacks written and committed (volatile) first.
+  void PlaceTier() ABSL_EXCLUSIVE_LOCKS_REQUIRED(api_mu_);
+  // RollbackAll found a version only the tier held overwritten: the job
+  // can only go back to its durable iteration (sticky ABORTED).
+  void LostTierVersion() ABSL_LOCKS_EXCLUDED(mu_);
   // With keep_previous_commit, the store's ReleasePrevious of the job.
   // REQUIRES: api_mu_ held, no iteration in progress or settling.
   absl::Status ReleaseKeptStates();
@@ -763,6 +799,11 @@ class JobPipeline {
   bool read_ahead_queued_ ABSL_GUARDED_BY(mu_) = false;
   // Whether the last committed iteration clipped (predict_clipping).
   bool last_clipped_ ABSL_GUARDED_BY(mu_) = false;
+  // commit_interval: whether this iteration commits durably, the last
+  // iteration that did, and whether volatile commits came since.
+  bool durable_this_ ABSL_GUARDED_BY(mu_) = true;
+  uint64_t durable_iteration_ ABSL_GUARDED_BY(mu_) = 0;
+  bool volatile_since_durable_ ABSL_GUARDED_BY(mu_) = false;
   double lr_ ABSL_GUARDED_BY(mu_) = 0.0;  // of this iteration
   std::vector<bool> initialized_ ABSL_GUARDED_BY(mu_);
   std::vector<Submission> submissions_ ABSL_GUARDED_BY(mu_);

@@ -65,6 +65,10 @@ absl::StatusOr<TensorInfo> JobPipeline::OpenTensor(const std::string& name,
 absl::Status JobPipeline::OpenStates() {
   // Gradients of an iteration a dead pipeline never finished.
   if (absl::Status s = DropScratchTensors(store_, job_); !s.ok()) return s;
+  // A pipeline that could not make its last iterations durable (they were
+  // partly in its host memory) leaves the job at its durable iteration, as
+  // a restart would.
+  (void)store_->RevertVolatile(job_);
   const std::string meta_name = StateLayout::MetaName();
   if (options_.revert_last_commit) {
     if (absl::Status s = RevertLastCommit(); !s.ok()) return s;
@@ -157,6 +161,7 @@ absl::Status JobPipeline::OpenStates() {
   }
   absl::MutexLock lock(&mu_);
   iteration_ = iteration;
+  durable_iteration_ = iteration;
   for (size_t l = 0; l < initialized.size(); ++l) {
     initialized_[l] = initialized[l];
   }

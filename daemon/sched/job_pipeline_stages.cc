@@ -321,8 +321,11 @@ absl::StatusOr<bool> JobPipeline::DecideChunk(const Task& task) {
     // its committed state. (A skip needs no state.)
     if (std::isfinite(running_sum_)) EnqueueReadAheadLocked();
   }
-  fates_[flat] = deferring_ ? Fate::kDeferred : Fate::kEager;
-  return deferring_;
+  // A state only the tier holds is updated once the outcome is known:
+  // nothing could bring it back from a redo or a skip.
+  const bool defer = deferring_ || tier_.HoldsCommittedOnly(flat);
+  fates_[flat] = defer ? Fate::kDeferred : Fate::kEager;
+  return defer;
 }
 
 bool JobPipeline::OutcomeCertain(double sum_squares) const {
@@ -388,11 +391,22 @@ void JobPipeline::WriteLoop() {
     const uint64_t count = state_.chunk_count(task->layer, task->chunk);
     uint64_t bytes = state_.state_bytes(count);
     const double start = Now();
-    absl::StatusOr<uint64_t> w = store_->Write(
-        job_, chunk_names_[flat], absl::MakeConstSpan(task->buffer, bytes));
-    // The tier's copy is the version just written, or none.
-    tier_.KeepPending(flat, w.ok() ? absl::MakeConstSpan(task->buffer, bytes)
-                                   : absl::Span<const uint8_t>());
+    const absl::Span<const uint8_t> state =
+        absl::MakeConstSpan(task->buffer, bytes);
+    bool durable;
+    {
+      absl::MutexLock lock(&mu_);
+      durable = durable_this_;
+    }
+    absl::StatusOr<uint64_t> w = uint64_t{0};
+    // Between durable commits the tier alone takes a chunk it can hold.
+    if (!durable && tier_.KeepPending(flat, state, /*stored=*/false)) {
+      bytes = 0;
+    } else {
+      w = store_->Write(job_, chunk_names_[flat], state);
+      // The tier's copy is the version just written, or none.
+      tier_.KeepPending(flat, w.ok() ? state : absl::Span<const uint8_t>());
+    }
     if (w.ok() && options_.stream_weight16) {
       // The new 16-bit copy, pending with the states it was made from.
       w = store_->Write(
@@ -545,7 +559,7 @@ absl::Status JobPipeline::RollbackAll() {
   for (const std::string& name : chunk_names_) rollback(name);
   for (const std::string& name : weight16_names_) rollback(name);
   rollback(StateLayout::MetaName());
-  tier_.DropPending();
+  if (!tier_.DropPending()) LostTierVersion();
   return first;
 }
 
@@ -568,14 +582,25 @@ absl::Status JobPipeline::WriteMeta(uint64_t iteration) {
 
 absl::Status JobPipeline::Commit(uint64_t new_iteration) {
   if (absl::Status s = WriteMeta(new_iteration); !s.ok()) return s;
+  bool durable;
+  {
+    absl::MutexLock lock(&mu_);
+    durable = durable_this_;
+  }
+  const uint64_t tag = sched_internal::CommitTag(new_iteration);
+  if (!durable) return CommitVolatile(new_iteration, tag);
   std::vector<std::string> names = chunk_names_;
   names.insert(names.end(), weight16_names_.begin(), weight16_names_.end());
   names.push_back(StateLayout::MetaName());
-  const uint64_t tag = sched_internal::CommitTag(new_iteration);
   absl::Status s = options_.keep_previous_commit
                        ? store_->CommitBatchKeepingPrevious(job_, names, tag)
                        : store_->CommitBatch(job_, names, tag);
-  if (s.ok()) tier_.CommitPending();
+  if (s.ok()) {
+    tier_.CommitPending();
+    absl::MutexLock lock(&mu_);
+    durable_iteration_ = new_iteration;
+    volatile_since_durable_ = false;
+  }
   return s;
 }
 

@@ -56,8 +56,9 @@ StateTier::~StateTier() {
   if (memory_.shares != nullptr) memory_.shares->Leave(job_);
 }
 
-void StateTier::Place() {
-  if (!enabled()) return;
+std::vector<size_t> StateTier::Place() {
+  std::vector<size_t> to_store;
+  if (!enabled()) return to_store;
   const uint64_t share = memory_.shares->ShareOf(job_);
   absl::MutexLock lock(&mu_);
   uint64_t fits = 0;
@@ -66,15 +67,61 @@ void StateTier::Place() {
     fits += chunk_bytes_[placed++];
   }
   placed_ = placed;
-  for (size_t flat = placed_; flat < slots_.size(); ++flat) FreeLocked(flat);
-  // Under memory pressure copies go back, from the end: the store holds
-  // every state, so dropping a copy costs only its reads.
-  if (memory_.keep_available_bytes == 0) return;
+  // A copy the store lacks is freed once stored (the caller's Release);
+  // returns the bytes that will come back then.
+  auto free_or_store = [&](size_t flat) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const Slot& slot = slots_[flat];
+    if (slot.copy == Copy::kCommitted && !slot.stored) {
+      to_store.push_back(flat);
+      return chunk_bytes_[flat];
+    }
+    FreeLocked(flat);
+    return uint64_t{0};
+  };
+  for (size_t flat = placed_; flat < slots_.size(); ++flat) {
+    if (slots_[flat].region != nullptr) free_or_store(flat);
+  }
+  // Under memory pressure copies go back, from the end: dropping a stored
+  // copy costs only its reads.
+  if (memory_.keep_available_bytes == 0) return to_store;
+  uint64_t coming = 0;
   for (size_t flat = placed_; flat-- > 0;) {
     if (slots_[flat].region == nullptr) continue;
-    if (!ShortOfMemory(0)) break;
-    FreeLocked(flat);
+    if (!ShortOfMemory(0, coming)) break;
+    coming += free_or_store(flat);
   }
+  return to_store;
+}
+
+void StateTier::Release(size_t flat) {
+  absl::MutexLock lock(&mu_);
+  FreeLocked(flat);
+}
+
+bool StateTier::HoldsCommittedOnly(size_t flat) const {
+  absl::MutexLock lock(&mu_);
+  return slots_[flat].copy == Copy::kCommitted && !slots_[flat].stored;
+}
+
+std::vector<size_t> StateTier::CommittedOnly() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<size_t> flats;
+  for (size_t flat = 0; flat < slots_.size(); ++flat) {
+    if (slots_[flat].copy == Copy::kCommitted && !slots_[flat].stored) {
+      flats.push_back(flat);
+    }
+  }
+  return flats;
+}
+
+void StateTier::MarkStored(size_t flat) {
+  absl::MutexLock lock(&mu_);
+  slots_[flat].stored = true;
+}
+
+bool StateTier::PendingOnly(size_t flat) const {
+  absl::MutexLock lock(&mu_);
+  return slots_[flat].copy == Copy::kPending && !slots_[flat].stored;
 }
 
 bool StateTier::HoldsCommitted(size_t flat) const {
@@ -95,29 +142,47 @@ bool StateTier::ReadCommitted(size_t flat, absl::Span<uint8_t> dest,
   return true;
 }
 
-void StateTier::KeepPending(size_t flat, absl::Span<const uint8_t> state) {
-  if (!enabled()) return;
+bool StateTier::KeepPending(size_t flat, absl::Span<const uint8_t> state,
+                            bool stored) {
+  if (!enabled()) return false;
   absl::MutexLock lock(&mu_);
   Slot& slot = slots_[flat];
-  slot.copy = Copy::kNone;
-  if (state.empty() || flat >= placed_ || !AllocateLocked(flat)) return;
+  // A failed write changed nothing, the store's versions included.
+  if (state.empty()) return false;
+  const bool had_only = slot.copy == Copy::kCommitted && !slot.stored;
+  // (A chunk with a copy has its memory: it is always kept below.)
+  if (stored) slot.copy = Copy::kNone;
+  // A chunk with a copy keeps it (its memory is had); another needs room.
+  if (slot.region == nullptr && (flat >= placed_ || !AllocateLocked(flat))) {
+    return false;
+  }
   LOHAN_CHECK(state.size() == chunk_bytes_[flat]);
   std::memcpy(slot.region->data(), state.data(), state.size());
   slot.copy = Copy::kPending;
+  slot.stored = stored;
+  slot.replaced_only = had_only;
+  return true;
 }
 
 void StateTier::CommitPending() {
   absl::MutexLock lock(&mu_);
   for (Slot& slot : slots_) {
     if (slot.copy == Copy::kPending) slot.copy = Copy::kCommitted;
+    slot.replaced_only = false;
   }
 }
 
-void StateTier::DropPending() {
+bool StateTier::DropPending() {
   absl::MutexLock lock(&mu_);
+  bool kept = true;
   for (Slot& slot : slots_) {
-    if (slot.copy == Copy::kPending) slot.copy = Copy::kNone;
+    if (slot.copy != Copy::kPending) continue;
+    if (slot.replaced_only) kept = false;
+    slot.copy = Copy::kNone;
+    slot.stored = true;
+    slot.replaced_only = false;
   }
+  return kept;
 }
 
 void StateTier::Invalidate(size_t first, size_t count) {
@@ -125,6 +190,7 @@ void StateTier::Invalidate(size_t first, size_t count) {
   for (size_t flat = first; flat < first + count && flat < slots_.size();
        ++flat) {
     slots_[flat].copy = Copy::kNone;
+    slots_[flat].stored = true;
   }
 }
 
@@ -148,16 +214,18 @@ StateTier::Stats StateTier::stats() const {
 void StateTier::FreeLocked(size_t flat) {
   Slot& slot = slots_[flat];
   slot.copy = Copy::kNone;
+  slot.stored = true;
+  slot.replaced_only = false;
   if (slot.region == nullptr) return;
   slot.region.reset();
   memory_.shares->Give(job_, chunk_bytes_[flat]);
 }
 
-bool StateTier::ShortOfMemory(uint64_t more) const {
+bool StateTier::ShortOfMemory(uint64_t more, uint64_t coming) const {
   if (memory_.keep_available_bytes == 0) return false;
   const uint64_t available =
       memory_.available_bytes ? memory_.available_bytes() : MemAvailableBytes();
-  return available < memory_.keep_available_bytes + more;
+  return available + coming < memory_.keep_available_bytes + more;
 }
 
 bool StateTier::AllocateLocked(size_t flat) {

@@ -37,11 +37,13 @@ struct StateTierMemory {
 // (fp32 master and moments) of the chunks placed in RAM, so that their
 // update reads the state from memory instead of the SSDs.
 //
-// Write-through: every version the pipeline writes still goes to the store,
-// which stays the durable truth; a copy stands in for a read only while it
-// equals the store's committed version. Each chunk's copy is one of: none,
-// the committed version, or the pending version just written (which the
-// store's commit makes committed and a rollback invalid).
+// Each chunk's copy is one of: none, the committed version, or the pending
+// version just made (which the commit makes committed and a rollback
+// void), and the store holds that same version too ("stored": written
+// through) or not (the pipeline's commit interval: between durable
+// commits, the versions of the chunks in RAM are not written; the store
+// keeps an older one, which a restart finds). A copy stands in for a read
+// whenever it holds the version asked for.
 //
 // Placement: the longest prefix of chunks in forward order (layer 0 first)
 // whose states fit the job's share. Every resident chunk saves the same
@@ -65,14 +67,25 @@ class StateTier {
   ~StateTier();
 
   bool enabled() const { return memory_.shares != nullptr; }
+  uint64_t ChunkBytes(size_t flat) const { return chunk_bytes_[flat]; }
 
   // At an iteration's start: places the prefix that fits the job's share
   // now, and frees the copies beyond it (another job joined); while the
   // machine's MemAvailable is below the floor, frees copies from the end
-  // of the prefix too.
-  void Place() ABSL_LOCKS_EXCLUDED(mu_);
-  // Whether chunk `flat` has a copy of its committed version.
+  // of the prefix too. A copy the store does not hold is not freed: it is
+  // returned (by flat index), for the caller to store and then Release.
+  std::vector<size_t> Place() ABSL_LOCKS_EXCLUDED(mu_);
+  // Frees chunk `flat`'s copy (stored by now).
+  void Release(size_t flat) ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether chunk `flat` has a copy of its committed version; of one the
+  // store does not hold (its update must not begin before the iteration's
+  // outcome is known: nothing could bring the version back).
   bool HoldsCommitted(size_t flat) const ABSL_LOCKS_EXCLUDED(mu_);
+  bool HoldsCommittedOnly(size_t flat) const ABSL_LOCKS_EXCLUDED(mu_);
+  // The chunks whose committed version only the tier holds.
+  std::vector<size_t> CommittedOnly() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Chunk `flat`'s committed copy is now in the store too.
+  void MarkStored(size_t flat) ABSL_LOCKS_EXCLUDED(mu_);
   // Copies the first dest.size() bytes (at most its state's) of chunk
   // `flat`'s committed version into `dest` and returns true, or returns
   // false (no such copy: read the store). `or_pending`: the pending copy
@@ -80,16 +93,24 @@ class StateTier {
   // version, pending or committed by now).
   bool ReadCommitted(size_t flat, absl::Span<uint8_t> dest,
                      bool or_pending = false) ABSL_LOCKS_EXCLUDED(mu_);
-  // The chunk's state just written to the store as its pending version:
-  // kept when the chunk is placed and memory is had; any older copy of the
-  // chunk is void either way (an empty `state`: the write failed).
-  void KeepPending(size_t flat, absl::Span<const uint8_t> state)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // The store committed the job's pending versions: their copies become
-  // the committed ones.
+  // The chunk's new state as its pending version, `stored` when the store
+  // got it too (written through): kept when the chunk has a copy already
+  // or is placed and memory is had; returns whether it was. With
+  // `stored`, an older copy of a chunk not kept is void; without, a chunk
+  // not kept has none (the caller then writes the state to the store and
+  // calls again). An empty `state` (the write failed) changes nothing.
+  bool KeepPending(size_t flat, absl::Span<const uint8_t> state,
+                   bool stored = true) ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether chunk `flat`'s pending version is one the store lacks.
+  bool PendingOnly(size_t flat) const ABSL_LOCKS_EXCLUDED(mu_);
+  // The job's pending versions were committed: their copies become the
+  // committed ones.
   void CommitPending() ABSL_LOCKS_EXCLUDED(mu_);
-  // The store rolled the pending versions back: their copies are void.
-  void DropPending() ABSL_LOCKS_EXCLUDED(mu_);
+  // The pending versions were rolled back: their copies are void. Returns
+  // false when one of them had replaced a committed version the store does
+  // not hold: that version is lost (the job can only go back to what the
+  // store holds).
+  bool DropPending() ABSL_LOCKS_EXCLUDED(mu_);
   // Chunks [first, first + count) were committed outside the passes (new
   // weights, a restored moment): their copies are void.
   void Invalidate(size_t first, size_t count) ABSL_LOCKS_EXCLUDED(mu_);
@@ -110,14 +131,18 @@ class StateTier {
   struct Slot {
     std::unique_ptr<Region> region;
     Copy copy = Copy::kNone;
+    bool stored = true;  // the store holds the copy's version too
+    // The pending copy replaced a committed one the store lacks.
+    bool replaced_only = false;
   };
   // Frees slot `flat`'s memory and gives it back to the shares.
   void FreeLocked(size_t flat) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Memory for slot `flat`, within the job's share and the machine's
   // floor; false when there is none (the chunk stays on the SSDs).
   bool AllocateLocked(size_t flat) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether MemAvailable is below keep_available_bytes + `more`.
-  bool ShortOfMemory(uint64_t more) const;
+  // Whether MemAvailable (and `coming` bytes that will be freed) is below
+  // keep_available_bytes + `more`.
+  bool ShortOfMemory(uint64_t more, uint64_t coming = 0) const;
 
   const std::string job_;
   const std::vector<uint64_t> chunk_bytes_;

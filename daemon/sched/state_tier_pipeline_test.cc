@@ -49,14 +49,25 @@ struct Job {
 class StateTierPipelineTest : public clip_test::UpdaterAndStoreTest<int> {
  protected:
   Job OpenJob(const std::string& name, MemoryShares* shares,
-              const std::string& group) {
+              const std::string& group, uint32_t commit_interval = 1) {
     PipelineOptions options;
     options.buffers = 3;
     options.state_tier.shares = shares;
     options.fair_group = group;
+    options.commit_interval = commit_interval;
     auto p = JobPipeline::Open(store_.get(), *updater_, name, layout_, options);
     EXPECT_TRUE(p.ok()) << p.status();
+    if (!p.ok()) return Job{};
     Job job{*std::move(p), {}};
+    // (A reopened job has its weights.)
+    if (job.pipeline->layer_initialized(0)) {
+      for (size_t l = 0; l < kLayers; ++l) {
+        job.out.emplace_back(layout_.layer_elements[l]);
+        EXPECT_TRUE(
+            job.pipeline->ReadWeightCopy(l, job.out.back().data()).ok());
+      }
+      return job;
+    }
     std::mt19937 rng(7);
     std::normal_distribution<float> dist(0.0f, 0.5f);
     for (size_t l = 0; l < kLayers; ++l) {
@@ -69,8 +80,9 @@ class StateTierPipelineTest : public clip_test::UpdaterAndStoreTest<int> {
     return job;
   }
 
-  IterationReport Step(Job& job, uint32_t seed, const ClipOptions& clip) {
-    const Gradients g = MakeGradients(layout_, seed, 1.0f, -1);
+  IterationReport Step(Job& job, uint32_t seed, const ClipOptions& clip,
+                       int nan_layer = -1) {
+    const Gradients g = MakeGradients(layout_, seed, 1.0f, nan_layer);
     JobPipeline& p = *job.pipeline;
     EXPECT_TRUE(p.BeginIteration(1.0f, std::nullopt, clip).ok());
     for (size_t j = 0; j < kLayers; ++j) {
@@ -190,6 +202,130 @@ TEST_F(StateTierPipelineTest, StatesMoveBetweenTiersAsAnotherJobComesAndGoes) {
   const IterationReport whole = both();
   EXPECT_EQ(tiered.pipeline->tier_stats().placed_chunks, kChunks);
   EXPECT_EQ(whole.busy.bytes_read, 0u);
+}
+
+// Durability by commit interval: iterations 3 and 6 durable, the others
+// committed for readers at once but written nowhere for the chunks the
+// tier holds; every iteration the same bits as a job without a tier; what
+// a restart would find (the store's durable versions) is the last durable
+// iteration, every tensor alike.
+TEST_F(StateTierPipelineTest, DurableEveryNIterationsWithTheSameBits) {
+  MemoryShares shares(kAllStates);
+  Job tiered = OpenJob("tiered", &shares, "", /*commit_interval=*/3);
+  Job plain = OpenJob("plain", nullptr, "");
+  auto durable_tags_are = [&](uint64_t iteration) {
+    for (const std::string& name : store_->List("tiered")) {
+      auto info = store_->Stat("tiered", name);
+      ASSERT_TRUE(info.ok());
+      EXPECT_EQ(info->durable_tag, iteration + 1)  // CommitTag
+          << name << " at iteration " << iteration;
+    }
+  };
+  for (uint32_t seed = 1; seed <= 7; ++seed) {
+    // Unclipped, clipped from the start, clipped once 7 chunks were
+    // decided (eager updates redone), skipped for a NaN in the last layer
+    // handed over (eager updates rolled back): the updates of chunks whose
+    // state only the tier holds wait for the outcome in each.
+    // Iterations 2 and 5 follow unclipped ones (no clip predicted) whose
+    // states only the tier holds.
+    ClipOptions clip{.max_grad_norm = seed == 6 ? 0.5 : 1e9};
+    if (seed == 2) {
+      clip.max_grad_norm = clip_test::LimitCrossingAt(layout_, seed, 7);
+    }
+    const int nan_layer = seed == 5 ? 0 : -1;
+    const IterationReport a = Step(tiered, seed, clip, nan_layer);
+    const IterationReport b = Step(plain, seed, clip, nan_layer);
+    ExpectSame(tiered, plain);
+    EXPECT_EQ(a.skipped, seed == 5);
+    if (seed == 2) {
+      EXPECT_TRUE(a.clipped);
+      EXPECT_EQ(b.eager_chunks, 7u);  // the plain job's, redone or dropped
+      EXPECT_EQ(a.eager_chunks, 0u);  // every state was the tier's alone
+    }
+    // (The skipped iteration 5 leaves the job at 4: iteration 6 is the
+    // step that makes 5, and 7 makes 6, durable.)
+    const uint64_t done = seed >= 5 ? seed - 1 : seed;
+    const bool durable = done % 3 == 0 && seed != 5;
+    EXPECT_EQ(tiered.pipeline->durable_iteration(), done / 3 * 3);
+    if (!a.skipped) {
+      EXPECT_EQ(a.busy.bytes_written, durable ? b.busy.bytes_written : 0u)
+          << "iteration " << seed;
+    }
+    durable_tags_are(done / 3 * 3);
+  }
+  // Made durable on demand (a drain, a checkpoint), then closed and opened
+  // again: it goes on where it was, with the same bits.
+  ASSERT_TRUE(tiered.pipeline->MakeDurable().ok());
+  EXPECT_EQ(tiered.pipeline->durable_iteration(), 6u);
+  durable_tags_are(6);
+  tiered.pipeline.reset();
+  tiered = OpenJob("tiered", &shares, "", 3);
+  ASSERT_NE(tiered.pipeline, nullptr);
+  EXPECT_EQ(tiered.pipeline->iteration(), 6u);
+  for (uint32_t seed = 8; seed <= 9; ++seed) {
+    Step(tiered, seed, {});
+    Step(plain, seed, {});
+    ExpectSame(tiered, plain);
+  }
+}
+
+// A pipeline that goes without making its last iterations durable (as a
+// killed daemon does) leaves the job at its last durable iteration: opened
+// again, it resumes there, with the bits it had then.
+TEST_F(StateTierPipelineTest, AfterACrashTheJobResumesAtItsDurableIteration) {
+  MemoryShares shares(kAllStates);
+  Job tiered = OpenJob("tiered", &shares, "", /*commit_interval=*/4);
+  Job plain = OpenJob("plain", nullptr, "");
+  std::vector<std::vector<float>> weights_at_4(kLayers);
+  for (uint32_t seed = 1; seed <= 6; ++seed) {
+    Step(tiered, seed, {});
+    Step(plain, seed, {});
+    if (seed == 4) {
+      for (size_t l = 0; l < kLayers; ++l) {
+        weights_at_4[l].resize(layout_.layer_elements[l]);
+        ASSERT_TRUE(
+            plain.pipeline->ReadWeights(l, weights_at_4[l].data()).ok());
+      }
+    }
+  }
+  // The daemon dies: nothing of the pipeline runs again (it is abandoned,
+  // its threads idle, never destroyed: no close makes anything durable),
+  // and the store is opened again from its files, as at a restart.
+  (void)tiered.pipeline.release();
+  plain.pipeline.reset();
+  store_.reset();
+  auto reopened = TensorStore::Open(clip_test::SmallStore(dir_));
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  store_ = *std::move(reopened);
+  MemoryShares fresh(kAllStates);
+  tiered = OpenJob("tiered", &fresh, "", 4);
+  ASSERT_NE(tiered.pipeline, nullptr);
+  EXPECT_EQ(tiered.pipeline->iteration(), 4u);
+  for (size_t l = 0; l < kLayers; ++l) {
+    std::vector<float> w(layout_.layer_elements[l]);
+    ASSERT_TRUE(tiered.pipeline->ReadWeights(l, w.data()).ok());
+    EXPECT_EQ(0, std::memcmp(w.data(), weights_at_4[l].data(), 4 * w.size()))
+        << "layer " << l;
+  }
+  tiered.pipeline.reset();  // before `fresh`, which it shares
+}
+
+TEST_F(StateTierPipelineTest, ACommitIntervalThatCannotWorkIsRefused) {
+  MemoryShares shares(kAllStates);
+  PipelineOptions options;
+  options.state_tier.shares = &shares;
+  options.commit_interval = 0;
+  auto zero =
+      JobPipeline::Open(store_.get(), *updater_, "zero", layout_, options);
+  EXPECT_EQ(zero.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(zero.status().message().find("commit_interval must be at least 1"),
+            std::string::npos)
+      << zero.status();
+  options.commit_interval = 4;
+  options.keep_previous_commit = true;
+  auto kept =
+      JobPipeline::Open(store_.get(), *updater_, "kept", layout_, options);
+  EXPECT_EQ(kept.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -158,5 +158,40 @@ TEST(StateTierTest, CopiesGoBackFromTheEndWhenMemoryRunsShort) {
   EXPECT_TRUE(Holds(tier, 1, 9));
 }
 
+TEST(StateTierTest, AVersionOnlyTheTierHoldsIsNeverDroppedUnstored) {
+  MemoryShares shares(2 * kChunk);
+  StateTier tier("job", {kChunk, kChunk}, StateTierMemory{&shares}, "", 1.0);
+  tier.Place();
+  // Between durable commits: the store does not get these versions.
+  EXPECT_TRUE(tier.KeepPending(0, Filled(kChunk, 1), /*stored=*/false));
+  EXPECT_TRUE(tier.PendingOnly(0));
+  tier.CommitPending();
+  EXPECT_TRUE(tier.HoldsCommittedOnly(0));
+  EXPECT_EQ(tier.CommittedOnly(), std::vector<size_t>{0});
+  // Its next version replaces it; rolled back, the version is lost.
+  EXPECT_TRUE(tier.KeepPending(0, Filled(kChunk, 2), /*stored=*/false));
+  EXPECT_FALSE(tier.DropPending());
+  EXPECT_FALSE(tier.HoldsCommitted(0));
+  // A version the store has too is never lost by a rollback.
+  EXPECT_TRUE(tier.KeepPending(1, Filled(kChunk, 3), /*stored=*/false));
+  tier.CommitPending();
+  tier.MarkStored(1);
+  EXPECT_FALSE(tier.HoldsCommittedOnly(1));
+  EXPECT_TRUE(tier.KeepPending(1, Filled(kChunk, 4), /*stored=*/false));
+  EXPECT_TRUE(tier.DropPending());
+  // A job that joins shrinks the share: a copy the store lacks is handed
+  // back to be stored, not freed.
+  EXPECT_TRUE(tier.KeepPending(1, Filled(kChunk, 5), /*stored=*/false));
+  tier.CommitPending();
+  shares.Join("other", "", 1.0);
+  const std::vector<size_t> to_store = tier.Place();
+  EXPECT_EQ(to_store, std::vector<size_t>{1});
+  EXPECT_TRUE(Holds(tier, 1, 5));
+  tier.MarkStored(1);
+  tier.Release(1);
+  EXPECT_FALSE(tier.HoldsCommitted(1));
+  EXPECT_EQ(shares.Held("job"), kChunk);  // chunk 0's memory, kept
+}
+
 }  // namespace
 }  // namespace lohan

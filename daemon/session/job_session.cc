@@ -229,6 +229,14 @@ PipelineOptions JobSession::PipelineOptionsFor(const v1::ModelSpec& spec,
   options.clip_schedule = spec.clip_schedule() == v1::CLIP_SCHEDULE_REDO_ALL
                               ? ClipSchedule::kRedoAll
                               : ClipSchedule::kDeferWhenCertain;
+  // A rank's job and the redo-all schedule commit every iteration (the
+  // spec's own interval was checked against the schedule).
+  options.commit_interval = spec.commit_interval() != 0 ? spec.commit_interval()
+                                                        : parts.commit_interval;
+  if (parts.keep_previous_commit ||
+      options.clip_schedule != ClipSchedule::kDeferWhenCertain) {
+    options.commit_interval = 1;
+  }
   return options;
 }
 
@@ -707,6 +715,7 @@ v1::SessionStatus JobSession::Status() const {
     status.set_state_bytes(tier.state_bytes);
     status.set_state_tier_bytes(tier.committed_bytes);
     status.set_state_tier_share_bytes(tier.share_bytes);
+    status.set_durable_iteration(pipeline->durable_iteration());
   }
   if (const ServeLanes* lanes = lanes_ready_.load()) {
     status.set_urgent_queued(

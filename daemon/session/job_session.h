@@ -138,6 +138,9 @@ class JobSession {
     // PipelineOptions::state_tier: the daemon's host memory for optimizer
     // states, shared among jobs (no shares: no tier).
     StateTierMemory state_tier;
+    // The daemon's default ModelSpec.commit_interval ([pool]
+    // commit_interval).
+    uint32_t commit_interval = 1;
     // The job is a data-parallel rank's (JobSpec.run): each commit keeps
     // the states it replaced until the next ITER_BEGIN
     // (PipelineOptions::keep_previous_commit).

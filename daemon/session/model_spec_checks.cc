@@ -103,6 +103,18 @@ absl::Status CheckModelSpec(const v1::ModelSpec& spec) {
         absl::StrCat("clip_schedule ", static_cast<int>(spec.clip_schedule()),
                      " is not 0 (deferred) or 1 (redo-all)"));
   }
+  if (spec.commit_interval() > kMaxCommitInterval) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ModelSpec commit_interval must be at most ", kMaxCommitInterval,
+        " (0: the daemon's default), got ", spec.commit_interval()));
+  }
+  if (spec.commit_interval() > 1 &&
+      spec.clip_schedule() == v1::CLIP_SCHEDULE_REDO_ALL) {
+    return absl::InvalidArgumentError(
+        "ModelSpec commit_interval above 1 needs clip_schedule deferred (a "
+        "redo-all schedule updates states only host memory holds before the "
+        "iteration's outcome is known)");
+  }
   if (spec.initial_iteration() > kMaxInitialIteration) {
     return absl::InvalidArgumentError(
         absl::StrCat("ModelSpec initial_iteration must be at most ",

@@ -17,6 +17,8 @@ inline constexpr uint64_t kMaxActivationBytes = uint64_t{1} << 48;
 inline constexpr uint64_t kMaxElementRanges = uint64_t{1} << 20;
 // An iteration number no run reaches, far inside what every counter holds.
 inline constexpr uint64_t kMaxInitialIteration = uint64_t{1} << 40;
+// The longest ModelSpec.commit_interval.
+inline constexpr uint32_t kMaxCommitInterval = 1000000;
 
 // Everything about a RegisterModel spec that can be checked from the spec
 // alone, cheaply, before the daemon allocates anything for it: sizes and

@@ -78,6 +78,14 @@ TEST(CheckModelSpec, RefusesEachBadFieldByName) {
        "clip_schedule 7"},
       {"iteration", [](auto& s) { s.set_initial_iteration(uint64_t{1} << 50); },
        "initial_iteration must be at most"},
+      {"commit interval", [](auto& s) { s.set_commit_interval(1000001); },
+       "commit_interval must be at most 1000000"},
+      {"interval with redo-all",
+       [](auto& s) {
+         s.set_commit_interval(2);
+         s.set_clip_schedule(v1::CLIP_SCHEDULE_REDO_ALL);
+       },
+       "commit_interval above 1 needs clip_schedule deferred"},
       {"activation area",
        [](auto& s) { s.set_activation_bytes(uint64_t{1} << 49); },
        "activation_bytes must be at most"},

@@ -66,6 +66,8 @@ class SessionManager {
     // The state tier ([pool] state_tier) all jobs share by their owners'
     // weights (no shares: none).
     StateTierMemory state_tier;
+    // The default ModelSpec.commit_interval ([pool] commit_interval).
+    uint32_t commit_interval = 1;
     // Entries in each of a session's two rings ([pool] ring_entries).
     uint32_t ring_entries = JobSession::kRingCapacity;
   };

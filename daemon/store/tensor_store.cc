@@ -544,111 +544,6 @@ absl::StatusOr<uint64_t> TensorStore::Write(absl::string_view job,
   return next;
 }
 
-absl::Status TensorStore::Commit(absl::string_view job, absl::string_view name,
-                                 uint64_t tag) {
-  absl::StatusOr<std::shared_ptr<Entry>> found = BeginMutation(job, name);
-  if (!found.ok()) return found.status();
-  Entry& entry = **found;
-  std::shared_ptr<const Version> pending;
-  {
-    absl::MutexLock lock(&mu_);
-    pending = entry.pending;
-  }
-  if (pending == nullptr) {
-    EndMutation(entry);
-    return absl::FailedPreconditionError(
-        absl::StrCat("tensor '", job, "/", name, "' has no version to commit"));
-  }
-  // The data must be durable before the record that points at it.
-  absl::Status s = array_->FlushAll();
-  if (s.ok()) {
-    CatalogRecord commit;
-    commit.kind = CatalogRecord::Kind::kCommit;
-    commit.job = std::string(job);
-    commit.name = std::string(name);
-    commit.version = pending->number;
-    commit.placement = pending->placement;
-    commit.tag = tag;
-    s = AppendToCatalog(std::move(commit), /*sync=*/true);
-  }
-  absl::MutexLock lock(&mu_);
-  entry.busy = false;
-  if (!s.ok()) return s;
-  // The old one (and any kept previous one) frees its space.
-  pending->tag = tag;
-  entry.committed = std::move(entry.pending);
-  entry.previous.reset();
-  return absl::OkStatus();
-}
-
-absl::Status TensorStore::CommitBatch(absl::string_view job,
-                                      absl::Span<const std::string> names,
-                                      uint64_t tag) {
-  return CommitBatchImpl(job, names, /*keep_previous=*/false, tag);
-}
-
-absl::Status TensorStore::CommitBatchImpl(absl::string_view job,
-                                          absl::Span<const std::string> names,
-                                          bool keep_previous, uint64_t tag) {
-  if (names.empty()) {
-    return absl::InvalidArgumentError("a commit batch needs at least one name");
-  }
-  std::vector<std::string> sorted(names.begin(), names.end());
-  std::sort(sorted.begin(), sorted.end());
-  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
-    return absl::InvalidArgumentError(
-        "a commit batch names the same tensor twice");
-  }
-  // Taken in name order: two batches never wait for each other in a cycle.
-  std::vector<std::shared_ptr<Entry>> entries;
-  entries.reserve(sorted.size());
-  auto release_all = [&]() {
-    absl::MutexLock lock(&mu_);
-    for (const auto& e : entries) e->busy = false;
-  };
-  for (const std::string& name : sorted) {
-    absl::StatusOr<std::shared_ptr<Entry>> found = BeginMutation(job, name);
-    if (!found.ok()) {
-      release_all();
-      return found.status();
-    }
-    entries.push_back(*std::move(found));
-  }
-  CatalogRecord batch;
-  batch.kind = keep_previous ? CatalogRecord::Kind::kCommitBatchKeepingPrevious
-                             : CatalogRecord::Kind::kCommitBatch;
-  batch.job = std::string(job);
-  batch.tag = tag;
-  {
-    absl::MutexLock lock(&mu_);
-    for (size_t i = 0; i < entries.size(); ++i) {
-      const std::shared_ptr<const Version>& pending = entries[i]->pending;
-      if (pending == nullptr) {
-        for (const auto& e : entries) e->busy = false;
-        return absl::FailedPreconditionError(
-            absl::StrCat("tensor '", job, "/", sorted[i],
-                         "' has no version to commit (batch not committed)"));
-      }
-      batch.commits.push_back(CatalogRecord::CommittedVersion{
-          sorted[i], pending->number, pending->placement});
-    }
-  }
-  // The data must be durable before the record that points at it.
-  absl::Status s = array_->FlushAll();
-  if (s.ok()) s = AppendToCatalog(std::move(batch), /*sync=*/true);
-  absl::MutexLock lock(&mu_);
-  for (const auto& e : entries) {
-    e->busy = false;
-    if (!s.ok()) continue;
-    // Not kept: the old committed version (and any previous one left by
-    // an earlier kept commit) frees its space.
-    e->previous = keep_previous ? std::move(e->committed) : nullptr;
-    e->pending->tag = tag;
-    e->committed = std::move(e->pending);
-  }
-  return s;
-}
-
 absl::Status TensorStore::Rollback(absl::string_view job,
                                    absl::string_view name) {
   absl::StatusOr<std::shared_ptr<Entry>> found = BeginMutation(job, name);
@@ -764,7 +659,8 @@ absl::Status TensorStore::Delete(absl::string_view job,
   bool committed;
   {
     absl::MutexLock lock(&mu_);
-    committed = entry.committed != nullptr || entry.previous != nullptr;
+    committed = entry.committed != nullptr || entry.previous != nullptr ||
+                entry.durable != nullptr;
   }
   CatalogRecord del;
   del.kind = CatalogRecord::Kind::kDelete;
@@ -782,6 +678,7 @@ absl::Status TensorStore::Delete(absl::string_view job,
   entry.committed.reset();
   entry.pending.reset();
   entry.previous.reset();
+  entry.MakeDurable();
   tensors_.erase(Key(job, name));
   return absl::OkStatus();
 }
@@ -803,6 +700,13 @@ absl::StatusOr<TensorInfo> TensorStore::Stat(absl::string_view job,
   info.next_version = e.last_version + 1;
   info.committed_tag = e.committed ? e.committed->tag : 0;
   info.previous_tag = e.previous ? e.previous->tag : 0;
+  info.volatile_commit = e.volatile_commit;
+  info.durable_version = !e.volatile_commit ? info.committed_version
+                         : e.durable        ? e.durable->number
+                                            : 0;
+  info.durable_tag = !e.volatile_commit ? info.committed_tag
+                     : e.durable        ? e.durable->tag
+                                        : 0;
   return info;
 }
 
@@ -842,7 +746,7 @@ void TensorStore::SetSpaceBudget(SpaceBudget* budget) {
   budget_ = budget;
   for (const auto& [key, entry] : tensors_) {
     for (const std::shared_ptr<const Version>& version :
-         {entry->committed, entry->pending, entry->previous}) {
+         {entry->committed, entry->pending, entry->previous, entry->durable}) {
       if (version == nullptr || version->budget != nullptr) continue;
       version->charged = FootprintBytes(version->placement.bytes);
       version->account = budget->AccountOf(key.second);
@@ -859,7 +763,8 @@ std::map<std::string, uint64_t> TensorStore::BytesByJob() const {
   for (const auto& [key, entry] : tensors_) {
     bytes[key.first] += entry->bytes * ((entry->committed != nullptr ? 1 : 0) +
                                         (entry->pending != nullptr ? 1 : 0) +
-                                        (entry->previous != nullptr ? 1 : 0));
+                                        (entry->previous != nullptr ? 1 : 0) +
+                                        (entry->durable != nullptr ? 1 : 0));
   }
   return bytes;
 }

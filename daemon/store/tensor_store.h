@@ -82,6 +82,11 @@ struct TensorInfo {
   // (Commit's `tag`); 0: none.
   uint64_t committed_tag = 0;
   uint64_t previous_tag = 0;
+  // The committed version is volatile (CommitBatchVolatile): a restart
+  // finds durable_version (0: none) with durable_tag instead.
+  bool volatile_commit = false;
+  uint64_t durable_version = 0;
+  uint64_t durable_tag = 0;
 };
 
 struct StoreStats {
@@ -117,6 +122,16 @@ struct StoreStats {
 // ones. Any other commit of a tensor (Commit, CommitBatch) frees its
 // previous version. A tensor holds at most committed, pending and previous
 // versions.
+//
+// Volatile commits: CommitBatchVolatile makes pending versions the committed
+// ones that Read returns, at memory speed (no sync, no catalog record),
+// while the catalog keeps naming each tensor's durable version, whose space
+// stays held: after a crash or restart the tensors are at their durable
+// versions, all of a batch alike. The next durable commit of a tensor
+// (Commit, CommitBatch) frees its durable version; CommitBatch also makes a
+// volatile version durable as it is when the batch gives no pending one. A
+// tensor then holds at most durable, committed and pending versions; kept
+// commits and volatile ones do not mix (FAILED_PRECONDITION).
 //
 // Errors: a full SSD is RESOURCE_EXHAUSTED (committed data untouched); an I/O
 // error names the SSD and offset; unknown tensor NOT_FOUND.
@@ -172,7 +187,9 @@ class TensorStore {
                       uint64_t tag = 0);
   // Group commit: makes the pending versions of `names` (tensors of `job`,
   // at least one, no name twice) committed together, all or none, with one
-  // fdatasync of the SSDs and one catalog record, fdatasync'd. After a crash
+  // fdatasync of the SSDs and one catalog record, fdatasync'd. A tensor
+  // with a volatile commit and no pending version has its committed
+  // version made durable in the same record. After a crash
   // the catalog shows either every tensor of the batch at its new version or
   // every one at its old version. FAILED_PRECONDITION (nothing committed) if
   // one has no pending version; NOT_FOUND if one is missing; INVALID_ARGUMENT
@@ -187,6 +204,16 @@ class TensorStore {
   absl::Status CommitBatchKeepingPrevious(absl::string_view job,
                                           absl::Span<const std::string> names,
                                           uint64_t tag = 0);
+  // As CommitBatch, volatile (see above): no sync, no record; every tensor
+  // needs a pending version. Never fails for I/O. FAILED_PRECONDITION for a
+  // tensor that keeps a previous version.
+  absl::Status CommitBatchVolatile(absl::string_view job,
+                                   absl::Span<const std::string> names,
+                                   uint64_t tag = 0);
+  // Every volatile commit of `job`'s tensors undone: each is at its
+  // durable version again (none: no committed version), as a restart would
+  // find it; returns how many went back.
+  size_t RevertVolatile(absl::string_view job);
   // Frees every previous version of `job`'s tensors, durably (the space
   // is reused only once the catalog no longer names it); the number of
   // tensors that had one (0: nothing written).
@@ -286,9 +313,13 @@ class TensorStore {
   void EndJobMutation(const std::vector<std::shared_ptr<Entry>>& entries,
                       bool apply, absl::FunctionRef<void(Entry&)> change)
       ABSL_LOCKS_EXCLUDED(mu_);
+  enum class CommitKind { kDurable, kKeepingPrevious, kVolatile };
   absl::Status CommitBatchImpl(absl::string_view job,
                                absl::Span<const std::string> names,
-                               bool keep_previous, uint64_t tag);
+                               CommitKind kind, uint64_t tag);
+  // OK when `entry` can take part in a batch of `kind`, else why not.
+  absl::Status CheckCommittableLocked(const Entry& entry, CommitKind kind) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Appends `record` (synced if `sync`), keeps catalog_ in step with it, and
   // compacts the log when it has grown enough.
   absl::Status AppendToCatalog(CatalogRecord record, bool sync)

@@ -50,7 +50,29 @@ struct TensorStore::Entry {
   // The version committed before `committed`, kept by a kept commit
   // (CommitBatchKeepingPrevious) until ReleasePrevious or RevertToPrevious.
   std::shared_ptr<const Version> previous;
-  bool busy = false;     // A mutation is in progress.
+  // With a volatile commit (CommitBatchVolatile): `committed` is not what
+  // the catalog names; this is (null: the catalog names no committed
+  // version), kept until a durable commit of the tensor.
+  bool volatile_commit = false;
+  std::shared_ptr<const Version> durable;
+  bool busy = false;  // A mutation is in progress.
+
+  // `pending` becomes the committed version, volatile: the durable one
+  // stays held (the last volatile one, if any, is freed).
+  void CommitVolatile(uint64_t tag) {
+    if (!volatile_commit) {
+      durable = std::move(committed);
+      volatile_commit = true;
+    }
+    pending->tag = tag;
+    committed = std::move(pending);
+  }
+  // The committed version is what the catalog names now: the durable one
+  // it replaced frees its space.
+  void MakeDurable() {
+    volatile_commit = false;
+    durable.reset();
+  }
   bool deleted = false;  // Removed from tensors_ while someone waited.
 };
 

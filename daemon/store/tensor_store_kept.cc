@@ -12,11 +12,6 @@
 
 namespace lohan {
 
-absl::Status TensorStore::CommitBatchKeepingPrevious(
-    absl::string_view job, absl::Span<const std::string> names, uint64_t tag) {
-  return CommitBatchImpl(job, names, /*keep_previous=*/true, tag);
-}
-
 std::vector<std::shared_ptr<TensorStore::Entry>> TensorStore::BeginJobMutation(
     absl::string_view job) {
   std::vector<std::shared_ptr<Entry>> entries;

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/store/commit_test_fixture.h"
 #include "daemon/store/tensor_store.h"
 #include "daemon/store/test_util.h"
 #include "gtest/gtest.h"
@@ -12,57 +13,11 @@ namespace lohan {
 namespace {
 
 using testing_util::Pattern;
-using testing_util::TempDir;
 
-constexpr uint64_t kStripe = 64 << 10;
-const std::vector<std::string> kNames = {"chunk0", "chunk1", "meta"};
+const std::vector<std::string>& kNames = testing_util::CommitTest::Names();
 
-uint64_t SizeOf(size_t i) { return 3 * kStripe + 1000 * i + 7; }
-uint64_t Padded(uint64_t bytes) { return (bytes + 4095) / 4096 * 4096; }
-
-class KeptCommitTest : public ::testing::Test {
+class KeptCommitTest : public testing_util::CommitTest {
  protected:
-  KeptCommitTest() {
-    options_.ssd_paths = {dir_.Subdir("ssd0"), dir_.Subdir("ssd1")};
-    options_.state_dir = dir_.path() + "/state";
-    options_.stripe_unit = kStripe;
-    options_.queue_depth = 8;
-    options_.device_capacity_bytes = 16 << 20;
-  }
-
-  std::unique_ptr<TensorStore> Open() {
-    auto store = TensorStore::Open(options_);
-    EXPECT_TRUE(store.ok()) << store.status();
-    return store.ok() ? *std::move(store) : nullptr;
-  }
-  // Every tensor of job "j" written with the data of `step`.
-  static void WriteStep(TensorStore& store, uint64_t step) {
-    for (size_t i = 0; i < kNames.size(); ++i) {
-      ASSERT_TRUE(
-          store.Write("j", kNames[i], Pattern(100 * step + i, SizeOf(i))).ok());
-    }
-  }
-  // Every tensor of job "j" reads the data of `step`.
-  static void ExpectStep(TensorStore& store, uint64_t step) {
-    for (size_t i = 0; i < kNames.size(); ++i) {
-      std::vector<uint8_t> back(SizeOf(i));
-      auto read = store.Read("j", kNames[i], absl::MakeSpan(back));
-      ASSERT_TRUE(read.ok()) << read.status();
-      EXPECT_EQ(back, Pattern(100 * step + i, SizeOf(i)))
-          << kNames[i] << " is not at step " << step;
-    }
-  }
-  static uint64_t Used(const TensorStore& store) {
-    uint64_t used = 0;
-    for (const auto& device : store.Stats().devices) used += device.used_bytes;
-    return used;
-  }
-  // The SSD space of `versions` versions of every tensor.
-  static uint64_t Versions(uint64_t versions) {
-    uint64_t bytes = 0;
-    for (size_t i = 0; i < kNames.size(); ++i) bytes += Padded(SizeOf(i));
-    return versions * bytes;
-  }
   // Steps 1 (a plain commit) and 2 (kept): the previous version is step 1.
   void CommitTwoSteps(TensorStore& store) {
     for (size_t i = 0; i < kNames.size(); ++i) {
@@ -73,9 +28,6 @@ class KeptCommitTest : public ::testing::Test {
     WriteStep(store, 2);
     ASSERT_TRUE(store.CommitBatchKeepingPrevious("j", kNames).ok());
   }
-
-  TempDir dir_;
-  StoreOptions options_;
 };
 
 TEST_F(KeptCommitTest, KeepsThePreviousVersionUntilReleased) {

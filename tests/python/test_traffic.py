@@ -8,8 +8,9 @@ the arena, not from the states. Streamed: the gradient is written and read
 once more, and each layer's weights are read back as the fp32 weights at
 the front of its states (4 bytes a parameter, not the whole state).
 With a state tier ([pool] state_tier), the states of the first layers that
-fit it are read from lohand's memory instead: only the other layers' are
-read from the SSDs, and every layer's is still written.
+fit it (and their streamed weights) are read from lohand's memory instead:
+only the other layers' are read from the SSDs, and every layer's state is
+still written.
 Catalog records and the per-job meta add a few pages; the bound allows 5%.
 Reads go by stripe unit (each has its checksum), so the weights alone cost
 the stripe units that hold them.
@@ -110,9 +111,10 @@ def test_fp32_ssd_bytes_per_step_are_the_layouts_minimum(tmp_path, buffers,
     want_read = sum(padded(12 * n) for n in layers[resident:])
     if buffers == "streamed":
         # Each gradient stored and read back; each layer's weights read as
-        # the front of its state.
-        want_read += sum(padded(4 * n) + prefix_read(4 * n, 12 * n)
-                         for n in layers)
+        # the front of its state (from the tier's copy where it has one).
+        want_read += sum(padded(4 * n) for n in layers)
+        want_read += sum(prefix_read(4 * n, 12 * n)
+                         for n in layers[resident:])
         want_written += sum(padded(4 * n) for n in layers)
     read = (after[0] - before[0]) / steps
     written = (after[1] - before[1]) / steps

@@ -66,6 +66,7 @@ def model_spec(options: EngineOptions, layers: List[Layer],
         # are done and they run during the next forward.
         overlap_updates=True,
         in_order_service=options.service == "in-order",
+        commit_interval=options.commit_interval or 0,
         initial_iteration=initial_iteration)
 
 

@@ -82,6 +82,7 @@ class ModelSpec:
     clip_schedule: str = "deferred"
     in_order_service: bool = False
     revert_last_commit: bool = False
+    commit_interval: int = 0
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -138,6 +139,7 @@ class ModelSpec:
             "clip_schedule": CLIP_SCHEDULES[self.clip_schedule],
             "in_order_service": bool(self.in_order_service),
             "revert_last_commit": bool(self.revert_last_commit),
+            "commit_interval": int(self.commit_interval),
         }
 
     def to_json(self) -> str:

@@ -64,6 +64,9 @@ class EngineOptions:
     loss_scale_growth_interval: int = 2000
     initial_loss_scale: float = 2.0 ** 16
     clip_schedule: str = "deferred"
+    # None: lohand's [pool] commit_interval; else every how many steps the
+    # states lohand holds in RAM are committed durably (1: every step).
+    commit_interval: Optional[int] = None
     overlap_step: bool = False
     service: str = "lanes"
     # torch.distributed: None, the default group when initialized (with
@@ -124,6 +127,13 @@ class EngineOptions:
         if self.clip_schedule not in ("deferred", "redo-all"):
             raise ValueError(f"clip_schedule={self.clip_schedule!r}: use "
                              "'deferred' (the default) or 'redo-all'")
+        interval = self.commit_interval
+        if interval is not None and (isinstance(interval, bool)
+                                     or not isinstance(interval, int)
+                                     or not 1 <= interval <= 1_000_000):
+            raise ValueError(f"commit_interval={interval!r}: use None "
+                             "(lohand's default) or an int from 1 to "
+                             "1000000 (1: every step durable)")
         if self.service not in ("lanes", "in-order"):
             raise ValueError(f"service={self.service!r}: use 'lanes' (the "
                              "default) or 'in-order'")

@@ -1,0 +1,89 @@
+"""Durability by commit interval (lohan.init(commit_interval=N) with lohand's
+state tier holding the states): training matches torch AdamW as with every
+step durable, and a lohand SIGKILLed between durable commits resumes the job
+at its last durable step, from which it goes on to the weights of an
+uninterrupted run."""
+
+from __future__ import annotations
+
+import copy
+import signal
+
+import pytest
+
+from torch import nn
+
+from lohan import LohanError
+from test_engine import (assert_fp32_close, batches, engine_for, tiny_gpt,
+                         train_lohan, train_torch)
+
+
+def uninterrupted(steps: int):
+    """The model, `steps` batches, and torch AdamW's losses and model after
+    training on all of them."""
+    reference = tiny_gpt()
+    data = batches(steps)
+    ref_model: nn.Module = copy.deepcopy(reference)
+    ref_losses = train_torch(ref_model, data)
+    return reference, data, ref_losses, ref_model
+
+
+def test_killed_between_durable_commits_resumes_at_the_last_one(tmp_path):
+    from conftest import Daemon
+    reference, data, ref_losses, ref_model = uninterrupted(6)
+    daemon = Daemon(tmp_path)
+    try:
+        model = copy.deepcopy(reference)
+        engine = engine_for(model, daemon, job_name="interval",
+                            commit_interval=4)
+        losses = train_lohan(engine, model, data[:6])
+        assert engine.iteration == 6
+        # Steps 5 and 6 are in lohand's memory only: killed, it loses them.
+        daemon.stop(signal.SIGKILL)
+        engine.close()
+        daemon = Daemon(tmp_path)
+        resumed = tiny_gpt(seed=1)  # weights come from the daemon
+        with engine_for(resumed, daemon, job_name="interval", resume=True,
+                        commit_interval=4) as engine:
+            assert engine.iteration == 4
+            again = train_lohan(engine, resumed, data[4:])
+        assert_fp32_close(resumed, ref_model, losses[:4] + again, ref_losses)
+    finally:
+        daemon.stop(signal.SIGKILL)
+
+
+def test_a_closed_session_makes_its_steps_durable(tmp_path):
+    """Closing the engine (and so the session) commits what only lohand's
+    memory held: a later kill loses nothing."""
+    from conftest import Daemon
+    reference, data, ref_losses, ref_model = uninterrupted(5)
+    daemon = Daemon(tmp_path)
+    try:
+        model = copy.deepcopy(reference)
+        with engine_for(model, daemon, job_name="closed",
+                        commit_interval=100) as engine:
+            losses = train_lohan(engine, model, data[:3])
+        daemon.stop(signal.SIGKILL)
+        daemon = Daemon(tmp_path)
+        resumed = tiny_gpt(seed=1)
+        with engine_for(resumed, daemon, job_name="closed", resume=True,
+                        commit_interval=100) as engine:
+            assert engine.iteration == 3
+            losses += train_lohan(engine, resumed, data[3:])
+        assert_fp32_close(resumed, ref_model, losses, ref_losses)
+    finally:
+        daemon.stop(signal.SIGKILL)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1_000_001, 2.5, True])
+def test_a_commit_interval_that_cannot_work_is_refused(bad):
+    import lohan
+    with pytest.raises((ValueError, TypeError), match="commit_interval"):
+        lohan.init(tiny_gpt(), commit_interval=bad, socket="/nonexistent")
+
+
+def test_redo_all_with_an_interval_is_refused_by_lohand(lohand):
+    with pytest.raises(LohanError, match="commit_interval above 1 needs "
+                       "clip_schedule deferred"):
+        engine_for(tiny_gpt(), lohand, job_name="redo",
+                   clip_schedule="redo-all", commit_interval=2)

@@ -68,6 +68,7 @@ ModelSpecFields SpecFields(torch::nn::Module& model, const Options& options,
   spec.eps = options.eps;
   spec.weight_decay = options.weight_decay;
   spec.max_grad_norm = options.max_grad_norm;
+  spec.commit_interval = options.commit_interval;
   GroupPlan groups = PlanParamGroups(model, layers, options);
   spec.no_weight_decay = std::move(groups.no_weight_decay);
   spec.param_groups = std::move(groups.param_groups);

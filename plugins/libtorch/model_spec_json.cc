@@ -89,7 +89,8 @@ std::string ModelSpecJson(const ModelSpecFields& spec) {
          ",\"param_groups\":" + JoinedList(groups) +
          ",\"overlap_updates\":false" +
          ",\"clip_schedule\":\"CLIP_SCHEDULE_DEFERRED\"" +
-         ",\"in_order_service\":false}";
+         ",\"in_order_service\":false" +
+         ",\"commit_interval\":" + std::to_string(spec.commit_interval) + "}";
 }
 
 std::string CreateJobRequestJson(const std::string& job_name,

@@ -48,6 +48,8 @@ struct ModelSpecFields {
   // A new job's first update is Adam step initial_iteration + 1 (a
   // checkpoint's step).
   uint64_t initial_iteration = 0;
+  // ModelSpec.commit_interval (0: the daemon's default).
+  uint32_t commit_interval = 0;
 };
 
 // ModelSpec in protobuf JSON, the proto's field names.

@@ -36,6 +36,12 @@ void ValidateOptions(const Options& options) {
     throw std::invalid_argument("lohan Options: eps=" + Format(options.eps) +
                                 " must be > 0");
   }
+  if (options.commit_interval > 1000000) {
+    throw std::invalid_argument(
+        "lohan Options: commit_interval=" +
+        std::to_string(options.commit_interval) +
+        " must be at most 1000000 (0: lohand's default, 1: every step)");
+  }
   if (options.dtype != "fp32" && options.dtype != "bf16") {
     throw std::invalid_argument("lohan Options: dtype=\"" + options.dtype +
                                 "\" is not supported; use \"fp32\" or "

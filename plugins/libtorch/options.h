@@ -53,6 +53,12 @@ struct Options {
   // > 0: the global gradient norm is clipped to it, as
   // torch::nn::utils::clip_grad_norm_; 0: no clipping.
   double max_grad_norm = 0.0;
+  // Every how many steps the states lohand holds in its memory (its state
+  // tier) are committed durably (ModelSpec.commit_interval; the Python
+  // plugin's commit_interval): a lohand crash resumes at the last durable
+  // step. 0: lohand's [pool] commit_interval; 1: every step; at most
+  // 1000000.
+  uint32_t commit_interval = 0;
   // "fp32", or "bf16": the module's parameters are cast to bf16 and the
   // daemon keeps fp32 masters (from the parameters' values at
   // construction).

@@ -47,6 +47,10 @@ TEST(ValidateOptions, NamesTheWrongOption) {
   EXPECT_THAT(Refusal(activations),
               HasSubstr("activations=\"offload\": use \"keep\" or "
                         "\"recompute\""));
+  Options interval = options;
+  interval.commit_interval = 1000001;
+  EXPECT_THAT(Refusal(interval),
+              HasSubstr("commit_interval=1000001 must be at most 1000000"));
 }
 
 TEST(ValidateOptions, RefusesBadParamGroupsAndExemptions) {
@@ -92,7 +96,9 @@ TEST(ModelSpecJson, CarriesEveryField) {
   spec.param_groups = {{0.5, 0.25, {{0, 0, 4}, {1, 5, 9}}}};
   spec.grad_slots = spec.weight_slots = 1;
   spec.fit_arena = true;
+  spec.commit_interval = 8;
   const std::string json = ModelSpecJson(spec);
+  EXPECT_THAT(json, HasSubstr("\"commit_interval\":8"));
   EXPECT_THAT(json, HasSubstr("\"layer_elements\":[10,20]"));
   EXPECT_THAT(json, HasSubstr("\"dtype\":\"DTYPE_BF16\""));
   EXPECT_THAT(json, HasSubstr("\"lr\":0.10000000000000001"));

@@ -75,6 +75,31 @@ def test_a_closed_session_makes_its_steps_durable(tmp_path):
         daemon.stop(signal.SIGKILL)
 
 
+def test_a_stopped_lohand_makes_its_jobs_steps_durable(tmp_path):
+    """SIGTERM (systemd's stop) while a job trains between durable commits:
+    lohand writes what only its memory held before it exits, and the job
+    resumes where it was."""
+    from conftest import Daemon
+    reference, data, ref_losses, ref_model = uninterrupted(5)
+    daemon = Daemon(tmp_path)
+    try:
+        model = copy.deepcopy(reference)
+        engine = engine_for(model, daemon, job_name="stopped",
+                            commit_interval=100)
+        losses = train_lohan(engine, model, data[:3])
+        assert daemon.stop(signal.SIGTERM) == 0
+        engine.close()
+        daemon = Daemon(tmp_path)
+        resumed = tiny_gpt(seed=1)
+        with engine_for(resumed, daemon, job_name="stopped", resume=True,
+                        commit_interval=100) as engine:
+            assert engine.iteration == 3
+            losses += train_lohan(engine, resumed, data[3:])
+        assert_fp32_close(resumed, ref_model, losses, ref_losses)
+    finally:
+        daemon.stop(signal.SIGKILL)
+
+
 @pytest.mark.parametrize("bad", [0, -1, 1_000_001, 2.5, True])
 def test_a_commit_interval_that_cannot_work_is_refused(bad):
     import lohan

@@ -702,7 +702,7 @@ class JobPipeline {
   absl::Status Commit(uint64_t new_iteration);
   // Commit's between durable iterations: the store's pending versions
   // committed volatile, the tier's copies made committed.
-  absl::Status CommitVolatile(uint64_t new_iteration, uint64_t tag);
+  absl::Status CommitVolatile(uint64_t tag);
   // MakeDurable's work. REQUIRES: api_mu_ held, no iteration in progress.
   absl::Status MakeDurableLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(api_mu_);
   // Writes what only the tier holds and commits every tensor of the job

@@ -588,7 +588,7 @@ absl::Status JobPipeline::Commit(uint64_t new_iteration) {
     durable = durable_this_;
   }
   const uint64_t tag = sched_internal::CommitTag(new_iteration);
-  if (!durable) return CommitVolatile(new_iteration, tag);
+  if (!durable) return CommitVolatile(tag);
   std::vector<std::string> names = chunk_names_;
   names.insert(names.end(), weight16_names_.begin(), weight16_names_.end());
   names.push_back(StateLayout::MetaName());

@@ -17,7 +17,7 @@ using sched_internal::CommitTag;
 using sched_internal::kBufferAlignment;
 using sched_internal::RoundUp;
 
-absl::Status JobPipeline::CommitVolatile(uint64_t new_iteration, uint64_t tag) {
+absl::Status JobPipeline::CommitVolatile(uint64_t tag) {
   // Every chunk the tier alone took has no version in the store; the
   // others were written this iteration.
   std::vector<std::string> names;
@@ -31,7 +31,6 @@ absl::Status JobPipeline::CommitVolatile(uint64_t new_iteration, uint64_t tag) {
   tier_.CommitPending();
   absl::MutexLock lock(&mu_);
   volatile_since_durable_ = true;
-  (void)new_iteration;
   return absl::OkStatus();
 }
 

@@ -52,46 +52,29 @@ def test_killed_between_durable_commits_resumes_at_the_last_one(tmp_path):
         daemon.stop(signal.SIGKILL)
 
 
-def test_a_closed_session_makes_its_steps_durable(tmp_path):
-    """Closing the engine (and so the session) commits what only lohand's
-    memory held: a later kill loses nothing."""
+@pytest.mark.parametrize("ending", ["close", "sigterm"])
+def test_an_ended_session_makes_its_steps_durable(tmp_path, ending):
+    """Closing the engine (and so the session), or SIGTERM to lohand
+    (systemd's stop) while the job trains between durable commits, writes
+    what only lohand's memory held: a later kill loses nothing, and the
+    job resumes where it was."""
     from conftest import Daemon
     reference, data, ref_losses, ref_model = uninterrupted(5)
     daemon = Daemon(tmp_path)
     try:
         model = copy.deepcopy(reference)
-        with engine_for(model, daemon, job_name="closed",
-                        commit_interval=100) as engine:
-            losses = train_lohan(engine, model, data[:3])
-        daemon.stop(signal.SIGKILL)
-        daemon = Daemon(tmp_path)
-        resumed = tiny_gpt(seed=1)
-        with engine_for(resumed, daemon, job_name="closed", resume=True,
-                        commit_interval=100) as engine:
-            assert engine.iteration == 3
-            losses += train_lohan(engine, resumed, data[3:])
-        assert_fp32_close(resumed, ref_model, losses, ref_losses)
-    finally:
-        daemon.stop(signal.SIGKILL)
-
-
-def test_a_stopped_lohand_makes_its_jobs_steps_durable(tmp_path):
-    """SIGTERM (systemd's stop) while a job trains between durable commits:
-    lohand writes what only its memory held before it exits, and the job
-    resumes where it was."""
-    from conftest import Daemon
-    reference, data, ref_losses, ref_model = uninterrupted(5)
-    daemon = Daemon(tmp_path)
-    try:
-        model = copy.deepcopy(reference)
-        engine = engine_for(model, daemon, job_name="stopped",
+        engine = engine_for(model, daemon, job_name="ended",
                             commit_interval=100)
         losses = train_lohan(engine, model, data[:3])
-        assert daemon.stop(signal.SIGTERM) == 0
-        engine.close()
+        if ending == "close":
+            engine.close()
+            daemon.stop(signal.SIGKILL)
+        else:
+            assert daemon.stop(signal.SIGTERM) == 0
+            engine.close()
         daemon = Daemon(tmp_path)
         resumed = tiny_gpt(seed=1)
-        with engine_for(resumed, daemon, job_name="stopped", resume=True,
+        with engine_for(resumed, daemon, job_name="ended", resume=True,
                         commit_interval=100) as engine:
             assert engine.iteration == 3
             losses += train_lohan(engine, resumed, data[3:])

@@ -9,7 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "client/control_client.h"
+#include "daemon/common/byte_size.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/harness/daemon_process.h"
@@ -109,6 +111,46 @@ TEST(LohanctlPlan, JsonHasEveryTensorAndTheCurve) {
             number("ssd_set_aside_bytes") + number("ssd_scratch_bytes"));
 }
 
+// The case: a 13B model on a 256 GiB host. The plan divides the
+// host memory between lohand's pool and its state tier: every state in
+// RAM, on the SSDs only the durable commits' writes.
+TEST(LohanctlPlan, The13BStatesStayInRamOnA256GiBHost) {
+  auto plan_of = [](const std::vector<std::string>& more) {
+    std::vector<std::string> args = {"--model", "gpt-13b", "--batch", "8",
+                                     "--json"};
+    args.insert(args.end(), more.begin(), more.end());
+    RunResult result = Plan(args);
+    EXPECT_EQ(result.exit_code, 0) << result.err;
+    google::protobuf::Struct json;
+    EXPECT_TRUE(
+        google::protobuf::util::JsonStringToMessage(result.out, &json).ok())
+        << result.out;
+    const double parameters = json.fields().at("parameters").number_value();
+    google::protobuf::Struct plan =
+        json.fields().at("plans").list_value().values(0).struct_value();
+    return std::make_pair(plan, parameters);
+  };
+  auto [split, p] = plan_of({"--commit-interval", "4"});
+  auto number = [](const google::protobuf::Struct& plan, const char* field) {
+    return plan.fields().at(field).number_value();
+  };
+  EXPECT_EQ(number(split, "resident_state_bytes"), 12 * p);
+  EXPECT_EQ(number(split, "state_ssd_read_bytes"), 0);
+  EXPECT_EQ(number(split, "state_ssd_write_bytes"), 3 * p);
+  EXPECT_EQ(number(split, "pool_bytes") + number(split, "state_tier_bytes"),
+            256.0 * (uint64_t{1} << 30));
+  auto [none, unused] = plan_of({"--state-tier", "0"});
+  EXPECT_EQ(number(none, "resident_state_bytes"), 0);
+  EXPECT_EQ(number(none, "state_ssd_read_bytes"), 12 * p);
+  EXPECT_EQ(number(none, "state_ssd_write_bytes"), 12 * p);
+  EXPECT_LT(number(split, "iteration_seconds"),
+            number(none, "iteration_seconds") / 2);
+  RunResult text = Plan({"--model", "gpt-13b", "--batch", "8"});
+  EXPECT_THAT(text.out, HasSubstr("host memory 256.0 GiB (divided between "
+                                  "lohand's pool and its state tier"));
+  EXPECT_THAT(text.out, HasSubstr("154.2 GB of 154.2 GB in RAM (pool "));
+}
+
 TEST(LohanctlPlan, AConfigJsonAndAPlot) {
   PublicTempDir dir;
   const std::string config = dir.path() + "/my-gpt2/config.json";
@@ -160,6 +202,20 @@ TEST(LohanctlPlan, BadInputIsRefusedWithTheWayOut) {
            /*machine=*/false);
   EXPECT_EQ(bad_size.exit_code, 2);
   EXPECT_THAT(bad_size.err, HasSubstr("--device-memory"));
+  for (const char* interval : {"0", "-1", "9999999"}) {
+    RunResult bad_interval = Plan(
+        {"--model", "gpt-13b", "--batch", "8", "--commit-interval", interval});
+    EXPECT_EQ(bad_interval.exit_code, 2) << interval;
+    EXPECT_THAT(bad_interval.err,
+                HasSubstr("--commit-interval must be from 1 (every "
+                          "iteration durable)"))
+        << interval;
+  }
+  RunResult bad_tier =
+      Plan({"--model", "gpt-13b", "--batch", "8", "--state-tier", "most"});
+  EXPECT_EQ(bad_tier.exit_code, 2);
+  EXPECT_THAT(bad_tier.err, HasSubstr("--state-tier: "));
+  EXPECT_THAT(bad_tier.err, HasSubstr("(or \"split\")"));
   RunResult zero_batch = Plan({"--model", "gpt-13b", "--batch", "0"});
   EXPECT_NE(zero_batch.exit_code, 0);
   RunResult unwritable = Plan({"--model", "gpt-13b", "--batch", "8", "--plot",
@@ -212,6 +268,14 @@ TEST(LohanctlPlan, ThisMachineTakesWhatLohandMeasured) {
   };
   RunResult shown = run({"status"});
   EXPECT_THAT(shown.out, HasSubstr("  measured     SSDs "));
+  // The state tier lohand has for jobs (its "auto" size here), beside the
+  // pool, and its default commit interval.
+  const uint64_t tier = status->pool().state_tier_bytes();
+  EXPECT_EQ(status->pool().commit_interval(), 1u);
+  const std::string tier_text =
+      tier == 0 ? " (no state tier: states on the SSDs); 1 SSDs x"
+                : absl::StrCat(" + a state tier of ", FormatByteSize(tier),
+                               ", commit interval 1; 1 SSDs x");
   // The test daemon's 64 MiB pool is too small for gpt-13b's buffers: the
   // refusal says so, from this machine's numbers.
   RunResult small =
@@ -219,7 +283,7 @@ TEST(LohanctlPlan, ThisMachineTakesWhatLohandMeasured) {
            "--device-memory", "24GiB", "--device-tflops", "165", "--h2d-gbps",
            "25", "--d2h-gbps", "25"});
   EXPECT_EQ(small.exit_code, 1) << small.err;
-  EXPECT_THAT(small.out, HasSubstr("host memory 64.0 MiB; 1 SSDs x"));
+  EXPECT_THAT(small.out, HasSubstr("host memory 64.0 MiB" + tier_text));
   EXPECT_THAT(small.out, HasSubstr("give lohand a larger host pool"));
   // Flags override what lohand said: with more host memory and SSD space
   // than the test daemon's, the same question fits.
@@ -228,7 +292,41 @@ TEST(LohanctlPlan, ThisMachineTakesWhatLohandMeasured) {
        "--device-memory", "24GiB", "--device-tflops", "165", "--h2d-gbps", "25",
        "--d2h-gbps", "25", "--host-memory", "64GiB", "--ssd-capacity", "1TiB"});
   EXPECT_EQ(bigger.exit_code, 0) << bigger.err << bigger.out;
-  EXPECT_THAT(bigger.out, HasSubstr("host memory 64.0 GiB; 1 SSDs x"));
+  EXPECT_THAT(bigger.out, HasSubstr("host memory 64.0 GiB" + tier_text));
+  EXPECT_THAT(bigger.out,
+              HasSubstr(absl::StrCat("state tier ", FormatByteSize(tier),
+                                     "); on the SSDs per iteration")));
+  // A flag overrides the tier and the interval too.
+  RunResult no_tier = run({"plan",
+                           "--this-machine",
+                           "--model",
+                           "gpt-13b",
+                           "--batch",
+                           "1",
+                           "--device-memory",
+                           "24GiB",
+                           "--device-tflops",
+                           "165",
+                           "--h2d-gbps",
+                           "25",
+                           "--d2h-gbps",
+                           "25",
+                           "--host-memory",
+                           "64GiB",
+                           "--ssd-capacity",
+                           "1TiB",
+                           "--state-tier",
+                           "0",
+                           "--commit-interval",
+                           "4"});
+  EXPECT_EQ(no_tier.exit_code, 0) << no_tier.err << no_tier.out;
+  EXPECT_THAT(no_tier.out,
+              HasSubstr("host memory 64.0 GiB (no state tier: states on the "
+                        "SSDs); 1 SSDs x"));
+  EXPECT_THAT(no_tier.out, HasSubstr("0.0 GB of 154.2 GB in RAM (pool 64.0 "
+                                     "GiB, state tier 0 B); on the SSDs per "
+                                     "iteration 12.00 B/param read, 12.00 "
+                                     "written"));
   // The device is not lohand's to know.
   RunResult no_device =
       run({"plan", "--this-machine", "--model", "gpt-13b", "--batch", "1"});

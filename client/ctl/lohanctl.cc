@@ -427,6 +427,17 @@ int main(int argc, char** argv) {
   plan->add_option("--d2h-gbps", plan_options.d2h_gbps, "device-to-host GB/s");
   plan->add_option("--host-memory", plan_options.host_memory,
                    "host memory lohand may pin for the job, e.g. 256GiB");
+  plan->add_option(
+      "--state-tier", plan_options.state_tier,
+      "host memory for the job's optimizer states: \"split\" (the default "
+      "for a described machine: the plan divides --host-memory between "
+      "lohand's pool and its state tier), a size beside --host-memory, or "
+      "0 (none); --this-machine: lohand's [pool] state_tier (or your "
+      "quota)");
+  int64_t commit_interval = 0;
+  plan->add_option("--commit-interval", commit_interval,
+                   "iterations between durable commits of the states in the "
+                   "tier (default 1; --this-machine: lohand's)");
   plan->add_option("--ssds", plan_options.ssds, "NVMe SSDs in the array");
   plan->add_option("--ssd-read-gbps", plan_options.ssd_read_gbps,
                    "read GB/s of each SSD");
@@ -462,6 +473,9 @@ int main(int argc, char** argv) {
   if (plan->parsed()) {
     plan_options.batches = batches;
     plan_options.socket = socket;
+    if (plan->count("--commit-interval") > 0) {
+      plan_options.commit_interval = commit_interval;
+    }
     return lohan::RunPlan(plan_options);
   }
   if (!status->parsed() && !jobs->parsed() && !drain->parsed() &&

@@ -78,6 +78,23 @@ absl::StatusOr<Machine> Described(const PlanOptions& o, Machine m) {
   }
   if (o.ssds > 0) m.ssds = o.ssds;
   m.device_is_host = o.device_is_host;
+  if (o.state_tier == "split" || (o.state_tier.empty() && !o.this_machine)) {
+    m.split_host_memory = true;
+    m.state_tier_bytes = 0;
+  } else if (absl::Status s =
+                 size(o.state_tier, "--state-tier", m.state_tier_bytes);
+             !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(s.message(), " (or \"split\")"));
+  }
+  if (o.commit_interval) {
+    if (*o.commit_interval < 1 || *o.commit_interval > (1 << 20)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--commit-interval must be from 1 (every iteration durable) to ",
+          1 << 20, ", got ", *o.commit_interval));
+    }
+    m.commit_interval = static_cast<uint32_t>(*o.commit_interval);
+  }
   std::vector<std::string> missing;
   for (auto [value, flag] :
        {std::pair{static_cast<double>(m.device_bytes), "--device-memory"},
@@ -122,6 +139,11 @@ absl::StatusOr<Machine> ThisMachine(const std::string& socket) {
   m.host_bytes = status->pool().capacity_bytes();
   const uint64_t quota = status->quota().host_pool_limit_bytes();
   if (quota > 0) m.host_bytes = std::min(m.host_bytes, quota);
+  m.state_tier_bytes = status->pool().state_tier_bytes();
+  const uint64_t tier_quota = status->quota().state_tier_limit_bytes();
+  if (tier_quota > 0)
+    m.state_tier_bytes = std::min(m.state_tier_bytes, tier_quota);
+  m.commit_interval = std::max(1u, status->pool().commit_interval());
   m.ssds = static_cast<uint32_t>(profile.ssds_size());
   if (m.ssds > 0) {
     m.ssd_read = profile.array_read_bytes_per_second() / m.ssds;
@@ -160,6 +182,35 @@ std::string Split(const StageTime& stage) {
   return absl::StrJoin(parts, ", ");
 }
 
+// How the machine's host memory holds optimizer states, for the header.
+std::string TierText(const Machine& m) {
+  const std::string interval =
+      absl::StrCat(", commit interval ", m.commit_interval);
+  if (m.split_host_memory) {
+    return absl::StrCat(
+        " (divided between lohand's pool and its state "
+        "tier as the plan finds fastest",
+        interval, ")");
+  }
+  if (m.state_tier_bytes == 0) return " (no state tier: states on the SSDs)";
+  return absl::StrCat(" + a state tier of ", FormatByteSize(m.state_tier_bytes),
+                      interval);
+}
+
+// Where the optimizer states are and what they cost the SSDs per
+// iteration.
+void PrintStates(const Plan& plan) {
+  const double p = static_cast<double>(plan.counts.parameters);
+  std::printf(
+      "  states: %s of %s in RAM (pool %s, state tier %s); on the SSDs per "
+      "iteration %.2f B/param read, %.2f written\n",
+      Gb(plan.resident_state_bytes).c_str(),
+      Gb(static_cast<uint64_t>(12 * p)).c_str(),
+      FormatByteSize(plan.pool_bytes).c_str(),
+      FormatByteSize(plan.state_tier_bytes).c_str(),
+      plan.state_ssd_read_bytes / p, plan.state_ssd_write_bytes / p);
+}
+
 void PrintDetail(const Plan& plan, bool whole_blocks, bool every_block) {
   std::printf("\nbatch %llu: %.2f s per iteration, %.1f TFLOPS (case %d)\n",
               static_cast<unsigned long long>(plan.batch),
@@ -191,6 +242,7 @@ void PrintDetail(const Plan& plan, bool whole_blocks, bool every_block) {
       FormatByteSize(layout.ssd_state_bytes).c_str(),
       FormatByteSize(layout.ssd_set_aside_bytes).c_str(),
       Gb(plan.ssd_bytes).c_str());
+  PrintStates(plan);
   // Per tensor class: how many blocks put it where.
   std::map<std::string, std::map<Decision, uint32_t>> where;
   std::map<std::string, std::pair<uint64_t, double>> size;
@@ -291,6 +343,11 @@ google::protobuf::Value PlanJson(const Plan& plan) {
   f["ssd_activation_bytes"] = Number(plan.ssd_bytes);
   f["recomputed_bytes"] = Number(plan.recomputed_bytes);
   f["weights_in_host"] = Number(plan.weights_in_host ? 1 : 0);
+  f["pool_bytes"] = Number(plan.pool_bytes);
+  f["state_tier_bytes"] = Number(plan.state_tier_bytes);
+  f["resident_state_bytes"] = Number(plan.resident_state_bytes);
+  f["state_ssd_read_bytes"] = Number(plan.state_ssd_read_bytes);
+  f["state_ssd_write_bytes"] = Number(plan.state_ssd_write_bytes);
   auto* tensors = f["tensors"].mutable_list_value();
   for (const TensorPlan& tensor : plan.tensors) {
     google::protobuf::Value t;
@@ -488,8 +545,8 @@ int RunPlan(const PlanOptions& options) {
         "model %s: %.2f B parameters, %llu blocks x %llu wide, sequence "
         "%llu, %s attention\n"
         "machine: device %s at %.0f TFLOPS; host->device %.1f GB/s, "
-        "device->host %.1f GB/s; host memory %s; %u SSDs x %.1f GB/s read, "
-        "%.1f GB/s write\n\n",
+        "device->host %.1f GB/s; host memory %s%s; %u SSDs x %.1f GB/s "
+        "read, %.1f GB/s write\n\n",
         shape->name.c_str(), static_cast<double>(counts.parameters) / 1e9,
         static_cast<unsigned long long>(shape->layers),
         static_cast<unsigned long long>(shape->hidden),
@@ -497,8 +554,8 @@ int RunPlan(const PlanOptions& options) {
         options.eager_attention ? "eager (scores saved)" : "fused",
         FormatByteSize(m.device_bytes).c_str(), m.device_flops / 1e12,
         m.host_to_device / 1e9, m.device_to_host / 1e9,
-        FormatByteSize(m.host_bytes).c_str(), m.ssds, m.ssd_read / 1e9,
-        m.ssd_write / 1e9);
+        FormatByteSize(m.host_bytes).c_str(), TierText(m).c_str(), m.ssds,
+        m.ssd_read / 1e9, m.ssd_write / 1e9);
     std::printf("%6s %5s %12s %8s %-22s %-22s %10s %10s %10s %10s\n", "batch",
                 "case", "iteration s", "TFLOPS", "forward binds",
                 "backward binds", "on device", "host", "SSD", "recomputed");

@@ -2,6 +2,7 @@
 #define LOHAN_CLIENT_CTL_PLAN_COMMAND_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,11 @@ struct PlanOptions {
   uint32_t ssds = 0;
   double ssd_read_gbps = 0, ssd_write_gbps = 0;
   double optimizer_gparams = 0;  // 0: not a limit
+  // "split", a size, "0", or empty (the default: "split" for a described
+  // machine, lohand's state tier with --this-machine).
+  std::string state_tier;
+  // Not given: 1, or lohand's with --this-machine.
+  std::optional<int64_t> commit_interval;
   // Host memory, SSDs and optimizer from the daemon on `socket` (its pool
   // and its measured profile); flags given override them.
   bool this_machine = false;

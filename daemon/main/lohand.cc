@@ -457,6 +457,7 @@ int Run(const CommandLine& command_line) {
                           .optimizer_status = &optimizer->status,
                           .pool = &pool,
                           .sessions = sessions.get(),
+                          .state_tier_bytes = *state_tier_bytes,
                           .quotas = &*quotas,
                           .ledger = &ledger,
                           .profiler = &profiler,

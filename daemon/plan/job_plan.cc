@@ -1,5 +1,6 @@
 #include "daemon/plan/job_plan.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <utility>
@@ -143,6 +144,8 @@ absl::StatusOr<v1::JobPlan> PlanForJob(const v1::PlanJobRequest& request,
   if (!counts.ok()) return counts.status();
   absl::StatusOr<Machine> machine = MachineFromProfiles(profile, host);
   if (!machine.ok()) return machine.status();
+  machine->state_tier_bytes = job.state_tier_bytes;
+  machine->commit_interval = std::max(1u, job.commit_interval);
   const PlanLayout layout{
       .activation_host_bytes = request.activation_host_bytes(),
       .weights_in_host = job.weights_resident,

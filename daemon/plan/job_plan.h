@@ -28,6 +28,11 @@ struct JobFacts {
   // SSD space the job may still take for activations (its own limit, its
   // owner's quota and the array's free space, whichever is least).
   uint64_t ssd_room_bytes = 0;
+  // Its share of lohand's state tier (its states there are read from RAM)
+  // and its commit interval (they are written every commit_interval-th
+  // iteration).
+  uint64_t state_tier_bytes = 0;
+  uint32_t commit_interval = 1;
 };
 
 // Saved tensors in all (blocks x block_tensors) a PlanJob may ask about:

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/common/byte_size.h"
@@ -22,7 +23,21 @@ struct Derived {
   double ssd_read = 0, ssd_write = 0;  // whole array
   uint64_t ssd_room = 0;  // for activations; UINT64_MAX: not a limit
   uint64_t last_layer_parameters = 0;  // updated after backward ends
+  // Parameters whose states the state tier holds (the first ones in
+  // forward order, as lohand places them), and the commit interval.
+  double resident_parameters = 0;
+  double commit_interval = 1;
 };
+
+// The optimizer states' SSD bytes for `parameters` of which `resident`
+// are in the state tier: the spilled ones read and written each
+// iteration, the resident ones written every commit_interval-th.
+double StateReadBytes(double parameters, double resident) {
+  return kStateBytes * (parameters - resident);
+}
+double StateWriteBytes(const Derived& d, double parameters, double resident) {
+  return kStateBytes * (parameters - resident + resident / d.commit_interval);
+}
 
 // A step of the greedy search: one saved tensor of a block, or (per-block
 // decisions) all of a block's but its input.
@@ -57,8 +72,9 @@ Estimate Estimated(const Machine& m, const ModelCounts& c, const Derived& d,
   e.backward.compute = (2 * c.forward_flops + recompute) / m.device_flops;
   e.backward.device_to_host = 2 * p / m.device_to_host;  // the gradients
   e.backward.host_to_device = (2 * p + a) / m.host_to_device;
-  e.backward.ssd = (kStateBytes * p + weights16_ssd + spill) / d.ssd_read +
-                   (kStateBytes * p + weights16_ssd) / d.ssd_write;
+  const double r = d.resident_parameters;
+  e.backward.ssd = (StateReadBytes(p, r) + weights16_ssd + spill) / d.ssd_read +
+                   (StateWriteBytes(d, p, r) + weights16_ssd) / d.ssd_write;
   e.backward.optimizer = m.optimizer_params > 0 ? p / m.optimizer_params : 0;
   if (m.device_is_host) {
     e.backward.compute += e.backward.optimizer;
@@ -66,8 +82,10 @@ Estimate Estimated(const Machine& m, const ModelCounts& c, const Derived& d,
   }
   const double last = static_cast<double>(d.last_layer_parameters);
   const double last16 = d.weights_in_host ? 0 : 2 * last;
-  e.tail = (kStateBytes * last + last16) / d.ssd_read +
-           (kStateBytes * last + last16) / d.ssd_write +
+  // The tier's first chunks are this layer's (forward order).
+  const double last_resident = std::min(last, r);
+  e.tail = (StateReadBytes(last, last_resident) + last16) / d.ssd_read +
+           (StateWriteBytes(d, last, last_resident) + last16) / d.ssd_write +
            (m.optimizer_params > 0 ? last / m.optimizer_params : 0);
   return e;
 }
@@ -107,6 +125,11 @@ absl::Status CheckMachine(const Machine& m, bool host_memory) {
     return absl::InvalidArgumentError(
         "machine: optimizer parameters per second must be 0 (no limit) or "
         "positive");
+  }
+  if (m.commit_interval < 1) {
+    return absl::InvalidArgumentError(
+        "machine: the commit interval must be at least 1 (1: every "
+        "iteration durable)");
   }
   return absl::OkStatus();
 }
@@ -341,6 +364,17 @@ absl::Status SizeMemories(const Machine& m, const PlanLayout* layout,
   }
   d.parameters = static_cast<double>(c.parameters);
   d.last_layer_parameters = c.first_layer_parameters;
+  d.resident_parameters = std::min(
+      d.parameters, static_cast<double>(m.state_tier_bytes) / kStateBytes);
+  d.commit_interval = m.commit_interval;
+  plan.pool_bytes = m.host_bytes;
+  plan.state_tier_bytes = m.state_tier_bytes;
+  plan.resident_state_bytes =
+      static_cast<uint64_t>(kStateBytes * d.resident_parameters);
+  plan.state_ssd_read_bytes =
+      StateReadBytes(d.parameters, d.resident_parameters);
+  plan.state_ssd_write_bytes =
+      StateWriteBytes(d, d.parameters, d.resident_parameters);
   d.ssd_read = m.ssds * m.ssd_read;
   d.ssd_write = m.ssds * m.ssd_write;
   if (layout != nullptr) {
@@ -637,6 +671,66 @@ absl::StatusOr<Plan> PlanWith(const ModelCounts& counts, uint64_t batch,
   return plan;
 }
 
+// The plan with the machine's memories as given. REQUIRES: counts,
+// machine, batch and seq checked.
+absl::StatusOr<Plan> PlanOnMachine(const ModelCounts& counts, uint64_t batch,
+                                   uint64_t seq, const Machine& m,
+                                   const PlanLayout* layout,
+                                   Granularity granularity) {
+  absl::StatusOr<Plan> plan =
+      PlanWith(counts, batch, seq, m, layout, granularity, 0, true);
+  if (layout != nullptr || !plan.ok() || plan->ssd_bytes == 0) return plan;
+  // Activations go to the SSDs: the plugin swaps them through an
+  // activation area in its arena, which leaves the host less room.
+  absl::StatusOr<Plan> swapped =
+      PlanWith(counts, batch, seq, m, layout, granularity,
+               kPluginActivationAreaBytes, true);
+  if (!absl::IsFailedPrecondition(swapped.status())) return swapped;
+  // No room for the area: nothing goes to the SSDs, or, when that does
+  // not fit either, the area's refusal.
+  absl::StatusOr<Plan> kept =
+      PlanWith(counts, batch, seq, m, layout, granularity, 0, false);
+  return kept.ok() ? kept : swapped;
+}
+
+// Splits for the state tier tried: this many steps from none to all the
+// states (or all the host memory, if less).
+constexpr uint64_t kTierSteps = 16;
+
+// The fastest plan over the splits of m.host_bytes between the pool and
+// the state tier (ties: the larger tier, which moves fewer bytes through
+// the SSDs); the refusal of the split with no tier when none fits.
+absl::StatusOr<Plan> PlanSplittingHost(const ModelCounts& counts,
+                                       uint64_t batch, uint64_t seq,
+                                       const Machine& m,
+                                       Granularity granularity) {
+  const double states = kStateBytes * static_cast<double>(counts.parameters);
+  const uint64_t most = static_cast<uint64_t>(
+      std::min(states, static_cast<double>(m.host_bytes)));
+  std::optional<Plan> best;
+  absl::Status refusal;
+  for (uint64_t step = kTierSteps + 1; step-- > 0;) {
+    Machine split = m;
+    split.split_host_memory = false;
+    split.state_tier_bytes = static_cast<uint64_t>(
+        static_cast<double>(most) * static_cast<double>(step) / kTierSteps);
+    split.host_bytes = m.host_bytes - split.state_tier_bytes;
+    if (split.host_bytes == 0) continue;
+    absl::StatusOr<Plan> plan =
+        PlanOnMachine(counts, batch, seq, split, nullptr, granularity);
+    if (!plan.ok()) {
+      if (!absl::IsFailedPrecondition(plan.status())) return plan.status();
+      refusal = plan.status();
+      continue;
+    }
+    if (!best || Better(plan->estimate, best->estimate)) {
+      best = *std::move(plan);
+    }
+  }
+  if (best) return *std::move(best);
+  return refusal;
+}
+
 }  // namespace
 
 absl::StatusOr<Plan> PlanFromCounts(const ModelCounts& counts, uint64_t batch,
@@ -652,20 +746,10 @@ absl::StatusOr<Plan> PlanFromCounts(const ModelCounts& counts, uint64_t batch,
         absl::StrCat("batch and seq must be at least 1, got batch ", batch,
                      " and seq ", seq));
   }
-  absl::StatusOr<Plan> plan =
-      PlanWith(counts, batch, seq, m, layout, granularity, 0, true);
-  if (layout != nullptr || !plan.ok() || plan->ssd_bytes == 0) return plan;
-  // Activations go to the SSDs: the plugin swaps them through an
-  // activation area in its arena, which leaves the host less room.
-  absl::StatusOr<Plan> swapped =
-      PlanWith(counts, batch, seq, m, layout, granularity,
-               kPluginActivationAreaBytes, true);
-  if (!absl::IsFailedPrecondition(swapped.status())) return swapped;
-  // No room for the area: nothing goes to the SSDs, or, when that does
-  // not fit either, the area's refusal.
-  absl::StatusOr<Plan> kept =
-      PlanWith(counts, batch, seq, m, layout, granularity, 0, false);
-  return kept.ok() ? kept : swapped;
+  if (m.split_host_memory && layout == nullptr) {
+    return PlanSplittingHost(counts, batch, seq, m, granularity);
+  }
+  return PlanOnMachine(counts, batch, seq, m, layout, granularity);
 }
 
 uint64_t LargestBatch(const ModelShape& shape, uint64_t seq,

@@ -35,6 +35,18 @@ struct Machine {
   // without a GPU): backward's compute and the optimizer take turns on the
   // same cores, so their times add instead of overlapping.
   bool device_is_host = false;
+  // Host memory beside host_bytes that holds the job's optimizer states
+  // (lohand's [pool] state_tier, the job's share): the states it holds are
+  // read from RAM, not the SSDs. 0: none.
+  uint64_t state_tier_bytes = 0;
+  // lohand's commit interval: the states in the tier reach the SSDs every
+  // commit_interval-th iteration (1: every one). At least 1.
+  uint32_t commit_interval = 1;
+  // host_bytes is all the host memory lohan may take, to be divided
+  // between its pool (arena, activations) and the state tier as makes the
+  // iteration fastest (state_tier_bytes is not used): what to give lohand
+  // as [pool] host_pool and state_tier.
+  bool split_host_memory = false;
 };
 
 // INVALID_ARGUMENT naming the field when a rate or size is missing or not
@@ -136,6 +148,14 @@ struct Plan {
   bool weights_in_host = false;
   uint64_t ssd_fixed_bytes = 0;           // layout_bytes.ssd_bytes(); or 0
   double model_flops_per_second() const;  // useful FLOPs / iteration time
+  // The host memory the plan gives lohan's pool (the machine's host_bytes,
+  // less the state tier when it splits them) and the state tier, and the
+  // optimizer states (12 bytes a parameter) the tier holds.
+  uint64_t pool_bytes = 0, state_tier_bytes = 0, resident_state_bytes = 0;
+  // The optimizer states' SSD traffic per iteration, averaged over the
+  // commit interval: the spilled states read and written, the resident
+  // ones written once every commit_interval iterations.
+  double state_ssd_read_bytes = 0, state_ssd_write_bytes = 0;
 };
 
 // The plan for `shape` at `batch` x `seq` on `machine`: FAILED_PRECONDITION

@@ -299,6 +299,8 @@ grpc::Status ControlService::GetStatus(grpc::ServerContext* context,
   v1::PoolStatus* pool_status = response->mutable_pool();
   pool_status->set_capacity_bytes(pool.capacity_bytes);
   pool_status->set_used_bytes(pool.used_bytes);
+  pool_status->set_state_tier_bytes(parts_.state_tier_bytes);
+  pool_status->set_commit_interval(config_->commit_interval);
   for (const HostPool::JobUse& use : pool.jobs) {
     // Other users' jobs count in used_bytes but are not named.
     if (visible.count(use.job_id) == 0) continue;
@@ -391,7 +393,9 @@ grpc::Status ControlService::PlanJob(grpc::ServerContext* context,
         const JobFacts facts{.arena_bytes = layout.arena_bytes,
                              .weights_resident = layout.weights_resident,
                              .ssd_room_bytes = std::min(
-                                 free_bytes, parts_.ledger->RoomFor(job_id))};
+                                 free_bytes, parts_.ledger->RoomFor(job_id)),
+                             .state_tier_bytes = layout.tier.share_bytes,
+                             .commit_interval = layout.tier.commit_interval};
         return PlanForJob(*request, *host, facts, time(nullptr));
       });
   ReleaseFreedMemory();  // the planner's working memory
@@ -440,6 +444,7 @@ void ControlService::FillQuota(const Caller& caller, uint32_t jobs_owned,
   quota->set_jobs(jobs_owned);
   quota->set_ssd_held_bytes(parts_.ledger->HeldBy(caller.uid));
   quota->set_daemon_memory_limit_bytes(limits.daemon_memory_bytes);
+  quota->set_state_tier_limit_bytes(limits.state_tier_bytes);
   quota->set_daemon_memory_held_bytes(
       parts_.sessions->DaemonMemoryHeld(caller.uid, "", ""));
 }

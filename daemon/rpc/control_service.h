@@ -33,6 +33,8 @@ struct DaemonParts {
   const v1::OptimizerStatus* optimizer_status = nullptr;
   const HostPool* pool = nullptr;
   SessionManager* sessions = nullptr;
+  // The state tier's size ([pool] state_tier resolved; 0: off).
+  uint64_t state_tier_bytes = 0;
   const QuotaTable* quotas = nullptr;
   SpaceLedger* ledger = nullptr;
   // The machine's profile, for GetStatus and PlanJob; may be null.

@@ -447,6 +447,7 @@ class JobPipeline {
   size_t chunks_read_ahead() const ABSL_LOCKS_EXCLUDED(mu_);
   // The state tier's use by this job now (PipelineOptions::state_tier).
   StateTier::Stats tier_stats() const { return tier_.stats(); }
+  uint32_t commit_interval() const { return options_.commit_interval; }
 
   // Ends the iteration in progress with nothing committed: work not begun
   // is dropped, work in progress finishes, every pending version and the

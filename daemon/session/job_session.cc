@@ -654,6 +654,13 @@ absl::Status JobSession::Execute(const SubmissionEntry& entry, uint64_t& detail,
 
 bool JobSession::weights_resident() const { return !served_->streamed_weights; }
 
+JobSession::TierUse JobSession::tier_use() const {
+  const JobPipeline* pipeline = pipeline_ready_.load();
+  if (pipeline == nullptr) return {};
+  return {.share_bytes = pipeline->tier_stats().share_bytes,
+          .commit_interval = pipeline->commit_interval()};
+}
+
 namespace {
 
 // What GetStatus carries of a plan: every figure, and the blocks per mode

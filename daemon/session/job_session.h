@@ -97,6 +97,13 @@ class JobSession {
   // weight buffer per layer), not streamed from the store.
   // REQUIRES: registered().
   bool weights_resident() const;
+  // The job's share of the state tier (0 before its pipeline starts or
+  // with no tier) and its commit interval, for its plan.
+  struct TierUse {
+    uint64_t share_bytes = 0;
+    uint32_t commit_interval = 1;
+  };
+  TierUse tier_use() const;
   // Keeps `plan` as the job's activation plan (SessionStatus.plan): the
   // iterations begun after now and committed are counted in
   // planned_iterations and planned_mean_iteration_seconds, from zero.

@@ -498,7 +498,8 @@ absl::StatusOr<v1::JobPlan> SessionManager::PlanJob(const Caller& caller,
           "first"));
     }
     layout = {.arena_bytes = session->grant().arena_bytes,
-              .weights_resident = session->weights_resident()};
+              .weights_resident = session->weights_resident(),
+              .tier = session->tier_use()};
     serial = sessions_.at(job_id).serial;
   }
   absl::StatusOr<v1::JobPlan> planned = plan(job_id, layout);

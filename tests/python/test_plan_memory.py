@@ -23,8 +23,10 @@ from lohan.blocks import find_blocks, plan_layers
 
 MIB = 1 << 20
 # Links and SSDs; the device and host memory are chosen per layout below.
+# --host-memory is lohand's pool alone (no state tier taken from it): the
+# layout under test is the pool's.
 RATES = ["--h2d-gbps", "25", "--d2h-gbps", "25", "--ssds", "1",
-         "--ssd-read-gbps", "2", "--ssd-write-gbps", "2"]
+         "--ssd-read-gbps", "2", "--ssd-write-gbps", "2", "--state-tier", "0"]
 ROOMY = ["--device-memory", "24GiB", "--device-tflops", "165",
          "--host-memory", "64GiB"]
 

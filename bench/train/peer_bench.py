@@ -209,12 +209,13 @@ def report(results: Dict[str, List[Dict[str, float]]],
           f"{'read B/p':>8s} {'wrt B/p':>8s}  forward / backward / step "
           "(s, medians)")
     for config, row in median.items():
-        ratios = [row["seconds"] / median[ref]["seconds"]
-                  if ref in median else float("nan")
+        # A reference not in this run: "-".
+        ratios = [f"{row['seconds'] / median[ref]['seconds']:.2f}x"
+                  if ref in median else "-"
                   for ref in ("torch", "ds-nvme-opt", "ds-nvme-all",
                               "ds-cpu")]
-        print(f"{config:18s} {row['seconds']:7.3f} {ratios[0]:7.2f}x "
-              f"{ratios[1]:8.2f}x {ratios[2]:8.2f}x {ratios[3]:8.2f}x "
+        print(f"{config:18s} {row['seconds']:7.3f} {ratios[0]:>8s} "
+              f"{ratios[1]:>9s} {ratios[2]:>9s} {ratios[3]:>9s} "
               f"{row['read']:8.2f} {row['written']:8.2f}  "
               f"{row['forward']:.3f} / {row['backward']:.3f} / "
               f"{row['update']:.3f}")

@@ -13,6 +13,7 @@ bit."""
 from __future__ import annotations
 
 import random
+import shutil
 import signal
 import threading
 import time
@@ -99,9 +100,19 @@ def kill_inside_step(daemon, step: Callable[[], None], kill_at: int,
 
 
 def start_daemon(tmp_path: Path, tier: str):
+    """A lohand with room for three versions of the states (durable,
+    committed, pending) and the meta, and the state tier `tier`."""
     from conftest import Daemon
-    return Daemon(tmp_path, host_pool="512MiB", ssd_capacity="2GiB",
+    return Daemon(tmp_path, host_pool="512MiB", ssd_capacity="512MiB",
                   extra_args=["--state-tier", tier])
+
+
+@pytest.fixture(autouse=True)
+def free_the_ssd_files(tmp_path):
+    """Each test's SSD file is preallocated: gone with the test, not kept
+    with pytest's last runs."""
+    yield
+    shutil.rmtree(tmp_path / "ssd0", ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +121,8 @@ def uninterrupted(tmp_path_factory):
     never killed: what a resumed run must reach bit for bit (the same
     kernels on the same states; against torch AdamW, lohan's exactness
     is test_engine's)."""
-    daemon = start_daemon(tmp_path_factory.mktemp("uninterrupted"), "1GiB")
+    directory = tmp_path_factory.mktemp("uninterrupted")
+    daemon = start_daemon(directory, "1GiB")
     try:
         model = wide_gpt()
         with engine_for(model, daemon, job_name="tiered",
@@ -118,6 +130,7 @@ def uninterrupted(tmp_path_factory):
             losses = train_lohan(engine, model, batches(2 * INTERVAL))
     finally:
         daemon.stop(signal.SIGKILL)
+        shutil.rmtree(directory / "ssd0", ignore_errors=True)
     return losses, {n: p.detach().clone() for n, p in model.named_parameters()}
 
 

@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "bench/sched/bench_common.h"
+#include "daemon/layout/model_layout.h"
 #include "daemon/optim/adam.h"
-#include "daemon/sched/model_layout.h"
 #include "daemon/store/tensor_store.h"
 
 namespace lohan {

@@ -32,7 +32,7 @@ constexpr char kDataSocketSuffix[] = ".data";
 constexpr size_t kMaxSocketPathLength = 107 - (sizeof(kDataSocketSuffix) - 1);
 constexpr uint32_t kMaxOptimizerThreads = 1024;
 // A data plane's rings: enough for a few requests in flight, at most what
-// the arena's control allowance holds (daemon/session/arena_layout.h).
+// the arena's control allowance holds (daemon/layout/arena_bytes.h).
 constexpr int64_t kMinRingEntries = 8;
 constexpr int64_t kMaxRingEntries = 1024;
 

@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "absl/status/statusor.h"
+#include "daemon/layout/adam_options.h"
 #include "daemon/optim/isa.h"
 #include "daemon/optim/optim_types.h"
 #include "daemon/optim/tuning.h"
@@ -20,24 +21,6 @@ namespace lohan {
 namespace optim_internal {
 struct KernelTable;
 }  // namespace optim_internal
-
-// Per step (torch.optim.AdamW / Adam), with the scalars computed in double
-// once per tensor and the elementwise work in float:
-//   t = step + 1
-//   AdamW: w *= 1 - lr*wd          Adam: g += wd*w
-//   m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g*g
-//   amsgrad: vmax = max(vmax, v) and vmax replaces v below
-//   denom = sqrt(v) / sqrt(1 - b2^t) + eps
-//   w -= (lr / (1 - b1^t)) * m / denom
-struct AdamOptions {
-  double lr = 1e-3;                    // >= 0
-  double beta1 = 0.9;                  // [0, 1)
-  double beta2 = 0.999;                // [0, 1)
-  double eps = 1e-8;                   // >= 0
-  double weight_decay = 0.0;           // >= 0
-  bool decoupled_weight_decay = true;  // true: AdamW; false: Adam (L2)
-  bool amsgrad = false;
-};
 
 // One tensor's optimizer state. Every buffer is borrowed: the caller owns
 // it, it holds `size` elements, and nothing else touches it during Step().

@@ -19,7 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "daemon/optim/dtype.h"
+#include "daemon/layout/dtype.h"
 
 namespace lohan::optim_internal {
 

@@ -7,13 +7,10 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "absl/strings/string_view.h"
-#include "daemon/optim/dtype.h"
+#include "daemon/layout/dtype.h"
+#include "daemon/layout/dtype_traits.h"
 
 namespace lohan {
-
-absl::string_view DTypeName(DType dtype);
-std::size_t DTypeSize(DType dtype);  // 4 or 2; 0 for an out-of-range value.
 
 // A gradient as the training process produced it. Borrowed: `data` must hold
 // the tensor's element count of `dtype` and stay valid during the step.

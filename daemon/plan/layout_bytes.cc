@@ -4,10 +4,11 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "daemon/optim/dtype.h"
-#include "daemon/sched/job_space.h"
-#include "daemon/sched/model_layout.h"
-#include "daemon/session/arena_layout.h"
+#include "daemon/layout/arena_bytes.h"
+#include "daemon/layout/dtype.h"
+#include "daemon/layout/dtype_traits.h"
+#include "daemon/layout/job_space.h"
+#include "daemon/layout/model_layout.h"
 
 namespace lohan {
 namespace {

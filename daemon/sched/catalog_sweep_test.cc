@@ -30,9 +30,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "daemon/layout/job_meta.h"
 #include "daemon/optim/adam.h"
 #include "daemon/sched/clip_test_util.h"
-#include "daemon/sched/job_meta.h"
 #include "daemon/sched/job_pipeline.h"
 #include "daemon/store/catalog_record.h"
 #include "daemon/store/record_log.h"

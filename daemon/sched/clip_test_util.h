@@ -12,8 +12,8 @@
 #include <optional>
 #include <vector>
 
+#include "daemon/layout/model_layout.h"
 #include "daemon/optim/adam.h"
-#include "daemon/sched/model_layout.h"
 #include "daemon/store/tensor_store.h"
 #include "daemon/store/test_util.h"
 #include "gtest/gtest.h"

@@ -14,36 +14,9 @@ uint64_t RoundUp(uint64_t value, uint64_t unit) {
   return (value + unit - 1) / unit * unit;
 }
 
-bool Streamed(uint64_t buffers, size_t layers) {
-  return buffers > 0 && buffers < layers;
-}
-
-// One kind's buffers: one per layer, or `buffers` of the largest.
-uint64_t BufferBytes(const ArenaShape& shape, uint64_t buffers,
-                     uint64_t largest) {
-  if (Streamed(buffers, shape.layer_elements.size())) {
-    return buffers * RoundUp(largest * shape.element_bytes, kArenaSlotUnit);
-  }
-  uint64_t bytes = 0;
-  for (uint64_t elements : shape.layer_elements) {
-    bytes += RoundUp(elements * shape.element_bytes, kArenaSlotUnit);
-  }
-  return bytes;
-}
-
 std::string MiB(uint64_t bytes) { return absl::StrCat(bytes >> 20, " MiB"); }
 
 }  // namespace
-
-uint64_t ArenaBytes(const ArenaShape& shape) {
-  const uint64_t largest = *std::max_element(shape.layer_elements.begin(),
-                                             shape.layer_elements.end());
-  const uint64_t buffers = BufferBytes(shape, shape.grad_buffers, largest) +
-                           BufferBytes(shape, shape.weight_buffers, largest);
-  const uint64_t staging = RoundUp(largest * 4, kArenaSlotUnit);
-  const uint64_t activations = RoundUp(shape.activation_bytes, kArenaSlotUnit);
-  return RoundUp(buffers + staging + activations + kArenaControlBytes, kMiB);
-}
 
 ArenaShape ShapeOf(const v1::ModelSpec& spec) {
   return ArenaShape{
@@ -66,7 +39,8 @@ absl::StatusOr<ArenaChoice> ChooseArena(const v1::ModelSpec& spec,
     return ArenaBytes(shape);
   };
   auto count = [&](uint64_t buffers) {
-    return Streamed(buffers, layers) ? static_cast<uint32_t>(buffers) : 0u;
+    return StreamedBuffers(buffers, layers) ? static_cast<uint32_t>(buffers)
+                                            : 0u;
   };
   ArenaChoice choice{.resident_arena_bytes = with_buffers(0, 0)};
   if (spec.arena_fit() == v1::ARENA_FIT_AS_GIVEN) {

@@ -1,11 +1,10 @@
 #ifndef LOHAN_DAEMON_SESSION_ARENA_LAYOUT_H_
 #define LOHAN_DAEMON_SESSION_ARENA_LAYOUT_H_
 
-// The arena a model's buffers take, as RegisterModel lays them out, and how
-// many shared buffers an arena of a given size holds a model with. The one
-// place that knows the arena's sizes: CreateJob sizes a job's arena for
-// JobSpec.model with it, RegisterModel resolves ARENA_FIT_MOST with it,
-// and daemon/plan reports it.
+// How a model's spec takes an arena: its shape (daemon/layout's
+// arena_bytes.h sizes it), and how many shared buffers an arena of a given
+// size holds it with. CreateJob sizes a job's arena for JobSpec.model with
+// it, RegisterModel resolves ARENA_FIT_MOST with it.
 
 #include <cstdint>
 #include <string>
@@ -13,32 +12,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "daemon/layout/arena_bytes.h"
 #include "proto/lohan.pb.h"
 
 namespace lohan {
-
-// What RegisterModel allocates for a model, beside its control slots.
-struct ArenaShape {
-  std::vector<uint64_t> layer_elements;  // not empty
-  uint64_t element_bytes = 2;  // of a gradient (= a 16-bit weight) element
-  uint64_t activation_bytes = 0;
-  // Shared buffers of each kind, each as large as the largest layer; 0 (or
-  // >= the layers): one per layer.
-  uint64_t grad_buffers = 0;
-  uint64_t weight_buffers = 0;
-};
-
-// The slot allocator's unit: every slot is rounded up to it.
-inline constexpr uint64_t kArenaSlotUnit = 4096;
-// The rings and the error text records, with room to spare (checked
-// against JobSession's sizes by arena_layout_test).
-inline constexpr uint64_t kArenaControlBytes = uint64_t{1} << 20;
-
-// The arena that holds `shape`: its gradient and weight buffers, the fp32
-// staging slot of the largest layer and the activation area, each rounded
-// up to kArenaSlotUnit, and kArenaControlBytes; rounded up to whole MiB.
-// REQUIRES: layer_elements is not empty and within CheckModelSpec's limits.
-uint64_t ArenaBytes(const ArenaShape& shape);
 
 // The shape of a spec CheckModelSpec accepted, with its grad_slots and
 // weight_slots as given.

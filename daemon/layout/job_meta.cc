@@ -1,4 +1,4 @@
-#include "daemon/sched/job_meta.h"
+#include "daemon/layout/job_meta.h"
 
 #include <cstring>
 

@@ -1,5 +1,5 @@
-#ifndef LOHAN_DAEMON_SCHED_MODEL_LAYOUT_H_
-#define LOHAN_DAEMON_SCHED_MODEL_LAYOUT_H_
+#ifndef LOHAN_DAEMON_LAYOUT_MODEL_LAYOUT_H_
+#define LOHAN_DAEMON_LAYOUT_MODEL_LAYOUT_H_
 
 // What a job's model looks like to the update pipeline, and how its
 // optimizer states are cut into chunks and laid out in the store.
@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "daemon/optim/adam.h"
-#include "daemon/optim/dtype.h"
+#include "daemon/layout/adam_options.h"
+#include "daemon/layout/dtype.h"
 
 namespace lohan {
 
@@ -195,4 +195,4 @@ class StateLayout {
 
 }  // namespace lohan
 
-#endif  // LOHAN_DAEMON_SCHED_MODEL_LAYOUT_H_
+#endif  // LOHAN_DAEMON_LAYOUT_MODEL_LAYOUT_H_

@@ -1,5 +1,5 @@
-#ifndef LOHAN_DAEMON_OPTIM_DTYPE_H_
-#define LOHAN_DAEMON_OPTIM_DTYPE_H_
+#ifndef LOHAN_DAEMON_LAYOUT_DTYPE_H_
+#define LOHAN_DAEMON_LAYOUT_DTYPE_H_
 
 // The element types the optimizer reads and writes. Kept free of other
 // includes: the per-ISA kernel files include it (see kernel_table.h).
@@ -16,4 +16,4 @@ enum class DType : uint8_t {
 
 }  // namespace lohan
 
-#endif  // LOHAN_DAEMON_OPTIM_DTYPE_H_
+#endif  // LOHAN_DAEMON_LAYOUT_DTYPE_H_

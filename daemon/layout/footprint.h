@@ -1,5 +1,5 @@
-#ifndef LOHAN_DAEMON_STORE_FOOTPRINT_H_
-#define LOHAN_DAEMON_STORE_FOOTPRINT_H_
+#ifndef LOHAN_DAEMON_LAYOUT_FOOTPRINT_H_
+#define LOHAN_DAEMON_LAYOUT_FOOTPRINT_H_
 
 #include <cstdint>
 
@@ -17,4 +17,4 @@ constexpr uint64_t TensorFootprintBytes(uint64_t tensor_bytes,
 
 }  // namespace lohan
 
-#endif  // LOHAN_DAEMON_STORE_FOOTPRINT_H_
+#endif  // LOHAN_DAEMON_LAYOUT_FOOTPRINT_H_

@@ -1,5 +1,5 @@
-#ifndef LOHAN_DAEMON_SCHED_JOB_META_H_
-#define LOHAN_DAEMON_SCHED_JOB_META_H_
+#ifndef LOHAN_DAEMON_LAYOUT_JOB_META_H_
+#define LOHAN_DAEMON_LAYOUT_JOB_META_H_
 
 // The small per-job record stored next to a job's chunk states and committed
 // in the same batch, so the step counter moves with the states.
@@ -10,7 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "daemon/optim/dtype.h"
+#include "daemon/layout/dtype.h"
 
 namespace lohan {
 
@@ -40,4 +40,4 @@ struct JobMeta {
 
 }  // namespace lohan
 
-#endif  // LOHAN_DAEMON_SCHED_JOB_META_H_
+#endif  // LOHAN_DAEMON_LAYOUT_JOB_META_H_

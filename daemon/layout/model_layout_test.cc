@@ -1,4 +1,4 @@
-#include "daemon/sched/model_layout.h"
+#include "daemon/layout/model_layout.h"
 
 #include <cmath>
 #include <tuple>

@@ -1,9 +1,10 @@
-#include "daemon/sched/job_space.h"
+#include "daemon/layout/job_space.h"
 
 #include <algorithm>
 
-#include "daemon/sched/job_meta.h"
-#include "daemon/store/footprint.h"
+#include "daemon/layout/dtype_traits.h"
+#include "daemon/layout/footprint.h"
+#include "daemon/layout/job_meta.h"
 
 namespace lohan {
 namespace {

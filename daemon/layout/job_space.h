@@ -1,5 +1,5 @@
-#ifndef LOHAN_DAEMON_SCHED_JOB_SPACE_H_
-#define LOHAN_DAEMON_SCHED_JOB_SPACE_H_
+#ifndef LOHAN_DAEMON_LAYOUT_JOB_SPACE_H_
+#define LOHAN_DAEMON_LAYOUT_JOB_SPACE_H_
 
 // What a job's update pipeline takes, from its layout alone: the host
 // memory of its chunk buffers, the SSD space of the tensors it keeps and
@@ -11,8 +11,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "daemon/optim/dtype.h"
-#include "daemon/sched/model_layout.h"
+#include "daemon/layout/dtype.h"
+#include "daemon/layout/model_layout.h"
 
 namespace lohan {
 
@@ -75,4 +75,4 @@ uint64_t SetAsideBytes(const StateLayout& state, DType grad_dtype,
 
 }  // namespace lohan
 
-#endif  // LOHAN_DAEMON_SCHED_JOB_SPACE_H_
+#endif  // LOHAN_DAEMON_LAYOUT_JOB_SPACE_H_

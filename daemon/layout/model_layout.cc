@@ -1,4 +1,4 @@
-#include "daemon/sched/model_layout.h"
+#include "daemon/layout/model_layout.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/optim/optim_types.h"
+#include "daemon/layout/dtype_traits.h"
 
 namespace lohan {
 namespace {

@@ -1,4 +1,4 @@
-#include "daemon/optim/optim_types.h"
+#include "daemon/layout/dtype_traits.h"
 
 namespace lohan {
 

@@ -170,6 +170,7 @@ std::map<std::string, FairQueue::FlowStats> FairQueue::Stats() const {
   const absl::Time now = absl::Now();
   for (const auto& [name, flow] : flows_) {
     FlowStats& counted = stats[name] = flow.stats;
+    counted.waiting = flow.waiting;
     if (flow.waiting + flow.in_service > 0) {
       counted.active_seconds += absl::ToDoubleSeconds(now - flow.active_since);
     }

@@ -85,6 +85,7 @@ class FairQueue {
     // slot: the flow's demand. A share of a window is only owed to a flow
     // while it is active.
     double active_seconds = 0;
+    size_t waiting = 0;  // its requests waiting for a slot now
   };
 
   // REQUIRES: slots >= 1, catch_up >= 0.

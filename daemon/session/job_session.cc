@@ -326,6 +326,7 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
     return took;
   }
   model.store = store;
+  model.activation_swap = std::make_unique<ActivationSwap>(store, job_id());
   const size_t layers = layout.layer_elements.size();
 
   const PipelineOptions options = PipelineOptionsFor(spec, model, parts);
@@ -734,35 +735,25 @@ v1::SessionStatus JobSession::Status() const {
 }
 
 absl::Status JobSession::SwapActivation(const SubmissionEntry& entry) {
-  Model& model = *served_;
-  const std::string name = absl::StrCat("act.", entry.activation_id);
+  ActivationSwap& swap = *served_->activation_swap;
   const RingOp op = static_cast<RingOp>(entry.op);
   if (op == RingOp::kActFree) {
-    absl::StatusOr<TensorInfo> held = model.store->Stat(job_id(), name);
-    absl::Status deleted = model.store->Delete(job_id(), name);
-    if (deleted.ok() && held.ok()) CountSwapped(-1, -int64_t(held->bytes));
-    return deleted;
+    absl::StatusOr<uint64_t> freed = swap.Free(entry.activation_id);
+    if (freed.ok()) CountSwapped(-1, -static_cast<int64_t>(*freed));
+    return freed.status();
   }
   absl::Span<uint8_t> bytes(base() + entry.slot_offset, entry.length);
-  // Activations live no longer than the session: they stay pending
-  // versions (never committed), so a put costs no fdatasync and no catalog
-  // sync, and a free of a never-committed tensor none either. A crash
-  // loses them, as it loses the session that could read them.
   if (op == RingOp::kActGet) {
-    absl::StatusOr<uint64_t> read =
-        model.store->ReadPending(job_id(), name, bytes);
+    absl::Status read = swap.Get(entry.activation_id, bytes);
     if (read.ok()) CountSsd(entry.length, 0);
-    return read.status();
+    return read;
   }
-  absl::Status stored = model.store->Create(job_id(), name, entry.length);
-  if (stored.ok()) stored = model.store->Write(job_id(), name, bytes).status();
+  absl::Status stored = swap.Put(entry.activation_id, bytes);
   if (stored.ok()) {
-    CountSwapped(1, int64_t(entry.length));
+    CountSwapped(1, static_cast<int64_t>(entry.length));
     CountSsd(0, entry.length);
-  }
-  if (!stored.ok()) {
-    // Not held after all: undo the validator's bookkeeping and the store's.
-    (void)model.store->Delete(job_id(), name);
+  } else {
+    // Not held after all: undo the validator's bookkeeping.
     absl::MutexLock lock(&validator_mu_);
     validator_->ForgetActivation(entry.activation_id);
   }
@@ -770,11 +761,7 @@ absl::Status JobSession::SwapActivation(const SubmissionEntry& entry) {
 }
 
 void JobSession::DropActivations() {
-  for (const std::string& name : served_->store->List(job_id())) {
-    if (name.rfind("act.", 0) == 0) {
-      (void)served_->store->Delete(job_id(), name);
-    }
-  }
+  served_->activation_swap->FreeAll();
   absl::MutexLock stats_lock(&stats_mu_);
   stats_.set_swapped_activations(0);
   stats_.set_swapped_activation_bytes(0);

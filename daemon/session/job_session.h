@@ -21,6 +21,7 @@
 #include "daemon/pool/host_pool.h"
 #include "daemon/pool/slot_allocator.h"
 #include "daemon/quota/space_ledger.h"
+#include "daemon/sched/activation_swap.h"
 #include "daemon/sched/fair_queue.h"
 #include "daemon/sched/job_pipeline.h"
 #include "daemon/sched/memory_shares.h"
@@ -186,6 +187,8 @@ class JobSession {
     std::optional<Slot> activations;
     TensorStore* store = nullptr;
     std::unique_ptr<JobPipeline> pipeline;
+    // The job's swapped activations, through the store's fair gate.
+    std::unique_ptr<ActivationSwap> activation_swap;
   };
 
   JobSession(std::unique_ptr<PooledArena> arena,

@@ -19,6 +19,10 @@ def _candidates() -> List[str]:
     bazel_bin = os.environ.get("LOHAN_BAZEL_BIN")
     if bazel_bin:
         found.append(str(Path(bazel_bin) / "client" / _LIBRARY_NAME))
+    # An installed wheel (scripts/wheel) carries its own.
+    bundled = Path(__file__).resolve().parent / "_lib" / _LIBRARY_NAME
+    if bundled.exists():
+        found.append(str(bundled))
     # A checkout: plugins/pytorch/lohan/_native.py -> repo root.
     repo = Path(__file__).resolve().parents[3]
     found.append(str(repo / "bazel-bin" / "client" / _LIBRARY_NAME))

@@ -57,6 +57,26 @@ class PowerCutTest : public ::testing::Test {
     return static_cast<uint64_t>(in.tellg());
   }
 
+  // The power goes: every SSD write not flushed is lost. Returns how many.
+  int PowerCut() {
+    int lost = 0;
+    for (FaultInjectionDevice* f : faults_) {
+      absl::StatusOr<size_t> undone = f->PowerCut();
+      EXPECT_TRUE(undone.ok()) << undone.status();
+      if (undone.ok()) lost += static_cast<int>(*undone);
+    }
+    return lost;
+  }
+
+  // And the catalog keeps its first `kept` bytes at most: what was synced,
+  // and maybe some of the rest.
+  static void CutCatalog(const std::string& catalog, uint64_t kept) {
+    const uint64_t size = FileSize(catalog);
+    ASSERT_EQ(
+        ::truncate(catalog.c_str(), static_cast<off_t>(std::min(size, kept))),
+        0);
+  }
+
   // Every tensor at `iteration`'s version with its bytes.
   static void ExpectIteration(TensorStore& s, int iteration,
                               const std::string& label) {
@@ -107,18 +127,9 @@ TEST_F(PowerCutTest, EveryStepOfACommitLeavesTheLastAcknowledgedIteration) {
             synced = FileSize(catalog) - 9;
           }
         }
-        // The power goes: unflushed SSD writes are lost.
-        for (FaultInjectionDevice* f : faults_) {
-          absl::StatusOr<size_t> undone = f->PowerCut();
-          ASSERT_TRUE(undone.ok()) << undone.status();
-          lost_writes += static_cast<int>(*undone);
-        }
+        lost_writes += PowerCut();
       }
-      // And the catalog keeps what was synced, and maybe some of the rest.
-      const uint64_t size = FileSize(catalog);
-      ASSERT_EQ(::truncate(catalog.c_str(),
-                           static_cast<off_t>(std::min(size, synced + tail))),
-                0);
+      CutCatalog(catalog, synced + tail);
       auto reopened = TensorStore::Open(o);
       ASSERT_TRUE(reopened.ok()) << name << ": " << reopened.status();
       ExpectIteration(**reopened, acknowledged, name);
@@ -179,16 +190,9 @@ TEST_F(PowerCutTest, ACutDuringADurableCommitAfterVolatileOnesLeavesNoMix) {
           ASSERT_TRUE(s->Write("job", kNames[i], DataOf(4, i)).ok());
         }
         if (step == 5) commit(4);
-        for (FaultInjectionDevice* f : faults_) {
-          absl::StatusOr<size_t> undone = f->PowerCut();
-          ASSERT_TRUE(undone.ok()) << undone.status();
-          lost_writes += static_cast<int>(*undone);
-        }
+        lost_writes += PowerCut();
       }
-      const uint64_t size = FileSize(catalog);
-      ASSERT_EQ(::truncate(catalog.c_str(),
-                           static_cast<off_t>(std::min(size, synced + tail))),
-                0);
+      CutCatalog(catalog, synced + tail);
       auto reopened = TensorStore::Open(o);
       ASSERT_TRUE(reopened.ok()) << name << ": " << reopened.status();
       for (size_t i = 0; i < kNames.size(); ++i) {

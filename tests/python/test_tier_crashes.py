@@ -15,6 +15,7 @@ from __future__ import annotations
 import random
 import shutil
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -83,14 +84,21 @@ def kill_inside_step(daemon, step: Callable[[], None], kill_at: int,
         except BaseException as error:  # the daemon's death, expected
             failure[0] = error
 
-    thread = threading.Thread(target=run)
-    thread.start()
-    written = 0
-    while thread.is_alive() and written < kill_at:
-        written = written_bytes(pid) - start
-        time.sleep(0.0002)
-    daemon.stop(signal.SIGKILL)
-    thread.join(timeout=60)
+    # The watcher must not wait the default 5 ms for the GIL while the step
+    # runs Python: at a fast SSD's speed that is megabytes.
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(0.0001)
+    try:
+        thread = threading.Thread(target=run)
+        thread.start()
+        written = 0
+        while thread.is_alive() and written < kill_at:
+            written = written_bytes(pid) - start
+            time.sleep(0.0001)
+        daemon.stop(signal.SIGKILL)
+        thread.join(timeout=60)
+    finally:
+        sys.setswitchinterval(switch)
     assert written >= kill_at, (
         f"the step ended after {written} bytes, before the kill at "
         f"{kill_at}")
@@ -154,9 +162,10 @@ def resume_and_finish(tmp_path: Path, tier: str, losses: List[float],
         daemon.stop(signal.SIGKILL)
 
 
-# Seeds whose draws spread over the phase: fractions 0.21, 0.36 and 0.82 of
-# its writes; blocks 0, 1 and 2.
-@pytest.mark.parametrize("seed", [1, 7, 20])
+# Seeds whose draws spread over the phase: fractions 0.21, 0.36 and 0.60 of
+# its writes (leaving the watcher room before the phase ends); blocks 0, 1
+# and 2.
+@pytest.mark.parametrize("seed", [1, 7, 5])
 @pytest.mark.parametrize("phase", ["update", "durable-commit", "migration"])
 def test_a_kill_inside_a_phase_resumes_at_the_last_durable_iteration(
         tmp_path, uninterrupted, phase, seed):

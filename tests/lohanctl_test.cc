@@ -73,6 +73,14 @@ TEST_F(LohanctlTest, StatusText) {
                            "chunks=[0-9]+ \\(default\\)\n(.|\n)*"));
   EXPECT_THAT(result.out, HasSubstr("  host pool    64.0 MiB, 0 B in use "
                                     "(0 arenas of yours)"));
+  // The harness's daemons take the default "auto" tier: its size is this
+  // machine's.
+  EXPECT_THAT(
+      result.out,
+      MatchesRegex("(.|\n)*  state tier   ([0-9.]+ [KMGT]?i?B for jobs' "
+                   "optimizer states, durable every 1 iteration by "
+                   "default \\(commit interval\\)|off: every job's "
+                   "states on the SSDs)\n(.|\n)*"));
   EXPECT_THAT(result.out,
               HasSubstr("  jobs         1 on the daemon, 1 attached"));
   EXPECT_THAT(result.out, HasSubstr(job_id_ + "   gpt-small"));

@@ -177,6 +177,15 @@ int Status(const std::string& socket, bool json) {
   std::printf("  host pool    %s, %s in use (%s)\n",
               FormatByteSize(pool.capacity_bytes()).c_str(),
               FormatByteSize(pool.used_bytes()).c_str(), arenas.c_str());
+  if (pool.state_tier_bytes() > 0) {
+    std::printf(
+        "  state tier   %s for jobs' optimizer states, durable every %u "
+        "iteration%s by default (commit interval)\n",
+        FormatByteSize(pool.state_tier_bytes()).c_str(), pool.commit_interval(),
+        pool.commit_interval() == 1 ? "" : "s");
+  } else {
+    std::printf("  state tier   off: every job's states on the SSDs\n");
+  }
   const v1::StoreStatus& store = status->store();
   std::printf(
       "  SSD array    %d SSD%s, %s stripes, %u B blocks, queue depth "

@@ -87,6 +87,12 @@ absl::StatusOr<JobLayoutBytes> LayoutBytes(
   bytes.ssd_set_aside_bytes =
       SetAsideBytes(state, layout.grad_dtype, streaming, streaming,
                     store_block_bytes, kDefaultChunkBuffers);
+  bytes.chunk_elements.reserve(state.total_chunks());
+  for (size_t layer = 0; layer < state.num_layers(); ++layer) {
+    for (size_t chunk = 0; chunk < state.num_chunks(layer); ++chunk) {
+      bytes.chunk_elements.push_back(state.chunk_count(layer, chunk));
+    }
+  }
   return bytes;
 }
 

@@ -57,6 +57,9 @@ struct JobLayoutBytes {
   // tensor and a third of the largest per chunk buffer and one more, and
   // the streamed gradients (SetAsideBytes).
   uint64_t ssd_set_aside_bytes = 0;
+  // Each state chunk's parameters, in forward order (the daemon's default
+  // chunks): the units lohand's state tier holds whole.
+  std::vector<uint64_t> chunk_elements;
   uint64_t host_bytes() const { return arena_bytes + update_buffer_bytes; }
   // The SSD space the job needs before activations: the set-aside (the
   // streamed gradients inside it).

@@ -90,6 +90,31 @@ Estimate Estimated(const Machine& m, const ModelCounts& c, const Derived& d,
   return e;
 }
 
+// The parameters of the longest prefix of `chunks` (each one's parameters,
+// forward order) whose states fit `tier_bytes`: what lohand's state tier
+// holds, whole chunks from the first.
+double ResidentParameters(const std::vector<uint64_t>& chunks,
+                          uint64_t tier_bytes) {
+  double resident = 0, bytes = 0;
+  for (uint64_t chunk : chunks) {
+    const double count = static_cast<double>(chunk);
+    if (bytes + kStateBytes * count > static_cast<double>(tier_bytes)) break;
+    bytes += kStateBytes * count;
+    resident += count;
+  }
+  return resident;
+}
+
+// The optimizer states' place and SSD traffic, for the plan.
+void CountStates(const Derived& d, Plan& plan) {
+  plan.resident_state_bytes =
+      static_cast<uint64_t>(kStateBytes * d.resident_parameters);
+  plan.state_ssd_read_bytes =
+      StateReadBytes(d.parameters, d.resident_parameters);
+  plan.state_ssd_write_bytes =
+      StateWriteBytes(d, d.parameters, d.resident_parameters);
+}
+
 absl::Status Short(const char* what, uint64_t needed, uint64_t have,
                    const std::string& hint) {
   return absl::FailedPreconditionError(
@@ -364,17 +389,13 @@ absl::Status SizeMemories(const Machine& m, const PlanLayout* layout,
   }
   d.parameters = static_cast<double>(c.parameters);
   d.last_layer_parameters = c.first_layer_parameters;
+  // Without the job's chunks (a running job's layout), the tier's bytes;
+  // with them, SizeMemories counts the whole chunks it holds.
   d.resident_parameters = std::min(
       d.parameters, static_cast<double>(m.state_tier_bytes) / kStateBytes);
   d.commit_interval = m.commit_interval;
   plan.pool_bytes = m.host_bytes;
   plan.state_tier_bytes = m.state_tier_bytes;
-  plan.resident_state_bytes =
-      static_cast<uint64_t>(kStateBytes * d.resident_parameters);
-  plan.state_ssd_read_bytes =
-      StateReadBytes(d.parameters, d.resident_parameters);
-  plan.state_ssd_write_bytes =
-      StateWriteBytes(d, d.parameters, d.resident_parameters);
   d.ssd_read = m.ssds * m.ssd_read;
   d.ssd_write = m.ssds * m.ssd_write;
   if (layout != nullptr) {
@@ -421,6 +442,8 @@ absl::Status SizeMemories(const Machine& m, const PlanLayout* layout,
         bytes.host_bytes(), m.host_bytes, "give lohand a larger host pool");
   }
   plan.layout_bytes = bytes;
+  d.resident_parameters =
+      ResidentParameters(bytes.chunk_elements, m.state_tier_bytes);
   plan.activation_area_bytes = activation_area;
   d.weights_in_host = bytes.stream_buffers == 0;
   plan.weights_in_host = d.weights_in_host;
@@ -664,6 +687,7 @@ absl::StatusOr<Plan> PlanWith(const ModelCounts& counts, uint64_t batch,
       !fits.ok()) {
     return fits;
   }
+  CountStates(d, plan);
   const std::vector<Entry> order = Search(m, d, granularity, plan);
   if (absl::Status placed = Place(m, d, order, plan); !placed.ok()) {
     return placed;

@@ -60,14 +60,43 @@ TEST(PlannerStateTier, ResidentStatesAreWrittenOnlyAtDurableCommits) {
     EXPECT_LE(all->estimate.seconds(), none->estimate.seconds());
     EXPECT_LT(all->estimate.tail, none->estimate.tail);
   }
-  // Half the states in the tier: half the reads, half the writes plus the
-  // resident half's durable ones.
+  // Half the states in the tier: the whole chunks that fit it, from the
+  // first; the others read and written, the resident ones written every
+  // 4th iteration.
   machine.commit_interval = 4;
   machine.state_tier_bytes = static_cast<uint64_t>(6 * p);
   absl::StatusOr<Plan> half = Plan13B(machine);
   ASSERT_TRUE(half.ok()) << half.status();
-  EXPECT_NEAR(half->state_ssd_read_bytes, 6 * p, 12);
-  EXPECT_NEAR(half->state_ssd_write_bytes, 6 * p + 6 * p / 4, 12);
+  const std::vector<uint64_t>& chunks = half->layout_bytes.chunk_elements;
+  double resident = 0;
+  for (size_t c = 0; 12 * (resident + chunks[c]) <= 6 * p; ++c) {
+    resident += static_cast<double>(chunks[c]);
+  }
+  EXPECT_GT(resident, 0.45 * p);
+  EXPECT_EQ(half->resident_state_bytes, static_cast<uint64_t>(12 * resident));
+  EXPECT_DOUBLE_EQ(half->state_ssd_read_bytes, 12 * (p - resident));
+  EXPECT_DOUBLE_EQ(half->state_ssd_write_bytes,
+                   12 * (p - resident) + 12 * resident / 4);
+}
+
+// lohand's tier holds whole chunks: a tier one byte short of the first
+// chunk's states holds nothing.
+TEST(PlannerStateTier, TheTierHoldsWholeChunks) {
+  Machine machine = LabServer();
+  absl::StatusOr<Plan> none = Plan13B(machine);
+  ASSERT_TRUE(none.ok()) << none.status();
+  const uint64_t first = none->layout_bytes.chunk_elements.at(0);
+  machine.state_tier_bytes = 12 * first - 1;
+  absl::StatusOr<Plan> short_of_one = Plan13B(machine);
+  ASSERT_TRUE(short_of_one.ok()) << short_of_one.status();
+  EXPECT_EQ(short_of_one->resident_state_bytes, 0u);
+  machine.state_tier_bytes = 12 * first;
+  absl::StatusOr<Plan> one = Plan13B(machine);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->resident_state_bytes, 12 * first);
+  uint64_t sum = 0;
+  for (uint64_t chunk : none->layout_bytes.chunk_elements) sum += chunk;
+  EXPECT_EQ(sum, none->counts.parameters);
 }
 
 TEST(PlannerStateTier, SplittingTheHostKeepsThe13BStatesInRam) {

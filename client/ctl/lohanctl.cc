@@ -179,8 +179,8 @@ int Status(const std::string& socket, bool json) {
               FormatByteSize(pool.used_bytes()).c_str(), arenas.c_str());
   if (pool.state_tier_bytes() > 0) {
     std::printf(
-        "  state tier   %s for jobs' optimizer states, durable every %u "
-        "iteration%s by default (commit interval)\n",
+        "  state tier   %s for jobs' fp32 masters and moments, durable "
+        "every %u iteration%s by default (commit interval)\n",
         FormatByteSize(pool.state_tier_bytes()).c_str(), pool.commit_interval(),
         pool.commit_interval() == 1 ? "" : "s");
   } else {

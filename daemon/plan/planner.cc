@@ -389,10 +389,6 @@ absl::Status SizeMemories(const Machine& m, const PlanLayout* layout,
   }
   d.parameters = static_cast<double>(c.parameters);
   d.last_layer_parameters = c.first_layer_parameters;
-  // Without the job's chunks (a running job's layout), the tier's bytes;
-  // with them, SizeMemories counts the whole chunks it holds.
-  d.resident_parameters = std::min(
-      d.parameters, static_cast<double>(m.state_tier_bytes) / kStateBytes);
   d.commit_interval = m.commit_interval;
   plan.pool_bytes = m.host_bytes;
   plan.state_tier_bytes = m.state_tier_bytes;
@@ -407,6 +403,9 @@ absl::Status SizeMemories(const Machine& m, const PlanLayout* layout,
     plan.host_fixed_bytes = layout->host_fixed_bytes;
     d.host_room = layout->activation_host_bytes;
     d.ssd_room = layout->activation_ssd_bytes;
+    // Its chunks are not known here: the tier's bytes of its states.
+    d.resident_parameters = std::min(
+        d.parameters, static_cast<double>(m.state_tier_bytes) / kStateBytes);
     return absl::OkStatus();
   }
   // The daemon's layers as the plugin cuts the model.
@@ -442,6 +441,7 @@ absl::Status SizeMemories(const Machine& m, const PlanLayout* layout,
         bytes.host_bytes(), m.host_bytes, "give lohand a larger host pool");
   }
   plan.layout_bytes = bytes;
+  // The whole chunks the tier holds, from the first.
   d.resident_parameters =
       ResidentParameters(bytes.chunk_elements, m.state_tier_bytes);
   plan.activation_area_bytes = activation_area;

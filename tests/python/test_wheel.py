@@ -28,6 +28,15 @@ def test_the_wheel_installs_into_a_fresh_venv_and_trains_the_demo(
     subprocess.run([str(REPO / "scripts" / "wheel"), str(tmp_path / "dist")],
                    env=built_env, check=True, cwd=tmp_path)
     (wheel,) = (tmp_path / "dist").glob("lohan-*.whl")
+    # A library that is not there: said, and no wheel made.
+    missing = subprocess.run(
+        [str(REPO / "scripts" / "wheel"), str(tmp_path / "none")],
+        env={**env, "LOHAN_CLIENT_LIB": str(tmp_path / "nope.so")},
+        capture_output=True, text=True, cwd=tmp_path)
+    assert missing.returncode == 1
+    assert f"wheel: no client library at {tmp_path / 'nope.so'}" in (
+        missing.stderr)
+    assert not (tmp_path / "none").exists()
     assert wheel.name.endswith("-py3-none-linux_x86_64.whl"), wheel.name
 
     venv = tmp_path / "venv"

@@ -1,5 +1,8 @@
 #include "client/c_abi_handles.h"
 
+#include <cstdlib>
+#include <cstring>
+
 namespace lohan::c_abi {
 namespace {
 
@@ -20,6 +23,16 @@ int Report(const absl::Status& status) {
 
 int InvalidArgument(const char* what) {
   return Report(absl::InvalidArgumentError(what));
+}
+
+int CopyOut(const std::string& text, char** out) {
+  char* copy = static_cast<char*>(std::malloc(text.size() + 1));
+  if (copy == nullptr) {
+    return Report(absl::ResourceExhaustedError("out of memory"));
+  }
+  std::memcpy(copy, text.c_str(), text.size() + 1);
+  *out = copy;
+  return Report(absl::OkStatus());
 }
 
 int NullModel() { return InvalidArgument("model is NULL"); }

@@ -52,6 +52,8 @@ const std::string& LastError();
 // error.
 int Report(const absl::Status& status);
 int InvalidArgument(const char* what);
+// A malloc'ed copy of `text` in *out (lohan_string_free frees it).
+int CopyOut(const std::string& text, char** out);
 // The model handle's null check, as every lohan_model_* call without a
 // name of its own reports it.
 int NullModel();

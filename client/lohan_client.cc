@@ -30,6 +30,7 @@
 
 namespace {
 
+using lohan::c_abi::CopyOut;
 using lohan::c_abi::InvalidArgument;
 using lohan::c_abi::NullModel;
 using lohan::c_abi::Report;
@@ -43,17 +44,6 @@ int ReturnJob(const absl::StatusOr<lohan::v1::Job>& job, lohan_job_info** out) {
       return Report(absl::ResourceExhaustedError("out of memory"));
     }
   }
-  return Report(absl::OkStatus());
-}
-
-// A malloc'ed copy of `text` in *out (lohan_string_free frees it).
-int CopyOut(const std::string& text, char** out) {
-  char* copy = static_cast<char*>(std::malloc(text.size() + 1));
-  if (copy == nullptr) {
-    return Report(absl::ResourceExhaustedError("out of memory"));
-  }
-  std::memcpy(copy, text.c_str(), text.size() + 1);
-  *out = copy;
   return Report(absl::OkStatus());
 }
 

@@ -217,42 +217,38 @@ void Engine::save(const std::string& directory, bool with_optimizer) {
         "lohan Engine: save() in the middle of a step; call step() first");
   }
   std::vector<CheckpointLayer> stored;
+  std::string names;
   for (const Layer& layer : layers_) {
     CheckpointLayer entry;
     entry.names = layer.names;
     entry.offsets = layer.offsets;
+    entry.elements = static_cast<uint64_t>(layer.numel);
     for (const torch::Tensor& param : layer.params) {
       entry.shapes.emplace_back(param.sizes().begin(), param.sizes().end());
     }
     stored.push_back(std::move(entry));
+    names += std::string(names.empty() ? "" : ",") + "[";
+    for (size_t i = 0; i < layer.names.size(); ++i) {
+      names += (i > 0 ? "," : "") + JsonQuoted(layer.names[i]);
+    }
+    names += "]";
   }
   std::vector<std::string> parts = {"weights"};
   if (with_optimizer) {
     parts.push_back("exp_avg");
     parts.push_back("exp_avg_sq");
   }
-  CheckpointMeta meta;
-  meta.job_name = options_.job_name;
-  meta.job_id = session_.job_id();
-  meta.iteration = iteration_;
-  meta.dtype = options_.dtype;
-  meta.lr = lr_;
-  const float* staging = lohan_model_staging(remote_);
-  WriteCheckpoint(
-      directory, stored,
-      [&](size_t layer, const std::string& part) {
-        const uint32_t index = layers_[layer].index;
-        if (part == "weights") {
-          ThrowIfFailed(lohan_model_read_weights(remote_, index));
-        } else {
-          ThrowIfFailed(lohan_model_read_state(remote_, index,
-                                               part == "exp_avg"
-                                                   ? LOHAN_STATE_EXP_AVG
-                                                   : LOHAN_STATE_EXP_AVG_SQ));
-        }
-        return staging;
-      },
-      parts, meta);
+  // lohan.json's fields as the Python plugin records them.
+  const std::string meta =
+      "{\"job_name\":" + JsonQuoted(options_.job_name) +
+      ",\"job_id\":" + JsonQuoted(session_.job_id()) +
+      ",\"iteration\":" + std::to_string(iteration_) +
+      ",\"dtype\":" + JsonQuoted(options_.dtype) + ",\"layers\":[" + names +
+      "],\"adam\":{\"lr\":" + JsonNumber(lr_) +
+      ",\"amsgrad\":false},\"loss_scaling\":{\"scale\":1.0,"
+      "\"good_steps\":0,\"dynamic\":false}}";
+  WriteCheckpoint(directory, remote_, stored, parts, options_.job_name,
+                  iteration_, meta);
 }
 
 torch::Tensor Engine::run_block(size_t index, const BlockForward& forward,

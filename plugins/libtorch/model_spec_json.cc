@@ -4,16 +4,14 @@
 #include <string>
 
 namespace lohan::torch_plugin {
-namespace {
 
-// Round-trips every double exactly.
-std::string Number(double value) {
+std::string JsonNumber(double value) {
   char text[40];
   std::snprintf(text, sizeof(text), "%.17g", value);
   return text;
 }
 
-std::string Quoted(const std::string& text) {
+std::string JsonQuoted(const std::string& text) {
   std::string out = "\"";
   for (char c : text) {
     if (c == '"' || c == '\\') out += '\\';
@@ -21,6 +19,11 @@ std::string Quoted(const std::string& text) {
   }
   return out + "\"";
 }
+
+namespace {
+
+std::string Number(double value) { return JsonNumber(value); }
+std::string Quoted(const std::string& text) { return JsonQuoted(text); }
 
 std::string RangesJson(const std::vector<ElementRange>& ranges) {
   std::string out = "[";

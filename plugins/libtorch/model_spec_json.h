@@ -52,6 +52,10 @@ struct ModelSpecFields {
   uint32_t commit_interval = 0;
 };
 
+// JSON text of a number (every double round-trips) and of a string.
+std::string JsonNumber(double value);
+std::string JsonQuoted(const std::string& text);
+
 // ModelSpec in protobuf JSON, the proto's field names.
 std::string ModelSpecJson(const ModelSpecFields& spec);
 

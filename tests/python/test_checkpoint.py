@@ -1,15 +1,14 @@
-"""Checkpoints are replaced whole (lohan.checkpoint): a save killed at any
-point leaves the previous checkpoint or the new one, never a mix; a mixed,
-torn or damaged directory is refused by name; a user's own files in the
-directory survive saves. write_checkpoint is driven directly with a small
-model's layer plan (no daemon needed)."""
+"""Checkpoints are replaced whole (lohan.checkpoint, over liblohan_client's
+client/checkpoint, whose checkpoint_save_test kills a save at each of its
+steps): a mixed, torn or damaged directory is refused by name; a user's own
+files in the directory survive saves. write_checkpoint is driven directly
+with a small model's layer plan (no daemon needed)."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import signal
 from pathlib import Path
 from typing import Dict, List
 
@@ -148,107 +147,3 @@ def test_mixed_torn_and_damaged_checkpoints_are_refused(tmp_path):
         verify_checkpoint(damaged)
 
 
-def test_an_interrupted_two_rename_switch_names_the_previous_checkpoint(
-        tmp_path, monkeypatch):
-    layers = layers_of_net()
-    target = tmp_path / "ckpt"
-    save(target, layers, 1.0, 10)
-    monkeypatch.setattr(checkpoint, "_exchange", lambda a, b: False)
-    real_rename = os.rename
-    calls: List[str] = []
-
-    def rename(source, destination):
-        calls.append(str(destination))
-        if len(calls) == 2:
-            raise KeyboardInterrupt  # between the two renames
-        real_rename(source, destination)
-    monkeypatch.setattr(checkpoint.os, "rename", rename)
-    with pytest.raises(KeyboardInterrupt):
-        save(target, layers, 2.0, 20)
-    monkeypatch.setattr(checkpoint.os, "rename", real_rename)
-    with pytest.raises(FileNotFoundError, match="previous checkpoint is "
-                       "whole in .*lohan-old"):
-        CheckpointReader(target)
-    (old,) = tmp_path.glob(".ckpt.lohan-old-*")
-    real_rename(old, target)
-    assert contents(target, layers) == expected(1.0, 10)
-    save(target, layers, 3.0, 30)  # and the two-rename switch completes
-    assert contents(target, layers) == expected(3.0, 30)
-    assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]
-
-
-def _killed_save(target: Path, layers: List[Layer], kill_at: int) -> int:
-    """Forks a child that saves (value 2, iteration 20) over `target` and
-    SIGKILLs itself at the kill_at-th step of the save (each tensor written,
-    each fsync, the switch, the removal of the previous checkpoint);
-    returns how many steps the save has when kill_at is past them all."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns
-        os.close(read)
-        steps = [0]
-
-        def step():
-            steps[0] += 1
-            if steps[0] == kill_at:
-                os.kill(os.getpid(), signal.SIGKILL)
-        try:
-            write_tensor = checkpoint.SafetensorsWriter.write
-            fsync, switch, rmtree = (checkpoint._fsync, checkpoint._switch,
-                                     checkpoint.shutil.rmtree)
-
-            def counted(real):
-                def call(*args, **kwargs):
-                    step()
-                    return real(*args, **kwargs)
-                return call
-            checkpoint.SafetensorsWriter.write = counted(write_tensor)
-            checkpoint._fsync = counted(fsync)
-            checkpoint._switch = counted(switch)
-            checkpoint.shutil.rmtree = counted(rmtree)
-            save(target, layers, 2.0, 20)
-            os.write(write, str(steps[0]).encode())
-        finally:
-            os._exit(0)
-    os.close(write)
-    with os.fdopen(read) as out:
-        total = out.read()
-    _, status = os.waitpid(pid, 0)
-    if kill_at > 0 and not total:
-        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == 9
-    return int(total) if total else 0
-
-
-@pytest.fixture
-def one_thread():
-    """The test forks: no thread pool of torch's may be running then. The
-    count is put back after (other tests compare bits with processes that
-    run at the default)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def test_a_save_killed_at_any_step_leaves_one_whole_checkpoint(
-        tmp_path, one_thread):
-    layers = layers_of_net()
-    target = tmp_path / "ckpt"
-    save(target, layers, 1.0, 10)
-    total = _killed_save(target, layers, kill_at=0)  # counts the steps
-    assert total > 2 * sum(len(layer.names) for layer in layers)
-    seen = {"old": 0, "new": 0}
-    for kill_at in range(1, total + 1):
-        save(target, layers, 1.0, 10)
-        assert _killed_save(target, layers, kill_at) == 0
-        found = contents(target, layers)
-        verify_checkpoint(target)
-        assert found in (expected(1.0, 10), expected(2.0, 20)), kill_at
-        seen["old" if found == expected(1.0, 10) else "new"] += 1
-    # Killed before its switch: the previous one; after: the new one.
-    assert seen["old"] > 0 and seen["new"] > 0
-    print(f"save killed at each of its {total} steps: previous checkpoint "
-          f"{seen['old']} times, new {seen['new']}, mixed or torn 0")
-    # The next save clears what the killed ones left beside it.
-    save(target, layers, 3.0, 30)
-    assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]

@@ -385,26 +385,33 @@ def refused(directory: Path, says: str, verify: bool = False) -> str:
     return str(error.value)
 
 
-def assert_cpp_reader_agrees(checkpoint: Path, dump: Path) -> None:
-    """The C++ CheckpointReader (plugins/libtorch) assembles every
+def assembled(checkpoint: Path, name: str, part: str) -> torch.Tensor:
+    """A parameter's `part` put together from the shard files with the
+    safetensors package alone, from lohan.json's sharding (an independent
+    reader of the format liblohan_client writes and reads)."""
+    plan = json.loads((checkpoint / "lohan.json").read_text())["sharding"]
+    for index, layer in enumerate(plan["layers"]):
+        if name not in layer["names"]:
+            continue
+        position = layer["names"].index(name)
+        offset, shape = layer["offsets"][position], layer["shapes"][position]
+        whole = torch.cat([
+            safe_open(str(checkpoint / file), "pt").get_tensor(
+                f"layer.{index}/{part}") for file in plan["files"]])
+        return whole[offset:offset + math.prod(shape)].reshape(shape)
+    raise KeyError(name)
+
+
+def assert_reader_agrees(checkpoint: Path) -> None:
+    """lohan's CheckpointReader (liblohan_client) assembles every
     parameter's weights and moments from the shards bit for bit as the
-    Python reader does."""
-    done = subprocess.run(
-        [str(built("plugins/libtorch/checkpoint_dump")), str(checkpoint),
-         str(dump)], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
+    safetensors package does."""
     reader = CheckpointReader(checkpoint)
-    parts = ["weights", *reader.moments]
-    assert sorted(p.name for p in dump.iterdir()) == sorted(parts)
-    for part in parts:
-        assert sorted(p.stem for p in (dump / part).iterdir()) == sorted(
-            reader.names())
+    assert reader.names()
+    for part in ["weights", *reader.moments]:
         for name in reader.names():
-            want = reader.find([name], part)
-            got = torch.frombuffer(
-                bytearray((dump / part / f"{name}.f32").read_bytes()),
-                dtype=torch.float32).reshape(want.shape)
-            assert torch.equal(got, want), (part, name)
+            assert torch.equal(reader.find([name], part),
+                               assembled(checkpoint, name, part)), (part, name)
 
 
 def test_a_sharded_checkpoint_of_four_ranks_resumes_on_two_and_alone(
@@ -415,7 +422,7 @@ def test_a_sharded_checkpoint_of_four_ranks_resumes_on_two_and_alone(
     train(config(steps=3, save=str(saved), job_name="first"),
           tmp_path / "four", [lohand.socket], 4)
     meta = assert_sharded_checkpoint(saved, 4)
-    assert_cpp_reader_agrees(saved, tmp_path / "dump")
+    assert_reader_agrees(saved)
     assert (saved / "notes.txt").read_text() == "mine"
     want = reference(5, 1, 0.0, 4)
     after_three = reference(3, 1, 0.0, 4)["weights"]
@@ -764,3 +771,22 @@ def test_bad_runs_are_refused_saying_what_is_allowed(lohand):
                 in refused.value.message), refused.value.message
         client.create_job_for_model("dp.rank1", spec,
                                     run=DistributedRun("dp", 1, 2))
+
+
+OLD_SHARDED = (Path(__file__).resolve().parents[1] / "data" / "checkpoints"
+               / "main-63a1563" / "tiny-gpt-2-ranks")
+
+
+def test_a_sharded_checkpoint_main_wrote_before_the_client_core_resumes(
+        lohand):
+    """Two ranks of main at 63a1563 saved it after 2 steps
+    (tests/data/checkpoints/main-63a1563): it still verifies, reads as the
+    safetensors package assembles it, and one process resumes from it where
+    torch AdamW is after 2 more steps."""
+    verify_checkpoint(OLD_SHARDED)
+    assert_reader_agrees(OLD_SHARDED)
+    want = reference(4, 1, 0.0, 2)
+    losses, masters = train_alone(lohand.socket, 2, 2, dtype="fp32",
+                                  resume=str(OLD_SHARDED))
+    assert losses == pytest.approx(want["losses"][2:], rel=LOSS_RTOL)
+    assert_weights_close(masters, want["weights"], WEIGHT_ATOL_SCALE)

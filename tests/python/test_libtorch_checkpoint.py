@@ -152,3 +152,53 @@ def test_cpp_refuses_a_damaged_python_checkpoint(lohand, tmp_path, start):
         capture_output=True, text=True, timeout=120)
     assert result.returncode == 1
     assert "model.safetensors is damaged (CRC-32" in result.stderr
+
+
+OLD = (Path(__file__).resolve().parents[1] / "data" / "checkpoints"
+       / "main-63a1563" / "linear-tanh")
+
+
+def adamw_from(directory: Path, steps: int) -> Tuple[List[float],
+                                                     Dict[str, torch.Tensor]]:
+    """torch AdamW from a checkpoint's masters and moments (read with the
+    safetensors package), `steps` more steps: the losses and weights."""
+    stored = contents(directory)
+    model = LinearTanh()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.copy_(stored[name])
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS,
+                            weight_decay=WD)
+    iteration = 2  # the checkpoint's
+    for name, param in model.named_parameters():
+        opt.state[param] = {"step": torch.tensor(float(iteration)),
+                            "exp_avg": stored["exp_avg/" + name].clone(),
+                            "exp_avg_sq": stored["exp_avg_sq/" + name].clone()}
+    losses = []
+    for step in range(steps):
+        x, y = batch(iteration + step + 1)
+        loss = (model(x) - y).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.item()))
+    return losses, {n: p.detach() for n, p in model.named_parameters()}
+
+
+def test_a_checkpoint_main_wrote_before_the_client_core_resumes_in_both(
+        lohand, tmp_path):
+    """main at 63a1563's Python plugin wrote it (tests/data/checkpoints/
+    main-63a1563): both plugins resume from it and train on to the same
+    bits, which are torch AdamW's from the stored states."""
+    verify_checkpoint(OLD)
+    py_losses = python_run(lohand, "old-py", OLD, REST, tmp_path / "py")
+    cpp(lohand, "old-cpp", "--resume", str(OLD), "--steps", str(REST),
+        "--save", str(tmp_path / "cpp"), "--losses", str(tmp_path / "loss"))
+    cpp_losses = [float(v) for v in (tmp_path / "loss").read_text().split()]
+    assert [torch.tensor(v).float().item() for v in cpp_losses] == py_losses
+    assert_same_bits(contents(tmp_path / "cpp"), contents(tmp_path / "py"))
+    want_losses, want = adamw_from(OLD, REST)
+    assert py_losses == pytest.approx(want_losses, rel=1e-5)
+    got = contents(tmp_path / "py")
+    for name, value in want.items():
+        torch.testing.assert_close(got[name], value, rtol=1e-5, atol=1e-6)

@@ -203,6 +203,32 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
                     ctypes.POINTER(u64)]),
         "lohan_model_weights_to_device_on_device": (
             c_int, [c_void_p, u32, c_int, c_void_p, u64, c_void_p]),
+        # Checkpoints (lohan_checkpoint.h).
+        "lohan_checkpoint_open": (c_int, [c_char_p, u32, pp]),
+        "lohan_checkpoint_destroy": (None, [c_void_p]),
+        "lohan_checkpoint_meta_json": (c_char_p, [c_void_p]),
+        "lohan_checkpoint_iteration": (u64, [c_void_p]),
+        "lohan_checkpoint_has_part": (c_int, [c_void_p, c_char_p]),
+        "lohan_checkpoint_parameters_json": (c_int, [c_void_p, pp]),
+        "lohan_checkpoint_shape": (c_int, [
+            c_void_p, c_char_p, c_char_p, ctypes.POINTER(ctypes.c_int64),
+            size_t, ctypes.POINTER(size_t)]),
+        "lohan_checkpoint_read": (c_int, [c_void_p, c_char_p, c_char_p,
+                                          c_void_p, u64]),
+        "lohan_checkpoint_verify": (c_int, [c_char_p]),
+        "lohan_checkpoint_save_begin": (c_int, [c_char_p, pp]),
+        "lohan_checkpoint_save_join": (c_int, [c_char_p, c_char_p, pp]),
+        "lohan_checkpoint_save_destroy": (None, [c_void_p]),
+        "lohan_checkpoint_save_staging": (c_char_p, [c_void_p]),
+        "lohan_checkpoint_save_id": (c_char_p, [c_void_p]),
+        "lohan_checkpoint_save_open": (c_int, [c_void_p, c_char_p]),
+        "lohan_checkpoint_save_layer_elements": (u64, [c_void_p, u32]),
+        "lohan_checkpoint_save_write": (c_int, [c_void_p, u32, c_char_p,
+                                                c_void_p, u64]),
+        "lohan_checkpoint_save_layer": (c_int, [c_void_p, c_void_p, u32]),
+        "lohan_checkpoint_save_close_files": (c_int, [c_void_p, pp]),
+        "lohan_checkpoint_save_commit": (c_int, [c_void_p, c_char_p,
+                                                 c_char_p]),
     }
     for name, (restype, argtypes) in signatures.items():
         function = getattr(lib, name)

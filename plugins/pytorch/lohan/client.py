@@ -128,6 +128,11 @@ class Model:
         self.activations = _view(address, area.value) if area.value else None
 
     @property
+    def handle(self) -> ctypes.c_void_p:
+        """The lohan_model handle (for liblohan_client's other calls)."""
+        return self._handle
+
+    @property
     def num_layers(self) -> int:
         return len(self.layer_elements)
 

@@ -10,6 +10,7 @@ buffer one at a time: memory never holds a flat copy of the model."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import warnings
 from typing import Callable, Dict, List, Mapping, Optional, Tuple, Union
 
@@ -18,8 +19,8 @@ from torch import nn
 
 from lohan.activations import ActivationStore
 from lohan.blocks import Layer
-from lohan.checkpoint import (CheckpointReader, parameter_aliases,
-                              write_checkpoint)
+from lohan.checkpoint import (WEIGHTS_FILE, CheckpointReader, Save,
+                              contents_of, parameter_aliases)
 from lohan.client import LohanError, StatusCode
 from lohan.job import JobSession
 from lohan.lazy_weights import LazyWeights
@@ -437,37 +438,37 @@ class Weights:
     def save(self, directory: Union[str, os.PathLike],
              optimizer_state: bool, meta: Mapping[str, object]) -> str:
         """Writes the checkpoint layer by layer, `meta` into its lohan.json:
-        alone, checkpoint.write_checkpoint (returns the weights file's
-        path); with data-parallel ranks, every rank its shard file
-        (sharded_checkpoint.save_sharded; returns lohan.json's path)."""
+        alone, model.safetensors and optimizer.safetensors (returns the
+        weights file's path); with data-parallel ranks, every rank its
+        shard file (sharded_checkpoint.save_sharded; returns lohan.json's
+        path). The client library reads each layer from the job and writes
+        it; nothing is gathered."""
         parts = ["weights"]
         if optimizer_state:
             parts += ["exp_avg", "exp_avg_sq"]
             if self._amsgrad:
                 parts.append("max_exp_avg_sq")
-        layers = self._layers
-        remote, staging = self._session.remote, self._session.staging
+        layers, remote = self._layers, self._session.remote
         sizes = ([layer.numel for layer in layers] if self._sharding is None
                  else self._sharding.shard)
-        progress = Progress(f"saving to {directory}",
-                            len(layers) * len(parts), sum(sizes) * len(parts))
+        progress = Progress(f"saving to {directory}", len(layers),
+                            sum(sizes) * len(parts))
 
-        def read_layer(layer: Layer, part: str) -> torch.Tensor:
-            """The job's `part` of the layer (this rank's shard of it with
-            data-parallel ranks: nothing is gathered)."""
-            if part == "weights":
-                remote.read_weights(layer.index)
-            else:
-                remote.read_state(layer.index, part)
-            progress.advance(sizes[layer.index])
-            return staging[:sizes[layer.index]]
+        def write_layer(save: Save, layer: Layer) -> None:
+            save.write_layer(remote, layer.index)
+            progress.advance(sizes[layer.index] * len(parts))
 
         if self._sharding is None:
-            path = write_checkpoint(directory, layers, read_layer, parts,
-                                    dict(meta))
+            with Save(directory) as save:
+                save.open(contents_of(layers, parts, meta))
+                for layer in layers:
+                    write_layer(save, layer)
+                save.close_files()
+                save.commit(dict(meta))
+            path = str(Path(directory).absolute() / WEIGHTS_FILE)
         else:
             path = save_sharded(self._sharding, directory, layers,
-                                read_layer, parts, dict(meta))
+                                write_layer, parts, dict(meta))
         progress.done()
         return path
 

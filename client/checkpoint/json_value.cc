@@ -1,28 +1,34 @@
-#include "plugins/libtorch/json_value.h"
+#include "client/checkpoint/json_value.h"
 
 #include <cstdio>
-#include <stdexcept>
 #include <string>
 
-namespace lohan::torch_plugin {
+namespace lohan::checkpoint {
 
 class JsonParser {
  public:
   JsonParser(const std::string& text, const std::string& what)
       : text_(text), what_(what) {}
 
-  JsonValue Document() {
+  absl::StatusOr<JsonValue> Document() {
     JsonValue value = Value(0);
     SkipSpace();
-    if (at_ != text_.size()) Fail("trailing characters");
+    if (error_.empty() && at_ != text_.size()) Fail("trailing characters");
+    if (!error_.empty()) return absl::InvalidArgumentError(error_);
     return value;
   }
 
  private:
-  [[noreturn]] void Fail(const std::string& why) const {
-    throw std::invalid_argument(what_ + ": not valid JSON at byte " +
-                                std::to_string(at_) + ": " + why);
+  // The first failure is kept and ends the parse: every step below checks
+  // failed() before it reads on.
+  void Fail(const std::string& why) {
+    if (error_.empty()) {
+      error_ = what_ + ": not valid JSON at byte " + std::to_string(at_) +
+               ": " + why;
+    }
+    at_ = text_.size();
   }
+  bool failed() const { return !error_.empty(); }
 
   void SkipSpace() {
     while (at_ < text_.size() && (text_[at_] == ' ' || text_[at_] == '\n' ||
@@ -52,10 +58,11 @@ class JsonParser {
   }
 
   JsonValue Value(int depth) {
+    JsonValue value;
     if (depth > 64) Fail("nested too deeply");
     SkipSpace();
     if (at_ >= text_.size()) Fail("unexpected end");
-    JsonValue value;
+    if (failed()) return value;
     const char c = text_[at_];
     if (c == '{') {
       ++at_;
@@ -66,7 +73,7 @@ class JsonParser {
         std::string key = String();
         Expect(':');
         value.members_.emplace_back(std::move(key), Value(depth + 1));
-      } while (Take(','));
+      } while (!failed() && Take(','));
       Expect('}');
     } else if (c == '[') {
       ++at_;
@@ -74,7 +81,7 @@ class JsonParser {
       if (Take(']')) return value;
       do {
         value.items_.push_back(Value(depth + 1));
-      } while (Take(','));
+      } while (!failed() && Take(','));
       Expect(']');
     } else if (c == '"') {
       value.kind_ = JsonValue::Kind::kString;
@@ -102,18 +109,27 @@ class JsonParser {
   // A string literal at at_; \uXXXX escapes as UTF-8 (no surrogate pairs:
   // names in checkpoints are ASCII).
   std::string String() {
-    if (at_ >= text_.size() || text_[at_] != '"') Fail("expected a string");
-    ++at_;
     std::string out;
+    if (at_ >= text_.size() || text_[at_] != '"') {
+      Fail("expected a string");
+      return out;
+    }
+    ++at_;
     while (true) {
-      if (at_ >= text_.size()) Fail("unterminated string");
+      if (at_ >= text_.size()) {
+        Fail("unterminated string");
+        return out;
+      }
       const char c = text_[at_++];
       if (c == '"') return out;
       if (c != '\\') {
         out += c;
         continue;
       }
-      if (at_ >= text_.size()) Fail("unterminated escape");
+      if (at_ >= text_.size()) {
+        Fail("unterminated escape");
+        return out;
+      }
       const char e = text_[at_++];
       switch (e) {
         case 'n':
@@ -132,8 +148,14 @@ class JsonParser {
           out += '\f';
           break;
         case 'u': {
-          if (at_ + 4 > text_.size()) Fail("short \\u escape");
-          const unsigned code = std::stoul(text_.substr(at_, 4), nullptr, 16);
+          const std::string hex = text_.substr(at_, 4);
+          if (hex.size() != 4 ||
+              hex.find_first_not_of("0123456789abcdefABCDEF") !=
+                  std::string::npos) {
+            Fail("bad \\u escape");
+            return out;
+          }
+          const unsigned code = std::stoul(hex, nullptr, 16);
           at_ += 4;
           if (code < 0x80) {
             out += static_cast<char>(code);
@@ -156,10 +178,90 @@ class JsonParser {
   const std::string& text_;
   const std::string& what_;
   size_t at_ = 0;
+  std::string error_;
 };
 
-JsonValue JsonValue::Parse(const std::string& text, const std::string& what) {
+absl::StatusOr<JsonValue> JsonValue::Parse(const std::string& text,
+                                           const std::string& what) {
   return JsonParser(text, what).Document();
+}
+
+JsonValue JsonValue::String(std::string text) {
+  JsonValue value;
+  value.kind_ = Kind::kString;
+  value.text_ = std::move(text);
+  return value;
+}
+
+JsonValue JsonValue::Number(uint64_t number) {
+  JsonValue value;
+  value.kind_ = Kind::kNumber;
+  value.text_ = std::to_string(number);
+  return value;
+}
+
+JsonValue JsonValue::Array(std::vector<JsonValue> items) {
+  JsonValue value;
+  value.kind_ = Kind::kArray;
+  value.items_ = std::move(items);
+  return value;
+}
+
+JsonValue JsonValue::Object(
+    std::vector<std::pair<std::string, JsonValue>> members) {
+  JsonValue value;
+  value.kind_ = Kind::kObject;
+  value.members_ = std::move(members);
+  return value;
+}
+
+std::string JsonValue::Dump() const {
+  std::string out;
+  DumpTo(0, &out);
+  return out;
+}
+
+void JsonValue::DumpTo(int depth, std::string* out) const {
+  const std::string inner = "\n" + std::string(depth + 1, ' ');
+  switch (kind_) {
+    case Kind::kNull:
+      *out += "null";
+      return;
+    case Kind::kBool:
+      *out += boolean_ ? "true" : "false";
+      return;
+    case Kind::kNumber:
+      *out += text_;
+      return;
+    case Kind::kString:
+      *out += JsonQuoted(text_);
+      return;
+    case Kind::kArray:
+      if (items_.empty()) {
+        *out += "[]";
+        return;
+      }
+      *out += "[";
+      for (size_t i = 0; i < items_.size(); ++i) {
+        *out += (i > 0 ? "," : "") + inner;
+        items_[i].DumpTo(depth + 1, out);
+      }
+      *out += "\n" + std::string(depth, ' ') + "]";
+      return;
+    case Kind::kObject:
+      if (members_.empty()) {
+        *out += "{}";
+        return;
+      }
+      *out += "{";
+      for (size_t i = 0; i < members_.size(); ++i) {
+        *out +=
+            (i > 0 ? "," : "") + inner + JsonQuoted(members_[i].first) + ": ";
+        members_[i].second.DumpTo(depth + 1, out);
+      }
+      *out += "\n" + std::string(depth, ' ') + "}";
+      return;
+  }
 }
 
 const JsonValue* JsonValue::Find(const std::string& key) const {
@@ -169,11 +271,13 @@ const JsonValue* JsonValue::Find(const std::string& key) const {
   return nullptr;
 }
 
-uint64_t JsonValue::AsUint64(const std::string& what) const {
+absl::StatusOr<uint64_t> JsonValue::AsUint64(const std::string& what) const {
   if (kind_ != Kind::kNumber || text_.empty() ||
       text_.find_first_not_of("0123456789") != std::string::npos ||
-      text_.size() > 20) {
-    throw std::invalid_argument(what + ": expected a non-negative integer");
+      text_.size() > 19) {
+    return absl::InvalidArgumentError(
+        what + ": expected a non-negative integer, found " +
+        (kind_ == Kind::kNumber ? text_ : std::string("a non-number")));
   }
   return std::stoull(text_);
 }
@@ -197,4 +301,4 @@ std::string JsonQuoted(const std::string& text) {
   return out + "\"";
 }
 
-}  // namespace lohan::torch_plugin
+}  // namespace lohan::checkpoint

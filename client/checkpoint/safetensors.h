@@ -1,14 +1,18 @@
-#ifndef LOHAN_PLUGINS_LIBTORCH_SAFETENSORS_H_
-#define LOHAN_PLUGINS_LIBTORCH_SAFETENSORS_H_
+#ifndef LOHAN_CLIENT_CHECKPOINT_SAFETENSORS_H_
+#define LOHAN_CLIENT_CHECKPOINT_SAFETENSORS_H_
 
 #include <cstdint>
-#include <cstdio>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
-namespace lohan::torch_plugin {
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "wire/unique_fd.h"
+
+namespace lohan::checkpoint {
 
 // CRC-32 (zlib's polynomial), continued from `crc` (0 to start).
 uint32_t Crc32(uint32_t crc, const void* data, size_t bytes);
@@ -25,42 +29,45 @@ struct FileDigest {
   uint32_t crc32 = 0;
 };
 
+uint64_t Elements(const std::vector<int64_t>& shape);
+
 // Writes one safetensors file of fp32 tensors declared up front: an 8-byte
 // little-endian header length, the JSON header (`__metadata__` first, then
 // every tensor's dtype "F32", shape and data_offsets, padded with spaces
 // so the data starts 8-aligned), then the tensors' data, which Write()
-// takes in declaration order. Errors: std::runtime_error naming the file.
+// takes in declaration order. Errors name the file.
 class SafetensorsWriter {
  public:
-  SafetensorsWriter(
+  static absl::StatusOr<std::unique_ptr<SafetensorsWriter>> Create(
       const std::string& path, std::vector<TensorDecl> tensors,
       const std::vector<std::pair<std::string, std::string>>& metadata);
-  ~SafetensorsWriter();
-  SafetensorsWriter(const SafetensorsWriter&) = delete;
-  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
 
   // The next declared tensor's data; `name` and its element count must be
-  // the declaration's.
-  void Write(const std::string& name, const float* data, int64_t numel);
-  // Flushes and fsyncs the file; throws unless every tensor was written.
-  FileDigest Close();
+  // the declaration's (FAILED_PRECONDITION otherwise).
+  absl::Status Write(const std::string& name, const float* data,
+                     uint64_t elements);
+  // Flushes and fsyncs the file; FAILED_PRECONDITION unless every tensor
+  // was written.
+  absl::StatusOr<FileDigest> Close();
 
  private:
-  void Put(const void* data, size_t bytes);
+  SafetensorsWriter(std::string path, std::vector<TensorDecl> tensors,
+                    UniqueFd fd);
+  absl::Status Put(const void* data, size_t bytes);
 
   std::string path_;
   std::vector<TensorDecl> tensors_;
-  std::FILE* file_ = nullptr;
+  UniqueFd fd_;
   size_t next_ = 0;
   FileDigest digest_;
 };
 
 // A safetensors file's header, read and checked (fp32 tensors, offsets
-// within the file), and its tensors read by name. Errors:
-// std::invalid_argument naming the file.
+// within the file), and its tensors read by name. Errors name the file.
 class SafetensorsFile {
  public:
-  explicit SafetensorsFile(const std::string& path);
+  static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(
+      const std::string& path);
 
   struct Entry {
     std::vector<int64_t> shape;
@@ -72,26 +79,30 @@ class SafetensorsFile {
   }
   // nullptr when the file has no tensor `name`.
   const Entry* Find(const std::string& name) const;
-  // The tensor's elements into `out` (its element count of floats).
-  void Read(const Entry& entry, float* out) const;
   // `count` of its elements from element `first` on (of the flat tensor)
-  // into `out`; std::out_of_range past its end.
-  void ReadRange(const Entry& entry, uint64_t first, uint64_t count,
-                 float* out) const;
-  // Every tensor, by name.
+  // into `out`; OUT_OF_RANGE past its end.
+  absl::Status ReadRange(const Entry& entry, uint64_t first, uint64_t count,
+                         float* out) const;
+  // Every tensor, by name, and the order the header declares them in.
   const std::map<std::string, Entry>& entries() const { return entries_; }
+  const std::vector<std::string>& order() const { return order_; }
   const std::string& path() const { return path_; }
 
  private:
+  SafetensorsFile(std::string path, UniqueFd fd)
+      : path_(std::move(path)), fd_(std::move(fd)) {}
+  absl::Status ParseHeader(uint64_t file_size);
+
   std::string path_;
+  UniqueFd fd_;
   std::map<std::string, std::string> metadata_;
   std::map<std::string, Entry> entries_;
+  std::vector<std::string> order_;
 };
 
-// The CRC-32 and size of a whole file; std::invalid_argument when it cannot
-// be read.
-FileDigest DigestFile(const std::string& path);
+// The CRC-32 and size of a whole file.
+absl::StatusOr<FileDigest> DigestFile(const std::string& path);
 
-}  // namespace lohan::torch_plugin
+}  // namespace lohan::checkpoint
 
-#endif  // LOHAN_PLUGINS_LIBTORCH_SAFETENSORS_H_
+#endif  // LOHAN_CLIENT_CHECKPOINT_SAFETENSORS_H_

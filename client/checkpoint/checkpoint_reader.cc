@@ -1,0 +1,168 @@
+#include "client/checkpoint/checkpoint_reader.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "client/checkpoint/manifest.h"
+
+namespace lohan::checkpoint {
+namespace fs = std::filesystem;
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::string out = "(";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    absl::StrAppend(&out, i > 0 ? ", " : "", shape[i]);
+  }
+  return out + (shape.size() == 1 ? ",)" : ")");
+}
+
+absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
+    const std::string& path, bool verify) {
+  std::unique_ptr<CheckpointReader> reader(new CheckpointReader(path));
+  std::error_code error;
+  absl::Status opened = fs::is_regular_file(path, error)
+                            ? reader->OpenFiles(path, "")
+                            : reader->OpenDirectory(verify);
+  if (!opened.ok()) return opened;
+  return reader;
+}
+
+absl::Status CheckpointReader::OpenDirectory(bool verify) {
+  const fs::path path(path_);
+  const fs::path weights = path / kWeightsFile;
+  std::error_code error;
+  if (!fs::exists(path / kMetaFile, error)) {
+    if (!fs::exists(weights, error)) return MissingCheckpoint(path, weights);
+    return OpenFiles(weights.string(), (path / kOptimizerFile).string());
+  }
+  absl::StatusOr<std::string> text = ReadText(path / kMetaFile);
+  if (!text.ok()) return text.status();
+  absl::StatusOr<JsonValue> meta = ReadMeta(path);
+  if (!meta.ok()) return meta.status();
+  meta_text_ = *std::move(text);
+  if (absl::Status checked = CheckManifest(path, *meta, verify);
+      !checked.ok()) {
+    return checked;
+  }
+  if (const JsonValue* step = meta->Find("iteration")) {
+    absl::StatusOr<uint64_t> value =
+        step->AsUint64((path / kMetaFile).string() + " iteration");
+    if (!value.ok()) return value.status();
+    iteration_ = *value;
+  }
+  std::vector<std::string> listed;
+  if (const JsonValue* parts = meta->Find("optimizer_state")) {
+    for (const JsonValue& part : parts->items()) listed.push_back(part.text());
+  }
+  if (const JsonValue* plan = meta->Find("sharding")) {
+    absl::StatusOr<std::unique_ptr<ShardedTensors>> sharded =
+        ShardedTensors::Open(path, *plan, meta->Find("files"));
+    if (!sharded.ok()) return sharded.status();
+    sharded_ = *std::move(sharded);
+    moments_ = std::move(listed);
+    return absl::OkStatus();
+  }
+  if (!fs::exists(weights, error)) return MissingCheckpoint(path, weights);
+  if (absl::Status files =
+          OpenFiles(weights.string(), (path / kOptimizerFile).string());
+      !files.ok()) {
+    return files;
+  }
+  if (optimizer_ != nullptr) moments_ = std::move(listed);
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointReader::OpenFiles(const std::string& weights,
+                                         const std::string& optimizer) {
+  absl::StatusOr<std::unique_ptr<SafetensorsFile>> file =
+      SafetensorsFile::Open(weights);
+  if (!file.ok()) return file.status();
+  weights_ = *std::move(file);
+  std::error_code error;
+  if (optimizer.empty() || !fs::exists(optimizer, error)) {
+    return absl::OkStatus();
+  }
+  file = SafetensorsFile::Open(optimizer);
+  if (!file.ok()) return file.status();
+  optimizer_ = *std::move(file);
+  return absl::OkStatus();
+}
+
+uint32_t CheckpointReader::world_size() const {
+  return sharded_ != nullptr ? sharded_->world_size() : 1;
+}
+
+std::vector<std::pair<std::string, std::vector<int64_t>>>
+CheckpointReader::Parameters() const {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  if (sharded_ != nullptr) {
+    for (const std::string& name : sharded_->names()) {
+      out.emplace_back(name, *sharded_->ShapeOf(name));
+    }
+    return out;
+  }
+  for (const std::string& name : weights_->order()) {
+    out.emplace_back(name, weights_->Find(name)->shape);
+  }
+  return out;
+}
+
+std::pair<const SafetensorsFile*, std::string> CheckpointReader::Locate(
+    const std::string& name, const std::string& part) const {
+  if (part == "weights") return {weights_.get(), name};
+  return {optimizer_.get(), part + "/" + name};
+}
+
+const std::vector<int64_t>* CheckpointReader::Shape(
+    const std::string& name, const std::string& part) const {
+  if (sharded_ != nullptr) {
+    const bool stored =
+        part == "weights" ||
+        std::find(moments_.begin(), moments_.end(), part) != moments_.end();
+    return stored ? sharded_->ShapeOf(name) : nullptr;
+  }
+  const auto [file, key] = Locate(name, part);
+  const SafetensorsFile::Entry* entry =
+      file == nullptr ? nullptr : file->Find(key);
+  return entry == nullptr ? nullptr : &entry->shape;
+}
+
+absl::Status CheckpointReader::Read(const std::string& name,
+                                    const std::string& part, float* out,
+                                    uint64_t elements) const {
+  const std::vector<int64_t>* shape = Shape(name, part);
+  if (shape == nullptr) {
+    return absl::NotFoundError(absl::StrCat("checkpoint ", path_, ": no ", part,
+                                            " for parameter ", name));
+  }
+  if (Elements(*shape) != elements) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint ", path_, ": ", name, " (", part, ") has ",
+                     Elements(*shape), " elements, ", elements, " asked for"));
+  }
+  if (sharded_ != nullptr) return sharded_->Read(name, part, out);
+  const auto [file, key] = Locate(name, part);
+  return file->ReadRange(*file->Find(key), 0, elements, out);
+}
+
+absl::Status CheckpointReader::ReadAs(const std::string& name,
+                                      const std::string& part,
+                                      const std::vector<int64_t>& shape,
+                                      float* out) const {
+  const std::vector<int64_t>* stored = Shape(name, part);
+  if (stored == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("checkpoint ", path_, ": no ", part, " for parameter ",
+                     name, " (the checkpoint is of another model?)"));
+  }
+  if (*stored != shape) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint ", path_, ": ", name, " (", part, ") has shape ",
+        ShapeText(*stored), ", the model's ", ShapeText(shape)));
+  }
+  return Read(name, part, out, Elements(shape));
+}
+
+}  // namespace lohan::checkpoint

@@ -22,6 +22,7 @@
 #include "client/control_client.h"
 #include "client/cuda_copy.h"
 #include "client/data_plane.h"
+#include "client/job_lifecycle.h"
 #include "client/model_channel.h"
 #include "client/model_spec_from_c.h"
 #include "client/proto_json.h"
@@ -43,6 +44,17 @@ int ReturnJob(const absl::StatusOr<lohan::v1::Job>& job, lohan_job_info** out) {
     if (*out == nullptr) {
       return Report(absl::ResourceExhaustedError("out of memory"));
     }
+  }
+  return Report(absl::OkStatus());
+}
+
+// A data plane out of an open into a new handle in *out.
+int ReturnPlane(absl::StatusOr<std::unique_ptr<lohan::DataPlane>> plane,
+                lohan_data_plane** out) {
+  if (!plane.ok()) return Report(plane.status());
+  *out = new (std::nothrow) lohan_data_plane(*std::move(plane));
+  if (*out == nullptr) {
+    return Report(absl::ResourceExhaustedError("out of memory"));
   }
   return Report(absl::OkStatus());
 }
@@ -271,13 +283,66 @@ int lohan_data_plane_open(lohan_client* client, const char* job_id,
     return Report(
         absl::UnimplementedError("this lohand has no data plane; upgrade it"));
   }
-  auto plane = lohan::DataPlane::Open(path, job_id);
-  if (!plane.ok()) return Report(plane.status());
-  *out = new (std::nothrow) lohan_data_plane(*std::move(plane));
-  if (*out == nullptr) {
+  return ReturnPlane(lohan::DataPlane::Open(path, job_id), out);
+}
+
+int lohan_job_open(lohan_client* client, const char* request_json,
+                   lohan_data_plane** plane_out, lohan_job_info** job_out,
+                   char** response_json_out) {
+  if (client == nullptr || request_json == nullptr || plane_out == nullptr) {
+    return InvalidArgument(
+        "lohan_job_open: client, request_json and plane_out are required");
+  }
+  lohan::v1::OpenJobRequest request;
+  if (absl::Status parsed = lohan::FromJson(
+          request_json, "lohan_job_open: request_json", &request);
+      !parsed.ok()) {
+    return Report(parsed);
+  }
+  absl::StatusOr<lohan::OpenedJob> opened =
+      lohan::OpenJob(*client->impl, request);
+  if (!opened.ok()) return Report(opened.status());
+  std::string json;
+  if (response_json_out != nullptr) {
+    absl::StatusOr<std::string> text =
+        lohan::ToJson(opened->response, /*proto_names=*/true);
+    if (!text.ok()) return Report(text.status());
+    json = *std::move(text);
+  }
+  std::unique_ptr<lohan_job_info> job(
+      job_out == nullptr ? nullptr
+                         : new (std::nothrow)
+                               lohan_job_info{opened->response.job()});
+  lohan_data_plane* plane = nullptr;
+  if ((job_out != nullptr && job == nullptr) ||
+      ReturnPlane(std::move(opened->plane), &plane) != LOHAN_OK) {
     return Report(absl::ResourceExhaustedError("out of memory"));
   }
+  if (response_json_out != nullptr) {
+    if (int copied = CopyOut(json, response_json_out); copied != LOHAN_OK) {
+      lohan_data_plane_destroy(plane);
+      return copied;
+    }
+  }
+  if (job_out != nullptr) *job_out = job.release();
+  *plane_out = plane;
   return Report(absl::OkStatus());
+}
+
+int lohan_job_reopen_data_plane(lohan_client* client, const char* job_id,
+                                lohan_data_plane** out) {
+  if (client == nullptr || job_id == nullptr || out == nullptr) {
+    return InvalidArgument(
+        "lohan_job_reopen_data_plane: client, job_id and out are required");
+  }
+  return ReturnPlane(lohan::ReopenDataPlane(*client->impl, job_id), out);
+}
+
+int lohan_job_close(lohan_client* client, const char* job_id, int delete_job) {
+  if (client == nullptr || job_id == nullptr) {
+    return InvalidArgument("lohan_job_close: client and job_id are required");
+  }
+  return Report(lohan::CloseJob(*client->impl, job_id, delete_job != 0));
 }
 
 void* lohan_data_plane_arena(const lohan_data_plane* plane) {

@@ -105,11 +105,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model,
   const std::string spec =
       ModelSpecJson(SpecFields(*module_, options_, layers_, checkpoint_.get()));
   try {
-    if (options_.resume_job) {
-      session_.FindAndOpen(options_.job_name);
-    } else {
-      session_.CreateAndOpen(options_.job_name, spec);
-    }
+    session_.Open(options_.job_name, spec, options_.resume_job);
     // Pinned once, before any copy, on the module's device.
     if (cuda_) cuda_->PinArena(session_.plane());
     remote_ = session_.Register(spec);

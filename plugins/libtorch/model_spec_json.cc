@@ -96,10 +96,12 @@ std::string ModelSpecJson(const ModelSpecFields& spec) {
          ",\"commit_interval\":" + std::to_string(spec.commit_interval) + "}";
 }
 
-std::string CreateJobRequestJson(const std::string& job_name,
-                                 const std::string& model_spec_json) {
+std::string OpenJobRequestJson(const std::string& job_name,
+                               const std::string& model_spec_json,
+                               bool resume) {
   return "{\"spec\":{\"name\":" + Quoted(job_name) +
-         ",\"ssd_bytes\":0,\"model\":" + model_spec_json + "}}";
+         ",\"model\":" + model_spec_json +
+         "},\"resume\":" + (resume ? "true" : "false") + "}";
 }
 
 }  // namespace lohan::torch_plugin

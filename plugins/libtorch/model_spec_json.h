@@ -59,10 +59,11 @@ std::string JsonQuoted(const std::string& text);
 // ModelSpec in protobuf JSON, the proto's field names.
 std::string ModelSpecJson(const ModelSpecFields& spec);
 
-// A CreateJobRequest for a job named `job_name` whose arena the daemon
-// sizes for `model_spec_json` (ModelSpecJson's output).
-std::string CreateJobRequestJson(const std::string& job_name,
-                                 const std::string& model_spec_json);
+// An OpenJobRequest (proto/job_open.proto) for the job `job_name` whose
+// arena the daemon sizes for `model_spec_json` (ModelSpecJson's output),
+// or with `resume` the caller's job of that name.
+std::string OpenJobRequestJson(const std::string& job_name,
+                               const std::string& model_spec_json, bool resume);
 
 }  // namespace lohan::torch_plugin
 

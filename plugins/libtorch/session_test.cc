@@ -113,17 +113,8 @@ TEST(ModelSpecJson, CarriesEveryField) {
                               "\"begin\":5,\"end\":9}]}]"));
   EXPECT_THAT(json, HasSubstr("\"grad_slots\":1,\"weight_slots\":1"));
   EXPECT_THAT(json, HasSubstr("\"arena_fit\":\"ARENA_FIT_MOST\""));
-  EXPECT_EQ(CreateJobRequestJson("j", "{}"),
-            "{\"spec\":{\"name\":\"j\",\"ssd_bytes\":0,\"model\":{}}}");
-}
-
-TEST(StatusListsArena, LooksOnlyAtThePoolsArenas) {
-  const std::string status =
-      "{\"sessions\":[{\"job_id\":\"j-000002\"}],\"pool\":{\"arenas\":[{"
-      "\"job_id\":\"j-000001\",\"name\":\"a]b\"}],\"free\":1}}";
-  EXPECT_TRUE(StatusListsArena(status, "j-000001"));
-  EXPECT_FALSE(StatusListsArena(status, "j-000002"));
-  EXPECT_FALSE(StatusListsArena("{}", "j-000001"));
+  EXPECT_EQ(OpenJobRequestJson("j", "{}", true),
+            "{\"spec\":{\"name\":\"j\",\"model\":{}},\"resume\":true}");
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 """The Python client (lohan.client over the C ABI) against a real lohand."""
 
+import ctypes
 import os
 import signal
 import time
@@ -9,6 +10,58 @@ import pytest
 from conftest import Daemon
 from lohan import Client, LohanError, StatusCode
 
+
+class CParamGroup(ctypes.Structure):
+    """lohan_param_group from lohan_client.h (the C struct under test; the
+    plugin itself describes models in protobuf JSON)."""
+
+    _fields_ = [
+        ("lr_scale", ctypes.c_double),
+        ("weight_decay", ctypes.c_double),
+        ("ranges", ctypes.POINTER(ctypes.c_uint64)),
+        ("num_ranges", ctypes.c_uint32),
+    ]
+
+
+class CModelSpec(ctypes.Structure):
+    """lohan_model_spec from lohan_client.h (field order matters)."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("dtype", ctypes.c_uint32),
+        ("layer_elements", ctypes.POINTER(ctypes.c_uint64)),
+        ("num_layers", ctypes.c_uint32),
+        ("lr", ctypes.c_double),
+        ("beta1", ctypes.c_double),
+        ("beta2", ctypes.c_double),
+        ("eps", ctypes.c_double),
+        ("weight_decay", ctypes.c_double),
+        ("adamw", ctypes.c_int32),
+        ("amsgrad", ctypes.c_int32),
+        ("bf16_moments", ctypes.c_int32),
+        ("max_grad_norm", ctypes.c_double),
+        ("skip_nonfinite", ctypes.c_int32),
+        ("chunk_elements", ctypes.c_uint64),
+        ("activation_bytes", ctypes.c_uint64),
+        # 0.2: streamed layouts (0: one buffer per layer).
+        ("grad_slots", ctypes.c_uint32),
+        ("weight_slots", ctypes.c_uint32),
+        # A new job's starting iteration (a restored checkpoint's step).
+        ("initial_iteration", ctypes.c_uint64),
+        # Elements without weight decay: (layer, begin, end) triples.
+        ("no_weight_decay", ctypes.POINTER(ctypes.c_uint64)),
+        ("num_no_weight_decay", ctypes.c_uint32),
+        # Param groups with their own lr (a scale of the job's) and decay.
+        ("param_groups", ctypes.POINTER(CParamGroup)),
+        ("num_param_groups", ctypes.c_uint32),
+        # 1: the client fetches each layer before use; iter_end returns
+        # before the iteration's last updates are done.
+        ("overlap_updates", ctypes.c_int32),
+        # 0: deferred (one pass when clipping), 1: redo-all (comparison).
+        ("clip_schedule", ctypes.c_uint32),
+        # 1: every request served in arrival order (comparison).
+        ("in_order_service", ctypes.c_int32),
+    ]
 
 def test_hello_and_job_lifecycle(lohand):
     with Client(lohand.socket) as client:
@@ -518,8 +571,8 @@ def test_streamed_slots_alias_one_buffer(lohand):
         with client.open_data_plane(old.id) as plane:
             lib = _native.library()
             elements = (ctypes.c_uint64 * 3)(*sizes)
-            spec = _native.ModelSpec(
-                struct_size=_native.ModelSpec.grad_slots.offset, dtype=2,
+            spec = CModelSpec(
+                struct_size=CModelSpec.grad_slots.offset, dtype=2,
                 layer_elements=elements, num_layers=3, lr=1e-3, beta1=0.9,
                 beta2=0.999, eps=1e-8, grad_slots=1, weight_slots=1)
             handle = ctypes.c_void_p()
@@ -613,7 +666,7 @@ def test_no_weight_decay_ranges_match_torch_param_groups(lohand):
             elements = (ctypes.c_uint64 * 1)(n)
 
             def raw(struct_size):
-                spec = _native.ModelSpec(
+                spec = CModelSpec(
                     struct_size=struct_size, dtype=1, layer_elements=elements,
                     num_layers=1, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8,
                     num_no_weight_decay=2)  # no_weight_decay left NULL
@@ -623,14 +676,14 @@ def test_no_weight_decay_ranges_match_torch_param_groups(lohand):
                     ctypes.byref(spec), ctypes.byref(handle))
                 return status, handle
 
-            status, _ = raw(ctypes.sizeof(_native.ModelSpec))
+            status, _ = raw(ctypes.sizeof(CModelSpec))
             assert status == StatusCode.INVALID_ARGUMENT
             assert b"no_weight_decay is NULL" in lib.lohan_last_error()
 
             # Param groups: NULL arrays with counts, bad values.
             def with_groups(groups, count):
-                spec = _native.ModelSpec(
-                    struct_size=ctypes.sizeof(_native.ModelSpec), dtype=1,
+                spec = CModelSpec(
+                    struct_size=ctypes.sizeof(CModelSpec), dtype=1,
                     layer_elements=elements, num_layers=1, lr=1e-3,
                     beta1=0.9, beta2=0.999, eps=1e-8, param_groups=groups,
                     num_param_groups=count)
@@ -643,7 +696,7 @@ def test_no_weight_decay_ranges_match_torch_param_groups(lohand):
             status, _ = with_groups(None, 1)
             assert status == StatusCode.INVALID_ARGUMENT
             assert b"param_groups is NULL" in lib.lohan_last_error()
-            no_ranges = (_native.ParamGroup * 1)(_native.ParamGroup(
+            no_ranges = (CParamGroup * 1)(CParamGroup(
                 lr_scale=2.0, weight_decay=0.0, num_ranges=3))
             status, _ = with_groups(no_ranges, 1)
             assert status == StatusCode.INVALID_ARGUMENT
@@ -662,8 +715,8 @@ def test_no_weight_decay_ranges_match_torch_param_groups(lohand):
                                      param_groups=[(1.0, 0.0, [(0, -2, 3)])])
             # A clip schedule the daemon does not know, past the Python
             # check: refused by the daemon, naming it.
-            spec = _native.ModelSpec(
-                struct_size=ctypes.sizeof(_native.ModelSpec), dtype=1,
+            spec = CModelSpec(
+                struct_size=ctypes.sizeof(CModelSpec), dtype=1,
                 layer_elements=elements, num_layers=1, lr=1e-3, beta1=0.9,
                 beta2=0.999, eps=1e-8, clip_schedule=7)
             handle = ctypes.c_void_p()
@@ -677,7 +730,7 @@ def test_no_weight_decay_ranges_match_torch_param_groups(lohand):
                 plane.register_model(refused.id, [n], clip_schedule="fast")
             # An older caller's spec ends before the new fields: none of
             # them (and, after all the refusals above, it registers).
-            status, handle = raw(_native.ModelSpec.no_weight_decay.offset)
+            status, handle = raw(CModelSpec.no_weight_decay.offset)
             assert status == 0, lib.lohan_last_error()
             lib.lohan_model_destroy(handle)
 
@@ -842,3 +895,41 @@ def test_a_job_with_an_open_data_plane_is_not_deleted(lohand):
                 assert error.code == StatusCode.FAILED_PRECONDITION
                 time.sleep(0.01)
         assert all(j.id != job.id for j in client.jobs())
+
+
+def test_open_job_finds_or_creates_and_close_gives_everything_back(lohand):
+    """lohan_job_open / lohan_job_reopen_data_plane / lohan_job_close, the
+    job's lifecycle both plugins run: a new job is created, attached and
+    mapped in one call; a taken name, a missing job to resume and a bad
+    request are refused with nothing left behind; close waits for the
+    arena's return, so the job reopens at once, and deletes on request."""
+    from lohan.model_spec import ModelSpec
+    spec = ModelSpec(layer_elements=[1000, 3000])
+    with Client(lohand.socket) as client:
+        job, created, sizing, plane = client.open_job("life", spec, False)
+        assert created and sizing.arena_bytes == plane.size > 0
+        assert client.jobs()[0].attached
+        with pytest.raises(LohanError) as taken:
+            client.open_job("life", spec, False)
+        assert taken.value.code == StatusCode.ALREADY_EXISTS
+        with pytest.raises(LohanError) as missing:
+            client.open_job("absent", spec, True)
+        assert missing.value.code == StatusCode.NOT_FOUND
+        assert "no job named \"absent\"" in missing.value.message
+        status = client._lib.lohan_job_open(
+            client._handle, b"{\"spec\": 7}", ctypes.byref(ctypes.c_void_p()),
+            None, None)
+        assert status == StatusCode.INVALID_ARGUMENT
+        assert [j.name for j in client.jobs()] == ["life"]
+        # The plane closed and at once another: the arena came back first.
+        plane.close()
+        plane = client.reopen_data_plane(job.id)
+        plane.close()
+        client.close_job(job.id, delete=False)
+        assert not client.jobs()[0].attached
+        found, created, _, plane = client.open_job("life", spec, True)
+        assert found.id == job.id and not created
+        plane.close()
+        client.close_job(job.id, delete=True)
+        assert client.jobs() == []
+        assert client.status()["pool"].get("arenas", []) == []

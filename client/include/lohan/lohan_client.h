@@ -148,6 +148,35 @@ LOHAN_CLIENT_API uint64_t
 lohan_data_plane_arena_size(const lohan_data_plane* plane);
 LOHAN_CLIENT_API void lohan_data_plane_destroy(lohan_data_plane* plane);
 
+/* ---- A training process's job: open and close ----
+ * lohan_job_open gets the job ready in one call: it finds the caller's job
+ * of that name (resume) or creates it, its arena sized for the model, then
+ * attaches it and opens its data plane (waiting, up to 30 s, while the
+ * daemon takes back the arena of a plane just closed). request_json: an
+ * OpenJobRequest (proto/job_open.proto) in protobuf JSON. Out: the plane;
+ * the job (job_out, may be NULL); its OpenJobResponse in protobuf JSON
+ * (response_json_out, may be NULL; lohan_string_free): the job, whether
+ * this call created it, the arena's sizing. A job created here is deleted
+ * again when a later part fails. NOT_FOUND (resume, no such job) and
+ * ALREADY_EXISTS (a new job whose name is taken) say so. */
+LOHAN_CLIENT_API int lohan_job_open(lohan_client* client,
+                                    const char* request_json,
+                                    lohan_data_plane** plane_out,
+                                    lohan_job_info** job_out,
+                                    char** response_json_out);
+/* The job's data plane again after this process destroyed its last one:
+   waits until the daemon has taken that one's arena back (until it sees
+   the close it counts the plane as open), then opens. */
+LOHAN_CLIENT_API int lohan_job_reopen_data_plane(lohan_client* client,
+                                                 const char* job_id,
+                                                 lohan_data_plane** out);
+/* After the job's data plane was destroyed: waits (up to 30 s) until the
+   daemon has taken its arena back, detaches the job and, with delete_job,
+   deletes it. Returns the first error (a daemon that is gone: UNAVAILABLE);
+   every step is tried. */
+LOHAN_CLIENT_API int lohan_job_close(lohan_client* client, const char* job_id,
+                                     int delete_job);
+
 /* ---- Training through the data plane ----
  * After lohan_data_plane_open, a process registers its model: the daemon
  * creates (or, for a re-attached job, reopens) the model's optimizer states

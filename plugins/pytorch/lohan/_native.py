@@ -31,58 +31,6 @@ def _candidates() -> List[str]:
     return found
 
 
-class ParamGroup(ctypes.Structure):
-    """lohan_param_group from lohan_client.h."""
-
-    _fields_ = [
-        ("lr_scale", ctypes.c_double),
-        ("weight_decay", ctypes.c_double),
-        ("ranges", ctypes.POINTER(ctypes.c_uint64)),
-        ("num_ranges", ctypes.c_uint32),
-    ]
-
-
-class ModelSpec(ctypes.Structure):
-    """lohan_model_spec from lohan_client.h (field order matters)."""
-
-    _fields_ = [
-        ("struct_size", ctypes.c_uint32),
-        ("dtype", ctypes.c_uint32),
-        ("layer_elements", ctypes.POINTER(ctypes.c_uint64)),
-        ("num_layers", ctypes.c_uint32),
-        ("lr", ctypes.c_double),
-        ("beta1", ctypes.c_double),
-        ("beta2", ctypes.c_double),
-        ("eps", ctypes.c_double),
-        ("weight_decay", ctypes.c_double),
-        ("adamw", ctypes.c_int32),
-        ("amsgrad", ctypes.c_int32),
-        ("bf16_moments", ctypes.c_int32),
-        ("max_grad_norm", ctypes.c_double),
-        ("skip_nonfinite", ctypes.c_int32),
-        ("chunk_elements", ctypes.c_uint64),
-        ("activation_bytes", ctypes.c_uint64),
-        # 0.2: streamed layouts (0: one buffer per layer).
-        ("grad_slots", ctypes.c_uint32),
-        ("weight_slots", ctypes.c_uint32),
-        # A new job's starting iteration (a restored checkpoint's step).
-        ("initial_iteration", ctypes.c_uint64),
-        # Elements without weight decay: (layer, begin, end) triples.
-        ("no_weight_decay", ctypes.POINTER(ctypes.c_uint64)),
-        ("num_no_weight_decay", ctypes.c_uint32),
-        # Param groups with their own lr (a scale of the job's) and decay.
-        ("param_groups", ctypes.POINTER(ParamGroup)),
-        ("num_param_groups", ctypes.c_uint32),
-        # 1: the client fetches each layer before use; iter_end returns
-        # before the iteration's last updates are done.
-        ("overlap_updates", ctypes.c_int32),
-        # 0: deferred (one pass when clipping), 1: redo-all (comparison).
-        ("clip_schedule", ctypes.c_uint32),
-        # 1: every request served in arrival order (comparison).
-        ("in_order_service", ctypes.c_int32),
-    ]
-
-
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     c_int, c_char_p, c_void_p = ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p
     u32, u64, i32, size_t = (ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int32,
@@ -119,8 +67,11 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "lohan_data_plane_arena": (c_void_p, [c_void_p]),
         "lohan_data_plane_arena_size": (u64, [c_void_p]),
         "lohan_data_plane_destroy": (None, [c_void_p]),
+        "lohan_job_open": (c_int, [c_void_p, c_char_p, pp, pp, pp]),
+        "lohan_job_reopen_data_plane": (c_int, [c_void_p, c_char_p, pp]),
+        "lohan_job_close": (c_int, [c_void_p, c_char_p, c_int]),
         "lohan_model_register": (c_int, [c_void_p, c_void_p, c_char_p,
-                                         ctypes.POINTER(ModelSpec), pp]),
+                                         c_void_p, pp]),
         "lohan_model_register_json": (c_int, [c_void_p, c_void_p, c_char_p,
                                               c_char_p, pp]),
         "lohan_model_destroy": (None, [c_void_p]),

@@ -452,6 +452,22 @@ class DataPlane:
         self.close()
 
 
+def _job_of(job: Dict[str, Any]) -> Job:
+    """A Job out of protobuf JSON's Job (proto names)."""
+    return Job(id=job["id"], name=job["spec"]["name"],
+               owner_uid=int(job["owner_uid"]),
+               attached=job["state"] == "JOB_STATE_ATTACHED",
+               attached_pid=int(job["attached_pid"]))
+
+
+def _sizing_of(arena: Dict[str, Any]) -> ArenaSizing:
+    """ArenaSizing out of protobuf JSON's (absent for a found job)."""
+    return ArenaSizing(
+        arena_bytes=int(arena.get("arena_bytes", 0)),
+        stream_buffers=int(arena.get("stream_buffers", 0)),
+        resident_arena_bytes=int(arena.get("resident_arena_bytes", 0)))
+
+
 class Client:
     """A connection to lohand. `socket_path=None` uses $LOHAN_SOCKET, else
     /run/lohan/lohand.sock. Raises LohanError(UNAVAILABLE) naming the socket
@@ -530,15 +546,45 @@ class Client:
             response = json.loads(ctypes.string_at(text).decode())
         finally:
             self._lib.lohan_string_free(text)
-        job, arena = response["job"], response["arena"]
-        return (Job(id=job["id"], name=job["spec"]["name"],
-                    owner_uid=int(job["owner_uid"]),
-                    attached=job["state"] == "JOB_STATE_ATTACHED",
-                    attached_pid=int(job["attached_pid"])),
-                ArenaSizing(arena_bytes=int(arena["arena_bytes"]),
-                            stream_buffers=int(arena["stream_buffers"]),
-                            resident_arena_bytes=int(
-                                arena["resident_arena_bytes"])))
+        return _job_of(response["job"]), _sizing_of(response["arena"])
+
+    def open_job(self, name: str, model: ModelSpec, resume: bool,
+                 run: Optional[DistributedRun] = None
+                 ) -> Tuple[Job, bool, ArenaSizing, DataPlane]:
+        """The caller's job `name` ready to train (lohan_job_open): found
+        (resume) or created with its arena sized for `model` (with `run`,
+        one rank of that distributed run), attached, its data plane open.
+        Returns the job, whether it was created, the arena's sizing and
+        the plane."""
+        spec: Dict[str, Any] = {"name": name, "model": model.to_proto()}
+        if run is not None:
+            spec["run"] = {"name": run.name, "rank": run.rank,
+                           "world_size": run.world_size}
+        plane, text = ctypes.c_void_p(), ctypes.c_void_p()
+        _check(self._lib.lohan_job_open(
+            self._handle, json.dumps({"spec": spec, "resume": resume}).encode(),
+            ctypes.byref(plane), None, ctypes.byref(text)))
+        try:
+            response = json.loads(ctypes.string_at(text).decode())
+        finally:
+            self._lib.lohan_string_free(text)
+        return (_job_of(response["job"]), bool(response["created"]),
+                _sizing_of(response.get("arena", {})),
+                DataPlane(self._lib, plane, self))
+
+    def reopen_data_plane(self, job_id: str) -> DataPlane:
+        """The job's data plane again, once the daemon took the last one's
+        arena back."""
+        handle = ctypes.c_void_p()
+        _check(self._lib.lohan_job_reopen_data_plane(
+            self._handle, job_id.encode(), ctypes.byref(handle)))
+        return DataPlane(self._lib, handle, self)
+
+    def close_job(self, job_id: str, delete: bool) -> None:
+        """After the job's data plane closed: waits for the daemon to take
+        its arena back, detaches the job and with `delete` deletes it."""
+        _check(self._lib.lohan_job_close(self._handle, job_id.encode(),
+                                         int(delete)))
 
     def attach_job(self, job_id: str) -> Job:
         return self._job_call(self._lib.lohan_job_attach, job_id.encode())

@@ -38,7 +38,7 @@ from lohan.groups import (ParamGroup, check_optimizer_groups, exempt_ranges,
                           param_groups)
 from lohan.hooks import GradientRouter, has_lohan_hook
 from lohan.iteration import Iteration, LossScale
-from lohan.job import ARENA_RETURN_SECONDS, JobSession, model_spec
+from lohan.job import JobSession, model_spec
 from lohan.options import MIB, ActivationsArg, EngineOptions
 from lohan.params import Both, FrozenWeights, ParameterResidency
 from lohan.placement import Placement, normalized, place
@@ -54,7 +54,6 @@ __all__ = ["Engine", "EngineOptions", "StepResult", "init"]
 
 # Importable from lohan.engine too.
 _MIB = MIB
-_ARENA_RETURN_SECONDS = ARENA_RETURN_SECONDS
 _normalized = normalized
 _ParamGroup = ParamGroup
 

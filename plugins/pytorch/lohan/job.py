@@ -19,11 +19,6 @@ from lohan.model_spec import ModelSpec
 from lohan.options import MIB, EngineOptions
 from lohan.sharding import Sharding
 
-# How long close() and a reopen wait for the daemon to take back an arena
-# (it does so as soon as it sees the data-plane connection close).
-ARENA_RETURN_SECONDS = 30.0
-
-
 def model_spec(options: EngineOptions, layers: List[Layer],
                dtype: torch.dtype, area_bytes: int, exempt: List[Range],
                groups: Sequence[ParamGroup],
@@ -131,9 +126,21 @@ class JobSession:
     def open(self, resume: bool, spec: ModelSpec) -> None:
         """Finds (resume=True) or creates the job, its arena sized by the
         daemon for `spec`, attaches it and maps the arena."""
-        self.job = self._find_job() if resume else self._create_job(spec)
-        self.client.attach_job(self.job.id)
-        self.plane = self._open_data_plane()
+        try:
+            self.job, created, sizing, self.plane = self.client.open_job(
+                self.job_name, spec, resume, run=self.run)
+        except LohanError as error:
+            raise _with_hint(error, self.job_name,
+                             bool(spec.activation_bytes)) from None
+        self.delete_on_failure = created
+        if created and spec.fit_arena and sizing.stream_buffers:
+            warnings.warn(
+                "lohan: the daemon's host pool cannot hold one gradient and "
+                "one weight buffer per layer "
+                f"({sizing.resident_arena_bytes >> 20} MiB); streaming them "
+                f"through {sizing.stream_buffers} shared buffers of each "
+                f"({sizing.arena_bytes >> 20} MiB) and its SSDs instead",
+                stacklevel=4)
 
     def register(self, spec: ModelSpec, layers: List[Layer],
                  dtype: torch.dtype) -> Model:
@@ -158,8 +165,7 @@ class JobSession:
         ahead of its peers, see rank_commits.rejoin_point)."""
         self._unmap()
         self.plane.close()
-        self._wait_for_arena_return()
-        self.plane = self._open_data_plane()
+        self.plane = self.client.reopen_data_plane(self.job.id)
         return self.register(dataclasses.replace(spec,
                                                  revert_last_commit=True),
                              layers, dtype)
@@ -195,14 +201,11 @@ class JobSession:
         if self.plane is not None:
             self.plane.close()
             self.plane = None
-            if self.client is not None and self.job is not None:
-                self._wait_for_arena_return()
         if self.client is not None:
             if self.job is not None:
                 try:
-                    self.client.detach_job(self.job.id)
-                    if self.delete_on_failure or delete_job:
-                        self.client.delete_job(self.job.id)
+                    self.client.close_job(
+                        self.job.id, self.delete_on_failure or delete_job)
                 except LohanError:
                     pass  # not attached, or the daemon is gone
             self.client.close()
@@ -215,71 +218,23 @@ class JobSession:
         self.staging = None
         self.remote = None
 
-    def _find_job(self) -> Job:
-        """This user's job of this name: it keeps the arena it was created
-        with (the daemon lays the model out in it)."""
-        client = self.client
-        mine = [job for job in client.jobs() if job.name == self.job_name
-                and job.owner_uid == client.caller_uid]
-        if not mine:
-            raise LohanError(
-                StatusCode.NOT_FOUND,
-                f"resume=True but you have no job named {self.job_name!r} "
-                "on this daemon; start it without resume=True first "
-                "(lohanctl jobs lists your jobs)")
-        return mine[0]
 
-    def _create_job(self, spec: ModelSpec) -> Job:
-        try:
-            job, sizing = self.client.create_job_for_model(
-                self.job_name, spec, run=self.run)
-        except LohanError as error:
-            if error.code == StatusCode.ALREADY_EXISTS:
-                raise LohanError(
-                    error.code,
-                    f"{error.message} (a job named {self.job_name!r} exists: "
-                    "pass resume=True to continue it, or another job_name)"
-                ) from None
-            if error.code == StatusCode.RESOURCE_EXHAUSTED and (
-                    spec.activation_bytes):
-                raise LohanError(
-                    error.code,
-                    f"{error.message} (lower activation_buffer_bytes to "
-                    "shrink the activation area)") from None
-            raise
-        self.delete_on_failure = True
-        if spec.fit_arena and sizing.stream_buffers:
-            warnings.warn(
-                "lohan: the daemon's host pool cannot hold one gradient and "
-                "one weight buffer per layer "
-                f"({sizing.resident_arena_bytes >> 20} MiB); streaming them "
-                f"through {sizing.stream_buffers} shared buffers of each "
-                f"({sizing.arena_bytes >> 20} MiB) and its SSDs instead",
-                stacklevel=6)
-        return job
-
-    def _open_data_plane(self) -> DataPlane:
-        # The daemon frees a job's arena when it sees the previous data
-        # plane's connection close; a quick reopen can race it.
-        deadline = time.monotonic() + ARENA_RETURN_SECONDS
-        while True:
-            try:
-                return self.client.open_data_plane(self.job.id)
-            except LohanError as error:
-                if (error.code != StatusCode.ALREADY_EXISTS
-                        or time.monotonic() > deadline):
-                    raise
-            time.sleep(0.01)
-
-    def _wait_for_arena_return(self) -> None:
-        """So that the job can be reopened as soon as close() returns."""
-        deadline = time.monotonic() + ARENA_RETURN_SECONDS
-        try:
-            while time.monotonic() < deadline:
-                arenas = self.client.status().get("pool", {}).get(
-                    "arenas", [])
-                if all(a.get("job_id") != self.job.id for a in arenas):
-                    return
-                time.sleep(0.01)
-        except LohanError:
-            pass  # the daemon is gone: nothing to wait for
+def _with_hint(error: LohanError, job_name: str,
+               activations: bool) -> LohanError:
+    """lohan_job_open's refusal with what to change in lohan.init."""
+    hints = {
+        StatusCode.NOT_FOUND: (
+            f"resume=True but you have no job named {job_name!r} on this "
+            "daemon; start it without resume=True first (lohanctl jobs "
+            "lists your jobs)"),
+        StatusCode.ALREADY_EXISTS: (
+            f"{error.message} (a job named {job_name!r} exists: pass "
+            "resume=True to continue it, or another job_name)"),
+    }
+    if error.code == StatusCode.RESOURCE_EXHAUSTED and activations:
+        hints[error.code] = (f"{error.message} (lower "
+                             "activation_buffer_bytes to shrink the "
+                             "activation area)")
+    if error.code not in hints:
+        return error
+    return LohanError(error.code, hints[error.code])

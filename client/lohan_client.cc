@@ -406,6 +406,23 @@ int lohan_model_register(lohan_client* client, lohan_data_plane* plane,
   return RegisterSpec(client, plane, job_id, model_spec, out);
 }
 
+int lohan_model_spec_json(const lohan_model_spec* spec, char** json_out) {
+  if (spec == nullptr || json_out == nullptr) {
+    return InvalidArgument(
+        "lohan_model_spec_json: spec and json_out are "
+        "required");
+  }
+  lohan::v1::ModelSpec model_spec;
+  if (absl::Status translated = lohan::SpecFromC(*spec, &model_spec);
+      !translated.ok()) {
+    return Report(translated);
+  }
+  absl::StatusOr<std::string> json =
+      lohan::ToJson(model_spec, /*proto_names=*/true);
+  if (!json.ok()) return Report(json.status());
+  return CopyOut(*json, json_out);
+}
+
 int lohan_model_register_json(lohan_client* client, lohan_data_plane* plane,
                               const char* job_id, const char* spec_json,
                               lohan_model** out) {

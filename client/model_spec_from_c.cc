@@ -99,6 +99,12 @@ void CopyScalars(const lohan_model_spec& spec, v1::ModelSpec* model_spec) {
   model_spec->set_in_order_service(
       Has(spec, LOHAN_SPEC_END(in_order_service)) &&
       spec.in_order_service != 0);
+  model_spec->set_commit_interval(
+      Has(spec, LOHAN_SPEC_END(commit_interval)) ? spec.commit_interval : 0);
+  model_spec->set_arena_fit(Has(spec, LOHAN_SPEC_END(arena_fit_most)) &&
+                                    spec.arena_fit_most != 0
+                                ? v1::ARENA_FIT_MOST
+                                : v1::ARENA_FIT_AS_GIVEN);
 }
 
 // (layer, begin, end) triples into `ranges`; INVALID_ARGUMENT for a layer

@@ -52,16 +52,20 @@ std::optional<CudaTransfer> CudaFor(const torch::Device& device) {
   return CudaTransfer(device);
 }
 
-ModelSpecFields SpecFields(torch::nn::Module& model, const Options& options,
-                           const std::vector<Layer>& layers,
-                           const CheckpointReader* checkpoint) {
-  ModelSpecFields spec;
+// The model's ModelSpec in protobuf JSON.
+std::string SpecJson(torch::nn::Module& model, const Options& options,
+                     const std::vector<Layer>& layers,
+                     const CheckpointReader* checkpoint) {
+  ModelSpecBuilder builder;
+  lohan_model_spec& spec = builder.spec();
   // Without moments a checkpoint's weights start afresh at step 0.
   if (checkpoint != nullptr && !checkpoint->moments().empty()) {
     spec.initial_iteration = checkpoint->iteration();
   }
-  for (const Layer& layer : layers) spec.layer_elements.push_back(layer.numel);
-  spec.dtype = options.dtype;
+  std::vector<uint64_t> elements;
+  for (const Layer& layer : layers) elements.push_back(layer.numel);
+  builder.set_layer_elements(std::move(elements));
+  spec.dtype = options.dtype == "bf16" ? LOHAN_DTYPE_BF16 : LOHAN_DTYPE_FP32;
   spec.lr = options.lr;
   spec.beta1 = options.beta1;
   spec.beta2 = options.beta2;
@@ -69,17 +73,17 @@ ModelSpecFields SpecFields(torch::nn::Module& model, const Options& options,
   spec.weight_decay = options.weight_decay;
   spec.max_grad_norm = options.max_grad_norm;
   spec.commit_interval = options.commit_interval;
-  GroupPlan groups = PlanParamGroups(model, layers, options);
-  spec.no_weight_decay = std::move(groups.no_weight_decay);
-  spec.param_groups = std::move(groups.param_groups);
+  const GroupPlan groups = PlanParamGroups(model, layers, options);
+  builder.set_no_weight_decay(groups.no_weight_decay);
+  builder.set_param_groups(groups.param_groups);
   const uint32_t count = static_cast<uint32_t>(layers.size());
   const uint32_t streamed =
       count > 1 ? std::min(options.stream_buffers, count - 1) : 0;
   const uint32_t slots = options.buffers == "resident" ? 0 : streamed;
   spec.grad_slots = slots;
   spec.weight_slots = slots;
-  spec.fit_arena = options.buffers == "auto" && slots > 0;
-  return spec;
+  spec.arena_fit_most = options.buffers == "auto" && slots > 0;
+  return builder.Json();
 }
 
 torch::Tensor ArenaView(void* buffer, int64_t numel, torch::ScalarType dtype) {
@@ -103,7 +107,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model,
       lr_(options_.lr) {
   CheckParameters(layers_, dtype_);
   const std::string spec =
-      ModelSpecJson(SpecFields(*module_, options_, layers_, checkpoint_.get()));
+      SpecJson(*module_, options_, layers_, checkpoint_.get());
   try {
     session_.Open(options_.job_name, spec, options_.resume_job);
     // Pinned once, before any copy, on the module's device.

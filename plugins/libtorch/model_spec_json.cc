@@ -2,8 +2,72 @@
 
 #include <cstdio>
 #include <string>
+#include <utility>
+
+#include "plugins/libtorch/handles.h"
+#include "plugins/libtorch/lohan_error.h"
 
 namespace lohan::torch_plugin {
+namespace {
+
+std::vector<uint64_t> Triples(const std::vector<ElementRange>& ranges) {
+  std::vector<uint64_t> triples;
+  for (const ElementRange& range : ranges) {
+    triples.insert(triples.end(), {range.layer, range.begin, range.end});
+  }
+  return triples;
+}
+
+}  // namespace
+
+ModelSpecBuilder::ModelSpecBuilder() {
+  spec_.struct_size = sizeof(spec_);
+  spec_.dtype = LOHAN_DTYPE_FP32;
+  spec_.lr = 1e-3;
+  spec_.beta1 = 0.9;
+  spec_.beta2 = 0.999;
+  spec_.eps = 1e-8;
+  spec_.adamw = 1;
+  spec_.skip_nonfinite = 1;
+  spec_.clip_schedule = LOHAN_CLIP_DEFERRED;
+}
+
+void ModelSpecBuilder::set_layer_elements(std::vector<uint64_t> elements) {
+  layer_elements_ = std::move(elements);
+}
+
+void ModelSpecBuilder::set_no_weight_decay(
+    const std::vector<ElementRange>& ranges) {
+  no_weight_decay_ = Triples(ranges);
+}
+
+void ModelSpecBuilder::set_param_groups(
+    const std::vector<GroupRanges>& groups) {
+  group_ranges_.clear();
+  groups_.clear();
+  for (const GroupRanges& group : groups) {
+    group_ranges_.push_back(Triples(group.ranges));
+  }
+  for (size_t g = 0; g < groups.size(); ++g) {
+    groups_.push_back({groups[g].lr_scale, groups[g].weight_decay,
+                       group_ranges_[g].data(),
+                       static_cast<uint32_t>(groups[g].ranges.size())});
+  }
+}
+
+std::string ModelSpecBuilder::Json() {
+  spec_.layer_elements = layer_elements_.data();
+  spec_.num_layers = static_cast<uint32_t>(layer_elements_.size());
+  spec_.no_weight_decay = no_weight_decay_.data();
+  spec_.num_no_weight_decay =
+      static_cast<uint32_t>(no_weight_decay_.size() / 3);
+  spec_.param_groups = groups_.data();
+  spec_.num_param_groups = static_cast<uint32_t>(groups_.size());
+  char* json = nullptr;
+  ThrowIfFailed(lohan_model_spec_json(&spec_, &json));
+  const OwnedString owned(json);
+  return owned.get();
+}
 
 std::string JsonNumber(double value) {
   char text[40];
@@ -20,86 +84,10 @@ std::string JsonQuoted(const std::string& text) {
   return out + "\"";
 }
 
-namespace {
-
-std::string Number(double value) { return JsonNumber(value); }
-std::string Quoted(const std::string& text) { return JsonQuoted(text); }
-
-std::string RangesJson(const std::vector<ElementRange>& ranges) {
-  std::string out = "[";
-  for (size_t i = 0; i < ranges.size(); ++i) {
-    if (i > 0) out += ",";
-    out += "{\"layer\":" + std::to_string(ranges[i].layer) +
-           ",\"begin\":" + std::to_string(ranges[i].begin) +
-           ",\"end\":" + std::to_string(ranges[i].end) + "}";
-  }
-  return out + "]";
-}
-
-std::string GroupJson(const std::string& name, double lr_scale,
-                      double weight_decay,
-                      const std::vector<ElementRange>& ranges) {
-  return "{\"name\":" + Quoted(name) + ",\"lr_scale\":" + Number(lr_scale) +
-         ",\"weight_decay\":" + Number(weight_decay) +
-         ",\"ranges\":" + RangesJson(ranges) + "}";
-}
-
-std::string JoinedList(const std::vector<std::string>& items) {
-  std::string out = "[";
-  for (size_t i = 0; i < items.size(); ++i) {
-    if (i > 0) out += ",";
-    out += items[i];
-  }
-  return out + "]";
-}
-
-}  // namespace
-
-std::string ModelSpecJson(const ModelSpecFields& spec) {
-  std::string elements = "[";
-  for (size_t i = 0; i < spec.layer_elements.size(); ++i) {
-    if (i > 0) elements += ",";
-    elements += std::to_string(spec.layer_elements[i]);
-  }
-  elements += "]";
-  std::vector<std::string> groups;
-  if (!spec.no_weight_decay.empty()) {
-    groups.push_back(
-        GroupJson("no_weight_decay", 1.0, 0.0, spec.no_weight_decay));
-  }
-  for (size_t n = 0; n < spec.param_groups.size(); ++n) {
-    const GroupRanges& group = spec.param_groups[n];
-    groups.push_back(GroupJson("param_groups[" + std::to_string(n) + "]",
-                               group.lr_scale, group.weight_decay,
-                               group.ranges));
-  }
-  const std::string dtype = spec.dtype == "bf16" ? "DTYPE_BF16" : "DTYPE_FP32";
-  return "{\"layer_elements\":" + elements + ",\"dtype\":" + Quoted(dtype) +
-         ",\"adam\":{\"lr\":" + Number(spec.lr) +
-         ",\"beta1\":" + Number(spec.beta1) +
-         ",\"beta2\":" + Number(spec.beta2) + ",\"eps\":" + Number(spec.eps) +
-         ",\"weight_decay\":" + Number(spec.weight_decay) +
-         ",\"decoupled_weight_decay\":true,\"amsgrad\":false,"
-         "\"bf16_moments\":false}" +
-         ",\"max_grad_norm\":" + Number(spec.max_grad_norm) +
-         ",\"skip_nonfinite\":true,\"chunk_elements\":0,"
-         "\"activation_bytes\":0" +
-         ",\"grad_slots\":" + std::to_string(spec.grad_slots) +
-         ",\"weight_slots\":" + std::to_string(spec.weight_slots) +
-         ",\"arena_fit\":" +
-         Quoted(spec.fit_arena ? "ARENA_FIT_MOST" : "ARENA_FIT_AS_GIVEN") +
-         ",\"initial_iteration\":" + std::to_string(spec.initial_iteration) +
-         ",\"param_groups\":" + JoinedList(groups) +
-         ",\"overlap_updates\":false" +
-         ",\"clip_schedule\":\"CLIP_SCHEDULE_DEFERRED\"" +
-         ",\"in_order_service\":false" +
-         ",\"commit_interval\":" + std::to_string(spec.commit_interval) + "}";
-}
-
 std::string OpenJobRequestJson(const std::string& job_name,
                                const std::string& model_spec_json,
                                bool resume) {
-  return "{\"spec\":{\"name\":" + Quoted(job_name) +
+  return "{\"spec\":{\"name\":" + JsonQuoted(job_name) +
          ",\"model\":" + model_spec_json +
          "},\"resume\":" + (resume ? "true" : "false") + "}";
 }

@@ -7,6 +7,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "plugins/libtorch/job_session.h"
+#include "plugins/libtorch/lohan_error.h"
 #include "plugins/libtorch/model_spec_json.h"
 #include "plugins/libtorch/options.h"
 
@@ -85,36 +86,43 @@ TEST(ValidateOptions, RefusesBadParamGroupsAndExemptions) {
                                        "other"));
 }
 
-TEST(ModelSpecJson, CarriesEveryField) {
-  ModelSpecFields spec;
-  spec.layer_elements = {10, 20};
-  spec.dtype = "bf16";
+TEST(ModelSpecBuilder, CarriesEveryFieldThroughTheLibrary) {
+  ModelSpecBuilder builder;
+  builder.set_layer_elements({10, 20});
+  lohan_model_spec& spec = builder.spec();
+  spec.dtype = LOHAN_DTYPE_BF16;
   spec.lr = 0.1;
   spec.weight_decay = 0.01;
   spec.max_grad_norm = 1.5;
-  spec.no_weight_decay = {{1, 2, 5}};
-  spec.param_groups = {{0.5, 0.25, {{0, 0, 4}, {1, 5, 9}}}};
+  builder.set_no_weight_decay({{1, 2, 5}});
+  builder.set_param_groups({{0.5, 0.25, {{0, 0, 4}, {1, 5, 9}}}});
   spec.grad_slots = spec.weight_slots = 1;
-  spec.fit_arena = true;
+  spec.arena_fit_most = 1;
   spec.commit_interval = 8;
-  const std::string json = ModelSpecJson(spec);
+  const std::string json = builder.Json();
   EXPECT_THAT(json, HasSubstr("\"commit_interval\":8"));
-  EXPECT_THAT(json, HasSubstr("\"layer_elements\":[10,20]"));
+  EXPECT_THAT(json, HasSubstr("\"layer_elements\":[\"10\",\"20\"]"));
   EXPECT_THAT(json, HasSubstr("\"dtype\":\"DTYPE_BF16\""));
-  EXPECT_THAT(json, HasSubstr("\"lr\":0.10000000000000001"));
+  EXPECT_THAT(json, HasSubstr("\"lr\":0.1"));
   EXPECT_THAT(json, HasSubstr("\"max_grad_norm\":1.5"));
+  EXPECT_THAT(json, HasSubstr("\"decoupled_weight_decay\":true"));
+  EXPECT_THAT(json, HasSubstr("\"skip_nonfinite\":true"));
   // The Python plugin's groups and names: "no_weight_decay" first.
-  EXPECT_THAT(json, HasSubstr("\"param_groups\":[{\"name\":\"no_weight_decay\","
-                              "\"lr_scale\":1,\"weight_decay\":0,\"ranges\":"
-                              "[{\"layer\":1,\"begin\":2,\"end\":5}]},"
-                              "{\"name\":\"param_groups[0]\",\"lr_scale\":0.5,"
-                              "\"weight_decay\":0.25,\"ranges\":[{\"layer\":0,"
-                              "\"begin\":0,\"end\":4},{\"layer\":1,"
-                              "\"begin\":5,\"end\":9}]}]"));
-  EXPECT_THAT(json, HasSubstr("\"grad_slots\":1,\"weight_slots\":1"));
+  const size_t exempt = json.find("\"name\":\"no_weight_decay\"");
+  const size_t group = json.find("\"name\":\"param_groups[0]\"");
+  ASSERT_NE(exempt, std::string::npos);
+  ASSERT_NE(group, std::string::npos);
+  EXPECT_LT(exempt, group);
+  EXPECT_THAT(json, HasSubstr("\"lr_scale\":0.5"));
+  EXPECT_THAT(json, HasSubstr("\"weight_decay\":0.25"));
+  EXPECT_THAT(json, HasSubstr("\"grad_slots\":1"));
   EXPECT_THAT(json, HasSubstr("\"arena_fit\":\"ARENA_FIT_MOST\""));
   EXPECT_EQ(OpenJobRequestJson("j", "{}", true),
             "{\"spec\":{\"name\":\"j\",\"model\":{}},\"resume\":true}");
+  // A spec the library refuses says why.
+  builder.set_layer_elements({});
+  spec.struct_size = 4;
+  EXPECT_THROW(builder.Json(), LohanError);
 }
 
 }  // namespace

@@ -302,6 +302,13 @@ typedef struct lohan_model_spec {
    * arrival order on one thread (the service before, for comparison). The
    * same results either way. */
   int32_t in_order_service;
+  /* Added after in_order_service (absent means 0). Iterations between
+   * durable commits (ModelSpec.commit_interval); 0: the daemon's default. */
+  uint32_t commit_interval;
+  /* 1: at job creation (lohan_job_open), one buffer per layer if the pool
+   * holds the arena, else the most shared buffers up to grad_slots that it
+   * holds (ARENA_FIT_MOST); 0: the slots as given. */
+  int32_t arena_fit_most;
 } lohan_model_spec;
 
 enum { LOHAN_CLIP_DEFERRED = 0, LOHAN_CLIP_REDO_ALL = 1 };
@@ -320,6 +327,11 @@ typedef struct lohan_param_group {
   uint32_t num_ranges;
 } lohan_param_group;
 
+/* The spec as lohand's ModelSpec (proto/lohan.proto) in protobuf JSON, the
+ * proto's field names (lohan_string_free): what lohan_job_open's request
+ * and lohan_model_register_json take. Refusals as lohan_model_register's. */
+LOHAN_CLIENT_API int lohan_model_spec_json(const lohan_model_spec* spec,
+                                           char** json_out);
 /* `plane` must stay open while the model is used. */
 LOHAN_CLIENT_API int lohan_model_register(lohan_client* client,
                                           lohan_data_plane* plane,

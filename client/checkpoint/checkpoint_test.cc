@@ -283,6 +283,11 @@ TEST(JsonValueTest, ParsesWhatItDumpsAndRefusesBrokenText) {
     EXPECT_FALSE(JsonValue::Parse(broken, "t").ok()) << broken;
   }
   EXPECT_FALSE(JsonValue::Parse("-1", "t")->AsUint64("n").ok());
+  // UTF-8 passes through; Python's \\u escapes decode to the same text.
+  const std::string name = "caf\xc3\xa9.w\n";
+  EXPECT_EQ(JsonQuoted(name), "\"caf\xc3\xa9.w\\n\"");
+  EXPECT_EQ(JsonValue::Parse(JsonQuoted(name), "t")->text(), name);
+  EXPECT_EQ(JsonValue::Parse("\"caf\\u00e9.w\\n\"", "t")->text(), name);
 }
 
 TEST(Crc32Test, IsZlibs) {

@@ -290,7 +290,7 @@ std::string JsonQuoted(const std::string& text) {
       out += static_cast<char>(c);
     } else if (c == '\n') {
       out += "\\n";
-    } else if (c < 0x20 || c >= 0x7F) {
+    } else if (c < 0x20 || c == 0x7F) {
       char escaped[8];
       std::snprintf(escaped, sizeof(escaped), "\\u%04x", c);
       out += escaped;

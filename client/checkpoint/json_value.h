@@ -56,7 +56,8 @@ class JsonValue {
   std::vector<std::pair<std::string, JsonValue>> members_;
 };
 
-// `text` as a JSON string literal, escaped as Python's json.dumps does.
+// `text` (UTF-8) as a JSON string literal: quotes, backslashes and control
+// characters escaped, other bytes as they are (JSON text is UTF-8).
 std::string JsonQuoted(const std::string& text);
 
 }  // namespace lohan::checkpoint

@@ -1,6 +1,7 @@
 // The C ABI of checkpoints (include/lohan/lohan_checkpoint.h): only
 // translation into client/checkpoint and, for a layer read from the job,
 // the model's channel.
+#include <algorithm>
 #include <memory>
 #include <new>
 #include <string>
@@ -11,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/c_abi_handles.h"
 #include "client/checkpoint/checkpoint_reader.h"
+#include "client/checkpoint/checkpoint_restore.h"
 #include "client/checkpoint/checkpoint_save.h"
 #include "client/checkpoint/json_value.h"
 #include "client/checkpoint/manifest.h"
@@ -81,6 +83,55 @@ std::string FilesToJson(const std::vector<FileEntry>& files) {
                                  {"crc32", JsonValue::Number(digest.crc32)}}));
   }
   return JsonValue::Object(std::move(members)).Dump();
+}
+
+// INIT_WEIGHTS or INIT_STATE of `part` from the staging buffer.
+absl::Status InitPart(lohan::ModelChannel& channel, uint32_t layer,
+                      const std::string& part) {
+  if (part == "weights") return channel.InitWeights(layer);
+  if (part == "exp_avg") {
+    return channel.InitState(layer, lohan::RingStatePart::kExpAvg);
+  }
+  if (part == "exp_avg_sq") {
+    return channel.InitState(layer, lohan::RingStatePart::kExpAvgSq);
+  }
+  if (part == "max_exp_avg_sq") {
+    return channel.InitState(layer, lohan::RingStatePart::kMaxExpAvgSq);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("checkpoint: unknown part \"", part,
+                   "\" (weights, exp_avg, exp_avg_sq, max_exp_avg_sq)"));
+}
+
+absl::Status Restore(const lohan::checkpoint::CheckpointReader& reader,
+                     lohan::ModelChannel& channel,
+                     const lohan::v1::CheckpointRestore& request) {
+  const uint32_t world = std::max<uint32_t>(request.world_size(), 1);
+  if (world > 1 && request.rank() >= world) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint: rank ", request.rank(), " of world size ", world));
+  }
+  const uint64_t elements =
+      lohan::checkpoint::ShardElements(request.layer().elements(), world);
+  if (4 * elements > channel.staging_bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint: layer ", request.index(), "'s ", elements,
+        " elements exceed the job's staging buffer of ",
+        channel.staging_bytes(), " bytes (another model's layer?)"));
+  }
+  for (const std::string& part : request.parts()) {
+    if (absl::Status staged = lohan::checkpoint::StageLayer(
+            reader, request.layer(), part, request.rank(), world,
+            channel.staging(), elements);
+        !staged.ok()) {
+      return staged;
+    }
+    if (absl::Status initialized = InitPart(channel, request.index(), part);
+        !initialized.ok()) {
+      return initialized;
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ReadPart(lohan::ModelChannel& channel, uint32_t layer,
@@ -183,6 +234,22 @@ int lohan_checkpoint_read(const lohan_checkpoint* checkpoint, const char* name,
     return InvalidArgument("checkpoint, name, part and out must not be NULL");
   }
   return Report(checkpoint->reader->Read(name, part, out, elements));
+}
+
+int lohan_checkpoint_restore_layer(const lohan_checkpoint* checkpoint,
+                                   lohan_model* model,
+                                   const char* request_json) {
+  if (checkpoint == nullptr || model == nullptr || request_json == nullptr) {
+    return InvalidArgument(
+        "checkpoint, model and request_json must not be NULL");
+  }
+  lohan::v1::CheckpointRestore request;
+  if (absl::Status parsed =
+          lohan::FromJson(request_json, "CheckpointRestore", &request);
+      !parsed.ok()) {
+    return Report(parsed);
+  }
+  return Report(Restore(*checkpoint->reader, *model->channel, request));
 }
 
 int lohan_checkpoint_verify(const char* directory) {

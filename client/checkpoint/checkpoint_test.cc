@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "client/checkpoint/checkpoint_reader.h"
+#include "client/checkpoint/checkpoint_restore.h"
 #include "client/checkpoint/checkpoint_save.h"
 #include "client/checkpoint/checkpoint_test_util.h"
 #include "client/checkpoint/json_value.h"
@@ -269,6 +270,36 @@ TEST_F(CheckpointTest, ContentsThatCannotBeWrittenAreRefused) {
   contents.set_rank(2);
   EXPECT_THAT((*save)->Open(contents).message(),
               HasSubstr("rank 2 of world size 2"));
+}
+
+TEST_F(CheckpointTest, StagesALayerOrARanksShardOfItByNameOrAlias) {
+  ASSERT_TRUE(Save(root_ / "ckpt", 0).ok());
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
+      CheckpointReader::Open((root_ / "ckpt").string(), false);
+  ASSERT_TRUE(reader.ok());
+  v1::CheckpointLayer layer = TwoLayers({"weights"}, 0).layers(0);
+  std::vector<float> whole(9, -1.0f);
+  ASSERT_TRUE(
+      StageLayer(**reader, layer, "exp_avg", 0, 1, whole.data(), 9).ok());
+  for (uint64_t i = 0; i < 9; ++i) EXPECT_EQ(whole[i], Value(1, 0, i, 0)) << i;
+  // Rank 1 of 2: elements 5..9 of 9 (shards of 5), then a zero of padding;
+  // a's elements come from the checkpoint's "a" under the alias.
+  layer.mutable_tensors(0)->set_name("renamed");
+  layer.mutable_tensors(0)->add_aliases("a");
+  std::vector<float> shard(5, -1.0f);
+  ASSERT_TRUE(
+      StageLayer(**reader, layer, "weights", 1, 2, shard.data(), 5).ok());
+  EXPECT_EQ(shard, (std::vector<float>{5, 6, 7, 8, 0}));
+  EXPECT_THAT(
+      StageLayer(**reader, layer, "weights", 1, 2, shard.data(), 4).message(),
+      HasSubstr("takes 5 elements here, 4 given"));
+  layer.mutable_tensors(1)->set_name("missing");
+  const absl::Status missing =
+      StageLayer(**reader, layer, "weights", 0, 1, whole.data(), 9);
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(missing.message(),
+              HasSubstr("no weights for parameter missing (the checkpoint is "
+                        "of another model?)"));
 }
 
 TEST(JsonValueTest, ParsesWhatItDumpsAndRefusesBrokenText) {

@@ -25,6 +25,19 @@ std::string NumbersJson(const std::vector<int64_t>& values) {
   return out + "]";
 }
 
+// A CheckpointLayer (proto/checkpoint.proto) in protobuf JSON.
+std::string LayerJson(const CheckpointLayer& layer) {
+  std::string out =
+      "{\"elements\":" + std::to_string(layer.elements) + ",\"tensors\":[";
+  for (size_t i = 0; i < layer.names.size(); ++i) {
+    out += std::string(i > 0 ? "," : "") +
+           "{\"name\":" + JsonQuoted(layer.names[i]) +
+           ",\"shape\":" + NumbersJson(layer.shapes[i]) +
+           ",\"offset\":" + std::to_string(layer.offsets[i]) + "}";
+  }
+  return out + "]}";
+}
+
 // A CheckpointContents (proto/checkpoint.proto) in protobuf JSON.
 std::string ContentsJson(const std::vector<CheckpointLayer>& layers,
                          const std::vector<std::string>& parts,
@@ -37,16 +50,7 @@ std::string ContentsJson(const std::vector<CheckpointLayer>& layers,
   }
   out += "],\"layers\":[";
   for (size_t l = 0; l < layers.size(); ++l) {
-    const CheckpointLayer& layer = layers[l];
-    out += std::string(l > 0 ? "," : "") +
-           "{\"elements\":" + std::to_string(layer.elements) + ",\"tensors\":[";
-    for (size_t i = 0; i < layer.names.size(); ++i) {
-      out += std::string(i > 0 ? "," : "") +
-             "{\"name\":" + JsonQuoted(layer.names[i]) +
-             ",\"shape\":" + NumbersJson(layer.shapes[i]) +
-             ",\"offset\":" + std::to_string(layer.offsets[i]) + "}";
-    }
-    out += "]}";
+    out += (l > 0 ? "," : "") + LayerJson(layers[l]);
   }
   return out + "]}";
 }
@@ -95,6 +99,23 @@ void CheckpointReader::Read(const std::string& name, const std::string& part,
                             elements) != LOHAN_OK) {
     ThrowRefusal();
   }
+}
+
+void CheckpointReader::Restore(lohan_model* model, const CheckpointLayer& layer,
+                               uint32_t index,
+                               const std::vector<std::string>& parts) const {
+  std::string request = "{\"layer\":" + LayerJson(layer) +
+                        ",\"index\":" + std::to_string(index) + ",\"parts\":[";
+  for (size_t p = 0; p < parts.size(); ++p) {
+    request += (p > 0 ? "," : "") + JsonQuoted(parts[p]);
+  }
+  request += "]}";
+  const int status =
+      lohan_checkpoint_restore_layer(handle_.get(), model, request.c_str());
+  if (status == LOHAN_NOT_FOUND || status == LOHAN_INVALID_ARGUMENT) {
+    ThrowRefusal();
+  }
+  ThrowIfFailed(status);
 }
 
 void WriteCheckpoint(const std::string& directory, lohan_model* model,

@@ -17,6 +17,15 @@ inline constexpr char kWeightsFile[] = "model.safetensors";
 inline constexpr char kOptimizerFile[] = "optimizer.safetensors";
 inline constexpr char kMetaFile[] = "lohan.json";
 
+// One layer as a checkpoint stores it: its parameters' names, shapes and
+// offsets in the layer's flat fp32 vector, and its elements.
+struct CheckpointLayer {
+  std::vector<std::string> names;
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<int64_t> offsets;
+  uint64_t elements = 0;
+};
+
 // A checkpoint opened for reading, every file's CRC-32 checked first.
 // Errors: std::invalid_argument saying what is wrong (missing, torn,
 // mixed, damaged, another model's tensor).
@@ -32,6 +41,13 @@ class CheckpointReader {
   // no such tensor or it is not of `shape`.
   void Read(const std::string& name, const std::string& part,
             const std::vector<int64_t>& shape, float* out) const;
+  // A new job's layer `index` (`layer`'s parameters) from the checkpoint:
+  // each of `parts` ("weights" first) staged through `model` and
+  // initialized (lohan_checkpoint_restore_layer); after "weights" the
+  // staging buffer holds the layer's fp32 values. Throws
+  // std::invalid_argument for a parameter missing or of another shape.
+  void Restore(lohan_model* model, const CheckpointLayer& layer, uint32_t index,
+               const std::vector<std::string>& parts) const;
 
  private:
   struct Closer {
@@ -43,15 +59,6 @@ class CheckpointReader {
   std::unique_ptr<lohan_checkpoint, Closer> handle_;
   uint64_t iteration_ = 0;
   std::vector<std::string> moments_;
-};
-
-// One layer as a checkpoint stores it: its parameters' names, shapes and
-// offsets in the layer's flat fp32 vector, and its elements.
-struct CheckpointLayer {
-  std::vector<std::string> names;
-  std::vector<std::vector<int64_t>> shapes;
-  std::vector<int64_t> offsets;
-  uint64_t elements = 0;
 };
 
 // Writes a checkpoint of the job behind `model` into `directory`, replacing

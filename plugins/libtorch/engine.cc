@@ -164,7 +164,7 @@ void Engine::InitializeWeights() {
     // weights: they replace the module's below.
     const bool stored = lohan_model_layer_initialized(remote_, layer.index);
     if (checkpoint_ != nullptr) {
-      RestoreLayer(layer, staging);
+      RestoreLayer(layer);
     } else if (!stored) {
       if (iteration_ > 0) {
         throw LohanError(
@@ -189,24 +189,18 @@ void Engine::InitializeWeights() {
   }
 }
 
-void Engine::RestoreLayer(const Layer& layer, const torch::Tensor& staging) {
-  float* data = staging.data_ptr<float>();
-  const auto stage = [&](const std::string& part) {
-    for (size_t i = 0; i < layer.params.size(); ++i) {
-      const auto sizes = layer.params[i].sizes();
-      checkpoint_->Read(layer.names[i], part,
-                        std::vector<int64_t>(sizes.begin(), sizes.end()),
-                        data + layer.offsets[i]);
-    }
-  };
-  stage("weights");
-  ThrowIfFailed(lohan_model_init_weights(remote_, layer.index));
-  for (const std::string& part : checkpoint_->moments()) {
-    if (part != "exp_avg" && part != "exp_avg_sq") continue;  // amsgrad's
-    stage(part);
-    ThrowIfFailed(lohan_model_init_state(
-        remote_, layer.index,
-        part == "exp_avg" ? LOHAN_STATE_EXP_AVG : LOHAN_STATE_EXP_AVG_SQ));
+void Engine::RestoreLayer(const Layer& layer) {
+  CheckpointLayer stored;
+  stored.names = layer.names;
+  stored.offsets = layer.offsets;
+  stored.elements = static_cast<uint64_t>(layer.numel);
+  for (const torch::Tensor& param : layer.params) {
+    stored.shapes.emplace_back(param.sizes().begin(), param.sizes().end());
+  }
+  checkpoint_->Restore(remote_, stored, layer.index, {"weights"});
+  // The moments it holds (AMSGrad's are not this engine's).
+  if (!checkpoint_->moments().empty()) {
+    checkpoint_->Restore(remote_, stored, layer.index, checkpoint_->moments());
   }
 }
 

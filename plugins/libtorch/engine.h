@@ -114,7 +114,7 @@ class Engine {
  private:
   void InitializeWeights();
   // The layer's masters and (when present) moments from the checkpoint.
-  void RestoreLayer(const Layer& layer, const torch::Tensor& staging);
+  void RestoreLayer(const Layer& layer);
   void RegisterHooks();
   void OnGradient(uint32_t layer, size_t param, const torch::Tensor& grad);
   // The most backward passes any parameter has had a gradient from in

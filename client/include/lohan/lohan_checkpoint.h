@@ -75,6 +75,18 @@ LOHAN_CLIENT_API int lohan_checkpoint_shape(const lohan_checkpoint* checkpoint,
 LOHAN_CLIENT_API int lohan_checkpoint_read(const lohan_checkpoint* checkpoint,
                                            const char* name, const char* part,
                                            float* out, uint64_t elements);
+/* Restores one layer of a new job from the checkpoint, through `model`'s
+   staging buffer: `request_json` is a CheckpointRestore
+   (proto/checkpoint.proto) in protobuf JSON: the layer's parameters (names,
+   aliases, shapes, offsets), the job's layer index, the parts ("weights":
+   INIT_WEIGHTS; moments: INIT_STATE) and, for data-parallel ranks, this
+   rank's shard. Each part is staged (found by name or alias; NOT_FOUND
+   for a parameter the checkpoint lacks, INVALID_ARGUMENT for another
+   shape) and then initialized; after "weights" the staging buffer holds
+   the layer's fp32 values. */
+LOHAN_CLIENT_API int lohan_checkpoint_restore_layer(
+    const lohan_checkpoint* checkpoint, lohan_model* model,
+    const char* request_json);
 /* Reads every file of the checkpoint in `directory` against its manifest
    (sizes, save id, CRC-32). */
 LOHAN_CLIENT_API int lohan_checkpoint_verify(const char* directory);

@@ -167,6 +167,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "lohan_checkpoint_read": (c_int, [c_void_p, c_char_p, c_char_p,
                                           c_void_p, u64]),
         "lohan_checkpoint_verify": (c_int, [c_char_p]),
+        "lohan_checkpoint_restore_layer": (c_int, [c_void_p, c_void_p,
+                                                   c_char_p]),
         "lohan_checkpoint_save_begin": (c_int, [c_char_p, pp]),
         "lohan_checkpoint_save_join": (c_int, [c_char_p, c_char_p, pp]),
         "lohan_checkpoint_save_destroy": (None, [c_void_p]),

@@ -230,6 +230,32 @@ class CheckpointReader:
         return None
 
 
+    def restore(self, model: Any, layer: Any, parts: List[str],
+                aliases: Dict[int, List[str]], rank: int = 0,
+                world: int = 1) -> None:
+        """A new job's layer (blocks.Layer; its shard with data-parallel
+        ranks) from the checkpoint: each of `parts` staged through `model`
+        (client.Model) and initialized (lohan_checkpoint_restore_layer);
+        after "weights" the staging buffer holds the layer's fp32 values.
+        A parameter the checkpoint lacks or holds in another shape is a
+        LohanError naming it."""
+        tensors = []
+        for name, param, shape, offset in zip(layer.names, layer.params,
+                                              layer.shapes, layer.offsets):
+            names = aliases.get(id(param), [name])
+            tensors.append({"name": name, "shape": list(shape),
+                            "offset": offset,
+                            "aliases": [n for n in names if n != name]})
+        request = {"layer": {"tensors": tensors, "elements": layer.numel},
+                   "index": layer.index, "parts": list(parts),
+                   "rank": rank, "world_size": world}
+        status = self._lib.lohan_checkpoint_restore_layer(
+            self._handle, model.handle, json.dumps(request).encode())
+        if status != 0:
+            raise LohanError(status, self._lib.lohan_last_error().decode(
+                errors="replace"))
+
+
 def parameter_aliases(model: nn.Module) -> Dict[int, List[str]]:
     """Every name of every parameter object (tied ones have several)."""
     aliases: Dict[int, List[str]] = {}

@@ -154,56 +154,31 @@ class Weights:
         remote = self._session.remote
         parts = [p for p in checkpoint.moments
                  if p != "max_exp_avg_sq" or self._amsgrad]
-        stage = self._checkpoint_stager(checkpoint)
+        aliases = parameter_aliases(self._model)
+        rank, world = ((0, 1) if self._sharding is None else
+                       (self._sharding.rank, self._sharding.world))
         progress = Progress(f"resuming from {checkpoint.path}",
                             len(self._layers),
                             sum(layer.numel for layer in self._layers))
         for layer in self._layers:
-            index = layer.index
-            if remote.layer_initialized(index):
+            if remote.layer_initialized(layer.index):
                 raise LohanError(
                     StatusCode.FAILED_PRECONDITION,
                     f"job {self._job_name!r} has states already; resume "
                     "from a checkpoint starts a new job (pass another "
                     "job_name, or resume=True to continue this one)")
-            stage(layer, "weights")
-            remote.init_weights(index)
+            checkpoint.restore(remote, layer, ["weights"], aliases, rank,
+                               world)
             self._convert(layer)
             if self._dtype == torch.float32:
                 self._copy_into_params(
                     layer, self._whole(layer, self._session.staging))
             else:
                 self.copy_fetched_into_params(layer)
-            for part in parts:
-                stage(layer, part)
-                remote.init_state(index, part)
+            if parts:
+                checkpoint.restore(remote, layer, parts, aliases, rank, world)
             progress.advance(layer.numel)
         progress.done()
-
-    def _checkpoint_stager(self, checkpoint: CheckpointReader
-                           ) -> Callable[[Layer, str], None]:
-        """stage(layer, part): the checkpoint's `part` of the layer into
-        the staging slot, tensor by tensor."""
-        aliases = parameter_aliases(self._model)
-
-        def stage(layer: Layer, part: str) -> None:
-            sources = []
-            for name, param, shape in zip(layer.names, layer.params,
-                                          layer.shapes):
-                found = checkpoint.find(aliases.get(id(param), [name]), part)
-                if found is None:
-                    raise LohanError(
-                        StatusCode.NOT_FOUND,
-                        f"{checkpoint.path}: no {part} for parameter {name} "
-                        "(the checkpoint is of another model?)")
-                if tuple(found.shape) != tuple(shape):
-                    raise LohanError(
-                        StatusCode.INVALID_ARGUMENT,
-                        f"{checkpoint.path}: {name} ({part}) has shape "
-                        f"{tuple(found.shape)}, the model's {tuple(shape)}")
-                sources.append(found.reshape(-1))
-            self._fill_staging(layer, lambda position: sources[position])
-        return stage
 
     def _fill_staging(self, layer: Layer,
                       flat_param: Callable[[int], torch.Tensor]) -> None:

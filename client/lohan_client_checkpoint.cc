@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <memory>
 #include <new>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -85,22 +86,29 @@ std::string FilesToJson(const std::vector<FileEntry>& files) {
   return JsonValue::Object(std::move(members)).Dump();
 }
 
-// INIT_WEIGHTS or INIT_STATE of `part` from the staging buffer.
-absl::Status InitPart(lohan::ModelChannel& channel, uint32_t layer,
-                      const std::string& part) {
-  if (part == "weights") return channel.InitWeights(layer);
-  if (part == "exp_avg") {
-    return channel.InitState(layer, lohan::RingStatePart::kExpAvg);
-  }
-  if (part == "exp_avg_sq") {
-    return channel.InitState(layer, lohan::RingStatePart::kExpAvgSq);
-  }
-  if (part == "max_exp_avg_sq") {
-    return channel.InitState(layer, lohan::RingStatePart::kMaxExpAvgSq);
-  }
+// A moment's ring part by its checkpoint name; nullopt for "weights".
+absl::StatusOr<std::optional<lohan::RingStatePart>> StatePartOf(
+    const std::string& part) {
+  if (part == "weights") return std::nullopt;
+  if (part == "exp_avg") return lohan::RingStatePart::kExpAvg;
+  if (part == "exp_avg_sq") return lohan::RingStatePart::kExpAvgSq;
+  if (part == "max_exp_avg_sq") return lohan::RingStatePart::kMaxExpAvgSq;
   return absl::InvalidArgumentError(
       absl::StrCat("checkpoint: unknown part \"", part,
                    "\" (weights, exp_avg, exp_avg_sq, max_exp_avg_sq)"));
+}
+
+// INIT_WEIGHTS / INIT_STATE of `part` from the staging buffer, or with
+// `read` READ_WEIGHTS / READ_STATE into it.
+absl::Status MovePart(lohan::ModelChannel& channel, uint32_t layer,
+                      const std::string& part, bool read) {
+  absl::StatusOr<std::optional<lohan::RingStatePart>> state = StatePartOf(part);
+  if (!state.ok()) return state.status();
+  if (!state->has_value()) {
+    return read ? channel.ReadWeights(layer) : channel.InitWeights(layer);
+  }
+  return read ? channel.ReadState(layer, **state)
+              : channel.InitState(layer, **state);
 }
 
 absl::Status Restore(const lohan::checkpoint::CheckpointReader& reader,
@@ -126,24 +134,13 @@ absl::Status Restore(const lohan::checkpoint::CheckpointReader& reader,
         !staged.ok()) {
       return staged;
     }
-    if (absl::Status initialized = InitPart(channel, request.index(), part);
+    if (absl::Status initialized =
+            MovePart(channel, request.index(), part, /*read=*/false);
         !initialized.ok()) {
       return initialized;
     }
   }
   return absl::OkStatus();
-}
-
-absl::Status ReadPart(lohan::ModelChannel& channel, uint32_t layer,
-                      const std::string& part) {
-  if (part == "weights") return channel.ReadWeights(layer);
-  if (part == "exp_avg") {
-    return channel.ReadState(layer, lohan::RingStatePart::kExpAvg);
-  }
-  if (part == "exp_avg_sq") {
-    return channel.ReadState(layer, lohan::RingStatePart::kExpAvgSq);
-  }
-  return channel.ReadState(layer, lohan::RingStatePart::kMaxExpAvgSq);
 }
 
 }  // namespace
@@ -347,7 +344,8 @@ int lohan_checkpoint_save_layer(lohan_checkpoint_save* save, lohan_model* model,
         channel.staging_bytes(), " bytes (contents of another model?)")));
   }
   for (const std::string& part : writer->contents().parts()) {
-    if (absl::Status read = ReadPart(channel, layer, part); !read.ok()) {
+    if (absl::Status read = MovePart(channel, layer, part, /*read=*/true);
+        !read.ok()) {
       return Report(read);
     }
     if (absl::Status written =

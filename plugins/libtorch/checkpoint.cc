@@ -9,14 +9,6 @@
 namespace lohan::torch_plugin {
 namespace {
 
-std::string ShapeText(const std::vector<int64_t>& shape) {
-  std::string out = "(";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    out += (i > 0 ? ", " : "") + std::to_string(shape[i]);
-  }
-  return out + (shape.size() == 1 ? ",)" : ")");
-}
-
 std::string NumbersJson(const std::vector<int64_t>& values) {
   std::string out = "[";
   for (size_t i = 0; i < values.size(); ++i) {
@@ -62,8 +54,7 @@ std::string ContentsJson(const std::vector<CheckpointLayer>& layers,
 
 }  // namespace
 
-CheckpointReader::CheckpointReader(const std::string& directory)
-    : path_(directory) {
+CheckpointReader::CheckpointReader(const std::string& directory) {
   lohan_checkpoint* opened = nullptr;
   if (lohan_checkpoint_open(directory.c_str(), LOHAN_CHECKPOINT_VERIFY,
                             &opened) != LOHAN_OK) {
@@ -79,20 +70,6 @@ CheckpointReader::CheckpointReader(const std::string& directory)
 void CheckpointReader::Read(const std::string& name, const std::string& part,
                             const std::vector<int64_t>& shape,
                             float* out) const {
-  int64_t dims[16];
-  size_t count = 0;
-  if (lohan_checkpoint_shape(handle_.get(), name.c_str(), part.c_str(), dims,
-                             16, &count) != LOHAN_OK) {
-    throw std::invalid_argument("checkpoint " + path_ + ": no " + part +
-                                " for parameter " + name +
-                                " (the checkpoint is of another model?)");
-  }
-  const std::vector<int64_t> stored(dims, dims + count);
-  if (stored != shape) {
-    throw std::invalid_argument("checkpoint " + path_ + ": " + name + " (" +
-                                part + ") has shape " + ShapeText(stored) +
-                                ", the model's " + ShapeText(shape));
-  }
   uint64_t elements = 1;
   for (int64_t size : shape) elements *= static_cast<uint64_t>(size);
   if (lohan_checkpoint_read(handle_.get(), name.c_str(), part.c_str(), out,

@@ -14,8 +14,6 @@
 namespace lohan::torch_plugin {
 
 inline constexpr char kWeightsFile[] = "model.safetensors";
-inline constexpr char kOptimizerFile[] = "optimizer.safetensors";
-inline constexpr char kMetaFile[] = "lohan.json";
 
 // One layer as a checkpoint stores it: its parameters' names, shapes and
 // offsets in the layer's flat fp32 vector, and its elements.
@@ -38,7 +36,7 @@ class CheckpointReader {
   // weights-only checkpoint.
   const std::vector<std::string>& moments() const { return moments_; }
   // `part` of parameter `name` into `out`; throws when the checkpoint has
-  // no such tensor or it is not of `shape`.
+  // no such tensor or it holds another element count than `shape`'s.
   void Read(const std::string& name, const std::string& part,
             const std::vector<int64_t>& shape, float* out) const;
   // A new job's layer `index` (`layer`'s parameters) from the checkpoint:
@@ -55,7 +53,6 @@ class CheckpointReader {
       lohan_checkpoint_destroy(checkpoint);
     }
   };
-  std::string path_;
   std::unique_ptr<lohan_checkpoint, Closer> handle_;
   uint64_t iteration_ = 0;
   std::vector<std::string> moments_;

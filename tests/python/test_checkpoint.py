@@ -147,3 +147,48 @@ def test_mixed_torn_and_damaged_checkpoints_are_refused(tmp_path):
         verify_checkpoint(damaged)
 
 
+
+
+def test_the_checkpoint_calls_refuse_bad_input_and_leave_nothing(tmp_path):
+    """liblohan_client's checkpoint entry points (lohan_checkpoint.h) given
+    NULLs, malformed JSON or calls out of order: each a clear error, no
+    crash, and a save that never committed leaves nothing behind."""
+    import ctypes
+
+    from lohan import _native
+    from lohan.client import LohanError, StatusCode
+
+    lib = _native.library()
+    out = ctypes.c_void_p()
+    assert lib.lohan_checkpoint_open(None, 0, ctypes.byref(out)) == \
+        StatusCode.INVALID_ARGUMENT
+    assert lib.lohan_checkpoint_verify(None) == StatusCode.INVALID_ARGUMENT
+    assert lib.lohan_checkpoint_save_begin(None, ctypes.byref(out)) == \
+        StatusCode.INVALID_ARGUMENT
+    assert lib.lohan_checkpoint_restore_layer(None, None, b"{}") == \
+        StatusCode.INVALID_ARGUMENT
+    assert lib.lohan_checkpoint_save_layer(None, None, 0) == \
+        StatusCode.INVALID_ARGUMENT
+    layers = layers_of_net()
+    target = tmp_path / "ckpt"
+    with checkpoint.Save(target) as save:
+        with pytest.raises(LohanError, match="open the save") as early:
+            save.write(0, "weights", torch.zeros(layers[0].numel))
+        assert early.value.code == StatusCode.FAILED_PRECONDITION
+        status = lib.lohan_checkpoint_save_open(save._handle, b"{\"layers\": 7")
+        assert status == StatusCode.INVALID_ARGUMENT
+        assert b"CheckpointContents" in lib.lohan_last_error()
+        with pytest.raises(LohanError, match="unknown part"):
+            save.open(checkpoint.contents_of(layers, ["weights", "momentum"],
+                                             {}))
+        save.open(checkpoint.contents_of(layers, PARTS, {}))
+        with pytest.raises(LohanError, match="closed after 0 of"):
+            save.close_files()
+        for bad in (b"[1]", b"{\"x\": {}}", b"{\"x\": {\"bytes\": -1, "
+                    b"\"crc32\": 0}}", b"{nope"):
+            assert lib.lohan_checkpoint_save_commit(
+                save._handle, b"{}", bad) == StatusCode.INVALID_ARGUMENT, bad
+        staging = Path(save.staging)
+        assert staging.is_dir()
+    assert not staging.exists() and not target.exists()
+    assert list(tmp_path.iterdir()) == []

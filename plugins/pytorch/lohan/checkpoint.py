@@ -55,17 +55,29 @@ def _take_string(pointer: ctypes.c_void_p) -> str:
         _native.library().lohan_string_free(pointer)
 
 
+def layer_of(layer: Any,
+             aliases: Optional[Dict[int, List[str]]] = None) -> Dict[str, Any]:
+    """A CheckpointLayer (proto/checkpoint.proto) of `layer` (blocks.Layer)
+    in protobuf JSON; with `aliases` (parameter_aliases), each parameter's
+    other names."""
+    tensors = []
+    for name, param, shape, offset in zip(layer.names, layer.params,
+                                          layer.shapes, layer.offsets):
+        tensor = {"name": name, "shape": list(shape), "offset": offset}
+        if aliases is not None:
+            tensor["aliases"] = [n for n in aliases.get(id(param), [name])
+                                 if n != name]
+        tensors.append(tensor)
+    return {"elements": layer.numel, "tensors": tensors}
+
+
 def contents_of(layers: Iterable[Any], parts: List[str],
                 meta: Dict[str, Any], rank: int = 0,
                 world: int = 1) -> Dict[str, Any]:
     """A CheckpointContents (proto/checkpoint.proto) of `layers`
     (blocks.Layer) in protobuf JSON."""
     return {
-        "layers": [{"elements": layer.numel, "tensors": [
-            {"name": name, "shape": list(shape), "offset": offset}
-            for name, shape, offset in zip(layer.names, layer.shapes,
-                                           layer.offsets)]}
-            for layer in layers],
+        "layers": [layer_of(layer) for layer in layers],
         "parts": list(parts), "job_name": str(meta.get("job_name", "")),
         "iteration": int(meta.get("iteration", 0)),
         "rank": rank, "world_size": world}
@@ -239,14 +251,7 @@ class CheckpointReader:
         after "weights" the staging buffer holds the layer's fp32 values.
         A parameter the checkpoint lacks or holds in another shape is a
         LohanError naming it."""
-        tensors = []
-        for name, param, shape, offset in zip(layer.names, layer.params,
-                                              layer.shapes, layer.offsets):
-            names = aliases.get(id(param), [name])
-            tensors.append({"name": name, "shape": list(shape),
-                            "offset": offset,
-                            "aliases": [n for n in names if n != name]})
-        request = {"layer": {"tensors": tensors, "elements": layer.numel},
+        request = {"layer": layer_of(layer, aliases),
                    "index": layer.index, "parts": list(parts),
                    "rank": rank, "world_size": world}
         status = self._lib.lohan_checkpoint_restore_layer(

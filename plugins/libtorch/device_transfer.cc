@@ -82,19 +82,17 @@ void* CudaTransfer::CurrentStream() const {
   return cuda->getStream(device_).native_handle();
 }
 
-uint64_t CudaTransfer::SubmitGradient(lohan_model* model, uint32_t layer,
-                                      const torch::Tensor& flat) const {
+void CudaTransfer::SubmitGradient(lohan_steps* steps, uint32_t layer,
+                                  const torch::Tensor& flat) const {
   if (flat.device() != device_ || !flat.is_contiguous()) {
     throw std::logic_error("lohan CudaTransfer: a gradient on " +
                            flat.device().str() + ", not contiguous on " +
                            device_.str());
   }
-  uint64_t ticket = 0;
-  ThrowIfFailed(lohan_model_grad_ready_from_device_on_device(
-      model, layer, device_.index(), flat.data_ptr(),
+  ThrowIfFailed(lohan_steps_grad_ready_from_device(
+      steps, layer, device_.index(), flat.data_ptr(),
       static_cast<uint64_t>(flat.numel()) * flat.element_size(),
-      CurrentStream(), &ticket));
-  return ticket;
+      CurrentStream()));
 }
 
 torch::Tensor CudaTransfer::FetchWeights(const lohan_model* model,

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "lohan/lohan_client.h"
+#include "lohan/lohan_steps.h"
 #include "plugins/libtorch/layer_plan.h"
 
 namespace lohan::torch_plugin {
@@ -38,12 +39,14 @@ class CudaTransfer {
   // plane undoes it when destroyed). LohanError if the client refuses.
   void PinArena(lohan_data_plane* plane) const;
 
-  // Enqueues the copy of `flat` (the layer's gradient back to back, in
-  // the training dtype, contiguous, on the device) into the layer's
-  // gradient buffer, and GRAD_READY once it is done; returns the ticket.
-  // REQUIRES: `flat` stays alive, unchanged, until the ticket completes.
-  uint64_t SubmitGradient(lohan_model* model, uint32_t layer,
-                          const torch::Tensor& flat) const;
+  // Enqueues on the current stream the copy of `flat` (the layer's
+  // gradient back to back, in the training dtype, contiguous, on the
+  // device) into the layer's gradient buffer, and GRAD_READY once it is
+  // done (the step's hand-over). `flat` may go at once if it was
+  // allocated on that stream: torch's caching allocator gives its memory
+  // only to work enqueued there after the copy.
+  void SubmitGradient(lohan_steps* steps, uint32_t layer,
+                      const torch::Tensor& flat) const;
 
   // The layer's weight buffer (after lohan_model_fetch_params) as a new
   // tensor of `numel` elements of `dtype` on the device, its copy

@@ -3,7 +3,7 @@
 #include <torch/types.h>
 
 #include <algorithm>
-#include <cmath>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -103,8 +103,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model,
       dtype_(TrainingDtype(options_)),
       device_(TrainingDevice(layers_)),
       cuda_(CudaFor(device_)),
-      session_(options_.socket_path),
-      lr_(options_.lr) {
+      session_(options_.socket_path) {
   CheckParameters(layers_, dtype_);
   const std::string spec =
       SpecJson(*module_, options_, layers_, checkpoint_.get());
@@ -113,6 +112,9 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model,
     // Pinned once, before any copy, on the module's device.
     if (cuda_) cuda_->PinArena(session_.plane());
     remote_ = session_.Register(spec);
+    steps_ = session_.StartSteps(
+        "{\"lr\":" + JsonNumber(options_.lr) +
+        ",\"loss_scaling\":{\"dynamic\":false,\"scale\":1}}");
     grad_slots_ = lohan_model_grad_slots(remote_);
     for (const Layer& layer : layers_) {
       grad_views_.push_back(ArenaView(
@@ -158,7 +160,7 @@ void Engine::InitializeWeights() {
       lohan_model_staging(remote_),
       {static_cast<int64_t>(lohan_model_staging_bytes(remote_) / 4)},
       torch::TensorOptions(torch::kFloat32));
-  iteration_ = lohan_model_iteration(remote_);
+  const uint64_t iteration = lohan_model_iteration(remote_);
   for (Layer& layer : layers_) {
     // A layer the job stores already (a resumed job's) keeps its committed
     // weights: they replace the module's below.
@@ -166,11 +168,11 @@ void Engine::InitializeWeights() {
     if (checkpoint_ != nullptr) {
       RestoreLayer(layer);
     } else if (!stored) {
-      if (iteration_ > 0) {
+      if (iteration > 0) {
         throw LohanError(
             LOHAN_DATA_LOSS,
             "job \"" + options_.job_name + "\" is at iteration " +
-                std::to_string(iteration_) + " but has no weights for layer " +
+                std::to_string(iteration) + " but has no weights for layer " +
                 std::to_string(layer.index) + "; it cannot be resumed");
       }
       for (size_t i = 0; i < layer.params.size(); ++i) {
@@ -206,7 +208,7 @@ void Engine::RestoreLayer(const Layer& layer) {
 
 void Engine::save(const std::string& directory, bool with_optimizer) {
   if (closed_) throw std::logic_error("lohan Engine: save() after close()");
-  if (active_) {
+  if (lohan_steps_active(steps_)) {
     throw std::logic_error(
         "lohan Engine: save() in the middle of a step; call step() first");
   }
@@ -232,17 +234,19 @@ void Engine::save(const std::string& directory, bool with_optimizer) {
     parts.push_back("exp_avg");
     parts.push_back("exp_avg_sq");
   }
+  char* scaling = nullptr;
+  ThrowIfFailed(lohan_steps_loss_scaling_json(steps_, &scaling));
+  const OwnedString loss_scaling(scaling);
   // lohan.json's fields as the Python plugin records them.
   const std::string meta =
       "{\"job_name\":" + JsonQuoted(options_.job_name) +
       ",\"job_id\":" + JsonQuoted(session_.job_id()) +
-      ",\"iteration\":" + std::to_string(iteration_) +
+      ",\"iteration\":" + std::to_string(iteration()) +
       ",\"dtype\":" + JsonQuoted(options_.dtype) + ",\"layers\":[" + names +
-      "],\"adam\":{\"lr\":" + JsonNumber(lr_) +
-      ",\"amsgrad\":false},\"loss_scaling\":{\"scale\":1.0,"
-      "\"good_steps\":0,\"dynamic\":false}}";
+      "],\"adam\":{\"lr\":" + JsonNumber(lohan_steps_lr(steps_)) +
+      ",\"amsgrad\":false},\"loss_scaling\":" + loss_scaling.get() + "}";
   WriteCheckpoint(directory, remote_, stored, parts, options_.job_name,
-                  iteration_, meta);
+                  iteration(), meta);
 }
 
 torch::Tensor Engine::run_block(size_t index, const BlockForward& forward,
@@ -307,31 +311,21 @@ int Engine::BackwardPassesSeen() const {
   return seen;
 }
 
-void Engine::BeginIfIdle() {
-  if (active_) return;
-  const double lr =
-      options_.lr_schedule
-          ? options_.lr_schedule(static_cast<int64_t>(iteration_) + 1)
-          : lr_;
-  if (!(lr >= 0.0) || !std::isfinite(lr)) {
-    throw std::invalid_argument("lohan Engine: lr_schedule(" +
-                                std::to_string(iteration_ + 1) +
-                                ") = " + std::to_string(lr) +
-                                ": a learning rate must be finite and "
-                                ">= 0");
-  }
-  ThrowIfFailed(lohan_model_iter_begin_with(remote_, 1.0f, lr));
-  lr_ = lr;  // what a checkpoint records
-  active_ = true;
+uint64_t Engine::iteration() const {
+  return steps_ == nullptr ? 0 : lohan_steps_committed(steps_);
 }
 
-void Engine::ClaimGradBuffer(uint32_t layer) {
-  const auto found = buffer_tickets_.find(grad_views_[layer].data_ptr());
-  if (found == buffer_tickets_.end()) return;
-  const uint64_t ticket = found->second.ticket;
-  // A device source is released only once the copy has read it.
-  const int status = lohan_model_wait(remote_, ticket, -1);
-  buffer_tickets_.erase(found);
+void Engine::BeginIfIdle() {
+  if (lohan_steps_active(steps_)) return;
+  const int64_t next = static_cast<int64_t>(iteration()) + 1;
+  std::optional<double> lr;
+  if (options_.lr_schedule) lr = options_.lr_schedule(next);
+  const int status = lohan_steps_begin(steps_, lr ? &*lr : nullptr);
+  if (status == LOHAN_INVALID_ARGUMENT && lr) {
+    throw std::invalid_argument("lohan Engine: lr_schedule(" +
+                                std::to_string(next) +
+                                "): " + lohan_last_error());
+  }
   ThrowIfFailed(status);
 }
 
@@ -351,21 +345,18 @@ void Engine::FillGradient(uint32_t layer, torch::Tensor& flat) {
 }
 
 void Engine::HandOver(uint32_t layer) {
-  ClaimGradBuffer(layer);
-  Submitted submitted;
+  ThrowIfFailed(lohan_steps_claim_grad_buffer(steps_, layer));
   if (cuda_) {
     // Built on the device on the current stream (backward's), then
     // copied from there straight into the pinned gradient buffer.
-    submitted.source = torch::empty(
+    torch::Tensor flat = torch::empty(
         {layers_[layer].numel}, torch::TensorOptions(dtype_).device(device_));
-    FillGradient(layer, submitted.source);
-    submitted.ticket = cuda_->SubmitGradient(remote_, layer, submitted.source);
+    FillGradient(layer, flat);
+    cuda_->SubmitGradient(steps_, layer, flat);
   } else {
     FillGradient(layer, grad_views_[layer]);
-    ThrowIfFailed(
-        lohan_model_submit_grad_ready(remote_, layer, &submitted.ticket));
+    ThrowIfFailed(lohan_steps_grad_ready(steps_, layer));
   }
-  buffer_tickets_[grad_views_[layer].data_ptr()] = std::move(submitted);
   handed_over_[layer] = true;
 }
 
@@ -375,25 +366,9 @@ void Engine::FlushLayers() {
   }
 }
 
-void Engine::WaitForGradients() {
-  // Every ticket is waited for, also after a failure; the first failure
-  // is thrown.
-  int first_failure = LOHAN_OK;
-  std::string message;
-  for (const auto& [buffer, submitted] : buffer_tickets_) {
-    const int status = lohan_model_wait(remote_, submitted.ticket, -1);
-    if (status != LOHAN_OK && first_failure == LOHAN_OK) {
-      first_failure = status;
-      message = lohan_last_error();
-    }
-  }
-  buffer_tickets_.clear();
-  if (first_failure != LOHAN_OK) throw LohanError(first_failure, message);
-}
-
 StepResult Engine::step() {
   if (closed_) throw std::logic_error("lohan Engine: step() after close()");
-  if (!active_) {
+  if (!lohan_steps_active(steps_)) {
     throw std::logic_error(
         "lohan Engine: step() without gradients: call loss.backward() "
         "first");
@@ -410,22 +385,18 @@ StepResult Engine::step() {
   StepResult result;
   try {
     FlushLayers();
-    WaitForGradients();
     int clipped = 0;
     int skipped = 0;
-    const int status =
-        lohan_model_iter_end(remote_, &result.global_norm, &clipped, &skipped);
-    // Ended either way: on a failure the daemon rolled the step back.
-    active_ = false;
-    ThrowIfFailed(status);
+    // Ended either way (the daemon rolled a failed step back).
+    ThrowIfFailed(lohan_steps_end(steps_, nullptr, &result.global_norm,
+                                  &clipped, &skipped));
     result.clipped = clipped != 0;
     result.skipped = skipped != 0;
   } catch (...) {
-    if (active_) AbortStep();
+    lohan_steps_discard(steps_);  // a step a hand-over cut short
     ResetStep();
     throw;
   }
-  if (!result.skipped) ++iteration_;
   try {
     for (const Layer& layer : layers_) FetchIntoModule(layer.index);
   } catch (...) {
@@ -455,19 +426,7 @@ void Engine::FetchIntoModule(uint32_t layer) {
   }
 }
 
-void Engine::AbortStep() {
-  try {
-    WaitForGradients();
-  } catch (const LohanError&) {
-    // The step is thrown away all the same.
-  }
-  lohan_model_iter_abort(remote_);
-  active_ = false;
-}
-
 void Engine::ResetStep() {
-  active_ = false;
-  buffer_tickets_.clear();
   for (size_t i = 0; i < layers_.size(); ++i) {
     for (torch::Tensor& grad : arrived_[i]) grad = torch::Tensor();
     std::fill(arrivals_[i].begin(), arrivals_[i].end(), 0);
@@ -480,11 +439,11 @@ void Engine::ResetStep() {
 }
 
 void Engine::set_lr(double lr) {
-  if (!(lr >= 0.0) || !std::isfinite(lr)) {
-    throw std::invalid_argument("lohan Engine: set_lr(" + std::to_string(lr) +
-                                "): lr must be finite and >= 0");
+  if (closed_) throw std::logic_error("lohan Engine: set_lr() after close()");
+  if (lohan_steps_set_lr(steps_, lr) != LOHAN_OK) {
+    throw std::invalid_argument(std::string("lohan Engine: set_lr: ") +
+                                lohan_last_error());
   }
-  lr_ = lr;
 }
 
 void Engine::close(bool delete_job) {
@@ -492,11 +451,12 @@ void Engine::close(bool delete_job) {
   closed_ = true;
   for (auto& [param, handle] : hooks_) param.remove_hook(handle);
   hooks_.clear();
-  if (active_) AbortStep();
+  lohan_steps_discard(steps_);  // a step in progress is rolled back
   ResetStep();
   grad_views_.clear();
   weight_views_.clear();
   remote_ = nullptr;
+  steps_ = nullptr;
   session_.Close(delete_job);
 }
 

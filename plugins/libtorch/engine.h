@@ -8,7 +8,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "lohan/lohan_client.h"
@@ -99,7 +98,7 @@ class Engine {
                           const torch::Tensor& input);
 
   // Committed steps (skipped ones do not count).
-  uint64_t iteration() const { return iteration_; }
+  uint64_t iteration() const;
   const std::vector<Layer>& layers() const { return layers_; }
   const std::string& job_id() const { return session_.job_id(); }
   // "resident" (one gradient and one weight buffer per layer) or
@@ -120,24 +119,20 @@ class Engine {
   // The most backward passes any parameter has had a gradient from in
   // the step in progress.
   int BackwardPassesSeen() const;
+  // Begins the step at options_.lr_schedule's rate, if set.
   void BeginIfIdle();
-  void ClaimGradBuffer(uint32_t layer);
   // Copies the layer's gradients into its buffer (zeros for parameters
-  // without one) and submits GRAD_READY: on the CPU through the arena's
-  // buffer; on CUDA into a flat tensor on the device, copied over on the
-  // current stream.
+  // without one) and hands it over: on the CPU through the arena's
+  // buffer once the step may refill it; on CUDA into a flat tensor on the
+  // device, copied over on the current stream.
   void HandOver(uint32_t layer);
   // The layer's gradients back to back in `flat` (zeros for parameters
   // backward gave none), forgotten after.
   void FillGradient(uint32_t layer, torch::Tensor& flat);
   void FlushLayers();
-  void WaitForGradients();
   // The layer's committed weights (in the training dtype), as the daemon
   // writes them into its weight buffer, into the module's parameters.
   void FetchIntoModule(uint32_t layer);
-  // Lets the GRAD_READYs in flight land and has the daemon roll back the
-  // step in progress.
-  void AbortStep();
   // Forgets the step's bookkeeping and the parameters' .grad.
   void ResetStep();
 
@@ -153,21 +148,21 @@ class Engine {
   std::optional<CudaTransfer> cuda_;
   JobSession session_;
   lohan_model* remote_ = nullptr;  // owned by session_
+  // The committed count, lr, the step in progress and its hand-overs;
+  // owned by session_.
+  lohan_steps* steps_ = nullptr;
   uint32_t grad_slots_ = 0;
   std::vector<torch::Tensor> grad_views_;    // the arena's, per layer
   std::vector<torch::Tensor> weight_views_;  // the arena's, per layer
   // (parameter, hook handle) to remove at close.
   std::vector<std::pair<torch::Tensor, unsigned>> hooks_;
-  double lr_;
-  uint64_t iteration_ = 0;
   bool closed_ = false;
 
-  // The step in progress.
-  bool active_ = false;
-  // Gradients backward produced, per layer and parameter (undefined until
-  // then; summed over the passes), kept until the layer is complete: layers
-  // that share a gradient buffer may be produced interleaved, so a layer's
-  // buffer is written only when it is handed over.
+  // The step in progress. Gradients backward produced, per layer and
+  // parameter (undefined until then; summed over the passes), kept until
+  // the layer is complete: layers that share a gradient buffer may be
+  // produced interleaved, so a layer's buffer is written only when it is
+  // handed over.
   std::vector<std::vector<torch::Tensor>> arrived_;
   // Per layer and parameter: the backward passes whose gradient is in
   // arrived_ (their sum); per layer: the parameters at
@@ -175,15 +170,6 @@ class Engine {
   std::vector<std::vector<int>> arrivals_;
   std::vector<size_t> arrived_count_;
   std::vector<bool> handed_over_;
-  // A GRAD_READY in flight: its ticket and, on CUDA, the device tensor
-  // its copy reads (kept alive until the ticket is waited for).
-  struct Submitted {
-    uint64_t ticket = 0;
-    torch::Tensor source;
-  };
-  // GRAD_READY in flight, per gradient buffer: a buffer shared by several
-  // layers is refilled only once the daemon has taken the previous one.
-  std::unordered_map<const void*, Submitted> buffer_tickets_;
 };
 
 }  // namespace lohan::torch_plugin

@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "lohan/lohan_client.h"
+#include "lohan/lohan_steps.h"
 
 namespace lohan::torch_plugin {
 
@@ -20,6 +21,9 @@ struct DataPlaneDestroyer {
 struct ModelDestroyer {
   void operator()(lohan_model* model) const { lohan_model_destroy(model); }
 };
+struct StepsDestroyer {
+  void operator()(lohan_steps* steps) const { lohan_steps_destroy(steps); }
+};
 struct JobListDestroyer {
   void operator()(lohan_job_list* list) const { lohan_job_list_destroy(list); }
 };
@@ -30,6 +34,7 @@ struct StringFreer {
 using ClientHandle = std::unique_ptr<lohan_client, ClientDestroyer>;
 using DataPlaneHandle = std::unique_ptr<lohan_data_plane, DataPlaneDestroyer>;
 using ModelHandle = std::unique_ptr<lohan_model, ModelDestroyer>;
+using StepsHandle = std::unique_ptr<lohan_steps, StepsDestroyer>;
 using JobListHandle = std::unique_ptr<lohan_job_list, JobListDestroyer>;
 using OwnedString = std::unique_ptr<char, StringFreer>;
 

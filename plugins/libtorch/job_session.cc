@@ -54,7 +54,15 @@ lohan_model* JobSession::Register(const std::string& model_spec_json) {
   return model;
 }
 
+lohan_steps* JobSession::StartSteps(const std::string& options_json) {
+  lohan_steps* steps = nullptr;
+  ThrowIfFailed(lohan_steps_create(model_.get(), options_json.c_str(), &steps));
+  steps_.reset(steps);
+  return steps;
+}
+
 void JobSession::Close(bool delete_job) {
+  steps_.reset();
   model_.reset();
   plane_.reset();
   if (client_ == nullptr) return;

@@ -31,23 +31,27 @@ class JobSession {
             bool resume);
   // Registers the model on the open data plane; the session owns it.
   lohan_model* Register(const std::string& model_spec_json);
+  // The registered model's training steps (lohan_steps_create with
+  // `options_json`, a TrainingStepsOptions); the session owns them.
+  lohan_steps* StartSteps(const std::string& options_json);
 
   const std::string& job_id() const { return job_id_; }
   // The open data plane (null before Open and after Close); the session
   // owns it.
   lohan_data_plane* plane() const { return plane_.get(); }
 
-  // Destroys the model, closes the data plane, then (lohan_job_close)
-  // waits until the daemon has taken the arena back (so the job can be
-  // reopened at once), detaches the job (and deletes it with `delete_job`)
-  // and disconnects. Errors past the data plane's close are ignored (the
-  // daemon may be gone); a second call does nothing.
+  // Destroys the steps and the model, closes the data plane, then
+  // (lohan_job_close) waits until the daemon has taken the arena back (so the
+  // job can be reopened at once), detaches the job (and deletes it with
+  // `delete_job`) and disconnects. Errors past the data plane's close are
+  // ignored (the daemon may be gone); a second call does nothing.
   void Close(bool delete_job);
 
  private:
   ClientHandle client_;
   DataPlaneHandle plane_;
   ModelHandle model_;
+  StepsHandle steps_;  // destroyed before model_
   std::string job_id_;
   bool created_ = false;  // by Open
   bool registered_ = false;

@@ -1946,7 +1946,9 @@ def test_a_failed_gradient_request_at_step_leaves_a_clean_engine(lohand):
     """step() that finds one of the step's GRAD_READY requests failed (as
     when the daemon dies with them in flight) throws the step away, daemon
     side too, so the next backward and step run as if it never happened.
-    The failure is injected into the engine's wait for that request."""
+    The failure is injected where the client library reports it: its end
+    of the step throws the step away (ITER_ABORT, as it does for a failed
+    hand-over: client/training_steps_test.cc) and returns the error."""
     data = batches(3)
     runs = []
     for fail in (False, True):
@@ -1954,21 +1956,19 @@ def test_a_failed_gradient_request_at_step_leaves_a_clean_engine(lohand):
         with engine_for(model, lohand, job_name=f"failed-grad-{fail}") as engine:
             if fail:
                 lm_loss(model, data[2, 0]).backward()
-                real_wait = engine._remote.wait
-                calls = []
+                steps = engine._iteration.steps
+                real_end = steps.end
 
-                def failing_wait(ticket, timeout=None):
-                    calls.append(ticket)
-                    if len(calls) == 1:
-                        real_wait(ticket, timeout)
-                        raise LohanError(StatusCode.UNAVAILABLE, "injected")
-                    return real_wait(ticket, timeout)
+                def failing_end(global_sum_squares=None):
+                    steps.discard()
+                    raise LohanError(StatusCode.UNAVAILABLE, "injected")
 
-                engine._remote.wait = failing_wait
+                steps.end = failing_end
                 with pytest.raises(LohanError, match="injected"):
                     engine.step()
-                engine._remote.wait = real_wait
+                steps.end = real_end
                 assert engine.iteration == 0
+                assert not engine._in_iteration
             for step in data[:2]:
                 lm_loss(model, step[0]).backward()
                 engine.step()

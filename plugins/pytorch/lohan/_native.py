@@ -36,6 +36,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     u32, u64, i32, size_t = (ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int32,
                              ctypes.c_size_t)
     pp = ctypes.POINTER(c_void_p)
+    f64p, ip = ctypes.POINTER(ctypes.c_double), ctypes.POINTER(c_int)
     signatures = {
         "lohan_version": (c_char_p, []),
         "lohan_last_error": (c_char_p, []),
@@ -157,6 +158,21 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         # Checkpoints (lohan_checkpoint.h).
         "lohan_checkpoint_open": (c_int, [c_char_p, u32, pp]),
         "lohan_checkpoint_destroy": (None, [c_void_p]),
+        "lohan_steps_create": (c_int, [c_void_p, c_char_p, pp]),
+        "lohan_steps_destroy": (None, [c_void_p]),
+        "lohan_steps_committed": (u64, [c_void_p]),
+        "lohan_steps_active": (c_int, [c_void_p]),
+        "lohan_steps_loss_scaling_json": (c_int, [c_void_p, pp]),
+        "lohan_steps_set_loss_scaling_json": (c_int, [c_void_p, c_char_p]),
+        "lohan_steps_scale_loss": (c_int, [c_void_p, f64p]),
+        "lohan_steps_begin": (c_int, [c_void_p, f64p]),
+        "lohan_steps_claim_grad_buffer": (c_int, [c_void_p, u32]),
+        "lohan_steps_grad_ready": (c_int, [c_void_p, u32]),
+        "lohan_steps_grad_ready_from_device": (c_int, [
+            c_void_p, u32, c_int, c_void_p, u64, c_void_p]),
+        "lohan_steps_end": (c_int, [c_void_p, f64p, f64p, ip, ip]),
+        "lohan_steps_discard": (c_int, [c_void_p]),
+        "lohan_steps_settle": (None, [c_void_p, ctypes.c_int64]),
         "lohan_checkpoint_meta_json": (c_char_p, [c_void_p]),
         "lohan_checkpoint_iteration": (u64, [c_void_p]),
         "lohan_checkpoint_has_part": (c_int, [c_void_p, c_char_p]),

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from lohan import _native
-from lohan.client import LohanError, StatusCode
+from lohan.client import LohanError, StatusCode, take_text
 
 WEIGHTS_FILE = "model.safetensors"
 META_FILE = "lohan.json"
@@ -46,13 +46,6 @@ def _call(status: int) -> None:
     if status == StatusCode.NOT_FOUND:
         raise FileNotFoundError(message)
     raise LohanError(status, message)
-
-
-def _take_string(pointer: ctypes.c_void_p) -> str:
-    try:
-        return ctypes.string_at(pointer).decode()
-    finally:
-        _native.library().lohan_string_free(pointer)
 
 
 def layer_of(layer: Any,
@@ -139,7 +132,7 @@ class Save:
         text = ctypes.c_void_p()
         _call(self._lib.lohan_checkpoint_save_close_files(
             self._handle, ctypes.byref(text)))
-        return json.loads(_take_string(text))
+        return json.loads(take_text(text))
 
     def commit(self, meta: Dict[str, Any],
                files: Optional[Dict[str, Dict[str, int]]] = None) -> None:
@@ -213,7 +206,7 @@ class CheckpointReader:
         text = ctypes.c_void_p()
         _call(self._lib.lohan_checkpoint_parameters_json(
             self._handle, ctypes.byref(text)))
-        return [entry["name"] for entry in json.loads(_take_string(text))]
+        return [entry["name"] for entry in json.loads(take_text(text))]
 
     def _shape(self, name: str, part: str) -> Optional[List[int]]:
         dims = (ctypes.c_int64 * 16)()

@@ -6,7 +6,8 @@ import ctypes
 import enum
 import json
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import (Any, Callable, Dict, List, Optional, Sequence, Tuple,
+                    Union)
 
 from lohan import _native
 from lohan.model_spec import ModelSpec
@@ -50,6 +51,14 @@ def _check(status: int) -> None:
     if status != 0:
         message = _native.library().lohan_last_error().decode(errors="replace")
         raise LohanError(status, message)
+
+
+def take_text(text: ctypes.c_void_p) -> str:
+    """A string the library allocated for a caller, freed."""
+    try:
+        return ctypes.string_at(text).decode()
+    finally:
+        _native.library().lohan_string_free(text)
 
 
 @dataclass(frozen=True)
@@ -113,6 +122,7 @@ class Model:
         self.layer_elements = list(layer_elements)
         self.dtype = dtype
         self.iteration = lib.lohan_model_iteration(handle)
+        self._dependents: List[Callable[[], None]] = []
         # The job kept the commit before its last one (a data-parallel
         # rank's): ModelSpec.revert_last_commit goes back to it.
         self.previous_commit_kept = bool(
@@ -369,8 +379,16 @@ class Model:
                 ctypes.byref(clipped), ctypes.byref(skipped)))
         return norm.value, bool(clipped.value), bool(skipped.value)
 
+    def on_close(self, close: Callable[[], None]) -> None:
+        """Calls `close` before the model's handle goes (what refers to
+        it: lohan.steps.TrainingSteps)."""
+        self._dependents.append(close)
+
     def close(self) -> None:
         if self._handle:
+            for close in self._dependents:
+                close()
+            self._dependents = []
             self._lib.lohan_model_destroy(self._handle)
             self._handle = ctypes.c_void_p()
 
@@ -542,10 +560,7 @@ class Client:
         text = ctypes.c_void_p()
         _check(self._lib.lohan_job_create_json(
             self._handle, json.dumps(request).encode(), ctypes.byref(text)))
-        try:
-            response = json.loads(ctypes.string_at(text).decode())
-        finally:
-            self._lib.lohan_string_free(text)
+        response = json.loads(take_text(text))
         return _job_of(response["job"]), _sizing_of(response["arena"])
 
     def open_job(self, name: str, model: ModelSpec, resume: bool,
@@ -564,10 +579,7 @@ class Client:
         _check(self._lib.lohan_job_open(
             self._handle, json.dumps({"spec": spec, "resume": resume}).encode(),
             ctypes.byref(plane), None, ctypes.byref(text)))
-        try:
-            response = json.loads(ctypes.string_at(text).decode())
-        finally:
-            self._lib.lohan_string_free(text)
+        response = json.loads(take_text(text))
         return (_job_of(response["job"]), bool(response["created"]),
                 _sizing_of(response.get("arena", {})),
                 DataPlane(self._lib, plane, self))
@@ -617,10 +629,7 @@ class Client:
         text = ctypes.c_void_p()
         _check(self._lib.lohan_client_status_json(self._handle,
                                                   ctypes.byref(text)))
-        try:
-            return json.loads(ctypes.string_at(text).decode())
-        finally:
-            self._lib.lohan_string_free(text)
+        return json.loads(take_text(text))
 
     def plan_job(self, job_id: str, request: Dict[str, Any]) -> Dict[str, Any]:
         """Asks lohand for the activation plan of `job_id` (this process
@@ -643,10 +652,7 @@ class Client:
         _check(self._lib.lohan_job_plan_json(
             self._handle, job_id.encode(), json.dumps(request).encode(),
             ctypes.byref(text)))
-        try:
-            return json.loads(ctypes.string_at(text).decode())
-        finally:
-            self._lib.lohan_string_free(text)
+        return json.loads(take_text(text))
 
     def kept_plan(self, job_id: str) -> Dict[str, Any]:
         """The whole plan lohand keeps with `job_id`'s session, as plan_job
@@ -657,7 +663,4 @@ class Client:
         text = ctypes.c_void_p()
         _check(self._lib.lohan_job_kept_plan_json(
             self._handle, job_id.encode(), ctypes.byref(text)))
-        try:
-            return json.loads(ctypes.string_at(text).decode())
-        finally:
-            self._lib.lohan_string_free(text)
+        return json.loads(take_text(text))

@@ -37,7 +37,7 @@ from lohan.client import DistributedRun, Job, LohanError, Model
 from lohan.groups import (ParamGroup, check_optimizer_groups, exempt_ranges,
                           param_groups)
 from lohan.hooks import GradientRouter, has_lohan_hook
-from lohan.iteration import Iteration, LossScale
+from lohan.iteration import Iteration, loss_scaling
 from lohan.job import JobSession, model_spec
 from lohan.options import MIB, ActivationsArg, EngineOptions
 from lohan.params import Both, FrozenWeights, ParameterResidency
@@ -241,11 +241,6 @@ class Engine:
         """Loss scaling, the activation store and the step in progress
         (whose router hooks the parameters)."""
         remote = self._session.remote
-        scaling = LossScale(
-            opts.loss_scale, self.dtype, opts.initial_loss_scale,
-            opts.loss_scale_growth_interval,
-            self._checkpoint.meta.get("loss_scaling")
-            if self._checkpoint is not None else None)
         if uses_store(where.activation_modes):
             area = (torch.frombuffer(remote.activations, dtype=torch.uint8)
                     if where.spill else None)
@@ -254,8 +249,11 @@ class Engine:
                 device_copies=self._session.cuda)
         self._iteration = Iteration(
             self._session, self.layers, self.grad_accumulation_steps,
-            self._weights, self._activations, self._next_lr, scaling,
-            int(remote.iteration), self._sharding,
+            self._weights, self._activations, self._next_lr,
+            loss_scaling(opts.loss_scale, self.dtype, opts.initial_loss_scale,
+                         opts.loss_scale_growth_interval),
+            self._checkpoint.meta.get("loss_scaling")
+            if self._checkpoint is not None else None, self._sharding,
             backward_order(self.model, self.blocks, self.layers)
             if self._sharding else None)
 
@@ -305,29 +303,25 @@ class Engine:
     @property
     def iteration(self) -> int:
         """Committed steps."""
-        return self._iteration.count
-
-    @iteration.setter
-    def iteration(self, value: int) -> None:
-        self._iteration.count = value
+        return self._iteration.steps.committed
 
     @property
     def loss_scale(self) -> float:
         """What engine.backward multiplies the loss by (fp16 loss
         scaling; 1 otherwise)."""
-        return self._iteration.loss.scale
+        return float(self._iteration.steps.loss_scaling["scale"])
 
     @loss_scale.setter
     def loss_scale(self, value: float) -> None:
-        self._iteration.loss.scale = value
+        self._iteration.steps.set_loss_scaling(scale=float(value))
 
     @property
     def _good_steps(self) -> int:
-        return self._iteration.loss.good_steps
+        return int(self._iteration.steps.loss_scaling.get("good_steps", 0))
 
     @_good_steps.setter
     def _good_steps(self, value: int) -> None:
-        self._iteration.loss.good_steps = value
+        self._iteration.steps.set_loss_scaling(good_steps=int(value))
 
     @property
     def _in_iteration(self) -> bool:
@@ -518,7 +512,7 @@ class Engine:
             "dtype": WIRE_NAMES[self.dtype],
             "layers": [layer.names for layer in self.layers],
             "adam": {"lr": self.lr, "amsgrad": self._amsgrad},
-            "loss_scaling": self._iteration.loss.state(),
+            "loss_scaling": self._iteration.steps.loss_scaling,
         })
 
     # ------------------------------------------------------------- teardown

@@ -1,12 +1,15 @@
-"""One optimizer step as the daemon runs it: begun when its first
-gradient reaches the daemon (during backward), each layer's gradient
-handed over as the GradientRouter collects it, then ended (the daemon
-decides the global norm, clips or skips) or thrown away (the daemon rolls
-back the updates it ran). Also fp16 loss scaling."""
+"""One optimizer step as the daemon runs it, over liblohan_client's
+TrainingSteps (steps.py: the count, the learning rate, loss scaling, the
+hand-overs and their tickets): begun when its first gradient reaches the
+daemon (during backward), each layer's gradient handed over as the
+GradientRouter collects it, then ended (the daemon decides the global norm,
+clips or skips) or thrown away (the daemon rolls back the updates it ran).
+What stays here is torch's: the router, data-parallel reductions, the copy
+stream, the model's own cleanup."""
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 
 import torch
 
@@ -18,58 +21,25 @@ from lohan.hooks import GradientRouter
 from lohan.job import JobSession
 from lohan.rank_commits import agree_committed
 from lohan.sharding import GradientReducer, Sharding
+from lohan.steps import Outcome, TrainingSteps
 from lohan.weights import Weights
 
-# What the daemon reports at the end of a step: the global norm (before
-# clipping), whether it clipped, whether it skipped the update.
-Outcome = Tuple[float, bool, bool]
 
-
-class LossScale:
-    """fp16 loss scaling: engine.backward(loss) multiplies the loss by
-    `scale`; the daemon multiplies the gradients by 1/scale. "dynamic"
-    (the default for fp16) halves the scale on a step with inf/nan
-    gradients (which the daemon skips) and doubles it after
-    `growth_interval` good steps, like torch's GradScaler."""
-
-    def __init__(self, loss_scale: Union[None, str, float],
-                 dtype: torch.dtype, initial_scale: float,
-                 growth_interval: int,
-                 checkpointed: Optional[Mapping[str, object]]) -> None:
-        """`checkpointed`: the "loss_scaling" of the checkpoint resumed
-        from, if any."""
-        if loss_scale is None:
-            loss_scale = "dynamic" if dtype == torch.float16 else 1.0
-        self.dynamic = loss_scale == "dynamic"
-        self.scale = (float(initial_scale) if self.dynamic
-                      else float(loss_scale))
-        self.growth_interval = int(growth_interval)
-        self.good_steps = 0
-        if self.dynamic and isinstance(checkpointed, dict):
-            # A dynamic scale goes on where the checkpointed run left it
-            # (else a resumed fp16 run would start again at 2^16 and skip
-            # steps finding its way down).
-            self.scale = float(checkpointed.get("scale", self.scale))
-            self.good_steps = int(checkpointed.get("good_steps", 0))
-
-    def update(self, skipped: bool) -> None:
-        """After a step the daemon `skipped` (non-finite gradients) or
-        committed."""
-        if not self.dynamic:
-            return
-        if skipped:
-            self.scale = max(self.scale / 2.0, 1.0)
-            self.good_steps = 0
-        else:
-            self.good_steps += 1
-            if self.good_steps >= self.growth_interval:
-                self.scale *= 2.0
-                self.good_steps = 0
-
-    def state(self) -> Dict[str, object]:
-        """As a checkpoint's lohan.json holds it."""
-        return {"scale": self.scale, "good_steps": self.good_steps,
-                "dynamic": self.dynamic}
+def loss_scaling(loss_scale: Union[None, str, float], dtype: torch.dtype,
+                 initial_scale: float,
+                 growth_interval: int) -> Dict[str, Any]:
+    """lohan.init's fp16 loss scaling as a LossScaling
+    (proto/training_steps.proto): engine.backward(loss) multiplies the loss
+    by the scale, the daemon the gradients by its inverse. "dynamic" (the
+    default for fp16) halves the scale on a step with inf/nan gradients
+    (which the daemon skips) and doubles it after `growth_interval` good
+    steps, like torch's GradScaler."""
+    if loss_scale is None:
+        loss_scale = "dynamic" if dtype == torch.float16 else 1.0
+    dynamic = loss_scale == "dynamic"
+    return {"dynamic": dynamic,
+            "scale": float(initial_scale if dynamic else loss_scale),
+            "growth_interval": int(growth_interval)}
 
 
 class Iteration:
@@ -81,12 +51,15 @@ class Iteration:
     def __init__(self, session: JobSession, layers: List[Layer],
                  accumulation_steps: int, weights: Weights,
                  activations: Optional[ActivationStore],
-                 learning_rate: Callable[[], float], loss: LossScale,
-                 committed: int, sharding: Optional[Sharding] = None,
+                 learning_rate: Callable[[], float],
+                 scaling: Mapping[str, Any],
+                 resumed: Optional[Mapping[str, Any]],
+                 sharding: Optional[Sharding] = None,
                  order: Optional[List[int]] = None) -> None:
         """`learning_rate()`: the step's rate, read when its first
         gradient reaches the daemon (a scheduler may have set it since
-        the last step). `committed`: the job's committed steps.
+        the last step). `scaling`: loss_scaling(...); `resumed`: the
+        "loss_scaling" of the checkpoint resumed from, if any.
         `sharding` (data-parallel ranks): the job holds this rank's
         shards; gradients are reduced over the ranks in `order` (the same
         on every rank, see sharding.backward_order) and the daemon clips
@@ -97,18 +70,11 @@ class Iteration:
         self._weights = weights
         self._activations = activations
         self._learning_rate = learning_rate
-        self.loss = loss
-        self.count = committed
+        self.steps = TrainingSteps(session.remote, learning_rate(), scaling,
+                                   resumed)
         # Gradients on a GPU are copied into their slots on a stream, by
         # the C library.
         self.device_copies = session.cuda
-        self.active = False  # the daemon has begun the step
-        self.scaled_backward = False  # this step's loss was scaled
-        self._grad_tickets: List[int] = []
-        # GRAD_READY in flight per gradient buffer (address): a streamed
-        # layout shares buffers, and one may be refilled only once the
-        # daemon has taken the previous gradient out of it.
-        self._buffer_tickets: Dict[int, int] = {}
         self._sharding = sharding
         reducer = None
         if sharding is not None:
@@ -124,6 +90,11 @@ class Iteration:
                                      accumulation_steps, self,
                                      reducer=reducer)
 
+    @property
+    def active(self) -> bool:
+        """The daemon has begun the step."""
+        return self.steps.active
+
     def _before_first_reduction(self) -> None:
         """Data-parallel ranks, at the same point of every rank's
         collectives: the lazy pulls of overlap_step (which gather weights
@@ -136,43 +107,31 @@ class Iteration:
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """`loss` times the loss scale; the daemon unscales this step's
         gradients."""
-        self.scaled_backward = True
-        return loss * self.loss.scale
+        return loss * self.steps.scale_loss()
 
-    def begin(self) -> None:
+    def _begin_if_idle(self) -> None:
+        if self.steps.active:
+            return
         self._weights.before_step()
-        lr = self._learning_rate()
-        # Gradients of a loss scaled by engine.backward come back to scale 1
-        # in the daemon, exactly (the scale is a power of two).
         try:
-            self._remote.iter_begin(
-                grad_scale=(1.0 / self.loss.scale
-                            if self.scaled_backward else 1.0),
-                lr=lr)
+            self.steps.begin(self._learning_rate())
         except BaseException:
             # No step began (the daemon is gone, say): what this backward
             # handed over so far is lost with it, and the next backward
             # must start clean rather than find layers "handed over".
             self.router.reset()
-            self.scaled_backward = False
             raise
-        self.active = True
 
     # ------------------------------------------------ hooks.GradientSink
 
     def claim_grad_buffer(self, layer: int) -> None:
-        ticket = self._buffer_tickets.pop(
-            self._grad_views[layer].data_ptr(), None)
-        if ticket is not None:
-            self._remote.wait(ticket)
+        self.steps.claim_grad_buffer(layer)
 
     def grad_ready(self, layer: int) -> None:
         """The layer's gradient is in its slot: tell the daemon without
         waiting (its update starts while backward goes on)."""
-        if not self.active:
-            self.begin()
-        self._buffer_tickets[self._grad_views[layer].data_ptr()] = (
-            self._remote.submit_grad_ready(layer))
+        self._begin_if_idle()
+        self.steps.grad_ready(layer)
 
     def device_grad_ready(self, layer: int, flat: torch.Tensor) -> None:
         """`flat`: the layer's gradients back to back on the GPU. The copy
@@ -180,8 +139,7 @@ class Iteration:
         compute stream has produced them, so backward's next kernels do
         not wait for it; the C library posts GRAD_READY from a host
         function once it is done, so the Python thread goes on at once."""
-        if not self.active:
-            self.begin()
+        self._begin_if_idle()
         side = copy_stream(flat.device, outbound=True)
         # Everything queued on the compute stream so far comes first: the
         # gradients, and the waits for this layer's weight copies out of
@@ -191,9 +149,9 @@ class Iteration:
         flat.record_stream(side)
         # The device named, so the C library neither probes the pointer
         # nor leaves another device current on this thread.
-        self._grad_tickets.append(self._remote.grad_ready_from_device(
+        self.steps.grad_ready_from_device(
             layer, flat.data_ptr(), flat.numel() * flat.element_size(),
-            side.cuda_stream, device=flat.device.index))
+            side.cuda_stream, flat.device.index)
 
     def _shard_ready(self, layer: int, shard: torch.Tensor) -> None:
         """This rank's reduced shard of the layer's gradient (data-parallel
@@ -211,21 +169,10 @@ class Iteration:
 
     # ------------------------------------------------------------------
 
-    def take_tickets(self) -> List[int]:
-        """Every GRAD_READY of this step not waited for yet (from host
-        buffers and from GPU copies); forgotten here."""
-        tickets = self._grad_tickets + list(self._buffer_tickets.values())
-        self._grad_tickets, self._buffer_tickets = [], {}
-        return tickets
-
     def settle(self, timeout: float) -> None:
         """Lets every GRAD_READY in flight land (or fail), errors
         ignored: before the arena goes."""
-        for ticket in self.take_tickets():
-            try:
-                self._remote.wait(ticket, timeout=timeout)
-            except LohanError:
-                pass  # failed, the daemon is gone, or never to be posted
+        self.steps.settle(timeout)
 
     def end(self) -> Optional[Outcome]:
         """Hands over any layer still holding gradients and waits for the
@@ -236,69 +183,39 @@ class Iteration:
             return None
         router.flush()  # on an error here the iteration stays open
         local_squares = router.finish_reductions()
-        # GRAD_READYs posted from CUDA host functions must reach the daemon
-        # before ITER_END does.
-        tickets = self.take_tickets()
-        try:
-            for ticket in tickets:
-                self._remote.wait(ticket)
-        except BaseException:
-            # The iteration cannot end well: abandon it (the daemon rolls
-            # back what it ran) so that the next step starts clean; the
-            # error raised is the first one.
-            for ticket in tickets:
-                try:
-                    self._remote.wait(ticket, timeout=0)
-                except LohanError:
-                    pass
-            try:
-                self.discard()
-            except LohanError:
-                pass  # the daemon is gone: this side is clean all the same
-            raise
         if self._activations is not None:
             self._activations.drain()  # an activation put's error lands here
         global_squares = None
         if local_squares is not None:
-            # As the daemon counts them: times this step's gradient scale.
-            scale = 1.0 / self.loss.scale if self.scaled_backward else 1.0
-            global_squares = self._sharding.sum(local_squares) * scale * scale
+            global_squares = self._sharding.sum(local_squares)
         try:
-            norm, clipped, skipped = self._remote.iter_end(
-                global_sum_squares=global_squares)
-        finally:
-            # On an error the daemon rolled the iteration back: the model
-            # still holds the committed weights.
-            self.active = False
-            self.scaled_backward = False
-            router.reset()
-        if not skipped:
-            self.count += 1
-        self.loss.update(skipped)
-        return float(norm), bool(clipped), bool(skipped)
+            outcome = self.steps.end(global_squares)
+        except BaseException:
+            # The daemon rolled the step back (or it was thrown away): the
+            # model still holds the committed weights; the next step
+            # starts clean.
+            self._forget_step()
+            raise
+        router.reset()
+        return outcome
 
     def discard(self) -> None:
         """Throws away the step in progress: the gradients handed over so
         far and the updates the daemon ran with them (rolled back). A
         no-op between steps. The daemon's refusal is raised once this
         side is clean."""
-        for ticket in self.take_tickets():
-            try:
-                self._remote.wait(ticket)
-            except LohanError:
-                pass  # the step is being thrown away
-        refused: Optional[LohanError] = None
-        if self.active:
-            try:
-                self._remote.iter_abort()
-            except LohanError as error:
-                refused = error  # raised once this side is clean
-            finally:
-                self.active = False
-                self.scaled_backward = False
-        # What backward accumulated and had not handed over yet goes too
-        # (a micro-batch of an accumulation, the layers a failed backward
-        # reached).
+        try:
+            self.steps.discard()
+        finally:
+            self._forget_step()
+
+    def _forget_step(self) -> None:
+        """What backward accumulated and had not handed over yet (a
+        micro-batch of an accumulation, the layers a failed backward
+        reached), fetched weights and activations of the step. The
+        model's resident parameters are written at step() only, and the
+        daemon put the committed 16-bit weights back in the arena:
+        nothing to copy."""
         self.router.reset()
         for layer in self._layers:
             for param in layer.params:
@@ -310,8 +227,3 @@ class Iteration:
             except LohanError:
                 pass
             self._activations.sweep()
-        # The model's resident parameters are written at step() only, and
-        # the daemon put the committed 16-bit weights back in the arena:
-        # nothing to copy.
-        if refused is not None:
-            raise refused

@@ -10,7 +10,6 @@
 
 #include "plugins/libtorch/lohan_error.h"
 #include "plugins/libtorch/model_spec_json.h"
-#include "plugins/libtorch/param_groups.h"
 #include "plugins/libtorch/recompute.h"
 
 namespace lohan::torch_plugin {
@@ -53,9 +52,11 @@ std::optional<CudaTransfer> CudaFor(const torch::Device& device) {
 }
 
 // The model's ModelSpec in protobuf JSON.
-std::string SpecJson(torch::nn::Module& model, const Options& options,
-                     const std::vector<Layer>& layers,
-                     const CheckpointReader* checkpoint) {
+std::string SpecJson(
+    const std::shared_ptr<torch::nn::Module>& model,
+    const std::vector<std::shared_ptr<torch::nn::Module>>& blocks,
+    const Options& options, const std::vector<Layer>& layers,
+    const CheckpointReader* checkpoint) {
   ModelSpecBuilder builder;
   lohan_model_spec& spec = builder.spec();
   // Without moments a checkpoint's weights start afresh at step 0.
@@ -73,9 +74,6 @@ std::string SpecJson(torch::nn::Module& model, const Options& options,
   spec.weight_decay = options.weight_decay;
   spec.max_grad_norm = options.max_grad_norm;
   spec.commit_interval = options.commit_interval;
-  const GroupPlan groups = PlanParamGroups(model, layers, options);
-  builder.set_no_weight_decay(groups.no_weight_decay);
-  builder.set_param_groups(groups.param_groups);
   const uint32_t count = static_cast<uint32_t>(layers.size());
   const uint32_t streamed =
       count > 1 ? std::min(options.stream_buffers, count - 1) : 0;
@@ -83,7 +81,8 @@ std::string SpecJson(torch::nn::Module& model, const Options& options,
   spec.grad_slots = slots;
   spec.weight_slots = slots;
   spec.arena_fit_most = options.buffers == "auto" && slots > 0;
-  return builder.Json();
+  // The groups as ranges of the layers, by liblohan_client.
+  return PlanModel(model, blocks, &options, builder.Json()).spec_json;
 }
 
 torch::Tensor ArenaView(void* buffer, int64_t numel, torch::ScalarType dtype) {
@@ -106,7 +105,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model,
       session_(options_.socket_path) {
   CheckParameters(layers_, dtype_);
   const std::string spec =
-      SpecJson(*module_, options_, layers_, checkpoint_.get());
+      SpecJson(module_, blocks_, options_, layers_, checkpoint_.get());
   try {
     session_.Open(options_.job_name, spec, options_.resume_job);
     // Pinned once, before any copy, on the module's device.

@@ -16,8 +16,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "plugins/libtorch/adamw_comparison.h"
+#include "plugins/libtorch/layer_plan.h"
 #include "plugins/libtorch/lohan_error.h"
-#include "plugins/libtorch/param_groups.h"
+#include "plugins/libtorch/model_spec_json.h"
 #include "plugins/libtorch/test_daemon.h"
 #include "plugins/libtorch/tiny_gpt.h"
 
@@ -326,42 +327,40 @@ TEST_F(EngineTest, ParamGroupsKeepTheirRatioUnderAnLrSchedule) {
   EXPECT_LE(weights, 1e-5);
 }
 
-// The ranges the daemon gets, as the Python plugin's groups.py maps them.
+// The ranges the daemon gets: liblohan_client's cut of the groups, which
+// the Python plugin's groups take too (client/model_cut_test.cc holds the
+// cut's own cases).
 TEST_F(EngineTest, ParamGroupsBecomeTheDaemonsElementRanges) {
   tiny_gpt::Model model = tiny_gpt::MakeModel(config_, kSeed);
   const Options options = GroupedOptions(socket(), "ranges", *model);
-  const std::vector<Layer> layers =
-      PlanLayers(model.ptr(), model->block_list());
-  const GroupPlan plan = PlanParamGroups(*model, layers, options);
+  const ModelPlan plan =
+      PlanModel(model.ptr(), model->block_list(), &options,
+                "{\"adam\":{\"lr\":" + JsonNumber(options.lr) + "}}");
+  const std::vector<Layer>& layers = plan.layers;
   const uint64_t dim = config_.dim;
   const uint64_t tokens = config_.vocab * dim;
-  auto same = [](const std::vector<ElementRange>& got,
-                 const std::vector<ElementRange>& want) {
-    if (got.size() != want.size()) return false;
-    for (size_t i = 0; i < got.size(); ++i) {
-      if (got[i].layer != want[i].layer || got[i].begin != want[i].begin ||
-          got[i].end != want[i].end) {
-        return false;
-      }
-    }
-    return true;
+  auto range = [](uint32_t layer, uint64_t begin, uint64_t end) {
+    return "{\"layer\":" + std::to_string(layer) + ",\"begin\":\"" +
+           std::to_string(begin) + "\",\"end\":\"" + std::to_string(end) +
+           "\"}";
+  };
+  auto group = [&](const std::string& name, const std::string& ranges) {
+    return "\"ranges\":[" + ranges + "],\"name\":\"" + name + "\"";
   };
   // positions.weight after tokens.weight in layer 0; norm.weight and
   // norm.bias at the head of layer 1; head.bias (grouped) left out.
-  EXPECT_TRUE(
-      same(plan.no_weight_decay,
-           {{0, tokens, tokens + config_.context * dim}, {1, 0, 2 * dim}}));
-  ASSERT_EQ(plan.param_groups.size(), 2u);
-  // Block 1 is layer 3, whole.
-  EXPECT_TRUE(same(plan.param_groups[0].ranges,
-                   {{3, 0, static_cast<uint64_t>(layers[3].numel)}}));
-  EXPECT_DOUBLE_EQ(plan.param_groups[0].lr_scale, 1e-3 / options.lr);
-  EXPECT_EQ(plan.param_groups[0].weight_decay, 0.0);
-  // head.weight and head.bias, adjacent after the norm: one range.
-  EXPECT_TRUE(same(plan.param_groups[1].ranges,
-                   {{1, 2 * dim, static_cast<uint64_t>(layers[1].numel)}}));
-  EXPECT_DOUBLE_EQ(plan.param_groups[1].lr_scale, 6e-3 / options.lr);
-  EXPECT_EQ(plan.param_groups[1].weight_decay, 0.3);
+  EXPECT_THAT(plan.spec_json,
+              HasSubstr(group("no_weight_decay",
+                              range(0, tokens, tokens + config_.context * dim) +
+                                  "," + range(1, 0, 2 * dim))));
+  // Block 1 is layer 3, whole; head.weight and head.bias, adjacent after
+  // the norm: one range.
+  EXPECT_THAT(plan.spec_json, HasSubstr(group("param_groups[0]",
+                                              range(3, 0, layers[3].numel))));
+  EXPECT_THAT(
+      plan.spec_json,
+      HasSubstr(group("param_groups[1]", range(1, 2 * dim, layers[1].numel))));
+  EXPECT_THAT(plan.spec_json, HasSubstr("\"weight_decay\":0.3"));
 }
 
 TEST_F(EngineTest, BadParamGroupsAreRefusedBeforeAJobIsCreated) {
@@ -380,7 +379,7 @@ TEST_F(EngineTest, BadParamGroupsAreRefusedBeforeAJobIsCreated) {
   unknown.no_weight_decay_1d = false;
   unknown.no_weight_decay_names = {"norm.bias", "head.wieght"};
   EXPECT_EQ(refusal(unknown),
-            "lohan Options: no_weight_decay_names names \"head.wieght\", "
+            "lohan Options: no_weight_decay names \"head.wieght\", "
             "which the model does not have (see its named_parameters())");
   Options unknown_in_group = options;
   unknown_in_group.param_groups = {{{"head.weight"}, 1e-3, {}},
@@ -465,12 +464,6 @@ TEST_F(EngineTest, LayersAreCutAsThePythonPlugin) {
                                       "head.bias"}));
   EXPECT_EQ(layers[2].names.front(), "blocks.0.norm1.weight");
   EXPECT_EQ(layers[2].block.get(), model->block_list()[0].get());
-  const std::vector<ElementRange> exempt = OneDimensionalRanges(layers);
-  // norm.weight and norm.bias are adjacent: one range.
-  ASSERT_FALSE(exempt.empty());
-  EXPECT_EQ(exempt[0].layer, 1u);
-  EXPECT_EQ(exempt[0].begin, 0u);
-  EXPECT_EQ(exempt[0].end, 2u * config_.dim);
 }
 
 }  // namespace

@@ -4,12 +4,11 @@
 #include <torch/nn/module.h>
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "plugins/libtorch/model_spec_json.h"
+#include "plugins/libtorch/options.h"
 
 namespace lohan::torch_plugin {
 
@@ -23,31 +22,35 @@ struct Layer {
   int64_t numel = 0;
 };
 
-// The layers of `model`, cut as the Python plugin's plan_layers
-// (plugins/pytorch/lohan/blocks.py), so both give the same layers: layer
-// 0 the trainable parameters outside the blocks of modules before the
-// last block (embeddings), layer 1 those of modules after it (final norm,
-// head), each absent when empty, then one layer per block with trainable
-// parameters, in block order. Parameters in model.named_parameters()
-// order, each tensor once under its first name; one shared by two blocks
-// goes to a rest layer. Throws std::invalid_argument for no blocks, a
-// block outside the model, or no trainable parameters.
+// The model as liblohan_client cuts it (lohan_model_cut.h, the cut the
+// Python plugin gets too): the layers, and the job's ModelSpec in
+// protobuf JSON.
+struct ModelPlan {
+  std::vector<Layer> layers;
+  std::string spec_json;
+};
+
+// Describes `model` to liblohan_client (its trained parameters in
+// named_parameters() order, each tensor once under its first name with
+// its other names as aliases; which blocks hold each; whether its module
+// comes after the last block) and builds the layers from the cut: layer 0
+// the rest before the blocks (embeddings), layer 1 the rest after them
+// (final norm, head), each absent when empty, then one layer per block
+// with trainable parameters; a parameter two blocks share goes to a rest
+// layer. With `options`, its groups (no_weight_decay_1d / _names,
+// param_groups) go into the spec, whose other fields are `spec_json`'s (a
+// ModelSpec). Throws std::invalid_argument for no blocks, a block outside
+// the model, no trainable parameters, or groups the library refuses
+// ("lohan Options: " and its words).
+ModelPlan PlanModel(
+    const std::shared_ptr<torch::nn::Module>& model,
+    const std::vector<std::shared_ptr<torch::nn::Module>>& blocks,
+    const Options* options, const std::string& spec_json);
+
+// PlanModel's layers alone.
 std::vector<Layer> PlanLayers(
     const std::shared_ptr<torch::nn::Module>& model,
     const std::vector<std::shared_ptr<torch::nn::Module>>& blocks);
-
-// The element ranges of the parameters `picks` chooses (by the layer's
-// name and tensor), in layer order, adjacent ones merged (the Python
-// plugin's ranges_of).
-using ParamPredicate =
-    std::function<bool(const std::string& name, const torch::Tensor& param)>;
-std::vector<ElementRange> RangesOf(const std::vector<Layer>& layers,
-                                   const ParamPredicate& picks);
-
-// The element ranges of parameters with fewer than 2 dimensions (biases,
-// norm weights), adjacent ones merged.
-std::vector<ElementRange> OneDimensionalRanges(
-    const std::vector<Layer>& layers);
 
 }  // namespace lohan::torch_plugin
 

@@ -8,18 +8,6 @@
 #include "plugins/libtorch/lohan_error.h"
 
 namespace lohan::torch_plugin {
-namespace {
-
-std::vector<uint64_t> Triples(const std::vector<ElementRange>& ranges) {
-  std::vector<uint64_t> triples;
-  for (const ElementRange& range : ranges) {
-    triples.insert(triples.end(), {range.layer, range.begin, range.end});
-  }
-  return triples;
-}
-
-}  // namespace
-
 ModelSpecBuilder::ModelSpecBuilder() {
   spec_.struct_size = sizeof(spec_);
   spec_.dtype = LOHAN_DTYPE_FP32;
@@ -36,33 +24,9 @@ void ModelSpecBuilder::set_layer_elements(std::vector<uint64_t> elements) {
   layer_elements_ = std::move(elements);
 }
 
-void ModelSpecBuilder::set_no_weight_decay(
-    const std::vector<ElementRange>& ranges) {
-  no_weight_decay_ = Triples(ranges);
-}
-
-void ModelSpecBuilder::set_param_groups(
-    const std::vector<GroupRanges>& groups) {
-  group_ranges_.clear();
-  groups_.clear();
-  for (const GroupRanges& group : groups) {
-    group_ranges_.push_back(Triples(group.ranges));
-  }
-  for (size_t g = 0; g < groups.size(); ++g) {
-    groups_.push_back({groups[g].lr_scale, groups[g].weight_decay,
-                       group_ranges_[g].data(),
-                       static_cast<uint32_t>(groups[g].ranges.size())});
-  }
-}
-
 std::string ModelSpecBuilder::Json() {
   spec_.layer_elements = layer_elements_.data();
   spec_.num_layers = static_cast<uint32_t>(layer_elements_.size());
-  spec_.no_weight_decay = no_weight_decay_.data();
-  spec_.num_no_weight_decay =
-      static_cast<uint32_t>(no_weight_decay_.size() / 3);
-  spec_.param_groups = groups_.data();
-  spec_.num_param_groups = static_cast<uint32_t>(groups_.size());
   char* json = nullptr;
   ThrowIfFailed(lohan_model_spec_json(&spec_, &json));
   const OwnedString owned(json);

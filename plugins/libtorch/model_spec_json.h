@@ -9,21 +9,6 @@
 
 namespace lohan::torch_plugin {
 
-// Elements [begin, end) of one layer's flat vector.
-struct ElementRange {
-  uint32_t layer = 0;
-  uint64_t begin = 0;
-  uint64_t end = 0;
-};
-
-// One of the ModelSpec's param groups beyond "no_weight_decay": elements
-// updated with lr x lr_scale and this weight decay.
-struct GroupRanges {
-  double lr_scale = 1.0;
-  double weight_decay = 0.0;
-  std::vector<ElementRange> ranges;
-};
-
 // The model in the C ABI's typed form, lohan_model_spec, with the arrays it
 // points into; Json() is lohand's ModelSpec as liblohan_client translates
 // it (lohan_model_spec_json, the one translation). Defaults as the Python
@@ -34,13 +19,10 @@ class ModelSpecBuilder {
   ModelSpecBuilder(const ModelSpecBuilder&) = delete;
   ModelSpecBuilder& operator=(const ModelSpecBuilder&) = delete;
 
-  // The scalars (lr, betas, slots, ...); the arrays are set below.
+  // The scalars (lr, betas, slots, ...); the layers are set below. The
+  // groups are the model cut's (layer_plan.h: PlanModel).
   lohan_model_spec& spec() { return spec_; }
   void set_layer_elements(std::vector<uint64_t> elements);
-  // Updated with weight decay 0: the group "no_weight_decay" (lr_scale 1).
-  void set_no_weight_decay(const std::vector<ElementRange>& ranges);
-  // Sent after it as "param_groups[0]", "param_groups[1]", ...
-  void set_param_groups(const std::vector<GroupRanges>& groups);
   // The ModelSpec in protobuf JSON; LohanError for a spec the library
   // refuses.
   std::string Json();
@@ -48,9 +30,6 @@ class ModelSpecBuilder {
  private:
   lohan_model_spec spec_{};
   std::vector<uint64_t> layer_elements_;
-  std::vector<uint64_t> no_weight_decay_;  // triples
-  std::vector<std::vector<uint64_t>> group_ranges_;
-  std::vector<lohan_param_group> groups_;
 };
 
 // JSON text of a number (every double round-trips) and of a string.

@@ -94,8 +94,6 @@ TEST(ModelSpecBuilder, CarriesEveryFieldThroughTheLibrary) {
   spec.lr = 0.1;
   spec.weight_decay = 0.01;
   spec.max_grad_norm = 1.5;
-  builder.set_no_weight_decay({{1, 2, 5}});
-  builder.set_param_groups({{0.5, 0.25, {{0, 0, 4}, {1, 5, 9}}}});
   spec.grad_slots = spec.weight_slots = 1;
   spec.arena_fit_most = 1;
   spec.commit_interval = 8;
@@ -107,14 +105,7 @@ TEST(ModelSpecBuilder, CarriesEveryFieldThroughTheLibrary) {
   EXPECT_THAT(json, HasSubstr("\"max_grad_norm\":1.5"));
   EXPECT_THAT(json, HasSubstr("\"decoupled_weight_decay\":true"));
   EXPECT_THAT(json, HasSubstr("\"skip_nonfinite\":true"));
-  // The Python plugin's groups and names: "no_weight_decay" first.
-  const size_t exempt = json.find("\"name\":\"no_weight_decay\"");
-  const size_t group = json.find("\"name\":\"param_groups[0]\"");
-  ASSERT_NE(exempt, std::string::npos);
-  ASSERT_NE(group, std::string::npos);
-  EXPECT_LT(exempt, group);
-  EXPECT_THAT(json, HasSubstr("\"lr_scale\":0.5"));
-  EXPECT_THAT(json, HasSubstr("\"weight_decay\":0.25"));
+  EXPECT_THAT(json, HasSubstr("\"weight_decay\":0.01"));
   EXPECT_THAT(json, HasSubstr("\"grad_slots\":1"));
   EXPECT_THAT(json, HasSubstr("\"arena_fit\":\"ARENA_FIT_MOST\""));
   EXPECT_EQ(OpenJobRequestJson("j", "{}", true),

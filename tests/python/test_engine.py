@@ -1722,9 +1722,10 @@ def test_param_groups_are_checked(lohand):
         ({"params": block, "betas": (0.8, 0.9)},
          ValueError, "sets betas: the daemon runs one"),
         ([{"params": block}, {"params": block[:1]}],
-         ValueError, r"param_groups\[0\] and \[1\] both hold blocks.0"),
+         ValueError,
+         r"param_groups\[0\] and param_groups\[1\] both hold blocks.0"),
         ({"params": ["blocks.9.fc.weight"]}, ValueError,
-         "names 'blocks.9.fc.weight', which the model does not have"),
+         'names "blocks.9.fc.weight", which the model does not have'),
         ({"params": [frozen]}, ValueError, "does not train"),
         ({"params": block, "weight_decay": -1.0}, ValueError,
          "must be finite and >= 0"),
@@ -1735,7 +1736,7 @@ def test_param_groups_are_checked(lohand):
             groups, dict) else groups
         with pytest.raises(error, match=message):
             engine_for(model, lohand, param_groups=groups)
-    with pytest.raises(ValueError, match="lohan.init's lr is 0"):
+    with pytest.raises(ValueError, match="the job's lr is 0"):
         lohan.init(model, lr=0.0, socket=lohand.socket,
                    param_groups=[{"params": block, "lr": 1e-3}])
     with pytest.raises(ValueError, match=r"betas\[1\]=1.0 must be in"):

@@ -158,6 +158,9 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         # Checkpoints (lohan_checkpoint.h).
         "lohan_checkpoint_open": (c_int, [c_char_p, u32, pp]),
         "lohan_checkpoint_destroy": (None, [c_void_p]),
+        "lohan_model_cut_create": (c_int, [c_char_p, pp]),
+        "lohan_model_cut_destroy": (None, [c_void_p]),
+        "lohan_model_cut_json": (c_char_p, [c_void_p]),
         "lohan_steps_create": (c_int, [c_void_p, c_char_p, pp]),
         "lohan_steps_destroy": (None, [c_void_p]),
         "lohan_steps_committed": (u64, [c_void_p]),

@@ -1,4 +1,6 @@
-"""How a model is cut into the daemon's layers.
+"""How a model is cut into the daemon's layers: this module finds the
+blocks and describes the parameters, liblohan_client cuts them
+(lohan_model_cut.h, the cut the libtorch plugin gets too).
 
 One layer per repeated block (the children of the model's block list) plus
 two "rest" layers for the trainable parameters outside the blocks: those of
@@ -14,15 +16,14 @@ between two blocks goes to a rest layer. Parameters are flattened in
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import torch
 from torch import nn
 
+from lohan.client import cut_model
+
 BlocksArg = Union[None, str, nn.ModuleList, Sequence[nn.Module]]
-
-REST = -1  # owner index of a rest layer while the plan is built
-
 
 def _is_repeated(modules: nn.ModuleList) -> bool:
     children = list(modules)
@@ -138,43 +139,59 @@ def after_the_blocks(model: nn.Module,
 
 
 def plan_layers(model: nn.Module, blocks: List[nn.Module]) -> List[Layer]:
-    """Layer 0: the rest before the blocks, layer 1: the rest after them
-    (each absent when empty), then one layer per block that has trainable
-    parameters, in block order. The rest layers come first because the
-    daemon runs what is left of an iteration's updates in layer order while
-    the next forward starts: the embeddings and the head are brought up to
-    date at step(), the blocks as they run."""
-    owner: Dict[int, int] = {}
+    """The layers liblohan_client cuts the model into (lohan_model_cut.h:
+    layer 0 the rest before the blocks, layer 1 the rest after them, each
+    absent when empty, then one layer per block that has trainable
+    parameters, in block order), from the trainable parameters in
+    `model.named_parameters()` order (each object once, under its first
+    name: the name checkpoints use), each with the blocks that hold it."""
+    holders: Dict[int, List[int]] = {}
     for index, block in enumerate(blocks):
         for param in block.parameters():  # deduplicated within the block
-            if not param.requires_grad:
-                continue
-            previous = owner.get(id(param))
-            owner[id(param)] = index if previous in (None, index) else REST
-
-    before = Layer(index=0, block=None)
-    after = Layer(index=0, block=None)
-    per_block = [Layer(index=0, block=b) for b in blocks]
+            if param.requires_grad:
+                holders.setdefault(id(param), []).append(index)
     is_after = after_the_blocks(model, blocks)
-    # named_parameters() yields each parameter object once, under its first
-    # name: that is the name checkpoints use.
-    for name, param in model.named_parameters():
-        if not param.requires_grad:
-            continue
-        where = owner.get(id(param), REST)
-        if where != REST:
-            per_block[where].add(name, param)
-        else:
-            (after if is_after(name) else before).add(name, param)
-
-    layers = [layer for layer in [before, after] + per_block
-              if layer.numel > 0]
-    for index, layer in enumerate(layers):
-        layer.index = index
-    if not layers:
-        raise ValueError("the model has no trainable parameters "
-                         "(requires_grad=True) for lohan to train")
+    trained = [(name, param) for name, param in model.named_parameters()
+               if param.requires_grad]
+    cut = cut_model({"blocks": len(blocks), "parameters": [
+        {"name": name, "shape": list(param.shape),
+         "blocks": holders.get(id(param), []), "after_blocks": is_after(name)}
+        for name, param in trained]})
+    layers = []
+    for index, entry in enumerate(cut["layers"]):
+        block = int(entry["block"])
+        layer = Layer(index=index, block=blocks[block] if block >= 0 else None)
+        for position in entry["parameters"]:
+            layer.add(*trained[position])
+        layers.append(layer)
     return layers
+
+
+def describe(model: nn.Module, layers: List[Layer]) -> Dict[str, Any]:
+    """The ModelDescription (proto/model_cut.proto) of layers already cut,
+    which cuts into the same layers again, with every name the model gives
+    its parameters (a tied one's aliases; the untrained ones)."""
+    names: Dict[int, List[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    trained = {id(p) for layer in layers for p in layer.params}
+    untrained = [name for key, known in names.items() if key not in trained
+                 for name in known]
+    parameters: List[Dict[str, Any]] = []
+    blocks = rests = 0
+    for layer in layers:
+        if layer.block is None:
+            rests += 1
+        for name, param, shape in zip(layer.names, layer.params,
+                                      layer.shapes):
+            parameters.append({
+                "name": name, "shape": list(shape),
+                "aliases": [a for a in names.get(id(param), []) if a != name],
+                "blocks": [blocks] if layer.block is not None else [],
+                "after_blocks": layer.block is None and rests == 2})
+        blocks += layer.block is not None
+    return {"blocks": blocks, "parameters": parameters,
+            "untrained": untrained}
 
 
 _DTYPES = {

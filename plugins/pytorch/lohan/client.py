@@ -6,11 +6,11 @@ import ctypes
 import enum
 import json
 from dataclasses import dataclass
-from typing import (Any, Callable, Dict, List, Optional, Sequence, Tuple,
-                    Union)
+from typing import (Any, Callable, Dict, List, Mapping, Optional, Sequence,
+                    Tuple, Union)
 
 from lohan import _native
-from lohan.model_spec import ModelSpec
+from lohan.model_spec import DTYPES, ModelSpec
 
 
 class StatusCode(enum.IntEnum):
@@ -51,6 +51,35 @@ def _check(status: int) -> None:
     if status != 0:
         message = _native.library().lohan_last_error().decode(errors="replace")
         raise LohanError(status, message)
+
+
+SpecArg = Union[ModelSpec, Mapping[str, Any]]
+_DTYPE_NAMES = {wire: name for name, wire in DTYPES.items()}
+
+
+def spec_object(spec: SpecArg) -> Dict[str, Any]:
+    """A ModelSpec as protobuf JSON's object: `spec` itself when it is one
+    already (what the plugin builds, lohan_model_cut), else the
+    dataclass's translation."""
+    return spec.to_proto() if isinstance(spec, ModelSpec) else dict(spec)
+
+
+def cut_model(description: Mapping[str, Any]) -> Dict[str, Any]:
+    """liblohan_client's cut of a ModelDescription (proto/model_cut.proto):
+    the ModelCut as protobuf JSON's object. ValueError with the library's
+    words for a description it refuses (a group naming what the model
+    does not have, ...)."""
+    lib = _native.library()
+    cut = ctypes.c_void_p()
+    status = lib.lohan_model_cut_create(json.dumps(description).encode(),
+                                        ctypes.byref(cut))
+    if status == StatusCode.INVALID_ARGUMENT:
+        raise ValueError(lib.lohan_last_error().decode(errors="replace"))
+    _check(status)
+    try:
+        return json.loads(lib.lohan_model_cut_json(cut).decode())
+    finally:
+        lib.lohan_model_cut_destroy(cut)
 
 
 def take_text(text: ctypes.c_void_p) -> str:
@@ -412,22 +441,26 @@ class DataPlane:
         self.arena = _view(lib.lohan_data_plane_arena(handle), size)
 
     def register_model(self, job_id: str,
-                       spec: Union[ModelSpec, Sequence[int]],
+                       spec: Union[SpecArg, Sequence[int]],
                        **fields: Any) -> Model:
         """Registers the model of `job_id` (this process attached it and
-        opened this data plane): `spec`, or a ModelSpec of `spec` as its
-        layer_elements and `fields` (see lohan.model_spec.ModelSpec)."""
-        if not isinstance(spec, ModelSpec):
+        opened this data plane): `spec` (a ModelSpec, or its protobuf JSON
+        object), or a ModelSpec of `spec` as its layer_elements and
+        `fields` (see lohan.model_spec.ModelSpec)."""
+        if not isinstance(spec, (ModelSpec, Mapping)):
             spec = ModelSpec(layer_elements=list(spec), **fields)
         elif fields:
             raise TypeError("register_model takes a ModelSpec or its fields, "
                             "not both")
+        proto = spec_object(spec)
         handle = ctypes.c_void_p()
         _check(self._lib.lohan_model_register_json(
             self._client._handle, self._handle, job_id.encode(),
-            spec.to_json().encode(), ctypes.byref(handle)))
-        model = Model(self._lib, handle, list(spec.layer_elements),
-                      spec.dtype)
+            json.dumps(proto).encode(), ctypes.byref(handle)))
+        model = Model(self._lib, handle,
+                      [int(n) for n in proto["layer_elements"]],
+                      _DTYPE_NAMES.get(proto.get("dtype", "DTYPE_FP32"),
+                                       "fp32"))
         self._models.append(model)
         return model
 
@@ -544,7 +577,7 @@ class Client:
         return self._job_call(self._lib.lohan_job_create, name.encode(),
                               host_pool_bytes, ssd_bytes)
 
-    def create_job_for_model(self, name: str, model: ModelSpec,
+    def create_job_for_model(self, name: str, model: SpecArg,
                              ssd_bytes: int = 0,
                              run: Optional[DistributedRun] = None
                              ) -> Tuple[Job, ArenaSizing]:
@@ -552,7 +585,7 @@ class Client:
         `model.fit_arena`, the most it can hold the model with), and how it
         sized it; with `run`, one rank of that distributed run."""
         spec: Dict[str, Any] = {"name": name, "ssd_bytes": ssd_bytes,
-                                "model": model.to_proto()}
+                                "model": spec_object(model)}
         if run is not None:
             spec["run"] = {"name": run.name, "rank": run.rank,
                            "world_size": run.world_size}
@@ -563,7 +596,7 @@ class Client:
         response = json.loads(take_text(text))
         return _job_of(response["job"]), _sizing_of(response["arena"])
 
-    def open_job(self, name: str, model: ModelSpec, resume: bool,
+    def open_job(self, name: str, model: SpecArg, resume: bool,
                  run: Optional[DistributedRun] = None
                  ) -> Tuple[Job, bool, ArenaSizing, DataPlane]:
         """The caller's job `name` ready to train (lohan_job_open): found
@@ -571,7 +604,7 @@ class Client:
         one rank of that distributed run), attached, its data plane open.
         Returns the job, whether it was created, the arena's sizing and
         the plane."""
-        spec: Dict[str, Any] = {"name": name, "model": model.to_proto()}
+        spec: Dict[str, Any] = {"name": name, "model": spec_object(model)}
         if run is not None:
             spec["run"] = {"name": run.name, "rank": run.rank,
                            "world_size": run.world_size}

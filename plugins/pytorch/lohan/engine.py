@@ -20,8 +20,8 @@ import contextlib
 import os
 import warnings
 from dataclasses import dataclass
-from typing import (TYPE_CHECKING, Callable, ContextManager, Dict, List,
-                    Mapping, Optional, Tuple, Union)
+from typing import (TYPE_CHECKING, Any, Callable, ContextManager, Dict,
+                    List, Mapping, Optional, Union)
 
 import torch
 from torch import nn
@@ -31,10 +31,10 @@ from lohan.activations import ActivationStats, ActivationStore, BlockPasses
 from lohan.activations import install as install_activation_policy
 from lohan.activations import uses_store
 from lohan.auto_plan import AutoPlan, sizes_of
-from lohan.blocks import Layer, WIRE_NAMES
+from lohan.blocks import Layer, WIRE_NAMES, describe
 from lohan.checkpoint import CheckpointReader
 from lohan.client import DistributedRun, Job, LohanError, Model
-from lohan.groups import (ParamGroup, check_optimizer_groups, exempt_ranges,
+from lohan.groups import (ParamGroup, check_optimizer_groups, exemptions,
                           param_groups)
 from lohan.hooks import GradientRouter, has_lohan_hook
 from lohan.iteration import Iteration, loss_scaling
@@ -104,13 +104,13 @@ class Engine:
         self._checkpoint = open_checkpoint(opts.resume)
         if self.params_mode == "resident" and where.moves_to_device:
             model.to(self.device)  # all of it: asked for resident weights
-        self._groups = param_groups(model, self.layers, opts.param_groups,
-                                    self.lr, self.weight_decay)
-        grouped = set().union(*(g.ids for g in self._groups))
-        exempt = exempt_ranges(model, self.layers, opts.no_weight_decay,
-                               grouped)
+        requests, self._groups = param_groups(
+            model, self.layers, opts.param_groups, self.lr, self.weight_decay)
+        description = {**describe(model, self.layers),
+                       **exemptions(self.layers, opts.no_weight_decay),
+                       "param_groups": requests}
         try:
-            self._open_job(opts, where, exempt)
+            self._open_job(opts, where, description)
         except BaseException:
             self.close()
             raise
@@ -202,9 +202,10 @@ class Engine:
         return self._sharding.world if self._sharding else 1
 
     def _open_job(self, opts: EngineOptions, where: Placement,
-                  exempt: List[Tuple[int, int, int]]) -> None:
+                  description: Dict[str, Any]) -> None:
         """The job with its arena and the model registered, the first
-        states written or read, the model in the training dtype."""
+        states written or read, the model in the training dtype.
+        `description`: the model and its groups (ModelDescription)."""
         self._session = session = JobSession(opts.socket, self.job_name,
                                                  self._run)
         self._weights = Weights(self.model, self.layers, self.dtype, session,
@@ -215,8 +216,9 @@ class Engine:
         # and the Adam moments and step when it has them).
         checkpoint = self._checkpoint
         spec = model_spec(
-            opts, self.layers, self.dtype, where.area_bytes, exempt,
-            self._groups, initial_iteration=(
+            opts, description, len(self.layers), self.dtype,
+            where.area_bytes,
+            initial_iteration=(
                 checkpoint.iteration
                 if checkpoint is not None and checkpoint.moments else 0),
             sharding=self._sharding)

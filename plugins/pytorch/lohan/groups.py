@@ -1,20 +1,21 @@
-"""lohan.init's param_groups and no_weight_decay as the daemon runs them:
-(layer, begin, end) element ranges of the layers' flat vectors."""
+"""lohan.init's param_groups and no_weight_decay as liblohan_client's
+model cut takes them (the groups of a ModelDescription,
+proto/model_cut.proto): parameters by name (tensors and callables
+resolved here), turned into element ranges of the layers and checked by
+the library; and the check that engine.optimizer's groups stay what the
+daemon runs."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import (Callable, Dict, List, Mapping, Sequence, Set, Tuple)
+from typing import Any, Dict, List, Mapping, Sequence, Set, Tuple
 
 import torch
 from torch import nn
 
 from lohan.blocks import Layer
 from lohan.options import NoWeightDecayArg, ParamGroupsArg
-
-Range = Tuple[int, int, int]  # (layer, begin, end)
-Picks = Callable[[str, nn.Parameter], bool]
 
 
 @dataclass
@@ -25,103 +26,66 @@ class ParamGroup:
     lr: float                           # at init
     weight_decay: float
     lr_scale: float                     # lr / the job's lr
-    ranges: List[Range]
 
 
-def ranges_of(layers: List[Layer], picks: Picks) -> List[Range]:
-    """(layer, begin, end) element ranges of the trained parameters
-    `picks` chooses, adjacent ones merged."""
-    ranges: List[Range] = []
-    for layer in layers:
-        for name, param, offset, size in zip(layer.names, layer.params,
-                                             layer.offsets, layer.sizes()):
-            if not picks(name, param):
-                continue
-            end = offset + size
-            if ranges and ranges[-1][0] == layer.index and (
-                    ranges[-1][2] == offset):
-                ranges[-1] = (layer.index, ranges[-1][1], end)
-            else:
-                ranges.append((layer.index, offset, end))
-    return ranges
-
-
-def exempt_ranges(model: nn.Module, layers: List[Layer],
-                  rule: NoWeightDecayArg, grouped: Set[int]) -> List[Range]:
-    """(layer, begin, end) element ranges updated without weight decay:
-    the parameters `rule` picks, but for those in a param group (whose
-    own weight_decay holds). None: none (torch AdamW with one group);
-    "1d": every parameter with fewer than 2 dimensions (biases, norm
-    weights: the usual fine-tuning recipe); a callable(name, param) ->
-    bool; or parameter names (any of a tied one's names)."""
+def exemptions(layers: List[Layer],
+               rule: NoWeightDecayArg) -> Dict[str, Any]:
+    """The parameters updated without weight decay (but for those in a
+    param group, whose own weight_decay holds), as description fields.
+    None: none (torch AdamW with one group); "1d": every parameter with
+    fewer than 2 dimensions (biases, norm weights: the usual fine-tuning
+    recipe); a callable(name, param) -> bool; or parameter names (any of a
+    tied one's names)."""
     if rule is None:
-        return []
-    picks: Picks
+        return {}
     if rule == "1d":
-        picks = lambda name, param: param.dim() < 2  # noqa: E731
-    elif callable(rule):
-        picks = rule
-    elif isinstance(rule, str):
+        return {"no_weight_decay_1d": True}
+    if isinstance(rule, str):
         raise ValueError(f"no_weight_decay={rule!r}: use None, '1d', a "
                          "callable(name, param) or a list of names")
-    else:
-        names = set(rule)
-        aliases = {name: id(param) for name, param in
-                   model.named_parameters(remove_duplicate=False)}
-        unknown = sorted(names - set(aliases))
-        if unknown:
-            raise ValueError("no_weight_decay names parameters the model "
-                             f"does not have: {unknown[:5]}")
-        chosen = {aliases[name] for name in names}
-        picks = lambda name, param: id(param) in chosen  # noqa: E731
-    return ranges_of(layers, lambda name, param: (
-        id(param) not in grouped and picks(name, param)))
+    if callable(rule):
+        return {"no_weight_decay": [
+            name for layer in layers
+            for name, param in zip(layer.names, layer.params)
+            if rule(name, param)]}
+    return {"no_weight_decay": list(rule)}
 
 
 def param_groups(model: nn.Module, layers: List[Layer],
-                 groups: ParamGroupsArg, lr: float,
-                 weight_decay: float) -> List[ParamGroup]:
+                 groups: ParamGroupsArg, lr: float, weight_decay: float
+                 ) -> Tuple[List[Dict[str, Any]], List[ParamGroup]]:
     """torch-style param groups, [{"params": [...], "lr": x,
     "weight_decay": y}, ...] (parameters or names): those parameters
     are trained with that lr and weight decay; the rest with lohan.init's
     `lr` and `weight_decay`. The daemon runs each group's lr as a fixed
     multiple of the job's (a schedule scales them all alike, as torch's
-    schedulers do)."""
+    schedulers do). Returns the description's requests and the groups."""
     if groups is None:
-        return []
+        return [], []
     if isinstance(groups, dict) or not isinstance(groups, (list, tuple)):
         raise TypeError("param_groups must be a list of dicts, as "
                         "torch.optim's")
-    names = {id(p): name for layer in layers
-             for name, p in zip(layer.names, layer.params)}
+    trained = {id(p): name for layer in layers
+               for name, p in zip(layer.names, layer.params)}
+    every = {id(p): name for name, p in
+             model.named_parameters(remove_duplicate=False)}
     aliases = dict(model.named_parameters(remove_duplicate=False))
-    owner: Dict[int, int] = {}
-    result: List[ParamGroup] = []
+    requests, result = [], []
     for n, group in enumerate(groups):
-        ids = _group_ids(n, group, names, aliases, owner)
+        names = [_name_of(n, item, trained, every)
+                 for item in _params_of(n, group)]
         group_lr = float(group.get("lr", lr))
-        wd = float(group.get("weight_decay", weight_decay))
-        if not (group_lr >= 0 and math.isfinite(group_lr)) or not (
-                wd >= 0 and math.isfinite(wd)):
-            raise ValueError(f"param_groups[{n}]: lr {group_lr} and "
-                             f"weight_decay {wd} must be finite and >= 0")
-        if lr == 0 and group_lr != 0:
-            raise ValueError(
-                f"param_groups[{n}] has lr {group_lr} but lohan.init's lr "
-                "is 0: a group runs at a fixed multiple of the job's lr")
+        decay = float(group.get("weight_decay", weight_decay))
+        requests.append({"params": names, "lr": group_lr,
+                         "weight_decay": decay})
+        ids = {id(aliases[name]) for name in names if name in aliases}
         result.append(ParamGroup(
-            ids=ids, lr=group_lr, weight_decay=wd,
-            lr_scale=group_lr / lr if lr > 0 else 1.0,
-            ranges=ranges_of(layers,
-                             lambda name, param, ids=ids: id(param) in ids)))
-    return result
+            ids=ids, lr=group_lr, weight_decay=decay,
+            lr_scale=group_lr / lr if lr > 0 else 1.0))
+    return requests, result
 
 
-def _group_ids(n: int, group: Mapping[str, object], names: Dict[int, str],
-               aliases: Dict[str, nn.Parameter],
-               owner: Dict[int, int]) -> Set[int]:
-    """id() of the parameters of group `n`; `owner` notes which group
-    holds each."""
+def _params_of(n: int, group: Mapping[str, object]) -> Sequence[object]:
     if not isinstance(group, dict) or "params" not in group:
         raise ValueError(f"param_groups[{n}] must be a dict with "
                          "'params'")
@@ -132,24 +96,20 @@ def _group_ids(n: int, group: Mapping[str, object], names: Dict[int, str],
             "daemon runs one of each per job (give it to lohan.init); "
             "a group may set only 'lr' and 'weight_decay'")
     params = group["params"]
-    if isinstance(params, (torch.Tensor, str)):
-        params = [params]
-    ids: Set[int] = set()
-    for item in params:
-        param = aliases.get(item) if isinstance(item, str) else item
-        if param is None:
-            raise ValueError(f"param_groups[{n}] names {item!r}, "
-                             "which the model does not have")
-        if id(param) not in names:
-            raise ValueError(
-                f"param_groups[{n}] holds a parameter the engine does "
-                "not train (frozen, or not this model's)")
-        if owner.setdefault(id(param), n) != n:
-            raise ValueError(
-                f"param_groups[{owner[id(param)]}] and [{n}] both "
-                f"hold {names[id(param)]}")
-        ids.add(id(param))
-    return ids
+    return [params] if isinstance(params, (torch.Tensor, str)) else params
+
+
+def _name_of(n: int, item: object, trained: Dict[int, str],
+             every: Dict[int, str]) -> str:
+    """A group's parameter by name: the library says what it names."""
+    if isinstance(item, str):
+        return item
+    name = trained.get(id(item), every.get(id(item)))
+    if name is None:
+        raise ValueError(
+            f"param_groups[{n}] holds a parameter the engine does "
+            "not train (frozen, or not this model's)")
+    return name
 
 
 def check_optimizer_groups(groups: Sequence[Mapping[str, object]],

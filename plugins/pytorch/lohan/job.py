@@ -4,65 +4,62 @@ registered on it; and, at close, detached with the arena given back."""
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import warnings
-from typing import List, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional
 
 import torch
 
 from lohan.blocks import Layer, WIRE_NAMES
 from lohan.client import (Client, DataPlane, DistributedRun, Job,
-                          LohanError, Model, StatusCode)
-from lohan.groups import ParamGroup, Range
-from lohan.model_spec import ModelSpec
+                          LohanError, Model, StatusCode, cut_model)
+from lohan.model_spec import CLIP_SCHEDULES, DTYPES
 from lohan.options import MIB, EngineOptions
 from lohan.sharding import Sharding
 
-def model_spec(options: EngineOptions, layers: List[Layer],
-               dtype: torch.dtype, area_bytes: int, exempt: List[Range],
-               groups: Sequence[ParamGroup],
+
+def model_spec(options: EngineOptions, description: Mapping[str, Any],
+               layers: int, dtype: torch.dtype, area_bytes: int,
                initial_iteration: int,
-               sharding: Optional[Sharding] = None) -> ModelSpec:
-    """The engine's model as the daemon takes it, its buffers as
+               sharding: Optional[Sharding] = None) -> Dict[str, Any]:
+    """The engine's model as the daemon takes it (a ModelSpec as protobuf
+    JSON's object, made by liblohan_client's cut of `description` into
+    `layers` layers: their groups' element ranges), its buffers as
     `options.buffers` says: "resident" one gradient and one weight buffer
     per layer; "streamed" `options.stream_buffers` shared ones (fewer than
     the layers) through the daemon's SSDs; "auto" resident if the arena
     holds it, else the most shared ones up to stream_buffers that it
     holds (the daemon sizes a new job's arena so). With `sharding`
     (data-parallel ranks) the job's layers are this rank's shards."""
-    count = len(layers)
-    elements = [layer.numel for layer in layers]
-    group_ranges = [g.ranges for g in groups]
-    if sharding is not None:
-        elements = list(sharding.shard)
-        exempt = sharding.local_ranges(exempt)
-        group_ranges = [sharding.local_ranges(r) for r in group_ranges]
-    streamed = min(options.stream_buffers, count - 1) if count > 1 else 0
+    streamed = min(options.stream_buffers, layers - 1) if layers > 1 else 0
     slots = 0 if options.buffers == "resident" else streamed
-    return ModelSpec(
-        layer_elements=elements,
-        dtype=WIRE_NAMES[dtype], lr=options.lr, betas=options.betas,
-        eps=options.eps, weight_decay=options.weight_decay,
-        adamw=options.adamw, amsgrad=options.amsgrad,
-        bf16_moments=bool(options.bf16_moments),
-        no_weight_decay=exempt,
-        param_groups=[(g.lr_scale, g.weight_decay, r)
-                      for g, r in zip(groups, group_ranges)],
-        max_grad_norm=options.max_grad_norm,
-        clip_schedule=options.clip_schedule,
-        skip_nonfinite=options.skip_nonfinite,
-        chunk_elements=options.chunk_elements,
-        activation_bytes=area_bytes, grad_slots=slots, weight_slots=slots,
-        fit_arena=options.buffers == "auto" and slots > 0,
+    spec = {
+        "dtype": DTYPES[WIRE_NAMES[dtype]],
+        "adam": {"lr": options.lr, "beta1": options.betas[0],
+                 "beta2": options.betas[1], "eps": options.eps,
+                 "weight_decay": options.weight_decay,
+                 "decoupled_weight_decay": bool(options.adamw),
+                 "amsgrad": bool(options.amsgrad),
+                 "bf16_moments": bool(options.bf16_moments)},
+        "max_grad_norm": options.max_grad_norm,
+        "clip_schedule": CLIP_SCHEDULES[options.clip_schedule],
+        "skip_nonfinite": bool(options.skip_nonfinite),
+        "chunk_elements": options.chunk_elements,
+        "activation_bytes": area_bytes, "grad_slots": slots,
+        "weight_slots": slots,
+        "arena_fit": ("ARENA_FIT_MOST" if options.buffers == "auto"
+                      and slots > 0 else "ARENA_FIT_AS_GIVEN"),
         # Every layer is fetched before its weights are used (see
         # weights.Weights.copy_fetched_into_params and
         # ParameterResidency), so step() returns before the last updates
         # are done and they run during the next forward.
-        overlap_updates=True,
-        in_order_service=options.service == "in-order",
-        commit_interval=options.commit_interval or 0,
-        initial_iteration=initial_iteration)
+        "overlap_updates": True,
+        "in_order_service": options.service == "in-order",
+        "commit_interval": options.commit_interval or 0,
+        "initial_iteration": initial_iteration}
+    ranks = ({"rank": sharding.rank, "world": sharding.world}
+             if sharding is not None else {})
+    return cut_model({**description, **ranks, "spec": spec})["spec"]
 
 
 def measure_sync_copy(host: torch.Tensor, device: torch.device) -> float:
@@ -123,7 +120,7 @@ class JobSession:
         16-bit weights."""
         return "streamed" if self.slots else "resident"
 
-    def open(self, resume: bool, spec: ModelSpec) -> None:
+    def open(self, resume: bool, spec: Mapping[str, Any]) -> None:
         """Finds (resume=True) or creates the job, its arena sized by the
         daemon for `spec`, attaches it and maps the arena."""
         try:
@@ -131,9 +128,10 @@ class JobSession:
                 self.job_name, spec, resume, run=self.run)
         except LohanError as error:
             raise _with_hint(error, self.job_name,
-                             bool(spec.activation_bytes)) from None
+                             bool(int(spec["activation_bytes"]))) from None
         self.delete_on_failure = created
-        if created and spec.fit_arena and sizing.stream_buffers:
+        if (created and spec["arena_fit"] == "ARENA_FIT_MOST"
+                and sizing.stream_buffers):
             warnings.warn(
                 "lohan: the daemon's host pool cannot hold one gradient and "
                 "one weight buffer per layer "
@@ -142,23 +140,23 @@ class JobSession:
                 f"({sizing.arena_bytes >> 20} MiB) and its SSDs instead",
                 stacklevel=4)
 
-    def register(self, spec: ModelSpec, layers: List[Layer],
+    def register(self, spec: Mapping[str, Any], layers: List[Layer],
                  dtype: torch.dtype) -> Model:
-        """Registers the model and maps its buffers (spec.layer_elements
+        """Registers the model and maps its buffers (its layer_elements
         elements each: a layer, or this rank's shard of it)."""
         self.remote = remote = self.plane.register_model(self.job.id, spec)
         streamed = remote.grad_slots < len(layers)
         self.slots = remote.grad_slots if streamed else 0
         self.grad_views = [
             torch.frombuffer(remote.grad_buffer(l.index), dtype=dtype)[
-                :spec.layer_elements[l.index]] for l in layers]
+                :remote.layer_elements[l.index]] for l in layers]
         self.weight_views = [
             torch.frombuffer(remote.weight_buffer(l.index), dtype=dtype)[
-                :spec.layer_elements[l.index]] for l in layers]
+                :remote.layer_elements[l.index]] for l in layers]
         self.staging = torch.frombuffer(remote.staging, dtype=torch.float32)
         return remote
 
-    def register_reverted(self, spec: ModelSpec, layers: List[Layer],
+    def register_reverted(self, spec: Mapping[str, Any], layers: List[Layer],
                           dtype: torch.dtype) -> Model:
         """Registers the model again on a fresh data plane, the job going
         back to the commit before its last one (a data-parallel rank
@@ -166,9 +164,8 @@ class JobSession:
         self._unmap()
         self.plane.close()
         self.plane = self.client.reopen_data_plane(self.job.id)
-        return self.register(dataclasses.replace(spec,
-                                                 revert_last_commit=True),
-                             layers, dtype)
+        return self.register({**spec, "revert_last_commit": True}, layers,
+                             dtype)
 
     def setup_cuda(self, device: torch.device) -> bool:
         """For a model on a GPU: pins the arena for DMA and lets the C

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import (Any, Callable, Deque, Dict, List, Optional, Tuple,
+from typing import (Any, Callable, Deque, Dict, List, Optional,
                     TypeVar)
 
 import torch
@@ -31,7 +31,6 @@ from torch import nn
 
 from lohan.blocks import Layer, after_the_blocks
 
-Range = Tuple[int, int, int]  # (layer, begin, end)
 T = TypeVar("T")
 # torch.distributed's store key where a rank that stops says why.
 FAILURE_KEY = "lohan/failure"
@@ -176,18 +175,6 @@ class Sharding:
         """The parameters of layer `index` that overlap this rank's
         shard, in order."""
         return self._pieces[index]
-
-    def local_ranges(self, ranges: List[Range]) -> List[Range]:
-        """(layer, begin, end) element ranges of whole layers as ranges of
-        this rank's shards (those that miss the shard dropped)."""
-        local = []
-        for index, begin, end in ranges:
-            first = self.begin(index)
-            low = max(begin, first) - first
-            high = min(end, first + self.shard[index]) - first
-            if low < high:
-                local.append((index, low, high))
-        return local
 
     def fill(self, index: int, shard: torch.Tensor,
              flat_param: Callable[[int], torch.Tensor]) -> None:

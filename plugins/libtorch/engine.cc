@@ -311,7 +311,8 @@ int Engine::BackwardPassesSeen() const {
 }
 
 uint64_t Engine::iteration() const {
-  return steps_ == nullptr ? 0 : lohan_steps_committed(steps_);
+  return steps_ == nullptr ? iteration_at_close_
+                           : lohan_steps_committed(steps_);
 }
 
 void Engine::BeginIfIdle() {
@@ -455,6 +456,7 @@ void Engine::close(bool delete_job) {
   grad_views_.clear();
   weight_views_.clear();
   remote_ = nullptr;
+  iteration_at_close_ = iteration();
   steps_ = nullptr;
   session_.Close(delete_job);
 }

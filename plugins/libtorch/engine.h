@@ -151,6 +151,7 @@ class Engine {
   // The committed count, lr, the step in progress and its hand-overs;
   // owned by session_.
   lohan_steps* steps_ = nullptr;
+  uint64_t iteration_at_close_ = 0;  // iteration() once steps_ is gone
   uint32_t grad_slots_ = 0;
   std::vector<torch::Tensor> grad_views_;    // the arena's, per layer
   std::vector<torch::Tensor> weight_views_;  // the arena's, per layer

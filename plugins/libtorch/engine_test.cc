@@ -257,6 +257,7 @@ TEST_F(EngineTest, CallsOutOfOrderAreRefused) {
   EXPECT_FALSE(engine.step().skipped);
   EXPECT_EQ(engine.iteration(), 1u);
   engine.close(/*delete_job=*/true);
+  EXPECT_EQ(engine.iteration(), 1u);  // still readable once closed
   EXPECT_THROW(engine.step(), std::logic_error);
 }
 

@@ -17,8 +17,9 @@ Outcome = Tuple[float, bool, bool]
 
 
 class TrainingSteps:
-    """lohan_steps over `model` (closed with it). `loss_scaling` and
-    `resumed`: LossScaling objects (proto/training_steps.proto)."""
+    """lohan_steps over `model` (closed with it; the count and the loss
+    scaling stay readable after). `loss_scaling` and `resumed`:
+    LossScaling objects (proto/training_steps.proto)."""
 
     def __init__(self, model: Model, lr: float,
                  loss_scaling: Mapping[str, Any],
@@ -32,10 +33,13 @@ class TrainingSteps:
         _check(self._lib.lohan_steps_create(
             model._handle, json.dumps(options).encode(), ctypes.byref(handle)))
         self._handle = handle
+        self._closed_state: Optional[Tuple[int, Dict[str, Any]]] = None
         model.on_close(self.close)
 
     @property
     def committed(self) -> int:
+        if self._closed_state is not None:
+            return self._closed_state[0]
         return int(self._lib.lohan_steps_committed(self._handle))
 
     @property
@@ -44,6 +48,8 @@ class TrainingSteps:
 
     @property
     def loss_scaling(self) -> Dict[str, Any]:
+        if self._closed_state is not None:
+            return dict(self._closed_state[1])
         text = ctypes.c_void_p()
         _check(self._lib.lohan_steps_loss_scaling_json(self._handle,
                                                        ctypes.byref(text)))
@@ -95,5 +101,6 @@ class TrainingSteps:
 
     def close(self) -> None:
         if self._handle:
+            self._closed_state = (self.committed, self.loss_scaling)
             self._lib.lohan_steps_destroy(self._handle)
             self._handle = ctypes.c_void_p()

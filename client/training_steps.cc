@@ -105,9 +105,13 @@ absl::Status TrainingSteps::ClaimGradBuffer(uint32_t layer) {
   if (!buffer.ok()) return buffer.status();
   const auto found = in_flight_.find(*buffer);
   if (found == in_flight_.end()) return absl::OkStatus();
-  const ModelChannel::Ticket ticket = found->second;
+  const std::vector<ModelChannel::Ticket> tickets = std::move(found->second);
   in_flight_.erase(found);
-  return channel_.Wait(ticket, ModelChannel::kCallTimeout);
+  absl::Status first;
+  for (const ModelChannel::Ticket ticket : tickets) {
+    first.Update(channel_.Wait(ticket, ModelChannel::kCallTimeout));
+  }
+  return first;
 }
 
 absl::Status TrainingSteps::Track(
@@ -115,15 +119,7 @@ absl::Status TrainingSteps::Track(
   if (!submitted.ok()) return submitted.status();
   absl::StatusOr<uint8_t*> buffer = channel_.GradBuffer(layer);
   if (!buffer.ok()) return buffer.status();
-  // A ticket still recorded for the buffer (the plugin did not claim it)
-  // is waited for at the end like the others.
-  auto [it, inserted] = in_flight_.emplace(*buffer, *submitted);
-  if (!inserted) {
-    const absl::Status earlier =
-        channel_.Wait(it->second, ModelChannel::kCallTimeout);
-    it->second = *submitted;
-    return earlier;
-  }
+  in_flight_[*buffer].push_back(*submitted);
   return absl::OkStatus();
 }
 
@@ -149,8 +145,10 @@ absl::Status TrainingSteps::GradReadyFromDevice(uint32_t layer, int device,
 
 absl::Status TrainingSteps::WaitForHandOvers(absl::Duration timeout) {
   absl::Status first;
-  for (const auto& [buffer, ticket] : in_flight_) {
-    first.Update(channel_.Wait(ticket, timeout));
+  for (const auto& [buffer, tickets] : in_flight_) {
+    for (const ModelChannel::Ticket ticket : tickets) {
+      first.Update(channel_.Wait(ticket, timeout));
+    }
   }
   in_flight_.clear();
   return first;

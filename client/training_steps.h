@@ -73,9 +73,9 @@ class TrainingSteps {
   // no step is in progress and the loss is unscaled again.
   absl::Status Begin(std::optional<double> lr = std::nullopt);
 
-  // Waits until the layer's gradient buffer is free to write: the
-  // GRAD_READY that last used it (another layer's, in a shared buffer) has
-  // been taken by the daemon. Its failure is returned.
+  // Waits until the layer's gradient buffer is free to write: every
+  // GRAD_READY that used it (another layer's, in a shared buffer) has been
+  // taken by the daemon. The first failure is returned.
   absl::Status ClaimGradBuffer(uint32_t layer);
   // The layer's gradient is in its buffer: GRAD_READY, not waited for.
   // FAILED_PRECONDITION outside a step.
@@ -125,8 +125,11 @@ class TrainingSteps {
   v1::LossScaling loss_scaling_;
   bool active_ = false;
   bool scaled_ = false;  // this step's loss was scaled
-  // The GRAD_READY in flight per gradient buffer (its address).
-  std::unordered_map<const uint8_t*, ModelChannel::Ticket> in_flight_;
+  // The GRAD_READYs in flight per gradient buffer (its address): one,
+  // or more where copies from a GPU queue up behind each other (the data
+  // plane orders those itself; nothing waits for them here).
+  std::unordered_map<const uint8_t*, std::vector<ModelChannel::Ticket>>
+      in_flight_;
 };
 
 }  // namespace lohan

@@ -217,6 +217,31 @@ TEST(TrainingSteps, ASharedGradientBufferIsClaimedOnceTheDaemonHasTakenIt) {
   ASSERT_TRUE(rig.End(0).ok());
 }
 
+// Hand-overs that need no claim (copies from a GPU, which the data plane
+// orders behind each other) queue up on a shared buffer without waiting;
+// a claim then waits for all of them.
+TEST(TrainingSteps, HandOversQueueOnASharedBufferUntilItIsClaimed) {
+  Rig rig(Options(), /*layers=*/3, /*slots=*/1);
+  rig.Begin();
+  ASSERT_TRUE(rig.steps->GradReady(2).ok());
+  auto second =
+      std::async(std::launch::async, [&] { return rig.steps->GradReady(1); });
+  ASSERT_EQ(second.wait_for(std::chrono::seconds(30)),
+            std::future_status::ready);
+  ASSERT_TRUE(second.get().ok());
+  std::vector<SubmissionEntry> gradients = rig.daemon.Take(2);
+  ASSERT_EQ(gradients.size(), 2u);
+  auto claimed = std::async(std::launch::async,
+                            [&] { return rig.steps->ClaimGradBuffer(0); });
+  rig.daemon.Answer(gradients[0], 0);
+  EXPECT_EQ(claimed.wait_for(kBlocked), std::future_status::timeout);
+  rig.daemon.Answer(gradients[1], 0);
+  EXPECT_TRUE(claimed.get().ok());
+  ASSERT_TRUE(rig.steps->GradReady(0).ok());
+  rig.daemon.Answer(rig.Next(), 0);
+  ASSERT_TRUE(rig.End(0).ok());
+}
+
 TEST(TrainingSteps, EndWaitsForEveryHandOverFirst) {
   Rig rig;
   rig.Begin();

@@ -345,15 +345,17 @@ void Engine::FillGradient(uint32_t layer, torch::Tensor& flat) {
 }
 
 void Engine::HandOver(uint32_t layer) {
-  ThrowIfFailed(lohan_steps_claim_grad_buffer(steps_, layer));
   if (cuda_) {
     // Built on the device on the current stream (backward's), then
-    // copied from there straight into the pinned gradient buffer.
+    // copied from there straight into the pinned gradient buffer (the
+    // data plane starts the copy once no request uses a shared buffer:
+    // backward does not wait for it).
     torch::Tensor flat = torch::empty(
         {layers_[layer].numel}, torch::TensorOptions(dtype_).device(device_));
     FillGradient(layer, flat);
     cuda_->SubmitGradient(steps_, layer, flat);
   } else {
+    ThrowIfFailed(lohan_steps_claim_grad_buffer(steps_, layer));
     FillGradient(layer, grad_views_[layer]);
     ThrowIfFailed(lohan_steps_grad_ready(steps_, layer));
   }

@@ -8,6 +8,7 @@
 #include "plugins/libtorch/lohan_error.h"
 
 namespace lohan::torch_plugin {
+
 ModelSpecBuilder::ModelSpecBuilder() {
   spec_.struct_size = sizeof(spec_);
   spec_.dtype = LOHAN_DTYPE_FP32;

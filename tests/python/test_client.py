@@ -933,3 +933,86 @@ def test_open_job_finds_or_creates_and_close_gives_everything_back(lohand):
         client.close_job(job.id, delete=True)
         assert client.jobs() == []
         assert client.status()["pool"].get("arenas", []) == []
+
+
+def test_the_step_and_cut_calls_refuse_bad_input_and_keep_serving(lohand):
+    """liblohan_client's lohan_model_cut_* and lohan_steps_* given NULLs,
+    malformed JSON, values out of range or calls out of order: each a
+    clear error and no crash; the model then trains a step as usual."""
+    from lohan import _native
+    from lohan.steps import TrainingSteps
+
+    lib = _native.library()
+    out = ctypes.c_void_p()
+    bad = StatusCode.INVALID_ARGUMENT
+    assert lib.lohan_model_cut_create(None, ctypes.byref(out)) == bad
+    assert lib.lohan_model_cut_create(b"{\"parameters\": 7",
+                                      ctypes.byref(out)) == bad
+    assert b"ModelDescription" in lib.lohan_last_error()
+    assert lib.lohan_model_cut_create(b"{}", ctypes.byref(out)) == bad
+    assert b"no trainable parameters" in lib.lohan_last_error()
+    assert lib.lohan_model_cut_create(
+        b"{\"parameters\": [{\"name\": \"w\", \"shape\": [2, 3]}]}",
+        ctypes.byref(out)) == 0
+    cut = out.value
+    assert lib.lohan_model_cut_layers(cut) == 1
+    assert lib.lohan_model_cut_layer_block(cut, 5) == -1
+    assert lib.lohan_model_cut_layer_size(cut, 5) == 0
+    index, offset = ctypes.c_uint32(), ctypes.c_uint64()
+    assert lib.lohan_model_cut_layer_parameter(
+        cut, 0, 1, ctypes.byref(index), ctypes.byref(offset)) == \
+        StatusCode.OUT_OF_RANGE
+    assert lib.lohan_model_cut_layer_parameter(cut, 0, 0, None, None) == bad
+    lib.lohan_model_cut_destroy(cut)
+    lib.lohan_model_cut_destroy(None)
+    assert lib.lohan_model_cut_layers(None) == 0
+
+    assert lib.lohan_steps_create(None, b"{}", ctypes.byref(out)) == bad
+    for call in (lambda: lib.lohan_steps_begin(None, None),
+                 lambda: lib.lohan_steps_grad_ready(None, 0),
+                 lambda: lib.lohan_steps_claim_grad_buffer(None, 0),
+                 lambda: lib.lohan_steps_end(None, None, None, None, None),
+                 lambda: lib.lohan_steps_discard(None),
+                 lambda: lib.lohan_steps_set_lr(None, 0.1)):
+        assert call() == bad
+    assert lib.lohan_steps_committed(None) == 0
+    lib.lohan_steps_settle(None, 0)
+    lib.lohan_steps_destroy(None)
+
+    with Client(lohand.socket) as client:
+        job = client.create_job("bad-steps", host_pool_bytes=1 << 20)
+        client.attach_job(job.id)
+        with client.open_data_plane(job.id) as plane:
+            model = plane.register_model(job.id, [4, 4])
+            for layer in range(2):
+                model.init_weights(layer)
+            assert lib.lohan_steps_create(model._handle, b"{\"lr\": ",
+                                          ctypes.byref(out)) == bad
+            assert b"TrainingStepsOptions" in lib.lohan_last_error()
+            with pytest.raises(LohanError, match="learning rate"):
+                TrainingSteps(model, -1.0, {"scale": 1.0})
+            with pytest.raises(LohanError, match="loss_scaling.scale"):
+                TrainingSteps(model, 0.01, {"scale": float("inf")})
+            steps = TrainingSteps(model, 0.01, {"scale": 1.0})
+            with pytest.raises(LohanError, match="begin it first") as error:
+                steps.grad_ready(0)
+            assert error.value.code == StatusCode.FAILED_PRECONDITION
+            with pytest.raises(LohanError, match="no step in progress"):
+                steps.end()
+            with pytest.raises(LohanError, match="learning rate"):
+                steps.begin(float("nan"))
+            with pytest.raises(LohanError, match="growth_interval"):
+                steps.set_loss_scaling(dynamic=True, growth_interval=0)
+            assert not steps.active and steps.committed == 0
+            assert lib.lohan_steps_set_lr(steps._handle, -2.0) == bad
+            steps.begin(0.01)
+            assert lib.lohan_steps_lr(steps._handle) == 0.01
+            with pytest.raises(LohanError, match="out of range"):
+                steps.claim_grad_buffer(9)
+            assert lib.lohan_steps_grad_ready_from_device(
+                steps._handle, 0, 0, None, 16, None) == bad
+            steps.grad_ready(0)
+            steps.grad_ready(1)
+            _, clipped, skipped = steps.end()
+            assert not skipped and steps.committed == 1
+            steps.close()

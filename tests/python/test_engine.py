@@ -1731,6 +1731,8 @@ def test_param_groups_are_checked(lohand):
         ({"params": [frozen]}, ValueError, "does not train"),
         ({"params": block, "weight_decay": -1.0}, ValueError,
          "must be finite and >= 0"),
+        ({"params": block, "lr": float("inf")}, ValueError,
+         "must be finite and >= 0"),
         ({"params": block}, TypeError, "list of dicts"),
     ]
     for groups, error, message in cases:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import enum
 import json
+import math
 from dataclasses import dataclass
 from typing import (Any, Callable, Dict, List, Mapping, Optional, Sequence,
                     Tuple, Union)
@@ -64,6 +65,22 @@ def spec_object(spec: SpecArg) -> Dict[str, Any]:
     return spec.to_proto() if isinstance(spec, ModelSpec) else dict(spec)
 
 
+def proto_json(value: Any) -> bytes:
+    """`value` as protobuf JSON text: non-finite floats as the strings
+    protobuf reads ("Infinity", "NaN"), so the library, not the JSON
+    parser, says what is wrong with them."""
+    def finite(item: Any) -> Any:
+        if isinstance(item, float) and not math.isfinite(item):
+            return "NaN" if item != item else (
+                "Infinity" if item > 0 else "-Infinity")
+        if isinstance(item, dict):
+            return {key: finite(v) for key, v in item.items()}
+        if isinstance(item, (list, tuple)):
+            return [finite(v) for v in item]
+        return item
+    return json.dumps(finite(value)).encode()
+
+
 def cut_model(description: Mapping[str, Any]) -> Dict[str, Any]:
     """liblohan_client's cut of a ModelDescription (proto/model_cut.proto):
     the ModelCut as protobuf JSON's object. ValueError with the library's
@@ -71,7 +88,7 @@ def cut_model(description: Mapping[str, Any]) -> Dict[str, Any]:
     does not have, ...)."""
     lib = _native.library()
     cut = ctypes.c_void_p()
-    status = lib.lohan_model_cut_create(json.dumps(description).encode(),
+    status = lib.lohan_model_cut_create(proto_json(description),
                                         ctypes.byref(cut))
     if status == StatusCode.INVALID_ARGUMENT:
         raise ValueError(lib.lohan_last_error().decode(errors="replace"))

@@ -9,7 +9,7 @@ import ctypes
 import json
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from lohan.client import Model, _check, take_text
+from lohan.client import Model, _check, proto_json, take_text
 
 # What the daemon decided at the end of a step: the global norm (before
 # clipping), whether it clipped, whether it skipped the update.
@@ -31,7 +31,7 @@ class TrainingSteps:
                                   ("scale", "good_steps") if key in resumed}
         handle = ctypes.c_void_p()
         _check(self._lib.lohan_steps_create(
-            model._handle, json.dumps(options).encode(), ctypes.byref(handle)))
+            model._handle, proto_json(options), ctypes.byref(handle)))
         self._handle = handle
         self._closed_state: Optional[Tuple[int, Dict[str, Any]]] = None
         model.on_close(self.close)
@@ -59,7 +59,7 @@ class TrainingSteps:
         """Replaces the fields given (scale, good_steps, ...)."""
         scaling = {**self.loss_scaling, **fields}
         _check(self._lib.lohan_steps_set_loss_scaling_json(
-            self._handle, json.dumps(scaling).encode()))
+            self._handle, proto_json(scaling)))
 
     def scale_loss(self) -> float:
         """The factor for this step's loss (its gradients carry it)."""

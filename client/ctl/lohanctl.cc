@@ -460,6 +460,15 @@ int main(int argc, char** argv) {
   plan->add_flag("--eager-attention", plan_options.eager_attention,
                  "attention that saves its scores (transformers' \"eager\"); "
                  "default: a fused kernel (\"sdpa\")");
+  plan->add_option("--loss-chunk-tokens", plan_options.loss_chunk_tokens,
+                   "the loss a chunk of this many tokens at a time, as the "
+                   "plugin computes it for Hugging Face causal LMs (default: "
+                   "256 MiB of fp32 logits a chunk)")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 30));
+  plan->add_flag("--full-logits", plan_options.full_logits,
+                 "the loss over the full logits (the model's own loss: "
+                 "lohan.init(chunked_loss=False), or a model it cannot "
+                 "chunk)");
   plan->add_flag("--this-machine", plan_options.this_machine,
                  "take host memory (lohand's pool, or your quota), the SSDs "
                  "(as lohand measured them) and the optimizer from the "

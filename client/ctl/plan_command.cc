@@ -211,6 +211,25 @@ void PrintStates(const Plan& plan) {
       plan.state_ssd_read_bytes / p, plan.state_ssd_write_bytes / p);
 }
 
+// How the loss is computed and what the device's working set holds.
+void PrintLoss(const Plan& plan) {
+  const ModelCounts& c = plan.counts;
+  const std::string loss =
+      c.loss_chunk_tokens > 0
+          ? absl::StrCat("chunks of ", c.loss_chunk_tokens, " tokens (",
+                         Gb(c.logits_bytes),
+                         " with the head's fp32 "
+                         "gradient accumulator)")
+          : absl::StrCat("the full logits (", Gb(c.logits_bytes), ")");
+  const DeviceWorkingSet set = WorkingSetOf(c);
+  std::printf(
+      "  device working set %s: two blocks' weights and the head's weights "
+      "and gradients %s, then the larger of a block's backward %s and the "
+      "loss %s; the loss in %s\n",
+      Gb(set.bytes()).c_str(), Gb(set.always).c_str(),
+      Gb(set.block_backward).c_str(), Gb(set.loss).c_str(), loss.c_str());
+}
+
 void PrintDetail(const Plan& plan, bool whole_blocks, bool every_block) {
   std::printf("\nbatch %llu: %.2f s per iteration, %.1f TFLOPS (case %d)\n",
               static_cast<unsigned long long>(plan.batch),
@@ -243,6 +262,7 @@ void PrintDetail(const Plan& plan, bool whole_blocks, bool every_block) {
       FormatByteSize(layout.ssd_set_aside_bytes).c_str(),
       Gb(plan.ssd_bytes).c_str());
   PrintStates(plan);
+  PrintLoss(plan);
   // Per tensor class: how many blocks put it where.
   std::map<std::string, std::map<Decision, uint32_t>> where;
   std::map<std::string, std::pair<uint64_t, double>> size;
@@ -327,6 +347,13 @@ google::protobuf::Value PlanJson(const Plan& plan) {
   f["backward"] = StageJson(plan.estimate.backward);
   f["tail_seconds"] = Number(plan.estimate.tail);
   f["device_working_bytes"] = Number(plan.device_working_bytes);
+  f["loss_chunk_tokens"] = Number(plan.counts.loss_chunk_tokens);
+  const DeviceWorkingSet set = WorkingSetOf(plan.counts);
+  auto& parts =
+      *f["device_working_set"].mutable_struct_value()->mutable_fields();
+  parts["always"] = Number(set.always);
+  parts["block_backward"] = Number(set.block_backward);
+  parts["loss"] = Number(set.loss);
   f["device_kept_bytes"] = Number(plan.device_bytes);
   f["host_fixed_bytes"] = Number(plan.host_fixed_bytes);
   f["arena_bytes"] = Number(plan.layout_bytes.arena_bytes);
@@ -466,14 +493,15 @@ absl::Status WritePlot(const std::string& path, const std::vector<Plan>& plans,
 
 // The largest preset (by parameters) that fits at `batch` x `seq`.
 std::string LargestPreset(uint64_t batch, uint64_t seq, const Machine& m,
-                          Attention attention) {
+                          Attention attention, LossChunks loss) {
   std::string best = "none";
   uint64_t best_parameters = 0;
   for (const std::string& name : PresetNames()) {
     const ModelShape shape = *PresetShape(name);
     const uint64_t parameters = CountModel(shape, 1, 1).parameters;
     if (parameters > best_parameters &&
-        MakePlan(shape, batch, seq, m, attention).ok()) {
+        MakePlan(shape, batch, seq, m, attention, Granularity::kTensor, loss)
+            .ok()) {
       best = name;
       best_parameters = parameters;
     }
@@ -496,12 +524,18 @@ int RunPlan(const PlanOptions& options) {
   if (!machine.ok()) return Fail(machine.status());
   const Attention attention =
       options.eager_attention ? Attention::kEager : Attention::kFused;
+  if (options.full_logits && options.loss_chunk_tokens > 0) {
+    return Fail(absl::InvalidArgumentError(
+        "--loss-chunk-tokens and --full-logits: give one (the loss in chunks "
+        "of that many tokens, or over the full logits)"));
+  }
+  const LossChunks loss{!options.full_logits, options.loss_chunk_tokens};
   std::vector<Plan> plans;
   std::vector<std::pair<uint64_t, std::string>> refused;
   for (uint64_t batch : options.batches) {
     absl::StatusOr<Plan> plan = MakePlan(
         *shape, batch, options.seq, *machine, attention,
-        options.per_block ? Granularity::kBlock : Granularity::kTensor);
+        options.per_block ? Granularity::kBlock : Granularity::kTensor, loss);
     if (!plan.ok()) {
       if (!absl::IsFailedPrecondition(plan.status()))
         return Fail(plan.status());
@@ -511,9 +545,9 @@ int RunPlan(const PlanOptions& options) {
     plans.push_back(*std::move(plan));
   }
   const uint64_t largest_batch =
-      LargestBatch(*shape, options.seq, *machine, 4096, attention);
-  const std::string largest_model =
-      LargestPreset(options.batches.front(), options.seq, *machine, attention);
+      LargestBatch(*shape, options.seq, *machine, 4096, attention, loss);
+  const std::string largest_model = LargestPreset(
+      options.batches.front(), options.seq, *machine, attention, loss);
   const ModelCounts counts = CountModel(*shape, 1, 1);
   if (options.json) {
     google::protobuf::Value out;

@@ -32,7 +32,11 @@ struct PlanOptions {
   bool device_is_host = false;  // training on the CPU itself
   std::string socket;
   bool eager_attention = false;  // saves the scores (else fused)
-  bool per_block = false;        // decide whole blocks (what the plugin takes)
+  // The loss over the full logits (the model's own), or in chunks of
+  // loss_chunk_tokens (0: the plugin's default).
+  bool full_logits = false;
+  uint64_t loss_chunk_tokens = 0;
+  bool per_block = false;  // decide whole blocks (what the plugin takes)
   bool json = false;
   bool tensors = false;   // the decision of every tensor class per block
   std::string plot_path;  // an SVG of iteration time vs offloaded bytes

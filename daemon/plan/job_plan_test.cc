@@ -156,9 +156,9 @@ TEST(JobPlan, OneDecisionPerMeasuredTensorAndTheRoomsHonoured) {
   v1::PlanJobRequest narrow = Request();
   narrow.mutable_profile()->set_host_to_device_bytes_per_second(1e6);
   narrow.mutable_profile()->set_device_to_host_bytes_per_second(1e6);
-  // Room for the working set (about 240 MiB) and little else: what is not
+  // Room for the working set (about 205 MiB) and little else: what is not
   // recomputed must cross the link.
-  narrow.mutable_profile()->set_device_bytes(256 * kMiB);
+  narrow.mutable_profile()->set_device_bytes(224 * kMiB);
   absl::StatusOr<v1::JobPlan> plan = PlanForJob(narrow, Host(), Facts(), 0);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->search_case(), 1);
@@ -245,11 +245,12 @@ TEST(JobPlan, MemoryTooShortIsThePlannersFailedPrecondition) {
   request.set_activation_host_bytes(0);
   JobFacts facts = Facts();
   facts.ssd_room_bytes = 0;
-  // The working set (6 x 8M block parameters, 112 MiB of a block's
-  // tensors, 4 x 4M head parameters, 64 MiB of logits) and 1 MiB: nothing
-  // can stay on the device either.
-  request.mutable_profile()->set_device_bytes(48'000'000 + 112 * kMiB +
-                                              16'000'000 + 64 * kMiB + kMiB);
+  // The working set (4 x 8M block parameters and 4 x 4M head parameters,
+  // then a block's backward, 2 x 8M, 112 MiB of its tensors and the
+  // gradient of its largest, 32 MiB, larger than the 64 MiB of logits) and
+  // 1 MiB: nothing can stay on the device either.
+  request.mutable_profile()->set_device_bytes(48'000'000 + 16'000'000 +
+                                              144 * kMiB + kMiB);
   plan = PlanForJob(request, Host(), facts, 0);
   EXPECT_TRUE(absl::IsFailedPrecondition(plan.status())) << plan.status();
   EXPECT_THAT(plan.status().message(), HasSubstr("never recomputed"));

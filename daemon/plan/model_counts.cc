@@ -53,8 +53,13 @@ std::vector<uint64_t> LayerElements(const ModelCounts& c) {
   return layers;
 }
 
+uint64_t DefaultLossChunkTokens(uint64_t vocab) {
+  return std::max<uint64_t>(
+      1, kDefaultLossChunkLogitBytes / (4 * std::max<uint64_t>(1, vocab)));
+}
+
 ModelCounts CountModel(const ModelShape& s, uint64_t batch, uint64_t seq,
-                       Attention attention) {
+                       Attention attention, LossChunks loss) {
   ModelCounts counts;
   const double tokens = static_cast<double>(batch * seq);
   const double h = static_cast<double>(s.hidden);
@@ -129,7 +134,30 @@ ModelCounts CountModel(const ModelShape& s, uint64_t batch, uint64_t seq,
   const double head = 2 * tokens * h * static_cast<double>(s.vocab);
   counts.forward_flops =
       static_cast<double>(s.layers) * counts.block_forward_flops + head;
-  counts.logits_bytes = batch * seq * s.vocab * (2 + 4);
+  counts.hidden_bytes = kActivationBytes * batch * seq * s.hidden;
+  // A logit in forward: the head's 16-bit product, its fp32 copy and
+  // cross-entropy's fp32 log-softmax.
+  constexpr uint64_t kLogitBytes = 2 + 4 + 4;
+  if (!loss.chunked) {
+    // The model's own loss peaks in backward: the log-softmax kept, the
+    // gradient the loss hands it and the one it makes, fp32 each.
+    counts.logits_bytes = batch * seq * s.vocab * 3 * 4;
+    return counts;
+  }
+  counts.loss_chunk_tokens =
+      std::min(batch * seq,
+               loss.tokens > 0 ? loss.tokens : DefaultLossChunkTokens(s.vocab));
+  // Forward holds a chunk's logits as above; backward the head's fp32
+  // weight-gradient accumulator and a chunk's fp32 softmax with its 16-bit
+  // copy, or that copy and a slice of the weight gradient's 16-bit product.
+  const uint64_t logits = counts.loss_chunk_tokens * s.vocab;
+  const uint64_t head_slice =
+      std::min(2 * counts.head_parameters, kLossWeightGradSliceBytes);
+  counts.logits_bytes =
+      std::max(logits * kLogitBytes,
+               4 * counts.head_parameters +
+                   std::max(logits * (4 + 2), logits * 2 + head_slice));
+  counts.loss_recompute_flops = head;
   return counts;
 }
 

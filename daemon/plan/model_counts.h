@@ -57,8 +57,23 @@ struct ModelCounts {
   // forward makes them.
   std::vector<SavedTensor> block_tensors;
   uint64_t block_activation_bytes = 0;  // their sum
-  // The head's logits for the loss: 16-bit, and fp32 for the softmax.
+  // What the loss holds on the device at once besides the head's weights
+  // and gradients and its input: for every token (the model's own loss)
+  // 12 bytes a logit in backward (the fp32 log-softmax, the gradient the
+  // loss hands it and the one it makes); or (the plugin's chunked loss,
+  // lohan/chunked_loss.py) one chunk's 10 bytes a logit in forward (the
+  // 16-bit product, its fp32 copy, the log-softmax), or in backward the
+  // head's fp32 weight-gradient accumulator and a chunk's softmax.
   uint64_t logits_bytes = 0;
+  // Tokens per chunk of the loss (lohan/chunked_loss.py); 0: the full
+  // logits.
+  uint64_t loss_chunk_tokens = 0;
+  // FLOPs the chunked loss adds to backward: each chunk's logits made
+  // again (the head's forward product once more).
+  double loss_recompute_flops = 0;
+  // A block's 16-bit output for the batch (b x s x hidden): what passes
+  // between blocks, and its gradient in backward; the head's input.
+  uint64_t hidden_bytes = 0;
 
   // Model states by tier, as lohan keeps them: 16-bit weights (2 bytes a
   // parameter) and, on the SSDs, fp32 masters and moments (12 bytes).
@@ -78,6 +93,24 @@ enum class Attention {
   kEager,
 };
 
+// How the loss is computed: by default a chunk of tokens at a time, as
+// the plugin's chunked loss does for Hugging Face causal LMs
+// (lohan/chunked_loss.py); or over the full logits (the model's own).
+struct LossChunks {
+  bool chunked = true;
+  uint64_t tokens = 0;  // 0: DefaultLossChunkTokens
+};
+
+// One chunk's fp32 logits are at most this many bytes by default.
+constexpr uint64_t kDefaultLossChunkLogitBytes = uint64_t{256} << 20;
+// The chunked loss adds the head's weight gradient to its accumulator in
+// 16-bit products of at most this many bytes.
+constexpr uint64_t kLossWeightGradSliceBytes = uint64_t{64} << 20;
+
+// The plugin's default chunk: kDefaultLossChunkLogitBytes of fp32 logits,
+// at least one token (1,335 for GPT-2's vocabulary, 523 for Llama 3's).
+uint64_t DefaultLossChunkTokens(uint64_t vocab);
+
 // counts.layer_elements, or when it is empty the cut a GPT or Llama model
 // has: first_layer_parameters, then what neither it nor the blocks hold
 // (when > 0), then `layers` blocks of block_parameters. REQUIRES: the
@@ -86,7 +119,8 @@ std::vector<uint64_t> LayerElements(const ModelCounts& counts);
 
 // REQUIRES: ValidateShape(shape).ok(), batch >= 1, seq >= 1.
 ModelCounts CountModel(const ModelShape& shape, uint64_t batch, uint64_t seq,
-                       Attention attention = Attention::kFused);
+                       Attention attention = Attention::kFused,
+                       LossChunks loss = {});
 
 }  // namespace lohan
 

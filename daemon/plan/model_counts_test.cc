@@ -103,7 +103,45 @@ TEST(ModelCounts, AGptBlockSavesWhatTheLiteratureCounts) {
   EXPECT_EQ(counts.block_tensors.front().name, "input");
   EXPECT_TRUE(counts.block_tensors.front().inter_block);
   EXPECT_EQ(counts.block_tensors.front().bytes, 2 * s * b * h);
-  EXPECT_EQ(counts.logits_bytes, b * s * shape.vocab * 6);
+  // The loss in chunks by default: 256 MiB of fp32 logits a chunk.
+  EXPECT_EQ(counts.loss_chunk_tokens, 1335u);
+  EXPECT_EQ(counts.hidden_bytes, 2 * b * s * h);
+}
+
+// The loss over every token's logits (12 bytes each at its peak, in
+// backward) or a chunk's, with the head's fp32 gradient accumulator and one
+// more head product in backward.
+TEST(ModelCounts, TheLossHoldsTheFullLogitsOrOneChunk) {
+  const ModelShape shape = Preset("gpt-13b");
+  const uint64_t b = 64, s = 1024, v = shape.vocab, h = shape.hidden;
+  const ModelCounts full =
+      CountModel(shape, b, s, Attention::kFused, LossChunks{false, 0});
+  EXPECT_EQ(full.loss_chunk_tokens, 0u);
+  EXPECT_EQ(full.logits_bytes, b * s * v * 12);
+  EXPECT_EQ(full.loss_recompute_flops, 0);
+  const ModelCounts chunked =
+      CountModel(shape, b, s, Attention::kFused, LossChunks{true, 512});
+  EXPECT_EQ(chunked.loss_chunk_tokens, 512u);
+  // Backward's accumulator (4 v h) and the chunk's fp32 softmax with its
+  // 16-bit copy pass forward's 10 bytes a logit here; with smaller chunks
+  // the 16-bit copy and the weight gradient's 64 MiB product slice do.
+  EXPECT_EQ(chunked.logits_bytes, 4 * v * h + 512 * v * 6);
+  EXPECT_EQ(CountModel(shape, b, s, Attention::kFused, LossChunks{true, 64})
+                .logits_bytes,
+            4 * v * h + 64 * v * 2 + (64 << 20));
+  const ModelCounts big_chunks =
+      CountModel(shape, b, s, Attention::kFused, LossChunks{true, 16384});
+  EXPECT_EQ(big_chunks.logits_bytes, 16384 * v * 10);
+  EXPECT_DOUBLE_EQ(chunked.loss_recompute_flops,
+                   2.0 * b * s * h * static_cast<double>(v));
+  EXPECT_EQ(chunked.forward_flops, full.forward_flops);
+  // A chunk is at most the batch's tokens.
+  EXPECT_EQ(CountModel(shape, 1, 16, Attention::kFused, LossChunks{true, 512})
+                .loss_chunk_tokens,
+            16u);
+  EXPECT_EQ(DefaultLossChunkTokens(50257), 1335u);
+  EXPECT_EQ(DefaultLossChunkTokens(128256), 523u);
+  EXPECT_EQ(DefaultLossChunkTokens(uint64_t{1} << 40), 1u);
 }
 
 // Forward FLOPs: 24 b s h^2 (the block's matrices) + 4 b s^2 h

@@ -69,7 +69,9 @@ Estimate Estimated(const Machine& m, const ModelCounts& c, const Derived& d,
   e.forward.device_to_host = a / m.device_to_host;
   e.forward.host_to_device = 2 * p / m.host_to_device;
   e.forward.ssd = weights16_ssd / d.ssd_read + spill / d.ssd_write;
-  e.backward.compute = (2 * c.forward_flops + recompute) / m.device_flops;
+  e.backward.compute =
+      (2 * c.forward_flops + c.loss_recompute_flops + recompute) /
+      m.device_flops;
   e.backward.device_to_host = 2 * p / m.device_to_host;  // the gradients
   e.backward.host_to_device = (2 * p + a) / m.host_to_device;
   const double r = d.resident_parameters;
@@ -205,7 +207,8 @@ absl::Status ValidateCounts(const ModelCounts& c) {
   }
   for (const auto& [field, flops] :
        {std::pair<const char*, double>{"forward_flops", c.forward_flops},
-        {"block_forward_flops", c.block_forward_flops}}) {
+        {"block_forward_flops", c.block_forward_flops},
+        {"loss_recompute_flops", c.loss_recompute_flops}}) {
     if (absl::Status valid = CheckFlops(field, flops); !valid.ok()) {
       return valid;
     }
@@ -246,12 +249,16 @@ absl::Status ValidateCounts(const ModelCounts& c) {
     return absl::InvalidArgumentError(
         "every block's saved tensors add up past 64 bits");
   }
-  if (!MulAdd(6, c.block_parameters, block_bytes, working) ||
+  uint64_t between;  // the hidden states twice, or one and a saved tensor
+  if (!MulAdd(2, std::max(c.hidden_bytes, block_bytes), 0, between) ||
+      !MulAdd(6, c.block_parameters, block_bytes, working) ||
       !MulAdd(4, c.head_parameters, c.logits_bytes, head) ||
-      __builtin_add_overflow(working, head, &working)) {
+      __builtin_add_overflow(working, head, &working) ||
+      __builtin_add_overflow(working, between, &working)) {
     return absl::InvalidArgumentError(
         "the device's working set (block_parameters, a block's saved "
-        "tensors, head_parameters, logits_bytes) adds up past 64 bits");
+        "tensors, head_parameters, logits_bytes, hidden_bytes) adds up past "
+        "64 bits");
   }
   if (!MulAdd(28, c.parameters, 0, states)) {
     return absl::InvalidArgumentError(
@@ -362,6 +369,19 @@ double Plan::model_flops_per_second() const {
   return seconds > 0 ? 3 * counts.forward_flops / seconds : 0;
 }
 
+DeviceWorkingSet WorkingSetOf(const ModelCounts& c) {
+  DeviceWorkingSet set;
+  set.always = 2 * 2 * c.block_parameters + 2 * 2 * c.head_parameters;
+  uint64_t largest = 0;
+  for (const SavedTensor& tensor : c.block_tensors) {
+    largest = std::max(largest, tensor.bytes);
+  }
+  set.block_backward = 2 * c.block_parameters + c.block_activation_bytes +
+                       c.hidden_bytes + largest;
+  set.loss = c.logits_bytes + 2 * c.hidden_bytes;
+  return set;
+}
+
 namespace {
 
 // Sizes what the plan needs besides the activations in each memory and
@@ -373,19 +393,18 @@ absl::Status SizeMemories(const Machine& m, const PlanLayout* layout,
                           uint64_t activation_area, bool spill, Plan& plan,
                           Derived& d) {
   const ModelCounts& c = plan.counts;
-  // The device: two blocks' 16-bit weights (one computing, the next on its
-  // way), a block's gradients, one block's saved tensors while its
-  // backward runs (recomputed ones included), the head's weights and
-  // gradients and its logits.
-  plan.device_working_bytes = 3 * 2 * c.block_parameters +
-                              c.block_activation_bytes +
-                              2 * 2 * c.head_parameters + c.logits_bytes;
+  const DeviceWorkingSet working = WorkingSetOf(c);
+  plan.device_working_bytes = working.bytes();
   if (plan.device_working_bytes > m.device_bytes) {
     return Short(
-        "The device's working set (weights and gradients of a "
-        "block, one block's activations, the head and its logits)",
+        "The device's working set (two blocks' weights, the head's weights "
+        "and gradients, then the larger of a block's backward: its "
+        "gradients, saved tensors and the gradients backward makes, and the "
+        "loss: its logits and the head's input and gradient)",
         plan.device_working_bytes, m.device_bytes,
-        "use a smaller batch or sequence");
+        working.loss > working.block_backward && c.loss_chunk_tokens == 0
+            ? "chunk the loss, or use a smaller batch or sequence"
+            : "use a smaller batch or sequence");
   }
   d.parameters = static_cast<double>(c.parameters);
   d.last_layer_parameters = c.first_layer_parameters;
@@ -641,7 +660,8 @@ absl::Status Place(const Machine& m, const Derived& d,
 
 absl::StatusOr<Plan> MakePlan(const ModelShape& shape, uint64_t batch,
                               uint64_t seq, const Machine& m,
-                              Attention attention, Granularity granularity) {
+                              Attention attention, Granularity granularity,
+                              LossChunks loss) {
   if (absl::Status valid = ValidateShape(shape); !valid.ok()) return valid;
   if (absl::Status valid = ValidateMachine(m); !valid.ok()) return valid;
   if (batch == 0 || seq == 0 || batch > (1u << 20) || seq > (1u << 20)) {
@@ -659,8 +679,8 @@ absl::StatusOr<Plan> MakePlan(const ModelShape& shape, uint64_t batch,
         shape.heads, " heads (a block's attention alone passes 2^60 bytes)"));
   }
   absl::StatusOr<Plan> plan =
-      PlanFromCounts(CountModel(shape, batch, seq, attention), batch, seq, m,
-                     nullptr, granularity);
+      PlanFromCounts(CountModel(shape, batch, seq, attention, loss), batch, seq,
+                     m, nullptr, granularity);
   if (plan.ok()) plan->shape = shape;
   return plan;
 }
@@ -778,9 +798,11 @@ absl::StatusOr<Plan> PlanFromCounts(const ModelCounts& counts, uint64_t batch,
 
 uint64_t LargestBatch(const ModelShape& shape, uint64_t seq,
                       const Machine& machine, uint64_t limit,
-                      Attention attention) {
+                      Attention attention, LossChunks loss) {
   auto fits = [&](uint64_t batch) {
-    return MakePlan(shape, batch, seq, machine, attention).ok();
+    return MakePlan(shape, batch, seq, machine, attention, Granularity::kTensor,
+                    loss)
+        .ok();
   };
   if (!fits(1)) return 0;
   uint64_t good = 1, bad = 0;

@@ -1,6 +1,7 @@
 #ifndef LOHAN_DAEMON_PLAN_PLANNER_H_
 #define LOHAN_DAEMON_PLAN_PLANNER_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -129,8 +130,8 @@ struct Plan {
   // Bytes per tier of the saved tensors.
   uint64_t device_bytes = 0, host_bytes = 0, ssd_bytes = 0;
   uint64_t recomputed_bytes = 0;
-  // Memory the plan needs besides the activations. The device's: weights,
-  // gradients, one block's activations in backward, logits.
+  // Memory the plan needs besides the activations. The device's:
+  // WorkingSetOf(counts).bytes().
   uint64_t device_working_bytes = 0;
   // lohan's layout for the job, as lohan.init sets it up on the host
   // memory the machine has (layout_bytes.h: its arena, the daemon's chunk
@@ -170,7 +171,8 @@ enum class Granularity { kTensor, kBlock };
 absl::StatusOr<Plan> MakePlan(const ModelShape& shape, uint64_t batch,
                               uint64_t seq, const Machine& machine,
                               Attention attention = Attention::kFused,
-                              Granularity granularity = Granularity::kTensor);
+                              Granularity granularity = Granularity::kTensor,
+                              LossChunks loss = {});
 
 // What a running job's layout already fixes, in place of the sizing of
 // lohan's layout for the counts (layout_bytes.h, which MakePlan does):
@@ -190,6 +192,22 @@ struct PlanLayout {
   // space leave it (its states are there already).
   uint64_t activation_ssd_bytes = 0;
 };
+
+// The device's working set besides the saved tensors it keeps: what is
+// always there (two blocks' 16-bit weights, one computing and the next on
+// its way; the head's weights and gradients, handed over with their layer,
+// at the end of backward when tied), then the larger of two phases that
+// never overlap: a block's backward (its gradients, its saved tensors,
+// recomputed ones included, the gradient coming into it, and the largest
+// gradient backward makes while they all exist: one the size of its
+// largest saved tensor) and the loss (its logits, or one chunk's with the
+// head's fp32 gradient accumulator; the head's input and its gradient).
+struct DeviceWorkingSet {
+  uint64_t always = 0, block_backward = 0, loss = 0;
+  uint64_t bytes() const { return always + std::max(block_backward, loss); }
+};
+// REQUIRES: ValidateCounts(counts).ok() (PlanFromCounts' check).
+DeviceWorkingSet WorkingSetOf(const ModelCounts& counts);
 
 // Bounds on the counts PlanFromCounts takes.
 constexpr uint64_t kMaxPlanLayers = 65536;
@@ -223,7 +241,8 @@ absl::StatusOr<Plan> PlanFromCounts(
 // The largest batch (up to `limit`) that fits, 0 if none does.
 uint64_t LargestBatch(const ModelShape& shape, uint64_t seq,
                       const Machine& machine, uint64_t limit = 1 << 16,
-                      Attention attention = Attention::kFused);
+                      Attention attention = Attention::kFused,
+                      LossChunks loss = {});
 
 }  // namespace lohan
 

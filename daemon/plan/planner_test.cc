@@ -224,8 +224,9 @@ TEST(Planner, WeightsStayInHostMemoryWhenTheyFitAndSpillOtherwise) {
   EXPECT_TRUE(big->weights_in_host);
   EXPECT_EQ(big->estimate.forward.ssd, big->estimate.ssd_bytes / (3 * 3.4e9));
   // Less than the 26 GB of 16-bit weights, and than the 13 GB of block
-  // inputs.
+  // inputs, with a device that keeps none of them.
   machine.host_bytes = 8 * kGiB;
+  machine.device_bytes = big->device_working_bytes + (uint64_t{1} << 20);
   absl::StatusOr<Plan> small = MakePlan(shape, 32, 1024, machine);
   ASSERT_TRUE(small.ok()) << small.status();
   EXPECT_FALSE(small->weights_in_host);
@@ -296,7 +297,7 @@ TEST(Planner, SpilledActivationsTakeTheActivationArea) {
   // A device with little room beside its working set and a host with
   // 256 MiB beside lohan's own: the block inputs alone (24 x 32 MiB)
   // spill.
-  Machine machine = Roomy(25e9, 4 * kGiB);
+  Machine machine = Tight(Roomy(25e9), shape, 8, 1024);
   machine.host_bytes = with_area.host_bytes() + kGiB / 4;
   absl::StatusOr<Plan> plan = MakePlan(shape, 8, 1024, machine);
   ASSERT_TRUE(plan.ok()) << plan.status();
@@ -493,7 +494,7 @@ TEST(PlanFromCounts, WhatBackwardCannotMakeAgainIsNeverRecomputed) {
 TEST(PlanFromCounts, AJobsLayoutFixesTheRoomsForActivations) {
   const ModelCounts counts = Measured();
   Machine machine = Small(1e13);     // everything offloaded if it fits
-  machine.device_bytes = 256 << 20;  // and little kept on the device
+  machine.device_bytes = 224 << 20;  // and little kept on the device
   machine.host_bytes = 0;            // not used with a layout
   machine.ssds = 64;  // SSDs that never bind: spilling costs nothing
   machine.ssd_read = machine.ssd_write = 50e9;
@@ -593,6 +594,47 @@ TEST(PlanFromCounts, HostileCountsAreRefusedByName) {
   holed.device_flops = NAN;
   EXPECT_TRUE(absl::IsInvalidArgument(
       PlanFromCounts(Measured(), 2, 512, holed).status()));
+}
+
+// The device holds a block's backward or the loss, never both: the
+// working set is what is always there and the larger phase. The full
+// logits of GPT 13B at batch 64 need 33 GB; in chunks the loss is small
+// and the batch grows until a block's backward fills the device.
+TEST(Planner, TheChunkedLossLetsTheBatchGrowUntilABlockFills) {
+  const ModelShape shape = Preset("gpt-13b");
+  const Machine machine = Roomy(25e9, 24 * kGiB);
+  const LossChunks full{false, 0};
+  absl::StatusOr<Plan> plan = MakePlan(
+      shape, 64, 1024, machine, Attention::kFused, Granularity::kTensor, full);
+  ASSERT_TRUE(absl::IsFailedPrecondition(plan.status()));
+  EXPECT_THAT(plan.status().message(), HasSubstr("chunk the loss"));
+  plan = MakePlan(shape, 64, 1024, machine);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const ModelCounts& c = plan->counts;
+  const DeviceWorkingSet set = WorkingSetOf(c);
+  EXPECT_EQ(set.always, 4 * c.block_parameters + 4 * c.head_parameters);
+  uint64_t largest = 0;  // mlp_up or mlp_act, b x s x 4h
+  for (const SavedTensor& t : c.block_tensors)
+    largest = std::max(largest, t.bytes);
+  EXPECT_EQ(largest, 4 * c.hidden_bytes);
+  EXPECT_EQ(set.block_backward, 2 * c.block_parameters +
+                                    c.block_activation_bytes + c.hidden_bytes +
+                                    largest);
+  EXPECT_EQ(set.loss, c.logits_bytes + 2 * c.hidden_bytes);
+  EXPECT_GT(set.block_backward, set.loss);
+  EXPECT_EQ(plan->device_working_bytes, set.always + set.block_backward);
+  // The chunks' second head product is charged to backward.
+  absl::StatusOr<Plan> roomy_full =
+      MakePlan(shape, 8, 1024, Roomy(25e9), Attention::kFused,
+               Granularity::kTensor, full);
+  absl::StatusOr<Plan> roomy_chunked = MakePlan(shape, 8, 1024, Roomy(25e9));
+  ASSERT_TRUE(roomy_full.ok() && roomy_chunked.ok());
+  EXPECT_NEAR(roomy_chunked->curve.front().backward.compute -
+                  roomy_full->curve.front().backward.compute,
+              roomy_chunked->counts.loss_recompute_flops / 100e12, 1e-9);
+  EXPECT_GT(
+      LargestBatch(shape, 1024, machine),
+      2 * LargestBatch(shape, 1024, machine, 1 << 16, Attention::kFused, full));
 }
 
 TEST(Planner, TheLargestBatchIsTheLastThatFits) {

@@ -7,7 +7,8 @@ __all__ = ["Client", "DataPlane", "Job", "LohanError", "Model", "StatusCode"]
 __version__ = "0.1.0"
 
 # The training engine needs torch; `import lohan` alone does not.
-_ENGINE_NAMES = ("init", "Engine", "StepResult", "load_state", "find_blocks")
+_ENGINE_NAMES = ("init", "Engine", "StepResult", "load_state", "find_blocks",
+                 "linear_cross_entropy")
 __all__ += list(_ENGINE_NAMES)
 
 
@@ -21,4 +22,7 @@ def __getattr__(name):
     if name == "find_blocks":
         from lohan.blocks import find_blocks
         return find_blocks
+    if name == "linear_cross_entropy":
+        from lohan.chunked_loss import linear_cross_entropy
+        return linear_cross_entropy
     raise AttributeError(f"module 'lohan' has no attribute {name!r}")

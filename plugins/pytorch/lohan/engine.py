@@ -31,6 +31,7 @@ from lohan.activations import ActivationStats, ActivationStore, BlockPasses
 from lohan.activations import install as install_activation_policy
 from lohan.activations import uses_store
 from lohan.auto_plan import AutoPlan, sizes_of
+from lohan import causal_lm
 from lohan.blocks import Layer, WIRE_NAMES, describe
 from lohan.checkpoint import CheckpointReader
 from lohan.client import DistributedRun, Job, LohanError, Model
@@ -128,6 +129,8 @@ class Engine:
         if opts.overlap_step:
             self._weights.overlap_steps()
         self._weights.remember()
+        self._uninstall_loss = causal_lm.install(
+            model, opts.chunked_loss, opts.loss_chunk_tokens)
         # The model's parameters the engine does not train (frozen at init):
         # one that gets gradients anyway was unfrozen later (see step()).
         trained = {id(p) for layer in self.layers for p in layer.params}
@@ -165,6 +168,7 @@ class Engine:
         # The run this rank's job is one rank of (None: not data-parallel).
         self._run: Optional[DistributedRun] = None
         self._uninstall_activations: Callable[[], None] = lambda: None
+        self._uninstall_loss: Callable[[], None] = lambda: None
 
     def _adopt(self, where: Placement) -> None:
         # Where the model computes, and where its parameters were given
@@ -570,6 +574,7 @@ class Engine:
         if weights is not None:
             weights.restore(home)  # before the arena goes
         self._uninstall_activations()
+        self._uninstall_loss()
         if self._auto is not None:
             self._auto.close()
         if home is not None and normalized(home) != self.device:

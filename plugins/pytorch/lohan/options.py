@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from lohan.blocks import BlocksArg
+from lohan.chunked_loss import check_chunk_tokens
 
 MIB = 1 << 20
 
@@ -68,6 +69,11 @@ class EngineOptions:
     # states lohand holds in RAM are committed durably (1: every step).
     commit_interval: Optional[int] = None
     overlap_step: bool = False
+    # A Hugging Face causal LM's loss a chunk of tokens at a time, never
+    # the full logits (causal_lm.py); loss_chunk_tokens None: chunks of at
+    # most 256 MiB of fp32 logits (chunked_loss.default_chunk_tokens).
+    chunked_loss: bool = True
+    loss_chunk_tokens: Optional[int] = None
     service: str = "lanes"
     # torch.distributed: None, the default group when initialized (with
     # more than one rank); False: this process alone; or a ProcessGroup.
@@ -114,9 +120,12 @@ class EngineOptions:
                 and initial >= 1):
             raise ValueError(f"initial_loss_scale={initial!r}: "
                              "a number >= 1 (the dynamic scale's start)")
-        if not isinstance(self.overlap_step, bool):
-            raise TypeError(f"overlap_step must be True or False, got "
-                            f"{self.overlap_step!r}")
+        for name in ("overlap_step", "chunked_loss"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be True or False, got "
+                                f"{getattr(self, name)!r}")
+        if self.loss_chunk_tokens is not None:
+            check_chunk_tokens(self.loss_chunk_tokens, "loss_chunk_tokens")
         # None is the usual way to say "no clipping" (Trainer, torch). The
         # daemon checks the range, naming it.
         norm = 0.0 if self.max_grad_norm is None else self.max_grad_norm

@@ -1,0 +1,169 @@
+"""A linear head and cross-entropy computed a chunk of tokens at a time,
+so that at most one chunk's logits exist, in forward and in backward.
+
+`linear_cross_entropy(hidden, weight, bias, targets)` equals
+`F.cross_entropy(F.linear(hidden, weight, bias).float(), targets)` (the
+head in the model's dtype, the softmax in fp32, as Hugging Face's causal
+LM loss does) without the N x vocab logits: forward keeps only the hidden
+states, and backward makes each chunk's logits again from them (one more
+head product per chunk: a third more of the head's FLOPs) and turns them
+into the gradients of the hidden states and of the head. The head's
+weight gradient accumulates across chunks in fp32 and is rounded once to
+the weight's dtype, as one matrix product over every token would be.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch.nn import functional as F
+
+# The default chunk holds at most this many bytes of fp32 logits.
+DEFAULT_CHUNK_LOGIT_BYTES = 256 << 20
+# The head's weight gradient is added to its fp32 accumulator this many
+# bytes of 16-bit product at a time (the vocabulary in slices), so the
+# product needs no head-sized temporary. daemon/plan counts the same
+# (kLossWeightGradSliceBytes).
+_WEIGHT_GRAD_SLICE_BYTES = 64 << 20
+
+
+def default_chunk_tokens(vocab: int) -> int:
+    """Tokens per chunk when none is given: one chunk's fp32 logits are at
+    most DEFAULT_CHUNK_LOGIT_BYTES (1,335 tokens for GPT-2's vocabulary,
+    523 for Llama 3's). daemon/plan counts the same rule."""
+    return max(1, DEFAULT_CHUNK_LOGIT_BYTES // (4 * max(1, vocab)))
+
+
+def check_chunk_tokens(chunk_tokens: object, option: str) -> int:
+    """`chunk_tokens` as an int >= 1; ValueError naming `option`."""
+    if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) \
+            or chunk_tokens < 1:
+        raise ValueError(f"{option}={chunk_tokens!r}: an int >= 1 (tokens "
+                         "whose logits exist at once), or None for the "
+                         "default")
+    return chunk_tokens
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor,
+                         bias: Optional[torch.Tensor], targets: torch.Tensor,
+                         *, chunk_tokens: Optional[int] = None,
+                         ignore_index: int = -100,
+                         divisor: Optional[object] = None) -> torch.Tensor:
+    """The cross-entropy of `hidden @ weight.T + bias` against `targets`,
+    a chunk of `chunk_tokens` rows at a time. hidden: [..., H]; weight:
+    [V, H]; targets: hidden's leading shape, ignore_index where no token
+    counts. The mean over counted tokens (NaN when none count, as torch),
+    or the sum over `divisor` when one is given (a tensor or a number:
+    Hugging Face's num_items_in_batch)."""
+    rows = hidden.reshape(-1, hidden.shape[-1])
+    flat_targets = targets.reshape(-1).to(rows.device)
+    if flat_targets.numel() != rows.shape[0]:
+        raise ValueError(f"linear_cross_entropy: {rows.shape[0]} hidden "
+                         f"rows but {flat_targets.numel()} targets")
+    chunk = (default_chunk_tokens(weight.shape[0]) if chunk_tokens is None
+             else check_chunk_tokens(chunk_tokens, "chunk_tokens"))
+    total = _ChunkedLinearCrossEntropy.apply(rows, weight, bias,
+                                             flat_targets, chunk,
+                                             ignore_index)
+    if divisor is None:
+        counted = (flat_targets != ignore_index).sum()
+        return total / counted
+    if torch.is_tensor(divisor):
+        divisor = divisor.to(total.device)
+    return total / divisor
+
+
+class _ChunkedLinearCrossEntropy(torch.autograd.Function):
+    """The summed cross-entropy of rows x weight.T + bias; saves no
+    logits."""
+
+    @staticmethod
+    def forward(ctx, rows: torch.Tensor, weight: torch.Tensor,
+                bias: Optional[torch.Tensor], targets: torch.Tensor,
+                chunk: int, ignore_index: int) -> torch.Tensor:
+        total = torch.zeros((), dtype=torch.float32, device=rows.device)
+        # The products' dtype: the operands', or autocast's, which backward
+        # (outside autocast) takes again so its products round as the
+        # model's own backward does.
+        ctx.product_dtype = weight.dtype
+        for start in range(0, rows.shape[0], chunk):
+            logits = F.linear(rows[start:start + chunk], weight, bias)
+            ctx.product_dtype = logits.dtype
+            total += F.cross_entropy(logits.float(),
+                                     targets[start:start + chunk],
+                                     ignore_index=ignore_index,
+                                     reduction="sum")
+        ctx.save_for_backward(rows, weight, bias, targets)
+        ctx.chunk, ctx.ignore_index = chunk, ignore_index
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_total: torch.Tensor
+                 ) -> Tuple[Optional[torch.Tensor], ...]:
+        rows, weight, bias, targets = ctx.saved_tensors
+        want_rows, want_weight, want_bias = ctx.needs_input_grad[:3]
+        grad_rows = torch.empty_like(rows) if want_rows else None
+        grad_weight = (torch.zeros(weight.shape, dtype=torch.float32,
+                                   device=weight.device)
+                       if want_weight else None)
+        grad_bias = (torch.zeros(bias.shape, dtype=torch.float32,
+                                 device=bias.device)
+                     if want_bias else None)
+        dtype = ctx.product_dtype
+        weight_as, bias_as = weight.to(dtype), (
+            None if bias is None else bias.to(dtype))
+        for start in range(0, rows.shape[0], ctx.chunk):
+            part = rows[start:start + ctx.chunk].to(dtype)
+            grad_logits = _logits_gradient(
+                part, weight_as, bias_as, targets[start:start + ctx.chunk],
+                ctx.ignore_index, grad_total)
+            if grad_rows is not None:
+                grad_rows[start:start + ctx.chunk] = grad_logits @ weight_as
+            if grad_weight is not None:
+                _add_weight_gradient(grad_weight, grad_logits, part)
+            if grad_bias is not None:
+                grad_bias += grad_logits.sum(0, dtype=torch.float32)
+            del grad_logits
+        return (grad_rows,
+                None if grad_weight is None else grad_weight.to(weight.dtype),
+                None if grad_bias is None else grad_bias.to(bias.dtype),
+                None, None, None)
+
+
+def _logits_gradient(rows: torch.Tensor, weight: torch.Tensor,
+                     bias: Optional[torch.Tensor], targets: torch.Tensor,
+                     ignore_index: int,
+                     grad_total: torch.Tensor) -> torch.Tensor:
+    """d(summed cross-entropy)/d(logits) x grad_total for one chunk's
+    logits, made again, in their dtype (the gradient the head's product
+    gets back from the fp32 softmax, as autograd hands it): softmax, less
+    one at each counted target, zero for ignored rows. Made in place in
+    one fp32 buffer."""
+    logits = F.linear(rows, weight, bias)
+    dtype = logits.dtype
+    probs = logits.float()
+    del logits
+    probs -= probs.amax(-1, keepdim=True)
+    probs.exp_()
+    probs /= probs.sum(-1, keepdim=True)
+    counted = targets != ignore_index
+    picked = torch.where(counted, targets, 0).unsqueeze(-1)
+    probs.scatter_add_(-1, picked, -counted.to(probs.dtype).unsqueeze(-1))
+    probs *= counted.unsqueeze(-1).to(probs.dtype) * grad_total
+    return probs.to(dtype)
+
+
+def _add_weight_gradient(accumulator: torch.Tensor, grad_logits: torch.Tensor,
+                         rows: torch.Tensor) -> None:
+    """accumulator (fp32, [V, H]) += grad_logits.T @ rows, the product in
+    the rows' dtype (as the model's own backward makes it), a slice of the
+    vocabulary at a time."""
+    if rows.dtype == torch.float32:
+        accumulator.addmm_(grad_logits.t(), rows)
+        return
+    step = max(1, _WEIGHT_GRAD_SLICE_BYTES
+               // (rows.element_size() * max(1, rows.shape[-1])))
+    for start in range(0, accumulator.shape[0], step):
+        accumulator[start:start + step] += (
+            grad_logits[:, start:start + step].t() @ rows)

@@ -1,0 +1,328 @@
+"""The chunked loss (lohan/chunked_loss.py, lohan/causal_lm.py) against the
+model's own: the same loss and gradients with at most one chunk's logits,
+for GPT-2, Llama and OPT shapes from configs, with ignored and padded
+labels, Trainer's num_items_in_batch and given shift_labels; and lohan
+training with it equals torch AdamW on the model's own loss.
+
+Tolerances: one chunk's loss is the model's own, bit for bit (the same
+products and cross-entropy; backward takes the softmax's gradient
+directly, not through log-softmax's); several chunks add the loss in another
+order (1e-6 relative) and the head's weight gradient in fp32 per chunk,
+rounded once: the head's gradients differ from the model's by a few
+units in the last place of the largest (4 eps of the dtype, relative to
+it), and the model's, after backward through the blocks, by the suite's
+tolerances (GRAD_RTOL).
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from typing import Dict, List
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import lohan
+from lohan import causal_lm
+from lohan.chunked_loss import default_chunk_tokens, linear_cross_entropy
+from lohan.options import EngineOptions
+from test_engine import BETAS, EPS, LR, WD, assert_fp32_close, engine_for
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 100
+# A model's parameters' gradients through the chunked loss against the
+# model's own, relative to the largest of each (the suite's fp32 weight
+# tolerance; bf16's for masters).
+GRAD_RTOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+
+
+def _rows(dtype: torch.dtype, bias: bool):
+    torch.manual_seed(0)
+    hidden = torch.randn(37, 16, dtype=dtype, requires_grad=True)
+    head = nn.Linear(16, VOCAB, bias=bias).to(dtype)
+    targets = torch.randint(0, VOCAB, (37,))
+    targets[::5] = -100
+    return hidden, head, targets
+
+
+def _grads(*tensors: torch.Tensor) -> List[torch.Tensor]:
+    grads = [t.grad.clone() for t in tensors]
+    for t in tensors:
+        t.grad = None
+    return grads
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_cross_entropy_equals_torch_in_one_chunk_and_in_many(
+        dtype, bias):
+    hidden, head, targets = _rows(dtype, bias)
+    params = [hidden, head.weight] + ([head.bias] if bias else [])
+    want = F.cross_entropy(head(hidden).float(), targets)
+    want.backward()
+    want_grads = _grads(*params)
+    ulp = 4 * torch.finfo(dtype).eps
+    for chunk in (1, 6, 37, 1000):
+        got = linear_cross_entropy(hidden, head.weight, head.bias, targets,
+                                   chunk_tokens=chunk)
+        got.backward()
+        if chunk >= 37:  # one chunk: the model's forward arithmetic
+            assert torch.equal(got, want)
+        else:
+            assert got.item() == pytest.approx(want.item(), rel=1e-6)
+        for g, w in zip(_grads(*params), want_grads):
+            assert (g - w).abs().max() <= ulp * w.abs().max(), chunk
+    # The check can fail: the gradient of the loss without the bias.
+    if bias and dtype == torch.float32:
+        linear_cross_entropy(hidden, head.weight, None, targets).backward()
+        assert (_grads(*params[:2])[1] - want_grads[1]).abs().max() > (
+            ulp * want_grads[1].abs().max())
+        head.bias.grad = None
+
+
+def test_linear_cross_entropy_sums_over_a_divisor_and_checks_its_input():
+    hidden, head, targets = _rows(torch.float32, False)
+    want = F.cross_entropy(head(hidden), targets, reduction="sum") / 11
+    for divisor in (11, torch.tensor(11)):
+        got = linear_cross_entropy(hidden, head.weight, None, targets,
+                                   chunk_tokens=4, divisor=divisor)
+        assert got.item() == pytest.approx(want.item(), rel=1e-6)
+    nothing = torch.full_like(targets, -100)
+    assert linear_cross_entropy(hidden, head.weight, None, nothing).isnan()
+    with pytest.raises(ValueError, match="37 hidden rows but 36 targets"):
+        linear_cross_entropy(hidden, head.weight, None, targets[1:])
+    for chunk in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="chunk_tokens="):
+            linear_cross_entropy(hidden, head.weight, None, targets,
+                                 chunk_tokens=chunk)
+
+
+def test_the_default_chunk_holds_256_mib_of_fp32_logits():
+    assert default_chunk_tokens(50257) == 1335
+    assert default_chunk_tokens(128256) == 523
+    assert default_chunk_tokens(1 << 40) == 1
+
+
+# ------------------------------------------------- Hugging Face causal LMs
+
+
+def _model(kind: str, dtype: torch.dtype = torch.float32) -> nn.Module:
+    torch.manual_seed(0)
+    if kind == "gpt2":
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=32,
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    elif kind == "llama":
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+            num_hidden_layers=2, num_attention_heads=2,
+            num_key_value_heads=1, max_position_embeddings=32))
+    elif kind == "opt":
+        model = transformers.OPTForCausalLM(transformers.OPTConfig(
+            vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+            ffn_dim=64, num_attention_heads=2, max_position_embeddings=32,
+            word_embed_proj_dim=32, dropout=0.0, pad_token_id=1))
+    else:  # gemma2: soft-caps its logits after the head
+        model = transformers.Gemma2ForCausalLM(transformers.Gemma2Config(
+            vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+            num_hidden_layers=2, num_attention_heads=2,
+            num_key_value_heads=1, head_dim=16, max_position_embeddings=32))
+    return model.to(dtype)
+
+
+def _batch() -> Dict[str, torch.Tensor]:
+    """Two sequences of 12, the second padded on the right by 4 (label
+    -100, attention mask 0) and one more label ignored."""
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(2, VOCAB, (2, 12), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 8:] = 0
+    labels = ids.clone()
+    labels[1, 8:] = -100
+    labels[0, 3] = -100
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def _loss_and_grads(model: nn.Module, **extra: object):
+    out = model(**_batch(), **extra)
+    out.loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    return out, grads
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama", "opt"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("extra", [
+    {}, {"num_items_in_batch": torch.tensor(30)}, "shift_labels"])
+def test_hugging_face_loss_and_gradients_equal_the_models_own(
+        kind, dtype, extra):
+    if extra == "shift_labels":  # given pre-shifted, as Trainer may
+        labels = _batch()["labels"]
+        extra = {"shift_labels": F.pad(labels, (0, 1), value=-100)[:, 1:]
+                 .contiguous()}
+    reference = _model(kind, dtype)
+    model = copy.deepcopy(reference)
+    want, want_grads = _loss_and_grads(reference, **extra)
+    assert want.logits is not None
+    for chunk in (5, 24):  # several chunks; one chunk of every token
+        uninstall = causal_lm.install(model, True, chunk)
+        got, got_grads = _loss_and_grads(model, **extra)
+        uninstall()
+        assert got.logits is None  # none were made
+        if chunk == 24:
+            assert torch.equal(got.loss, want.loss)
+        else:
+            assert got.loss.item() == pytest.approx(want.loss.item(),
+                                                    rel=1e-6)
+        rtol = GRAD_RTOL[dtype]
+        for name, want_grad in want_grads.items():
+            if name.endswith("k_proj.bias"):
+                continue  # true gradient 0: rounding noise (test_engine.py)
+            error = (got_grads[name] - want_grad).abs().max()
+            assert error <= rtol * want_grad.abs().max(), (
+                name, chunk, error.item())
+    assert "forward" not in vars(model)  # uninstalled
+
+
+def test_without_labels_or_outside_training_the_forward_is_the_models():
+    reference = _model("gpt2")
+    model = copy.deepcopy(reference)
+    uninstall = causal_lm.install(model, True, 5)
+    batch = _batch()
+    no_labels = {k: v for k, v in batch.items() if k != "labels"}
+    assert torch.equal(model(**no_labels).logits,
+                       reference(**no_labels).logits)
+    with torch.no_grad():
+        got = model(**batch)
+    assert torch.equal(got.logits, reference(**batch).logits)
+    model.eval()
+    reference.eval()
+    got = model(**batch)
+    assert torch.equal(got.logits, reference(**batch).logits)
+    got = model(**batch, return_dict=False)
+    assert torch.equal(got[1], reference(**batch).logits)
+    uninstall()
+
+
+def test_a_model_that_changes_its_logits_keeps_its_loss_and_says_so_once():
+    model = _model("gemma2")
+    reference = copy.deepcopy(model)
+    with pytest.warns(UserWarning, match="Gemma2ForCausalLM .model type "
+                      "'gemma2'. is not known to end in a plain linear"):
+        uninstall = causal_lm.install(model, True, None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(2):
+            assert torch.equal(model(**_batch()).loss,
+                               reference(**_batch()).loss)
+    uninstall()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # chunked_loss=False: nothing said
+        causal_lm.install(model, False, None)()
+
+
+def test_a_plain_module_is_left_alone():
+    model = nn.Sequential(nn.Linear(4, 4))
+    causal_lm.install(model, True, None)()
+    assert "forward" not in vars(model)
+
+
+@pytest.mark.parametrize("value", [0, -3, 1.5, True, "64"])
+def test_bad_chunk_sizes_are_refused_naming_the_option(value):
+    with pytest.raises(ValueError, match="loss_chunk_tokens="):
+        EngineOptions(loss_chunk_tokens=value)
+
+
+def test_chunked_loss_must_be_a_bool():
+    with pytest.raises(TypeError, match="chunked_loss must be True or False"):
+        EngineOptions(chunked_loss="yes")
+
+
+# ------------------------------------------------------- training through lohan
+
+
+def _train(model: nn.Module, step: object, steps: int = 3) -> List[float]:
+    losses = []
+    for _ in range(steps):
+        loss = model(**_batch()).loss
+        step(loss)
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("kind,params", [
+    ("gpt2", "resident"), ("gpt2", "offload"), ("llama", "resident"),
+    ("llama", "offload")])
+def test_training_with_the_chunked_loss_equals_torch_adamw(lohand, kind,
+                                                           params):
+    """The reference trains through the same chunked loss (its gradients
+    against the model's own loss are the tests above): Adam turns the
+    rounding differences of gradients near 0 into steps of up to lr,
+    past the suite's fp32 weight tolerance."""
+    model = _model(kind)
+    reference = copy.deepcopy(model)
+    causal_lm.install(reference, True, 5)
+    opt = torch.optim.AdamW(reference.parameters(), lr=LR, betas=BETAS,
+                            eps=EPS, weight_decay=WD)
+
+    def torch_step(loss: torch.Tensor) -> None:
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+    want = _train(reference, torch_step)
+    with engine_for(model, lohand, params=params, loss_chunk_tokens=5,
+                    job_name=f"chunked-{kind}-{params}") as engine:
+        def lohan_step(loss: torch.Tensor) -> None:
+            engine.backward(loss)
+            engine.step()
+
+        got = _train(model, lohan_step)
+        assert model(**_batch()).logits is None  # chunked while training
+    assert "forward" not in vars(model)  # close() gave the forward back
+    # GPT-2's key bias: true gradient 0, Adam moves it by rounding noise.
+    noise = {f"transformer.h.{i}.attn.c_attn.bias": slice(32, 64)
+             for i in range(2)} if kind == "gpt2" else None
+    assert_fp32_close(model, reference, got, want, noise)
+    with pytest.raises(AssertionError):  # the check can fail
+        assert_fp32_close(model, _model(kind), got, want, noise)
+
+
+def test_lohan_init_can_turn_it_off(lohand):
+    model = _model("gpt2")
+    with engine_for(model, lohand, chunked_loss=False,
+                    job_name="chunked-off"):
+        assert model(**_batch()).logits is not None
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_under_autocast_backward_takes_the_forwards_products(dtype):
+    """Trainer's fp16/bf16 (autocast over fp32 weights): backward, outside
+    autocast, makes its products in autocast's dtype as the model's own
+    backward does, so a scaled gradient overflows where the model's does
+    (a skipped step and a halved scale, not a silently kept one)."""
+    hidden, head, targets = _rows(torch.float32, True)
+    params = [hidden, head.weight, head.bias]
+    for scale in (1.0, 1e9):
+        with torch.autocast("cpu", dtype=dtype):
+            want = F.cross_entropy(head(hidden).float(), targets)
+        (want * scale).backward()
+        want_grads = _grads(*params)
+        with torch.autocast("cpu", dtype=dtype):
+            got = linear_cross_entropy(hidden, head.weight, head.bias,
+                                       targets, chunk_tokens=6)
+        (got * scale).backward()
+        got_grads = _grads(*params)
+        assert got.item() == pytest.approx(want.item(), rel=1e-6)
+        for g, w in zip(got_grads, want_grads):
+            assert g.dtype == w.dtype == torch.float32
+            assert torch.isfinite(g).all() == torch.isfinite(w).all(), scale
+            if scale == 1.0:
+                assert (g - w).abs().max() <= (
+                    4 * torch.finfo(dtype).eps * w.abs().max())
+    assert not torch.isfinite(w).all() or dtype == torch.bfloat16

@@ -1,0 +1,115 @@
+"""The device's working set `lohanctl plan` predicts, measured on the CPU:
+the bytes of every tensor the model and the loss make (live_bytes.py),
+phase by phase, against the plan's parts (`device_working_set` in its
+JSON: a block's backward, the loss), within 10%.
+
+A GPT-2 shape in bf16 with fused attention (sdpa) and a one-op GELU, as
+the planner counts a GPT block; batch 4 x 512, vocabulary 8192.
+- A block's backward as the plugin runs it (activations="offload"): its
+  input brought back and the gradient coming in, the forward made again,
+  then backward (its weights' gradients, every saved tensor, the
+  gradients backward makes).
+- The loss: the head's input and its gradient, and the logits: every
+  token's (the model's own loss) or one chunk's with the head's fp32
+  gradient accumulator (lohan's chunked loss), plus the head's gradient
+  (the plan's `always` part holds it).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any, Dict
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import built
+from live_bytes import LiveBytes
+from lohan.chunked_loss import linear_cross_entropy
+
+transformers = pytest.importorskip("transformers")
+
+BATCH, SEQ, HIDDEN, HEADS, VOCAB = 4, 512, 256, 4, 8192
+TOLERANCE = 0.10
+
+
+def _config() -> Any:
+    config = transformers.GPT2Config(
+        n_embd=HIDDEN, n_head=HEADS, n_layer=2, vocab_size=VOCAB,
+        n_positions=SEQ, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        activation_function="gelu_pytorch_tanh")
+    config._attn_implementation = "sdpa"
+    return config
+
+
+def _planned(tmp_path: Path, *args: str) -> Dict[str, int]:
+    path = tmp_path / "config.json"
+    path.write_text(_config().to_json_string())
+    result = subprocess.run(
+        [str(built("client/ctl/lohanctl")), "plan", "--model", str(path),
+         "--batch", str(BATCH), "--seq", str(SEQ), "--json",
+         "--device-memory", "4GiB", "--device-tflops", "1", "--h2d-gbps",
+         "1", "--d2h-gbps", "1", "--host-memory", "8GiB", "--ssds", "1",
+         "--ssd-read-gbps", "1", "--ssd-write-gbps", "1", *args],
+        capture_output=True, text=True, check=True)
+    plan = json.loads(result.stdout)["plans"][0]
+    return {**plan["device_working_set"],
+            "loss_chunk_tokens": plan["loss_chunk_tokens"]}
+
+
+def _close(measured: int, predicted: int) -> None:
+    assert abs(measured - predicted) <= TOLERANCE * predicted, (
+        measured, predicted, measured / predicted)
+
+
+def test_a_blocks_backward_is_what_the_plan_counts(tmp_path):
+    torch.manual_seed(0)
+    block = transformers.models.gpt2.modeling_gpt2.GPT2Block(_config()).to(
+        torch.bfloat16)
+    with LiveBytes() as live:
+        given = torch.randn(BATCH, SEQ, HIDDEN, dtype=torch.bfloat16)
+        given.requires_grad_()
+        coming_in = torch.randn_like(given)
+        output = block(given)
+        output = output[0] if isinstance(output, tuple) else output
+        output.backward(coming_in)
+    _close(live.peak, _planned(tmp_path)["block_backward"])
+
+
+@pytest.mark.parametrize("chunk", [None, 512, 64, "full"])
+def test_the_loss_is_what_the_plan_counts(tmp_path, chunk):
+    torch.manual_seed(0)
+    head = torch.nn.Linear(HIDDEN, VOCAB, bias=False).to(torch.bfloat16)
+    targets = torch.randint(0, VOCAB, (BATCH, SEQ))
+    with LiveBytes() as live:
+        hidden = torch.randn(BATCH, SEQ, HIDDEN, dtype=torch.bfloat16)
+        hidden.requires_grad_()
+        if chunk == "full":
+            logits = F.linear(hidden, head.weight).float()
+            loss = F.cross_entropy(logits.view(-1, VOCAB), targets.view(-1))
+            del logits
+        else:
+            loss = linear_cross_entropy(hidden, head.weight, None, targets,
+                                        chunk_tokens=chunk)
+        loss.backward()
+    args = (["--full-logits"] if chunk == "full" else
+            ["--loss-chunk-tokens", str(chunk)] if chunk else [])
+    planned = _planned(tmp_path, *args)
+    assert planned["loss_chunk_tokens"] == (
+        0 if chunk == "full" else chunk or BATCH * SEQ)  # 8,192 by default
+    head_gradient = 2 * VOCAB * HIDDEN
+    _close(live.peak, planned["loss"] + head_gradient)
+
+
+def test_the_measure_sees_what_is_made_and_freed():
+    with LiveBytes() as live:
+        kept = torch.empty(1 << 20, dtype=torch.uint8)
+        torch.empty(3 << 20, dtype=torch.uint8)  # made and dropped
+        view = kept[: 1 << 10]
+    assert live.peak == 4 << 20
+    assert live.now == 1 << 20
+    del kept, view
+    assert live.now == 0

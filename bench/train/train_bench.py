@@ -299,6 +299,8 @@ def main() -> int:
         "lohan keep": dict(activations="keep"),
         "lohan recompute": dict(activations="recompute"),
         "lohan offload": dict(activations="offload"),
+        "lohan offload, sublayer": dict(activations="offload",
+                                        recompute_unit="sublayer"),
         "lohan offload+params": dict(activations="offload",
                                      params="offload"),
         "lohan offload, streamed": dict(activations="offload",

@@ -465,6 +465,12 @@ int main(int argc, char** argv) {
                    "plugin computes it for Hugging Face causal LMs (default: "
                    "256 MiB of fp32 logits a chunk)")
       ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 30));
+  plan->add_option("--recompute-unit", plan_options.recompute_unit,
+                   "how a recomputed block's backward runs: auto (the "
+                   "default: the block when its working set fits the "
+                   "device, else a sublayer), block, or sublayer (one "
+                   "attention or MLP at a time: lohan.init("
+                   "recompute_unit=\"sublayer\"))");
   plan->add_flag("--full-logits", plan_options.full_logits,
                  "the loss over the full logits (the model's own loss: "
                  "lohan.init(chunked_loss=False), or a model it cannot "

@@ -221,13 +221,25 @@ void PrintLoss(const Plan& plan) {
                          " with the head's fp32 "
                          "gradient accumulator)")
           : absl::StrCat("the full logits (", Gb(c.logits_bytes), ")");
-  const DeviceWorkingSet set = WorkingSetOf(c);
+  const DeviceWorkingSet set = WorkingSetOf(c, plan.recompute_unit);
   std::printf(
       "  device working set %s: two blocks' weights and the head's weights "
       "and gradients %s, then the larger of a block's backward %s and the "
       "loss %s; the loss in %s\n",
       Gb(set.bytes()).c_str(), Gb(set.always).c_str(),
       Gb(set.block_backward).c_str(), Gb(set.loss).c_str(), loss.c_str());
+  const bool sublayer = plan.recompute_unit == RecomputeUnit::kSublayer;
+  std::printf("  unit: %s%s\n",
+              sublayer
+                  ? "a sublayer (lohan.init(recompute_unit=\"sublayer\")): a "
+                    "recomputed block's backward one attention or MLP at a "
+                    "time, each made once more"
+                  : "the block (recompute_unit=\"block\", the default)",
+              plan.block_unit_working_bytes > plan.device_working_bytes
+                  ? absl::StrCat("; whole blocks would need ",
+                                 Gb(plan.block_unit_working_bytes))
+                        .c_str()
+                  : "");
 }
 
 void PrintDetail(const Plan& plan, bool whole_blocks, bool every_block) {
@@ -348,7 +360,9 @@ google::protobuf::Value PlanJson(const Plan& plan) {
   f["tail_seconds"] = Number(plan.estimate.tail);
   f["device_working_bytes"] = Number(plan.device_working_bytes);
   f["loss_chunk_tokens"] = Number(plan.counts.loss_chunk_tokens);
-  const DeviceWorkingSet set = WorkingSetOf(plan.counts);
+  const DeviceWorkingSet set = WorkingSetOf(plan.counts, plan.recompute_unit);
+  f["recompute_unit"] = Text(RecomputeUnitName(plan.recompute_unit));
+  f["block_unit_working_bytes"] = Number(plan.block_unit_working_bytes);
   auto& parts =
       *f["device_working_set"].mutable_struct_value()->mutable_fields();
   parts["always"] = Number(set.always);
@@ -493,14 +507,16 @@ absl::Status WritePlot(const std::string& path, const std::vector<Plan>& plans,
 
 // The largest preset (by parameters) that fits at `batch` x `seq`.
 std::string LargestPreset(uint64_t batch, uint64_t seq, const Machine& m,
-                          Attention attention, LossChunks loss) {
+                          Attention attention, LossChunks loss,
+                          RecomputeUnit unit) {
   std::string best = "none";
   uint64_t best_parameters = 0;
   for (const std::string& name : PresetNames()) {
     const ModelShape shape = *PresetShape(name);
     const uint64_t parameters = CountModel(shape, 1, 1).parameters;
     if (parameters > best_parameters &&
-        MakePlan(shape, batch, seq, m, attention, Granularity::kTensor, loss)
+        MakePlan(shape, batch, seq, m, attention, Granularity::kTensor, loss,
+                 unit)
             .ok()) {
       best = name;
       best_parameters = parameters;
@@ -530,12 +546,24 @@ int RunPlan(const PlanOptions& options) {
         "of that many tokens, or over the full logits)"));
   }
   const LossChunks loss{!options.full_logits, options.loss_chunk_tokens};
+  RecomputeUnit unit = RecomputeUnit::kAuto;
+  if (options.recompute_unit == "block") {
+    unit = RecomputeUnit::kBlock;
+  } else if (options.recompute_unit == "sublayer") {
+    unit = RecomputeUnit::kSublayer;
+  } else if (options.recompute_unit != "auto") {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--recompute-unit ", options.recompute_unit,
+        ": use auto (the default: the block when it fits the device, else "
+        "a sublayer), block or sublayer")));
+  }
   std::vector<Plan> plans;
   std::vector<std::pair<uint64_t, std::string>> refused;
   for (uint64_t batch : options.batches) {
-    absl::StatusOr<Plan> plan = MakePlan(
-        *shape, batch, options.seq, *machine, attention,
-        options.per_block ? Granularity::kBlock : Granularity::kTensor, loss);
+    absl::StatusOr<Plan> plan =
+        MakePlan(*shape, batch, options.seq, *machine, attention,
+                 options.per_block ? Granularity::kBlock : Granularity::kTensor,
+                 loss, unit);
     if (!plan.ok()) {
       if (!absl::IsFailedPrecondition(plan.status()))
         return Fail(plan.status());
@@ -545,9 +573,9 @@ int RunPlan(const PlanOptions& options) {
     plans.push_back(*std::move(plan));
   }
   const uint64_t largest_batch =
-      LargestBatch(*shape, options.seq, *machine, 4096, attention, loss);
+      LargestBatch(*shape, options.seq, *machine, 4096, attention, loss, unit);
   const std::string largest_model = LargestPreset(
-      options.batches.front(), options.seq, *machine, attention, loss);
+      options.batches.front(), options.seq, *machine, attention, loss, unit);
   const ModelCounts counts = CountModel(*shape, 1, 1);
   if (options.json) {
     google::protobuf::Value out;

@@ -36,6 +36,9 @@ struct PlanOptions {
   // loss_chunk_tokens (0: the plugin's default).
   bool full_logits = false;
   uint64_t loss_chunk_tokens = 0;
+  // "auto" (the block when it fits the device, else a sublayer), "block"
+  // or "sublayer": how a recomputed block's backward runs.
+  std::string recompute_unit = "auto";
   bool per_block = false;  // decide whole blocks (what the plugin takes)
   bool json = false;
   bool tensors = false;   // the decision of every tensor class per block

@@ -53,6 +53,18 @@ std::vector<uint64_t> LayerElements(const ModelCounts& c) {
   return layers;
 }
 
+const char* RecomputeUnitName(RecomputeUnit unit) {
+  switch (unit) {
+    case RecomputeUnit::kBlock:
+      return "block";
+    case RecomputeUnit::kSublayer:
+      return "sublayer";
+    case RecomputeUnit::kAuto:
+      return "auto";
+  }
+  return "?";
+}
+
 uint64_t DefaultLossChunkTokens(uint64_t vocab) {
   return std::max<uint64_t>(
       1, kDefaultLossChunkLogitBytes / (4 * std::max<uint64_t>(1, vocab)));
@@ -106,26 +118,28 @@ ModelCounts CountModel(const ModelShape& s, uint64_t batch, uint64_t seq,
   counts.block_tensors = {
       {"input", bytes(tokens * h), 0, true},
       {"ln1", bytes(tokens * h), norm * h * tokens, false},
-      {"qkv", bytes(tokens * (h + 2 * kv)), qkv * tokens, false}};
+      {"qkv", bytes(tokens * (h + 2 * kv)), qkv * tokens, false, 1}};
   if (attention == Attention::kEager) {
     counts.block_tensors.push_back(
-        {"scores", bytes(pairs * heads), scores, false});
+        {"scores", bytes(pairs * heads), scores, false, 1});
     counts.block_tensors.push_back(
-        {"context", bytes(tokens * h), context, false});
+        {"context", bytes(tokens * h), context, false, 1});
   } else {
     // The output and an fp32 log-sum-exp per head and position; making
     // them again is the whole attention forward.
     counts.block_tensors.push_back(
         {"context",
          bytes(tokens * h) + static_cast<uint64_t>(tokens * heads) * 4,
-         scores + context, false});
+         scores + context, false, 1});
   }
+  // The sublayers' inputs (ln1, ln2) and the residual stream (attn_out,
+  // the second norm's input) are kept between them.
   counts.block_tensors.insert(
       counts.block_tensors.end(),
       {{"attn_out", bytes(tokens * h), projection * tokens, false},
        {"ln2", bytes(tokens * h), norm * h * tokens, false},
-       {"mlp_up", bytes(tokens * (gpt ? f : 2 * f)), up * tokens, false},
-       {"mlp_act", bytes(tokens * f), act * tokens, false}});
+       {"mlp_up", bytes(tokens * (gpt ? f : 2 * f)), up * tokens, false, 2},
+       {"mlp_act", bytes(tokens * f), act * tokens, false, 2}});
   counts.block_forward_flops = down * tokens;
   for (const SavedTensor& tensor : counts.block_tensors) {
     counts.block_activation_bytes += tensor.bytes;

@@ -22,11 +22,24 @@ struct SavedTensor {
   // always_offloaded: it depends on the input, a random operator or
   // something else not kept).
   bool inter_block = false;
+  // The sublayer whose recompute makes it again when a block's backward
+  // runs a sublayer at a time (1: attention, 2: the MLP); 0: between the
+  // sublayers (their inputs, the residual stream), kept through the
+  // block's backward. A client's measured tensors are all 0.
+  uint32_t sublayer = 0;
   // FLOPs saved per byte offloaded: the paper's offloading benefit.
   double benefit() const {
     return bytes == 0 ? 0 : recompute_flops / static_cast<double>(bytes);
   }
 };
+
+// How a recomputed block's backward runs: whole (all it saves at once),
+// a sublayer at a time (the plugin's recompute_unit="sublayer": each
+// sublayer's saved tensors made again just before its backward), or
+// whichever the device's memory allows, the block first (the planner
+// decides; only MakePlan and LargestBatch take kAuto).
+enum class RecomputeUnit { kBlock, kSublayer, kAuto };
+const char* RecomputeUnitName(RecomputeUnit unit);
 
 // Exact counts for a model shape at a batch and sequence length, with
 // 16-bit activations, weights and gradients and fp32 optimizer states
@@ -74,6 +87,8 @@ struct ModelCounts {
   // A block's 16-bit output for the batch (b x s x hidden): what passes
   // between blocks, and its gradient in backward; the head's input.
   uint64_t hidden_bytes = 0;
+  // How a recomputed block's backward runs (kAuto: the planner decides).
+  RecomputeUnit recompute_unit = RecomputeUnit::kBlock;
 
   // Model states by tier, as lohan keeps them: 16-bit weights (2 bytes a
   // parameter) and, on the SSDs, fp32 masters and moments (12 bytes).

@@ -27,6 +27,8 @@ struct Derived {
   // forward order, as lohand places them), and the commit interval.
   double resident_parameters = 0;
   double commit_interval = 1;
+  // FLOPs a sublayer-at-a-time backward adds (recompute_unit kSublayer).
+  double sublayer_recompute_flops = 0;
 };
 
 // The optimizer states' SSD bytes for `parameters` of which `resident`
@@ -69,9 +71,9 @@ Estimate Estimated(const Machine& m, const ModelCounts& c, const Derived& d,
   e.forward.device_to_host = a / m.device_to_host;
   e.forward.host_to_device = 2 * p / m.host_to_device;
   e.forward.ssd = weights16_ssd / d.ssd_read + spill / d.ssd_write;
-  e.backward.compute =
-      (2 * c.forward_flops + c.loss_recompute_flops + recompute) /
-      m.device_flops;
+  e.backward.compute = (2 * c.forward_flops + c.loss_recompute_flops +
+                        d.sublayer_recompute_flops + recompute) /
+                       m.device_flops;
   e.backward.device_to_host = 2 * p / m.device_to_host;  // the gradients
   e.backward.host_to_device = (2 * p + a) / m.host_to_device;
   const double r = d.resident_parameters;
@@ -369,15 +371,25 @@ double Plan::model_flops_per_second() const {
   return seconds > 0 ? 3 * counts.forward_flops / seconds : 0;
 }
 
-DeviceWorkingSet WorkingSetOf(const ModelCounts& c) {
+DeviceWorkingSet WorkingSetOf(const ModelCounts& c, RecomputeUnit unit) {
   DeviceWorkingSet set;
   set.always = 2 * 2 * c.block_parameters + 2 * 2 * c.head_parameters;
-  uint64_t largest = 0;
+  uint64_t largest = 0, kept = 0;
+  std::map<uint32_t, uint64_t> sublayers;
   for (const SavedTensor& tensor : c.block_tensors) {
     largest = std::max(largest, tensor.bytes);
+    if (unit == RecomputeUnit::kSublayer && tensor.sublayer > 0) {
+      sublayers[tensor.sublayer] += tensor.bytes;
+    } else {
+      kept += tensor.bytes;
+    }
   }
-  set.block_backward = 2 * c.block_parameters + c.block_activation_bytes +
-                       c.hidden_bytes + largest;
+  uint64_t one_sublayer = 0;
+  for (const auto& [sublayer, bytes] : sublayers) {
+    one_sublayer = std::max(one_sublayer, bytes);
+  }
+  set.block_backward =
+      2 * c.block_parameters + kept + one_sublayer + c.hidden_bytes + largest;
   set.loss = c.logits_bytes + 2 * c.hidden_bytes;
   return set;
 }
@@ -393,7 +405,24 @@ absl::Status SizeMemories(const Machine& m, const PlanLayout* layout,
                           uint64_t activation_area, bool spill, Plan& plan,
                           Derived& d) {
   const ModelCounts& c = plan.counts;
-  const DeviceWorkingSet working = WorkingSetOf(c);
+  plan.block_unit_working_bytes =
+      WorkingSetOf(c, RecomputeUnit::kBlock).bytes();
+  plan.recompute_unit = c.recompute_unit;
+  if (plan.recompute_unit == RecomputeUnit::kAuto) {
+    plan.recompute_unit = plan.block_unit_working_bytes <= m.device_bytes
+                              ? RecomputeUnit::kBlock
+                              : RecomputeUnit::kSublayer;
+  }
+  if (plan.recompute_unit == RecomputeUnit::kSublayer) {
+    // Each sublayer's saved tensors made once more in its backward.
+    for (const SavedTensor& tensor : c.block_tensors) {
+      if (tensor.sublayer > 0) {
+        d.sublayer_recompute_flops += tensor.recompute_flops;
+      }
+    }
+    d.sublayer_recompute_flops *= static_cast<double>(c.layers);
+  }
+  const DeviceWorkingSet working = WorkingSetOf(c, plan.recompute_unit);
   plan.device_working_bytes = working.bytes();
   if (plan.device_working_bytes > m.device_bytes) {
     return Short(
@@ -661,7 +690,7 @@ absl::Status Place(const Machine& m, const Derived& d,
 absl::StatusOr<Plan> MakePlan(const ModelShape& shape, uint64_t batch,
                               uint64_t seq, const Machine& m,
                               Attention attention, Granularity granularity,
-                              LossChunks loss) {
+                              LossChunks loss, RecomputeUnit unit) {
   if (absl::Status valid = ValidateShape(shape); !valid.ok()) return valid;
   if (absl::Status valid = ValidateMachine(m); !valid.ok()) return valid;
   if (batch == 0 || seq == 0 || batch > (1u << 20) || seq > (1u << 20)) {
@@ -678,9 +707,10 @@ absl::StatusOr<Plan> MakePlan(const ModelShape& shape, uint64_t batch,
         "batch ", batch, " x sequence ", seq, " is too large to plan for ",
         shape.heads, " heads (a block's attention alone passes 2^60 bytes)"));
   }
+  ModelCounts counts = CountModel(shape, batch, seq, attention, loss);
+  counts.recompute_unit = unit;
   absl::StatusOr<Plan> plan =
-      PlanFromCounts(CountModel(shape, batch, seq, attention, loss), batch, seq,
-                     m, nullptr, granularity);
+      PlanFromCounts(counts, batch, seq, m, nullptr, granularity);
   if (plan.ok()) plan->shape = shape;
   return plan;
 }
@@ -798,10 +828,11 @@ absl::StatusOr<Plan> PlanFromCounts(const ModelCounts& counts, uint64_t batch,
 
 uint64_t LargestBatch(const ModelShape& shape, uint64_t seq,
                       const Machine& machine, uint64_t limit,
-                      Attention attention, LossChunks loss) {
+                      Attention attention, LossChunks loss,
+                      RecomputeUnit unit) {
   auto fits = [&](uint64_t batch) {
     return MakePlan(shape, batch, seq, machine, attention, Granularity::kTensor,
-                    loss)
+                    loss, unit)
         .ok();
   };
   if (!fits(1)) return 0;

@@ -130,8 +130,14 @@ struct Plan {
   // Bytes per tier of the saved tensors.
   uint64_t device_bytes = 0, host_bytes = 0, ssd_bytes = 0;
   uint64_t recomputed_bytes = 0;
+  // How a recomputed block's backward runs (counts.recompute_unit, or
+  // for kAuto the block when its working set fits the device, else a
+  // sublayer at a time), and the device's working set with a whole block
+  // (what decided it).
+  RecomputeUnit recompute_unit = RecomputeUnit::kBlock;
+  uint64_t block_unit_working_bytes = 0;
   // Memory the plan needs besides the activations. The device's:
-  // WorkingSetOf(counts).bytes().
+  // WorkingSetOf(counts, recompute_unit).bytes().
   uint64_t device_working_bytes = 0;
   // lohan's layout for the job, as lohan.init sets it up on the host
   // memory the machine has (layout_bytes.h: its arena, the daemon's chunk
@@ -172,7 +178,8 @@ absl::StatusOr<Plan> MakePlan(const ModelShape& shape, uint64_t batch,
                               uint64_t seq, const Machine& machine,
                               Attention attention = Attention::kFused,
                               Granularity granularity = Granularity::kTensor,
-                              LossChunks loss = {});
+                              LossChunks loss = {},
+                              RecomputeUnit unit = RecomputeUnit::kAuto);
 
 // What a running job's layout already fixes, in place of the sizing of
 // lohan's layout for the counts (layout_bytes.h, which MakePlan does):
@@ -206,8 +213,10 @@ struct DeviceWorkingSet {
   uint64_t always = 0, block_backward = 0, loss = 0;
   uint64_t bytes() const { return always + std::max(block_backward, loss); }
 };
-// REQUIRES: ValidateCounts(counts).ok() (PlanFromCounts' check).
-DeviceWorkingSet WorkingSetOf(const ModelCounts& counts);
+// With `unit` kSublayer a block's backward holds the tensors kept between
+// its sublayers and one sublayer's at a time. REQUIRES:
+// ValidateCounts(counts).ok() (PlanFromCounts' check); `unit` not kAuto.
+DeviceWorkingSet WorkingSetOf(const ModelCounts& counts, RecomputeUnit unit);
 
 // Bounds on the counts PlanFromCounts takes.
 constexpr uint64_t kMaxPlanLayers = 65536;
@@ -242,7 +251,8 @@ absl::StatusOr<Plan> PlanFromCounts(
 uint64_t LargestBatch(const ModelShape& shape, uint64_t seq,
                       const Machine& machine, uint64_t limit = 1 << 16,
                       Attention attention = Attention::kFused,
-                      LossChunks loss = {});
+                      LossChunks loss = {},
+                      RecomputeUnit unit = RecomputeUnit::kAuto);
 
 }  // namespace lohan
 

@@ -611,7 +611,7 @@ TEST(Planner, TheChunkedLossLetsTheBatchGrowUntilABlockFills) {
   plan = MakePlan(shape, 64, 1024, machine);
   ASSERT_TRUE(plan.ok()) << plan.status();
   const ModelCounts& c = plan->counts;
-  const DeviceWorkingSet set = WorkingSetOf(c);
+  const DeviceWorkingSet set = WorkingSetOf(c, RecomputeUnit::kBlock);
   EXPECT_EQ(set.always, 4 * c.block_parameters + 4 * c.head_parameters);
   uint64_t largest = 0;  // mlp_up or mlp_act, b x s x 4h
   for (const SavedTensor& t : c.block_tensors)
@@ -635,6 +635,51 @@ TEST(Planner, TheChunkedLossLetsTheBatchGrowUntilABlockFills) {
   EXPECT_GT(
       LargestBatch(shape, 1024, machine),
       2 * LargestBatch(shape, 1024, machine, 1 << 16, Attention::kFused, full));
+}
+
+// Where a whole block's backward does not fit, the plan recomputes it a
+// sublayer at a time: the tensors between the sublayers and one
+// sublayer's, each sublayer's forward charged once more.
+TEST(Planner, ABlockTooLargeForTheDeviceRunsASublayerAtATime) {
+  const ModelShape shape = Preset("gpt-13b");
+  const Machine machine = Roomy(25e9, 24 * kGiB);
+  absl::StatusOr<Plan> whole =
+      MakePlan(shape, 128, 1024, machine, Attention::kFused,
+               Granularity::kTensor, LossChunks{}, RecomputeUnit::kBlock);
+  ASSERT_TRUE(absl::IsFailedPrecondition(whole.status()));
+  absl::StatusOr<Plan> plan = MakePlan(shape, 128, 1024, machine);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->recompute_unit, RecomputeUnit::kSublayer);
+  const ModelCounts& c = plan->counts;
+  EXPECT_GT(plan->block_unit_working_bytes, machine.device_bytes);
+  EXPECT_EQ(plan->block_unit_working_bytes,
+            WorkingSetOf(c, RecomputeUnit::kBlock).bytes());
+  uint64_t kept = 0, attention = 0, mlp = 0, largest = 0;
+  double sublayer_flops = 0;
+  for (const SavedTensor& t : c.block_tensors) {
+    largest = std::max(largest, t.bytes);
+    (t.sublayer == 0 ? kept : t.sublayer == 1 ? attention : mlp) += t.bytes;
+    if (t.sublayer > 0) sublayer_flops += t.recompute_flops;
+  }
+  EXPECT_GT(attention, 0u);
+  EXPECT_GT(mlp, attention);
+  EXPECT_EQ(WorkingSetOf(c, RecomputeUnit::kSublayer).block_backward,
+            2 * c.block_parameters + kept + mlp + c.hidden_bytes + largest);
+  EXPECT_EQ(plan->device_working_bytes,
+            WorkingSetOf(c, RecomputeUnit::kSublayer).bytes());
+  EXPECT_LE(plan->device_working_bytes, machine.device_bytes);
+  // The price, in backward's compute: each sublayer's forward again.
+  absl::StatusOr<Plan> roomy = MakePlan(shape, 128, 1024, Roomy(25e9));
+  ASSERT_TRUE(roomy.ok()) << roomy.status();
+  EXPECT_EQ(roomy->recompute_unit, RecomputeUnit::kBlock);
+  absl::StatusOr<Plan> forced =
+      MakePlan(shape, 128, 1024, Roomy(25e9), Attention::kFused,
+               Granularity::kTensor, LossChunks{}, RecomputeUnit::kSublayer);
+  ASSERT_TRUE(forced.ok()) << forced.status();
+  EXPECT_NEAR(forced->curve.front().backward.compute -
+                  roomy->curve.front().backward.compute,
+              shape.layers * sublayer_flops / 100e12, 1e-6);
+  EXPECT_EQ(LargestBatch(shape, 1024, machine), 128u);
 }
 
 TEST(Planner, TheLargestBatchIsTheLastThatFits) {

@@ -1121,7 +1121,7 @@ def test_blocks_found_or_named():
 
 def _hf_matches_torch(model: nn.Module, lohand, blocks=None,
                       noise: Optional[Dict[str, slice]] = None,
-                      params: str = "resident") -> None:
+                      params: str = "resident", **options: Any) -> None:
     reference = copy.deepcopy(model)
     data = torch.randint(0, 100, (3, 1, 2, 17),
                          generator=torch.Generator().manual_seed(3))
@@ -1129,8 +1129,9 @@ def _hf_matches_torch(model: nn.Module, lohand, blocks=None,
     ref_losses = train_torch(reference, data)
     torch.manual_seed(0)
     assert model.training  # dropout on: the recompute must replay its RNG
+    options.setdefault("job_name", f"hf-{type(model).__name__}-{params}")
     with engine_for(model, lohand, blocks=blocks, params=params,
-                    job_name=f"hf-{type(model).__name__}-{params}") as engine:
+                    **options) as engine:
         # The parameters outside the blocks first (before them: embeddings;
         # after them in module order: final norm, head, when the model
         # registers them after its blocks, OPT does not), then 2 blocks.

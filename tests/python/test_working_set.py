@@ -8,7 +8,9 @@ the planner counts a GPT block; batch 4 x 512, vocabulary 8192.
 - A block's backward as the plugin runs it (activations="offload"): its
   input brought back and the gradient coming in, the forward made again,
   then backward (its weights' gradients, every saved tensor, the
-  gradients backward makes).
+  gradients backward makes); whole, or a sublayer at a time
+  (recompute_unit="sublayer"), and a device bound the whole block passes
+  and the sublayers keep.
 - The loss: the head's input and its gradient, and the logits: every
   token's (the model's own loss) or one chunk's with the head's fp32
   gradient accumulator (lohan's chunked loss), plus the head's gradient
@@ -29,6 +31,7 @@ import torch.nn.functional as F
 from conftest import built
 from live_bytes import LiveBytes
 from lohan.chunked_loss import linear_cross_entropy
+from lohan.sublayers import one_at_a_time
 
 transformers = pytest.importorskip("transformers")
 
@@ -45,19 +48,25 @@ def _config() -> Any:
     return config
 
 
-def _planned(tmp_path: Path, *args: str) -> Dict[str, int]:
+def _planned(tmp_path: Path, *args: str, device: str = "4GiB",
+             config: Any = None, batch: int = BATCH,
+             seq: int = SEQ) -> Dict[str, Any]:
+    """lohanctl plan's parts for `config` (default _config()) at batch x
+    seq on a device of `device`."""
     path = tmp_path / "config.json"
-    path.write_text(_config().to_json_string())
+    path.write_text((config or _config()).to_json_string())
     result = subprocess.run(
         [str(built("client/ctl/lohanctl")), "plan", "--model", str(path),
-         "--batch", str(BATCH), "--seq", str(SEQ), "--json",
-         "--device-memory", "4GiB", "--device-tflops", "1", "--h2d-gbps",
+         "--batch", str(batch), "--seq", str(seq), "--json",
+         "--device-memory", device, "--device-tflops", "1", "--h2d-gbps",
          "1", "--d2h-gbps", "1", "--host-memory", "8GiB", "--ssds", "1",
          "--ssd-read-gbps", "1", "--ssd-write-gbps", "1", *args],
         capture_output=True, text=True, check=True)
     plan = json.loads(result.stdout)["plans"][0]
     return {**plan["device_working_set"],
-            "loss_chunk_tokens": plan["loss_chunk_tokens"]}
+            **{key: plan[key] for key in (
+                "loss_chunk_tokens", "recompute_unit",
+                "block_unit_working_bytes")}}
 
 
 def _close(measured: int, predicted: int) -> None:
@@ -65,18 +74,46 @@ def _close(measured: int, predicted: int) -> None:
         measured, predicted, measured / predicted)
 
 
-def test_a_blocks_backward_is_what_the_plan_counts(tmp_path):
+def _block_backward(unit: str) -> int:
+    """The peak bytes of a GPT-2 block's backward as the plugin runs it
+    with `unit` (the forward made again, then backward)."""
     torch.manual_seed(0)
     block = transformers.models.gpt2.modeling_gpt2.GPT2Block(_config()).to(
         torch.bfloat16)
+    forward = (one_at_a_time(block.forward, block) if unit == "sublayer"
+               else block.forward)
     with LiveBytes() as live:
         given = torch.randn(BATCH, SEQ, HIDDEN, dtype=torch.bfloat16)
         given.requires_grad_()
         coming_in = torch.randn_like(given)
-        output = block(given)
+        output = forward(given)
         output = output[0] if isinstance(output, tuple) else output
         output.backward(coming_in)
-    _close(live.peak, _planned(tmp_path)["block_backward"])
+    return live.peak
+
+
+@pytest.mark.parametrize("unit", ["block", "sublayer"])
+def test_a_blocks_backward_is_what_the_plan_counts(tmp_path, unit):
+    planned = _planned(tmp_path, "--recompute-unit", unit)
+    assert planned["recompute_unit"] == unit
+    _close(_block_backward(unit), planned["block_backward"])
+
+
+def test_a_block_over_the_bound_fits_it_a_sublayer_at_a_time(tmp_path):
+    """A device bound between the two: the whole block's backward passes
+    it, measured and planned, and a sublayer at a time stays under it; the
+    plan given that device chooses the sublayer."""
+    whole = _planned(tmp_path, "--recompute-unit", "block")
+    parts = _planned(tmp_path, "--recompute-unit", "sublayer")
+    bound = (whole["block_backward"] + parts["block_backward"]) // 2
+    assert _block_backward("block") > bound
+    assert _block_backward("sublayer") < bound
+    device = whole["always"] + bound
+    # Small chunks: the loss stays under the bound too.
+    chosen = _planned(tmp_path, "--loss-chunk-tokens", "64",
+                      device=str(device))
+    assert chosen["recompute_unit"] == "sublayer"
+    assert chosen["block_unit_working_bytes"] > device
 
 
 @pytest.mark.parametrize("chunk", [None, 512, 64, "full"])

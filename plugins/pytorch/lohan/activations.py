@@ -45,6 +45,7 @@ from torch.utils.checkpoint import checkpoint
 from lohan.client import LohanError, StatusCode
 from lohan.devices import copy_stream
 from lohan.planned import DECISIONS, Stored, planned_forward, unpack
+from lohan.sublayers import one_at_a_time
 
 POLICIES = ("keep", "recompute", "offload")
 # The modes a plan gives each block.
@@ -815,13 +816,15 @@ def install(model: nn.Module, blocks: Sequence[nn.Module], policy: Any,
             store: Optional[ActivationStore] = None,
             residency: Any = None,
             passes: Optional[BlockPasses] = None,
-            observer: Callable[[], Any] = lambda: None) -> Callable[[], None]:
+            observer: Callable[[], Any] = lambda: None,
+            unit: str = "block") -> Callable[[], None]:
     """Applies `policy` (a name, or a plan: one of BLOCK_MODES per block)
     to every block (`store` for "offload" and "swap"; with `residency`, a
     params.ParameterResidency, the blocks' weights are materialized around
     each run; `observer()`, the profile.Profiler of a profiling iteration
-    or None, watches each "offload" block); returns the function that
-    undoes it."""
+    or None, watches each "offload" block; `unit` "sublayer": a recomputed
+    block's backward one sublayer at a time, sublayers.py); returns the
+    function that undoes it."""
     modes = block_modes(policy, len(blocks))
     if all(mode == "keep" for mode in modes):
         return lambda: None
@@ -848,6 +851,8 @@ def install(model: nn.Module, blocks: Sequence[nn.Module], policy: Any,
         # A forward set on the instance before (someone else's wrapper)
         # goes back; else the class's shows through again.
         originals.append((block, block.__dict__.get("forward")))
+        if unit == "sublayer" and mode in ("offload", "recompute"):
+            original = one_at_a_time(original, block)
         if not isinstance(mode, str):  # per saved tensor
             block.forward = _PolicyForward(block, planned_forward(
                 original, store, block, mode, _MIN_SWAP_BYTES,

@@ -287,7 +287,8 @@ class Engine:
                 self.model, self.blocks, policy, self._activations,
                 Both(self._residency, self._frozen) if self._residency
                 else None, BlockPasses(inside, passed),
-                self._auto.observer if self._auto else lambda: None)
+                self._auto.observer if self._auto else lambda: None,
+                opts.recompute_unit)
 
         if opts.auto_activations:
             self._auto = AutoPlan(

@@ -16,6 +16,7 @@ from torch import nn
 
 from lohan.blocks import BlocksArg
 from lohan.chunked_loss import check_chunk_tokens
+from lohan.sublayers import check_unit
 
 MIB = 1 << 20
 
@@ -74,6 +75,10 @@ class EngineOptions:
     # most 256 MiB of fp32 logits (chunked_loss.default_chunk_tokens).
     chunked_loss: bool = True
     loss_chunk_tokens: Optional[int] = None
+    # "sublayer": a recomputed block's backward one attention or MLP at a
+    # time (sublayers.py): less device memory, each sublayer's forward once
+    # more.
+    recompute_unit: str = "block"
     service: str = "lanes"
     # torch.distributed: None, the default group when initialized (with
     # more than one rank); False: this process alone; or a ProcessGroup.
@@ -126,6 +131,7 @@ class EngineOptions:
                                 f"{getattr(self, name)!r}")
         if self.loss_chunk_tokens is not None:
             check_chunk_tokens(self.loss_chunk_tokens, "loss_chunk_tokens")
+        check_unit(self.recompute_unit)
         # None is the usual way to say "no clipping" (Trainer, torch). The
         # daemon checks the range, naming it.
         norm = 0.0 if self.max_grad_norm is None else self.max_grad_norm

@@ -70,6 +70,31 @@ uint64_t DefaultLossChunkTokens(uint64_t vocab) {
       1, kDefaultLossChunkLogitBytes / (4 * std::max<uint64_t>(1, vocab)));
 }
 
+uint64_t ChunkedLossBytes(uint64_t chunk, uint64_t tokens, uint64_t vocab,
+                          uint64_t head_parameters) {
+  // Forward: a chunk's 16-bit logits, their fp32 copy and the log-softmax.
+  const uint64_t logits = chunk * vocab;
+  if (chunk >= tokens) return logits * (2 + 4 + 4);
+  // Several chunks: backward also holds the head's fp32 weight-gradient
+  // accumulator and a chunk's fp32 softmax with its 16-bit copy, or that
+  // copy and a slice of the weight gradient's 16-bit product.
+  const uint64_t slice =
+      std::min(2 * head_parameters, kLossWeightGradSliceBytes);
+  return std::max(
+      logits * (2 + 4 + 4),
+      4 * head_parameters + std::max(logits * (4 + 2), logits * 2 + slice));
+}
+
+uint64_t LossChunkTokensFor(uint64_t tokens, uint64_t vocab,
+                            uint64_t head_parameters) {
+  const uint64_t chunk = DefaultLossChunkTokens(vocab);
+  if (tokens <= chunk) return tokens;
+  return ChunkedLossBytes(tokens, tokens, vocab, head_parameters) <=
+                 ChunkedLossBytes(chunk, tokens, vocab, head_parameters)
+             ? tokens
+             : chunk;
+}
+
 ModelCounts CountModel(const ModelShape& s, uint64_t batch, uint64_t seq,
                        Attention attention, LossChunks loss) {
   ModelCounts counts;
@@ -112,12 +137,20 @@ ModelCounts CountModel(const ModelShape& s, uint64_t batch, uint64_t seq,
   const double up = gpt ? 2 * h * f : 4 * h * f;  // fc1, or gate and up
   const double act = gpt ? kGeluFlops * f : kSwiGluFlops * f;
   const double down = 2 * f * h;
+  // A norm's output; Hugging Face's RMSNorm (Llama) runs in fp32 as
+  // separate operators and keeps its input's fp32 copy and the normalized
+  // 16-bit tensor too (LayerNorm is one operator keeping its input, which
+  // is the block's input or the residual stream, counted there, and two
+  // per-token statistics). SwiGLU keeps silu(gate) and its product with
+  // up beside gate and up.
+  const uint64_t norm_bytes =
+      static_cast<uint64_t>(tokens * h) * (gpt ? 2 : 2 + 2 + 4);
   const auto bytes = [&](double elements) {
     return static_cast<uint64_t>(elements) * kActivationBytes;
   };
   counts.block_tensors = {
       {"input", bytes(tokens * h), 0, true},
-      {"ln1", bytes(tokens * h), norm * h * tokens, false},
+      {"ln1", norm_bytes, norm * h * tokens, false},
       {"qkv", bytes(tokens * (h + 2 * kv)), qkv * tokens, false, 1}};
   if (attention == Attention::kEager) {
     counts.block_tensors.push_back(
@@ -137,9 +170,9 @@ ModelCounts CountModel(const ModelShape& s, uint64_t batch, uint64_t seq,
   counts.block_tensors.insert(
       counts.block_tensors.end(),
       {{"attn_out", bytes(tokens * h), projection * tokens, false},
-       {"ln2", bytes(tokens * h), norm * h * tokens, false},
+       {"ln2", norm_bytes, norm * h * tokens, false},
        {"mlp_up", bytes(tokens * (gpt ? f : 2 * f)), up * tokens, false, 2},
-       {"mlp_act", bytes(tokens * f), act * tokens, false, 2}});
+       {"mlp_act", bytes(tokens * (gpt ? f : 2 * f)), act * tokens, false, 2}});
   counts.block_forward_flops = down * tokens;
   for (const SavedTensor& tensor : counts.block_tensors) {
     counts.block_activation_bytes += tensor.bytes;
@@ -149,28 +182,20 @@ ModelCounts CountModel(const ModelShape& s, uint64_t batch, uint64_t seq,
   counts.forward_flops =
       static_cast<double>(s.layers) * counts.block_forward_flops + head;
   counts.hidden_bytes = kActivationBytes * batch * seq * s.hidden;
-  // A logit in forward: the head's 16-bit product, its fp32 copy and
-  // cross-entropy's fp32 log-softmax.
-  constexpr uint64_t kLogitBytes = 2 + 4 + 4;
   if (!loss.chunked) {
     // The model's own loss peaks in backward: the log-softmax kept, the
     // gradient the loss hands it and the one it makes, fp32 each.
     counts.logits_bytes = batch * seq * s.vocab * 3 * 4;
     return counts;
   }
+  const uint64_t tokens_in_batch = batch * seq;
   counts.loss_chunk_tokens =
-      std::min(batch * seq,
-               loss.tokens > 0 ? loss.tokens : DefaultLossChunkTokens(s.vocab));
-  // Forward holds a chunk's logits as above; backward the head's fp32
-  // weight-gradient accumulator and a chunk's fp32 softmax with its 16-bit
-  // copy, or that copy and a slice of the weight gradient's 16-bit product.
-  const uint64_t logits = counts.loss_chunk_tokens * s.vocab;
-  const uint64_t head_slice =
-      std::min(2 * counts.head_parameters, kLossWeightGradSliceBytes);
+      loss.tokens > 0
+          ? std::min(tokens_in_batch, loss.tokens)
+          : LossChunkTokensFor(tokens_in_batch, s.vocab, s.vocab * s.hidden);
   counts.logits_bytes =
-      std::max(logits * kLogitBytes,
-               4 * counts.head_parameters +
-                   std::max(logits * (4 + 2), logits * 2 + head_slice));
+      ChunkedLossBytes(counts.loss_chunk_tokens, tokens_in_batch, s.vocab,
+                       counts.head_parameters);
   counts.loss_recompute_flops = head;
   return counts;
 }

@@ -126,6 +126,21 @@ constexpr uint64_t kLossWeightGradSliceBytes = uint64_t{64} << 20;
 // at least one token (1,335 for GPT-2's vocabulary, 523 for Llama 3's).
 uint64_t DefaultLossChunkTokens(uint64_t vocab);
 
+// What the chunked loss holds at its peak besides the head's weights,
+// gradients and input (lohan/chunked_loss.py), in chunks of `chunk` of
+// `tokens`: one chunk's 10 bytes a logit in forward; with several chunks,
+// in backward, the head's fp32 weight-gradient accumulator and a chunk's
+// softmax. Counted for 16-bit logits.
+uint64_t ChunkedLossBytes(uint64_t chunk, uint64_t tokens, uint64_t vocab,
+                          uint64_t head_parameters);
+
+// The plugin's chunk when none is given (chunked_loss.chunk_tokens_for):
+// DefaultLossChunkTokens, or every token in one chunk when that holds no
+// more (a short batch under a large head: one chunk needs no
+// accumulator).
+uint64_t LossChunkTokensFor(uint64_t tokens, uint64_t vocab,
+                            uint64_t head_parameters);
+
 // counts.layer_elements, or when it is empty the cut a GPT or Llama model
 // has: first_layer_parameters, then what neither it nor the blocks hold
 // (when > 0), then `layers` blocks of block_parameters. REQUIRES: the

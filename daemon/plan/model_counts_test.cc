@@ -135,10 +135,24 @@ TEST(ModelCounts, TheLossHoldsTheFullLogitsOrOneChunk) {
   EXPECT_DOUBLE_EQ(chunked.loss_recompute_flops,
                    2.0 * b * s * h * static_cast<double>(v));
   EXPECT_EQ(chunked.forward_flops, full.forward_flops);
-  // A chunk is at most the batch's tokens.
-  EXPECT_EQ(CountModel(shape, 1, 16, Attention::kFused, LossChunks{true, 512})
-                .loss_chunk_tokens,
-            16u);
+  // A chunk is at most the batch's tokens; one chunk needs no
+  // accumulator.
+  const ModelCounts one =
+      CountModel(shape, 1, 16, Attention::kFused, LossChunks{true, 512});
+  EXPECT_EQ(one.loss_chunk_tokens, 16u);
+  EXPECT_EQ(one.logits_bytes, 16 * v * 10);
+  // By default a short batch under a large head is one chunk, when that
+  // holds less than chunks with the accumulator: 13B at batch 1 (1,024
+  // tokens, fewer than the default chunk), and Llama-3-405B's head
+  // (128,256 x 16,384) at 2 x 1,024 tokens; at batch 64 chunks.
+  EXPECT_EQ(CountModel(shape, 1, 1024).loss_chunk_tokens, 1024u);
+  EXPECT_EQ(CountModel(shape, 64, 1024).loss_chunk_tokens, 1335u);
+  const uint64_t v3 = 128256, h3 = 16384;
+  EXPECT_EQ(LossChunkTokensFor(2048, v3, v3 * h3), 2048u);
+  EXPECT_EQ(ChunkedLossBytes(2048, 2048, v3, v3 * h3), 2048 * v3 * 10);
+  EXPECT_LT(ChunkedLossBytes(2048, 2048, v3, v3 * h3),
+            ChunkedLossBytes(523, 2048, v3, v3 * h3));
+  EXPECT_EQ(LossChunkTokensFor(65536, v3, v3 * h3), 523u);
   EXPECT_EQ(DefaultLossChunkTokens(50257), 1335u);
   EXPECT_EQ(DefaultLossChunkTokens(128256), 523u);
   EXPECT_EQ(DefaultLossChunkTokens(uint64_t{1} << 40), 1u);

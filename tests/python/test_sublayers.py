@@ -11,6 +11,8 @@ import copy
 import pytest
 import torch
 
+import lohan
+
 from lohan.activations import ActivationStore, install
 from lohan.options import EngineOptions
 from lohan.sublayers import sublayers
@@ -96,3 +98,38 @@ def test_training_a_sublayer_at_a_time_equals_torch_adamw(lohand, kind,
 def test_an_unknown_unit_is_refused_naming_the_option(unit):
     with pytest.raises(ValueError, match="recompute_unit="):
         EngineOptions(recompute_unit=unit)
+
+
+@pytest.mark.parametrize("activations,params", [
+    ("offload", "resident"), (["offload", "keep"], "resident"),
+    ("offload", "offload")])
+def test_bf16_training_a_sublayer_at_a_time_is_the_blocks_bit_for_bit(
+        lohand, activations, params):
+    """bf16, dropout on, with a per-block plan too: the sublayers replay
+    the block's operators, so lohan's steps are the whole block's, bit for
+    bit (and those equal torch AdamW within the suite's bf16 tolerances,
+    test_engine.py)."""
+    ids = torch.randint(0, 100, (2, 24),
+                        generator=torch.Generator().manual_seed(3))
+    runs = []
+    for unit in ("block", "sublayer"):
+        model = _gpt2()
+        losses = []
+        with lohan.init(model, socket=lohand.socket, lr=1e-2, dtype="bf16",
+                        activations=activations, params=params,
+                        recompute_unit=unit,
+                        job_name=f"bf16-{unit}-{params}-{len(activations)}"
+                        ) as engine:
+            torch.manual_seed(5)
+            for _ in range(3):
+                loss = model(input_ids=ids, labels=ids).loss
+                engine.backward(loss)
+                engine.step()
+                losses.append(loss.item())
+        runs.append((losses, {n: p.detach().clone()
+                              for n, p in model.named_parameters()}))
+    (block_losses, block_weights), (unit_losses, unit_weights) = runs
+    assert unit_losses == block_losses
+    for name, weight in block_weights.items():
+        assert torch.equal(unit_weights[name], weight), name
+    assert block_losses[-1] < block_losses[0]  # it trained

@@ -4,7 +4,8 @@ phase by phase, against the plan's parts (`device_working_set` in its
 JSON: a block's backward, the loss), within 10%.
 
 A GPT-2 shape in bf16 with fused attention (sdpa) and a one-op GELU, as
-the planner counts a GPT block; batch 4 x 512, vocabulary 8192.
+the planner counts a GPT block, and a Llama shape (grouped-query
+attention); batch 4 x 512, vocabulary 8192.
 - A block's backward as the plugin runs it (activations="offload"): its
   input brought back and the gradient coming in, the forward made again,
   then backward (its weights' gradients, every saved tensor, the
@@ -74,29 +75,51 @@ def _close(measured: int, predicted: int) -> None:
         measured, predicted, measured / predicted)
 
 
-def _block_backward(unit: str) -> int:
-    """The peak bytes of a GPT-2 block's backward as the plugin runs it
-    with `unit` (the forward made again, then backward)."""
+def _llama_config() -> Any:
+    config = transformers.LlamaConfig(
+        hidden_size=HIDDEN, intermediate_size=688, num_attention_heads=HEADS,
+        num_key_value_heads=2, num_hidden_layers=2, vocab_size=VOCAB,
+        max_position_embeddings=SEQ)
+    config._attn_implementation = "sdpa"
+    return config
+
+
+def _block_backward(unit: str, family: str = "gpt2") -> int:
+    """The peak bytes of a block's backward as the plugin runs it with
+    `unit` (the forward made again, then backward)."""
     torch.manual_seed(0)
-    block = transformers.models.gpt2.modeling_gpt2.GPT2Block(_config()).to(
-        torch.bfloat16)
+    if family == "gpt2":
+        block = transformers.models.gpt2.modeling_gpt2.GPT2Block(_config())
+        extra: Dict[str, Any] = {}
+    else:
+        model = transformers.LlamaForCausalLM(_llama_config())
+        block = model.model.layers[0]
+        positions = torch.arange(SEQ).expand(BATCH, SEQ)
+        extra = {"position_ids": positions, "position_embeddings":
+                 model.model.rotary_emb(torch.empty(0, dtype=torch.bfloat16),
+                                        positions)}
+    block = block.to(torch.bfloat16)
     forward = (one_at_a_time(block.forward, block) if unit == "sublayer"
                else block.forward)
     with LiveBytes() as live:
         given = torch.randn(BATCH, SEQ, HIDDEN, dtype=torch.bfloat16)
         given.requires_grad_()
         coming_in = torch.randn_like(given)
-        output = forward(given)
+        output = forward(given, **extra)
         output = output[0] if isinstance(output, tuple) else output
         output.backward(coming_in)
     return live.peak
 
 
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
 @pytest.mark.parametrize("unit", ["block", "sublayer"])
-def test_a_blocks_backward_is_what_the_plan_counts(tmp_path, unit):
-    planned = _planned(tmp_path, "--recompute-unit", unit)
+def test_a_blocks_backward_is_what_the_plan_counts(tmp_path, unit, family):
+    """Llama's as Hugging Face runs it: RMSNorm in fp32 operators, SwiGLU
+    in three (daemon/plan counts what they keep)."""
+    config = _config() if family == "gpt2" else _llama_config()
+    planned = _planned(tmp_path, "--recompute-unit", unit, config=config)
     assert planned["recompute_unit"] == unit
-    _close(_block_backward(unit), planned["block_backward"])
+    _close(_block_backward(unit, family), planned["block_backward"])
 
 
 def test_a_block_over_the_bound_fits_it_a_sublayer_at_a_time(tmp_path):

@@ -7,9 +7,10 @@ head in the model's dtype, the softmax in fp32, as Hugging Face's causal
 LM loss does) without the N x vocab logits: forward keeps only the hidden
 states, and backward makes each chunk's logits again from them (one more
 head product per chunk: a third more of the head's FLOPs) and turns them
-into the gradients of the hidden states and of the head. The head's
-weight gradient accumulates across chunks in fp32 and is rounded once to
-the weight's dtype, as one matrix product over every token would be.
+into the gradients of the hidden states and of the head. Across chunks the
+head's weight gradient accumulates in fp32 and is rounded once to the
+weight's dtype, as one matrix product over every token would be; one chunk
+makes it in one product, as the model does.
 """
 
 from __future__ import annotations
@@ -33,6 +34,23 @@ def default_chunk_tokens(vocab: int) -> int:
     most DEFAULT_CHUNK_LOGIT_BYTES (1,335 tokens for GPT-2's vocabulary,
     523 for Llama 3's). daemon/plan counts the same rule."""
     return max(1, DEFAULT_CHUNK_LOGIT_BYTES // (4 * max(1, vocab)))
+
+
+def chunk_tokens_for(tokens: int, vocab: int, hidden: int) -> int:
+    """The chunk when none is given, for `tokens` rows and a vocab x hidden
+    head: default_chunk_tokens, or every token in one chunk when that holds
+    no more at its peak (10 bytes a logit) than chunks do with the head's
+    fp32 gradient accumulator (a short batch under a large head: one chunk
+    needs no accumulator). Counted for 16-bit logits, as daemon/plan's
+    CountModel does."""
+    chunk = default_chunk_tokens(vocab)
+    if tokens <= chunk:
+        return tokens
+    head = vocab * hidden
+    chunked = max(chunk * vocab * 10, 4 * head + max(
+        chunk * vocab * 6, chunk * vocab * 2
+        + min(2 * head, _WEIGHT_GRAD_SLICE_BYTES)))
+    return tokens if tokens * vocab * 10 <= chunked else chunk
 
 
 def check_chunk_tokens(chunk_tokens: object, option: str) -> int:
@@ -61,7 +79,8 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor,
     if flat_targets.numel() != rows.shape[0]:
         raise ValueError(f"linear_cross_entropy: {rows.shape[0]} hidden "
                          f"rows but {flat_targets.numel()} targets")
-    chunk = (default_chunk_tokens(weight.shape[0]) if chunk_tokens is None
+    chunk = (chunk_tokens_for(rows.shape[0], *weight.shape)
+             if chunk_tokens is None
              else check_chunk_tokens(chunk_tokens, "chunk_tokens"))
     total = _ChunkedLinearCrossEntropy.apply(rows, weight, bias,
                                              flat_targets, chunk,
@@ -102,6 +121,8 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_total: torch.Tensor
                  ) -> Tuple[Optional[torch.Tensor], ...]:
         rows, weight, bias, targets = ctx.saved_tensors
+        if ctx.chunk >= rows.shape[0]:
+            return _one_chunk_backward(ctx, grad_total)
         want_rows, want_weight, want_bias = ctx.needs_input_grad[:3]
         grad_rows = torch.empty_like(rows) if want_rows else None
         grad_weight = (torch.zeros(weight.shape, dtype=torch.float32,
@@ -129,6 +150,26 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
                 None if grad_weight is None else grad_weight.to(weight.dtype),
                 None if grad_bias is None else grad_bias.to(bias.dtype),
                 None, None, None)
+
+
+def _one_chunk_backward(ctx, grad_total: torch.Tensor
+                        ) -> Tuple[Optional[torch.Tensor], ...]:
+    """Every token in one chunk: the head's products once each, as the
+    model's own backward makes them (no accumulator)."""
+    rows, weight, bias, targets = ctx.saved_tensors
+    want_rows, want_weight, want_bias = ctx.needs_input_grad[:3]
+    dtype = ctx.product_dtype
+    weight_as = weight.to(dtype)
+    part = rows.to(dtype)
+    grad_logits = _logits_gradient(
+        part, weight_as, None if bias is None else bias.to(dtype), targets,
+        ctx.ignore_index, grad_total)
+    return ((grad_logits @ weight_as).to(rows.dtype) if want_rows else None,
+            (grad_logits.t() @ part).to(weight.dtype) if want_weight
+            else None,
+            grad_logits.sum(0, dtype=torch.float32).to(bias.dtype)
+            if want_bias else None,
+            None, None, None)
 
 
 def _logits_gradient(rows: torch.Tensor, weight: torch.Tensor,

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import lohan.activations
+from lohan.activation_store import ActivationStore
 from lohan.profile import (ModelSizes, Profiler, measure_link,
                            profile_message)
 from lohan.planned import planned_forward
@@ -17,7 +18,7 @@ MIN_BYTES = 1024
 
 def _profiled(model: torch.nn.Module, loss_of) -> Profiler:
     profiler = Profiler(torch.device("cpu"), lambda: MIN_BYTES)
-    store = lohan.activations.ActivationStore(None)
+    store = ActivationStore(None)
     undo = lohan.activations.install(model, list(model.blocks), "offload",
                                      store, observer=lambda: profiler)
     profiler.started()
@@ -69,7 +70,7 @@ def test_profile_counts_what_a_planned_block_decides(profiler):
     packed: List[int] = []
     seen = set()
 
-    class CountingStore(lohan.activations.ActivationStore):
+    class CountingStore(ActivationStore):
         def put(self, tensor, to_ssd=False):
             storage = tensor.untyped_storage()
             if storage.data_ptr() not in seen:

@@ -13,7 +13,8 @@ import torch
 
 import lohan
 
-from lohan.activations import ActivationStore, install
+from lohan.activation_store import ActivationStore
+from lohan.activations import install
 from lohan.options import EngineOptions
 from lohan.sublayers import sublayers
 from test_engine import _hf_matches_torch

@@ -27,7 +27,8 @@ import torch
 from torch import nn
 
 from lohan import activations as lohan_activations
-from lohan.activations import ActivationStats, ActivationStore, BlockPasses
+from lohan.activation_store import ActivationStats, ActivationStore
+from lohan.activations import BlockPasses
 from lohan.activations import install as install_activation_policy
 from lohan.activations import uses_store
 from lohan.auto_plan import AutoPlan, sizes_of

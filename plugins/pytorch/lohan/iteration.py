@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 
 import torch
 
-from lohan.activations import ActivationStore
+from lohan.activation_store import ActivationStore
 from lohan.blocks import Layer
 from lohan.client import LohanError
 from lohan.devices import copy_stream

@@ -17,7 +17,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Tuple, Union
 import torch
 from torch import nn
 
-from lohan.activations import ActivationStore
+from lohan.activation_store import ActivationStore
 from lohan.blocks import Layer
 from lohan.checkpoint import (WEIGHTS_FILE, CheckpointReader, Save,
                               contents_of, parameter_aliases)

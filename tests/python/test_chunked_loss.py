@@ -234,6 +234,23 @@ def test_a_model_that_changes_its_logits_keeps_its_loss_and_says_so_once():
         causal_lm.install(model, False, None)()
 
 
+def test_a_forward_set_over_ours_stays_and_ours_passes_through():
+    """A wrapper set on the model after the engine's (accelerate's
+    autocast one, say) stays when the engine closes; the chunked loss
+    inside it is off from then on."""
+    model = _model("gpt2")
+    reference = copy.deepcopy(model)
+    uninstall = causal_lm.install(model, True, 5)
+    ours = model.forward
+    model.forward = lambda *args, **kwargs: ours(*args, **kwargs)
+    wrapper = model.forward
+    assert model(**_batch()).logits is None  # chunked, through the wrapper
+    uninstall()
+    assert model.forward is wrapper
+    assert torch.equal(model(**_batch()).logits,
+                       reference(**_batch()).logits)
+
+
 def test_a_plain_module_is_left_alone():
     model = nn.Sequential(nn.Linear(4, 4))
     causal_lm.install(model, True, None)()

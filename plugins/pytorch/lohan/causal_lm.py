@@ -97,23 +97,31 @@ class _ChunkedForward:
         original = lm.forward
         signature = inspect.signature(original)
 
+        self._installed = True
+
         @functools.wraps(original)
         def forward(*args: Any, **kwargs: Any) -> Any:
             bound = signature.bind_partial(*args, **kwargs).arguments
-            if (bound.get("labels") is None or not lm.training
-                    or not torch.is_grad_enabled()
+            if (not self._installed or bound.get("labels") is None
+                    or not lm.training or not torch.is_grad_enabled()
                     or bound.get("logits_to_keep") not in (None, 0)
                     or bound.get("return_dict") is False):
                 return original(*args, **kwargs)
             return self._chunked(original, args, kwargs)
 
+        self._forward = forward
         lm.forward = forward
 
     def uninstall(self) -> None:
+        """The model's forward back; one set over ours since (accelerate's
+        autocast wrapper, say) stays, ours inside it passing through."""
+        self._installed = False
+        if vars(self._lm).get("forward") is not self._forward:
+            return
         if self._own_forward is not None:
             self._lm.forward = self._own_forward
         else:
-            vars(self._lm).pop("forward", None)
+            del self._lm.forward
 
     def _chunked(self, original: Callable[..., Any], args: Any,
                  kwargs: Any) -> Any:

@@ -28,7 +28,7 @@ from torch import nn
 import lohan
 from lohan import causal_lm
 from lohan.chunked_loss import (chunk_tokens_for, default_chunk_tokens,
-                                linear_cross_entropy)
+                                linear_cross_entropy, working_bytes)
 from lohan.options import EngineOptions
 from test_engine import BETAS, EPS, LR, WD, assert_fp32_close, engine_for
 
@@ -178,9 +178,9 @@ def test_hugging_face_loss_and_gradients_equal_the_models_own(
     want, want_grads = _loss_and_grads(reference, **extra)
     assert want.logits is not None
     for chunk in (5, 24):  # several chunks; one chunk of every token
-        uninstall = causal_lm.install(model, True, chunk)
+        installed = causal_lm.install(model, True, chunk)
         got, got_grads = _loss_and_grads(model, **extra)
-        uninstall()
+        installed.uninstall()
         assert got.logits is None  # none were made
         if chunk == 24:
             assert torch.equal(got.loss, want.loss)
@@ -200,7 +200,7 @@ def test_hugging_face_loss_and_gradients_equal_the_models_own(
 def test_without_labels_or_outside_training_the_forward_is_the_models():
     reference = _model("gpt2")
     model = copy.deepcopy(reference)
-    uninstall = causal_lm.install(model, True, 5)
+    installed = causal_lm.install(model, True, 5)
     batch = _batch()
     no_labels = {k: v for k, v in batch.items() if k != "labels"}
     assert torch.equal(model(**no_labels).logits,
@@ -214,7 +214,7 @@ def test_without_labels_or_outside_training_the_forward_is_the_models():
     assert torch.equal(got.logits, reference(**batch).logits)
     got = model(**batch, return_dict=False)
     assert torch.equal(got[1], reference(**batch).logits)
-    uninstall()
+    installed.uninstall()
 
 
 def test_a_model_that_changes_its_logits_keeps_its_loss_and_says_so_once():
@@ -222,16 +222,16 @@ def test_a_model_that_changes_its_logits_keeps_its_loss_and_says_so_once():
     reference = copy.deepcopy(model)
     with pytest.warns(UserWarning, match="Gemma2ForCausalLM .model type "
                       "'gemma2'. is not known to end in a plain linear"):
-        uninstall = causal_lm.install(model, True, None)
+        installed = causal_lm.install(model, True, None)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for _ in range(2):
             assert torch.equal(model(**_batch()).loss,
                                reference(**_batch()).loss)
-    uninstall()
+    installed.uninstall()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # chunked_loss=False: nothing said
-        causal_lm.install(model, False, None)()
+        causal_lm.install(model, False, None).uninstall()
 
 
 def test_a_forward_set_over_ours_stays_and_ours_passes_through():
@@ -240,12 +240,12 @@ def test_a_forward_set_over_ours_stays_and_ours_passes_through():
     inside it is off from then on."""
     model = _model("gpt2")
     reference = copy.deepcopy(model)
-    uninstall = causal_lm.install(model, True, 5)
+    installed = causal_lm.install(model, True, 5)
     ours = model.forward
     model.forward = lambda *args, **kwargs: ours(*args, **kwargs)
     wrapper = model.forward
     assert model(**_batch()).logits is None  # chunked, through the wrapper
-    uninstall()
+    installed.uninstall()
     assert model.forward is wrapper
     assert torch.equal(model(**_batch()).logits,
                        reference(**_batch()).logits)
@@ -253,7 +253,7 @@ def test_a_forward_set_over_ours_stays_and_ours_passes_through():
 
 def test_a_plain_module_is_left_alone():
     model = nn.Sequential(nn.Linear(4, 4))
-    causal_lm.install(model, True, None)()
+    causal_lm.install(model, True, None).uninstall()
     assert "forward" not in vars(model)
 
 
@@ -351,3 +351,34 @@ def test_under_autocast_backward_takes_the_forwards_products(dtype):
                 assert (g - w).abs().max() <= (
                     4 * torch.finfo(dtype).eps * w.abs().max())
     assert not torch.isfinite(w).all() or dtype == torch.bfloat16
+
+
+def test_an_auto_plan_counts_what_the_chunked_loss_holds(lohand,
+                                                         monkeypatch):
+    """activations="auto": the profile's saved tensors do not show a
+    chunk's logits or the accumulator (they never outlive the loss); the
+    request to lohand's planner adds them to what the loss holds."""
+    from lohan.client import Client
+    from test_plan_job import wait_for_profile
+    sent = []
+    ask = Client.plan_job
+
+    def recorded(self, job_id, request):
+        sent.append(request)
+        return ask(self, job_id, request)
+
+    monkeypatch.setattr(Client, "plan_job", recorded)
+    with Client(lohand.socket) as client:
+        wait_for_profile(client)
+    model = _model("gpt2")
+    with engine_for(model, lohand, activations="auto", loss_chunk_tokens=5,
+                    job_name="chunked-auto") as engine:
+        for _ in range(3):
+            engine.backward(model(**_batch()).loss)
+            engine.step()
+        # 24 tokens (2 x 12) in chunks of 5, a 100 x 32 head.
+        expected = working_bytes(5, 24, VOCAB, 32)
+        assert expected == 4 * VOCAB * 32 + 5 * VOCAB * 2 + 2 * VOCAB * 32
+        assert engine._loss.working_bytes == expected
+    assert sent, "no plan was asked for"
+    assert int(sent[0]["profile"]["outsideSavedBytes"]) >= expected

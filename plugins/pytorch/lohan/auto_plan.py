@@ -75,7 +75,8 @@ class AutoPlan:
                  activation_host_bytes: Optional[int],
                  reinstall: Callable[[Any], None],
                  per_tensor: bool = True,
-                 device_bytes: Optional[int] = None):
+                 device_bytes: Optional[int] = None,
+                 loss_bytes: Callable[[], int] = lambda: 0):
         self.profiler: Optional[Profiler] = Profiler(device, min_bytes)
         self.plan: Optional[Dict[str, Any]] = None
         # A request lohand could not answer yet (its own profile still
@@ -87,6 +88,9 @@ class AutoPlan:
         self._reinstall = reinstall
         self._per_tensor = per_tensor
         self._device_bytes = device_bytes
+        # What the chunked loss holds at its peak (causal_lm.py), which
+        # the profile's saved tensors do not show.
+        self._loss_bytes = loss_bytes
         self._forward: Optional[contextlib.ExitStack] = None
         self._hooks = [
             model.register_forward_pre_hook(self._enter),
@@ -136,6 +140,8 @@ class AutoPlan:
                           "policy stays", stacklevel=3)
             return
         message = profile_message(profiler, sizes, self._device)
+        message["outsideSavedBytes"] = str(
+            int(message["outsideSavedBytes"]) + self._loss_bytes())
         if self._device.type == "cpu":
             # The device is the host: one memory. What stays in place is
             # "device"; the host room is only what the budget sets apart

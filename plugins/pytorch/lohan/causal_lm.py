@@ -25,7 +25,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from lohan.chunked_loss import linear_cross_entropy
+from lohan.chunked_loss import (chunk_tokens_for, linear_cross_entropy,
+                                 working_bytes)
 
 # Model types whose causal LM forward computes `logits = lm_head(hidden)`
 # and hands those logits, unchanged, to the causal LM loss (no soft-cap,
@@ -36,17 +37,25 @@ PLAIN_HEAD_MODEL_TYPES = frozenset({
     "phi3", "starcoder2", "olmo", "olmo2", "stablelm", "falcon", "gemma",
 })
 
-Uninstall = Callable[[], None]
+class Installed:
+    """What install() did: nothing (the model's own loss)."""
+
+    # The largest working_bytes of a chunked call so far (0: none): what
+    # a profile reports beside the tensors the loss saves.
+    working_bytes = 0
+
+    def uninstall(self) -> None:
+        pass
 
 
 def install(model: nn.Module, enabled: bool,
-            chunk_tokens: Optional[int]) -> Uninstall:
+            chunk_tokens: Optional[int]) -> Installed:
     """Chunks the loss of the causal LM in `model` (itself, or wrapped,
     as PEFT does) when `enabled`; returns what undoes it. A model with an
     output head it cannot chunk gets a warning, once."""
     lm = _causal_lm(model)
     if lm is None or not enabled:
-        return lambda: None
+        return Installed()
     head = lm.get_output_embeddings()
     why = _not_plain(lm, head)
     if why:
@@ -55,8 +64,8 @@ def install(model: nn.Module, enabled: bool,
             "model does, with the full logits on the device (chunked_loss "
             "applies to causal LMs of the types "
             f"{', '.join(sorted(PLAIN_HEAD_MODEL_TYPES))})", stacklevel=4)
-        return lambda: None
-    return _ChunkedForward(lm, head, chunk_tokens).uninstall
+        return Installed()
+    return _ChunkedForward(lm, head, chunk_tokens)
 
 
 def _causal_lm(model: nn.Module) -> Optional[nn.Module]:
@@ -87,11 +96,12 @@ def _not_plain(lm: nn.Module, head: nn.Module) -> str:
     return ""
 
 
-class _ChunkedForward:
+class _ChunkedForward(Installed):
     """`lm.forward` replaced by one that chunks the loss when it applies."""
 
     def __init__(self, lm: nn.Module, head: nn.Linear,
                  chunk_tokens: Optional[int]) -> None:
+        self.working_bytes = 0
         self._lm, self._head, self._chunk_tokens = lm, head, chunk_tokens
         self._own_forward = vars(lm).get("forward")
         original = lm.forward
@@ -123,6 +133,14 @@ class _ChunkedForward:
         else:
             del self._lm.forward
 
+    def _count(self, hidden: torch.Tensor) -> None:
+        tokens = hidden.numel() // hidden.shape[-1]
+        vocab, width = self._head.weight.shape
+        chunk = (chunk_tokens_for(tokens, vocab, width)
+                 if self._chunk_tokens is None else self._chunk_tokens)
+        self.working_bytes = max(self.working_bytes, working_bytes(
+            chunk, tokens, vocab, width))
+
     def _chunked(self, original: Callable[..., Any], args: Any,
                  kwargs: Any) -> Any:
         hidden: List[torch.Tensor] = []
@@ -145,6 +163,7 @@ class _ChunkedForward:
             if shift_labels is None:
                 padded = F.pad(labels, (0, 1), value=ignore_index)
                 shift_labels = padded[..., 1:]
+            self._count(hidden[0])
             return linear_cross_entropy(
                 hidden[0], self._head.weight, self._head.bias, shift_labels,
                 chunk_tokens=self._chunk_tokens, ignore_index=ignore_index,

@@ -46,11 +46,25 @@ def chunk_tokens_for(tokens: int, vocab: int, hidden: int) -> int:
     chunk = default_chunk_tokens(vocab)
     if tokens <= chunk:
         return tokens
+    one = working_bytes(tokens, tokens, vocab, hidden)
+    return tokens if one <= working_bytes(chunk, tokens, vocab,
+                                          hidden) else chunk
+
+
+def working_bytes(chunk: int, tokens: int, vocab: int, hidden: int) -> int:
+    """What the loss holds on the device at its peak besides the head's
+    weights, gradient and input, for 16-bit logits (daemon/plan's
+    ChunkedLossBytes): a chunk's logits, their fp32 copy and log-softmax
+    in forward; with several chunks, in backward, the head's fp32 gradient
+    accumulator and a chunk's softmax, or its 16-bit copy and a slice of
+    the weight gradient's product."""
+    chunk = min(chunk, tokens)
+    logits = chunk * vocab
+    if chunk >= tokens:
+        return logits * 10
     head = vocab * hidden
-    chunked = max(chunk * vocab * 10, 4 * head + max(
-        chunk * vocab * 6, chunk * vocab * 2
-        + min(2 * head, _WEIGHT_GRAD_SLICE_BYTES)))
-    return tokens if tokens * vocab * 10 <= chunked else chunk
+    return max(logits * 10, 4 * head + max(
+        logits * 6, logits * 2 + min(2 * head, _WEIGHT_GRAD_SLICE_BYTES)))
 
 
 def check_chunk_tokens(chunk_tokens: object, option: str) -> int:

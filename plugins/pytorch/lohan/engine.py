@@ -130,8 +130,8 @@ class Engine:
         if opts.overlap_step:
             self._weights.overlap_steps()
         self._weights.remember()
-        self._uninstall_loss = causal_lm.install(
-            model, opts.chunked_loss, opts.loss_chunk_tokens)
+        self._loss = causal_lm.install(model, opts.chunked_loss,
+                                       opts.loss_chunk_tokens)
         # The model's parameters the engine does not train (frozen at init):
         # one that gets gradients anyway was unfrozen later (see step()).
         trained = {id(p) for layer in self.layers for p in layer.params}
@@ -169,7 +169,7 @@ class Engine:
         # The run this rank's job is one rank of (None: not data-parallel).
         self._run: Optional[DistributedRun] = None
         self._uninstall_activations: Callable[[], None] = lambda: None
-        self._uninstall_loss: Callable[[], None] = lambda: None
+        self._loss = causal_lm.Installed()
 
     def _adopt(self, where: Placement) -> None:
         # Where the model computes, and where its parameters were given
@@ -297,7 +297,8 @@ class Engine:
                 lambda: lohan_activations._MIN_SWAP_BYTES,
                 opts.activation_host_bytes, reinstall,
                 per_tensor=self.params_mode != "offload",
-                device_bytes=opts.device_memory_bytes)
+                device_bytes=opts.device_memory_bytes,
+                loss_bytes=lambda: self._loss.working_bytes)
         reinstall(opts.first_activations)
 
     # ------------------------------------------------------- the parts' state
@@ -576,7 +577,7 @@ class Engine:
         if weights is not None:
             weights.restore(home)  # before the arena goes
         self._uninstall_activations()
-        self._uninstall_loss()
+        self._loss.uninstall()
         if self._auto is not None:
             self._auto.close()
         if home is not None and normalized(home) != self.device:

@@ -25,7 +25,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import lohan
 from lohan import causal_lm
 from lohan.chunked_loss import (chunk_tokens_for, default_chunk_tokens,
                                 linear_cross_entropy, working_bytes)

@@ -6,8 +6,6 @@ option's refusal. The memory it saves is test_working_set.py's."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 

@@ -95,3 +95,38 @@ def test_a_gpt2_block_saves_at_least_what_the_planner_counts(
     # Everything but the MLP's activation intermediates is counted.
     mlp_extra = 3 * batch * seq * 4 * 256 * 2
     assert saved - counted <= mlp_extra + 4 * batch * seq * 4  # LN stats
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--loss-chunk-tokens", "0"], "--loss-chunk-tokens: Value 0 not in"),
+    (["--loss-chunk-tokens", "-5"], "--loss-chunk-tokens"),
+    (["--recompute-unit", "layer"], "--recompute-unit layer: use auto"),
+    (["--full-logits", "--loss-chunk-tokens", "64"],
+     "--loss-chunk-tokens and --full-logits: give one"),
+])
+def test_bad_loss_and_unit_flags_are_refused_by_name(args, says):
+    result = subprocess.run(
+        [str(built("client/ctl/lohanctl")), "plan", "--model", "gpt-13b",
+         "--batch", "8", *MACHINE, *args], capture_output=True, text=True)
+    assert result.returncode != 0
+    assert result.stdout == ""  # no plan printed
+    assert says in result.stderr
+
+
+def test_the_loss_and_unit_flags_reach_the_plan():
+    def planned(*args: str) -> Any:
+        result = subprocess.run(
+            [str(built("client/ctl/lohanctl")), "plan", "--model",
+             "gpt-13b", "--batch", "64", "--json", *MACHINE, *args],
+            capture_output=True, text=True)
+        return json.loads(result.stdout)
+    chunked = planned("--loss-chunk-tokens", "512")["plans"][0]
+    assert chunked["loss_chunk_tokens"] == 512
+    assert chunked["recompute_unit"] == "block"
+    full = planned("--full-logits")
+    assert full["plans"] == [] and "chunk the loss" in full["refused"][0][
+        "why"]
+    forced = planned("--recompute-unit", "sublayer")["plans"][0]
+    assert forced["recompute_unit"] == "sublayer"
+    assert (forced["device_working_bytes"]
+            < forced["block_unit_working_bytes"])

@@ -211,8 +211,9 @@ void PrintStates(const Plan& plan) {
       plan.state_ssd_read_bytes / p, plan.state_ssd_write_bytes / p);
 }
 
-// How the loss is computed and what the device's working set holds.
-void PrintLoss(const Plan& plan) {
+// What the device's working set holds, how the loss is computed and the
+// unit a recomputed block's backward runs in.
+void PrintWorkingSet(const Plan& plan) {
   const ModelCounts& c = plan.counts;
   const std::string loss =
       c.loss_chunk_tokens > 0
@@ -274,7 +275,7 @@ void PrintDetail(const Plan& plan, bool whole_blocks, bool every_block) {
       FormatByteSize(layout.ssd_set_aside_bytes).c_str(),
       Gb(plan.ssd_bytes).c_str());
   PrintStates(plan);
-  PrintLoss(plan);
+  PrintWorkingSet(plan);
   // Per tensor class: how many blocks put it where.
   std::map<std::string, std::map<Decision, uint32_t>> where;
   std::map<std::string, std::pair<uint64_t, double>> size;

@@ -104,10 +104,9 @@ class _ChunkedForward(Installed):
         self.working_bytes = 0
         self._lm, self._head, self._chunk_tokens = lm, head, chunk_tokens
         self._own_forward = vars(lm).get("forward")
+        self._installed = True
         original = lm.forward
         signature = inspect.signature(original)
-
-        self._installed = True
 
         @functools.wraps(original)
         def forward(*args: Any, **kwargs: Any) -> Any:
@@ -133,13 +132,16 @@ class _ChunkedForward(Installed):
         else:
             del self._lm.forward
 
-    def _count(self, hidden: torch.Tensor) -> None:
+    def _chunk_for(self, hidden: torch.Tensor) -> int:
+        """The chunk of this call (the option's, or the default for its
+        tokens), its working bytes counted."""
         tokens = hidden.numel() // hidden.shape[-1]
         vocab, width = self._head.weight.shape
         chunk = (chunk_tokens_for(tokens, vocab, width)
                  if self._chunk_tokens is None else self._chunk_tokens)
         self.working_bytes = max(self.working_bytes, working_bytes(
             chunk, tokens, vocab, width))
+        return chunk
 
     def _chunked(self, original: Callable[..., Any], args: Any,
                  kwargs: Any) -> Any:
@@ -163,11 +165,10 @@ class _ChunkedForward(Installed):
             if shift_labels is None:
                 padded = F.pad(labels, (0, 1), value=ignore_index)
                 shift_labels = padded[..., 1:]
-            self._count(hidden[0])
             return linear_cross_entropy(
                 hidden[0], self._head.weight, self._head.bias, shift_labels,
-                chunk_tokens=self._chunk_tokens, ignore_index=ignore_index,
-                divisor=num_items_in_batch)
+                chunk_tokens=self._chunk_for(hidden[0]),
+                ignore_index=ignore_index, divisor=num_items_in_batch)
 
         lm, head = self._lm, self._head
         head_own_forward = vars(head).get("forward")

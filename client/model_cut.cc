@@ -15,6 +15,10 @@ namespace {
 
 using ParameterSet = absl::flat_hash_set<uint32_t>;
 
+// Units beyond this in one block are a describing plugin's mistake (a
+// block's linears number in the tens).
+constexpr uint32_t kMaxUnitsPerBlock = 4096;
+
 absl::StatusOr<uint64_t> ElementsOf(const v1::DescribedParameter& parameter) {
   uint64_t elements = 1;
   for (const int64_t dimension : parameter.shape()) {
@@ -41,8 +45,8 @@ absl::StatusOr<std::vector<v1::CutLayer>> CutLayers(
   v1::CutLayer before, after;
   before.set_block(-1);
   after.set_block(-1);
-  std::vector<v1::CutLayer> blocks(model.blocks());
-  for (uint32_t b = 0; b < model.blocks(); ++b) blocks[b].set_block(b);
+  // Per block, its layers by unit (index 0: the block's own).
+  std::vector<std::vector<v1::CutLayer>> blocks(model.blocks());
   for (int i = 0; i < model.parameters_size(); ++i) {
     const v1::DescribedParameter& parameter = model.parameters(i);
     absl::StatusOr<uint64_t> elements = ElementsOf(parameter);
@@ -54,19 +58,31 @@ absl::StatusOr<std::vector<v1::CutLayer>> CutLayers(
                          " of ", model.blocks()));
       }
     }
-    v1::CutLayer& layer = parameter.blocks_size() == 1
-                              ? blocks[parameter.blocks(0)]
-                              : (parameter.after_blocks() ? after : before);
-    layer.add_parameters(static_cast<uint32_t>(i));
-    layer.add_offsets(layer.elements());
-    layer.set_elements(layer.elements() + *elements);
+    if (parameter.unit() > kMaxUnitsPerBlock) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter ", parameter.name(), " is in unit ", parameter.unit(),
+          " of its block; a block has at most ", kMaxUnitsPerBlock, " units"));
+    }
+    v1::CutLayer* layer = parameter.after_blocks() ? &after : &before;
+    if (parameter.blocks_size() == 1) {
+      std::vector<v1::CutLayer>& units = blocks[parameter.blocks(0)];
+      if (units.size() <= parameter.unit()) units.resize(parameter.unit() + 1);
+      layer = &units[parameter.unit()];
+      layer->set_block(static_cast<int32_t>(parameter.blocks(0)));
+      layer->set_unit(parameter.unit());
+    }
+    layer->add_parameters(static_cast<uint32_t>(i));
+    layer->add_offsets(layer->elements());
+    layer->set_elements(layer->elements() + *elements);
   }
   std::vector<v1::CutLayer> layers;
   for (v1::CutLayer* rest : {&before, &after}) {
     if (rest->elements() > 0) layers.push_back(std::move(*rest));
   }
-  for (v1::CutLayer& layer : blocks) {
-    if (layer.elements() > 0) layers.push_back(std::move(layer));
+  for (std::vector<v1::CutLayer>& units : blocks) {
+    for (v1::CutLayer& layer : units) {
+      if (layer.elements() > 0) layers.push_back(std::move(layer));
+    }
   }
   return layers;
 }

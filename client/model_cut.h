@@ -11,8 +11,10 @@ namespace lohan {
 //
 // Layers: the trained parameters outside the blocks of modules before the
 // last block (embeddings) form layer 0, those of modules after it (final
-// norm, head) layer 1, each absent when empty, then one layer per block
-// with trained parameters, in block order; parameters in the model's
+// norm, head) layer 1, each absent when empty, then per block with
+// trained parameters, in block order, its own layer and one per unit (a
+// part of the block whose weights stream on their own: parameters below
+// the block), each absent when empty; parameters in the model's
 // order, flattened back to back. The rest layers come first because the
 // daemon runs what is left of an iteration's updates in layer order while
 // the next forward starts: the embeddings and the head are brought up to
@@ -25,9 +27,9 @@ namespace lohan {
 // as ranges of this rank's shards.
 //
 // INVALID_ARGUMENT naming what is wrong: no trained parameters, a block
-// index out of range, a negative dimension; a group or rule naming a
-// parameter the model does not have, a group naming an untrained one, a
-// parameter in two groups, a group lr or weight decay that is not finite
+// index out of range, a unit index over 4096, a negative dimension; a group or
+// rule naming a parameter the model does not have, a group naming an untrained
+// one, a parameter in two groups, a group lr or weight decay that is not finite
 // and >= 0, a group lr other than 0 when the job's is 0.
 absl::StatusOr<v1::ModelCut> CutModel(const v1::ModelDescription& model);
 

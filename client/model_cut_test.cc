@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "client/proto_json.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -158,11 +159,56 @@ TEST(CutModel, BadDescriptionsAreRefusedNamingWhatIsWrong) {
   zero_lr.add_param_groups()->set_lr(0.5);
   EXPECT_THAT(CutModel(zero_lr).status().message(),
               HasSubstr("the job's lr is 0"));
+  v1::ModelDescription huge_unit;
+  v1::DescribedParameter& in_unit = *huge_unit.add_parameters();
+  in_unit.set_name("blocks.0.w");
+  in_unit.add_blocks(0);
+  in_unit.set_unit(4097);
+  huge_unit.set_blocks(1);
+  EXPECT_THAT(CutModel(huge_unit).status().message(),
+              HasSubstr("blocks.0.w is in unit 4097 of its block"));
   v1::ModelDescription outside;
   outside.add_parameters()->add_blocks(1);
   outside.set_blocks(1);
   EXPECT_THAT(CutModel(outside).status().message(),
               HasSubstr("in block 1 of 1"));
+}
+
+// Units: per block its own layer (the parameters in unit 0), then one layer
+// per unit in unit order; an empty unit leaves no layer, and a unit given
+// to a parameter outside a block changes nothing.
+TEST(CutModel, BlocksSplitIntoTheirUnitsInUnitOrder) {
+  v1::ModelDescription model;
+  model.set_blocks(2);
+  auto add = [&](const std::string& name, int64_t elements, int block,
+                 uint32_t unit) {
+    v1::DescribedParameter& parameter = *model.add_parameters();
+    parameter.set_name(name);
+    parameter.add_shape(elements);
+    if (block >= 0) parameter.add_blocks(block);
+    parameter.set_unit(unit);
+  };
+  add("embed", 8, -1, 3);
+  add("blocks.0.mlp.w", 6, 0, 2);
+  add("blocks.0.norm", 2, 0, 0);
+  add("blocks.0.attn.w", 4, 0, 1);
+  add("blocks.0.attn.b", 1, 0, 1);
+  add("blocks.1.mlp.w", 6, 1, 3);  // units 0-2 of block 1 are empty
+  absl::StatusOr<v1::ModelCut> cut = CutModel(model);
+  ASSERT_TRUE(cut.ok()) << cut.status();
+  ASSERT_EQ(cut->layers_size(), 5);
+  EXPECT_EQ(cut->layers(0).block(), -1);
+  EXPECT_THAT(cut->layers(0).parameters(), ElementsAre(0));
+  std::vector<std::string> layers;
+  for (int l = 1; l < cut->layers_size(); ++l) {
+    const v1::CutLayer& layer = cut->layers(l);
+    layers.push_back(absl::StrCat(layer.block(), "/", layer.unit(), ":",
+                                  absl::StrJoin(layer.parameters(), ","), "@",
+                                  absl::StrJoin(layer.offsets(), ",")));
+  }
+  EXPECT_THAT(layers,
+              ElementsAre("0/0:2@0", "0/1:3,4@0,4", "0/2:1@0", "1/3:5@0"));
+  EXPECT_THAT(cut->spec().layer_elements(), ElementsAre(8, 2, 5, 6, 6));
 }
 
 }  // namespace

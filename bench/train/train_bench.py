@@ -21,6 +21,12 @@ plain PyTorch AdamW with clip_grad_norm_ at the same limits; reports the
 time per step and lohand's SSD bytes read and written per parameter per
 step (its /proc/<pid>/io), interleaved round by round.
 
+--compare units: params="offload" with the weights streamed a block at a
+time against a sublayer at a time (param_unit="sublayer"), and whole
+blocks' weights under a sublayer-at-a-time backward between them: time
+per step against torch AdamW and against the block, and the link's bytes
+per step (weights copied to the device, block inputs stored).
+
 --compare streaming: resident buffers against streamed ones (one gradient
 and one weight buffer, the gradients and 16-bit weights through the SSDs),
 the latter with the daemon's lanes (service="lanes", the default) and in
@@ -275,6 +281,75 @@ def compare_clip(args, data, socket: str, daemon_pid: int) -> None:
                   f"{statistics.median(r[3] for r in rows):7.0f}")
 
 
+def run_units(args, data, socket: str, name: str,
+              **options) -> Tuple[float, float, float]:
+    """Seconds per step, and per step the weight bytes copied to the
+    device and the block inputs stored (the activations' link traffic)."""
+    model = make_model(args)
+    with lohan.init(model, lr=1e-3, socket=socket, job_name=name,
+                    activations="offload", params="offload",
+                    **options) as engine:
+        start = 0.0
+        for n, ids in enumerate(data):
+            if n == 5:
+                start = time.perf_counter()
+                copied = engine._residency.copied_bytes
+                puts = engine.activation_stats.host_puts
+            model(input_ids=ids, labels=ids).loss.backward()
+            engine.step()
+        steps = len(data) - 5
+        seconds = (time.perf_counter() - start) / steps
+        weight_bytes = (engine._residency.copied_bytes - copied) / steps
+        inputs = (engine.activation_stats.host_puts - puts) / steps
+    with lohan.Client(socket) as client:
+        for job in client.jobs():
+            if job.name == name:
+                client.delete_job(job.id)
+    return seconds, weight_bytes, inputs
+
+
+def compare_units(args, data, socket: str) -> None:
+    """params="offload" a block at a time against a sublayer at a time
+    (param_unit="sublayer"), and whole-block weights with a sublayer-at-a-
+    time backward between them; torch AdamW interleaved as the reference."""
+    configs = {
+        "weights and backward by block": {},
+        "weights by block, backward by sublayer": dict(
+            recompute_unit="sublayer"),
+        "weights and backward by sublayer": dict(param_unit="sublayer"),
+    }
+    rows: Dict[str, List[Tuple[float, float, float]]] = {c: [] for c in configs}
+    torch_seconds: List[float] = []
+    for round_ in range(args.rounds):
+        torch_seconds.append(torch_seconds_per_step(args, data))
+        order = list(configs) if round_ % 2 == 0 else list(configs)[::-1]
+        for name in order:
+            rows[name].append(run_units(
+                args, data, socket,
+                f"units-{round_}-{list(configs).index(name)}",
+                **configs[name]))
+            print(f"round {round_ + 1} {name:40s} "
+                  f"{rows[name][-1][0] * 1e3:8.1f} ms/step", flush=True)
+    model = make_model(args)
+    in_blocks = sum(p.numel() * p.element_size()
+                    for block in model.transformer.h
+                    for p in block.parameters())
+    reference = statistics.median(torch_seconds)
+    whole = statistics.median(r[0] for r in rows[list(configs)[0]])
+    print(f"\nGPT-2 {args.layers} blocks, width {args.width}, batch "
+          f"{args.batch}x{args.seq}, fp32; the blocks' weights "
+          f"{in_blocks / 1e6:.2f} MB; median of {args.rounds} rounds of "
+          f"{args.steps} steps; torch AdamW {reference * 1e3:.1f} ms/step")
+    for name, values in rows.items():
+        seconds = statistics.median(v[0] for v in values)
+        weights = statistics.median(v[1] for v in values)
+        inputs = statistics.median(v[2] for v in values)
+        print(f"{name:40s} {seconds / reference:5.2f}x torch "
+              f"{seconds / whole:5.2f}x by block; weights to the device "
+              f"{weights / 1e6:7.2f} MB/step ({weights / in_blocks:4.2f}x "
+              f"the blocks'); block inputs stored {inputs:.0f}/step")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=60)
@@ -285,7 +360,8 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (leave a core to the daemon)")
-    parser.add_argument("--compare", choices=("configs", "clip", "streaming"),
+    parser.add_argument("--compare",
+                        choices=("configs", "clip", "streaming", "units"),
                         default="configs")
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
                         help="--compare clip / streaming: lohan's training "
@@ -312,11 +388,13 @@ def main() -> int:
                                                   service="in-order"),
     }
     data = batches(args, args.steps + 5)
-    if args.compare in ("clip", "streaming"):
+    if args.compare in ("clip", "streaming", "units"):
         with tempfile.TemporaryDirectory(prefix="lohan-train-bench-") as tmp:
             daemon = start_daemon(Path(tmp), bazel_bin)
             try:
-                if args.compare == "clip":
+                if args.compare == "units":
+                    compare_units(args, data, str(Path(tmp) / "lohand.sock"))
+                elif args.compare == "clip":
                     compare_clip(args, data, str(Path(tmp) / "lohand.sock"),
                                  daemon.pid)
                 else:

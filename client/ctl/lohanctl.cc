@@ -471,6 +471,13 @@ int main(int argc, char** argv) {
                    "device, else a sublayer), block, or sublayer (one "
                    "attention or MLP at a time: lohan.init("
                    "recompute_unit=\"sublayer\"))");
+  plan->add_option("--param-unit", plan_options.param_unit,
+                   "the unit a block's weights stream at: auto (the "
+                   "default: the block when the working set fits the device "
+                   "with it, else a sublayer), block, or sublayer (each "
+                   "attention's or MLP's weights only while it runs: "
+                   "lohan.init(param_unit=\"sublayer\"); needs a sublayer-"
+                   "at-a-time backward)");
   plan->add_flag("--full-logits", plan_options.full_logits,
                  "the loss over the full logits (the model's own loss: "
                  "lohan.init(chunked_loss=False), or a model it cannot "

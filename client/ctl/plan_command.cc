@@ -211,8 +211,15 @@ void PrintStates(const Plan& plan) {
       plan.state_ssd_read_bytes / p, plan.state_ssd_write_bytes / p);
 }
 
+// A block's parameters in its sublayers.
+uint64_t InSublayers(const ModelCounts& c) {
+  uint64_t sum = 0;
+  for (const uint64_t parameters : c.sublayer_parameters) sum += parameters;
+  return sum;
+}
+
 // What the device's working set holds, how the loss is computed and the
-// unit a recomputed block's backward runs in.
+// units a recomputed block's backward runs in and its weights stream at.
 void PrintWorkingSet(const Plan& plan) {
   const ModelCounts& c = plan.counts;
   const std::string loss =
@@ -222,25 +229,38 @@ void PrintWorkingSet(const Plan& plan) {
                          " with the head's fp32 "
                          "gradient accumulator)")
           : absl::StrCat("the full logits (", Gb(c.logits_bytes), ")");
-  const DeviceWorkingSet set = WorkingSetOf(c, plan.recompute_unit);
+  const bool unit_weights = plan.param_unit == ParamUnit::kSublayer;
+  const DeviceWorkingSet set =
+      WorkingSetOf(c, plan.recompute_unit, plan.param_unit);
   std::printf(
-      "  device working set %s: two blocks' weights and the head's weights "
+      "  device working set %s: two %s weights and the head's weights "
       "and gradients %s, then the larger of a block's backward %s and the "
       "loss %s; the loss in %s\n",
-      Gb(set.bytes()).c_str(), Gb(set.always).c_str(),
-      Gb(set.block_backward).c_str(), Gb(set.loss).c_str(), loss.c_str());
+      Gb(set.bytes()).c_str(), unit_weights ? "sublayers'" : "blocks'",
+      Gb(set.always).c_str(), Gb(set.block_backward).c_str(),
+      Gb(set.loss).c_str(), loss.c_str());
   const bool sublayer = plan.recompute_unit == RecomputeUnit::kSublayer;
-  std::printf("  unit: %s%s\n",
-              sublayer
-                  ? "a sublayer (lohan.init(recompute_unit=\"sublayer\")): a "
-                    "recomputed block's backward one attention or MLP at a "
-                    "time, each made once more"
-                  : "the block (recompute_unit=\"block\", the default)",
-              plan.block_unit_working_bytes > plan.device_working_bytes
-                  ? absl::StrCat("; whole blocks would need ",
-                                 Gb(plan.block_unit_working_bytes))
-                        .c_str()
-                  : "");
+  std::printf(
+      "  unit: %s%s\n",
+      sublayer ? "a sublayer (lohan.init(recompute_unit=\"sublayer\")): a "
+                 "recomputed block's backward one attention or MLP at a "
+                 "time, each made once more"
+               : "the block (recompute_unit=\"block\", the default)",
+      plan.block_unit_working_bytes > plan.device_working_bytes && !unit_weights
+          ? absl::StrCat("; whole blocks would need ",
+                         Gb(plan.block_unit_working_bytes))
+                .c_str()
+          : "");
+  if (unit_weights) {
+    std::printf(
+        "  weights: a sublayer at a time (lohan.init(param_unit="
+        "\"sublayer\")): each sublayer's on the device only while it runs, "
+        "crossing the link three times a step (%s more in backward), its "
+        "gradients handed over after its backward; whole blocks' weights "
+        "would need %s\n",
+        Gb(2 * c.layers * InSublayers(c)).c_str(),
+        Gb(plan.block_weights_working_bytes).c_str());
+  }
 }
 
 void PrintDetail(const Plan& plan, bool whole_blocks, bool every_block) {
@@ -361,9 +381,12 @@ google::protobuf::Value PlanJson(const Plan& plan) {
   f["tail_seconds"] = Number(plan.estimate.tail);
   f["device_working_bytes"] = Number(plan.device_working_bytes);
   f["loss_chunk_tokens"] = Number(plan.counts.loss_chunk_tokens);
-  const DeviceWorkingSet set = WorkingSetOf(plan.counts, plan.recompute_unit);
+  const DeviceWorkingSet set =
+      WorkingSetOf(plan.counts, plan.recompute_unit, plan.param_unit);
   f["recompute_unit"] = Text(RecomputeUnitName(plan.recompute_unit));
   f["block_unit_working_bytes"] = Number(plan.block_unit_working_bytes);
+  f["param_unit"] = Text(ParamUnitName(plan.param_unit));
+  f["block_weights_working_bytes"] = Number(plan.block_weights_working_bytes);
   auto& parts =
       *f["device_working_set"].mutable_struct_value()->mutable_fields();
   parts["always"] = Number(set.always);
@@ -509,7 +532,7 @@ absl::Status WritePlot(const std::string& path, const std::vector<Plan>& plans,
 // The largest preset (by parameters) that fits at `batch` x `seq`.
 std::string LargestPreset(uint64_t batch, uint64_t seq, const Machine& m,
                           Attention attention, LossChunks loss,
-                          RecomputeUnit unit) {
+                          RecomputeUnit unit, ParamUnit params) {
   std::string best = "none";
   uint64_t best_parameters = 0;
   for (const std::string& name : PresetNames()) {
@@ -517,7 +540,7 @@ std::string LargestPreset(uint64_t batch, uint64_t seq, const Machine& m,
     const uint64_t parameters = CountModel(shape, 1, 1).parameters;
     if (parameters > best_parameters &&
         MakePlan(shape, batch, seq, m, attention, Granularity::kTensor, loss,
-                 unit)
+                 unit, params)
             .ok()) {
       best = name;
       best_parameters = parameters;
@@ -558,13 +581,24 @@ int RunPlan(const PlanOptions& options) {
         ": use auto (the default: the block when it fits the device, else "
         "a sublayer), block or sublayer")));
   }
+  ParamUnit params = ParamUnit::kAuto;
+  if (options.param_unit == "block") {
+    params = ParamUnit::kBlock;
+  } else if (options.param_unit == "sublayer") {
+    params = ParamUnit::kSublayer;
+  } else if (options.param_unit != "auto") {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--param-unit ", options.param_unit,
+        ": use auto (the default: the block when it fits the device, else "
+        "a sublayer), block or sublayer")));
+  }
   std::vector<Plan> plans;
   std::vector<std::pair<uint64_t, std::string>> refused;
   for (uint64_t batch : options.batches) {
     absl::StatusOr<Plan> plan =
         MakePlan(*shape, batch, options.seq, *machine, attention,
                  options.per_block ? Granularity::kBlock : Granularity::kTensor,
-                 loss, unit);
+                 loss, unit, params);
     if (!plan.ok()) {
       if (!absl::IsFailedPrecondition(plan.status()))
         return Fail(plan.status());
@@ -573,10 +607,11 @@ int RunPlan(const PlanOptions& options) {
     }
     plans.push_back(*std::move(plan));
   }
-  const uint64_t largest_batch =
-      LargestBatch(*shape, options.seq, *machine, 4096, attention, loss, unit);
-  const std::string largest_model = LargestPreset(
-      options.batches.front(), options.seq, *machine, attention, loss, unit);
+  const uint64_t largest_batch = LargestBatch(
+      *shape, options.seq, *machine, 4096, attention, loss, unit, params);
+  const std::string largest_model =
+      LargestPreset(options.batches.front(), options.seq, *machine, attention,
+                    loss, unit, params);
   const ModelCounts counts = CountModel(*shape, 1, 1);
   if (options.json) {
     google::protobuf::Value out;

@@ -39,6 +39,10 @@ struct PlanOptions {
   // "auto" (the block when it fits the device, else a sublayer), "block"
   // or "sublayer": how a recomputed block's backward runs.
   std::string recompute_unit = "auto";
+  // "auto" (the block when it fits the device, else a sublayer; with a
+  // sublayer-at-a-time backward only), "block" or "sublayer": the unit a
+  // block's weights stream at.
+  std::string param_unit = "auto";
   bool per_block = false;  // decide whole blocks (what the plugin takes)
   bool json = false;
   bool tensors = false;   // the decision of every tensor class per block

@@ -17,16 +17,25 @@ constexpr double kSoftmaxFlops = 5;
 
 constexpr uint64_t kActivationBytes = 2;  // 16-bit activations
 
+// A block's attention (Q, K, V and the output projection, with biases in
+// GPT) and its MLP (two matrices with biases in GPT; gate, up and down
+// without in Llama).
+uint64_t AttentionParameters(const ModelShape& s) {
+  const uint64_t h = s.hidden, kv = s.kv_width();
+  const bool gpt = s.family == ModelShape::Family::kGpt;
+  return h * (h + 2 * kv) + h * h + (gpt ? (h + 2 * kv) + h : 0);
+}
+uint64_t MlpParameters(const ModelShape& s) {
+  const uint64_t h = s.hidden, f = s.ffn;
+  return s.family == ModelShape::Family::kGpt ? 2 * h * f + f + h : 3 * h * f;
+}
+
+// The sublayers and two norms (LayerNorm: scale and shift; RMSNorm:
+// scale).
 uint64_t BlockParameters(const ModelShape& s) {
-  const uint64_t h = s.hidden, f = s.ffn, kv = s.kv_width();
-  if (s.family == ModelShape::Family::kGpt) {
-    // Q, K, V and the output projection with biases, two MLP matrices
-    // with biases, two LayerNorms (scale and shift).
-    return h * (h + 2 * kv) + (h + 2 * kv) + h * h + h + 2 * h * f + f + h +
-           4 * h;
-  }
-  // No biases; gate, up and down; two RMSNorms (scale).
-  return h * (h + 2 * kv) + h * h + 3 * h * f + 2 * h;
+  const uint64_t norms =
+      s.family == ModelShape::Family::kGpt ? 4 * s.hidden : 2 * s.hidden;
+  return AttentionParameters(s) + MlpParameters(s) + norms;
 }
 
 uint64_t EmbeddingParameters(const ModelShape& s) {
@@ -60,6 +69,18 @@ const char* RecomputeUnitName(RecomputeUnit unit) {
     case RecomputeUnit::kSublayer:
       return "sublayer";
     case RecomputeUnit::kAuto:
+      return "auto";
+  }
+  return "?";
+}
+
+const char* ParamUnitName(ParamUnit unit) {
+  switch (unit) {
+    case ParamUnit::kBlock:
+      return "block";
+    case ParamUnit::kSublayer:
+      return "sublayer";
+    case ParamUnit::kAuto:
       return "auto";
   }
   return "?";
@@ -107,6 +128,7 @@ ModelCounts CountModel(const ModelShape& s, uint64_t batch, uint64_t seq,
   const bool gpt = s.family == ModelShape::Family::kGpt;
   counts.layers = s.layers;
   counts.block_parameters = BlockParameters(s);
+  counts.sublayer_parameters = {AttentionParameters(s), MlpParameters(s)};
   counts.parameters =
       s.layers * counts.block_parameters + EmbeddingParameters(s);
   counts.largest_layer_parameters =

@@ -41,6 +41,15 @@ struct SavedTensor {
 enum class RecomputeUnit { kBlock, kSublayer, kAuto };
 const char* RecomputeUnitName(RecomputeUnit unit);
 
+// Where a block's 16-bit weights stream in from and its gradients go out
+// at once: the whole block, or a sublayer at a time (the plugin's
+// param_unit="sublayer": each sublayer's weights on the device only while
+// it runs, forward, the block's recompute and its own, and its gradients
+// handed over when its backward is done; needs a sublayer-at-a-time
+// backward), or whichever the device's memory allows, the block first.
+enum class ParamUnit { kBlock, kSublayer, kAuto };
+const char* ParamUnitName(ParamUnit unit);
+
 // Exact counts for a model shape at a batch and sequence length, with
 // 16-bit activations, weights and gradients and fp32 optimizer states
 // (master weights and Adam's two moments), as lohan trains it.
@@ -49,6 +58,11 @@ struct ModelCounts {
   uint64_t parameters = 0;
   uint64_t block_parameters = 0;          // one block's
   uint64_t largest_layer_parameters = 0;  // the embedding, usually
+  // Of a block's parameters, each sublayer's (attention, then the MLP, as
+  // SavedTensor::sublayer numbers them from 1); the rest (the norms) is
+  // the block's own. Empty in counts a client measured: then the weights
+  // stream a block at a time.
+  std::vector<uint64_t> sublayer_parameters;
   // The output head's weights, on the device beside the blocks' (vocab x
   // hidden, tied or not).
   uint64_t head_parameters = 0;
@@ -87,8 +101,10 @@ struct ModelCounts {
   // A block's 16-bit output for the batch (b x s x hidden): what passes
   // between blocks, and its gradient in backward; the head's input.
   uint64_t hidden_bytes = 0;
-  // How a recomputed block's backward runs (kAuto: the planner decides).
+  // How a recomputed block's backward runs, and the unit its weights
+  // stream at (kAuto: the planner decides).
   RecomputeUnit recompute_unit = RecomputeUnit::kBlock;
+  ParamUnit param_unit = ParamUnit::kBlock;
 
   // Model states by tier, as lohan keeps them: 16-bit weights (2 bytes a
   // parameter) and, on the SSDs, fp32 masters and moments (12 bytes).

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <optional>
 
@@ -29,6 +30,9 @@ struct Derived {
   double commit_interval = 1;
   // FLOPs a sublayer-at-a-time backward adds (recompute_unit kSublayer).
   double sublayer_recompute_flops = 0;
+  // Weight bytes that cross the host-to-device link once more in backward
+  // (param_unit kSublayer).
+  double repeated_weight_bytes = 0;
 };
 
 // The optimizer states' SSD bytes for `parameters` of which `resident`
@@ -75,7 +79,8 @@ Estimate Estimated(const Machine& m, const ModelCounts& c, const Derived& d,
                         d.sublayer_recompute_flops + recompute) /
                        m.device_flops;
   e.backward.device_to_host = 2 * p / m.device_to_host;  // the gradients
-  e.backward.host_to_device = (2 * p + a) / m.host_to_device;
+  e.backward.host_to_device =
+      (2 * p + d.repeated_weight_bytes + a) / m.host_to_device;
   const double r = d.resident_parameters;
   e.backward.ssd = (StateReadBytes(p, r) + weights16_ssd + spill) / d.ssd_read +
                    (StateWriteBytes(d, p, r) + weights16_ssd) / d.ssd_write;
@@ -231,6 +236,22 @@ absl::Status ValidateCounts(const ModelCounts& c) {
                        t, "]"));
     }
   }
+  if (c.sublayer_parameters.size() > kMaxBlockSublayers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sublayer_parameters has ", c.sublayer_parameters.size(),
+                     " entries, at most ", kMaxBlockSublayers));
+  }
+  uint64_t in_sublayers = 0;
+  for (const uint64_t parameters : c.sublayer_parameters) {
+    if (parameters == 0 ||
+        __builtin_add_overflow(in_sublayers, parameters, &in_sublayers) ||
+        in_sublayers > c.block_parameters) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sublayer_parameters must each be > 0 and add up to at most "
+          "block_parameters (",
+          c.block_parameters, ")"));
+    }
+  }
   for (const auto& [field, value] :
        {std::pair<const char*, uint64_t>{"block_parameters",
                                          c.block_parameters},
@@ -371,9 +392,21 @@ double Plan::model_flops_per_second() const {
   return seconds > 0 ? 3 * counts.forward_flops / seconds : 0;
 }
 
-DeviceWorkingSet WorkingSetOf(const ModelCounts& c, RecomputeUnit unit) {
+DeviceWorkingSet WorkingSetOf(const ModelCounts& c, RecomputeUnit unit,
+                              ParamUnit params) {
   DeviceWorkingSet set;
-  set.always = 2 * 2 * c.block_parameters + 2 * 2 * c.head_parameters;
+  // The parameters whose weights are there twice (the running unit's and
+  // the next's) and whose gradients are there once.
+  uint64_t weighed = 2 * c.block_parameters, graded = c.block_parameters;
+  if (params == ParamUnit::kSublayer) {
+    std::vector<uint64_t> units = c.sublayer_parameters;
+    std::sort(units.begin(), units.end(), std::greater<uint64_t>());
+    uint64_t own = c.block_parameters;
+    for (uint64_t unit_parameters : units) own -= unit_parameters;
+    weighed = 2 * own + units[0] + (units.size() > 1 ? units[1] : units[0]);
+    graded = own + units[0];
+  }
+  set.always = 2 * weighed + 2 * 2 * c.head_parameters;
   uint64_t largest = 0, kept = 0;
   std::map<uint32_t, uint64_t> sublayers;
   for (const SavedTensor& tensor : c.block_tensors) {
@@ -389,12 +422,61 @@ DeviceWorkingSet WorkingSetOf(const ModelCounts& c, RecomputeUnit unit) {
     one_sublayer = std::max(one_sublayer, bytes);
   }
   set.block_backward =
-      2 * c.block_parameters + kept + one_sublayer + c.hidden_bytes + largest;
+      2 * graded + kept + one_sublayer + c.hidden_bytes + largest;
   set.loss = c.logits_bytes + 2 * c.hidden_bytes;
   return set;
 }
 
 namespace {
+
+// The plan's recompute and weight units: as the counts say, kAuto the
+// first of (block, block), (sublayer, block) and (sublayer, sublayer) the
+// counts allow whose working set fits `device_bytes`, else the last they
+// allow (whose shortfall the plan then reports). INVALID_ARGUMENT for
+// weights a sublayer at a time with a whole block's backward or without
+// sublayer_parameters.
+absl::Status ChooseUnits(const ModelCounts& c, uint64_t device_bytes,
+                         Plan& plan) {
+  if (c.param_unit == ParamUnit::kSublayer) {
+    if (c.recompute_unit == RecomputeUnit::kBlock) {
+      return absl::InvalidArgumentError(
+          "weights a sublayer at a time (param unit \"sublayer\") need a "
+          "backward a sublayer at a time: recompute unit \"sublayer\" or "
+          "\"auto\", not \"block\"");
+    }
+    if (c.sublayer_parameters.empty()) {
+      return absl::InvalidArgumentError(
+          "weights a sublayer at a time (param unit \"sublayer\") need the "
+          "sublayers' parameters, which these counts do not give");
+    }
+  }
+  plan.block_unit_working_bytes =
+      WorkingSetOf(c, RecomputeUnit::kBlock).bytes();
+  std::vector<std::pair<RecomputeUnit, ParamUnit>> allowed;
+  for (const auto& [recompute, params] :
+       {std::pair{RecomputeUnit::kBlock, ParamUnit::kBlock},
+        std::pair{RecomputeUnit::kSublayer, ParamUnit::kBlock},
+        std::pair{RecomputeUnit::kSublayer, ParamUnit::kSublayer}}) {
+    if ((c.recompute_unit == RecomputeUnit::kAuto ||
+         c.recompute_unit == recompute) &&
+        (c.param_unit == ParamUnit::kAuto || c.param_unit == params) &&
+        (params == ParamUnit::kBlock || !c.sublayer_parameters.empty())) {
+      allowed.emplace_back(recompute, params);
+    }
+  }
+  std::pair<RecomputeUnit, ParamUnit> chosen = allowed.back();
+  for (const auto& [recompute, params] : allowed) {
+    if (WorkingSetOf(c, recompute, params).bytes() <= device_bytes) {
+      chosen = {recompute, params};
+      break;
+    }
+  }
+  plan.recompute_unit = chosen.first;
+  plan.param_unit = chosen.second;
+  plan.block_weights_working_bytes =
+      WorkingSetOf(c, plan.recompute_unit, ParamUnit::kBlock).bytes();
+  return absl::OkStatus();
+}
 
 // Sizes what the plan needs besides the activations in each memory and
 // what is left there for them (`layout`'s rooms where given; else lohan's
@@ -405,13 +487,17 @@ absl::Status SizeMemories(const Machine& m, const PlanLayout* layout,
                           uint64_t activation_area, bool spill, Plan& plan,
                           Derived& d) {
   const ModelCounts& c = plan.counts;
-  plan.block_unit_working_bytes =
-      WorkingSetOf(c, RecomputeUnit::kBlock).bytes();
-  plan.recompute_unit = c.recompute_unit;
-  if (plan.recompute_unit == RecomputeUnit::kAuto) {
-    plan.recompute_unit = plan.block_unit_working_bytes <= m.device_bytes
-                              ? RecomputeUnit::kBlock
-                              : RecomputeUnit::kSublayer;
+  if (absl::Status chosen = ChooseUnits(c, m.device_bytes, plan);
+      !chosen.ok()) {
+    return chosen;
+  }
+  if (plan.param_unit == ParamUnit::kSublayer) {
+    // The sublayers' weights cross the link a third time: in the block's
+    // recompute and again in each sublayer's own.
+    for (const uint64_t parameters : c.sublayer_parameters) {
+      d.repeated_weight_bytes += 2.0 * static_cast<double>(parameters);
+    }
+    d.repeated_weight_bytes *= static_cast<double>(c.layers);
   }
   if (plan.recompute_unit == RecomputeUnit::kSublayer) {
     // Each sublayer's saved tensors made once more in its backward.
@@ -422,14 +508,22 @@ absl::Status SizeMemories(const Machine& m, const PlanLayout* layout,
     }
     d.sublayer_recompute_flops *= static_cast<double>(c.layers);
   }
-  const DeviceWorkingSet working = WorkingSetOf(c, plan.recompute_unit);
+  const DeviceWorkingSet working =
+      WorkingSetOf(c, plan.recompute_unit, plan.param_unit);
   plan.device_working_bytes = working.bytes();
   if (plan.device_working_bytes > m.device_bytes) {
     return Short(
-        "The device's working set (two blocks' weights, the head's weights "
-        "and gradients, then the larger of a block's backward: its "
-        "gradients, saved tensors and the gradients backward makes, and the "
-        "loss: its logits and the head's input and gradient)",
+        plan.param_unit == ParamUnit::kSublayer
+            ? "The device's working set (two sublayers' weights, the "
+              "head's weights and gradients, then the larger of a block's "
+              "backward: a sublayer's gradients, saved tensors and the "
+              "gradients backward makes, and the loss: its logits and the "
+              "head's input and gradient)"
+            : "The device's working set (two blocks' weights, the head's "
+              "weights and gradients, then the larger of a block's "
+              "backward: its gradients, saved tensors and the gradients "
+              "backward makes, and the loss: its logits and the head's "
+              "input and gradient)",
         plan.device_working_bytes, m.device_bytes,
         working.loss > working.block_backward && c.loss_chunk_tokens == 0
             ? "chunk the loss, or use a smaller batch or sequence"
@@ -690,7 +784,8 @@ absl::Status Place(const Machine& m, const Derived& d,
 absl::StatusOr<Plan> MakePlan(const ModelShape& shape, uint64_t batch,
                               uint64_t seq, const Machine& m,
                               Attention attention, Granularity granularity,
-                              LossChunks loss, RecomputeUnit unit) {
+                              LossChunks loss, RecomputeUnit unit,
+                              ParamUnit params) {
   if (absl::Status valid = ValidateShape(shape); !valid.ok()) return valid;
   if (absl::Status valid = ValidateMachine(m); !valid.ok()) return valid;
   if (batch == 0 || seq == 0 || batch > (1u << 20) || seq > (1u << 20)) {
@@ -709,6 +804,7 @@ absl::StatusOr<Plan> MakePlan(const ModelShape& shape, uint64_t batch,
   }
   ModelCounts counts = CountModel(shape, batch, seq, attention, loss);
   counts.recompute_unit = unit;
+  counts.param_unit = params;
   absl::StatusOr<Plan> plan =
       PlanFromCounts(counts, batch, seq, m, nullptr, granularity);
   if (plan.ok()) plan->shape = shape;
@@ -828,11 +924,11 @@ absl::StatusOr<Plan> PlanFromCounts(const ModelCounts& counts, uint64_t batch,
 
 uint64_t LargestBatch(const ModelShape& shape, uint64_t seq,
                       const Machine& machine, uint64_t limit,
-                      Attention attention, LossChunks loss,
-                      RecomputeUnit unit) {
+                      Attention attention, LossChunks loss, RecomputeUnit unit,
+                      ParamUnit params) {
   auto fits = [&](uint64_t batch) {
     return MakePlan(shape, batch, seq, machine, attention, Granularity::kTensor,
-                    loss, unit)
+                    loss, unit, params)
         .ok();
   };
   if (!fits(1)) return 0;

@@ -136,8 +136,14 @@ struct Plan {
   // (what decided it).
   RecomputeUnit recompute_unit = RecomputeUnit::kBlock;
   uint64_t block_unit_working_bytes = 0;
+  // The unit the weights stream at (counts.param_unit, or for kAuto the
+  // block when the working set fits with it, else a sublayer: only with a
+  // sublayer-at-a-time backward), and the working set with whole blocks'
+  // weights and the chosen recompute unit (what decided it).
+  ParamUnit param_unit = ParamUnit::kBlock;
+  uint64_t block_weights_working_bytes = 0;
   // Memory the plan needs besides the activations. The device's:
-  // WorkingSetOf(counts, recompute_unit).bytes().
+  // WorkingSetOf(counts, recompute_unit, param_unit).bytes().
   uint64_t device_working_bytes = 0;
   // lohan's layout for the job, as lohan.init sets it up on the host
   // memory the machine has (layout_bytes.h: its arena, the daemon's chunk
@@ -174,12 +180,15 @@ struct Plan {
 // swapped out).
 enum class Granularity { kTensor, kBlock };
 
+// INVALID_ARGUMENT for weights a sublayer at a time under a whole
+// block's backward (`params` kSublayer, `unit` kBlock).
 absl::StatusOr<Plan> MakePlan(const ModelShape& shape, uint64_t batch,
                               uint64_t seq, const Machine& machine,
                               Attention attention = Attention::kFused,
                               Granularity granularity = Granularity::kTensor,
                               LossChunks loss = {},
-                              RecomputeUnit unit = RecomputeUnit::kAuto);
+                              RecomputeUnit unit = RecomputeUnit::kAuto,
+                              ParamUnit params = ParamUnit::kAuto);
 
 // What a running job's layout already fixes, in place of the sizing of
 // lohan's layout for the counts (layout_bytes.h, which MakePlan does):
@@ -202,25 +211,30 @@ struct PlanLayout {
 
 // The device's working set besides the saved tensors it keeps: what is
 // always there (two blocks' 16-bit weights, one computing and the next on
-// its way; the head's weights and gradients, handed over with their layer,
-// at the end of backward when tied), then the larger of two phases that
-// never overlap: a block's backward (its gradients, its saved tensors,
-// recomputed ones included, the gradient coming into it, and the largest
-// gradient backward makes while they all exist: one the size of its
-// largest saved tensor) and the loss (its logits, or one chunk's with the
-// head's fp32 gradient accumulator; the head's input and its gradient).
+// its way, or with weights a sublayer at a time two sublayers' and two
+// blocks' own (norms); the head's weights and gradients, handed over with
+// their layer, at the end of backward when tied), then the larger of two
+// phases that never overlap: a block's backward (its gradients, or one
+// sublayer's and the block's own, its saved tensors, recomputed ones
+// included, the gradient coming into it, and the largest gradient
+// backward makes while they all exist: one the size of its largest saved
+// tensor) and the loss (its logits, or one chunk's with the head's fp32
+// gradient accumulator; the head's input and its gradient).
 struct DeviceWorkingSet {
   uint64_t always = 0, block_backward = 0, loss = 0;
   uint64_t bytes() const { return always + std::max(block_backward, loss); }
 };
 // With `unit` kSublayer a block's backward holds the tensors kept between
 // its sublayers and one sublayer's at a time. REQUIRES:
-// ValidateCounts(counts).ok() (PlanFromCounts' check); `unit` not kAuto.
-DeviceWorkingSet WorkingSetOf(const ModelCounts& counts, RecomputeUnit unit);
+// ValidateCounts(counts).ok() (PlanFromCounts' check); neither unit kAuto;
+// `params` kSublayer only with `unit` kSublayer and sublayer_parameters.
+DeviceWorkingSet WorkingSetOf(const ModelCounts& counts, RecomputeUnit unit,
+                              ParamUnit params = ParamUnit::kBlock);
 
 // Bounds on the counts PlanFromCounts takes.
 constexpr uint64_t kMaxPlanLayers = 65536;
 constexpr size_t kMaxBlockTensors = 4096;
+constexpr size_t kMaxBlockSublayers = 64;
 // Saved tensors in all (layers x block_tensors): what the plan lists one
 // by one.
 constexpr uint64_t kMaxPlanTensors = uint64_t{1} << 20;
@@ -229,8 +243,10 @@ constexpr uint64_t kMaxPlanTensors = uint64_t{1} << 20;
 // measurement: hostile input) can be planned: layers 1..kMaxPlanLayers, at
 // most kMaxBlockTensors per block and kMaxPlanTensors in all, every FLOP
 // count finite and >= 0, byte sums (a block's, all blocks', the device's
-// working set, the states) within 64 bits, and parameters at least the
-// block's, the largest layer's, the head's and the first layer's.
+// working set, the states) within 64 bits, parameters at least the
+// block's, the largest layer's, the head's and the first layer's, and at
+// most kMaxBlockSublayers sublayers, each with parameters, together at
+// most the block's.
 absl::Status ValidateCounts(const ModelCounts& counts);
 
 // The plan from counts alone (measured by the client, or CountModel's) at
@@ -252,7 +268,8 @@ uint64_t LargestBatch(const ModelShape& shape, uint64_t seq,
                       const Machine& machine, uint64_t limit = 1 << 16,
                       Attention attention = Attention::kFused,
                       LossChunks loss = {},
-                      RecomputeUnit unit = RecomputeUnit::kAuto);
+                      RecomputeUnit unit = RecomputeUnit::kAuto,
+                      ParamUnit params = ParamUnit::kAuto);
 
 }  // namespace lohan
 

@@ -553,6 +553,15 @@ TEST(PlanFromCounts, HostileCountsAreRefusedByName) {
   c.block_tensors.resize(kMaxBlockTensors + 1);
   EXPECT_THAT(refused(c), HasSubstr("block_tensors"));
   c = Measured();
+  c.sublayer_parameters.assign(kMaxBlockSublayers + 1, 1);
+  EXPECT_THAT(refused(c), HasSubstr("sublayer_parameters has"));
+  c.sublayer_parameters = {c.block_parameters, 1};
+  EXPECT_THAT(refused(c), HasSubstr("at most block_parameters"));
+  c.sublayer_parameters = {0};
+  EXPECT_THAT(refused(c), HasSubstr("each be > 0"));
+  c.sublayer_parameters = {UINT64_MAX, UINT64_MAX};
+  EXPECT_THAT(refused(c), HasSubstr("sublayer_parameters"));
+  c = Measured();
   c.layers = kMaxPlanLayers;
   c.block_tensors.resize(kMaxPlanTensors / kMaxPlanLayers + 1);
   EXPECT_THAT(refused(c), HasSubstr("at most"));
@@ -679,7 +688,93 @@ TEST(Planner, ABlockTooLargeForTheDeviceRunsASublayerAtATime) {
   EXPECT_NEAR(forced->curve.front().backward.compute -
                   roomy->curve.front().backward.compute,
               shape.layers * sublayer_flops / 100e12, 1e-6);
-  EXPECT_EQ(LargestBatch(shape, 1024, machine), 128u);
+  EXPECT_EQ(LargestBatch(shape, 1024, machine, 1 << 16, Attention::kFused,
+                         LossChunks{}, RecomputeUnit::kAuto, ParamUnit::kBlock),
+            128u);
+}
+
+// Llama 3 405B's shape.
+ModelShape Llama405b() {
+  ModelShape shape;
+  shape.name = "llama-405b";
+  shape.family = ModelShape::Family::kLlama;
+  shape.layers = 126;
+  shape.hidden = 16384;
+  shape.heads = 128;
+  shape.kv_heads = 8;
+  shape.ffn = 53248;
+  shape.vocab = 128256;
+  shape.tied_embeddings = false;
+  return shape;
+}
+
+// Where a block's weights and gradients leave no room, they stream a
+// sublayer at a time: two sublayers' weights (and two blocks' norms) are
+// always there, one sublayer's gradients in a block's backward; the
+// sublayers' weights cross the link once more in backward.
+TEST(Planner, WeightsStreamASublayerAtATimeWhereBlocksLeaveNoRoom) {
+  const ModelShape shape = Llama405b();
+  const Machine machine = Roomy(25e9, 24 * kGiB);
+  absl::StatusOr<Plan> blocks =
+      MakePlan(shape, 4, 1024, machine, Attention::kFused, Granularity::kTensor,
+               LossChunks{}, RecomputeUnit::kAuto, ParamUnit::kBlock);
+  ASSERT_TRUE(absl::IsFailedPrecondition(blocks.status()));
+  EXPECT_THAT(blocks.status().message(), HasSubstr("two blocks' weights"));
+  absl::StatusOr<Plan> plan = MakePlan(shape, 4, 1024, machine);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->param_unit, ParamUnit::kSublayer);
+  EXPECT_EQ(plan->recompute_unit, RecomputeUnit::kSublayer);
+  const ModelCounts& c = plan->counts;
+  ASSERT_EQ(c.sublayer_parameters.size(), 2u);
+  const uint64_t attention = c.sublayer_parameters[0];
+  const uint64_t mlp = c.sublayer_parameters[1];
+  const uint64_t own = c.block_parameters - attention - mlp;
+  EXPECT_EQ(own, 2 * shape.hidden);  // the two RMSNorms
+  EXPECT_EQ(mlp, 3 * shape.hidden * shape.ffn);
+  const DeviceWorkingSet set =
+      WorkingSetOf(c, RecomputeUnit::kSublayer, ParamUnit::kSublayer);
+  const DeviceWorkingSet whole = WorkingSetOf(c, RecomputeUnit::kSublayer);
+  EXPECT_EQ(set.always,
+            2 * (2 * own + attention + mlp) + 4 * c.head_parameters);
+  EXPECT_EQ(whole.block_backward - set.block_backward, 2 * attention);
+  EXPECT_EQ(plan->device_working_bytes, set.bytes());
+  EXPECT_EQ(plan->block_weights_working_bytes, whole.bytes());
+  EXPECT_GT(plan->block_weights_working_bytes, machine.device_bytes);
+  EXPECT_GE(LargestBatch(shape, 1024, machine), 4u);
+  // The price: the sublayers' weights once more over the link in backward.
+  const Machine roomy = Roomy(25e9, 1024 * kGiB);
+  absl::StatusOr<Plan> forced =
+      MakePlan(shape, 4, 1024, roomy, Attention::kFused, Granularity::kTensor,
+               LossChunks{}, RecomputeUnit::kSublayer, ParamUnit::kSublayer);
+  absl::StatusOr<Plan> unforced =
+      MakePlan(shape, 4, 1024, roomy, Attention::kFused, Granularity::kTensor,
+               LossChunks{}, RecomputeUnit::kSublayer);
+  ASSERT_TRUE(forced.ok() && unforced.ok());
+  EXPECT_EQ(unforced->param_unit, ParamUnit::kBlock);
+  EXPECT_NEAR(forced->curve.front().backward.host_to_device -
+                  unforced->curve.front().backward.host_to_device,
+              2.0 * shape.layers * (attention + mlp) / 25e9, 1e-6);
+}
+
+TEST(Planner, WeightsASublayerAtATimeNeedASublayerAtATimeBackward) {
+  const ModelShape shape = Preset("gpt-1.3b");
+  absl::StatusOr<Plan> plan = MakePlan(
+      shape, 4, 1024, Roomy(25e9), Attention::kFused, Granularity::kTensor,
+      LossChunks{}, RecomputeUnit::kBlock, ParamUnit::kSublayer);
+  ASSERT_TRUE(absl::IsInvalidArgument(plan.status())) << plan.status();
+  EXPECT_THAT(plan.status().message(), HasSubstr("param unit \"sublayer\""));
+  ModelCounts counts = CountModel(shape, 4, 1024);
+  counts.sublayer_parameters.clear();
+  counts.recompute_unit = RecomputeUnit::kSublayer;
+  counts.param_unit = ParamUnit::kSublayer;
+  plan = PlanFromCounts(counts, 4, 1024, Roomy(25e9));
+  ASSERT_TRUE(absl::IsInvalidArgument(plan.status())) << plan.status();
+  EXPECT_THAT(plan.status().message(), HasSubstr("sublayers' parameters"));
+  // Measured counts (no sublayers): auto streams whole blocks.
+  counts.param_unit = ParamUnit::kAuto;
+  plan = PlanFromCounts(counts, 4, 1024, Roomy(25e9));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->param_unit, ParamUnit::kBlock);
 }
 
 TEST(Planner, TheLargestBatchIsTheLastThatFits) {

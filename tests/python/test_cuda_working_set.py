@@ -5,7 +5,9 @@ sublayer at a time, and for the chunked loss, against `lohanctl plan`'s
 parts (within 10%, as test_working_set.py on the CPU); then a model whose
 whole blocks do not fit a device capped with
 `torch.cuda.set_per_process_memory_fraction` trains a sublayer at a time
-with the chunked loss, against torch AdamW (on the CPU), its peak printed.
+with the chunked loss, against torch AdamW (on the CPU), its peak printed;
+and a model whose blocks' weights do not fit such a cap streams them a
+sublayer at a time (param_unit="sublayer").
 
 Skipped without a GPU. Not yet run on one: written on a machine without.
 """
@@ -21,7 +23,7 @@ import torch
 
 import lohan
 from lohan.chunked_loss import linear_cross_entropy
-from lohan.sublayers import one_at_a_time
+from lohan.sublayers import one_at_a_time, sublayers
 from test_cuda import _cuda_or_skip
 from test_engine import BETAS, EPS, LR, WD
 from test_working_set import TOLERANCE, _planned
@@ -67,7 +69,8 @@ def test_gpu_a_blocks_backward_is_what_the_plan_counts(tmp_path, unit):
     _cuda_or_skip()
     block = transformers.models.gpt2.modeling_gpt2.GPT2Block(_config()).to(
         "cuda", torch.bfloat16)
-    forward = (one_at_a_time(block.forward, block) if unit == "sublayer"
+    forward = (one_at_a_time(block.forward, sublayers(block))
+               if unit == "sublayer"
                else block.forward)
 
     def run() -> None:
@@ -145,6 +148,71 @@ def test_gpu_whole_blocks_over_the_cap_train_a_sublayer_at_a_time(
     print(f"peak {peak / 1e9:.2f} GB under a cap of {cap / 1e9:.2f} GB; "
           f"whole blocks would need "
           f"{(whole['always'] + whole['block_backward']) / 1e9:.2f} GB")
+    assert peak <= cap
+    for ours, theirs in zip(got, want):
+        assert ours == pytest.approx(theirs, rel=2e-2)
+
+
+def test_gpu_block_weights_over_the_cap_stream_a_sublayer_at_a_time(
+        lohand, tmp_path):
+    """Wide blocks at a short batch: their weights, not their activations,
+    fill the device. The cap: the plan's working set with weights a
+    sublayer at a time and a tenth, below the one with whole blocks'."""
+    _cuda_or_skip()
+    config = transformers.GPT2Config(
+        n_embd=4096, n_head=32, n_layer=2, vocab_size=VOCAB, n_positions=256,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        activation_function="gelu_pytorch_tanh")
+    config._attn_implementation = "sdpa"
+
+    def plan(unit: str) -> dict:
+        return _planned(tmp_path, "--recompute-unit", "sublayer",
+                        "--param-unit", unit, device="80GiB", config=config,
+                        batch=1, seq=256)
+
+    whole, parts = plan("block"), plan("sublayer")
+    assert parts["param_unit"] == "sublayer"
+    cap = int(1.1 * (parts["always"] + max(parts["block_backward"],
+                                           parts["loss"])))
+    assert cap < whole["always"] + whole["block_backward"]
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config)
+    reference = copy.deepcopy(model)
+    data = [torch.randint(0, VOCAB, (1, 256),
+                          generator=torch.Generator().manual_seed(i))
+            for i in range(3)]
+    opt = torch.optim.AdamW(reference.parameters(), lr=LR, betas=BETAS,
+                            eps=EPS, weight_decay=WD)
+    want: List[float] = []
+    for ids in data:
+        loss = reference(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        want.append(loss.item())
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(cap / total)
+    try:
+        got: List[float] = []
+        with lohan.init(model, socket=lohand.socket, lr=LR, betas=BETAS,
+                        eps=EPS, weight_decay=WD, device="cuda",
+                        dtype="bf16", params="offload",
+                        param_unit="sublayer",
+                        job_name="cuda-param-units") as engine:
+            torch.cuda.reset_peak_memory_stats()
+            for ids in data:
+                loss = model(input_ids=ids.cuda(), labels=ids.cuda()).loss
+                engine.backward(loss)
+                engine.step()
+                got.append(loss.item())
+            peak = torch.cuda.max_memory_allocated()
+            prefetched = engine._residency.prefetched
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    print(f"peak {peak / 1e9:.2f} GB under a cap of {cap / 1e9:.2f} GB; "
+          f"whole blocks' weights would need "
+          f"{(whole['always'] + whole['block_backward']) / 1e9:.2f} GB; "
+          f"{prefetched} weight copies made ahead")
     assert peak <= cap
     for ours, theirs in zip(got, want):
         assert ours == pytest.approx(theirs, rel=2e-2)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import lohan
+import lohan.sublayers
 
 from lohan.activation_store import ActivationStore
 from lohan.activations import install
@@ -83,20 +84,30 @@ def test_a_sublayer_at_a_time_gives_the_blocks_gradients(mode):
 
 @pytest.mark.parametrize("kind,params", [
     ("gpt2", "resident"), ("gpt2", "offload"), ("llama", "offload")])
-def test_training_a_sublayer_at_a_time_equals_torch_adamw(lohand, kind,
-                                                         params):
+def test_training_a_sublayer_at_a_time_equals_torch_adamw(lohand, monkeypatch,
+                                                         kind, params):
+    """Offloaded parameters too, whose placeholders hide the sublayers'
+    sizes: the engine finds them before it offloads (counted here)."""
     model = _gpt2() if kind == "gpt2" else _llama()
     noise = ({f"transformer.h.{i}.attn.c_attn.bias": slice(32, 64)
               for i in range(2)} if kind == "gpt2" else None)
+    checkpoints = []
+    original = lohan.sublayers.checkpoint
+    monkeypatch.setattr(lohan.sublayers, "checkpoint",
+                        lambda *a, **k: checkpoints.append(1) or original(
+                            *a, **k))
     _hf_matches_torch(model, lohand, params=params, noise=noise,
                       recompute_unit="sublayer",
                       job_name=f"sublayer-{kind}-{params}")
+    assert len(checkpoints) == 3 * 2 * 2  # steps x blocks x sublayers
 
 
 @pytest.mark.parametrize("unit", ["layer", "", None, 2])
 def test_an_unknown_unit_is_refused_naming_the_option(unit):
     with pytest.raises(ValueError, match="recompute_unit="):
         EngineOptions(recompute_unit=unit)
+    with pytest.raises(ValueError, match="param_unit="):
+        EngineOptions(param_unit=unit)
 
 
 @pytest.mark.parametrize("activations,params", [

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from conftest import built
 from live_bytes import LiveBytes
 from lohan.chunked_loss import linear_cross_entropy
-from lohan.sublayers import one_at_a_time
+from lohan.sublayers import one_at_a_time, sublayers
 
 transformers = pytest.importorskip("transformers")
 
@@ -67,7 +67,8 @@ def _planned(tmp_path: Path, *args: str, device: str = "4GiB",
     return {**plan["device_working_set"],
             **{key: plan[key] for key in (
                 "loss_chunk_tokens", "recompute_unit",
-                "block_unit_working_bytes")}}
+                "block_unit_working_bytes", "param_unit",
+                "block_weights_working_bytes")}}
 
 
 def _close(measured: int, predicted: int) -> None:
@@ -99,7 +100,8 @@ def _block_backward(unit: str, family: str = "gpt2") -> int:
                  model.model.rotary_emb(torch.empty(0, dtype=torch.bfloat16),
                                         positions)}
     block = block.to(torch.bfloat16)
-    forward = (one_at_a_time(block.forward, block) if unit == "sublayer"
+    forward = (one_at_a_time(block.forward, sublayers(block))
+               if unit == "sublayer"
                else block.forward)
     with LiveBytes() as live:
         given = torch.randn(BATCH, SEQ, HIDDEN, dtype=torch.bfloat16)

@@ -42,7 +42,7 @@ from torch.utils.checkpoint import checkpoint
 
 from lohan.activation_store import ActivationStore, _Handle
 from lohan.planned import DECISIONS, Stored, planned_forward, unpack
-from lohan.sublayers import one_at_a_time
+from lohan.sublayers import one_at_a_time, sublayers
 
 POLICIES = ("keep", "recompute", "offload")
 # The modes a plan gives each block.
@@ -74,13 +74,14 @@ class BlockPasses:
     backward inside the outer one), so one outer backward can reach its
     parameters several times (a model called twice before one backward);
     the block's gradients are complete once every call of it that is
-    still to be differentiated has been. `inner(block)` is a context held
-    while one call's gradients accumulate; `done(block)` says the block has
+    still to be differentiated has been. `inner(block, last_call)` is a
+    context held while one call's gradients accumulate (`last_call`: no
+    other call of the block is left); `done(block)` says the block has
     no call left to differentiate. Calls whose graph is dropped without a
     backward stop counting when it goes (then the step hands the layer
     over)."""
 
-    def __init__(self, inner: Callable[[nn.Module], Any],
+    def __init__(self, inner: Callable[[nn.Module, bool], Any],
                  done: Callable[[nn.Module], None]):
         self._inner = inner
         self._done = done
@@ -95,7 +96,7 @@ class BlockPasses:
         self._live[key] -= 1
 
     def inner(self, block: nn.Module) -> Any:
-        return self._inner(block)
+        return self._inner(block, self._live.get(id(block), 0) == 1)
 
     def differentiated(self, block: nn.Module, replay: "_Replay") -> None:
         replay.finalizer.detach()
@@ -219,7 +220,12 @@ class _OffloadedBlock(torch.autograd.Function):
             if outputs:
                 if replay.passes is not None:
                     stack.enter_context(replay.passes.inner(replay.block))
+                stack.enter_context(replay.weights.differentiating())
                 torch.autograd.backward(outputs, output_grads)
+            # The recompute's graph goes before the weights are released:
+            # what it saved (a sublayer's recompute keeps its weights)
+            # would hold them past their release.
+            del output, flat, outputs, output_grads
         if replay.passes is not None:
             replay.passes.differentiated(replay.block, replay)
         return (None, None, *[t.grad if needs else None
@@ -266,6 +272,13 @@ class _Weights:
     def __exit__(self, *exc: Any) -> None:
         if self._residency is not None:
             self._residency.release(self._block)
+
+    def differentiating(self) -> Any:
+        """Held around the block's backward (see
+        params.ParameterResidency.differentiating)."""
+        if self._residency is None:
+            return contextlib.nullcontext()
+        return self._residency.differentiating(self._block)
 
 
 def _offloaded_forward(original: Callable, store: ActivationStore,
@@ -422,14 +435,20 @@ def install(model: nn.Module, blocks: Sequence[nn.Module], policy: Any,
             residency: Any = None,
             passes: Optional[BlockPasses] = None,
             observer: Callable[[], Any] = lambda: None,
-            unit: str = "block") -> Callable[[], None]:
+            unit: str = "block",
+            stream_units: bool = False,
+            sublayers_of: Callable[[nn.Module], List[nn.Module]] = sublayers
+            ) -> Callable[[], None]:
     """Applies `policy` (a name, or a plan: one of BLOCK_MODES per block)
     to every block (`store` for "offload" and "swap"; with `residency`, a
     params.ParameterResidency, the blocks' weights are materialized around
     each run; `observer()`, the profile.Profiler of a profiling iteration
     or None, watches each "offload" block; `unit` "sublayer": a recomputed
-    block's backward one sublayer at a time, sublayers.py); returns the
-    function that undoes it."""
+    block's backward one sublayer at a time, sublayers.py, the sublayers
+    `sublayers_of(block)`, which offloaded parameters, empty between uses,
+    must find beforehand; with `stream_units` the residency holds each
+    sublayer's weights around each of its runs, param_unit="sublayer");
+    returns the function that undoes it."""
     modes = block_modes(policy, len(blocks))
     if all(mode == "keep" for mode in modes):
         return lambda: None
@@ -457,7 +476,10 @@ def install(model: nn.Module, blocks: Sequence[nn.Module], policy: Any,
         # goes back; else the class's shows through again.
         originals.append((block, block.__dict__.get("forward")))
         if unit == "sublayer" and mode in ("offload", "recompute"):
-            original = one_at_a_time(original, block)
+            original = one_at_a_time(
+                original, sublayers_of(block),
+                (lambda part: _Weights(part, residency)) if stream_units
+                else None)
         if not isinstance(mode, str):  # per saved tensor
             block.forward = _PolicyForward(block, planned_forward(
                 original, store, block, mode, _MIN_SWAP_BYTES,

@@ -30,9 +30,14 @@ def sizes_of(model: nn.Module, blocks: List[nn.Module],
              layers: Sequence[Any]) -> ModelSizes:
     """The parameter counts the planner needs, from the engine's layers
     (blocks.plan_layers: the rest before the blocks, the rest after them,
-    then the blocks)."""
+    then each block's layers)."""
     after = after_the_blocks(model, blocks)
-    in_blocks = [layer.numel for layer in layers if layer.block is not None]
+    per_block: Dict[int, int] = {}
+    for layer in layers:
+        if layer.block is not None:
+            key = id(layer.block)
+            per_block[key] = per_block.get(key, 0) + layer.numel
+    in_blocks = list(per_block.values())
     rest = [layer for layer in layers if layer.block is None]
     return ModelSizes(
         blocks=len(blocks),

@@ -103,6 +103,11 @@ class Layer:
 
     index: int
     block: Optional[nn.Module]  # None for a rest layer
+    # A block's unit layer (param_unit="sublayer"): the module whose
+    # weights these are, and its place among the block's units (1, 2, ...);
+    # None and 0 for the block's own layer (the whole block without units).
+    unit: Optional[nn.Module] = None
+    unit_index: int = 0
     names: List[str] = field(default_factory=list)
     params: List[nn.Parameter] = field(default_factory=list)
     offsets: List[int] = field(default_factory=list)
@@ -138,29 +143,43 @@ def after_the_blocks(model: nn.Module,
     return after
 
 
-def plan_layers(model: nn.Module, blocks: List[nn.Module]) -> List[Layer]:
+def plan_layers(model: nn.Module, blocks: List[nn.Module],
+                units: Callable[[nn.Module], List[nn.Module]] = lambda _: []
+                ) -> List[Layer]:
     """The layers liblohan_client cuts the model into (lohan_model_cut.h:
     layer 0 the rest before the blocks, layer 1 the rest after them, each
-    absent when empty, then one layer per block that has trainable
-    parameters, in block order), from the trainable parameters in
-    `model.named_parameters()` order (each object once, under its first
-    name: the name checkpoints use), each with the blocks that hold it."""
+    absent when empty, then per block that has trainable parameters, in
+    block order, its own layer and a layer per unit, `units(block)`: the
+    modules whose weights stream on their own, params below the block),
+    from the trainable parameters in `model.named_parameters()` order (each
+    object once, under its first name: the name checkpoints use), each
+    with the blocks that hold it."""
     holders: Dict[int, List[int]] = {}
+    unit_of: Dict[int, int] = {}
+    unit_modules: List[List[nn.Module]] = []
     for index, block in enumerate(blocks):
         for param in block.parameters():  # deduplicated within the block
             if param.requires_grad:
                 holders.setdefault(id(param), []).append(index)
+        unit_modules.append(units(block))
+        for position, unit in enumerate(unit_modules[-1], start=1):
+            for param in unit.parameters():
+                unit_of[id(param)] = position
     is_after = after_the_blocks(model, blocks)
     trained = [(name, param) for name, param in model.named_parameters()
                if param.requires_grad]
     cut = cut_model({"blocks": len(blocks), "parameters": [
         {"name": name, "shape": list(param.shape),
-         "blocks": holders.get(id(param), []), "after_blocks": is_after(name)}
+         "blocks": holders.get(id(param), []), "after_blocks": is_after(name),
+         "unit": unit_of.get(id(param), 0)}
         for name, param in trained]})
     layers = []
     for index, entry in enumerate(cut["layers"]):
         block = int(entry["block"])
-        layer = Layer(index=index, block=blocks[block] if block >= 0 else None)
+        unit = int(entry.get("unit", 0))
+        layer = Layer(index=index, block=blocks[block] if block >= 0 else None,
+                      unit=unit_modules[block][unit - 1] if unit else None,
+                      unit_index=unit)
         for position in entry["parameters"]:
             layer.add(*trained[position])
         layers.append(layer)
@@ -179,17 +198,21 @@ def describe(model: nn.Module, layers: List[Layer]) -> Dict[str, Any]:
                  for name in known]
     parameters: List[Dict[str, Any]] = []
     blocks = rests = 0
+    previous: Optional[nn.Module] = None
     for layer in layers:
         if layer.block is None:
             rests += 1
+        elif layer.block is not previous:
+            blocks += 1
+        previous = layer.block
         for name, param, shape in zip(layer.names, layer.params,
                                       layer.shapes):
             parameters.append({
                 "name": name, "shape": list(shape),
                 "aliases": [a for a in names.get(id(param), []) if a != name],
-                "blocks": [blocks] if layer.block is not None else [],
-                "after_blocks": layer.block is None and rests == 2})
-        blocks += layer.block is not None
+                "blocks": [blocks - 1] if layer.block is not None else [],
+                "after_blocks": layer.block is None and rests == 2,
+                "unit": layer.unit_index})
     return {"blocks": blocks, "parameters": parameters,
             "untrained": untrained}
 

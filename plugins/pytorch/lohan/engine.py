@@ -123,6 +123,8 @@ class Engine:
                                       opts.frozen_host_bytes,
                                       self._activations,
                                       lambda: self._in_iteration)
+                self._iteration.router.reached_in_call = (
+                    self._residency.gradients_taken)
             except BaseException:
                 self.close()
                 raise
@@ -180,6 +182,7 @@ class Engine:
         self.layers: List[Layer] = where.layers
         self.dtype: torch.dtype = where.dtype
         self.params_mode = where.params_mode
+        self._sublayers = where.sublayers
 
     def _shard_across_ranks(self, opts: EngineOptions) -> None:
         """Data-parallel ranks (torch.distributed, see sharding.py): this
@@ -189,6 +192,12 @@ class Engine:
         group = process_group_of(opts.process_group)
         if group is None:
             return
+        if opts.param_unit == "sublayer":
+            raise ValueError(
+                "param_unit='sublayer' does not run with data-parallel "
+                "ranks yet (each rank would gather every sublayer's "
+                "weights three times a step); use param_unit='block' "
+                "there")
         self._sharding = Sharding(group, self.layers, self.device)
         suffix = f".rank{self._sharding.rank}"
         run_name = self.job_name[:64 - len(suffix)]
@@ -267,18 +276,21 @@ class Engine:
     def _install_activations(self, opts: EngineOptions) -> None:
         """The activation policy on the blocks (activations="auto": the
         profiling iteration's, then lohand's plan)."""
-        layer_of_block = {id(layer.block): layer.index
-                          for layer in self.layers if layer.block is not None}
+        layers_of_block: Dict[int, List[int]] = {}
+        for layer in self.layers:
+            if layer.block is not None:
+                layers_of_block.setdefault(id(layer.block), []).append(
+                    layer.index)
         router = self._iteration.router
 
-        def inside(block: nn.Module) -> ContextManager[None]:
-            layer = layer_of_block.get(id(block))
-            return (router.inside(layer) if layer is not None
-                    else contextlib.nullcontext())
+        def inside(block: nn.Module, last_call: bool) -> ContextManager[None]:
+            stack = contextlib.ExitStack()
+            for layer in layers_of_block.get(id(block), []):
+                stack.enter_context(router.inside(layer, last_call))
+            return stack
 
         def passed(block: nn.Module) -> None:
-            layer = layer_of_block.get(id(block))
-            if layer is not None:
+            for layer in layers_of_block.get(id(block), []):
                 router.block_passed(layer)
 
         def reinstall(policy: ActivationsArg) -> None:
@@ -289,7 +301,8 @@ class Engine:
                 Both(self._residency, self._frozen) if self._residency
                 else None, BlockPasses(inside, passed),
                 self._auto.observer if self._auto else lambda: None,
-                opts.recompute_unit)
+                opts.activation_unit, opts.param_unit == "sublayer",
+                lambda block: self._sublayers[id(block)])
 
         if opts.auto_activations:
             self._auto = AutoPlan(

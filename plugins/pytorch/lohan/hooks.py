@@ -13,7 +13,12 @@ inside the outer backward, so its parameters can be reached several times
 in one pass (a model called twice before one backward). For those the
 policy tells the router when the block's pass is complete (block_passed);
 the hooks that fire inside such a block's own backward only note that a
-gradient arrived.
+gradient arrived, except in the block's last call of the step's last
+pass: there a layer is complete once that call has reached each of its
+parameters, and is handed over at once (with weights streamed a sublayer
+at a time, a sublayer's layer before the next sublayer's backward runs).
+Whenever a call has reached every parameter of a layer the router says so
+(`reached_in_call`: that sublayer's weights can go).
 """
 
 from __future__ import annotations
@@ -105,6 +110,17 @@ class GradientRouter:
         # the block passes completed since the last hand-over.
         self._inner: List[int] = [0] * len(layers)
         self._passes: List[int] = [0] * len(layers)
+        # Inside a call of a layer's block: which of the layer's parameters
+        # that call has reached (else None), whether it is the block's
+        # last call in the step's last pass, and the layers handed over
+        # inside such a call this step.
+        self._call_arrivals: List[Optional[List[bool]]] = [None] * len(
+            layers)
+        self._final: List[bool] = [False] * len(layers)
+        self._handed_early: List[bool] = [False] * len(layers)
+        # Told when a call of a layer's block has reached every parameter
+        # of the layer (weights streamed below the block are then let go).
+        self.reached_in_call: Callable[[int], None] = lambda layer: None
         self._handles: List[RemovableHandle] = []
         for layer in layers:
             for position, param in enumerate(layer.params):
@@ -126,19 +142,30 @@ class GradientRouter:
             "lohan.init to accumulate k backward passes per step")
 
     @contextlib.contextmanager
-    def inside(self, layer: int) -> Iterator[None]:
-        """While one call of the layer's block is differentiated."""
+    def inside(self, layer: int, last_call: bool = False) -> Iterator[None]:
+        """While one call of the layer's block is differentiated.
+        `last_call`: no other call of the block is left to differentiate;
+        in the step's last pass the layer is then complete as soon as each
+        of its parameters has been reached in this call, and is handed
+        over then (a unit layer before the rest of its block's backward
+        runs)."""
         if self.handed[layer]:
             raise self._again(layer)
         self._inner[layer] += 1
+        final = last_call and self._passes[layer] + 1 == self._steps
+        self._call_arrivals[layer] = [False] * len(self._layers[layer].params)
+        self._final[layer] = final
         try:
             yield
         finally:
             self._inner[layer] -= 1
+            self._call_arrivals[layer] = None
 
     def block_passed(self, layer: int) -> None:
         """Every call of the layer's block in this backward has been
         differentiated: one more pass."""
+        if self._handed_early[layer]:
+            return  # complete inside its last call
         if self.handed[layer]:
             raise self._again(layer)
         self._passes[layer] += 1
@@ -147,7 +174,21 @@ class GradientRouter:
 
     def _arrived(self, layer: int, position: int, param: torch.Tensor) -> None:
         if self._inner[layer]:
-            return  # counted by block_passed
+            # Counted by block_passed, unless this is the last call of
+            # the last pass.
+            reached = self._call_arrivals[layer]
+            if reached is None:
+                return
+            reached[position] = True
+            if not all(reached):
+                return
+            self._call_arrivals[layer] = None
+            if self._final[layer]:
+                self._passes[layer] += 1
+                self._handed_early[layer] = True
+                self.hand_over(layer)
+            self.reached_in_call(layer)
+            return
         if self.handed[layer]:
             raise self._again(layer)
         count = self._arrivals[layer][position] + 1
@@ -242,6 +283,8 @@ class GradientRouter:
             self._waiting[layer] = len(self._layers[layer].params)
             self.handed[layer] = False
             self._passes[layer] = 0
+            self._handed_early[layer] = False
+            self._call_arrivals[layer] = None
 
     def remove(self) -> None:
         for handle in self._handles:

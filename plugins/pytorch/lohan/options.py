@@ -79,6 +79,10 @@ class EngineOptions:
     # time (sublayers.py): less device memory, each sublayer's forward once
     # more.
     recompute_unit: str = "block"
+    # "sublayer" (with params="offload"): the blocks' weights stream one
+    # attention or MLP at a time, each the daemon's layer; the backward
+    # then runs a sublayer at a time whatever recompute_unit says.
+    param_unit: str = "block"
     service: str = "lanes"
     # torch.distributed: None, the default group when initialized (with
     # more than one rank); False: this process alone; or a ProcessGroup.
@@ -106,6 +110,13 @@ class EngineOptions:
         "offload")."""
         return "offload" if self.auto_activations else self.activations
 
+    @property
+    def activation_unit(self) -> str:
+        """The unit of a recomputed block's backward (weights streamed a
+        sublayer at a time need it to be a sublayer)."""
+        return ("sublayer" if self.param_unit == "sublayer"
+                else self.recompute_unit)
+
     def _set(self, name: str, value: object) -> None:
         object.__setattr__(self, name, value)  # frozen once checked
 
@@ -131,7 +142,8 @@ class EngineOptions:
                                 f"{getattr(self, name)!r}")
         if self.loss_chunk_tokens is not None:
             check_chunk_tokens(self.loss_chunk_tokens, "loss_chunk_tokens")
-        check_unit(self.recompute_unit)
+        check_unit(self.recompute_unit, "recompute_unit")
+        check_unit(self.param_unit, "param_unit")
         # None is the usual way to say "no clipping" (Trainer, torch). The
         # daemon checks the range, naming it.
         norm = 0.0 if self.max_grad_norm is None else self.max_grad_norm

@@ -15,11 +15,23 @@ params=...)`).
   not of the model; `engine.master_weights()` / `engine.save()` read the
   weights from the daemon, and `model.state_dict()` gets the weights in
   place of the placeholders from a hook (engine.py), as host tensors.
+
+With param_unit="sublayer" a block is several layers: its own (the
+norms), materialized around the whole block as above, and one per
+sublayer, materialized around each run of that sublayer (sublayers.py):
+forward, the block's recompute, and the sublayer's own recompute in the
+block's backward, after which the weights stay until the sublayer's
+gradients are complete (accumulating a parameter's gradient needs it in
+its shape) and the gradient router lets them go. Each layer's weights are
+copied to the device one ahead, in the order the previous step used them
+(Schedule), else by the direction of travel.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Tuple
+import contextlib
+from typing import (Any, Callable, ContextManager, Dict, Iterator, List,
+                    Optional, Set, Tuple)
 
 import torch
 from torch import nn
@@ -218,6 +230,47 @@ class Travel:
         return nxt if 0 <= nxt < count else None
 
 
+class Schedule:
+    """The order layers were entered in the previous step, which the next
+    repeats when the model is called the same way (the usual training
+    loop): the layer expected next is the one that followed the last
+    entered then. Weights streamed below the block zigzag (a block's
+    units forward, again in its recompute, then backwards in its
+    backward), which no direction rule predicts. A step that departs from
+    the record predicts nothing more (Travel takes over)."""
+
+    def __init__(self) -> None:
+        self._previous: List[int] = []
+        self._current: List[int] = []
+        self._matched = 0  # leading entries of _previous this step repeats
+        self.following = False
+
+    def new_step(self) -> None:
+        if self._current:
+            self._previous = self._current
+        self._current = []
+        self._matched = 0
+        self.following = bool(self._previous)
+
+    def enter(self, layer: int) -> None:
+        self._current.append(layer)
+        if not self.following:
+            return
+        if (self._matched < len(self._previous)
+                and self._previous[self._matched] == layer):
+            self._matched += 1
+        else:
+            self.following = False
+
+    def next(self, ahead: int = 1) -> Optional[int]:
+        """The layer expected `ahead` entries after the last entered (None:
+        past the step's last); only while `following`."""
+        position = self._matched + ahead - 1
+        if position < len(self._previous):
+            return self._previous[position]
+        return None
+
+
 class Both:
     """Runs materialize/release on several residencies in turn."""
 
@@ -234,6 +287,13 @@ class Both:
     def release(self, block: nn.Module) -> None:
         for part in reversed(self._parts):
             part.release(block)
+
+    def differentiating(self, block: nn.Module) -> ContextManager[None]:
+        stack = contextlib.ExitStack()
+        for part in self._parts:
+            if hasattr(part, "differentiating"):
+                stack.enter_context(part.differentiating(block))
+        return stack
 
 
 class ParameterResidency:
@@ -258,11 +318,14 @@ class ParameterResidency:
         self._whole = whole
         self._views = weight_views  # per layer, into the arena
         blocks = [layer for layer in layers if layer.block is not None]
-        self._by_block: Dict[int, Layer] = {id(l.block): l for l in blocks}
-        # Neighbours in block order (forward runs them in this order).
+        # A block's own layer by the block, a unit layer by its module.
+        self._by_module: Dict[int, Layer] = {
+            id(l.block if l.unit is None else l.unit): l for l in blocks}
+        # Neighbours in layer order (forward runs them in this order).
         self._order: List[Layer] = blocks
         self._position: Dict[int, int] = {
             l.index: n for n, l in enumerate(blocks)}
+        self._layers: Dict[int, Layer] = {l.index: l for l in blocks}
         self._placeholders: Dict[int, List[torch.Tensor]] = {}
         for layer in blocks:
             self._placeholders[layer.index] = [
@@ -279,8 +342,14 @@ class ParameterResidency:
         self._ready: Dict[int, Tuple[torch.Tensor, Any]] = {}
         self._step = 0
         self._travel = Travel()
+        self._schedule = Schedule()
+        # Blocks whose backward runs (nesting depth), and unit layers held
+        # until their gradients are in (see differentiating).
+        self._differentiating: Dict[int, int] = {}
+        self._awaiting: Set[int] = set()
         self.fetches = 0      # FETCH_PARAMS requests
         self.prefetched = 0   # blocks whose weights were on the device early
+        self.copied_bytes = 0  # weights copied to the device (the link's)
         # GPU copies out of a weight buffer still in flight: a fetch into
         # that buffer waits for them (a streamed layout reuses buffers).
         self._copies: Dict[int, Any] = {}
@@ -295,8 +364,18 @@ class ParameterResidency:
         flat = self._fetch(layer).clone()
         return flat if self._whole is None else self._whole(layer.index, flat)
 
-    def layer_of(self, block: nn.Module) -> Optional[Layer]:
-        return self._by_block.get(id(block))
+    def layer_of(self, module: nn.Module) -> Optional[Layer]:
+        """The layer whose weights `module` (a block, or a unit of one)
+        materializes."""
+        return self._by_module.get(id(module))
+
+    def holds(self, layer: Layer) -> bool:
+        """Whether the layer's weights are offloaded here."""
+        return layer.index in self._layers
+
+    def layers_of(self, block: nn.Module) -> List[Layer]:
+        """The block's offloaded layers: its own and its units'."""
+        return [layer for layer in self._order if layer.block is block]
 
     def new_step(self) -> None:
         """The daemon has new weights: fetch again before the next use."""
@@ -304,6 +383,7 @@ class ParameterResidency:
         self._ready.clear()
         self._step += 1
         self._travel.reset()
+        self._schedule.new_step()
 
     def _settle(self) -> None:
         """Waits for every fetch in flight (their errors surface here)."""
@@ -363,6 +443,7 @@ class ParameterResidency:
         whole layer gathered from the copy of this rank's shard, on the
         compute stream (no event then)."""
         flat, event = to_device(source, device, private=True)
+        self.copied_bytes += source.numel() * source.element_size()
         if event is not None:
             self._copies[source.data_ptr()] = event
         if self._whole is None:
@@ -373,12 +454,16 @@ class ParameterResidency:
         return self._whole(layer.index, flat), None
 
     def _neighbour(self, position: int) -> Optional[Layer]:
-        """The block expected after the one at `position`."""
+        """The layer expected after the last entered (at `position`): as in
+        the previous step, else by the direction of travel."""
+        if self._schedule.following:
+            index = self._schedule.next()
+            return None if index is None else self._layers[index]
         nxt = self._travel.next(position, len(self._order))
         return None if nxt is None else self._order[nxt]
 
-    def materialize(self, block: nn.Module) -> None:
-        layer = self.layer_of(block)
+    def materialize(self, module: nn.Module) -> None:
+        layer = self.layer_of(module)
         if layer is None:
             return
         depth = self._live.get(layer.index, 0)
@@ -403,14 +488,68 @@ class ParameterResidency:
         self._assign(layer, flat)
         position = self._position[layer.index]
         self._travel.enter(position)
+        self._schedule.enter(layer.index)
         nxt = self._neighbour(position)
-        if nxt is not None and nxt.index not in self._ready:
+        if nxt is None:
+            return
+        if nxt.index not in self._ready:
             self._request(nxt)
+        if nxt.block is layer.block and nxt.unit is not None:
+            # The block's first unit runs while the block's own weights
+            # stay: no release in between to stage it at.
+            self._stage(nxt)
+        self._request_second()
 
-    def release(self, block: nn.Module) -> None:
-        layer = self.layer_of(block)
+    def _request_second(self) -> None:
+        """Asks for the layer after the next too (as in the previous
+        step), so that a unit's weights are in the arena before the one
+        ahead of it is done, unless that would take the next's buffer."""
+        if not self._schedule.following:
+            return
+        second, after = self._schedule.next(1), self._schedule.next(2)
+        if second is None or after is None or after in self._ready:
+            return
+        if (self._views[after].data_ptr()
+                == self._views[second].data_ptr()):
+            return
+        self._request(self._layers[after])
+
+    @contextlib.contextmanager
+    def differentiating(self, block: nn.Module) -> Iterator[None]:
+        """While the block's backward runs: a unit's weights materialized
+        then (its recompute) stay until the unit's gradients are complete
+        (`gradients_taken`), since accumulating a parameter's gradient
+        needs the parameter in its shape; at the end, any still held go."""
+        key = id(block)
+        self._differentiating[key] = self._differentiating.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            self._differentiating[key] -= 1
+            if not self._differentiating[key]:
+                del self._differentiating[key]
+                for index in sorted(self._awaiting):
+                    if self._layers[index].block is block:
+                        self.gradients_taken(index)
+
+    def gradients_taken(self, index: int) -> None:
+        """Every parameter of layer `index` has its gradient from the
+        running backward call: a unit held for it goes."""
+        if index in self._awaiting:
+            self._awaiting.discard(index)
+            self._let_go(self._layers[index])
+
+    def release(self, module: nn.Module) -> None:
+        layer = self.layer_of(module)
         if layer is None or self._live.get(layer.index, 0) == 0:
             return
+        if (self._live[layer.index] == 1 and layer.unit is not None
+                and id(layer.block) in self._differentiating):
+            self._awaiting.add(layer.index)  # until its gradients are in
+            return
+        self._let_go(layer)
+
+    def _let_go(self, layer: Layer) -> None:
         self._live[layer.index] -= 1
         if self._live[layer.index] == 0:
             del self._live[layer.index]
@@ -418,13 +557,19 @@ class ParameterResidency:
             self._stage_next(layer)
 
     def _stage_next(self, layer: Layer) -> None:
-        """Copies the weights of the block expected next to the device now
+        """Copies the weights of the layer expected next to the device now
         that the running one is done (its kernels may still run)."""
         position = self._position[layer.index]
-        if self._travel.last != position:
+        if not self._schedule.following and self._travel.last != position:
             return  # another block ran meanwhile (a nested call)
         nxt = self._neighbour(position)
-        if nxt is None or nxt.index in self._ready or nxt.index in self._live:
+        if nxt is not None:
+            self._stage(nxt)
+
+    def _stage(self, nxt: Layer) -> None:
+        """Copies the weights of `nxt`, expected next, to the device ahead
+        of its use, once they are in its arena buffer."""
+        if nxt.index in self._ready or nxt.index in self._live:
             return
         address = self._views[nxt.index].data_ptr()
         wanted = (nxt.index, self._step)
@@ -434,6 +579,9 @@ class ParameterResidency:
         if self._holds.get(address) != wanted:
             return
         device = self._placeholders[nxt.index][0].device
+        # One layer staged at a time: a copy made for a guess that did not
+        # come true (another order than expected) goes.
+        self._ready.clear()
         self._ready[nxt.index] = self._to_device(
             nxt, self._views[nxt.index], device)
 
@@ -470,6 +618,7 @@ class ParameterResidency:
         """Every block back to its placeholder (at step(), whatever a
         forward left materialized, e.g. one whose backward never ran)."""
         self._live.clear()
+        self._awaiting.clear()
         self._ready.clear()
         self._travel.reset()
         for layer in self._order:

@@ -6,13 +6,14 @@ options that depend on the model; it changes nothing."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Sequence, Tuple, Union
+from typing import Dict, List, Sequence, Tuple, Union
 
 import torch
 from torch import nn
 
 from lohan.activations import block_modes, uses_store
 from lohan.blocks import Layer, find_blocks, plan_layers, resolve_dtype
+from lohan.sublayers import sublayers
 from lohan.options import EngineOptions
 from lohan.params import resolve_mode as resolve_params_mode
 
@@ -48,6 +49,9 @@ class Placement:
     spill: bool
     area_bytes: int
     params_mode: str            # "resident" or "offload"
+    # Each block's sublayers (by id(block)), found while its parameters
+    # have their shapes (offloaded ones are empty between uses).
+    sublayers: Dict[int, List[nn.Module]]
 
     @property
     def moves_to_device(self) -> bool:
@@ -59,7 +63,16 @@ def place(model: nn.Module, options: EngineOptions) -> Placement:
     and resolve_dtype's errors) naming what does not fit."""
     home, device = _devices(model, options)
     blocks = find_blocks(model, options.blocks)
-    layers = plan_layers(model, blocks)
+    params_mode = resolve_params_mode(options.params, device)
+    if options.param_unit == "sublayer" and params_mode != "offload":
+        raise ValueError(
+            f"param_unit='sublayer' streams offloaded weights a sublayer at "
+            f"a time; it needs params='offload' (here {params_mode!r})")
+    parts = {id(block): sublayers(block) for block in blocks}
+    layers = plan_layers(model, blocks,
+                         (lambda block: parts[id(block)])
+                         if options.param_unit == "sublayer"
+                         else lambda _: [])
     dtype = resolve_dtype(options.dtype, layers)
     modes = block_modes(options.first_activations, len(blocks))
     spill = uses_store(modes) and (
@@ -73,7 +86,6 @@ def place(model: nn.Module, options: EngineOptions) -> Placement:
         raise ValueError("activation_buffer_bytes must be an int >= "
                          f"{2 * PAGE_BYTES}, got {buffer_bytes!r}")
     area_bytes = -(-buffer_bytes // PAGE_BYTES) * PAGE_BYTES if spill else 0
-    params_mode = resolve_params_mode(options.params, device)
     frozen_bytes = options.frozen_host_bytes
     if frozen_bytes is not None and (
             not isinstance(frozen_bytes, int) or frozen_bytes < 0
@@ -88,7 +100,7 @@ def place(model: nn.Module, options: EngineOptions) -> Placement:
             f"{options.first_activations!r}: with it autograd would keep "
             "the weights it saved for backward on the device")
     return Placement(home, device, blocks, layers, dtype, modes, spill,
-                     area_bytes, params_mode)
+                     area_bytes, params_mode, parts)
 
 
 def _devices(model: nn.Module,

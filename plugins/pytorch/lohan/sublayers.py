@@ -6,12 +6,17 @@ checkpoint, so the block's backward holds what lies between the sublayers
 time, made again just before its own backward. The price: each
 sublayer's forward a third time. The arithmetic is the same: the
 sublayers replay the same operators, random ones from the same RNG state.
+
+With weights streamed a sublayer at a time (`param_unit="sublayer"`,
+params.py) each sublayer's weights are held around each of its runs,
+forward included; its checkpoint's recompute holds them too, so its
+backward finds them.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, List
+from typing import Any, Callable, List, Optional
 
 import torch
 from torch import nn
@@ -24,11 +29,18 @@ UNITS = ("block", "sublayer")
 SUBLAYER_MIN, SUBLAYER_MAX = 0.1, 0.9
 
 
-def check_unit(unit: object) -> str:
+_MEANING = {
+    "recompute_unit": "a recomputed block's backward one attention or MLP "
+                      "at a time",
+    "param_unit": "offloaded weights streamed one attention or MLP at a "
+                  "time",
+}
+
+
+def check_unit(unit: object, option: str) -> str:
     if unit not in UNITS:
-        raise ValueError(f"recompute_unit={unit!r}: use 'block' (the "
-                         "default) or 'sublayer' (a recomputed block's "
-                         "backward one attention or MLP at a time)")
+        raise ValueError(f"{option}={unit!r}: use 'block' (the default) or "
+                         f"'sublayer' ({_MEANING[option]})")
     return unit
 
 
@@ -47,22 +59,32 @@ def sublayers(block: nn.Module) -> List[nn.Module]:
     return parts
 
 
-def one_at_a_time(function: Callable[..., Any],
-                  block: nn.Module) -> Callable[..., Any]:
-    """`function` (the block's forward) with, while it runs with gradients,
-    each of the block's sublayers under a non-reentrant checkpoint.
-    Without sublayers, `function` itself."""
-    parts = sublayers(block)
+def one_at_a_time(function: Callable[..., Any], parts: List[nn.Module],
+                  weights: Optional[Callable[[nn.Module], Any]] = None
+                  ) -> Callable[..., Any]:
+    """`function` (a block's forward) with, while it runs with gradients,
+    each of the block's sublayers, `parts` (sublayers(block), found while
+    the block's parameters still had their shapes), under a non-reentrant
+    checkpoint.
+    `weights(sublayer)` (weights streamed a sublayer at a time): a context
+    holding the sublayer's weights, entered around each run of it, the
+    checkpoint's recompute included (whose saved tensors then keep the
+    weights until the sublayer's backward is done). Without sublayers,
+    `function` itself."""
     if not parts:
         return function
 
     @functools.wraps(function)
     def run(*args: Any, **kwargs: Any) -> Any:
-        if not torch.is_grad_enabled():
+        grad = torch.is_grad_enabled()
+        if not grad and weights is None:
             return function(*args, **kwargs)
         owned = [(part, vars(part).get("forward")) for part in parts]
         for part in parts:
-            part.forward = _checkpointed(part.forward)
+            forward = part.forward
+            if weights is not None:
+                forward = _holding(forward, weights, part)
+            part.forward = _checkpointed(forward) if grad else forward
         try:
             return function(*args, **kwargs)
         finally:
@@ -71,6 +93,16 @@ def one_at_a_time(function: Callable[..., Any],
                     part.forward = own
                 else:
                     del part.forward
+
+    return run
+
+
+def _holding(forward: Callable[..., Any],
+             weights: Callable[[nn.Module], Any],
+             part: nn.Module) -> Callable[..., Any]:
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with weights(part):
+            return forward(*args, **kwargs)
 
     return run
 

@@ -234,21 +234,23 @@ class Weights:
         self._model.to(device)
         self._state_dict_hooks = [
             block.register_state_dict_post_hook(
-                self._offloaded_state_dict(self.residency.layer_of(block),
+                self._offloaded_state_dict(self.residency.layers_of(block),
                                            in_step))
             for block in blocks]
 
-    def _offloaded_state_dict(self, layer: Optional[Layer],
+    def _offloaded_state_dict(self, layers: List[Layer],
                               in_step: Callable[[], bool]) -> StateDictHook:
         """A state_dict post-hook for an offloaded block: between uses its
         parameters are empty placeholders, so the entries state_dict made
         of them are replaced by the weights themselves (host tensors: the
         daemon's current 16-bit weights, the frozen ones' host copies).
         model.state_dict(), torch.save and save_pretrained then see the
-        model as it is, not the placeholders. `layer`: the block's trained
-        parameters (None: it has only frozen ones)."""
-        where = {} if layer is None else {
-            id(param): (offset, shape) for param, offset, shape in zip(
+        model as it is, not the placeholders. `layers`: the block's trained
+        parameters (its own layer and its units'; none: it has only frozen
+        ones)."""
+        where = {
+            id(param): (layer, offset, shape) for layer in layers
+            for param, offset, shape in zip(
                 layer.params, layer.offsets, layer.shapes)}
 
         def hook(block: nn.Module, state: Dict[str, object], prefix: str,
@@ -256,7 +258,7 @@ class Weights:
             if self._restored:
                 return
             frozen = self.frozen.homes(block) if self.frozen else {}
-            flat: Optional[torch.Tensor] = None
+            flats: Dict[int, torch.Tensor] = {}
             for name, param in block.named_parameters(remove_duplicate=False):
                 key = prefix + name
                 if key not in state or param.numel() > 0:
@@ -271,10 +273,11 @@ class Weights:
                         "lohan: state_dict() of a model with offloaded "
                         "block weights in the middle of a step (the daemon "
                         "is updating them); call it after engine.step()")
-                if flat is None:
-                    flat = self.residency.current_weights(layer)
-                offset, shape = where[id(param)]
-                state[key] = flat[offset:offset + shape.numel()].view(shape)
+                layer, offset, shape = where[id(param)]
+                if layer.index not in flats:
+                    flats[layer.index] = self.residency.current_weights(layer)
+                state[key] = flats[layer.index][
+                    offset:offset + shape.numel()].view(shape)
         return hook
 
     def overlap_steps(self) -> None:
@@ -283,8 +286,7 @@ class Weights:
         residency = self.residency
         resident_blocks = [
             layer for layer in self._layers if layer.block is not None
-            and (residency is None
-                 or residency.layer_of(layer.block) is not layer)]
+            and (residency is None or not residency.holds(layer))]
         self.lazy = LazyWeights(resident_blocks, self._pull_layer_lazily)
 
     def release(self) -> None:
@@ -313,8 +315,7 @@ class Weights:
             self.residency.new_step()
             self.frozen.release_all()
         for layer in self._layers:
-            if self.residency is not None and layer.block is not None and (
-                    self.residency.layer_of(layer.block) is layer):
+            if self.residency is not None and self.residency.holds(layer):
                 continue
             if self.lazy is not None and layer in self.lazy:
                 continue  # copied just before its block next runs

@@ -371,3 +371,61 @@ def test_the_weights_on_the_device_are_what_the_plan_counts(lohand,
     head = 2 * 2 * config.vocab_size * config.n_embd
     planned = plan["always"] - head
     assert abs(measured - planned) <= TOLERANCE * planned, (measured, planned)
+
+
+def test_resuming_a_job_with_another_unit_is_refused_saying_why(lohand):
+    """The units are daemon layers: the job's layout. A job made a block
+    at a time does not resume a sublayer at a time (a checkpoint does)."""
+    model = _gpt2()
+    with engine_for(model, lohand, params="offload",
+                    job_name="units-layout") as engine:
+        train_lohan(engine, model, _data()[:1])
+        engine.close(delete_job=False)
+    with pytest.raises(lohan.LohanError, match="another model layout.*"
+                       "param_unit.*resume=dir"):
+        engine_for(_gpt2(), lohand, params="offload", param_unit="sublayer",
+                   resume=True, job_name="units-layout")
+
+
+def test_state_dict_between_steps_holds_every_sublayers_weights(lohand):
+    """Between steps a sublayer's parameters are placeholders: the model's
+    state_dict gets each unit layer's weights from the daemon."""
+    states = []
+    for unit in ("block", "sublayer"):
+        model = _gpt2()
+        torch.manual_seed(0)
+        with engine_for(model, lohand, params="offload", param_unit=unit,
+                        recompute_unit="sublayer",
+                        job_name=f"units-state-{unit}") as engine:
+            train_lohan(engine, model, _data()[:2])
+            assert model.transformer.h[0].mlp.c_fc.weight.numel() == 0
+            states.append({k: v.clone() for k, v in
+                           model.state_dict().items()})
+    assert states[0].keys() == states[1].keys()
+    for name, value in states[0].items():
+        assert torch.equal(states[1][name], value), name
+    assert states[1]["transformer.h.1.mlp.c_proj.weight"].shape == (128, 32)
+
+
+def test_the_schedule_follows_the_last_step_and_stops_where_it_departs():
+    from lohan.params import Schedule
+    schedule = Schedule()
+    schedule.new_step()
+    assert not schedule.following  # no step recorded yet
+    for layer in (2, 3, 4, 4, 3, 2):
+        schedule.enter(layer)
+    schedule.new_step()
+    assert schedule.following and schedule.next() == 2
+    schedule.enter(2)
+    assert (schedule.next(), schedule.next(2)) == (3, 4)
+    schedule.enter(3)
+    schedule.enter(2)  # not what the last step did
+    assert not schedule.following
+    schedule.new_step()  # this step's record: 2, 3, 2
+    schedule.enter(2)
+    assert schedule.next() == 3
+    # A step too long to record predicts nothing for the next.
+    for _ in range(Schedule.LIMIT + 1):
+        schedule.enter(5)
+    schedule.new_step()
+    assert not schedule.following

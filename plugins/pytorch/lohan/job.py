@@ -144,7 +144,11 @@ class JobSession:
                  dtype: torch.dtype) -> Model:
         """Registers the model and maps its buffers (its layer_elements
         elements each: a layer, or this rank's shard of it)."""
-        self.remote = remote = self.plane.register_model(self.job.id, spec)
+        try:
+            self.remote = remote = self.plane.register_model(self.job.id,
+                                                             spec)
+        except LohanError as error:
+            raise _with_hint(error, self.job_name, False) from None
         streamed = remote.grad_slots < len(layers)
         self.slots = remote.grad_slots if streamed else 0
         self.grad_views = [
@@ -228,6 +232,14 @@ def _with_hint(error: LohanError, job_name: str,
             f"{error.message} (a job named {job_name!r} exists: pass "
             "resume=True to continue it, or another job_name)"),
     }
+    if (error.code == StatusCode.FAILED_PRECONDITION
+            and "another model layout" in error.message):
+        hints[error.code] = (
+            f"{error.message} (the model, blocks=, dtype, param_unit and "
+            "amsgrad decide the layout: resume with those the job was "
+            "made with, or save a checkpoint with engine.save(dir, "
+            "optimizer_state=True) and start a new job from it with "
+            "resume=dir)")
     if error.code == StatusCode.RESOURCE_EXHAUSTED and activations:
         hints[error.code] = (f"{error.message} (lower "
                              "activation_buffer_bytes to shrink the "

@@ -245,15 +245,22 @@ class Schedule:
         self._matched = 0  # leading entries of _previous this step repeats
         self.following = False
 
+    # Entries kept per step: a step that makes more (forward calls
+    # without steps, say an evaluation) predicts nothing for the next.
+    LIMIT = 1 << 16
+
     def new_step(self) -> None:
-        if self._current:
+        if len(self._current) > self.LIMIT:
+            self._previous = []
+        elif self._current:
             self._previous = self._current
         self._current = []
         self._matched = 0
         self.following = bool(self._previous)
 
     def enter(self, layer: int) -> None:
-        self._current.append(layer)
+        if len(self._current) <= self.LIMIT:
+            self._current.append(layer)
         if not self.following:
             return
         if (self._matched < len(self._previous)

@@ -429,3 +429,46 @@ def test_the_schedule_follows_the_last_step_and_stops_where_it_departs():
         schedule.enter(5)
     schedule.new_step()
     assert not schedule.following
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_bf16_weights_a_sublayer_at_a_time_match_fp32_master_adamw(lohand,
+                                                                  kind):
+    """The suite's 16-bit reference (test_engine.py): torch AdamW on fp32
+    masters, the bf16 model for forward and backward, the masters rounded
+    into it after each step; losses and masters within the suite's 16-bit
+    tolerances."""
+    from test_engine import (BETAS, EPS, LR, SIXTEEN_LOSS_RTOL,
+                             SIXTEEN_MASTER_RTOL_AFTER, WD, lm_loss)
+    model = (_gpt2(dropout=0.0) if kind == "gpt2" else _llama()).to(
+        torch.bfloat16)
+    ref_model = copy.deepcopy(model)
+    masters = {n: p.detach().float().clone().requires_grad_()
+               for n, p in ref_model.named_parameters()}
+    opt = torch.optim.AdamW(masters.values(), lr=LR, betas=BETAS, eps=EPS,
+                            weight_decay=WD)
+    losses, ref_losses = [], []
+    with engine_for(model, lohand, params="offload", param_unit="sublayer",
+                    loss_scale=1.0, job_name=f"units-16-{kind}") as engine:
+        for step in _data():
+            loss = lm_loss(ref_model, step[0])
+            loss.backward()
+            ref_losses.append(loss.item())
+            for name, param in ref_model.named_parameters():
+                masters[name].grad = param.grad.float()
+                param.grad = None
+            opt.step()
+            with torch.no_grad():
+                for name, param in ref_model.named_parameters():
+                    param.copy_(masters[name])
+            loss = lm_loss(model, step[0])
+            engine.backward(loss)
+            losses.append(loss.item())
+            engine.step()
+        ours = engine.master_weights()
+    worst = max(((ours[name] - master.detach()).abs().max() /
+                 master.detach().abs().max()).item()
+                for name, master in masters.items())
+    assert worst <= SIXTEEN_MASTER_RTOL_AFTER, worst
+    for a, b in zip(losses, ref_losses):
+        assert abs(a - b) <= SIXTEEN_LOSS_RTOL * abs(b), (losses, ref_losses)

@@ -241,15 +241,19 @@ def test_resume_passes_over_a_checkpoint_cut_short(lohand, tmp_path):
               resume=str(only_model / "checkpoint-10"))
 
 
-@pytest.mark.parametrize("params", ["resident", "offload"])
-def test_peft_lora_matches_peft_with_adamw(lohand, tmp_path, params):
+@pytest.mark.parametrize("params,unit", [("resident", "block"),
+                                         ("offload", "block"),
+                                         ("offload", "sublayer")])
+def test_peft_lora_matches_peft_with_adamw(lohand, tmp_path, params, unit):
     """Base frozen (kept by this process, block by block with "offload"),
-    the adapters trained by lohand."""
+    the adapters trained by lohand (a sublayer's adapters its own layer
+    with param_unit="sublayer")."""
     reference = lora(gpt2())
     _, want = train(transformers.Trainer, tmp_path / "adamw", reference)
     model = lora(gpt2())
     trainer, got = train(LohanTrainer, tmp_path / "lohan", model,
-                         lohan={"socket": lohand.socket, "params": params})
+                         lohan={"socket": lohand.socket, "params": params,
+                                "param_unit": unit})
     assert_logs_match(got, want)
     assert_weights_match(model, reference)
     # Trainer saved the adapters; lohan's states hold only what it trains.

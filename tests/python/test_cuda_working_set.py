@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Callable, List
+from typing import Callable, List, Tuple
 
 import pytest
 import torch
@@ -101,6 +101,49 @@ def test_gpu_the_loss_is_what_the_plan_counts(tmp_path, chunk):
     _close(_peak(run), _plan(tmp_path, *args)["loss"] + 2 * VOCAB * HIDDEN)
 
 
+def _adamw_losses(model: torch.nn.Module,
+                  data: List[torch.Tensor]) -> List[float]:
+    """torch AdamW's losses on the CPU, training a copy of `model`."""
+    reference = copy.deepcopy(model)
+    opt = torch.optim.AdamW(reference.parameters(), lr=LR, betas=BETAS,
+                            eps=EPS, weight_decay=WD)
+    losses: List[float] = []
+    for ids in data:
+        loss = reference(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def _capped_losses(lohand, model: torch.nn.Module, data: List[torch.Tensor],
+                   cap: int, **options: object) -> Tuple[List[float], int,
+                                                         int]:
+    """lohan's losses training `model` in bf16 with offloaded parameters
+    on a device capped at `cap` bytes, torch's allocator peak, and the
+    weight copies made ahead."""
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(cap / total)
+    try:
+        losses: List[float] = []
+        with lohan.init(model, socket=lohand.socket, lr=LR, betas=BETAS,
+                        eps=EPS, weight_decay=WD, device="cuda",
+                        dtype="bf16", params="offload",
+                        **options) as engine:
+            torch.cuda.reset_peak_memory_stats()
+            for ids in data:
+                loss = model(input_ids=ids.cuda(), labels=ids.cuda()).loss
+                engine.backward(loss)
+                engine.step()
+                losses.append(loss.item())
+            peak = torch.cuda.max_memory_allocated()
+            prefetched = engine._residency.prefetched
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    return losses, peak, prefetched
+
+
 def test_gpu_whole_blocks_over_the_cap_train_a_sublayer_at_a_time(
         lohand, tmp_path):
     """The cap: the plan's working set a sublayer at a time and a tenth,
@@ -114,37 +157,13 @@ def test_gpu_whole_blocks_over_the_cap_train_a_sublayer_at_a_time(
     assert cap < whole["always"] + whole["block_backward"]
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(_config(layers=4))
-    reference = copy.deepcopy(model)
     data = [torch.randint(0, VOCAB, (BATCH, SEQ),
                           generator=torch.Generator().manual_seed(i))
             for i in range(3)]
-    opt = torch.optim.AdamW(reference.parameters(), lr=LR, betas=BETAS,
-                            eps=EPS, weight_decay=WD)
-    want: List[float] = []
-    for ids in data:
-        loss = reference(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        want.append(loss.item())
-    total = torch.cuda.get_device_properties(0).total_memory
-    torch.cuda.set_per_process_memory_fraction(cap / total)
-    try:
-        got: List[float] = []
-        with lohan.init(model, socket=lohand.socket, lr=LR, betas=BETAS,
-                        eps=EPS, weight_decay=WD, device="cuda",
-                        dtype="bf16", params="offload",
-                        recompute_unit="sublayer",
-                        job_name="cuda-working-set") as engine:
-            torch.cuda.reset_peak_memory_stats()
-            for ids in data:
-                loss = model(input_ids=ids.cuda(), labels=ids.cuda()).loss
-                engine.backward(loss)
-                engine.step()
-                got.append(loss.item())
-            peak = torch.cuda.max_memory_allocated()
-    finally:
-        torch.cuda.set_per_process_memory_fraction(1.0)
+    want = _adamw_losses(model, data)
+    got, peak, _ = _capped_losses(lohand, model, data, cap,
+                                  recompute_unit="sublayer",
+                                  job_name="cuda-working-set")
     print(f"peak {peak / 1e9:.2f} GB under a cap of {cap / 1e9:.2f} GB; "
           f"whole blocks would need "
           f"{(whole['always'] + whole['block_backward']) / 1e9:.2f} GB")
@@ -177,38 +196,13 @@ def test_gpu_block_weights_over_the_cap_stream_a_sublayer_at_a_time(
     assert cap < whole["always"] + whole["block_backward"]
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(config)
-    reference = copy.deepcopy(model)
     data = [torch.randint(0, VOCAB, (1, 256),
                           generator=torch.Generator().manual_seed(i))
             for i in range(3)]
-    opt = torch.optim.AdamW(reference.parameters(), lr=LR, betas=BETAS,
-                            eps=EPS, weight_decay=WD)
-    want: List[float] = []
-    for ids in data:
-        loss = reference(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        want.append(loss.item())
-    total = torch.cuda.get_device_properties(0).total_memory
-    torch.cuda.set_per_process_memory_fraction(cap / total)
-    try:
-        got: List[float] = []
-        with lohan.init(model, socket=lohand.socket, lr=LR, betas=BETAS,
-                        eps=EPS, weight_decay=WD, device="cuda",
-                        dtype="bf16", params="offload",
-                        param_unit="sublayer",
-                        job_name="cuda-param-units") as engine:
-            torch.cuda.reset_peak_memory_stats()
-            for ids in data:
-                loss = model(input_ids=ids.cuda(), labels=ids.cuda()).loss
-                engine.backward(loss)
-                engine.step()
-                got.append(loss.item())
-            peak = torch.cuda.max_memory_allocated()
-            prefetched = engine._residency.prefetched
-    finally:
-        torch.cuda.set_per_process_memory_fraction(1.0)
+    want = _adamw_losses(model, data)
+    got, peak, prefetched = _capped_losses(lohand, model, data, cap,
+                                           param_unit="sublayer",
+                                           job_name="cuda-param-units")
     print(f"peak {peak / 1e9:.2f} GB under a cap of {cap / 1e9:.2f} GB; "
           f"whole blocks' weights would need "
           f"{(whole['always'] + whole['block_backward']) / 1e9:.2f} GB; "

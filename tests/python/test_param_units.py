@@ -20,23 +20,14 @@ import lohan.sublayers
 from lohan.options import EngineOptions
 from test_engine import (assert_fp32_close, engine_for, train_lohan,
                          train_torch)
+from test_sublayers import _gpt2 as _small_gpt2, _llama
 
 transformers = pytest.importorskip("transformers")
 
 
 def _gpt2(dropout: float = 0.1):
-    torch.manual_seed(0)
-    return transformers.GPT2LMHeadModel(transformers.GPT2Config(
-        n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=32,
-        resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout))
-
-
-def _llama():
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        vocab_size=100, hidden_size=32, intermediate_size=64,
-        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-        max_position_embeddings=32))
+    return _small_gpt2(resid_pdrop=dropout, embd_pdrop=dropout,
+                       attn_pdrop=dropout)
 
 
 def _data(micro: int = 1) -> torch.Tensor:

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <functional>
 #include <map>
 #include <optional>
 
@@ -392,91 +391,7 @@ double Plan::model_flops_per_second() const {
   return seconds > 0 ? 3 * counts.forward_flops / seconds : 0;
 }
 
-DeviceWorkingSet WorkingSetOf(const ModelCounts& c, RecomputeUnit unit,
-                              ParamUnit params) {
-  DeviceWorkingSet set;
-  // The parameters whose weights are there twice (the running unit's and
-  // the next's) and whose gradients are there once.
-  uint64_t weighed = 2 * c.block_parameters, graded = c.block_parameters;
-  if (params == ParamUnit::kSublayer) {
-    std::vector<uint64_t> units = c.sublayer_parameters;
-    std::sort(units.begin(), units.end(), std::greater<uint64_t>());
-    uint64_t own = c.block_parameters;
-    for (uint64_t unit_parameters : units) own -= unit_parameters;
-    weighed = 2 * own + units[0] + (units.size() > 1 ? units[1] : units[0]);
-    graded = own + units[0];
-  }
-  set.always = 2 * weighed + 2 * 2 * c.head_parameters;
-  uint64_t largest = 0, kept = 0;
-  std::map<uint32_t, uint64_t> sublayers;
-  for (const SavedTensor& tensor : c.block_tensors) {
-    largest = std::max(largest, tensor.bytes);
-    if (unit == RecomputeUnit::kSublayer && tensor.sublayer > 0) {
-      sublayers[tensor.sublayer] += tensor.bytes;
-    } else {
-      kept += tensor.bytes;
-    }
-  }
-  uint64_t one_sublayer = 0;
-  for (const auto& [sublayer, bytes] : sublayers) {
-    one_sublayer = std::max(one_sublayer, bytes);
-  }
-  set.block_backward =
-      2 * graded + kept + one_sublayer + c.hidden_bytes + largest;
-  set.loss = c.logits_bytes + 2 * c.hidden_bytes;
-  return set;
-}
-
 namespace {
-
-// The plan's recompute and weight units: as the counts say, kAuto the
-// first of (block, block), (sublayer, block) and (sublayer, sublayer) the
-// counts allow whose working set fits `device_bytes`, else the last they
-// allow (whose shortfall the plan then reports). INVALID_ARGUMENT for
-// weights a sublayer at a time with a whole block's backward or without
-// sublayer_parameters.
-absl::Status ChooseUnits(const ModelCounts& c, uint64_t device_bytes,
-                         Plan& plan) {
-  if (c.param_unit == ParamUnit::kSublayer) {
-    if (c.recompute_unit == RecomputeUnit::kBlock) {
-      return absl::InvalidArgumentError(
-          "weights a sublayer at a time (param unit \"sublayer\") need a "
-          "backward a sublayer at a time: recompute unit \"sublayer\" or "
-          "\"auto\", not \"block\"");
-    }
-    if (c.sublayer_parameters.empty()) {
-      return absl::InvalidArgumentError(
-          "weights a sublayer at a time (param unit \"sublayer\") need the "
-          "sublayers' parameters, which these counts do not give");
-    }
-  }
-  plan.block_unit_working_bytes =
-      WorkingSetOf(c, RecomputeUnit::kBlock).bytes();
-  std::vector<std::pair<RecomputeUnit, ParamUnit>> allowed;
-  for (const auto& [recompute, params] :
-       {std::pair{RecomputeUnit::kBlock, ParamUnit::kBlock},
-        std::pair{RecomputeUnit::kSublayer, ParamUnit::kBlock},
-        std::pair{RecomputeUnit::kSublayer, ParamUnit::kSublayer}}) {
-    if ((c.recompute_unit == RecomputeUnit::kAuto ||
-         c.recompute_unit == recompute) &&
-        (c.param_unit == ParamUnit::kAuto || c.param_unit == params) &&
-        (params == ParamUnit::kBlock || !c.sublayer_parameters.empty())) {
-      allowed.emplace_back(recompute, params);
-    }
-  }
-  std::pair<RecomputeUnit, ParamUnit> chosen = allowed.back();
-  for (const auto& [recompute, params] : allowed) {
-    if (WorkingSetOf(c, recompute, params).bytes() <= device_bytes) {
-      chosen = {recompute, params};
-      break;
-    }
-  }
-  plan.recompute_unit = chosen.first;
-  plan.param_unit = chosen.second;
-  plan.block_weights_working_bytes =
-      WorkingSetOf(c, plan.recompute_unit, ParamUnit::kBlock).bytes();
-  return absl::OkStatus();
-}
 
 // Sizes what the plan needs besides the activations in each memory and
 // what is left there for them (`layout`'s rooms where given; else lohan's
@@ -487,10 +402,14 @@ absl::Status SizeMemories(const Machine& m, const PlanLayout* layout,
                           uint64_t activation_area, bool spill, Plan& plan,
                           Derived& d) {
   const ModelCounts& c = plan.counts;
-  if (absl::Status chosen = ChooseUnits(c, m.device_bytes, plan);
-      !chosen.ok()) {
-    return chosen;
-  }
+  absl::StatusOr<Units> units = ChooseUnits(c, m.device_bytes);
+  if (!units.ok()) return units.status();
+  plan.recompute_unit = units->recompute;
+  plan.param_unit = units->params;
+  plan.block_unit_working_bytes =
+      WorkingSetOf(c, RecomputeUnit::kBlock).bytes();
+  plan.block_weights_working_bytes =
+      WorkingSetOf(c, plan.recompute_unit, ParamUnit::kBlock).bytes();
   if (plan.param_unit == ParamUnit::kSublayer) {
     // The sublayers' weights cross the link a third time: in the block's
     // recompute and again in each sublayer's own.

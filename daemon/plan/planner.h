@@ -10,6 +10,7 @@
 #include "daemon/plan/layout_bytes.h"
 #include "daemon/plan/model_counts.h"
 #include "daemon/plan/model_shape.h"
+#include "daemon/plan/working_set.h"
 
 namespace lohan {
 
@@ -208,28 +209,6 @@ struct PlanLayout {
   // space leave it (its states are there already).
   uint64_t activation_ssd_bytes = 0;
 };
-
-// The device's working set besides the saved tensors it keeps: what is
-// always there (two blocks' 16-bit weights, one computing and the next on
-// its way, or with weights a sublayer at a time two sublayers' and two
-// blocks' own (norms); the head's weights and gradients, handed over with
-// their layer, at the end of backward when tied), then the larger of two
-// phases that never overlap: a block's backward (its gradients, or one
-// sublayer's and the block's own, its saved tensors, recomputed ones
-// included, the gradient coming into it, and the largest gradient
-// backward makes while they all exist: one the size of its largest saved
-// tensor) and the loss (its logits, or one chunk's with the head's fp32
-// gradient accumulator; the head's input and its gradient).
-struct DeviceWorkingSet {
-  uint64_t always = 0, block_backward = 0, loss = 0;
-  uint64_t bytes() const { return always + std::max(block_backward, loss); }
-};
-// With `unit` kSublayer a block's backward holds the tensors kept between
-// its sublayers and one sublayer's at a time. REQUIRES:
-// ValidateCounts(counts).ok() (PlanFromCounts' check); neither unit kAuto;
-// `params` kSublayer only with `unit` kSublayer and sublayer_parameters.
-DeviceWorkingSet WorkingSetOf(const ModelCounts& counts, RecomputeUnit unit,
-                              ParamUnit params = ParamUnit::kBlock);
 
 // Bounds on the counts PlanFromCounts takes.
 constexpr uint64_t kMaxPlanLayers = 65536;

@@ -101,6 +101,9 @@ def test_a_gpt2_block_saves_at_least_what_the_planner_counts(
     (["--loss-chunk-tokens", "0"], "--loss-chunk-tokens: Value 0 not in"),
     (["--loss-chunk-tokens", "-5"], "--loss-chunk-tokens"),
     (["--recompute-unit", "layer"], "--recompute-unit layer: use auto"),
+    (["--param-unit", "linear"], "--param-unit linear: use auto"),
+    (["--param-unit", "sublayer", "--recompute-unit", "block"],
+     "need a backward a sublayer at a time"),
     (["--full-logits", "--loss-chunk-tokens", "64"],
      "--loss-chunk-tokens and --full-logits: give one"),
 ])
@@ -128,5 +131,12 @@ def test_the_loss_and_unit_flags_reach_the_plan():
         "why"]
     forced = planned("--recompute-unit", "sublayer")["plans"][0]
     assert forced["recompute_unit"] == "sublayer"
+    assert forced["param_unit"] == "block"
     assert (forced["device_working_bytes"]
             < forced["block_unit_working_bytes"])
+    weights = planned("--param-unit", "sublayer")["plans"][0]
+    assert (weights["recompute_unit"], weights["param_unit"]) == (
+        "sublayer", "sublayer")
+    assert (weights["device_working_bytes"]
+            < weights["block_weights_working_bytes"]
+            == forced["device_working_bytes"])

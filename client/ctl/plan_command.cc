@@ -211,13 +211,6 @@ void PrintStates(const Plan& plan) {
       plan.state_ssd_read_bytes / p, plan.state_ssd_write_bytes / p);
 }
 
-// A block's parameters in its sublayers.
-uint64_t InSublayers(const ModelCounts& c) {
-  uint64_t sum = 0;
-  for (const uint64_t parameters : c.sublayer_parameters) sum += parameters;
-  return sum;
-}
-
 // What the device's working set holds, how the loss is computed and the
 // units a recomputed block's backward runs in and its weights stream at.
 void PrintWorkingSet(const Plan& plan) {
@@ -255,10 +248,10 @@ void PrintWorkingSet(const Plan& plan) {
     std::printf(
         "  weights: a sublayer at a time (lohan.init(param_unit="
         "\"sublayer\")): each sublayer's on the device only while it runs, "
-        "crossing the link three times a step (%s more in backward), its "
-        "gradients handed over after its backward; whole blocks' weights "
-        "would need %s\n",
-        Gb(2 * c.layers * InSublayers(c)).c_str(),
+        "the last of a block's twice a step, the others three times (%s "
+        "more over the link in backward), its gradients handed over after "
+        "its backward; whole blocks' weights would need %s\n",
+        Gb(2 * c.layers * ParametersCrossingAgain(c)).c_str(),
         Gb(plan.block_weights_working_bytes).c_str());
   }
 }

@@ -411,12 +411,9 @@ absl::Status SizeMemories(const Machine& m, const PlanLayout* layout,
   plan.block_weights_working_bytes =
       WorkingSetOf(c, plan.recompute_unit, ParamUnit::kBlock).bytes();
   if (plan.param_unit == ParamUnit::kSublayer) {
-    // The sublayers' weights cross the link a third time: in the block's
-    // recompute and again in each sublayer's own.
-    for (const uint64_t parameters : c.sublayer_parameters) {
-      d.repeated_weight_bytes += 2.0 * static_cast<double>(parameters);
-    }
-    d.repeated_weight_bytes *= static_cast<double>(c.layers);
+    // Sublayers' weights crossing the link a third time in backward.
+    d.repeated_weight_bytes = 2.0 * static_cast<double>(c.layers) *
+                              static_cast<double>(ParametersCrossingAgain(c));
   }
   if (plan.recompute_unit == RecomputeUnit::kSublayer) {
     // Each sublayer's saved tensors made once more in its backward.

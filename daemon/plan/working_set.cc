@@ -43,6 +43,14 @@ DeviceWorkingSet WorkingSetOf(const ModelCounts& c, RecomputeUnit unit,
   return set;
 }
 
+uint64_t ParametersCrossingAgain(const ModelCounts& c) {
+  uint64_t parameters = 0;
+  for (size_t i = 0; i + 1 < c.sublayer_parameters.size(); ++i) {
+    parameters += c.sublayer_parameters[i];
+  }
+  return parameters;
+}
+
 absl::StatusOr<Units> ChooseUnits(const ModelCounts& c, uint64_t device_bytes) {
   if (c.param_unit == ParamUnit::kSublayer) {
     if (c.recompute_unit == RecomputeUnit::kBlock) {

@@ -31,6 +31,12 @@ struct DeviceWorkingSet {
 DeviceWorkingSet WorkingSetOf(const ModelCounts& counts, RecomputeUnit unit,
                               ParamUnit params = ParamUnit::kBlock);
 
+// With weights a sublayer at a time: a block's parameters whose weights
+// cross the host-to-device link a third time in a step (the block's
+// recompute, then the sublayer's own): every sublayer's but the last's,
+// which keeps its weights from the one into the other.
+uint64_t ParametersCrossingAgain(const ModelCounts& counts);
+
 // How a recomputed block's backward runs and the unit its weights stream
 // at.
 struct Units {

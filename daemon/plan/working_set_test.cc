@@ -104,6 +104,7 @@ TEST(WorkingSetOf, WeightsASublayerAtATime) {
   EXPECT_EQ(blocks.block_backward - units.block_backward,
             2 * c.block_parameters - 2 * (own + mlp));
   EXPECT_EQ(blocks.loss, units.loss);
+  EXPECT_EQ(ParametersCrossingAgain(c), attention);
 }
 
 }  // namespace

@@ -463,3 +463,26 @@ def test_bf16_weights_a_sublayer_at_a_time_match_fp32_master_adamw(lohand,
     assert worst <= SIXTEEN_MASTER_RTOL_AFTER, worst
     for a, b in zip(losses, ref_losses):
         assert abs(a - b) <= SIXTEEN_LOSS_RTOL * abs(b), (losses, ref_losses)
+
+
+def test_a_layer_run_again_at_once_keeps_its_weights_on_the_device(lohand):
+    """From the second step: a block's last sublayer from the block's
+    recompute into its own, and the last block's own weights from forward
+    into its recompute, do not cross the link again; the rest does, once
+    per run."""
+    model = _gpt2()
+    with engine_for(model, lohand, params="offload", param_unit="sublayer",
+                    job_name="units-reuse") as engine:
+        data = _data()
+        train_lohan(engine, model, data[:1])
+        before = engine._residency.copied_bytes
+        train_lohan(engine, model, data[1:2])
+        copied = engine._residency.copied_bytes - before
+        size = {(list(model.transformer.h).index(l.block), l.unit_index):
+                4 * l.numel for l in engine.layers if l.block is not None}
+    own, attention, mlp = (size[(0, u)] for u in range(3))
+    forward = 2 * (own + attention + mlp)
+    # Block 1: attention twice (the block's recompute, its own), the MLP
+    # once; block 0 the same and its own weights.
+    backward = (2 * attention + mlp) + (own + 2 * attention + mlp)
+    assert copied == forward + backward

@@ -24,7 +24,10 @@ block's backward, after which the weights stay until the sublayer's
 gradients are complete (accumulating a parameter's gradient needs it in
 its shape) and the gradient router lets them go. Each layer's weights are
 copied to the device one ahead, in the order the previous step used them
-(Schedule), else by the direction of travel.
+(Schedule), else by the direction of travel; a layer whose next run
+follows at once (a block's last sublayer from the block's recompute into
+its own, the last block from forward into its recompute) keeps the
+weights it has on the device.
 """
 
 from __future__ import annotations
@@ -350,6 +353,8 @@ class ParameterResidency:
         self._step = 0
         self._travel = Travel()
         self._schedule = Schedule()
+        # The device weights each materialized layer's parameters view.
+        self._flats: Dict[int, torch.Tensor] = {}
         # Blocks whose backward runs (nesting depth), and unit layers held
         # until their gradients are in (see differentiating).
         self._differentiating: Dict[int, int] = {}
@@ -560,8 +565,22 @@ class ParameterResidency:
         self._live[layer.index] -= 1
         if self._live[layer.index] == 0:
             del self._live[layer.index]
+            flat = self._flats.pop(layer.index, None)
             self._drop(layer)
+            if flat is not None and self._runs_again(layer):
+                # Its next run follows at once (a block's last sublayer,
+                # or the last block, from forward into its recompute): the
+                # weights on the device serve it without crossing again.
+                self._ready[layer.index] = (flat, None)
+                return
+            del flat  # freed before the next layer's copy is made
             self._stage_next(layer)
+
+    def _runs_again(self, layer: Layer) -> bool:
+        """Whether, as in the previous step, the layer just released is
+        the next one to run."""
+        return (self._schedule.following
+                and self._schedule.next() == layer.index)
 
     def _stage_next(self, layer: Layer) -> None:
         """Copies the weights of the layer expected next to the device now
@@ -593,7 +612,9 @@ class ParameterResidency:
             nxt, self._views[nxt.index], device)
 
     def _assign(self, layer: Layer, flat: torch.Tensor) -> None:
-        """The layer's parameters become views of `flat`."""
+        """The layer's parameters become views of `flat` (kept for its
+        next run if that follows at once)."""
+        self._flats[layer.index] = flat
         for param, offset, shape in zip(layer.params, layer.offsets,
                                         layer.shapes):
             param.data = flat[offset:offset + shape.numel()].view(shape)
@@ -620,11 +641,13 @@ class ParameterResidency:
                 event.synchronize()
                 _owned_by_compute_stream(flat)
             self._assign(layer, flat)
+        self._flats.clear()
 
     def release_all(self) -> None:
         """Every block back to its placeholder (at step(), whatever a
         forward left materialized, e.g. one whose backward never ran)."""
         self._live.clear()
+        self._flats.clear()
         self._awaiting.clear()
         self._ready.clear()
         self._travel.reset()

@@ -174,7 +174,7 @@ def main() -> int:
     samples = data.shape[2]
     mine = torch.tensor_split(torch.arange(samples), world)[rank]
     weight = len(mine) * world / samples
-    model = tiny_gpt()
+    model = tiny_gpt(sublayers=config.get("sublayers", False))
     engine = lohan.init(
         model, device=device, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
         no_weight_decay="1d", max_grad_norm=config["max_grad_norm"],
@@ -183,6 +183,7 @@ def main() -> int:
         blocks=list(model.blocks),
         activations=config.get("activations", "keep"),
         params=config.get("params", "resident"),
+        param_unit=config.get("param_unit", "block"),
         overlap_step=config.get("overlap_step", False),
         buffers=config["buffers"], stream_buffers=2,
         job_name=config["job_name"],

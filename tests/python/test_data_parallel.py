@@ -140,14 +140,14 @@ def config(**overrides: Any) -> Dict[str, Any]:
 
 def reference(steps: int, micro: int, max_norm: float, world: int,
               skip: Sequence[int] = (), samples: int = 4,
-              device: str = "cpu") -> Dict[str, Any]:
+              device: str = "cpu", sublayers: bool = False) -> Dict[str, Any]:
     """torch AdamW on the global batches (weight decay but for 1-D
     parameters, as no_weight_decay="1d"); steps in `skip` update nothing
     (lohan's inf/nan skip). Each global batch's gradient is accumulated
     over the `world` rank shares, each loss weighed by its share: the
     global batch's gradient, computed with the matmul shapes the ranks
     use, so that only the order of the sum over ranks differs."""
-    model = tiny_gpt().to(device)
+    model = tiny_gpt(sublayers=sublayers).to(device)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     exempt = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay},
@@ -197,8 +197,10 @@ def max_weight_gap(found: Dict[str, torch.Tensor],
 
 def assert_matches_adamw(result: Dict[str, Any], steps: int, micro: int,
                          max_norm: float, world: int,
-                         device: str = "cpu") -> Dict[str, Any]:
-    want = reference(steps, micro, max_norm, world, device=device)
+                         device: str = "cpu",
+                         sublayers: bool = False) -> Dict[str, Any]:
+    want = reference(steps, micro, max_norm, world, device=device,
+                     sublayers=sublayers)
     print(f"{world} ranks vs AdamW: losses "
           f"{max_relative(result['losses'], want['losses']):.2e}, norms "
           f"{max_relative([r[0] for r in result['results']], want['norms']):.2e}"
@@ -287,6 +289,23 @@ def test_two_ranks_with_offloaded_parameters(lohand, tmp_path):
                    tmp_path, [lohand.socket], 2)
     assert_matches_adamw(result, 4, 1, max_norm, 2)
     assert_sharded(result, 2)
+
+
+def test_two_ranks_with_weights_a_sublayer_at_a_time(lohand, tmp_path):
+    # Each sublayer's weights are gathered from the ranks' shards around
+    # each of its runs (the ranks run them in the same order, keeping a
+    # sublayer's weights for its next run alike); two micro-batches a
+    # step.
+    max_norm = 0.6 * reference(1, 2, 0.0, 2, sublayers=True)["norms"][0]
+    result = train(config(steps=3, micro=2, max_grad_norm=max_norm,
+                          params="offload", activations="offload",
+                          sublayers=True, param_unit="sublayer"),
+                   tmp_path, [lohand.socket], 2)
+    assert_matches_adamw(result, 3, 2, max_norm, 2, sublayers=True)
+    ranks = result["ranks"]
+    # Per block its own layer (the norms) and two sublayers: 2 + 3 x 3.
+    assert all(len(r["shard_elements"]) == 2 + 3 * 3 for r in ranks)
+    assert ranks[0]["results"] == ranks[1]["results"]
 
 
 def test_two_ranks_with_overlapped_steps(lohand, tmp_path):

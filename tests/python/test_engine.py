@@ -85,12 +85,55 @@ class Block(nn.Module):
         return x + self.out(F.gelu(self.fc(self.ln2(x))))
 
 
+class _Attention(nn.Module):
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).split(d, dim=-1)
+        shape = (b, t, self.heads, d // self.heads)
+        q, k, v = (z.view(shape).transpose(1, 2) for z in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(a.transpose(1, 2).reshape(b, t, d))
+
+
+class _Mlp(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.fc = nn.Linear(dim, 4 * dim)
+        self.out = nn.Linear(4 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(F.gelu(self.fc(x)))
+
+
+class SublayeredBlock(nn.Module):
+    """Block's arithmetic and initial values (its modules made in the same
+    order) with attention and MLP as sublayers (lohan/sublayers.py)."""
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(dim)
+        self.attn = _Attention(dim, heads)
+        self.ln2 = nn.LayerNorm(dim)
+        self.mlp = _Mlp(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
 class TinyGPT(nn.Module):
-    def __init__(self, layers: int = 3):
+    def __init__(self, layers: int = 3, sublayers: bool = False):
         super().__init__()
         self.tok = nn.Embedding(VOCAB, DIM)
         self.pos = nn.Embedding(SEQ, DIM)
-        self.blocks = nn.ModuleList(Block(DIM, HEADS) for _ in range(layers))
+        block = SublayeredBlock if sublayers else Block
+        self.blocks = nn.ModuleList(block(DIM, HEADS) for _ in range(layers))
         self.ln_f = nn.LayerNorm(DIM)
         self.head = nn.Linear(DIM, VOCAB, bias=False)
         self.head.weight = self.tok.weight  # tied
@@ -103,9 +146,9 @@ class TinyGPT(nn.Module):
         return self.head(self.ln_f(x))
 
 
-def tiny_gpt(seed: int = 0) -> TinyGPT:
+def tiny_gpt(seed: int = 0, sublayers: bool = False) -> TinyGPT:
     torch.manual_seed(seed)
-    return TinyGPT()
+    return TinyGPT(sublayers=sublayers)
 
 
 def batches(steps: int, micro: int = 1, seed: int = 1) -> torch.Tensor:

@@ -192,12 +192,6 @@ class Engine:
         group = process_group_of(opts.process_group)
         if group is None:
             return
-        if opts.param_unit == "sublayer":
-            raise ValueError(
-                "param_unit='sublayer' does not run with data-parallel "
-                "ranks yet (each rank would gather every sublayer's "
-                "weights three times a step); use param_unit='block' "
-                "there")
         self._sharding = Sharding(group, self.layers, self.device)
         suffix = f".rank{self._sharding.rank}"
         run_name = self.job_name[:64 - len(suffix)]

@@ -18,7 +18,9 @@ pass: there a layer is complete once that call has reached each of its
 parameters, and is handed over at once (with weights streamed a sublayer
 at a time, a sublayer's layer before the next sublayer's backward runs).
 Whenever a call has reached every parameter of a layer the router says so
-(`reached_in_call`: that sublayer's weights can go).
+(`reached_in_call`: that sublayer's weights can go). Where gradients are
+handed over from a GPU, each layer's accumulate into one buffer
+(grad_buffers.py), which is handed over as it is.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from lohan.blocks import Layer
+from lohan.grad_buffers import GradBuffers
 
 if TYPE_CHECKING:
     from lohan.sharding import GradientReducer
@@ -88,12 +91,15 @@ class GradientRouter:
                  accumulation_steps: int,
                  sink: Optional[GradientSink] = None, *,
                  grad_ready: Optional[Callable[[int], None]] = None,
-                 reducer: Optional[GradientReducer] = None) -> None:
+                 reducer: Optional[GradientReducer] = None,
+                 buffered: Optional[bool] = None) -> None:
         """`sink` takes each layer's gradients (the first begins the
         step); `grad_ready` alone stands for HostSink(grad_ready).
         `reducer` (data-parallel ranks, sharding.py): each layer's
         gradients go to it flat instead, and it hands the sink this
-        rank's reduced shard."""
+        rank's reduced shard. `buffered` (None: where the sink takes
+        device gradients) accumulates each layer's gradients into one
+        buffer (grad_buffers.py) that is handed over as it is."""
         if sink is None:
             if grad_ready is None:
                 raise TypeError("GradientRouter needs a sink or grad_ready")
@@ -126,6 +132,10 @@ class GradientRouter:
             for position, param in enumerate(layer.params):
                 self._handles.append(param.register_post_accumulate_grad_hook(
                     self._hook(layer.index, position)))
+        self._buffers: Optional[GradBuffers] = None
+        if sink.device_copies if buffered is None else buffered:
+            self._buffers = GradBuffers(layers)
+            self._handles.extend(self._buffers.handles)
 
     def _hook(self, layer: int,
               position: int) -> Callable[[torch.Tensor], None]:
@@ -202,22 +212,33 @@ class GradientRouter:
         """Copies the layer's gradients into its slot (zeros where a
         parameter has none), clears them and signals the daemon."""
         spec = self._layers[layer]
-        missing = [name for name, param in zip(spec.names, spec.params)
-                   if param.grad is None]
+        flat: Optional[torch.Tensor] = None
+        if self._buffers is not None:
+            missing = [name for name, reached in zip(
+                spec.names, self._buffers.reached[layer]) if not reached]
+            flat = self._buffers.take(layer)
+        else:
+            missing = [name for name, param in zip(spec.names, spec.params)
+                       if param.grad is None]
         device = spec.params[0].device
         # Sizes from the layout: a parameter whose weights are offloaded is
         # an empty placeholder here when it got no gradient.
         sizes = spec.sizes()
         if self._reducer is not None:
-            flat = self._flat_gradients(spec, sizes)
+            if flat is None:
+                flat = self._flat_gradients(spec, sizes)
             self.handed[layer] = True
             self._warn_missing(missing)
             self._reducer.add(layer, flat)
             return
         if device.type == "cuda" and self._sink.device_copies:
-            flat = self._flat_gradients(spec, sizes)
-        else:
+            if flat is None:
+                flat = self._flat_gradients(spec, sizes)
+        elif flat is not None:
+            self._sink.claim_grad_buffer(layer)
+            self._grad_views[layer].copy_(flat)
             flat = None
+        else:
             self._sink.claim_grad_buffer(layer)
             view = self._grad_views[layer]
             for param, offset, size in zip(spec.params, spec.offsets, sizes):
@@ -278,6 +299,8 @@ class GradientRouter:
     def reset(self) -> None:
         if self._reducer is not None:
             self._reducer.reset()
+        if self._buffers is not None:
+            self._buffers.reset()
         for layer in range(len(self._layers)):
             self._arrivals[layer] = [0] * len(self._layers[layer].params)
             self._waiting[layer] = len(self._layers[layer].params)

@@ -522,6 +522,20 @@ absl::Status WritePlot(const std::string& path, const std::vector<Plan>& plans,
   return absl::OkStatus();
 }
 
+// A --recompute-unit or --param-unit value: "auto", "block" or
+// "sublayer"; INVALID_ARGUMENT naming the flag otherwise.
+template <typename Unit>
+absl::StatusOr<Unit> ParseUnit(const char* flag, const std::string& value,
+                               Unit automatic, Unit block, Unit sublayer) {
+  if (value == "auto") return automatic;
+  if (value == "block") return block;
+  if (value == "sublayer") return sublayer;
+  return absl::InvalidArgumentError(absl::StrCat(
+      flag, " ", value,
+      ": use auto (the default: the block when it fits the device, else "
+      "a sublayer), block or sublayer"));
+}
+
 // The largest preset (by parameters) that fits at `batch` x `seq`.
 std::string LargestPreset(uint64_t batch, uint64_t seq, const Machine& m,
                           Attention attention, LossChunks loss,
@@ -563,35 +577,21 @@ int RunPlan(const PlanOptions& options) {
         "of that many tokens, or over the full logits)"));
   }
   const LossChunks loss{!options.full_logits, options.loss_chunk_tokens};
-  RecomputeUnit unit = RecomputeUnit::kAuto;
-  if (options.recompute_unit == "block") {
-    unit = RecomputeUnit::kBlock;
-  } else if (options.recompute_unit == "sublayer") {
-    unit = RecomputeUnit::kSublayer;
-  } else if (options.recompute_unit != "auto") {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "--recompute-unit ", options.recompute_unit,
-        ": use auto (the default: the block when it fits the device, else "
-        "a sublayer), block or sublayer")));
-  }
-  ParamUnit params = ParamUnit::kAuto;
-  if (options.param_unit == "block") {
-    params = ParamUnit::kBlock;
-  } else if (options.param_unit == "sublayer") {
-    params = ParamUnit::kSublayer;
-  } else if (options.param_unit != "auto") {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "--param-unit ", options.param_unit,
-        ": use auto (the default: the block when it fits the device, else "
-        "a sublayer), block or sublayer")));
-  }
+  absl::StatusOr<RecomputeUnit> unit = ParseUnit(
+      "--recompute-unit", options.recompute_unit, RecomputeUnit::kAuto,
+      RecomputeUnit::kBlock, RecomputeUnit::kSublayer);
+  if (!unit.ok()) return Fail(unit.status());
+  absl::StatusOr<ParamUnit> params =
+      ParseUnit("--param-unit", options.param_unit, ParamUnit::kAuto,
+                ParamUnit::kBlock, ParamUnit::kSublayer);
+  if (!params.ok()) return Fail(params.status());
   std::vector<Plan> plans;
   std::vector<std::pair<uint64_t, std::string>> refused;
   for (uint64_t batch : options.batches) {
     absl::StatusOr<Plan> plan =
         MakePlan(*shape, batch, options.seq, *machine, attention,
                  options.per_block ? Granularity::kBlock : Granularity::kTensor,
-                 loss, unit, params);
+                 loss, *unit, *params);
     if (!plan.ok()) {
       if (!absl::IsFailedPrecondition(plan.status()))
         return Fail(plan.status());
@@ -601,10 +601,10 @@ int RunPlan(const PlanOptions& options) {
     plans.push_back(*std::move(plan));
   }
   const uint64_t largest_batch = LargestBatch(
-      *shape, options.seq, *machine, 4096, attention, loss, unit, params);
+      *shape, options.seq, *machine, 4096, attention, loss, *unit, *params);
   const std::string largest_model =
       LargestPreset(options.batches.front(), options.seq, *machine, attention,
-                    loss, unit, params);
+                    loss, *unit, *params);
   const ModelCounts counts = CountModel(*shape, 1, 1);
   if (options.json) {
     google::protobuf::Value out;

@@ -265,18 +265,32 @@ def test_a_units_gradients_leave_before_the_next_units_backward(lohand):
         ::-1].index(("in", attn))
 
 
-def test_from_the_second_step_each_unit_is_on_the_device_before_it_runs(
-        lohand):
+def _second_step(lohand, job_name: str) -> Tuple[Dict[str, int],
+                                                 Dict[Tuple[int, int], int]]:
+    """The residency's counters over the second step (from which the
+    previous step's order is known), and each block layer's bytes by
+    (block, unit)."""
     model = _gpt2()
     with engine_for(model, lohand, params="offload", param_unit="sublayer",
-                    job_name="units-prefetch") as engine:
+                    job_name=job_name) as engine:
+        residency = engine._residency
         data = _data()
         train_lohan(engine, model, data[:1])
-        before = engine._residency.prefetched
+        before = (residency.prefetched, residency.copied_bytes)
         train_lohan(engine, model, data[1:2])
-        # Per block: forward 3, replay 3, recompute 2; all but the step's
-        # first (block 0's own weights) staged ahead of their use.
-        assert engine._residency.prefetched - before == 2 * 8 - 1
+        counters = {"prefetched": residency.prefetched - before[0],
+                    "copied_bytes": residency.copied_bytes - before[1]}
+        size = {(list(model.transformer.h).index(l.block), l.unit_index):
+                4 * l.numel for l in engine.layers if l.block is not None}
+    return counters, size
+
+
+def test_from_the_second_step_each_unit_is_on_the_device_before_it_runs(
+        lohand):
+    counters, _ = _second_step(lohand, "units-prefetch")
+    # Per block: forward 3, replay 3, recompute 2; all but the step's
+    # first (block 0's own weights) staged ahead of their use.
+    assert counters["prefetched"] == 2 * 8 - 1
 
 
 def test_a_checkpoint_of_whole_blocks_resumes_a_sublayer_at_a_time(
@@ -470,16 +484,8 @@ def test_a_layer_run_again_at_once_keeps_its_weights_on_the_device(lohand):
     recompute into its own, and the last block's own weights from forward
     into its recompute, do not cross the link again; the rest does, once
     per run."""
-    model = _gpt2()
-    with engine_for(model, lohand, params="offload", param_unit="sublayer",
-                    job_name="units-reuse") as engine:
-        data = _data()
-        train_lohan(engine, model, data[:1])
-        before = engine._residency.copied_bytes
-        train_lohan(engine, model, data[1:2])
-        copied = engine._residency.copied_bytes - before
-        size = {(list(model.transformer.h).index(l.block), l.unit_index):
-                4 * l.numel for l in engine.layers if l.block is not None}
+    counters, size = _second_step(lohand, "units-reuse")
+    copied = counters["copied_bytes"]
     own, attention, mlp = (size[(0, u)] for u in range(3))
     forward = 2 * (own + attention + mlp)
     # Block 1: attention twice (the block's recompute, its own), the MLP

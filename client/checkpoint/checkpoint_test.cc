@@ -62,9 +62,11 @@ absl::Status Save(const fs::path& directory, uint64_t iteration,
       !closed.ok()) {
     return closed.status();
   }
+  // The plugin's own fields; a stale "layers" and "iteration" of its own
+  // are replaced by what the contents say.
   return (*save)->Commit(
-      "{\"job_name\": \"test\", \"iteration\": " + std::to_string(iteration) +
-          ", \"layers\": [[\"a\", \"b\"], [\"c\"]], \"adam\": {\"lr\": 0.001}}",
+      "{\"adam\": {\"lr\": 0.001}, \"layers\": [[\"stale\"]], "
+      "\"iteration\": 999}",
       {});
 }
 
@@ -123,7 +125,18 @@ TEST_F(CheckpointTest, RoundTripsTheValuesTheStepAndThePluginsMeta) {
   EXPECT_EQ((*weights)->metadata().at("lohan_iteration"), "3");
   absl::StatusOr<JsonValue> meta = ReadMeta(dir);
   ASSERT_TRUE(meta.ok());
+  // The contents' job, step and layers first, then the plugin's fields.
+  ASSERT_GE(meta->members().size(), 4u);
+  EXPECT_EQ(meta->members()[0].first, "job_name");
+  EXPECT_EQ(meta->Find("job_name")->text(), "test");
+  EXPECT_EQ(meta->members()[1].first, "iteration");
+  EXPECT_EQ(meta->Find("iteration")->text(), "3");
+  EXPECT_EQ(meta->members()[2].first, "layers");
+  ASSERT_EQ(meta->Find("layers")->items().size(), 2u);
+  ASSERT_EQ(meta->Find("layers")->items()[0].items().size(), 2u);
   EXPECT_EQ(meta->Find("layers")->items()[0].items()[1].text(), "b");
+  EXPECT_EQ(meta->Find("layers")->items()[1].items()[0].text(), "c");
+  EXPECT_EQ(meta->members()[3].first, "adam");
   EXPECT_EQ(meta->Find("adam")->Find("lr")->text(), "0.001");
   EXPECT_EQ(meta->Find("save_id")->text(),
             (*weights)->metadata().at(kSaveIdKey));

@@ -234,6 +234,20 @@ absl::StatusOr<std::string> ComposeMeta(const std::string& meta_json,
     return absl::InvalidArgumentError(
         "checkpoint: the save's meta must be a JSON object");
   }
+  // What the contents say already, so no plugin composes it again: the
+  // job, its step and each layer's parameters by name (a list per layer).
+  std::vector<JsonValue> layers;
+  for (const v1::CheckpointLayer& layer : contents.layers()) {
+    std::vector<JsonValue> names;
+    for (const v1::CheckpointTensor& tensor : layer.tensors()) {
+      names.push_back(JsonValue::String(tensor.name()));
+    }
+    layers.push_back(JsonValue::Array(std::move(names)));
+  }
+  std::vector<std::pair<std::string, JsonValue>> described = {
+      {"job_name", JsonValue::String(contents.job_name())},
+      {"iteration", JsonValue::Number(contents.iteration())},
+      {"layers", JsonValue::Array(std::move(layers))}};
   std::vector<JsonValue> moments;
   for (int p = 1; p < contents.parts_size(); ++p) {
     moments.push_back(JsonValue::String(contents.parts(p)));
@@ -251,10 +265,16 @@ absl::StatusOr<std::string> ComposeMeta(const std::string& meta_json,
   if (contents.world_size() > 1)
     added.emplace_back("sharding", ShardingPlan(contents));
   auto& members = meta->mutable_members();
-  for (auto& [key, value] : added) {
+  const auto drop = [&](const std::string& key) {
     std::erase_if(members, [&](const auto& m) { return m.first == key; });
+  };
+  for (auto& [key, value] : added) {
+    drop(key);
     members.emplace_back(key, std::move(value));
   }
+  for (auto& [key, value] : described) drop(key);
+  members.insert(members.begin(), std::make_move_iterator(described.begin()),
+                 std::make_move_iterator(described.end()));
   return meta->Dump() + "\n";
 }
 

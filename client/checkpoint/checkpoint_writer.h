@@ -67,10 +67,12 @@ class CheckpointWriter {
 // Layer `elements` cut into `world` shards: ceil(elements / world).
 uint64_t ShardElements(uint64_t elements, uint32_t world);
 
-// lohan.json of a save: `meta_json` (the plugin's own fields, a JSON object:
-// job, iteration, layers, options) with the save's optimizer_state, save_id,
-// files (every file's bytes and CRC-32) and, with data-parallel ranks,
-// sharding (world_size, the shard files, how they cut every layer).
+// lohan.json of a save: the contents' job_name, iteration and layers (each
+// layer's parameter names), `meta_json` (the plugin's own fields, a JSON
+// object: the job's id, dtype, options), then the save's optimizer_state,
+// save_id, files (every file's bytes and CRC-32) and, with data-parallel
+// ranks, sharding (world_size, the shard files, how they cut every layer).
+// The contents' and the save's keys replace a plugin's of the same name.
 absl::StatusOr<std::string> ComposeMeta(const std::string& meta_json,
                                         const v1::CheckpointContents& contents,
                                         const std::string& save_id,

@@ -87,9 +87,7 @@ class ShardedCheckpointTest : public ::testing::Test {
       ASSERT_TRUE(closed.ok());
       files.insert(files.end(), closed->begin(), closed->end());
     }
-    ASSERT_TRUE(ranks[0]
-                    ->Commit("{\"job_name\": \"dp\", \"iteration\": 7}", files)
-                    .ok());
+    ASSERT_TRUE(ranks[0]->Commit("{\"dtype\": \"fp32\"}", files).ok());
   }
 
   // lohan.json with `edit` applied to its text.
@@ -142,7 +140,11 @@ TEST_F(ShardedCheckpointTest, AssemblesEachParameterFromTheShardsItSpans) {
               HasSubstr("has shape (4,), the model's (2, 2)"));
   absl::StatusOr<JsonValue> meta = ReadMeta(dir_);
   ASSERT_TRUE(meta.ok());
-  EXPECT_EQ(meta->Find("job_name")->text(), "dp");
+  // The job, step and layers are the contents' (rank 0's: whole layers).
+  EXPECT_EQ(meta->Find("job_name")->text(), "test");
+  EXPECT_EQ(meta->Find("iteration")->text(), "7");
+  EXPECT_EQ(meta->Find("layers")->items().size(), 2u);
+  EXPECT_EQ(meta->Find("dtype")->text(), "fp32");
   EXPECT_EQ(meta->Find("files")->members().size(), kWorld);
 }
 

@@ -85,6 +85,19 @@ std::string SpecJson(
   return PlanModel(model, blocks, &options, builder.Json()).spec_json;
 }
 
+// The layer as a checkpoint stores it: its parameters' names, shapes and
+// places in the flat vector.
+CheckpointLayer StoredLayer(const Layer& layer) {
+  CheckpointLayer stored;
+  stored.names = layer.names;
+  stored.offsets = layer.offsets;
+  stored.elements = static_cast<uint64_t>(layer.numel);
+  for (const torch::Tensor& param : layer.params) {
+    stored.shapes.emplace_back(param.sizes().begin(), param.sizes().end());
+  }
+  return stored;
+}
+
 torch::Tensor ArenaView(void* buffer, int64_t numel, torch::ScalarType dtype) {
   return torch::from_blob(buffer, {numel}, torch::TensorOptions(dtype));
 }
@@ -191,13 +204,7 @@ void Engine::InitializeWeights() {
 }
 
 void Engine::RestoreLayer(const Layer& layer) {
-  CheckpointLayer stored;
-  stored.names = layer.names;
-  stored.offsets = layer.offsets;
-  stored.elements = static_cast<uint64_t>(layer.numel);
-  for (const torch::Tensor& param : layer.params) {
-    stored.shapes.emplace_back(param.sizes().begin(), param.sizes().end());
-  }
+  const CheckpointLayer stored = StoredLayer(layer);
   checkpoint_->Restore(remote_, stored, layer.index, {"weights"});
   // The moments it holds (AMSGrad's are not this engine's).
   if (!checkpoint_->moments().empty()) {
@@ -212,22 +219,7 @@ void Engine::save(const std::string& directory, bool with_optimizer) {
         "lohan Engine: save() in the middle of a step; call step() first");
   }
   std::vector<CheckpointLayer> stored;
-  std::string names;
-  for (const Layer& layer : layers_) {
-    CheckpointLayer entry;
-    entry.names = layer.names;
-    entry.offsets = layer.offsets;
-    entry.elements = static_cast<uint64_t>(layer.numel);
-    for (const torch::Tensor& param : layer.params) {
-      entry.shapes.emplace_back(param.sizes().begin(), param.sizes().end());
-    }
-    stored.push_back(std::move(entry));
-    names += std::string(names.empty() ? "" : ",") + "[";
-    for (size_t i = 0; i < layer.names.size(); ++i) {
-      names += (i > 0 ? "," : "") + JsonQuoted(layer.names[i]);
-    }
-    names += "]";
-  }
+  for (const Layer& layer : layers_) stored.push_back(StoredLayer(layer));
   std::vector<std::string> parts = {"weights"};
   if (with_optimizer) {
     parts.push_back("exp_avg");
@@ -236,13 +228,12 @@ void Engine::save(const std::string& directory, bool with_optimizer) {
   char* scaling = nullptr;
   ThrowIfFailed(lohan_steps_loss_scaling_json(steps_, &scaling));
   const OwnedString loss_scaling(scaling);
-  // lohan.json's fields as the Python plugin records them.
+  // The engine's own fields of lohan.json (the library adds the job, its
+  // step and the layers from what it writes).
   const std::string meta =
-      "{\"job_name\":" + JsonQuoted(options_.job_name) +
-      ",\"job_id\":" + JsonQuoted(session_.job_id()) +
-      ",\"iteration\":" + std::to_string(iteration()) +
-      ",\"dtype\":" + JsonQuoted(options_.dtype) + ",\"layers\":[" + names +
-      "],\"adam\":{\"lr\":" + JsonNumber(lohan_steps_lr(steps_)) +
+      "{\"job_id\":" + JsonQuoted(session_.job_id()) +
+      ",\"dtype\":" + JsonQuoted(options_.dtype) +
+      ",\"adam\":{\"lr\":" + JsonNumber(lohan_steps_lr(steps_)) +
       ",\"amsgrad\":false},\"loss_scaling\":" + loss_scaling.get() + "}";
   WriteCheckpoint(directory, remote_, stored, parts, options_.job_name,
                   iteration(), meta);

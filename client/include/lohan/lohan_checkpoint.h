@@ -5,10 +5,11 @@
  *
  * A checkpoint is a directory: model.safetensors (the fp32 master weights by
  * parameter name), optionally optimizer.safetensors (<moment>/<name>), and
- * lohan.json (the plugin's fields, the optimizer parts present, and the
- * manifest: the save's id, in each file's metadata too, and each file's size
- * and CRC-32). Data-parallel ranks write one shard-<r>-of-<W>.safetensors
- * each instead, and lohan.json's "sharding" says how they cut every layer.
+ * lohan.json (the job, its step, each layer's parameter names, the plugin's
+ * fields, the optimizer parts present, and the manifest: the save's id, in
+ * each file's metadata too, and each file's size and CRC-32). Data-parallel
+ * ranks write one shard-<r>-of-<W>.safetensors each instead, and lohan.json's
+ * "sharding" says how they cut every layer.
  *
  * Saving (all or nothing: the files go into a hidden sibling directory that
  * one rename exchange puts in place; an interrupted save leaves the previous
@@ -131,9 +132,12 @@ LOHAN_CLIENT_API int lohan_checkpoint_save_layer(lohan_checkpoint_save* save,
    {"<file>": {"bytes": N, "crc32": N}, ...} (lohan_string_free). */
 LOHAN_CLIENT_API int lohan_checkpoint_save_close_files(
     lohan_checkpoint_save* save, char** files_json_out);
-/* Writes lohan.json (`meta_json`, a JSON object of the plugin's fields, with
-   the parts, the save id and `files_json`: every rank's entries merged;
-   NULL: this process's) and switches the checkpoint in. */
+/* Writes lohan.json and switches the checkpoint in. lohan.json holds the
+   contents' job_name, iteration and layers (each layer's parameter names, a
+   list per layer), `meta_json` (a JSON object of the plugin's own fields:
+   the job's id, dtype, optimizer settings; a key named above or below is
+   replaced), the parts, the save id and `files_json` (every rank's entries
+   merged; NULL: this process's). */
 LOHAN_CLIENT_API int lohan_checkpoint_save_commit(lohan_checkpoint_save* save,
                                                   const char* meta_json,
                                                   const char* files_json);

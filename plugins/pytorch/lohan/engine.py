@@ -521,12 +521,12 @@ class Engine:
         if self._in_iteration:
             raise RuntimeError("lohan: save() in the middle of a step; call "
                                "engine.step() first")
+        # The checkpoint's job and step; the library adds the layers.
         return self._weights.save(directory, optimizer_state, {
             "job_name": self.job_name,
             "job_id": self._job.id,
             "iteration": self.iteration,
             "dtype": WIRE_NAMES[self.dtype],
-            "layers": [layer.names for layer in self.layers],
             "adam": {"lr": self.lr, "amsgrad": self._amsgrad},
             "loss_scaling": self._iteration.steps.loss_scaling,
         })

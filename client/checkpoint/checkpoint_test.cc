@@ -36,8 +36,14 @@ float Value(int part, uint32_t layer, uint64_t i, uint64_t iteration) {
   return static_cast<float>(100 * part + 10 * layer + i + iteration);
 }
 
+// The plugin's own fields; a stale "layers" and "iteration" of its own are
+// replaced by what the contents say.
+constexpr char kPluginMeta[] =
+    "{\"adam\": {\"lr\": 0.001}, \"layers\": [[\"stale\"]], "
+    "\"iteration\": 999}";
+
 absl::Status Save(const fs::path& directory, uint64_t iteration,
-                  bool moments = true) {
+                  bool moments = true, const std::string& meta = kPluginMeta) {
   absl::StatusOr<std::unique_ptr<CheckpointSave>> save =
       CheckpointSave::Begin(directory.string());
   if (!save.ok()) return save.status();
@@ -62,12 +68,7 @@ absl::Status Save(const fs::path& directory, uint64_t iteration,
       !closed.ok()) {
     return closed.status();
   }
-  // The plugin's own fields; a stale "layers" and "iteration" of its own
-  // are replaced by what the contents say.
-  return (*save)->Commit(
-      "{\"adam\": {\"lr\": 0.001}, \"layers\": [[\"stale\"]], "
-      "\"iteration\": 999}",
-      {});
+  return (*save)->Commit(meta, {});
 }
 
 class CheckpointTest : public ::testing::Test {
@@ -283,6 +284,23 @@ TEST_F(CheckpointTest, ContentsThatCannotBeWrittenAreRefused) {
   contents.set_rank(2);
   EXPECT_THAT((*save)->Open(contents).message(),
               HasSubstr("rank 2 of world size 2"));
+}
+
+TEST_F(CheckpointTest, AMetaThatIsNoJsonObjectIsRefusedAndTheLastSaveKept) {
+  const fs::path dir = root_ / "ckpt";
+  ASSERT_TRUE(Save(dir, 1).ok());
+  EXPECT_THAT(Save(dir, 2, true, "[1, 2]").message(),
+              HasSubstr("the save's meta must be a JSON object"));
+  EXPECT_THAT(Save(dir, 2, true, "{\"adam\": ").message(),
+              HasSubstr("the save's meta"));
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
+      CheckpointReader::Open(dir.string(), /*verify=*/true);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ((*reader)->iteration(), 1u);
+  // The refused saves left no staging directory behind.
+  EXPECT_EQ(
+      std::distance(fs::directory_iterator(root_), fs::directory_iterator()),
+      1);
 }
 
 TEST_F(CheckpointTest, StagesALayerOrARanksShardOfItByNameOrAlias) {

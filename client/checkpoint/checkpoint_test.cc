@@ -128,11 +128,11 @@ TEST_F(CheckpointTest, RoundTripsTheValuesTheStepAndThePluginsMeta) {
   ASSERT_TRUE(meta.ok());
   // The contents' job, step and layers first, then the plugin's fields.
   ASSERT_GE(meta->members().size(), 4u);
-  EXPECT_EQ(meta->members()[0].first, "job_name");
+  ASSERT_EQ(meta->members()[0].first, "job_name");
   EXPECT_EQ(meta->Find("job_name")->text(), "test");
-  EXPECT_EQ(meta->members()[1].first, "iteration");
+  ASSERT_EQ(meta->members()[1].first, "iteration");
   EXPECT_EQ(meta->Find("iteration")->text(), "3");
-  EXPECT_EQ(meta->members()[2].first, "layers");
+  ASSERT_EQ(meta->members()[2].first, "layers");
   ASSERT_EQ(meta->Find("layers")->items().size(), 2u);
   ASSERT_EQ(meta->Find("layers")->items()[0].items().size(), 2u);
   EXPECT_EQ(meta->Find("layers")->items()[0].items()[1].text(), "b");

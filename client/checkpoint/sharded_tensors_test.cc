@@ -141,6 +141,9 @@ TEST_F(ShardedCheckpointTest, AssemblesEachParameterFromTheShardsItSpans) {
   absl::StatusOr<JsonValue> meta = ReadMeta(dir_);
   ASSERT_TRUE(meta.ok());
   // The job, step and layers are the contents' (rank 0's: whole layers).
+  for (const char* key : {"job_name", "iteration", "layers", "dtype"}) {
+    ASSERT_NE(meta->Find(key), nullptr) << key;
+  }
   EXPECT_EQ(meta->Find("job_name")->text(), "test");
   EXPECT_EQ(meta->Find("iteration")->text(), "7");
   EXPECT_EQ(meta->Find("layers")->items().size(), 2u);

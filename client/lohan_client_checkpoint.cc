@@ -193,9 +193,11 @@ int lohan_checkpoint_parameters_json(const lohan_checkpoint* checkpoint,
     for (int64_t size : shape) {
       dims.push_back(JsonValue::Number(static_cast<uint64_t>(size)));
     }
-    items.push_back(
-        JsonValue::Object({{"name", JsonValue::String(name)},
-                           {"shape", JsonValue::Array(std::move(dims))}}));
+    items.push_back(JsonValue::Object(
+        {{"name", JsonValue::String(name)},
+         {"shape", JsonValue::Array(std::move(dims))},
+         {"dtype",
+          JsonValue::String(checkpoint->reader->Dtype(name, "weights"))}}));
   }
   return CopyOut(JsonValue::Array(std::move(items)).Dump(), json_out);
 }

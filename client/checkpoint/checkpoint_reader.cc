@@ -10,22 +10,20 @@
 namespace lohan::checkpoint {
 namespace fs = std::filesystem;
 
-std::string ShapeText(const std::vector<int64_t>& shape) {
-  std::string out = "(";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    absl::StrAppend(&out, i > 0 ? ", " : "", shape[i]);
-  }
-  return out + (shape.size() == 1 ? ",)" : ")");
-}
-
 absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
     const std::string& path, bool verify) {
   std::unique_ptr<CheckpointReader> reader(new CheckpointReader(path));
   std::error_code error;
-  absl::Status opened = fs::is_regular_file(path, error)
-                            ? reader->OpenFiles(path, "")
-                            : reader->OpenDirectory(verify);
-  if (!opened.ok()) return opened;
+  if (fs::is_regular_file(path, error)) {
+    absl::StatusOr<std::unique_ptr<HfCheckpoint>> file =
+        HfCheckpoint::OpenFile(path);
+    if (!file.ok()) return file.status();
+    reader->hf_ = *std::move(file);
+    return reader;
+  }
+  if (absl::Status opened = reader->OpenDirectory(verify); !opened.ok()) {
+    return opened;
+  }
   return reader;
 }
 
@@ -33,9 +31,16 @@ absl::Status CheckpointReader::OpenDirectory(bool verify) {
   const fs::path path(path_);
   const fs::path weights = path / kWeightsFile;
   std::error_code error;
-  if (!fs::exists(path / kMetaFile, error)) {
-    if (!fs::exists(weights, error)) return MissingCheckpoint(path, weights);
-    return OpenFiles(weights.string(), (path / kOptimizerFile).string());
+  if (!fs::exists(path / kMetaFile, error)) {  // a Hugging Face checkpoint?
+    if (!fs::exists(weights, error) &&
+        !fs::exists(path / kHfIndexFile, error)) {
+      return MissingCheckpoint(path, weights, /*hugging_face=*/true);
+    }
+    absl::StatusOr<std::unique_ptr<HfCheckpoint>> hf =
+        HfCheckpoint::OpenDirectory(path);
+    if (!hf.ok()) return hf.status();
+    hf_ = *std::move(hf);
+    return absl::OkStatus();
   }
   absl::StatusOr<std::string> text = ReadText(path / kMetaFile);
   if (!text.ok()) return text.status();
@@ -64,7 +69,9 @@ absl::Status CheckpointReader::OpenDirectory(bool verify) {
     moments_ = std::move(listed);
     return absl::OkStatus();
   }
-  if (!fs::exists(weights, error)) return MissingCheckpoint(path, weights);
+  if (!fs::exists(weights, error)) {
+    return MissingCheckpoint(path, weights, /*hugging_face=*/false);
+  }
   if (absl::Status files =
           OpenFiles(weights.string(), (path / kOptimizerFile).string());
       !files.ok()) {
@@ -81,7 +88,7 @@ absl::Status CheckpointReader::OpenFiles(const std::string& weights,
   if (!file.ok()) return file.status();
   weights_ = *std::move(file);
   std::error_code error;
-  if (optimizer.empty() || !fs::exists(optimizer, error)) {
+  if (!fs::exists(optimizer, error)) {
     return absl::OkStatus();
   }
   file = SafetensorsFile::Open(optimizer);
@@ -103,16 +110,28 @@ CheckpointReader::Parameters() const {
     }
     return out;
   }
-  for (const std::string& name : weights_->order()) {
-    out.emplace_back(name, weights_->Find(name)->shape);
+  const std::vector<std::string>& names =
+      hf_ != nullptr ? hf_->names() : weights_->order();
+  for (const std::string& name : names) {
+    out.emplace_back(name, *Shape(name, "weights"));
   }
   return out;
 }
 
-std::pair<const SafetensorsFile*, std::string> CheckpointReader::Locate(
-    const std::string& name, const std::string& part) const {
-  if (part == "weights") return {weights_.get(), name};
-  return {optimizer_.get(), part + "/" + name};
+std::pair<const SafetensorsFile*, const SafetensorsFile::Entry*>
+CheckpointReader::Locate(const std::string& name,
+                         const std::string& part) const {
+  if (hf_ != nullptr) {
+    if (part != "weights") return {nullptr, nullptr};  // weights only
+    return hf_->Locate(name);
+  }
+  const bool weights = part == "weights";
+  const SafetensorsFile* file = weights ? weights_.get() : optimizer_.get();
+  const SafetensorsFile::Entry* entry =
+      file == nullptr ? nullptr
+                      : file->Find(weights ? name : part + "/" + name);
+  if (entry == nullptr) return {nullptr, nullptr};
+  return {file, entry};
 }
 
 const std::vector<int64_t>* CheckpointReader::Shape(
@@ -123,10 +142,15 @@ const std::vector<int64_t>* CheckpointReader::Shape(
         std::find(moments_.begin(), moments_.end(), part) != moments_.end();
     return stored ? sharded_->ShapeOf(name) : nullptr;
   }
-  const auto [file, key] = Locate(name, part);
-  const SafetensorsFile::Entry* entry =
-      file == nullptr ? nullptr : file->Find(key);
+  const SafetensorsFile::Entry* entry = Locate(name, part).second;
   return entry == nullptr ? nullptr : &entry->shape;
+}
+
+std::string CheckpointReader::Dtype(const std::string& name,
+                                    const std::string& part) const {
+  if (Shape(name, part) == nullptr) return "";
+  if (sharded_ != nullptr) return sharded_->DtypeOf(name, part);
+  return Locate(name, part).second->dtype;
 }
 
 absl::Status CheckpointReader::Read(const std::string& name,
@@ -143,8 +167,8 @@ absl::Status CheckpointReader::Read(const std::string& name,
                      Elements(*shape), " elements, ", elements, " asked for"));
   }
   if (sharded_ != nullptr) return sharded_->Read(name, part, out);
-  const auto [file, key] = Locate(name, part);
-  return file->ReadRange(*file->Find(key), 0, elements, out);
+  const auto [file, entry] = Locate(name, part);
+  return file->ReadRange(*entry, 0, elements, out);
 }
 
 absl::Status CheckpointReader::ReadAs(const std::string& name,

@@ -9,29 +9,35 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "client/checkpoint/hf_checkpoint.h"
 #include "client/checkpoint/json_value.h"
 #include "client/checkpoint/safetensors.h"
 #include "client/checkpoint/sharded_tensors.h"
 
 namespace lohan::checkpoint {
 
-// A checkpoint, read tensor by tensor (nothing is loaded whole), in either
-// format: one process's model.safetensors (+ optimizer.safetensors), or
-// the ranks' shard files (each parameter assembled from the shards that
-// hold it, whatever number of ranks saved it). Also a bare safetensors file
-// of fp32 weights (no lohan.json). Opening checks lohan.json's manifest
-// (every listed file present, of its size, from the same save; with
-// `verify`, also every file's CRC-32).
+// A checkpoint, read tensor by tensor (nothing is loaded whole), in any of
+// the formats README.md describes: lohan's one-process model.safetensors
+// (+ optimizer.safetensors), or its ranks' shard files (each parameter
+// assembled from the shards that hold it, whatever number of ranks saved
+// it); a Hugging Face directory (no lohan.json; model.safetensors, or the
+// shards model.safetensors.index.json names); a bare safetensors file.
+// The last two hold weights only: iteration 0, no moments, meta_json "{}",
+// world size 1. Tensors are stored as F32, BF16 or F16 and read as fp32.
+// Opening checks lohan.json's manifest (every listed file present, of its
+// size, from the same save; with `verify`, also every file's CRC-32), or a
+// Hugging Face index against its shards.
 class CheckpointReader {
  public:
-  // NOT_FOUND for a directory that is no checkpoint (naming the previous
-  // checkpoint an interrupted save set aside, if any); DATA_LOSS for a
-  // missing, torn, mixed or damaged file.
+  // `path`: a checkpoint directory or a safetensors file. NOT_FOUND for a
+  // directory that is no checkpoint (naming the previous checkpoint an
+  // interrupted save set aside, if any); DATA_LOSS for a missing, torn,
+  // mixed or damaged file, or a Hugging Face index its shards belie.
   static absl::StatusOr<std::unique_ptr<CheckpointReader>> Open(
       const std::string& path, bool verify);
 
   const std::string& path() const { return path_; }
-  // lohan.json as stored ("{}" for a bare file).
+  // lohan.json as stored ("{}" for a Hugging Face checkpoint or a file).
   const std::string& meta_json() const { return meta_text_; }
   uint64_t iteration() const { return iteration_; }
   // The optimizer parts it holds ("exp_avg", ...); empty without them.
@@ -44,9 +50,13 @@ class CheckpointReader {
   // nullptr when the checkpoint lacks it.
   const std::vector<int64_t>* Shape(const std::string& name,
                                     const std::string& part) const;
+  // The dtype `part` of parameter `name` is stored in ("F32", "BF16",
+  // "F16", or one Read refuses, e.g. "I64"); "" when the checkpoint lacks
+  // it.
+  std::string Dtype(const std::string& name, const std::string& part) const;
   // `part` of parameter `name` into `out`, which holds `elements` floats:
   // NOT_FOUND when the checkpoint lacks it, INVALID_ARGUMENT when it has
-  // another element count.
+  // another element count or a dtype lohan does not read.
   absl::Status Read(const std::string& name, const std::string& part,
                     float* out, uint64_t elements) const;
   // Read, for a parameter of `shape`: NOT_FOUND or INVALID_ARGUMENT saying
@@ -59,8 +69,9 @@ class CheckpointReader {
   absl::Status OpenDirectory(bool verify);
   absl::Status OpenFiles(const std::string& weights,
                          const std::string& optimizer);
-  // The file and the key of `part` of `name` in a one-process checkpoint.
-  std::pair<const SafetensorsFile*, std::string> Locate(
+  // The file and entry of `part` of `name` in a checkpoint not sharded by
+  // ranks; both nullptr when it lacks them.
+  std::pair<const SafetensorsFile*, const SafetensorsFile::Entry*> Locate(
       const std::string& name, const std::string& part) const;
 
   std::string path_;
@@ -69,11 +80,11 @@ class CheckpointReader {
   std::vector<std::string> moments_;
   std::unique_ptr<SafetensorsFile> weights_;
   std::unique_ptr<SafetensorsFile> optimizer_;
-  std::unique_ptr<ShardedTensors> sharded_;  // instead of the two files
+  // Instead of the two files: a sharded checkpoint, or a Hugging Face
+  // directory or bare file.
+  std::unique_ptr<ShardedTensors> sharded_;
+  std::unique_ptr<HfCheckpoint> hf_;
 };
-
-// A shape as Python prints a tuple: (2, 3), (4,), ().
-std::string ShapeText(const std::vector<int64_t>& shape);
 
 }  // namespace lohan::checkpoint
 

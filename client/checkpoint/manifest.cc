@@ -125,8 +125,8 @@ absl::Status CheckManifest(const fs::path& directory, const JsonValue& meta,
   return absl::OkStatus();
 }
 
-absl::Status MissingCheckpoint(const fs::path& directory,
-                               const fs::path& what) {
+absl::Status MissingCheckpoint(const fs::path& directory, const fs::path& what,
+                               bool hugging_face) {
   const std::string old_prefix =
       "." + directory.filename().string() + ".lohan-old-";
   std::error_code ignored;
@@ -141,16 +141,18 @@ absl::Status MissingCheckpoint(const fs::path& directory,
           directory.filename().string(), ")"));
     }
   }
-  return absl::NotFoundError(
-      absl::StrCat(what.string(),
-                   " does not exist: not a lohan checkpoint (engine.save(dir) "
-                   "writes one)"));
+  return absl::NotFoundError(absl::StrCat(
+      what.string(),
+      " does not exist: not a lohan checkpoint (engine.save(dir) writes one)",
+      hugging_face ? " nor a Hugging Face checkpoint directory (which holds "
+                     "model.safetensors or model.safetensors.index.json)"
+                   : ""));
 }
 
 absl::Status VerifyCheckpoint(const std::string& directory) {
   const fs::path path(directory);
   if (!fs::exists(path / kMetaFile)) {
-    return MissingCheckpoint(path, path / kMetaFile);
+    return MissingCheckpoint(path, path / kMetaFile, /*hugging_face=*/false);
   }
   absl::StatusOr<JsonValue> meta = ReadMeta(path);
   if (!meta.ok()) return meta.status();

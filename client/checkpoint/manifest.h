@@ -40,9 +40,12 @@ absl::Status CheckManifest(const std::filesystem::path& directory,
 
 // NOT_FOUND: `what` (a file of `directory`) does not exist; where an
 // interrupted two-rename switch set the previous checkpoint aside, says
-// where it is and how to put it back.
+// where it is and how to put it back; else that this is no lohan checkpoint
+// (with `hugging_face`, nor a Hugging Face checkpoint directory, saying
+// which files one holds).
 absl::Status MissingCheckpoint(const std::filesystem::path& directory,
-                               const std::filesystem::path& what);
+                               const std::filesystem::path& what,
+                               bool hugging_face);
 
 // Reads every file of the checkpoint in `directory` against its manifest
 // (sizes, save id, CRC-32).

@@ -4,11 +4,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cstdint>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "client/checkpoint/dtype.h"
 #include "client/checkpoint/json_value.h"
 #include "wire/errno_status.h"
 
@@ -29,6 +33,14 @@ std::array<uint32_t, 256> CrcTable() {
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__);
 
 constexpr uint64_t kMaxHeaderBytes = 100u << 20;
+// The most bytes a read of converted elements holds at once.
+constexpr uint64_t kPieceBytes = 1u << 20;
+
+// DATA_LOSS: the header of `path` is damaged (`why`).
+absl::Status Damaged(const std::string& path, absl::string_view why) {
+  return absl::DataLossError(absl::StrCat(
+      "checkpoint: ", path, " is not a safetensors file (", why, ")"));
+}
 
 // All `bytes` at `offset`, or DATA_LOSS where the file ends first.
 absl::Status ReadAt(int fd, const std::string& path, uint64_t offset, void* out,
@@ -82,6 +94,14 @@ uint64_t Elements(const std::vector<int64_t>& shape) {
   uint64_t count = 1;
   for (int64_t size : shape) count *= static_cast<uint64_t>(size);
   return count;
+}
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::string out = "(";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    absl::StrAppend(&out, i > 0 ? ", " : "", shape[i]);
+  }
+  return out + (shape.size() == 1 ? ",)" : ")");
 }
 
 uint32_t Crc32(uint32_t crc, const void* data, size_t bytes) {
@@ -184,64 +204,72 @@ absl::Status SafetensorsFile::ParseHeader(uint64_t size) {
   uint64_t length = 0;
   if (size < 8 || !ReadAt(fd_.get(), path_, 0, &length, 8).ok() ||
       length > size - 8 || length > kMaxHeaderBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("checkpoint: ", path_,
-                     " is not a safetensors file (bad header length)"));
+    return Damaged(path_, "bad header length");
   }
   std::string header(length, '\0');
   if (absl::Status read = ReadAt(fd_.get(), path_, 8, header.data(), length);
       !read.ok()) {
     return read;
   }
-  absl::StatusOr<JsonValue> root = JsonValue::Parse(header, path_ + " header");
-  if (!root.ok()) return root.status();
-  if (!root->is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "checkpoint: ", path_, ": the header is not a JSON object"));
-  }
-  const uint64_t data_start = 8 + length;
+  absl::StatusOr<JsonValue> root = JsonValue::Parse(header, "the header");
+  if (!root.ok()) return Damaged(path_, root.status().message());
+  if (!root->is_object()) return Damaged(path_, "the header is no object");
   for (const auto& [name, value] : root->members()) {
     if (name == "__metadata__") {
       for (const auto& [key, text] : value.members())
         metadata_[key] = text.text();
       continue;
     }
-    const std::string what = path_ + ": tensor " + name;
-    const JsonValue* dtype = value.Find("dtype");
-    const JsonValue* shape = value.Find("shape");
-    const JsonValue* offsets = value.Find("data_offsets");
-    if (dtype == nullptr || shape == nullptr || offsets == nullptr ||
-        offsets->items().size() != 2) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "checkpoint: ", what, " lacks dtype, shape or data_offsets"));
+    if (absl::Status added = AddEntry(name, value, 8 + length, size);
+        !added.ok()) {
+      return added;
     }
-    if (dtype->text() != "F32") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("checkpoint: ", what, " is ", dtype->text(),
-                       "; lohan checkpoints are F32"));
-    }
-    Entry entry;
-    for (const JsonValue& d : shape->items()) {
-      absl::StatusOr<uint64_t> size = d.AsUint64(what);
-      if (!size.ok()) return size.status();
-      entry.shape.push_back(static_cast<int64_t>(*size));
-    }
-    absl::StatusOr<uint64_t> first = offsets->items()[0].AsUint64(what);
-    absl::StatusOr<uint64_t> last = offsets->items()[1].AsUint64(what);
-    if (!first.ok()) return first.status();
-    if (!last.ok()) return last.status();
-    entry.begin = data_start + *first;
-    entry.end = data_start + *last;
-    if (entry.end < entry.begin || entry.end > size ||
-        entry.end - entry.begin != 4 * Elements(entry.shape)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "checkpoint: ", what,
-          " has data_offsets outside the file or not of its shape (a torn "
-          "file?)"));
-    }
-    order_.push_back(name);
-    entries_[name] = std::move(entry);
   }
+  return absl::OkStatus();
+}
+
+absl::Status SafetensorsFile::AddEntry(const std::string& name,
+                                       const JsonValue& value,
+                                       uint64_t data_start, uint64_t size) {
+  const std::string what = path_ + ": tensor " + name;
+  const JsonValue* dtype = value.Find("dtype");
+  const JsonValue* shape = value.Find("shape");
+  const JsonValue* offsets = value.Find("data_offsets");
+  if (dtype == nullptr || shape == nullptr || offsets == nullptr ||
+      offsets->items().size() != 2) {
+    return absl::DataLossError(absl::StrCat(
+        "checkpoint: ", what, " lacks dtype, shape or data_offsets"));
+  }
+  Entry entry{name, dtype->text(), {}, 0, 0};
+  uint64_t bits = DtypeBits(entry.dtype);
+  for (const JsonValue& d : shape->items()) {
+    absl::StatusOr<uint64_t> dim = d.AsUint64(what);
+    if (!dim.ok() || *dim > uint64_t{INT64_MAX} ||
+        __builtin_mul_overflow(bits, *dim, &bits)) {
+      return absl::DataLossError(
+          absl::StrCat("checkpoint: ", what, " has a damaged shape"));
+    }
+    entry.shape.push_back(static_cast<int64_t>(*dim));
+  }
+  absl::StatusOr<uint64_t> first = offsets->items()[0].AsUint64(what);
+  absl::StatusOr<uint64_t> last = offsets->items()[1].AsUint64(what);
+  if (!first.ok() || !last.ok() || *last < *first ||
+      (DtypeBits(entry.dtype) != 0 && *last - *first != (bits + 7) / 8)) {
+    return absl::DataLossError(absl::StrCat(
+        "checkpoint: ", what, " has data_offsets not of its shape ",
+        ShapeText(entry.shape), " and dtype ", entry.dtype,
+        " (a damaged header)"));
+  }
+  if (*last > size - data_start) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint: ", path_, " is cut short: it ends at byte ",
+                     size, ", before tensor ", name, "'s data (to byte ",
+                     data_start + *last, ")"));
+  }
+  entry.begin = data_start + *first;
+  entry.end = data_start + *last;
+  order_.push_back(name);
+  entries_[name] = std::move(entry);
   return absl::OkStatus();
 }
 
@@ -253,13 +281,34 @@ const SafetensorsFile::Entry* SafetensorsFile::Find(
 
 absl::Status SafetensorsFile::ReadRange(const Entry& entry, uint64_t first,
                                         uint64_t count, float* out) const {
-  const uint64_t elements = (entry.end - entry.begin) / 4;
+  const uint64_t elements = Elements(entry.shape);
   if (first > elements || count > elements - first) {
     return absl::OutOfRangeError(
         absl::StrCat("checkpoint: ", path_, ": elements ", first, " + ", count,
                      " of a tensor of ", elements));
   }
-  return ReadAt(fd_.get(), path_, entry.begin + 4 * first, out, 4 * count);
+  if (!ReadsAsFloat(entry.dtype)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint: ", path_, ": tensor ", entry.name, " is ",
+                     entry.dtype, "; lohan reads F32, BF16 and F16 tensors"));
+  }
+  const uint64_t size = DtypeBits(entry.dtype) / 8;
+  if (size == 4) {  // no conversion: straight into `out`
+    return ReadAt(fd_.get(), path_, entry.begin + 4 * first, out, 4 * count);
+  }
+  std::vector<unsigned char> piece(std::min(count, kPieceBytes / size) * size);
+  for (uint64_t done = 0; done < count;) {
+    const uint64_t n = std::min(count - done, kPieceBytes / size);
+    if (absl::Status read =
+            ReadAt(fd_.get(), path_, entry.begin + size * (first + done),
+                   piece.data(), size * n);
+        !read.ok()) {
+      return read;
+    }
+    ConvertToFloat(entry.dtype, piece.data(), n, out + done);
+    done += n;
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<FileDigest> DigestFile(const std::string& path) {

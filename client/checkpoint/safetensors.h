@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "client/checkpoint/json_value.h"
 #include "wire/unique_fd.h"
 
 namespace lohan::checkpoint {
@@ -30,6 +31,8 @@ struct FileDigest {
 };
 
 uint64_t Elements(const std::vector<int64_t>& shape);
+// A shape as Python prints a tuple: (2, 3), (4,), ().
+std::string ShapeText(const std::vector<int64_t>& shape);
 
 // Writes one safetensors file of fp32 tensors declared up front: an 8-byte
 // little-endian header length, the JSON header (`__metadata__` first, then
@@ -62,14 +65,22 @@ class SafetensorsWriter {
   FileDigest digest_;
 };
 
-// A safetensors file's header, read and checked (fp32 tensors, offsets
-// within the file), and its tensors read by name. Errors name the file.
+// A safetensors file's header, read and checked, and its tensors read by
+// name as fp32. Opening reads only the header: DATA_LOSS naming the file for
+// a damaged one (a length past the file's end, no JSON object, an entry
+// without dtype, shape or data_offsets) and naming the tensor too for one
+// whose data lies past the file's end (a file cut short) or is not of its
+// shape and dtype. Tensors of any dtype pass the open; F32, BF16 and F16
+// ones are read (converted exactly), others are refused when read. Errors
+// name the file.
 class SafetensorsFile {
  public:
   static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(
       const std::string& path);
 
   struct Entry {
+    std::string name;
+    std::string dtype;  // as the header spells it: "F32", "BF16", "I64", ...
     std::vector<int64_t> shape;
     uint64_t begin = 0;  // from the start of the file
     uint64_t end = 0;
@@ -80,7 +91,9 @@ class SafetensorsFile {
   // nullptr when the file has no tensor `name`.
   const Entry* Find(const std::string& name) const;
   // `count` of its elements from element `first` on (of the flat tensor)
-  // into `out`; OUT_OF_RANGE past its end.
+  // into `out` as fp32, read in pieces of at most 1 MiB (no buffer beyond
+  // `out` holds more); OUT_OF_RANGE past its end, INVALID_ARGUMENT naming
+  // the file, the tensor and its dtype for one not F32, BF16 or F16.
   absl::Status ReadRange(const Entry& entry, uint64_t first, uint64_t count,
                          float* out) const;
   // Every tensor, by name, and the order the header declares them in.
@@ -92,6 +105,8 @@ class SafetensorsFile {
   SafetensorsFile(std::string path, UniqueFd fd)
       : path_(std::move(path)), fd_(std::move(fd)) {}
   absl::Status ParseHeader(uint64_t file_size);
+  absl::Status AddEntry(const std::string& name, const JsonValue& value,
+                        uint64_t data_start, uint64_t file_size);
 
   std::string path_;
   UniqueFd fd_;

@@ -122,6 +122,15 @@ const std::vector<int64_t>* ShardedTensors::ShapeOf(
   return found == where_.end() ? nullptr : &found->second.shape;
 }
 
+std::string ShardedTensors::DtypeOf(const std::string& name,
+                                    const std::string& part) const {
+  const auto found = where_.find(name);
+  if (found == where_.end()) return "";
+  const SafetensorsFile::Entry* entry =
+      files_[0]->Find(absl::StrCat("layer.", found->second.layer, "/", part));
+  return entry == nullptr ? "" : entry->dtype;
+}
+
 absl::Status ShardedTensors::Read(const std::string& name,
                                   const std::string& part, float* out) const {
   const auto found = where_.find(name);

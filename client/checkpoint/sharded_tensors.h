@@ -35,6 +35,9 @@ class ShardedTensors {
   uint32_t world_size() const { return static_cast<uint32_t>(files_.size()); }
   // nullptr when the checkpoint has no parameter `name`.
   const std::vector<int64_t>* ShapeOf(const std::string& name) const;
+  // The dtype rank 0's file stores `part` of parameter `name`'s layer in
+  // ("F32" as lohan writes it); "" when it lacks it.
+  std::string DtypeOf(const std::string& name, const std::string& part) const;
   // Every parameter, in the layers' order.
   const std::vector<std::string>& names() const { return names_; }
   // `part` of parameter `name` (ShapeOf's elements) into `out`; NOT_FOUND

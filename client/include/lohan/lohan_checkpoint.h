@@ -22,7 +22,9 @@
  *   lohan_checkpoint_save_close_files        this process's file entries
  *   lohan_checkpoint_save_commit(meta, files) one process, or rank 0 with
  *     every rank's entries
- * Reading: lohan_checkpoint_open, then tensors by name and part.
+ * Reading: lohan_checkpoint_open, then tensors by name and part. It also
+ * reads the weights of a Hugging Face checkpoint (model.safetensors, or
+ * shards named by model.safetensors.index.json; F32, BF16 or F16).
  */
 #ifndef LOHAN_CHECKPOINT_H_
 #define LOHAN_CHECKPOINT_H_
@@ -38,30 +40,41 @@ typedef struct lohan_checkpoint lohan_checkpoint;
 /* A save in progress. */
 typedef struct lohan_checkpoint_save lohan_checkpoint_save;
 
-/* Opening checks lohan.json's manifest (every file present, of its size,
-   from one save; LOHAN_DATA_LOSS naming a missing, torn or mixed file);
-   with LOHAN_CHECKPOINT_VERIFY also every file's CRC-32 (a read of every
-   byte). `path`: a checkpoint directory (either format) or a bare
-   safetensors file of fp32 weights. LOHAN_NOT_FOUND for what is no
+/* `path`: a lohan checkpoint directory (either format); a Hugging Face
+   checkpoint directory (no lohan.json: model.safetensors, or
+   model.safetensors.index.json and the shard files it names); or a bare
+   safetensors file. Tensors may be stored as F32, BF16 or F16 and are read
+   as fp32 (exactly); one of another dtype is refused when read. A Hugging
+   Face directory or a bare file holds weights only: iteration 0, no
+   optimizer parts, meta "{}", every parameter by its tensor name.
+   Opening reads only the files' headers and checks lohan.json's manifest
+   (every file present, of its size, from one save; LOHAN_DATA_LOSS naming
+   a missing, torn or mixed file); with LOHAN_CHECKPOINT_VERIFY also every
+   file's CRC-32 (a read of every byte). A Hugging Face index is checked
+   against its shards (LOHAN_DATA_LOSS naming the index and a missing file
+   or a tensor its file lacks); a damaged header or a file cut short is
+   LOHAN_DATA_LOSS naming the file. LOHAN_NOT_FOUND for what is no
    checkpoint, naming the previous checkpoint an interrupted save set
    aside. */
 #define LOHAN_CHECKPOINT_VERIFY 1u
 LOHAN_CLIENT_API int lohan_checkpoint_open(const char* path, uint32_t flags,
                                            lohan_checkpoint** out);
 LOHAN_CLIENT_API void lohan_checkpoint_destroy(lohan_checkpoint* checkpoint);
-/* lohan.json's text ("{}" for a bare file). */
+/* lohan.json's text ("{}" for a Hugging Face checkpoint or a bare file). */
 LOHAN_CLIENT_API const char* lohan_checkpoint_meta_json(
     const lohan_checkpoint* checkpoint);
 /* The Adam steps the checkpoint's job had taken (lohan.json's iteration;
-   0 for a bare file). */
+   0 for a Hugging Face checkpoint or a bare file). */
 LOHAN_CLIENT_API uint64_t
 lohan_checkpoint_iteration(const lohan_checkpoint* checkpoint);
 /* 1 when it holds optimizer part `part` ("exp_avg", "exp_avg_sq",
    "max_exp_avg_sq") of every parameter, else 0. */
 LOHAN_CLIENT_API int lohan_checkpoint_has_part(
     const lohan_checkpoint* checkpoint, const char* part);
-/* Every parameter stored, in order, as JSON: [{"name": ..., "shape": [...]},
-   ...]; free with lohan_string_free. */
+/* Every parameter stored, in order, as JSON: [{"name": ..., "shape": [...],
+   "dtype": ...}, ...], "dtype" the safetensors dtype its weights are stored
+   in ("F32", "BF16", "F16"; another, e.g. "I64", is one
+   lohan_checkpoint_read refuses); free with lohan_string_free. */
 LOHAN_CLIENT_API int lohan_checkpoint_parameters_json(
     const lohan_checkpoint* checkpoint, char** json_out);
 /* The shape of `part` ("weights", "exp_avg", "exp_avg_sq",
@@ -72,7 +85,9 @@ LOHAN_CLIENT_API int lohan_checkpoint_shape(const lohan_checkpoint* checkpoint,
                                             const char* name, const char* part,
                                             int64_t* dims, size_t capacity,
                                             size_t* ndims_out);
-/* Its fp32 values into `out` (`elements` floats, the shape's count). */
+/* Its values as fp32 into `out` (`elements` floats, the shape's count);
+   LOHAN_INVALID_ARGUMENT naming the file, the tensor and its dtype for one
+   stored in a dtype other than F32, BF16 or F16. */
 LOHAN_CLIENT_API int lohan_checkpoint_read(const lohan_checkpoint* checkpoint,
                                            const char* name, const char* part,
                                            float* out, uint64_t elements);

@@ -182,31 +182,40 @@ class CheckpointReader:
     found under any of their names (tied weights are stored once, under the
     first). Refuses a torn or mixed directory (CheckpointError)."""
 
-    def __init__(self, directory: PathLike):
+    def __init__(self, directory: PathLike, weights_only: bool = False):
+        """`weights_only`: a new job's starting weights (lohan.init's
+        weights=): whatever else the checkpoint holds (moments, step,
+        lohan.json's fields) is not read."""
         self._lib = _native.library()
         self.path = Path(directory)
         handle = ctypes.c_void_p()
         _call(self._lib.lohan_checkpoint_open(os.fsencode(directory), 0,
                                               ctypes.byref(handle)))
         self._handle = handle
-        self.meta: Dict[str, Any] = json.loads(
+        self.meta: Dict[str, Any] = {} if weights_only else json.loads(
             self._lib.lohan_checkpoint_meta_json(handle).decode())
-        self.moments: List[str] = [
+        self.moments: List[str] = [] if weights_only else [
             part for part in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
             if self._lib.lohan_checkpoint_has_part(handle, part.encode())]
-        self.iteration = int(self._lib.lohan_checkpoint_iteration(handle))
+        self.iteration = 0 if weights_only else int(
+            self._lib.lohan_checkpoint_iteration(handle))
 
     def __del__(self) -> None:
         handle = getattr(self, "_handle", None)
         if handle:
             self._lib.lohan_checkpoint_destroy(handle)
 
-    def names(self) -> List[str]:
-        """The name every stored parameter's weights are under."""
+    def entries(self) -> List[Dict[str, Any]]:
+        """Every stored parameter's weights: its "name", "shape" and
+        stored "dtype" (safetensors' name: "F32", "BF16", ...)."""
         text = ctypes.c_void_p()
         _call(self._lib.lohan_checkpoint_parameters_json(
             self._handle, ctypes.byref(text)))
-        return [entry["name"] for entry in json.loads(take_text(text))]
+        return json.loads(take_text(text))
+
+    def names(self) -> List[str]:
+        """The name every stored parameter's weights are under."""
+        return [entry["name"] for entry in self.entries()]
 
     def _shape(self, name: str, part: str) -> Optional[List[int]]:
         dims = (ctypes.c_int64 * 16)()

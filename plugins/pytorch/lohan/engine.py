@@ -21,7 +21,7 @@ import os
 import warnings
 from dataclasses import dataclass
 from typing import (TYPE_CHECKING, Any, Callable, ContextManager, Dict,
-                    List, Mapping, Optional, Union)
+                    FrozenSet, List, Mapping, Optional, Union)
 
 import torch
 from torch import nn
@@ -47,6 +47,9 @@ from lohan.placement import Placement, normalized, place
 from lohan.rank_commits import rejoin_point, release_kept
 from lohan.sharding import (RankFailure, Sharding, backward_order,
                             process_group_of)
+from lohan.pretrained import OutTensor, write_configs, write_pretrained
+from lohan.progress import Progress
+from lohan.starting_weights import MetaHome, StoredNames, materialize
 from lohan.weights import Weights, open_checkpoint
 
 if TYPE_CHECKING:
@@ -103,8 +106,21 @@ class Engine:
         where = place(model, opts)
         self._adopt(where)
         self._shard_across_ranks(opts)
-        self._checkpoint = open_checkpoint(opts.resume)
-        if self.params_mode == "resident" and where.moves_to_device:
+        self._checkpoint = open_checkpoint(opts.resume, opts.weights)
+        # weights=PATH: the checkpoint is checked against the model before
+        # any job is made.
+        stored = (StoredNames(model, self._checkpoint)
+                  if opts.weights is not None else None)
+        self._saved_dtype = stored.dtype if stored is not None else None
+        stand_ins: FrozenSet[int] = frozenset()
+        if where.home_device.type == "meta":
+            self._meta_home = MetaHome(model)
+            try:
+                stand_ins = frozenset(materialize(model, where, stored))
+            except BaseException:
+                self._meta_home.give_back()
+                raise
+        elif self.params_mode == "resident" and where.moves_to_device:
             model.to(self.device)  # all of it: asked for resident weights
         requests, self._groups = param_groups(
             model, self.layers, opts.param_groups, self.lr, self.weight_decay)
@@ -112,7 +128,7 @@ class Engine:
                        **exemptions(self.layers, opts.no_weight_decay),
                        "param_groups": requests}
         try:
-            self._open_job(opts, where, description)
+            self._open_job(opts, where, description, stored, stand_ins)
         except BaseException:
             self.close()
             raise
@@ -172,6 +188,10 @@ class Engine:
         self._run: Optional[DistributedRun] = None
         self._uninstall_activations: Callable[[], None] = lambda: None
         self._loss = causal_lm.Installed()
+        # A model given on the meta device goes back there at close.
+        self._meta_home: Optional[MetaHome] = None
+        # The dtype of the checkpoint weights= loaded (save_pretrained's).
+        self._saved_dtype: Optional[torch.dtype] = None
 
     def _adopt(self, where: Placement) -> None:
         # Where the model computes, and where its parameters were given
@@ -210,15 +230,20 @@ class Engine:
         return self._sharding.world if self._sharding else 1
 
     def _open_job(self, opts: EngineOptions, where: Placement,
-                  description: Dict[str, Any]) -> None:
+                  description: Dict[str, Any],
+                  stored: Optional[StoredNames],
+                  stand_ins: FrozenSet[int]) -> None:
         """The job with its arena and the model registered, the first
         states written or read, the model in the training dtype.
-        `description`: the model and its groups (ModelDescription)."""
+        `description`: the model and its groups (ModelDescription);
+        `stored`: the checkpoint's names of the parameters (weights=);
+        `stand_ins`: the parameters holding no values (materialize)."""
         self._session = session = JobSession(opts.socket, self.job_name,
                                                  self._run)
         self._weights = Weights(self.model, self.layers, self.dtype, session,
                                 self._checkpoint, self._amsgrad,
-                                self.job_name, self._sharding)
+                                self.job_name, self._sharding, stored,
+                                stand_ins)
         # resume=True continues this user's job of that name on the daemon;
         # resume=<directory> starts a new job from a checkpoint (weights,
         # and the Adam moments and step when it has them).
@@ -243,7 +268,16 @@ class Engine:
                 stacklevel=4)
         session.setup_cuda(self.device)
         self._weights.load_or_init(int(remote.iteration))
-        if opts.dtype is not None:
+        if opts.dtype is not None and self._meta_home is not None:
+            # As transformers' from_pretrained(dtype=...): the parameters;
+            # the buffers keep the dtype the constructor made them in
+            # (rotary frequencies stay fp32).
+            with torch.no_grad():
+                for param in self.model.parameters():
+                    if param.is_floating_point() and param.dtype != (
+                            self.dtype):
+                        param.data = param.data.to(self.dtype)
+        elif opts.dtype is not None:
             self.model.to(self.dtype)  # buffers and frozen parameters too
 
     def _start_iterations(self, opts: EngineOptions,
@@ -315,6 +349,12 @@ class Engine:
         """"resident" or "streamed": how the arena holds gradients and
         16-bit weights."""
         return self._session.buffers
+
+    @property
+    def model_on_meta(self) -> bool:
+        """The model was given on the meta device: close() puts it back
+        there (save_pretrained first to keep the trained weights)."""
+        return self._meta_home is not None
 
     @property
     def iteration(self) -> int:
@@ -531,6 +571,47 @@ class Engine:
             "loss_scaling": self._iteration.steps.loss_scaling,
         })
 
+    def save_pretrained(self, directory: Union[str, os.PathLike],
+                        dtype: Optional[torch.dtype] = None,
+                        max_shard_size: Union[int, str] = "5GB") -> str:
+        """Writes the model as a Hugging Face checkpoint directory
+        (pretrained.py): config.json, safetensors shards of at most
+        `max_shard_size` and their index, the model's own names, in `dtype`
+        (default: the dtype of the checkpoint lohan.init's weights= loaded,
+        else the training dtype), each trained parameter rounded from its
+        fp32 master. A layer at a time from lohand; all or nothing (a
+        failed save leaves `directory` as it was). Returns the directory.
+        transformers' from_pretrained loads it as it is. Between steps
+        only."""
+        self._check_open()
+        if self._in_iteration:
+            raise RuntimeError("lohan: save_pretrained() in the middle of a "
+                               "step; call engine.step() first")
+        if self._sharding is not None:
+            raise NotImplementedError(
+                "lohan: save_pretrained with data-parallel ranks is not "
+                "there yet; engine.save(directory) writes a checkpoint "
+                "lohan.init(..., weights=directory) loads")
+        out = dtype or self._saved_dtype or self.dtype
+        if not isinstance(out, torch.dtype) or not out.is_floating_point:
+            raise TypeError(f"dtype={dtype!r}: a floating-point torch.dtype")
+        tensors = self._weights.pretrained_tensors(out)
+        progress = Progress(f"saving to {directory}", len(tensors),
+                            sum(t.numel for t in tensors), unit="tensors")
+
+        def counted(tensor: OutTensor) -> OutTensor:
+            def read() -> torch.Tensor:
+                value = tensor.read()
+                progress.advance(value.numel())
+                return value
+            return OutTensor(tensor.name, tensor.shape, tensor.dtype, read)
+
+        path = write_pretrained(
+            directory, [counted(t) for t in tensors], max_shard_size,
+            lambda staging: write_configs(self.model, staging, out))
+        progress.done()
+        return str(path)
+
     # ------------------------------------------------------------- teardown
 
     def _check_open(self) -> None:
@@ -587,7 +668,9 @@ class Engine:
         self._loss.uninstall()
         if self._auto is not None:
             self._auto.close()
-        if home is not None and normalized(home) != self.device:
+        if self._meta_home is not None:
+            self._meta_home.give_back()
+        elif home is not None and normalized(home) != self.device:
             self.model.to(home)
         if self._activations is not None:
             self._activations.close()
@@ -609,7 +692,9 @@ def init(model: nn.Module, **options: object) -> Engine:
     their defaults): device, frozen_host_bytes, lr, betas, eps,
     weight_decay, no_weight_decay, param_groups, max_grad_norm, adamw,
     amsgrad, bf16_moments, skip_nonfinite, clip_schedule, overlap_step,
-    service, dtype, loss_scale, loss_scale_growth_interval,
+    service, dtype, loss_scale, loss_scale_growth_interval, weights
+    (a checkpoint's weights to start from: the model may be built on the
+    meta device),
     initial_loss_scale, grad_accumulation_steps, blocks, activations,
     activation_host_bytes, activation_buffer_bytes, device_memory_bytes,
     params, buffers, stream_buffers, chunk_elements, socket, job_name,

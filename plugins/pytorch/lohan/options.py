@@ -45,6 +45,10 @@ class EngineOptions:
     job_name: Optional[str] = None
     dtype: Union[None, str, torch.dtype] = None
     resume: Union[bool, str, os.PathLike] = False
+    # A checkpoint to take the starting weights from (a Hugging Face
+    # directory, a safetensors file or an engine.save directory), read a
+    # layer at a time; the model may then be built on the meta device.
+    weights: Union[None, str, os.PathLike] = None
     grad_accumulation_steps: int = 1
     adamw: bool = True
     amsgrad: bool = False
@@ -89,6 +93,7 @@ class EngineOptions:
     process_group: object = None
 
     def __post_init__(self) -> None:
+        self._check_starting_weights()
         self._check_step_options()
         self._check_adam()
         self._check_memory_options()
@@ -119,6 +124,22 @@ class EngineOptions:
 
     def _set(self, name: str, value: object) -> None:
         object.__setattr__(self, name, value)  # frozen once checked
+
+    def _check_starting_weights(self) -> None:
+        weights = self.weights
+        if weights is None:
+            return
+        if not isinstance(weights, (str, os.PathLike)) or not str(weights):
+            raise TypeError(f"weights={weights!r}: the path of a checkpoint "
+                            "(a Hugging Face directory, a safetensors file "
+                            "or an engine.save directory)")
+        if self.resume is not False:
+            raise ValueError(
+                f"weights={str(weights)!r} with resume={self.resume!r}: "
+                "both say where the weights come from. weights= starts a "
+                "new job from a model's weights (fresh Adam moments); "
+                "resume=True continues a job, resume=<directory> an "
+                "engine.save checkpoint with its moments")
 
     def _check_step_options(self) -> None:
         steps = self.grad_accumulation_steps

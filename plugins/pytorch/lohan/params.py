@@ -45,15 +45,17 @@ from lohan.devices import to_device
 MODES = ("auto", "resident", "offload")
 
 
-def resolve_mode(mode: str, device: torch.device) -> str:
+def resolve_mode(mode: str, device: Optional[torch.device]) -> str:
     """"auto": offload when the model computes on an accelerator (its
-    weights then need not all fit it), else resident."""
+    weights then need not all fit it) or `device` is None (a model too
+    large to hold whole: built on the meta device), else resident."""
     if mode not in MODES:
         raise ValueError(f"params={mode!r} is not supported; use one of "
                          f"{', '.join(MODES)}")
     if mode != "auto":
         return mode
-    return "offload" if device.type != "cpu" else "resident"
+    return "offload" if device is None or device.type != "cpu" else (
+        "resident")
 
 
 class FrozenWeights:
@@ -117,6 +119,16 @@ class FrozenWeights:
         id(param)."""
         return {id(param): self._on_host(home)
                 for param, home, _ in self._homes.get(id(block), [])}
+
+    def stored(self, param: nn.Parameter
+               ) -> Optional[Tuple[torch.Size, Callable[[], torch.Tensor]]]:
+        """A frozen parameter's shape and a reader of its host values
+        (from the SSDs when it lives there); None for one not kept here."""
+        for entries in self._homes.values():
+            for frozen, home, _ in entries:
+                if frozen is param:
+                    return home.shape, lambda: self._on_host(home)
+        return None
 
     def _on_host(self, home: Any, pinned: bool = False) -> torch.Tensor:
         """A home's values in host memory: the host copy, or read from the

@@ -63,7 +63,10 @@ def place(model: nn.Module, options: EngineOptions) -> Placement:
     and resolve_dtype's errors) naming what does not fit."""
     home, device = _devices(model, options)
     blocks = find_blocks(model, options.blocks)
-    params_mode = resolve_params_mode(options.params, device)
+    # A model built on the meta device is too large to hold whole: its
+    # blocks' weights live with the daemon unless asked otherwise.
+    params_mode = resolve_params_mode(
+        options.params, device if home.type != "meta" else None)
     if options.param_unit == "sublayer" and params_mode != "offload":
         raise ValueError(
             f"param_unit='sublayer' streams offloaded weights a sublayer at "
@@ -116,12 +119,22 @@ def _devices(model: nn.Module,
             "CPU and pass device=... (lohan puts on the device what "
             "stays there and offloads the blocks' weights)")
     home = torch.device(devices[0] if devices else "cpu")
-    device = normalized(torch.device(options.device)
-                        if options.device is not None else home)
+    if home.type == "meta" and options.weights is None:
+        raise ValueError(
+            "lohan: the model's parameters are on the meta device (no "
+            "values yet); pass weights=PATH, the checkpoint they come from "
+            "(a Hugging Face directory, a safetensors file or an "
+            "engine.save directory)")
+    given = torch.device(options.device) if options.device is not None else (
+        home if home.type != "meta" else torch.device("cpu"))
+    device = normalized(given)
+    if device.type == "meta":
+        raise ValueError("lohan: device='meta' computes nothing; pass the "
+                         "device to train on ('cpu', 'cuda')")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"lohan: device={device} but torch sees no "
                          "CUDA device here")
-    if device != normalized(home) and home.type != "cpu":
+    if device != normalized(home) and home.type not in ("cpu", "meta"):
         raise ValueError(
             f"lohan: device={device} but the model is on "
             f"{home}: give a model on the CPU (a model "

@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 import warnings
-from typing import Callable, Dict, List, Mapping, Optional, Tuple, Union
+from typing import (Any, Callable, Dict, FrozenSet, List, Mapping,
+                    Optional, Tuple, Union)
 
 import torch
 from torch import nn
@@ -25,9 +26,11 @@ from lohan.client import LohanError, StatusCode
 from lohan.job import JobSession
 from lohan.lazy_weights import LazyWeights
 from lohan.params import FrozenWeights, ParameterResidency
+from lohan.pretrained import OutTensor
 from lohan.progress import Progress
 from lohan.sharded_checkpoint import save_sharded
 from lohan.sharding import Sharding
+from lohan.starting_weights import StoredNames
 
 # A trained parameter's name, the parameter and its version counter.
 Version = Tuple[str, nn.Parameter, int]
@@ -35,11 +38,15 @@ Version = Tuple[str, nn.Parameter, int]
 StateDictHook = Callable[[nn.Module, Dict[str, object], str, object], None]
 
 
-def open_checkpoint(resume: Union[bool, str, os.PathLike]
+def open_checkpoint(resume: Union[bool, str, os.PathLike],
+                    weights: Union[None, str, os.PathLike] = None
                     ) -> Optional[CheckpointReader]:
     """resume=<directory>: the checkpoint to start a new job from (its
-    weights, and the Adam moments and step when it has them); None for
+    weights, and the Adam moments and step when it has them); weights=PATH:
+    a checkpoint's weights alone (fresh moments at step 0); None for
     resume=True or False."""
+    if weights is not None:
+        return CheckpointReader(weights, weights_only=True)
     if isinstance(resume, bool):
         return None
     checkpoint = CheckpointReader(resume)
@@ -59,11 +66,17 @@ class Weights:
     def __init__(self, model: nn.Module, layers: List[Layer],
                  dtype: torch.dtype, session: JobSession,
                  checkpoint: Optional[CheckpointReader], amsgrad: bool,
-                 job_name: str, sharding: Optional[Sharding] = None) -> None:
+                 job_name: str, sharding: Optional[Sharding] = None,
+                 stored_names: Optional[StoredNames] = None,
+                 stand_ins: FrozenSet[int] = frozenset()) -> None:
         """`sharding` (data-parallel ranks): the job holds this rank's
         shard of each layer; whole layers are gathered from every rank's
         (collectives: every rank makes the same calls in the same
-        order)."""
+        order). `stored_names`: the checkpoint's name of each parameter
+        (weights=PATH); else a parameter is stored under one of its own
+        names. `stand_ins`: the ids of offloaded parameters that hold no
+        values (a model built on the meta device): nothing is copied into
+        them."""
         self._model = model
         self._layers = layers
         self._dtype = dtype
@@ -72,6 +85,8 @@ class Weights:
         self._amsgrad = amsgrad
         self._job_name = job_name
         self._sharding = sharding
+        self._stored_names = stored_names
+        self._stand_ins = stand_ins
         self.residency: Optional[ParameterResidency] = None
         self.frozen: Optional[FrozenWeights] = None
         self.lazy: Optional[LazyWeights] = None
@@ -154,12 +169,15 @@ class Weights:
         remote = self._session.remote
         parts = [p for p in checkpoint.moments
                  if p != "max_exp_avg_sq" or self._amsgrad]
-        aliases = parameter_aliases(self._model)
+        aliases = (parameter_aliases(self._model)
+                   if self._stored_names is None
+                   else self._stored_names.aliases(self._model))
         rank, world = ((0, 1) if self._sharding is None else
                        (self._sharding.rank, self._sharding.world))
-        progress = Progress(f"resuming from {checkpoint.path}",
-                            len(self._layers),
-                            sum(layer.numel for layer in self._layers))
+        progress = Progress(
+            f"{'loading weights' if self._stored_names else 'resuming'} "
+            f"from {checkpoint.path}", len(self._layers),
+            sum(layer.numel for layer in self._layers))
         for layer in self._layers:
             if remote.layer_initialized(layer.index):
                 raise LohanError(
@@ -170,7 +188,9 @@ class Weights:
             checkpoint.restore(remote, layer, ["weights"], aliases, rank,
                                world)
             self._convert(layer)
-            if self._dtype == torch.float32:
+            if any(id(p) in self._stand_ins for p in layer.params):
+                pass  # the daemon alone holds them; its block fetches them
+            elif self._dtype == torch.float32:
                 self._copy_into_params(
                     layer, self._whole(layer, self._session.staging))
             else:
@@ -448,6 +468,60 @@ class Weights:
         progress.done()
         return path
 
+    def pretrained_tensors(self, dtype: torch.dtype) -> List[OutTensor]:
+        """Every parameter (a tied one under its first name) and persistent
+        buffer of the model, in the model's order, as save_pretrained
+        writes them: a trained parameter rounded from its fp32 master (a
+        layer's masters read when its first parameter's turn comes, once
+        when its parameters are together, as the model orders them), a
+        frozen one and a buffer as the model holds them; floating-point
+        ones in `dtype`."""
+        where = {id(param): (layer, offset, shape) for layer in self._layers
+                 for param, offset, shape in zip(layer.params, layer.offsets,
+                                                 layer.shapes)}
+        remote, staging = self._session.remote, self._session.staging
+        current: List[Any] = [None, None]  # layer index, its masters
+
+        def master(param: nn.Parameter) -> Callable[[], torch.Tensor]:
+            layer, offset, shape = where[id(param)]
+
+            def read() -> torch.Tensor:
+                if current[0] != layer.index:
+                    remote.read_weights(layer.index)
+                    current[:] = [layer.index, self._whole(layer, staging)]
+                return current[1][offset:offset + shape.numel()].view(
+                    shape).to(dtype)
+            return read
+
+        def held(tensor_of: Callable[[], torch.Tensor]
+                 ) -> Callable[[], torch.Tensor]:
+            def read() -> torch.Tensor:
+                tensor = tensor_of().detach()
+                return tensor.to(dtype) if tensor.is_floating_point() else (
+                    tensor)
+            return read
+
+        tensors: List[OutTensor] = []
+        for name, param in self._model.named_parameters():
+            if id(param) in where:
+                shape = where[id(param)][2]
+                tensors.append(OutTensor(name, shape, dtype, master(param)))
+                continue
+            stored = self.frozen.stored(param) if self.frozen else None
+            shape, value = stored or (param.shape, lambda p=param: p)
+            out = dtype if param.is_floating_point() else param.dtype
+            tensors.append(OutTensor(name, shape, out, held(value)))
+        for module_name, module in self._model.named_modules():
+            for name, buffer in module._buffers.items():
+                if buffer is None or (
+                        name in module._non_persistent_buffers_set):
+                    continue
+                out = dtype if buffer.is_floating_point() else buffer.dtype
+                tensors.append(OutTensor(
+                    f"{module_name}.{name}" if module_name else name,
+                    buffer.shape, out, held(lambda b=buffer: b)))
+        return tensors
+
     # ------------------------------------------------------------ close
 
     def bring_up_to_date(self) -> None:
@@ -472,11 +546,15 @@ class Weights:
     def restore(self, home: Optional[torch.device]) -> None:
         """The offloaded and frozen block weights back into the model, on
         `home` (while the arena is still mapped); the state_dict hooks
-        go."""
+        go. A model given on the meta device gets nothing back (it would
+        not fit): the engine puts it back on meta."""
         self._restored = True
         for handle in self._state_dict_hooks:
             handle.remove()
         self._state_dict_hooks = []
+        if home is not None and home.type == "meta":
+            self.frozen = self.residency = None
+            return
         if self.frozen is not None:
             self.frozen.restore_all(home)
             self.frozen = None

@@ -18,7 +18,8 @@ import warnings
 from typing import Any, Dict, List, Optional, Union
 
 import torch
-from transformers import Trainer
+from transformers import PreTrainedModel, Trainer
+from transformers.trainer import TRAINING_ARGS_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from lohan.engine import Engine
@@ -183,7 +184,11 @@ class LohanTrainer(Trainer):
     Checkpoints hold lohan's states in
     `checkpoint-N/lohan/`; resume_from_checkpoint=True takes the newest
     whole checkpoint. At the end of train() the engine closes and its
-    daemon job is deleted (the checkpoints and the model hold the run)."""
+    daemon job is deleted (the checkpoints and the model hold the run),
+    but for a model built on the meta device (lohan={"weights": PATH}):
+    its engine stays open, so save_model() writes the trained model from
+    lohand (save_model always does while the engine is open: a layer at a
+    time, as engine.save_pretrained); close_engine() ends it."""
 
     def __init__(self, *args: Any, lohan: Optional[Dict[str, Any]] = None,
                  **kwargs: Any):
@@ -238,7 +243,8 @@ class LohanTrainer(Trainer):
     def _move_model_to_device(self, model: Any, device: Any) -> None:
         # lohan.init places the model: what stays on the device goes there,
         # the blocks' weights come from the daemon one block at a time.
-        if torch.device(device).type == "cpu":
+        if torch.device(device).type == "cpu" and not any(
+                p.is_meta for p in model.parameters()):
             super()._move_model_to_device(model, device)
 
     def _clip_grad_norm(self, model: Any) -> None:
@@ -295,7 +301,27 @@ class LohanTrainer(Trainer):
             return super().train(resume_from_checkpoint or None, *args,
                                  **kwargs)
         finally:
-            self.close_engine()
+            # A model built on the meta device cannot take the trained
+            # weights back: its engine stays open for save_model().
+            if self.engine is None or not self.engine.model_on_meta:
+                self.close_engine()
+
+    def _save(self, output_dir: Optional[str] = None,
+              state_dict: Optional[Dict[str, Any]] = None) -> None:
+        """The model through engine.save_pretrained while the engine is
+        open (a layer at a time from lohand, never the whole state_dict in
+        memory), then what Trainer saves beside it."""
+        engine = self.engine
+        if (engine is None or state_dict is not None
+                or not self.args.should_save
+                or not isinstance(self.model, PreTrainedModel)):
+            super()._save(output_dir, state_dict)
+            return
+        output_dir = output_dir or self.args.output_dir
+        engine.save_pretrained(output_dir)
+        if self.processing_class is not None:
+            self.processing_class.save_pretrained(output_dir)
+        torch.save(self.args, os.path.join(output_dir, TRAINING_ARGS_NAME))
 
     def close_engine(self) -> None:
         """Closes the engine (the model keeps the trained weights) and

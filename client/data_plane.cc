@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "client/plane_closing.h"
 #include "wire/attach_protocol.h"
 #include "wire/errno_status.h"
 #include "wire/fd_passing.h"
@@ -26,15 +27,6 @@ absl::Time DeadlineAfter(absl::Duration timeout) {
   return timeout >= absl::InfiniteDuration()
              ? absl::InfiniteFuture()
              : absl::Now() + std::max(timeout, absl::ZeroDuration());
-}
-
-absl::Status DaemonGone() {
-  return absl::UnavailableError(
-      "lohand closed this job's data plane (the daemon exited or restarted, "
-      "or dropped the session), so the requests in flight got no answer; "
-      "whatever was committed is kept: open the job again (in the plugin "
-      "lohan.init(..., resume=True)) and it says which iteration the job "
-      "is at");
 }
 
 absl::Status SubmitterStopped() {
@@ -354,7 +346,7 @@ absl::Status DataPlane::PushLocked(const SubmissionEntry& entry,
     if (*pushed) return absl::OkStatus();
     // Cannot happen with a well-behaved daemon (we never have more in
     // flight than the ring holds), but a stuck one must not hang us.
-    if (PeerGone()) return DaemonGone();
+    if (PeerGone()) return ClosedStatus();
     if (cancel != nullptr && cancel->load(std::memory_order_acquire)) {
       return SubmitterStopped();
     }
@@ -465,7 +457,7 @@ void DataPlane::DrainLocked(absl::Time deadline) {
     }
     if (batch.empty() && failure.ok() && PeerGone()) {
       pop_all();  // whatever it completed before it went
-      if (failure.ok()) failure = DaemonGone();
+      if (failure.ok()) failure = ClosedStatus();
     }
   }
   mu_.Lock();
@@ -567,6 +559,12 @@ bool DataPlane::PeerGone() const {
     return recv(connection_.get(), &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
   }
   return false;
+}
+
+absl::Status DataPlane::ClosedStatus() const {
+  absl::MutexLock lock(&closed_mu_);
+  if (!closed_.has_value()) closed_ = ClosedStatusFrom(connection_.get());
+  return *closed_;
 }
 
 // ----------------------------------------------------------------- waiting

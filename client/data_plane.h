@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -40,9 +41,13 @@ namespace lohan {
 // doorbell. Nothing spins.
 //
 // The daemon going away (crash, restart, closing the session) is noticed
-// within kLivenessInterval by whoever drains (the connection hangs up):
-// every request in flight then fails with UNAVAILABLE, as does everything
-// after. A corrupt completion ring (DATA_LOSS) does the same.
+// within kLivenessInterval by whoever drains (the connection hangs up),
+// after every completion the daemon wrote before it is read: every request
+// in flight then fails, as does everything after, with why it closed
+// (client/plane_closing.h): ABORTED when lohand closed the plane for
+// another user's share or its owner or root stopped it, UNAVAILABLE when
+// lohand is stopping or was lost without a word. A corrupt completion ring
+// (DATA_LOSS) does the same.
 //
 // The submitter: a thread the plane owns (started by the constructor,
 // stopped and joined by StopSubmitter or the destructor) that submits the
@@ -255,6 +260,9 @@ class DataPlane {
                         const ErrorText& text) const;
   // True when the daemon has hung up the connection.
   bool PeerGone() const;
+  // Why the daemon hung up (ClosedStatusFrom, read once).
+  // REQUIRES: PeerGone() was true.
+  absl::Status ClosedStatus() const ABSL_LOCKS_EXCLUDED(closed_mu_);
 
   // Constant after construction.
   UniqueFd connection_;
@@ -279,6 +287,10 @@ class DataPlane {
   size_t reserved_ ABSL_GUARDED_BY(mu_) = 0;
   // Set once the daemon is gone or the completion ring is broken.
   absl::Status gone_ ABSL_GUARDED_BY(mu_);
+  // Why the daemon hung up, once read from the connection (the drainer
+  // and a submitter may both find it gone).
+  mutable absl::Mutex closed_mu_;
+  mutable std::optional<absl::Status> closed_ ABSL_GUARDED_BY(closed_mu_);
 
   // The submitter's queue: a lock-free stack Deliver pushes on (newest
   // first) and the submitter empties at once; the eventfd counts pushes.

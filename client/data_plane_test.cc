@@ -18,6 +18,7 @@
 #include "client/fake_daemon_test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "wire/plane_notice.h"
 
 namespace lohan {
 namespace {
@@ -273,6 +274,31 @@ TEST(DataPlaneAsync, DaemonHangingUpWakesEveryWaiter) {
             absl::StatusCode::kUnavailable);
   EXPECT_EQ(plane->Wait(*reserved, kLong).status().code(),
             absl::StatusCode::kUnavailable);
+}
+
+// lohand closing the plane from its side says why before it hangs up:
+// what it answered first stays answered, the rest fail with its reason.
+TEST(DataPlaneAsync, AClosingNoticeIsTheReasonEveryRequestLeftFailsWith) {
+  FakeDaemon daemon;
+  auto plane = daemon.Plane();
+  auto answered = plane->Submit(Request(1), kLong);
+  auto pending = plane->Submit(Request(2), kLong);
+  ASSERT_TRUE(answered.ok() && pending.ok());
+  std::vector<SubmissionEntry> taken = daemon.Take(2);
+  absl::Status waited;
+  std::thread waiter([&] { waited = plane->Wait(*pending, kLong).status(); });
+  daemon.Answer(taken[0], 11);
+  daemon.Say(EncodeClosingNotice(ClosingReason::kGaveWay,
+                                 "lohand closed this job's data plane to "
+                                 "give uid 1001's job j-9 its share"));
+  daemon.HangUp();
+  waiter.join();
+  EXPECT_EQ(waited.code(), absl::StatusCode::kAborted) << waited;
+  EXPECT_THAT(waited.message(), HasSubstr("uid 1001's job j-9"));
+  absl::StatusOr<CompletionEntry> first = plane->Wait(*answered, kLong);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->detail, 11u);
+  EXPECT_EQ(plane->Submit(Request(3), kLong).status(), waited);
 }
 
 TEST(DataPlaneAsync, ReservedTicketsCanBeWaitedForBeforeTheyAreSubmitted) {

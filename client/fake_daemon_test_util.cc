@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "gtest/gtest.h"
+#include "wire/fd_passing.h"
 #include "wire/unique_fd.h"
 
 namespace lohan {
@@ -89,6 +90,10 @@ void FakeDaemon::Fail(const SubmissionEntry& entry, absl::StatusCode code,
 void FakeDaemon::HangUp() {
   close(ours_);
   ours_ = -1;
+}
+
+void FakeDaemon::Say(const std::vector<uint8_t>& payload) {
+  EXPECT_TRUE(SendWithFds(ours_, payload, {}).ok());
 }
 
 void FakeDaemon::Stop() {

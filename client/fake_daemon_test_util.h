@@ -59,6 +59,9 @@ class FakeDaemon {
 
   // The daemon's process dies: its end of the connection closes.
   void HangUp();
+  // Sends `payload` as one frame on its end of the connection (as lohand
+  // sends a closing notice before it hangs up).
+  void Say(const std::vector<uint8_t>& payload);
 
   void Stop();
 

@@ -317,6 +317,42 @@ TEST_F(DataPlaneTest, DaemonKilledWhileRequestsWaitFailsThemInsteadOfHanging) {
   EXPECT_EQ(after.status().code(), absl::StatusCode::kUnavailable);
 }
 
+// lohand stopping (SIGTERM) tells the process why its plane closed: its
+// next request fails UNAVAILABLE saying lohand is stopping, not that it
+// was lost.
+TEST_F(DataPlaneTest, LohandStoppingIsToldToTheClient) {
+  v1::RegisterModelResponse registered;
+  std::unique_ptr<DataPlane> plane = OpenWithModel(&registered);
+  ASSERT_NE(plane, nullptr);
+  SubmissionEntry committed{};
+  committed.op = static_cast<uint16_t>(RingOp::kIterCommitted);
+  ASSERT_TRUE(plane->Call(committed, absl::Seconds(30)).ok());
+  EXPECT_EQ(daemon_->Stop(SIGTERM), 0) << daemon_->Log();
+  const absl::Status after = plane->Call(committed, absl::Seconds(30)).status();
+  EXPECT_EQ(after.code(), absl::StatusCode::kUnavailable) << after;
+  EXPECT_THAT(after.message(), HasSubstr("lohand is stopping"));
+  EXPECT_THAT(after.message(), HasSubstr("the job keeps iteration 0"));
+}
+
+// A drain by the job's owner (here root) is told the same way: ABORTED,
+// naming who stopped it.
+TEST_F(DataPlaneTest, ADrainIsToldToTheClient) {
+  v1::RegisterModelResponse registered;
+  std::unique_ptr<DataPlane> plane = OpenWithModel(&registered);
+  ASSERT_NE(plane, nullptr);
+  auto outcome = client_->StopJob(job_id_, /*drain=*/true);
+  ASSERT_TRUE(outcome.ok()) << outcome.status();
+  EXPECT_THAT(*outcome, HasSubstr("drained between iterations at 0"));
+  ASSERT_TRUE(PoolDrains()) << daemon_->Log();  // the plane is closed
+  SubmissionEntry committed{};
+  committed.op = static_cast<uint16_t>(RingOp::kIterCommitted);
+  const absl::Status after = plane->Call(committed, absl::Seconds(30)).status();
+  EXPECT_EQ(after.code(), absl::StatusCode::kAborted) << after;
+  EXPECT_THAT(after.message(),
+              HasSubstr("`lohanctl drain` by uid " + std::to_string(getuid())));
+  EXPECT_THAT(after.message(), HasSubstr("the job keeps iteration 0"));
+}
+
 // The CUDA callback's path without CUDA: many threads deliver hand-offs at
 // once, several times more than the rings hold, each thread an activation's
 // PUT, GET and FREE in that order (the daemon refuses a GET or FREE of an

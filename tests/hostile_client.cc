@@ -26,6 +26,12 @@
 //   hostile_client register-hold SOCKET NAME    a job with a one-layer model
 //                                               registered (its data plane
 //                                               open); hold
+//   hostile_client register-await SOCKET NAME OUT
+//                                               as register-hold, asking
+//                                               ITER_COMMITTED every 20 ms
+//                                               until a request fails; writes
+//                                               "CODE: message" to the file
+//                                               OUT and exits 0
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <poll.h>
@@ -294,6 +300,34 @@ int RegisterHold(ControlClient& client, const std::string& name) {
   Hold();
 }
 
+// register-hold whose process keeps using its plane until lohand closes it,
+// then writes the failure its next request got to `out`.
+int RegisterAwait(ControlClient& client, const std::string& name,
+                  const std::string& out) {
+  absl::StatusOr<v1::Job> job = CreateAttached(client, name, 16 << 20);
+  if (!job.ok()) return Fail("create", job.status());
+  auto plane = DataPlane::Open(client.hello().data_socket_path(), job->id());
+  if (!plane.ok()) return Fail("data plane", plane.status());
+  auto registered = client.RegisterModel(OneLayerModel(job->id(), 0));
+  if (!registered.ok()) return Fail("register", registered.status());
+  std::printf("registered %s\n", job->id().c_str());
+  std::fflush(stdout);
+  SubmissionEntry committed{};
+  committed.op = static_cast<uint16_t>(RingOp::kIterCommitted);
+  absl::Status status;
+  while (status.ok()) {
+    usleep(20 * 1000);
+    status = (*plane)->Call(committed, kTimeout).status();
+  }
+  // Whole or not at all: the test reads the file once it is there.
+  const std::string partial = out + ".part";
+  FILE* file = std::fopen(partial.c_str(), "w");
+  if (file == nullptr) return 1;
+  std::fprintf(file, "%s\n", Describe(status).c_str());
+  if (std::fclose(file) != 0) return 1;
+  return std::rename(partial.c_str(), out.c_str()) == 0 ? 0 : 1;
+}
+
 // A job of its own with the largest plan PlanJob makes (65536 blocks of 4
 // saved tensors: 262144 decisions), kept with its session; prints
 // "planned <blocks>" and holds it until killed.
@@ -460,6 +494,9 @@ int Main(int argc, char** argv) {
     return AttachHold(**client, argv[3], Number(argv[4]));
   }
   if (command == "register-hold") return RegisterHold(**client, argv[3]);
+  if (command == "register-await" && argc == 5) {
+    return RegisterAwait(**client, argv[3], argv[4]);
+  }
   if (command == "plan-hold") return PlanHold(**client, argv[3]);
   if (command == "corrupt-ring") return CorruptRing(**client, argv[3]);
   if (command == "plan-loop") return PlanLoop(**client, Number(argv[3]));

@@ -7,9 +7,11 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "client/control_client.h"
@@ -289,6 +291,55 @@ TEST_F(MultiUserTest, AUserWhoFilledThePoolAloneGivesANewcomerItsShare) {
   }
   EXPECT_GE(nobodys, capacity / 2 - capacity / planes.size());
   EXPECT_THAT(daemon_->Log(), HasSubstr("beyond uid 65534's fair share"));
+}
+
+// As above, nobody's processes using their planes: each one closed for
+// root's job learns why from its next request (ABORTED, naming root's uid
+// and job, the share and the iteration its job keeps), not "lohand lost".
+TEST_F(MultiUserTest, AJobClosedForAnotherUsersShareIsToldWhy) {
+  StartDaemon();
+  const std::string out = dir_.path() + "/out";
+  ASSERT_EQ(mkdir(out.c_str(), 0777), 0);
+  ASSERT_EQ(chmod(out.c_str(), 0777), 0);  // past the umask: nobody writes
+  std::vector<std::unique_ptr<BackgroundProcess>> planes;
+  std::map<std::string, std::string> out_of_job;  // job id -> its file
+  for (int i = 0; i < 16; ++i) {
+    const std::string file = absl::StrCat(out, "/plane-", i);
+    auto plane =
+        BackgroundProcess::Start(Nobody({"register-await", daemon_->socket(),
+                                         absl::StrCat("plane-", i), file}));
+    if (!plane.ok() || (*plane)->first_line().find("registered ") != 0) break;
+    out_of_job[(*plane)->first_line().substr(11)] = file;
+    planes.push_back(*std::move(plane));
+  }
+  ASSERT_GE(planes.size(), 2u);
+  const std::string said = RootsNewJobSays();
+  ASSERT_THAT(said, HasSubstr("registered j-"));
+  const std::string roots_job = said.substr(said.find("j-"));
+  auto jobs = root_->ListJobs();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  int closed = 0;
+  for (const v1::Job& job : *jobs) {
+    if (job.owner_uid() != 65534 ||
+        job.last_failure().find("fair share") == std::string::npos) {
+      continue;
+    }
+    ++closed;
+    ASSERT_EQ(out_of_job.count(job.id()), 1u) << job.id();
+    const std::string file = out_of_job[job.id()];
+    ASSERT_TRUE(WaitForFile(file)) << job.id() << "'s process heard nothing";
+    std::ifstream in(file);
+    std::string told;
+    std::getline(in, told);
+    EXPECT_THAT(told, HasSubstr("ABORTED: lohand closed this job's data "
+                                "plane to give uid 0's job " +
+                                roots_job + " its share of the host pool"));
+    EXPECT_THAT(told, HasSubstr("uid 65534's data planes held "));
+    EXPECT_THAT(told, HasSubstr("the job keeps iteration 0: open it again "
+                                "(lohan.init(..., resume=True))"));
+  }
+  EXPECT_GE(closed, 1);
+  EXPECT_LT(closed, static_cast<int>(planes.size()));
 }
 
 TEST_F(MultiUserTest, ConnectionFloodsNeitherDetachNorStarveALiveJob) {

@@ -31,22 +31,25 @@ absl::Status FitsFairShare(uint64_t capacity, uint64_t held_by_all, uid_t uid,
                            uint64_t bytes,
                            const std::map<uid_t, ShareHolder>& holders,
                            absl::string_view what, absl::string_view resource) {
+  // The asker trains once it has what it asks for: the other users' shares
+  // count it (as its own share does).
+  std::map<uid_t, ShareHolder> training = holders;
+  training[uid].present = true;
   // What the other training users' shares still have free.
   uint64_t kept_for_others = 0;
   int others = 0;
-  for (const auto& [other, holder] : holders) {
+  for (const auto& [other, holder] : training) {
     if (other == uid || !holder.present) continue;
     ++others;
-    const uint64_t share = ShareOf(capacity, other, holders);
+    const uint64_t share = ShareOf(capacity, other, training);
     kept_for_others += share > holder.held ? share - holder.held : 0;
   }
   const uint64_t free = capacity > held_by_all ? capacity - held_by_all : 0;
   if (bytes <= free && kept_for_others <= free - bytes) {
     return absl::OkStatus();
   }
-  auto found = holders.find(uid);
-  const uint64_t held = found == holders.end() ? 0 : found->second.held;
-  const uint64_t share = ShareOf(capacity, uid, holders);
+  const uint64_t held = training.at(uid).held;
+  const uint64_t share = ShareOf(capacity, uid, training);
   if (others == 0 || held + bytes <= share) {
     // Within its share (or nobody else is training): only what is free.
     if (bytes <= free) return absl::OkStatus();
@@ -61,16 +64,18 @@ absl::Status FitsFairShare(uint64_t capacity, uint64_t held_by_all, uid_t uid,
                       "theirs, which comes back as their jobs end or free "
                       "what they swapped"));
   }
+  const uint64_t free_for_uid =
+      free > kept_for_others ? free - kept_for_others : 0;
   return absl::ResourceExhaustedError(absl::StrCat(
       what, " needs ", FormatByteSize(bytes), " beyond uid ", uid,
       "'s share of the ", resource, ": it holds ", FormatByteSize(held),
       " and its share is ", FormatByteSize(share), " while ", others,
       " other user", others == 1 ? " is" : "s are",
-      " training (by [quotas] weight); the rest of their shares, ",
-      FormatByteSize(kept_for_others),
-      ", stays free for them. Use less (for "
-      "activations: lohan keeps them in host memory instead), or wait for "
-      "them to finish"));
+      " training (by [quotas] weight); of the ", FormatByteSize(free),
+      " free, the rest of their shares keeps ", FormatByteSize(kept_for_others),
+      " for them and ", FormatByteSize(free_for_uid), " is free for uid ", uid,
+      ". Use less (for activations: lohan keeps them in host memory "
+      "instead), or wait for them to finish"));
 }
 
 }  // namespace lohan

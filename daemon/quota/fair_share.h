@@ -26,9 +26,12 @@ struct ShareHolder {
 
 // OK when `uid` may hold `bytes` more of `capacity`, of which `held_by_all`
 // is held, given every user's holding in `holders` (`uid` included or
-// not; a user absent from it holds nothing and is not present). Else
-// RESOURCE_EXHAUSTED naming `what`, the resource, the share and what the
-// other training users' shares keep free.
+// not; a user absent from it holds nothing and is not present). `uid`
+// counts as training (present) whatever `holders` says: the other users'
+// shares are theirs beside it. Else RESOURCE_EXHAUSTED naming `what`, the
+// resource, `uid`'s holding and share and, beyond that share, how much of
+// what is free the other training users' shares keep and how much is free
+// for `uid`.
 absl::Status FitsFairShare(uint64_t capacity, uint64_t held_by_all, uid_t uid,
                            uint64_t bytes,
                            const std::map<uid_t, ShareHolder>& holders,

@@ -37,10 +37,43 @@ TEST(FairShareTest, ATrainingUsersUnusedShareStaysFreeForIt) {
               HasSubstr("a swapped activation needs 101 B beyond uid 1001's "
                         "share of the SSD array: it holds 400 B and its "
                         "share is 500 B while 1 other user is training"));
-  EXPECT_THAT(std::string(over.message()), HasSubstr("400 B, stays free"));
+  EXPECT_THAT(std::string(over.message()),
+              HasSubstr("of the 500 B free, the rest of their shares keeps "
+                        "400 B for them and 100 B is free for uid 1001"));
   // Bob may take the rest of his share; Alice's unused 100 stays hers.
   EXPECT_TRUE(FitsFairShare(1000, 500, kBob, 400, holders, "x", "r").ok());
   EXPECT_FALSE(FitsFairShare(1000, 500, kBob, 401, holders, "x", "r").ok());
+}
+
+// A user who is not training yet (its data plane closed for another's
+// share) asks again: the others' shares count it, so what they keep is
+// their part of the pool, not everything free.
+TEST(FairShareTest, ARefusalCountsTheAskersShareApartFromTheOthers) {
+  // Bob trains with 10 of 64; Alice holds nothing and is not present.
+  std::map<uid_t, ShareHolder> holders = {{kAlice, {1, 0, false}},
+                                          {kBob, {1, 10, true}}};
+  const absl::Status over =
+      FitsFairShare(64, 10, kAlice, 40, holders, "job j-1's arena", "pool");
+  EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(over.message()),
+              HasSubstr("job j-1's arena needs 40 B beyond uid 1001's share "
+                        "of the pool: it holds 0 B and its share is 32 B "
+                        "while 1 other user is training (by [quotas] "
+                        "weight); of the 54 B free, the rest of their shares "
+                        "keeps 22 B for them and 32 B is free for uid 1001"));
+  EXPECT_TRUE(FitsFairShare(64, 10, kAlice, 32, holders, "x", "r").ok());
+  // Absent from `holders` altogether: the same.
+  holders.erase(kAlice);
+  EXPECT_TRUE(FitsFairShare(64, 10, kAlice, 32, holders, "x", "r").ok());
+  EXPECT_FALSE(FitsFairShare(64, 10, kAlice, 33, holders, "x", "r").ok());
+  // Bob over his share keeps nothing free for himself: all that is free is
+  // Alice's to ask for, within her share.
+  holders = {{kBob, {1, 43, true}}};
+  const absl::Status full =
+      FitsFairShare(64, 43, kAlice, 40, holders, "x", "pool");
+  EXPECT_THAT(std::string(full.message()),
+              HasSubstr("of the 21 B free, the rest of their shares keeps "
+                        "0 B for them and 21 B is free for uid 1001"));
 }
 
 TEST(FairShareTest, WeightsDivideTheShares) {

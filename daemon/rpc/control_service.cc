@@ -342,8 +342,8 @@ grpc::Status ControlService::StopJob(grpc::ServerContext* context,
   if (absl::Status owned = CheckOwned(caller, request->job_id()); !owned.ok()) {
     return ToGrpc(owned);
   }
-  absl::StatusOr<std::string> outcome =
-      parts_.sessions->StopSession(request->job_id(), request->drain());
+  absl::StatusOr<std::string> outcome = parts_.sessions->StopSession(
+      request->job_id(), request->drain(), caller.uid);
   if (absl::IsNotFound(outcome.status())) {
     // No data plane: an attachment alone is ended by detaching.
     absl::StatusOr<v1::Job> job = jobs_->Detach(caller, request->job_id());

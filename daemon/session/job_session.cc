@@ -110,13 +110,19 @@ absl::StatusOr<std::unique_ptr<JobSession>> JobSession::Create(
   return session;
 }
 
-JobSession::~JobSession() {
+void JobSession::StopServing() {
+  if (serving_stopped_) return;
+  serving_stopped_ = true;
   stopping_.store(true);
   TestPoint("job_session.stopping");
   if (server_.joinable()) server_.join();
   lanes_ready_.store(nullptr);
   pipeline_ready_.store(nullptr);
   lanes_.reset();  // drops what has not begun, waits for what runs
+}
+
+JobSession::~JobSession() {
+  StopServing();
   if (served_ != nullptr) DropActivations();
   // The pipeline (inside model_) rolls back an unfinished iteration as it
   // goes; then the arena returns to the pool.

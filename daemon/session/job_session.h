@@ -75,12 +75,21 @@ class JobSession {
   v1::SessionStatus Status() const ABSL_LOCKS_EXCLUDED(stats_mu_);
   const ArenaGrant& grant() const { return grant_; }
 
-  // Ends serving once no iteration is in progress (at once between
-  // iterations, else after ITER_END or ITER_ABORT), then calls `drained`
-  // (on the serving thread): the owner closes the session. Entries the
-  // client sent after that iteration are left unserved.
+  // Ends serving once no iteration is in progress and every request
+  // admitted has run and been answered (at once between iterations, else
+  // after ITER_END or ITER_ABORT: an ITER_END admitted commits and is
+  // answered first), then calls `drained` (on the serving thread): the
+  // owner closes the session. Entries the client sent after that iteration
+  // are left unserved. False when serving has stopped already (lohand's
+  // side of a ring broke): nothing will call `drained`, end it otherwise.
   // REQUIRES: SetDrainedCallback before RegisterModel.
-  void RequestDrain();
+  bool RequestDrain();
+  // Stops serving now: the serving thread ends, the lanes drop what has not
+  // begun and finish what runs (an ITER_END running commits and is
+  // answered). Afterwards Status() is final: its iteration is the one the
+  // job keeps. Idempotent; the destructor calls it. REQUIRES: called by
+  // the session's owner, not concurrently with itself or the destructor.
+  void StopServing();
   void SetDrainedCallback(std::function<void()> drained) {
     on_drained_ = std::move(drained);
   }
@@ -315,6 +324,7 @@ class JobSession {
   uint64_t begun_before_plan_ ABSL_GUARDED_BY(stats_mu_) = 0;
   absl::Time iteration_began_;  // the ordered lane only
   std::atomic<bool> stopping_{false};
+  bool serving_stopped_ = false;  // StopServing's, on the owner's thread
   std::thread server_;
 };
 

@@ -3,6 +3,7 @@
 // in job_session.cc.
 #include "absl/strings/str_cat.h"
 #include "daemon/common/log_text.h"
+#include "daemon/common/test_point.h"
 #include "daemon/session/job_session.h"
 #include "daemon/store/io_gate.h"
 #include "spdlog/spdlog.h"
@@ -100,7 +101,10 @@ bool JobSession::InIteration() const {
   return validator_->in_iteration();
 }
 
-void JobSession::RequestDrain() { drain_requested_.store(true); }
+bool JobSession::RequestDrain() {
+  drain_requested_.store(true);
+  return !stopping_.load();
+}
 
 void JobSession::StopServingBrokenRing(const absl::Status& why) {
   spdlog::warn("job {}: submission ring broken, serving stops: {}", job_id(),
@@ -120,7 +124,9 @@ void JobSession::StopServingBrokenRing(const absl::Status& why) {
 void JobSession::Serve() {
   while (!stopping_.load()) {
     if (drain_requested_.load() && !InIteration()) {
-      // Between iterations: nothing is lost by ending here.
+      // Between iterations: nothing is lost by ending here, once what was
+      // admitted (an ITER_END queued behind gradients) has run.
+      TestPoint("job_session.draining");
       lanes_->Drain();
       spdlog::info("job {}: drained at iteration {}", job_id(),
                    served_->pipeline->iteration());
@@ -173,6 +179,9 @@ void JobSession::Dispatch(const SubmissionEntry& entry) {
       absl::Status status = Handle(entry, detail, flags);
       Complete(entry, status, detail, flags);
     });
+    // Admitted and queued: for the validator, an ITER_END's iteration is
+    // over now, though it has not run.
+    TestPoint("job_session.ordered_posted");
     return;
   }
   // Admitted in arrival order: the validator follows the client's
@@ -194,6 +203,7 @@ void JobSession::Dispatch(const SubmissionEntry& entry) {
   }
   const bool urgent = lane == ServeLanes::Lane::kUrgent;
   lanes_->Post(lane, [this, entry, activation, urgent] {
+    TestPoint("job_session.lane_task_runs");
     uint64_t detail = 0;
     uint32_t flags = 0;
     absl::Status status;

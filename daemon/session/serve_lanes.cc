@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "daemon/common/test_point.h"
+
 namespace lohan {
 
 ServeLanes::ServeLanes(bool in_order) : in_order_(in_order) {
@@ -18,6 +20,7 @@ ServeLanes::~ServeLanes() {
     stopping_ = true;
     for (Queue& queue : queues_) queue.tasks.clear();
   }
+  TestPoint("serve_lanes.dropped");
   for (std::thread& thread : threads_) {
     if (thread.joinable()) thread.join();
   }

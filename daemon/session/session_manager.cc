@@ -191,20 +191,21 @@ absl::StatusOr<std::unique_ptr<JobSession>> SessionManager::OpenSession(
   return session;
 }
 
-void SessionManager::WaitForHangUp(int connection, int end_event) {
+SessionManager::Ended SessionManager::WaitForHangUp(int connection,
+                                                    int end_event) {
   pollfd fds[3] = {{.fd = connection, .events = POLLIN | POLLRDHUP},
                    {.fd = stop_event_.get(), .events = POLLIN},
                    {.fd = end_event, .events = POLLIN}};
   while (true) {
     if (poll(fds, 3, -1) < 0) {
       if (errno == EINTR) continue;
-      return;
+      return Ended::kPeer;
     }
     // Hang-up, error, stop, an end asked for, or bytes the protocol does
     // not allow: all end the session.
-    for (const pollfd& fd : fds) {
-      if (fd.revents != 0) return;
-    }
+    if (fds[1].revents != 0) return Ended::kStop;
+    if (fds[2].revents != 0) return Ended::kEndEvent;
+    if (fds[0].revents != 0) return Ended::kPeer;
   }
 }
 
@@ -223,24 +224,44 @@ JobSession* SessionManager::OpenSessionLocked(const std::string& job_id) const {
 }
 
 absl::StatusOr<std::string> SessionManager::StopSession(
-    const std::string& job_id, bool drain) {
+    const std::string& job_id, bool drain, uid_t by) {
   absl::MutexLock lock(&mu_);
   JobSession* session = OpenSessionLocked(job_id);
   if (session == nullptr) {
     return absl::NotFoundError(
         absl::StrCat("job ", job_id, " has no data plane open"));
   }
-  return StopSessionLocked(job_id, *session, drain);
+  auto claim = pool_claims_.find(sessions_.at(job_id).claim_id);
+  const bool owner =
+      claim != pool_claims_.end() && claim->second.owner == by && by != 0;
+  Closing closing{
+      .reason = ClosingReason::kStopped,
+      .why = absl::StrCat(
+          "lohand closed this job's data plane: `lohanctl ",
+          drain ? "drain" : "kill", "` by uid ", by,
+          owner ? " (the job's owner)" : (by == 0 ? " (root)" : ""),
+          drain ? " ended it at the end of its iteration"
+                : " ended it at once (an iteration in progress rolled back)"),
+      .advice = "open it again (lohan.init(..., resume=True)) to go on"};
+  return StopSessionLocked(job_id, *session, drain, std::move(closing));
 }
 
 std::string SessionManager::StopSessionLocked(const std::string& job_id,
-                                              JobSession& session, bool drain) {
-  const bool in_iteration = session.registered() && session.InIteration();
+                                              JobSession& session, bool drain,
+                                              Closing closing) {
+  sessions_.at(job_id).closing = std::move(closing);
+  const bool registered = session.registered();
+  const bool in_iteration = registered && session.InIteration();
   const uint64_t iteration = session.Status().iteration();
-  if (drain && in_iteration) {
-    session.RequestDrain();
-    return absl::StrCat("draining: the data plane closes once iteration ",
-                        iteration + 1, " ends");
+  // Its serving thread ends a drained session, once what it admitted has
+  // run: an ITER_END admitted (the iteration over for the validator)
+  // commits and is answered before the connection closes.
+  if (drain && registered && session.RequestDrain()) {
+    if (in_iteration) {
+      return absl::StrCat("draining: the data plane closes once iteration ",
+                          iteration + 1, " ends");
+    }
+    return absl::StrCat("drained between iterations at ", iteration);
   }
   EndSessionLocked(job_id);
   if (in_iteration) {
@@ -297,6 +318,7 @@ void SessionManager::Serve(int connection, const Caller& caller) {
   // Training now: its owner's fair share of the SSDs is kept for it.
   if (parts_.ledger != nullptr) parts_.ledger->SetPresent(owner, true);
   bool stopped_from_outside = false;
+  Ended ended = Ended::kPeer;
   const int arena_fd = (*session)->arena_fd();
   absl::Status sent =
       SendWithFds(connection, EncodeAttachReply(absl::OkStatus()), {});
@@ -307,24 +329,13 @@ void SessionManager::Serve(int connection, const Caller& caller) {
   if (sent.ok()) {
     spdlog::info("data plane open for job {} (pid {}, {} byte arena)", job_id,
                  caller.pid, (*session)->grant().arena_bytes);
-    WaitForHangUp(connection, end_event.get());
-    uint64_t ended = 0;
+    ended = WaitForHangUp(connection, end_event.get());
+    uint64_t events = 0;
     stopped_from_outside =
-        read(end_event.get(), &ended, sizeof(ended)) == sizeof(ended);
+        read(end_event.get(), &events, sizeof(events)) == sizeof(events);
   }
-  // Closing: no call reaches the session any more, but the job shows an
-  // open data plane (and cannot open another) until all of it is gone: its
-  // pipeline (which may commit a settling iteration first), its arena, the
-  // memory of its model and plan.
-  {
-    absl::MutexLock lock(&mu_);
-    auto registered = [this, &job_id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return !sessions_.at(job_id).registering;
-    };
-    mu_.Await(absl::Condition(&registered));
-    sessions_.at(job_id).session = nullptr;
-  }
-  session->reset();  // the arena is back in the pool: so is the claim
+  const std::optional<std::vector<uint8_t>> notice =
+      EndSession(job_id, *std::move(session), ended);
   if (parts_.ledger != nullptr) parts_.ledger->SetPresent(owner, false);
   ReleaseFreedMemory();
   {
@@ -341,6 +352,59 @@ void SessionManager::Serve(int connection, const Caller& caller) {
     spdlog::info("job {} detached from pid {} (stopped from outside)", job_id,
                  caller.pid);
   }
+  // Last, the job detached and its arena back: the client may open it
+  // again as soon as it reads this. Best effort: the peer may be gone.
+  if (notice.has_value()) (void)SendWithFds(connection, *notice, {});
+}
+
+std::optional<std::vector<uint8_t>> SessionManager::EndSession(
+    const std::string& job_id, std::unique_ptr<JobSession> session,
+    Ended ended) {
+  // Closing: no call reaches the session any more, but the job shows an
+  // open data plane (and cannot open another) until all of it is gone: its
+  // pipeline (which may commit a settling iteration first), its arena, the
+  // memory of its model and plan.
+  std::optional<Closing> closing;
+  {
+    absl::MutexLock lock(&mu_);
+    auto registered = [this, &job_id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return !sessions_.at(job_id).registering;
+    };
+    mu_.Await(absl::Condition(&registered));
+    LiveSession& live = sessions_.at(job_id);
+    live.session = nullptr;
+    if (ended == Ended::kStop) {
+      closing =
+          Closing{.reason = ClosingReason::kDaemonStopping,
+                  .why =
+                      "lohand is stopping (SIGTERM or its service stopped) and "
+                      "closed this job's data plane",
+                  .advice =
+                      "open it again (lohan.init(..., resume=True)) once "
+                      "lohand is back"};
+    } else if (ended == Ended::kEndEvent) {
+      closing = live.closing;
+    }
+  }
+  // What it ran is answered first; then what it holds is final.
+  session->StopServing();
+  std::optional<uint64_t> kept;
+  if (session->registered()) kept = session->Status().iteration();
+  session.reset();  // the arena is back in the pool: so is the claim
+  if (!closing.has_value()) return std::nullopt;
+  return ClosingNotice(*closing, kept);
+}
+
+std::vector<uint8_t> SessionManager::ClosingNotice(
+    const Closing& closing, std::optional<uint64_t> kept_iteration) {
+  return EncodeClosingNotice(
+      closing.reason,
+      absl::StrCat(
+          closing.why,
+          kept_iteration.has_value()
+              ? absl::StrCat("; the job keeps iteration ", *kept_iteration)
+              : std::string(),
+          ": ", closing.advice));
 }
 
 void SessionManager::Shutdown() {

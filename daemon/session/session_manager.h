@@ -24,6 +24,7 @@
 #include "daemon/quota/user_limits.h"
 #include "daemon/sched/memory_shares.h"
 #include "daemon/session/job_session.h"
+#include "wire/plane_notice.h"
 #include "wire/unique_fd.h"
 
 namespace lohan {
@@ -42,7 +43,11 @@ namespace lohan {
 // closed at once, no thread started), and at most host_pool_bytes over the
 // user's arenas. A registered model's SSD set-aside (SpaceLedger) is given
 // back when its connection closes. Refusals are logged, rate-limited.
-// Thread-safe.
+// When lohand closes a plane from its side (given way to another user's
+// share, stopped by its owner or root, lohand stopping), it sends the
+// client a closing notice (wire/plane_notice.h) saying why and which
+// iteration the job keeps, after the last completion and before the
+// connection closes. Thread-safe.
 class SessionManager {
  public:
   static constexpr int kHandshakeTimeoutMs = 5000;
@@ -98,13 +103,14 @@ class SessionManager {
   std::vector<v1::SessionStatus> Status() const;
 
   // Ends `job_id`'s data plane from outside its process: `drain` once the
-  // iteration in progress is over (at once between iterations), else now
-  // (an iteration in progress is rolled back). Either way the connection
-  // closes and the job is detached. Returns what will happen, for the
+  // iteration in progress is over and what the plane admitted has run (at
+  // once between iterations), else now (an iteration in progress is rolled
+  // back). Either way the connection closes, its client told that uid `by`
+  // stopped it, and the job is detached. Returns what will happen, for the
   // caller. NOT_FOUND when the job has no data plane open. The caller
   // (owner or root) is checked by the control service.
-  absl::StatusOr<std::string> StopSession(const std::string& job_id,
-                                          bool drain);
+  absl::StatusOr<std::string> StopSession(const std::string& job_id, bool drain,
+                                          uid_t by);
 
   // RegisterModel for the job's open data plane, called by the process
   // attached to the job. FAILED_PRECONDITION when the job has no data plane
@@ -148,6 +154,15 @@ class SessionManager {
     std::thread thread;
     std::atomic<bool> finished{false};
   };
+  // Why lohand closes a session from its side, for its client's closing
+  // notice: "<why>; the job keeps iteration K: <advice>".
+  struct Closing {
+    ClosingReason reason = ClosingReason::kStopped;
+    std::string why;
+    std::string advice;
+  };
+  // What ended WaitForHangUp.
+  enum class Ended { kPeer, kStop, kEndEvent };
   // An open session, as the other threads may reach it.
   struct LiveSession {
     // Null while the session closes (its connection thread destroys it).
@@ -159,6 +174,8 @@ class SessionManager {
     // RegisterModel runs on it (without the manager's lock): the session
     // is not closed until it returns.
     bool registering = false;
+    // Why it was last asked to end (StopSessionLocked); none: not asked.
+    std::optional<Closing> closing;
   };
   // An open (or opening) session's claim on its owner's pool quota.
   struct PoolClaim {
@@ -180,8 +197,21 @@ class SessionManager {
                                                           const Caller& caller,
                                                           uint64_t& claim_id);
   // Waits until the peer hangs up (or sends anything: not allowed), the
-  // manager stops or `end_event` (an eventfd) is signalled.
-  void WaitForHangUp(int connection, int end_event);
+  // manager stops or `end_event` (an eventfd) is signalled; says which
+  // (the manager's stop first, then the end event, when several came).
+  Ended WaitForHangUp(int connection, int end_event);
+  // Ends `job_id`'s `session` once its connection thread is done waiting:
+  // no call reaches it any more, it stops serving (what runs finishes and
+  // is answered) and is destroyed. Returns the closing notice for its
+  // client, if lohand closed it (`ended` by the manager's stop or the end
+  // event with a Closing recorded), naming the iteration the job keeps.
+  std::optional<std::vector<uint8_t>> EndSession(
+      const std::string& job_id, std::unique_ptr<JobSession> session,
+      Ended ended);
+  // The closing notice of `closing`, the job keeping `kept_iteration` (none:
+  // no model was registered).
+  static std::vector<uint8_t> ClosingNotice(
+      const Closing& closing, std::optional<uint64_t> kept_iteration);
   void JoinFinished() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `job_id`'s session, or null when it has none open (or it is closing).
   JobSession* OpenSessionLocked(const std::string& job_id) const
@@ -225,9 +255,12 @@ class SessionManager {
   std::map<uid_t, ShareHolder> PoolHoldersLocked(uint64_t& held_by_all) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The drain of StopSession, under the lock (`drain`: at the end of the
-  // iteration in progress; else at once, the iteration rolled back).
+  // iteration in progress and once what the session admitted has run;
+  // else at once, the iteration rolled back). `closing` is what its client
+  // is told (replacing what an earlier request would have told it).
   std::string StopSessionLocked(const std::string& job_id, JobSession& session,
-                                bool drain) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                                bool drain, Closing closing)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Refused(const Caller& caller, absl::string_view kind,
                const absl::Status& why);
 

@@ -85,8 +85,21 @@ bool SessionManager::ReclaimPoolLocked(const std::string& job_id, uid_t owner,
   for (const Candidate& c : OthersNewestFirstLocked(owner)) {
     if (needed == 0) break;
     ShareHolder& holder = holders.at(c.uid);
-    if (holder.held <= ShareOf(capacity, c.uid, holders)) continue;
-    const std::string how = StopSessionLocked(c.job_id, *c.session, !at_once);
+    const uint64_t share = ShareOf(capacity, c.uid, holders);
+    if (holder.held <= share) continue;
+    Closing closing{
+        .reason = ClosingReason::kGaveWay,
+        .why = absl::StrCat(
+            "lohand closed this job's data plane to give uid ", owner,
+            "'s job ", job_id, " its share of the host pool (uid ", c.uid,
+            "'s data planes held ", FormatByteSize(holder.held),
+            ", beyond its share of ", FormatByteSize(share),
+            "; this job's arena was ", FormatByteSize(c.bytes), ")"),
+        .advice =
+            "open it again (lohan.init(..., resume=True)) when the "
+            "pool has room, or with a smaller arena"};
+    const std::string how =
+        StopSessionLocked(c.job_id, *c.session, !at_once, std::move(closing));
     const std::string why = absl::StrCat(
         "its data plane (", FormatByteSize(c.bytes),
         " of host pool, beyond uid ", c.uid,
@@ -138,7 +151,21 @@ void SessionManager::ReclaimSsd(uid_t for_uid, const std::string& job_id,
         usage.activations +
         (usage.set_aside > usage.used ? usage.set_aside - usage.used : 0);
     if (freed == 0) continue;
-    const std::string how = StopSessionLocked(c.job_id, *c.session, !at_once);
+    Closing closing{
+        .reason = ClosingReason::kGaveWay,
+        .why = absl::StrCat(
+            "lohand closed this job's data plane to give uid ", for_uid,
+            "'s job ", job_id, " its share of the SSD array (uid ", c.uid,
+            " held ", FormatByteSize(over->second),
+            " beyond its share; closing this job gives back ",
+            FormatByteSize(freed),
+            ": its swapped activations, which are gone, and the unused part "
+            "of its set-aside)"),
+        .advice =
+            "open it again (lohan.init(..., resume=True)): it gets its "
+            "share of the array"};
+    const std::string how =
+        StopSessionLocked(c.job_id, *c.session, !at_once, std::move(closing));
     const std::string why = absl::StrCat(
         "its data plane was closed for uid ", for_uid, "'s job ", job_id,
         ", within that user's share of the SSD array: uid ", c.uid, " held ",

@@ -12,6 +12,18 @@
  *   `const char*` belong to the handle they came from and live as long as it.
  * - No function throws, aborts or exits on bad input; NULL where a handle or
  *   string is required is LOHAN_INVALID_ARGUMENT.
+ * - A data plane lohand closes makes every request failing because of it
+ *   (in flight, or made after) return one status with lohand's reason:
+ *   LOHAN_ABORTED when lohand closed it on purpose while the daemon goes
+ *   on: given way to another user's job within that user's share of the
+ *   host pool or the SSD array ("lohand closed this job's data plane to
+ *   give uid N's job J its share ..."), or `lohanctl drain` / `kill` by the
+ *   job's owner or root; LOHAN_UNAVAILABLE when lohand is stopping ("lohand
+ *   is stopping ...") or was lost without a word (it exited, crashed or
+ *   restarted). The message says which iteration the job keeps when lohand
+ *   knows it, and what to do: open the job again (its committed iterations
+ *   are kept). A request lohand answered before it closed the plane (an
+ *   ITER_END that committed) keeps its answer.
  * - A lohan_client may be used from several threads at once.
  * - Link with -llohan_client; nothing else is needed at run time.
  */

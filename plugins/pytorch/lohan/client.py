@@ -37,7 +37,14 @@ class StatusCode(enum.IntEnum):
 
 
 class LohanError(RuntimeError):
-    """A failed lohan call: `code` is a StatusCode, the text says what to do."""
+    """A failed lohan call: `code` is a StatusCode, the text says what to do.
+
+    A data plane lohand closed fails every request left with one reason:
+    ABORTED when lohand closed it on purpose (given way to another user's
+    job within its share, or `lohanctl drain` / `kill`), UNAVAILABLE when
+    lohand is stopping or was lost; the text names who for and the
+    iteration the job keeps. Either way: open the job again
+    (lohan.init(..., resume=True))."""
 
     def __init__(self, code: int, message: str):
         try:

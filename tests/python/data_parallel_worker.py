@@ -8,7 +8,10 @@ CONFIG (JSON file): steps, micro (backward passes per step), samples
 max_grad_norm, buffers, job_name, out (a directory), and optionally
 save (a directory to engine.save into after the last step),
 save_file_limit (see `save`), resume (a
-checkpoint directory for lohan.init), first_step (the global step the
+checkpoint directory for lohan.init), weights (a safetensors file:
+the model is built on the meta device and starts from it),
+save_pretrained (a directory for engine.save_pretrained after the last
+step), first_step (the global step the
 data starts at, for a resumed run), poison (a global step at which rank
 1 multiplies its loss by inf), backend ("gloo", the default, or
 "nccl": each rank then trains on cuda:<LOCAL_RANK>), loss_scale, params,
@@ -62,7 +65,8 @@ def global_batches(steps: int, micro: int, samples: int) -> torch.Tensor:
 
 
 def save(engine: Any, config: Dict[str, Any], rank: int, out: Path) -> None:
-    """engine.save(config["save"]); with save_file_limit {"rank", "bytes"}
+    """engine.save(config["save"]) and engine.save_pretrained(
+    config["save_pretrained"]), those given; with save_file_limit {"rank", "bytes"}
     that rank may not write files past that many bytes (RLIMIT_FSIZE,
     which binds root too), so its shard file fails, and every rank writes
     the error it got to out/save_error<r>.txt instead of stopping."""
@@ -73,7 +77,11 @@ def save(engine: Any, config: Dict[str, Any], rank: int, out: Path) -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE,
                            (limit["bytes"], previous[1]))
     try:
-        engine.save(config["save"], optimizer_state=True)
+        if config.get("save"):
+            engine.save(config["save"], optimizer_state=True)
+        if config.get("save_pretrained"):
+            engine.save_pretrained(config["save_pretrained"],
+                                   max_shard_size="100KB")
     except Exception as error:  # noqa: BLE001 - what the test compares
         if not limit:
             raise
@@ -174,7 +182,10 @@ def main() -> int:
     samples = data.shape[2]
     mine = torch.tensor_split(torch.arange(samples), world)[rank]
     weight = len(mine) * world / samples
-    model = tiny_gpt(sublayers=config.get("sublayers", False))
+    # weights (a safetensors file): the model built on the meta device,
+    # its starting weights read from the file, each rank its shard.
+    with torch.device("meta" if config.get("weights") else "cpu"):
+        model = tiny_gpt(sublayers=config.get("sublayers", False))
     engine = lohan.init(
         model, device=device, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
         no_weight_decay="1d", max_grad_norm=config["max_grad_norm"],
@@ -187,7 +198,8 @@ def main() -> int:
         overlap_step=config.get("overlap_step", False),
         buffers=config["buffers"], stream_buffers=2,
         job_name=config["job_name"],
-        resume=config.get("resume") or False)
+        resume=config.get("resume") or False,
+        weights=config.get("weights"))
     stop = config.get("stop_daemon")
     if stop and stop["rank"] == rank:
         stop_daemon_after_the_norm(engine, stop["step"] - first, stop["pid"],
@@ -219,7 +231,7 @@ def main() -> int:
         results.append([result.global_norm, float(result.clipped),
                         float(result.skipped), float(result.iteration)])
         (out / f"step{rank}").write_text(str(result.iteration))
-    if config.get("save"):
+    if config.get("save") or config.get("save_pretrained"):
         save(engine, config, rank, out)
     masters = engine.master_weights()
     (out / f"rank{rank}.json").write_text(json.dumps({

@@ -291,6 +291,59 @@ def test_two_ranks_with_offloaded_parameters(lohand, tmp_path):
     assert_sharded(result, 2)
 
 
+def test_two_ranks_start_a_meta_model_from_a_checkpoint(lohand, tmp_path):
+    # The model built on meta in every rank; each rank's job takes its
+    # shard of every layer from the file (lohan.init's weights=): the same
+    # run as the model built with those weights.
+    from safetensors.torch import save_file
+    model = tiny_gpt()
+    start = tmp_path / "start.safetensors"
+    save_file({name: p.detach().contiguous()
+               for name, p in model.named_parameters()}, start)
+    max_norm = 0.6 * reference(1, 1, 0.0, 2)["norms"][0]
+    out = tmp_path / "pretrained"
+    result = train(config(steps=3, max_grad_norm=max_norm, params="offload",
+                          activations="offload", weights=str(start),
+                          save_pretrained=str(out)),
+                   tmp_path, [lohand.socket], 2)
+    assert_matches_adamw(result, 3, 1, max_norm, 2)
+    assert_sharded(result, 2)
+    # save_pretrained from the ranks: one checkpoint, every layer gathered
+    # from the ranks' shards, equal to the trained masters (fp32, as the
+    # file it started from).
+    from safetensors.torch import load_file
+    files = sorted(out.glob("*.safetensors"))
+    assert len(files) > 1 and (out / "model.safetensors.index.json").exists()
+    saved = {k: v for path in files for k, v in load_file(path).items()}
+    assert sorted(saved) == sorted(name for name, _ in
+                                   model.named_parameters())
+    for name, tensor in saved.items():
+        assert torch.equal(tensor, result["masters"][name]), name
+
+
+def test_a_save_pretrained_that_fails_on_rank_0_fails_every_rank(
+        lohand, tmp_path):
+    # Rank 0 writes; past 64 KiB a file of its fails (RLIMIT_FSIZE). It
+    # goes on with the gathers, so no rank waits for it, and then every
+    # rank raises; nothing was put in place.
+    from safetensors.torch import save_file
+    start = tmp_path / "start.safetensors"
+    save_file({name: p.detach().contiguous()
+               for name, p in tiny_gpt().named_parameters()}, start)
+    out = tmp_path / "pretrained"
+    train(config(steps=1, params="offload", activations="offload",
+                 weights=str(start), save_pretrained=str(out),
+                 save_file_limit={"rank": 0, "bytes": 64 << 10}),
+          tmp_path, [lohand.socket], 2)
+    errors = [(tmp_path / f"save_error{r}.txt").read_text() for r in (0, 1)]
+    assert errors[0].startswith("OSError"), errors
+    assert errors[1].startswith("SaveFailed") and "rank 0" in errors[1], (
+        errors)
+    assert not out.exists()
+    assert [p.name for p in tmp_path.iterdir()
+            if p.name.startswith(".pretrained")] == []
+
+
 def test_two_ranks_with_weights_a_sublayer_at_a_time(lohand, tmp_path):
     # Each sublayer's weights are gathered from the ranks' shards around
     # each of its runs (the ranks run them in the same order, keeping a

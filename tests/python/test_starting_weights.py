@@ -445,3 +445,70 @@ def test_the_training_process_holds_a_few_layers_whatever_the_depth(
           f"{peaks[24] / 2**20:.0f} MiB at 24: +{growth / 2**20:.0f} MiB "
           f"for {extra / 2**20:.0f} MiB more checkpoint")
     assert growth <= extra / 4, (peaks, sizes)
+
+
+def _lora(model: torch.nn.Module, meta: bool) -> torch.nn.Module:
+    import peft
+    from lohan.integrations.peft import get_peft_model
+    torch.manual_seed(3)
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn"],
+                             fan_in_fan_out=True)
+    return (get_peft_model if meta else peft.get_peft_model)(model, config)
+
+
+def _adapters(model: torch.nn.Module) -> Dict[str, torch.Tensor]:
+    return {name: param.detach().clone()
+            for name, param in model.named_parameters()
+            if param.requires_grad}
+
+
+def test_lora_over_a_meta_base_trains_as_over_the_loaded_base(lohand,
+                                                              tmp_path):
+    # The base's frozen block weights go to lohand's SSDs one tensor at a
+    # time (frozen_host_bytes=0), never all in this process.
+    peft = pytest.importorskip("peft")
+    config = gpt2()
+    directory = saved(tmp_path / "in", config, dtype=torch.float32)
+    loaded = _lora(AutoModelForCausalLM.from_pretrained(directory).eval(),
+                   meta=False)
+    meta = _lora(on_meta(config), meta=True)
+    assert {p.device.type for p in meta.parameters() if p.requires_grad} == {
+        "cpu"}
+    start = _adapters(loaded)
+    assert sorted(_adapters(meta)) == sorted(start)
+    for name, value in _adapters(meta).items():
+        assert torch.equal(value, start[name]), name
+
+    runs = {}
+    for kind, model, options in (
+            ("loaded", loaded, {}),
+            ("meta", meta, {"weights": directory, "frozen_host_bytes": 0})):
+        engine = lohan.init(model, params="offload", lr=1e-2,
+                            socket=lohand.socket, job_name=kind, **options)
+        losses = []
+        for _ in range(3):
+            loss = model(BATCH, labels=BATCH).loss
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss.item())
+        if kind == "meta":
+            assert engine._frozen.ssd_bytes > 0
+            assert engine._frozen.host_bytes == 0
+        out = Path(engine.save_pretrained(tmp_path / kind))
+        runs[kind] = (losses, load_file(out / "adapter_model.safetensors"))
+        engine.close(delete_job=True)
+    assert runs["meta"][0] == runs["loaded"][0]
+    ours, theirs = runs["meta"][1], runs["loaded"][1]
+    assert sorted(ours) == sorted(theirs) and len(ours) == 4
+    for name, tensor in theirs.items():
+        assert torch.equal(ours[name], tensor), name
+    # The base is back on meta; the adapters, trained, are where they were.
+    assert {p.device.type for n, p in meta.named_parameters()
+            if "lora_" not in n} == {"meta"}
+    trained = _adapters(meta)
+    assert any(not torch.equal(trained[n], start[n]) for n in start)
+    # peft loads the adapters onto a loaded base as it wrote them.
+    base = AutoModelForCausalLM.from_pretrained(directory)
+    again = peft.PeftModel.from_pretrained(base, tmp_path / "meta")
+    for name, value in _adapters(meta).items():
+        assert torch.equal(dict(again.named_parameters())[name], value), name

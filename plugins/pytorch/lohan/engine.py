@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from pathlib import Path
 import warnings
 from dataclasses import dataclass
 from typing import (TYPE_CHECKING, Any, Callable, ContextManager, Dict,
@@ -47,9 +48,11 @@ from lohan.placement import Placement, normalized, place
 from lohan.rank_commits import rejoin_point, release_kept
 from lohan.sharding import (RankFailure, Sharding, backward_order,
                             process_group_of)
-from lohan.pretrained import OutTensor, write_configs, write_pretrained
+from lohan.pretrained import (OutTensor, replace_directory, write_configs,
+                              write_from_ranks, write_pretrained)
 from lohan.progress import Progress
-from lohan.starting_weights import MetaHome, StoredNames, materialize
+from lohan.starting_weights import (MetaHome, StoredNames, is_on_meta,
+                                    materialize)
 from lohan.weights import Weights, open_checkpoint
 
 if TYPE_CHECKING:
@@ -113,7 +116,7 @@ class Engine:
                   if opts.weights is not None else None)
         self._saved_dtype = stored.dtype if stored is not None else None
         stand_ins: FrozenSet[int] = frozenset()
-        if where.home_device.type == "meta":
+        if is_on_meta(model):
             self._meta_home = MetaHome(model)
             try:
                 stand_ins = frozenset(materialize(model, where, stored))
@@ -573,7 +576,8 @@ class Engine:
 
     def save_pretrained(self, directory: Union[str, os.PathLike],
                         dtype: Optional[torch.dtype] = None,
-                        max_shard_size: Union[int, str] = "5GB") -> str:
+                        max_shard_size: Union[int, str] = "5GB",
+                        merged: bool = False) -> str:
         """Writes the model as a Hugging Face checkpoint directory
         (pretrained.py): config.json, safetensors shards of at most
         `max_shard_size` and their index, the model's own names, in `dtype`
@@ -581,20 +585,37 @@ class Engine:
         else the training dtype), each trained parameter rounded from its
         fp32 master. A layer at a time from lohand; all or nothing (a
         failed save leaves `directory` as it was). Returns the directory.
-        transformers' from_pretrained loads it as it is. Between steps
+        With data-parallel ranks every rank calls it: each layer is
+        gathered from the ranks and rank 0 writes one checkpoint, in a
+        directory rank 0 sees.
+        transformers' from_pretrained loads it as it is. A peft model: its
+        adapters as peft writes them (in the training dtype by default),
+        which peft's PeftModel.from_pretrained loads; `merged=True` (the
+        base with the adapters merged) is not there yet. Between steps
         only."""
         self._check_open()
         if self._in_iteration:
             raise RuntimeError("lohan: save_pretrained() in the middle of a "
                                "step; call engine.step() first")
-        if self._sharding is not None:
+        peft_model = hasattr(self.model, "peft_config")
+        if merged:
             raise NotImplementedError(
-                "lohan: save_pretrained with data-parallel ranks is not "
-                "there yet; engine.save(directory) writes a checkpoint "
-                "lohan.init(..., weights=directory) loads")
-        out = dtype or self._saved_dtype or self.dtype
+                "lohan: save_pretrained(merged=True) is not there yet; "
+                "save the adapters and merge them with peft's "
+                "merge_and_unload on a loaded base" if peft_model else
+                "lohan: merged=True merges a peft model's adapters; this "
+                f"{type(self.model).__name__} has none")
+        out = dtype or (self.dtype if peft_model else None) or (
+            self._saved_dtype or self.dtype)
         if not isinstance(out, torch.dtype) or not out.is_floating_point:
             raise TypeError(f"dtype={dtype!r}: a floating-point torch.dtype")
+        if peft_model:
+            if self._sharding is not None:
+                raise NotImplementedError(
+                    "lohan: a peft model's save_pretrained with "
+                    "data-parallel ranks is not there yet; engine.save"
+                    "(directory) saves the adapters' states")
+            return str(self._save_adapters(directory, out))
         tensors = self._weights.pretrained_tensors(out)
         progress = Progress(f"saving to {directory}", len(tensors),
                             sum(t.numel for t in tensors), unit="tensors")
@@ -606,11 +627,27 @@ class Engine:
                 return value
             return OutTensor(tensor.name, tensor.shape, tensor.dtype, read)
 
-        path = write_pretrained(
-            directory, [counted(t) for t in tensors], max_shard_size,
-            lambda staging: write_configs(self.model, staging, out))
+        def configs(staging: Path) -> None:
+            write_configs(self.model, staging, out)
+
+        counted_tensors = [counted(t) for t in tensors]
+        path = (write_pretrained(directory, counted_tensors, max_shard_size,
+                                 configs) if self._sharding is None else
+                write_from_ranks(self._sharding, directory, counted_tensors,
+                                 max_shard_size, configs))
         progress.done()
         return str(path)
+
+    def _save_adapters(self, directory: Union[str, os.PathLike],
+                       dtype: torch.dtype) -> Path:
+        """A peft model's trained parameters (its adapters), from their
+        masters, written by peft's own save_pretrained, all or nothing."""
+        state = {tensor.name: tensor.read().clone() for tensor in
+                 self._weights.pretrained_tensors(dtype, trained_only=True)}
+        return replace_directory(
+            directory,
+            lambda staging: self.model.save_pretrained(str(staging),
+                                                       state_dict=state))
 
     # ------------------------------------------------------------- teardown
 
@@ -662,16 +699,19 @@ class Engine:
         # The model goes back where it was given (a model larger than the
         # GPU: to the CPU), with the weights trained.
         home = self._home_device
+        given_on_meta = (self._meta_home.ids if self._meta_home is not None
+                         else frozenset())
         if weights is not None:
-            weights.restore(home)  # before the arena goes
+            weights.restore(home, given_on_meta)  # before the arena goes
         self._uninstall_activations()
         self._loss.uninstall()
         if self._auto is not None:
             self._auto.close()
+        if home is not None and home.type != "meta" and (
+                normalized(home) != self.device):
+            self.model.to(home)
         if self._meta_home is not None:
             self._meta_home.give_back()
-        elif home is not None and normalized(home) != self.device:
-            self.model.to(home)
         if self._activations is not None:
             self._activations.close()
         if self._iteration is not None:

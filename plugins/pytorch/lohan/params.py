@@ -33,8 +33,8 @@ weights it has on the device.
 from __future__ import annotations
 
 import contextlib
-from typing import (Any, Callable, ContextManager, Dict, Iterator, List,
-                    Optional, Set, Tuple)
+from typing import (Any, Callable, ContextManager, Dict, FrozenSet,
+                    Iterator, List, Optional, Set, Tuple)
 
 import torch
 from torch import nn
@@ -71,9 +71,14 @@ class FrozenWeights:
     stream on a GPU). Not thread-safe."""
 
     def __init__(self, blocks: List[nn.Module], device: torch.device,
-                 host_bytes: Optional[int] = None, store: Any = None):
+                 host_bytes: Optional[int] = None, store: Any = None,
+                 value: Optional[Callable[[nn.Parameter],
+                                          torch.Tensor]] = None):
         """`device`: where the blocks compute (their parameters may still
-        be on the CPU: a model larger than the GPU)."""
+        be on the CPU: a model larger than the GPU). `value(param)`: a
+        parameter's values for its home (default: its own data; for a
+        model built on meta, read from the checkpoint)."""
+        value = value or (lambda param: param.data)
         self._store = store
         self._order: List[nn.Module] = []
         # Per block: (parameter, its home: a host tensor or an SSD handle,
@@ -90,14 +95,15 @@ class FrozenWeights:
                     continue
                 seen.add(id(param))
                 nbytes = param.numel() * param.element_size()
+                data = value(param)
                 if host_bytes is not None and (
                         self.host_bytes + nbytes > host_bytes):
-                    home = store.keep_on_ssd(param.data.to("cpu"))
+                    home = store.keep_on_ssd(data.to("cpu"))
                     self.ssd_bytes += nbytes
                 else:
-                    home = (param.data if device.type == "cpu"
-                            and param.device.type == "cpu"
-                            else param.data.to("cpu").pin_memory())
+                    home = (data if device.type == "cpu"
+                            and data.device.type == "cpu"
+                            else data.to("cpu").pin_memory())
                     self.host_bytes += nbytes
                 placeholder = torch.empty(0, dtype=param.dtype, device=device)
                 frozen.append((param, home, placeholder))
@@ -195,14 +201,17 @@ class FrozenWeights:
             for param, _, placeholder in entries:
                 param.data = placeholder
 
-    def restore_all(self, device: Optional[torch.device] = None) -> None:
-        """Every frozen parameter back in its own storage on `device`
-        (None: where the blocks compute), for good (the engine is
-        closing)."""
+    def restore_all(self, device: Optional[torch.device] = None,
+                    skip: FrozenSet[int] = frozenset()) -> None:
+        """Every frozen parameter but those in `skip` (ids) back in its own
+        storage on `device` (None: where the blocks compute), for good (the
+        engine is closing)."""
         self._ready.clear()
         self._live.clear()
         for entries in self._homes.values():
             for param, home, placeholder in entries:
+                if id(param) in skip:
+                    continue
                 tensor, event = self._copy(home, device or placeholder.device)
                 if event is not None:
                     event.synchronize()
@@ -636,14 +645,17 @@ class ParameterResidency:
                                       self._placeholders[layer.index]):
             param.data = placeholder
 
-    def restore_all(self, device: Optional[torch.device] = None) -> None:
+    def restore_all(self, device: Optional[torch.device] = None,
+                    skip: FrozenSet[int] = frozenset()) -> None:
         """Gives every block its current weights in its own storage on
         `device` (None: where the blocks compute) for good (the engine is
-        closing)."""
+        closing), but a layer with a parameter in `skip` (ids)."""
         self._settle()
         self._ready.clear()
         self._live.clear()
         for layer in self._order:
+            if any(id(p) in skip for p in layer.params):
+                continue
             self._live.clear()
             self._travel.reset()
             flat, event = self._to_device(

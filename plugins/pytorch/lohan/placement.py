@@ -110,6 +110,11 @@ def _devices(model: nn.Module,
              options: EngineOptions) -> Tuple[torch.device, torch.device]:
     """Where the parameters are, and where the model is to compute."""
     devices = sorted({str(p.device) for p in model.parameters()})
+    if "meta" in devices and len(devices) == 2 and options.weights is not None:
+        # Some parameters with values of their own (a peft model's
+        # adapters over a base built on meta): the checkpoint gives the
+        # rest, where those are.
+        devices.remove("meta")
     if len(devices) > 1:
         # Autograd runs each device's backward on its own thread, and
         # the engine's hooks keep per-step state that is not locked.

@@ -27,7 +27,7 @@ import shutil
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Sequence, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import torch
 from torch import nn
@@ -38,7 +38,8 @@ INDEX_NAME = "model.safetensors.index.json"
 # (a stale model.safetensors beside a new index would be loaded first).
 _MODEL_FILE = re.compile(
     r"^(model(-\d+-of-\d+)?\.safetensors|model\.safetensors\.index\.json|"
-    r"config\.json|generation_config\.json)$")
+    r"config\.json|generation_config\.json|adapter_model\.safetensors|"
+    r"adapter_config\.json)$")
 _STAGING = ".{name}.lohan-pretrained-{pid}"
 
 SAFETENSORS_DTYPES: Dict[torch.dtype, str] = {
@@ -126,8 +127,6 @@ def _write_shard(path: Path, tensors: List[OutTensor]) -> None:
                     f"{tensor.dtype}")
             data = values.detach().to("cpu").contiguous().reshape(-1)
             out.write(memoryview(data.view(torch.uint8).numpy()))
-        out.flush()
-        os.fsync(out.fileno())
 
 
 def write_pretrained(directory: Union[str, os.PathLike],
@@ -136,12 +135,8 @@ def write_pretrained(directory: Union[str, os.PathLike],
     """Writes the checkpoint (see the module's doc) and returns its
     directory. `write_configs(staging)` adds config.json and the like."""
     limit = shard_limit(max_shard_size)
-    target = Path(directory).absolute()
-    if target.exists() and not target.is_dir():
-        raise NotADirectoryError(f"lohan: {target} is a file; "
-                                 "save_pretrained writes a directory")
-    staging = _begin(target)
-    try:
+
+    def write(staging: Path) -> None:
         shards = plan_shards(tensors, limit)
         names = ([WEIGHTS_NAME] if len(shards) == 1 else
                  [f"model-{n + 1:05d}-of-{len(shards):05d}.safetensors"
@@ -156,6 +151,72 @@ def write_pretrained(directory: Union[str, os.PathLike],
                                     for t in shard}}
             (staging / INDEX_NAME).write_text(json.dumps(index, indent=2))
         write_configs(staging)
+
+    return replace_directory(directory, write)
+
+
+class SaveFailed(RuntimeError):
+    """save_pretrained with data-parallel ranks failed on rank 0, which
+    writes; the message names its error. Nothing was replaced."""
+
+
+def write_from_ranks(sharding: Any, directory: Union[str, os.PathLike],
+                     tensors: List[OutTensor],
+                     max_shard_size: Union[int, str],
+                     write_configs: Callable[[Path], None]) -> Path:
+    """write_pretrained with data-parallel ranks, every rank calling it
+    with the same `tensors` (`sharding`: sharding.Sharding): reading a
+    trained tensor gathers its layer from the ranks (a collective), so
+    every rank reads every tensor in order, and rank 0 writes. A failure
+    on rank 0 does not stop its reads (the others' gathers would wait for
+    them): it reads on and writes nothing more; then every rank raises,
+    rank 0 its own error, the others SaveFailed naming it, and the
+    directory is as it was."""
+    done = [False] * len(tensors)
+
+    def marked(position: int, tensor: OutTensor) -> OutTensor:
+        def read() -> torch.Tensor:
+            done[position] = True
+            return tensor.read()
+        return OutTensor(tensor.name, tensor.shape, tensor.dtype, read)
+
+    own: Optional[BaseException] = None
+    if sharding.rank == 0:
+        try:
+            write_pretrained(directory,
+                             [marked(n, t) for n, t in enumerate(tensors)],
+                             max_shard_size, write_configs)
+        except Exception as error:  # noqa: BLE001 - raised after the reads
+            own = error
+    for position, tensor in enumerate(tensors):
+        if not done[position]:
+            tensor.read()
+    failures = sharding.exchange(
+        "agreeing on save_pretrained",
+        None if own is None else f"{type(own).__name__}: {own}")
+    if own is not None:
+        raise own
+    if failures[0] is not None:
+        raise SaveFailed(f"lohan: save_pretrained failed on rank 0, which "
+                         f"writes: {failures[0]}; {directory} is as it was")
+    return Path(directory).absolute()
+
+
+def replace_directory(directory: Union[str, os.PathLike],
+                      write: Callable[[Path], None]) -> Path:
+    """`write(staging)` fills a staging sibling of `directory`, which then
+    replaces it all or nothing (see the module's doc); returns the
+    directory."""
+    target = Path(directory).absolute()
+    if target.exists() and not target.is_dir():
+        raise NotADirectoryError(f"lohan: {target} is a file; "
+                                 "save_pretrained writes a directory")
+    staging = _begin(target)
+    try:
+        write(staging)
+        for path in staging.iterdir():
+            if path.is_file() and not path.is_symlink():
+                _fsync_file(path)
         _fsync_directory(staging)
         _switch(staging, target)
     except BaseException:
@@ -200,6 +261,14 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _fsync_directory(path: Path) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from typing import Dict, Iterable, List, Optional, Set
+from typing import Dict, FrozenSet, Iterable, List, Optional, Set
 
 import torch
 from torch import nn
@@ -39,15 +39,31 @@ class CheckpointMismatch(ValueError):
     another shape or of a dtype that holds no weights."""
 
 
+# A peft model's names for its base model's tensors: the wrapper's prefix,
+# and a layer it adapted holds the original as `base_layer`.
+_PEFT_PREFIX = "base_model.model."
+_PEFT_BASE_LAYER = re.compile(r"\.base_layer(?=\.)")
+
+
 def _candidates(name: str, prefix: str) -> List[str]:
-    """The stored names `name` may have: itself, and with the base model's
-    prefix taken off or put on (a checkpoint of the base model loads into
-    one with a head, and back)."""
+    """The stored names `name` may have: itself (as the base model names it,
+    for a peft model), and with the base model's prefix taken off or put
+    on (a checkpoint of the base model loads into one with a head, and
+    back)."""
+    if name.startswith(_PEFT_PREFIX):
+        name = _PEFT_BASE_LAYER.sub("", name[len(_PEFT_PREFIX):])
     if not prefix:
         return [name]
     if name.startswith(prefix + "."):
         return [name, name[len(prefix) + 1:]]
     return [name, f"{prefix}.{name}"]
+
+
+def inner_model(model: nn.Module) -> nn.Module:
+    """The transformers model under a peft wrapper (the model itself
+    otherwise)."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
 
 
 class StoredNames:
@@ -58,7 +74,8 @@ class StoredNames:
     def __init__(self, model: nn.Module, reader: CheckpointReader) -> None:
         self._reader = reader
         stored = {entry["name"]: entry for entry in reader.entries()}
-        prefix = str(getattr(model, "base_model_prefix", "") or "")
+        prefix = str(getattr(inner_model(model), "base_model_prefix", "")
+                     or "")
         self._by_param: Dict[int, str] = {}
         self._by_buffer: Dict[str, str] = {}
         problems: List[str] = []
@@ -73,7 +90,9 @@ class StoredNames:
         for key, aliases in names.items():
             found = self._find(aliases, prefix, stored)
             if found is None:
-                missing.append(aliases[0])
+                # One with values of its own (a peft adapter) keeps them.
+                if params[key].is_meta:
+                    missing.append(aliases[0])
                 continue
             used.add(found)
             self._by_param[key] = found
@@ -96,8 +115,8 @@ class StoredNames:
         self.dtype = _most_common_dtype(
             [stored[name].get("dtype") for name in used])
         ignored = [re.compile(pattern) for pattern in (
-            getattr(model, "_keys_to_ignore_on_load_unexpected", None)
-            or [])]
+            getattr(inner_model(model), "_keys_to_ignore_on_load_unexpected",
+                    None) or [])]
         unexpected = sorted(
             name for name in stored if name not in used
             and not any(pattern.search(name) for pattern in ignored))
@@ -144,6 +163,11 @@ class StoredNames:
                 aliases[key].append(found)
         return aliases
 
+    def stores(self, param: nn.Parameter) -> bool:
+        """Whether the checkpoint holds the parameter (else its values are
+        its own: a peft adapter's)."""
+        return id(param) in self._by_param
+
     def read_parameter(self, param: nn.Parameter) -> torch.Tensor:
         """The parameter's stored values, as fp32."""
         return self._reader.find([self._by_param[id(param)]])
@@ -187,33 +211,31 @@ def materialize(model: nn.Module, where: Placement,
     (see the module's doc): buffers first (an `_init_weights` call may
     touch its module's parameters), then parameters, each Parameter object
     kept (torch.utils.swap_tensors: a meta tensor's data cannot be set).
-    The offloaded blocks' trained parameters get stand-ins of their shape
-    and the training dtype holding one element (the daemon holds their
-    values); returns their ids. ValueError naming a buffer that is
-    neither stored nor made by the model."""
+    The offloaded blocks' parameters, trained and frozen, get stand-ins of
+    their shape and the training dtype holding one element: the daemon
+    holds the trained ones' values, and the frozen ones' are read when
+    their home is made (Weights.offload: host memory or lohand's SSDs);
+    returns the stand-ins' ids. ValueError naming a buffer that is neither
+    stored nor made by the model."""
     _materialize_buffers(model, where.device, names)
-    offloaded: Set[int] = set()
-    trained: Set[int] = set()
-    for layer in where.layers:
-        trained.update(id(p) for p in layer.params)
-        if where.params_mode == "offload" and layer.block is not None:
-            offloaded.update(id(p) for p in layer.params)
-    in_blocks = {id(p) for block in where.blocks for p in block.parameters()}
+    trained = {id(p) for layer in where.layers for p in layer.params}
+    in_blocks = ({id(p) for block in where.blocks for p in block.parameters()}
+                 if where.params_mode == "offload" else set())
     stand_ins: Set[int] = set()
     with torch.no_grad():
         for param in model.parameters():
             if not param.is_meta:
                 continue
-            if id(param) in offloaded:
+            if id(param) in in_blocks:
                 stand_ins.add(id(param))
-                _swap(param, torch.zeros((), dtype=where.dtype,
+                dtype = (where.dtype if param.is_floating_point()
+                         else param.dtype)
+                _swap(param, torch.zeros((), dtype=dtype,
                                          device=where.device).expand(
                                              param.shape))
                 continue
-            home = (torch.device("cpu") if where.params_mode == "offload"
-                    and id(param) in in_blocks else where.device)
             _swap(param, torch.empty(param.shape, dtype=param.dtype,
-                                     device=home))
+                                     device=where.device))
             if id(param) not in trained:
                 param.copy_(names.read_parameter(param))
     return stand_ins
@@ -258,16 +280,24 @@ def _materialize_buffers(model: nn.Module, device: torch.device,
 
 
 class MetaHome:
-    """A model given on the meta device, put back there at close (it would
-    not fit the process whole): every parameter and buffer becomes a meta
-    tensor of its shape again, the Parameter objects the same."""
+    """What a model had on the meta device, put back there at close (it
+    would not fit the process whole): those parameters and buffers become
+    meta tensors of their shapes again, the Parameter objects the same.
+    The rest (a peft adapter made with values) is the engine's to give
+    back as usual."""
 
     def __init__(self, model: nn.Module) -> None:
-        self._params = {id(p): (p, p.shape) for p in model.parameters()}
+        self._params = {id(p): (p, p.shape) for p in model.parameters()
+                        if p.is_meta}
         self._buffers = [(module, name, buffer.shape)
                          for module in model.modules()
                          for name, buffer in module._buffers.items()
-                         if buffer is not None]
+                         if buffer is not None and buffer.is_meta]
+
+    @property
+    def ids(self) -> FrozenSet[int]:
+        """The ids of the parameters given on meta."""
+        return frozenset(self._params)
 
     def give_back(self) -> None:
         for param, shape in self._params.values():

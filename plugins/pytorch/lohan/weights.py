@@ -185,8 +185,7 @@ class Weights:
                     f"job {self._job_name!r} has states already; resume "
                     "from a checkpoint starts a new job (pass another "
                     "job_name, or resume=True to continue this one)")
-            checkpoint.restore(remote, layer, ["weights"], aliases, rank,
-                               world)
+            self._restore_weights(checkpoint, layer, aliases, rank, world)
             self._convert(layer)
             if any(id(p) in self._stand_ins for p in layer.params):
                 pass  # the daemon alone holds them; its block fetches them
@@ -199,6 +198,25 @@ class Weights:
                 checkpoint.restore(remote, layer, parts, aliases, rank, world)
             progress.advance(layer.numel)
         progress.done()
+
+    def _restore_weights(self, checkpoint: CheckpointReader, layer: Layer,
+                         aliases: Dict[int, List[str]], rank: int,
+                         world: int) -> None:
+        """A layer's first masters from the checkpoint; with weights=, a
+        parameter it does not hold (a peft adapter) from the model."""
+        names = self._stored_names
+        if names is None or all(names.stores(p) for p in layer.params):
+            checkpoint.restore(self._session.remote, layer, ["weights"],
+                               aliases, rank, world)
+            return
+
+        def value(position: int) -> torch.Tensor:
+            param = layer.params[position]
+            source = (names.read_parameter(param) if names.stores(param)
+                      else param.detach())
+            return source.reshape(-1)
+        self._fill_staging(layer, value)
+        self._session.remote.init_weights(layer.index)
 
     def _fill_staging(self, layer: Layer,
                       flat_param: Callable[[int], torch.Tensor]) -> None:
@@ -247,7 +265,7 @@ class Weights:
             whole)
         self.residency.release_all()
         self.frozen = FrozenWeights(blocks, device, frozen_host_bytes,
-                                    activations)
+                                    activations, self._frozen_value)
         # A model given on the CPU: what stays on the device (the
         # layers outside the blocks, buffers) goes there now; the
         # blocks hold placeholders there already.
@@ -257,6 +275,14 @@ class Weights:
                 self._offloaded_state_dict(self.residency.layers_of(block),
                                            in_step))
             for block in blocks]
+
+    def _frozen_value(self, param: nn.Parameter) -> torch.Tensor:
+        """A frozen block parameter's values for its home: its own, or the
+        checkpoint's for a stand-in (a model built on meta: read when its
+        home is made, one parameter at a time)."""
+        if id(param) not in self._stand_ins:
+            return param.data
+        return self._stored_names.read_parameter(param).to(param.dtype)
 
     def _offloaded_state_dict(self, layers: List[Layer],
                               in_step: Callable[[], bool]) -> StateDictHook:
@@ -468,14 +494,15 @@ class Weights:
         progress.done()
         return path
 
-    def pretrained_tensors(self, dtype: torch.dtype) -> List[OutTensor]:
+    def pretrained_tensors(self, dtype: torch.dtype,
+                           trained_only: bool = False) -> List[OutTensor]:
         """Every parameter (a tied one under its first name) and persistent
         buffer of the model, in the model's order, as save_pretrained
         writes them: a trained parameter rounded from its fp32 master (a
         layer's masters read when its first parameter's turn comes, once
         when its parameters are together, as the model orders them), a
         frozen one and a buffer as the model holds them; floating-point
-        ones in `dtype`."""
+        ones in `dtype`. `trained_only`: the trained parameters alone."""
         where = {id(param): (layer, offset, shape) for layer in self._layers
                  for param, offset, shape in zip(layer.params, layer.offsets,
                                                  layer.shapes)}
@@ -507,11 +534,14 @@ class Weights:
                 shape = where[id(param)][2]
                 tensors.append(OutTensor(name, shape, dtype, master(param)))
                 continue
+            if trained_only:
+                continue
             stored = self.frozen.stored(param) if self.frozen else None
             shape, value = stored or (param.shape, lambda p=param: p)
             out = dtype if param.is_floating_point() else param.dtype
             tensors.append(OutTensor(name, shape, out, held(value)))
-        for module_name, module in self._model.named_modules():
+        for module_name, module in (() if trained_only else
+                                    self._model.named_modules()):
             for name, buffer in module._buffers.items():
                 if buffer is None or (
                         name in module._non_persistent_buffers_set):
@@ -543,11 +573,13 @@ class Weights:
         self.lazy.remove()
         self.lazy = None
 
-    def restore(self, home: Optional[torch.device]) -> None:
+    def restore(self, home: Optional[torch.device],
+                given_on_meta: FrozenSet[int] = frozenset()) -> None:
         """The offloaded and frozen block weights back into the model, on
         `home` (while the arena is still mapped); the state_dict hooks
-        go. A model given on the meta device gets nothing back (it would
-        not fit): the engine puts it back on meta."""
+        go. Parameters given on the meta device (`given_on_meta`) get
+        nothing back (they would not fit): the engine puts them back on
+        meta."""
         self._restored = True
         for handle in self._state_dict_hooks:
             handle.remove()
@@ -556,11 +588,11 @@ class Weights:
             self.frozen = self.residency = None
             return
         if self.frozen is not None:
-            self.frozen.restore_all(home)
+            self.frozen.restore_all(home, given_on_meta)
             self.frozen = None
         if self.residency is not None:
             try:
-                self.residency.restore_all(home)
+                self.residency.restore_all(home, given_on_meta)
             except LohanError as error:
                 warnings.warn(
                     "lohan: the daemon could not give the offloaded blocks "

@@ -308,13 +308,15 @@ class LohanTrainer(Trainer):
 
     def _save(self, output_dir: Optional[str] = None,
               state_dict: Optional[Dict[str, Any]] = None) -> None:
-        """The model through engine.save_pretrained while the engine is
-        open (a layer at a time from lohand, never the whole state_dict in
-        memory), then what Trainer saves beside it."""
+        """The model (a peft model's adapters) through
+        engine.save_pretrained while the engine is open (a layer at a time
+        from lohand, never the whole state_dict in memory), then what
+        Trainer saves beside it."""
         engine = self.engine
         if (engine is None or state_dict is not None
                 or not self.args.should_save
-                or not isinstance(self.model, PreTrainedModel)):
+                or not (isinstance(self.model, PreTrainedModel)
+                        or hasattr(self.model, "peft_config"))):
             super()._save(output_dir, state_dict)
             return
         output_dir = output_dir or self.args.output_dir

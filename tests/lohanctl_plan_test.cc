@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "client/control_client.h"
 #include "daemon/common/byte_size.h"
 #include "gmock/gmock.h"
@@ -149,6 +150,80 @@ TEST(LohanctlPlan, The13BStatesStayInRamOnA256GiBHost) {
   EXPECT_THAT(text.out, HasSubstr("host memory 256.0 GiB (divided between "
                                   "lohand's pool and its state tier"));
   EXPECT_THAT(text.out, HasSubstr("154.2 GB of 154.2 GB in RAM (pool "));
+}
+
+// What the training process holds in host memory besides lohand: the
+// activations the plan puts on the host, the largest one it reads back
+// from the SSDs, a save_pretrained's largest parameter in 16 bits; the
+// line and the JSON say the same, and the number moves with the batch and
+// the host memory (the room for activations).
+TEST(LohanctlPlan, WhatTheTrainerHoldsMovesWithItsActivations) {
+  auto plan_of = [](const std::string& batch, const std::string& host) {
+    std::vector<std::string> args = {"--model", "llama-7b",     "--batch",
+                                     batch,     "--state-tier", "0"};
+    for (size_t i = 0; i < kMachine.size(); i += 2) {
+      args.push_back(kMachine[i]);
+      args.push_back(kMachine[i] == "--host-memory" ? host : kMachine[i + 1]);
+    }
+    RunResult text = Plan(args, /*machine=*/false);
+    EXPECT_EQ(text.exit_code, 0) << text.err;
+    args.push_back("--json");
+    RunResult result = Plan(args, /*machine=*/false);
+    EXPECT_EQ(result.exit_code, 0) << result.err;
+    google::protobuf::Struct json;
+    EXPECT_TRUE(
+        google::protobuf::util::JsonStringToMessage(result.out, &json).ok())
+        << result.out;
+    google::protobuf::Struct plan =
+        json.fields().at("plans").list_value().values(0).struct_value();
+    const double total = plan.fields().at("trainer_host_bytes").number_value();
+    // The printed line carries the JSON's number.
+    EXPECT_THAT(text.out, HasSubstr(absl::StrFormat(
+                              "trainer: %.1f GB host at its peak besides "
+                              "lohand (activations offloaded to host ",
+                              total / 1e9)));
+    return plan;
+  };
+  auto number = [](const google::protobuf::Struct& plan, const char* field) {
+    return plan.fields().at(field).number_value();
+  };
+  auto part = [](const google::protobuf::Struct& plan, const char* field) {
+    return plan.fields()
+        .at("trainer_host")
+        .struct_value()
+        .fields()
+        .at(field)
+        .number_value();
+  };
+  auto check_parts = [&](const google::protobuf::Struct& plan) {
+    EXPECT_EQ(part(plan, "activations"), number(plan, "host_activation_bytes"));
+    EXPECT_EQ(part(plan, "checkpoint_load"), 0);  // ranged reads
+    EXPECT_EQ(part(plan, "checkpoint_save"), 2.0 * 32000 * 4096);
+    EXPECT_EQ(part(plan, "arena_mapped"), number(plan, "arena_bytes"));
+    EXPECT_EQ(number(plan, "trainer_host_bytes"),
+              part(plan, "activations") + part(plan, "activation_read") +
+                  part(plan, "frozen_weights") + part(plan, "checkpoint_save") +
+                  part(plan, "device"));
+  };
+  // A larger batch puts more activations on the host.
+  const google::protobuf::Struct small = plan_of("16", "256GiB");
+  const google::protobuf::Struct large = plan_of("64", "256GiB");
+  check_parts(small);
+  check_parts(large);
+  EXPECT_GT(number(large, "host_activation_bytes"),
+            number(small, "host_activation_bytes"));
+  EXPECT_EQ(
+      number(large, "trainer_host_bytes") - number(small, "trainer_host_bytes"),
+      number(large, "host_activation_bytes") -
+          number(small, "host_activation_bytes"));
+  // Less host memory: fewer on the host, the rest on the SSDs, one of them
+  // read back at a time.
+  const google::protobuf::Struct tight = plan_of("64", "64GiB");
+  check_parts(tight);
+  EXPECT_GT(number(tight, "ssd_activation_bytes"), 0);
+  EXPECT_GT(part(tight, "activation_read"), 0);
+  EXPECT_LT(number(tight, "trainer_host_bytes"),
+            number(large, "trainer_host_bytes"));
 }
 
 TEST(LohanctlPlan, AConfigJsonAndAPlot) {

@@ -166,15 +166,36 @@ absl::Status CheckpointReader::Read(const std::string& name,
         absl::StrCat("checkpoint ", path_, ": ", name, " (", part, ") has ",
                      Elements(*shape), " elements, ", elements, " asked for"));
   }
-  if (sharded_ != nullptr) return sharded_->Read(name, part, out);
-  const auto [file, entry] = Locate(name, part);
-  return file->ReadRange(*entry, 0, elements, out);
+  return ReadStored(name, part, 0, elements, out);
 }
 
 absl::Status CheckpointReader::ReadAs(const std::string& name,
                                       const std::string& part,
                                       const std::vector<int64_t>& shape,
                                       float* out) const {
+  return ReadRangeAs(name, part, shape, 0, Elements(shape), out);
+}
+
+absl::Status CheckpointReader::ReadRangeAs(const std::string& name,
+                                           const std::string& part,
+                                           const std::vector<int64_t>& shape,
+                                           uint64_t first, uint64_t count,
+                                           float* out) const {
+  if (absl::Status checked = CheckShape(name, part, shape); !checked.ok()) {
+    return checked;
+  }
+  const uint64_t elements = Elements(shape);
+  if (first > elements || count > elements - first) {
+    return absl::OutOfRangeError(
+        absl::StrCat("checkpoint ", path_, ": elements ", first, " + ", count,
+                     " of ", name, " (", part, "), which has ", elements));
+  }
+  return ReadStored(name, part, first, count, out);
+}
+
+absl::Status CheckpointReader::CheckShape(
+    const std::string& name, const std::string& part,
+    const std::vector<int64_t>& shape) const {
   const std::vector<int64_t>* stored = Shape(name, part);
   if (stored == nullptr) {
     return absl::NotFoundError(
@@ -186,7 +207,18 @@ absl::Status CheckpointReader::ReadAs(const std::string& name,
         "checkpoint ", path_, ": ", name, " (", part, ") has shape ",
         ShapeText(*stored), ", the model's ", ShapeText(shape)));
   }
-  return Read(name, part, out, Elements(shape));
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointReader::ReadStored(const std::string& name,
+                                          const std::string& part,
+                                          uint64_t first, uint64_t count,
+                                          float* out) const {
+  if (sharded_ != nullptr) {
+    return sharded_->ReadRange(name, part, first, count, out);
+  }
+  const auto [file, entry] = Locate(name, part);
+  return file->ReadRange(*entry, first, count, out);
 }
 
 }  // namespace lohan::checkpoint

@@ -63,6 +63,15 @@ class CheckpointReader {
   // "the checkpoint is of another model?" / both shapes.
   absl::Status ReadAs(const std::string& name, const std::string& part,
                       const std::vector<int64_t>& shape, float* out) const;
+  // Elements [first, first + count) of `part` of parameter `name` (its
+  // flat, row-major vector) into `out`, which holds `count` floats, for a
+  // parameter of `shape`: ReadAs's errors, and OUT_OF_RANGE for a range
+  // past its end. Straight into `out` (16-bit dtypes through a buffer of at
+  // most 1 MiB; a sharded parameter from the rank files the range spans):
+  // nothing of the parameter's size is held besides `out`.
+  absl::Status ReadRangeAs(const std::string& name, const std::string& part,
+                           const std::vector<int64_t>& shape, uint64_t first,
+                           uint64_t count, float* out) const;
 
  private:
   explicit CheckpointReader(std::string path) : path_(std::move(path)) {}
@@ -73,6 +82,13 @@ class CheckpointReader {
   // ranks; both nullptr when it lacks them.
   std::pair<const SafetensorsFile*, const SafetensorsFile::Entry*> Locate(
       const std::string& name, const std::string& part) const;
+  // OK when the checkpoint holds `part` of `name` of `shape`, else ReadAs's
+  // NOT_FOUND or INVALID_ARGUMENT.
+  absl::Status CheckShape(const std::string& name, const std::string& part,
+                          const std::vector<int64_t>& shape) const;
+  // Elements [first, first + count) of a part known to be stored.
+  absl::Status ReadStored(const std::string& name, const std::string& part,
+                          uint64_t first, uint64_t count, float* out) const;
 
   std::string path_;
   std::string meta_text_ = "{}";

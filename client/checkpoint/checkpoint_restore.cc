@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -21,26 +22,24 @@ absl::Status StageLayer(const CheckpointReader& reader,
   }
   const uint64_t first = world > 1 ? uint64_t{rank} * size : 0;
   std::memset(out, 0, 4 * elements);
-  std::vector<float> values;
   for (const v1::CheckpointTensor& tensor : layer.tensors()) {
     const std::vector<int64_t> shape(tensor.shape().begin(),
                                      tensor.shape().end());
-    const uint64_t count = Elements(shape);
     const uint64_t begin = std::max(tensor.offset(), first);
-    const uint64_t end = std::min(tensor.offset() + count, first + size);
+    const uint64_t end =
+        std::min(tensor.offset() + Elements(shape), first + size);
     if (begin >= end) continue;  // not in this rank's shard
     std::string found = tensor.name();
     for (const std::string& alias : tensor.aliases()) {
       if (reader.Shape(found, part) != nullptr) break;
       if (reader.Shape(alias, part) != nullptr) found = alias;
     }
-    values.resize(count);
-    if (absl::Status read = reader.ReadAs(found, part, shape, values.data());
+    if (absl::Status read =
+            reader.ReadRangeAs(found, part, shape, begin - tensor.offset(),
+                               end - begin, out + (begin - first));
         !read.ok()) {
       return read;
     }
-    std::memcpy(out + (begin - first),
-                values.data() + (begin - tensor.offset()), 4 * (end - begin));
   }
   return absl::OkStatus();
 }

@@ -220,6 +220,20 @@ TEST_F(CheckpointTest, RefusesAMissingTensorOrAnotherShape) {
               HasSubstr("a (exp_avg_sq) has shape (2, 3), the model's (3, 2)"));
   EXPECT_EQ((*reader)->Read("a", "weights", out.data(), 5).code(),
             absl::StatusCode::kInvalidArgument);
+  // A range has the same refusals, and none past the parameter's end.
+  read = (*reader)->ReadRangeAs("d", "weights", {6}, 0, 1, out.data());
+  EXPECT_EQ(read.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(read.message(), HasSubstr("d (the checkpoint is of another"));
+  read = (*reader)->ReadRangeAs("a", "weights", {6}, 0, 1, out.data());
+  EXPECT_EQ(read.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(read.message(), HasSubstr("has shape (2, 3), the model's (6,)"));
+  EXPECT_EQ(
+      (*reader)->ReadRangeAs("a", "weights", {2, 3}, 4, 3, out.data()).code(),
+      absl::StatusCode::kOutOfRange);
+  ASSERT_TRUE(
+      (*reader)->ReadRangeAs("a", "exp_avg", {2, 3}, 4, 2, out.data()).ok());
+  EXPECT_EQ(out[0], Value(1, 0, 4, 1));
+  EXPECT_EQ(out[1], Value(1, 0, 5, 1));
 }
 
 TEST_F(CheckpointTest, NamesWhatIsNotACheckpoint) {
@@ -314,13 +328,18 @@ TEST_F(CheckpointTest, StagesALayerOrARanksShardOfItByNameOrAlias) {
       StageLayer(**reader, layer, "exp_avg", 0, 1, whole.data(), 9).ok());
   for (uint64_t i = 0; i < 9; ++i) EXPECT_EQ(whole[i], Value(1, 0, i, 0)) << i;
   // Rank 1 of 2: elements 5..9 of 9 (shards of 5), then a zero of padding;
-  // a's elements come from the checkpoint's "a" under the alias.
+  // a's elements come from the checkpoint's "a" under the alias. a [0, 6)
+  // straddles the ranks' boundary: rank 0 reads its first 5, rank 1 its
+  // last.
   layer.mutable_tensors(0)->set_name("renamed");
   layer.mutable_tensors(0)->add_aliases("a");
   std::vector<float> shard(5, -1.0f);
   ASSERT_TRUE(
       StageLayer(**reader, layer, "weights", 1, 2, shard.data(), 5).ok());
   EXPECT_EQ(shard, (std::vector<float>{5, 6, 7, 8, 0}));
+  ASSERT_TRUE(
+      StageLayer(**reader, layer, "exp_avg_sq", 0, 2, shard.data(), 5).ok());
+  EXPECT_EQ(shard, (std::vector<float>{200, 201, 202, 203, 204}));
   EXPECT_THAT(
       StageLayer(**reader, layer, "weights", 1, 2, shard.data(), 4).message(),
       HasSubstr("takes 5 elements here, 4 given"));

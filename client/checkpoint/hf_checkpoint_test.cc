@@ -246,10 +246,25 @@ TEST_F(HfCheckpointTest, StagesALayerWhoseParametersLieInTwoShards) {
   ASSERT_TRUE(
       StageLayer(**reader, layer, "weights", 0, 1, whole.data(), 9).ok());
   EXPECT_EQ(whole, (std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8, 9}));
-  std::vector<float> shard(5, -1.0f);  // rank 1 of 2: elements 5..9, padding
+  // Rank 1 of 2: elements 5..9, padding; a (BF16) straddles the ranks'
+  // boundary: rank 0 reads its first 5 elements, rank 1 its last, and b
+  // (F16, in the other file).
+  std::vector<float> shard(5, -1.0f);
   ASSERT_TRUE(
       StageLayer(**reader, layer, "weights", 1, 2, shard.data(), 5).ok());
   EXPECT_EQ(shard, (std::vector<float>{6, 7, 8, 9, 0}));
+  ASSERT_TRUE(
+      StageLayer(**reader, layer, "weights", 0, 2, shard.data(), 5).ok());
+  EXPECT_EQ(shard, (std::vector<float>{1, 2, 3, 4, 5}));
+  // Three ranks: a's 0..3 and 3..6, then b.
+  std::vector<float> third(3, -1.0f);
+  for (uint32_t rank = 0; rank < 3; ++rank) {
+    ASSERT_TRUE(
+        StageLayer(**reader, layer, "weights", rank, 3, third.data(), 3).ok());
+    EXPECT_EQ(third, (std::vector<float>{3.0f * rank + 1, 3.0f * rank + 2,
+                                         3.0f * rank + 3}))
+        << rank;
+  }
   EXPECT_EQ(
       StageLayer(**reader, layer, "exp_avg", 0, 1, whole.data(), 9).code(),
       absl::StatusCode::kNotFound);

@@ -131,18 +131,25 @@ std::string ShardedTensors::DtypeOf(const std::string& name,
   return entry == nullptr ? "" : entry->dtype;
 }
 
-absl::Status ShardedTensors::Read(const std::string& name,
-                                  const std::string& part, float* out) const {
+absl::Status ShardedTensors::ReadRange(const std::string& name,
+                                       const std::string& part, uint64_t first,
+                                       uint64_t count, float* out) const {
   const auto found = where_.find(name);
   if (found == where_.end()) {
     return absl::NotFoundError(
         absl::StrCat("checkpoint ", path_, " has no parameter ", name));
   }
   const Place& place = found->second;
+  const uint64_t elements = Elements(place.shape);
+  if (first > elements || count > elements - first) {
+    return absl::OutOfRangeError(
+        absl::StrCat("checkpoint ", path_, ": elements ", first, " + ", count,
+                     " of parameter ", name, ", which has ", elements));
+  }
   const uint64_t shard = shard_[place.layer];
   const std::string key = absl::StrCat("layer.", place.layer, "/", part);
-  uint64_t begin = place.offset;
-  const uint64_t end = begin + Elements(place.shape);
+  uint64_t begin = place.offset + first;
+  const uint64_t end = begin + count;
   while (begin < end) {
     const uint64_t rank = begin / shard;
     const uint64_t stop = std::min(end, (rank + 1) * shard);

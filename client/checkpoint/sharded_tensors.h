@@ -40,11 +40,13 @@ class ShardedTensors {
   std::string DtypeOf(const std::string& name, const std::string& part) const;
   // Every parameter, in the layers' order.
   const std::vector<std::string>& names() const { return names_; }
-  // `part` of parameter `name` (ShapeOf's elements) into `out`; NOT_FOUND
-  // when a shard lacks the part, DATA_LOSS when one is not of its layer's
-  // shard size.
-  absl::Status Read(const std::string& name, const std::string& part,
-                    float* out) const;
+  // Elements [first, first + count) of `part` of parameter `name` (of
+  // ShapeOf's elements) into `out`, which holds `count` floats, from the
+  // shards the range spans; NOT_FOUND for an unknown parameter or when a
+  // shard lacks the part, OUT_OF_RANGE for a range past the parameter's
+  // end, DATA_LOSS when a shard is not of its layer's shard size.
+  absl::Status ReadRange(const std::string& name, const std::string& part,
+                         uint64_t first, uint64_t count, float* out) const;
 
  private:
   struct Place {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "client/checkpoint/checkpoint_reader.h"
+#include "client/checkpoint/checkpoint_restore.h"
 #include "client/checkpoint/checkpoint_save.h"
 #include "client/checkpoint/checkpoint_test_util.h"
 #include "client/checkpoint/json_value.h"
@@ -149,6 +150,57 @@ TEST_F(ShardedCheckpointTest, AssemblesEachParameterFromTheShardsItSpans) {
   EXPECT_EQ(meta->Find("layers")->items().size(), 2u);
   EXPECT_EQ(meta->Find("dtype")->text(), "fp32");
   EXPECT_EQ(meta->Find("files")->members().size(), kWorld);
+}
+
+TEST_F(ShardedCheckpointTest, ReadsARangeFromTheShardsItSpans) {
+  Save();
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
+      CheckpointReader::Open(dir_.string(), /*verify=*/false);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  // a's elements 2..5: the end of rank 0's shard file, the start of rank 1's.
+  std::vector<float> out(3, -1.0f);
+  ASSERT_TRUE(
+      (*reader)->ReadRangeAs("a", "exp_avg", {2, 3}, 2, 3, out.data()).ok());
+  EXPECT_EQ(out, (std::vector<float>{102, 103, 104}));
+  // b's last element, in rank 2's file.
+  ASSERT_TRUE(
+      (*reader)->ReadRangeAs("b", "weights", {3}, 2, 1, out.data()).ok());
+  EXPECT_EQ(out[0], Value(0, 0, 8));
+  const absl::Status past =
+      (*reader)->ReadRangeAs("b", "weights", {3}, 2, 2, out.data());
+  EXPECT_EQ(past.code(), absl::StatusCode::kOutOfRange);
+  EXPECT_THAT(past.message(), HasSubstr("elements 2 + 2 of b (weights)"));
+  EXPECT_THAT(
+      (*reader)->ReadRangeAs("b", "weights", {4}, 0, 1, out.data()).message(),
+      HasSubstr("b (weights) has shape (3,), the model's (4,)"));
+}
+
+// Restored by another number of ranks than saved it: 2 and 4 ranks each
+// stage their shard of layer 0 (a [2, 3] at 0, b [3] at 6) from the 3
+// shard files; a straddles the two ranks' boundary (at 5) and the files'
+// (at 3), b the files' (at 6).
+TEST_F(ShardedCheckpointTest, StagesARanksShardFromAnyNumberOfShardFiles) {
+  Save();
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
+      CheckpointReader::Open(dir_.string(), /*verify=*/false);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  const v1::CheckpointLayer layer = Contents(0).layers(0);
+  const std::vector<std::vector<float>> two = {{100, 101, 102, 103, 104},
+                                               {105, 106, 107, 108, 0}};
+  for (uint32_t rank = 0; rank < 2; ++rank) {
+    std::vector<float> shard(5, -1.0f);
+    ASSERT_TRUE(
+        StageLayer(**reader, layer, "exp_avg", rank, 2, shard.data(), 5).ok());
+    EXPECT_EQ(shard, two[rank]) << rank;
+  }
+  const std::vector<std::vector<float>> four = {
+      {0, 1, 2}, {3, 4, 5}, {6, 7, 8}, {0, 0, 0}};
+  for (uint32_t rank = 0; rank < 4; ++rank) {
+    std::vector<float> shard(3, -1.0f);
+    ASSERT_TRUE(
+        StageLayer(**reader, layer, "weights", rank, 4, shard.data(), 3).ok());
+    EXPECT_EQ(shard, four[rank]) << rank;
+  }
 }
 
 TEST_F(ShardedCheckpointTest, RefusesAPlanTheShardsDoNotHold) {

@@ -211,6 +211,26 @@ void PrintStates(const Plan& plan) {
       plan.state_ssd_read_bytes / p, plan.state_ssd_write_bytes / p);
 }
 
+// What the training process holds in host memory besides lohand
+// (daemon/plan/trainer_host.h).
+void PrintTrainer(const Plan& plan) {
+  const TrainerHostBytes& t = plan.trainer_host;
+  const std::string device =
+      t.device > 0
+          ? absl::StrCat(", the device's memory (the CPU's) ", Gb(t.device))
+          : "";
+  std::printf(
+      "  trainer: %s host at its peak besides lohand (activations offloaded "
+      "to host %s, one read back from the SSDs %s, a checkpoint load %s "
+      "(ranged reads into the arena), save_pretrained's largest parameter "
+      "%s%s; no frozen weights; lohan's arena %s mapped in, counted above; "
+      "torch and CUDA's own baseline not counted)\n",
+      Gb(t.total()).c_str(), Gb(t.activations).c_str(),
+      Gb(t.activation_read).c_str(), Gb(t.checkpoint_load).c_str(),
+      Gb(t.checkpoint_save).c_str(), device.c_str(),
+      FormatByteSize(t.arena_mapped).c_str());
+}
+
 // What the device's working set holds, how the loss is computed and the
 // units a recomputed block's backward runs in and its weights stream at.
 void PrintWorkingSet(const Plan& plan) {
@@ -287,6 +307,7 @@ void PrintDetail(const Plan& plan, bool whole_blocks, bool every_block) {
       FormatByteSize(layout.ssd_state_bytes).c_str(),
       FormatByteSize(layout.ssd_set_aside_bytes).c_str(),
       Gb(plan.ssd_bytes).c_str());
+  PrintTrainer(plan);
   PrintStates(plan);
   PrintWorkingSet(plan);
   // Per tensor class: how many blocks put it where.
@@ -392,6 +413,16 @@ google::protobuf::Value PlanJson(const Plan& plan) {
   f["stream_buffers"] = Number(plan.layout_bytes.stream_buffers);
   f["activation_area_bytes"] = Number(plan.activation_area_bytes);
   f["host_activation_bytes"] = Number(plan.host_bytes);
+  const TrainerHostBytes& trainer = plan.trainer_host;
+  f["trainer_host_bytes"] = Number(trainer.total());
+  auto& held = *f["trainer_host"].mutable_struct_value()->mutable_fields();
+  held["activations"] = Number(trainer.activations);
+  held["activation_read"] = Number(trainer.activation_read);
+  held["frozen_weights"] = Number(trainer.frozen_weights);
+  held["checkpoint_load"] = Number(trainer.checkpoint_load);
+  held["checkpoint_save"] = Number(trainer.checkpoint_save);
+  held["device"] = Number(trainer.device);
+  held["arena_mapped"] = Number(trainer.arena_mapped);
   f["ssd_fixed_bytes"] = Number(plan.ssd_fixed_bytes);
   f["ssd_state_bytes"] = Number(plan.layout_bytes.ssd_state_bytes);
   f["ssd_state_tensor_bytes"] =

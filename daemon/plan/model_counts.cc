@@ -38,6 +38,17 @@ uint64_t BlockParameters(const ModelShape& s) {
   return AttentionParameters(s) + MlpParameters(s) + norms;
 }
 
+// The largest matrix: the token embedding (and an untied head), the
+// position table, an MLP matrix, or attention's (GPT-2's Q, K and V in one
+// matrix; Llama's Q and output projection).
+uint64_t LargestParameter(const ModelShape& s) {
+  const uint64_t h = s.hidden;
+  const uint64_t attention =
+      s.family == ModelShape::Family::kGpt ? h * (h + 2 * s.kv_width()) : h * h;
+  return std::max({s.vocab * h, (s.max_positions + s.position_offset) * h,
+                   h * s.ffn, attention});
+}
+
 uint64_t EmbeddingParameters(const ModelShape& s) {
   const uint64_t tokens = s.vocab * s.hidden;
   const uint64_t head = s.tied_embeddings ? 0 : s.vocab * s.hidden;
@@ -133,6 +144,7 @@ ModelCounts CountModel(const ModelShape& s, uint64_t batch, uint64_t seq,
       s.layers * counts.block_parameters + EmbeddingParameters(s);
   counts.largest_layer_parameters =
       std::max(s.vocab * s.hidden, counts.block_parameters);
+  counts.largest_parameter = LargestParameter(s);
   counts.head_parameters = s.vocab * s.hidden;
   counts.first_layer_parameters =
       s.vocab * s.hidden + (s.max_positions + s.position_offset) * s.hidden;

@@ -58,6 +58,10 @@ struct ModelCounts {
   uint64_t parameters = 0;
   uint64_t block_parameters = 0;          // one block's
   uint64_t largest_layer_parameters = 0;  // the embedding, usually
+  // The largest single parameter's elements (the token embedding or an
+  // MLP matrix): what save_pretrained holds one of at a time. 0 in counts
+  // a client measured (the largest layer's stands in).
+  uint64_t largest_parameter = 0;
   // Of a block's parameters, each sublayer's (attention, then the MLP, as
   // SavedTensor::sublayer numbers them from 1); the rest (the norms) is
   // the block's own. Empty in counts a client measured: then the weights

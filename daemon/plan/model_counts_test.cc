@@ -28,6 +28,15 @@ TEST(ModelCounts, ParametersMatchTheReferenceModels) {
   EXPECT_EQ(CountModel(gpt2, 1, 1).head_parameters, 50257u * 768);
   EXPECT_EQ(CountModel(gpt2, 1, 1).first_layer_parameters,
             (50257u + 1024) * 768);
+  // The largest single parameter (what save_pretrained holds one of): the
+  // token embedding, larger than Llama 2 70B's MLP matrices (8192 x
+  // 28672); an MLP matrix in a model of a small vocabulary.
+  EXPECT_EQ(CountModel(gpt2, 1, 1).largest_parameter, 50257u * 768);
+  EXPECT_EQ(CountModel(Preset("llama-70b"), 1, 1).largest_parameter,
+            32000u * 8192);
+  ModelShape small_vocab = gpt2;
+  small_vocab.vocab = 1000;
+  EXPECT_EQ(CountModel(small_vocab, 1, 1).largest_parameter, 768u * 3072);
   // Llama 2 7B and 70B (grouped-query attention): 6,738,415,616 and
   // 68,976,648,192.
   EXPECT_EQ(CountModel(Preset("llama-7b"), 1, 1).parameters, 6738415616u);

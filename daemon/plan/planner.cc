@@ -255,6 +255,7 @@ absl::Status ValidateCounts(const ModelCounts& c) {
        {std::pair<const char*, uint64_t>{"block_parameters",
                                          c.block_parameters},
         {"largest_layer_parameters", c.largest_layer_parameters},
+        {"largest_parameter", c.largest_parameter},
         {"head_parameters", c.head_parameters},
         {"first_layer_parameters", c.first_layer_parameters}}) {
     if (value > c.parameters) {
@@ -729,6 +730,29 @@ absl::StatusOr<Plan> MakePlan(const ModelShape& shape, uint64_t batch,
 
 namespace {
 
+// What the trainer's host memory depends on in a placed plan: the
+// activations it put on the host and the largest it put on the SSDs, the
+// model's largest parameter (a client's counts lack it: its largest
+// layer's), the arena; the device's memory when the device is the host.
+TrainerHostInputs TrainerInputs(const Machine& m, const Plan& plan) {
+  TrainerHostInputs in;
+  in.host_activation_bytes = plan.host_bytes;
+  for (const TensorPlan& tensor : plan.tensors) {
+    if (tensor.decision == Decision::kSsd) {
+      in.largest_ssd_tensor_bytes =
+          std::max(in.largest_ssd_tensor_bytes, tensor.bytes);
+    }
+  }
+  in.largest_parameter = plan.counts.largest_parameter > 0
+                             ? plan.counts.largest_parameter
+                             : plan.counts.largest_layer_parameters;
+  in.arena_bytes = plan.layout_bytes.arena_bytes;
+  if (m.device_is_host) {
+    in.device_in_host_bytes = plan.device_working_bytes + plan.device_bytes;
+  }
+  return in;
+}
+
 // The plan, memories sized as SizeMemories does with `activation_area`
 // and `spill`. REQUIRES: counts, machine, batch and seq checked.
 absl::StatusOr<Plan> PlanWith(const ModelCounts& counts, uint64_t batch,
@@ -754,6 +778,7 @@ absl::StatusOr<Plan> PlanWith(const ModelCounts& counts, uint64_t batch,
   if (absl::Status placed = Place(m, d, order, plan); !placed.ok()) {
     return placed;
   }
+  plan.trainer_host = TrainerHostOf(TrainerInputs(m, plan));
   return plan;
 }
 

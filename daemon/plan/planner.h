@@ -10,6 +10,7 @@
 #include "daemon/plan/layout_bytes.h"
 #include "daemon/plan/model_counts.h"
 #include "daemon/plan/model_shape.h"
+#include "daemon/plan/trainer_host.h"
 #include "daemon/plan/working_set.h"
 
 namespace lohan {
@@ -160,7 +161,13 @@ struct Plan {
   // A gradient and a weight buffer per layer (the 16-bit weights resident
   // in host memory); else streamed through shared ones and the SSDs.
   bool weights_in_host = false;
-  uint64_t ssd_fixed_bytes = 0;           // layout_bytes.ssd_bytes(); or 0
+  uint64_t ssd_fixed_bytes = 0;  // layout_bytes.ssd_bytes(); or 0
+  // What the training process holds in host memory at its peak besides
+  // lohand (trainer_host.h): the activations on the host above, the one
+  // read back from the SSDs, a save_pretrained's largest parameter, on a
+  // CPU-only machine the device's memory; no frozen weights (every weight
+  // trained). The arena, mapped in, apart.
+  TrainerHostBytes trainer_host;
   double model_flops_per_second() const;  // useful FLOPs / iteration time
   // The host memory the plan gives lohan's pool (the machine's host_bytes,
   // less the state tier when it splits them) and the state tier, and the

@@ -1,5 +1,6 @@
 #include "daemon/plan/planner.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "gmock/gmock.h"
@@ -311,6 +312,42 @@ TEST(Planner, SpilledActivationsTakeTheActivationArea) {
   plan = MakePlan(shape, 8, 1024, machine);
   EXPECT_TRUE(absl::IsFailedPrecondition(plan.status())) << plan.status();
   EXPECT_THAT(plan.status().message(), HasSubstr("activation area"));
+}
+
+TEST(Planner, TheTrainersHostMemoryIsItsActivationsAndASavesTensor) {
+  const ModelShape shape = Preset("gpt-1.3b");
+  // Host room for some block inputs, the rest on the SSDs (as above).
+  const JobLayoutBytes with_area =
+      *LayoutBytes(CountModel(shape, 8, 1024).layer_elements, true,
+                   kPluginActivationAreaBytes, 4096);
+  Machine machine = Tight(Roomy(25e9), shape, 8, 1024);
+  machine.host_bytes = with_area.host_bytes() + kGiB / 4;
+  absl::StatusOr<Plan> plan = MakePlan(shape, 8, 1024, machine);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_GT(plan->ssd_bytes, 0u);
+  // Of the tensors on the SSDs, the largest is read back whole at once.
+  uint64_t largest_on_ssd = 0;
+  for (const TensorPlan& tensor : plan->tensors) {
+    if (tensor.decision == Decision::kSsd) {
+      largest_on_ssd = std::max(largest_on_ssd, tensor.bytes);
+    }
+  }
+  EXPECT_GE(largest_on_ssd, 32u << 20);  // a block input at least
+  const TrainerHostBytes& trainer = plan->trainer_host;
+  EXPECT_EQ(trainer.activations, plan->host_bytes);
+  EXPECT_EQ(trainer.activation_read, largest_on_ssd);
+  EXPECT_EQ(trainer.checkpoint_load, 0u);
+  EXPECT_EQ(trainer.checkpoint_save, 2 * plan->counts.largest_parameter);
+  EXPECT_EQ(trainer.device, 0u);
+  EXPECT_EQ(trainer.arena_mapped, plan->layout_bytes.arena_bytes);
+  EXPECT_EQ(trainer.total(), plan->host_bytes + largest_on_ssd +
+                                 2 * plan->counts.largest_parameter);
+  // Everything on the host: nothing is read back from the SSDs.
+  plan = MakePlan(shape, 8, 1024, Tight(Roomy(25e9), shape, 8, 1024));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->ssd_bytes, 0u);
+  EXPECT_EQ(plan->trainer_host.activation_read, 0u);
+  EXPECT_EQ(plan->trainer_host.activations, plan->host_bytes);
 }
 
 TEST(Planner, OnACpuOnlyMachineTheOptimizerAddsToBackward) {

@@ -496,6 +496,9 @@ def test_lora_over_a_meta_base_trains_as_over_the_loaded_base(lohand,
             assert engine._frozen.host_bytes == 0
         out = Path(engine.save_pretrained(tmp_path / kind))
         runs[kind] = (losses, load_file(out / "adapter_model.safetensors"))
+        if kind == "meta":
+            merged = Path(engine.save_pretrained(tmp_path / "merged",
+                                                 merged=True))
         engine.close(delete_job=True)
     assert runs["meta"][0] == runs["loaded"][0]
     ours, theirs = runs["meta"][1], runs["loaded"][1]
@@ -512,3 +515,15 @@ def test_lora_over_a_meta_base_trains_as_over_the_loaded_base(lohand,
     again = peft.PeftModel.from_pretrained(base, tmp_path / "meta")
     for name, value in _adapters(meta).items():
         assert torch.equal(dict(again.named_parameters())[name], value), name
+    # merged=True: the base with the adapters merged, as peft's
+    # merge_and_unload merges them on the loaded base; transformers loads
+    # it.
+    want = again.merge_and_unload().state_dict()
+    written = stored(merged)
+    assert sorted(written) == sorted(stored(directory))
+    for name, tensor in written.items():
+        assert torch.equal(tensor, want[name]), name
+    assert not torch.equal(written["transformer.h.0.attn.c_attn.weight"],
+                           stored(directory)[
+                               "transformer.h.0.attn.c_attn.weight"])
+    AutoModelForCausalLM.from_pretrained(merged)

@@ -51,8 +51,9 @@ from lohan.sharding import (RankFailure, Sharding, backward_order,
 from lohan.pretrained import (OutTensor, replace_directory, write_configs,
                               write_from_ranks, write_pretrained)
 from lohan.progress import Progress
-from lohan.starting_weights import (MetaHome, StoredNames, is_on_meta,
-                                    materialize)
+from lohan.saved_tensors import SavedTensors
+from lohan.starting_weights import (MetaHome, StoredNames, inner_model,
+                                    is_on_meta, materialize)
 from lohan.weights import Weights, open_checkpoint
 
 if TYPE_CHECKING:
@@ -590,33 +591,34 @@ class Engine:
         directory rank 0 sees.
         transformers' from_pretrained loads it as it is. A peft model: its
         adapters as peft writes them (in the training dtype by default),
-        which peft's PeftModel.from_pretrained loads; `merged=True` (the
-        base with the adapters merged) is not there yet. Between steps
-        only."""
+        which peft's PeftModel.from_pretrained loads; with `merged=True`
+        its base as transformers names it, each adapted weight with the
+        adapters merged as peft's merge_and_unload merges them, which
+        from_pretrained loads. Between steps only."""
         self._check_open()
         if self._in_iteration:
             raise RuntimeError("lohan: save_pretrained() in the middle of a "
                                "step; call engine.step() first")
         peft_model = hasattr(self.model, "peft_config")
-        if merged:
-            raise NotImplementedError(
-                "lohan: save_pretrained(merged=True) is not there yet; "
-                "save the adapters and merge them with peft's "
-                "merge_and_unload on a loaded base" if peft_model else
-                "lohan: merged=True merges a peft model's adapters; this "
-                f"{type(self.model).__name__} has none")
-        out = dtype or (self.dtype if peft_model else None) or (
+        if merged and not peft_model:
+            raise ValueError(
+                "lohan: merged=True merges a peft model's adapters into "
+                f"its base; this {type(self.model).__name__} has none")
+        adapters = peft_model and not merged
+        out = dtype or (self.dtype if adapters else None) or (
             self._saved_dtype or self.dtype)
         if not isinstance(out, torch.dtype) or not out.is_floating_point:
             raise TypeError(f"dtype={dtype!r}: a floating-point torch.dtype")
-        if peft_model:
-            if self._sharding is not None:
-                raise NotImplementedError(
-                    "lohan: a peft model's save_pretrained with "
-                    "data-parallel ranks is not there yet; engine.save"
-                    "(directory) saves the adapters' states")
-            return str(self._save_adapters(directory, out))
-        tensors = self._weights.pretrained_tensors(out)
+        if peft_model and self._sharding is not None:
+            raise NotImplementedError(
+                "lohan: a peft model's save_pretrained with data-parallel "
+                "ranks is not there yet; engine.save(directory) saves the "
+                "adapters' states")
+        saved = self._weights.saved_tensors()
+        if adapters:
+            return str(self._save_adapters(directory, saved, out))
+        tensors = saved.merged(out, self.dtype) if merged else saved.all(out)
+        model = inner_model(self.model)
         progress = Progress(f"saving to {directory}", len(tensors),
                             sum(t.numel for t in tensors), unit="tensors")
 
@@ -628,7 +630,7 @@ class Engine:
             return OutTensor(tensor.name, tensor.shape, tensor.dtype, read)
 
         def configs(staging: Path) -> None:
-            write_configs(self.model, staging, out)
+            write_configs(model, staging, out)
 
         counted_tensors = [counted(t) for t in tensors]
         path = (write_pretrained(directory, counted_tensors, max_shard_size,
@@ -639,11 +641,11 @@ class Engine:
         return str(path)
 
     def _save_adapters(self, directory: Union[str, os.PathLike],
-                       dtype: torch.dtype) -> Path:
+                       saved: SavedTensors, dtype: torch.dtype) -> Path:
         """A peft model's trained parameters (its adapters), from their
         masters, written by peft's own save_pretrained, all or nothing."""
-        state = {tensor.name: tensor.read().clone() for tensor in
-                 self._weights.pretrained_tensors(dtype, trained_only=True)}
+        state = {tensor.name: tensor.read().clone()
+                 for tensor in saved.all(dtype, trained_only=True)}
         return replace_directory(
             directory,
             lambda staging: self.model.save_pretrained(str(staging),

@@ -45,13 +45,20 @@ _PEFT_PREFIX = "base_model.model."
 _PEFT_BASE_LAYER = re.compile(r"\.base_layer(?=\.)")
 
 
+def base_model_name(name: str) -> str:
+    """A peft model's name of one of its base model's tensors as the base
+    model names it; any other name as it is."""
+    if not name.startswith(_PEFT_PREFIX):
+        return name
+    return _PEFT_BASE_LAYER.sub("", name[len(_PEFT_PREFIX):])
+
+
 def _candidates(name: str, prefix: str) -> List[str]:
     """The stored names `name` may have: itself (as the base model names it,
     for a peft model), and with the base model's prefix taken off or put
     on (a checkpoint of the base model loads into one with a head, and
     back)."""
-    if name.startswith(_PEFT_PREFIX):
-        name = _PEFT_BASE_LAYER.sub("", name[len(_PEFT_PREFIX):])
+    name = base_model_name(name)
     if not prefix:
         return [name]
     if name.startswith(prefix + "."):

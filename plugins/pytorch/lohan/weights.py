@@ -26,8 +26,8 @@ from lohan.client import LohanError, StatusCode
 from lohan.job import JobSession
 from lohan.lazy_weights import LazyWeights
 from lohan.params import FrozenWeights, ParameterResidency
-from lohan.pretrained import OutTensor
 from lohan.progress import Progress
+from lohan.saved_tensors import SavedTensors
 from lohan.sharded_checkpoint import save_sharded
 from lohan.sharding import Sharding
 from lohan.starting_weights import StoredNames
@@ -494,63 +494,12 @@ class Weights:
         progress.done()
         return path
 
-    def pretrained_tensors(self, dtype: torch.dtype,
-                           trained_only: bool = False) -> List[OutTensor]:
-        """Every parameter (a tied one under its first name) and persistent
-        buffer of the model, in the model's order, as save_pretrained
-        writes them: a trained parameter rounded from its fp32 master (a
-        layer's masters read when its first parameter's turn comes, once
-        when its parameters are together, as the model orders them), a
-        frozen one and a buffer as the model holds them; floating-point
-        ones in `dtype`. `trained_only`: the trained parameters alone."""
-        where = {id(param): (layer, offset, shape) for layer in self._layers
-                 for param, offset, shape in zip(layer.params, layer.offsets,
-                                                 layer.shapes)}
-        remote, staging = self._session.remote, self._session.staging
-        current: List[Any] = [None, None]  # layer index, its masters
-
-        def master(param: nn.Parameter) -> Callable[[], torch.Tensor]:
-            layer, offset, shape = where[id(param)]
-
-            def read() -> torch.Tensor:
-                if current[0] != layer.index:
-                    remote.read_weights(layer.index)
-                    current[:] = [layer.index, self._whole(layer, staging)]
-                return current[1][offset:offset + shape.numel()].view(
-                    shape).to(dtype)
-            return read
-
-        def held(tensor_of: Callable[[], torch.Tensor]
-                 ) -> Callable[[], torch.Tensor]:
-            def read() -> torch.Tensor:
-                tensor = tensor_of().detach()
-                return tensor.to(dtype) if tensor.is_floating_point() else (
-                    tensor)
-            return read
-
-        tensors: List[OutTensor] = []
-        for name, param in self._model.named_parameters():
-            if id(param) in where:
-                shape = where[id(param)][2]
-                tensors.append(OutTensor(name, shape, dtype, master(param)))
-                continue
-            if trained_only:
-                continue
-            stored = self.frozen.stored(param) if self.frozen else None
-            shape, value = stored or (param.shape, lambda p=param: p)
-            out = dtype if param.is_floating_point() else param.dtype
-            tensors.append(OutTensor(name, shape, out, held(value)))
-        for module_name, module in (() if trained_only else
-                                    self._model.named_modules()):
-            for name, buffer in module._buffers.items():
-                if buffer is None or (
-                        name in module._non_persistent_buffers_set):
-                    continue
-                out = dtype if buffer.is_floating_point() else buffer.dtype
-                tensors.append(OutTensor(
-                    f"{module_name}.{name}" if module_name else name,
-                    buffer.shape, out, held(lambda b=buffer: b)))
-        return tensors
+    def saved_tensors(self) -> SavedTensors:
+        """The model's tensors as save_pretrained writes them."""
+        return SavedTensors(self._model, self._layers, self._session.remote,
+                            self._session.staging,
+                            lambda layer, flat: self._whole(layer, flat),
+                            self.frozen)
 
     # ------------------------------------------------------------ close
 

@@ -33,6 +33,7 @@ weights it has on the device.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 from typing import (Any, Callable, ContextManager, Dict, FrozenSet,
                     Iterator, List, Optional, Set, Tuple)
 
@@ -56,6 +57,11 @@ def resolve_mode(mode: str, device: Optional[torch.device]) -> str:
         return mode
     return "offload" if device is None or device.type != "cpu" else (
         "resident")
+
+
+def _malloc_trim() -> Optional[Callable[[int], int]]:
+    """The C library's malloc_trim (glibc), None without it."""
+    return getattr(ctypes.CDLL(None), "malloc_trim", None)
 
 
 class FrozenWeights:
@@ -386,6 +392,12 @@ class ParameterResidency:
         # GPU copies out of a weight buffer still in flight: a fetch into
         # that buffer waits for them (a streamed layout reuses buffers).
         self._copies: Dict[int, Any] = {}
+        # On the CPU a block's weights are heap memory: glibc raises its
+        # mmap threshold past their size once such a copy is freed and
+        # then keeps later ones in its arenas, so the process would grow
+        # towards every block's weights; malloc_trim hands a released
+        # block's pages back (tens of microseconds).
+        self._trim = _malloc_trim() if device.type == "cpu" else None
 
     @property
     def layers(self) -> List[Layer]:
@@ -595,6 +607,8 @@ class ParameterResidency:
                 self._ready[layer.index] = (flat, None)
                 return
             del flat  # freed before the next layer's copy is made
+            if self._trim is not None:
+                self._trim(0)
             self._stage_next(layer)
 
     def _runs_again(self, layer: Layer) -> bool:

@@ -380,7 +380,7 @@ def test_lohan_trainer_trains_a_meta_model_as_the_loaded_one(lohand,
 # checkpoint; "train" builds the model on meta, loads it, takes a step,
 # saves it back and prints its peak RSS.
 DEPTH = """
-import json, resource, sys
+import json, sys
 from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config
@@ -405,8 +405,11 @@ engine.backward(loss)
 engine.step()
 engine.save_pretrained(where / "out", max_shard_size="200MB")
 engine.close(delete_job=True)
-print(json.dumps({"peak": resource.getrusage(
-    resource.RUSAGE_SELF).ru_maxrss * 1024, "loss": loss.item()}))
+# VmHWM: this process's own peak (ru_maxrss would count the parent's,
+# which the child was forked from, up to its exec).
+peak = next(int(line.split()[1]) * 1024 for line in
+            open("/proc/self/status") if line.startswith("VmHWM:"))
+print(json.dumps({"peak": peak, "loss": loss.item()}))
 """
 IDS = torch.randint(0, 8192, (1, 32),
                     generator=torch.Generator().manual_seed(0))

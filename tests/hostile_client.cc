@@ -26,8 +26,10 @@
 //   hostile_client register-hold SOCKET NAME    a job with a one-layer model
 //                                               registered (its data plane
 //                                               open); hold
-//   hostile_client register-await SOCKET NAME OUT
-//                                               as register-hold, asking
+//   hostile_client register-await SOCKET NAME OUT [POOL]
+//                                               as register-hold (its arena
+//                                               POOL bytes, 16 MiB if not
+//                                               given), asking
 //                                               ITER_COMMITTED every 20 ms
 //                                               until a request fails; writes
 //                                               "CODE: message" to the file
@@ -303,8 +305,8 @@ int RegisterHold(ControlClient& client, const std::string& name) {
 // register-hold whose process keeps using its plane until lohand closes it,
 // then writes the failure its next request got to `out`.
 int RegisterAwait(ControlClient& client, const std::string& name,
-                  const std::string& out) {
-  absl::StatusOr<v1::Job> job = CreateAttached(client, name, 16 << 20);
+                  const std::string& out, uint64_t pool_bytes) {
+  absl::StatusOr<v1::Job> job = CreateAttached(client, name, pool_bytes);
   if (!job.ok()) return Fail("create", job.status());
   auto plane = DataPlane::Open(client.hello().data_socket_path(), job->id());
   if (!plane.ok()) return Fail("data plane", plane.status());
@@ -494,8 +496,9 @@ int Main(int argc, char** argv) {
     return AttachHold(**client, argv[3], Number(argv[4]));
   }
   if (command == "register-hold") return RegisterHold(**client, argv[3]);
-  if (command == "register-await" && argc == 5) {
-    return RegisterAwait(**client, argv[3], argv[4]);
+  if (command == "register-await" && (argc == 5 || argc == 6)) {
+    return RegisterAwait(**client, argv[3], argv[4],
+                         argc == 6 ? Number(argv[5]) : 16 << 20);
   }
   if (command == "plan-hold") return PlanHold(**client, argv[3]);
   if (command == "corrupt-ring") return CorruptRing(**client, argv[3]);

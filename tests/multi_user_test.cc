@@ -12,6 +12,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "client/control_client.h"
@@ -340,6 +341,89 @@ TEST_F(MultiUserTest, AJobClosedForAnotherUsersShareIsToldWhy) {
   }
   EXPECT_GE(closed, 1);
   EXPECT_LT(closed, static_cast<int>(planes.size()));
+}
+
+// Issue #47: nobody holds 56 of the 64 MiB pool alone (beyond its share
+// of 32 once root trains), using its plane. Root's job was sized for its
+// model resident (10 MiB); 8 are free, and its model streams through four
+// shared buffers of each in 6: the plane opens at that, nobody's plane is
+// not closed (its first failing request is root's drain, long after), and
+// root trains on to exact weights in the arena it got.
+TEST_F(MultiUserTest, APlaneTakesWhatIsFreeBeforeAnyoneIsClosed) {
+  StartDaemon();
+  const std::string out = dir_.path() + "/out";
+  ASSERT_EQ(mkdir(out.c_str(), 0777), 0);
+  ASSERT_EQ(chmod(out.c_str(), 0777), 0);  // past the umask: nobody writes
+  const std::string told_file = out + "/holder";
+  auto holder = BackgroundProcess::Start(
+      Nobody({"register-await", daemon_->socket(), "holder", told_file,
+              std::to_string(56 << 20)}));
+  ASSERT_TRUE(holder.ok()) << holder.status();
+  ASSERT_THAT((*holder)->first_line(), HasSubstr("registered j-"));
+  const std::string holders_job = (*holder)->first_line().substr(11);
+
+  const std::vector<uint64_t> layers(8, 128 << 10);  // fp32: 512 KiB each
+  std::vector<std::string> argv = {Runfile("tests/train_client"),
+                                   "--socket",
+                                   daemon_->socket(),
+                                   "--job",
+                                   "newcomer",
+                                   "--layers",
+                                   absl::StrJoin(layers, ","),
+                                   "--resume-file",
+                                   dir_.path() + "/go",
+                                   "--out",
+                                   dir_.path() + "/weights"};
+  for (const char* arg :
+       {"--grad-slots", "4", "--weight-slots", "4", "--fit-arena",
+        "--iterations", "3", "--pause-after", "1"}) {
+    argv.push_back(arg);
+  }
+  auto job = BackgroundProcess::Start(argv);
+  ASSERT_TRUE(job.ok()) << job.status() << daemon_->Log();
+  EXPECT_EQ((*job)->first_line(), "buffers 4 gradient 4 weight");
+  ASSERT_TRUE(WaitForFile(dir_.path() + "/go.paused")) << daemon_->Log();
+
+  // Both planes open: root's granted 6 MiB of the 10 its job asks for.
+  auto status = root_->GetStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  std::map<std::string, v1::SessionStatus> sessions;
+  for (const v1::SessionStatus& open : status->sessions()) {
+    sessions[open.job_id()] = open;
+  }
+  ASSERT_EQ(sessions.count(holders_job), 1u) << daemon_->Log();
+  EXPECT_EQ(sessions[holders_job].arena_bytes(), uint64_t{56} << 20);
+  ASSERT_EQ(sessions.size(), 2u);
+  sessions.erase(holders_job);
+  const v1::SessionStatus& newcomer = sessions.begin()->second;
+  EXPECT_EQ(newcomer.wanted_arena_bytes(), uint64_t{10} << 20);
+  EXPECT_EQ(newcomer.arena_bytes(), uint64_t{6} << 20);
+  EXPECT_EQ(newcomer.grad_slots(), 4u);
+  EXPECT_THAT(daemon_->Log(),
+              HasSubstr("of the 10485760 its job asks for: what the pool had "
+                        "free for it"));
+  EXPECT_THAT(daemon_->Log(), Not(HasSubstr("was closed for uid 0's job")));
+
+  std::ofstream(dir_.path() + "/go") << "go\n";
+  EXPECT_EQ((*job)->Stop(0), 0) << daemon_->Log();
+  const absl::Status exact = CheckDumpedWeights(
+      dir_.path() + "/weights", {.layers = layers, .iterations = 3});
+  EXPECT_TRUE(exact.ok()) << exact;
+
+  // Nobody's plane served every request until root drained it now.
+  EXPECT_EQ(access(told_file.c_str(), F_OK), -1) << "closed before the drain";
+  ASSERT_TRUE(root_->StopJob(holders_job, /*drain=*/true).ok());
+  ASSERT_TRUE(WaitForFile(told_file));
+  std::ifstream in(told_file);
+  std::string told;
+  std::getline(in, told);
+  EXPECT_THAT(told, HasSubstr("ABORTED: lohand closed this job's data plane: "
+                              "`lohanctl drain` by uid 0"));
+  auto jobs = root_->ListJobs();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  for (const v1::Job& j : *jobs) {
+    EXPECT_THAT(j.last_failure(), Not(HasSubstr("fair share"))) << j.id();
+  }
 }
 
 TEST_F(MultiUserTest, ConnectionFloodsNeitherDetachNorStarveALiveJob) {

@@ -6,7 +6,7 @@
 //                [--dtype fp32|bf16] [--max-norm X] [--grad-scale X]
 //                [--seed N] [--chunk N] [--die-in-iteration K]
 //                [--grad-slots K] [--weight-slots K] [--host-pool BYTES]
-//                --out FILE
+//                [--fit-arena] --out FILE
 //
 // Per iteration: ITER_BEGIN, FETCH_PARAMS for every layer (forward), then
 // GRAD_READY from the last layer to the first (backward), then ITER_END.
@@ -18,7 +18,10 @@
 // --grad-slots / --weight-slots: ModelSpec's (0: one buffer per layer;
 // K < layers: K shared buffers, the data streamed through the daemon's
 // SSDs); the client uses layer l's offsets from the response (buffer l % K).
-// --host-pool: the job's arena when this run creates it.
+// --host-pool: the job's arena when this run creates it. --fit-arena: this
+// run creates the job for its model instead (JobSpec.model, the daemon
+// sizing the arena) and registers it with ARENA_FIT_MOST: laid out in the
+// arena its plane got.
 // The dump holds, per layer, the fp32 master weights and the weights
 // FETCH_PARAMS gives after training (the 16-bit copy, or fp32 weights).
 // --hold: after training, keep the data plane open until killed.
@@ -68,6 +71,10 @@ struct Args {
   int pause_after = 0;
   std::string resume_file;
   bool pause_mid = false;
+  // Create the job for its model (JobSpec.model) and register it with
+  // ARENA_FIT_MOST: the daemon sizes the arena and lays the model out in
+  // the one the plane gets.
+  bool fit_arena = false;
 };
 
 // See --pause-after.
@@ -93,30 +100,7 @@ int Run(const Args& args) {
   const bool bf16 = args.dtype == "bf16";
   const uint64_t element = bf16 ? 2 : 4;
 
-  auto client = ControlClient::Connect({.socket_path = args.socket});
-  if (!client.ok()) return Fail("connect", client.status());
-  std::string job_id;
-  auto jobs = (*client)->ListJobs();
-  if (!jobs.ok()) return Fail("list", jobs.status());
-  for (const v1::Job& job : *jobs) {
-    if (job.spec().name() == args.job) job_id = job.id();
-  }
-  if (job_id.empty()) {
-    v1::JobSpec spec;
-    spec.set_name(args.job);
-    spec.set_host_pool_bytes(args.host_pool);
-    auto job = (*client)->CreateJob(spec);
-    if (!job.ok()) return Fail("create", job.status());
-    job_id = job->id();
-  }
-  if (auto attached = (*client)->AttachJob(job_id); !attached.ok()) {
-    return Fail("attach", attached.status());
-  }
-  auto plane = DataPlane::Open((*client)->hello().data_socket_path(), job_id);
-  if (!plane.ok()) return Fail("data-plane", plane.status());
-
   v1::RegisterModelRequest request;
-  request.set_job_id(job_id);
   v1::ModelSpec* model = request.mutable_model();
   for (uint64_t n : layers) model->add_layer_elements(n);
   model->set_dtype(bf16 ? v1::DTYPE_BF16 : v1::DTYPE_FP32);
@@ -132,6 +116,34 @@ int Run(const Args& args) {
   model->set_chunk_elements(args.chunk);
   model->set_grad_slots(args.grad_slots);
   model->set_weight_slots(args.weight_slots);
+  if (args.fit_arena) model->set_arena_fit(v1::ARENA_FIT_MOST);
+
+  auto client = ControlClient::Connect({.socket_path = args.socket});
+  if (!client.ok()) return Fail("connect", client.status());
+  std::string job_id;
+  auto jobs = (*client)->ListJobs();
+  if (!jobs.ok()) return Fail("list", jobs.status());
+  for (const v1::Job& job : *jobs) {
+    if (job.spec().name() == args.job) job_id = job.id();
+  }
+  if (job_id.empty()) {
+    v1::JobSpec spec;
+    spec.set_name(args.job);
+    if (args.fit_arena) {
+      *spec.mutable_model() = *model;
+    } else {
+      spec.set_host_pool_bytes(args.host_pool);
+    }
+    auto job = (*client)->CreateJob(spec);
+    if (!job.ok()) return Fail("create", job.status());
+    job_id = job->id();
+  }
+  if (auto attached = (*client)->AttachJob(job_id); !attached.ok()) {
+    return Fail("attach", attached.status());
+  }
+  auto plane = DataPlane::Open((*client)->hello().data_socket_path(), job_id);
+  if (!plane.ok()) return Fail("data-plane", plane.status());
+  request.set_job_id(job_id);
   auto registered = (*client)->RegisterModel(request);
   if (!registered.ok()) return Fail("register", registered.status());
   std::printf("buffers %u gradient %u weight\n", registered->grad_slots(),
@@ -290,6 +302,9 @@ int main(int argc, char** argv) {
   app.add_option("--pause-after", args.pause_after,
                  "iterations after which to wait for --resume-file");
   app.add_option("--resume-file", args.resume_file);
+  app.add_flag("--fit-arena", args.fit_arena,
+               "create the job for its model, registered with "
+               "ARENA_FIT_MOST");
   app.add_flag("--pause-mid", args.pause_mid,
                "pause half-way through backward instead");
   CLI11_PARSE(app, argc, argv);

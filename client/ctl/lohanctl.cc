@@ -264,6 +264,9 @@ int Status(const std::string& socket, bool json) {
                           session.skipped_iterations(),
                           session.failed_requests())
               .c_str());
+      if (const std::string arena = ArenaLine(session); !arena.empty()) {
+        std::printf("           %s\n", arena.c_str());
+      }
       if (const std::string plan = PlanLine(session); !plan.empty()) {
         std::printf("           %s\n", plan.c_str());
       }

@@ -178,6 +178,15 @@ std::string StatesLine(const v1::SessionStatus& session) {
   return line;
 }
 
+std::string ArenaLine(const v1::SessionStatus& session) {
+  if (session.arena_bytes() >= session.wanted_arena_bytes()) return "";
+  return absl::StrFormat(
+      "arena %s of the %s its job asks for (what the pool had free when the "
+      "plane opened)",
+      FormatByteSize(session.arena_bytes()),
+      FormatByteSize(session.wanted_arena_bytes()));
+}
+
 std::string PlanLine(const v1::SessionStatus& session) {
   if (!session.has_plan()) return "";
   const v1::JobPlan& plan = session.plan();

@@ -31,6 +31,11 @@ std::string QuotaLine(const v1::QuotaStatus& quota);
 // and where its kernel and tuning come from, for `status`.
 std::string OptimizerLine(const v1::OptimizerStatus& optimizer);
 
+// "arena 6.0 MiB of the 18.0 MiB its job asks for (what the pool had free
+// when the plane opened)": a session granted less than its job's arena,
+// for `status`; "" when it has its job's arena.
+std::string ArenaLine(const v1::SessionStatus& session);
+
 // "plan: case 3, predicted 1.23 s/iteration (bound by SSDs / device
 // compute), measured 1.31 s over 12 iterations (1.07x); blocks: 10
 // offload, 2 mixed": a session's activation plan (PlanJob) against the

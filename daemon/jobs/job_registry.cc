@@ -404,6 +404,9 @@ std::vector<v1::Job> JobRegistry::List(const Caller& caller) {
   for (const auto& [id, entry] : jobs_) {
     if (caller.is_root() || entry.job.owner_uid() == caller.uid) {
       visible.push_back(entry.job);
+      // The kept model's arena fields are lohand's own (its sessions'):
+      // a listing stays small whatever the models.
+      visible.back().mutable_spec()->clear_model();
       visible.back().set_last_failure(entry.last_failure);
       visible.back().set_last_failure_unix_seconds(
           entry.last_failure_unix_seconds);

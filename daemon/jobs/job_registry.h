@@ -79,7 +79,8 @@ class JobRegistry {
   absl::Status Delete(const Caller& caller, const std::string& job_id);
 
   // The jobs the caller may see (all for root), ordered by id, each with
-  // its last noted failure.
+  // its last noted failure and without its kept JobSpec.model (Get and
+  // CheckAttachedBy have it).
   std::vector<v1::Job> List(const Caller& caller);
 
   // Notes, durably, that the store now holds the job's states (its model

@@ -27,23 +27,60 @@ uint64_t ShareOf(uint64_t capacity, uid_t uid,
   return static_cast<uint64_t>(std::floor(share));
 }
 
-absl::Status FitsFairShare(uint64_t capacity, uint64_t held_by_all, uid_t uid,
-                           uint64_t bytes,
-                           const std::map<uid_t, ShareHolder>& holders,
-                           absl::string_view what, absl::string_view resource) {
-  // The asker trains once it has what it asks for: the other users' shares
-  // count it (as its own share does).
-  std::map<uid_t, ShareHolder> training = holders;
-  training[uid].present = true;
-  // What the other training users' shares still have free.
+namespace {
+
+// What the other training users' shares still have free, `training`
+// counting the asker `uid` as present; `others` gets how many they are.
+uint64_t KeptForOthers(uint64_t capacity, uid_t uid,
+                       const std::map<uid_t, ShareHolder>& training,
+                       int& others) {
   uint64_t kept_for_others = 0;
-  int others = 0;
+  others = 0;
   for (const auto& [other, holder] : training) {
     if (other == uid || !holder.present) continue;
     ++others;
     const uint64_t share = ShareOf(capacity, other, training);
     kept_for_others += share > holder.held ? share - holder.held : 0;
   }
+  return kept_for_others;
+}
+
+// `holders` with the asker `uid` training: once it has what it asks for,
+// the other users' shares count it (as its own share does).
+std::map<uid_t, ShareHolder> Training(
+    uid_t uid, const std::map<uid_t, ShareHolder>& holders) {
+  std::map<uid_t, ShareHolder> training = holders;
+  training[uid].present = true;
+  return training;
+}
+
+}  // namespace
+
+uint64_t FairShareRoom(uint64_t capacity, uint64_t held_by_all, uid_t uid,
+                       const std::map<uid_t, ShareHolder>& holders) {
+  const std::map<uid_t, ShareHolder> training = Training(uid, holders);
+  int others = 0;
+  const uint64_t kept_for_others =
+      KeptForOthers(capacity, uid, training, others);
+  const uint64_t free = capacity > held_by_all ? capacity - held_by_all : 0;
+  if (others == 0) return free;
+  // What is free beyond the others' shares, or what is free up to its own
+  // share, whichever is more (FitsFairShare's two ways to fit).
+  const uint64_t beyond = free > kept_for_others ? free - kept_for_others : 0;
+  const uint64_t held = training.at(uid).held;
+  const uint64_t share = ShareOf(capacity, uid, training);
+  const uint64_t within = std::min(free, share > held ? share - held : 0);
+  return std::max(beyond, within);
+}
+
+absl::Status FitsFairShare(uint64_t capacity, uint64_t held_by_all, uid_t uid,
+                           uint64_t bytes,
+                           const std::map<uid_t, ShareHolder>& holders,
+                           absl::string_view what, absl::string_view resource) {
+  const std::map<uid_t, ShareHolder> training = Training(uid, holders);
+  int others = 0;
+  const uint64_t kept_for_others =
+      KeptForOthers(capacity, uid, training, others);
   const uint64_t free = capacity > held_by_all ? capacity - held_by_all : 0;
   if (bytes <= free && kept_for_others <= free - bytes) {
     return absl::OkStatus();

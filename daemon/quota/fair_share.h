@@ -37,6 +37,12 @@ absl::Status FitsFairShare(uint64_t capacity, uint64_t held_by_all, uid_t uid,
                            const std::map<uid_t, ShareHolder>& holders,
                            absl::string_view what, absl::string_view resource);
 
+// The most bytes FitsFairShare lets `uid` take more now (same arguments):
+// what is free beyond what the other training users' shares keep, or what
+// is free up to `uid`'s own share, whichever is more.
+uint64_t FairShareRoom(uint64_t capacity, uint64_t held_by_all, uid_t uid,
+                       const std::map<uid_t, ShareHolder>& holders);
+
 // `uid`'s share of `capacity` among the present users and `uid` itself,
 // by weight.
 uint64_t ShareOf(uint64_t capacity, uid_t uid,

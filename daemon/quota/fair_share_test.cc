@@ -105,5 +105,38 @@ TEST(FairShareTest, AUserWithinItsShareTakesWhatIsFreeBesideAnOverShareOne) {
   EXPECT_FALSE(FitsFairShare(1000, 900, kAlice, 1, holders, "x", "r").ok());
 }
 
+// FairShareRoom is the most FitsFairShare admits, byte for byte: alone,
+// beyond the others' shares, and within its own share while others hold
+// beyond theirs (the issue #47 pool: 32, one user holding 23 alone).
+TEST(FairShareTest, TheRoomIsTheMostThatFits) {
+  struct Case {
+    uint64_t capacity, held_by_all;
+    uid_t uid;
+    std::map<uid_t, ShareHolder> holders;
+    uint64_t room;
+  };
+  const std::map<uid_t, ShareHolder> both = {{kAlice, {1, 400, true}},
+                                             {kBob, {1, 100, true}}};
+  const Case cases[] = {
+      {1000, 900, kAlice, {{kAlice, {1, 900, true}}}, 100},
+      {1000, 500, kAlice, both, 100},
+      {1000, 500, kBob, both, 400},
+      {32, 23, kBob, {{kAlice, {1, 23, true}}}, 9},
+      {32, 30, kBob, {{kAlice, {1, 23, true}}, {kBob, {1, 7, true}}}, 2},
+      {30, 29, kCarol, {{kAlice, {1, 20, true}}, {kBob, {1, 9, true}}}, 1},
+  };
+  for (const Case& c : cases) {
+    const uint64_t room =
+        FairShareRoom(c.capacity, c.held_by_all, c.uid, c.holders);
+    EXPECT_EQ(room, c.room) << c.uid << " of " << c.capacity;
+    EXPECT_TRUE(FitsFairShare(c.capacity, c.held_by_all, c.uid, room, c.holders,
+                              "x", "r")
+                    .ok());
+    EXPECT_FALSE(FitsFairShare(c.capacity, c.held_by_all, c.uid, room + 1,
+                               c.holders, "x", "r")
+                     .ok());
+  }
+}
+
 }  // namespace
 }  // namespace lohan

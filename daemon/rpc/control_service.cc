@@ -156,8 +156,11 @@ absl::StatusOr<v1::Job> ControlService::CreateSized(
                         absl::StrCat("job '", request.spec().name(),
                                      "': ", sizing.status().message()));
   }
+  // What the arena depends on stays with the job: a data plane opened when
+  // the pool has less free takes the largest arena that fits
+  // (SessionManager).
   v1::JobSpec sized = request.spec();
-  sized.clear_model();
+  *sized.mutable_model() = ArenaFieldsOf(model);
   sized.set_host_pool_bytes(sizing->arena_bytes());
   absl::StatusOr<v1::Job> job = jobs_->Create(caller, sized);
   if (job.ok()) *response->mutable_arena() = *std::move(sizing);

@@ -29,6 +29,37 @@ ArenaShape ShapeOf(const v1::ModelSpec& spec) {
   };
 }
 
+namespace {
+
+// The most shared buffers of each kind ARENA_FIT_MOST may stream `spec`
+// through (0: it cannot stream).
+uint64_t MostStreamed(const v1::ModelSpec& spec) {
+  const uint64_t layers = spec.layer_elements_size();
+  return layers == 0 ? 0 : std::min<uint64_t>(spec.grad_slots(), layers - 1);
+}
+
+}  // namespace
+
+v1::ModelSpec ArenaFieldsOf(const v1::ModelSpec& spec) {
+  v1::ModelSpec kept;
+  *kept.mutable_layer_elements() = spec.layer_elements();
+  kept.set_dtype(spec.dtype());
+  kept.set_activation_bytes(spec.activation_bytes());
+  kept.set_grad_slots(spec.grad_slots());
+  kept.set_weight_slots(spec.weight_slots());
+  kept.set_arena_fit(spec.arena_fit());
+  return kept;
+}
+
+uint64_t SmallestArena(const v1::ModelSpec& spec) {
+  ArenaShape shape = ShapeOf(spec);
+  if (spec.arena_fit() != v1::ARENA_FIT_AS_GIVEN) {
+    const uint64_t buffers = MostStreamed(spec) >= 1 ? 1 : 0;
+    shape.grad_buffers = shape.weight_buffers = buffers;
+  }
+  return ArenaBytes(shape);
+}
+
 absl::StatusOr<ArenaChoice> ChooseArena(const v1::ModelSpec& spec,
                                         const ArenaLimit& limit) {
   ArenaShape shape = ShapeOf(spec);
@@ -56,7 +87,7 @@ absl::StatusOr<ArenaChoice> ChooseArena(const v1::ModelSpec& spec,
     choice.arena_bytes = choice.resident_arena_bytes;
     return choice;
   }
-  const uint64_t most = std::min<uint64_t>(spec.grad_slots(), layers - 1);
+  const uint64_t most = MostStreamed(spec);
   for (uint64_t k = most; k >= 1; --k) {
     const uint64_t bytes = with_buffers(k, k);
     if (fits(bytes)) {

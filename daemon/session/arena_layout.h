@@ -46,6 +46,16 @@ struct ArenaLimit {
 absl::StatusOr<ArenaChoice> ChooseArena(const v1::ModelSpec& spec,
                                         const ArenaLimit& limit);
 
+// What of a spec its arena depends on (ShapeOf's and ChooseArena's fields:
+// layer_elements, dtype, activation_bytes, grad_slots, weight_slots,
+// arena_fit), the rest left out: what a job keeps of JobSpec.model.
+v1::ModelSpec ArenaFieldsOf(const v1::ModelSpec& spec);
+
+// The least arena a checked spec trains in: with ARENA_FIT_MOST one shared
+// buffer of each kind (ChooseArena's last choice; one per layer for a
+// model that cannot stream), with ARENA_FIT_AS_GIVEN its own layout.
+uint64_t SmallestArena(const v1::ModelSpec& spec);
+
 // CreateJob's sizing for JobSpec.model (checked by CheckModelSpec) of a job
 // of `uid`: ChooseArena within the host pool's `pool_bytes` and the
 // owner's `quota_bytes` (0: none), whichever is smaller.

@@ -134,6 +134,46 @@ TEST(ChooseArena, MostSaysWhatItNeedsWhenNothingFits) {
   EXPECT_THAT(single.status().message(), HasSubstr("cannot stream"));
 }
 
+// The least arena is ChooseArena's last choice: what it takes at that
+// limit, and nothing below it.
+TEST(SmallestArena, OneSharedBufferOfEachOrTheLayoutAsGiven) {
+  const std::vector<uint64_t> layers(8, kMiB);
+  const v1::ModelSpec most = Spec(layers, 4, v1::ARENA_FIT_MOST);
+  const uint64_t floor = SmallestArena(most);
+  EXPECT_EQ(floor, Bytes(layers, 0, 1));
+  absl::StatusOr<ArenaChoice> at = ChooseArena(most, {.bytes = floor});
+  ASSERT_TRUE(at.ok()) << at.status();
+  EXPECT_EQ(at->arena_bytes, floor);
+  EXPECT_EQ(at->grad_buffers, 1u);
+  EXPECT_FALSE(ChooseArena(most, {.bytes = floor - 1}).ok());
+  EXPECT_EQ(SmallestArena(Spec(layers, 0, v1::ARENA_FIT_MOST)),
+            Bytes(layers, 0, 0));
+  EXPECT_EQ(SmallestArena(Spec({8 * kMiB}, 4, v1::ARENA_FIT_MOST)),
+            Bytes({8 * kMiB}, 0, 0));
+  EXPECT_EQ(SmallestArena(Spec(layers, 4, v1::ARENA_FIT_AS_GIVEN)),
+            Bytes(layers, 0, 4));
+}
+
+// What a job keeps of its model sizes the same arenas, and nothing else.
+TEST(ArenaFieldsOf, SizesAsTheWholeSpecDoes) {
+  v1::ModelSpec spec =
+      Spec(std::vector<uint64_t>(8, kMiB), 4, v1::ARENA_FIT_MOST);
+  spec.set_activation_bytes(3 * kMiB);
+  spec.mutable_adam()->set_lr(1e-3);
+  spec.add_param_groups()->set_name("no_weight_decay");
+  const v1::ModelSpec kept = ArenaFieldsOf(spec);
+  EXPECT_FALSE(kept.has_adam());
+  EXPECT_EQ(kept.param_groups_size(), 0);
+  EXPECT_EQ(SmallestArena(kept), SmallestArena(spec));
+  for (uint64_t limit : {uint64_t{0}, 20 * kMiB, 14 * kMiB}) {
+    absl::StatusOr<ArenaChoice> a = ChooseArena(spec, {.bytes = limit});
+    absl::StatusOr<ArenaChoice> b = ChooseArena(kept, {.bytes = limit});
+    ASSERT_TRUE(a.ok() && b.ok()) << limit;
+    EXPECT_EQ(a->arena_bytes, b->arena_bytes);
+    EXPECT_EQ(a->grad_buffers, b->grad_buffers);
+  }
+}
+
 TEST(SizeJobArena, WithinTheSmallerOfPoolAndQuotaNamingIt) {
   const std::vector<uint64_t> layers(8, kMiB);
   const v1::ModelSpec spec = Spec(layers, 4, v1::ARENA_FIT_MOST);

@@ -125,7 +125,8 @@ constexpr absl::Duration kReclaimWait = absl::Seconds(60);
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<JobSession>> SessionManager::OpenSession(
-    int connection, const Caller& caller, uint64_t& claim_id) {
+    int connection, const Caller& caller, uint64_t& claim_id,
+    uint64_t& wanted_bytes) {
   pollfd fds[2] = {{.fd = connection, .events = POLLIN},
                    {.fd = stop_event_.get(), .events = POLLIN}};
   int ready;
@@ -146,6 +147,7 @@ absl::StatusOr<std::unique_ptr<JobSession>> SessionManager::OpenSession(
       !allowed.ok()) {
     return allowed;
   }
+  uint64_t bytes = 0;  // the arena granted
   {
     absl::MutexLock lock(&mu_);
     // A data plane that is closing (its process gone, the job's pipeline
@@ -163,27 +165,32 @@ absl::StatusOr<std::unique_ptr<JobSession>> SessionManager::OpenSession(
               : " already has a data plane open"));
     }
     const uid_t owner = job->owner_uid();
-    const uint64_t bytes = job->spec().host_pool_bytes();
-    absl::StatusOr<uint64_t> claim = ClaimPoolLocked(*job_id, owner, bytes);
+    // What is free first; only when not even the job's smallest arena
+    // fits are other users' planes beyond their shares taken back, for
+    // that much.
+    const uint64_t floor = ArenaFloor(*job);
+    absl::StatusOr<ArenaClaim> claim = ClaimArenaLocked(*job);
     if (absl::IsResourceExhausted(claim.status()) &&
-        ReclaimPoolLocked(*job_id, owner, bytes, /*at_once=*/false)) {
+        ReclaimPoolLocked(*job_id, owner, floor, /*at_once=*/false)) {
       // Other users' data planes beyond their shares close at the end of
       // their iterations (those still open after half the wait, at once);
       // this one opens once their arenas are back.
       auto fits = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return PoolClaimRefusalLocked(*job_id, owner, bytes).ok();
+        return PoolClaimRefusalLocked(*job_id, owner, floor).ok();
       };
       if (!mu_.AwaitWithTimeout(absl::Condition(&fits), kReclaimWait / 2) &&
-          ReclaimPoolLocked(*job_id, owner, bytes, /*at_once=*/true)) {
+          ReclaimPoolLocked(*job_id, owner, floor, /*at_once=*/true)) {
         mu_.AwaitWithTimeout(absl::Condition(&fits), kReclaimWait / 2);
       }
-      claim = ClaimPoolLocked(*job_id, owner, bytes);
+      claim = ClaimArenaLocked(*job);
     }
     if (!claim.ok()) return claim.status();
-    claim_id = *claim;
+    claim_id = claim->claim_id;
+    bytes = claim->bytes;
+    wanted_bytes = job->spec().host_pool_bytes();
   }
-  absl::StatusOr<std::unique_ptr<JobSession>> session = JobSession::Create(
-      parts_.pool, *job_id, job->spec().host_pool_bytes(), parts_.ring_entries);
+  absl::StatusOr<std::unique_ptr<JobSession>> session =
+      JobSession::Create(parts_.pool, *job_id, bytes, parts_.ring_entries);
   if (!session.ok()) {
     absl::MutexLock lock(&mu_);
     pool_claims_.erase(claim_id);
@@ -274,8 +281,9 @@ std::string SessionManager::StopSessionLocked(const std::string& job_id,
 
 void SessionManager::Serve(int connection, const Caller& caller) {
   uint64_t claim_id = 0;
+  uint64_t wanted_bytes = 0;
   absl::StatusOr<std::unique_ptr<JobSession>> session =
-      OpenSession(connection, caller, claim_id);
+      OpenSession(connection, caller, claim_id, wanted_bytes);
   if (!session.ok()) {
     Refused(caller, absl::StatusCodeToString(session.status().code()),
             session.status());
@@ -303,7 +311,8 @@ void SessionManager::Serve(int connection, const Caller& caller) {
                                           .pid = caller.pid,
                                           .end_event = end_event.get(),
                                           .serial = ++last_serial_,
-                                          .claim_id = claim_id})
+                                          .claim_id = claim_id,
+                                          .wanted_arena_bytes = wanted_bytes})
              .second) {
       pool_claims_.erase(claim_id);
       (void)SendWithFds(connection,
@@ -327,8 +336,14 @@ void SessionManager::Serve(int connection, const Caller& caller) {
                        {&arena_fd, 1});
   }
   if (sent.ok()) {
-    spdlog::info("data plane open for job {} (pid {}, {} byte arena)", job_id,
-                 caller.pid, (*session)->grant().arena_bytes);
+    const uint64_t granted = (*session)->grant().arena_bytes;
+    spdlog::info("data plane open for job {} (pid {}, {} byte arena{})", job_id,
+                 caller.pid, granted,
+                 granted < wanted_bytes
+                     ? absl::StrCat(" of the ", wanted_bytes,
+                                    " its job asks for: what the pool had "
+                                    "free for it")
+                     : "");
     ended = WaitForHangUp(connection, end_event.get());
     uint64_t events = 0;
     stopped_from_outside =
@@ -603,6 +618,7 @@ std::vector<v1::SessionStatus> SessionManager::Status() const {
     if (open.session == nullptr) continue;  // closing
     v1::SessionStatus status = open.session->Status();
     status.set_pid(open.pid);
+    status.set_wanted_arena_bytes(open.wanted_arena_bytes);
     statuses.push_back(std::move(status));
   }
   return statuses;

@@ -171,6 +171,9 @@ class SessionManager {
     int end_event = -1;     // eventfd: signalled, its connection thread ends it
     uint64_t serial = 0;    // unique among the manager's sessions, ever
     uint64_t claim_id = 0;  // its PoolClaim
+    // The arena its job asks for (JobSpec.host_pool_bytes); its own may be
+    // smaller (ClaimArenaLocked).
+    uint64_t wanted_arena_bytes = 0;
     // RegisterModel runs on it (without the manager's lock): the session
     // is not closed until it returns.
     bool registering = false;
@@ -190,12 +193,15 @@ class SessionManager {
   // Wakes the connection thread of `job_id` to close its session.
   void EndSessionLocked(const std::string& job_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The session for `caller`'s job, or the reason there is none.
+  // The session for `caller`'s job, or the reason there is none, its
+  // arena as ClaimArenaLocked grants it (other users' planes beyond their
+  // shares closed first only when not even the smallest arena fits).
   // `claim_id` gets its claim on the owner's pool quota (the caller gives
-  // it back once the session is gone).
-  absl::StatusOr<std::unique_ptr<JobSession>> OpenSession(int connection,
-                                                          const Caller& caller,
-                                                          uint64_t& claim_id);
+  // it back once the session is gone), `wanted_bytes` the arena its job
+  // asks for.
+  absl::StatusOr<std::unique_ptr<JobSession>> OpenSession(
+      int connection, const Caller& caller, uint64_t& claim_id,
+      uint64_t& wanted_bytes);
   // Waits until the peer hangs up (or sends anything: not allowed), the
   // manager stops or `end_event` (an eventfd) is signalled; says which
   // (the manager's stop first, then the end event, when several came).
@@ -222,6 +228,24 @@ class SessionManager {
   absl::StatusOr<uint64_t> ClaimPoolLocked(const std::string& job_id,
                                            uid_t owner, uint64_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A claimed arena: its PoolClaim's id and its size.
+  struct ArenaClaim {
+    uint64_t claim_id = 0;
+    uint64_t bytes = 0;
+  };
+  // Claims the arena `job`'s data plane opens with: the job's own
+  // (JobSpec.host_pool_bytes) when it fits `job`'s owner's quota and fair
+  // share of what is free; else, for a job kept with its model
+  // (JobSpec.model), the largest arena ChooseArena lays the model out in
+  // within what is free, down to SmallestArena (streamed if need be). The
+  // refusal of the job's own arena when not even that fits.
+  absl::StatusOr<ArenaClaim> ClaimArenaLocked(const v1::Job& job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The least arena ClaimArenaLocked may grant `job`.
+  static uint64_t ArenaFloor(const v1::Job& job);
+  // The most pool bytes `owner` may claim more now: within its quota and
+  // FairShareRoom.
+  uint64_t PoolRoomLocked(uid_t owner) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Why ClaimPoolLocked would refuse now; OK when it would not.
   absl::Status PoolClaimRefusalLocked(const std::string& job_id, uid_t owner,
                                       uint64_t bytes) const

@@ -1,5 +1,6 @@
 // SessionManager: the host pool's claims, shared among the users who train
-// by their weights (fair_share.h), and what users took beyond their shares
+// by their weights (fair_share.h): a plane takes what is free first (its
+// model streamed if need be), and what users took beyond their shares
 // of the pool or the SSD array taken back when another user needs its
 // share: their data planes closed, the newest first, each at the end of its
 // iteration. The rest of the class is in session_manager.cc.
@@ -9,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/common/byte_size.h"
 #include "daemon/quota/fair_share.h"
+#include "daemon/session/arena_layout.h"
 #include "daemon/session/session_manager.h"
 #include "spdlog/spdlog.h"
 
@@ -62,6 +64,47 @@ absl::StatusOr<uint64_t> SessionManager::ClaimPoolLocked(
   const uint64_t id = ++last_claim_;
   pool_claims_[id] = PoolClaim{.owner = owner, .bytes = bytes};
   return id;
+}
+
+uint64_t SessionManager::PoolRoomLocked(uid_t owner) const {
+  uint64_t held_by_all = 0;
+  std::map<uid_t, ShareHolder> holders = PoolHoldersLocked(held_by_all);
+  holders[owner].weight = static_cast<double>(parts_.quotas->For(owner).weight);
+  uint64_t room = FairShareRoom(parts_.pool->GetStats().capacity_bytes,
+                                held_by_all, owner, holders);
+  const uint64_t limit = parts_.quotas->For(owner).host_pool_bytes;
+  const uint64_t held = holders.at(owner).held;
+  if (limit != 0) room = std::min(room, limit > held ? limit - held : 0);
+  return room;
+}
+
+uint64_t SessionManager::ArenaFloor(const v1::Job& job) {
+  const uint64_t wanted = job.spec().host_pool_bytes();
+  if (!job.spec().has_model()) return wanted;
+  return std::min(wanted, SmallestArena(job.spec().model()));
+}
+
+absl::StatusOr<SessionManager::ArenaClaim> SessionManager::ClaimArenaLocked(
+    const v1::Job& job) {
+  const uid_t owner = job.owner_uid();
+  const uint64_t wanted = job.spec().host_pool_bytes();
+  absl::StatusOr<uint64_t> whole = ClaimPoolLocked(job.id(), owner, wanted);
+  if (whole.ok()) return ArenaClaim{.claim_id = *whole, .bytes = wanted};
+  if (!absl::IsResourceExhausted(whole.status()) || !job.spec().has_model()) {
+    return whole.status();
+  }
+  // What is free for it, laid out as RegisterModel will (ARENA_FIT_MOST:
+  // resident if it fits, else the most shared buffers that do).
+  const uint64_t room = std::min(wanted, PoolRoomLocked(owner));
+  absl::StatusOr<ArenaChoice> choice =
+      ChooseArena(job.spec().model(), ArenaLimit{.bytes = room});
+  if (room == 0 || !choice.ok() || choice->arena_bytes > room) {
+    return whole.status();
+  }
+  absl::StatusOr<uint64_t> smaller =
+      ClaimPoolLocked(job.id(), owner, choice->arena_bytes);
+  if (!smaller.ok()) return whole.status();
+  return ArenaClaim{.claim_id = *smaller, .bytes = choice->arena_bytes};
 }
 
 bool SessionManager::ReclaimPoolLocked(const std::string& job_id, uid_t owner,

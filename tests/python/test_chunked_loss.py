@@ -4,13 +4,14 @@ for GPT-2, Llama and OPT shapes from configs, with ignored and padded
 labels, Trainer's num_items_in_batch and given shift_labels; and lohan
 training with it equals torch AdamW on the model's own loss.
 
-Tolerances: one chunk's loss is the model's own, bit for bit (the same
-products and cross-entropy; backward takes the softmax's gradient
-directly, not through log-softmax's); several chunks add the loss in another
-order (1e-6 relative) and the head's weight gradient in fp32 per chunk,
-rounded once: the head's gradients differ from the model's by a few
-units in the last place of the largest (4 eps of the dtype, relative to
-it), and the model's, after backward through the blocks, by the suite's
+Tolerances: one chunk's loss and every gradient are the model's own, bit
+for bit (the same products, and the logits' gradient made by torch's own
+log-softmax backward kernel, fed nll's gradient); several chunks add the
+loss in another order (1e-6 relative) and the head's weight gradient in
+fp32 per chunk, rounded once (each row's logit gradient is still the
+model's): the head's gradients differ from the model's by a few units in
+the last place of the largest (4 eps of the dtype, relative to it), and
+the model's, after backward through the blocks, by the suite's
 tolerances (GRAD_RTOL).
 """
 
@@ -183,9 +184,10 @@ def test_hugging_face_loss_and_gradients_equal_the_models_own(
         assert got.logits is None  # none were made
         if chunk == 24:
             assert torch.equal(got.loss, want.loss)
-        else:
-            assert got.loss.item() == pytest.approx(want.loss.item(),
-                                                    rel=1e-6)
+            for name, want_grad in want_grads.items():
+                assert torch.equal(got_grads[name], want_grad), name
+            continue
+        assert got.loss.item() == pytest.approx(want.loss.item(), rel=1e-6)
         rtol = GRAD_RTOL[dtype]
         for name, want_grad in want_grads.items():
             if name.endswith("k_proj.bias"):

@@ -27,6 +27,10 @@ DEFAULT_CHUNK_LOGIT_BYTES = 256 << 20
 # product needs no head-sized temporary. daemon/plan counts the same
 # (kLossWeightGradSliceBytes).
 _WEIGHT_GRAD_SLICE_BYTES = 64 << 20
+# The logits' gradient is made this many bytes of fp32 rows at a time: the
+# log-softmax, the nll gradient it starts from (dense) and their product
+# exist a slice at a time.
+_GRADIENT_SLICE_BYTES = 4 << 20
 
 
 def default_chunk_tokens(vocab: int) -> int:
@@ -191,22 +195,33 @@ def _logits_gradient(rows: torch.Tensor, weight: torch.Tensor,
                      ignore_index: int,
                      grad_total: torch.Tensor) -> torch.Tensor:
     """d(summed cross-entropy)/d(logits) x grad_total for one chunk's
-    logits, made again, in their dtype (the gradient the head's product
-    gets back from the fp32 softmax, as autograd hands it): softmax, less
-    one at each counted target, zero for ignored rows. Made in place in
-    one fp32 buffer."""
+    logits, made again, in their dtype, bit for bit as autograd makes it
+    for `F.cross_entropy(logits.float(), targets, reduction="sum")`:
+    torch's own log-softmax and log-softmax backward kernels (whose exp is
+    not torch.exp's), fed nll's gradient (-grad_total at each counted
+    target). A slice of rows at a time in fp32 (row by row the same
+    arithmetic), so besides the logits only their gradient, in their
+    dtype, is whole."""
     logits = F.linear(rows, weight, bias)
-    dtype = logits.dtype
-    probs = logits.float()
-    del logits
-    probs -= probs.amax(-1, keepdim=True)
-    probs.exp_()
-    probs /= probs.sum(-1, keepdim=True)
+    grad = torch.empty_like(logits)
     counted = targets != ignore_index
     picked = torch.where(counted, targets, 0).unsqueeze(-1)
-    probs.scatter_add_(-1, picked, -counted.to(probs.dtype).unsqueeze(-1))
-    probs *= counted.unsqueeze(-1).to(probs.dtype) * grad_total
-    return probs.to(dtype)
+    nll = torch.where(counted, -grad_total.to(torch.float32),
+                      torch.zeros((), dtype=torch.float32,
+                                  device=logits.device)).unsqueeze(-1)
+    # At most an eighth of the chunk a slice (its fp32 temporaries, about
+    # 12 bytes a logit, then add 1.5 bytes a logit of the chunk to its
+    # logits and their gradient: within what daemon/plan counts).
+    step = max(1, min(_GRADIENT_SLICE_BYTES // (4 * max(1, logits.shape[-1])),
+                      -(-logits.shape[0] // 8)))
+    for start in range(0, logits.shape[0], step):
+        end = start + step
+        log_probs = torch.log_softmax(logits[start:end].float(), -1)
+        upstream = torch.zeros_like(log_probs)
+        upstream.scatter_(-1, picked[start:end], nll[start:end])
+        grad[start:end] = torch.ops.aten._log_softmax_backward_data(
+            upstream, log_probs, -1, torch.float32)
+    return grad
 
 
 def _add_weight_gradient(accumulator: torch.Tensor, grad_logits: torch.Tensor,

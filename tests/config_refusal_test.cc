@@ -81,6 +81,15 @@ TEST_F(ConfigRefusalTest, QuotaWeightOutOfRange) {
                     "to 1000");
 }
 
+TEST_F(ConfigRefusalTest, ReclaimIntervalOutOfRange) {
+  const std::string config =
+      WriteConfig("[quotas]\nreclaim_interval = \"48h\"\n");
+  ExpectRefused(Lohand({"--config", config}),
+                config +
+                    ":2: key 'quotas.reclaim_interval' must be a duration "
+                    "from \"0s\" (none) to \"24h\"");
+}
+
 TEST_F(ConfigRefusalTest, MissingConfigFile) {
   ExpectRefused(Lohand({"--config", dir_.path() + "/absent.toml"}),
                 "cannot read config file '" + dir_.path() + "/absent.toml'");

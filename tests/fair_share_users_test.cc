@@ -276,5 +276,61 @@ TEST_F(MultiUserTest, APlaneTakesWhatIsFreeBeforeAnyoneIsClosed) {
   }
 }
 
+// Issue #47, bounded disruption: with [quotas] reclaim_interval = 1h (no
+// grace), nobody's first plane that needs its share of the pool closes
+// root's plane beyond root's share, once; root opens a new one in what is
+// then free; nobody's second plane within the hour needs a reclaim too but
+// closes nothing: it is refused, naming reclaim_interval and when.
+TEST_F(MultiUserTest, AUserTakesBackFromOthersAtMostOncePerReclaimInterval) {
+  StartDaemon("[quotas]\nreclaim_interval = \"1h\"\nreclaim_grace = \"0s\"\n");
+  const std::string out = dir_.path() + "/out";
+  ASSERT_EQ(mkdir(out.c_str(), 0777), 0);
+  ASSERT_EQ(chmod(out.c_str(), 0777), 0);  // past the umask: nobody writes
+  auto roots = [&](const std::string& name) {
+    return BackgroundProcess::Start({bin_ + "/hostile_client", "register-await",
+                                     daemon_->socket(), name, out + "/" + name,
+                                     std::to_string(56 << 20)});
+  };
+  auto first_root = roots("root-1");  // alone: 56 of the 64 MiB
+  ASSERT_TRUE(first_root.ok()) << first_root.status();
+  ASSERT_THAT((*first_root)->first_line(), HasSubstr("registered j-"));
+
+  auto first = BackgroundProcess::Start(Nobody(
+      {"register-await", daemon_->socket(), "nobody-1", out + "/nobody-1"}));
+  ASSERT_TRUE(first.ok()) << first.status() << daemon_->Log();
+  ASSERT_THAT((*first)->first_line(), HasSubstr("registered j-"));
+  ASSERT_TRUE(WaitForFile(out + "/root-1")) << daemon_->Log();
+  EXPECT_EQ(LogLinesWith("was closed for uid 65534's job"), 1u);
+
+  // Nobody's plane goes; root opens again, alone: 56 MiB.
+  (*first)->Stop(SIGKILL);
+  absl::StatusOr<std::unique_ptr<BackgroundProcess>> second_root;
+  std::string roots_second;        // its name: its told file
+  for (int i = 0; i < 100; ++i) {  // until nobody's arena is back
+    roots_second = absl::StrCat("root-2-", i);
+    second_root = roots(roots_second);
+    if (second_root.ok() &&
+        (*second_root)->first_line().find("registered j-") == 0) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_TRUE(second_root.ok()) << second_root.status() << daemon_->Log();
+  ASSERT_THAT((*second_root)->first_line(), HasSubstr("registered j-"));
+
+  // Nobody's 16 MiB again: within its share (32) but not free: a
+  // reclaim, which the hour does not allow yet.
+  auto second = BackgroundProcess::Start(Nobody(
+      {"register-await", daemon_->socket(), "nobody-2", out + "/nobody-2"}));
+  const std::string said = second.ok() ? (*second)->first_line()
+                                       : std::string(second.status().message());
+  EXPECT_THAT(said, HasSubstr("[quotas] reclaim_interval"));
+  EXPECT_THAT(said, HasSubstr("at most once per 1h"));
+  EXPECT_THAT(said, HasSubstr("may take its share back in "));
+  EXPECT_EQ(access((out + "/" + roots_second).c_str(), F_OK), -1)
+      << "root's new plane was closed";
+  EXPECT_EQ(LogLinesWith("was closed for uid 65534's job"), 1u);
+}
+
 }  // namespace
 }  // namespace lohan::testing

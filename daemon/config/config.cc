@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/time.h"
 #include "daemon/common/byte_size.h"
 #include "daemon/common/check.h"
 #include "daemon/config/embedded_default_config.h"
@@ -158,13 +159,13 @@ constexpr LimitKey kLimitKeys[] = {
 };
 
 // Applies the limit keys of `table` (a [quotas...] section, named `section`)
-// to `limits`; a key named `skip` is left to the caller.
+// to `limits`; the keys named in `skip` are left to the caller.
 absl::Status ParseLimits(const toml::table& table, absl::string_view origin,
                          const std::string& section, UserLimitOverrides& limits,
-                         absl::string_view skip = "") {
+                         const std::set<std::string>& skip = {}) {
   for (const auto& [key, node] : table) {
     const std::string name(key.str());
-    if (!skip.empty() && name == skip) continue;
+    if (skip.count(name) != 0) continue;
     const std::string full_key = absl::StrCat(section, ".", name);
     const LimitKey* found = nullptr;
     for (const LimitKey& limit : kLimitKeys) {
@@ -188,9 +189,47 @@ absl::Status ParseLimits(const toml::table& table, absl::string_view origin,
   return absl::OkStatus();
 }
 
+// A [quotas] duration key: a string such as "90s" or "10m", from 0 to
+// kMaxReclaimDuration.
+absl::Status SetReclaimDuration(const toml::node& node,
+                                absl::string_view origin, absl::string_view key,
+                                absl::Duration& out) {
+  const std::string expected = absl::StrCat(
+      "a duration from \"0s\" (none) to \"",
+      absl::FormatDuration(kMaxReclaimDuration), "\", such as \"10m\"");
+  std::optional<std::string> text = node.value_exact<std::string>();
+  absl::Duration value;
+  if (!text || !absl::ParseDuration(*text, &value) ||
+      value < absl::ZeroDuration() || value > kMaxReclaimDuration) {
+    return BadValue(origin, node, key, expected);
+  }
+  out = value;
+  return absl::OkStatus();
+}
+
+// The daemon-wide keys of [quotas] (not per user): the reclaim limits.
+struct ReclaimKey {
+  const char* name;
+  absl::Duration DaemonConfig::*field;
+};
+constexpr ReclaimKey kReclaimKeys[] = {
+    {"reclaim_interval", &DaemonConfig::reclaim_interval},
+    {"reclaim_grace", &DaemonConfig::reclaim_grace},
+};
+
 // [quotas] itself, and its [quotas.user.NAME] tables.
 absl::Status ParseQuotas(const toml::table& quotas, absl::string_view origin,
                          DaemonConfig& config) {
+  for (const ReclaimKey& reclaim : kReclaimKeys) {
+    const toml::node* node = quotas.get(reclaim.name);
+    if (node == nullptr) continue;
+    if (absl::Status set = SetReclaimDuration(
+            *node, origin, absl::StrCat("quotas.", reclaim.name),
+            config.*reclaim.field);
+        !set.ok()) {
+      return set;
+    }
+  }
   for (const auto& [key, node] : quotas) {
     if (key.str() != "user") continue;
     const toml::table* users = node.as_table();
@@ -215,7 +254,8 @@ absl::Status ParseQuotas(const toml::table& quotas, absl::string_view origin,
   }
   UserLimitOverrides defaults;
   if (absl::Status parsed =
-          ParseLimits(quotas, origin, "quotas", defaults, /*skip=*/"user");
+          ParseLimits(quotas, origin, "quotas", defaults,
+                      /*skip=*/{"user", "reclaim_interval", "reclaim_grace"});
       !parsed.ok()) {
     return parsed;
   }

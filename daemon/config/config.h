@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "daemon/quota/user_limits.h"
 
 namespace lohan {
@@ -60,7 +61,17 @@ struct DaemonConfig {
   // (by login name; resolved when the daemon starts).
   UserLimits quota_defaults;
   std::map<std::string, UserLimitOverrides> quota_users;
+  // [quotas] reclaim_interval: a user's requests close other users' data
+  // planes (beyond their shares) at most once per this long (zero: no
+  // limit). [quotas] reclaim_grace: a job whose plane was closed for
+  // another user's share is not closed so again for this long (zero: no
+  // grace). Both from 0 to kMaxReclaimDuration, checked when parsed.
+  absl::Duration reclaim_interval = absl::ZeroDuration();
+  absl::Duration reclaim_grace = absl::ZeroDuration();
 };
+
+// The most [quotas] reclaim_interval and reclaim_grace may be.
+inline constexpr absl::Duration kMaxReclaimDuration = absl::Hours(24);
 
 // Values given on the command line; each one set replaces the file's value.
 struct ConfigOverrides {

@@ -229,9 +229,35 @@ INSTANTIATE_TEST_SUITE_P(
                 "unknown key 'quotas.user.alice.job'"},
         BadCase{"[quotas.user]\nalice = 3\n",
                 "'quotas.user.alice' must be a table"},
+        BadCase{"[quotas]\nreclaim_interval = \"-1s\"\n",
+                "'quotas.reclaim_interval' must be a duration from \"0s\" "
+                "(none) to \"24h\""},
+        BadCase{"[quotas]\nreclaim_interval = 10\n",
+                "'quotas.reclaim_interval' must be a duration"},
+        BadCase{"[quotas]\nreclaim_grace = \"25h\"\n",
+                "'quotas.reclaim_grace' must be a duration from \"0s\""},
+        BadCase{"[quotas]\nreclaim_grace = \"soon\"\n",
+                "test.toml:2: key 'quotas.reclaim_grace'"},
+        BadCase{"[quotas.user.alice]\nreclaim_grace = \"1m\"\n",
+                "unknown key 'quotas.user.alice.reclaim_grace'"},
         BadCase{"[daemon]\ncontrol_idle_timeout = 0\n",
                 "'daemon.control_idle_timeout' must be an integer from 1"},
         BadCase{"[daemon\nsocket = 1\n", "not valid TOML"}));
+
+// The reclaim limits: daemon-wide [quotas] keys, their defaults in the
+// embedded deploy/lohand.toml.
+TEST(ParseConfigToml, ReclaimLimits) {
+  const DaemonConfig defaults = DefaultConfig();
+  EXPECT_EQ(defaults.reclaim_interval, absl::Minutes(1));
+  EXPECT_EQ(defaults.reclaim_grace, absl::Minutes(15));
+  absl::StatusOr<DaemonConfig> config = Parse(
+      "[quotas]\nreclaim_interval = \"1h\"\nreclaim_grace = \"0s\"\n"
+      "jobs = 3\n");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->reclaim_interval, absl::Hours(1));
+  EXPECT_EQ(config->reclaim_grace, absl::ZeroDuration());
+  EXPECT_EQ(config->quota_defaults.jobs, 3u);
+}
 
 TEST(ParseConfigToml, ErrorCarriesLineNumber) {
   absl::StatusOr<DaemonConfig> config =

@@ -446,7 +446,9 @@ int Run(const CommandLine& command_line) {
        .read_ahead_shares = &read_ahead_shares,
        .state_tier = state_tier,
        .commit_interval = config->commit_interval,
-       .ring_entries = config->ring_entries});
+       .ring_entries = config->ring_entries,
+       .reclaim_interval = config->reclaim_interval,
+       .reclaim_grace = config->reclaim_grace});
 
   const DaemonParts parts{.config = &*config,
                           .jobs = jobs->get(),

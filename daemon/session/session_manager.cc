@@ -170,8 +170,15 @@ absl::StatusOr<std::unique_ptr<JobSession>> SessionManager::OpenSession(
     // that much.
     const uint64_t floor = ArenaFloor(*job);
     absl::StatusOr<ArenaClaim> claim = ClaimArenaLocked(*job);
-    if (absl::IsResourceExhausted(claim.status()) &&
-        ReclaimPoolLocked(*job_id, owner, floor, /*at_once=*/false)) {
+    absl::StatusOr<bool> asked = false;
+    if (absl::IsResourceExhausted(claim.status())) {
+      asked = ReclaimPoolLocked(*job_id, owner, floor, /*at_once=*/false);
+    }
+    if (!asked.ok()) {  // not now: [quotas] reclaim_interval
+      return absl::ResourceExhaustedError(absl::StrCat(
+          claim.status().message(), "; ", asked.status().message()));
+    }
+    if (*asked) {
       // Other users' data planes beyond their shares close at the end of
       // their iterations (those still open after half the wait, at once);
       // this one opens once their arenas are back.
@@ -179,7 +186,8 @@ absl::StatusOr<std::unique_ptr<JobSession>> SessionManager::OpenSession(
         return PoolClaimRefusalLocked(*job_id, owner, floor).ok();
       };
       if (!mu_.AwaitWithTimeout(absl::Condition(&fits), kReclaimWait / 2) &&
-          ReclaimPoolLocked(*job_id, owner, floor, /*at_once=*/true)) {
+          ReclaimPoolLocked(*job_id, owner, floor, /*at_once=*/true)
+              .value_or(false)) {
         mu_.AwaitWithTimeout(absl::Condition(&fits), kReclaimWait / 2);
       }
       claim = ClaimArenaLocked(*job);

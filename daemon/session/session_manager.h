@@ -2,6 +2,7 @@
 #define LOHAN_DAEMON_SESSION_SESSION_MANAGER_H_
 
 #include <atomic>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
@@ -14,6 +15,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "daemon/common/caller.h"
 #include "daemon/common/log_limiter.h"
 #include "daemon/ipc/unix_listener.h"
@@ -75,6 +77,14 @@ class SessionManager {
     uint32_t commit_interval = 1;
     // Entries in each of a session's two rings ([pool] ring_entries).
     uint32_t ring_entries = JobSession::kRingCapacity;
+    // [quotas] reclaim_interval: one user's requests close other users'
+    // planes at most once per this long (zero: no limit); reclaim_grace: a
+    // job whose plane was closed so is not again for this long (zero:
+    // none).
+    absl::Duration reclaim_interval = absl::ZeroDuration();
+    absl::Duration reclaim_grace = absl::ZeroDuration();
+    // The time both are measured with; empty: absl::Now. Tests set it.
+    std::function<absl::Time()> clock;
   };
   // REQUIRES: every part (and the updater's worker pool) outlives the
   // manager.
@@ -255,8 +265,20 @@ class SessionManager {
   // first (at the end of the iteration in progress, or `at_once`, the
   // iteration rolled back), until what they hold covers it, each job told
   // why. Whether any was asked.
-  bool ReclaimPoolLocked(const std::string& job_id, uid_t owner, uint64_t bytes,
-                         bool at_once) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RESOURCE_EXHAUSTED, nothing closed, when it would close some but
+  // ReclaimAllowedLocked refuses. REQUIRES for `at_once`: a call without
+  // it for the same request was allowed.
+  absl::StatusOr<bool> ReclaimPoolLocked(const std::string& job_id, uid_t owner,
+                                         uint64_t bytes, bool at_once)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // [quotas] reclaim_interval, for every reclaim (pool and SSD): OK when
+  // `owner`'s request for `job_id` may close other users' planes now (its
+  // last reclaim was reclaim_interval ago or more, or this is the
+  // escalation, `at_once`, of the request last allowed); else
+  // RESOURCE_EXHAUSTED saying when it may and why.
+  absl::Status ReclaimAllowedLocked(uid_t owner, const std::string& job_id,
+                                    bool at_once)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Other users' open sessions than `owner`'s, the newest first.
   struct Candidate {
     uint64_t serial;
@@ -267,11 +289,33 @@ class SessionManager {
   };
   std::vector<Candidate> OthersNewestFirstLocked(uid_t owner) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // [quotas] reclaim_grace: whether candidate `c` is a job's plane opened
+  // after the job's last plane was closed for another user's share, less
+  // than reclaim_grace ago (it counts as within its share).
+  bool InGraceLocked(const Candidate& c) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records that `owner`'s request closed candidate `c`'s plane: the time
+  // of `owner`'s last reclaim, and `c`'s job's grace.
+  void NoteReclaimedLocked(uid_t owner, const Candidate& c)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Closes candidate `c`'s plane for `owner`'s job `job_id` (at the end of
+  // its iteration, or `at_once`), its client told it gave way to `job_id`'s
+  // share of `what_for`, the job's last failure `plane` was closed and
+  // `advice`; notes the reclaim (NoteReclaimedLocked).
+  void ClosePlaneForLocked(uid_t owner, const std::string& job_id,
+                           const Candidate& c, bool at_once,
+                           absl::string_view what_for, absl::string_view plane,
+                           absl::string_view advice)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // parts_.clock, or absl::Now.
+  absl::Time Now() const;
   // The ledger's reclaimer (SpaceLedger::SetReclaimer): closes data planes
   // of the users in `beyond` (newest first; each at the end of its
   // iteration, or `at_once`, its iteration rolled back) whose closing gives
   // SSD space back, until what each holds beyond its share is covered;
-  // each job told why.
+  // each job told why. Planes within their grace are kept, and none is
+  // closed when ReclaimAllowedLocked refuses (logged: the set-aside then
+  // waits for what is freed and is refused with the ledger's numbers).
   void ReclaimSsd(uid_t for_uid, const std::string& job_id,
                   const std::map<uid_t, uint64_t>& beyond, bool at_once)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -304,6 +348,21 @@ class SessionManager {
   // one for a moment.
   std::map<uint64_t, PoolClaim> pool_claims_ ABSL_GUARDED_BY(mu_);
   uint64_t last_claim_ ABSL_GUARDED_BY(mu_) = 0;
+  // By requesting uid: when its requests last closed another user's plane,
+  // and the job whose request was last allowed to (its at-once follow-up
+  // is the same reclaim).
+  struct Reclaimer {
+    absl::Time last = absl::InfinitePast();
+    std::string allowed_for;
+  };
+  std::map<uid_t, Reclaimer> reclaimers_ ABSL_GUARDED_BY(mu_);
+  // By job: when its plane (that serial) was last closed for another
+  // user's share; entries older than reclaim_grace are dropped.
+  struct GaveWay {
+    absl::Time at;
+    uint64_t serial = 0;
+  };
+  std::map<std::string, GaveWay> gave_way_ ABSL_GUARDED_BY(mu_);
   uint64_t last_serial_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -107,8 +107,8 @@ absl::StatusOr<SessionManager::ArenaClaim> SessionManager::ClaimArenaLocked(
   return ArenaClaim{.claim_id = *smaller, .bytes = choice->arena_bytes};
 }
 
-bool SessionManager::ReclaimPoolLocked(const std::string& job_id, uid_t owner,
-                                       uint64_t bytes, bool at_once) {
+absl::StatusOr<bool> SessionManager::ReclaimPoolLocked(
+    const std::string& job_id, uid_t owner, uint64_t bytes, bool at_once) {
   const uint64_t capacity = parts_.pool->GetStats().capacity_bytes;
   uint64_t held_by_all = 0;
   std::map<uid_t, ShareHolder> holders = PoolHoldersLocked(held_by_all);
@@ -121,42 +121,106 @@ bool SessionManager::ReclaimPoolLocked(const std::string& job_id, uid_t owner,
       held_by_all + bytes <= capacity) {
     return false;  // beyond its own share, or not for want of room
   }
-  uint64_t needed = held_by_all + bytes - capacity;
-  bool asked = false;
   // The newest first: the ones that came last while nobody else wanted
-  // the pool.
+  // the pool; none within its grace.
+  uint64_t needed = held_by_all + bytes - capacity;
+  // Each with what its user held, what it is told.
+  std::vector<std::pair<Candidate, std::string>> closing;
   for (const Candidate& c : OthersNewestFirstLocked(owner)) {
     if (needed == 0) break;
     ShareHolder& holder = holders.at(c.uid);
     const uint64_t share = ShareOf(capacity, c.uid, holders);
-    if (holder.held <= share) continue;
-    Closing closing{
-        .reason = ClosingReason::kGaveWay,
-        .why = absl::StrCat(
-            "lohand closed this job's data plane to give uid ", owner,
-            "'s job ", job_id, " its share of the host pool (uid ", c.uid,
-            "'s data planes held ", FormatByteSize(holder.held),
-            ", beyond its share of ", FormatByteSize(share),
-            "; this job's arena was ", FormatByteSize(c.bytes), ")"),
-        .advice =
-            "open it again (lohan.init(..., resume=True)) when the "
-            "pool has room, or with a smaller arena"};
-    const std::string how =
-        StopSessionLocked(c.job_id, *c.session, !at_once, std::move(closing));
-    const std::string why = absl::StrCat(
-        "its data plane (", FormatByteSize(c.bytes),
-        " of host pool, beyond uid ", c.uid,
-        "'s fair share) was closed for uid ", owner, "'s job ", job_id,
-        ", within that user's share (", how,
-        "); open it again with a smaller arena (host_pool_bytes), or when "
-        "the pool is free");
-    spdlog::info("job {}: {}", c.job_id, why);
-    parts_.jobs->NoteFailure(c.job_id, absl::ResourceExhaustedError(why));
+    if (holder.held <= share || InGraceLocked(c)) continue;
+    closing.emplace_back(
+        c, absl::StrCat("the host pool (uid ", c.uid, "'s data planes held ",
+                        FormatByteSize(holder.held), ", beyond its share of ",
+                        FormatByteSize(share), "; this job's arena was ",
+                        FormatByteSize(c.bytes), ")"));
     holder.held -= c.bytes;
     needed -= std::min(needed, c.bytes);
-    asked = true;
   }
-  return asked;
+  if (closing.empty()) return false;
+  if (absl::Status allowed = ReclaimAllowedLocked(owner, job_id, at_once);
+      !allowed.ok()) {
+    return allowed;
+  }
+  for (const auto& [c, what_for] : closing) {
+    ClosePlaneForLocked(
+        owner, job_id, c, at_once, what_for,
+        absl::StrCat("its data plane (", FormatByteSize(c.bytes),
+                     " of host pool, beyond uid ", c.uid, "'s fair share)"),
+        "open it again with a smaller arena (host_pool_bytes), "
+        "or when the pool is free");
+  }
+  return true;
+}
+
+void SessionManager::ClosePlaneForLocked(uid_t owner, const std::string& job_id,
+                                         const Candidate& c, bool at_once,
+                                         absl::string_view what_for,
+                                         absl::string_view plane,
+                                         absl::string_view advice) {
+  Closing closing{
+      .reason = ClosingReason::kGaveWay,
+      .why = absl::StrCat("lohand closed this job's data plane to give uid ",
+                          owner, "'s job ", job_id, " its share of ", what_for),
+      .advice = absl::StrCat(
+          "open it again (lohan.init(..., resume=True)); lohand does not close "
+          "it again for another user's share for ",
+          absl::FormatDuration(parts_.reclaim_grace),
+          " ([quotas] reclaim_grace)")};
+  const std::string how =
+      StopSessionLocked(c.job_id, *c.session, !at_once, std::move(closing));
+  const std::string why =
+      absl::StrCat(plane, " was closed for uid ", owner, "'s job ", job_id,
+                   ", within that user's share (", how, "); ", advice);
+  spdlog::info("job {}: {}", c.job_id, why);
+  parts_.jobs->NoteFailure(c.job_id, absl::ResourceExhaustedError(why));
+  NoteReclaimedLocked(owner, c);
+}
+
+absl::Time SessionManager::Now() const {
+  return parts_.clock ? parts_.clock() : absl::Now();
+}
+
+absl::Status SessionManager::ReclaimAllowedLocked(uid_t owner,
+                                                  const std::string& job_id,
+                                                  bool at_once) {
+  Reclaimer& reclaimer = reclaimers_[owner];
+  if (at_once && reclaimer.allowed_for == job_id) return absl::OkStatus();
+  const absl::Time now = Now();
+  const absl::Time next = reclaimer.last + parts_.reclaim_interval;
+  if (parts_.reclaim_interval == absl::ZeroDuration() || now >= next) {
+    reclaimer.allowed_for = job_id;
+    return absl::OkStatus();
+  }
+  reclaimer.allowed_for.clear();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "lohand takes back from other users for uid ", owner,
+      " at most once per ", absl::FormatDuration(parts_.reclaim_interval),
+      " ([quotas] reclaim_interval) and last did ",
+      absl::FormatDuration(absl::Trunc(now - reclaimer.last, absl::Seconds(1))),
+      " ago: job ", job_id, " may take its share back in ",
+      absl::FormatDuration(absl::Ceil(next - now, absl::Seconds(1))), " (at ",
+      absl::FormatTime(next), "), or gets what is free before"));
+}
+
+bool SessionManager::InGraceLocked(const Candidate& c) const {
+  auto found = gave_way_.find(c.job_id);
+  return found != gave_way_.end() && found->second.serial != c.serial &&
+         Now() < found->second.at + parts_.reclaim_grace;
+}
+
+void SessionManager::NoteReclaimedLocked(uid_t owner, const Candidate& c) {
+  const absl::Time now = Now();
+  reclaimers_[owner].last = now;
+  for (auto it = gave_way_.begin(); it != gave_way_.end();) {
+    it = now >= it->second.at + parts_.reclaim_grace ? gave_way_.erase(it)
+                                                     : std::next(it);
+  }
+  if (parts_.reclaim_grace > absl::ZeroDuration()) {
+    gave_way_[c.job_id] = GaveWay{.at = now, .serial = c.serial};
+  }
 }
 
 std::vector<SessionManager::Candidate> SessionManager::OthersNewestFirstLocked(
@@ -184,9 +248,16 @@ void SessionManager::ReclaimSsd(uid_t for_uid, const std::string& job_id,
   absl::MutexLock lock(&mu_);
   if (stopping_ || parts_.ledger == nullptr) return;
   std::map<uid_t, uint64_t> left = beyond;
+  // Each with what it is told and what closing it gives back.
+  struct Closed {
+    Candidate c;
+    std::string what_for;
+    SpaceLedger::JobUsage usage;
+  };
+  std::vector<Closed> closing;
   for (const Candidate& c : OthersNewestFirstLocked(for_uid)) {
     auto over = left.find(c.uid);
-    if (over == left.end() || over->second == 0) continue;
+    if (over == left.end() || over->second == 0 || InGraceLocked(c)) continue;
     // What closing it gives back: its swapped activations and the part of
     // its set-aside its states do not fill.
     const SpaceLedger::JobUsage usage = parts_.ledger->UsageOf(c.job_id);
@@ -194,30 +265,32 @@ void SessionManager::ReclaimSsd(uid_t for_uid, const std::string& job_id,
         usage.activations +
         (usage.set_aside > usage.used ? usage.set_aside - usage.used : 0);
     if (freed == 0) continue;
-    Closing closing{
-        .reason = ClosingReason::kGaveWay,
-        .why = absl::StrCat(
-            "lohand closed this job's data plane to give uid ", for_uid,
-            "'s job ", job_id, " its share of the SSD array (uid ", c.uid,
-            " held ", FormatByteSize(over->second),
-            " beyond its share; closing this job gives back ",
-            FormatByteSize(freed),
-            ": its swapped activations, which are gone, and the unused part "
-            "of its set-aside)"),
-        .advice =
-            "open it again (lohan.init(..., resume=True)): it gets its "
-            "share of the array"};
-    const std::string how =
-        StopSessionLocked(c.job_id, *c.session, !at_once, std::move(closing));
-    const std::string why = absl::StrCat(
-        "its data plane was closed for uid ", for_uid, "'s job ", job_id,
-        ", within that user's share of the SSD array: uid ", c.uid, " held ",
-        FormatByteSize(over->second), " beyond its fair share (", how,
-        "; its swapped activations, ", FormatByteSize(usage.activations),
-        ", are gone); open it again: it gets its share");
-    spdlog::info("job {}: {}", c.job_id, why);
-    parts_.jobs->NoteFailure(c.job_id, absl::ResourceExhaustedError(why));
+    closing.push_back(
+        {c,
+         absl::StrCat("the SSD array (uid ", c.uid, " held ",
+                      FormatByteSize(over->second),
+                      " beyond its share; closing this job gives back ",
+                      FormatByteSize(freed),
+                      ": its swapped activations, which are gone, and the "
+                      "unused part of its set-aside)"),
+         usage});
     over->second -= std::min(over->second, freed);
+  }
+  if (closing.empty()) return;
+  if (absl::Status allowed = ReclaimAllowedLocked(for_uid, job_id, at_once);
+      !allowed.ok()) {
+    spdlog::info("job {}: SSD space not taken back: {}", job_id,
+                 std::string(allowed.message()));
+    return;
+  }
+  for (const Closed& closed : closing) {
+    ClosePlaneForLocked(
+        for_uid, job_id, closed.c, at_once, closed.what_for, "its data plane",
+        absl::StrCat("of the SSD array: uid ", closed.c.uid,
+                     " held more than its share, beyond its fair share; its "
+                     "swapped activations, ",
+                     FormatByteSize(closed.usage.activations),
+                     ", are gone; open it again: it gets its share"));
   }
 }
 

@@ -26,7 +26,8 @@ from transformers import (AutoModelForCausalLM, GPT2Config, LlamaConfig,
 import lohan
 from lohan.starting_weights import CheckpointMismatch
 
-BATCH = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+BATCH = torch.randint(0, 128, (2, 16),
+                      generator=torch.Generator().manual_seed(1))
 
 
 def gpt2(layers: int = 2, width: int = 64, tied: bool = True) -> GPT2Config:

@@ -48,9 +48,7 @@ from lohan.placement import Placement, normalized, place
 from lohan.rank_commits import rejoin_point, release_kept
 from lohan.sharding import (RankFailure, Sharding, backward_order,
                             process_group_of)
-from lohan.pretrained import (OutTensor, replace_directory, write_configs,
-                              write_from_ranks, write_pretrained)
-from lohan.progress import Progress
+from lohan.pretrained import replace_directory, save_model
 from lohan.saved_tensors import SavedTensors
 from lohan.starting_weights import (MetaHome, StoredNames, inner_model,
                                     is_on_meta, materialize)
@@ -618,27 +616,8 @@ class Engine:
         if adapters:
             return str(self._save_adapters(directory, saved, out))
         tensors = saved.merged(out, self.dtype) if merged else saved.all(out)
-        model = inner_model(self.model)
-        progress = Progress(f"saving to {directory}", len(tensors),
-                            sum(t.numel for t in tensors), unit="tensors")
-
-        def counted(tensor: OutTensor) -> OutTensor:
-            def read() -> torch.Tensor:
-                value = tensor.read()
-                progress.advance(value.numel())
-                return value
-            return OutTensor(tensor.name, tensor.shape, tensor.dtype, read)
-
-        def configs(staging: Path) -> None:
-            write_configs(model, staging, out)
-
-        counted_tensors = [counted(t) for t in tensors]
-        path = (write_pretrained(directory, counted_tensors, max_shard_size,
-                                 configs) if self._sharding is None else
-                write_from_ranks(self._sharding, directory, counted_tensors,
-                                 max_shard_size, configs))
-        progress.done()
-        return str(path)
+        return str(save_model(inner_model(self.model), tensors, directory,
+                              out, max_shard_size, self._sharding))
 
     def _save_adapters(self, directory: Union[str, os.PathLike],
                        saved: SavedTensors, dtype: torch.dtype) -> Path:

@@ -32,6 +32,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 import torch
 from torch import nn
 
+from lohan.progress import Progress
+
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
 # The files a save writes: an older save's are not kept beside a new one
@@ -332,3 +334,32 @@ def write_configs(model: nn.Module, directory: Path,
     can_generate = getattr(model, "can_generate", None)
     if generation is not None and callable(can_generate) and can_generate():
         generation.save_pretrained(directory)
+
+
+def save_model(model: nn.Module, tensors: List[OutTensor],
+               directory: Union[str, os.PathLike], dtype: torch.dtype,
+               max_shard_size: Union[int, str],
+               sharding: Any = None) -> Path:
+    """`tensors` of `model` written as its Hugging Face checkpoint in
+    `dtype` (write_pretrained; with `sharding`, data-parallel ranks,
+    write_from_ranks), its configs beside them, with a progress line."""
+    progress = Progress(f"saving to {directory}", len(tensors),
+                        sum(t.numel for t in tensors), unit="tensors")
+
+    def counted(tensor: OutTensor) -> OutTensor:
+        def read() -> torch.Tensor:
+            value = tensor.read()
+            progress.advance(value.numel())
+            return value
+        return OutTensor(tensor.name, tensor.shape, tensor.dtype, read)
+
+    def configs(staging: Path) -> None:
+        write_configs(model, staging, dtype)
+
+    counted_tensors = [counted(t) for t in tensors]
+    path = (write_pretrained(directory, counted_tensors, max_shard_size,
+                             configs) if sharding is None else
+            write_from_ranks(sharding, directory, counted_tensors,
+                             max_shard_size, configs))
+    progress.done()
+    return path

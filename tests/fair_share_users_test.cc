@@ -2,6 +2,8 @@
 // user may take of the SSD array and the host pool beside another's
 // running job, what is taken back and how the job that gave way is told,
 // and a plane that opens at what is free before anyone is closed.
+#include <csignal>
+
 #include "tests/multi_user_fixture.h"
 
 namespace lohan::testing {
@@ -274,6 +276,88 @@ TEST_F(MultiUserTest, APlaneTakesWhatIsFreeBeforeAnyoneIsClosed) {
   for (const v1::Job& j : *jobs) {
     EXPECT_THAT(j.last_failure(), Not(HasSubstr("fair share"))) << j.id();
   }
+}
+
+// Issue #47, only use earns a share: a plane that has not begun an
+// iteration counts only for the memory it holds. Nobody's idle 8 MiB plane
+// leaves root the rest of the pool (its job's whole arena, beyond half the
+// pool, opens); once nobody's plane trains, nobody's share is kept for it
+// and root's next plane of the same job shape gets only what is free of
+// root's own share (32 MiB), streamed.
+TEST_F(MultiUserTest, AnIdlePlaneEarnsNoShare) {
+  StartDaemon("", {"--ssd-capacity", "512MiB"});  // root's states fit
+  const std::string out = dir_.path() + "/out";
+  ASSERT_EQ(mkdir(out.c_str(), 0777), 0);
+  ASSERT_EQ(chmod(out.c_str(), 0777), 0);  // past the umask: nobody writes
+  auto idle = BackgroundProcess::Start(
+      Nobody({"register-await", daemon_->socket(), "idle", out + "/idle",
+              std::to_string(8 << 20)}));
+  ASSERT_TRUE(idle.ok()) << idle.status();
+  ASSERT_THAT((*idle)->first_line(), HasSubstr("registered j-"));
+
+  const std::vector<uint64_t> layers(40, 128 << 10);  // fp32: 512 KiB each
+  auto roots_plane = [&](const std::string& name) -> v1::SessionStatus {
+    const std::string go = dir_.path() + "/go-" + name;
+    std::vector<std::string> argv = {Runfile("tests/train_client"),
+                                     "--socket",
+                                     daemon_->socket(),
+                                     "--job",
+                                     name,
+                                     "--layers",
+                                     absl::StrJoin(layers, ","),
+                                     "--resume-file",
+                                     go,
+                                     "--out",
+                                     dir_.path() + "/weights-" + name,
+                                     "--fit-arena",
+                                     "--grad-slots",
+                                     "8",
+                                     "--weight-slots",
+                                     "8",
+                                     "--iterations",
+                                     "2",
+                                     "--pause-after",
+                                     "1"};
+    auto job = BackgroundProcess::Start(argv);
+    EXPECT_TRUE(job.ok()) << job.status();
+    if (!job.ok()) return {};
+    EXPECT_TRUE(WaitForFile(go + ".paused")) << daemon_->Log();
+    std::string id;
+    auto jobs = root_->ListJobs();
+    EXPECT_TRUE(jobs.ok()) << jobs.status();
+    for (const v1::Job& listed : jobs.ok() ? *jobs : std::vector<v1::Job>{}) {
+      if (listed.spec().name() == name) id = listed.id();
+    }
+    v1::SessionStatus mine;
+    auto status = root_->GetStatus();
+    EXPECT_TRUE(status.ok()) << status.status();
+    for (const v1::SessionStatus& open : status->sessions()) {
+      if (open.job_id() == id) mine = open;
+    }
+    std::ofstream(go) << "go\n";
+    EXPECT_EQ((*job)->Stop(0), 0) << daemon_->Log();
+    const absl::Status exact = CheckDumpedWeights(
+        dir_.path() + "/weights-" + name, {.layers = layers, .iterations = 2});
+    EXPECT_TRUE(exact.ok()) << exact;
+    return mine;
+  };
+
+  const v1::SessionStatus beside_idle = roots_plane("wide");
+  ASSERT_GT(beside_idle.wanted_arena_bytes(), uint64_t{32} << 20);
+  EXPECT_EQ(beside_idle.arena_bytes(), beside_idle.wanted_arena_bytes())
+      << daemon_->Log();
+
+  (*idle)->Stop(SIGKILL);
+  auto training = BackgroundProcess::Start(Nobody(
+      {"begin-hold", daemon_->socket(), "training", std::to_string(8 << 20)}));
+  ASSERT_TRUE(training.ok()) << training.status();
+  ASSERT_THAT((*training)->first_line(), HasSubstr("began j-"));
+  const v1::SessionStatus beside_training = roots_plane("wide-again");
+  EXPECT_EQ(beside_training.wanted_arena_bytes(),
+            beside_idle.wanted_arena_bytes());
+  EXPECT_LE(beside_training.arena_bytes(), uint64_t{32} << 20)
+      << daemon_->Log();
+  EXPECT_THAT(daemon_->Log(), Not(HasSubstr("was closed for uid 0's job")));
 }
 
 // Issue #47, bounded disruption: with [quotas] reclaim_interval = 1h (no

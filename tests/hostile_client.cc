@@ -330,6 +330,36 @@ int RegisterAwait(ControlClient& client, const std::string& name,
   return std::rename(partial.c_str(), out.c_str()) == 0 ? 0 : 1;
 }
 
+// A job of its own (`pool_bytes` of arena) with its model registered,
+// which begins an iteration and holds it open (its plane is training);
+// prints "began <job>" and holds until killed.
+int BeginHold(ControlClient& client, const std::string& name,
+              uint64_t pool_bytes) {
+  absl::StatusOr<v1::Job> job = CreateAttached(client, name, pool_bytes);
+  if (!job.ok()) return Fail("create", job.status());
+  auto plane = DataPlane::Open(client.hello().data_socket_path(), job->id());
+  if (!plane.ok()) return Fail("data plane", plane.status());
+  auto registered = client.RegisterModel(OneLayerModel(job->id(), 0));
+  if (!registered.ok()) return Fail("register", registered.status());
+  (*plane)->SetErrorText(registered->error_text_offset(),
+                         registered->error_text_bytes());
+  SubmissionEntry init{};  // its first weights: the staging slot's zeros
+  init.op = static_cast<uint16_t>(RingOp::kInitWeights);
+  init.slot_offset = registered->staging_offset();
+  init.length = 1024 * 4;
+  if (absl::Status done = (*plane)->Call(init, kTimeout).status(); !done.ok()) {
+    return Fail("INIT_WEIGHTS", done);
+  }
+  SubmissionEntry begin{};
+  begin.op = static_cast<uint16_t>(RingOp::kIterBegin);
+  if (absl::Status began = (*plane)->Call(begin, kTimeout).status();
+      !began.ok()) {
+    return Fail("ITER_BEGIN", began);
+  }
+  std::printf("began %s\n", job->id().c_str());
+  Hold();
+}
+
 // A job of its own with the largest plan PlanJob makes (65536 blocks of 4
 // saved tensors: 262144 decisions), kept with its session; prints
 // "planned <blocks>" and holds it until killed.
@@ -499,6 +529,9 @@ int Main(int argc, char** argv) {
   if (command == "register-await" && (argc == 5 || argc == 6)) {
     return RegisterAwait(**client, argv[3], argv[4],
                          argc == 6 ? Number(argv[5]) : 16 << 20);
+  }
+  if (command == "begin-hold" && argc == 5) {
+    return BeginHold(**client, argv[3], Number(argv[4]));
   }
   if (command == "plan-hold") return PlanHold(**client, argv[3]);
   if (command == "corrupt-ring") return CorruptRing(**client, argv[3]);

@@ -13,6 +13,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -42,12 +43,14 @@ class MultiUserTest : public ::testing::Test {
     ASSERT_NE(CopyForOtherUsers("tests/hostile_client", bin_), "");
   }
 
-  void StartDaemon(const std::string& config_toml = "") {
-    std::vector<std::string> extra;
+  // `flags`: lohand's, after the harness's own (the last of a flag wins).
+  void StartDaemon(const std::string& config_toml = "",
+                   std::vector<std::string> flags = {}) {
+    std::vector<std::string> extra = std::move(flags);
     if (!config_toml.empty()) {
       const std::string path = dir_.path() + "/lohand.toml";
       std::ofstream(path) << config_toml;
-      extra = {"--config", path};
+      extra.insert(extra.end(), {"--config", path});
     }
     auto daemon = DaemonProcess::Start(dir_.path(), extra);
     ASSERT_TRUE(daemon.ok()) << daemon.status();

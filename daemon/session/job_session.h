@@ -100,6 +100,9 @@ class JobSession {
   }
   // Whether RegisterModel succeeded (and serving began). Thread-safe.
   bool registered() const { return registered_.load(); }
+  // Whether the session has begun an iteration (an ITER_BEGIN ran): a
+  // plane that has is training, one that has not is only holding memory.
+  bool HasBegunAnIteration() const { return iterations_begun_.load() > 0; }
   // Whether an iteration is in progress (between ITER_BEGIN and its end).
   // REQUIRES: the model is registered.
   bool InIteration() const ABSL_LOCKS_EXCLUDED(validator_mu_);

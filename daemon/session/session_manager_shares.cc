@@ -5,6 +5,7 @@
 // share: their data planes closed, the newest first, each at the end of its
 // iteration. The rest of the class is in session_manager.cc.
 #include <algorithm>
+#include <set>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -18,12 +19,21 @@ namespace lohan {
 
 std::map<uid_t, ShareHolder> SessionManager::PoolHoldersLocked(
     uint64_t& held_by_all) const {
+  // Only use earns a share: a user is training (its share kept for it)
+  // once one of its planes has begun an iteration; a plane that has not
+  // counts only for the memory it holds.
+  std::set<uint64_t> training;
+  for (const auto& [id, live] : sessions_) {
+    if (live.session != nullptr && live.session->HasBegunAnIteration()) {
+      training.insert(live.claim_id);
+    }
+  }
   std::map<uid_t, ShareHolder> holders;
   held_by_all = 0;
   for (const auto& [id, claim] : pool_claims_) {
     ShareHolder& holder = holders[claim.owner];
     holder.held += claim.bytes;
-    holder.present = true;
+    holder.present = holder.present || training.count(id) != 0;
     held_by_all += claim.bytes;
   }
   for (auto& [uid, holder] : holders) {

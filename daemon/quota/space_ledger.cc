@@ -202,6 +202,7 @@ absl::Status SpaceLedger::SetAside(const std::string& job, uint64_t bytes,
   const absl::Time at_once_after = absl::Now() + patience / 2;
   // Reclaims asked: none yet, at the end of their iterations, at once.
   int reclaims = patience == absl::ZeroDuration() ? 2 : 0;
+  absl::Status refused;  // by the reclaimer: nothing may be taken back
   while (true) {
     Job& entry = jobs_[job];
     Job after = entry;
@@ -231,15 +232,19 @@ absl::Status SpaceLedger::SetAside(const std::string& job, uint64_t bytes,
       const uid_t owner = entry.owner;
       const std::map<uid_t, uint64_t> beyond = BeyondSharesLocked(owner);
       mu_.Unlock();
+      absl::Status asked;
       {
         absl::MutexLock reclaiming(&reclaimer_mu_);
-        if (reclaimer_) reclaimer_(owner, job, beyond, at_once);
+        if (reclaimer_) asked = reclaimer_(owner, job, beyond, at_once);
       }
       mu_.Lock();
-      continue;
+      if (asked.ok()) continue;
+      // Nothing may be taken back now: waiting would not help.
+      refused = absl::ResourceExhaustedError(
+          absl::StrCat(fits.message(), "; ", asked.message()));
     }
-    bool timed_out = !waiting_helps;
-    if (waiting_helps) {
+    bool timed_out = !waiting_helps || !refused.ok();
+    if (waiting_helps && refused.ok()) {
       ++waiting_;
       timed_out = released_.WaitWithDeadline(
           &mu_, reclaims == 1 ? at_once_after : deadline);
@@ -252,6 +257,7 @@ absl::Status SpaceLedger::SetAside(const std::string& job, uint64_t bytes,
           !now.tracked) {
         jobs_.erase(job);
       }
+      if (!refused.ok()) return refused;
       if (waiting_helps) {
         return absl::Status(
             fits.code(),

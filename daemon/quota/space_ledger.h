@@ -103,7 +103,9 @@ class SpaceLedger : public SpaceBudget {
   // iteration; told again (`at_once`) if half the patience passed without
   // room: close them now, their iterations rolled back. Called without
   // the ledger's lock, at most twice per SetAside; must not call SetAside.
-  using Reclaimer = std::function<void(
+  // A refusal (nothing may be taken back now: lohand's reclaim_interval)
+  // ends the wait: SetAside is refused at once, with that reason.
+  using Reclaimer = std::function<absl::Status(
       uid_t for_uid, const std::string& job,
       const std::map<uid_t, uint64_t>& beyond_share, bool at_once)>;
   // Replaces the reclaimer (empty: none). A call under way finishes first.

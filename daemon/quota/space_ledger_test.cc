@@ -12,6 +12,7 @@ namespace lohan {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr uid_t kAlice = 1001;
 constexpr uid_t kBob = 1002;
@@ -200,6 +201,7 @@ TEST_F(SpaceLedgerTest, AWaitingSetAsideAsksTheReclaimerTwice) {
     asked.push_back(at_once);
     // Her plane ignores the drain; closed at once, its activations go.
     if (at_once) ledger_.Release("alice", SpaceLedger::kActivations, 900);
+    return absl::OkStatus();
   });
   const absl::Status set_aside =
       ledger_.SetAside("bob", 300, 7, absl::Milliseconds(400));
@@ -209,8 +211,10 @@ TEST_F(SpaceLedgerTest, AWaitingSetAsideAsksTheReclaimerTwice) {
   // twice.
   asked.clear();
   ledger_.SetReclaimer([&](uid_t, const std::string&,
-                           const std::map<uid_t, uint64_t>&,
-                           bool at_once) { asked.push_back(at_once); });
+                           const std::map<uid_t, uint64_t>&, bool at_once) {
+    asked.push_back(at_once);
+    return absl::OkStatus();
+  });
   ledger_.ClearSetAside("bob", 7);
   ledger_.SetPresent(kBob, false);  // Alice alone again takes 900
   ASSERT_TRUE(ledger_.Reserve("alice", SpaceLedger::kActivations, 900).ok());
@@ -228,6 +232,31 @@ TEST_F(SpaceLedgerTest, AWaitingSetAsideAsksTheReclaimerTwice) {
       ledger_.SetAside("bob-2", 301, 8, absl::InfiniteDuration());
   EXPECT_THAT(over_quota.message(), HasSubstr("the quota is 300"));
   EXPECT_TRUE(asked.empty());
+  ledger_.SetReclaimer(nullptr);
+}
+
+// A reclaimer that may take nothing back now (lohand's reclaim_interval)
+// ends the wait: the set-aside is refused at once, saying why, asked once.
+TEST_F(SpaceLedgerTest, AReclaimerThatMayNotTakeBackEndsTheWaitAtOnce) {
+  ledger_.Track("alice", kAlice, 0);
+  ledger_.Track("bob", kBob, 0);
+  ledger_.SetPresent(kAlice, true);
+  ASSERT_TRUE(ledger_.Reserve("alice", SpaceLedger::kActivations, 900).ok());
+  ledger_.SetPresent(kBob, true);
+  int asked = 0;
+  ledger_.SetReclaimer([&](uid_t, const std::string&,
+                           const std::map<uid_t, uint64_t>&, bool) {
+    ++asked;
+    return absl::ResourceExhaustedError("not again before 10:00 (the rule)");
+  });
+  // An infinite patience: had it waited, it would never return.
+  const absl::Status refused =
+      ledger_.SetAside("bob", 300, 7, absl::InfiniteDuration());
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.message(), HasSubstr("not again before 10:00"));
+  EXPECT_THAT(refused.message(), Not(HasSubstr("waited")));
+  EXPECT_EQ(asked, 1);
+  EXPECT_EQ(ledger_.UsageOf("bob").set_aside, 0u);
   ledger_.SetReclaimer(nullptr);
 }
 

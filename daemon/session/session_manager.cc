@@ -43,7 +43,7 @@ std::unique_ptr<SessionManager> SessionManager::Start(
     parts.ledger->SetReclaimer([self](uid_t for_uid, const std::string& job_id,
                                       const std::map<uid_t, uint64_t>& beyond,
                                       bool at_once) {
-      self->ReclaimSsd(for_uid, job_id, beyond, at_once);
+      return self->ReclaimSsd(for_uid, job_id, beyond, at_once);
     });
   }
   manager->listener_->Start([self](UniqueFd connection, const Caller& caller) {

@@ -314,10 +314,10 @@ class SessionManager {
   // iteration, or `at_once`, its iteration rolled back) whose closing gives
   // SSD space back, until what each holds beyond its share is covered;
   // each job told why. Planes within their grace are kept, and none is
-  // closed when ReclaimAllowedLocked refuses (logged: the set-aside then
-  // waits for what is freed and is refused with the ledger's numbers).
-  void ReclaimSsd(uid_t for_uid, const std::string& job_id,
-                  const std::map<uid_t, uint64_t>& beyond, bool at_once)
+  // closed when ReclaimAllowedLocked refuses: that refusal is returned
+  // (the set-aside is then refused at once, saying why).
+  absl::Status ReclaimSsd(uid_t for_uid, const std::string& job_id,
+                          const std::map<uid_t, uint64_t>& beyond, bool at_once)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Every user holding pool claims (present: training) and their sum.
   std::map<uid_t, ShareHolder> PoolHoldersLocked(uint64_t& held_by_all) const

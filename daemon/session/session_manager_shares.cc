@@ -252,11 +252,12 @@ std::vector<SessionManager::Candidate> SessionManager::OthersNewestFirstLocked(
   return candidates;
 }
 
-void SessionManager::ReclaimSsd(uid_t for_uid, const std::string& job_id,
-                                const std::map<uid_t, uint64_t>& beyond,
-                                bool at_once) {
+absl::Status SessionManager::ReclaimSsd(uid_t for_uid,
+                                        const std::string& job_id,
+                                        const std::map<uid_t, uint64_t>& beyond,
+                                        bool at_once) {
   absl::MutexLock lock(&mu_);
-  if (stopping_ || parts_.ledger == nullptr) return;
+  if (stopping_ || parts_.ledger == nullptr) return absl::OkStatus();
   std::map<uid_t, uint64_t> left = beyond;
   // Each with what it is told and what closing it gives back.
   struct Closed {
@@ -286,12 +287,12 @@ void SessionManager::ReclaimSsd(uid_t for_uid, const std::string& job_id,
          usage});
     over->second -= std::min(over->second, freed);
   }
-  if (closing.empty()) return;
+  if (closing.empty()) return absl::OkStatus();
   if (absl::Status allowed = ReclaimAllowedLocked(for_uid, job_id, at_once);
       !allowed.ok()) {
     spdlog::info("job {}: SSD space not taken back: {}", job_id,
                  std::string(allowed.message()));
-    return;
+    return allowed;
   }
   for (const Closed& closed : closing) {
     ClosePlaneForLocked(
@@ -302,6 +303,7 @@ void SessionManager::ReclaimSsd(uid_t for_uid, const std::string& job_id,
                      FormatByteSize(closed.usage.activations),
                      ", are gone; open it again: it gets its share"));
   }
+  return absl::OkStatus();
 }
 
 }  // namespace lohan

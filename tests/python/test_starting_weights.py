@@ -150,12 +150,15 @@ def _job_names(socket: str):
         return [job.name for job in client.jobs()]
 
 
+DAMAGED = (ValueError, FileNotFoundError, lohan.LohanError, OSError)
+
+
 def _refused(lohand, model: torch.nn.Module, weights: object,
-             *expected: str) -> None:
-    """lohan.init refuses `weights` naming each of `expected`, leaves no
-    job and gives the model back on meta; lohand serves on."""
-    with pytest.raises((ValueError, FileNotFoundError, lohan.LohanError,
-                        OSError)) as refused:
+             *expected: str, kind: object = DAMAGED) -> None:
+    """lohan.init refuses `weights` (raising `kind`) naming each of
+    `expected`, leaves no job and gives the model back on meta; lohand
+    serves on."""
+    with pytest.raises(kind) as refused:
         lohan.init(model, weights=weights, params="offload",
                    socket=lohand.socket, job_name="refused")
     for text in expected:
@@ -193,7 +196,8 @@ def test_checkpoints_not_of_the_model_are_refused_by_name(lohand, tmp_path):
     _rewrite(shard, lambda t: t.pop("transformer.h.1.mlp.c_fc.weight"))
     mapped(lambda names: names.pop("transformer.h.1.mlp.c_fc.weight"))
     _refused(lohand, on_meta(config), directory, "missing",
-             "transformer.h.1.mlp.c_fc.weight")
+             "transformer.h.1.mlp.c_fc.weight",
+             kind=CheckpointMismatch)
     shard.write_bytes(original)
 
     _rewrite(shard, lambda t: t.update(
@@ -201,18 +205,21 @@ def test_checkpoints_not_of_the_model_are_refused_by_name(lohand, tmp_path):
     mapped(lambda names: names.update(
         {"transformer.h.1.mlp.extra": shard.name}))
     _refused(lohand, on_meta(config), directory, "unexpected",
-             "transformer.h.1.mlp.extra")
+             "transformer.h.1.mlp.extra",
+             kind=CheckpointMismatch)
     shard.write_bytes(original)
     index_path.write_text(index)
 
     _refused(lohand, on_meta(gpt2(width=32)), directory, "shape",
-             "transformer.wte.weight")
+             "transformer.wte.weight",
+             kind=CheckpointMismatch)
 
     _rewrite(shard, lambda t: t.update({
         "transformer.h.1.mlp.c_fc.weight": torch.zeros(
             t["transformer.h.1.mlp.c_fc.weight"].shape, dtype=torch.int64)}))
     _refused(lohand, on_meta(config), directory,
-             "transformer.h.1.mlp.c_fc.weight", "I64")
+             "transformer.h.1.mlp.c_fc.weight", "I64",
+             kind=CheckpointMismatch)
     shard.write_bytes(original)
 
     # The checkpoint whole again: it loads (the refusals left nothing).
@@ -556,3 +563,30 @@ def test_lora_over_a_meta_base_trains_as_over_the_loaded_base(lohand,
                            stored(directory)[
                                "transformer.h.0.attn.c_attn.weight"])
     AutoModelForCausalLM.from_pretrained(merged)
+
+
+def test_save_pretrained_refuses_bad_arguments_and_writes_nothing(lohand,
+                                                                  tmp_path):
+    config = gpt2()
+    directory = saved(tmp_path / "in", config)
+    engine = lohan.init(on_meta(config), weights=directory,
+                        params="offload", socket=lohand.socket)
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match="max_shard_size='5 bananas'"):
+        engine.save_pretrained(out, max_shard_size="5 bananas")
+    with pytest.raises(ValueError, match="max_shard_size=0"):
+        engine.save_pretrained(out, max_shard_size=0)
+    with pytest.raises(TypeError, match="dtype=torch.int64"):
+        engine.save_pretrained(out, dtype=torch.int64)
+    with pytest.raises(ValueError, match="merged=True merges a peft"):
+        engine.save_pretrained(out, merged=True)
+    (tmp_path / "a-file").write_text("mine")
+    with pytest.raises(NotADirectoryError, match="a-file"):
+        engine.save_pretrained(tmp_path / "a-file")
+    assert (tmp_path / "a-file").read_text() == "mine"
+    assert not out.exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    # The engine saves as it should afterwards.
+    engine.save_pretrained(out)
+    assert stored_names(out) == stored_names(directory)
+    engine.close(delete_job=True)

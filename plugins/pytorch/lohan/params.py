@@ -116,6 +116,8 @@ class FrozenWeights:
             if frozen:
                 self._homes[id(block)] = frozen
                 self._order.append(block)
+        self._home_of = {id(param): home for entries in self._homes.values()
+                         for param, home, _ in entries}
         self._position = {id(b): n for n, b in enumerate(self._order)}
         self._travel = Travel()
         self._live: Dict[int, int] = {}
@@ -136,11 +138,10 @@ class FrozenWeights:
                ) -> Optional[Tuple[torch.Size, Callable[[], torch.Tensor]]]:
         """A frozen parameter's shape and a reader of its host values
         (from the SSDs when it lives there); None for one not kept here."""
-        for entries in self._homes.values():
-            for frozen, home, _ in entries:
-                if frozen is param:
-                    return home.shape, lambda: self._on_host(home)
-        return None
+        home = self._home_of.get(id(param))
+        if home is None:
+            return None
+        return home.shape, lambda: self._on_host(home)
 
     def _on_host(self, home: Any, pinned: bool = False) -> torch.Tensor:
         """A home's values in host memory: the host copy, or read from the

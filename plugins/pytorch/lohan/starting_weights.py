@@ -105,9 +105,9 @@ class StoredNames:
             self._by_param[key] = found
             problems += self._check(found, stored[found],
                                     tuple(params[key].shape), aliases[0])
-        persistent = [name for name in model.state_dict(keep_vars=True)
-                      if name not in {n for ns in names.values()
-                                      for n in ns}]
+        param_names = {n for ns in names.values() for n in ns}
+        persistent = {name for name in model.state_dict(keep_vars=True)
+                      if name not in param_names}
         for name, buffer in model.named_buffers(remove_duplicate=False):
             found = self._find([name], prefix, stored)
             if found is None:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 import warnings
-from typing import (Any, Callable, Dict, FrozenSet, List, Mapping,
-                    Optional, Tuple, Union)
+from typing import (Callable, Dict, FrozenSet, List, Mapping, Optional,
+                    Tuple, Union)
 
 import torch
 from torch import nn

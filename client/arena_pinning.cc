@@ -1,14 +1,14 @@
 #include "client/arena_pinning.h"
 
 #include "absl/strings/str_cat.h"
+#include "client/plane_gone.h"
 
 namespace lohan {
 
-ArenaPinning::~ArenaPinning() {
-  if (registered_) (void)cuda::UnregisterHost(plane_.arena(), device_);
-}
+ArenaPinning::~ArenaPinning() { Detach(); }
 
 absl::Status ArenaPinning::Register(int device, absl::string_view what) {
+  if (plane_ == nullptr) return PlaneGoneError(what);
   if (registered_) {
     if (device != cuda::kUnspecifiedDevice &&
         device_ != cuda::kUnspecifiedDevice && device != device_) {
@@ -19,13 +19,27 @@ absl::Status ArenaPinning::Register(int device, absl::string_view what) {
     return absl::OkStatus();
   }
   absl::Status registered =
-      cuda::RegisterHost(plane_.arena(), plane_.arena_bytes(), device);
+      cuda::RegisterHost(plane_->arena(), plane_->arena_bytes(), device);
   if (registered.ok()) {
     registered_ = true;
     device_ = device;
   }
   return registered;
 }
+
+std::optional<int> ArenaPinning::pinned_device() const {
+  if (!registered_) return std::nullopt;
+  return device_;
+}
+
+void ArenaPinning::Detach() {
+  if (registered_) (void)cuda::UnregisterHost(plane_->arena(), device_);
+  registered_ = false;
+  device_ = cuda::kUnspecifiedDevice;
+  plane_ = nullptr;
+}
+
+void ArenaPinning::Attach(DataPlane& plane) { plane_ = &plane; }
 
 bool ArenaPinning::AwaitCallbacks(absl::Duration patience) const {
   const absl::Time deadline = absl::Now() + patience;

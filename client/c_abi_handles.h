@@ -27,6 +27,11 @@ struct lohan_job_info {
   lohan::v1::Job job;
 };
 
+// A move to another arena (lohan_job_follow_share, share_move.h) replaces
+// what both handles hold of the plane in place: `impl` is the new plane, or
+// null when the move closed the old one and failed (every call that needs
+// it then fails with FAILED_PRECONDITION saying so); `cuda` and `channel`
+// stay the same objects, detached from the old plane.
 struct lohan_data_plane {
   explicit lohan_data_plane(std::unique_ptr<lohan::DataPlane> plane)
       : impl(std::move(plane)), cuda(*impl) {}
@@ -35,7 +40,7 @@ struct lohan_data_plane {
 };
 
 struct lohan_model {
-  std::unique_ptr<lohan::ModelChannel> channel;
+  std::unique_ptr<lohan::ModelChannel> channel;  // never null
 };
 
 struct lohan_job_list {

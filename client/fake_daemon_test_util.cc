@@ -68,11 +68,12 @@ std::vector<SubmissionEntry> FakeDaemon::Take(size_t n) {
 }
 
 void FakeDaemon::Answer(const SubmissionEntry& entry, uint64_t detail,
-                        uint32_t flags) {
+                        uint32_t flags, uint64_t arena_asked) {
   CompletionEntry completion{};
   completion.request_id = entry.request_id;
   completion.detail = detail;
   completion.flags = flags;
+  completion.arena_asked = arena_asked;
   Push(completion);
 }
 

@@ -50,8 +50,9 @@ class FakeDaemon {
   // The next `n` submissions, in ring order, waiting for them to arrive.
   std::vector<SubmissionEntry> Take(size_t n);
 
-  void Answer(const SubmissionEntry& entry, uint64_t detail,
-              uint32_t flags = 0);
+  // `arena_asked`: an ITER_END's ask to move (CompletionEntry).
+  void Answer(const SubmissionEntry& entry, uint64_t detail, uint32_t flags = 0,
+              uint64_t arena_asked = 0);
 
   // As lohand does: the text into the error area, then the completion.
   void Fail(const SubmissionEntry& entry, absl::StatusCode code,

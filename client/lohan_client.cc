@@ -1,8 +1,8 @@
-// The C ABI over ControlClient, DataPlane, ArenaPinning and ModelChannel,
-// translating only: NULL checks, C structs and JSON into protos, statuses
-// into codes plus lohan_last_error(), out parameters. Nothing here may
-// throw or abort: every entry point catches bad input and reports it as a
-// status plus lohan_last_error().
+// The C ABI over ControlClient, DataPlane, ArenaPinning, ModelChannel and
+// the move between planes (share_move.h), translating only: NULL checks, C
+// structs and JSON into protos, statuses into codes plus lohan_last_error(),
+// out parameters. Nothing here may throw or abort: every entry point catches
+// bad input and reports it as a status plus lohan_last_error().
 #include "client/include/lohan/lohan_client.h"
 
 #include <cmath>
@@ -25,7 +25,9 @@
 #include "client/job_lifecycle.h"
 #include "client/model_channel.h"
 #include "client/model_spec_from_c.h"
+#include "client/plane_gone.h"
 #include "client/proto_json.h"
+#include "client/share_move.h"
 #include "wire/ring_entry.h"
 #include "wire/version.h"
 
@@ -346,11 +348,14 @@ int lohan_job_close(lohan_client* client, const char* job_id, int delete_job) {
 }
 
 void* lohan_data_plane_arena(const lohan_data_plane* plane) {
-  return plane == nullptr ? nullptr : plane->impl->arena();
+  return plane == nullptr || plane->impl == nullptr ? nullptr
+                                                    : plane->impl->arena();
 }
 
 uint64_t lohan_data_plane_arena_size(const lohan_data_plane* plane) {
-  return plane == nullptr ? 0 : plane->impl->arena_bytes();
+  return plane == nullptr || plane->impl == nullptr
+             ? 0
+             : plane->impl->arena_bytes();
 }
 
 void lohan_data_plane_destroy(lohan_data_plane* plane) {
@@ -376,6 +381,9 @@ namespace {
 int RegisterSpec(lohan_client* client, lohan_data_plane* plane,
                  const char* job_id, const lohan::v1::ModelSpec& spec,
                  lohan_model** out) {
+  if (plane->impl == nullptr) {
+    return Report(lohan::PlaneGoneError("registering the model"));
+  }
   absl::StatusOr<std::unique_ptr<lohan::ModelChannel>> channel =
       lohan::ModelChannel::Register(*client->impl, *plane->impl,
                                     plane->cuda.callbacks_pending(), job_id,
@@ -443,6 +451,35 @@ int lohan_model_register_json(lohan_client* client, lohan_data_plane* plane,
 
 void lohan_model_destroy(lohan_model* model) {
   std::unique_ptr<lohan_model> owned(model);
+}
+
+// ---- Following lohand's share of the host pool
+
+int lohan_model_arena_asked(const lohan_model* model, uint64_t* bytes) {
+  if (model == nullptr || bytes == nullptr) {
+    return InvalidArgument(
+        "lohan_model_arena_asked: model and bytes are required");
+  }
+  *bytes = model->channel->arena_asked();
+  return Report(absl::OkStatus());
+}
+
+int lohan_job_follow_share(lohan_client* client, const char* job_id,
+                           lohan_data_plane* plane, lohan_model* model,
+                           int* moved) {
+  if (client == nullptr || job_id == nullptr || plane == nullptr ||
+      model == nullptr || moved == nullptr) {
+    return InvalidArgument(
+        "lohan_job_follow_share: client, job_id, plane, model and moved are "
+        "required");
+  }
+  const bool had_plane = plane->impl != nullptr;
+  absl::StatusOr<bool> followed = lohan::FollowShare(
+      *client->impl, job_id, plane->impl, plane->cuda, *model->channel);
+  // A failed move that closed the old plane moved the job off it.
+  *moved = followed.ok() ? (*followed ? 1 : 0)
+                         : (had_plane && plane->impl == nullptr ? 1 : 0);
+  return Report(followed.status());
 }
 
 // ---- The registration's layout

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/cuda_copy.h"
+#include "client/plane_gone.h"
 
 namespace lohan {
 namespace {
@@ -63,30 +64,38 @@ ModelChannel::ModelChannel(DataPlane& plane,
                            std::atomic<int64_t>& callbacks_pending,
                            v1::RegisterModelResponse registration,
                            const v1::ModelSpec& spec)
-    : plane_(plane),
+    : plane_(&plane),
       callbacks_pending_(callbacks_pending),
       registration_(std::move(registration)),
+      spec_(spec),
       elements_(spec.layer_elements().begin(), spec.layer_elements().end()),
       ring_dtype_(RingDtypeOf(spec.dtype())),
       sequence_(registration_.iteration()) {
-  plane_.SetErrorText(registration_.error_text_offset(),
-                      registration_.error_text_bytes());
+  plane_->SetErrorText(registration_.error_text_offset(),
+                       registration_.error_text_bytes());
 }
 
 // ---- Layout
+
+absl::Status ModelChannel::CheckPlane() const {
+  if (plane_ == nullptr) return PlaneGoneError("this model");
+  return absl::OkStatus();
+}
 
 absl::StatusOr<uint8_t*> ModelChannel::GradBuffer(uint32_t layer) const {
   if (layer >= elements_.size()) {
     return absl::InvalidArgumentError("layer out of range");
   }
-  return plane_.arena() + registration_.layers(layer).grad_offset();
+  if (absl::Status there = CheckPlane(); !there.ok()) return there;
+  return plane_->arena() + registration_.layers(layer).grad_offset();
 }
 
 absl::StatusOr<uint8_t*> ModelChannel::WeightBuffer(uint32_t layer) const {
   if (layer >= elements_.size()) {
     return absl::InvalidArgumentError("layer out of range");
   }
-  return plane_.arena() + registration_.layers(layer).weight_offset();
+  if (absl::Status there = CheckPlane(); !there.ok()) return there;
+  return plane_->arena() + registration_.layers(layer).weight_offset();
 }
 
 absl::StatusOr<uint64_t> ModelChannel::LayerBytes(uint32_t layer) const {
@@ -97,13 +106,16 @@ absl::StatusOr<uint64_t> ModelChannel::LayerBytes(uint32_t layer) const {
 }
 
 float* ModelChannel::staging() const {
-  return reinterpret_cast<float*>(plane_.arena() +
+  if (plane_ == nullptr) return nullptr;
+  return reinterpret_cast<float*>(plane_->arena() +
                                   registration_.staging_offset());
 }
 
 uint8_t* ModelChannel::activation_area() const {
-  if (registration_.activation_bytes() == 0) return nullptr;
-  return plane_.arena() + registration_.activation_offset();
+  if (plane_ == nullptr || registration_.activation_bytes() == 0) {
+    return nullptr;
+  }
+  return plane_->arena() + registration_.activation_offset();
 }
 
 bool ModelChannel::layer_initialized(uint32_t layer) const {
@@ -114,9 +126,12 @@ bool ModelChannel::layer_initialized(uint32_t layer) const {
 
 // ---- Entries
 
+// Every request's entry is built here or in ActivationEntry, which check
+// that there is a plane to submit it on.
 absl::StatusOr<SubmissionEntry> ModelChannel::BuildEntry(
     RingOp op, uint32_t layer, float grad_scale,
     std::optional<double> lr) const {
+  if (absl::Status there = CheckPlane(); !there.ok()) return there;
   SubmissionEntry entry{};
   entry.op = static_cast<uint16_t>(op);
   switch (op) {
@@ -182,6 +197,7 @@ absl::StatusOr<SubmissionEntry> ModelChannel::LayerEntry(RingOp op,
 
 absl::StatusOr<SubmissionEntry> ModelChannel::ActivationEntry(
     RingOp op, uint64_t id, uint64_t offset, uint64_t length) const {
+  if (absl::Status there = CheckPlane(); !there.ok()) return there;
   const uint64_t area = registration_.activation_bytes();
   if (op != RingOp::kActFree &&
       (offset > area || length > area - offset || length == 0)) {
@@ -215,12 +231,12 @@ absl::StatusOr<SubmissionEntry> ModelChannel::StateEntry(
 absl::StatusOr<ModelChannel::Ticket> ModelChannel::SubmitRefill(
     const SubmissionEntry& entry) {
   absl::StatusOr<Ticket> reserved =
-      plane_.Reserve(entry.slot_offset, entry.length, kCallTimeout);
+      plane_->Reserve(entry.slot_offset, entry.length, kCallTimeout);
   if (!reserved.ok()) return reserved.status();
   if (absl::Status submitted =
-          plane_.SubmitReserved(*reserved, entry, kCallTimeout);
+          plane_->SubmitReserved(*reserved, entry, kCallTimeout);
       !submitted.ok()) {
-    plane_.Abandon(*reserved);  // its result is this failure
+    plane_->Abandon(*reserved);  // its result is this failure
     return submitted;
   }
   return *reserved;
@@ -229,17 +245,17 @@ absl::StatusOr<ModelChannel::Ticket> ModelChannel::SubmitRefill(
 absl::StatusOr<ModelChannel::Ticket> ModelChannel::SubmitEntry(
     const SubmissionEntry& entry) {
   if (IsRefill(entry)) return SubmitRefill(entry);
-  return plane_.Submit(entry, kCallTimeout);
+  return plane_->Submit(entry, kCallTimeout);
 }
 
 absl::StatusOr<CompletionEntry> ModelChannel::CallEntry(
     const SubmissionEntry& entry) {
-  if (!IsRefill(entry)) return plane_.Call(entry, kCallTimeout);
+  if (!IsRefill(entry)) return plane_->Call(entry, kCallTimeout);
   absl::StatusOr<Ticket> ticket = SubmitRefill(entry);
   if (!ticket.ok()) return ticket.status();
   absl::StatusOr<CompletionEntry> completion =
-      plane_.Wait(*ticket, kCallTimeout);
-  if (absl::IsDeadlineExceeded(completion.status())) plane_.Abandon(*ticket);
+      plane_->Wait(*ticket, kCallTimeout);
+  if (absl::IsDeadlineExceeded(completion.status())) plane_->Abandon(*ticket);
   return completion;
 }
 
@@ -269,12 +285,12 @@ absl::StatusOr<CompletionEntry> ModelChannel::EndIteration(
         absl::StrCat("ITER_END: the global sum of squares ",
                      *global_sum_squares, " is negative"));
   }
-  if (absl::Status pending = plane_.WaitForReserved(kCallTimeout);
+  absl::StatusOr<SubmissionEntry> entry = BuildEntry(op, 0);
+  if (!entry.ok()) return entry.status();
+  if (absl::Status pending = plane_->WaitForReserved(kCallTimeout);
       !pending.ok()) {
     return pending;
   }
-  absl::StatusOr<SubmissionEntry> entry = BuildEntry(op, 0);
-  if (!entry.ok()) return entry.status();
   if (global_sum_squares.has_value()) {
     entry->iter_flags = kIterEndSumSquaresGiven;
     entry->global_sum_squares = *global_sum_squares;
@@ -291,12 +307,14 @@ absl::StatusOr<ModelChannel::IterEndResult> ModelChannel::IterEnd(
     std::optional<double> global_sum_squares) {
   absl::StatusOr<CompletionEntry> completion =
       EndIteration(RingOp::kIterEnd, global_sum_squares);
+  arena_asked_ = completion.ok() ? completion->arena_asked : 0;
   if (!completion.ok()) return completion.status();
   IterEndResult result;
   std::memcpy(&result.global_norm, &completion->detail,
               sizeof(result.global_norm));
   result.clipped = (completion->flags & kIterEndClipped) != 0;
   result.skipped = (completion->flags & kIterEndSkipped) != 0;
+  result.arena_asked = completion->arena_asked;
   return result;
 }
 
@@ -364,13 +382,13 @@ absl::StatusOr<ModelChannel::Ticket> ModelChannel::GradReadyFromHost(
   // The buffer may be shared with other layers (a streamed layout): wait
   // until no request in flight uses it, and hold it, before copying in.
   absl::StatusOr<Ticket> reserved =
-      plane_.Reserve(entry->slot_offset, entry->length, kCallTimeout);
+      plane_->Reserve(entry->slot_offset, entry->length, kCallTimeout);
   if (!reserved.ok()) return reserved.status();
-  std::memcpy(plane_.arena() + entry->slot_offset, source, bytes);
+  std::memcpy(plane_->arena() + entry->slot_offset, source, bytes);
   if (absl::Status submitted =
-          plane_.SubmitReserved(*reserved, *entry, kCallTimeout);
+          plane_->SubmitReserved(*reserved, *entry, kCallTimeout);
       !submitted.ok()) {
-    plane_.Abandon(*reserved);
+    plane_->Abandon(*reserved);
     return submitted;
   }
   return *reserved;
@@ -383,11 +401,11 @@ absl::Status ModelChannel::WeightsToHost(uint32_t layer, void* destination,
   if (!entry.ok()) return entry.status();
   // A FETCH_PARAMS (or anything else) still filling the buffer goes first.
   if (absl::Status idle =
-          plane_.WaitForRange(entry->slot_offset, entry->length, kCallTimeout);
+          plane_->WaitForRange(entry->slot_offset, entry->length, kCallTimeout);
       !idle.ok()) {
     return idle;
   }
-  std::memcpy(destination, plane_.arena() + entry->slot_offset, bytes);
+  std::memcpy(destination, plane_->arena() + entry->slot_offset, bytes);
   return absl::OkStatus();
 }
 
@@ -435,23 +453,23 @@ absl::StatusOr<ModelChannel::Ticket> ModelChannel::CopyHoldingBuffer(
     const SubmissionEntry& entry, bool to_host, void* device_memory, int device,
     void* stream) const {
   absl::StatusOr<Ticket> reserved =
-      plane_.Reserve(entry.slot_offset, entry.length, kCallTimeout);
+      plane_->Reserve(entry.slot_offset, entry.length, kCallTimeout);
   if (!reserved.ok()) return reserved.status();
   auto handoff = std::unique_ptr<DataPlane::HandOff>(new (std::nothrow)
                                                          DataPlane::HandOff);
   auto pending = std::unique_ptr<PendingCopy>(
       handoff == nullptr ? nullptr
-                         : new (std::nothrow) PendingCopy{&plane_, nullptr,
+                         : new (std::nothrow) PendingCopy{plane_, nullptr,
                                                           &callbacks_pending_});
   if (pending == nullptr) {
-    plane_.Cancel(*reserved);
+    plane_->Cancel(*reserved);
     return absl::ResourceExhaustedError("out of memory");
   }
   handoff->ticket = *reserved;
   handoff->submit = to_host;  // a gradient's GRAD_READY; weights: release
   handoff->entry = entry;
   pending->handoff = std::move(handoff);
-  uint8_t* buffer = plane_.arena() + entry.slot_offset;
+  uint8_t* buffer = plane_->arena() + entry.slot_offset;
   callbacks_pending_.fetch_add(1, std::memory_order_relaxed);
   absl::Status copied =
       to_host
@@ -460,7 +478,7 @@ absl::StatusOr<ModelChannel::Ticket> ModelChannel::CopyHoldingBuffer(
           : cuda::CopyToDeviceThen(device_memory, buffer, entry.length, device,
                                    stream, &DeliverWhenCopied, pending.get());
   if (!copied.ok()) {
-    plane_.Cancel(*reserved);  // nothing is in flight: the bytes are free
+    plane_->Cancel(*reserved);  // nothing is in flight: the bytes are free
     callbacks_pending_.fetch_sub(1, std::memory_order_relaxed);
     return copied;
   }
@@ -563,11 +581,38 @@ absl::StatusOr<ModelChannel::Ticket> ModelChannel::SubmitActPutFromDevice(
 // ---- Tickets
 
 absl::Status ModelChannel::Wait(Ticket ticket, absl::Duration timeout) {
-  return plane_.Wait(ticket, timeout).status();
+  if (absl::Status there = CheckPlane(); !there.ok()) return there;
+  return plane_->Wait(ticket, timeout).status();
 }
 
 absl::StatusOr<bool> ModelChannel::Poll(Ticket ticket) {
-  return plane_.Poll(ticket);
+  if (absl::Status there = CheckPlane(); !there.ok()) return there;
+  return plane_->Poll(ticket);
+}
+
+// ---- The data plane under the channel
+
+void ModelChannel::DetachPlane() { plane_ = nullptr; }
+
+absl::Status ModelChannel::AttachPlane(DataPlane& plane,
+                                       v1::RegisterModelResponse registration) {
+  if (plane_ != nullptr) {
+    return absl::FailedPreconditionError(
+        "the model is registered over a data plane already");
+  }
+  if (static_cast<size_t>(registration.layers_size()) != elements_.size()) {
+    return absl::InternalError(absl::StrCat(
+        "lohand's registration lays out ", registration.layers_size(),
+        " layers, not the model's ", elements_.size()));
+  }
+  plane_ = &plane;
+  registration_ = std::move(registration);
+  sequence_ = registration_.iteration();
+  in_iteration_ = false;
+  arena_asked_ = 0;
+  plane_->SetErrorText(registration_.error_text_offset(),
+                       registration_.error_text_bytes());
+  return absl::OkStatus();
 }
 
 }  // namespace lohan

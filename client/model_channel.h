@@ -41,9 +41,16 @@ namespace lohan {
 // Submit* forms return a ticket for Wait / Poll instead. Errors are the
 // daemon's (code and text) or the data plane's.
 //
+// A move to another arena (share_move.h) keeps the channel (so a
+// TrainingSteps over it goes on) and replaces what it holds of the plane:
+// DetachPlane, then AttachPlane with the new plane and registration.
+// Without a plane every call that needs it fails with FAILED_PRECONDITION
+// saying so, and the arena's areas are absent (nullptr, 0 bytes).
+//
 // Thread-compatible for the iteration calls (IterBegin / IterEnd /
-// IterAbort: one thread at a time); the others may be called from any
-// number of threads at once (the DataPlane is thread-safe).
+// IterAbort: one thread at a time) and for DetachPlane / AttachPlane (no
+// other call at all meanwhile); the others may be called from any number
+// of threads at once (the DataPlane is thread-safe).
 class ModelChannel {
  public:
   using Ticket = DataPlane::Ticket;
@@ -56,6 +63,9 @@ class ModelChannel {
     double global_norm = 0;  // the gradients' global norm
     bool clipped = false;    // scaled down to max_grad_norm
     bool skipped = false;    // not applied (a non-finite gradient)
+    // Not zero: lohand asks the job to move to a data plane whose arena it
+    // grants as this many bytes (CompletionEntry::arena_asked).
+    uint64_t arena_asked = 0;
   };
 
   // Registers `spec` for `job_id` with the daemon (RegisterModelRequest)
@@ -71,7 +81,7 @@ class ModelChannel {
   // The channel of a model already registered as `spec`, the daemon's
   // answer being `registration` (one LayerSlots per layer of `spec`). Points
   // the plane's error texts at the registration's. Register uses it; so do
-  // tests that play the daemon.
+  // tests that play the daemon. `spec` is kept (spec()).
   ModelChannel(DataPlane& plane, std::atomic<int64_t>& callbacks_pending,
                v1::RegisterModelResponse registration,
                const v1::ModelSpec& spec);
@@ -82,6 +92,8 @@ class ModelChannel {
   // ---- The registration's layout (pointers into the plane's arena)
 
   uint32_t layers() const { return static_cast<uint32_t>(elements_.size()); }
+  // What the model was registered as.
+  const v1::ModelSpec& spec() const { return spec_; }
   absl::StatusOr<uint8_t*> GradBuffer(uint32_t layer) const;
   absl::StatusOr<uint8_t*> WeightBuffer(uint32_t layer) const;
   // A layer's gradient (= weight) buffer size in bytes.
@@ -89,10 +101,14 @@ class ModelChannel {
   // The fp32 staging buffer (InitWeights, ReadWeights, ReadState,
   // InitState).
   float* staging() const;
-  uint64_t staging_bytes() const { return registration_.staging_bytes(); }
+  uint64_t staging_bytes() const {
+    return plane_ == nullptr ? 0 : registration_.staging_bytes();
+  }
   // The activation area: nullptr (and 0 bytes) when the model has none.
   uint8_t* activation_area() const;
-  uint64_t activation_bytes() const { return registration_.activation_bytes(); }
+  uint64_t activation_bytes() const {
+    return plane_ == nullptr ? 0 : registration_.activation_bytes();
+  }
   uint32_t grad_slots() const { return registration_.grad_slots(); }
   uint32_t weight_slots() const { return registration_.weight_slots(); }
   // Committed iterations when the model was registered.
@@ -106,6 +122,12 @@ class ModelChannel {
   }
 
   // ---- Iterations
+
+  // An ITER_BEGIN succeeded and no ITER_END / ITER_ABORT went out since.
+  bool in_iteration() const { return in_iteration_; }
+  // What the last ITER_END since registration asked
+  // (IterEndResult::arena_asked; 0 after a failed end): 0 nothing.
+  uint64_t arena_asked() const { return arena_asked_; }
 
   // ITER_BEGIN. `grad_scale`: the loss scale the gradients carry (0: none);
   // `lr`: this iteration's rate (even 0), or the registered one.
@@ -195,6 +217,23 @@ class ModelChannel {
   absl::Status Wait(Ticket ticket, absl::Duration timeout);
   absl::StatusOr<bool> Poll(Ticket ticket);
 
+  // ---- The data plane under the channel (a move: share_move.h)
+
+  // The plane the model is registered over; nullptr between DetachPlane
+  // and AttachPlane.
+  const DataPlane* plane() const { return plane_; }
+  // Lets go of the plane, which may then close. REQUIRES: no iteration in
+  // progress, no request of the channel's in flight or waiting for its
+  // ticket, no CUDA callback left (ArenaPinning::AwaitCallbacks).
+  void DetachPlane();
+  // Takes `plane` with the model registered there anew as `registration`
+  // (for spec(), unchanged): its layout and iteration numbers from there;
+  // arena_asked() is 0 again. FAILED_PRECONDITION when a plane is
+  // attached; INTERNAL, nothing taken, when the registration does not lay
+  // out spec()'s layers.
+  absl::Status AttachPlane(DataPlane& plane,
+                           v1::RegisterModelResponse registration);
+
  private:
   // The entry for `op` on `layer` (the iteration ops ignore `layer`).
   absl::StatusOr<SubmissionEntry> BuildEntry(
@@ -226,14 +265,19 @@ class ModelChannel {
                                            bool to_host, void* device_memory,
                                            int device, void* stream) const;
 
-  DataPlane& plane_;
+  // Without a plane (a move's): FAILED_PRECONDITION saying so; else OK.
+  absl::Status CheckPlane() const;
+
+  DataPlane* plane_;  // null between DetachPlane and AttachPlane
   std::atomic<int64_t>& callbacks_pending_;
-  const v1::RegisterModelResponse registration_;
+  v1::RegisterModelResponse registration_;  // the plane's
+  const v1::ModelSpec spec_;
   const std::vector<uint64_t> elements_;  // per layer
   const RingDtype ring_dtype_;
   uint64_t sequence_;  // the next ITER_BEGIN's number
   // An ITER_BEGIN succeeded and no ITER_END / ITER_ABORT went out since.
   bool in_iteration_ = false;
+  uint64_t arena_asked_ = 0;  // by the last ITER_END
 };
 
 }  // namespace lohan

@@ -257,6 +257,136 @@ TEST(ModelChannel, EndCarriesTheGlobalSumOfSquaresOnlyWhenGiven) {
   EXPECT_TRUE(ended.get().ok());
 }
 
+// Ends the iteration begun; the daemon answers with `arena_asked`.
+absl::StatusOr<ModelChannel::IterEndResult> EndAsking(Rig& rig,
+                                                      uint64_t arena_asked) {
+  auto ended = InBackground([&] { return rig.channel.IterEnd(); });
+  const SubmissionEntry end = rig.Next();
+  EXPECT_EQ(OpOf(end), RingOp::kIterEnd);
+  rig.daemon.Answer(end, 0, 0, arena_asked);
+  return ended.get();
+}
+
+TEST(ModelChannel, AnEndsAskForAnotherArenaIsKeptUntilTheNextEnd) {
+  Rig rig;
+  EXPECT_EQ(rig.channel.arena_asked(), 0u);
+  Begin(rig, 0);
+  absl::StatusOr<ModelChannel::IterEndResult> asked = EndAsking(rig, 6 << 20);
+  ASSERT_TRUE(asked.ok()) << asked.status();
+  EXPECT_EQ(asked->arena_asked, uint64_t{6} << 20);
+  EXPECT_EQ(rig.channel.arena_asked(), uint64_t{6} << 20);
+  // Not followed: the next iteration knows it still...
+  Begin(rig, 1);
+  EXPECT_EQ(rig.channel.arena_asked(), uint64_t{6} << 20);
+  // ...until an end asks nothing.
+  absl::StatusOr<ModelChannel::IterEndResult> quiet = EndAsking(rig, 0);
+  ASSERT_TRUE(quiet.ok()) << quiet.status();
+  EXPECT_EQ(quiet->arena_asked, 0u);
+  EXPECT_EQ(rig.channel.arena_asked(), 0u);
+
+  // A failed end asked nothing either.
+  Begin(rig, 2);
+  ASSERT_TRUE(EndAsking(rig, 8 << 20).ok());
+  Begin(rig, 3);
+  auto ended = InBackground([&] { return rig.channel.IterEnd(); });
+  rig.daemon.Fail(rig.Next(), absl::StatusCode::kInternal, "update failed");
+  EXPECT_FALSE(ended.get().ok());
+  EXPECT_EQ(rig.channel.arena_asked(), 0u);
+}
+
+TEST(ModelChannel, WithoutAPlaneEveryCallSaysSoAndNothingIsSubmitted) {
+  Rig rig;
+  rig.channel.DetachPlane();
+  EXPECT_EQ(rig.channel.plane(), nullptr);
+  EXPECT_EQ(rig.channel.staging(), nullptr);
+  EXPECT_EQ(rig.channel.staging_bytes(), 0u);
+  EXPECT_EQ(rig.channel.activation_area(), nullptr);
+  EXPECT_EQ(rig.channel.activation_bytes(), 0u);
+  // The model's own shape is still known.
+  EXPECT_EQ(rig.channel.layers(), 4u);
+  EXPECT_EQ(*rig.channel.LayerBytes(3), kLayerBytes);
+
+  std::vector<uint8_t> host(kLayerBytes);
+  const std::vector<absl::Status> refused = {
+      rig.channel.GradBuffer(0).status(),
+      rig.channel.WeightBuffer(0).status(),
+      rig.channel.IterBegin(),
+      rig.channel.IterEnd().status(),
+      rig.channel.IterEnd(1.0).status(),
+      rig.channel.IterAbort(),
+      rig.channel.AwaitCommitted().status(),
+      rig.channel.ReleasePreviousCommit(),
+      rig.channel.FetchParams(0),
+      rig.channel.GradReady(0),
+      rig.channel.SubmitFetchParams(0).status(),
+      rig.channel.SubmitGradReady(0).status(),
+      rig.channel.GradReadyFromHost(0, host.data(), kLayerBytes).status(),
+      rig.channel.WeightsToHost(0, host.data(), kLayerBytes),
+      rig.channel.GradReadyFromDevice(0, 0, host.data(), kLayerBytes, nullptr)
+          .status(),
+      rig.channel.WeightsToDevice(0, 0, host.data(), kLayerBytes, nullptr),
+      rig.channel.InitWeights(0),
+      rig.channel.ReadWeights(0),
+      rig.channel.ReadState(0, RingStatePart::kExpAvg),
+      rig.channel.InitState(0, RingStatePart::kExpAvgSq),
+      rig.channel.ActPut(1, 0, 64),
+      rig.channel.ActGet(1, 0, 64),
+      rig.channel.ActFree(1),
+      rig.channel.SubmitActPut(1, 0, 64).status(),
+      rig.channel.SubmitActGet(1, 0, 64).status(),
+      rig.channel.SubmitActFree(1).status(),
+      rig.channel.SubmitActPutFromDevice(1, 0, 64, 0, host.data(), nullptr)
+          .status(),
+      rig.channel.Wait(1, kLong),
+      rig.channel.Poll(1).status(),
+  };
+  for (size_t i = 0; i < refused.size(); ++i) {
+    EXPECT_EQ(refused[i].code(), absl::StatusCode::kFailedPrecondition) << i;
+    EXPECT_THAT(refused[i].message(), HasSubstr("the job has no data plane"))
+        << i;
+  }
+  // A layer out of range is still that.
+  EXPECT_EQ(rig.channel.GradBuffer(9).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(rig.daemon.served(), 0u);
+}
+
+TEST(ModelChannel, AttachPlaneTakesTheNewPlanesRegistration) {
+  Rig rig(/*layers=*/4, /*slots=*/4, /*iteration=*/0);
+  Begin(rig, 0);
+  ASSERT_TRUE(EndAsking(rig, 2 << 20).ok());
+  EXPECT_EQ(rig.channel.AttachPlane(*rig.plane, Registration(4, 4, 1)).code(),
+            absl::StatusCode::kFailedPrecondition);  // it has one
+
+  rig.channel.DetachPlane();
+  FakeDaemon other;
+  std::unique_ptr<DataPlane> plane = other.Plane();
+  // A registration of another model is refused, nothing taken.
+  EXPECT_EQ(rig.channel.AttachPlane(*plane, Registration(3, 3, 1)).code(),
+            absl::StatusCode::kInternal);
+  EXPECT_EQ(rig.channel.plane(), nullptr);
+
+  ASSERT_TRUE(rig.channel.AttachPlane(*plane, Registration(4, 2, 1)).ok());
+  EXPECT_EQ(rig.channel.plane(), plane.get());
+  EXPECT_EQ(rig.channel.arena_asked(), 0u);
+  EXPECT_EQ(rig.channel.grad_slots(), 2u);
+  EXPECT_EQ(rig.channel.iteration(), 1u);
+  EXPECT_EQ(*rig.channel.GradBuffer(3),
+            plane->arena() + kGradBase + kLayerBytes);
+  EXPECT_EQ(rig.channel.staging(),
+            reinterpret_cast<float*>(plane->arena() + StagingOffset(2)));
+  EXPECT_EQ(rig.channel.activation_bytes(), kActivationBytes);
+
+  // Requests go to the new plane, numbered from its registration.
+  auto begun = InBackground([&] { return rig.channel.IterBegin(); });
+  const SubmissionEntry begin = other.Take(1).at(0);
+  EXPECT_EQ(OpOf(begin), RingOp::kIterBegin);
+  EXPECT_EQ(begin.iteration, 1u);
+  other.Answer(begin, 0);
+  EXPECT_TRUE(begun.get().ok());
+  EXPECT_EQ(rig.daemon.served(), 2u);  // the first plane's begin and end
+}
+
 TEST(ModelChannel, ALayerOutOfRangeIsInvalidAndNothingIsSubmitted) {
   Rig rig(/*layers=*/4);
   auto out_of_range = [](const absl::Status& status) {

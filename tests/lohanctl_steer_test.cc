@@ -60,6 +60,12 @@ class LohanctlSteerTest : public ::testing::Test {
     auto trainer = BackgroundProcess::Start(argv);
     ASSERT_TRUE(trainer.ok()) << trainer.status();
     trainer_ = *std::move(trainer);
+    // Its first line comes before the pause: wait for the pause itself.
+    const std::string paused = dir_.path() + "/go.paused";
+    for (int i = 0; i < 6000 && access(paused.c_str(), F_OK) != 0; ++i) {
+      usleep(10 * 1000);
+    }
+    ASSERT_EQ(access(paused.c_str(), F_OK), 0) << daemon_->Log();
   }
 
   RunResult Lohanctl(const std::vector<std::string>& args) {

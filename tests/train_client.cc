@@ -1,12 +1,14 @@
 // A training process in miniature: drives a synthetic N-layer model through a
-// real lohand over the control plane and the data plane, the way the PyTorch
+// real lohand on liblohan_client's C ABI (the library's code linked in, not
+// liblohan_client.so, so a copy of the binary runs outside the runfiles, as
+// another user too), one synchronous request at a time, the way the PyTorch
 // plugin does, and writes the final fp32 master weights to a file.
 //
 //   train_client --socket S --job NAME --layers 1000,5000,333 --iterations 4
 //                [--dtype fp32|bf16] [--max-norm X] [--grad-scale X]
 //                [--seed N] [--chunk N] [--die-in-iteration K]
 //                [--grad-slots K] [--weight-slots K] [--host-pool BYTES]
-//                [--fit-arena] --out FILE
+//                [--fit-arena] [--ignore-share] --out FILE
 //
 // Per iteration: ITER_BEGIN, FETCH_PARAMS for every layer (forward), then
 // GRAD_READY from the last layer to the first (backward), then ITER_END.
@@ -14,10 +16,16 @@
 // the gradients, the process kills itself (SIGKILL): a client dying
 // mid-iteration. The job keeps its name, so a rerun attaches to it again.
 // --hold-in-iteration K: the same point, but it waits there until killed.
-// Prints one line per iteration: "iteration T norm N flags F".
+// Prints one line per iteration: "iteration T norm N flags F" (F: the
+// ITER_END completion's kIterEnd* bits; skipped iterations are non-finite
+// ones, the model skipping those).
+// After each iteration it follows lohand's ask to move to another arena
+// (lohan_job_follow_share), printing "moved to a N byte arena (G grad
+// buffers)" per move and taking every buffer pointer again;
+// --ignore-share never follows (a client that does not shrink).
 // --grad-slots / --weight-slots: ModelSpec's (0: one buffer per layer;
 // K < layers: K shared buffers, the data streamed through the daemon's
-// SSDs); the client uses layer l's offsets from the response (buffer l % K).
+// SSDs); layer l's buffers are those the registration gave (buffer l % K).
 // --host-pool: the job's arena when this run creates it. --fit-arena: this
 // run creates the job for its model instead (JobSpec.model, the daemon
 // sizing the arena) and registers it with ARENA_FIT_MOST: laid out in the
@@ -25,6 +33,9 @@
 // The dump holds, per layer, the fp32 master weights and the weights
 // FETCH_PARAMS gives after training (the 16-bit copy, or fp32 weights).
 // --hold: after training, keep the data plane open until killed.
+// --until-file F: stop after the first iteration (of at most --iterations)
+// at whose end F exists, writing the iterations this run trained to
+// F.iterations, then dump and exit as after the last.
 // --pause-after K --resume-file F: after K iterations, create F.paused and
 // wait (data plane open) until F exists, then go on. With --pause-mid, the
 // pause is half-way through the next iteration's backward instead.
@@ -40,18 +51,30 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "client/control_client.h"
-#include "client/data_plane.h"
 #include "daemon/optim/half.h"
+#include "google/protobuf/util/json_util.h"
+#include "lohan/lohan_client.h"
+#include "proto/lohan.pb.h"
 #include "tests/synthetic_model.h"
 
 namespace lohan::testing {
 namespace {
 
-constexpr absl::Duration kTimeout = absl::Seconds(120);
+// The ITER_END completion's flags (wire/ring_entry.h's kIterEnd*), as the
+// lines print them.
+constexpr unsigned kClipped = 1u << 0;
+constexpr unsigned kSkipped = 1u << 1;
+constexpr unsigned kNonfinite = 1u << 2;
 
-int Fail(const char* step, const absl::Status& status) {
-  std::printf("%s: %s\n", step, status.ToString().c_str());
+// The failed step and the library's status, as "step: CODE: text".
+int Fail(const char* step, int status) {
+  std::printf("%s: %s: %s\n", step, lohan_status_name(status),
+              lohan_last_error());
+  return 1;
+}
+
+int FailWith(const char* step, const std::string& text) {
+  std::printf("%s: %s\n", step, text.c_str());
   return 1;
 }
 
@@ -70,11 +93,28 @@ struct Args {
   bool hold = false;
   int pause_after = 0;
   std::string resume_file;
+  std::string until_file;
   bool pause_mid = false;
   // Create the job for its model (JobSpec.model) and register it with
   // ARENA_FIT_MOST: the daemon sizes the arena and lays the model out in
   // the one the plane gets.
   bool fit_arena = false;
+  // Never follow lohand's asks to move to another arena.
+  bool ignore_share = false;
+};
+
+// The client's handles, destroyed in reverse.
+struct Session {
+  lohan_client* client = nullptr;
+  lohan_data_plane* plane = nullptr;
+  lohan_model* model = nullptr;
+  std::string job_id;
+
+  ~Session() {
+    lohan_model_destroy(model);
+    lohan_data_plane_destroy(plane);
+    lohan_client_destroy(client);
+  }
 };
 
 // See --pause-after.
@@ -89,111 +129,168 @@ void PauseUntilResumed(const Args& args, int iterations_done) {
   while (access(args.resume_file.c_str(), F_OK) != 0) usleep(10 * 1000);
 }
 
+v1::ModelSpec SpecOf(const Args& args, const std::vector<uint64_t>& layers) {
+  v1::ModelSpec model;
+  for (uint64_t n : layers) model.add_layer_elements(n);
+  model.set_dtype(args.dtype == "bf16" ? v1::DTYPE_BF16 : v1::DTYPE_FP32);
+  const SyntheticAdam adam;
+  model.mutable_adam()->set_lr(adam.lr);
+  model.mutable_adam()->set_beta1(adam.beta1);
+  model.mutable_adam()->set_beta2(adam.beta2);
+  model.mutable_adam()->set_eps(adam.eps);
+  model.mutable_adam()->set_weight_decay(adam.weight_decay);
+  model.mutable_adam()->set_decoupled_weight_decay(true);
+  model.set_max_grad_norm(args.max_norm);
+  model.set_skip_nonfinite(true);
+  model.set_chunk_elements(args.chunk);
+  model.set_grad_slots(args.grad_slots);
+  model.set_weight_slots(args.weight_slots);
+  if (args.fit_arena) model.set_arena_fit(v1::ARENA_FIT_MOST);
+  return model;
+}
+
+std::string Json(const google::protobuf::Message& message) {
+  std::string json;
+  (void)google::protobuf::util::MessageToJsonString(message, &json);
+  return json;
+}
+
+// The job of that name, found or created; attached, its plane open and
+// the model registered. 0 or the failure's exit code (printed).
+int Open(const Args& args, const v1::ModelSpec& model, Session& session) {
+  int status = lohan_client_connect(args.socket.c_str(), &session.client);
+  if (status != LOHAN_OK) return Fail("connect", status);
+  lohan_job_list* list = nullptr;
+  status = lohan_jobs_list(session.client, &list);
+  if (status != LOHAN_OK) return Fail("list", status);
+  for (size_t i = 0; i < lohan_job_list_size(list); ++i) {
+    const lohan_job_info* job = lohan_job_list_get(list, i);
+    if (args.job == lohan_job_info_name(job)) {
+      session.job_id = lohan_job_info_id(job);
+    }
+  }
+  lohan_job_list_destroy(list);
+  if (session.job_id.empty()) {
+    if (args.fit_arena) {
+      v1::CreateJobRequest request;
+      request.mutable_spec()->set_name(args.job);
+      *request.mutable_spec()->mutable_model() = model;
+      char* response = nullptr;
+      status = lohan_job_create_json(session.client, Json(request).c_str(),
+                                     &response);
+      if (status != LOHAN_OK) return Fail("create", status);
+      v1::CreateJobResponse created;
+      const bool parsed =
+          google::protobuf::util::JsonStringToMessage(response, &created).ok();
+      lohan_string_free(response);
+      if (!parsed) return FailWith("create", "unreadable CreateJobResponse");
+      session.job_id = created.job().id();
+    } else {
+      lohan_job_info* job = nullptr;
+      status = lohan_job_create(session.client, args.job.c_str(),
+                                args.host_pool, 0, &job);
+      if (status != LOHAN_OK) return Fail("create", status);
+      session.job_id = lohan_job_info_id(job);
+      lohan_job_info_destroy(job);
+    }
+  }
+  status = lohan_job_attach(session.client, session.job_id.c_str(), nullptr);
+  if (status != LOHAN_OK) return Fail("attach", status);
+  status = lohan_data_plane_open(session.client, session.job_id.c_str(),
+                                 &session.plane);
+  if (status != LOHAN_OK) return Fail("data-plane", status);
+  status = lohan_model_register_json(session.client, session.plane,
+                                     session.job_id.c_str(),
+                                     Json(model).c_str(), &session.model);
+  if (status != LOHAN_OK) return Fail("register", status);
+  return 0;
+}
+
+// The layer's gradient of `step` into its buffer, then GRAD_READY.
+int HandOver(const Args& args, lohan_model* model, uint64_t step, uint32_t l,
+             uint64_t elements) {
+  uint8_t* grad = static_cast<uint8_t*>(lohan_model_grad_buffer(model, l));
+  if (grad == nullptr) return FailWith("grad-buffer", "none for the layer");
+  for (uint64_t i = 0; i < elements; ++i) {
+    const float g = Gradient(args.seed, step, l, i, args.grad_scale);
+    if (args.dtype == "bf16") {
+      reinterpret_cast<uint16_t*>(grad)[i] = FloatToBf16(g);
+    } else {
+      reinterpret_cast<float*>(grad)[i] = g;
+    }
+  }
+  if (int status = lohan_model_grad_ready(model, l); status != LOHAN_OK) {
+    return Fail("grad-ready", status);
+  }
+  return 0;
+}
+
+// After an iteration: moves to the arena lohand asked for, if it asked
+// (and we follow). Every pointer into the arena is taken anew after it.
+int FollowShare(const Args& args, Session& session) {
+  if (args.ignore_share) return 0;
+  int moved = 0;
+  if (int status =
+          lohan_job_follow_share(session.client, session.job_id.c_str(),
+                                 session.plane, session.model, &moved);
+      status != LOHAN_OK) {
+    return Fail("follow-share", status);
+  }
+  if (moved != 0) {
+    std::printf("moved to a %llu byte arena (%u grad buffers)\n",
+                static_cast<unsigned long long>(
+                    lohan_data_plane_arena_size(session.plane)),
+                lohan_model_grad_slots(session.model));
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 int Run(const Args& args) {
   std::vector<uint64_t> layers;
   for (absl::string_view part : absl::StrSplit(args.layers, ',')) {
     uint64_t n = 0;
     if (!absl::SimpleAtoi(part, &n))
-      return Fail("args", absl::InvalidArgumentError("layers"));
+      return FailWith("args", "INVALID_ARGUMENT: layers");
     layers.push_back(n);
   }
-  const bool bf16 = args.dtype == "bf16";
-  const uint64_t element = bf16 ? 2 : 4;
+  const uint64_t element = args.dtype == "bf16" ? 2 : 4;
 
-  v1::RegisterModelRequest request;
-  v1::ModelSpec* model = request.mutable_model();
-  for (uint64_t n : layers) model->add_layer_elements(n);
-  model->set_dtype(bf16 ? v1::DTYPE_BF16 : v1::DTYPE_FP32);
-  const SyntheticAdam adam;
-  model->mutable_adam()->set_lr(adam.lr);
-  model->mutable_adam()->set_beta1(adam.beta1);
-  model->mutable_adam()->set_beta2(adam.beta2);
-  model->mutable_adam()->set_eps(adam.eps);
-  model->mutable_adam()->set_weight_decay(adam.weight_decay);
-  model->mutable_adam()->set_decoupled_weight_decay(true);
-  model->set_max_grad_norm(args.max_norm);
-  model->set_skip_nonfinite(true);
-  model->set_chunk_elements(args.chunk);
-  model->set_grad_slots(args.grad_slots);
-  model->set_weight_slots(args.weight_slots);
-  if (args.fit_arena) model->set_arena_fit(v1::ARENA_FIT_MOST);
+  Session session;
+  if (int failed = Open(args, SpecOf(args, layers), session); failed != 0) {
+    return failed;
+  }
+  lohan_model* model = session.model;
+  std::printf("buffers %u gradient %u weight\n", lohan_model_grad_slots(model),
+              lohan_model_weight_slots(model));
 
-  auto client = ControlClient::Connect({.socket_path = args.socket});
-  if (!client.ok()) return Fail("connect", client.status());
-  std::string job_id;
-  auto jobs = (*client)->ListJobs();
-  if (!jobs.ok()) return Fail("list", jobs.status());
-  for (const v1::Job& job : *jobs) {
-    if (job.spec().name() == args.job) job_id = job.id();
-  }
-  if (job_id.empty()) {
-    v1::JobSpec spec;
-    spec.set_name(args.job);
-    if (args.fit_arena) {
-      *spec.mutable_model() = *model;
-    } else {
-      spec.set_host_pool_bytes(args.host_pool);
-    }
-    auto job = (*client)->CreateJob(spec);
-    if (!job.ok()) return Fail("create", job.status());
-    job_id = job->id();
-  }
-  if (auto attached = (*client)->AttachJob(job_id); !attached.ok()) {
-    return Fail("attach", attached.status());
-  }
-  auto plane = DataPlane::Open((*client)->hello().data_socket_path(), job_id);
-  if (!plane.ok()) return Fail("data-plane", plane.status());
-  request.set_job_id(job_id);
-  auto registered = (*client)->RegisterModel(request);
-  if (!registered.ok()) return Fail("register", registered.status());
-  std::printf("buffers %u gradient %u weight\n", registered->grad_slots(),
-              registered->weight_slots());
-  (*plane)->SetErrorText(registered->error_text_offset(),
-                         registered->error_text_bytes());
-  uint8_t* arena = (*plane)->arena();
-  float* staging =
-      reinterpret_cast<float*>(arena + registered->staging_offset());
-
-  for (size_t l = 0; l < layers.size(); ++l) {
-    if (registered->layer_initialized(l)) continue;
+  float* staging = lohan_model_staging(model);
+  for (uint32_t l = 0; l < layers.size(); ++l) {
+    if (lohan_model_layer_initialized(model, l)) continue;
     for (uint64_t i = 0; i < layers[l]; ++i) {
       staging[i] = InitialWeight(args.seed, l, i);
     }
-    SubmissionEntry init{};
-    init.op = static_cast<uint16_t>(RingOp::kInitWeights);
-    init.layer = static_cast<uint32_t>(l);
-    init.slot_offset = registered->staging_offset();
-    init.length = layers[l] * 4;
-    if (auto done = (*plane)->Call(init, kTimeout); !done.ok()) {
-      return Fail("init", done.status());
+    if (int status = lohan_model_init_weights(model, l); status != LOHAN_OK) {
+      return Fail("init", status);
     }
   }
 
-  uint64_t sequence = registered->iteration();
-  const uint64_t first = registered->iteration();
+  const uint64_t first = lohan_model_iteration(model);
   for (int t = 0; t < args.iterations; ++t) {
     if (args.pause_after != 0 && t == args.pause_after && !args.pause_mid) {
       PauseUntilResumed(args, t);
     }
     const uint64_t step = first + t;  // gradients of the step-th iteration
-    SubmissionEntry begin{};
-    begin.op = static_cast<uint16_t>(RingOp::kIterBegin);
-    begin.iteration = sequence;
-    if (auto done = (*plane)->Call(begin, kTimeout); !done.ok()) {
-      return Fail("iter-begin", done.status());
+    if (int status = lohan_model_iter_begin(model); status != LOHAN_OK) {
+      return Fail("iter-begin", status);
     }
-    for (size_t l = 0; l < layers.size(); ++l) {
-      SubmissionEntry fetch{};
-      fetch.op = static_cast<uint16_t>(RingOp::kFetchParams);
-      fetch.layer = static_cast<uint32_t>(l);
-      fetch.slot_offset = registered->layers(l).weight_offset();
-      fetch.length = registered->layers(l).bytes();
-      if (auto done = (*plane)->Call(fetch, kTimeout); !done.ok()) {
-        return Fail("fetch", done.status());
+    for (uint32_t l = 0; l < layers.size(); ++l) {
+      if (int status = lohan_model_fetch_params(model, l); status != LOHAN_OK) {
+        return Fail("fetch", status);
       }
     }
     for (size_t back = 0; back < layers.size(); ++back) {
-      const size_t l = layers.size() - 1 - back;
+      const uint32_t l = static_cast<uint32_t>(layers.size() - 1 - back);
       if (args.die_in_iteration == t + 1 && back == layers.size() / 2) {
         std::fflush(stdout);
         kill(getpid(), SIGKILL);
@@ -207,36 +304,27 @@ int Run(const Args& args) {
         std::fflush(stdout);
         for (;;) pause();
       }
-      uint8_t* grad = arena + registered->layers(l).grad_offset();
-      for (uint64_t i = 0; i < layers[l]; ++i) {
-        const float g = Gradient(args.seed, step, l, i, args.grad_scale);
-        if (bf16) {
-          reinterpret_cast<uint16_t*>(grad)[i] = FloatToBf16(g);
-        } else {
-          reinterpret_cast<float*>(grad)[i] = g;
-        }
-      }
-      SubmissionEntry ready{};
-      ready.op = static_cast<uint16_t>(RingOp::kGradReady);
-      ready.dtype =
-          static_cast<uint16_t>(bf16 ? RingDtype::kBf16 : RingDtype::kFp32);
-      ready.layer = static_cast<uint32_t>(l);
-      ready.slot_offset = registered->layers(l).grad_offset();
-      ready.length = layers[l] * element;
-      if (auto done = (*plane)->Call(ready, kTimeout); !done.ok()) {
-        return Fail("grad-ready", done.status());
+      if (int failed = HandOver(args, model, step, l, layers[l]); failed != 0) {
+        return failed;
       }
     }
-    SubmissionEntry end{};
-    end.op = static_cast<uint16_t>(RingOp::kIterEnd);
-    end.iteration = sequence;
-    auto done = (*plane)->Call(end, kTimeout);
-    if (!done.ok()) return Fail("iter-end", done.status());
     double norm = 0;
-    std::memcpy(&norm, &done->detail, sizeof(norm));
+    int clipped = 0, skipped = 0;
+    if (int status = lohan_model_iter_end(model, &norm, &clipped, &skipped);
+        status != LOHAN_OK) {
+      return Fail("iter-end", status);
+    }
+    // The model skips non-finite iterations: a skip is one.
+    const unsigned flags = (clipped != 0 ? kClipped : 0) |
+                           (skipped != 0 ? kSkipped | kNonfinite : 0);
     std::printf("iteration %llu norm %.9g flags %u\n",
-                static_cast<unsigned long long>(step + 1), norm, done->flags);
-    ++sequence;
+                static_cast<unsigned long long>(step + 1), norm, flags);
+    if (int failed = FollowShare(args, session); failed != 0) return failed;
+    if (!args.until_file.empty() &&
+        access(args.until_file.c_str(), F_OK) == 0) {
+      std::ofstream(args.until_file + ".iterations") << t + 1 << "\n";
+      break;
+    }
   }
 
   // The final master weights, and the weights the next forward would get:
@@ -244,29 +332,19 @@ int Run(const Args& args) {
   // left in the buffer; streamed: the committed copy from the store; fp32:
   // the masters).
   std::ofstream out(args.out, std::ios::binary);
-  for (size_t l = 0; l < layers.size(); ++l) {
-    SubmissionEntry fetch{};
-    fetch.op = static_cast<uint16_t>(RingOp::kFetchParams);
-    fetch.layer = static_cast<uint32_t>(l);
-    fetch.slot_offset = registered->layers(l).weight_offset();
-    fetch.length = registered->layers(l).bytes();
-    if (auto done = (*plane)->Call(fetch, kTimeout); !done.ok()) {
-      return Fail("fetch", done.status());
+  staging = lohan_model_staging(model);  // a move changed the arena
+  for (uint32_t l = 0; l < layers.size(); ++l) {
+    if (int status = lohan_model_fetch_params(model, l); status != LOHAN_OK) {
+      return Fail("fetch", status);
     }
-    SubmissionEntry read{};
-    read.op = static_cast<uint16_t>(RingOp::kReadWeights);
-    read.layer = static_cast<uint32_t>(l);
-    read.slot_offset = registered->staging_offset();
-    read.length = layers[l] * 4;
-    if (auto got = (*plane)->Call(read, kTimeout); !got.ok()) {
-      return Fail("read", got.status());
+    if (int status = lohan_model_read_weights(model, l); status != LOHAN_OK) {
+      return Fail("read", status);
     }
     out.write(reinterpret_cast<const char*>(staging), layers[l] * 4);
-    out.write(reinterpret_cast<const char*>(
-                  arena + registered->layers(l).weight_offset()),
+    out.write(static_cast<const char*>(lohan_model_weight_buffer(model, l)),
               layers[l] * element);
   }
-  if (!out) return Fail("write", absl::InternalError(args.out));
+  if (!out) return FailWith("write", "INTERNAL: " + args.out);
   std::printf("done\n");
   if (args.hold) {
     std::printf("holding\n");
@@ -280,6 +358,11 @@ int Run(const Args& args) {
 }  // namespace lohan::testing
 
 int main(int argc, char** argv) {
+  // Each line as it is said (a harness waits for the first), and nothing
+  // lost to a reader that stopped reading (the harness reads one line):
+  // lines it does not read are dropped, never a SIGPIPE.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  signal(SIGPIPE, SIG_IGN);
   lohan::testing::Args args;
   CLI::App app{"synthetic training client"};
   app.add_option("--socket", args.socket)->required();
@@ -302,11 +385,15 @@ int main(int argc, char** argv) {
   app.add_option("--pause-after", args.pause_after,
                  "iterations after which to wait for --resume-file");
   app.add_option("--resume-file", args.resume_file);
+  app.add_option("--until-file", args.until_file,
+                 "stop at the first iteration's end at which this file exists");
   app.add_flag("--fit-arena", args.fit_arena,
                "create the job for its model, registered with "
                "ARENA_FIT_MOST");
   app.add_flag("--pause-mid", args.pause_mid,
                "pause half-way through backward instead");
+  app.add_flag("--ignore-share", args.ignore_share,
+               "never follow lohand's asks to move to another arena");
   CLI11_PARSE(app, argc, argv);
   return lohan::testing::Run(args);
 }

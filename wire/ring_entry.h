@@ -76,7 +76,9 @@ inline constexpr uint32_t kRingEntryBytes = 64;
 //                    negative (-0.0 too) is INVALID_ARGUMENT. Without the
 //                    flag it must be zero (the job's own sum decides). Its
 //                    completion carries the global gradient norm (a double's
-//                    bits) in `detail` and kIterEnd* bits in `flags`.
+//                    bits) in `detail` and kIterEnd* bits in `flags`; its
+//                    `arena_asked`, when not zero, is lohand asking the job
+//                    to move its data plane (see CompletionEntry).
 //   kIterAbort       iteration (the one begun): ends it with nothing
 //                    committed (every update of it rolled back, the step
 //                    not advanced), e.g. when the client's backward failed
@@ -210,12 +212,23 @@ struct CompletionEntry {
   uint32_t status_code;  // absl::StatusCode (canonical, = gRPC codes); 0 = OK
   uint32_t flags;        // op-specific (kIterEnd*), else zero
   uint64_t detail;       // op-specific: e.g. bytes moved, or which rule failed
-  uint8_t reserved[40];  // zero
+  // A kIterEnd completion only (else zero): not zero, lohand asks the job
+  // to move to a data plane whose arena it grants as this many bytes:
+  // fewer than now to give way to another user's share of the host pool
+  // (a shrink; the job's layout then streams through shared buffers), more
+  // when the pool has room again (a grow). The client closes its plane
+  // between iterations and opens it again, registering the model anew. A
+  // shrink not followed within [quotas] reclaim escalation's wait is a
+  // close (wire/plane_notice.h, kGaveWay); a grow not followed costs
+  // nothing.
+  uint64_t arena_asked;
+  uint8_t reserved[32];  // zero
 };
 static_assert(sizeof(CompletionEntry) == kRingEntryBytes);
 static_assert(offsetof(CompletionEntry, request_id) == 0);
 static_assert(offsetof(CompletionEntry, status_code) == 8);
 static_assert(offsetof(CompletionEntry, detail) == 16);
+static_assert(offsetof(CompletionEntry, arena_asked) == 24);
 
 // The error text area (RegisterModelResponse.error_text_offset/bytes): the
 // daemon's words for failed requests, so that a client with many requests

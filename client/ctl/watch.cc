@@ -179,12 +179,23 @@ std::string StatesLine(const v1::SessionStatus& session) {
 }
 
 std::string ArenaLine(const v1::SessionStatus& session) {
-  if (session.arena_bytes() >= session.wanted_arena_bytes()) return "";
-  return absl::StrFormat(
-      "arena %s of the %s its job asks for (what the pool had free when the "
-      "plane opened)",
-      FormatByteSize(session.arena_bytes()),
-      FormatByteSize(session.wanted_arena_bytes()));
+  std::string line;
+  if (session.arena_bytes() < session.wanted_arena_bytes()) {
+    line = absl::StrFormat("arena %s of the %s its job asks for (%s)",
+                           FormatByteSize(session.arena_bytes()),
+                           FormatByteSize(session.wanted_arena_bytes()),
+                           session.arena_note().empty()
+                               ? "what the pool had free when the plane opened"
+                               : session.arena_note());
+  }
+  if (session.arena_asked_bytes() != 0) {
+    absl::StrAppend(
+        &line, line.empty() ? "" : "; ",
+        absl::StrFormat("moving to a %s arena at its next "
+                        "iteration's end",
+                        FormatByteSize(session.arena_asked_bytes())));
+  }
+  return line;
 }
 
 std::string PlanLine(const v1::SessionStatus& session) {

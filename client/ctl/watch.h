@@ -32,8 +32,11 @@ std::string QuotaLine(const v1::QuotaStatus& quota);
 std::string OptimizerLine(const v1::OptimizerStatus& optimizer);
 
 // "arena 6.0 MiB of the 18.0 MiB its job asks for (what the pool had free
-// when the plane opened)": a session granted less than its job's arena,
-// for `status`; "" when it has its job's arena.
+// when the plane opened)", or in place of the parenthesis why lohand last
+// asked it to change (SessionStatus.arena_note): a session granted less
+// than its job's arena, for `status`; then "moving to a 9.0 MiB arena at
+// its next iteration's end" while lohand asks it to move; "" when it has
+// its job's arena and nothing is asked.
 std::string ArenaLine(const v1::SessionStatus& session);
 
 // "plan: case 3, predicted 1.23 s/iteration (bound by SSDs / device

@@ -215,6 +215,7 @@ struct ReclaimKey {
 constexpr ReclaimKey kReclaimKeys[] = {
     {"reclaim_interval", &DaemonConfig::reclaim_interval},
     {"reclaim_grace", &DaemonConfig::reclaim_grace},
+    {"regrow_after", &DaemonConfig::regrow_after},
 };
 
 // [quotas] itself, and its [quotas.user.NAME] tables.
@@ -253,9 +254,10 @@ absl::Status ParseQuotas(const toml::table& quotas, absl::string_view origin,
     }
   }
   UserLimitOverrides defaults;
-  if (absl::Status parsed =
-          ParseLimits(quotas, origin, "quotas", defaults,
-                      /*skip=*/{"user", "reclaim_interval", "reclaim_grace"});
+  if (absl::Status parsed = ParseLimits(
+          quotas, origin, "quotas", defaults,
+          /*skip=*/
+          {"user", "reclaim_interval", "reclaim_grace", "regrow_after"});
       !parsed.ok()) {
     return parsed;
   }

@@ -68,9 +68,14 @@ struct DaemonConfig {
   // grace). Both from 0 to kMaxReclaimDuration, checked when parsed.
   absl::Duration reclaim_interval = absl::ZeroDuration();
   absl::Duration reclaim_grace = absl::ZeroDuration();
+  // [quotas] regrow_after: a job whose arena was made smaller than it asks
+  // for is asked to grow back once the pool has had room for it this long
+  // without a break, and no sooner than this after it shrank (zero: at its
+  // next iteration's end). From 0 to kMaxReclaimDuration.
+  absl::Duration regrow_after = absl::ZeroDuration();
 };
 
-// The most [quotas] reclaim_interval and reclaim_grace may be.
+// The most [quotas] reclaim_interval, reclaim_grace and regrow_after may be.
 inline constexpr absl::Duration kMaxReclaimDuration = absl::Hours(24);
 
 // Values given on the command line; each one set replaces the file's value.

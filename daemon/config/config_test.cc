@@ -236,6 +236,8 @@ INSTANTIATE_TEST_SUITE_P(
                 "'quotas.reclaim_interval' must be a duration"},
         BadCase{"[quotas]\nreclaim_grace = \"25h\"\n",
                 "'quotas.reclaim_grace' must be a duration from \"0s\""},
+        BadCase{"[quotas]\nregrow_after = \"-2s\"\n",
+                "'quotas.regrow_after' must be a duration from \"0s\""},
         BadCase{"[quotas]\nreclaim_grace = \"soon\"\n",
                 "test.toml:2: key 'quotas.reclaim_grace'"},
         BadCase{"[quotas.user.alice]\nreclaim_grace = \"1m\"\n",
@@ -250,12 +252,14 @@ TEST(ParseConfigToml, ReclaimLimits) {
   const DaemonConfig defaults = DefaultConfig();
   EXPECT_EQ(defaults.reclaim_interval, absl::Minutes(1));
   EXPECT_EQ(defaults.reclaim_grace, absl::Minutes(15));
+  EXPECT_EQ(defaults.regrow_after, absl::Seconds(30));
   absl::StatusOr<DaemonConfig> config = Parse(
       "[quotas]\nreclaim_interval = \"1h\"\nreclaim_grace = \"0s\"\n"
-      "jobs = 3\n");
+      "regrow_after = \"2s\"\njobs = 3\n");
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->reclaim_interval, absl::Hours(1));
   EXPECT_EQ(config->reclaim_grace, absl::ZeroDuration());
+  EXPECT_EQ(config->regrow_after, absl::Seconds(2));
   EXPECT_EQ(config->quota_defaults.jobs, 3u);
 }
 

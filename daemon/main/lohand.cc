@@ -448,7 +448,8 @@ int Run(const CommandLine& command_line) {
        .commit_interval = config->commit_interval,
        .ring_entries = config->ring_entries,
        .reclaim_interval = config->reclaim_interval,
-       .reclaim_grace = config->reclaim_grace});
+       .reclaim_grace = config->reclaim_grace,
+       .regrow_after = config->regrow_after});
 
   const DaemonParts parts{.config = &*config,
                           .jobs = jobs->get(),

@@ -98,6 +98,13 @@ class JobSession {
   void SetFailureCallback(std::function<void(const absl::Status&)> failed) {
     on_failure_ = std::move(failed);
   }
+  // Asked at each ITER_END that succeeded, with no lock of the session
+  // held: the arena the job's client is asked to move to (its completion's
+  // arena_asked; 0: nothing). REQUIRES: set before RegisterModel, as the
+  // above.
+  void SetArenaAskCallback(std::function<uint64_t()> ask) {
+    on_arena_ask_ = std::move(ask);
+  }
   // Whether RegisterModel succeeded (and serving began). Thread-safe.
   bool registered() const { return registered_.load(); }
   // Whether the session has begun an iteration (an ITER_BEGIN ran): a
@@ -308,6 +315,7 @@ class JobSession {
   std::atomic<bool> drain_requested_{false};
   std::function<void()> on_drained_;
   std::function<void(const absl::Status&)> on_failure_;
+  std::function<uint64_t()> on_arena_ask_;
   // Activation requests posted and not done, by activation id: the lane
   // they run on and how many.
   absl::Mutex activations_mu_;

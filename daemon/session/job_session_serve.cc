@@ -56,8 +56,14 @@ void JobSession::Complete(const SubmissionEntry& entry,
     if (!status.ok()) stats_.set_failed_requests(stats_.failed_requests() + 1);
   }
   if (!status.ok()) LogFailure(entry, status);
+  uint64_t arena_asked = 0;
+  if (status.ok() && entry.op == static_cast<uint16_t>(RingOp::kIterEnd) &&
+      on_arena_ask_) {
+    arena_asked = on_arena_ask_();
+  }
   absl::MutexLock lock(&complete_mu_);
   CompletionEntry completion{};
+  completion.arena_asked = arena_asked;
   completion.request_id = entry.request_id;
   completion.status_code = static_cast<uint32_t>(status.code());
   completion.flags = flags;

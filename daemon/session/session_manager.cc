@@ -125,8 +125,7 @@ constexpr absl::Duration kReclaimWait = absl::Seconds(60);
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<JobSession>> SessionManager::OpenSession(
-    int connection, const Caller& caller, uint64_t& claim_id,
-    uint64_t& wanted_bytes) {
+    int connection, const Caller& caller, Opened& opened) {
   pollfd fds[2] = {{.fd = connection, .events = POLLIN},
                    {.fd = stop_event_.get(), .events = POLLIN}};
   int ready;
@@ -193,15 +192,16 @@ absl::StatusOr<std::unique_ptr<JobSession>> SessionManager::OpenSession(
       claim = ClaimArenaLocked(*job);
     }
     if (!claim.ok()) return claim.status();
-    claim_id = claim->claim_id;
+    opened.claim_id = claim->claim_id;
     bytes = claim->bytes;
-    wanted_bytes = job->spec().host_pool_bytes();
+    opened.wanted_bytes = job->spec().host_pool_bytes();
+    if (job->spec().has_model()) opened.model = job->spec().model();
   }
   absl::StatusOr<std::unique_ptr<JobSession>> session =
       JobSession::Create(parts_.pool, *job_id, bytes, parts_.ring_entries);
   if (!session.ok()) {
     absl::MutexLock lock(&mu_);
-    pool_claims_.erase(claim_id);
+    pool_claims_.erase(opened.claim_id);
   }
   return session;
 }
@@ -288,10 +288,11 @@ std::string SessionManager::StopSessionLocked(const std::string& job_id,
 }
 
 void SessionManager::Serve(int connection, const Caller& caller) {
-  uint64_t claim_id = 0;
-  uint64_t wanted_bytes = 0;
+  Opened opened;
   absl::StatusOr<std::unique_ptr<JobSession>> session =
-      OpenSession(connection, caller, claim_id, wanted_bytes);
+      OpenSession(connection, caller, opened);
+  const uint64_t claim_id = opened.claim_id;
+  const uint64_t wanted_bytes = opened.wanted_bytes;
   if (!session.ok()) {
     Refused(caller, absl::StatusCodeToString(session.status().code()),
             session.status());
@@ -310,6 +311,8 @@ void SessionManager::Serve(int connection, const Caller& caller) {
   (*session)->SetFailureCallback([this, job_id](const absl::Status& failure) {
     parts_.jobs->NoteFailure(job_id, failure);
   });
+  (*session)->SetArenaAskCallback(
+      [this, job_id] { return ArenaAsked(job_id); });
   uid_t owner = 0;
   {
     absl::MutexLock lock(&mu_);
@@ -320,7 +323,8 @@ void SessionManager::Serve(int connection, const Caller& caller) {
                                           .end_event = end_event.get(),
                                           .serial = ++last_serial_,
                                           .claim_id = claim_id,
-                                          .wanted_arena_bytes = wanted_bytes})
+                                          .wanted_arena_bytes = wanted_bytes,
+                                          .model = opened.model})
              .second) {
       pool_claims_.erase(claim_id);
       (void)SendWithFds(connection,
@@ -363,7 +367,14 @@ void SessionManager::Serve(int connection, const Caller& caller) {
   ReleaseFreedMemory();
   {
     absl::MutexLock lock(&mu_);
-    pool_claims_.erase(claim_id);
+    // A client asked to move that closed its plane itself is opening its
+    // next one: its arena waits for it.
+    const uint64_t asked = sessions_.at(job_id).arena_asked;
+    if (asked != 0 && ended == Ended::kPeer && !stopping_) {
+      ReserveForMoveLocked(job_id, claim_id, asked);
+    } else {
+      pool_claims_.erase(claim_id);
+    }
     sessions_.erase(job_id);
   }
   spdlog::info("data plane closed for job {} (pid {}); arena freed", job_id,
@@ -627,6 +638,10 @@ std::vector<v1::SessionStatus> SessionManager::Status() const {
     v1::SessionStatus status = open.session->Status();
     status.set_pid(open.pid);
     status.set_wanted_arena_bytes(open.wanted_arena_bytes);
+    status.set_arena_asked_bytes(open.arena_asked);
+    if (auto cap = arena_caps_.find(job_id); cap != arena_caps_.end()) {
+      status.set_arena_note(cap->second.why);
+    }
     statuses.push_back(std::move(status));
   }
   return statuses;

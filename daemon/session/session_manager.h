@@ -83,6 +83,11 @@ class SessionManager {
     // none).
     absl::Duration reclaim_interval = absl::ZeroDuration();
     absl::Duration reclaim_grace = absl::ZeroDuration();
+    // [quotas] regrow_after: a job below the arena it asks for is asked to
+    // grow once the pool has had room for more, for it, this long without
+    // a break, and no sooner than this after it was asked to shrink (zero:
+    // at its next iteration's end).
+    absl::Duration regrow_after = absl::ZeroDuration();
     // The time both are measured with; empty: absl::Now. Tests set it.
     std::function<absl::Time()> clock;
   };
@@ -187,6 +192,15 @@ class SessionManager {
     // RegisterModel runs on it (without the manager's lock): the session
     // is not closed until it returns.
     bool registering = false;
+    // The arena fields of its job's model (JobSpec.model, ArenaFieldsOf);
+    // none: a job kept without a model, whose arena cannot change.
+    std::optional<v1::ModelSpec> model;
+    // What its client is asked at each iteration's end (ArenaAsked) until
+    // it moves: the arena bytes of its next plane; 0: nothing.
+    uint64_t arena_asked = 0;
+    // Since when the pool has had room for it to grow (GrowAskLocked);
+    // InfiniteFuture: not now.
+    absl::Time room_since = absl::InfiniteFuture();
     // Why it was last asked to end (StopSessionLocked); none: not asked.
     std::optional<Closing> closing;
   };
@@ -209,9 +223,14 @@ class SessionManager {
   // `claim_id` gets its claim on the owner's pool quota (the caller gives
   // it back once the session is gone), `wanted_bytes` the arena its job
   // asks for.
-  absl::StatusOr<std::unique_ptr<JobSession>> OpenSession(
-      int connection, const Caller& caller, uint64_t& claim_id,
-      uint64_t& wanted_bytes);
+  struct Opened {
+    uint64_t claim_id = 0;
+    uint64_t wanted_bytes = 0;
+    std::optional<v1::ModelSpec> model;  // LiveSession::model
+  };
+  absl::StatusOr<std::unique_ptr<JobSession>> OpenSession(int connection,
+                                                          const Caller& caller,
+                                                          Opened& opened);
   // Waits until the peer hangs up (or sends anything: not allowed), the
   // manager stops or `end_event` (an eventfd) is signalled; says which
   // (the manager's stop first, then the end event, when several came).
@@ -251,6 +270,19 @@ class SessionManager {
   // refusal of the job's own arena when not even that fits.
   absl::StatusOr<ArenaClaim> ClaimArenaLocked(const v1::Job& job)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A claim ClaimArenaLocked reserved for `job` (Reservation), taken and
+  // resized for its new plane: a grow within what its owner may claim
+  // more. None: no reservation.
+  std::optional<ArenaClaim> TakeReservationLocked(const v1::Job& job,
+                                                  uint64_t wanted)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Keeps the claim of `job_id`'s plane, closing now after its client was
+  // asked to move to `asked` bytes, for the job's next plane: shrunk to
+  // `asked` if fewer (a Reservation).
+  void ReserveForMoveLocked(const std::string& job_id, uint64_t claim_id,
+                            uint64_t asked) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives back reservations no plane came for in time.
+  void DropStaleReservationsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The least arena ClaimArenaLocked may grant `job`.
   static uint64_t ArenaFloor(const v1::Job& job);
   // The most pool bytes `owner` may claim more now: within its quota and
@@ -261,10 +293,14 @@ class SessionManager {
                                       uint64_t bytes) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // When `bytes` more fit `owner`'s share of the pool but not what is
-  // free, closes other users' data planes beyond their shares, the newest
-  // first (at the end of the iteration in progress, or `at_once`, the
-  // iteration rolled back), until what they hold covers it, each job told
-  // why. Whether any was asked.
+  // free, takes back what other users' data planes hold beyond their
+  // shares, the newest first, until it covers it: a registered plane whose
+  // model streams is asked to shrink at its next iteration's end (never
+  // below its smallest arena, its user's share, or the arena a grace
+  // leaves it), the others closed (at the end of the iteration in
+  // progress, or `at_once`, the iteration rolled back), each job told
+  // why; `at_once` (the escalation) closes, never asks. Whether any was
+  // asked or closed.
   // RESOURCE_EXHAUSTED, nothing closed, when it would close some but
   // ReclaimAllowedLocked refuses. REQUIRES for `at_once`: a call without
   // it for the same request was allowed.
@@ -294,9 +330,40 @@ class SessionManager {
   // than reclaim_grace ago (it counts as within its share).
   bool InGraceLocked(const Candidate& c) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Records that `owner`'s request closed candidate `c`'s plane: the time
-  // of `owner`'s last reclaim, and `c`'s job's grace.
-  void NoteReclaimedLocked(uid_t owner, const Candidate& c)
+  // What `c`'s grace leaves it of the pool: the arena it shrank to (0: it
+  // was closed, or has no grace).
+  uint64_t GraceArenaLocked(const Candidate& c) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The arena `c` shrinks to, giving back at most `give` bytes and keeping
+  // at least `keep`: the largest its model is laid out in within that,
+  // not below its smallest; none when it cannot shrink (no model kept, not
+  // registered, an as-given layout, nothing smaller fits).
+  std::optional<uint64_t> ShrinkTargetLocked(const Candidate& c, uint64_t give,
+                                             uint64_t keep) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Asks `c`'s client to move to a `target` byte arena for `owner`'s job
+  // `job_id` (its ITER_END completions carry it), caps the job's arena at
+  // it and notes the reclaim (NoteReclaimedLocked, its grace keeping
+  // `target`).
+  void AskShrinkLocked(uid_t owner, const std::string& job_id,
+                       const Candidate& c, uint64_t target,
+                       absl::string_view what_for)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The JobSession's arena-ask callback (ITER_END): what `job_id`'s open
+  // plane is asked now (a pending shrink or grow, or a grow decided now:
+  // GrowAskLocked); 0: nothing.
+  uint64_t ArenaAsked(const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // A grow for `live` (of `job_id`), below the arena its job asks for:
+  // the largest arena its model takes within what its owner may claim more
+  // (PoolRoomLocked) and its job's arena, once that has been more than it
+  // holds for regrow_after and regrow_after has passed since it was asked
+  // to shrink; 0: none now.
+  uint64_t GrowAskLocked(const std::string& job_id, LiveSession& live)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records that `owner`'s request closed candidate `c`'s plane (or shrank
+  // it to `kept` bytes): the time of `owner`'s last reclaim, and `c`'s
+  // job's grace.
+  void NoteReclaimedLocked(uid_t owner, const Candidate& c, uint64_t kept = 0)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Closes candidate `c`'s plane for `owner`'s job `job_id` (at the end of
   // its iteration, or `at_once`), its client told it gave way to `job_id`'s
@@ -361,8 +428,28 @@ class SessionManager {
   struct GaveWay {
     absl::Time at;
     uint64_t serial = 0;
+    uint64_t kept = 0;  // the arena it shrank to; 0: closed
   };
   std::map<std::string, GaveWay> gave_way_ ABSL_GUARDED_BY(mu_);
+  // By job: the most arena its next planes are granted since it was asked
+  // to shrink (or, after, to grow less than its whole arena), and when;
+  // its bytes 0 once it may have its whole arena again.
+  struct ArenaCap {
+    uint64_t bytes = 0;  // 0: none (it grew back whole)
+    absl::Time at;
+    std::string why;  // SessionStatus.arena_note
+  };
+  std::map<std::string, ArenaCap> arena_caps_ ABSL_GUARDED_BY(mu_);
+  // By job: the pool claim a plane that closed to move (its client asked
+  // to, ArenaAsked) left for the job's next plane, at the arena it was
+  // asked (a shrink) or its old one (a grow, made larger at the reopen if
+  // the pool still has room), so that nobody takes it meanwhile; dropped
+  // at `until` if no plane came for it.
+  struct Reservation {
+    uint64_t claim_id = 0;
+    absl::Time until;
+  };
+  std::map<std::string, Reservation> reserved_ ABSL_GUARDED_BY(mu_);
   uint64_t last_serial_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

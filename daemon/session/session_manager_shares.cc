@@ -2,8 +2,10 @@
 // by their weights (fair_share.h): a plane takes what is free first (its
 // model streamed if need be), and what users took beyond their shares
 // of the pool or the SSD array taken back when another user needs its
-// share: their data planes closed, the newest first, each at the end of its
-// iteration. The rest of the class is in session_manager.cc.
+// share, the newest first: a plane whose model streams asked to move to a
+// smaller arena at its next iteration's end (and to grow back once the
+// pool has had room for a while), the others closed, each at the end of
+// its iteration. The rest of the class is in session_manager.cc.
 #include <algorithm>
 #include <set>
 #include <vector>
@@ -97,7 +99,17 @@ uint64_t SessionManager::ArenaFloor(const v1::Job& job) {
 absl::StatusOr<SessionManager::ArenaClaim> SessionManager::ClaimArenaLocked(
     const v1::Job& job) {
   const uid_t owner = job.owner_uid();
-  const uint64_t wanted = job.spec().host_pool_bytes();
+  uint64_t wanted = job.spec().host_pool_bytes();
+  // A job asked to shrink opens within what it was asked, until asked to
+  // grow.
+  if (auto cap = arena_caps_.find(job.id());
+      cap != arena_caps_.end() && cap->second.bytes != 0) {
+    wanted = std::min(wanted, cap->second.bytes);
+  }
+  DropStaleReservationsLocked();
+  if (std::optional<ArenaClaim> reserved = TakeReservationLocked(job, wanted)) {
+    return *reserved;
+  }
   absl::StatusOr<uint64_t> whole = ClaimPoolLocked(job.id(), owner, wanted);
   if (whole.ok()) return ArenaClaim{.claim_id = *whole, .bytes = wanted};
   if (!absl::IsResourceExhausted(whole.status()) || !job.spec().has_model()) {
@@ -117,8 +129,59 @@ absl::StatusOr<SessionManager::ArenaClaim> SessionManager::ClaimArenaLocked(
   return ArenaClaim{.claim_id = *smaller, .bytes = choice->arena_bytes};
 }
 
+namespace {
+// How long a claim waits for the plane of a job that closed its own to
+// move (its client opens the next one at once).
+constexpr absl::Duration kMoveWait = absl::Seconds(30);
+}  // namespace
+
+void SessionManager::ReserveForMoveLocked(const std::string& job_id,
+                                          uint64_t claim_id, uint64_t asked) {
+  PoolClaim& claim = pool_claims_.at(claim_id);
+  claim.bytes = std::min(claim.bytes, asked);
+  reserved_[job_id] =
+      Reservation{.claim_id = claim_id, .until = Now() + kMoveWait};
+}
+
+void SessionManager::DropStaleReservationsLocked() {
+  const absl::Time now = Now();
+  for (auto it = reserved_.begin(); it != reserved_.end();) {
+    if (now < it->second.until) {
+      ++it;
+      continue;
+    }
+    spdlog::info(
+        "job {}: no data plane came within {} of its move; its "
+        "reserved arena goes back to the pool",
+        it->first, absl::FormatDuration(kMoveWait));
+    pool_claims_.erase(it->second.claim_id);
+    it = reserved_.erase(it);
+  }
+}
+
+std::optional<SessionManager::ArenaClaim> SessionManager::TakeReservationLocked(
+    const v1::Job& job, uint64_t wanted) {
+  auto found = reserved_.find(job.id());
+  if (found == reserved_.end()) return std::nullopt;
+  const uint64_t claim_id = found->second.claim_id;
+  reserved_.erase(found);
+  PoolClaim& claim = pool_claims_.at(claim_id);
+  if (wanted > claim.bytes && job.spec().has_model()) {
+    // A grow: as much of it as its owner may still claim.
+    const uint64_t room = PoolRoomLocked(claim.owner);
+    absl::StatusOr<ArenaChoice> choice =
+        ChooseArena(job.spec().model(),
+                    ArenaLimit{.bytes = std::min(wanted, claim.bytes + room)});
+    if (choice.ok() && choice->arena_bytes > claim.bytes) {
+      claim.bytes = choice->arena_bytes;
+    }
+  }
+  return ArenaClaim{.claim_id = claim_id, .bytes = claim.bytes};
+}
+
 absl::StatusOr<bool> SessionManager::ReclaimPoolLocked(
     const std::string& job_id, uid_t owner, uint64_t bytes, bool at_once) {
+  DropStaleReservationsLocked();
   const uint64_t capacity = parts_.pool->GetStats().capacity_bytes;
   uint64_t held_by_all = 0;
   std::map<uid_t, ShareHolder> holders = PoolHoldersLocked(held_by_all);
@@ -134,27 +197,50 @@ absl::StatusOr<bool> SessionManager::ReclaimPoolLocked(
   // The newest first: the ones that came last while nobody else wanted
   // the pool; none within its grace.
   uint64_t needed = held_by_all + bytes - capacity;
-  // Each with what its user held, what it is told.
-  std::vector<std::pair<Candidate, std::string>> closing;
+  // Each with what its user held, what it is told, and the arena it is
+  // asked to shrink to (none: closed).
+  struct Taken {
+    Candidate c;
+    std::string what_for;
+    std::optional<uint64_t> shrink_to;
+  };
+  std::vector<Taken> taken;
   for (const Candidate& c : OthersNewestFirstLocked(owner)) {
     if (needed == 0) break;
     ShareHolder& holder = holders.at(c.uid);
     const uint64_t share = ShareOf(capacity, c.uid, holders);
-    if (holder.held <= share || InGraceLocked(c)) continue;
-    closing.emplace_back(
-        c, absl::StrCat("the host pool (uid ", c.uid, "'s data planes held ",
-                        FormatByteSize(holder.held), ", beyond its share of ",
-                        FormatByteSize(share), "; this job's arena was ",
-                        FormatByteSize(c.bytes), ")"));
-    holder.held -= c.bytes;
-    needed -= std::min(needed, c.bytes);
+    if (holder.held <= share) continue;
+    const bool in_grace = InGraceLocked(c);
+    const uint64_t kept = in_grace ? GraceArenaLocked(c) : 0;
+    if (in_grace && c.bytes <= kept) continue;
+    std::optional<uint64_t> shrink_to;
+    if (!at_once) {
+      shrink_to =
+          ShrinkTargetLocked(c, std::min(needed, holder.held - share), kept);
+    }
+    // Within its grace it only shrinks, never below what the grace keeps.
+    if (!shrink_to.has_value() && in_grace) continue;
+    const uint64_t freed = c.bytes - shrink_to.value_or(0);
+    taken.push_back(
+        {c,
+         absl::StrCat("the host pool (uid ", c.uid, "'s data planes held ",
+                      FormatByteSize(holder.held), ", beyond its share of ",
+                      FormatByteSize(share), "; this job's arena was ",
+                      FormatByteSize(c.bytes), ")"),
+         shrink_to});
+    holder.held -= freed;
+    needed -= std::min(needed, freed);
   }
-  if (closing.empty()) return false;
+  if (taken.empty()) return false;
   if (absl::Status allowed = ReclaimAllowedLocked(owner, job_id, at_once);
       !allowed.ok()) {
     return allowed;
   }
-  for (const auto& [c, what_for] : closing) {
+  for (const auto& [c, what_for, shrink_to] : taken) {
+    if (shrink_to.has_value()) {
+      AskShrinkLocked(owner, job_id, c, *shrink_to, what_for);
+      continue;
+    }
     ClosePlaneForLocked(
         owner, job_id, c, at_once, what_for,
         absl::StrCat("its data plane (", FormatByteSize(c.bytes),
@@ -221,7 +307,90 @@ bool SessionManager::InGraceLocked(const Candidate& c) const {
          Now() < found->second.at + parts_.reclaim_grace;
 }
 
-void SessionManager::NoteReclaimedLocked(uid_t owner, const Candidate& c) {
+uint64_t SessionManager::GraceArenaLocked(const Candidate& c) const {
+  auto found = gave_way_.find(c.job_id);
+  return found == gave_way_.end() ? 0 : found->second.kept;
+}
+
+std::optional<uint64_t> SessionManager::ShrinkTargetLocked(
+    const Candidate& c, uint64_t give, uint64_t keep) const {
+  const LiveSession& live = sessions_.at(c.job_id);
+  if (!live.model.has_value() || !c.session->registered()) return std::nullopt;
+  const uint64_t floor = std::max(SmallestArena(*live.model), keep);
+  const uint64_t limit = std::max(c.bytes > give ? c.bytes - give : 0, floor);
+  absl::StatusOr<ArenaChoice> choice =
+      ChooseArena(*live.model, ArenaLimit{.bytes = limit});
+  if (!choice.ok() || choice->arena_bytes >= c.bytes ||
+      choice->arena_bytes < keep) {
+    return std::nullopt;
+  }
+  return choice->arena_bytes;
+}
+
+void SessionManager::AskShrinkLocked(uid_t owner, const std::string& job_id,
+                                     const Candidate& c, uint64_t target,
+                                     absl::string_view what_for) {
+  LiveSession& live = sessions_.at(c.job_id);
+  live.arena_asked = target;
+  live.room_since = absl::InfiniteFuture();
+  const std::string why = absl::StrCat(
+      "asked to shrink from ", FormatByteSize(c.bytes), " to ",
+      FormatByteSize(target), " of host pool at ",
+      absl::FormatTime("%Y-%m-%d %H:%M:%S", Now(), absl::LocalTimeZone()),
+      " to give uid ", owner, "'s job ", job_id, " its share of ", what_for);
+  arena_caps_[c.job_id] = ArenaCap{.bytes = target, .at = Now(), .why = why};
+  spdlog::info("job {}: {}", c.job_id, why);
+  NoteReclaimedLocked(owner, c, target);
+}
+
+uint64_t SessionManager::ArenaAsked(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  auto found = sessions_.find(job_id);
+  if (found == sessions_.end() || found->second.session == nullptr) return 0;
+  LiveSession& live = found->second;
+  if (live.arena_asked != 0) return live.arena_asked;
+  return GrowAskLocked(job_id, live);
+}
+
+uint64_t SessionManager::GrowAskLocked(const std::string& job_id,
+                                       LiveSession& live) {
+  auto claim = pool_claims_.find(live.claim_id);
+  if (!live.model.has_value() || claim == pool_claims_.end() ||
+      claim->second.bytes >= live.wanted_arena_bytes) {
+    return 0;
+  }
+  const absl::Time now = Now();
+  auto cap = arena_caps_.find(job_id);
+  if (cap != arena_caps_.end() && now < cap->second.at + parts_.regrow_after) {
+    return 0;  // damped: not soon after a shrink
+  }
+  const uint64_t held = claim->second.bytes;
+  const uint64_t room = PoolRoomLocked(claim->second.owner);
+  absl::StatusOr<ArenaChoice> choice = ChooseArena(
+      *live.model,
+      ArenaLimit{.bytes = std::min(live.wanted_arena_bytes, held + room)});
+  if (!choice.ok() || choice->arena_bytes <= held) {
+    live.room_since = absl::InfiniteFuture();
+    return 0;
+  }
+  if (live.room_since == absl::InfiniteFuture()) live.room_since = now;
+  if (now < live.room_since + parts_.regrow_after) return 0;
+  live.arena_asked = choice->arena_bytes;
+  const bool whole = choice->arena_bytes >= live.wanted_arena_bytes;
+  const std::string why = absl::StrCat(
+      "asked to grow from ", FormatByteSize(held), " to ",
+      FormatByteSize(choice->arena_bytes), " of host pool at ",
+      absl::FormatTime("%Y-%m-%d %H:%M:%S", now, absl::LocalTimeZone()),
+      whole ? " (its whole arena)" : "", ": the pool has had room for it for ",
+      absl::FormatDuration(now - live.room_since));
+  arena_caps_[job_id] =
+      ArenaCap{.bytes = whole ? 0 : choice->arena_bytes, .at = now, .why = why};
+  spdlog::info("job {}: {}", job_id, why);
+  return live.arena_asked;
+}
+
+void SessionManager::NoteReclaimedLocked(uid_t owner, const Candidate& c,
+                                         uint64_t kept) {
   const absl::Time now = Now();
   reclaimers_[owner].last = now;
   for (auto it = gave_way_.begin(); it != gave_way_.end();) {
@@ -229,7 +398,7 @@ void SessionManager::NoteReclaimedLocked(uid_t owner, const Candidate& c) {
                                                      : std::next(it);
   }
   if (parts_.reclaim_grace > absl::ZeroDuration()) {
-    gave_way_[c.job_id] = GaveWay{.at = now, .serial = c.serial};
+    gave_way_[c.job_id] = GaveWay{.at = now, .serial = c.serial, .kept = kept};
   }
 }
 

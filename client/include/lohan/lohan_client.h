@@ -155,6 +155,7 @@ typedef struct lohan_data_plane lohan_data_plane;
 LOHAN_CLIENT_API int lohan_data_plane_open(lohan_client* client,
                                            const char* job_id,
                                            lohan_data_plane** out);
+/* NULL and 0 when a failed lohan_job_follow_share left it without a plane. */
 LOHAN_CLIENT_API void* lohan_data_plane_arena(const lohan_data_plane* plane);
 LOHAN_CLIENT_API uint64_t
 lohan_data_plane_arena_size(const lohan_data_plane* plane);
@@ -482,6 +483,46 @@ LOHAN_CLIENT_API int lohan_model_await_committed(lohan_model* model,
  * than at the next lohan_model_iter_begin (a run closing: an idle job then
  * holds one version of its states). OK when nothing is kept. */
 LOHAN_CLIENT_API int lohan_model_release_previous_commit(lohan_model* model);
+
+/* ---- Following the job's share of the host pool ----
+ * lohand may ask a job to move its data plane to an arena of another size
+ * between iterations: fewer bytes when the job holds more of the shared
+ * host pool than its owner's share and another user's job needs it (the
+ * model then streams through fewer shared buffers), more when the pool has
+ * room again. It asks at the end of an iteration (lohan_model_iter_end);
+ * lohan_job_follow_share moves. A shrink not followed soon enough ends
+ * with lohand closing the plane for the other user's share (LOHAN_ABORTED,
+ * see the conventions above); a grow not followed costs nothing. */
+/* What lohand asked of the job's arena at the end of the last iteration
+ * (lohan_model_iter_end's answer; 0 after a failed one): 0 nothing; else
+ * the arena bytes its next data plane gets (fewer than now: give way to
+ * another user's share of the host pool; more: the pool has room again).
+ * lohan_job_follow_share moves it. */
+LOHAN_CLIENT_API int lohan_model_arena_asked(const lohan_model* model,
+                                             uint64_t* bytes);
+/* Between iterations (every request answered: every ticket waited for),
+ * when lohand asked: waits for the last iteration's commit, closes the
+ * job's data plane, opens it again (lohand grants the arena it asked),
+ * registers the model again as it was registered (the same spec at the
+ * job's committed iteration; the layout chosen anew in that arena: shared
+ * buffers when smaller, as the spec's arena_fit allows) and pins the new
+ * arena for CUDA on the same device if the old one was pinned. `plane`
+ * and `model` then hold the new ones (the same handles; a lohan_steps over
+ * the model goes on): every pointer taken from them before (arena,
+ * buffers, staging, activation area) is invalid: take them again.
+ * *moved: 1 when it moved, 0 when nothing was asked (nothing done).
+ * Refused with nothing done (*moved 0): an iteration in progress or a
+ * ticket not waited for (LOHAN_FAILED_PRECONDITION), a model registered
+ * over another plane (LOHAN_INVALID_ARGUMENT), the last commit's failure.
+ * Unlike other out parameters, *moved is set on failure too: 1 if the old
+ * plane was closed: the job then has no data plane, and plane and model
+ * calls fail with LOHAN_FAILED_PRECONDITION saying so (the job keeps its
+ * committed iterations: open it again with resume); the status says which
+ * step failed. */
+LOHAN_CLIENT_API int lohan_job_follow_share(lohan_client* client,
+                                            const char* job_id,
+                                            lohan_data_plane* plane,
+                                            lohan_model* model, int* moved);
 
 /* The daemon's status (GetStatus) as JSON, field names as in
  * proto/lohan.proto (snake_case); free it with lohan_string_free. */

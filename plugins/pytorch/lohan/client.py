@@ -159,14 +159,29 @@ class Job:
 STATE_PARTS = {"exp_avg": 1, "exp_avg_sq": 2, "max_exp_avg_sq": 3}
 
 
-def _view(address: int, size: int) -> memoryview:
+def _view(address: Optional[int], size: int) -> memoryview:
+    """`size` bytes at `address`; empty when there are none (NULL: no data
+    plane)."""
+    if not address or not size:
+        return memoryview(bytearray())
     return memoryview((ctypes.c_uint8 * size).from_address(address)).cast("B")
+
+
+def _release(view: Optional[memoryview]) -> None:
+    """Lets go of a view into an arena that is going, unless something
+    still exports it (a tensor over it: whoever made that drops it)."""
+    if view is not None:
+        try:
+            view.release()
+        except BufferError:
+            pass
 
 
 class Model:
     """A model registered with the daemon (see lohan_client.h, "Training
     through the data plane"). Buffers are memoryviews into the job's arena;
-    they are invalid once the DataPlane is closed."""
+    they are invalid once the DataPlane is closed, and once it moves
+    (Client.follow_share: the attributes then describe the new arena)."""
 
     def __init__(self, lib: ctypes.CDLL, handle: ctypes.c_void_p,
                  layer_elements: List[int], dtype: str):
@@ -174,8 +189,16 @@ class Model:
         self._handle = handle
         self.layer_elements = list(layer_elements)
         self.dtype = dtype
-        self.iteration = lib.lohan_model_iteration(handle)
         self._dependents: List[Callable[[], None]] = []
+        self.staging: Optional[memoryview] = None
+        self.activations: Optional[memoryview] = None
+        self._read_layout()
+
+    def _read_layout(self) -> None:
+        """What the registration says (again after a move)."""
+        lib, handle = self._lib, self._handle
+        # Committed iterations when the model was registered.
+        self.iteration = lib.lohan_model_iteration(handle)
         # The job kept the commit before its last one (a data-parallel
         # rank's): ModelSpec.revert_last_commit goes back to it.
         self.previous_commit_kept = bool(
@@ -183,6 +206,8 @@ class Model:
         # Gradient / weight buffers: the layers, or K shared ones.
         self.grad_slots = lib.lohan_model_grad_slots(handle)
         self.weight_slots = lib.lohan_model_weight_slots(handle)
+        _release(self.staging)
+        _release(self.activations)
         staging_bytes = lib.lohan_model_staging_bytes(handle)
         self.staging = _view(lib.lohan_model_staging(handle), staging_bytes)
         area = ctypes.c_uint64()
@@ -198,6 +223,18 @@ class Model:
     @property
     def num_layers(self) -> int:
         return len(self.layer_elements)
+
+    @property
+    def arena_asked(self) -> int:
+        """What lohand asked of the job's arena at the end of the last
+        iteration (lohan_model_arena_asked): 0 nothing; else the arena
+        bytes its next data plane gets (fewer than now: give way to
+        another user's share of the host pool; more: the pool has room
+        again). Client.follow_share moves it."""
+        asked = ctypes.c_uint64()
+        _check(self._lib.lohan_model_arena_asked(self._handle,
+                                                 ctypes.byref(asked)))
+        return asked.value
 
     def _layer(self, layer: int) -> int:
         if not 0 <= layer < self.num_layers:
@@ -461,8 +498,15 @@ class DataPlane:
         self._handle = handle
         self._client = client  # keeps the connection alive as long as we are
         self._models: List[Model] = []
-        size = lib.lohan_data_plane_arena_size(handle)
-        self.arena = _view(lib.lohan_data_plane_arena(handle), size)
+        self.arena: Optional[memoryview] = None
+        self._map_arena()
+
+    def _map_arena(self) -> None:
+        """`arena` over the plane's arena (again after a move; empty when
+        a failed move left the job without a plane)."""
+        _release(self.arena)
+        self.arena = _view(self._lib.lohan_data_plane_arena(self._handle),
+                           self._lib.lohan_data_plane_arena_size(self._handle))
 
     def register_model(self, job_id: str,
                        spec: Union[SpecArg, Sequence[int]],
@@ -640,6 +684,38 @@ class Client:
         return (_job_of(response["job"]), bool(response["created"]),
                 _sizing_of(response.get("arena", {})),
                 DataPlane(self._lib, plane, self))
+
+    def follow_share(self, job_id: str, plane: DataPlane,
+                     model: Model) -> bool:
+        """Between iterations (every request answered), when lohand asked
+        at the last iteration's end (model.arena_asked): moves the job's
+        data plane to the arena lohand grants (lohan_job_follow_share: the
+        plane closed and opened again, the model registered again as it
+        was, laid out anew in that arena, the arena pinned again for CUDA
+        where it was). True when it moved; False when nothing was asked
+        (nothing done). `plane` and `model` stay the same objects; after a
+        move their views (plane.arena, model.staging, model.activations,
+        grad_buffer / weight_buffer) and layout (grad_slots, weight_slots,
+        iteration) are the new arena's, and every view or tensor taken over
+        the old arena is invalid: drop them before (the old views are
+        released unless something still exports them). LohanError when the
+        move failed; if it had closed the old plane, the job has no data
+        plane (plane.size is 0, model.staging empty, their calls fail with
+        FAILED_PRECONDITION saying so): open the job again with resume."""
+        moved = ctypes.c_int()
+        status = self._lib.lohan_job_follow_share(
+            self._handle, job_id.encode(), plane._handle, model._handle,
+            ctypes.byref(moved))
+        error = None
+        if status != 0:  # its text before any other call of the library
+            error = LohanError(
+                status, self._lib.lohan_last_error().decode(errors="replace"))
+        if moved.value:
+            plane._map_arena()
+            model._read_layout()
+        if error is not None:
+            raise error
+        return bool(moved.value)
 
     def reopen_data_plane(self, job_id: str) -> DataPlane:
         """The job's data plane again, once the daemon took the last one's

@@ -1,0 +1,209 @@
+// Elastic shares (issue #47) with a real second uid: a running job whose
+// arena is beyond its share of the host pool is asked to shrink when
+// another user's plane needs that share, moves to a smaller arena at its
+// next iteration's end and trains on (never closed, weights exact); it
+// grows back when the pool has room again; a job that does not move is
+// closed after the wait, as before shares bent.
+#include <csignal>
+
+#include "tests/multi_user_fixture.h"
+
+namespace lohan::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// fp32, 512 KiB each: resident, the arena is 40 MiB and more, beyond half
+// the harness's 64 MiB pool; streamed through 8 shared buffers, 9 MiB.
+const std::vector<uint64_t> kWideLayers(40, 128 << 10);
+
+class ElasticSharesTest : public MultiUserTest {
+ protected:
+  // A training process of `who` ("root" or "nobody") that trains until
+  // `stop_` exists (following lohand's asks unless `ignore_share`), its
+  // weights dumped to `weights_`.
+  void StartTrainer(const std::string& who, bool ignore_share = false) {
+    const std::string out = dir_.path() + "/out";
+    ASSERT_EQ(mkdir(out.c_str(), 0777), 0);
+    ASSERT_EQ(chmod(out.c_str(), 0777), 0);  // past the umask: nobody writes
+    stop_ = out + "/stop";
+    weights_ = out + "/weights";
+    std::vector<std::string> argv = {
+        who == "root" ? Runfile("tests/train_client")
+                      : CopyForOtherUsers("tests/train_client", bin_),
+        "--socket",
+        daemon_->socket(),
+        "--job",
+        "trainer",
+        "--layers",
+        absl::StrJoin(kWideLayers, ","),
+        "--fit-arena",
+        "--grad-slots",
+        "8",
+        "--weight-slots",
+        "8",
+        "--iterations",
+        "1000000",
+        "--until-file",
+        stop_,
+        "--out",
+        weights_};
+    if (ignore_share) argv.push_back("--ignore-share");
+    auto trainer =
+        BackgroundProcess::Start(who == "root" ? argv : AsNobody(argv));
+    ASSERT_TRUE(trainer.ok()) << trainer.status() << daemon_->Log();
+    trainer_ = *std::move(trainer);
+    // Training, in its whole arena.
+    ASSERT_TRUE(AwaitTrainer([](const v1::SessionStatus& s) {
+      return s.iteration() >= 2 && s.arena_bytes() == s.wanted_arena_bytes();
+    })) << daemon_->Log();
+    ASSERT_GT(Trainer().wanted_arena_bytes(), uint64_t{32} << 20);
+  }
+
+  // The trainer's open plane (an empty status when it has none).
+  v1::SessionStatus Trainer() {
+    auto status = root_->GetStatus();
+    EXPECT_TRUE(status.ok()) << status.status();
+    auto jobs = root_->ListJobs();
+    EXPECT_TRUE(jobs.ok()) << jobs.status();
+    if (!status.ok() || !jobs.ok()) return {};
+    std::string id;
+    for (const v1::Job& job : *jobs) {
+      if (job.spec().name() == "trainer") id = job.id();
+    }
+    for (const v1::SessionStatus& open : status->sessions()) {
+      if (open.job_id() == id) return open;
+    }
+    return {};
+  }
+
+  // Whether the trainer's plane is smaller than its job's arena, its model
+  // registered in it.
+  static bool Moved(const v1::SessionStatus& s) {
+    return s.layers() != 0 && s.arena_bytes() < s.wanted_arena_bytes();
+  }
+
+  // Polls the trainer's plane until `holds` (a failsafe of a minute, not
+  // a measure).
+  template <typename Predicate>
+  bool AwaitTrainer(Predicate holds) {
+    for (int i = 0; i < 6000; ++i) {
+      if (holds(Trainer())) return true;
+      usleep(10 * 1000);
+    }
+    return false;
+  }
+
+  // Stops the trainer at its next iteration's end: it must exit cleanly
+  // with the weights of an uninterrupted run of as many iterations.
+  void StopAndCheckTrainer() {
+    std::ofstream(stop_) << "stop\n";
+    EXPECT_EQ(trainer_->Stop(0), 0) << daemon_->Log();
+    std::ifstream done(stop_ + ".iterations");
+    int iterations = 0;
+    ASSERT_TRUE(done >> iterations) << "no " << stop_ << ".iterations";
+    ASSERT_GT(iterations, 2);
+    const absl::Status exact = CheckDumpedWeights(
+        weights_, {.layers = kWideLayers, .iterations = iterations});
+    EXPECT_TRUE(exact.ok()) << exact;
+  }
+
+  std::string stop_;
+  std::string weights_;
+  std::unique_ptr<BackgroundProcess> trainer_;
+};
+
+// Root's job holds 40 of the 64 MiB pool. Nobody opens an idle 28 MiB
+// plane: within its share (32) but not free (24). Root's job is asked to
+// shrink, moves at its next iteration's end to its streamed arena and
+// trains on; nobody's plane opens; nobody leaves and root's job, asked to
+// grow at once (regrow_after = 0s), gets its whole arena back. Nobody's
+// plane is never closed, root's job never fails, its weights are exact.
+TEST_F(ElasticSharesTest, ARunningJobShrinksForAnotherUsersPlaneAndGrowsBack) {
+  StartDaemon("[quotas]\nregrow_after = \"0s\"\n",
+              {"--ssd-capacity", "512MiB"});
+  StartTrainer("root");
+  const std::string told = dir_.path() + "/out/idle";
+  auto idle = BackgroundProcess::Start(
+      Nobody({"register-await", daemon_->socket(), "idle", told,
+              std::to_string(28 << 20)}));
+  ASSERT_TRUE(idle.ok()) << idle.status() << daemon_->Log();
+  ASSERT_THAT((*idle)->first_line(), HasSubstr("registered j-"))
+      << daemon_->Log();
+
+  // Root's job moved: smaller, streamed, saying for whom.
+  ASSERT_TRUE(AwaitTrainer(Moved)) << daemon_->Log();
+  const v1::SessionStatus shrunk = Trainer();
+  EXPECT_LT(shrunk.arena_bytes(), shrunk.wanted_arena_bytes());
+  EXPECT_LE(shrunk.arena_bytes() + (uint64_t{28} << 20), uint64_t{64} << 20);
+  EXPECT_EQ(shrunk.grad_slots(), 8u);
+  EXPECT_THAT(shrunk.arena_note(), HasSubstr("uid 65534's job"));
+  EXPECT_THAT(shrunk.arena_note(), HasSubstr("asked to shrink"));
+
+  // Nobody leaves: root's job grows back whole, resident again.
+  (*idle)->Stop(SIGKILL);
+  ASSERT_TRUE(AwaitTrainer([](const v1::SessionStatus& s) {
+    return s.layers() != 0 && s.arena_bytes() == s.wanted_arena_bytes();
+  })) << daemon_->Log();
+  EXPECT_EQ(Trainer().grad_slots(), 40u);
+
+  StopAndCheckTrainer();
+  EXPECT_EQ(LogLinesWith("asked to shrink"), 1u) << daemon_->Log();
+  EXPECT_EQ(LogLinesWith("asked to grow"), 1u) << daemon_->Log();
+  EXPECT_THAT(daemon_->Log(), Not(HasSubstr("was closed for uid")));
+  EXPECT_EQ(access(told.c_str(), F_OK), -1) << "nobody's plane was closed";
+}
+
+// The same with the users' places exchanged: nobody's job shrinks for
+// root's plane, stays small while that plane is open (its whole arena does
+// not fit beside it) and grows back once it is gone.
+TEST_F(ElasticSharesTest, NobodysRunningJobShrinksForRootsPlane) {
+  StartDaemon("[quotas]\nregrow_after = \"0s\"\n",
+              {"--ssd-capacity", "512MiB"});
+  StartTrainer("nobody");
+  auto roots = BackgroundProcess::Start(
+      {bin_ + "/hostile_client", "register-await", daemon_->socket(), "roots",
+       dir_.path() + "/out/roots", std::to_string(28 << 20)});
+  ASSERT_TRUE(roots.ok()) << roots.status() << daemon_->Log();
+  ASSERT_THAT((*roots)->first_line(), HasSubstr("registered j-"))
+      << daemon_->Log();
+  ASSERT_TRUE(AwaitTrainer(Moved)) << daemon_->Log();
+  const v1::SessionStatus shrunk = Trainer();
+  EXPECT_LT(shrunk.arena_bytes(), shrunk.wanted_arena_bytes());
+  EXPECT_THAT(shrunk.arena_note(), HasSubstr("uid 0's job"));
+  // While root's plane stays, nobody's job trains on, small.
+  const uint64_t at = shrunk.iteration();
+  ASSERT_TRUE(AwaitTrainer(
+      [at](const v1::SessionStatus& s) { return s.iteration() >= at + 5; }));
+  EXPECT_LT(Trainer().arena_bytes(), Trainer().wanted_arena_bytes());
+  (*roots)->Stop(SIGKILL);
+  ASSERT_TRUE(AwaitTrainer([](const v1::SessionStatus& s) {
+    return s.layers() != 0 && s.arena_bytes() == s.wanted_arena_bytes();
+  })) << daemon_->Log();
+  StopAndCheckTrainer();
+  EXPECT_THAT(daemon_->Log(), Not(HasSubstr("was closed for uid")));
+}
+
+// A job whose client does not follow the ask (an old client, or one that
+// claims to and does not) is closed at once after half the newcomer's
+// wait, its iteration rolled back, as when shares did not bend; the
+// newcomer opens.
+TEST_F(ElasticSharesTest, AJobThatDoesNotShrinkIsClosedAfterTheWait) {
+  StartDaemon("", {"--ssd-capacity", "512MiB"});
+  StartTrainer("root", /*ignore_share=*/true);
+  auto idle = BackgroundProcess::Start(
+      Nobody({"register-await", daemon_->socket(), "idle",
+              dir_.path() + "/out/idle", std::to_string(28 << 20)}));
+  ASSERT_TRUE(idle.ok()) << idle.status() << daemon_->Log();
+  ASSERT_THAT((*idle)->first_line(), HasSubstr("registered j-"))
+      << daemon_->Log();
+  EXPECT_THAT(daemon_->Log(), HasSubstr("asked to shrink"));
+  EXPECT_EQ(LogLinesWith("was closed for uid 65534's job"), 1u)
+      << daemon_->Log();
+  // The trainer was told why and exits with the error.
+  EXPECT_NE(trainer_->Stop(0), 0);
+}
+
+}  // namespace
+}  // namespace lohan::testing

@@ -20,24 +20,41 @@ const std::vector<uint64_t> kWideLayers(40, 128 << 10);
 
 class ElasticSharesTest : public MultiUserTest {
  protected:
-  // A training process of `who` ("root" or "nobody") that trains until
-  // `stop_` exists (following lohand's asks unless `ignore_share`), its
-  // weights dumped to `weights_`.
-  void StartTrainer(const std::string& who, bool ignore_share = false) {
+  // A training process.
+  struct Trainer {
+    std::string name;
+    std::vector<uint64_t> layers;
+    std::string stop;     // it stops at the first iteration's end it exists
+    std::string weights;  // its dump
+    std::unique_ptr<BackgroundProcess> process;
+  };
+
+  // Starts a training process of `who` ("root" or "nobody") of job `name`
+  // (a model of `layers`, created for it, ARENA_FIT_MOST) that trains
+  // until stopped (following lohand's asks unless `ignore_share`); returns
+  // once it has trained two steps.
+  Trainer& StartTrainer(const std::string& who, bool ignore_share = false,
+                        const std::string& name = "trainer",
+                        const std::vector<uint64_t>& layers = kWideLayers) {
     const std::string out = dir_.path() + "/out";
-    ASSERT_EQ(mkdir(out.c_str(), 0777), 0);
-    ASSERT_EQ(chmod(out.c_str(), 0777), 0);  // past the umask: nobody writes
-    stop_ = out + "/stop";
-    weights_ = out + "/weights";
+    if (access(out.c_str(), F_OK) != 0) {
+      EXPECT_EQ(mkdir(out.c_str(), 0777), 0);
+      EXPECT_EQ(chmod(out.c_str(), 0777), 0);  // past the umask
+    }
+    Trainer& trainer = trainers_[name];
+    trainer.name = name;
+    trainer.layers = layers;
+    trainer.stop = out + "/stop-" + name;
+    trainer.weights = out + "/weights-" + name;
     std::vector<std::string> argv = {
         who == "root" ? Runfile("tests/train_client")
                       : CopyForOtherUsers("tests/train_client", bin_),
         "--socket",
         daemon_->socket(),
         "--job",
-        "trainer",
+        name,
         "--layers",
-        absl::StrJoin(kWideLayers, ","),
+        absl::StrJoin(layers, ","),
         "--fit-arena",
         "--grad-slots",
         "8",
@@ -46,23 +63,22 @@ class ElasticSharesTest : public MultiUserTest {
         "--iterations",
         "1000000",
         "--until-file",
-        stop_,
+        trainer.stop,
         "--out",
-        weights_};
+        trainer.weights};
     if (ignore_share) argv.push_back("--ignore-share");
-    auto trainer =
+    auto started =
         BackgroundProcess::Start(who == "root" ? argv : AsNobody(argv));
-    ASSERT_TRUE(trainer.ok()) << trainer.status() << daemon_->Log();
-    trainer_ = *std::move(trainer);
-    // Training, in its whole arena.
-    ASSERT_TRUE(AwaitTrainer([](const v1::SessionStatus& s) {
-      return s.iteration() >= 2 && s.arena_bytes() == s.wanted_arena_bytes();
-    })) << daemon_->Log();
-    ASSERT_GT(Trainer().wanted_arena_bytes(), uint64_t{32} << 20);
+    EXPECT_TRUE(started.ok()) << started.status() << daemon_->Log();
+    if (started.ok()) trainer.process = *std::move(started);
+    EXPECT_TRUE(AwaitPlane(
+        [](const v1::SessionStatus& s) { return s.iteration() >= 2; }, name))
+        << daemon_->Log();
+    return trainer;
   }
 
-  // The trainer's open plane (an empty status when it has none).
-  v1::SessionStatus Trainer() {
+  // Job `name`'s open plane (an empty status when it has none).
+  v1::SessionStatus PlaneOf(const std::string& name = "trainer") {
     auto status = root_->GetStatus();
     EXPECT_TRUE(status.ok()) << status.status();
     auto jobs = root_->ListJobs();
@@ -70,7 +86,7 @@ class ElasticSharesTest : public MultiUserTest {
     if (!status.ok() || !jobs.ok()) return {};
     std::string id;
     for (const v1::Job& job : *jobs) {
-      if (job.spec().name() == "trainer") id = job.id();
+      if (job.spec().name() == name) id = job.id();
     }
     for (const v1::SessionStatus& open : status->sessions()) {
       if (open.job_id() == id) return open;
@@ -78,40 +94,42 @@ class ElasticSharesTest : public MultiUserTest {
     return {};
   }
 
-  // Whether the trainer's plane is smaller than its job's arena, its model
-  // registered in it.
+  // Whether a plane holds less than its job's arena, its model registered.
   static bool Moved(const v1::SessionStatus& s) {
     return s.layers() != 0 && s.arena_bytes() < s.wanted_arena_bytes();
   }
+  // Whether it holds its job's whole arena, its model registered.
+  static bool Whole(const v1::SessionStatus& s) {
+    return s.layers() != 0 && s.arena_bytes() == s.wanted_arena_bytes();
+  }
 
-  // Polls the trainer's plane until `holds` (a failsafe of a minute, not
-  // a measure).
+  // Polls job `name`'s plane until `holds` (a failsafe of a minute, not a
+  // measure).
   template <typename Predicate>
-  bool AwaitTrainer(Predicate holds) {
+  bool AwaitPlane(Predicate holds, const std::string& name = "trainer") {
     for (int i = 0; i < 6000; ++i) {
-      if (holds(Trainer())) return true;
+      if (holds(PlaneOf(name))) return true;
       usleep(10 * 1000);
     }
     return false;
   }
 
-  // Stops the trainer at its next iteration's end: it must exit cleanly
+  // Stops trainer `name` at its next iteration's end: it must exit cleanly
   // with the weights of an uninterrupted run of as many iterations.
-  void StopAndCheckTrainer() {
-    std::ofstream(stop_) << "stop\n";
-    EXPECT_EQ(trainer_->Stop(0), 0) << daemon_->Log();
-    std::ifstream done(stop_ + ".iterations");
+  void StopAndCheckTrainer(const std::string& name = "trainer") {
+    Trainer& trainer = trainers_.at(name);
+    std::ofstream(trainer.stop) << "stop\n";
+    EXPECT_EQ(trainer.process->Stop(0), 0) << daemon_->Log();
+    std::ifstream done(trainer.stop + ".iterations");
     int iterations = 0;
-    ASSERT_TRUE(done >> iterations) << "no " << stop_ << ".iterations";
+    ASSERT_TRUE(done >> iterations) << "no " << trainer.stop << ".iterations";
     ASSERT_GT(iterations, 2);
     const absl::Status exact = CheckDumpedWeights(
-        weights_, {.layers = kWideLayers, .iterations = iterations});
+        trainer.weights, {.layers = trainer.layers, .iterations = iterations});
     EXPECT_TRUE(exact.ok()) << exact;
   }
 
-  std::string stop_;
-  std::string weights_;
-  std::unique_ptr<BackgroundProcess> trainer_;
+  std::map<std::string, Trainer> trainers_;
 };
 
 // Root's job holds 40 of the 64 MiB pool. Nobody opens an idle 28 MiB
@@ -124,6 +142,8 @@ TEST_F(ElasticSharesTest, ARunningJobShrinksForAnotherUsersPlaneAndGrowsBack) {
   StartDaemon("[quotas]\nregrow_after = \"0s\"\n",
               {"--ssd-capacity", "512MiB"});
   StartTrainer("root");
+  ASSERT_TRUE(Whole(PlaneOf()));
+  ASSERT_GT(PlaneOf().wanted_arena_bytes(), uint64_t{32} << 20);
   const std::string told = dir_.path() + "/out/idle";
   auto idle = BackgroundProcess::Start(
       Nobody({"register-await", daemon_->socket(), "idle", told,
@@ -133,8 +153,8 @@ TEST_F(ElasticSharesTest, ARunningJobShrinksForAnotherUsersPlaneAndGrowsBack) {
       << daemon_->Log();
 
   // Root's job moved: smaller, streamed, saying for whom.
-  ASSERT_TRUE(AwaitTrainer(Moved)) << daemon_->Log();
-  const v1::SessionStatus shrunk = Trainer();
+  ASSERT_TRUE(AwaitPlane(Moved)) << daemon_->Log();
+  const v1::SessionStatus shrunk = PlaneOf();
   EXPECT_LT(shrunk.arena_bytes(), shrunk.wanted_arena_bytes());
   EXPECT_LE(shrunk.arena_bytes() + (uint64_t{28} << 20), uint64_t{64} << 20);
   EXPECT_EQ(shrunk.grad_slots(), 8u);
@@ -143,10 +163,8 @@ TEST_F(ElasticSharesTest, ARunningJobShrinksForAnotherUsersPlaneAndGrowsBack) {
 
   // Nobody leaves: root's job grows back whole, resident again.
   (*idle)->Stop(SIGKILL);
-  ASSERT_TRUE(AwaitTrainer([](const v1::SessionStatus& s) {
-    return s.layers() != 0 && s.arena_bytes() == s.wanted_arena_bytes();
-  })) << daemon_->Log();
-  EXPECT_EQ(Trainer().grad_slots(), 40u);
+  ASSERT_TRUE(AwaitPlane(Whole)) << daemon_->Log();
+  EXPECT_EQ(PlaneOf().grad_slots(), 40u);
 
   StopAndCheckTrainer();
   EXPECT_EQ(LogLinesWith("asked to shrink"), 1u) << daemon_->Log();
@@ -168,20 +186,50 @@ TEST_F(ElasticSharesTest, NobodysRunningJobShrinksForRootsPlane) {
   ASSERT_TRUE(roots.ok()) << roots.status() << daemon_->Log();
   ASSERT_THAT((*roots)->first_line(), HasSubstr("registered j-"))
       << daemon_->Log();
-  ASSERT_TRUE(AwaitTrainer(Moved)) << daemon_->Log();
-  const v1::SessionStatus shrunk = Trainer();
+  ASSERT_TRUE(AwaitPlane(Moved)) << daemon_->Log();
+  const v1::SessionStatus shrunk = PlaneOf();
   EXPECT_LT(shrunk.arena_bytes(), shrunk.wanted_arena_bytes());
   EXPECT_THAT(shrunk.arena_note(), HasSubstr("uid 0's job"));
   // While root's plane stays, nobody's job trains on, small.
   const uint64_t at = shrunk.iteration();
-  ASSERT_TRUE(AwaitTrainer(
+  ASSERT_TRUE(AwaitPlane(
       [at](const v1::SessionStatus& s) { return s.iteration() >= at + 5; }));
-  EXPECT_LT(Trainer().arena_bytes(), Trainer().wanted_arena_bytes());
+  EXPECT_LT(PlaneOf().arena_bytes(), PlaneOf().wanted_arena_bytes());
   (*roots)->Stop(SIGKILL);
-  ASSERT_TRUE(AwaitTrainer([](const v1::SessionStatus& s) {
-    return s.layers() != 0 && s.arena_bytes() == s.wanted_arena_bytes();
-  })) << daemon_->Log();
+  ASSERT_TRUE(AwaitPlane(Whole)) << daemon_->Log();
   StopAndCheckTrainer();
+  EXPECT_THAT(daemon_->Log(), Not(HasSubstr("was closed for uid")));
+}
+
+// Only use earns a share: root's job holds 50 of the 64 MiB pool alone.
+// Nobody's job (its model 22 MiB resident) opens at what is free, streamed,
+// taking nothing back; once it trains, it takes back from root what its
+// share lets it use: root's job is asked to shrink, nobody's to grow to its
+// whole arena. Both train on, exact, nobody closed.
+TEST_F(ElasticSharesTest, ATrainingNewcomerTakesBackWhatItUses) {
+  StartDaemon("[quotas]\nregrow_after = \"0s\"\n",
+              {"--ssd-capacity", "512MiB"});
+  const std::vector<uint64_t> wide(48, 128 << 10);
+  const std::vector<uint64_t> narrow(20, 128 << 10);
+  StartTrainer("root", false, "wide", wide);
+  ASSERT_TRUE(Whole(PlaneOf("wide")));
+  StartTrainer("nobody", false, "narrow", narrow);
+  // It opened at what was free; nobody was asked anything before it
+  // trained, then it took back what it uses.
+  ASSERT_TRUE(AwaitPlane(Moved, "wide")) << daemon_->Log();
+  ASSERT_TRUE(AwaitPlane(Whole, "narrow")) << daemon_->Log();
+  EXPECT_THAT(PlaneOf("wide").arena_note(), HasSubstr("uid 65534's job"));
+  EXPECT_THAT(daemon_->Log(), HasSubstr("took back from other users what it "
+                                        "would use"));
+  EXPECT_THAT(daemon_->Log(),
+              HasSubstr("of the 23068672 its job asks for: what the pool "
+                        "had free for it"));
+  const uint64_t at = PlaneOf("narrow").iteration();
+  ASSERT_TRUE(AwaitPlane(
+      [at](const v1::SessionStatus& s) { return s.iteration() >= at + 3; },
+      "narrow"));
+  StopAndCheckTrainer("narrow");
+  StopAndCheckTrainer("wide");
   EXPECT_THAT(daemon_->Log(), Not(HasSubstr("was closed for uid")));
 }
 
@@ -202,7 +250,7 @@ TEST_F(ElasticSharesTest, AJobThatDoesNotShrinkIsClosedAfterTheWait) {
   EXPECT_EQ(LogLinesWith("was closed for uid 65534's job"), 1u)
       << daemon_->Log();
   // The trainer was told why and exits with the error.
-  EXPECT_NE(trainer_->Stop(0), 0);
+  EXPECT_NE(trainers_.at("trainer").process->Stop(0), 0);
 }
 
 }  // namespace

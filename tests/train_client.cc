@@ -22,7 +22,11 @@
 // After each iteration it follows lohand's ask to move to another arena
 // (lohan_job_follow_share), printing "moved to a N byte arena (G grad
 // buffers)" per move and taking every buffer pointer again;
-// --ignore-share never follows (a client that does not shrink).
+// --ignore-share never follows (a client that does not shrink);
+// --moves-file F appends a line per move to F: the arena bytes before and
+// after, the seconds it took and, with --lohand-pid, lohand's storage
+// bytes read and written meanwhile (/proc/<pid>/io; the job is between
+// iterations, so they are the move's).
 // --grad-slots / --weight-slots: ModelSpec's (0: one buffer per layer;
 // K < layers: K shared buffers, the data streamed through the daemon's
 // SSDs); layer l's buffers are those the registration gave (buffer l % K).
@@ -43,6 +47,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -101,6 +106,8 @@ struct Args {
   bool fit_arena = false;
   // Never follow lohand's asks to move to another arena.
   bool ignore_share = false;
+  std::string moves_file;
+  int lohand_pid = 0;
 };
 
 // The client's handles, destroyed in reverse.
@@ -225,16 +232,47 @@ int HandOver(const Args& args, lohan_model* model, uint64_t step, uint32_t l,
   return 0;
 }
 
+// lohand's storage bytes so far (/proc/<pid>/io; zeros without a pid).
+struct StorageBytes {
+  uint64_t read = 0;
+  uint64_t written = 0;
+};
+StorageBytes StorageBytesOf(int pid) {
+  StorageBytes bytes;
+  if (pid <= 0) return bytes;
+  std::ifstream io("/proc/" + std::to_string(pid) + "/io");
+  std::string key;
+  uint64_t value = 0;
+  while (io >> key >> value) {
+    if (key == "read_bytes:") bytes.read = value;
+    if (key == "write_bytes:") bytes.written = value;
+  }
+  return bytes;
+}
+
 // After an iteration: moves to the arena lohand asked for, if it asked
 // (and we follow). Every pointer into the arena is taken anew after it.
 int FollowShare(const Args& args, Session& session) {
   if (args.ignore_share) return 0;
   int moved = 0;
+  const uint64_t from = lohan_data_plane_arena_size(session.plane);
+  const StorageBytes before = StorageBytesOf(args.lohand_pid);
+  const auto began = std::chrono::steady_clock::now();
   if (int status =
           lohan_job_follow_share(session.client, session.job_id.c_str(),
                                  session.plane, session.model, &moved);
       status != LOHAN_OK) {
     return Fail("follow-share", status);
+  }
+  if (moved != 0 && !args.moves_file.empty()) {
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - began)
+            .count();
+    const StorageBytes after = StorageBytesOf(args.lohand_pid);
+    std::ofstream(args.moves_file, std::ios::app)
+        << from << " " << lohan_data_plane_arena_size(session.plane) << " "
+        << seconds << " " << after.read - before.read << " "
+        << after.written - before.written << "\n";
   }
   if (moved != 0) {
     std::printf("moved to a %llu byte arena (%u grad buffers)\n",
@@ -392,6 +430,11 @@ int main(int argc, char** argv) {
                "ARENA_FIT_MOST");
   app.add_flag("--pause-mid", args.pause_mid,
                "pause half-way through backward instead");
+  app.add_option("--moves-file", args.moves_file,
+                 "append a line per move: arena bytes before and after, "
+                 "seconds, lohand's storage bytes read and written meanwhile "
+                 "(with --lohand-pid)");
+  app.add_option("--lohand-pid", args.lohand_pid);
   app.add_flag("--ignore-share", args.ignore_share,
                "never follow lohand's asks to move to another arena");
   CLI11_PARSE(app, argc, argv);

@@ -268,6 +268,10 @@ absl::Status EntryValidator::CheckLayer(const SubmissionEntry& entry,
 
 void EntryValidator::ForgetActivation(uint64_t id) { activations_.erase(id); }
 
+void EntryValidator::AdoptActivation(uint64_t id, uint64_t bytes) {
+  activations_[id] = bytes;
+}
+
 absl::Status EntryValidator::CheckActivation(const SubmissionEntry& entry,
                                              RingOp op) {
   auto it = activations_.find(entry.activation_id);

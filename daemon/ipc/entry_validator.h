@@ -80,6 +80,9 @@ class EntryValidator {
   // ACT_FREE had been accepted, so a retried put is not ALREADY_EXISTS. No
   // effect for an id not held.
   void ForgetActivation(uint64_t id);
+  // Holds activation `id` of `bytes` as if this validator had accepted its
+  // ACT_PUT: one the job's previous data plane kept for it (a move).
+  void AdoptActivation(uint64_t id, uint64_t bytes);
 
   const JobLayout& layout() const { return layout_; }
   bool in_iteration() const { return in_iteration_; }

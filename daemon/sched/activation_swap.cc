@@ -1,6 +1,8 @@
 #include "daemon/sched/activation_swap.h"
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "daemon/store/io_gate.h"
 
 namespace lohan {
@@ -36,6 +38,20 @@ absl::StatusOr<uint64_t> ActivationSwap::Free(uint64_t id) {
     return deleted;
   }
   return held.ok() ? held->bytes : 0;
+}
+
+std::vector<ActivationSwap::Held> ActivationSwap::ListHeld() const {
+  std::vector<Held> held;
+  for (const std::string& name : store_->List(job_)) {
+    uint64_t id = 0;
+    absl::string_view rest = name;
+    if (!absl::ConsumePrefix(&rest, kPrefix) || !absl::SimpleAtoi(rest, &id)) {
+      continue;
+    }
+    absl::StatusOr<TensorInfo> info = store_->Stat(job_, name);
+    if (info.ok()) held.push_back({id, info->bytes});
+  }
+  return held;
 }
 
 void ActivationSwap::FreeAll() {

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -39,6 +40,13 @@ class ActivationSwap {
   // Frees every activation of the job (a session that ended, or one that
   // died and left them).
   void FreeAll();
+  // What the job holds: each activation's id and bytes (a session that
+  // takes over those its job's last one kept).
+  struct Held {
+    uint64_t id = 0;
+    uint64_t bytes = 0;
+  };
+  std::vector<Held> ListHeld() const;
 
  private:
   static std::string NameOf(uint64_t id);

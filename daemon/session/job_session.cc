@@ -123,7 +123,7 @@ void JobSession::StopServing() {
 
 JobSession::~JobSession() {
   StopServing();
-  if (served_ != nullptr) DropActivations();
+  if (served_ != nullptr && !keep_activations_) DropActivations();
   // The pipeline (inside model_) rolls back an unfinished iteration as it
   // goes; then the arena returns to the pool.
   absl::MutexLock lock(&mu_);
@@ -383,7 +383,19 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
   model_.emplace(std::move(model));
   served_ = &*model_;
   registered = true;
-  DropActivations();  // left by a session that died
+  if (parts.adopt_activations) {
+    // Those the job's last plane kept when it closed to move.
+    for (const ActivationSwap::Held& held :
+         served_->activation_swap->ListHeld()) {
+      {
+        absl::MutexLock validator_lock(&validator_mu_);
+        validator_->AdoptActivation(held.id, held.bytes);
+      }
+      CountSwapped(1, static_cast<int64_t>(held.bytes));
+    }
+  } else {
+    DropActivations();  // left by a session that died
+  }
   // A reopened job's weights go straight into its weight slots (resident;
   // streamed ones are fetched from the store).
   for (size_t layer = 0; layer < layers && !served_->streamed_weights;

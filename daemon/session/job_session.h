@@ -105,6 +105,11 @@ class JobSession {
   void SetArenaAskCallback(std::function<uint64_t()> ask) {
     on_arena_ask_ = std::move(ask);
   }
+  // The job's swapped activations outlive this session: its plane closes
+  // to move to another arena and the job's next one takes them over
+  // (UpdateParts::adopt_activations). REQUIRES: called before the session
+  // is destroyed, by its owner.
+  void KeepActivations() { keep_activations_ = true; }
   // Whether RegisterModel succeeded (and serving began). Thread-safe.
   bool registered() const { return registered_.load(); }
   // Whether the session has begun an iteration (an ITER_BEGIN ran): a
@@ -182,6 +187,9 @@ class JobSession {
     uid_t owner = 0;
     uint64_t daemon_memory_held = 0;
     uint64_t daemon_memory_limit = UINT64_MAX;
+    // The job's last plane closed to move (KeepActivations): this one
+    // takes over the activations it kept instead of freeing them.
+    bool adopt_activations = false;
   };
   // REQUIRES: every part (and the updater's worker pool) outlives the
   // session.
@@ -335,7 +343,8 @@ class JobSession {
   uint64_t begun_before_plan_ ABSL_GUARDED_BY(stats_mu_) = 0;
   absl::Time iteration_began_;  // the ordered lane only
   std::atomic<bool> stopping_{false};
-  bool serving_stopped_ = false;  // StopServing's, on the owner's thread
+  bool keep_activations_ = false;  // KeepActivations
+  bool serving_stopped_ = false;   // StopServing's, on the owner's thread
   std::thread server_;
 };
 

@@ -196,6 +196,7 @@ absl::StatusOr<std::unique_ptr<JobSession>> SessionManager::OpenSession(
     bytes = claim->bytes;
     opened.wanted_bytes = job->spec().host_pool_bytes();
     if (job->spec().has_model()) opened.model = job->spec().model();
+    opened.adopts_activations = claim->reserved;
   }
   absl::StatusOr<std::unique_ptr<JobSession>> session =
       JobSession::Create(parts_.pool, *job_id, bytes, parts_.ring_entries);
@@ -324,7 +325,9 @@ void SessionManager::Serve(int connection, const Caller& caller) {
                                           .serial = ++last_serial_,
                                           .claim_id = claim_id,
                                           .wanted_arena_bytes = wanted_bytes,
-                                          .model = opened.model})
+                                          .model = opened.model,
+                                          .adopts_activations =
+                                              opened.adopts_activations})
              .second) {
       pool_claims_.erase(claim_id);
       (void)SendWithFds(connection,
@@ -399,6 +402,7 @@ std::optional<std::vector<uint8_t>> SessionManager::EndSession(
   // pipeline (which may commit a settling iteration first), its arena, the
   // memory of its model and plan.
   std::optional<Closing> closing;
+  bool moving = false;
   {
     absl::MutexLock lock(&mu_);
     auto registered = [this, &job_id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -407,6 +411,9 @@ std::optional<std::vector<uint8_t>> SessionManager::EndSession(
     mu_.Await(absl::Condition(&registered));
     LiveSession& live = sessions_.at(job_id);
     live.session = nullptr;
+    // Its client closes it to move: the job's next plane takes over its
+    // swapped activations (ReserveForMoveLocked keeps its arena).
+    moving = live.arena_asked != 0 && ended == Ended::kPeer && !stopping_;
     if (ended == Ended::kStop) {
       closing =
           Closing{.reason = ClosingReason::kDaemonStopping,
@@ -422,6 +429,7 @@ std::optional<std::vector<uint8_t>> SessionManager::EndSession(
   }
   // What it ran is answered first; then what it holds is final.
   session->StopServing();
+  if (moving) session->KeepActivations();
   std::optional<uint64_t> kept;
   if (session->registered()) kept = session->Status().iteration();
   session.reset();  // the arena is back in the pool: so is the claim
@@ -474,6 +482,7 @@ absl::StatusOr<v1::RegisterModelResponse> SessionManager::RegisterModel(
   // lock is free (a registration may wait for SSD space that other users'
   // closing data planes give back).
   JobSession* session = nullptr;
+  bool adopt_activations = false;
   {
     absl::MutexLock lock(&mu_);
     session = OpenSessionLocked(request.job_id());
@@ -488,6 +497,7 @@ absl::StatusOr<v1::RegisterModelResponse> SessionManager::RegisterModel(
           "job ", request.job_id(), " is registering a model already"));
     }
     live.registering = true;
+    adopt_activations = live.adopts_activations;
   }
   absl::Cleanup registered_or_not = [&] {
     absl::MutexLock lock(&mu_);
@@ -514,7 +524,8 @@ absl::StatusOr<v1::RegisterModelResponse> SessionManager::RegisterModel(
        .expect_stored_states = job->has_states(),
        .owner = owner,
        .daemon_memory_held = held,
-       .daemon_memory_limit = parts_.quotas->For(owner).daemon_memory_bytes});
+       .daemon_memory_limit = parts_.quotas->For(owner).daemon_memory_bytes,
+       .adopt_activations = adopt_activations});
   // A refused model's memory (its spec, its layout) goes back at once.
   if (!registered.ok()) ReleaseFreedMemory();
   if (registered.ok() && !job->has_states()) {

@@ -201,6 +201,9 @@ class SessionManager {
     // Since when the pool has had room for it to grow (GrowAskLocked);
     // InfiniteFuture: not now.
     absl::Time room_since = absl::InfiniteFuture();
+    // Opened on the arena its job's last plane left when it closed to
+    // move: its registration takes over that plane's swapped activations.
+    bool adopts_activations = false;
     // Why it was last asked to end (StopSessionLocked); none: not asked.
     std::optional<Closing> closing;
   };
@@ -227,6 +230,7 @@ class SessionManager {
     uint64_t claim_id = 0;
     uint64_t wanted_bytes = 0;
     std::optional<v1::ModelSpec> model;  // LiveSession::model
+    bool adopts_activations = false;     // LiveSession's
   };
   absl::StatusOr<std::unique_ptr<JobSession>> OpenSession(int connection,
                                                           const Caller& caller,
@@ -261,6 +265,7 @@ class SessionManager {
   struct ArenaClaim {
     uint64_t claim_id = 0;
     uint64_t bytes = 0;
+    bool reserved = false;  // left by the job's last plane, which moved
   };
   // Claims the arena `job`'s data plane opens with: the job's own
   // (JobSpec.host_pool_bytes) when it fits `job`'s owner's quota and fair
@@ -272,7 +277,8 @@ class SessionManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A claim ClaimArenaLocked reserved for `job` (Reservation), taken and
   // resized for its new plane: a grow within what its owner may claim
-  // more. None: no reservation.
+  // more. None: no reservation. The caller's plane takes over the swapped
+  // activations the job's last one kept.
   std::optional<ArenaClaim> TakeReservationLocked(const v1::Job& job,
                                                   uint64_t wanted)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -281,7 +287,8 @@ class SessionManager {
   // `asked` if fewer (a Reservation).
   void ReserveForMoveLocked(const std::string& job_id, uint64_t claim_id,
                             uint64_t asked) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Gives back reservations no plane came for in time.
+  // Gives back reservations no plane came for in time, and the swapped
+  // activations their jobs' last planes kept.
   void DropStaleReservationsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The least arena ClaimArenaLocked may grant `job`.
   static uint64_t ArenaFloor(const v1::Job& job);
@@ -359,6 +366,16 @@ class SessionManager {
   // holds for regrow_after and regrow_after has passed since it was asked
   // to shrink; 0: none now.
   uint64_t GrowAskLocked(const std::string& job_id, LiveSession& live)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Only use earns a share: when `live` (of `job_id`, holding `held` of
+  // `owner`'s) has begun an iteration and its model would take a larger
+  // arena within its owner's share than it holds, but that is not free,
+  // takes back what others hold beyond their shares for it
+  // (ReclaimPoolLocked: they shrink at their next iterations' ends; at
+  // most once per reclaim_interval for `owner`). GrowAskLocked grows it
+  // once the room is there.
+  void TakeBackForUseLocked(const std::string& job_id, const LiveSession& live,
+                            uint64_t held, uid_t owner)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records that `owner`'s request closed candidate `c`'s plane (or shrank
   // it to `kept` bytes): the time of `owner`'s last reclaim, and `c`'s

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/common/byte_size.h"
 #include "daemon/quota/fair_share.h"
+#include "daemon/sched/activation_swap.h"
 #include "daemon/session/arena_layout.h"
 #include "daemon/session/session_manager.h"
 #include "spdlog/spdlog.h"
@@ -155,6 +156,7 @@ void SessionManager::DropStaleReservationsLocked() {
         "reserved arena goes back to the pool",
         it->first, absl::FormatDuration(kMoveWait));
     pool_claims_.erase(it->second.claim_id);
+    ActivationSwap(parts_.store, it->first).FreeAll();
     it = reserved_.erase(it);
   }
 }
@@ -176,7 +178,8 @@ std::optional<SessionManager::ArenaClaim> SessionManager::TakeReservationLocked(
       claim.bytes = choice->arena_bytes;
     }
   }
-  return ArenaClaim{.claim_id = claim_id, .bytes = claim.bytes};
+  return ArenaClaim{
+      .claim_id = claim_id, .bytes = claim.bytes, .reserved = true};
 }
 
 absl::StatusOr<bool> SessionManager::ReclaimPoolLocked(
@@ -371,6 +374,7 @@ uint64_t SessionManager::GrowAskLocked(const std::string& job_id,
       ArenaLimit{.bytes = std::min(live.wanted_arena_bytes, held + room)});
   if (!choice.ok() || choice->arena_bytes <= held) {
     live.room_since = absl::InfiniteFuture();
+    TakeBackForUseLocked(job_id, live, held, claim->second.owner);
     return 0;
   }
   if (live.room_since == absl::InfiniteFuture()) live.room_since = now;
@@ -387,6 +391,37 @@ uint64_t SessionManager::GrowAskLocked(const std::string& job_id,
       ArenaCap{.bytes = whole ? 0 : choice->arena_bytes, .at = now, .why = why};
   spdlog::info("job {}: {}", job_id, why);
   return live.arena_asked;
+}
+
+void SessionManager::TakeBackForUseLocked(const std::string& job_id,
+                                          const LiveSession& live,
+                                          uint64_t held, uid_t owner) {
+  if (!live.session->HasBegunAnIteration()) return;  // only use earns it
+  uint64_t held_by_all = 0;
+  std::map<uid_t, ShareHolder> holders = PoolHoldersLocked(held_by_all);
+  ShareHolder& mine = holders[owner];
+  mine.weight = static_cast<double>(parts_.quotas->For(owner).weight);
+  mine.present = true;
+  const uint64_t share =
+      ShareOf(parts_.pool->GetStats().capacity_bytes, owner, holders);
+  const uint64_t others_of_mine = mine.held - held;
+  const uint64_t may_hold = share > others_of_mine ? share - others_of_mine : 0;
+  absl::StatusOr<ArenaChoice> within_share = ChooseArena(
+      *live.model,
+      ArenaLimit{.bytes = std::min(live.wanted_arena_bytes, may_hold)});
+  if (!within_share.ok() || within_share->arena_bytes <= held) return;
+  // Others hold beyond their shares what this job's share needs: they are
+  // asked to shrink (or closed), rate-limited as any taking-back; this job
+  // grows once the room is there (regrow_after later).
+  absl::StatusOr<bool> asked = ReclaimPoolLocked(
+      job_id, owner, within_share->arena_bytes - held, /*at_once=*/false);
+  if (asked.ok() && *asked) {
+    spdlog::info(
+        "job {}: training below its share of the host pool ({} of "
+        "{}): took back from other users what it would use",
+        job_id, FormatByteSize(held),
+        FormatByteSize(within_share->arena_bytes));
+  }
 }
 
 void SessionManager::NoteReclaimedLocked(uid_t owner, const Candidate& c,

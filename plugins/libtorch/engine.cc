@@ -1,8 +1,11 @@
 #include "plugins/libtorch/engine.h"
 
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/types.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <iostream>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -102,6 +105,39 @@ torch::Tensor ArenaView(void* buffer, int64_t numel, torch::ScalarType dtype) {
   return torch::from_blob(buffer, {numel}, torch::TensorOptions(dtype));
 }
 
+std::string Mib(uint64_t bytes) {
+  constexpr uint64_t kMib = uint64_t{1} << 20;
+  if (bytes % kMib == 0) return std::to_string(bytes / kMib) + " MiB";
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.1f MiB",
+                static_cast<double>(bytes) / kMib);
+  return text;
+}
+
+// How the arena holds gradients and weights after a move.
+std::string Layout(uint32_t slots, bool streamed) {
+  if (!streamed) {
+    return "gradients and weights now resident, a buffer per layer";
+  }
+  return "gradients and weights now streamed through " + std::to_string(slots) +
+         (slots > 1 ? " shared buffers of each" : " shared buffer of each");
+}
+
+// The line a move leaves on stderr.
+std::string MoveLine(const std::string& job_name,
+                     const JobSession::ShareMove& move, uint32_t slots,
+                     bool streamed) {
+  if (move.to_bytes < move.from_bytes) {
+    return "lohan: lohand moved job \"" + job_name + "\" to a " +
+           Mib(move.to_bytes) + " arena (was " + Mib(move.from_bytes) + "; " +
+           Layout(slots, streamed) +
+           "): another user's job needs its share of the host pool";
+  }
+  return "lohan: lohand grew job \"" + job_name + "\" back to a " +
+         Mib(move.to_bytes) + " arena (was " + Mib(move.from_bytes) + "; " +
+         Layout(slots, streamed) + "): the host pool has room again";
+}
+
 }  // namespace
 
 Engine::Engine(std::shared_ptr<torch::nn::Module> model,
@@ -127,14 +163,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model,
     steps_ = session_.StartSteps(
         "{\"lr\":" + JsonNumber(options_.lr) +
         ",\"loss_scaling\":{\"dynamic\":false,\"scale\":1}}");
-    grad_slots_ = lohan_model_grad_slots(remote_);
-    for (const Layer& layer : layers_) {
-      grad_views_.push_back(ArenaView(
-          lohan_model_grad_buffer(remote_, layer.index), layer.numel, dtype_));
-      weight_views_.push_back(
-          ArenaView(lohan_model_weight_buffer(remote_, layer.index),
-                    layer.numel, dtype_));
-    }
+    MapBuffers();
     InitializeWeights();
     checkpoint_.reset();
   } catch (...) {
@@ -164,6 +193,63 @@ Engine::~Engine() {
 
 std::string Engine::buffers() const {
   return grad_slots_ < layers_.size() ? "streamed" : "resident";
+}
+
+uint64_t Engine::arena_bytes() const {
+  return session_.plane() == nullptr
+             ? 0
+             : lohan_data_plane_arena_size(session_.plane());
+}
+
+void Engine::MapBuffers() {
+  grad_slots_ = lohan_model_grad_slots(remote_);
+  grad_views_.clear();
+  weight_views_.clear();
+  for (const Layer& layer : layers_) {
+    grad_views_.push_back(ArenaView(
+        lohan_model_grad_buffer(remote_, layer.index), layer.numel, dtype_));
+    weight_views_.push_back(ArenaView(
+        lohan_model_weight_buffer(remote_, layer.index), layer.numel, dtype_));
+  }
+}
+
+void Engine::SynchronizeDevice() const {
+  if (!cuda_) return;
+  const c10::impl::DeviceGuardImplInterface* cuda =
+      c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+  cuda->synchronizeStream(cuda->getStream(device_));
+}
+
+void Engine::FollowShare() {
+  if (session_.ArenaAsked() == 0) return;
+  // FetchIntoModule's copies out of the weight buffers may still run.
+  SynchronizeDevice();
+  grad_views_.clear();
+  weight_views_.clear();
+  JobSession::ShareMove move;
+  try {
+    move = session_.FollowShare();
+  } catch (const ShareMoveError& error) {
+    if (!error.lost_plane()) {
+      MapBuffers();  // nothing was done: the old arena's
+      throw;
+    }
+    const uint64_t committed = iteration();
+    close(false);
+    throw LohanError(
+        error.status(),
+        "lohan Engine: job \"" + options_.job_name +
+            "\" could not move to the arena lohand asked for (" + error.what() +
+            "); it has no data plane now: make the Engine again with "
+            "Options::resume_job to continue it from step " +
+            std::to_string(committed));
+  }
+  MapBuffers();
+  if (!move.moved) return;
+  ++arena_moves_;
+  std::cerr << MoveLine(options_.job_name, move, grad_slots_,
+                        buffers() == "streamed")
+            << std::endl;
 }
 
 void Engine::InitializeWeights() {
@@ -397,6 +483,7 @@ StepResult Engine::step() {
     throw;
   }
   ResetStep();
+  FollowShare();
   return result;
 }
 

@@ -46,7 +46,9 @@ using BlockForward = std::function<torch::Tensor(const torch::Tensor&)>;
 //   loss.backward();  // each layer's gradient goes to the daemon as soon
 //                     // as backward has produced all of it
 //   engine.step();    // ends the step: global norm, clipping, the update;
-//                     // the new weights are copied into the module
+//                     // the new weights are copied into the module; and
+//                     // if lohand asked, the job's data plane moves to
+//                     // the arena it grants (a line on stderr says so)
 // (k = options.grad_accumulation_steps backward passes before each
 // step(): a layer's gradients are summed over the k passes and handed
 // over after the k-th). On CUDA, autograd runs the hooks (and so the
@@ -102,8 +104,15 @@ class Engine {
   const std::vector<Layer>& layers() const { return layers_; }
   const std::string& job_id() const { return session_.job_id(); }
   // "resident" (one gradient and one weight buffer per layer) or
-  // "streamed" (shared buffers, through the daemon's SSDs).
+  // "streamed" (shared buffers, through the daemon's SSDs): the layout of
+  // the arena the job has now.
   std::string buffers() const;
+  // The job's arena now, in bytes (0 after close()), and how many times
+  // lohand moved it (issue #47: a job over its owner's share of the host
+  // pool shrinks when another user needs that share, and grows back when
+  // the pool has room again).
+  uint64_t arena_bytes() const;
+  int arena_moves() const { return arena_moves_; }
 
   // Throws a step in progress away, removes the gradient hooks, detaches
   // the job (deleting it with `delete_job`) and gives the arena back. The
@@ -135,6 +144,16 @@ class Engine {
   void FetchIntoModule(uint32_t layer);
   // Forgets the step's bookkeeping and the parameters' .grad.
   void ResetStep();
+  // The registered layout's buffers as tensors, and its slot count.
+  void MapBuffers();
+  // After a step: if lohand asked at its ITER_END, moves the data plane
+  // (JobSession::FollowShare) and maps the new arena's buffers, with a
+  // line on stderr. A failed move leaves the engine closed (the job has
+  // no data plane) and is rethrown saying how to go on.
+  void FollowShare();
+  // Waits for the copies between the device and the arena on torch's
+  // current stream (a move unmaps the arena).
+  void SynchronizeDevice() const;
 
   std::shared_ptr<torch::nn::Module> module_;
   std::vector<std::shared_ptr<torch::nn::Module>> blocks_;
@@ -155,6 +174,7 @@ class Engine {
   uint32_t grad_slots_ = 0;
   std::vector<torch::Tensor> grad_views_;    // the arena's, per layer
   std::vector<torch::Tensor> weight_views_;  // the arena's, per layer
+  int arena_moves_ = 0;
   // (parameter, hook handle) to remove at close.
   std::vector<std::pair<torch::Tensor, unsigned>> hooks_;
   bool closed_ = false;

@@ -1,5 +1,6 @@
 #include "plugins/libtorch/job_session.h"
 
+#include <cstdint>
 #include <string>
 
 #include "plugins/libtorch/lohan_error.h"
@@ -52,6 +53,30 @@ lohan_model* JobSession::Register(const std::string& model_spec_json) {
   model_.reset(model);
   registered_ = true;
   return model;
+}
+
+uint64_t JobSession::ArenaAsked() const {
+  uint64_t asked = 0;
+  if (model_ != nullptr) {
+    ThrowIfFailed(lohan_model_arena_asked(model_.get(), &asked));
+  }
+  return asked;
+}
+
+JobSession::ShareMove JobSession::FollowShare() {
+  ShareMove move;
+  move.from_bytes = lohan_data_plane_arena_size(plane_.get());
+  int moved = 0;
+  const int status = lohan_job_follow_share(client_.get(), job_id_.c_str(),
+                                            plane_.get(), model_.get(), &moved);
+  move.moved = moved != 0;
+  if (status != LOHAN_OK) {
+    // Refused with nothing done (moved 0), or the old plane closed and no
+    // new one (moved 1): the job has no data plane then.
+    throw ShareMoveError(status, lohan_last_error(), move.moved);
+  }
+  move.to_bytes = lohan_data_plane_arena_size(plane_.get());
+  return move;
 }
 
 lohan_steps* JobSession::StartSteps(const std::string& options_json) {

@@ -107,13 +107,8 @@ class ActivationStore:
         # stream and submits their puts once copied (see _write_pieces).
         self._device_copies = device_copies
         self._buffers: List[_Buffer] = []
-        if area is not None:
-            half = area.numel() // 2 // 4096 * 4096
-            if half == 0:
-                raise ValueError("the activation area needs two pages")
-            self._buffers = [_Buffer(0, area[:half]),
-                             _Buffer(half, area[half:2 * half])]
         self._next_buffer = 0
+        self.rebind(area)
         self._ids = itertools.count(1)
         self._dropped: List[Tuple[Any, ...]] = []
         # Inputs on the SSDs not brought back yet, in put order (backward
@@ -127,6 +122,27 @@ class ActivationStore:
         self._prune_at = 64
         self.stats = ActivationStats()
         self._closed = False
+
+    def rebind(self, area: Optional[torch.Tensor]) -> None:
+        """The arena's activation area (None: none, everything stays in
+        host memory), split in its two buffers."""
+        self._buffers = []
+        self._next_buffer = 0
+        if area is not None:
+            half = area.numel() // 2 // 4096 * 4096
+            if half == 0:
+                raise ValueError("the activation area needs two pages")
+            self._buffers = [_Buffer(0, area[:half]),
+                             _Buffer(half, area[half:2 * half])]
+
+    def release_area(self) -> None:
+        """Before the data plane moves (share_move.py): every request
+        through the area answered, the spent tensors given back, and the
+        area let go (rebind gives the new arena's). A put's error
+        surfaces here."""
+        self.drain()
+        self._sweep()
+        self.rebind(None)
 
     @property
     def piece_bytes(self) -> int:

@@ -11,7 +11,8 @@ weights into the model's parameters.
 The Engine puts together: options.py (lohan.init's options, checked),
 placement.py (device, layers, dtype), groups.py (param groups), job.py
 (the job and its arena), weights.py (the model's weights beside the
-daemon's, checkpoints) and iteration.py (the step in progress).
+daemon's, checkpoints), iteration.py (the step in progress) and
+share_move.py (the arena lohand moves the job to between steps).
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ from lohan.sharding import (RankFailure, Sharding, backward_order,
                             process_group_of)
 from lohan.pretrained import replace_directory, save_model
 from lohan.saved_tensors import SavedTensors
+from lohan.share_move import (ArenaRecord, MovingParts, follow_share,
+                              move_message, status_of)
 from lohan.starting_weights import (MetaHome, StoredNames, inner_model,
                                     is_on_meta, materialize)
 from lohan.weights import Weights, open_checkpoint
@@ -181,6 +184,8 @@ class Engine:
         self._home_device: Optional[torch.device] = None
         self._checkpoint: Optional[CheckpointReader] = None
         self._session: Optional[JobSession] = None
+        # The job's arena: what it asks for, the moves lohand asked.
+        self._arena: Optional[ArenaRecord] = None
         self._weights: Optional[Weights] = None
         self._iteration: Optional[Iteration] = None
         self._activations: Optional[ActivationStore] = None
@@ -258,6 +263,9 @@ class Engine:
                 if checkpoint is not None and checkpoint.moments else 0),
             sharding=self._sharding)
         session.open(opts.resume is True, spec)
+        self._arena = ArenaRecord(
+            session.sizing.arena_bytes if session.sizing is not None
+            else session.arena_bytes)
         remote = session.register(spec, self.layers, self.dtype)
         if self._sharding is not None and opts.resume is True and (
                 rejoin_point(self._sharding, remote, self.job_name)):
@@ -454,8 +462,10 @@ class Engine:
     def step(self) -> Optional[StepResult]:
         """Ends the iteration: hands over any layer still holding gradients,
         waits for the daemon (clipping and skips happen here), and puts the
-        new weights into the model. A step with no gradients is a no-op
-        (returns None), as torch.optim's."""
+        new weights into the model; if lohand asked at the iteration's end,
+        the job's data plane then moves to the arena it grants (see
+        status()). A step with no gradients is a no-op (returns None), as
+        torch.optim's."""
         self._check_open()
         self._warn_untrained_gradients()
         try:
@@ -463,12 +473,13 @@ class Engine:
             if outcome is None:
                 return None
             self._weights.pull()
+            if self._activations is not None:
+                self._activations.sweep()
+            self._follow_share()
         except LohanError as error:
             if self._sharding is not None:
                 self._sharding.publish_failure(error)  # the others name it
             raise
-        if self._activations is not None:
-            self._activations.sweep()
         if self._auto is not None and self._auto.waiting:
             self._auto.after_step(
                 self._session.client, self._job.id,
@@ -480,6 +491,35 @@ class Engine:
             # optimizer.step) and warn that step() was never called.
             self._optimizer._opt_called = True
         return self.last
+
+    def _follow_share(self) -> None:
+        """Moves the job's data plane to the arena lohand asked for at this
+        step's end, if it asked (share_move.py): nothing of the next step
+        is in flight yet. Each data-parallel rank's job moves on its own
+        (no collective: the ranks' layouts may differ)."""
+        move = follow_share(MovingParts(
+            self._session, self._iteration, self._weights,
+            self._activations, self.layers, self.dtype, self.device))
+        if move is not None:
+            self._arena.add(move)
+            warnings.warn(move_message(self.job_name, move), stacklevel=3)
+
+    def status(self) -> Dict[str, Any]:
+        """The job as lohand and this engine see it: the daemon's status of
+        its session (`session`, SessionStatus as client.status() gives it:
+        proto field names, 64-bit integers as strings), and the engine's
+        own: its arena now and the one its job asks for, how the arena
+        holds gradients and weights, the arena moves lohand asked of it and
+        the last one (when, from and to how many bytes, why)."""
+        self._check_open()
+        session = self._session
+        mine = next((s for s in session.client.status().get("sessions", [])
+                     if s.get("job_id") == self._job.id), {})
+        return {"job_id": self._job.id, "job_name": self.job_name,
+                "iteration": self.iteration, "buffers": self.buffers,
+                "stream_buffers": session.slots,
+                **status_of(self._arena, session.arena_bytes, mine),
+                "session": mine}
 
     def sync_weights(self) -> None:
         """With overlap_step=True: brings every block's parameters up to

@@ -11,8 +11,8 @@ from typing import Any, Dict, List, Mapping, Optional
 import torch
 
 from lohan.blocks import Layer, WIRE_NAMES
-from lohan.client import (Client, DataPlane, DistributedRun, Job,
-                          LohanError, Model, StatusCode, cut_model)
+from lohan.client import (ArenaSizing, Client, DataPlane, DistributedRun,
+                          Job, LohanError, Model, StatusCode, cut_model)
 from lohan.model_spec import CLIP_SCHEDULES, DTYPES
 from lohan.options import MIB, EngineOptions
 from lohan.sharding import Sharding
@@ -94,6 +94,7 @@ class JobSession:
     """The job, its data plane and the registered model, with the arena's
     gradient and weight buffers (per layer, in the training dtype) and
     its fp32 staging slot as tensors. Each part is None until opened;
+    follow_share() moves the data plane to the arena lohand asks for;
     close() takes down whatever was opened."""
 
     def __init__(self, socket: Optional[str], job_name: str,
@@ -109,6 +110,11 @@ class JobSession:
         self.delete_on_failure = False
         self.slots = 0  # shared buffers per kind; 0: one per layer
         self.cuda = False  # gradients leave the GPU through the C library
+        # How the daemon sized a job this session created (None: found).
+        self.sizing: Optional[ArenaSizing] = None
+        # The views into the arena, per layer. Changed in place when the
+        # data plane moves (follow_share): the router, the iteration and
+        # the parameter residency hold these very lists.
         self.grad_views: List[torch.Tensor] = []
         self.weight_views: List[torch.Tensor] = []
         self.staging: Optional[torch.Tensor] = None
@@ -130,6 +136,7 @@ class JobSession:
             raise _with_hint(error, self.job_name,
                              bool(int(spec["activation_bytes"]))) from None
         self.delete_on_failure = created
+        self.sizing = sizing if created else None
         if (created and spec["arena_fit"] == "ARENA_FIT_MOST"
                 and sizing.stream_buffers):
             warnings.warn(
@@ -149,16 +156,46 @@ class JobSession:
                                                              spec)
         except LohanError as error:
             raise _with_hint(error, self.job_name, False) from None
+        self._map(layers, dtype)
+        return remote
+
+    def _map(self, layers: List[Layer], dtype: torch.dtype) -> None:
+        """The registered layout's buffers as tensors (in place, into the
+        lists others hold) and its shared buffer count."""
+        remote = self.remote
         streamed = remote.grad_slots < len(layers)
         self.slots = remote.grad_slots if streamed else 0
-        self.grad_views = [
+        self.grad_views[:] = [
             torch.frombuffer(remote.grad_buffer(l.index), dtype=dtype)[
                 :remote.layer_elements[l.index]] for l in layers]
-        self.weight_views = [
+        self.weight_views[:] = [
             torch.frombuffer(remote.weight_buffer(l.index), dtype=dtype)[
                 :remote.layer_elements[l.index]] for l in layers]
         self.staging = torch.frombuffer(remote.staging, dtype=torch.float32)
-        return remote
+
+    @property
+    def arena_bytes(self) -> int:
+        """The open data plane's arena (0 when none is open)."""
+        return self.plane.size if self.plane is not None else 0
+
+    def follow_share(self, layers: List[Layer], dtype: torch.dtype) -> bool:
+        """Between steps, with nothing in flight and no tensor left over
+        the arena but this session's views: moves the data plane to the
+        arena lohand asked for at the last ITER_END (Client.follow_share:
+        the model registered again, laid out anew, pinned again for
+        CUDA) and maps the new layout's buffers. False when it did not
+        move (the views are those of before). LohanError when the move
+        failed: with arena_bytes 0 the job has no data plane, else nothing
+        was done (the views are those of before)."""
+        self._drop_views()
+        try:
+            return self.client.follow_share(self.job.id, self.plane,
+                                            self.remote)
+        finally:
+            # The plane and model are the same objects; their buffers are
+            # the new arena's (the old ones' when nothing moved).
+            if self.arena_bytes:
+                self._map(layers, dtype)
 
     def register_reverted(self, spec: Mapping[str, Any], layers: List[Layer],
                           dtype: torch.dtype) -> Model:
@@ -214,10 +251,15 @@ class JobSession:
 
     def _unmap(self) -> None:
         """Lets go of every view into the arena (before the plane goes)."""
-        self.grad_views = []
-        self.weight_views = []
-        self.staging = None
+        self._drop_views()
         self.remote = None
+
+    def _drop_views(self) -> None:
+        # In place: whoever holds the lists holds no view into an arena
+        # that a move or the close unmaps either.
+        self.grad_views.clear()
+        self.weight_views.clear()
+        self.staging = None
 
 
 def _with_hint(error: LohanError, job_name: str,

@@ -431,6 +431,18 @@ class ParameterResidency:
         self._travel.reset()
         self._schedule.new_step()
 
+    def forget_arena(self) -> None:
+        """Before the data plane moves (share_move.py): every fetch and
+        GPU copy out of the arena done, and nothing remembered by buffer
+        address (the new arena's buffers may lie at the old addresses and
+        hold nothing yet). Its weight views are the session's lists,
+        mapped anew in place."""
+        self._settle()
+        for event in self._copies.values():
+            event.synchronize()
+        self._copies.clear()
+        self._holds.clear()
+
     def _settle(self) -> None:
         """Waits for every fetch in flight (their errors surface here)."""
         pending, self._pending = self._pending, {}

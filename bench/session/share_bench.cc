@@ -1,0 +1,354 @@
+// Elastic shares (issue #47), measured on a real lohand: a job whose
+// arena is beyond its share of the host pool trains alone, then beside
+// another user's idle data plane that needs that share (the job shrinks to
+// a streamed arena), then alone again (it grows back), then while the other
+// user opens and closes planes over and over. Prints the job's steps/s in
+// each phase against its rate alone, measured in the same run, and what a
+// shrink and a grow cost: the seconds the job spent moving against a step,
+// and the storage bytes lohand read and wrote meanwhile (/proc/<pid>/io;
+// the job is between iterations then, so they are the move's).
+//
+//   bazel run //bench/session:share_bench -- [--window=20] [--layers=32]
+//       [--elements=262144] [--cycles=30]
+//
+// Needs root: the other user runs as nobody (setpriv). The job is
+// tests/train_client (fp32, --fit-arena, 8 shared buffers when streamed),
+// lohand's pool twice its resident arena less a MiB, so the job holds just
+// more than half.
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/control_client.h"
+#include "tests/harness/daemon_process.h"
+#include "tests/harness/subprocess.h"
+
+namespace lohan {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+[[noreturn]] void Die(const std::string& what, const absl::Status& status) {
+  std::fprintf(stderr, "share_bench: %s: %s\n", what.c_str(),
+               status.ToString().c_str());
+  std::exit(1);
+}
+
+double Seconds(Clock::time_point since) {
+  return std::chrono::duration<double>(Clock::now() - since).count();
+}
+
+// lohand's storage bytes so far (/proc/<pid>/io: read_bytes + write_bytes).
+uint64_t StorageBytes(pid_t pid) {
+  std::ifstream io(absl::StrCat("/proc/", pid, "/io"));
+  uint64_t total = 0;
+  std::string key;
+  uint64_t value = 0;
+  while (io >> key >> value) {
+    if (key == "read_bytes:" || key == "write_bytes:") total += value;
+  }
+  return total;
+}
+
+// One look at the job: its open plane (iteration, arena) and lohand's
+// bytes.
+struct Sample {
+  double at = 0;  // seconds since the bench began
+  uint64_t iteration = 0;
+  uint64_t arena = 0;
+  uint64_t wanted = 0;
+  bool registered = false;
+  uint64_t bytes = 0;
+};
+
+class Bench {
+ public:
+  Bench(testing::DaemonProcess& daemon, ControlClient& control)
+      : daemon_(daemon), control_(control), start_(Clock::now()) {}
+
+  Sample Look() {
+    Sample sample{.at = Seconds(start_), .bytes = StorageBytes(daemon_.pid())};
+    auto status = control_.GetStatus();
+    if (!status.ok()) Die("status", status.status());
+    for (const v1::SessionStatus& open : status->sessions()) {
+      if (open.job_id() != job_id_) continue;
+      sample.iteration = open.iteration();
+      sample.arena = open.arena_bytes();
+      sample.wanted = open.wanted_arena_bytes();
+      sample.registered = open.layers() != 0;
+    }
+    samples_.push_back(sample);
+    return sample;
+  }
+
+  // Looks every 20 ms until `holds` (at most `patience` seconds).
+  template <typename Predicate>
+  Sample Until(Predicate holds, double patience, const char* what) {
+    const auto began = Clock::now();
+    while (Seconds(began) < patience) {
+      Sample sample = Look();
+      if (holds(sample)) return sample;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    Die(what, absl::DeadlineExceededError("not within the patience"));
+  }
+
+  // A window of `seconds`, looking all along: its steps/s and lohand's
+  // bytes per step.
+  struct Window {
+    double steps_per_second = 0;
+    double bytes_per_step = 0;
+  };
+  Window Measure(double seconds) {
+    const Sample first = Look();
+    Sample last = first;
+    while (last.at - first.at < seconds) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      last = Look();
+    }
+    const double steps = static_cast<double>(last.iteration - first.iteration);
+    return {steps / (last.at - first.at),
+            static_cast<double>(last.bytes - first.bytes) / steps};
+  }
+
+  // How many times the job's plane changed size since look `since`.
+  int MovesSince(size_t since) const {
+    int moves = 0;
+    uint64_t arena = 0;
+    for (size_t i = since; i < samples_.size(); ++i) {
+      const Sample& sample = samples_[i];
+      if (!sample.registered) continue;
+      if (arena != 0 && sample.arena != arena) ++moves;
+      arena = sample.arena;
+    }
+    return moves;
+  }
+  size_t looks() const { return samples_.size(); }
+  void set_job_id(std::string id) { job_id_ = std::move(id); }
+
+ private:
+  testing::DaemonProcess& daemon_;
+  ControlClient& control_;
+  const Clock::time_point start_;
+  std::string job_id_;
+  std::vector<Sample> samples_;
+};
+
+// The job's moves so far (train_client's --moves-file): each one's lohand
+// storage bytes per parameter and seconds, against a resident step's.
+void ReportMoves(const std::string& path, uint64_t parameters,
+                 double step_seconds) {
+  std::ifstream moves(path);
+  uint64_t from = 0, to = 0, read = 0, written = 0;
+  double seconds = 0;
+  while (moves >> from >> to >> seconds >> read >> written) {
+    std::printf(
+        "  %s %.1f -> %.1f MiB: %.2f s (%.2fx a resident step), lohand read "
+        "%.3g MB (%.2f B/param) and wrote %.3g MB (%.2f B/param)\n",
+        to < from ? "shrink" : "grow", from / 1048576.0, to / 1048576.0,
+        seconds, seconds / step_seconds, read / 1e6,
+        static_cast<double>(read) / parameters, written / 1e6,
+        static_cast<double>(written) / parameters);
+  }
+}
+
+struct Options {
+  double window = 20;
+  uint32_t layers = 32;
+  uint64_t elements = 256 << 10;
+  int cycles = 30;
+};
+
+int Run(const Options& options) {
+  if (getuid() != 0) {
+    std::fprintf(stderr,
+                 "share_bench: needs root (the other user runs as "
+                 "nobody through setpriv)\n");
+    return 2;
+  }
+  testing::PublicTempDir dir;
+  const std::string hostile =
+      testing::CopyForOtherUsers("tests/hostile_client", dir.path());
+  const uint64_t layer_bytes = options.elements * 4;
+  // Resident: a gradient and a weight buffer per layer, the staging slot
+  // and a MiB of rings: the pool is twice that less a MiB.
+  const uint64_t resident =
+      2 * options.layers * layer_bytes + layer_bytes + (1 << 20);
+  const uint64_t pool = ((2 * resident) >> 20 << 20) - (1 << 20);
+  {
+    std::ofstream config(dir.path() + "/lohand.toml");
+    config << "[quotas]\nregrow_after = \"5s\"\n";
+  }
+  auto daemon = testing::DaemonProcess::Start(
+      dir.path(), {"--config", dir.path() + "/lohand.toml", "--ssd-capacity",
+                   "4GiB", "--host-pool-size", absl::StrCat(pool >> 20, "MiB"),
+                   "--log-level", "info"});
+  if (!daemon.ok()) Die("lohand", daemon.status());
+  auto control = ControlClient::Connect({.socket_path = (*daemon)->socket()});
+  if (!control.ok()) Die("connect", control.status());
+  Bench bench(**daemon, **control);
+
+  const std::string stop = dir.path() + "/stop";
+  const std::string moves_file = dir.path() + "/moves";
+  std::vector<std::string> layers(options.layers,
+                                  std::to_string(options.elements));
+  auto job =
+      testing::BackgroundProcess::Start({testing::Runfile("tests/train_client"),
+                                         "--socket",
+                                         (*daemon)->socket(),
+                                         "--job",
+                                         "job",
+                                         "--layers",
+                                         absl::StrJoin(layers, ","),
+                                         "--fit-arena",
+                                         "--grad-slots",
+                                         "8",
+                                         "--weight-slots",
+                                         "8",
+                                         "--iterations",
+                                         "100000000",
+                                         "--until-file",
+                                         stop,
+                                         "--out",
+                                         dir.path() + "/weights",
+                                         "--moves-file",
+                                         moves_file,
+                                         "--lohand-pid",
+                                         std::to_string((*daemon)->pid())});
+  if (!job.ok()) Die("job", job.status());
+  auto jobs = (*control)->ListJobs();
+  if (!jobs.ok() || jobs->empty()) Die("jobs", jobs.status());
+  bench.set_job_id((*jobs)[0].id());
+  const uint64_t parameters = uint64_t{options.layers} * options.elements;
+  std::printf(
+      "share_bench: one job of %u layers x %llu fp32 parameters (%.1f MiB "
+      "arena resident, 8 shared buffers streamed) in a %llu MiB pool; the "
+      "other user's idle plane asks for half the pool; regrow_after 5s, "
+      "reclaim_interval and reclaim_grace their defaults (1m, 15m)\n",
+      options.layers, static_cast<unsigned long long>(options.elements),
+      resident / 1048576.0, static_cast<unsigned long long>(pool >> 20));
+  bench.Until([](const Sample& s) { return s.iteration >= 3; }, 120,
+              "the job's first steps");
+
+  // Alone.
+  const Bench::Window resident_rate = bench.Measure(options.window);
+  const double alone = resident_rate.steps_per_second;
+  std::printf("  alone: %.3f steps/s\n", alone);
+
+  // Beside the other user's idle plane: the job shrinks.
+  const std::string half = std::to_string(pool / 2);
+  const auto asked = Clock::now();
+  auto idle = testing::BackgroundProcess::Start(
+      testing::AsNobody({hostile, "register-await", (*daemon)->socket(), "idle",
+                         dir.path() + "/idle-told", half}));
+  if (!idle.ok() || (*idle)->first_line().rfind("registered", 0) != 0) {
+    Die("the other user's plane",
+        idle.ok() ? absl::InternalError((*idle)->first_line()) : idle.status());
+  }
+  const double opened_in = Seconds(asked);
+  const Sample shrunk = bench.Until(
+      [](const Sample& s) { return s.registered && s.arena < s.wanted; }, 120,
+      "the shrink");
+  const Bench::Window streamed = bench.Measure(options.window);
+  std::printf(
+      "  beside the other user's idle plane: %.3f steps/s (%.2fx alone); "
+      "its plane opened in %.2f s\n",
+      streamed.steps_per_second, streamed.steps_per_second / alone, opened_in);
+
+  // The other user leaves: the job grows back after regrow_after.
+  (*idle)->Stop(SIGKILL);
+  const Sample left = bench.Look();
+  const Sample grown = bench.Until(
+      [](const Sample& s) { return s.registered && s.arena == s.wanted; }, 120,
+      "the grow");
+  const double after = bench.Measure(options.window).steps_per_second;
+  std::printf(
+      "  after it left: %.3f steps/s (%.2fx alone), grown back %.1f s after "
+      "it left\n",
+      after, after / alone, grown.at - left.at);
+  ReportMoves(moves_file, parameters, 1 / alone);
+
+  // The other user opens a plane, holds it a second and closes it, over
+  // and over, from a minute after the shrink (reclaim_interval).
+  while (bench.Look().at - shrunk.at < 61) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const size_t cycles_look = bench.looks();
+  const Sample cycles_from = bench.Look();
+  int opened = 0;
+  std::string refusal;  // the first one
+  for (int i = 0; i < options.cycles; ++i) {
+    auto plane = testing::BackgroundProcess::Start(testing::AsNobody(
+        {hostile, "register-await", (*daemon)->socket(),
+         absl::StrCat("cycle-", i), dir.path() + "/cycle-told", half}));
+    if (plane.ok() && (*plane)->first_line().rfind("registered", 0) == 0) {
+      ++opened;
+    } else if (refusal.empty()) {
+      refusal = plane.ok() ? (*plane)->first_line()
+                           : std::string(plane.status().message());
+    }
+    const auto held = Clock::now();
+    while (Seconds(held) < 1) {
+      bench.Look();
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    if (plane.ok()) (*plane)->Stop(SIGKILL);
+  }
+  const Sample cycles_to = bench.Look();
+  const double cycling = (cycles_to.iteration - cycles_from.iteration) /
+                         (cycles_to.at - cycles_from.at);
+  std::printf(
+      "  while the other user opened %d planes one after the other, each "
+      "held a second (%d opened; %.1f s): %.3f steps/s (%.2fx alone); the "
+      "job moved %d times\n",
+      options.cycles, opened, cycles_to.at - cycles_from.at, cycling,
+      cycling / alone, bench.MovesSince(cycles_look));
+  if (!refusal.empty())
+    std::printf("    the first refusal: %s\n", refusal.c_str());
+
+  std::ofstream(stop) << "stop\n";
+  const int exit_code = (*job)->Stop(0);
+  if (exit_code != 0) {
+    Die("the job", absl::InternalError(absl::StrCat("exit ", exit_code, "\n",
+                                                    (*daemon)->Log())));
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace lohan
+
+int main(int argc, char** argv) {
+  lohan::Options options;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&](const char* name) -> const char* {
+      const std::string prefix = std::string(name) + "=";
+      return arg.rfind(prefix, 0) == 0 ? argv[i] + prefix.size() : nullptr;
+    };
+    if (const char* v = value("--window")) {
+      (void)absl::SimpleAtod(v, &options.window);
+    } else if (const char* v = value("--layers")) {
+      (void)absl::SimpleAtoi(v, &options.layers);
+    } else if (const char* v = value("--elements")) {
+      (void)absl::SimpleAtoi(v, &options.elements);
+    } else if (const char* v = value("--cycles")) {
+      (void)absl::SimpleAtoi(v, &options.cycles);
+    } else {
+      std::fprintf(stderr, "share_bench: unknown argument %s\n", argv[i]);
+      return 2;
+    }
+  }
+  return lohan::Run(options);
+}

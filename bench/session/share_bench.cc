@@ -244,7 +244,8 @@ int Run(const Options& options) {
   // Alone.
   const Bench::Window resident_rate = bench.Measure(options.window);
   const double alone = resident_rate.steps_per_second;
-  std::printf("  alone: %.3f steps/s\n", alone);
+  std::printf("  alone: %.3f steps/s, lohand's storage %.2f B/param a step\n",
+              alone, resident_rate.bytes_per_step / parameters);
 
   // Beside the other user's idle plane: the job shrinks.
   const std::string half = std::to_string(pool / 2);
@@ -262,9 +263,10 @@ int Run(const Options& options) {
       "the shrink");
   const Bench::Window streamed = bench.Measure(options.window);
   std::printf(
-      "  beside the other user's idle plane: %.3f steps/s (%.2fx alone); "
-      "its plane opened in %.2f s\n",
-      streamed.steps_per_second, streamed.steps_per_second / alone, opened_in);
+      "  beside the other user's idle plane: %.3f steps/s (%.2fx alone), "
+      "%.2f B/param a step; its plane opened in %.2f s\n",
+      streamed.steps_per_second, streamed.steps_per_second / alone,
+      streamed.bytes_per_step / parameters, opened_in);
 
   // The other user leaves: the job grows back after regrow_after.
   (*idle)->Stop(SIGKILL);
@@ -272,11 +274,13 @@ int Run(const Options& options) {
   const Sample grown = bench.Until(
       [](const Sample& s) { return s.registered && s.arena == s.wanted; }, 120,
       "the grow");
-  const double after = bench.Measure(options.window).steps_per_second;
+  const Bench::Window regrown = bench.Measure(options.window);
+  const double after = regrown.steps_per_second;
   std::printf(
-      "  after it left: %.3f steps/s (%.2fx alone), grown back %.1f s after "
-      "it left\n",
-      after, after / alone, grown.at - left.at);
+      "  after it left: %.3f steps/s (%.2fx alone), %.2f B/param a step; "
+      "grown back %.1f s after it left\n",
+      after, after / alone, regrown.bytes_per_step / parameters,
+      grown.at - left.at);
   ReportMoves(moves_file, parameters, 1 / alone);
 
   // The other user opens a plane, holds it a second and closes it, over

@@ -311,8 +311,11 @@ class SessionManager {
   // RESOURCE_EXHAUSTED, nothing closed, when it would close some but
   // ReclaimAllowedLocked refuses. REQUIRES for `at_once`: a call without
   // it for the same request was allowed.
+  // `shrink_only`: planes that cannot shrink are left alone (for a plane
+  // already training, TakeBackForUseLocked).
   absl::StatusOr<bool> ReclaimPoolLocked(const std::string& job_id, uid_t owner,
-                                         uint64_t bytes, bool at_once)
+                                         uint64_t bytes, bool at_once,
+                                         bool shrink_only = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // [quotas] reclaim_interval, for every reclaim (pool and SSD): OK when
   // `owner`'s request for `job_id` may close other users' planes now (its
@@ -370,10 +373,10 @@ class SessionManager {
   // Only use earns a share: when `live` (of `job_id`, holding `held` of
   // `owner`'s) has begun an iteration and its model would take a larger
   // arena within its owner's share than it holds, but that is not free,
-  // takes back what others hold beyond their shares for it
-  // (ReclaimPoolLocked: they shrink at their next iterations' ends; at
-  // most once per reclaim_interval for `owner`). GrowAskLocked grows it
-  // once the room is there.
+  // asks others holding beyond their shares to shrink for it
+  // (ReclaimPoolLocked, shrink_only: at their next iterations' ends, none
+  // closed; at most once per reclaim_interval for `owner`). GrowAskLocked grows
+  // it once the room is there.
   void TakeBackForUseLocked(const std::string& job_id, const LiveSession& live,
                             uint64_t held, uid_t owner)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -183,7 +183,8 @@ std::optional<SessionManager::ArenaClaim> SessionManager::TakeReservationLocked(
 }
 
 absl::StatusOr<bool> SessionManager::ReclaimPoolLocked(
-    const std::string& job_id, uid_t owner, uint64_t bytes, bool at_once) {
+    const std::string& job_id, uid_t owner, uint64_t bytes, bool at_once,
+    bool shrink_only) {
   DropStaleReservationsLocked();
   const uint64_t capacity = parts_.pool->GetStats().capacity_bytes;
   uint64_t held_by_all = 0;
@@ -221,8 +222,9 @@ absl::StatusOr<bool> SessionManager::ReclaimPoolLocked(
       shrink_to =
           ShrinkTargetLocked(c, std::min(needed, holder.held - share), kept);
     }
-    // Within its grace it only shrinks, never below what the grace keeps.
-    if (!shrink_to.has_value() && in_grace) continue;
+    // Within its grace it only shrinks, never below what the grace keeps;
+    // for a plane that trains already, others only shrink.
+    if (!shrink_to.has_value() && (in_grace || shrink_only)) continue;
     const uint64_t freed = c.bytes - shrink_to.value_or(0);
     taken.push_back(
         {c,
@@ -413,8 +415,9 @@ void SessionManager::TakeBackForUseLocked(const std::string& job_id,
   // Others hold beyond their shares what this job's share needs: they are
   // asked to shrink (or closed), rate-limited as any taking-back; this job
   // grows once the room is there (regrow_after later).
-  absl::StatusOr<bool> asked = ReclaimPoolLocked(
-      job_id, owner, within_share->arena_bytes - held, /*at_once=*/false);
+  absl::StatusOr<bool> asked =
+      ReclaimPoolLocked(job_id, owner, within_share->arena_bytes - held,
+                        /*at_once=*/false, /*shrink_only=*/true);
   if (asked.ok() && *asked) {
     spdlog::info(
         "job {}: training below its share of the host pool ({} of "

@@ -150,6 +150,17 @@ absl::Status ControlClient::DeleteJob(const std::string& job_id) {
   return Invoke(&v1::Lohan::Stub::DeleteJob, request, &response);
 }
 
+absl::StatusOr<v1::Job> ControlClient::KeepJob(const std::string& job_id,
+                                               bool keep) {
+  v1::KeepJobRequest request;
+  request.set_job_id(job_id);
+  request.set_keep(keep);
+  v1::KeepJobResponse response;
+  absl::Status status = Invoke(&v1::Lohan::Stub::KeepJob, request, &response);
+  if (!status.ok()) return status;
+  return response.job();
+}
+
 absl::StatusOr<std::vector<v1::Job>> ControlClient::ListJobs() {
   v1::ListJobsResponse response;
   absl::Status status =

@@ -43,6 +43,9 @@ class ControlClient {
   // what the daemon did, in words.
   absl::StatusOr<std::string> StopJob(const std::string& job_id, bool drain);
   absl::Status DeleteJob(const std::string& job_id);
+  // Pins (`keep`) or unpins a job: lohand never deletes a pinned job on
+  // its own ([jobs] keep_ended). The job as the daemon lists it.
+  absl::StatusOr<v1::Job> KeepJob(const std::string& job_id, bool keep);
   absl::StatusOr<std::vector<v1::Job>> ListJobs();
   absl::StatusOr<v1::GetStatusResponse> GetStatus();
   absl::StatusOr<v1::RegisterModelResponse> RegisterModel(

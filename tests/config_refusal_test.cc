@@ -73,6 +73,25 @@ TEST_F(ConfigRefusalTest, QuotaForAUserThatDoesNotExist) {
   EXPECT_THAT(checked.err, HasSubstr("no user named 'no-such-user-here'"));
 }
 
+// [jobs] keep_ended that cannot work: negative, not a duration, beyond ten
+// years; each refused at start naming the key, --check-config likewise.
+TEST_F(ConfigRefusalTest, KeepEndedThatCannotWork) {
+  for (const char* value : {"\"-1s\"", "\"-2d\"", "\"soon\"", "\"7 days\"", "7",
+                            "\"100000d\"", "\"inf\"", "\"0.5s\""}) {
+    SCOPED_TRACE(value);
+    const std::string config =
+        WriteConfig(std::string("[jobs]\nkeep_ended = ") + value + "\n");
+    ExpectRefused(Lohand({"--config", config}),
+                  config +
+                      ":2: key 'jobs.keep_ended' must be \"0s\" (ended jobs "
+                      "are deleted by hand only) or a duration from \"1s\" "
+                      "to \"3650d\"");
+    RunResult checked = Lohand({"--config", config, "--check-config"});
+    EXPECT_EQ(checked.exit_code, 1);
+    EXPECT_THAT(checked.err, HasSubstr("'jobs.keep_ended'"));
+  }
+}
+
 TEST_F(ConfigRefusalTest, QuotaWeightOutOfRange) {
   const std::string config = WriteConfig("[quotas]\nweight = 5000\n");
   ExpectRefused(Lohand({"--config", config}),

@@ -25,7 +25,8 @@ if [ -n "$output" ]; then
 fi
 # The options the daemon cannot run without are still there.
 for needed in "LimitMEMLOCK=infinity" "CAP_IPC_LOCK" "@aio" "@memlock" \
-  "RuntimeDirectory=lohan" "KillSignal=SIGTERM"; do
+  "RuntimeDirectory=lohan" "KillSignal=SIGTERM" "^Type=notify$" \
+  "^NotifyAccess=main$" "^WatchdogSec=[1-9]"; do
   grep -q -- "$needed" "$runfiles/deploy/lohand.service" || {
     echo "lohand.service lost '$needed'"
     exit 1
@@ -52,7 +53,8 @@ done | sort -u >"$allowed"
 for call in memfd_create fcntl mmap mlock munlock ftruncate fallocate \
   io_setup io_destroy io_submit io_getevents pread64 pwrite64 fdatasync \
   fsync futex eventfd2 poll ppoll epoll_wait accept4 getsockopt \
-  sendmsg recvmsg flock rename sched_setaffinity rt_sigtimedwait statfs; do
+  sendmsg recvmsg flock rename sched_setaffinity rt_sigtimedwait statfs \
+  socket connect sendto; do
   grep -qx "$call" "$allowed" || {
     echo "lohand.service's SystemCallFilter blocks $call, which lohand uses"
     exit 1

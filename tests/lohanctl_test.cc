@@ -1,6 +1,7 @@
 // lohanctl against a real daemon, in both output forms.
 #include <google/protobuf/util/json_util.h>
 
+#include <csignal>
 #include <sstream>
 #include <string>
 
@@ -16,6 +17,7 @@
 namespace lohan::testing {
 namespace {
 
+using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 using ::testing::MatchesRegex;
 using ::testing::Not;
@@ -332,6 +334,81 @@ TEST_F(LohanctlTest, DeleteRefusesAttachedThenDeletes) {
   RunResult deleted = Lohanctl({"jobs", "delete", job_id_});
   EXPECT_EQ(deleted.exit_code, 0) << deleted.err;
   EXPECT_THAT(Lohanctl({"jobs"}).out, HasSubstr("no jobs"));
+}
+
+// Each ended job says when lohand deletes it ([jobs] keep_ended: 7 days by
+// default), a pinned one "kept", an attached one "-"; `jobs keep` pins and
+// `jobs keep --off` unpins.
+TEST_F(LohanctlTest, JobsSayWhenLohandDeletesEndedJobs) {
+  v1::JobSpec spec;
+  spec.set_name("finished");
+  auto finished = client_->CreateJob(spec);
+  ASSERT_TRUE(finished.ok()) << finished.status();
+  const std::string id = finished->id();
+  // Never attached: ended when created.
+  EXPECT_EQ(finished->ended_unix_seconds(), finished->created_unix_seconds());
+
+  auto listed = [&](const std::string& job_id) {
+    RunResult json = Lohanctl({"jobs", "--json"});
+    EXPECT_EQ(json.exit_code, 0) << json.err;
+    v1::ListJobsResponse jobs;
+    EXPECT_TRUE(
+        google::protobuf::util::JsonStringToMessage(json.out, &jobs).ok());
+    for (const v1::Job& job : jobs.jobs()) {
+      if (job.id() == job_id) return job;
+    }
+    ADD_FAILURE() << "no job " << job_id << " in " << json.out;
+    return v1::Job();
+  };
+  const v1::Job ended = listed(id);
+  EXPECT_EQ(ended.delete_after_unix_seconds(),
+            ended.ended_unix_seconds() + 7 * 86400);
+  EXPECT_FALSE(ended.kept());
+  EXPECT_EQ(listed(job_id_).delete_after_unix_seconds(), 0);
+  EXPECT_EQ(listed(job_id_).ended_unix_seconds(), 0);
+
+  const std::string time = "[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9:]{8}";
+  RunResult table = Lohanctl({"jobs"});
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_THAT(table.out, HasSubstr("CREATED             DELETED AFTER\n"));
+  EXPECT_THAT(table.out, ContainsRegex(job_id_ +
+                                       " +gpt-small +[^ ]+ +attached "
+                                       "+[0-9]+ .* " +
+                                       time + " -\n"));
+  EXPECT_THAT(table.out, ContainsRegex(id +
+                                       " +finished +[^ ]+ +detached +- "
+                                       ".* " +
+                                       time + " " + time + "\n"));
+
+  RunResult kept = Lohanctl({"jobs", "keep", id});
+  ASSERT_EQ(kept.exit_code, 0) << kept.err;
+  EXPECT_EQ(kept.out,
+            "kept " + id + ": lohand will not delete it on its own\n");
+  EXPECT_TRUE(listed(id).kept());
+  EXPECT_EQ(listed(id).delete_after_unix_seconds(), 0);
+  EXPECT_THAT(Lohanctl({"jobs"}).out,
+              ContainsRegex(id + " +finished .* " + time + " kept\n"));
+  // Pins survive a restart of lohand.
+  ASSERT_EQ(daemon_->Stop(SIGTERM), 0);
+  auto daemon = DaemonProcess::Start(dir_.path());
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  daemon_ = *std::move(daemon);
+  EXPECT_TRUE(listed(id).kept());
+
+  RunResult unkept = Lohanctl({"jobs", "keep", "--off", id});
+  ASSERT_EQ(unkept.exit_code, 0) << unkept.err;
+  EXPECT_THAT(unkept.out, MatchesRegex(id +
+                                       " no longer kept: lohand deletes "
+                                       "it after " +
+                                       time + "\n"));
+  EXPECT_FALSE(listed(id).kept());
+  EXPECT_EQ(listed(id).delete_after_unix_seconds(),
+            ended.ended_unix_seconds() + 7 * 86400);
+
+  RunResult missing = Lohanctl({"jobs", "keep", "j-999999"});
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_THAT(missing.err, HasSubstr("no job 'j-999999'"));
+  EXPECT_NE(Lohanctl({"jobs", "keep"}).exit_code, 0);
 }
 
 TEST_F(LohanctlTest, LongJobNamesKeepTheColumns) {

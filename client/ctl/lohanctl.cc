@@ -8,6 +8,12 @@
 //   lohanctl jobs [--json]        the jobs you may see (all of them as root)
 //   lohanctl jobs delete JOB_ID   deletes a detached job and frees its SSD
 //                                 space
+//   lohanctl jobs keep [--off] JOB_ID
+//                                 pins a job (unpins it): lohand never
+//                                 deletes it on its own ([jobs] keep_ended)
+//   lohanctl metrics              the status as Prometheus text, as lohand
+//                                 writes its [metrics] textfile: your jobs
+//                                 (all of them as root)
 // In status and jobs a distributed run's jobs (its ranks on this daemon) are
 // one entry (run_groups.h); --json lists every job as the daemon reports it.
 #include <google/protobuf/util/json_util.h>
@@ -30,6 +36,7 @@
 #include "client/ctl/run_groups.h"
 #include "client/ctl/watch.h"
 #include "daemon/common/byte_size.h"
+#include "daemon/metrics/prometheus_text.h"
 #include "daemon/plan/model_shape.h"
 #include "wire/version.h"
 
@@ -73,6 +80,12 @@ std::string Duration(double seconds) {
   return absl::StrFormat("%ds", secs);
 }
 
+// When lohand deletes the job on its own ([jobs] keep_ended): "kept" when
+// pinned; "-" while a process is attached, or when lohand keeps ended jobs.
+std::string AutoDelete(const v1::Job& job) {
+  return job.kept() ? "kept" : LocalTime(job.delete_after_unix_seconds());
+}
+
 // Jobs on their own, one row each.
 void PrintJobTable(const std::vector<v1::Job>& jobs) {
   // As wide as the longest name (up to 64 characters), not less than 20.
@@ -81,10 +94,10 @@ void PrintJobTable(const std::vector<v1::Job>& jobs) {
     name_width =
         std::max(name_width, static_cast<int>(job.spec().name().size()));
   }
-  const std::string format = absl::StrCat("%-10s %-", name_width,
-                                          "s %-12s %-9s %-8s %-10s %-10s %s\n");
+  const std::string format = absl::StrCat(
+      "%-10s %-", name_width, "s %-12s %-9s %-8s %-10s %-10s %-19s %s\n");
   std::printf(format.c_str(), "ID", "NAME", "OWNER", "STATE", "PID",
-              "HOST POOL", "ON SSDS", "CREATED");
+              "HOST POOL", "ON SSDS", "CREATED", "DELETED AFTER");
   for (const v1::Job& job : jobs) {
     std::printf(
         format.c_str(), job.id().c_str(), job.spec().name().c_str(),
@@ -92,7 +105,7 @@ void PrintJobTable(const std::vector<v1::Job>& jobs) {
         job.attached_pid() ? std::to_string(job.attached_pid()).c_str() : "-",
         FormatByteSize(job.spec().host_pool_bytes()).c_str(),
         FormatByteSize(job.ssd_bytes()).c_str(),
-        LocalTime(job.created_unix_seconds()).c_str());
+        LocalTime(job.created_unix_seconds()).c_str(), AutoDelete(job).c_str());
     if (!job.last_failure().empty()) {
       // Under its row: why the job stopped (a full SSD, say).
       std::printf("           last failure at %s: %s\n",
@@ -278,6 +291,17 @@ int Status(const std::string& socket, bool json) {
   return 0;
 }
 
+// The daemon's status as the caller may see it (GetStatus names only the
+// caller's jobs unless it is root), rendered as lohand's textfile is.
+int Metrics(const std::string& socket) {
+  auto client = Connect(socket);
+  if (!client.ok()) return Fail(client.status());
+  auto status = (*client)->GetStatus();
+  if (!status.ok()) return Fail(status.status());
+  std::fputs(RenderPrometheusText(*status).c_str(), stdout);
+  return 0;
+}
+
 int Jobs(const std::string& socket, bool json) {
   auto client = Connect(socket);
   if (!client.ok()) return Fail(client.status());
@@ -331,6 +355,24 @@ int JobPlan(const std::string& socket, const std::string& job_id) {
   auto plan = (*client)->GetJobPlan(job_id);
   if (!plan.ok()) return Fail(plan.status());
   std::printf("%s\n", Json(*plan).c_str());
+  return 0;
+}
+
+int KeepJob(const std::string& socket, const std::string& job_id, bool keep) {
+  auto client = Connect(socket);
+  if (!client.ok()) return Fail(client.status());
+  auto job = (*client)->KeepJob(job_id, keep);
+  if (!job.ok()) return Fail(job.status());
+  if (keep) {
+    std::printf("kept %s: lohand will not delete it on its own\n",
+                job_id.c_str());
+  } else if (job->delete_after_unix_seconds() > 0) {
+    std::printf("%s no longer kept: lohand deletes it after %s\n",
+                job_id.c_str(),
+                LocalTime(job->delete_after_unix_seconds()).c_str());
+  } else {
+    std::printf("%s no longer kept\n", job_id.c_str());
+  }
   return 0;
 }
 
@@ -397,6 +439,18 @@ int main(int argc, char** argv) {
       jobs->add_subcommand("delete", "delete a detached job");
   jobs_delete->add_option("job_id", delete_id, "the job's id, e.g. j-000001")
       ->required();
+  std::string keep_id;
+  bool keep_off = false;
+  CLI::App* jobs_keep = jobs->add_subcommand(
+      "keep",
+      "pin a job: lohand never deletes it on its own (it deletes jobs no "
+      "process has been attached to for [jobs] keep_ended); yours, or any "
+      "as root");
+  jobs_keep->add_flag("--off", keep_off,
+                      "unpin it: lohand deletes it once it has ended for "
+                      "keep_ended");
+  jobs_keep->add_option("job_id", keep_id, "the job's id, e.g. j-000001")
+      ->required();
   std::string plan_id;
   CLI::App* jobs_plan = jobs->add_subcommand(
       "plan",
@@ -411,6 +465,12 @@ int main(int argc, char** argv) {
       "on to a job it no longer trains); yours, or any as root");
   jobs_detach->add_option("job_id", detach_id, "the job's id, e.g. j-000001")
       ->required();
+
+  CLI::App* metrics = app.add_subcommand(
+      "metrics",
+      "the daemon's status as Prometheus text (what lohand writes to its "
+      "[metrics] textfile for node_exporter): your jobs, all of them as "
+      "root");
 
   lohan::PlanOptions plan_options;
   std::vector<uint64_t> batches;
@@ -512,11 +572,12 @@ int main(int argc, char** argv) {
     }
     return lohan::RunPlan(plan_options);
   }
+  if (metrics->parsed()) return lohan::Metrics(socket);
   if (!status->parsed() && !jobs->parsed() && !drain->parsed() &&
       !kill->parsed()) {
     std::fprintf(stderr,
-                 "lohanctl: name a command: status, jobs, drain, kill, plan "
-                 "(see --help)\n");
+                 "lohanctl: name a command: status, jobs, drain, kill, plan, "
+                 "metrics (see --help)\n");
     return 2;
   }
   if (drain->parsed()) return lohan::StopJob(socket, drain_id, true);
@@ -529,6 +590,7 @@ int main(int argc, char** argv) {
   }
   if (status->parsed()) return lohan::Status(socket, status_json);
   if (jobs_delete->parsed()) return lohan::DeleteJob(socket, delete_id);
+  if (jobs_keep->parsed()) return lohan::KeepJob(socket, keep_id, !keep_off);
   if (jobs_plan->parsed()) return lohan::JobPlan(socket, plan_id);
   if (jobs_detach->parsed()) return lohan::DetachJob(socket, detach_id);
   return lohan::Jobs(socket, jobs_json);

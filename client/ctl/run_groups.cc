@@ -130,8 +130,21 @@ std::string RunTable(const std::vector<JobEntry>& runs,
     cells.push_back(absl::StrJoin(ids, " "));
     table += row(cells);
     for (const v1::Job& job : run.jobs) {
+      // Under its run: when lohand deletes an ended rank on its own.
+      if (job.kept()) {
+        absl::StrAppendFormat(&table,
+                              "  rank %u (%s) kept: lohand never deletes it "
+                              "on its own\n",
+                              job.spec().run().rank(), job.id());
+      } else if (job.delete_after_unix_seconds() > 0) {
+        absl::StrAppendFormat(&table,
+                              "  rank %u (%s) ended at %s, deleted after %s\n",
+                              job.spec().run().rank(), job.id(),
+                              LocalTime(job.ended_unix_seconds()),
+                              LocalTime(job.delete_after_unix_seconds()));
+      }
       if (job.last_failure().empty()) continue;
-      // Under its run: why a rank stopped (a full SSD, say).
+      // Why a rank stopped (a full SSD, say).
       absl::StrAppendFormat(&table, "  rank %u (%s) last failure at %s: %s\n",
                             job.spec().run().rank(), job.id(),
                             LocalTime(job.last_failure_unix_seconds()),

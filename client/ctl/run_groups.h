@@ -35,8 +35,9 @@ using IterationsByJob = std::map<std::string, uint64_t>;
 // attached, their iterations (one number when all are equal, else each in
 // rank order, "-" for a rank not training; the column is left out when
 // `iterations` is null), the totals of their host pools (arenas) and SSD
-// bytes, and their job ids in rank order; each rank's last failure on a
-// line under its run.
+// bytes, and their job ids in rank order; under its run, a line for each
+// rank lohand will delete on its own (ended: when) or never (pinned), and
+// each rank's last failure.
 std::string RunTable(const std::vector<JobEntry>& runs,
                      const IterationsByJob* iterations);
 

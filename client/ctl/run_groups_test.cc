@@ -92,6 +92,27 @@ TEST(RunTableTest, OneRowPerRunWithTotals) {
               testing::ContainsRegex("1 of 2 attached +4.0 MiB +2.0 MiB"));
 }
 
+// An ended rank says when lohand deletes it; a pinned one that it will not;
+// an attached one nothing.
+TEST(RunTableTest, EndedRanksSayWhenLohandDeletesThem) {
+  v1::Job ended = RankJob("j-1", 1001, "dp", 0, 3);
+  ended.set_state(v1::JOB_STATE_DETACHED);
+  ended.set_ended_unix_seconds(1000);
+  ended.set_delete_after_unix_seconds(2000);
+  v1::Job kept = RankJob("j-2", 1001, "dp", 1, 3);
+  kept.set_kept(true);
+  v1::Job attached = RankJob("j-3", 1001, "dp", 2, 3);
+  attached.set_state(v1::JOB_STATE_ATTACHED);
+  const std::string table =
+      RunTable(GroupRuns({ended, kept, attached}), nullptr);
+  EXPECT_THAT(table, HasSubstr(absl::StrCat("  rank 0 (j-1) ended at ",
+                                            LocalTime(1000), ", deleted after ",
+                                            LocalTime(2000), "\n")));
+  EXPECT_THAT(table, HasSubstr("  rank 1 (j-2) kept: lohand never deletes "
+                               "it on its own\n"));
+  EXPECT_THAT(table, Not(HasSubstr("rank 2 (j-3)")));
+}
+
 TEST(RunTableTest, RanksThatDisagreeOnTheWorldSizeShowEach) {
   const std::vector<JobEntry> runs = GroupRuns(
       {RankJob("j-1", 1001, "dp", 0, 2), RankJob("j-2", 1001, "dp", 1, 3)});

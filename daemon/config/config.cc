@@ -8,6 +8,8 @@
 #include <sstream>
 #include <type_traits>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
@@ -207,6 +209,32 @@ absl::Status SetReclaimDuration(const toml::node& node,
   return absl::OkStatus();
 }
 
+// [jobs] keep_ended: "0s" (never), or a duration from kMinKeepEnded to
+// kMaxKeepEnded: whole days as "7d", else as absl::ParseDuration reads it
+// ("36h", "90m").
+absl::Status SetKeepEnded(const toml::node& node, absl::string_view origin,
+                          DaemonConfig& config) {
+  std::optional<std::string> text = node.value_exact<std::string>();
+  absl::Duration value;
+  bool parsed = false;
+  if (text && text->size() > 1 && text->back() == 'd') {
+    int64_t days = 0;
+    parsed = absl::SimpleAtoi(text->substr(0, text->size() - 1), &days);
+    value = absl::Hours(24) * days;
+  } else if (text) {
+    parsed = absl::ParseDuration(*text, &value);
+  }
+  if (!parsed || (value != absl::ZeroDuration() &&
+                  (value < kMinKeepEnded || value > kMaxKeepEnded))) {
+    return BadValue(origin, node, "jobs.keep_ended",
+                    "\"0s\" (ended jobs are deleted by hand only) or a "
+                    "duration from \"1s\" to \"3650d\", such as \"7d\" "
+                    "or \"36h\"");
+  }
+  config.keep_ended = value;
+  return absl::OkStatus();
+}
+
 // The daemon-wide keys of [quotas] (not per user): the reclaim limits.
 struct ReclaimKey {
   const char* name;
@@ -368,6 +396,27 @@ const std::map<std::string, Setter>& KeySetters() {
       {"optimizer.read_ahead",
        SizeSetter(&DaemonConfig::optimizer_read_ahead_bytes,
                   "optimizer.read_ahead")},
+      {"jobs.keep_ended", SetKeepEnded},
+      {"metrics.textfile",
+       StringSetter(&DaemonConfig::metrics_textfile, "metrics.textfile")},
+      {"metrics.interval",
+       [](const toml::node& node, absl::string_view origin,
+          DaemonConfig& config) -> absl::Status {
+         std::optional<std::string> text = node.value_exact<std::string>();
+         absl::Duration value;
+         if (!text || !absl::ParseDuration(*text, &value) ||
+             value < kMinMetricsInterval || value > kMaxMetricsInterval) {
+           return BadValue(
+               origin, node, "metrics.interval",
+               absl::StrCat("a duration from \"",
+                            absl::FormatDuration(kMinMetricsInterval),
+                            "\" to \"",
+                            absl::FormatDuration(kMaxMetricsInterval),
+                            "\", such as \"15s\""));
+         }
+         config.metrics_interval = value;
+         return absl::OkStatus();
+       }},
   };
   return *setters;
 }
@@ -404,7 +453,7 @@ absl::StatusOr<DaemonConfig> ParseConfigToml(absl::string_view text,
       return absl::InvalidArgumentError(absl::StrCat(
           Where(origin, section_node), ": unknown key '", section,
           "' (keys live in the sections [daemon], [store], [pool], "
-          "[optimizer], [quotas])"));
+          "[optimizer], [quotas], [metrics], [jobs])"));
     }
     if (section == "quotas") {
       if (absl::Status parsed = ParseQuotas(*section_table, origin, config);
@@ -527,6 +576,38 @@ absl::Status ApplyOverrides(const ConfigOverrides& overrides,
   return absl::OkStatus();
 }
 
+namespace {
+
+// [metrics]: off, or a file node_exporter's textfile collector reads (it
+// takes only "*.prom"; lohand's temporary file beside it is "*.prom.tmp").
+absl::Status ValidateMetrics(const DaemonConfig& config) {
+  const std::string& path = config.metrics_textfile;
+  if (path.empty()) return absl::OkStatus();
+  constexpr absl::string_view kSuffix = ".prom";
+  const size_t slash = path.rfind('/');
+  if (path[0] != '/' || slash == std::string::npos ||
+      path.size() - slash - 1 <= kSuffix.size() ||
+      !absl::EndsWith(path, kSuffix)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "key 'metrics.textfile' must be an absolute path to a file named "
+        "*.prom (node_exporter's textfile collector reads only those), "
+        "e.g. /var/lib/node_exporter/textfile_collector/lohan.prom, or "
+        "\"\" for none; got '",
+        path, "'"));
+  }
+  if (config.metrics_interval < kMinMetricsInterval ||
+      config.metrics_interval > kMaxMetricsInterval) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("key 'metrics.interval' must be from ",
+                     absl::FormatDuration(kMinMetricsInterval), " to ",
+                     absl::FormatDuration(kMaxMetricsInterval), "; got ",
+                     absl::FormatDuration(config.metrics_interval)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ValidateConfig(const DaemonConfig& config) {
   auto require_absolute = [](absl::string_view key,
                              const std::string& path) -> absl::Status {
@@ -626,6 +707,7 @@ absl::Status ValidateConfig(const DaemonConfig& config) {
     return absl::InvalidArgumentError(absl::StrCat(
         "key 'optimizer.threads' must be at most ", kMaxOptimizerThreads));
   }
+  if (absl::Status s = ValidateMetrics(config); !s.ok()) return s;
   return absl::OkStatus();
 }
 

@@ -73,10 +73,31 @@ struct DaemonConfig {
   // without a break, and no sooner than this after it shrank (zero: at its
   // next iteration's end). From 0 to kMaxReclaimDuration.
   absl::Duration regrow_after = absl::ZeroDuration();
+  // [jobs] keep_ended: lohand deletes a job that no process has been
+  // attached to for this long (JobRegistry: ended), unless it is pinned,
+  // and frees its SSD space; zero: never (jobs are deleted by hand only).
+  // Zero, or from kMinKeepEnded to kMaxKeepEnded, checked when parsed.
+  absl::Duration keep_ended = absl::ZeroDuration();
+  // [metrics] textfile: where lohand writes its Prometheus metrics for
+  // node_exporter's textfile collector (an absolute path ending in
+  // ".prom", its directory trusted as trusted_path.h says); empty: none.
+  // [metrics] interval: how often, from kMinMetricsInterval to
+  // kMaxMetricsInterval.
+  std::string metrics_textfile;
+  absl::Duration metrics_interval = absl::ZeroDuration();
 };
 
 // The most [quotas] reclaim_interval, reclaim_grace and regrow_after may be.
 inline constexpr absl::Duration kMaxReclaimDuration = absl::Hours(24);
+
+// The bounds of a [jobs] keep_ended other than "0s" (never): beyond ten
+// years it is a mistake, not a policy.
+inline constexpr absl::Duration kMinKeepEnded = absl::Seconds(1);
+inline constexpr absl::Duration kMaxKeepEnded = absl::Hours(24 * 3650);
+
+// The bounds of [metrics] interval.
+inline constexpr absl::Duration kMinMetricsInterval = absl::Seconds(1);
+inline constexpr absl::Duration kMaxMetricsInterval = absl::Hours(1);
 
 // Values given on the command line; each one set replaces the file's value.
 struct ConfigOverrides {
@@ -115,7 +136,8 @@ absl::Status ApplyOverrides(const ConfigOverrides& overrides,
 // socket path length, log level names, a non-empty SSD list without
 // duplicates, sizes and counts in range, the block size a power of two and
 // the stripe unit a multiple of it, a known optimizer ISA name, an optimizer
-// tuning that parses.
+// tuning that parses, a metrics textfile that is an absolute path to a
+// *.prom file.
 absl::Status ValidateConfig(const DaemonConfig& config);
 
 // The data-plane socket lives beside the control socket.

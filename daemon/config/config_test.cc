@@ -2,7 +2,11 @@
 
 #include <fstream>
 #include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -244,7 +248,47 @@ INSTANTIATE_TEST_SUITE_P(
                 "unknown key 'quotas.user.alice.reclaim_grace'"},
         BadCase{"[daemon]\ncontrol_idle_timeout = 0\n",
                 "'daemon.control_idle_timeout' must be an integer from 1"},
+        BadCase{"[jobs]\nkeep_ended = \"-1s\"\n",
+                "key 'jobs.keep_ended' must be \"0s\" (ended jobs are "
+                "deleted by hand only) or a duration from \"1s\" to "
+                "\"3650d\""},
+        BadCase{"[jobs]\nkeep_ended = \"-3d\"\n", "'jobs.keep_ended'"},
+        BadCase{"[jobs]\nkeep_ended = \"a week\"\n", "'jobs.keep_ended'"},
+        BadCase{"[jobs]\nkeep_ended = \"d\"\n", "'jobs.keep_ended'"},
+        BadCase{"[jobs]\nkeep_ended = 7\n", "'jobs.keep_ended'"},
+        BadCase{"[jobs]\nkeep_ended = \"500ms\"\n", "'jobs.keep_ended'"},
+        BadCase{"[jobs]\nkeep_ended = \"3651d\"\n", "'jobs.keep_ended'"},
+        BadCase{"[jobs]\nkeep_ended = \"99999999999999999d\"\n",
+                "'jobs.keep_ended'"},
+        BadCase{"[jobs]\nkeep_ended = \"inf\"\n", "'jobs.keep_ended'"},
+        BadCase{"[jobs]\nkeep_ender = \"7d\"\n",
+                "unknown key 'jobs.keep_ender'"},
+        BadCase{"[metrics]\ninterval = \"500ms\"\n",
+                "'metrics.interval' must be a duration from \"1s\" to "
+                "\"1h\""},
+        BadCase{"[metrics]\ninterval = \"2h\"\n", "'metrics.interval'"},
+        BadCase{"[metrics]\ninterval = 15\n", "'metrics.interval'"},
+        BadCase{"[metrics]\ntextfile = 1\n",
+                "'metrics.textfile' must be a string"},
+        BadCase{"[metrics]\ntext_file = \"/x.prom\"\n",
+                "unknown key 'metrics.text_file'"},
         BadCase{"[daemon\nsocket = 1\n", "not valid TOML"}));
+
+// [metrics]: off by default (deploy/lohand.toml), every 15 s.
+TEST(ParseConfigToml, Metrics) {
+  const DaemonConfig defaults = DefaultConfig();
+  EXPECT_EQ(defaults.metrics_textfile, "");
+  EXPECT_EQ(defaults.metrics_interval, absl::Seconds(15));
+  absl::StatusOr<DaemonConfig> config = Parse(
+      "[metrics]\ntextfile = "
+      "\"/var/lib/node_exporter/textfile_collector/lohan.prom\"\n"
+      "interval = \"1m\"\n");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->metrics_textfile,
+            "/var/lib/node_exporter/textfile_collector/lohan.prom");
+  EXPECT_EQ(config->metrics_interval, absl::Minutes(1));
+  EXPECT_TRUE(ValidateConfig(*config).ok()) << ValidateConfig(*config);
+}
 
 // The reclaim limits: daemon-wide [quotas] keys, their defaults in the
 // embedded deploy/lohand.toml.
@@ -261,6 +305,24 @@ TEST(ParseConfigToml, ReclaimLimits) {
   EXPECT_EQ(config->reclaim_grace, absl::ZeroDuration());
   EXPECT_EQ(config->regrow_after, absl::Seconds(2));
   EXPECT_EQ(config->quota_defaults.jobs, 3u);
+}
+
+// [jobs] keep_ended: 7 days by default (deploy/lohand.toml), whole days
+// or any duration, "0s" for never.
+TEST(ParseConfigToml, KeepEnded) {
+  EXPECT_EQ(DefaultConfig().keep_ended, absl::Hours(24 * 7));
+  for (const auto& [text, expected] :
+       std::vector<std::pair<std::string, absl::Duration>>{
+           {"0s", absl::ZeroDuration()},
+           {"2s", absl::Seconds(2)},
+           {"36h", absl::Hours(36)},
+           {"1d", absl::Hours(24)},
+           {"3650d", absl::Hours(24 * 3650)}}) {
+    absl::StatusOr<DaemonConfig> config =
+        Parse(absl::StrCat("[jobs]\nkeep_ended = \"", text, "\"\n"));
+    ASSERT_TRUE(config.ok()) << text << ": " << config.status();
+    EXPECT_EQ(config->keep_ended, expected) << text;
+  }
 }
 
 TEST(ParseConfigToml, ErrorCarriesLineNumber) {
@@ -383,6 +445,21 @@ TEST(ValidateConfig, RefusesBadValues) {
           "use auto (timed at the first start) or default");
   refused([](DaemonConfig& c) { c.host_pool_bytes = 0; },
           "'pool.host_pool_size' must be more than 0");
+  refused([](DaemonConfig& c) { c.metrics_textfile = "lohan.prom"; },
+          "'metrics.textfile' must be an absolute path to a file named "
+          "*.prom");
+  refused([](DaemonConfig& c) { c.metrics_textfile = "/var/lib/lohan.txt"; },
+          "node_exporter's textfile collector reads only those");
+  refused([](DaemonConfig& c) { c.metrics_textfile = "/var/lib/.prom"; },
+          "got '/var/lib/.prom'");
+  refused([](DaemonConfig& c) { c.metrics_textfile = "/var/lib/x.prom/"; },
+          "'metrics.textfile'");
+  refused(
+      [](DaemonConfig& c) {
+        c.metrics_textfile = "/var/lib/lohan.prom";
+        c.metrics_interval = absl::ZeroDuration();
+      },
+      "'metrics.interval' must be from 1s to 1h");
 }
 
 TEST(EffectiveOptimizerThreads, AutoIsHalfTheCoresAtLeastOne) {

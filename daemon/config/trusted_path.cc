@@ -119,6 +119,14 @@ absl::Status CheckTrustedPaths(const DaemonConfig& config, uid_t owner) {
       return s;
     }
   }
+  // node_exporter's directory, which lohand does not make: it must exist.
+  if (!config.metrics_textfile.empty()) {
+    if (absl::Status s = CheckTrustedDirectory(Parent(config.metrics_textfile),
+                                               owner, "metrics.textfile");
+        !s.ok()) {
+      return s;
+    }
+  }
   return absl::OkStatus();
 }
 

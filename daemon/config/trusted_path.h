@@ -27,11 +27,13 @@ namespace lohan {
 absl::Status CheckTrustedDirectory(const std::string& directory, uid_t owner,
                                    absl::string_view key);
 
-// CheckTrustedDirectory of the socket's directory, the state directory and
+// CheckTrustedDirectory of the socket's directory, the state directory,
 // every SSD path that is a directory (block devices are the kernel's to
-// guard), for a daemon running as `owner`. A directory that does not exist
-// yet (`lohand --check-config` before the first start): the directory it
-// would be made in is checked as one above it.
+// guard) and the directory of [metrics] textfile when set, for a daemon
+// running as `owner`. A directory that does not exist yet (`lohand
+// --check-config` before the first start): the directory it would be made
+// in is checked as one above it; but the metrics directory, which lohand
+// does not make, must exist.
 absl::Status CheckTrustedPaths(const DaemonConfig& config, uid_t owner);
 
 }  // namespace lohan

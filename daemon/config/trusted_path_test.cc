@@ -112,5 +112,39 @@ TEST_F(TrustedPathTest, MissingDirectoriesAreJudgedWhereTheyWouldBeMade) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("key 'store.ssd_paths'"));
 }
 
+// lohand, as root, rewrites the metrics file by rename: a directory another
+// user may write would let them swap in what node_exporter reads, or race
+// the rename. lohand does not make node_exporter's directory: it must be
+// there.
+TEST_F(TrustedPathTest, TheMetricsDirectoryMustBeTrustedAndExist) {
+  DaemonConfig config;
+  config.socket_path = Dir("run", 0755) + "/lohand.sock";
+  config.state_dir = Dir("state", 0700);
+  config.ssd_paths = {Dir("ssd0", 0700)};
+  config.metrics_textfile = Dir("textfile", 0755) + "/lohan.prom";
+  EXPECT_TRUE(CheckTrustedPaths(config, geteuid()).ok())
+      << CheckTrustedPaths(config, geteuid());
+  const std::string open = Dir("open-textfile", 0777);
+  config.metrics_textfile = open + "/lohan.prom";
+  absl::Status s = CheckTrustedPaths(config, geteuid());
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("key 'metrics.textfile'"));
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr(open + " is writable by others (mode 0777)"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("chmod go-w " + open));
+  // Sticky (as /tmp) is not enough for the directory itself.
+  ASSERT_EQ(chmod(open.c_str(), 01777), 0);
+  EXPECT_THAT(std::string(CheckTrustedPaths(config, geteuid()).message()),
+              HasSubstr("key 'metrics.textfile'"));
+  config.metrics_textfile = root_ + "/missing/lohan.prom";
+  s = CheckTrustedPaths(config, geteuid());
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("key 'metrics.textfile': " + root_ +
+                        "/missing: No such file or directory"));
+  config.metrics_textfile = "";
+  EXPECT_TRUE(CheckTrustedPaths(config, geteuid()).ok());
+}
+
 }  // namespace
 }  // namespace lohan

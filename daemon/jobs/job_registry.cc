@@ -158,14 +158,23 @@ absl::StatusOr<std::unique_ptr<JobRegistry>> JobRegistry::Open(
   }
   absl::MutexLock lock(&registry->mu_);
   registry->next_job_number_ = record.next_job_number();
+  const int64_t now = time(nullptr);
+  bool ended_now = false;
   for (v1::Job& job : *record.mutable_jobs()) {
     // Attachments do not survive a daemon restart; clients re-attach.
     job.set_state(v1::JOB_STATE_DETACHED);
     job.clear_attached_pid();
     job.clear_attached_unix_seconds();
+    if (job.ended_unix_seconds() == 0) {
+      // Attached when lohand stopped (or saved before jobs had an end):
+      // ended now, not when it was last detached before that.
+      job.set_ended_unix_seconds(now);
+      ended_now = true;
+    }
     std::string id = job.id();
     registry->jobs_.emplace(std::move(id), Entry{.job = std::move(job)});
   }
+  if (ended_now) registry->PersistEndedLocked();
   return registry;
 }
 
@@ -179,6 +188,7 @@ absl::Status JobRegistry::Persist(const std::map<std::string, Entry>& jobs,
     job->clear_state();
     job->clear_attached_pid();
     job->clear_attached_unix_seconds();
+    job->clear_delete_after_unix_seconds();
   }
   std::string bytes;
   if (!record.SerializeToString(&bytes)) {
@@ -193,18 +203,50 @@ absl::Status JobRegistry::Persist(const std::map<std::string, Entry>& jobs,
   return absl::OkStatus();
 }
 
+void JobRegistry::EndLocked(Entry& entry, int64_t now) {
+  entry.job.set_state(v1::JOB_STATE_DETACHED);
+  entry.job.clear_attached_pid();
+  entry.job.clear_attached_unix_seconds();
+  entry.job.set_ended_unix_seconds(now);
+  entry.attached_process = {};
+}
+
+void JobRegistry::PersistEndedLocked() {
+  (void)Persist(jobs_, next_job_number_);
+}
+
 void JobRegistry::ReapDeadAttachments() {
+  bool reaped = false;
   for (auto& [id, entry] : jobs_) {
     // Only a process known to be gone is; one the daemon cannot look at
     // now (short of file descriptors, say) stays attached.
     if (entry.job.state() == v1::JOB_STATE_ATTACHED &&
         CheckRunning(entry.attached_process) == ProcessState::kGone) {
-      entry.job.set_state(v1::JOB_STATE_DETACHED);
-      entry.job.clear_attached_pid();
-      entry.job.clear_attached_unix_seconds();
-      entry.attached_process = {};
+      EndLocked(entry, time(nullptr));
+      reaped = true;
     }
   }
+  if (reaped) PersistEndedLocked();
+}
+
+int64_t JobRegistry::DeleteAfterLocked(const v1::Job& job) const {
+  if (options_.keep_ended <= absl::ZeroDuration() || job.kept() ||
+      job.state() == v1::JOB_STATE_ATTACHED) {
+    return 0;
+  }
+  return job.ended_unix_seconds() + absl::ToInt64Seconds(absl::Ceil(
+                                        options_.keep_ended, absl::Seconds(1)));
+}
+
+v1::Job JobRegistry::ShownLocked(const Entry& entry) const {
+  v1::Job job = entry.job;
+  // The kept model's arena fields are lohand's own (its sessions'): a
+  // listing stays small whatever the models.
+  job.mutable_spec()->clear_model();
+  job.set_last_failure(entry.last_failure);
+  job.set_last_failure_unix_seconds(entry.last_failure_unix_seconds);
+  job.set_delete_after_unix_seconds(DeleteAfterLocked(entry.job));
+  return job;
 }
 
 absl::StatusOr<JobRegistry::Entry*> JobRegistry::FindOwned(
@@ -238,7 +280,7 @@ absl::Status JobRegistry::CheckRequestLocked(const Caller& caller,
         "job '", spec.name(), "': uid ", caller.uid, " has ", owned,
         " jobs and the quota is ", limits.jobs,
         " ([quotas] jobs in lohand.toml); delete one you no longer need "
-        "('lohanctl delete JOB')"));
+        "('lohanctl jobs delete ID')"));
   }
   auto too_large = [&](const char* what, uint64_t asked, uint64_t limit,
                        const std::string& which) -> absl::Status {
@@ -296,6 +338,7 @@ absl::StatusOr<v1::Job> JobRegistry::Create(const Caller& caller,
   job.set_owner_name(UserName(caller.uid));
   job.set_state(v1::JOB_STATE_DETACHED);
   job.set_created_unix_seconds(time(nullptr));
+  job.set_ended_unix_seconds(job.created_unix_seconds());
 
   std::map<std::string, Entry> next = jobs_;
   next.emplace(job.id(), Entry{.job = job});
@@ -332,6 +375,14 @@ absl::StatusOr<v1::Job> JobRegistry::Attach(const Caller& caller,
         "jobs detach ",
         job_id, "' as its owner"));
   }
+  // No longer ended, durably: a restart must not find it ended when it
+  // was last detached, days ago perhaps.
+  std::map<std::string, Entry> next = jobs_;
+  next[job_id].job.set_ended_unix_seconds(0);
+  if (absl::Status status = Persist(next, next_job_number_); !status.ok()) {
+    return status;
+  }
+  job.set_ended_unix_seconds(0);
   job.set_state(v1::JOB_STATE_ATTACHED);
   job.set_attached_pid(caller.pid);
   job.set_attached_unix_seconds(time(nullptr));
@@ -345,12 +396,11 @@ absl::StatusOr<v1::Job> JobRegistry::Detach(const Caller& caller,
   ReapDeadAttachments();
   absl::StatusOr<Entry*> entry = FindOwned(caller, job_id);
   if (!entry.ok()) return entry.status();
-  v1::Job& job = (*entry)->job;
-  job.set_state(v1::JOB_STATE_DETACHED);
-  job.clear_attached_pid();
-  job.clear_attached_unix_seconds();
-  (*entry)->attached_process = {};
-  return job;
+  if ((*entry)->job.state() == v1::JOB_STATE_ATTACHED) {
+    EndLocked(**entry, time(nullptr));
+    PersistEndedLocked();
+  }
+  return (*entry)->job;
 }
 
 absl::StatusOr<v1::Job> JobRegistry::CheckAttachedBy(
@@ -397,19 +447,89 @@ absl::Status JobRegistry::Delete(const Caller& caller,
   return absl::OkStatus();
 }
 
+absl::StatusOr<v1::Job> JobRegistry::Keep(const Caller& caller,
+                                          const std::string& job_id,
+                                          bool keep) {
+  absl::MutexLock lock(&mu_);
+  ReapDeadAttachments();
+  absl::StatusOr<Entry*> entry = FindOwned(caller, job_id);
+  if (!entry.ok()) return entry.status();
+  if ((*entry)->job.kept() != keep) {
+    std::map<std::string, Entry> next = jobs_;
+    next[job_id].job.set_kept(keep);
+    if (absl::Status status = Persist(next, next_job_number_); !status.ok()) {
+      return status;
+    }
+    (*entry)->job.set_kept(keep);
+  }
+  return ShownLocked(**entry);
+}
+
+std::vector<v1::Job> JobRegistry::Expired(absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  ReapDeadAttachments();
+  std::vector<v1::Job> due;
+  for (const auto& [id, entry] : jobs_) {
+    const int64_t after = DeleteAfterLocked(entry.job);
+    if (after != 0 && after <= absl::ToUnixSeconds(now)) {
+      due.push_back(ShownLocked(entry));
+    }
+  }
+  return due;
+}
+
+absl::Status JobRegistry::DeleteExpired(const std::string& job_id,
+                                        absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  ReapDeadAttachments();
+  auto found = jobs_.find(job_id);
+  if (found == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("job ", job_id, " is gone"));
+  }
+  const int64_t after = DeleteAfterLocked(found->second.job);
+  if (after == 0 || after > absl::ToUnixSeconds(now)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id, " is no longer due for deletion"));
+  }
+  std::map<std::string, Entry> next = jobs_;
+  next.erase(job_id);
+  if (absl::Status status = Persist(next, next_job_number_); !status.ok()) {
+    return status;
+  }
+  jobs_ = std::move(next);
+  return absl::OkStatus();
+}
+
+std::vector<v1::Job> JobRegistry::EndedOf(uid_t owner) {
+  absl::MutexLock lock(&mu_);
+  ReapDeadAttachments();
+  std::vector<v1::Job> ended;
+  for (const auto& [id, entry] : jobs_) {
+    if (entry.job.owner_uid() != owner ||
+        entry.job.state() == v1::JOB_STATE_ATTACHED) {
+      continue;
+    }
+    // Not the whole job: a refusal asks, perhaps often, and a kept model
+    // may be large.
+    v1::Job& one = ended.emplace_back();
+    one.set_id(entry.job.id());
+    one.mutable_spec()->set_name(entry.job.spec().name());
+    one.set_owner_uid(entry.job.owner_uid());
+    one.set_state(entry.job.state());
+    one.set_ended_unix_seconds(entry.job.ended_unix_seconds());
+    one.set_kept(entry.job.kept());
+    one.set_delete_after_unix_seconds(DeleteAfterLocked(entry.job));
+  }
+  return ended;
+}
+
 std::vector<v1::Job> JobRegistry::List(const Caller& caller) {
   absl::MutexLock lock(&mu_);
   ReapDeadAttachments();
   std::vector<v1::Job> visible;
   for (const auto& [id, entry] : jobs_) {
     if (caller.is_root() || entry.job.owner_uid() == caller.uid) {
-      visible.push_back(entry.job);
-      // The kept model's arena fields are lohand's own (its sessions'):
-      // a listing stays small whatever the models.
-      visible.back().mutable_spec()->clear_model();
-      visible.back().set_last_failure(entry.last_failure);
-      visible.back().set_last_failure_unix_seconds(
-          entry.last_failure_unix_seconds);
+      visible.push_back(ShownLocked(entry));
     }
   }
   return visible;

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "daemon/common/caller.h"
 #include "daemon/common/process_identity.h"
 #include "daemon/quota/user_limits.h"
@@ -24,6 +25,13 @@ namespace lohan {
 // belongs to the uid that created it; to any other non-root uid it does not
 // exist (NOT_FOUND, word for word as for a missing id); root may act on
 // every job.
+//
+// A job has ended when no process is attached to it; it ended when it was
+// last detached, its attached process was found gone, or (for one attached
+// when lohand stopped) lohand started again; a job never attached ended
+// when it was created (Job.ended_unix_seconds, durable). With
+// Options.keep_ended, a job ended that long ago and not pinned (Keep) is
+// due for deletion (Expired); the daemon deletes it (DeleteExpired).
 // Thread-safe.
 class JobRegistry {
  public:
@@ -39,6 +47,9 @@ class JobRegistry {
     // Per-user limits (jobs, and what one job may ask for); null: none.
     // REQUIRES: outlives the registry.
     const QuotaTable* quotas = nullptr;
+    // How long an ended job is kept before it is due for deletion
+    // ([jobs] keep_ended); zero: never due (deleted by hand only).
+    absl::Duration keep_ended = absl::ZeroDuration();
   };
 
   // Loads the registry from options.state_dir (empty if there is none yet).
@@ -57,7 +68,9 @@ class JobRegistry {
   absl::StatusOr<v1::Job> Create(const Caller& caller, const v1::JobSpec& spec);
 
   // Binds the job to the calling process. Idempotent for the same process;
-  // FAILED_PRECONDITION while another live process holds it.
+  // FAILED_PRECONDITION while another live process holds it. That it is no
+  // longer ended is durable before it returns (a restart must not find it
+  // ended long ago).
   absl::StatusOr<v1::Job> Attach(const Caller& caller,
                                  const std::string& job_id);
 
@@ -78,9 +91,33 @@ class JobRegistry {
   // FAILED_PRECONDITION while attached. Durable before it returns.
   absl::Status Delete(const Caller& caller, const std::string& job_id);
 
+  // Pins (`keep`) or unpins the job: a pinned job is never due for
+  // deletion (Expired). The owner or root only (NOT_FOUND as elsewhere).
+  // Durable before it returns; the job as List shows it.
+  absl::StatusOr<v1::Job> Keep(const Caller& caller, const std::string& job_id,
+                               bool keep);
+
+  // The jobs due for deletion at `now`: ended (no process attached), not
+  // pinned, ended at least Options.keep_ended before `now`; none when
+  // keep_ended is zero. In id order, as List shows them.
+  std::vector<v1::Job> Expired(absl::Time now);
+
+  // Deletes the job if it is still due for deletion at `now` (Expired):
+  // FAILED_PRECONDITION, nothing done, when it no longer is (attached or
+  // pinned meanwhile); NOT_FOUND when it is gone. Durable before it
+  // returns.
+  absl::Status DeleteExpired(const std::string& job_id, absl::Time now);
+
+  // `owner`'s ended jobs (no process attached), in id order, each with
+  // its id, name, owner, state, ended_unix_seconds, kept and
+  // delete_after_unix_seconds only: what a refusal of SSD space names to
+  // its owner.
+  std::vector<v1::Job> EndedOf(uid_t owner);
+
   // The jobs the caller may see (all for root), ordered by id, each with
-  // its last noted failure and without its kept JobSpec.model (Get and
-  // CheckAttachedBy have it).
+  // its last noted failure, when it is due for deletion
+  // (Job.delete_after_unix_seconds) and without its kept JobSpec.model
+  // (Get and CheckAttachedBy have it).
   std::vector<v1::Job> List(const Caller& caller);
 
   // Notes, durably, that the store now holds the job's states (its model
@@ -108,8 +145,21 @@ class JobRegistry {
 
   explicit JobRegistry(Options options);
 
-  // Detaches jobs whose attached process is gone.
+  // Detaches jobs whose attached process is gone (ended now).
   void ReapDeadAttachments() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks the entry detached and ended at `now`.
+  static void EndLocked(Entry& entry, int64_t now);
+  // Saves jobs_ when only the ended times changed: a failure is left for
+  // the next save (until then a restart takes such jobs for ended at the
+  // restart, which only keeps them longer).
+  void PersistEndedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // When the job is due for deletion (Job.delete_after_unix_seconds); 0:
+  // never (attached, pinned, or keep_ended zero).
+  int64_t DeleteAfterLocked(const v1::Job& job) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The entry's job as List shows it.
+  v1::Job ShownLocked(const Entry& entry) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The caller's job quota and what `spec` asks for (see Create).
   absl::Status CheckRequestLocked(const Caller& caller,
                                   const v1::JobSpec& spec) const

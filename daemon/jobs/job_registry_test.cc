@@ -306,6 +306,99 @@ TEST_F(JobRegistryTest, FailedSaveChangesNothing) {
   EXPECT_EQ(registry_->List(alice_).size(), 1u);
 }
 
+// [jobs] keep_ended: a job ended (no process attached) that long ago and
+// not pinned is due; an attached or pinned one never is; the registry
+// checks again as it deletes.
+TEST_F(JobRegistryTest, EndedJobsAreDueAfterKeepEndedUnlessAttachedOrKept) {
+  registry_.reset();
+  auto opened = JobRegistry::Open(
+      {.state_dir = state_dir_, .keep_ended = absl::Hours(1)});
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  registry_ = *std::move(opened);
+  const int64_t before = time(nullptr);
+  absl::StatusOr<v1::Job> idle = registry_->Create(alice_, Spec("idle"));
+  absl::StatusOr<v1::Job> running = registry_->Create(alice_, Spec("running"));
+  absl::StatusOr<v1::Job> pinned = registry_->Create(alice_, Spec("pinned"));
+  absl::StatusOr<v1::Job> bobs = registry_->Create(bob_, Spec("bobs"));
+  ASSERT_TRUE(idle.ok() && running.ok() && pinned.ok() && bobs.ok());
+  // Never attached: ended when created.
+  EXPECT_GE(idle->ended_unix_seconds(), before);
+  ASSERT_TRUE(registry_->Attach(alice_, running->id()).ok());
+  EXPECT_EQ(registry_->Keep(bob_, pinned->id(), true).status().code(),
+            absl::StatusCode::kNotFound);
+  absl::StatusOr<v1::Job> kept = registry_->Keep(alice_, pinned->id(), true);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_TRUE(kept->kept());
+  EXPECT_EQ(kept->delete_after_unix_seconds(), 0);
+
+  for (const v1::Job& job : registry_->List(alice_)) {
+    if (job.id() == idle->id()) {
+      EXPECT_EQ(job.delete_after_unix_seconds(),
+                idle->ended_unix_seconds() + 3600);
+    } else {
+      EXPECT_EQ(job.delete_after_unix_seconds(), 0) << job.id();
+    }
+  }
+  EXPECT_TRUE(registry_->Expired(absl::Now()).empty());
+  const absl::Time later = absl::Now() + absl::Hours(2);
+  std::vector<std::string> due;
+  for (const v1::Job& job : registry_->Expired(later)) due.push_back(job.id());
+  EXPECT_EQ(due, (std::vector<std::string>{idle->id(), bobs->id()}));
+
+  // Attached meanwhile: no longer due.
+  ASSERT_TRUE(registry_->Attach(alice_, idle->id()).ok());
+  EXPECT_EQ(registry_->DeleteExpired(idle->id(), later).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(registry_->DeleteExpired(pinned->id(), later).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(registry_->DeleteExpired("j-999999", later).code(),
+            absl::StatusCode::kNotFound);
+  ASSERT_TRUE(registry_->DeleteExpired(bobs->id(), later).ok());
+  EXPECT_TRUE(registry_->List(bob_).empty());
+
+  // Detached: ended now, due keep_ended later.
+  const int64_t detached_at = time(nullptr);
+  ASSERT_TRUE(registry_->Detach(alice_, idle->id()).ok());
+  std::vector<v1::Job> ended = registry_->EndedOf(kAlice);
+  ASSERT_EQ(ended.size(), 2u);  // idle and pinned; running is attached
+  EXPECT_EQ(ended[0].id(), idle->id());
+  EXPECT_GE(ended[0].ended_unix_seconds(), detached_at);
+  EXPECT_EQ(ended[1].id(), pinned->id());
+  EXPECT_TRUE(registry_->EndedOf(kBob).empty());
+  EXPECT_TRUE(registry_->Expired(absl::Now()).empty());
+  ASSERT_EQ(registry_->Expired(later).size(), 1u);
+
+  // Unpinned: due as any other.
+  ASSERT_TRUE(registry_->Keep(root_, pinned->id(), false).ok());
+  EXPECT_EQ(registry_->Expired(later).size(), 2u);
+  ASSERT_TRUE(registry_->Keep(alice_, pinned->id(), true).ok());
+
+  // Pins and ends survive a restart; the job attached when lohand stopped
+  // ended at the restart, not before.
+  registry_.reset();
+  const int64_t restarted = time(nullptr);
+  opened = JobRegistry::Open(
+      {.state_dir = state_dir_, .keep_ended = absl::Hours(1)});
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  registry_ = *std::move(opened);
+  for (const v1::Job& job : registry_->List(alice_)) {
+    EXPECT_EQ(job.kept(), job.id() == pinned->id()) << job.id();
+    if (job.id() == running->id()) {
+      EXPECT_GE(job.ended_unix_seconds(), restarted);
+    }
+    if (job.id() == idle->id()) {
+      EXPECT_LE(job.ended_unix_seconds(), restarted);
+    }
+  }
+  // Nothing is ever due with keep_ended zero.
+  registry_.reset();
+  registry_ = OpenRegistry();
+  EXPECT_TRUE(registry_->Expired(later + absl::Hours(24 * 365)).empty());
+  for (const v1::Job& job : registry_->List(root_)) {
+    EXPECT_EQ(job.delete_after_unix_seconds(), 0);
+  }
+}
+
 TEST_F(JobRegistryTest, DeadProcessLosesItsAttachment) {
   absl::StatusOr<v1::Job> job = registry_->Create(alice_, Spec("crashy"));
   ASSERT_TRUE(job.ok());

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -29,6 +30,10 @@
 #include "daemon/config/trusted_path.h"
 #include "daemon/ipc/unix_listener.h"
 #include "daemon/jobs/job_registry.h"
+#include "daemon/main/service_notify.h"
+#include "daemon/main/watchdog.h"
+#include "daemon/metrics/prometheus_text.h"
+#include "daemon/metrics/textfile_writer.h"
 #include "daemon/optim/adam.h"
 #include "daemon/optim/isa.h"
 #include "daemon/optim/tuning.h"
@@ -39,7 +44,9 @@
 #include "daemon/quota/daemon_memory.h"
 #include "daemon/quota/space_ledger.h"
 #include "daemon/quota/user_limits.h"
+#include "daemon/rpc/control_probe.h"
 #include "daemon/rpc/control_server.h"
+#include "daemon/rpc/ended_job_sweeper.h"
 #include "daemon/sched/fair_gates.h"
 #include "daemon/sched/fair_queue.h"
 #include "daemon/sched/job_pipeline.h"
@@ -248,6 +255,18 @@ absl::StatusOr<QuotaTable> ResolveQuotas(const DaemonConfig& config) {
   return QuotaTable(WithDaemonMemory(config.quota_defaults), std::move(by_uid));
 }
 
+// Tells systemd `state` (Type=notify; nothing without $NOTIFY_SOCKET). A
+// failure never stops the daemon and is logged once.
+void Notify(const ServiceNotifier& systemd, absl::string_view state) {
+  if (absl::Status status = systemd.Notify(state); !status.ok()) {
+    static std::atomic<bool> logged{false};
+    if (!logged.exchange(true)) {
+      spdlog::warn("systemd: {} (later failures not logged)",
+                   std::string(status.message()));
+    }
+  }
+}
+
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "lohand: %s\n", std::string(status.message()).c_str());
   return 1;
@@ -352,6 +371,17 @@ int Run(const CommandLine& command_line) {
     std::printf("lohand: configuration OK\n");
     return 0;
   }
+  // systemd (Type=notify) hears what the start is doing (STATUS), READY=1
+  // once lohand serves and STOPPING=1 when it stops.
+  ServiceNotifier systemd;
+  if (absl::StatusOr<ServiceNotifier> notifier =
+          ServiceNotifier::FromEnvironment();
+      notifier.ok()) {
+    systemd = *std::move(notifier);
+  } else {
+    spdlog::error("not notifying systemd: {}",
+                  std::string(notifier.status().message()));
+  }
   if (absl::Status status = MakeDirectories(config->state_dir, 0700);
       !status.ok()) {
     return Fail(absl::FailedPreconditionError(
@@ -384,11 +414,15 @@ int Run(const CommandLine& command_line) {
       UnixListener::Bind(DataSocketPath(*config));
   if (!data_listener.ok()) return Fail(data_listener.status());
 
+  Notify(systemd,
+         StatusLine(absl::StrCat("opening the jobs and the SSD store (SSDs: ",
+                                 config->ssd_paths.size(), ")")));
   absl::StatusOr<std::unique_ptr<JobRegistry>> jobs =
       JobRegistry::Open({.state_dir = config->state_dir,
                          .host_pool_capacity_bytes = config->host_pool_bytes,
                          .ssd_capacity_bytes = ledger.capacity_bytes(),
-                         .quotas = &*quotas});
+                         .quotas = &*quotas,
+                         .keep_ended = config->keep_ended});
   if (!jobs.ok()) return Fail(jobs.status());
 
   absl::StatusOr<std::unique_ptr<TensorStore>> store = OpenStore(*config);
@@ -416,6 +450,17 @@ int Run(const CommandLine& command_line) {
   }
   (*store)->SetSpaceBudget(&ledger);
   (*store)->SetIoGate(&ssd_gate);
+  // A refusal for SSD space names its owner's ended jobs that hold some
+  // (cleared at shutdown, before the registry goes).
+  ledger.SetEndedJobs([registry = jobs->get()](uid_t owner) {
+    std::vector<SpaceLedger::EndedJob> ended;
+    for (const v1::Job& job : registry->EndedOf(owner)) {
+      ended.push_back({.id = job.id(), .name = job.spec().name()});
+    }
+    return ended;
+  });
+  Notify(systemd, StatusLine("starting the optimizer (its kernels timed on "
+                             "this machine unless cached)"));
   absl::StatusOr<Optimizer> optimizer =
       StartOptimizer(*config, command_line.reprofile);
   if (!optimizer.ok()) return Fail(optimizer.status());
@@ -472,6 +517,25 @@ int Run(const CommandLine& command_line) {
   absl::StatusOr<std::unique_ptr<ControlServer>> server =
       ControlServer::Start(parts, *std::move(listener));
   if (!server.ok()) return Fail(server.status());
+  // [jobs] keep_ended: jobs no process has been attached to for that long
+  // are deleted, unless pinned; stopped first at shutdown.
+  std::unique_ptr<EndedJobSweeper> sweeper;
+  if (config->keep_ended > absl::ZeroDuration()) {
+    sweeper = EndedJobSweeper::Start({.jobs = jobs->get(),
+                                      .sessions = sessions.get(),
+                                      .store = store->get(),
+                                      .ledger = &ledger,
+                                      .job_deleted = parts.job_deleted,
+                                      .keep_ended = config->keep_ended});
+    spdlog::info(
+        "jobs no process has been attached to for {} are deleted unless "
+        "pinned ([jobs] keep_ended; looked for every {})",
+        absl::FormatDuration(config->keep_ended),
+        absl::FormatDuration(
+            EndedJobSweeper::SweepInterval(config->keep_ended)));
+  } else {
+    spdlog::info("ended jobs are kept until deleted ([jobs] keep_ended 0s)");
+  }
 
   spdlog::info("lohand {} (protocol {}.{}) serving on {}, pid {}",
                kLohanVersion, kProtocolMajor, kProtocolMinor,
@@ -481,15 +545,88 @@ int Run(const CommandLine& command_line) {
   spdlog::info("SSD store: {} SSDs, {} tensors; optimizer kernel {}",
                store_stats.devices.size(), store_stats.tensors,
                optimizer->updater->kernel_name());
+  // [metrics] textfile: the status as root sees it, for node_exporter's
+  // textfile collector; stopped (and its file removed) before the server.
+  std::unique_ptr<TextfileWriter> metrics;
+  if (!config->metrics_textfile.empty()) {
+    absl::StatusOr<std::unique_ptr<TextfileWriter>> writer =
+        TextfileWriter::Start({.path = config->metrics_textfile,
+                               .interval = config->metrics_interval,
+                               .render = [control = server->get()] {
+                                 return RenderPrometheusText(
+                                     control->Status(Caller{.uid = 0}));
+                               }});
+    if (!writer.ok()) {
+      return Fail(Prefixed(writer.status(), "key 'metrics.textfile': "));
+    }
+    metrics = *std::move(writer);
+    spdlog::info("metrics: writing {} every {}", config->metrics_textfile,
+                 absl::FormatDuration(config->metrics_interval));
+    const std::string directory = SocketDirectory(config->metrics_textfile);
+    struct stat info {};
+    if (stat(directory.c_str(), &info) == 0 && (info.st_mode & S_IXOTH) != 0) {
+      spdlog::warn(
+          "metrics: {} names every user's jobs, and any local user may "
+          "reach it ({} is mode {:04o}); to keep job names among their "
+          "owners, let only node_exporter's group in: `chgrp GROUP {} && "
+          "chmod 0750 {}`",
+          config->metrics_textfile, directory, info.st_mode & 07777, directory,
+          directory);
+    }
+  }
+
+  // Every part serves from here on: the store open, the optimizer timed,
+  // the control and data sockets answering (the planner's profile of the
+  // machine goes on measuring beside the serving, as HostProfiler does).
+  Notify(
+      systemd,
+      absl::StrCat("READY=1\n",
+                   StatusLine(absl::StrFormat(
+                       "serving on %s (SSDs: %d, host pool %s, optimizer %s)",
+                       config->socket_path, store_stats.devices.size(),
+                       FormatByteSize(config->host_pool_bytes),
+                       optimizer->updater->kernel_name()))));
+  // systemd's watchdog (WatchdogSec=), pinged only while the control plane
+  // answers a GetStatus through lohand's socket (Watchdog says when).
+  std::unique_ptr<Watchdog> watchdog;
+  if (absl::StatusOr<absl::Duration> interval =
+          WatchdogIntervalFromEnvironment();
+      !interval.ok()) {
+    spdlog::error("no systemd watchdog: {}",
+                  std::string(interval.status().message()));
+  } else if (*interval > absl::ZeroDuration() && systemd.enabled()) {
+    watchdog = Watchdog::Start(
+        *interval,
+        [socket = config->socket_path](absl::Duration deadline) {
+          return ProbeControlPlane(socket, deadline);
+        },
+        [&systemd] { Notify(systemd, "WATCHDOG=1"); });
+    spdlog::info("systemd watchdog: {}, checked every {}",
+                 absl::FormatDuration(*interval),
+                 absl::FormatDuration(*interval / 2));
+  }
 
   int received = 0;
   while (sigwait(&stop_signals, &received) != 0) {
   }
   spdlog::info("{} received, shutting down", strsignal(received));
+  // The watchdog first (before the control server it probes): no ping
+  // follows STOPPING=1.
+  if (watchdog != nullptr) watchdog->Stop();
+  Notify(systemd,
+         absl::StrCat("STOPPING=1\n",
+                      StatusLine(absl::StrCat("stopping: ", strsignal(received),
+                                              " received"))));
+  if (sweeper != nullptr) sweeper->Stop();
+  if (metrics != nullptr) {
+    metrics->Stop();
+    spdlog::info("metrics: stopped, {} removed", config->metrics_textfile);
+  }
   (*server)->Shutdown();
   sessions->Shutdown();
   server->reset();
   sessions.reset();
+  ledger.SetEndedJobs(nullptr);
   for (const auto& [name, queue] : {std::pair{"SSD reads", &ssd_reads},
                                     {"SSD writes", &ssd_writes},
                                     {"optimizer", &optimizer_queue}}) {

@@ -1,6 +1,7 @@
 #include "daemon/quota/space_ledger.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/common/byte_size.h"
@@ -90,6 +91,76 @@ void SpaceLedger::SetReclaimer(Reclaimer reclaimer) {
   reclaimer_ = std::move(reclaimer);
 }
 
+void SpaceLedger::SetEndedJobs(EndedJobs ended) {
+  absl::MutexLock lock(&ended_mu_);
+  ended_jobs_ = std::move(ended);
+}
+
+bool SpaceLedger::PastOwnLimit(const Job& job, uint64_t held_after) {
+  return job.tracked && job.limit != 0 && held_after > job.limit;
+}
+
+absl::Status SpaceLedger::WithEndedJobs(uid_t owner, absl::string_view asking,
+                                        absl::Status refusal) {
+  std::vector<EndedJob> ended;
+  {
+    absl::MutexLock lock(&ended_mu_);
+    if (!ended_jobs_) return refusal;
+    ended = ended_jobs_(owner);
+  }
+  std::vector<std::pair<uint64_t, const EndedJob*>> holding;
+  uint64_t total = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const EndedJob& one : ended) {
+      if (one.id == asking) continue;
+      auto found = jobs_.find(one.id);
+      // The owner's own only (whatever the lister said), and none with a
+      // set-aside: its data plane is open.
+      if (found == jobs_.end() || !found->second.tracked ||
+          found->second.owner != owner || found->second.holder != 0) {
+        continue;
+      }
+      const uint64_t held = found->second.Held();
+      if (held == 0) continue;
+      holding.emplace_back(held, &one);
+      total += held;
+    }
+  }
+  if (holding.empty()) return refusal;
+  std::sort(holding.begin(), holding.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second->id < b.second->id;
+  });
+  std::string note =
+      absl::StrCat("; uid ", owner, "'s jobs that no process is attached to",
+                   " hold ", FormatByteSize(total), ": ");
+  uint64_t rest = 0;
+  for (size_t i = 0; i < holding.size(); ++i) {
+    const auto& [held, job] = holding[i];
+    if (i >= kEndedJobsNamed) {
+      rest += held;
+      continue;
+    }
+    absl::StrAppend(&note, i == 0 ? "" : ", ", job->id, " '", job->name, "' ",
+                    FormatByteSize(held));
+  }
+  if (holding.size() > kEndedJobsNamed) {
+    absl::StrAppend(&note, " and ", holding.size() - kEndedJobsNamed, " more (",
+                    FormatByteSize(rest), ")");
+  }
+  absl::StrAppend(&note,
+                  "; delete those no longer needed ('lohanctl jobs delete "
+                  "ID'; 'lohanctl jobs' shows when lohand deletes each on "
+                  "its own)");
+  return absl::Status(refusal.code(), absl::StrCat(refusal.message(), note));
+}
+
+absl::Status SpaceLedger::NoRoom(absl::string_view job, absl::Status refusal) {
+  const std::optional<uid_t> owner = OwnerOf(job);
+  if (!owner.has_value()) return refusal;
+  return WithEndedJobs(*owner, job, std::move(refusal));
+}
+
 uint64_t SpaceLedger::RoomFor(const std::string& name) const {
   absl::MutexLock lock(&mu_);
   const auto left = [](uint64_t limit, uint64_t held) {
@@ -142,7 +213,7 @@ absl::Status SpaceLedger::OwnLimitsLocked(const std::string& name,
         ", its owner (uid ", job.owner, ") holds ", Bytes(user_held),
         " over all their jobs and the quota is ", Bytes(quota),
         " ([quotas] ssd in lohand.toml; delete a job you no longer need "
-        "with 'lohanctl delete')"));
+        "with 'lohanctl jobs delete ID')"));
   }
   return absl::OkStatus();
 }
@@ -197,6 +268,27 @@ uint8_t SpaceLedger::AccountOf(absl::string_view name) const {
 
 absl::Status SpaceLedger::SetAside(const std::string& job, uint64_t bytes,
                                    uintptr_t holder, absl::Duration patience) {
+  absl::Status status = TrySetAside(job, bytes, holder, patience);
+  if (!absl::IsResourceExhausted(status)) return status;
+  std::optional<uid_t> owner;
+  {
+    absl::MutexLock lock(&mu_);
+    auto found = jobs_.find(job);
+    if (found != jobs_.end() && found->second.tracked) {
+      Job after = found->second;
+      after.set_aside = bytes;
+      if (!PastOwnLimit(found->second, after.Held())) {
+        owner = found->second.owner;
+      }
+    }
+  }
+  return owner.has_value() ? WithEndedJobs(*owner, job, std::move(status))
+                           : status;
+}
+
+absl::Status SpaceLedger::TrySetAside(const std::string& job, uint64_t bytes,
+                                      uintptr_t holder,
+                                      absl::Duration patience) {
   absl::MutexLock lock(&mu_);
   const absl::Time deadline = absl::Now() + patience;
   const absl::Time at_once_after = absl::Now() + patience / 2;
@@ -281,18 +373,25 @@ void SpaceLedger::ClearSetAside(const std::string& job, uintptr_t holder) {
 
 absl::Status SpaceLedger::Reserve(absl::string_view job, uint8_t account,
                                   uint64_t bytes) {
-  absl::MutexLock lock(&mu_);
-  Job& entry = jobs_[std::string(job)];
-  Job after = entry;
-  (account == kActivations ? after.activations : after.used) += bytes;
-  if (absl::Status fits = FitsLocked(
-          std::string(job), entry, after.Held(), bytes,
-          account == kActivations ? "a swapped activation" : "a write");
-      !fits.ok()) {
-    return fits;
+  absl::Status fits;
+  std::optional<uid_t> owner;  // whose ended jobs the refusal names
+  {
+    absl::MutexLock lock(&mu_);
+    Job& entry = jobs_[std::string(job)];
+    Job after = entry;
+    (account == kActivations ? after.activations : after.used) += bytes;
+    fits = FitsLocked(
+        std::string(job), entry, after.Held(), bytes,
+        account == kActivations ? "a swapped activation" : "a write");
+    if (fits.ok()) {
+      UpdateLocked(entry, after);
+      return absl::OkStatus();
+    }
+    if (entry.tracked && !PastOwnLimit(entry, after.Held())) {
+      owner = entry.owner;
+    }
   }
-  UpdateLocked(entry, after);
-  return absl::OkStatus();
+  return owner.has_value() ? WithEndedJobs(*owner, job, std::move(fits)) : fits;
 }
 
 void SpaceLedger::Charge(absl::string_view job, uint8_t account,

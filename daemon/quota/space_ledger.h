@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -37,7 +38,10 @@ namespace lohan {
 // share (users with an open data plane, SetPresent) still has free.
 //
 // A job the ledger was not told about (Track) counts against the array
-// alone. Thread-safe; never calls into the store.
+// alone. A refusal that the owner's own holdings stand behind (its quota,
+// the array, its fair share: not the job's own limit) names the owner's
+// ended jobs that hold space (SetEndedJobs). Thread-safe; never calls into
+// the store.
 class SpaceLedger : public SpaceBudget {
  public:
   // REQUIRES: `quotas` outlives the ledger.
@@ -111,6 +115,24 @@ class SpaceLedger : public SpaceBudget {
   // Replaces the reclaimer (empty: none). A call under way finishes first.
   void SetReclaimer(Reclaimer reclaimer) ABSL_LOCKS_EXCLUDED(reclaimer_mu_);
 
+  // One of a user's jobs that no process is attached to.
+  struct EndedJob {
+    std::string id;
+    std::string name;
+  };
+  // Where a user's ended jobs are found (the daemon's job registry). A
+  // refusal for SSD space that the owner's holdings stand behind (SetAside,
+  // Reserve, NoRoom) then ends with the owner's ended jobs that hold space
+  // (none with a set-aside: its data plane is open), largest first, each
+  // with what it holds (a few, then how many more), and how to free them;
+  // never another user's job, whatever the lister answers. Called without
+  // the ledger's lock, at most once per refusal; must not call into the
+  // ledger. Empty: nothing named. A call under way finishes first.
+  using EndedJobs = std::function<std::vector<EndedJob>(uid_t owner)>;
+  void SetEndedJobs(EndedJobs ended) ABSL_LOCKS_EXCLUDED(ended_mu_);
+  // The most ended jobs a refusal names one by one.
+  static constexpr size_t kEndedJobsNamed = 3;
+
   // SpaceBudget.
   uint8_t AccountOf(absl::string_view name) const override;
   absl::Status Reserve(absl::string_view job, uint8_t account,
@@ -119,6 +141,8 @@ class SpaceLedger : public SpaceBudget {
       ABSL_LOCKS_EXCLUDED(mu_);
   void Release(absl::string_view job, uint8_t account, uint64_t bytes) override
       ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status NoRoom(absl::string_view job, absl::Status refusal) override
+      ABSL_LOCKS_EXCLUDED(mu_, ended_mu_);
 
  private:
   struct Job {
@@ -134,6 +158,18 @@ class SpaceLedger : public SpaceBudget {
     }
   };
 
+  // SetAside without the note on ended jobs.
+  absl::Status TrySetAside(const std::string& job, uint64_t bytes,
+                           uintptr_t holder, absl::Duration patience)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether `job` holding `held_after` passes its own limit (a refusal
+  // the owner's other jobs do not stand behind).
+  static bool PastOwnLimit(const Job& job, uint64_t held_after);
+  // `refusal` with the ended jobs of `owner` that hold space named
+  // (SetEndedJobs), `asking` left out.
+  absl::Status WithEndedJobs(uid_t owner, absl::string_view asking,
+                             absl::Status refusal)
+      ABSL_LOCKS_EXCLUDED(mu_, ended_mu_);
   // Its own limits: the job's cap and its owner's quota (waiting for
   // others cannot help with these).
   absl::Status OwnLimitsLocked(const std::string& name, const Job& job,
@@ -177,6 +213,9 @@ class SpaceLedger : public SpaceBudget {
   // Held while the reclaimer runs (never with mu_).
   absl::Mutex reclaimer_mu_;
   Reclaimer reclaimer_ ABSL_GUARDED_BY(reclaimer_mu_);
+  // Held while the ended-jobs lister runs (never with mu_).
+  absl::Mutex ended_mu_;
+  EndedJobs ended_jobs_ ABSL_GUARDED_BY(ended_mu_);
 };
 
 }  // namespace lohan

@@ -82,6 +82,81 @@ TEST_F(SpaceLedgerTest, JobLimitAndUserQuotaBoundEveryWrite) {
   EXPECT_FALSE(ledger_.Reserve("bob-1", SpaceLedger::kStates, 1).ok());
 }
 
+// A refusal the owner's holdings stand behind names the owner's ended jobs
+// that hold space, largest first (a few, then how many more), never
+// another user's (whatever the lister answers) nor one with a set-aside.
+TEST_F(SpaceLedgerTest, ARefusalNamesTheOwnersEndedJobsThatHoldSpace) {
+  std::vector<uid_t> asked;
+  ledger_.SetEndedJobs([&asked](uid_t owner) {
+    asked.push_back(owner);
+    // A lister that gets it wrong: the ledger names Bob's jobs to Bob only.
+    return std::vector<SpaceLedger::EndedJob>{
+        {"a-small", "bench"}, {"a-big", "bench-old"}, {"a-mid", "sweep"},
+        {"a-tiny", "probe"},  {"a-empty", "never"},   {"a-open", "running"},
+        {"b-old", "secret"},  {"a-ask", "asking"}};
+  });
+  for (const char* job :
+       {"a-small", "a-big", "a-mid", "a-tiny", "a-empty", "a-open", "a-ask"}) {
+    ledger_.Track(job, kAlice, 0);
+  }
+  ledger_.Track("b-old", kBob, 0);
+  ASSERT_TRUE(ledger_.Reserve("a-small", SpaceLedger::kStates, 100).ok());
+  ASSERT_TRUE(ledger_.Reserve("a-big", SpaceLedger::kStates, 300).ok());
+  ASSERT_TRUE(ledger_.Reserve("a-mid", SpaceLedger::kActivations, 200).ok());
+  ASSERT_TRUE(ledger_.Reserve("a-tiny", SpaceLedger::kStates, 10).ok());
+  ASSERT_TRUE(ledger_.SetAside("a-open", 50, 7).ok());
+  ASSERT_TRUE(ledger_.Reserve("b-old", SpaceLedger::kStates, 250).ok());
+  // 910 held of 1000.
+  absl::Status full = ledger_.SetAside("a-ask", 200, 8);
+  ASSERT_TRUE(absl::IsResourceExhausted(full)) << full;
+  EXPECT_EQ(asked, std::vector<uid_t>{kAlice});
+  EXPECT_THAT(full.message(), HasSubstr("SSD array is full"));
+  EXPECT_THAT(full.message(),
+              HasSubstr("; uid 1001's jobs that no process is attached to "
+                        "hold 610 B: a-big 'bench-old' 300 B, a-mid 'sweep' "
+                        "200 B, a-small 'bench' 100 B and 1 more (10 B); "
+                        "delete those no longer needed ('lohanctl jobs "
+                        "delete ID'; 'lohanctl jobs' shows when lohand "
+                        "deletes each on its own)"));
+  for (const char* never :
+       {"b-old", "secret", "a-open", "a-empty", "never", "'asking'"}) {
+    EXPECT_THAT(full.message(), Not(HasSubstr(never)));
+  }
+  // The same for a write (a swapped activation) that does not fit.
+  absl::Status swap = ledger_.Reserve("a-ask", SpaceLedger::kActivations, 100);
+  ASSERT_TRUE(absl::IsResourceExhausted(swap)) << swap;
+  EXPECT_THAT(swap.message(), HasSubstr("a-big 'bench-old' 300 B"));
+  // And the store's own refusal.
+  EXPECT_THAT(
+      ledger_.NoRoom("a-ask", absl::ResourceExhaustedError("full")).message(),
+      HasSubstr("full; uid 1001's jobs that no process is attached to"));
+
+  // Bob's refusal (his quota) names his own ended job, never Alice's.
+  ledger_.Track("b-new", kBob, 0);
+  asked.clear();
+  absl::Status bobs = ledger_.Reserve("b-new", SpaceLedger::kStates, 100);
+  ASSERT_TRUE(absl::IsResourceExhausted(bobs)) << bobs;
+  EXPECT_EQ(asked, std::vector<uid_t>{kBob});
+  EXPECT_THAT(bobs.message(), HasSubstr("the quota is 300"));
+  EXPECT_THAT(bobs.message(), HasSubstr("b-old 'secret' 250 B"));
+  for (const char* never : {"a-big", "a-mid", "a-small", "bench"}) {
+    EXPECT_THAT(bobs.message(), Not(HasSubstr(never)));
+  }
+
+  // A job past its own limit: the other jobs do not stand behind that.
+  ledger_.Track("a-capped", kAlice, 5);
+  asked.clear();
+  absl::Status capped = ledger_.Reserve("a-capped", SpaceLedger::kStates, 6);
+  ASSERT_TRUE(absl::IsResourceExhausted(capped)) << capped;
+  EXPECT_TRUE(asked.empty());
+  EXPECT_THAT(capped.message(), Not(HasSubstr("no process is attached")));
+
+  // Without a lister, the refusal alone.
+  ledger_.SetEndedJobs(nullptr);
+  EXPECT_THAT(ledger_.SetAside("a-ask", 200, 8).message(),
+              Not(HasSubstr("no process is attached")));
+}
+
 TEST_F(SpaceLedgerTest, RoomIsTheLeastOfTheJobsUsersAndArraysLeft) {
   EXPECT_EQ(ledger_.RoomFor("untracked"), 1000u);
   ledger_.Track("capped", kAlice, 100);

@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/server_posix.h>
+#include <unistd.h>
 
 #include <chrono>
 
@@ -47,8 +48,12 @@ absl::StatusOr<std::unique_ptr<ControlServer>> ControlServer::Start(
   const QuotaTable* quotas = parts.quotas;
   server->listener_->Start([grpc_server, self, quotas](UniqueFd connection,
                                                        const Caller& caller) {
+    // lohand's own connections (its watchdog's probe) count against no
+    // user's limit: root's clients must not starve the daemon's liveness.
     absl::Status admitted = self->peers_.Admit(
-        connection.get(), caller, quotas->For(caller.uid).control_connections);
+        connection.get(), caller,
+        caller.pid == getpid() ? 0
+                               : quotas->For(caller.uid).control_connections);
     if (!admitted.ok()) {
       // Closed unserved: the client sees the connection reset.
       if (std::optional<uint64_t> dropped =

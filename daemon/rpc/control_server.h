@@ -33,6 +33,12 @@ class ControlServer {
   // period), joins every thread and removes the socket file. Idempotent.
   void Shutdown();
 
+  // What GetStatus answers `caller` (ControlService::StatusFor), for the
+  // daemon's own use (its metrics). Thread-safe.
+  v1::GetStatusResponse Status(const Caller& caller) {
+    return service_.StatusFor(caller);
+  }
+
  private:
   ControlServer(const DaemonParts& parts,
                 std::unique_ptr<UnixListener> listener);

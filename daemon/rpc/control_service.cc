@@ -10,6 +10,7 @@
 #include "daemon/common/memory_release.h"
 #include "daemon/plan/job_plan.h"
 #include "daemon/quota/daemon_memory.h"
+#include "daemon/rpc/job_removal.h"
 #include "daemon/session/arena_layout.h"
 #include "daemon/session/model_spec_checks.h"
 #include "spdlog/spdlog.h"
@@ -208,22 +209,24 @@ grpc::Status ControlService::DeleteJob(grpc::ServerContext* context,
   }
   absl::Status status = jobs_->Delete(caller, request->job_id());
   if (!status.ok()) return ToGrpc(status);
-  // Its states, copies and activations: the space is the scarce thing on
-  // a shared server. What fails here the next start frees (lohand.cc).
-  const uint64_t bytes =
-      SsdBytesOf(parts_.store->BytesByJob(), request->job_id());
-  absl::Status freed = parts_.store->DeleteJob(request->job_id());
-  ReleaseFreedMemory();  // its tensors' entries
-  parts_.ledger->Forget(request->job_id());
-  if (parts_.job_deleted) parts_.job_deleted(request->job_id());
-  if (!freed.ok()) {
-    spdlog::warn(
-        "job {} deleted, but freeing its SSD space failed (retried "
-        "at the next start): {}",
-        request->job_id(), std::string(freed.message()));
-  }
+  const uint64_t bytes = FreeDeletedJob(parts_.store, parts_.ledger,
+                                        parts_.job_deleted, request->job_id());
   spdlog::info("job {} deleted by uid {} (pid {}), {} bytes freed on the SSDs",
                request->job_id(), caller.uid, caller.pid, bytes);
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlService::KeepJob(grpc::ServerContext* context,
+                                     const v1::KeepJobRequest* request,
+                                     v1::KeepJobResponse* response) {
+  LOHAN_IDENTIFY_CALLER(context, caller);
+  absl::StatusOr<v1::Job> job =
+      jobs_->Keep(caller, request->job_id(), request->keep());
+  if (!job.ok()) return ToGrpc(job.status());
+  spdlog::info("job {} {} by uid {} (pid {})", job->id(),
+               request->keep() ? "pinned" : "unpinned", caller.uid, caller.pid);
+  job->set_ssd_bytes(SsdBytesOf(parts_.store->BytesByJob(), job->id()));
+  *response->mutable_job() = *std::move(job);
   return grpc::Status::OK;
 }
 
@@ -249,6 +252,13 @@ grpc::Status ControlService::GetStatus(grpc::ServerContext* context,
                                        const v1::GetStatusRequest* request,
                                        v1::GetStatusResponse* response) {
   LOHAN_IDENTIFY_CALLER(context, caller);
+  *response = StatusFor(caller);
+  return grpc::Status::OK;
+}
+
+v1::GetStatusResponse ControlService::StatusFor(const Caller& caller) {
+  v1::GetStatusResponse status;
+  v1::GetStatusResponse* response = &status;
   response->set_daemon_version(kLohanVersion);
   SetProtocol(response->mutable_daemon_protocol());
   response->set_daemon_pid(getpid());
@@ -276,7 +286,9 @@ grpc::Status ControlService::GetStatus(grpc::ServerContext* context,
     job.set_ssd_bytes(SsdBytesOf(ssd, job.id()));
     *response->add_jobs() = std::move(job);
   }
-  for (v1::SessionStatus& session : parts_.sessions->Status()) {
+  std::vector<v1::SessionStatus> sessions = parts_.sessions->Status();
+  response->set_data_planes(static_cast<uint32_t>(sessions.size()));
+  for (v1::SessionStatus& session : sessions) {
     if (visible.count(session.job_id()) != 0) {
       *response->add_sessions() = std::move(session);
     }
@@ -324,7 +336,7 @@ grpc::Status ControlService::GetStatus(grpc::ServerContext* context,
     }
   }
   FillQuota(caller, jobs_owned, response->mutable_quota());
-  return grpc::Status::OK;
+  return status;
 }
 
 grpc::Status ControlService::RegisterModel(

@@ -67,12 +67,18 @@ class ControlService final : public v1::Lohan::Service {
   grpc::Status DeleteJob(grpc::ServerContext* context,
                          const v1::DeleteJobRequest* request,
                          v1::DeleteJobResponse* response) override;
+  grpc::Status KeepJob(grpc::ServerContext* context,
+                       const v1::KeepJobRequest* request,
+                       v1::KeepJobResponse* response) override;
   grpc::Status ListJobs(grpc::ServerContext* context,
                         const v1::ListJobsRequest* request,
                         v1::ListJobsResponse* response) override;
   grpc::Status GetStatus(grpc::ServerContext* context,
                          const v1::GetStatusRequest* request,
                          v1::GetStatusResponse* response) override;
+  // What GetStatus answers `caller` (root: every job). Thread-safe, as the
+  // handlers are; lohand's metrics (daemon/metrics) read it as root.
+  v1::GetStatusResponse StatusFor(const Caller& caller);
   grpc::Status RegisterModel(grpc::ServerContext* context,
                              const v1::RegisterModelRequest* request,
                              v1::RegisterModelResponse* response) override;

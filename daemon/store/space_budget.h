@@ -39,6 +39,12 @@ class SpaceBudget {
   // Returns what Reserve or Charge counted.
   virtual void Release(absl::string_view job, uint8_t account,
                        uint64_t bytes) = 0;
+  // The store's own refusal of a version the budget allowed (no SSD has
+  // room for it: block rounding, fragmentation), with what the budget
+  // adds for the job's owner; `refusal` itself by default.
+  virtual absl::Status NoRoom(absl::string_view job, absl::Status refusal) {
+    return refusal;
+  }
 };
 
 }  // namespace lohan

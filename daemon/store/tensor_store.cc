@@ -513,11 +513,13 @@ absl::StatusOr<uint64_t> TensorStore::Write(absl::string_view job,
   }
   absl::StatusOr<Placement> placement = array_->Allocate(bytes);
   if (!placement.ok()) {
+    absl::Status refused(placement.status().code(),
+                         absl::StrCat("write of tensor '", job, "/", name,
+                                      "': ", placement.status().message()));
     if (budget_ != nullptr) budget_->Release(job, account, footprint);
     EndMutation(entry);
-    return absl::Status(placement.status().code(),
-                        absl::StrCat("write of tensor '", job, "/", name,
-                                     "': ", placement.status().message()));
+    return budget_ != nullptr ? budget_->NoRoom(job, std::move(refused))
+                              : refused;
   }
   // From here the version frees its space (and its budget) on every exit
   // path.

@@ -16,6 +16,8 @@
 #include "client/control_client.h"
 #include "tests/harness/subprocess.h"
 
+extern char** environ;
+
 namespace lohan::testing {
 namespace {
 
@@ -47,12 +49,22 @@ DaemonProcess::DaemonProcess(pid_t pid, std::string socket,
                              std::string log_path)
     : pid_(pid), socket_(std::move(socket)), log_path_(std::move(log_path)) {}
 
-absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(
-    const std::string& dir, const std::vector<std::string>& extra_args) {
+absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Spawn(
+    const std::string& dir, const std::vector<std::string>& extra_args,
+    const std::vector<std::string>& extra_env) {
   mkdir((dir + "/ssd0").c_str(), 0755);
   std::vector<std::string> argv = Command(dir, {"--log-level=debug"});
   for (const std::string& arg : extra_args) argv.push_back(arg);
   const std::string log_path = dir + "/lohand.log";
+  // Built before fork: the child only execs.
+  std::vector<std::string> env_strings(extra_env);
+  for (char** e = environ; *e != nullptr; ++e) env_strings.push_back(*e);
+  std::vector<char*> env;
+  for (std::string& entry : env_strings) env.push_back(entry.data());
+  env.push_back(nullptr);
+  std::vector<char*> args;
+  for (std::string& arg : argv) args.push_back(arg.data());
+  args.push_back(nullptr);
 
   pid_t pid = fork();
   if (pid < 0) return absl::InternalError("fork failed");
@@ -60,14 +72,21 @@ absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(
     int log = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     dup2(log, 1);
     dup2(log, 2);
-    std::vector<char*> args;
-    for (std::string& arg : argv) args.push_back(arg.data());
-    args.push_back(nullptr);
-    execv(args[0], args.data());
+    execve(args[0], args.data(), env.data());
     _exit(127);
   }
-  std::unique_ptr<DaemonProcess> daemon(
+  return std::unique_ptr<DaemonProcess>(
       new DaemonProcess(pid, dir + "/lohand.sock", log_path));
+}
+
+absl::StatusOr<std::unique_ptr<DaemonProcess>> DaemonProcess::Start(
+    const std::string& dir, const std::vector<std::string>& extra_args,
+    const std::vector<std::string>& extra_env) {
+  absl::StatusOr<std::unique_ptr<DaemonProcess>> spawned =
+      Spawn(dir, extra_args, extra_env);
+  if (!spawned.ok()) return spawned.status();
+  std::unique_ptr<DaemonProcess> daemon = *std::move(spawned);
+  const pid_t pid = daemon->pid_;
   const auto deadline = std::chrono::steady_clock::now() + kStartBound;
   while (std::chrono::steady_clock::now() < deadline) {
     int status = 0;

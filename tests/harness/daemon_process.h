@@ -16,10 +16,18 @@ namespace lohan::testing {
 // host pool. Killed (SIGKILL) on destruction if still running.
 class DaemonProcess {
  public:
-  // Starts lohand with the standard flags plus `extra_args`, and waits until
-  // it serves Hello. On failure the status holds the daemon's stderr.
+  // Starts lohand with the standard flags plus `extra_args`, its
+  // environment the test's plus `extra_env` ("KEY=VALUE", these win), and
+  // waits until it serves Hello. On failure the status holds the daemon's
+  // stderr.
   static absl::StatusOr<std::unique_ptr<DaemonProcess>> Start(
-      const std::string& dir, const std::vector<std::string>& extra_args = {});
+      const std::string& dir, const std::vector<std::string>& extra_args = {},
+      const std::vector<std::string>& extra_env = {});
+  // The same without waiting: returns once lohand is started, serving or
+  // not (for tests that hold its start up, e.g. at a notification).
+  static absl::StatusOr<std::unique_ptr<DaemonProcess>> Spawn(
+      const std::string& dir, const std::vector<std::string>& extra_args = {},
+      const std::vector<std::string>& extra_env = {});
 
   ~DaemonProcess();
 

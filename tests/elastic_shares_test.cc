@@ -4,7 +4,9 @@
 // next iteration's end and trains on (never closed, weights exact); it
 // grows back when the pool has room again; a job that does not move is
 // closed after the wait, as before shares bent.
+#include <atomic>
 #include <csignal>
+#include <thread>
 
 #include "tests/multi_user_fixture.h"
 
@@ -251,6 +253,112 @@ TEST_F(ElasticSharesTest, AJobThatDoesNotShrinkIsClosedAfterTheWait) {
       << daemon_->Log();
   // The trainer was told why and exits with the error.
   EXPECT_NE(trainers_.at("trainer").process->Stop(0), 0);
+}
+
+// The SSD side: root's job, alone, swaps 42 MiB of activations per
+// iteration through the 64 MiB array, beyond half of it. It pauses between
+// a forward and its backward, holding them; nobody registers a model whose
+// set-aside fits its share (32 MiB) but not what is free. Root's plane,
+// training, is not closed: it swaps no more beyond its share while the
+// set-aside waits, and once its backward frees its activations (root
+// resumed), nobody's model registers. Root trains on, its puts beyond its
+// share refused and kept in its own memory, and ends with exact weights.
+TEST_F(ElasticSharesTest,
+       ASwappingJobKeepsTrainingWhileANewcomerTakesItsSsdShare) {
+  StartDaemon();  // the harness's 64 MiB array and host pool
+  const std::string out = dir_.path() + "/out";
+  ASSERT_EQ(mkdir(out.c_str(), 0777), 0);
+  ASSERT_EQ(chmod(out.c_str(), 0777), 0);         // past the umask
+  constexpr uint64_t kSwap = uint64_t{14} << 20;  // per layer
+  Trainer& trainer = trainers_["swapper"];
+  trainer.name = "swapper";
+  trainer.layers = kLayers;
+  trainer.stop = out + "/stop-swapper";
+  trainer.weights = out + "/weights-swapper";
+  const std::string resume = out + "/resume-swapper";
+  const std::string swaps = out + "/swaps-swapper";
+  auto started = BackgroundProcess::Start({Runfile("tests/train_client"),
+                                           "--socket",
+                                           daemon_->socket(),
+                                           "--job",
+                                           "swapper",
+                                           "--layers",
+                                           absl::StrJoin(kLayers, ","),
+                                           "--iterations",
+                                           "1000000",
+                                           "--until-file",
+                                           trainer.stop,
+                                           "--out",
+                                           trainer.weights,
+                                           "--swap-bytes",
+                                           std::to_string(kSwap),
+                                           "--swap-file",
+                                           swaps,
+                                           "--pause-after",
+                                           "3",
+                                           "--pause-after-forward",
+                                           "--resume-file",
+                                           resume});
+  ASSERT_TRUE(started.ok()) << started.status() << daemon_->Log();
+  trainer.process = *std::move(started);
+  // Paused with its 42 MiB of activations swapped out, alone: none refused.
+  ASSERT_TRUE(WaitForFile(resume + ".paused")) << daemon_->Log();
+  const v1::SessionStatus paused = PlaneOf("swapper");
+  ASSERT_EQ(paused.swapped_activation_bytes(), 3 * kSwap) << daemon_->Log();
+  const uint64_t roots =
+      paused.swapped_activation_bytes() + paused.ssd_set_aside_bytes();
+  ASSERT_GT(roots, uint64_t{32} << 20);
+
+  // Root resumes once lohand said its plane keeps training (well before
+  // half the newcomer's 60 s wait).
+  std::atomic<bool> told{false};
+  std::thread resumer([&] {
+    for (int i = 0; i < 2000 && !told; ++i) {
+      if (daemon_->Log().find("swaps no more beyond uid 0's share") !=
+          std::string::npos) {
+        told = true;
+        break;
+      }
+      usleep(10 * 1000);
+    }
+    std::ofstream(resume) << "go\n";
+  });
+  auto newcomer = BackgroundProcess::Start(AsNobody(
+      {CopyForOtherUsers("tests/train_client", bin_), "--socket",
+       daemon_->socket(), "--job", "newcomer", "--layers",
+       "262144,262144,262144,262144", "--chunk", "65536", "--iterations", "2",
+       "--out", out + "/weights-newcomer", "--hold"}));
+  resumer.join();
+  ASSERT_TRUE(newcomer.ok()) << newcomer.status() << daemon_->Log();
+  EXPECT_THAT((*newcomer)->first_line(), HasSubstr("buffers"))
+      << daemon_->Log();
+  EXPECT_TRUE(told) << daemon_->Log();
+  // Its set-aside (27 MiB) was within its share, but more than was free.
+  const v1::SessionStatus newcomers = PlaneOf("newcomer");
+  EXPECT_LE(newcomers.ssd_set_aside_bytes(), uint64_t{32} << 20);
+  EXPECT_GT(newcomers.ssd_set_aside_bytes() + roots, uint64_t{64} << 20)
+      << "set aside " << newcomers.ssd_set_aside_bytes() << ", root held "
+      << roots;
+
+  // Root trains on beside it, within its share.
+  const uint64_t at = PlaneOf("swapper").iteration();
+  ASSERT_TRUE(AwaitPlane(
+      [at](const v1::SessionStatus& s) { return s.iteration() >= at + 3; },
+      "swapper"))
+      << daemon_->Log();
+  EXPECT_LE(PlaneOf("swapper").swapped_activation_bytes(), uint64_t{32} << 20);
+  StopAndCheckTrainer("swapper");
+  std::ifstream said(swaps);
+  std::string puts_word, refused_word;
+  uint64_t puts = 0, refused = 0;
+  ASSERT_TRUE(said >> puts_word >> puts >> refused_word >> refused)
+      << "no " << swaps;
+  EXPECT_GT(refused, 0u) << puts << " puts";
+  EXPECT_LT(refused, puts);
+  EXPECT_EQ(LogLinesWith("swaps no more beyond uid 0's share"), 1u)
+      << daemon_->Log();
+  EXPECT_THAT(daemon_->Log(), Not(HasSubstr("was closed for uid")));
+  (*newcomer)->Stop(SIGKILL);
 }
 
 }  // namespace

@@ -197,8 +197,9 @@ TEST_F(MultiUserTest, AJobClosedForAnotherUsersShareIsToldWhy) {
 
 // Issue #47: nobody holds 56 of the 64 MiB pool alone (beyond its share
 // of 32 once root trains), using its plane. Root's job was sized for its
-// model resident (10 MiB); 8 are free, and its model streams through four
-// shared buffers of each in 6: the plane opens at that, nobody's plane is
+// model resident (10 MiB); 8 are free, and its model takes them with its
+// weights resident and its gradients streamed through four shared
+// buffers: the plane opens at that, nobody's plane is
 // not closed (its first failing request is root's drain, long after), and
 // root trains on to exact weights in the arena it got.
 TEST_F(MultiUserTest, APlaneTakesWhatIsFreeBeforeAnyoneIsClosed) {
@@ -233,10 +234,10 @@ TEST_F(MultiUserTest, APlaneTakesWhatIsFreeBeforeAnyoneIsClosed) {
   }
   auto job = BackgroundProcess::Start(argv);
   ASSERT_TRUE(job.ok()) << job.status() << daemon_->Log();
-  EXPECT_EQ((*job)->first_line(), "buffers 4 gradient 4 weight");
+  EXPECT_EQ((*job)->first_line(), "buffers 4 gradient 8 weight");
   ASSERT_TRUE(WaitForFile(dir_.path() + "/go.paused")) << daemon_->Log();
 
-  // Both planes open: root's granted 6 MiB of the 10 its job asks for.
+  // Both planes open: root's granted 8 MiB of the 10 its job asks for.
   auto status = root_->GetStatus();
   ASSERT_TRUE(status.ok()) << status.status();
   std::map<std::string, v1::SessionStatus> sessions;
@@ -249,7 +250,7 @@ TEST_F(MultiUserTest, APlaneTakesWhatIsFreeBeforeAnyoneIsClosed) {
   sessions.erase(holders_job);
   const v1::SessionStatus& newcomer = sessions.begin()->second;
   EXPECT_EQ(newcomer.wanted_arena_bytes(), uint64_t{10} << 20);
-  EXPECT_EQ(newcomer.arena_bytes(), uint64_t{6} << 20);
+  EXPECT_EQ(newcomer.arena_bytes(), uint64_t{8} << 20);
   EXPECT_EQ(newcomer.grad_slots(), 4u);
   EXPECT_THAT(daemon_->Log(),
               HasSubstr("of the 10485760 its job asks for: what the pool had "

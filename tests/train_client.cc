@@ -42,7 +42,15 @@
 // F.iterations, then dump and exit as after the last.
 // --pause-after K --resume-file F: after K iterations, create F.paused and
 // wait (data plane open) until F exists, then go on. With --pause-mid, the
-// pause is half-way through the next iteration's backward instead.
+// pause is half-way through the next iteration's backward instead; with
+// --pause-after-forward, between its forward and its backward.
+// --swap-bytes N: the model gets an N-byte activation area
+// (ModelSpec.activation_bytes) and each iteration swaps N bytes per layer
+// through it: ACT_PUT after the layer's FETCH_PARAMS (forward), ACT_GET
+// (its bytes checked) and ACT_FREE before its GRAD_READY (backward). A put
+// refused RESOURCE_EXHAUSTED (lohand has no room for it on the SSDs) is
+// kept in this process's memory instead, as the plugin does, and training
+// goes on. --swap-file F: at the end, writes "puts P refused R" to F.
 #include <signal.h>
 #include <unistd.h>
 
@@ -108,6 +116,9 @@ struct Args {
   bool ignore_share = false;
   std::string moves_file;
   int lohand_pid = 0;
+  bool pause_after_forward = false;
+  uint64_t swap_bytes = 0;
+  std::string swap_file;
 };
 
 // The client's handles, destroyed in reverse.
@@ -130,7 +141,9 @@ void PauseUntilResumed(const Args& args, int iterations_done) {
   // kill us (SIGPIPE).
   signal(SIGPIPE, SIG_IGN);
   std::printf("paused after %d iterations%s\n", iterations_done,
-              args.pause_mid ? " and half a backward" : "");
+              args.pause_after_forward ? " and a forward"
+              : args.pause_mid         ? " and half a backward"
+                                       : "");
   std::fflush(stdout);
   std::ofstream(args.resume_file + ".paused") << "paused\n";
   while (access(args.resume_file.c_str(), F_OK) != 0) usleep(10 * 1000);
@@ -153,6 +166,7 @@ v1::ModelSpec SpecOf(const Args& args, const std::vector<uint64_t>& layers) {
   model.set_grad_slots(args.grad_slots);
   model.set_weight_slots(args.weight_slots);
   if (args.fit_arena) model.set_arena_fit(v1::ARENA_FIT_MOST);
+  model.set_activation_bytes(args.swap_bytes);
   return model;
 }
 
@@ -284,6 +298,87 @@ int FollowShare(const Args& args, Session& session) {
   return 0;
 }
 
+// The bytes layer `l` swaps out in the iteration of `step` (--swap-bytes).
+void FillActivation(const Args& args, uint64_t step, uint32_t l,
+                    uint8_t* bytes) {
+  uint64_t x = (step + 1) * 0x9E3779B97F4A7C15ull ^ (uint64_t{l} + 1);
+  for (uint64_t i = 0; i + 8 <= args.swap_bytes; i += 8) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    std::memcpy(bytes + i, &x, 8);
+  }
+  for (uint64_t i = args.swap_bytes / 8 * 8; i < args.swap_bytes; ++i) {
+    bytes[i] = static_cast<uint8_t>(x >> (8 * (i % 8)));
+  }
+}
+
+// Activation swapping (--swap-bytes): what each layer of the iteration
+// swapped out, or kept here when lohand refused it.
+struct Swapper {
+  const Args& args;
+  uint64_t puts = 0;
+  uint64_t refused = 0;
+  std::vector<std::vector<uint8_t>> kept;  // per layer; empty: on the SSDs
+  std::vector<uint8_t> expected;
+
+  static uint64_t Id(uint64_t step, uint32_t l, size_t layers) {
+    return step * layers + l + 1;
+  }
+
+  // Forward: layer l's activations out.
+  int Put(lohan_model* model, uint64_t step, uint32_t l, size_t layers) {
+    if (args.swap_bytes == 0) return 0;
+    kept.resize(layers);
+    uint64_t area = 0;
+    auto* buffer =
+        static_cast<uint8_t*>(lohan_model_activation_buffer(model, &area));
+    if (buffer == nullptr || area < args.swap_bytes) {
+      return FailWith("act-put", "no activation area of --swap-bytes");
+    }
+    FillActivation(args, step, l, buffer);
+    ++puts;
+    const int status =
+        lohan_model_act_put(model, Id(step, l, layers), 0, args.swap_bytes);
+    if (status == LOHAN_RESOURCE_EXHAUSTED) {
+      ++refused;  // kept in host memory
+      kept[l].assign(buffer, buffer + args.swap_bytes);
+      return 0;
+    }
+    if (status != LOHAN_OK) return Fail("act-put", status);
+    kept[l].clear();
+    return 0;
+  }
+
+  // Backward: layer l's activations back (and freed on lohand's side).
+  int Get(lohan_model* model, uint64_t step, uint32_t l, size_t layers) {
+    if (args.swap_bytes == 0) return 0;
+    expected.resize(args.swap_bytes);
+    FillActivation(args, step, l, expected.data());
+    if (!kept[l].empty()) {
+      if (kept[l] != expected) return FailWith("act-get", "kept bytes differ");
+      kept[l].clear();
+      return 0;
+    }
+    const uint64_t id = Id(step, l, layers);
+    if (int status = lohan_model_act_get(model, id, 0, args.swap_bytes);
+        status != LOHAN_OK) {
+      return Fail("act-get", status);
+    }
+    uint64_t area = 0;
+    const auto* buffer = static_cast<const uint8_t*>(
+        lohan_model_activation_buffer(model, &area));
+    if (buffer == nullptr ||
+        std::memcmp(buffer, expected.data(), args.swap_bytes) != 0) {
+      return FailWith("act-get", "DATA_LOSS: swapped bytes differ");
+    }
+    if (int status = lohan_model_act_free(model, id); status != LOHAN_OK) {
+      return Fail("act-free", status);
+    }
+    return 0;
+  }
+};
+
 int Run(const Args& args) {
   std::vector<uint64_t> layers;
   for (absl::string_view part : absl::StrSplit(args.layers, ',')) {
@@ -313,9 +408,12 @@ int Run(const Args& args) {
     }
   }
 
+  Swapper swapper{.args = args};
+  const bool pause_in_iteration = args.pause_mid || args.pause_after_forward;
+  const size_t pause_at_back = args.pause_after_forward ? 0 : layers.size() / 2;
   const uint64_t first = lohan_model_iteration(model);
   for (int t = 0; t < args.iterations; ++t) {
-    if (args.pause_after != 0 && t == args.pause_after && !args.pause_mid) {
+    if (args.pause_after != 0 && t == args.pause_after && !pause_in_iteration) {
       PauseUntilResumed(args, t);
     }
     const uint64_t step = first + t;  // gradients of the step-th iteration
@@ -326,6 +424,10 @@ int Run(const Args& args) {
       if (int status = lohan_model_fetch_params(model, l); status != LOHAN_OK) {
         return Fail("fetch", status);
       }
+      if (int failed = swapper.Put(model, step, l, layers.size());
+          failed != 0) {
+        return failed;
+      }
     }
     for (size_t back = 0; back < layers.size(); ++back) {
       const uint32_t l = static_cast<uint32_t>(layers.size() - 1 - back);
@@ -333,14 +435,18 @@ int Run(const Args& args) {
         std::fflush(stdout);
         kill(getpid(), SIGKILL);
       }
-      if (args.pause_mid && args.pause_after == t &&
-          back == layers.size() / 2) {
+      if (pause_in_iteration && args.pause_after == t &&
+          back == pause_at_back) {
         PauseUntilResumed(args, t);
       }
       if (args.hold_in_iteration == t + 1 && back == layers.size() / 2) {
         std::printf("holding mid-iteration\n");
         std::fflush(stdout);
         for (;;) pause();
+      }
+      if (int failed = swapper.Get(model, step, l, layers.size());
+          failed != 0) {
+        return failed;
       }
       if (int failed = HandOver(args, model, step, l, layers[l]); failed != 0) {
         return failed;
@@ -383,6 +489,10 @@ int Run(const Args& args) {
               layers[l] * element);
   }
   if (!out) return FailWith("write", "INTERNAL: " + args.out);
+  if (!args.swap_file.empty()) {
+    std::ofstream(args.swap_file)
+        << "puts " << swapper.puts << " refused " << swapper.refused << "\n";
+  }
   std::printf("done\n");
   if (args.hold) {
     std::printf("holding\n");
@@ -430,6 +540,13 @@ int main(int argc, char** argv) {
                "ARENA_FIT_MOST");
   app.add_flag("--pause-mid", args.pause_mid,
                "pause half-way through backward instead");
+  app.add_flag("--pause-after-forward", args.pause_after_forward,
+               "pause between forward and backward instead");
+  app.add_option("--swap-bytes", args.swap_bytes,
+                 "swap this many bytes of activations per layer per "
+                 "iteration through lohand (kept here when refused)");
+  app.add_option("--swap-file", args.swap_file,
+                 "at the end, write \"puts P refused R\" here");
   app.add_option("--moves-file", args.moves_file,
                  "append a line per move: arena bytes before and after, "
                  "seconds, lohand's storage bytes read and written meanwhile "

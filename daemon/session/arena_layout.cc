@@ -88,6 +88,16 @@ absl::StatusOr<ArenaChoice> ChooseArena(const v1::ModelSpec& spec,
     return choice;
   }
   const uint64_t most = MostStreamed(spec);
+  // Gradients streamed, weights resident: each step's weights stay in the
+  // arena (no SSD traffic for them), half the resident arena's buffers.
+  for (uint64_t k = most; k >= 1; --k) {
+    const uint64_t bytes = with_buffers(k, 0);
+    if (fits(bytes)) {
+      choice.arena_bytes = bytes;
+      choice.grad_buffers = static_cast<uint32_t>(k);
+      return choice;
+    }
+  }
   for (uint64_t k = most; k >= 1; --k) {
     const uint64_t bytes = with_buffers(k, k);
     if (fits(bytes)) {

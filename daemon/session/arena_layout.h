@@ -39,10 +39,11 @@ struct ArenaLimit {
 // The layout a checked spec takes within `limit`. ARENA_FIT_AS_GIVEN: its
 // grad_slots / weight_slots, whatever the limit (the caller refuses an
 // arena too large in its own words). ARENA_FIT_MOST: one buffer per layer
-// if that fits, else the most shared buffers, up to grad_slots and fewer
-// than the layers, that fit; RESOURCE_EXHAUSTED naming what one buffer per
-// layer and one shared buffer of each take, the limit and the remedy when
-// none does.
+// if that fits, else a weight buffer per layer and the most shared gradient
+// buffers (up to grad_slots and fewer than the layers) that fit, else the
+// most shared buffers of each kind that fit; RESOURCE_EXHAUSTED naming what one
+// buffer per layer and one shared buffer of each take, the limit and the remedy
+// when none does.
 absl::StatusOr<ArenaChoice> ChooseArena(const v1::ModelSpec& spec,
                                         const ArenaLimit& limit);
 

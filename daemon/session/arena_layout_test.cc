@@ -98,8 +98,13 @@ TEST(ChooseArena, MostTakesResidentWhenItFitsElseTheMostSharedBuffers) {
   ASSERT_TRUE(roomy.ok()) << roomy.status();
   EXPECT_EQ(roomy->arena_bytes, resident);
   EXPECT_EQ(roomy->grad_buffers, 0u);
-  // Room for three shared buffers of each, not four.
+  // Room for three shared buffers of each, not four, and not for a weight
+  // buffer per layer beside one shared gradient buffer.
   const uint64_t three = Bytes(layers, 0, 3);
+  ASSERT_LT(three, ArenaBytes(ArenaShape{.layer_elements = layers,
+                                         .element_bytes = 2,
+                                         .grad_buffers = 1,
+                                         .weight_buffers = 0}));
   ASSERT_LT(three, Bytes(layers, 0, 4));
   absl::StatusOr<ArenaChoice> tight =
       ChooseArena(spec, ArenaLimit{.bytes = three});
@@ -108,6 +113,33 @@ TEST(ChooseArena, MostTakesResidentWhenItFitsElseTheMostSharedBuffers) {
   EXPECT_EQ(tight->grad_buffers, 3u);
   EXPECT_EQ(tight->weight_buffers, 3u);
   EXPECT_EQ(tight->resident_arena_bytes, resident);
+}
+
+// Between the two: a weight buffer per layer and the most shared gradient
+// buffers that fit, before weights stream too.
+TEST(ChooseArena, MostKeepsWeightsResidentWhenOnlyGradientsNeedToStream) {
+  const std::vector<uint64_t> layers(8, kMiB);
+  const v1::ModelSpec spec = Spec(layers, 4, v1::ARENA_FIT_MOST);
+  const auto mixed = [&](uint64_t grad_buffers) {
+    return ArenaBytes(ArenaShape{.layer_elements = layers,
+                                 .element_bytes = 2,
+                                 .grad_buffers = grad_buffers,
+                                 .weight_buffers = 0});
+  };
+  ASSERT_LT(mixed(2), mixed(3));
+  ASSERT_LT(mixed(4), Bytes(layers, 0, 0));
+  absl::StatusOr<ArenaChoice> four =
+      ChooseArena(spec, ArenaLimit{.bytes = mixed(4)});
+  ASSERT_TRUE(four.ok()) << four.status();
+  EXPECT_EQ(four->arena_bytes, mixed(4));
+  EXPECT_EQ(four->grad_buffers, 4u);
+  EXPECT_EQ(four->weight_buffers, 0u);
+  absl::StatusOr<ArenaChoice> two =
+      ChooseArena(spec, ArenaLimit{.bytes = mixed(3) - 1});
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(two->arena_bytes, mixed(2));
+  EXPECT_EQ(two->grad_buffers, 2u);
+  EXPECT_EQ(two->weight_buffers, 0u);
 }
 
 TEST(ChooseArena, MostSaysWhatItNeedsWhenNothingFits) {

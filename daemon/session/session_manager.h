@@ -396,11 +396,14 @@ class SessionManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // parts_.clock, or absl::Now.
   absl::Time Now() const;
-  // The ledger's reclaimer (SpaceLedger::SetReclaimer): closes data planes
-  // of the users in `beyond` (newest first; each at the end of its
-  // iteration, or `at_once`, its iteration rolled back) whose closing gives
-  // SSD space back, until what each holds beyond its share is covered;
-  // each job told why. Planes within their grace are kept, and none is
+  // The ledger's reclaimer (SpaceLedger::SetReclaimer): for the users in
+  // `beyond` (newest first) until what each holds beyond its share is
+  // covered: a training plane whose swapped activations cover it keeps
+  // training (it may swap no more beyond its share meanwhile; they come
+  // back as its iterations free them), unless `at_once`; the others whose
+  // closing gives SSD space back are closed (each at the end of its
+  // iteration, or `at_once`, its iteration rolled back), each job told
+  // why. Planes within their grace are kept, and none is
   // closed when ReclaimAllowedLocked refuses: that refusal is returned
   // (the set-aside is then refused at once, saying why).
   absl::Status ReclaimSsd(uid_t for_uid, const std::string& job_id,

@@ -479,6 +479,21 @@ absl::Status SessionManager::ReclaimSsd(uid_t for_uid,
     // What closing it gives back: its swapped activations and the part of
     // its set-aside its states do not fill.
     const SpaceLedger::JobUsage usage = parts_.ledger->UsageOf(c.job_id);
+    // A training job whose swapped activations cover what its user holds
+    // beyond its share keeps its plane: it may swap no more beyond its
+    // share while the set-aside waits (its next ones stay in its host
+    // memory), and those it holds come back as its iterations free them.
+    // Closed only if they have not by half the wait (`at_once`).
+    if (!at_once && c.session->HasBegunAnIteration() &&
+        usage.activations >= over->second) {
+      spdlog::info(
+          "job {}: swaps no more beyond uid {}'s share of the SSD array while "
+          "uid {}'s job {} waits for its share; its {} of swapped "
+          "activations come back as its iterations free them",
+          c.job_id, c.uid, for_uid, job_id, FormatByteSize(usage.activations));
+      over->second = 0;
+      continue;
+    }
     const uint64_t freed =
         usage.activations +
         (usage.set_aside > usage.used ? usage.set_aside - usage.used : 0);

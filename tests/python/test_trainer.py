@@ -169,6 +169,24 @@ def test_trainer_matches_adamw_trainer(lohand, tmp_path, precision):
         assert (folder / "trainer_state.json").is_file()
 
 
+def test_gradient_checkpointing_is_lohans_recompute(lohand, tmp_path):
+    """TRL's default (gradient_checkpointing=True) is accepted, said once,
+    and trains as without it: lohan recomputes the blocks itself, Hugging
+    Face's checkpointing stays off (the model's modules are not wrapped)."""
+    model = gpt2()
+    with pytest.warns(UserWarning, match="checkpointing is lohan's to do"):
+        trainer, got = train(LohanTrainer, tmp_path / "checkpointed", model,
+                             lohan={"socket": lohand.socket},
+                             gradient_checkpointing=True)
+    assert not trainer.args.activation_checkpointing
+    assert not model.is_activation_checkpointing
+    plain = gpt2()
+    _, want = train(LohanTrainer, tmp_path / "plain", plain,
+                    lohan={"socket": lohand.socket})
+    assert by_step(got, "loss") == by_step(want, "loss")
+    assert_weights_match(model, plain)
+
+
 class StopAt(transformers.TrainerCallback):
     """Ends training after `step` (its checkpoint saved): an interrupted
     run, on the whole run's schedule."""
@@ -268,7 +286,6 @@ def test_peft_lora_matches_peft_with_adamw(lohand, tmp_path, params, unit):
     ({"optim": "sgd"}, "optim='sgd'"),
     ({"optim": "adafactor"}, "optim='adafactor'"),
     ({"optim_args": "foo=1"}, "optim_args"),
-    ({"gradient_checkpointing": True}, "gradient_checkpointing"),
     ({"torch_compile": True}, "torch_compile"),
 ])
 def test_unsupported_trainer_settings_are_refused(lohand, tmp_path, setting,

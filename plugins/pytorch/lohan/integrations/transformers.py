@@ -60,9 +60,6 @@ def _refusals(args: Any, lohan: Dict[str, Any]) -> List[str]:
         found.append(f"{max(args.world_size, args.n_gpu)} processes or GPUs: "
                      "lohan trains on one device per job for now; run one "
                      "process on one device")
-    if args.gradient_checkpointing:
-        found.append("gradient_checkpointing=True: lohan already recomputes "
-                     "each block in backward (activations='offload'); drop it")
     if args.torch_compile:
         found.append("torch_compile=True: lohan's hooks on every block are "
                      "not traced by torch.compile; drop it")
@@ -73,6 +70,27 @@ def _refusals(args: Any, lohan: Dict[str, Any]) -> List[str]:
                      "adam_beta2, adam_epsilon, weight_decay, max_grad_norm, "
                      "gradient_accumulation_steps, resume_from_checkpoint)")
     return found
+
+
+def _take_over_checkpointing(args: Any) -> None:
+    """gradient_checkpointing / activation_checkpointing=True (TRL's
+    SFTConfig default) asks for activations recomputed in backward, which
+    lohan's activation policy does itself (lohan={"activations": ...}:
+    "offload" keeps each block's input and recomputes the block). Said
+    once; Hugging Face's own checkpointing stays off, so the two do not
+    nest."""
+    if not getattr(args, "activation_checkpointing", False) and not getattr(
+            args, "gradient_checkpointing", False):
+        return
+    warnings.warn(
+        "lohan: activation (gradient) checkpointing is lohan's to do: it "
+        "recomputes each block in backward as lohan={'activations': ...} "
+        "says ('offload', the default: a block's input kept, its insides "
+        "recomputed); Hugging Face's own checkpointing is left off",
+        stacklevel=3)
+    for name in ("activation_checkpointing", "gradient_checkpointing"):
+        if hasattr(args, name):
+            setattr(args, name, False)
 
 
 def _checkpoint_step(path: str) -> int:
@@ -209,6 +227,7 @@ class LohanTrainer(Trainer):
         if refused:
             raise ValueError("LohanTrainer cannot honour: " +
                              "; ".join(refused))
+        _take_over_checkpointing(self.args)
 
     # ------------------------------------------------------------ optimizer
 

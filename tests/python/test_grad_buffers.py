@@ -34,11 +34,15 @@ def test_every_grad_of_a_layer_is_a_view_of_one_buffer_handed_over_whole():
     model = LM(tied=False)
     layers = plan(model)
     seen = {}
+    # Each storage held to the end: a buffer handed over and freed could
+    # otherwise come back at the same address as the next layer's.
+    alive = []
 
     def look(layer_index: int):
         def hook(param: torch.Tensor) -> None:
-            seen.setdefault(layer_index, set()).add(
-                param.grad.untyped_storage().data_ptr())
+            storage = param.grad.untyped_storage()
+            alive.append(storage)
+            seen.setdefault(layer_index, set()).add(storage.data_ptr())
         return hook
 
     # Before the router's: they run first, before a hand-over clears them.

@@ -271,6 +271,23 @@ TEST_F(EndedJobsRefusalTest, ARefusalNamesTheAskersOwnEndedJobsOnly) {
   EXPECT_THAT(roots.out, Not(HasSubstr(nobodys_old)));
   EXPECT_THAT(roots.out, Not(HasSubstr("nobodys-old")));
 
+  // Nobody cannot pin or unpin root's job: it does not exist for them,
+  // and root's job stays as it was.
+  for (const char* off : {"", "--off"}) {
+    std::vector<std::string> argv = {bin_ + "/lohanctl", "--socket",
+                                     daemon_->socket(), "jobs", "keep"};
+    if (*off != '\0') argv.push_back(off);
+    argv.push_back(roots_old);
+    RunResult pinned = RunCommand(AsNobody(argv));
+    EXPECT_EQ(pinned.exit_code, 1) << pinned.out << pinned.err;
+    EXPECT_THAT(pinned.err, HasSubstr("no job '" + roots_old + "'"));
+  }
+  auto after = root_->ListJobs();
+  ASSERT_TRUE(after.ok()) << after.status();
+  for (const v1::Job& job : *after) {
+    if (job.id() == roots_old) EXPECT_FALSE(job.kept());
+  }
+
   // Freed as the refusal says, nobody's next job fits.
   RunResult deleted =
       RunCommand(AsNobody({bin_ + "/lohanctl", "--socket", daemon_->socket(),

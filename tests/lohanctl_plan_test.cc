@@ -12,9 +12,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/control_client.h"
-#include "daemon/common/byte_size.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "layout/byte_size.h"
 #include "tests/harness/daemon_process.h"
 #include "tests/harness/subprocess.h"
 

@@ -5,9 +5,9 @@
 #include <vector>
 
 #include "bench/sched/bench_common.h"
-#include "daemon/layout/model_layout.h"
 #include "daemon/optim/adam.h"
 #include "daemon/store/tensor_store.h"
+#include "layout/model_layout.h"
 
 namespace lohan {
 namespace sched_bench {

@@ -31,10 +31,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
-#include "daemon/common/byte_size.h"
 #include "daemon/store/aio_device.h"
 #include "daemon/store/aligned_buffer.h"
 #include "daemon/store/tensor_store.h"
+#include "layout/byte_size.h"
 
 namespace lohan {
 namespace {

@@ -35,9 +35,9 @@
 #include "client/ctl/plan_command.h"
 #include "client/ctl/run_groups.h"
 #include "client/ctl/watch.h"
-#include "daemon/common/byte_size.h"
-#include "daemon/metrics/prometheus_text.h"
-#include "daemon/plan/model_shape.h"
+#include "layout/byte_size.h"
+#include "metrics/prometheus_text.h"
+#include "plan/model_shape.h"
 #include "wire/version.h"
 
 namespace lohan {

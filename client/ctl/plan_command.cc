@@ -12,10 +12,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/control_client.h"
-#include "daemon/common/byte_size.h"
-#include "daemon/plan/planner.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
+#include "layout/byte_size.h"
+#include "plan/planner.h"
 
 namespace lohan {
 namespace {
@@ -212,7 +212,7 @@ void PrintStates(const Plan& plan) {
 }
 
 // What the training process holds in host memory besides lohand
-// (daemon/plan/trainer_host.h).
+// (plan/trainer_host.h).
 void PrintTrainer(const Plan& plan) {
   const TrainerHostBytes& t = plan.trainer_host;
   const std::string device =

@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "daemon/common/byte_size.h"
+#include "layout/byte_size.h"
 
 namespace lohan {
 

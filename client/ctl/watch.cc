@@ -12,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
-#include "daemon/common/byte_size.h"
+#include "layout/byte_size.h"
 
 namespace lohan {
 namespace {

@@ -13,10 +13,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
-#include "daemon/common/byte_size.h"
 #include "daemon/common/check.h"
 #include "daemon/config/embedded_default_config.h"
 #include "daemon/optim/tuning.h"
+#include "layout/byte_size.h"
 
 // Header-only toml++ with exceptions off: errors come back as values.
 #define TOML_EXCEPTIONS 0
@@ -35,7 +35,7 @@ constexpr char kDataSocketSuffix[] = ".data";
 constexpr size_t kMaxSocketPathLength = 107 - (sizeof(kDataSocketSuffix) - 1);
 constexpr uint32_t kMaxOptimizerThreads = 1024;
 // A data plane's rings: enough for a few requests in flight, at most what
-// the arena's control allowance holds (daemon/layout/arena_bytes.h).
+// the arena's control allowance holds (layout/arena_bytes.h).
 constexpr int64_t kMinRingEntries = 8;
 constexpr int64_t kMaxRingEntries = 1024;
 

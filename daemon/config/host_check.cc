@@ -15,9 +15,9 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "daemon/common/byte_size.h"
 #include "daemon/common/meminfo.h"
 #include "daemon/config/trusted_path.h"
+#include "layout/byte_size.h"
 #include "wire/errno_status.h"
 #include "wire/unique_fd.h"
 

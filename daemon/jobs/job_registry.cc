@@ -11,8 +11,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "daemon/common/byte_size.h"
 #include "daemon/common/log_text.h"
+#include "layout/byte_size.h"
 #include "wire/errno_status.h"
 #include "wire/unique_fd.h"
 

@@ -11,11 +11,11 @@
 #include <optional>
 
 #include "absl/status/statusor.h"
-#include "daemon/layout/adam_options.h"
 #include "daemon/optim/isa.h"
 #include "daemon/optim/optim_types.h"
 #include "daemon/optim/tuning.h"
 #include "daemon/optim/worker_pool.h"
+#include "layout/adam_options.h"
 
 namespace lohan {
 namespace optim_internal {

@@ -19,7 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "daemon/layout/dtype.h"
+#include "layout/dtype.h"
 
 namespace lohan::optim_internal {
 

@@ -7,8 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "daemon/layout/dtype.h"
-#include "daemon/layout/dtype_traits.h"
+#include "layout/dtype.h"
+#include "layout/dtype_traits.h"
 
 namespace lohan {
 

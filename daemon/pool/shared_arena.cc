@@ -11,7 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "daemon/common/byte_size.h"
+#include "layout/byte_size.h"
 #include "spdlog/spdlog.h"
 #include "wire/errno_status.h"
 

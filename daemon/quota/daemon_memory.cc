@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/common/byte_size.h"
+#include "layout/byte_size.h"
 
 namespace lohan {
 

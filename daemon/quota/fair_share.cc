@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/common/byte_size.h"
+#include "layout/byte_size.h"
 
 namespace lohan {
 namespace {

@@ -4,8 +4,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/common/byte_size.h"
 #include "daemon/common/check.h"
+#include "layout/byte_size.h"
 
 namespace lohan {
 namespace {

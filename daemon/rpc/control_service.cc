@@ -8,11 +8,11 @@
 #include "daemon/common/check.h"
 #include "daemon/common/log_text.h"
 #include "daemon/common/memory_release.h"
-#include "daemon/plan/job_plan.h"
 #include "daemon/quota/daemon_memory.h"
 #include "daemon/rpc/job_removal.h"
 #include "daemon/session/arena_layout.h"
 #include "daemon/session/model_spec_checks.h"
+#include "plan/job_plan.h"
 #include "spdlog/spdlog.h"
 #include "wire/version.h"
 

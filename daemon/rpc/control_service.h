@@ -77,7 +77,7 @@ class ControlService final : public v1::Lohan::Service {
                          const v1::GetStatusRequest* request,
                          v1::GetStatusResponse* response) override;
   // What GetStatus answers `caller` (root: every job). Thread-safe, as the
-  // handlers are; lohand's metrics (daemon/metrics) read it as root.
+  // handlers are; lohand's metrics (daemon/main, metrics/) read it as root.
   v1::GetStatusResponse StatusFor(const Caller& caller);
   grpc::Status RegisterModel(grpc::ServerContext* context,
                              const v1::RegisterModelRequest* request,
@@ -89,7 +89,7 @@ class ControlService final : public v1::Lohan::Service {
   // registered (SessionManager::PlanJob's checks); then the plan from the
   // request's profile, lohand's HostProfile (UNAVAILABLE while it is still
   // measuring), the session's layout and the SSD room the ledger and the
-  // store leave the job (daemon/plan/job_plan.h).
+  // store leave the job (plan/job_plan.h).
   grpc::Status PlanJob(grpc::ServerContext* context,
                        const v1::PlanJobRequest* request,
                        v1::PlanJobResponse* response) override;

@@ -4,9 +4,9 @@
 #include <optional>
 #include <utility>
 
-#include "daemon/common/byte_size.h"
 #include "daemon/common/check.h"
 #include "daemon/rpc/job_removal.h"
+#include "layout/byte_size.h"
 #include "spdlog/spdlog.h"
 
 namespace lohan {

@@ -30,7 +30,6 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "daemon/layout/job_meta.h"
 #include "daemon/optim/adam.h"
 #include "daemon/sched/clip_test_util.h"
 #include "daemon/sched/job_pipeline.h"
@@ -40,6 +39,7 @@
 #include "daemon/store/test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "layout/job_meta.h"
 
 namespace lohan {
 namespace {

@@ -12,11 +12,11 @@
 #include <optional>
 #include <vector>
 
-#include "daemon/layout/model_layout.h"
 #include "daemon/optim/adam.h"
 #include "daemon/store/tensor_store.h"
 #include "daemon/store/test_util.h"
 #include "gtest/gtest.h"
+#include "layout/model_layout.h"
 
 namespace lohan {
 namespace clip_test {

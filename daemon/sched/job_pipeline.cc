@@ -12,12 +12,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
-#include "daemon/layout/job_meta.h"
-#include "daemon/layout/job_space.h"
 #include "daemon/optim/half.h"
 #include "daemon/optim/optim_types.h"
 #include "daemon/sched/pipeline_util.h"
 #include "daemon/store/aligned_buffer.h"
+#include "layout/job_meta.h"
+#include "layout/job_space.h"
 
 namespace lohan {
 

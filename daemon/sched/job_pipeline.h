@@ -25,9 +25,6 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
-#include "daemon/layout/job_meta.h"
-#include "daemon/layout/job_space.h"
-#include "daemon/layout/model_layout.h"
 #include "daemon/optim/adam.h"
 #include "daemon/sched/bounded_queue.h"
 #include "daemon/sched/buffer_pool.h"
@@ -37,6 +34,9 @@
 #include "daemon/store/aligned_buffer.h"
 #include "daemon/store/tensor_store.h"
 
+#include "layout/job_meta.h"
+#include "layout/job_space.h"
+#include "layout/model_layout.h"
 namespace lohan {
 
 enum class Schedule {

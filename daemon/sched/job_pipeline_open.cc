@@ -9,11 +9,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
-#include "daemon/layout/job_meta.h"
 #include "daemon/optim/half.h"
 #include "daemon/sched/job_pipeline.h"
 #include "daemon/sched/pipeline_util.h"
 #include "daemon/store/aligned_buffer.h"
+#include "layout/job_meta.h"
 
 namespace lohan {
 

@@ -4,7 +4,7 @@
 // streamed, for uneven layers whose last chunks are short (and one smaller
 // than a block).
 
-#include "daemon/layout/job_space.h"
+#include "layout/job_space.h"
 
 #include <memory>
 #include <optional>

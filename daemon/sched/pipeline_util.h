@@ -10,7 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "daemon/layout/job_space.h"
+#include "layout/job_space.h"
 
 namespace lohan::sched_internal {
 

@@ -1,8 +1,8 @@
 #ifndef LOHAN_DAEMON_SESSION_ARENA_LAYOUT_H_
 #define LOHAN_DAEMON_SESSION_ARENA_LAYOUT_H_
 
-// How a model's spec takes an arena: its shape (daemon/layout's
-// arena_bytes.h sizes it), and how many shared buffers an arena of a given
+// How a model's spec takes an arena: its shape (layout/arena_bytes.h
+// sizes it), and how many shared buffers an arena of a given
 // size holds it with. CreateJob sizes a job's arena for JobSpec.model with
 // it, RegisterModel resolves ARENA_FIT_MOST with it.
 
@@ -12,7 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "daemon/layout/arena_bytes.h"
+#include "layout/arena_bytes.h"
 #include "proto/lohan.pb.h"
 
 namespace lohan {

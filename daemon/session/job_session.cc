@@ -8,11 +8,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "daemon/common/test_point.h"
-#include "daemon/layout/job_space.h"
 #include "daemon/quota/daemon_memory.h"
 #include "daemon/session/arena_layout.h"
 #include "daemon/session/model_layout_of.h"
 #include "daemon/session/model_spec_checks.h"
+#include "layout/job_space.h"
 #include "spdlog/spdlog.h"
 
 namespace lohan {

@@ -2,7 +2,7 @@
 #define LOHAN_DAEMON_SESSION_MODEL_LAYOUT_OF_H_
 
 #include "absl/status/statusor.h"
-#include "daemon/layout/model_layout.h"
+#include "layout/model_layout.h"
 #include "proto/lohan.pb.h"
 
 namespace lohan {

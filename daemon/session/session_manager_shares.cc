@@ -11,11 +11,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/common/byte_size.h"
 #include "daemon/quota/fair_share.h"
 #include "daemon/sched/activation_swap.h"
 #include "daemon/session/arena_layout.h"
 #include "daemon/session/session_manager.h"
+#include "layout/byte_size.h"
 #include "spdlog/spdlog.h"
 
 namespace lohan {

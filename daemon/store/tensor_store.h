@@ -19,7 +19,6 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
-#include "daemon/layout/footprint.h"
 #include "daemon/store/block_device.h"
 #include "daemon/store/catalog_record.h"
 #include "daemon/store/catalog_state.h"
@@ -27,6 +26,7 @@
 #include "daemon/store/record_log.h"
 #include "daemon/store/space_budget.h"
 #include "daemon/store/ssd_array.h"
+#include "layout/footprint.h"
 #include "wire/unique_fd.h"
 
 namespace lohan {

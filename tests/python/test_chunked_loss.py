@@ -107,8 +107,8 @@ def test_the_default_chunk_holds_256_mib_of_fp32_logits():
     assert default_chunk_tokens(128256) == 523
     assert default_chunk_tokens(1 << 40) == 1
     # Every token in one chunk when that holds no more than chunks with
-    # the head's fp32 accumulator (daemon/plan's LossChunkTokensFor: the
-    # same cases in model_counts_test.cc).
+    # the head's fp32 accumulator (plan/model_counts.h LossChunkTokensFor:
+    # the same cases in model_counts_test.cc).
     assert chunk_tokens_for(1024, 50257, 5120) == 1024
     assert chunk_tokens_for(65536, 50257, 5120) == 1335
     assert chunk_tokens_for(2048, 128256, 16384) == 2048

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import REPO, Daemon, built
 
-# Every family lohand writes (daemon/metrics/prometheus_text.h), by the name
+# Every family lohand writes (metrics/prometheus_text.h), by the name
 # prometheus_client gives it (a counter's without "_total"), and its type.
 FAMILIES = {
     "lohan_build_info": "gauge",

@@ -40,7 +40,7 @@ def profile(**overrides):
     block_params, head_params, logits = 1_000_000, 1_000_000, MIB
     # Always two blocks' weights and the head's weights and gradients, then
     # a block's backward (its gradients, its tensors and the gradient of
-    # its largest), larger than the loss (daemon/plan's WorkingSetOf).
+    # its largest), larger than the loss (plan/working_set.h WorkingSetOf).
     working = 4 * block_params + 4 * head_params + (
         2 * block_params + 14 * MIB + 4 * MIB)
     out = {

@@ -117,7 +117,7 @@ def _block_backward(unit: str, family: str = "gpt2") -> int:
 @pytest.mark.parametrize("unit", ["block", "sublayer"])
 def test_a_blocks_backward_is_what_the_plan_counts(tmp_path, unit, family):
     """Llama's as Hugging Face runs it: RMSNorm in fp32 operators, SwiGLU
-    in three (daemon/plan counts what they keep)."""
+    in three (plan/ counts what they keep)."""
     config = _config() if family == "gpt2" else _llama_config()
     planned = _planned(tmp_path, "--recompute-unit", unit, config=config)
     assert planned["recompute_unit"] == unit

@@ -24,7 +24,7 @@ from torch.nn import functional as F
 DEFAULT_CHUNK_LOGIT_BYTES = 256 << 20
 # The head's weight gradient is added to its fp32 accumulator this many
 # bytes of 16-bit product at a time (the vocabulary in slices), so the
-# product needs no head-sized temporary. daemon/plan counts the same
+# product needs no head-sized temporary. plan/ counts the same
 # (kLossWeightGradSliceBytes).
 _WEIGHT_GRAD_SLICE_BYTES = 64 << 20
 # The logits' gradient is made this many bytes of fp32 rows at a time: the
@@ -36,7 +36,7 @@ _GRADIENT_SLICE_BYTES = 4 << 20
 def default_chunk_tokens(vocab: int) -> int:
     """Tokens per chunk when none is given: one chunk's fp32 logits are at
     most DEFAULT_CHUNK_LOGIT_BYTES (1,335 tokens for GPT-2's vocabulary,
-    523 for Llama 3's). daemon/plan counts the same rule."""
+    523 for Llama 3's). plan/ counts the same rule."""
     return max(1, DEFAULT_CHUNK_LOGIT_BYTES // (4 * max(1, vocab)))
 
 
@@ -45,7 +45,7 @@ def chunk_tokens_for(tokens: int, vocab: int, hidden: int) -> int:
     head: default_chunk_tokens, or every token in one chunk when that holds
     no more at its peak (10 bytes a logit) than chunks do with the head's
     fp32 gradient accumulator (a short batch under a large head: one chunk
-    needs no accumulator). Counted for 16-bit logits, as daemon/plan's
+    needs no accumulator). Counted for 16-bit logits, as plan/'s
     CountModel does."""
     chunk = default_chunk_tokens(vocab)
     if tokens <= chunk:
@@ -57,7 +57,7 @@ def chunk_tokens_for(tokens: int, vocab: int, hidden: int) -> int:
 
 def working_bytes(chunk: int, tokens: int, vocab: int, hidden: int) -> int:
     """What the loss holds on the device at its peak besides the head's
-    weights, gradient and input, for 16-bit logits (daemon/plan's
+    weights, gradient and input, for 16-bit logits (plan/'s
     ChunkedLossBytes): a chunk's logits, their fp32 copy and log-softmax
     in forward; with several chunks, in backward, the head's fp32 gradient
     accumulator and a chunk's softmax, or its 16-bit copy and a slice of
@@ -211,7 +211,7 @@ def _logits_gradient(rows: torch.Tensor, weight: torch.Tensor,
                                   device=logits.device)).unsqueeze(-1)
     # At most an eighth of the chunk a slice (its fp32 temporaries, about
     # 12 bytes a logit, then add 1.5 bytes a logit of the chunk to its
-    # logits and their gradient: within what daemon/plan counts).
+    # logits and their gradient: within what plan/ counts).
     step = max(1, min(_GRADIENT_SLICE_BYTES // (4 * max(1, logits.shape[-1])),
                       -(-logits.shape[0] // 8)))
     for start in range(0, logits.shape[0], step):

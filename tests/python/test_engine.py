@@ -1390,6 +1390,51 @@ def test_activation_policies_rerun_blocks_and_match_keep(lohand):
         assert all(j.name != "bad-option" for j in client.jobs())
 
 
+def _gradients_under_bf16_autocast(
+        lohand, options: Optional[Dict[str, Any]]) -> Dict[str, torch.Tensor]:
+    """One bf16-autocast forward and backward of a GPT-2 with dropout
+    (SDPA's too); its gradients as they reach the parameters (through
+    lohan.init with `options`, or plain autograd with None)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2))
+    got: Dict[str, torch.Tensor] = {}
+
+    def keep(name: str) -> Callable[[torch.Tensor], None]:
+        def hook(param: torch.Tensor) -> None:
+            got[name] = param.grad.clone()
+        return hook
+
+    for name, param in model.named_parameters():
+        param.register_post_accumulate_grad_hook(keep(name))
+    engine = (lohan.init(model, lr=0.0, socket=lohand.socket, **options)
+              if options is not None else None)
+    ids = torch.randint(0, 64, (4, 13),
+                        generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(ids, labels=ids).loss
+    loss.backward()
+    if engine is not None:
+        engine.step()
+        engine.close(delete_job=True)
+    return got
+
+
+def test_a_recomputed_block_under_autocast_has_the_same_gradients(lohand):
+    """The recompute replays autocast, but its backward runs outside it, as
+    a block that was not recomputed does (and torch's checkpoint): under
+    autocast SDPA's backward in bf16 came out other bits."""
+    plain = _gradients_under_bf16_autocast(lohand, None)
+    for policy in ("offload", "recompute"):
+        through = _gradients_under_bf16_autocast(
+            lohand, {"activations": policy})
+        assert through.keys() == plain.keys()
+        for name, gradient in plain.items():
+            assert torch.equal(through[name], gradient), (policy, name)
+
+
 class _ContextBlock(nn.Module):
     def __init__(self):
         super().__init__()

@@ -25,7 +25,9 @@ Policies (`lohan.init(..., activations=...)`):
 The recompute of "offload" is our own autograd.Function (the input must be
 handed to the store, which torch's checkpoint keeps in a closure). It
 replays the forward with the RNG state and autocast settings of the
-original run, so dropout and mixed precision recompute the same values.
+original run, so dropout and mixed precision recompute the same values;
+its backward runs outside autocast, as a block's that was not recomputed
+does (and as torch's checkpoint does), so the gradients are the same bits.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from __future__ import annotations
 import contextlib
 import warnings
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import (Any, Callable, ContextManager, Dict, List, Optional,
+                    Sequence, Tuple)
 
 import torch
 from torch import nn
@@ -61,6 +64,14 @@ def _autocast_state() -> List[Tuple[str, torch.dtype]]:
         if torch.is_autocast_enabled(device_type):
             state.append((device_type, torch.get_autocast_dtype(device_type)))
     return state
+
+
+def _autocast(state: List[Tuple[str, torch.dtype]]) -> ContextManager[None]:
+    """Autocast as `state` (_autocast_state) records it."""
+    stack = contextlib.ExitStack()
+    for device_type, dtype in state:
+        stack.enter_context(torch.autocast(device_type, dtype=dtype))
+    return stack
 
 
 # Marks where the Function's tensor outputs go among a block's output
@@ -201,14 +212,17 @@ class _OffloadedBlock(torch.autograd.Function):
             torch.set_rng_state(replay.cpu_rng)
             for device, state in replay.cuda_rng:
                 torch.cuda.set_rng_state(state, device)
-            for device_type, dtype in replay.autocast:
-                stack.enter_context(torch.autocast(device_type, dtype=dtype))
             stack.enter_context(torch.enable_grad())
             # The weights stay until the block's backward is done (and its
             # gradients handed over).
             stack.enter_context(replay.weights)
-            with (replay.observer.recompute(replay.block) if replay.observer
-                  else contextlib.nullcontext()):
+            # Autocast around the recompute only, as torch's checkpoint
+            # does: a backward run under autocast would cast its own
+            # operators' inputs (SDPA's backward in bf16, say) and differ
+            # from the backward of a block that was not recomputed.
+            with _autocast(replay.autocast), (
+                    replay.observer.recompute(replay.block)
+                    if replay.observer else contextlib.nullcontext()):
                 output = replay.call(inputs)
             flat = [t for t in pytree.tree_flatten(output)[0]
                     if isinstance(t, torch.Tensor)]

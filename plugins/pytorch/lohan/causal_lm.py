@@ -111,7 +111,10 @@ class _ChunkedForward(Installed):
         @functools.wraps(original)
         def forward(*args: Any, **kwargs: Any) -> Any:
             bound = signature.bind_partial(*args, **kwargs).arguments
+            # TRL's fused LM head (fused_lm_head=True) makes no full
+            # logits either: its forward is its own.
             if (not self._installed or bound.get("labels") is None
+                    or kwargs.get("fused_lm_head")
                     or not lm.training or not torch.is_grad_enabled()
                     or bound.get("logits_to_keep") not in (None, 0)
                     or bound.get("return_dict") is False):

@@ -755,7 +755,7 @@ def init(model: nn.Module, **options: object) -> Engine:
     amsgrad, bf16_moments, skip_nonfinite, clip_schedule, overlap_step,
     service, dtype, loss_scale, loss_scale_growth_interval, weights
     (a checkpoint's weights to start from: the model may be built on the
-    meta device),
+    meta device), frozen_models (lohan.frozen_model),
     initial_loss_scale, grad_accumulation_steps, blocks, activations,
     activation_host_bytes, activation_buffer_bytes, device_memory_bytes,
     params, buffers, stream_buffers, chunk_elements, socket, job_name,

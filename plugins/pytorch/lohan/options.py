@@ -59,6 +59,10 @@ class EngineOptions:
     frozen_host_bytes: Optional[int] = None
     skip_nonfinite: bool = True
     chunk_elements: int = 0
+    # The arena's activation area (lohand's SSDs) even when no budget
+    # asks for it: where frozen models' weights go (lohan.frozen_model:
+    # a DPO reference, say).
+    frozen_models: bool = False
     activations: ActivationsArg = "offload"
     activation_host_bytes: Optional[int] = None
     activation_buffer_bytes: int = 16 * MIB

@@ -78,9 +78,14 @@ def place(model: nn.Module, options: EngineOptions) -> Placement:
                          else lambda _: [])
     dtype = resolve_dtype(options.dtype, layers)
     modes = block_modes(options.first_activations, len(blocks))
+    if options.frozen_models and not uses_store(modes):
+        raise ValueError(
+            f"frozen_models=True reaches lohand's SSDs through the "
+            f"activation store, which activations="
+            f"{options.first_activations!r} does not use; use 'offload'")
     spill = uses_store(modes) and (
         options.activation_host_bytes is not None
-        or options.frozen_host_bytes is not None)
+        or options.frozen_host_bytes is not None or options.frozen_models)
     # Two buffers of whole pages: one put or get in flight while the
     # other is filled or emptied.
     buffer_bytes = options.activation_buffer_bytes

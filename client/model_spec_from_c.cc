@@ -105,6 +105,10 @@ void CopyScalars(const lohan_model_spec& spec, v1::ModelSpec* model_spec) {
                                     spec.arena_fit_most != 0
                                 ? v1::ARENA_FIT_MOST
                                 : v1::ARENA_FIT_AS_GIVEN);
+  model_spec->set_durable_every_seconds(
+      Has(spec, LOHAN_SPEC_END(durable_every_seconds))
+          ? spec.durable_every_seconds
+          : 0.0);
 }
 
 // (layer, begin, end) triples into `ranges`; INVALID_ARGUMENT for a layer

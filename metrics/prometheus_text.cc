@@ -236,6 +236,22 @@ std::string RenderPrometheusText(const v1::GetStatusResponse& status) {
        [](const v1::SessionStatus& s) {
          return static_cast<double>(s.ssd_written_bytes());
        }},
+      {{"lohan_job_host_update_bytes_total",
+        "counter",
+        "Host memory bytes the job's updates read and wrote since its data "
+        "plane opened.",
+        {}},
+       [](const v1::SessionStatus& s) {
+         return static_cast<double>(s.host_update_bytes());
+       }},
+      {{"lohan_job_host_copied_bytes_total",
+        "counter",
+        "Host memory bytes lohand copied to run the job's updates since its "
+        "data plane opened.",
+        {}},
+       [](const v1::SessionStatus& s) {
+         return static_cast<double>(s.host_copied_bytes());
+       }},
       {{"lohan_job_arena_bytes",
         "gauge",
         "Host pool bytes the job's data plane holds (its arena).",

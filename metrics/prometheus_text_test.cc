@@ -176,6 +176,8 @@ v1::GetStatusResponse TwoJobs() {
   session->set_mean_iteration_seconds(0.1);
   session->set_ssd_read_bytes(11111111111);
   session->set_ssd_written_bytes(2222222222);
+  session->set_host_update_bytes(33333333333);
+  session->set_host_copied_bytes(444444444);
   session->set_arena_bytes(1ull << 30);
   session->set_wanted_arena_bytes(2ull << 30);
   session->set_state_tier_bytes(555555);
@@ -201,6 +203,8 @@ const std::vector<std::string> kFamilies = {
     "lohan_job_mean_step_seconds",
     "lohan_job_ssd_read_bytes_total",
     "lohan_job_ssd_written_bytes_total",
+    "lohan_job_host_update_bytes_total",
+    "lohan_job_host_copied_bytes_total",
     "lohan_job_arena_bytes",
     "lohan_job_wanted_arena_bytes",
     "lohan_job_state_tier_bytes",
@@ -270,6 +274,10 @@ TEST(PrometheusTextTest, NumbersAreTheStatusGiven) {
        static_cast<double>(s.ssd_read_bytes())},
       {"lohan_job_ssd_written_bytes_total",
        static_cast<double>(s.ssd_written_bytes())},
+      {"lohan_job_host_update_bytes_total",
+       static_cast<double>(s.host_update_bytes())},
+      {"lohan_job_host_copied_bytes_total",
+       static_cast<double>(s.host_copied_bytes())},
       {"lohan_job_arena_bytes", static_cast<double>(s.arena_bytes())},
       {"lohan_job_wanted_arena_bytes",
        static_cast<double>(s.wanted_arena_bytes())},
@@ -322,7 +330,7 @@ TEST(PrometheusTextTest, AHostileNameCannotBreakTheFile) {
       ++seen;
     }
   }
-  EXPECT_EQ(seen, 10);  // ssd held and the nine session families
+  EXPECT_EQ(seen, 12);  // ssd held and the eleven session families
   EXPECT_THAT(text, HasSubstr("job_name=\"evil\\\"} 1\\nlohan_jobs 999\\n# "
                               "TYPE lohan_jobs counter\\\\\\\"x\\\\\xEF\xBF"
                               "\xBD\""));

@@ -18,6 +18,9 @@ order reversed every other round):
   pool, states in its state tier as far as --state-tier holds them (the
   rest on its SSDs; the tier's written through every --commit-interval
   steps, every step by default);
+- lohan-resident-copy: lohan-resident on a lohand whose updates copy the
+  tier's states into chunk buffers and back ([pool] state_tier_updates =
+  "copy", the tier before updates in place);
 - lohan-resident-ssd: the same on a second lohand without a state tier
   (every state read from and written to its SSDs);
 - lohan-streamed: the same, gradients and weights streamed through
@@ -27,8 +30,10 @@ DeepSpeed's NVMe files and lohand's SSD directory are in the same scratch
 directory. Reports seconds per step (median over rounds of each run's mean
 over the timed steps), the ratio to torch and to each DeepSpeed
 configuration, each phase's median (forward, backward, the optimizer's
-step), and SSD bytes read and written per parameter per step (from
-/proc/<pid>/io: DeepSpeed's own process, lohand's for lohan). DeepSpeed's
+step), SSD bytes read and written per parameter per step (from
+/proc/<pid>/io: DeepSpeed's own process, lohand's for lohan), and for lohan
+the host memory bytes its updates moved and those lohand copied beside them
+per parameter per step (`lohanctl status`'s counters). DeepSpeed's
 CPU ops are JIT-built on first use (minutes, cached in
 ~/.cache/torch_extensions).
 """
@@ -49,7 +54,7 @@ from typing import Dict, List, Tuple
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = ("torch", "ds-nvme-opt", "ds-nvme-all", "ds-cpu", "lohan-resident",
-           "lohan-resident-ssd", "lohan-streamed")
+           "lohan-resident-copy", "lohan-resident-ssd", "lohan-streamed")
 
 
 def io_bytes(pid: int) -> Tuple[int, int]:
@@ -141,6 +146,7 @@ def worker(args: argparse.Namespace) -> Dict[str, float]:
                    else dict(buffers="resident"))  # -ssd too
         if args.worker != "lohan-resident-ssd":
             options["commit_interval"] = args.commit_interval
+        options.update(json.loads(args.lohan_options))
         engine = lohan.init(model, lr=1e-4, max_grad_norm=1.0,
                             socket=args.socket,
                             job_name=f"peer-{os.getpid()}", **options)
@@ -163,6 +169,14 @@ def worker(args: argparse.Namespace) -> Dict[str, float]:
     for ids in data[:args.warmup]:
         step(ids)
     phases.clear()
+    def host_bytes() -> Tuple[int, int]:
+        if not args.worker.startswith("lohan"):
+            return 0, 0
+        session = engine.status()["session"]
+        return (int(session.get("host_update_bytes", 0)),
+                int(session.get("host_copied_bytes", 0)))
+
+    host_before = host_bytes()
     io_before, start = io_bytes(io_pid), time.perf_counter()
     for ids in data[args.warmup:]:
         step(ids)
@@ -170,14 +184,35 @@ def worker(args: argparse.Namespace) -> Dict[str, float]:
         engine.master_weights()  # the last step's updates may still run
     seconds = time.perf_counter() - start
     io_after = io_bytes(io_pid)
+    host_after = host_bytes()
     finish()
     per = parameters * args.steps
     return {"seconds": seconds / args.steps, "parameters": parameters,
+            "host_updated": (host_after[0] - host_before[0]) / per,
+            "host_copied": (host_after[1] - host_before[1]) / per,
             "forward": statistics.median(p[0] for p in phases),
             "backward": statistics.median(p[1] for p in phases),
             "update": statistics.median(p[2] for p in phases),
             "read": (io_after[0] - io_before[0]) / per,
             "written": (io_after[1] - io_before[1]) / per}
+
+
+def measured_ssd(socket: str, bazel_bin: Path) -> Tuple[float, float]:
+    """The SSD array's read and write bytes per second as lohand measured
+    them ([store] profile_probe; 0, 0 when it measured none)."""
+    done = subprocess.run(
+        [str(bazel_bin / "client/ctl/lohanctl"), "--socket", socket,
+         "status", "--json"], capture_output=True, text=True, check=True)
+    profile = json.loads(done.stdout).get("profile", {})
+    return (float(profile.get("array_read_bytes_per_second", 0)),
+            float(profile.get("array_write_bytes_per_second", 0)))
+
+
+def with_pool_key(config: str, line: str) -> str:
+    """`config` (lohand.toml text) with `line` in its [pool] table."""
+    if "[pool]" in config:
+        return config.replace("[pool]", f"[pool]\n{line}", 1)
+    return f"{config}\n[pool]\n{line}\n"
 
 
 def run_worker(config: str, args: argparse.Namespace, scratch: Path,
@@ -186,7 +221,8 @@ def run_worker(config: str, args: argparse.Namespace, scratch: Path,
                "--scratch", str(scratch), "--socket", socket,
                "--daemon-pid", str(daemon_pid)]
     for name in ("steps", "warmup", "layers", "width", "seq", "batch",
-                 "vocab", "threads", "stream_buffers", "commit_interval"):
+                 "vocab", "threads", "stream_buffers", "commit_interval",
+                 "lohan_options"):
         command += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
@@ -204,21 +240,27 @@ def report(results: Dict[str, List[Dict[str, float]]],
           f"{args.vocab}, {parameters:,} parameters, batch {args.batch}x"
           f"{args.seq}, fp32, AdamW, clip 1.0, torch threads {args.threads};"
           f" median of {args.rounds} rounds of {args.steps} timed steps")
-    print(f"{'configuration':18s} {'s/step':>7s} {'vs torch':>8s} "
+    print(f"{'configuration':19s} {'s/step':>7s} {'vs torch':>8s} "
           f"{'vs ds-opt':>9s} {'vs ds-all':>9s} {'vs ds-cpu':>9s} "
-          f"{'read B/p':>8s} {'wrt B/p':>8s}  forward / backward / step "
-          "(s, medians)")
+          f"{'read B/p':>8s} {'wrt B/p':>8s} {'RAM upd':>7s} "
+          f"{'RAM cp':>6s}  forward / backward / step (s, medians)")
     for config, row in median.items():
         # A reference not in this run: "-".
         ratios = [f"{row['seconds'] / median[ref]['seconds']:.2f}x"
                   if ref in median else "-"
                   for ref in ("torch", "ds-nvme-opt", "ds-nvme-all",
                               "ds-cpu")]
-        print(f"{config:18s} {row['seconds']:7.3f} {ratios[0]:>8s} "
+        print(f"{config:19s} {row['seconds']:7.3f} {ratios[0]:>8s} "
               f"{ratios[1]:>9s} {ratios[2]:>9s} {ratios[3]:>9s} "
-              f"{row['read']:8.2f} {row['written']:8.2f}  "
+              f"{row['read']:8.2f} {row['written']:8.2f} "
+              f"{row['host_updated']:7.2f} {row['host_copied']:6.2f}  "
               f"{row['forward']:.3f} / {row['backward']:.3f} / "
               f"{row['update']:.3f}")
+    for config, row in median.items():
+        if row.get("ssd_seconds", 0) > 0:
+            print(f"{config}: its SSD bytes take {row['ssd_seconds']:.3f} s "
+                  "a step at lohand's measured speed: s/step "
+                  f"{row['seconds'] / row['ssd_seconds']:.2f}x that")
 
 
 def main() -> int:
@@ -250,6 +292,15 @@ def main() -> int:
                         help="lohand's [pool] state_tier for the lohan "
                         "configurations but lohan-resident-ssd (a size, 0 "
                         "or auto)")
+    parser.add_argument("--lohan-options", default="{}",
+                        help="more lohan.init options for the lohan "
+                        "configurations, as JSON (e.g. '{\"activations\": "
+                        "\"keep\", \"overlap_step\": true}')")
+    parser.add_argument("--ssd-probe", default="0",
+                        help="lohand's [store] profile_probe: with a size, "
+                        "lohand measures its SSDs at start and each lohan "
+                        "configuration's s/step is also given against what "
+                        "its SSD bytes take at that speed")
     parser.add_argument("--worker", choices=CONFIGS, help=argparse.SUPPRESS)
     parser.add_argument("--scratch", help=argparse.SUPPRESS)
     parser.add_argument("--socket", help=argparse.SUPPRESS)
@@ -272,7 +323,7 @@ def main() -> int:
                                         REPO / "bazel-bin"))
         daemon = start_daemon(scratch, bazel_bin, args.pool,
                               args.ssd_capacity, args.daemon_config,
-                              ("--profile-probe", "0", "--state-tier",
+                              ("--profile-probe", args.ssd_probe, "--state-tier",
                                args.state_tier))
         # lohan-resident-ssd: a lohand without a state tier, its own
         # directory on the same disk.
@@ -282,23 +333,49 @@ def main() -> int:
             plain_dir.mkdir()
             plain = start_daemon(plain_dir, bazel_bin, args.pool,
                                  args.ssd_capacity, args.daemon_config,
-                                 ("--profile-probe", "0", "--state-tier",
+                                 ("--profile-probe", args.ssd_probe, "--state-tier",
                                   "0"))
+        # lohan-resident-copy: a lohand whose tier copies, its own
+        # directory.
+        copy_dir = scratch / "tier-copy"
+        copying = None
+        if "lohan-resident-copy" in configs:
+            copy_dir.mkdir()
+            copy_config = copy_dir / "lohand.toml"
+            copy_config.write_text(with_pool_key(
+                Path(args.daemon_config).read_text()
+                if args.daemon_config else "",
+                'state_tier_updates = "copy"'))
+            copying = start_daemon(copy_dir, bazel_bin, args.pool,
+                                   args.ssd_capacity, str(copy_config),
+                                   ("--profile-probe", args.ssd_probe, "--state-tier",
+                                    args.state_tier))
+        homes = {"lohan-resident-ssd": (plain, plain_dir),
+                 "lohan-resident-copy": (copying, copy_dir)}
         try:
             for round_ in range(args.rounds):
                 order = configs if round_ % 2 == 0 else configs[::-1]
                 for config in order:
-                    on = plain if config == "lohan-resident-ssd" else daemon
-                    where = plain_dir if on is plain else scratch
+                    on, where = homes.get(config, (daemon, scratch))
                     row = run_worker(config, args, scratch,
                                      str(where / "lohand.sock"), on.pid)
+                    if config.startswith("lohan"):
+                        # The SSD bytes of a step at lohand's measured speed.
+                        speed = measured_ssd(str(where / "lohand.sock"),
+                                             bazel_bin)
+                        bytes_ = (row["read"] * row["parameters"],
+                                  row["written"] * row["parameters"])
+                        row["ssd_seconds"] = sum(
+                            b / v for b, v in zip(bytes_, speed) if v > 0)
                     results[config].append(row)
-                    print(f"round {round_ + 1} {config:16s} "
+                    print(f"round {round_ + 1} {config:19s} "
                           f"{row['seconds']:7.3f} s/step, SSD "
                           f"{row['read']:6.2f} read {row['written']:6.2f} "
-                          "written B/param", flush=True)
+                          f"written, RAM {row['host_updated']:6.2f} updated "
+                          f"{row['host_copied']:6.2f} copied B/param",
+                          flush=True)
         finally:
-            for process in (daemon, plain):
+            for process in (daemon, plain, copying):
                 if process is not None:
                     process.send_signal(signal.SIGTERM)
                     process.wait(timeout=60)

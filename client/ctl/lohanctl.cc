@@ -31,6 +31,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/time.h"
 #include "client/control_client.h"
 #include "client/ctl/plan_command.h"
 #include "client/ctl/run_groups.h"
@@ -190,7 +191,14 @@ int Status(const std::string& socket, bool json) {
   std::printf("  host pool    %s, %s in use (%s)\n",
               FormatByteSize(pool.capacity_bytes()).c_str(),
               FormatByteSize(pool.used_bytes()).c_str(), arenas.c_str());
-  if (pool.state_tier_bytes() > 0) {
+  if (pool.state_tier_bytes() > 0 && pool.commit_interval() == 0) {
+    std::printf(
+        "  state tier   %s for jobs' fp32 masters and moments, durable "
+        "every %s by default (durable_every)\n",
+        FormatByteSize(pool.state_tier_bytes()).c_str(),
+        absl::FormatDuration(absl::Seconds(pool.durable_every_seconds()))
+            .c_str());
+  } else if (pool.state_tier_bytes() > 0) {
     std::printf(
         "  state tier   %s for jobs' fp32 masters and moments, durable "
         "every %u iteration%s by default (commit interval)\n",

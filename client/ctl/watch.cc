@@ -164,9 +164,16 @@ std::string StatesLine(const v1::SessionStatus& session) {
       FormatByteSize(session.state_tier_share_bytes()),
       FormatByteSize(session.state_bytes() - session.state_tier_bytes()));
   if (session.durable_iteration() != session.committed_iteration()) {
-    // Iterations since lohand's last durable commit (commit_interval).
-    absl::StrAppendFormat(&line, ", durable at iteration %d",
-                          session.durable_iteration());
+    // What a crash of lohand would lose now (commit_interval or
+    // durable_every).
+    const uint64_t lost =
+        session.committed_iteration() - session.durable_iteration();
+    absl::StrAppendFormat(
+        &line,
+        ", durable at iteration %d (a crash of lohand now loses %d "
+        "iteration%s, %.0f s)",
+        session.durable_iteration(), lost, lost == 1 ? "" : "s",
+        session.seconds_since_durable());
   }
   const double per = static_cast<double>(session.parameters()) *
                      static_cast<double>(session.session_iterations());
@@ -174,6 +181,12 @@ std::string StatesLine(const v1::SessionStatus& session) {
     absl::StrAppendFormat(
         &line, "; SSD %.2f read, %.2f written B/param/iteration",
         session.ssd_read_bytes() / per, session.ssd_written_bytes() / per);
+    if (session.host_update_bytes() > 0) {
+      // The updates' own memory traffic, and lohand's copies beside it.
+      absl::StrAppendFormat(&line, "; RAM %.2f updated, %.2f copied",
+                            session.host_update_bytes() / per,
+                            session.host_copied_bytes() / per);
+    }
   }
   return line;
 }

@@ -17,6 +17,7 @@
 #include "daemon/config/embedded_default_config.h"
 #include "daemon/optim/tuning.h"
 #include "layout/byte_size.h"
+#include "layout/durability.h"
 
 // Header-only toml++ with exceptions off: errors come back as values.
 #define TOML_EXCEPTIONS 0
@@ -209,6 +210,43 @@ absl::Status SetReclaimDuration(const toml::node& node,
   return absl::OkStatus();
 }
 
+// [pool] durable_every: a duration from 1s to kMaxDurableEverySeconds, such as
+// "10m"; the jobs' durability by time (commit_interval then 0).
+absl::Status SetDurableEvery(const toml::node& node, absl::string_view origin,
+                             DaemonConfig& config) {
+  std::optional<std::string> text = node.value_exact<std::string>();
+  absl::Duration value;
+  if (!text || !absl::ParseDuration(*text, &value) ||
+      value < absl::Seconds(1) ||
+      value > absl::Seconds(kMaxDurableEverySeconds)) {
+    return BadValue(origin, node, "pool.durable_every",
+                    "a duration from \"1s\" to \"168h\" (7 days), such as "
+                    "\"10m\": how much training a crash of lohand may lose");
+  }
+  config.durable_every = value;
+  config.commit_interval = 0;
+  return absl::OkStatus();
+}
+
+// A file states the jobs' durability by steps or by time, not both; the
+// form it states replaces the other.
+absl::Status CheckDurabilityForms(const toml::table& root,
+                                  absl::string_view origin,
+                                  DaemonConfig& config) {
+  const toml::table* pool = root["pool"].as_table();
+  if (pool == nullptr) return absl::OkStatus();
+  const toml::node* steps = pool->get("commit_interval");
+  const toml::node* time = pool->get("durable_every");
+  if (steps != nullptr && time != nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Where(origin, *time),
+        ": keys 'pool.commit_interval' and 'pool.durable_every' both set; "
+        "durability is by steps or by time: keep one"));
+  }
+  if (steps != nullptr) config.durable_every = absl::ZeroDuration();
+  return absl::OkStatus();
+}
+
 // [jobs] keep_ended: "0s" (never), or a duration from kMinKeepEnded to
 // kMaxKeepEnded: whole days as "7d", else as absl::ParseDuration reads it
 // ("36h", "90m").
@@ -370,9 +408,13 @@ const std::map<std::string, Setter>& KeySetters() {
          config.state_tier_bytes = *bytes;
          return absl::OkStatus();
        }},
+      {"pool.state_tier_updates",
+       StringSetter(&DaemonConfig::state_tier_updates,
+                    "pool.state_tier_updates")},
+      {"pool.durable_every", SetDurableEvery},
       {"pool.commit_interval",
        IntegerSetter(&DaemonConfig::commit_interval, "pool.commit_interval", 1,
-                     1000000)},
+                     kMaxCommitInterval)},
       {"pool.ring_entries",
        [](const toml::node& node, absl::string_view origin,
           DaemonConfig& config) -> absl::Status {
@@ -478,6 +520,10 @@ absl::StatusOr<DaemonConfig> ParseConfigToml(absl::string_view text,
         return status;
       }
     }
+  }
+  if (absl::Status forms = CheckDurabilityForms(root, origin, config);
+      !forms.ok()) {
+    return forms;
   }
   return config;
 }
@@ -686,6 +732,12 @@ absl::Status ValidateConfig(const DaemonConfig& config) {
     // A pool nothing fits in: every job would be refused.
     return absl::InvalidArgumentError(
         "key 'pool.host_pool_size' must be more than 0");
+  }
+  if (config.state_tier_updates != "in_place" &&
+      config.state_tier_updates != "copy") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "key 'pool.state_tier_updates' is '", config.state_tier_updates,
+        "'; use one of: in_place, copy"));
   }
   if (std::find(std::begin(kOptimizerIsas), std::end(kOptimizerIsas),
                 config.optimizer_isa) == std::end(kOptimizerIsas)) {

@@ -38,8 +38,15 @@ struct DaemonConfig {
   // tier), or nullopt: "auto", sized to the machine when the daemon starts
   // (ResolveStateTier in host_check.h). 0: no tier.
   std::optional<uint64_t> state_tier_bytes;
-  // [pool] commit_interval: the jobs' default ModelSpec.commit_interval.
+  // The jobs' default durability: [pool] commit_interval (every that many
+  // iterations), or [pool] durable_every (once that long passed since the
+  // last durable iteration; commit_interval is then 0). A file that states
+  // one replaces the other; one that states both is refused.
   uint32_t commit_interval = 1;
+  absl::Duration durable_every = absl::ZeroDuration();
+  // [pool] state_tier_updates: "in_place" (the optimizer updates a state
+  // where the tier holds it) or "copy" (into a chunk buffer and back).
+  std::string state_tier_updates;
   // Entries in each of a data plane's two rings (a power of two, 8 to
   // 1024): the requests one process may have in flight.
   uint32_t ring_entries = 0;

@@ -325,6 +325,38 @@ TEST(ParseConfigToml, KeepEnded) {
   }
 }
 
+TEST(ParseConfigToml, DurabilityByStepsOrByTime) {
+  EXPECT_EQ(DefaultConfig().commit_interval, 1u);
+  EXPECT_EQ(DefaultConfig().durable_every, absl::ZeroDuration());
+  // A file that gives the time form replaces the default steps form...
+  absl::StatusOr<DaemonConfig> timed =
+      Parse("[pool]\ndurable_every = \"10m\"\n");
+  ASSERT_TRUE(timed.ok()) << timed.status();
+  EXPECT_EQ(timed->durable_every, absl::Minutes(10));
+  EXPECT_EQ(timed->commit_interval, 0u);
+  // ...and one that gives steps replaces an earlier file's time.
+  absl::StatusOr<DaemonConfig> steps =
+      ParseConfigToml("[pool]\ncommit_interval = 4\n", "later.toml", *timed);
+  ASSERT_TRUE(steps.ok()) << steps.status();
+  EXPECT_EQ(steps->commit_interval, 4u);
+  EXPECT_EQ(steps->durable_every, absl::ZeroDuration());
+  // One file, both forms: refused, naming both keys.
+  absl::StatusOr<DaemonConfig> both =
+      Parse("[pool]\ncommit_interval = 4\ndurable_every = \"1h\"\n");
+  EXPECT_EQ(both.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(both.status().message(),
+              HasSubstr("keys 'pool.commit_interval' and "
+                        "'pool.durable_every' both set"));
+  for (const char* bad : {"\"0s\"", "\"-5m\"", "\"169h\"", "\"soon\"", "600"}) {
+    absl::StatusOr<DaemonConfig> refused =
+        Parse(absl::StrCat("[pool]\ndurable_every = ", bad, "\n"));
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument)
+        << bad;
+    EXPECT_THAT(refused.status().message(), HasSubstr("'pool.durable_every'"))
+        << bad;
+  }
+}
+
 TEST(ParseConfigToml, ErrorCarriesLineNumber) {
   absl::StatusOr<DaemonConfig> config =
       Parse("[daemon]\nlog_level = \"info\"\n\nbogus = 1\n");

@@ -338,7 +338,8 @@ int Run(const CommandLine& command_line) {
   MemoryShares state_tier_shares(*state_tier_bytes);
   const StateTierMemory state_tier{
       .shares = *state_tier_bytes > 0 ? &state_tier_shares : nullptr,
-      .keep_available_bytes = StateTierFloorBytes(host_memory)};
+      .keep_available_bytes = StateTierFloorBytes(host_memory),
+      .update_in_place = config->state_tier_updates == "in_place"};
   spdlog::info("state tier {} shared by the jobs (keeps {} of memory free)",
                FormatByteSize(*state_tier_bytes),
                FormatByteSize(state_tier.keep_available_bytes));
@@ -491,6 +492,8 @@ int Run(const CommandLine& command_line) {
        .read_ahead_shares = &read_ahead_shares,
        .state_tier = state_tier,
        .commit_interval = config->commit_interval,
+       .durable_every_seconds =
+           absl::ToDoubleSeconds(config->durable_every),
        .ring_entries = config->ring_entries,
        .reclaim_interval = config->reclaim_interval,
        .reclaim_grace = config->reclaim_grace,

@@ -12,6 +12,7 @@
 #include "daemon/rpc/job_removal.h"
 #include "daemon/session/arena_layout.h"
 #include "daemon/session/model_spec_checks.h"
+#include "layout/durability.h"
 #include "plan/job_plan.h"
 #include "spdlog/spdlog.h"
 #include "wire/version.h"
@@ -316,6 +317,8 @@ v1::GetStatusResponse ControlService::StatusFor(const Caller& caller) {
   pool_status->set_used_bytes(pool.used_bytes);
   pool_status->set_state_tier_bytes(parts_.state_tier_bytes);
   pool_status->set_commit_interval(config_->commit_interval);
+  pool_status->set_durable_every_seconds(
+      absl::ToDoubleSeconds(config_->durable_every));
   for (const HostPool::JobUse& use : pool.jobs) {
     // Other users' jobs count in used_bytes but are not named.
     if (visible.count(use.job_id) == 0) continue;
@@ -410,7 +413,13 @@ grpc::Status ControlService::PlanJob(grpc::ServerContext* context,
                              .ssd_room_bytes = std::min(
                                  free_bytes, parts_.ledger->RoomFor(job_id)),
                              .state_tier_bytes = layout.tier.share_bytes,
-                             .commit_interval = layout.tier.commit_interval};
+                             // Durable by time: a durable write now and
+                             // then, not each iteration's (the planner
+                             // leaves it out).
+                             .commit_interval =
+                                 layout.tier.durable_every_seconds > 0.0
+                                     ? kMaxCommitInterval
+                                     : layout.tier.commit_interval};
         return PlanForJob(*request, *host, facts, time(nullptr));
       });
   ReleaseFreedMemory();  // the planner's working memory

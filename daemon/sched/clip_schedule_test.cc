@@ -42,6 +42,9 @@ struct Variant {
   bool settle = false;      // The deferred job's settle_in_background.
   uint64_t read_ahead = 0;  // The deferred job's read_ahead_bytes.
   uint64_t tier = 0;        // The deferred job's state tier (0: none).
+  // Its updates copy the tier's states into chunk buffers and back
+  // (StateTierMemory::update_in_place false).
+  bool tier_copy = false;
 };
 
 // Read-ahead budgets: every chunk, and a few (2 to 4 buffers, by layout).
@@ -79,6 +82,7 @@ class ClipScheduleTest : public clip_test::UpdaterAndStoreTest<Variant> {
       options.settle_in_background = k == 1 && GetParam().settle;
       if (k == 1) options.read_ahead_bytes = GetParam().read_ahead;
       if (k == 1) options.state_tier.shares = tier_.get();
+      options.state_tier.update_in_place = !GetParam().tier_copy;
       auto p = JobPipeline::Open(store_.get(), *updater_,
                                  k == 0 ? "old" : "new", layout_, options);
       ASSERT_TRUE(p.ok()) << p.status();
@@ -251,6 +255,12 @@ TEST_P(ClipScheduleTest, NeverClippedUpdatesEagerlyAndOnce) {
         // From the second iteration on, no state is read from the SSDs.
         EXPECT_EQ(r.busy.bytes_read, GradBytes());
         EXPECT_EQ(jobs_[1]->tier_stats().placed_chunks, kChunks);
+        // Updated where the tier holds them, or copied out and back (the
+        // 16-bit weight copies are the update's own output, no memcpy).
+        const uint64_t states = r.busy.bytes_from_tier;
+        EXPECT_EQ(states, old.busy.bytes_read - GradBytes());
+        EXPECT_EQ(r.busy.bytes_in_tier, GetParam().tier_copy ? 0u : states);
+        EXPECT_EQ(r.busy.bytes_copied, GetParam().tier_copy ? 2 * states : 0u);
       }
       if (seed == 2 && GetParam().tier == kTierSome) {
         EXPECT_EQ(jobs_[1]->tier_stats().placed_chunks, 3u);
@@ -439,7 +449,12 @@ INSTANTIATE_TEST_SUITE_P(
         Variant{Schedule::kPipelined, DType::kBFloat16, false, true, false,
                 kReadAheadSome, kTierSome},
         Variant{Schedule::kAfterBackward, DType::kFloat16, false, true, true, 0,
-                kTierAll}));
+                kTierAll},
+        // The tier's states copied into chunk buffers and back.
+        Variant{Schedule::kPipelined, DType::kBFloat16, false, true, false, 0,
+                kTierAll, true},
+        Variant{Schedule::kPipelined, DType::kFloat32, true, false, true, 0,
+                kTierSome, true}));
 
 }  // namespace
 }  // namespace lohan

@@ -134,13 +134,18 @@ absl::StatusOr<std::unique_ptr<JobPipeline>> JobPipeline::Open(
         "job pipeline: commit_interval must be at least 1 (1: every "
         "iteration durable)");
   }
-  if (options.commit_interval > 1 &&
+  if (!(options.durable_every_seconds >= 0.0) ||
+      std::isinf(options.durable_every_seconds)) {
+    return absl::InvalidArgumentError(
+        "job pipeline: durable_every_seconds must be finite and >= 0");
+  }
+  if ((options.commit_interval > 1 || options.durable_every_seconds > 0.0) &&
       (options.keep_previous_commit ||
        options.clip_schedule != ClipSchedule::kDeferWhenCertain)) {
     return absl::InvalidArgumentError(
-        "job pipeline: a commit_interval above 1 needs the default clip "
-        "schedule and no kept commits (a data-parallel rank's job commits "
-        "every iteration)");
+        "job pipeline: a commit_interval above 1 or a durable_every_seconds "
+        "needs the default clip schedule and no kept commits (a "
+        "data-parallel rank's job commits every iteration)");
   }
   if (options.fp32_weights_out &&
       (layout.grad_dtype != DType::kFloat32 || options.stream_weight16)) {
@@ -567,8 +572,7 @@ absl::Status JobPipeline::BeginIteration(float grad_scale,
   // iterations, when no copy is in use.
   PlaceTier();
   absl::MutexLock lock(&mu_);
-  durable_this_ = options_.commit_interval <= 1 || !tier_.enabled() ||
-                  (iteration_ + 1) % options_.commit_interval == 0;
+  durable_this_ = DurableNextLocked();
   submissions_.assign(state_.num_layers(), Submission{});
   submit_order_.clear();
   grad_scale_ = grad_scale;

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -33,10 +34,10 @@
 #include "daemon/sched/state_tier.h"
 #include "daemon/store/aligned_buffer.h"
 #include "daemon/store/tensor_store.h"
-
 #include "layout/job_meta.h"
 #include "layout/job_space.h"
 #include "layout/model_layout.h"
+
 namespace lohan {
 
 enum class Schedule {
@@ -126,6 +127,15 @@ struct PipelineOptions {
   // durable iteration. 1: every iteration durable (the tier written
   // through). > 1 needs kDeferWhenCertain and no keep_previous_commit.
   uint32_t commit_interval = 1;
+  // Durability by time instead (> 0; commit_interval is then not used):
+  // an iteration is committed durably when at least this many seconds
+  // passed since the last durable commit (or since Open), so a crash of
+  // lohand loses at most about this much training; the same rules and
+  // needs as a commit_interval above 1.
+  double durable_every_seconds = 0.0;
+  // The clock durable_every_seconds is read on (seconds, monotonic); null:
+  // the steady clock. Tests give their own.
+  std::function<double()> durability_clock;
   // Streamed gradients (a client with fewer gradient buffers than layers):
   // SubmitGradients copies the gradient into per-iteration scratch tensors
   // of the store (StateLayout::GradScratchName) before it returns, so the
@@ -210,9 +220,16 @@ struct StageBusy {  // Seconds each stage thread spent working.
   double norm = 0.0;
   // Chunks whose update found its state read ahead (read_ahead_bytes).
   uint64_t read_ahead_used = 0;
-  // State bytes the read stage copied from the state tier instead of
-  // reading them from the store.
+  // State bytes the state tier gave the updates instead of the store, and
+  // of them those updated where the tier holds them (the rest copied).
   uint64_t bytes_from_tier = 0;
+  uint64_t bytes_in_tier = 0;
+  // Host memory bytes the updates read and wrote (states, gradients, the
+  // weights' copies), and those the stages copied (memcpy) on top to run
+  // them (states from and into the tier, fp32 weight copies); not the
+  // store's transfers.
+  uint64_t bytes_updated = 0;
+  uint64_t bytes_copied = 0;
   // Bytes moved to and from the store: states, streamed gradients and
   // 16-bit copies (not the meta, nor the commit's sync).
   uint64_t bytes_read = 0;
@@ -448,6 +465,12 @@ class JobPipeline {
   // The state tier's use by this job now (PipelineOptions::state_tier).
   StateTier::Stats tier_stats() const { return tier_.stats(); }
   uint32_t commit_interval() const { return options_.commit_interval; }
+  double durable_every_seconds() const {
+    return options_.durable_every_seconds;
+  }
+  // Seconds since the last durable commit (or Open): with durable_iteration
+  // and iteration, what a crash of lohand would lose now.
+  double seconds_since_durable() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Ends the iteration in progress with nothing committed: work not begun
   // is dropped, work in progress finishes, every pending version and the
@@ -488,6 +511,10 @@ class JobPipeline {
     uint8_t* buffer = nullptr;  // From pool_ (or staged_), once read.
     // `buffer` is the chunk's read-ahead buffer (staged_), not pool_'s.
     bool staged = false;
+    // The chunk's state, once read: in `buffer`, or (`lent`) the state
+    // tier's copy itself, updated in place (StateTier::Lend).
+    uint8_t* state = nullptr;
+    bool lent = false;
   };
   // What became of a chunk in an iteration's first pass. kDropped: decided
   // eager, but not begun when the outcome became certain (so never updated
@@ -691,6 +718,10 @@ class JobPipeline {
   bool defers() const {
     return options_.clip_schedule == ClipSchedule::kDeferWhenCertain;
   }
+  double DurabilityClock() const;
+  // Whether the iteration beginning now is committed durably
+  // (commit_interval, durable_every_seconds).
+  bool DurableNextLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops every pending version of the job's tensors; NOT_FOUND and "no
   // pending version" are fine. Returns the first other error.
   absl::Status RollbackAll();
@@ -804,6 +835,9 @@ class JobPipeline {
   // iteration that did, and whether volatile commits came since.
   bool durable_this_ ABSL_GUARDED_BY(mu_) = true;
   uint64_t durable_iteration_ ABSL_GUARDED_BY(mu_) = 0;
+  // When durable_iteration_ was made durable (or the pipeline opened), on
+  // DurabilityClock().
+  double durable_since_ ABSL_GUARDED_BY(mu_) = 0.0;
   bool volatile_since_durable_ ABSL_GUARDED_BY(mu_) = false;
   double lr_ ABSL_GUARDED_BY(mu_) = 0.0;  // of this iteration
   std::vector<bool> initialized_ ABSL_GUARDED_BY(mu_);

@@ -162,6 +162,7 @@ absl::Status JobPipeline::OpenStates() {
   absl::MutexLock lock(&mu_);
   iteration_ = iteration;
   durable_iteration_ = iteration;
+  durable_since_ = DurabilityClock();
   for (size_t l = 0; l < initialized.size(); ++l) {
     initialized_[l] = initialized[l];
   }

@@ -51,19 +51,36 @@ void JobPipeline::ReadLoop() {
       continue;
     }
     if (TakeStagedOrDrop(*task)) continue;
-    if (!task->staged) task->buffer = pool_.Acquire();
-    if (task->buffer == nullptr) {  // Shutting down.
-      Finish(*task, absl::OkStatus());
-      continue;
-    }
     const size_t flat = FlatIndex(task->layer, task->chunk);
     const uint64_t count = state_.chunk_count(task->layer, task->chunk);
     const bool update = task->kind == TaskKind::kUpdate;
+    // A state the tier holds is updated where it is. Not under kRedoAll,
+    // whose clip redoes every update: its redo would have to read the
+    // committed state back from the SSDs.
+    if (update && !task->staged &&
+        options_.clip_schedule == ClipSchedule::kDeferWhenCertain) {
+      task->state = tier_.Lend(flat);
+      task->lent = task->state != nullptr;
+    }
+    // A chunk buffer holds the state (unless the tier lent it), a streamed
+    // gradient and a streamed 16-bit copy.
+    if (!task->staged && (!task->lent || options_.stream_gradients ||
+                          options_.stream_weight16)) {
+      task->buffer = pool_.Acquire();
+      if (task->buffer == nullptr) {  // Shutting down.
+        Finish(*task, absl::OkStatus());
+        continue;
+      }
+    }
+    if (!task->lent) task->state = task->buffer;
     uint64_t bytes = 0;
     const double start = Now();
     absl::StatusOr<uint64_t> r = uint64_t{0};
     uint64_t from_tier = 0;
-    if (!task->staged) {
+    uint64_t in_tier = 0;
+    if (task->lent) {
+      in_tier = state_.state_bytes(count);
+    } else if (!task->staged) {
       bytes = state_.state_bytes(count);
       if (tier_.ReadCommitted(flat, absl::MakeSpan(task->buffer, bytes))) {
         from_tier = bytes;
@@ -90,7 +107,9 @@ void JobPipeline::ReadLoop() {
       absl::MutexLock lock(&mu_);
       busy_.read += seconds;
       if (r.ok()) busy_.bytes_read += bytes;
-      busy_.bytes_from_tier += from_tier;
+      busy_.bytes_from_tier += from_tier + in_tier;
+      busy_.bytes_in_tier += in_tier;
+      busy_.bytes_copied += from_tier;
       if (task->staged) ++busy_.read_ahead_used;
     }
     if (!r.ok()) {
@@ -227,7 +246,7 @@ void JobPipeline::TrimSpareLocked(bool all) {
 
 absl::StatusOr<StepStats> JobPipeline::StepChunk(const Task& task) const {
   const uint64_t count = state_.chunk_count(task.layer, task.chunk);
-  uint8_t* const state = task.buffer;
+  uint8_t* const state = task.state;
   const size_t moment_size = state_.moment_size();
   const size_t grad_size = DTypeSize(layout_.grad_dtype);
   AdamOptions adam = layout_.adam;
@@ -355,7 +374,7 @@ void JobPipeline::ComputeLoop() {
     absl::Status s;
     if (task->kind == TaskKind::kRepublish) {
       // The committed weights' copy (no update).
-      CopyWeights(reinterpret_cast<const float*>(task->buffer), count,
+      CopyWeights(reinterpret_cast<const float*>(task->state), count,
                   task->out);
     } else {
       absl::StatusOr<StepStats> stats = StepChunk(*task);
@@ -371,6 +390,17 @@ void JobPipeline::ComputeLoop() {
     {
       absl::MutexLock lock(&mu_);
       busy_.compute += seconds;
+      // An fp32 copy of the weights is a memcpy (a 16-bit one is made by
+      // the update's own pass).
+      const uint64_t copy_bytes =
+          task->out != nullptr ? count * WeightCopySize() : 0;
+      const bool memcpy_copy = WeightCopySize() == 4;
+      if (memcpy_copy) busy_.bytes_copied += copy_bytes;
+      if (task->kind == TaskKind::kUpdate) {
+        busy_.bytes_updated += 2 * state_.state_bytes(count) +
+                               count * DTypeSize(layout_.grad_dtype) +
+                               (memcpy_copy ? 0 : copy_bytes);
+      }
     }
     if (!s.ok() || task->kind == TaskKind::kRepublish) {
       Finish(*task, s);
@@ -392,20 +422,35 @@ void JobPipeline::WriteLoop() {
     uint64_t bytes = state_.state_bytes(count);
     const double start = Now();
     const absl::Span<const uint8_t> state =
-        absl::MakeConstSpan(task->buffer, bytes);
+        absl::MakeConstSpan(task->state, bytes);
     bool durable;
     {
       absl::MutexLock lock(&mu_);
       durable = durable_this_;
     }
     absl::StatusOr<uint64_t> w = uint64_t{0};
-    // Between durable commits the tier alone takes a chunk it can hold.
-    if (!durable && tier_.KeepPending(flat, state, /*stored=*/false)) {
+    uint64_t copied = 0;
+    if (task->lent) {
+      // Updated in the tier: written through from there, or (between
+      // durable commits) left there alone.
+      if (durable) {
+        w = store_->Write(job_, chunk_names_[flat], state);
+      } else {
+        bytes = 0;
+      }
+      tier_.GiveBack(flat, /*stored=*/durable && w.ok());
+      task->lent = false;
+    } else if (!durable && tier_.KeepPending(flat, state, /*stored=*/false)) {
+      // Between durable commits the tier alone takes a chunk it can hold.
       bytes = 0;
+      copied = state.size();
     } else {
       w = store_->Write(job_, chunk_names_[flat], state);
       // The tier's copy is the version just written, or none.
-      tier_.KeepPending(flat, w.ok() ? state : absl::Span<const uint8_t>());
+      if (tier_.KeepPending(flat,
+                            w.ok() ? state : absl::Span<const uint8_t>())) {
+        copied = state.size();
+      }
     }
     if (w.ok() && options_.stream_weight16) {
       // The new 16-bit copy, pending with the states it was made from.
@@ -419,6 +464,7 @@ void JobPipeline::WriteLoop() {
       absl::MutexLock lock(&mu_);
       busy_.write += seconds;
       if (w.ok()) busy_.bytes_written += bytes;
+      busy_.bytes_copied += copied;
     }
     Finish(*task, w.status());
   }
@@ -427,6 +473,13 @@ void JobPipeline::WriteLoop() {
 void JobPipeline::Finish(Task& task, const absl::Status& status) {
   if (task.buffer != nullptr && !task.staged) pool_.Release(task.buffer);
   task.buffer = nullptr;
+  // Dropped before its write (abandoned, failed): the iteration rolls
+  // back, voiding the lent copy.
+  if (task.lent) {
+    tier_.GiveBack(FlatIndex(task.layer, task.chunk), /*stored=*/false);
+    task.lent = false;
+  }
+  task.state = nullptr;
   absl::MutexLock lock(&mu_);
   if (task.staged) {
     Staged& staged = staged_[FlatIndex(task.layer, task.chunk)];
@@ -599,6 +652,7 @@ absl::Status JobPipeline::Commit(uint64_t new_iteration) {
     tier_.CommitPending();
     absl::MutexLock lock(&mu_);
     durable_iteration_ = new_iteration;
+    durable_since_ = DurabilityClock();
     volatile_since_durable_ = false;
   }
   return s;

@@ -14,8 +14,6 @@ namespace lohan {
 
 using sched_internal::Annotate;
 using sched_internal::CommitTag;
-using sched_internal::kBufferAlignment;
-using sched_internal::RoundUp;
 
 absl::Status JobPipeline::CommitVolatile(uint64_t tag) {
   // Every chunk the tier alone took has no version in the store; the
@@ -65,14 +63,14 @@ absl::Status JobPipeline::WriteDurable() {
   auto rollback = [&] {
     for (const std::string& name : written) (void)store_->Rollback(job_, name);
   };
-  AlignedBuffer buffer(RoundUp(state_.max_state_bytes(), kBufferAlignment),
-                       kBufferAlignment);
   absl::Status s;
   for (size_t flat : only) {
-    const absl::Span<uint8_t> state =
-        absl::MakeSpan(buffer.data(), tier_.ChunkBytes(flat));
-    if (!tier_.ReadCommitted(flat, state)) continue;  // (not only any more)
-    s = store_->Write(job_, chunk_names_[flat], state).status();
+    // Written from where the tier holds it.
+    const bool held =
+        tier_.UseCommitted(flat, [&](absl::Span<const uint8_t> state) {
+          s = store_->Write(job_, chunk_names_[flat], state).status();
+        });
+    if (!held) continue;  // (not only any more)
     if (!s.ok()) break;
     written.push_back(chunk_names_[flat]);
   }
@@ -92,8 +90,31 @@ absl::Status JobPipeline::WriteDurable() {
   for (size_t flat : only) tier_.MarkStored(flat);
   absl::MutexLock lock(&mu_);
   durable_iteration_ = iteration;
+  durable_since_ = DurabilityClock();
   volatile_since_durable_ = false;
   return absl::OkStatus();
+}
+
+double JobPipeline::DurabilityClock() const {
+  return options_.durability_clock ? options_.durability_clock()
+                                   : sched_internal::Now();
+}
+
+bool JobPipeline::DurableNextLocked() const {
+  // Without a tier every state is written each iteration anyway: a durable
+  // commit costs only its sync.
+  if (!tier_.enabled()) return true;
+  if (options_.durable_every_seconds > 0.0) {
+    return DurabilityClock() - durable_since_ >=
+           options_.durable_every_seconds;
+  }
+  return options_.commit_interval <= 1 ||
+         (iteration_ + 1) % options_.commit_interval == 0;
+}
+
+double JobPipeline::seconds_since_durable() const {
+  absl::MutexLock lock(&mu_);
+  return DurabilityClock() - durable_since_;
 }
 
 void JobPipeline::PlaceTier() {
@@ -104,17 +125,18 @@ void JobPipeline::PlaceTier() {
     absl::MutexLock lock(&mu_);
     iteration = iteration_;
   }
-  // Copies the tier gives back whose version the store lacks: written and
-  // committed (volatile) first; one that fails stays, over the share, and
-  // is tried again at the next iteration.
-  AlignedBuffer buffer(RoundUp(state_.max_state_bytes(), kBufferAlignment),
-                       kBufferAlignment);
+  // Copies the tier gives back whose version the store lacks: written
+  // (from where the tier holds them) and committed (volatile) first; one
+  // that fails stays, over the share, and is tried again at the next
+  // iteration.
   for (size_t flat : to_store) {
     const std::string& name = chunk_names_[flat];
-    const absl::Span<uint8_t> state =
-        absl::MakeSpan(buffer.data(), tier_.ChunkBytes(flat));
-    if (!tier_.ReadCommitted(flat, state)) continue;
-    absl::Status s = store_->Write(job_, name, state).status();
+    absl::Status s;
+    const bool held =
+        tier_.UseCommitted(flat, [&](absl::Span<const uint8_t> state) {
+          s = store_->Write(job_, name, state).status();
+        });
+    if (!held) continue;
     if (s.ok()) {
       s = store_->CommitBatchVolatile(job_, {name}, CommitTag(iteration));
     }

@@ -133,6 +133,7 @@ bool StateTier::ReadCommitted(size_t flat, absl::Span<uint8_t> dest,
                               bool or_pending) {
   absl::MutexLock lock(&mu_);
   Slot& slot = slots_[flat];
+  if (slot.lent) return false;
   if (slot.copy != Copy::kCommitted &&
       !(or_pending && slot.copy == Copy::kPending)) {
     return false;
@@ -142,11 +143,48 @@ bool StateTier::ReadCommitted(size_t flat, absl::Span<uint8_t> dest,
   return true;
 }
 
+uint8_t* StateTier::Lend(size_t flat) {
+  if (!enabled() || !memory_.update_in_place) return nullptr;
+  absl::MutexLock lock(&mu_);
+  Slot& slot = slots_[flat];
+  if (slot.copy != Copy::kCommitted || slot.lent) return nullptr;
+  slot.replaced_only = !slot.stored;
+  slot.copy = Copy::kPending;
+  slot.stored = false;
+  slot.lent = true;
+  return slot.region->data();
+}
+
+bool StateTier::UseCommitted(
+    size_t flat, absl::FunctionRef<void(absl::Span<const uint8_t>)> use) {
+  uint8_t* data = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    Slot& slot = slots_[flat];
+    if (slot.copy != Copy::kCommitted || slot.lent) return false;
+    slot.lent = true;
+    data = slot.region->data();
+  }
+  use(absl::MakeConstSpan(data, chunk_bytes_[flat]));
+  absl::MutexLock lock(&mu_);
+  slots_[flat].lent = false;
+  return true;
+}
+
+void StateTier::GiveBack(size_t flat, bool stored) {
+  absl::MutexLock lock(&mu_);
+  Slot& slot = slots_[flat];
+  LOHAN_CHECK(slot.lent);
+  slot.lent = false;
+  slot.stored = stored;
+}
+
 bool StateTier::KeepPending(size_t flat, absl::Span<const uint8_t> state,
                             bool stored) {
   if (!enabled()) return false;
   absl::MutexLock lock(&mu_);
   Slot& slot = slots_[flat];
+  LOHAN_CHECK(!slot.lent);
   // A failed write changed nothing, the store's versions included.
   if (state.empty()) return false;
   const bool had_only = slot.copy == Copy::kCommitted && !slot.stored;
@@ -213,6 +251,7 @@ StateTier::Stats StateTier::stats() const {
 
 void StateTier::FreeLocked(size_t flat) {
   Slot& slot = slots_[flat];
+  LOHAN_CHECK(!slot.lent);
   slot.copy = Copy::kNone;
   slot.stored = true;
   slot.replaced_only = false;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
@@ -31,6 +32,11 @@ struct StateTierMemory {
   // The machine's available memory now; null: MemAvailable from
   // /proc/meminfo (tests give a reading of their own).
   std::function<uint64_t()> available_bytes;
+  // Updates of a chunk the tier holds run where its copy lives (the
+  // optimizer reads and writes the tier's memory: StateTier::Lend). False:
+  // each update copies the state into a chunk buffer and back (lohand's
+  // [pool] state_tier_updates = "copy", kept to measure against).
+  bool update_in_place = true;
 };
 
 // One job's state tier: host-memory copies of the committed optimizer state
@@ -88,7 +94,7 @@ class StateTier {
   void MarkStored(size_t flat) ABSL_LOCKS_EXCLUDED(mu_);
   // Copies the first dest.size() bytes (at most its state's) of chunk
   // `flat`'s committed version into `dest` and returns true, or returns
-  // false (no such copy: read the store). `or_pending`: the pending copy
+  // false (no such copy, or it is lent for its update: read the store). `or_pending`: the pending copy
   // does too (an iteration settling, the chunk's update done: its new
   // version, pending or committed by now).
   bool ReadCommitted(size_t flat, absl::Span<uint8_t> dest,
@@ -101,6 +107,25 @@ class StateTier {
   // calls again). An empty `state` (the write failed) changes nothing.
   bool KeepPending(size_t flat, absl::Span<const uint8_t> state,
                    bool stored = true) ABSL_LOCKS_EXCLUDED(mu_);
+  // Lends chunk `flat`'s copy of its committed version for an update in
+  // place (update_in_place): returns the copy's memory (ChunkBytes(flat)
+  // bytes, page-aligned), which the caller alone may use until GiveBack.
+  // From now on the copy counts as the chunk's pending version, not
+  // stored: the committed version is only where the store has it (a
+  // rollback voids the copy; DropPending says when the store did not have
+  // it). Null, nothing lent: no committed copy, or updates copy.
+  uint8_t* Lend(size_t flat) ABSL_LOCKS_EXCLUDED(mu_);
+  // Calls `use` with chunk `flat`'s committed copy where it lives (no
+  // copy of it; e.g. to write it to the store) and returns true, or returns
+  // false without calling it when there is none or it is lent. The copy is
+  // lent meanwhile: no one else reads or frees it.
+  bool UseCommitted(size_t flat,
+                    absl::FunctionRef<void(absl::Span<const uint8_t>)> use)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends Lend(flat): the copy holds the chunk's new state, `stored` when
+  // the store got it too (written through). After a failed update or write
+  // (`stored` false) the iteration must roll back, which voids the copy.
+  void GiveBack(size_t flat, bool stored) ABSL_LOCKS_EXCLUDED(mu_);
   // Whether chunk `flat`'s pending version is one the store lacks.
   bool PendingOnly(size_t flat) const ABSL_LOCKS_EXCLUDED(mu_);
   // The job's pending versions were committed: their copies become the
@@ -134,6 +159,8 @@ class StateTier {
     bool stored = true;  // the store holds the copy's version too
     // The pending copy replaced a committed one the store lacks.
     bool replaced_only = false;
+    // Lent for an update in place: no one else reads or frees the memory.
+    bool lent = false;
   };
   // Frees slot `flat`'s memory and gives it back to the shares.
   void FreeLocked(size_t flat) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

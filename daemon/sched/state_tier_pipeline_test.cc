@@ -4,8 +4,10 @@
 // 16-bit copies), while the tier's chunks are read from memory, not from
 // the store. clip_schedule_test runs the tier through every clip path.
 
+#include <cmath>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <random>
 #include <string>
@@ -310,6 +312,59 @@ TEST_F(StateTierPipelineTest, AfterACrashTheJobResumesAtItsDurableIteration) {
   tiered.pipeline.reset();  // before `fresh`, which it shares
 }
 
+// Durable by time: an iteration is durable once durable_every_seconds
+// passed on the pipeline's clock since the last durable one (the clock is
+// the test's: each step advances it as the test says), with the bits of a
+// job without a tier; seconds_since_durable says what a crash would lose.
+TEST_F(StateTierPipelineTest, DurableEveryTSecondsWithTheSameBits) {
+  MemoryShares shares(kAllStates);
+  double now = 100.0;
+  PipelineOptions options;
+  options.buffers = 3;
+  options.state_tier.shares = &shares;
+  options.durable_every_seconds = 10.0;
+  options.durability_clock = [&now] { return now; };
+  auto opened =
+      JobPipeline::Open(store_.get(), *updater_, "timed", layout_, options);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  Job timed{*std::move(opened), {}};
+  Job plain = OpenJob("plain", nullptr, "");
+  for (size_t l = 0; l < kLayers; ++l) {
+    timed.out.push_back(plain.out[l]);
+    std::vector<float> w(layout_.layer_elements[l]);
+    ASSERT_TRUE(plain.pipeline->ReadWeights(l, w.data()).ok());
+    ASSERT_TRUE(timed.pipeline->InitializeWeights(l, w.data()).ok());
+  }
+  // Seconds each step takes on the clock, and whether it is durable: the
+  // first whose start is 10 s or more past the last durable commit.
+  const struct {
+    double seconds;
+    bool durable;
+  } steps[] = {{4, false}, {4, false}, {4, false},  // starts at 0, 4, 8
+               {4, true},                           // starts at 12
+               {1, false}, {9, false}, {0.5, true}, {30, false}, {1, true}};
+  uint64_t durable_at = 0;
+  double durable_since = now;
+  for (uint32_t seed = 1; seed <= std::size(steps); ++seed) {
+    const bool durable = steps[seed - 1].durable;
+    const IterationReport a = Step(timed, seed, {});
+    const IterationReport b = Step(plain, seed, {});
+    ExpectSame(timed, plain);
+    EXPECT_EQ(a.busy.bytes_written, durable ? b.busy.bytes_written : 0u)
+        << "iteration " << seed;
+    if (durable) {
+      durable_at = seed;
+      durable_since = now;
+    }
+    EXPECT_EQ(timed.pipeline->durable_iteration(), durable_at) << seed;
+    now += steps[seed - 1].seconds;
+    EXPECT_DOUBLE_EQ(timed.pipeline->seconds_since_durable(),
+                     now - durable_since)
+        << seed;
+  }
+  EXPECT_EQ(timed.pipeline->durable_every_seconds(), 10.0);
+}
+
 TEST_F(StateTierPipelineTest, ACommitIntervalThatCannotWorkIsRefused) {
   MemoryShares shares(kAllStates);
   PipelineOptions options;
@@ -326,6 +381,20 @@ TEST_F(StateTierPipelineTest, ACommitIntervalThatCannotWorkIsRefused) {
   auto kept =
       JobPipeline::Open(store_.get(), *updater_, "kept", layout_, options);
   EXPECT_EQ(kept.status().code(), absl::StatusCode::kInvalidArgument);
+  // By time: likewise without kept commits, and only a finite time >= 0.
+  options.commit_interval = 1;
+  options.durable_every_seconds = 60.0;
+  auto timed_kept =
+      JobPipeline::Open(store_.get(), *updater_, "kept", layout_, options);
+  EXPECT_EQ(timed_kept.status().code(), absl::StatusCode::kInvalidArgument);
+  options.keep_previous_commit = false;
+  for (double bad : {-1.0, std::nan(""), static_cast<double>(INFINITY)}) {
+    options.durable_every_seconds = bad;
+    auto refused =
+        JobPipeline::Open(store_.get(), *updater_, "bad", layout_, options);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument)
+        << bad;
+  }
 }
 
 }  // namespace

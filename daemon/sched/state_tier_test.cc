@@ -59,6 +59,61 @@ TEST(StateTierTest, APendingCopyStandsInOnlyOnceCommitted) {
   EXPECT_EQ(tier.stats().committed_bytes, kChunk);
 }
 
+TEST(StateTierTest, ALentCopyIsUpdatedWhereItLivesAndReadByNoOneElse) {
+  MemoryShares shares(2 * kChunk);
+  StateTier tier("job", {kChunk, kChunk}, StateTierMemory{&shares}, "", 1.0);
+  tier.Place();
+  EXPECT_EQ(tier.Lend(0), nullptr);  // no committed copy yet
+  tier.KeepPending(0, Filled(kChunk, 3));
+  tier.CommitPending();
+  uint8_t* state = tier.Lend(0);
+  ASSERT_NE(state, nullptr);
+  EXPECT_EQ(state[0], 3);
+  EXPECT_EQ(tier.Lend(0), nullptr);  // lent once
+  // While lent, nobody reads it: the committed version is the store's now.
+  EXPECT_FALSE(tier.HoldsCommitted(0));
+  std::vector<uint8_t> out(kChunk);
+  EXPECT_FALSE(tier.ReadCommitted(0, absl::MakeSpan(out), true));
+  std::fill(state, state + kChunk, 4);  // the update, in place
+  tier.GiveBack(0, /*stored=*/true);
+  EXPECT_FALSE(tier.PendingOnly(0));
+  EXPECT_TRUE(tier.ReadCommitted(0, absl::MakeSpan(out), true));  // pending
+  tier.CommitPending();
+  EXPECT_TRUE(Holds(tier, 0, 4));
+  // Between durable commits: given back unstored, the tier alone has it.
+  ASSERT_NE(tier.Lend(0), nullptr);
+  tier.GiveBack(0, /*stored=*/false);
+  EXPECT_TRUE(tier.PendingOnly(0));
+  tier.CommitPending();
+  EXPECT_TRUE(tier.HoldsCommittedOnly(0));
+  // Lent again and rolled back: the only copy of the committed version was
+  // the one updated, so the job cannot go back to it.
+  ASSERT_NE(tier.Lend(0), nullptr);
+  tier.GiveBack(0, /*stored=*/false);
+  EXPECT_FALSE(tier.DropPending());
+  EXPECT_FALSE(tier.HoldsCommitted(0));
+  // A stored committed copy lent and rolled back loses nothing: the store
+  // has the committed version.
+  tier.KeepPending(1, Filled(kChunk, 5));
+  tier.CommitPending();
+  ASSERT_NE(tier.Lend(1), nullptr);
+  tier.GiveBack(1, /*stored=*/true);
+  EXPECT_TRUE(tier.DropPending());
+  EXPECT_FALSE(tier.HoldsCommitted(1));
+}
+
+TEST(StateTierTest, CopyingUpdatesLendNothing) {
+  MemoryShares shares(kChunk);
+  StateTier tier("job", {kChunk},
+                 StateTierMemory{.shares = &shares, .update_in_place = false},
+                 "", 1.0);
+  tier.Place();
+  tier.KeepPending(0, Filled(kChunk, 1));
+  tier.CommitPending();
+  EXPECT_EQ(tier.Lend(0), nullptr);
+  EXPECT_TRUE(Holds(tier, 0, 1));
+}
+
 TEST(StateTierTest, APrefixInForwardOrderFitsTheShare) {
   MemoryShares shares(2 * kChunk + kChunk / 2);
   StateTier tier("job", {kChunk, kChunk, kChunk}, StateTierMemory{&shares}, "",

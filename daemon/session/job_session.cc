@@ -237,11 +237,19 @@ PipelineOptions JobSession::PipelineOptionsFor(const v1::ModelSpec& spec,
                               : ClipSchedule::kDeferWhenCertain;
   // A rank's job and the redo-all schedule commit every iteration (the
   // spec's own interval was checked against the schedule).
-  options.commit_interval = spec.commit_interval() != 0 ? spec.commit_interval()
-                                                        : parts.commit_interval;
+  // The spec's durability (one form at most, checked), else the daemon's.
+  if (spec.commit_interval() != 0 || spec.durable_every_seconds() != 0.0) {
+    options.commit_interval = std::max(spec.commit_interval(), 1u);
+    options.durable_every_seconds = spec.durable_every_seconds();
+  } else {
+    options.commit_interval = std::max(parts.commit_interval, 1u);
+    options.durable_every_seconds =
+        parts.commit_interval != 0 ? 0.0 : parts.durable_every_seconds;
+  }
   if (parts.keep_previous_commit ||
       options.clip_schedule != ClipSchedule::kDeferWhenCertain) {
     options.commit_interval = 1;
+    options.durable_every_seconds = 0.0;
   }
   return options;
 }
@@ -585,6 +593,10 @@ absl::Status JobSession::Handle(const SubmissionEntry& entry, uint64_t& detail,
                                   report->busy.bytes_read);
         stats_.set_ssd_written_bytes(stats_.ssd_written_bytes() +
                                      report->busy.bytes_written);
+        stats_.set_host_update_bytes(stats_.host_update_bytes() +
+                                     report->busy.bytes_updated);
+        stats_.set_host_copied_bytes(stats_.host_copied_bytes() +
+                                     report->busy.bytes_copied);
         stats_.set_last_end_wait_seconds(report->wait_seconds);
         stats_.set_last_global_norm(report->global_norm);
         if (report->clipped) {
@@ -677,7 +689,8 @@ JobSession::TierUse JobSession::tier_use() const {
   const JobPipeline* pipeline = pipeline_ready_.load();
   if (pipeline == nullptr) return {};
   return {.share_bytes = pipeline->tier_stats().share_bytes,
-          .commit_interval = pipeline->commit_interval()};
+          .commit_interval = pipeline->commit_interval(),
+          .durable_every_seconds = pipeline->durable_every_seconds()};
 }
 
 namespace {
@@ -742,6 +755,11 @@ v1::SessionStatus JobSession::Status() const {
     status.set_state_tier_bytes(tier.committed_bytes);
     status.set_state_tier_share_bytes(tier.share_bytes);
     status.set_durable_iteration(pipeline->durable_iteration());
+    status.set_seconds_since_durable(pipeline->seconds_since_durable());
+    status.set_commit_interval(pipeline->durable_every_seconds() > 0.0
+                                   ? 0
+                                   : pipeline->commit_interval());
+    status.set_durable_every_seconds(pipeline->durable_every_seconds());
   }
   if (const ServeLanes* lanes = lanes_ready_.load()) {
     status.set_urgent_queued(

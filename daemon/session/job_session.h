@@ -127,6 +127,7 @@ class JobSession {
   struct TierUse {
     uint64_t share_bytes = 0;
     uint32_t commit_interval = 1;
+    double durable_every_seconds = 0.0;  // > 0: by time instead
   };
   TierUse tier_use() const;
   // Keeps `plan` as the job's activation plan (SessionStatus.plan): the
@@ -170,9 +171,11 @@ class JobSession {
     // PipelineOptions::state_tier: the daemon's host memory for optimizer
     // states, shared among jobs (no shares: no tier).
     StateTierMemory state_tier;
-    // The daemon's default ModelSpec.commit_interval ([pool]
-    // commit_interval).
+    // The daemon's default durability for a spec that states none
+    // (ModelSpec.commit_interval and durable_every_seconds both 0): [pool]
+    // commit_interval, or (that 0) [pool] durable_every.
     uint32_t commit_interval = 1;
+    double durable_every_seconds = 0.0;
     // The job is a data-parallel rank's (JobSpec.run): each commit keeps
     // the states it replaced until the next ITER_BEGIN
     // (PipelineOptions::keep_previous_commit).

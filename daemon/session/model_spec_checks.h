@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "layout/durability.h"
 #include "proto/lohan.pb.h"
 
 namespace lohan {
@@ -17,8 +18,9 @@ inline constexpr uint64_t kMaxActivationBytes = uint64_t{1} << 48;
 inline constexpr uint64_t kMaxElementRanges = uint64_t{1} << 20;
 // An iteration number no run reaches, far inside what every counter holds.
 inline constexpr uint64_t kMaxInitialIteration = uint64_t{1} << 40;
-// The longest ModelSpec.commit_interval.
-inline constexpr uint32_t kMaxCommitInterval = 1000000;
+// A layer's unit within its block (ModelSpec.layer_places; the model cut's
+// bound).
+inline constexpr uint32_t kMaxLayerUnit = 4096;
 
 // Everything about a RegisterModel spec that can be checked from the spec
 // alone, cheaply, before the daemon allocates anything for it: sizes and

@@ -86,6 +86,27 @@ TEST(CheckModelSpec, RefusesEachBadFieldByName) {
          s.set_clip_schedule(v1::CLIP_SCHEDULE_REDO_ALL);
        },
        "commit_interval above 1 needs clip_schedule deferred"},
+      {"durable every, negative",
+       [](auto& s) { s.set_durable_every_seconds(-1); },
+       "durable_every_seconds must be from 0"},
+      {"durable every, NaN",
+       [](auto& s) { s.set_durable_every_seconds(std::nan("")); },
+       "durable_every_seconds must be from 0"},
+      {"durable every, absurd",
+       [](auto& s) { s.set_durable_every_seconds(1e9); },
+       "durable_every_seconds must be from 0"},
+      {"both durability forms",
+       [](auto& s) {
+         s.set_durable_every_seconds(60);
+         s.set_commit_interval(4);
+       },
+       "by steps or by time, not both"},
+      {"durable every with redo-all",
+       [](auto& s) {
+         s.set_durable_every_seconds(60);
+         s.set_clip_schedule(v1::CLIP_SCHEDULE_REDO_ALL);
+       },
+       "durable_every_seconds needs clip_schedule deferred"},
       {"activation area",
        [](auto& s) { s.set_activation_bytes(uint64_t{1} << 49); },
        "activation_bytes must be at most"},

@@ -520,6 +520,7 @@ absl::StatusOr<v1::RegisterModelResponse> SessionManager::RegisterModel(
        .read_ahead_shares = parts_.read_ahead_shares,
        .state_tier = state_tier,
        .commit_interval = parts_.commit_interval,
+       .durable_every_seconds = parts_.durable_every_seconds,
        .keep_previous_commit = job->spec().has_run(),
        .expect_stored_states = job->has_states(),
        .owner = owner,

@@ -73,8 +73,10 @@ class SessionManager {
     // The state tier ([pool] state_tier) all jobs share by their owners'
     // weights (no shares: none).
     StateTierMemory state_tier;
-    // The default ModelSpec.commit_interval ([pool] commit_interval).
+    // The default durability ([pool] commit_interval, or that 0, [pool]
+    // durable_every): JobSession::UpdateParts'.
     uint32_t commit_interval = 1;
+    double durable_every_seconds = 0.0;
     // Entries in each of a session's two rings ([pool] ring_entries).
     uint32_t ring_entries = JobSession::kRingCapacity;
     // [quotas] reclaim_interval: one user's requests close other users'

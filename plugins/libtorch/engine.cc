@@ -77,6 +77,7 @@ std::string SpecJson(
   spec.weight_decay = options.weight_decay;
   spec.max_grad_norm = options.max_grad_norm;
   spec.commit_interval = options.commit_interval;
+  spec.durable_every_seconds = options.durable_every_seconds;
   const uint32_t count = static_cast<uint32_t>(layers.size());
   const uint32_t streamed =
       count > 1 ? std::min(options.stream_buffers, count - 1) : 0;

@@ -42,6 +42,15 @@ void ValidateOptions(const Options& options) {
         std::to_string(options.commit_interval) +
         " must be at most 1000000 (0: lohand's default, 1: every step)");
   }
+  CheckRange("durable_every_seconds", options.durable_every_seconds, 0.0,
+             7 * 24 * 3600.0);
+  if (options.durable_every_seconds > 0.0 && options.commit_interval != 0) {
+    throw std::invalid_argument(
+        "lohan Options: durable_every_seconds=" +
+        Format(options.durable_every_seconds) + " and commit_interval=" +
+        std::to_string(options.commit_interval) +
+        ": durability is by steps or by time, give one");
+  }
   if (options.dtype != "fp32" && options.dtype != "bf16") {
     throw std::invalid_argument("lohan Options: dtype=\"" + options.dtype +
                                 "\" is not supported; use \"fp32\" or "

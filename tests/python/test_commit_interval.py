@@ -95,3 +95,59 @@ def test_redo_all_with_an_interval_is_refused_by_lohand(lohand):
                        "clip_schedule deferred"):
         engine_for(tiny_gpt(), lohand, job_name="redo",
                    clip_schedule="redo-all", commit_interval=2)
+
+
+def test_durable_by_time_loses_at_most_what_the_time_says(tmp_path):
+    """lohand's default durability by time ([pool] durable_every = "1h"):
+    the job's steps stay in lohand's memory (status says so, and what a
+    crash would lose); SIGKILLed, lohand resumes the job at its last durable
+    step (its start here), from which it reaches torch's weights."""
+    from conftest import Daemon
+    config = tmp_path / "lohand.toml"
+    config.write_text('[pool]\ndurable_every = "1h"\n')
+    reference, data, ref_losses, ref_model = uninterrupted(4)
+    daemon = Daemon(tmp_path, extra_args=("--config", str(config)))
+    try:
+        model = copy.deepcopy(reference)
+        engine = engine_for(model, daemon, job_name="timed")
+        train_lohan(engine, model, data[:3])
+        session = engine.status()["session"]
+        assert int(session.get("commit_interval", 0)) == 0
+        assert session["durable_every_seconds"] == 3600
+        assert int(session.get("durable_iteration", 0)) == 0
+        assert int(session["committed_iteration"]) == 3
+        assert 0 < session["seconds_since_durable"] < 3600
+        daemon.stop(signal.SIGKILL)
+        engine.close()
+        daemon = Daemon(tmp_path, extra_args=("--config", str(config)))
+        resumed = tiny_gpt(seed=1)
+        with engine_for(resumed, daemon, job_name="timed",
+                        resume=True) as engine:
+            assert engine.iteration == 0
+            losses = train_lohan(engine, resumed, data)
+        assert_fp32_close(resumed, ref_model, losses, ref_losses)
+    finally:
+        daemon.stop(signal.SIGKILL)
+
+
+def test_a_jobs_own_durable_every_wins_over_lohands(lohand):
+    model = tiny_gpt()
+    with engine_for(model, lohand, job_name="own",
+                    durable_every=120.0) as engine:
+        train_lohan(engine, model, batches(1))
+        session = engine.status()["session"]
+        assert session["durable_every_seconds"] == 120.0
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1e9, float("nan"), True, "10m"])
+def test_a_durable_every_that_cannot_work_is_refused(bad):
+    import lohan
+    with pytest.raises((ValueError, TypeError), match="durable_every"):
+        lohan.init(tiny_gpt(), durable_every=bad, socket="/nonexistent")
+
+
+def test_both_durability_forms_are_refused():
+    import lohan
+    with pytest.raises(ValueError, match="by steps or by time"):
+        lohan.init(tiny_gpt(), durable_every=60, commit_interval=4,
+                   socket="/nonexistent")

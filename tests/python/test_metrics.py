@@ -42,6 +42,8 @@ FAMILIES = {
     "lohan_job_mean_step_seconds": "gauge",
     "lohan_job_ssd_read_bytes": "counter",
     "lohan_job_ssd_written_bytes": "counter",
+    "lohan_job_host_update_bytes": "counter",
+    "lohan_job_host_copied_bytes": "counter",
     "lohan_job_arena_bytes": "gauge",
     "lohan_job_wanted_arena_bytes": "gauge",
     "lohan_job_state_tier_bytes": "gauge",
@@ -109,6 +111,10 @@ def expected(status: dict) -> Dict[Key, float]:
         put("lohan_job_ssd_read_bytes_total", session["ssd_read_bytes"], **of)
         put("lohan_job_ssd_written_bytes_total", session["ssd_written_bytes"],
             **of)
+        put("lohan_job_host_update_bytes_total",
+            session.get("host_update_bytes", 0), **of)
+        put("lohan_job_host_copied_bytes_total",
+            session.get("host_copied_bytes", 0), **of)
         put("lohan_job_arena_bytes", session["arena_bytes"], **of)
         put("lohan_job_wanted_arena_bytes", session["wanted_arena_bytes"],
             **of)

@@ -322,6 +322,11 @@ typedef struct lohan_model_spec {
    * holds the arena, else the most shared buffers up to grad_slots that it
    * holds (ARENA_FIT_MOST); 0: the slots as given. */
   int32_t arena_fit_most;
+  /* Added after arena_fit_most (absent means 0). Durability by time
+   * instead of commit_interval (ModelSpec.durable_every_seconds): durable
+   * once this many seconds passed since the last durable commit; 0: see
+   * commit_interval. Both nonzero: LOHAN_INVALID_ARGUMENT. */
+  double durable_every_seconds;
 } lohan_model_spec;
 
 enum { LOHAN_CLIP_DEFERRED = 0, LOHAN_CLIP_REDO_ALL = 1 };

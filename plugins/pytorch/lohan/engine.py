@@ -758,7 +758,8 @@ def init(model: nn.Module, **options: object) -> Engine:
     meta device), frozen_models (lohan.frozen_model),
     initial_loss_scale, grad_accumulation_steps, blocks, activations,
     activation_host_bytes, activation_buffer_bytes, device_memory_bytes,
-    params, buffers, stream_buffers, chunk_elements, socket, job_name,
+    params, buffers, stream_buffers, chunk_elements, commit_interval,
+    durable_every, socket, job_name,
     resume (True: this user's job of that name on the daemon; a
     directory: a checkpoint from engine.save)."""
     return Engine(model, **options)

@@ -56,6 +56,7 @@ def model_spec(options: EngineOptions, description: Mapping[str, Any],
         "overlap_updates": True,
         "in_order_service": options.service == "in-order",
         "commit_interval": options.commit_interval or 0,
+        "durable_every_seconds": float(options.durable_every or 0.0),
         "initial_iteration": initial_iteration}
     ranks = ({"rank": sharding.rank, "world": sharding.world}
              if sharding is not None else {})

@@ -83,6 +83,7 @@ class ModelSpec:
     in_order_service: bool = False
     revert_last_commit: bool = False
     commit_interval: int = 0
+    durable_every_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -140,6 +141,7 @@ class ModelSpec:
             "in_order_service": bool(self.in_order_service),
             "revert_last_commit": bool(self.revert_last_commit),
             "commit_interval": int(self.commit_interval),
+            "durable_every_seconds": float(self.durable_every_seconds),
         }
 
     def to_json(self) -> str:

@@ -19,6 +19,8 @@ from lohan.chunked_loss import check_chunk_tokens
 from lohan.sublayers import check_unit
 
 MIB = 1 << 20
+# The longest durable_every lohand takes (ModelSpec.durable_every_seconds).
+MAX_DURABLE_EVERY = 7 * 24 * 3600.0
 
 # A per-block plan: one mode per block, a name or per-tensor decisions.
 ActivationsArg = Union[str, Sequence[Union[str, Sequence[str]]]]
@@ -57,12 +59,12 @@ class EngineOptions:
     param_groups: ParamGroupsArg = None
     device: Union[None, str, torch.device] = None
     frozen_host_bytes: Optional[int] = None
-    skip_nonfinite: bool = True
-    chunk_elements: int = 0
     # The arena's activation area (lohand's SSDs) even when no budget
     # asks for it: where frozen models' weights go (lohan.frozen_model:
     # a DPO reference, say).
     frozen_models: bool = False
+    skip_nonfinite: bool = True
+    chunk_elements: int = 0
     activations: ActivationsArg = "offload"
     activation_host_bytes: Optional[int] = None
     activation_buffer_bytes: int = 16 * MIB
@@ -77,6 +79,10 @@ class EngineOptions:
     # None: lohand's [pool] commit_interval; else every how many steps the
     # states lohand holds in RAM are committed durably (1: every step).
     commit_interval: Optional[int] = None
+    # Or by time: durable once at least this many seconds passed since the
+    # last durable step (what a crash of lohand may lose); not with
+    # commit_interval. None: lohand's default.
+    durable_every: Optional[float] = None
     overlap_step: bool = False
     # A Hugging Face causal LM's loss a chunk of tokens at a time, never
     # the full logits (causal_lm.py); loss_chunk_tokens None: chunks of at
@@ -186,6 +192,17 @@ class EngineOptions:
             raise ValueError(f"commit_interval={interval!r}: use None "
                              "(lohand's default) or an int from 1 to "
                              "1000000 (1: every step durable)")
+        every = self.durable_every
+        if every is not None and (isinstance(every, bool)
+                                  or not isinstance(every, (int, float))
+                                  or not 0 < every <= MAX_DURABLE_EVERY):
+            raise ValueError(f"durable_every={every!r}: use None (lohand's "
+                             "default) or seconds, more than 0 and at most "
+                             f"{MAX_DURABLE_EVERY:.0f} (7 days)")
+        if every is not None and interval is not None:
+            raise ValueError(f"durable_every={every!r} and commit_interval="
+                             f"{interval!r}: durability is by steps or by "
+                             "time, give one")
         if self.service not in ("lanes", "in-order"):
             raise ValueError(f"service={self.service!r}: use 'lanes' (the "
                              "default) or 'in-order'")

@@ -251,12 +251,16 @@ absl::StatusOr<v1::ModelCut> CutModel(const v1::ModelDescription& model) {
   v1::ModelSpec& spec = *cut.mutable_spec();
   spec = model.spec();
   spec.clear_layer_elements();
+  spec.clear_layer_places();
   spec.clear_param_groups();
   for (const v1::CutLayer& layer : *layers) {
     spec.add_layer_elements(model.world() < 2
                                 ? layer.elements()
                                 : (layer.elements() + model.world() - 1) /
                                       model.world());
+    v1::LayerPlace* place = spec.add_layer_places();
+    place->set_block(layer.block());
+    place->set_unit(layer.unit());
   }
   const absl::flat_hash_map<std::string, int> names = NamesOf(model);
   ParameterSet grouped;

@@ -18,7 +18,9 @@ namespace lohan {
 // order, flattened back to back. The rest layers come first because the
 // daemon runs what is left of an iteration's updates in layer order while
 // the next forward starts: the embeddings and the head are brought up to
-// date at the step's end, the blocks as they run.
+// date at the step's end, the blocks as they run. The spec says where each
+// layer lies (layer_places: its block, -1 for a rest layer, and unit),
+// which lohand's planner reads the weight unit from.
 //
 // Groups: a "no_weight_decay" group (lr_scale 1, weight decay 0) of the
 // parameters the rule picks but for grouped ones, then "param_groups[n]"

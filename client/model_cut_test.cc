@@ -78,6 +78,10 @@ TEST(CutModel, RestLayersFirstThenOneLayerPerBlock) {
   EXPECT_EQ(cut->layers(3).elements(), 20u);
   // The spec is the description's with the layers filled in.
   EXPECT_THAT(cut->spec().layer_elements(), ElementsAre(72, 9, 20, 20));
+  ASSERT_EQ(cut->spec().layer_places_size(), 4);
+  EXPECT_EQ(cut->spec().layer_places(1).block(), -1);
+  EXPECT_EQ(cut->spec().layer_places(3).block(), 1);
+  EXPECT_EQ(cut->spec().layer_places(3).unit(), 0u);
   EXPECT_EQ(cut->spec().dtype(), v1::DTYPE_BF16);
   EXPECT_EQ(cut->spec().commit_interval(), 4u);
   EXPECT_EQ(cut->spec().param_groups_size(), 0);
@@ -209,6 +213,13 @@ TEST(CutModel, BlocksSplitIntoTheirUnitsInUnitOrder) {
   EXPECT_THAT(layers,
               ElementsAre("0/0:2@0", "0/1:3,4@0,4", "0/2:1@0", "1/3:5@0"));
   EXPECT_THAT(cut->spec().layer_elements(), ElementsAre(8, 2, 5, 6, 6));
+  // The spec says where each layer lies, as the layers do: lohand's
+  // planner reads the weight unit from it.
+  std::vector<std::string> places;
+  for (const v1::LayerPlace& place : cut->spec().layer_places()) {
+    places.push_back(absl::StrCat(place.block(), "/", place.unit()));
+  }
+  EXPECT_THAT(places, ElementsAre("-1/0", "0/0", "0/1", "0/2", "1/3"));
 }
 
 }  // namespace

@@ -2,12 +2,87 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <string>
 #include <utility>
 
+#include "absl/numeric/int128.h"
 #include "absl/strings/str_cat.h"
 
 namespace lohan {
+
+absl::StatusOr<WeightUnits> WeightUnitsOf(const v1::ModelSpec& registered) {
+  WeightUnits units;
+  const int places = registered.layer_places_size();
+  if (places == 0) return units;  // not said: whole blocks
+  if (places != registered.layer_elements_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the registered model has ", places, " layer_places for ",
+                     registered.layer_elements_size(), " layers"));
+  }
+  // Per block: its elements, and per unit (0: its own layer) its layers'.
+  std::map<int32_t, std::pair<uint64_t, std::map<uint32_t, uint64_t>>> blocks;
+  for (int l = 0; l < places; ++l) {
+    const v1::LayerPlace& place = registered.layer_places(l);
+    if (place.block() < 0) continue;
+    const uint64_t elements = registered.layer_elements(l);
+    auto& [total, by_unit] = blocks[place.block()];
+    if (__builtin_add_overflow(total, elements, &total)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the registered model's block ", place.block(),
+                       " has more than 2^64 elements"));
+    }
+    by_unit[place.unit()] += elements;  // at most its block's
+  }
+  const auto largest = std::max_element(
+      blocks.begin(), blocks.end(), [](const auto& a, const auto& b) {
+        return a.second.first < b.second.first;
+      });
+  if (largest == blocks.end()) return units;
+  const auto& [block_elements, by_unit] = largest->second;
+  for (const auto& [unit, elements] : by_unit) {
+    if (unit > 0) units.unit_elements.push_back(elements);
+  }
+  if (units.unit_elements.empty() || block_elements == 0) return WeightUnits{};
+  if (units.unit_elements.size() > kMaxBlockSublayers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the registered model's block ", largest->first, " streams its ",
+        "weights in ", units.unit_elements.size(), " units; the planner takes ",
+        "at most ", kMaxBlockSublayers));
+  }
+  units.unit = ParamUnit::kSublayer;
+  units.block_elements = block_elements;
+  return units;
+}
+
+namespace {
+
+// `counts` with the block weights streaming at `units`' unit: each unit's
+// share of the profile's block_parameters is its share of the registered
+// block's elements (exact for a job holding whole layers; a data-parallel
+// rank's shards are the same shares but for their padding).
+absl::Status SplitBlocks(const WeightUnits& units, ModelCounts& counts) {
+  if (units.unit != ParamUnit::kSublayer) return absl::OkStatus();
+  counts.param_unit = ParamUnit::kSublayer;
+  // Weights a sublayer at a time run backward a sublayer at a time.
+  counts.recompute_unit = RecomputeUnit::kSublayer;
+  for (const uint64_t elements : units.unit_elements) {
+    const uint64_t parameters =
+        absl::Uint128Low64(absl::uint128(counts.block_parameters) * elements /
+                           units.block_elements);
+    if (parameters == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("profile.block_parameters (", counts.block_parameters,
+                       ") is too few for the registered model's block of ",
+                       units.unit_elements.size(), " units (",
+                       units.block_elements, " elements)"));
+    }
+    counts.sublayer_parameters.push_back(parameters);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<ModelCounts> CountsFromProfile(const v1::ClientProfile& p) {
   if (p.blocks() == 0 || p.blocks() > kMaxPlanLayers) {
@@ -132,6 +207,9 @@ v1::JobPlan ToJobPlan(const Plan& plan, const v1::ClientProfile& profile,
   out.set_recompute_flops(e.recompute_flops);
   out.set_profiled_iteration_seconds(profile.iteration_seconds());
   out.set_planned_unix_seconds(planned_unix_seconds);
+  out.set_param_unit(ParamUnitName(plan.param_unit));
+  out.set_device_working_bytes(plan.device_working_bytes);
+  out.set_block_weights_working_bytes(plan.block_weights_working_bytes);
   return out;
 }
 
@@ -142,6 +220,9 @@ absl::StatusOr<v1::JobPlan> PlanForJob(const v1::PlanJobRequest& request,
   const v1::ClientProfile& profile = request.profile();
   absl::StatusOr<ModelCounts> counts = CountsFromProfile(profile);
   if (!counts.ok()) return counts.status();
+  if (absl::Status split = SplitBlocks(job.weights, *counts); !split.ok()) {
+    return split;
+  }
   absl::StatusOr<Machine> machine = MachineFromProfiles(profile, host);
   if (!machine.ok()) return machine.status();
   machine->state_tier_bytes = job.state_tier_bytes;

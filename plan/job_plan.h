@@ -2,6 +2,7 @@
 #define LOHAN_PLAN_JOB_PLAN_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "plan/model_counts.h"
@@ -18,6 +19,27 @@ namespace lohan {
 // INVALID_ARGUMENT naming it ("profile.blocks", "profile: block_tensors[2]
 // .recompute_flops ...").
 
+// The unit a running job's block weights stream at, as its registered
+// model says (ModelSpec.layer_places, which the model cut fills): the
+// job's own setting (the plugin's param_unit), not the request's.
+struct WeightUnits {
+  // kSublayer when the job's largest block (by its layers' elements) has
+  // unit layers; else, and for a spec without layer_places (an older
+  // client's), kBlock.
+  ParamUnit unit = ParamUnit::kBlock;
+  // That block's elements as registered (its own layer's and its units';
+  // a data-parallel rank's shards for such a job), and each unit's, in
+  // unit order (empty with kBlock).
+  uint64_t block_elements = 0;
+  std::vector<uint64_t> unit_elements;
+};
+
+// The weight units of a registered spec. INVALID_ARGUMENT when its
+// layer_places are neither none nor one per layer, when its elements pass
+// 64 bits, or when the largest block has more than kMaxBlockSublayers
+// units (the planner's bound).
+absl::StatusOr<WeightUnits> WeightUnitsOf(const v1::ModelSpec& registered);
+
 // What lohand knows of a running job beside its request.
 struct JobFacts {
   // The job's arena: lohan's fixed host bytes for it.
@@ -33,6 +55,8 @@ struct JobFacts {
   // iteration).
   uint64_t state_tier_bytes = 0;
   uint32_t commit_interval = 1;
+  // The unit its registered layers stream at (WeightUnitsOf).
+  WeightUnits weights;
 };
 
 // Saved tensors in all (blocks x block_tensors) a PlanJob may ask about:
@@ -65,16 +89,21 @@ absl::StatusOr<Machine> MachineFromProfiles(const v1::ClientProfile& client,
 // ("keep": every decision "device"; "offload": every tensor that is not
 // always offloaded recomputed, and there is one; "swap": none recomputed;
 // else "mixed"), the predicted times and their binding resources, the
-// bytes per tier, planned at `planned_unix_seconds`.
+// bytes per tier, the weight unit and the device's working set with it
+// and with whole blocks' weights, planned at `planned_unix_seconds`.
 v1::JobPlan ToJobPlan(const Plan& plan, const v1::ClientProfile& profile,
                       int64_t planned_unix_seconds);
 
 // All of the above: the plan for `request` (per block when
 // request.per_block), the host room for activations its
-// activation_host_bytes. INVALID_ARGUMENT for a malformed request (the
-// planner's words prefixed "profile: "), UNAVAILABLE as
-// MachineFromProfiles, FAILED_PRECONDITION from the planner when a memory
-// is short.
+// activation_host_bytes, the block weights streaming at `job.weights`'
+// unit: a sublayer at a time, each unit's share of the profile's
+// block_parameters its share of the registered block's elements (the
+// backward then runs a sublayer at a time; the client's measured tensors
+// all lie between sublayers). INVALID_ARGUMENT for a malformed request
+// (the planner's words prefixed "profile: "; a block_parameters too small
+// to give every unit a parameter), UNAVAILABLE as MachineFromProfiles,
+// FAILED_PRECONDITION from the planner when a memory is short.
 absl::StatusOr<v1::JobPlan> PlanForJob(const v1::PlanJobRequest& request,
                                        const v1::HostProfile& host,
                                        const JobFacts& job,

@@ -256,5 +256,115 @@ TEST(JobPlan, MemoryTooShortIsThePlannersFailedPrecondition) {
   EXPECT_THAT(plan.status().message(), HasSubstr("never recomputed"));
 }
 
+// A registered spec as the model cut makes it: the embeddings and the
+// head, then per block its own layer (the norms) and its two units
+// (attention, MLP), each of `scale` x the elements below (a data-parallel
+// rank's shards scale them down alike).
+v1::ModelSpec Registered(uint64_t scale_down = 1) {
+  v1::ModelSpec spec;
+  auto add = [&](int32_t block, uint32_t unit, uint64_t elements) {
+    spec.add_layer_elements(elements / scale_down);
+    v1::LayerPlace* place = spec.add_layer_places();
+    place->set_block(block);
+    place->set_unit(unit);
+  };
+  add(-1, 0, 4'000'000);
+  add(-1, 0, 4'000'000);
+  for (int32_t block = 0; block < 4; ++block) {
+    add(block, 0, 1'000'000);
+    add(block, 1, 2'000'000);
+    add(block, 2, 5'000'000);
+  }
+  return spec;
+}
+
+TEST(WeightUnitsOf, TheRegisteredLayersSayTheUnitAndEachUnitsElements) {
+  absl::StatusOr<WeightUnits> units = WeightUnitsOf(Registered());
+  ASSERT_TRUE(units.ok()) << units.status();
+  EXPECT_EQ(units->unit, ParamUnit::kSublayer);
+  EXPECT_EQ(units->block_elements, 8'000'000u);
+  EXPECT_THAT(units->unit_elements,
+              ::testing::ElementsAre(2'000'000u, 5'000'000u));
+  // A spec without places (an older client's, one made by hand), or whose
+  // blocks have no unit layers: whole blocks.
+  v1::ModelSpec old = Registered();
+  old.clear_layer_places();
+  units = WeightUnitsOf(old);
+  ASSERT_TRUE(units.ok()) << units.status();
+  EXPECT_EQ(units->unit, ParamUnit::kBlock);
+  EXPECT_TRUE(units->unit_elements.empty());
+  v1::ModelSpec whole;
+  for (int32_t block = -1; block < 4; ++block) {
+    whole.add_layer_elements(8'000'000);
+    whole.add_layer_places()->set_block(block);
+  }
+  units = WeightUnitsOf(whole);
+  ASSERT_TRUE(units.ok()) << units.status();
+  EXPECT_EQ(units->unit, ParamUnit::kBlock);
+  // Places that are not one per layer, or more units than the planner
+  // takes, are refused.
+  v1::ModelSpec short_places = Registered();
+  short_places.mutable_layer_places()->RemoveLast();
+  EXPECT_THAT(WeightUnitsOf(short_places).status().message(),
+              HasSubstr("13 layer_places for 14 layers"));
+  v1::ModelSpec many;
+  for (uint32_t unit = 1; unit <= 65; ++unit) {
+    many.add_layer_elements(10);
+    v1::LayerPlace* place = many.add_layer_places();
+    place->set_block(0);
+    place->set_unit(unit);
+  }
+  EXPECT_TRUE(absl::IsInvalidArgument(WeightUnitsOf(many).status()));
+  EXPECT_THAT(WeightUnitsOf(many).status().message(),
+              HasSubstr("in 65 units; the planner takes at most 64"));
+}
+
+// The device holds what the job's own unit needs: a job registered a
+// sublayer at a time is planned so, on a device too small for whole
+// blocks' weights.
+TEST(JobPlan, AJobRegisteredASublayerAtATimeIsPlannedSo) {
+  // Request()'s working set with whole blocks' weights: 2 x 2 x 8M block
+  // and 4 x 4M head bytes always, then a block's backward (2 x 8M
+  // gradients, 112 MiB of tensors and 32 MiB, its largest's gradient).
+  const uint64_t block_working = 64'000'000 + 144 * kMiB;
+  // A sublayer at a time (units of 2M and 5M, 1M of the block's own): 2 x
+  // (2 x 1M + 5M + 2M) weights and the head's 16M always, then 2 x (1M +
+  // 5M) gradients and the same tensors.
+  const uint64_t sublayer_working = 46'000'000 + 144 * kMiB;
+  v1::PlanJobRequest request = Request();
+  request.mutable_profile()->set_device_bytes(55'000'000 + 144 * kMiB);
+  absl::StatusOr<v1::JobPlan> whole = PlanForJob(request, Host(), Facts(), 0);
+  EXPECT_TRUE(absl::IsFailedPrecondition(whole.status())) << whole.status();
+  EXPECT_THAT(whole.status().message(), HasSubstr("two blocks' weights"));
+  for (uint64_t shards : {1, 2}) {
+    JobFacts facts = Facts();
+    absl::StatusOr<WeightUnits> units = WeightUnitsOf(Registered(shards));
+    ASSERT_TRUE(units.ok()) << units.status();
+    facts.weights = *units;
+    absl::StatusOr<v1::JobPlan> plan = PlanForJob(request, Host(), facts, 0);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(plan->param_unit(), "sublayer");
+    // A rank's shards are the same shares of the profile's block.
+    EXPECT_EQ(plan->device_working_bytes(), sublayer_working) << shards;
+    EXPECT_EQ(plan->block_weights_working_bytes(), block_working) << shards;
+    EXPECT_EQ(plan->blocks_size(), 4);
+  }
+  // Whole blocks where they fit: the unit and both working sets said.
+  absl::StatusOr<v1::JobPlan> roomy = PlanForJob(Request(), Host(), Facts(), 0);
+  ASSERT_TRUE(roomy.ok()) << roomy.status();
+  EXPECT_EQ(roomy->param_unit(), "block");
+  EXPECT_EQ(roomy->device_working_bytes(), block_working);
+  EXPECT_EQ(roomy->block_weights_working_bytes(), block_working);
+  // A profile whose block is too small to give each unit a parameter.
+  JobFacts facts = Facts();
+  facts.weights = *WeightUnitsOf(Registered());
+  request = Request();
+  request.mutable_profile()->set_block_parameters(3);
+  absl::StatusOr<v1::JobPlan> bad = PlanForJob(request, Host(), facts, 0);
+  EXPECT_TRUE(absl::IsInvalidArgument(bad.status())) << bad.status();
+  EXPECT_THAT(bad.status().message(),
+              HasSubstr("profile.block_parameters (3) is too few"));
+}
+
 }  // namespace
 }  // namespace lohan

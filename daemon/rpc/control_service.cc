@@ -408,18 +408,22 @@ grpc::Status ControlService::PlanJob(grpc::ServerContext* context,
           free_bytes += device.capacity_bytes -
                         std::min(device.capacity_bytes, device.used_bytes);
         }
-        const JobFacts facts{.arena_bytes = layout.arena_bytes,
-                             .weights_resident = layout.weights_resident,
-                             .ssd_room_bytes = std::min(
-                                 free_bytes, parts_.ledger->RoomFor(job_id)),
-                             .state_tier_bytes = layout.tier.share_bytes,
-                             // Durable by time: a durable write now and
-                             // then, not each iteration's (the planner
-                             // leaves it out).
-                             .commit_interval =
-                                 layout.tier.durable_every_seconds > 0.0
-                                     ? kMaxCommitInterval
-                                     : layout.tier.commit_interval};
+        // The unit its weights stream at: the job's registered layers
+        // say it, not the request.
+        absl::StatusOr<WeightUnits> weights = WeightUnitsOf(layout.layers);
+        if (!weights.ok()) return weights.status();
+        const JobFacts facts{
+            .arena_bytes = layout.arena_bytes,
+            .weights_resident = layout.weights_resident,
+            .ssd_room_bytes =
+                std::min(free_bytes, parts_.ledger->RoomFor(job_id)),
+            .state_tier_bytes = layout.tier.share_bytes,
+            // Durable by time: a durable write now and then, not each
+            // iteration's (the planner leaves it out).
+            .commit_interval = layout.tier.durable_every_seconds > 0.0
+                                   ? kMaxCommitInterval
+                                   : layout.tier.commit_interval,
+            .weights = *std::move(weights)};
         return PlanForJob(*request, *host, facts, time(nullptr));
       });
   ReleaseFreedMemory();  // the planner's working memory

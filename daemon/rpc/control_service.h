@@ -88,8 +88,9 @@ class ControlService final : public v1::Lohan::Service {
   // The caller's own job, attached by the calling process, with its model
   // registered (SessionManager::PlanJob's checks); then the plan from the
   // request's profile, lohand's HostProfile (UNAVAILABLE while it is still
-  // measuring), the session's layout and the SSD room the ledger and the
-  // store leave the job (plan/job_plan.h).
+  // measuring), the session's layout and registered layers (its weight
+  // unit: WeightUnitsOf) and the SSD room the ledger and the store leave
+  // the job (plan/job_plan.h).
   grpc::Status PlanJob(grpc::ServerContext* context,
                        const v1::PlanJobRequest* request,
                        v1::PlanJobResponse* response) override;

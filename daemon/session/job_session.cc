@@ -328,6 +328,8 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
   const ModelLayout& layout = model.layout;
   model.clip = ClipOptions{.max_grad_norm = spec.max_grad_norm(),
                            .skip_nonfinite = spec.skip_nonfinite()};
+  *model.layers.mutable_layer_elements() = spec.layer_elements();
+  *model.layers.mutable_layer_places() = spec.layer_places();
 
   // A refused registration gives back every slot it took.
   std::vector<uint64_t> taken;
@@ -684,6 +686,10 @@ absl::Status JobSession::Execute(const SubmissionEntry& entry, uint64_t& detail,
 }
 
 bool JobSession::weights_resident() const { return !served_->streamed_weights; }
+
+const v1::ModelSpec& JobSession::registered_layers() const {
+  return served_->layers;
+}
 
 JobSession::TierUse JobSession::tier_use() const {
   const JobPipeline* pipeline = pipeline_ready_.load();

@@ -122,6 +122,10 @@ class JobSession {
   // weight buffer per layer), not streamed from the store.
   // REQUIRES: registered().
   bool weights_resident() const;
+  // The registered spec's layer_elements and layer_places (the rest of it
+  // cleared): where each layer lies in the model, for the job's plan.
+  // REQUIRES: registered().
+  const v1::ModelSpec& registered_layers() const;
   // The job's share of the state tier (0 before its pipeline starts or
   // with no tier) and its commit interval, for its plan.
   struct TierUse {
@@ -203,6 +207,7 @@ class JobSession {
  private:
   struct Model {
     ModelLayout layout;
+    v1::ModelSpec layers;  // registered_layers()
     ClipOptions clip;
     v1::DType dtype = v1::DTYPE_UNSPECIFIED;
     uint64_t element_bytes = 0;

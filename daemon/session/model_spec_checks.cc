@@ -42,6 +42,33 @@ bool IsGroupName(const std::string& name) {
   return true;
 }
 
+absl::Status CheckLayerPlaces(const v1::ModelSpec& spec) {
+  const int places = spec.layer_places_size();
+  if (places == 0) return absl::OkStatus();
+  if (places != spec.layer_elements_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ModelSpec layer_places has ", places, " entries for ",
+        spec.layer_elements_size(), " layers; give one per layer or none"));
+  }
+  for (int l = 0; l < places; ++l) {
+    const v1::LayerPlace& place = spec.layer_places(l);
+    if (place.block() < -1 || static_cast<int64_t>(place.block()) >=
+                                  static_cast<int64_t>(kMaxLayers)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ModelSpec layer_places[", l, "].block must be -1 (no ",
+                       "block) to ", kMaxLayers - 1, ", got ", place.block()));
+    }
+    if (place.unit() > kMaxLayerUnit ||
+        (place.block() < 0 && place.unit() != 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ModelSpec layer_places[", l, "].unit must be at most ",
+                       kMaxLayerUnit, ", and 0 outside the blocks; got ",
+                       place.unit(), " in block ", place.block()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckArenaFit(const v1::ModelSpec& spec) {
   switch (spec.arena_fit()) {
     case v1::ARENA_FIT_AS_GIVEN:
@@ -78,6 +105,9 @@ absl::Status CheckModelSpec(const v1::ModelSpec& spec) {
           absl::StrCat("ModelSpec layer_elements[", l, "] must be 1 to ",
                        kMaxLayerElements, ", got ", elements));
     }
+  }
+  if (absl::Status places = CheckLayerPlaces(spec); !places.ok()) {
+    return places;
   }
   switch (spec.dtype()) {
     case v1::DTYPE_FP32:

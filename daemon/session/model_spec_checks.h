@@ -25,7 +25,9 @@ inline constexpr uint32_t kMaxLayerUnit = 4096;
 // Everything about a RegisterModel spec that can be checked from the spec
 // alone, cheaply, before the daemon allocates anything for it: sizes and
 // counts in range, the optimizer's hyperparameters finite and in range,
-// known enum values (named in the message), printable group names, and
+// known enum values (named in the message), printable group names,
+// layer_places (none or one per layer, each block -1 to kMaxLayers - 1,
+// each unit at most kMaxLayerUnit and 0 outside the blocks), and
 // arena_fit's rule (ARENA_FIT_MOST with grad_slots == weight_slots).
 // INVALID_ARGUMENT naming the field otherwise. The layout's own rules (ranges,
 // groups) are ValidateLayout's.

@@ -42,6 +42,19 @@ TEST(CheckModelSpec, AcceptsNamedGroupsAndFitting) {
   EXPECT_TRUE(CheckModelSpec(spec).ok());
 }
 
+TEST(CheckModelSpec, AcceptsLayerPlacesOnePerLayerOrNone) {
+  v1::ModelSpec spec = Good();
+  spec.add_layer_elements(50);
+  spec.add_layer_elements(50);
+  spec.add_layer_places()->set_block(-1);
+  v1::LayerPlace& own = *spec.add_layer_places();
+  own.set_block(0);
+  v1::LayerPlace& unit = *spec.add_layer_places();
+  unit.set_block(0);
+  unit.set_unit(1);
+  EXPECT_TRUE(CheckModelSpec(spec).ok());
+}
+
 TEST(CheckModelSpec, RefusesEachBadFieldByName) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   const double inf = std::numeric_limits<double>::infinity();
@@ -125,6 +138,27 @@ TEST(CheckModelSpec, RefusesEachBadFieldByName) {
          s.set_weight_slots(3);
        },
        "grad_slots 2 and weight_slots 3"},
+      {"places not one per layer",
+       [](auto& s) {
+         s.add_layer_elements(7);
+         s.add_layer_places()->set_block(-1);
+       },
+       "layer_places has 1 entries for 2 layers"},
+      {"place before the blocks",
+       [](auto& s) { s.add_layer_places()->set_block(-2); },
+       "layer_places[0].block must be -1 (no block) to 65535, got -2"},
+      {"place past the blocks",
+       [](auto& s) { s.add_layer_places()->set_block(65536); },
+       "layer_places[0].block"},
+      {"unit outside the blocks",
+       [](auto& s) {
+         v1::LayerPlace& place = *s.add_layer_places();
+         place.set_block(-1);
+         place.set_unit(1);
+       },
+       "layer_places[0].unit must be at most 4096, and 0 outside the blocks"},
+      {"huge unit", [](auto& s) { s.add_layer_places()->set_unit(4097); },
+       "layer_places[0].unit"},
   };
   for (const Case& c : cases) {
     v1::ModelSpec spec = Good();

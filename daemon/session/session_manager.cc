@@ -609,7 +609,8 @@ absl::StatusOr<v1::JobPlan> SessionManager::PlanJob(const Caller& caller,
     }
     layout = {.arena_bytes = session->grant().arena_bytes,
               .weights_resident = session->weights_resident(),
-              .tier = session->tier_use()};
+              .tier = session->tier_use(),
+              .layers = session->registered_layers()};
     serial = sessions_.at(job_id).serial;
   }
   absl::StatusOr<v1::JobPlan> planned = plan(job_id, layout);

@@ -140,6 +140,7 @@ class SessionManager {
     uint64_t arena_bytes = 0;
     bool weights_resident = false;  // JobSession::weights_resident
     JobSession::TierUse tier;       // JobSession::tier_use
+    v1::ModelSpec layers;           // JobSession::registered_layers
   };
   using Planner = absl::FunctionRef<absl::StatusOr<v1::JobPlan>(
       const std::string& job_id, const SessionLayout& layout)>;

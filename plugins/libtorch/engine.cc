@@ -76,6 +76,13 @@ std::string SpecJson(
   spec.eps = options.eps;
   spec.weight_decay = options.weight_decay;
   spec.max_grad_norm = options.max_grad_norm;
+  spec.bf16_moments = options.bf16_moments ? 1 : 0;
+  spec.skip_nonfinite = options.skip_nonfinite ? 1 : 0;
+  spec.clip_schedule = options.clip_schedule == "redo-all"
+                           ? LOHAN_CLIP_REDO_ALL
+                           : LOHAN_CLIP_DEFERRED;
+  spec.chunk_elements = options.chunk_elements;
+  spec.in_order_service = options.service == "in-order" ? 1 : 0;
   spec.commit_interval = options.commit_interval;
   spec.durable_every_seconds = options.durable_every_seconds;
   const uint32_t count = static_cast<uint32_t>(layers.size());

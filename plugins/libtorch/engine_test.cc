@@ -89,6 +89,60 @@ TEST_F(EngineTest, GradientAccumulationMatchesAdamWOnTheSummedLosses) {
   EXPECT_GT(MaxWeightDifference(TrainWithLohan(config_, single), want), 1e-4);
 }
 
+// How lohand runs the steps, not what they compute: the redo-all clip
+// schedule and in-order service give the default's bits; states in small
+// chunks train as AdamW; bf16 moments close to the exact ones.
+TEST_F(EngineTest, TheStepOptionsReachTheDaemon) {
+  const Training plain =
+      TrainWithLohan(config_, TrainingOptions(socket(), "plain"));
+  Options redo = TrainingOptions(socket(), "redo-in-order");
+  redo.clip_schedule = "redo-all";
+  redo.service = "in-order";
+  const Training redone = TrainWithLohan(config_, redo);
+  EXPECT_GT(redone.clipped, 0);
+  EXPECT_EQ(redone.losses, plain.losses);
+  EXPECT_EQ(redone.norms, plain.norms);
+  EXPECT_EQ(MaxWeightDifference(redone, plain), 0.0);
+
+  Options chunked = TrainingOptions(socket(), "chunked");
+  chunked.chunk_elements = 1000;  // several chunks per block layer
+  const Training want = TrainWithAdamW(config_, chunked);
+  const Training in_chunks = TrainWithLohan(config_, chunked);
+  EXPECT_LE(MaxRelativeDifference(in_chunks.losses, want.losses), 1e-6);
+  EXPECT_LE(MaxWeightDifference(in_chunks, want), 1e-5);
+
+  Options moments = TrainingOptions(socket(), "bf16-moments");
+  moments.bf16_moments = true;
+  const Training approximate = TrainWithLohan(config_, moments);
+  std::cout << "bf16 moments: max relative difference losses "
+            << MaxRelativeDifference(approximate.losses, plain.losses)
+            << ", weights " << MaxWeightDifference(approximate, plain) << "\n";
+  EXPECT_LE(MaxRelativeDifference(approximate.losses, plain.losses), 1e-3);
+  EXPECT_GT(MaxWeightDifference(approximate, plain), 0.0);
+}
+
+// A step whose gradients hold inf: skipped by default, applied with
+// skip_nonfinite = false.
+TEST_F(EngineTest, SkipNonfiniteDecidesWhetherAnInfStepIsApplied) {
+  for (const bool skip : {true, false}) {
+    tiny_gpt::Model model = tiny_gpt::MakeModel(config_, kSeed);
+    Options options = TrainingOptions(socket(), skip ? "skip" : "apply");
+    options.max_grad_norm = 0.0;
+    options.skip_nonfinite = skip;
+    Engine engine(model.ptr(), model->block_list(), options);
+    auto [inputs, targets] = tiny_gpt::MakeBatch(config_, 0);
+    (tiny_gpt::Loss(model->forward(inputs), targets) * INFINITY).backward();
+    EXPECT_EQ(engine.step().skipped, skip);
+    EXPECT_EQ(engine.iteration(), skip ? 0u : 1u);
+    bool finite = true;
+    for (const torch::Tensor& param : model->parameters()) {
+      finite = finite && torch::isfinite(param).all().item<bool>();
+    }
+    EXPECT_EQ(finite, skip);
+    engine.close(/*delete_job=*/true);
+  }
+}
+
 TEST_F(EngineTest, AStepBeforeTheKthBackwardIsRefused) {
   tiny_gpt::Model model = tiny_gpt::MakeModel(config_, kSeed);
   Options options = TrainingOptions(socket(), "short");
@@ -190,6 +244,16 @@ TEST_F(EngineTest, BadOptionsAreRefused) {
   EXPECT_EQ(refusal(fp8, model->block_list()),
             "lohan Options: dtype=\"fp8\" is not supported; use \"fp32\" or "
             "\"bf16\"");
+  Options schedule = options;
+  schedule.clip_schedule = "eager";
+  EXPECT_EQ(refusal(schedule, model->block_list()),
+            "lohan Options: clip_schedule=\"eager\": use \"deferred\" or "
+            "\"redo-all\"");
+  Options service = options;
+  service.service = "fifo";
+  EXPECT_EQ(refusal(service, model->block_list()),
+            "lohan Options: service=\"fifo\": use \"lanes\" or "
+            "\"in-order\"");
   EXPECT_THAT(refusal(options, {}), HasSubstr("blocks is empty"));
   EXPECT_THAT(refusal(options, {std::make_shared<torch::nn::LinearImpl>(2, 2)}),
               "lohan Engine: blocks[0] is not a submodule of the model");

@@ -51,6 +51,16 @@ void ValidateOptions(const Options& options) {
         std::to_string(options.commit_interval) +
         ": durability is by steps or by time, give one");
   }
+  if (options.clip_schedule != "deferred" &&
+      options.clip_schedule != "redo-all") {
+    throw std::invalid_argument("lohan Options: clip_schedule=\"" +
+                                options.clip_schedule +
+                                "\": use \"deferred\" or \"redo-all\"");
+  }
+  if (options.service != "lanes" && options.service != "in-order") {
+    throw std::invalid_argument("lohan Options: service=\"" + options.service +
+                                "\": use \"lanes\" or \"in-order\"");
+  }
   if (options.dtype != "fp32" && options.dtype != "bf16") {
     throw std::invalid_argument("lohan Options: dtype=\"" + options.dtype +
                                 "\" is not supported; use \"fp32\" or "

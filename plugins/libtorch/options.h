@@ -39,6 +39,10 @@ struct Options {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.0;
+  // Adam's two moments kept in bf16 on the daemon (AdamSpec.bf16_moments;
+  // the Python plugin's bf16_moments): half their SSD traffic and space,
+  // less exact than torch's fp32 moments.
+  bool bf16_moments = false;
   // true: parameters with fewer than 2 dimensions (biases, norm weights)
   // get weight decay 0 (the Python plugin's no_weight_decay="1d").
   bool no_weight_decay_1d = false;
@@ -53,6 +57,26 @@ struct Options {
   // > 0: the global gradient norm is clipped to it, as
   // torch::nn::utils::clip_grad_norm_; 0: no clipping.
   double max_grad_norm = 0.0;
+  // true: a step whose gradients hold inf or NaN is skipped
+  // (StepResult::skipped: weights, moments and the step count as before);
+  // false: it is applied as it is (ModelSpec.skip_nonfinite; the Python
+  // plugin's skip_nonfinite).
+  bool skip_nonfinite = true;
+  // How a step that clips (or skips) is updated (ModelSpec.clip_schedule;
+  // the Python plugin's clip_schedule): "deferred", one pass over the
+  // states, or "redo-all", every layer updated as it arrives and all of
+  // them again when the step clips, for comparison. The same results.
+  std::string clip_schedule = "deferred";
+  // Parameters per stored chunk of the daemon's states
+  // (ModelSpec.chunk_elements; the Python plugin's chunk_elements); 0:
+  // lohand's default.
+  uint64_t chunk_elements = 0;
+  // "lanes": lohand serves what the model waits for (a layer's weights)
+  // beside, not behind, the SSD writes of streamed gradients; "in-order":
+  // every request in arrival order on one thread, for comparison
+  // (ModelSpec.in_order_service; the Python plugin's service). The same
+  // results.
+  std::string service = "lanes";
   // Every how many steps the states lohand holds in its memory (its state
   // tier) are committed durably (ModelSpec.commit_interval; the Python
   // plugin's commit_interval): a lohand crash resumes at the last durable

@@ -356,6 +356,47 @@ def test_under_the_activation_plan_weights_a_sublayer_at_a_time_stay_exact(
         assert torch.equal(plan_weights[name], weight), name
 
 
+def test_the_plan_counts_the_weights_a_sublayer_at_a_time(lohand):
+    """activations="auto" with param_unit="sublayer" on a device with
+    room for two sublayers' weights but not two whole blocks': lohand
+    plans with the job's own unit (from the layers it registered), so the
+    plan comes, and training matches torch AdamW as without a plan. The
+    two working sets are the plan's own figures from a roomy device."""
+    from test_plan_job import wait_for_profile
+    with lohan.Client(lohand.socket) as client:
+        wait_for_profile(client)
+    data = _data()
+    model = _gpt2()
+    with engine_for(model, lohand, params="offload", param_unit="sublayer",
+                    activations="auto", device_memory_bytes=1 << 40,
+                    job_name="units-plan-roomy") as engine:
+        train_lohan(engine, model, data[:2])
+        roomy = engine.activation_plan
+    assert roomy is not None and roomy["paramUnit"] == "sublayer"
+    units = int(roomy["deviceWorkingBytes"])
+    blocks = int(roomy["blockWeightsWorkingBytes"])
+    assert units < blocks
+    budget = (units + blocks) // 2
+    model = _gpt2()
+    reference = copy.deepcopy(model)
+    torch.manual_seed(0)
+    ref_losses = train_torch(reference, data)
+    torch.manual_seed(0)
+    with engine_for(model, lohand, params="offload", param_unit="sublayer",
+                    activations="auto", device_memory_bytes=budget,
+                    job_name="units-plan-tight") as engine:
+        losses = train_lohan(engine, model, data)
+        plan = engine.activation_plan
+    assert plan is not None, "lohand refused the plan"
+    assert plan["paramUnit"] == "sublayer"
+    assert int(plan["deviceWorkingBytes"]) == units <= budget
+    assert int(plan["blockWeightsWorkingBytes"]) == blocks > budget
+    assert int(plan["deviceBytes"]) <= budget - units
+    noise = {f"transformer.h.{i}.attn.c_attn.bias": slice(32, 64)
+             for i in range(2)}
+    assert_fp32_close(model, reference, losses, ref_losses, noise)
+
+
 def test_the_weights_on_the_device_are_what_the_plan_counts(lohand,
                                                             tmp_path):
     """GPT-2 in bf16: the peak of the weights on the device against the

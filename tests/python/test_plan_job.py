@@ -17,6 +17,7 @@ import pytest
 
 from conftest import REPO, Daemon, built
 from lohan import Client, LohanError, StatusCode
+from lohan.model_spec import ModelSpec
 
 MIB = 1 << 20
 DECISIONS = {"device", "host", "ssd", "recompute"}
@@ -82,15 +83,17 @@ class Trainer:
     """A process's job: attached, its data plane open, a 6-layer model
     registered with its weights."""
 
-    def __init__(self, client, name="planned", register=True):
+    def __init__(self, client, name="planned", register=True, spec=None):
         self.client = client
         self.job = client.create_job(name, host_pool_bytes=4 * MIB)
         client.attach_job(self.job.id)
         self.plane = client.open_data_plane(self.job.id)
         self.model = None
         if register:
-            self.sizes = [256] * 6
-            self.model = self.plane.register_model(self.job.id, self.sizes)
+            self.sizes = ([256] * 6 if spec is None
+                          else [int(n) for n in spec["layer_elements"]])
+            self.model = self.plane.register_model(
+                self.job.id, self.sizes if spec is None else spec)
             for layer in range(len(self.sizes)):
                 self.model.init_weights(layer)
 
@@ -155,6 +158,64 @@ def test_a_job_gets_its_plan_and_status_follows_it(lohand):
                                     dict(request(), perBlock=True))
         check_plan(per_block, per_block=True)
         assert int(trainer.session()["planned_iterations"]) == 0
+        trainer.step()
+        assert int(trainer.session()["planned_iterations"]) == 1
+
+
+def test_the_weight_unit_is_the_one_the_job_registered(lohand):
+    """The request does not say how the job's weights stream: lohand
+    takes it from the model the job registered (ModelSpec.layer_places,
+    which the model cut fills). On a device with room for two sublayers'
+    weights but not two whole blocks', a job registered a sublayer at a
+    time (per block its own layer and two units, a tenth, three tenths
+    and six tenths of it) gets its plan; one registered a block at a time,
+    or by an older client that says no places, is refused as before."""
+    own, attention, mlp = 100, 300, 600  # shares of profile()'s 1M block
+    places = [{"block": -1}, {"block": -1}]
+    elements = [256, 256]
+    for block in range(4):
+        for unit, share in enumerate((own, attention, mlp)):
+            places.append({"block": block, "unit": unit})
+            elements.append(share)
+
+    def spec_of(layer_elements, layer_places=None):
+        proto = ModelSpec(layer_elements=layer_elements).to_proto()
+        if layer_places is not None:
+            proto["layer_places"] = layer_places
+        return proto
+
+    sublayers = spec_of(elements, places)
+    whole = spec_of([256, 256] + [own + attention + mlp] * 4,
+                 [{"block": b} for b in (-1, -1, 0, 1, 2, 3)])
+    no_places = spec_of(whole["layer_elements"])
+    # Always two units' weights, two blocks' own and the head's weights
+    # and gradients; then a unit's gradients and the block's own, its
+    # tensors and its largest's gradient (plan/working_set.h).
+    block_params, head_params = 1_000_000, 1_000_000
+    unit_working = (2 * (2 * 100_000 + 600_000 + 300_000) + 4 * head_params
+                    + 2 * (100_000 + 600_000) + 18 * MIB)
+    block_working = 4 * block_params + 4 * head_params + (
+        2 * block_params + 18 * MIB)
+    between = (unit_working + block_working) // 2
+    with Client(lohand.socket) as client:
+        wait_for_profile(client)
+        for name, spec in (("whole", whole), ("no-places", no_places)):
+            trainer = Trainer(client, f"unit-{name}", spec=spec)
+            with pytest.raises(LohanError) as error:
+                client.plan_job(trainer.job.id, request(deviceBytes=between))
+            assert error.value.code == StatusCode.FAILED_PRECONDITION, name
+            assert "two blocks' weights" in error.value.message, name
+            plan = client.plan_job(trainer.job.id, request())
+            assert plan["paramUnit"] == "block", name
+            assert int(plan["deviceWorkingBytes"]) == block_working, name
+        trainer = Trainer(client, "unit-sublayer", spec=sublayers)
+        trainer.step()
+        plan = client.plan_job(trainer.job.id, request(deviceBytes=between))
+        check_plan(plan)
+        assert plan["paramUnit"] == "sublayer"
+        assert int(plan["deviceWorkingBytes"]) == unit_working
+        assert int(plan["blockWeightsWorkingBytes"]) == block_working
+        assert trainer.session()["plan"]["param_unit"] == "sublayer"
         trainer.step()
         assert int(trainer.session()["planned_iterations"]) == 1
 

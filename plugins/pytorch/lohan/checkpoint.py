@@ -24,6 +24,7 @@ from torch import nn
 
 from lohan import _native
 from lohan.client import LohanError, StatusCode, take_text
+from lohan.progress import Progress
 
 WEIGHTS_FILE = "model.safetensors"
 META_FILE = "lohan.json"
@@ -291,11 +292,16 @@ def load_state(model: nn.Module, directory: PathLike,
     used = set()
     missing: List[str] = []
     aliases = parameter_aliases(model)
+    params = list(model.named_parameters())
+    progress = Progress(f"loading {directory}", len(params),
+                        sum(param.numel() for _, param in params),
+                        unit="tensors")
     with torch.no_grad():
-        for name, param in model.named_parameters():
+        for name, param in params:
             found = next((n for n in aliases[id(param)] if n in stored), None)
             if found is None:
                 missing.append(name)
+                progress.advance(param.numel())
                 continue
             value = reader.find([found])
             if value.shape != param.shape:
@@ -304,6 +310,8 @@ def load_state(model: nn.Module, directory: PathLike,
                                  f"{tuple(param.shape)}")
             param.copy_(value)
             used.update(n for n in aliases[id(param)] if n in stored)
+            progress.advance(param.numel())
+    progress.done()
     extra = sorted(stored - used)
     if strict and (missing or extra):
         raise ValueError(f"{source} does not match the model: missing "

@@ -114,8 +114,10 @@ def test_durable_by_time_loses_at_most_what_the_time_says(tmp_path):
         session = engine.status()["session"]
         assert int(session.get("commit_interval", 0)) == 0
         assert session["durable_every_seconds"] == 3600
+        # (The last step's commit may still be settling: the durable
+        # iteration is the start's either way.)
+        assert engine.iteration == 3
         assert int(session.get("durable_iteration", 0)) == 0
-        assert int(session["committed_iteration"]) == 3
         assert 0 < session["seconds_since_durable"] < 3600
         daemon.stop(signal.SIGKILL)
         engine.close()

@@ -471,6 +471,9 @@ TEST(ValidateConfig, RefusesBadValues) {
           "is smaller than one stripe unit");
   refused([](DaemonConfig& c) { c.optimizer_isa = "avx1024"; },
           "'optimizer.isa' is 'avx1024'");
+  refused([](DaemonConfig& c) { c.state_tier_updates = "sometimes"; },
+          "'pool.state_tier_updates' is 'sometimes'; use one of: in_place, "
+          "copy");
   refused([](DaemonConfig& c) { c.optimizer_tuning = "fast"; },
           "'optimizer.tuning': optimizer tuning: bad field \"fast\"");
   refused([](DaemonConfig& c) { c.optimizer_tuning = "chunks=0"; },

@@ -52,6 +52,15 @@ TEST(ValidateOptions, NamesTheWrongOption) {
   interval.commit_interval = 1000001;
   EXPECT_THAT(Refusal(interval),
               HasSubstr("commit_interval=1000001 must be at most 1000000"));
+  for (double bad : {-1.0, 1e9, std::nan("")}) {
+    Options every = options;
+    every.durable_every_seconds = bad;
+    EXPECT_THAT(Refusal(every), HasSubstr("durable_every_seconds="));
+  }
+  Options both = options;
+  both.durable_every_seconds = 60;
+  both.commit_interval = 4;
+  EXPECT_THAT(Refusal(both), HasSubstr("by steps or by time, give one"));
 }
 
 TEST(ValidateOptions, RefusesBadParamGroupsAndExemptions) {

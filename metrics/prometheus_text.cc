@@ -186,6 +186,10 @@ std::string RenderPrometheusText(const v1::GetStatusResponse& status) {
                          "Jobs left out of the per-job series (lohand reports "
                          "at most 256 jobs, the caller's own first).",
                          status.jobs_not_listed()));
+  families.push_back(One("lohan_optimizer_seconds_total", "counter",
+                         "Seconds the CPU optimizer spent on jobs' updates "
+                         "since lohand started, over every job.",
+                         status.optimizer().busy_seconds()));
 
   // Every per-job sample carries the same four labels.
   std::map<std::string, Labels> job_labels;
@@ -194,15 +198,41 @@ std::string RenderPrometheusText(const v1::GetStatusResponse& status) {
                   "SSD bytes the job's tensors hold now (optimizer states, "
                   "16-bit copies, scratch, swapped activations).",
                   {}};
+  Family shrink_asks{"lohan_job_arena_shrink_asks_total",
+                     "counter",
+                     "Times lohand asked the job to move to a smaller arena "
+                     "for another user's share of the host pool, since "
+                     "lohand started.",
+                     {}};
+  Family grow_asks{"lohan_job_arena_grow_asks_total",
+                   "counter",
+                   "Times lohand asked the job to move to a larger arena, "
+                   "the pool having room again, since lohand started.",
+                   {}};
+  Family planes_closed{"lohan_job_planes_closed_total",
+                       "counter",
+                       "The job's data planes lohand closed to take host "
+                       "pool or SSD space back for another user's share, "
+                       "since lohand started.",
+                       {}};
   for (const v1::Job& job : status.jobs()) {
     Labels labels = {{"job_id", job.id()},
                      {"job_name", job.spec().name()},
                      {"owner_uid", absl::StrCat(job.owner_uid())},
                      {"owner", job.owner_name()}};
     ssd_held.samples.push_back({labels, static_cast<double>(job.ssd_bytes())});
+    shrink_asks.samples.push_back(
+        {labels, static_cast<double>(job.arena_shrink_asks())});
+    grow_asks.samples.push_back(
+        {labels, static_cast<double>(job.arena_grow_asks())});
+    planes_closed.samples.push_back(
+        {labels, static_cast<double>(job.planes_closed())});
     job_labels[job.id()] = std::move(labels);
   }
   families.push_back(std::move(ssd_held));
+  families.push_back(std::move(shrink_asks));
+  families.push_back(std::move(grow_asks));
+  families.push_back(std::move(planes_closed));
 
   SessionFamily per_session[] = {
       {{"lohan_job_steps_total",

@@ -23,13 +23,18 @@ namespace lohan {
 //                lohan_ssd_capacity_bytes{path}, lohan_ssd_used_bytes{path},
 //                lohan_state_tier_capacity_bytes, lohan_jobs,
 //                lohan_jobs_attached, lohan_data_planes,
-//                lohan_jobs_not_listed
+//                lohan_jobs_not_listed, lohan_optimizer_seconds_total
 //   per job      (labels job_id, job_name, owner_uid, owner)
-//                lohan_job_ssd_held_bytes (every job listed), and for a job
-//                with an open data plane: lohan_job_steps_total,
+//                every job listed: lohan_job_ssd_held_bytes,
+//                lohan_job_arena_shrink_asks_total,
+//                lohan_job_arena_grow_asks_total,
+//                lohan_job_planes_closed_total; and for a job with an open
+//                data plane: lohan_job_steps_total,
 //                lohan_job_last_step_seconds, lohan_job_mean_step_seconds,
 //                lohan_job_ssd_read_bytes_total,
-//                lohan_job_ssd_written_bytes_total, lohan_job_arena_bytes,
+//                lohan_job_ssd_written_bytes_total,
+//                lohan_job_host_update_bytes_total,
+//                lohan_job_host_copied_bytes_total, lohan_job_arena_bytes,
 //                lohan_job_wanted_arena_bytes, lohan_job_state_tier_bytes,
 //                lohan_job_optimizer_seconds_total
 // A family with no sample (no job has a data plane) still has its HELP and

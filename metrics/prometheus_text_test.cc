@@ -167,8 +167,13 @@ v1::GetStatusResponse TwoJobs() {
   status.set_attached_jobs(2);
   status.set_data_planes(3);
   status.set_jobs_not_listed(1);
+  status.mutable_optimizer()->set_busy_seconds(7.25);
   *status.add_jobs() = MakeJob("j-000001", "gpt-small", 1001, "alice", 4096);
   *status.add_jobs() = MakeJob("j-000002", "llama", 0, "root", 8192);
+  // Alice's job gave way twice (its plane closed once), grew back once.
+  status.mutable_jobs(0)->set_arena_shrink_asks(2);
+  status.mutable_jobs(0)->set_arena_grow_asks(1);
+  status.mutable_jobs(0)->set_planes_closed(1);
   v1::SessionStatus* session = status.add_sessions();
   session->set_job_id("j-000002");
   session->set_iteration(42);
@@ -197,7 +202,11 @@ const std::vector<std::string> kFamilies = {
     "lohan_jobs_attached",
     "lohan_data_planes",
     "lohan_jobs_not_listed",
+    "lohan_optimizer_seconds_total",
     "lohan_job_ssd_held_bytes",
+    "lohan_job_arena_shrink_asks_total",
+    "lohan_job_arena_grow_asks_total",
+    "lohan_job_planes_closed_total",
     "lohan_job_steps_total",
     "lohan_job_last_step_seconds",
     "lohan_job_mean_step_seconds",
@@ -248,6 +257,7 @@ TEST(PrometheusTextTest, NumbersAreTheStatusGiven) {
   EXPECT_EQ(Value(parsed, "lohan_jobs_attached"), 2.0);
   EXPECT_EQ(Value(parsed, "lohan_data_planes"), 3.0);
   EXPECT_EQ(Value(parsed, "lohan_jobs_not_listed"), 1.0);
+  EXPECT_EQ(Value(parsed, "lohan_optimizer_seconds_total"), 7.25);
   std::map<std::string, double> used, capacity;
   for (const ParsedSample& sample : parsed.samples) {
     if (sample.name == "lohan_ssd_used_bytes") {
@@ -265,6 +275,17 @@ TEST(PrometheusTextTest, NumbersAreTheStatusGiven) {
 
   EXPECT_EQ(Value(parsed, "lohan_job_ssd_held_bytes", "j-000001"), 4096.0);
   EXPECT_EQ(Value(parsed, "lohan_job_ssd_held_bytes", "j-000002"), 8192.0);
+  // The share counts are the job's, whether or not it has a plane open:
+  // every job listed has them, zeros included.
+  EXPECT_EQ(Value(parsed, "lohan_job_arena_shrink_asks_total", "j-000001"),
+            2.0);
+  EXPECT_EQ(Value(parsed, "lohan_job_arena_grow_asks_total", "j-000001"), 1.0);
+  EXPECT_EQ(Value(parsed, "lohan_job_planes_closed_total", "j-000001"), 1.0);
+  for (const char* name :
+       {"lohan_job_arena_shrink_asks_total", "lohan_job_arena_grow_asks_total",
+        "lohan_job_planes_closed_total"}) {
+    EXPECT_EQ(Value(parsed, name, "j-000002"), 0.0) << name;
+  }
   const v1::SessionStatus& s = status.sessions(0);
   const std::map<std::string, double> expected = {
       {"lohan_job_steps_total", static_cast<double>(s.iteration())},
@@ -330,7 +351,7 @@ TEST(PrometheusTextTest, AHostileNameCannotBreakTheFile) {
       ++seen;
     }
   }
-  EXPECT_EQ(seen, 12);  // ssd held and the eleven session families
+  EXPECT_EQ(seen, 15);  // the four job families and the eleven session's
   EXPECT_THAT(text, HasSubstr("job_name=\"evil\\\"} 1\\nlohan_jobs 999\\n# "
                               "TYPE lohan_jobs counter\\\\\\\"x\\\\\xEF\xBF"
                               "\xBD\""));

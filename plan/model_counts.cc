@@ -98,8 +98,10 @@ const char* ParamUnitName(ParamUnit unit) {
 }
 
 uint64_t DefaultLossChunkTokens(uint64_t vocab) {
-  return std::max<uint64_t>(
-      1, kDefaultLossChunkLogitBytes / (4 * std::max<uint64_t>(1, vocab)));
+  const uint64_t tokens =
+      kDefaultLossChunkLogitBytes / (4 * std::max<uint64_t>(1, vocab));
+  return std::max(kLossChunkRowMultiple,
+                  tokens / kLossChunkRowMultiple * kLossChunkRowMultiple);
 }
 
 uint64_t ChunkedLossBytes(uint64_t chunk, uint64_t tokens, uint64_t vocab,

@@ -138,12 +138,18 @@ struct LossChunks {
 
 // One chunk's fp32 logits are at most this many bytes by default.
 constexpr uint64_t kDefaultLossChunkLogitBytes = uint64_t{256} << 20;
+// The default chunk is a multiple of this many tokens, so that each row
+// of the plugin's head products rounds as in the model's own product
+// (chunked_loss.ROW_MULTIPLE).
+constexpr uint64_t kLossChunkRowMultiple = 8;
 // The chunked loss adds the head's weight gradient to its accumulator in
 // 16-bit products of at most this many bytes.
 constexpr uint64_t kLossWeightGradSliceBytes = uint64_t{64} << 20;
 
-// The plugin's default chunk: kDefaultLossChunkLogitBytes of fp32 logits,
-// at least one token (1,335 for GPT-2's vocabulary, 523 for Llama 3's).
+// The plugin's default chunk: the most tokens whose fp32 logits are at
+// most kDefaultLossChunkLogitBytes, rounded down to a multiple of
+// kLossChunkRowMultiple, at least kLossChunkRowMultiple (1,328 for GPT-2's
+// vocabulary, 520 for Llama 3's).
 uint64_t DefaultLossChunkTokens(uint64_t vocab);
 
 // What the chunked loss holds at its peak besides the head's weights,

@@ -112,8 +112,9 @@ TEST(ModelCounts, AGptBlockSavesWhatTheLiteratureCounts) {
   EXPECT_EQ(counts.block_tensors.front().name, "input");
   EXPECT_TRUE(counts.block_tensors.front().inter_block);
   EXPECT_EQ(counts.block_tensors.front().bytes, 2 * s * b * h);
-  // The loss in chunks by default: 256 MiB of fp32 logits a chunk.
-  EXPECT_EQ(counts.loss_chunk_tokens, 1335u);
+  // The loss in chunks by default: at most 256 MiB of fp32 logits a
+  // chunk, a multiple of 8 tokens.
+  EXPECT_EQ(counts.loss_chunk_tokens, 1328u);
   EXPECT_EQ(counts.hidden_bytes, 2 * b * s * h);
 }
 
@@ -155,16 +156,21 @@ TEST(ModelCounts, TheLossHoldsTheFullLogitsOrOneChunk) {
   // tokens, fewer than the default chunk), and Llama-3-405B's head
   // (128,256 x 16,384) at 2 x 1,024 tokens; at batch 64 chunks.
   EXPECT_EQ(CountModel(shape, 1, 1024).loss_chunk_tokens, 1024u);
-  EXPECT_EQ(CountModel(shape, 64, 1024).loss_chunk_tokens, 1335u);
+  EXPECT_EQ(CountModel(shape, 64, 1024).loss_chunk_tokens, 1328u);
   const uint64_t v3 = 128256, h3 = 16384;
   EXPECT_EQ(LossChunkTokensFor(2048, v3, v3 * h3), 2048u);
   EXPECT_EQ(ChunkedLossBytes(2048, 2048, v3, v3 * h3), 2048 * v3 * 10);
   EXPECT_LT(ChunkedLossBytes(2048, 2048, v3, v3 * h3),
-            ChunkedLossBytes(523, 2048, v3, v3 * h3));
-  EXPECT_EQ(LossChunkTokensFor(65536, v3, v3 * h3), 523u);
-  EXPECT_EQ(DefaultLossChunkTokens(50257), 1335u);
-  EXPECT_EQ(DefaultLossChunkTokens(128256), 523u);
-  EXPECT_EQ(DefaultLossChunkTokens(uint64_t{1} << 40), 1u);
+            ChunkedLossBytes(520, 2048, v3, v3 * h3));
+  EXPECT_EQ(LossChunkTokensFor(65536, v3, v3 * h3), 520u);
+  // The default chunk: 256 MiB of fp32 logits rounded down to a multiple
+  // of 8 tokens (1,335 and 523 before rounding), at least 8.
+  EXPECT_EQ(DefaultLossChunkTokens(50257), 1328u);
+  EXPECT_EQ(DefaultLossChunkTokens(128256), 520u);
+  EXPECT_EQ(DefaultLossChunkTokens(8192), 8192u);
+  EXPECT_LE(DefaultLossChunkTokens(50257) * 50257 * 4,
+            kDefaultLossChunkLogitBytes);
+  EXPECT_EQ(DefaultLossChunkTokens(uint64_t{1} << 40), 8u);
 }
 
 // Forward FLOPs: 24 b s h^2 (the block's matrices) + 4 b s^2 h

@@ -3,136 +3,19 @@
 // another user's plane needs that share, moves to a smaller arena at its
 // next iteration's end and trains on (never closed, weights exact); it
 // grows back when the pool has room again; a job that does not move is
-// closed after the wait, as before shares bent.
+// closed after the wait, as before shares bent. Clients that answer the
+// asks wrongly: elastic_shares_hostile_test.cc.
 #include <atomic>
 #include <csignal>
 #include <thread>
 
-#include "tests/multi_user_fixture.h"
+#include "tests/elastic_shares_fixture.h"
 
 namespace lohan::testing {
 namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
-
-// fp32, 512 KiB each: resident, the arena is 40 MiB and more, beyond half
-// the harness's 64 MiB pool; streamed through 8 shared buffers, 9 MiB.
-const std::vector<uint64_t> kWideLayers(40, 128 << 10);
-
-class ElasticSharesTest : public MultiUserTest {
- protected:
-  // A training process.
-  struct Trainer {
-    std::string name;
-    std::vector<uint64_t> layers;
-    std::string stop;     // it stops at the first iteration's end it exists
-    std::string weights;  // its dump
-    std::unique_ptr<BackgroundProcess> process;
-  };
-
-  // Starts a training process of `who` ("root" or "nobody") of job `name`
-  // (a model of `layers`, created for it, ARENA_FIT_MOST) that trains
-  // until stopped (following lohand's asks unless `ignore_share`); returns
-  // once it has trained two steps.
-  Trainer& StartTrainer(const std::string& who, bool ignore_share = false,
-                        const std::string& name = "trainer",
-                        const std::vector<uint64_t>& layers = kWideLayers) {
-    const std::string out = dir_.path() + "/out";
-    if (access(out.c_str(), F_OK) != 0) {
-      EXPECT_EQ(mkdir(out.c_str(), 0777), 0);
-      EXPECT_EQ(chmod(out.c_str(), 0777), 0);  // past the umask
-    }
-    Trainer& trainer = trainers_[name];
-    trainer.name = name;
-    trainer.layers = layers;
-    trainer.stop = out + "/stop-" + name;
-    trainer.weights = out + "/weights-" + name;
-    std::vector<std::string> argv = {
-        who == "root" ? Runfile("tests/train_client")
-                      : CopyForOtherUsers("tests/train_client", bin_),
-        "--socket",
-        daemon_->socket(),
-        "--job",
-        name,
-        "--layers",
-        absl::StrJoin(layers, ","),
-        "--fit-arena",
-        "--grad-slots",
-        "8",
-        "--weight-slots",
-        "8",
-        "--iterations",
-        "1000000",
-        "--until-file",
-        trainer.stop,
-        "--out",
-        trainer.weights};
-    if (ignore_share) argv.push_back("--ignore-share");
-    auto started =
-        BackgroundProcess::Start(who == "root" ? argv : AsNobody(argv));
-    EXPECT_TRUE(started.ok()) << started.status() << daemon_->Log();
-    if (started.ok()) trainer.process = *std::move(started);
-    EXPECT_TRUE(AwaitPlane(
-        [](const v1::SessionStatus& s) { return s.iteration() >= 2; }, name))
-        << daemon_->Log();
-    return trainer;
-  }
-
-  // Job `name`'s open plane (an empty status when it has none).
-  v1::SessionStatus PlaneOf(const std::string& name = "trainer") {
-    auto status = root_->GetStatus();
-    EXPECT_TRUE(status.ok()) << status.status();
-    auto jobs = root_->ListJobs();
-    EXPECT_TRUE(jobs.ok()) << jobs.status();
-    if (!status.ok() || !jobs.ok()) return {};
-    std::string id;
-    for (const v1::Job& job : *jobs) {
-      if (job.spec().name() == name) id = job.id();
-    }
-    for (const v1::SessionStatus& open : status->sessions()) {
-      if (open.job_id() == id) return open;
-    }
-    return {};
-  }
-
-  // Whether a plane holds less than its job's arena, its model registered.
-  static bool Moved(const v1::SessionStatus& s) {
-    return s.layers() != 0 && s.arena_bytes() < s.wanted_arena_bytes();
-  }
-  // Whether it holds its job's whole arena, its model registered.
-  static bool Whole(const v1::SessionStatus& s) {
-    return s.layers() != 0 && s.arena_bytes() == s.wanted_arena_bytes();
-  }
-
-  // Polls job `name`'s plane until `holds` (a failsafe of a minute, not a
-  // measure).
-  template <typename Predicate>
-  bool AwaitPlane(Predicate holds, const std::string& name = "trainer") {
-    for (int i = 0; i < 6000; ++i) {
-      if (holds(PlaneOf(name))) return true;
-      usleep(10 * 1000);
-    }
-    return false;
-  }
-
-  // Stops trainer `name` at its next iteration's end: it must exit cleanly
-  // with the weights of an uninterrupted run of as many iterations.
-  void StopAndCheckTrainer(const std::string& name = "trainer") {
-    Trainer& trainer = trainers_.at(name);
-    std::ofstream(trainer.stop) << "stop\n";
-    EXPECT_EQ(trainer.process->Stop(0), 0) << daemon_->Log();
-    std::ifstream done(trainer.stop + ".iterations");
-    int iterations = 0;
-    ASSERT_TRUE(done >> iterations) << "no " << trainer.stop << ".iterations";
-    ASSERT_GT(iterations, 2);
-    const absl::Status exact = CheckDumpedWeights(
-        trainer.weights, {.layers = trainer.layers, .iterations = iterations});
-    EXPECT_TRUE(exact.ok()) << exact;
-  }
-
-  std::map<std::string, Trainer> trainers_;
-};
 
 // Root's job holds 40 of the 64 MiB pool. Nobody opens an idle 28 MiB
 // plane: within its share (32) but not free (24). Root's job is asked to
@@ -162,17 +45,52 @@ TEST_F(ElasticSharesTest, ARunningJobShrinksForAnotherUsersPlaneAndGrowsBack) {
   EXPECT_EQ(shrunk.grad_slots(), 8u);
   EXPECT_THAT(shrunk.arena_note(), HasSubstr("uid 65534's job"));
   EXPECT_THAT(shrunk.arena_note(), HasSubstr("asked to shrink"));
+  // Counted with the job, across its planes (it is on its second).
+  v1::Job job = JobNamed("trainer");
+  EXPECT_EQ(job.arena_shrink_asks(), 1u);
+  EXPECT_EQ(job.arena_grow_asks(), 0u);
+  EXPECT_EQ(job.planes_closed(), 0u);
+  auto listed = root_->ListJobs();
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  for (const v1::Job& each : *listed) {
+    // ListJobs says the same; nobody's job was asked nothing.
+    const bool trainer = each.spec().name() == "trainer";
+    EXPECT_EQ(each.arena_shrink_asks(), trainer ? 1u : 0u) << each.id();
+    EXPECT_EQ(each.planes_closed(), 0u) << each.id();
+  }
 
   // Nobody leaves: root's job grows back whole, resident again.
   (*idle)->Stop(SIGKILL);
   ASSERT_TRUE(AwaitPlane(Whole)) << daemon_->Log();
   EXPECT_EQ(PlaneOf().grad_slots(), 40u);
+  job = JobNamed("trainer");
+  EXPECT_EQ(job.arena_shrink_asks(), 1u);
+  EXPECT_EQ(job.arena_grow_asks(), 1u);
+  EXPECT_EQ(job.planes_closed(), 0u);
+  // lohand's optimizer time counts every plane the job had, and never goes
+  // back when one closes.
+  auto before = root_->GetStatus();
+  ASSERT_TRUE(before.ok()) << before.status();
+  const double busy = before->optimizer().busy_seconds();
+  EXPECT_GE(busy, PlaneOf().optimizer_seconds());
+  EXPECT_GT(busy, 0.0);
 
   StopAndCheckTrainer();
   EXPECT_EQ(LogLinesWith("asked to shrink"), 1u) << daemon_->Log();
   EXPECT_EQ(LogLinesWith("asked to grow"), 1u) << daemon_->Log();
   EXPECT_THAT(daemon_->Log(), Not(HasSubstr("was closed for uid")));
   EXPECT_EQ(access(told.c_str(), F_OK), -1) << "nobody's plane was closed";
+  // With no plane open, the job keeps its counts.
+  job = JobNamed("trainer");
+  EXPECT_EQ(job.arena_shrink_asks(), 1u);
+  EXPECT_EQ(job.arena_grow_asks(), 1u);
+  EXPECT_EQ(job.planes_closed(), 0u);
+  ASSERT_TRUE(AwaitPlane([](const v1::SessionStatus& s) {
+    return s.job_id().empty();  // closed
+  }));
+  auto after = root_->GetStatus();
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_GE(after->optimizer().busy_seconds(), busy);
 }
 
 // The same with the users' places exchanged: nobody's job shrinks for
@@ -201,6 +119,10 @@ TEST_F(ElasticSharesTest, NobodysRunningJobShrinksForRootsPlane) {
   ASSERT_TRUE(AwaitPlane(Whole)) << daemon_->Log();
   StopAndCheckTrainer();
   EXPECT_THAT(daemon_->Log(), Not(HasSubstr("was closed for uid")));
+  const v1::Job job = JobNamed("trainer");
+  EXPECT_GE(job.arena_shrink_asks(), 1u);
+  EXPECT_GE(job.arena_grow_asks(), 1u);
+  EXPECT_EQ(job.planes_closed(), 0u);
 }
 
 // Only use earns a share: root's job holds 50 of the 64 MiB pool alone.
@@ -213,9 +135,9 @@ TEST_F(ElasticSharesTest, ATrainingNewcomerTakesBackWhatItUses) {
               {"--ssd-capacity", "512MiB"});
   const std::vector<uint64_t> wide(48, 128 << 10);
   const std::vector<uint64_t> narrow(20, 128 << 10);
-  StartTrainer("root", false, "wide", wide);
+  StartTrainer("root", {}, "wide", wide);
   ASSERT_TRUE(Whole(PlaneOf("wide")));
-  StartTrainer("nobody", false, "narrow", narrow);
+  StartTrainer("nobody", {}, "narrow", narrow);
   // It opened at what was free; nobody was asked anything before it
   // trained, then it took back what it uses.
   ASSERT_TRUE(AwaitPlane(Moved, "wide")) << daemon_->Log();
@@ -233,6 +155,13 @@ TEST_F(ElasticSharesTest, ATrainingNewcomerTakesBackWhatItUses) {
   StopAndCheckTrainer("narrow");
   StopAndCheckTrainer("wide");
   EXPECT_THAT(daemon_->Log(), Not(HasSubstr("was closed for uid")));
+  // Root's job was asked to shrink, nobody's (which opened smaller) to
+  // grow; neither was closed.
+  EXPECT_GE(JobNamed("wide").arena_shrink_asks(), 1u);
+  EXPECT_EQ(JobNamed("wide").planes_closed(), 0u);
+  EXPECT_EQ(JobNamed("narrow").arena_shrink_asks(), 0u);
+  EXPECT_GE(JobNamed("narrow").arena_grow_asks(), 1u);
+  EXPECT_EQ(JobNamed("narrow").planes_closed(), 0u);
 }
 
 // A job whose client does not follow the ask (an old client, or one that
@@ -241,7 +170,7 @@ TEST_F(ElasticSharesTest, ATrainingNewcomerTakesBackWhatItUses) {
 // newcomer opens.
 TEST_F(ElasticSharesTest, AJobThatDoesNotShrinkIsClosedAfterTheWait) {
   StartDaemon("", {"--ssd-capacity", "512MiB"});
-  StartTrainer("root", /*ignore_share=*/true);
+  StartTrainer("root", {"--ignore-share"});
   auto idle = BackgroundProcess::Start(
       Nobody({"register-await", daemon_->socket(), "idle",
               dir_.path() + "/out/idle", std::to_string(28 << 20)}));
@@ -253,6 +182,12 @@ TEST_F(ElasticSharesTest, AJobThatDoesNotShrinkIsClosedAfterTheWait) {
       << daemon_->Log();
   // The trainer was told why and exits with the error.
   EXPECT_NE(trainers_.at("trainer").process->Stop(0), 0);
+  // Asked once, then closed once, after the wait.
+  const v1::Job job = JobNamed("trainer");
+  EXPECT_EQ(job.arena_shrink_asks(), 1u) << daemon_->Log();
+  EXPECT_EQ(job.arena_grow_asks(), 0u);
+  EXPECT_EQ(job.planes_closed(), 1u) << daemon_->Log();
+  EXPECT_EQ(JobNamed("idle").planes_closed(), 0u);
 }
 
 // The SSD side: root's job, alone, swaps 42 MiB of activations per
@@ -358,6 +293,7 @@ TEST_F(ElasticSharesTest,
   EXPECT_EQ(LogLinesWith("swaps no more beyond uid 0's share"), 1u)
       << daemon_->Log();
   EXPECT_THAT(daemon_->Log(), Not(HasSubstr("was closed for uid")));
+  EXPECT_EQ(JobNamed("swapper").planes_closed(), 0u);
   (*newcomer)->Stop(SIGKILL);
 }
 

@@ -8,7 +8,10 @@
 //                [--dtype fp32|bf16] [--max-norm X] [--grad-scale X]
 //                [--seed N] [--chunk N] [--die-in-iteration K]
 //                [--grad-slots K] [--weight-slots K] [--host-pool BYTES]
-//                [--fit-arena] [--ignore-share] --out FILE
+//                [--fit-arena [--register-resident]] [--ignore-share]
+//                [--ignore-grow]
+//                [--answer-shrink resident|acknowledge --answer-file F]
+//                --out FILE
 //
 // Per iteration: ITER_BEGIN, FETCH_PARAMS for every layer (forward), then
 // GRAD_READY from the last layer to the first (backward), then ITER_END.
@@ -23,6 +26,21 @@
 // (lohan_job_follow_share), printing "moved to a N byte arena (G grad
 // buffers)" per move and taking every buffer pointer again;
 // --ignore-share never follows (a client that does not shrink);
+// --ignore-grow follows asks to shrink, never those to grow;
+// --answer-shrink MODE answers lohand's first ask to shrink wrongly (the
+// bad input of tests/elastic_shares_hostile_test.cc), writing what it got
+// to --answer-file F (whole: written aside and renamed), and follows later
+// asks:
+//   resident: begins the move (waits for the commit, closes its plane and
+//     opens it again), then registers the model laid out as given with a
+//     buffer per layer, more than the arena lohand grants: once refused it
+//     registers the model as before on the same plane and trains on; F
+//     says "resident: CODE: text" and "resumed at iteration I of committed
+//     C in N bytes (G grad buffers)";
+//   acknowledge: waits for the commit (as a move begins) and moves no
+//     further: asks ITER_COMMITTED every 20 ms until a request fails; F
+//     says "acknowledged at iteration C" and "closed: CODE: text", and it
+//     exits 1;
 // --moves-file F appends a line per move to F: the arena bytes before and
 // after, the seconds it took and, with --lohand-pid, lohand's storage
 // bytes read and written meanwhile (/proc/<pid>/io; the job is between
@@ -33,7 +51,9 @@
 // --host-pool: the job's arena when this run creates it. --fit-arena: this
 // run creates the job for its model instead (JobSpec.model, the daemon
 // sizing the arena) and registers it with ARENA_FIT_MOST: laid out in the
-// arena its plane got.
+// arena its plane got; with --register-resident it registers the model
+// laid out as given with a buffer per layer instead (ARENA_FIT_AS_GIVEN,
+// no grad_slots or weight_slots), which no smaller arena holds.
 // The dump holds, per layer, the fp32 master weights and the weights
 // FETCH_PARAMS gives after training (the 16-bit copy, or fp32 weights).
 // --hold: after training, keep the data plane open until killed.
@@ -63,6 +83,7 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "daemon/optim/half.h"
 #include "google/protobuf/util/json_util.h"
@@ -112,8 +133,16 @@ struct Args {
   // ARENA_FIT_MOST: the daemon sizes the arena and lays the model out in
   // the one the plane gets.
   bool fit_arena = false;
+  // With fit_arena: register the model laid out as given, a buffer per
+  // layer, all the same.
+  bool register_resident = false;
   // Never follow lohand's asks to move to another arena.
   bool ignore_share = false;
+  // Follow asks to shrink only.
+  bool ignore_grow = false;
+  // How the first ask to shrink is answered wrongly (empty: it is not).
+  std::string answer_shrink;
+  std::string answer_file;
   std::string moves_file;
   int lohand_pid = 0;
   bool pause_after_forward = false;
@@ -127,6 +156,8 @@ struct Session {
   lohan_data_plane* plane = nullptr;
   lohan_model* model = nullptr;
   std::string job_id;
+  // --answer-shrink answered lohand's first ask to shrink.
+  bool answered = false;
 
   ~Session() {
     lohan_model_destroy(model);
@@ -168,6 +199,15 @@ v1::ModelSpec SpecOf(const Args& args, const std::vector<uint64_t>& layers) {
   if (args.fit_arena) model.set_arena_fit(v1::ARENA_FIT_MOST);
   model.set_activation_bytes(args.swap_bytes);
   return model;
+}
+
+// `spec` laid out as given with a buffer per layer (ARENA_FIT_AS_GIVEN, no
+// shared buffers): the largest arena the model takes.
+v1::ModelSpec ResidentAsGiven(v1::ModelSpec spec) {
+  spec.set_arena_fit(v1::ARENA_FIT_AS_GIVEN);
+  spec.set_grad_slots(0);
+  spec.set_weight_slots(0);
+  return spec;
 }
 
 std::string Json(const google::protobuf::Message& message) {
@@ -220,9 +260,11 @@ int Open(const Args& args, const v1::ModelSpec& model, Session& session) {
   status = lohan_data_plane_open(session.client, session.job_id.c_str(),
                                  &session.plane);
   if (status != LOHAN_OK) return Fail("data-plane", status);
+  const v1::ModelSpec registered =
+      args.register_resident ? ResidentAsGiven(model) : model;
   status = lohan_model_register_json(session.client, session.plane,
                                      session.job_id.c_str(),
-                                     Json(model).c_str(), &session.model);
+                                     Json(registered).c_str(), &session.model);
   if (status != LOHAN_OK) return Fail("register", status);
   return 0;
 }
@@ -264,10 +306,118 @@ StorageBytes StorageBytesOf(int pid) {
   return bytes;
 }
 
+// The library's last failure, as "CODE: text".
+std::string LastFailure(int status) {
+  return absl::StrCat(lohan_status_name(status), ": ", lohan_last_error());
+}
+
+// `text` into `path`, whole or not at all (the test reads it once there).
+int WriteWhole(const std::string& path, const std::string& text) {
+  const std::string partial = path + ".part";
+  std::ofstream(partial) << text;
+  if (std::rename(partial.c_str(), path.c_str()) != 0) {
+    return FailWith("answer-file", "INTERNAL: cannot write " + path);
+  }
+  return 0;
+}
+
+// --answer-shrink resident (see the file's comment): the model registered
+// again as `spec`, at the job's committed iteration, once lohand refused
+// it a buffer per layer.
+int AnswerResident(const Args& args, const v1::ModelSpec& spec,
+                   Session& session) {
+  uint64_t committed = 0;
+  if (int status = lohan_model_await_committed(session.model, &committed);
+      status != LOHAN_OK) {
+    return Fail("await-committed", status);
+  }
+  lohan_model_destroy(session.model);
+  session.model = nullptr;
+  lohan_data_plane_destroy(session.plane);
+  session.plane = nullptr;
+  if (int status = lohan_job_reopen_data_plane(
+          session.client, session.job_id.c_str(), &session.plane);
+      status != LOHAN_OK) {
+    return Fail("reopen", status);
+  }
+  lohan_model* accepted = nullptr;
+  const int wrong = lohan_model_register_json(
+      session.client, session.plane, session.job_id.c_str(),
+      Json(ResidentAsGiven(spec)).c_str(), &accepted);
+  if (wrong == LOHAN_OK) {
+    session.model = accepted;
+    return FailWith(
+        "answer-shrink",
+        absl::StrCat("a buffer per layer was accepted in ",
+                     lohan_data_plane_arena_size(session.plane), " bytes"));
+  }
+  const std::string refused = LastFailure(wrong);
+  if (int status = lohan_model_register_json(
+          session.client, session.plane, session.job_id.c_str(),
+          Json(spec).c_str(), &session.model);
+      status != LOHAN_OK) {
+    return Fail("register-again", status);
+  }
+  const uint64_t resumed = lohan_model_iteration(session.model);
+  if (int failed = WriteWhole(
+          args.answer_file,
+          absl::StrCat("resident: ", refused, "\nresumed at iteration ",
+                       resumed, " of committed ", committed, " in ",
+                       lohan_data_plane_arena_size(session.plane), " bytes (",
+                       lohan_model_grad_slots(session.model),
+                       " grad buffers)\n"));
+      failed != 0) {
+    return failed;
+  }
+  std::printf("registered again after a refused buffer per layer\n");
+  return resumed == committed
+             ? 0
+             : FailWith("register-again", "not at the committed iteration");
+}
+
+// --answer-shrink acknowledge (see the file's comment): never returns 0.
+int AnswerAcknowledge(const Args& args, Session& session) {
+  uint64_t committed = 0;
+  int status = lohan_model_await_committed(session.model, &committed);
+  if (status != LOHAN_OK) return Fail("await-committed", status);
+  while (status == LOHAN_OK) {
+    usleep(20 * 1000);
+    status = lohan_model_await_committed(session.model, nullptr);
+  }
+  const std::string closed = LastFailure(status);
+  if (int failed =
+          WriteWhole(args.answer_file,
+                     absl::StrCat("acknowledged at iteration ", committed,
+                                  "\nclosed: ", closed, "\n"));
+      failed != 0) {
+    return failed;
+  }
+  return Fail("await-committed", status);
+}
+
 // After an iteration: moves to the arena lohand asked for, if it asked
-// (and we follow). Every pointer into the arena is taken anew after it.
-int FollowShare(const Args& args, Session& session) {
+// (and we follow), or answers it as --answer-shrink says. Every pointer
+// into the arena is taken anew after it.
+int FollowShare(const Args& args, const v1::ModelSpec& spec, Session& session) {
   if (args.ignore_share) return 0;
+  uint64_t asked = 0;
+  if (int status = lohan_model_arena_asked(session.model, &asked);
+      status != LOHAN_OK) {
+    return Fail("arena-asked", status);
+  }
+  const uint64_t held = lohan_data_plane_arena_size(session.plane);
+  if (asked > held && args.ignore_grow) return 0;
+  if (asked != 0 && asked < held && !args.answer_shrink.empty() &&
+      !session.answered) {
+    session.answered = true;
+    if (args.answer_shrink == "resident") {
+      return AnswerResident(args, spec, session);
+    }
+    if (args.answer_shrink == "acknowledge") {
+      return AnswerAcknowledge(args, session);
+    }
+    return FailWith("args", "INVALID_ARGUMENT: --answer-shrink");
+  }
   int moved = 0;
   const uint64_t from = lohan_data_plane_arena_size(session.plane);
   const StorageBytes before = StorageBytesOf(args.lohand_pid);
@@ -388,9 +538,15 @@ int Run(const Args& args) {
     layers.push_back(n);
   }
   const uint64_t element = args.dtype == "bf16" ? 2 : 4;
+  if (!args.answer_shrink.empty() && args.answer_file.empty()) {
+    return FailWith("args",
+                    "INVALID_ARGUMENT: --answer-shrink without "
+                    "--answer-file");
+  }
 
   Session session;
-  if (int failed = Open(args, SpecOf(args, layers), session); failed != 0) {
+  const v1::ModelSpec spec = SpecOf(args, layers);
+  if (int failed = Open(args, spec, session); failed != 0) {
     return failed;
   }
   lohan_model* model = session.model;
@@ -463,7 +619,10 @@ int Run(const Args& args) {
                            (skipped != 0 ? kSkipped | kNonfinite : 0);
     std::printf("iteration %llu norm %.9g flags %u\n",
                 static_cast<unsigned long long>(step + 1), norm, flags);
-    if (int failed = FollowShare(args, session); failed != 0) return failed;
+    if (int failed = FollowShare(args, spec, session); failed != 0) {
+      return failed;
+    }
+    model = session.model;  // --answer-shrink may have registered it anew
     if (!args.until_file.empty() &&
         access(args.until_file.c_str(), F_OK) == 0) {
       std::ofstream(args.until_file + ".iterations") << t + 1 << "\n";
@@ -538,6 +697,9 @@ int main(int argc, char** argv) {
   app.add_flag("--fit-arena", args.fit_arena,
                "create the job for its model, registered with "
                "ARENA_FIT_MOST");
+  app.add_flag("--register-resident", args.register_resident,
+               "with --fit-arena, register the model laid out as given with "
+               "a buffer per layer");
   app.add_flag("--pause-mid", args.pause_mid,
                "pause half-way through backward instead");
   app.add_flag("--pause-after-forward", args.pause_after_forward,
@@ -554,6 +716,13 @@ int main(int argc, char** argv) {
   app.add_option("--lohand-pid", args.lohand_pid);
   app.add_flag("--ignore-share", args.ignore_share,
                "never follow lohand's asks to move to another arena");
+  app.add_flag("--ignore-grow", args.ignore_grow,
+               "follow lohand's asks to shrink, never those to grow");
+  app.add_option("--answer-shrink", args.answer_shrink,
+                 "answer lohand's first ask to shrink wrongly")
+      ->check(CLI::IsMember({"resident", "acknowledge"}));
+  app.add_option("--answer-file", args.answer_file,
+                 "what the wrong answer got, written whole");
   CLI11_PARSE(app, argc, argv);
   return lohan::testing::Run(args);
 }

@@ -566,7 +566,16 @@ TEST_F(TrainingTest, StreamedClientKilledMidIterationResumesExactly) {
 
 TEST_F(TrainingTest, DaemonKilledMidStreamedIterationLeavesNoScratch) {
   // The client stops half-way through backward: one layer's gradient is in
-  // the store as scratch (an uncommitted tensor) when the daemon dies.
+  // the store as scratch (an uncommitted tensor) when the daemon dies. No
+  // state tier: with room in one, streamed gradients wait in its memory,
+  // not in the store.
+  const std::vector<std::string> no_tier = {"--state-tier", "0"};
+  ASSERT_EQ(daemon_->Stop(SIGTERM), 0);
+  {
+    auto started = DaemonProcess::Start(dir_.path(), no_tier);
+    ASSERT_TRUE(started.ok()) << started.status();
+    daemon_ = *std::move(started);
+  }
   auto trainer = BackgroundProcess::Start(
       {Runfile("tests/train_client"), "--socket", daemon_->socket(), "--job",
        "synthetic", "--layers", "1000,5000,333", "--dtype", "bf16",
@@ -588,7 +597,7 @@ TEST_F(TrainingTest, DaemonKilledMidStreamedIterationLeavesNoScratch) {
   client->reset();
   ASSERT_EQ(daemon_->Stop(SIGKILL), 128 + SIGKILL);
   (*trainer)->Stop(SIGKILL);
-  auto restarted = DaemonProcess::Start(dir_.path());
+  auto restarted = DaemonProcess::Start(dir_.path(), no_tier);
   ASSERT_TRUE(restarted.ok()) << restarted.status();
   daemon_ = *std::move(restarted);
   // The daemon drops it at start, before the job registers again.

@@ -9,24 +9,30 @@
 // the job is between iterations then, so they are the move's).
 //
 //   bazel run //bench/session:share_bench -- [--window=20] [--layers=32]
-//       [--elements=262144] [--cycles=30]
+//       [--elements=262144] [--cycles=30] [--job-user=0]
 //
-// Needs root: the other user runs as nobody (setpriv). The job is
-// tests/train_client (fp32, --fit-arena, 8 shared buffers when streamed),
-// lohand's pool twice its resident arena less a MiB, so the job holds just
-// more than half.
+// Needs root. The job runs as --job-user (0: root, or 65534: nobody), the
+// other user as nobody, or as uid 1 (daemon, a third user) when the job
+// is nobody's (setpriv). The job is tests/train_client (fp32,
+// --fit-arena, 8 shared buffers when streamed), lohand's pool twice its
+// resident arena less a MiB, so the job holds just more than half. Between
+// "after" and the cycles the other user trains a small job of its own
+// beside it for a window.
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -148,17 +154,22 @@ class Bench {
 // The job's moves so far (train_client's --moves-file): each one's lohand
 // storage bytes per parameter and seconds, against a resident step's.
 void ReportMoves(const std::string& path, uint64_t parameters,
-                 double step_seconds) {
+                 double step_seconds, bool bytes_known) {
   std::ifstream moves(path);
   uint64_t from = 0, to = 0, read = 0, written = 0;
   double seconds = 0;
   while (moves >> from >> to >> seconds >> read >> written) {
+    std::printf("  %s %.1f -> %.1f MiB: %.2f s (%.2fx a resident step)",
+                to < from ? "shrink" : "grow", from / 1048576.0, to / 1048576.0,
+                seconds, seconds / step_seconds);
+    if (!bytes_known) {  // another user cannot read lohand's /proc/<pid>/io
+      std::printf("\n");
+      continue;
+    }
     std::printf(
-        "  %s %.1f -> %.1f MiB: %.2f s (%.2fx a resident step), lohand read "
-        "%.3g MB (%.2f B/param) and wrote %.3g MB (%.2f B/param)\n",
-        to < from ? "shrink" : "grow", from / 1048576.0, to / 1048576.0,
-        seconds, seconds / step_seconds, read / 1e6,
-        static_cast<double>(read) / parameters, written / 1e6,
+        ", lohand read %.3g MB (%.2f B/param) and wrote %.3g MB (%.2f "
+        "B/param)\n",
+        read / 1e6, static_cast<double>(read) / parameters, written / 1e6,
         static_cast<double>(written) / parameters);
   }
 }
@@ -168,18 +179,26 @@ struct Options {
   uint32_t layers = 32;
   uint64_t elements = 256 << 10;
   int cycles = 30;
+  uid_t job_user = 0;
 };
 
 int Run(const Options& options) {
   if (getuid() != 0) {
     std::fprintf(stderr,
-                 "share_bench: needs root (the other user runs as "
-                 "nobody through setpriv)\n");
+                 "share_bench: needs root (the other users run through "
+                 "setpriv)\n");
     return 2;
   }
+  if (options.job_user != 0 && options.job_user != 65534) {
+    std::fprintf(stderr, "share_bench: --job-user is 0 or 65534\n");
+    return 2;
+  }
+  const uid_t other_user = options.job_user == 0 ? 65534 : 1;
   testing::PublicTempDir dir;
   const std::string hostile =
       testing::CopyForOtherUsers("tests/hostile_client", dir.path());
+  const std::string trainer =
+      testing::CopyForOtherUsers("tests/train_client", dir.path());
   const uint64_t layer_bytes = options.elements * 4;
   // Resident: a gradient and a weight buffer per layer, the staging slot
   // and a MiB of rings: the pool is twice that less a MiB.
@@ -199,12 +218,18 @@ int Run(const Options& options) {
   if (!control.ok()) Die("connect", control.status());
   Bench bench(**daemon, **control);
 
+  // What the job and the other users write (their uids may not write in
+  // the directory itself).
+  const std::string out = dir.path() + "/out";
+  if (mkdir(out.c_str(), 0700) != 0 || chmod(out.c_str(), 01777) != 0) {
+    Die("mkdir", absl::ErrnoToStatus(errno, out));
+  }
   const std::string stop = dir.path() + "/stop";
-  const std::string moves_file = dir.path() + "/moves";
+  const std::string moves_file = out + "/moves";
   std::vector<std::string> layers(options.layers,
                                   std::to_string(options.elements));
-  auto job =
-      testing::BackgroundProcess::Start({testing::Runfile("tests/train_client"),
+  auto job = testing::BackgroundProcess::Start(
+      testing::AsUser(options.job_user, {trainer,
                                          "--socket",
                                          (*daemon)->socket(),
                                          "--job",
@@ -221,23 +246,25 @@ int Run(const Options& options) {
                                          "--until-file",
                                          stop,
                                          "--out",
-                                         dir.path() + "/weights",
+                                         out + "/weights",
                                          "--moves-file",
                                          moves_file,
                                          "--lohand-pid",
-                                         std::to_string((*daemon)->pid())});
+                                         std::to_string((*daemon)->pid())}));
   if (!job.ok()) Die("job", job.status());
   auto jobs = (*control)->ListJobs();
   if (!jobs.ok() || jobs->empty()) Die("jobs", jobs.status());
   bench.set_job_id((*jobs)[0].id());
   const uint64_t parameters = uint64_t{options.layers} * options.elements;
   std::printf(
-      "share_bench: one job of %u layers x %llu fp32 parameters (%.1f MiB "
-      "arena resident, 8 shared buffers streamed) in a %llu MiB pool; the "
-      "other user's idle plane asks for half the pool; regrow_after 5s, "
-      "reclaim_interval and reclaim_grace their defaults (1m, 15m)\n",
-      options.layers, static_cast<unsigned long long>(options.elements),
-      resident / 1048576.0, static_cast<unsigned long long>(pool >> 20));
+      "share_bench: uid %u's job of %u layers x %llu fp32 parameters (%.1f "
+      "MiB arena resident, 8 shared buffers streamed) in a %llu MiB pool; "
+      "the other user (uid %u)'s idle plane asks for half the pool; "
+      "regrow_after 5s, reclaim_interval and reclaim_grace their defaults "
+      "(1m, 15m)\n",
+      options.job_user, options.layers,
+      static_cast<unsigned long long>(options.elements), resident / 1048576.0,
+      static_cast<unsigned long long>(pool >> 20), other_user);
   bench.Until([](const Sample& s) { return s.iteration >= 3; }, 120,
               "the job's first steps");
 
@@ -250,9 +277,9 @@ int Run(const Options& options) {
   // Beside the other user's idle plane: the job shrinks.
   const std::string half = std::to_string(pool / 2);
   const auto asked = Clock::now();
-  auto idle = testing::BackgroundProcess::Start(
-      testing::AsNobody({hostile, "register-await", (*daemon)->socket(), "idle",
-                         dir.path() + "/idle-told", half}));
+  auto idle = testing::BackgroundProcess::Start(testing::AsUser(
+      other_user, {hostile, "register-await", (*daemon)->socket(), "idle",
+                   out + "/idle-told", half}));
   if (!idle.ok() || (*idle)->first_line().rfind("registered", 0) != 0) {
     Die("the other user's plane",
         idle.ok() ? absl::InternalError((*idle)->first_line()) : idle.status());
@@ -281,7 +308,58 @@ int Run(const Options& options) {
       "grown back %.1f s after it left\n",
       after, after / alone, regrown.bytes_per_step / parameters,
       grown.at - left.at);
-  ReportMoves(moves_file, parameters, 1 / alone);
+  ReportMoves(moves_file, parameters, 1 / alone, options.job_user == 0);
+
+  // The other user trains a job of the same shape beside it (the two share
+  // the machine's cores as well as the pool).
+  const std::string other_stop = dir.path() + "/other-stop";
+  auto other = testing::BackgroundProcess::Start(testing::AsUser(
+      other_user,
+      {trainer, "--socket", (*daemon)->socket(), "--job", "other", "--layers",
+       absl::StrJoin(layers, ","), "--fit-arena", "--grad-slots", "8",
+       "--weight-slots", "8", "--iterations", "100000000", "--until-file",
+       other_stop, "--out", out + "/other-weights"}));
+  if (!other.ok()) Die("the other user's job", other.status());
+  const double other_started = bench.Look().at;
+  auto other_iteration = [&]() -> std::optional<uint64_t> {
+    auto status = (*control)->GetStatus();
+    if (!status.ok()) Die("status", status.status());
+    for (const v1::Job& job : status->jobs()) {
+      if (job.owner_uid() != other_user) continue;
+      for (const v1::SessionStatus& open : status->sessions()) {
+        if (open.job_id() == job.id() && open.layers() != 0) {
+          return open.iteration();
+        }
+      }
+    }
+    return std::nullopt;
+  };
+  while (other_iteration().value_or(0) < 3) {
+    if (bench.Look().at - other_started > 120) {
+      Die("the other user's job", absl::DeadlineExceededError("no steps"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const uint64_t other_from = *other_iteration();
+  const double other_from_at = bench.Look().at;
+  const Bench::Window beside_training = bench.Measure(options.window);
+  const uint64_t other_to = other_iteration().value_or(other_from);
+  const double other_rate =
+      (other_to - other_from) / (bench.Look().at - other_from_at);
+  std::printf(
+      "  beside the other user training a job of the same shape: %.3f "
+      "steps/s (%.2fx alone), lohand's storage for both %.2f B/param a "
+      "step of it; the other job %.3f "
+      "steps/s (both together %.2fx the job alone)\n",
+      beside_training.steps_per_second,
+      beside_training.steps_per_second / alone,
+      beside_training.bytes_per_step / parameters, other_rate,
+      (beside_training.steps_per_second + other_rate) / alone);
+  std::ofstream(other_stop) << "stop\n";
+  if (const int code = (*other)->Stop(0); code != 0) {
+    Die("the other user's job", absl::InternalError(absl::StrCat(
+                                    "exit ", code, "\n", (*daemon)->Log())));
+  }
 
   // The other user opens a plane, holds it a second and closes it, over
   // and over, from a minute after the shrink (reclaim_interval).
@@ -293,9 +371,9 @@ int Run(const Options& options) {
   int opened = 0;
   std::string refusal;  // the first one
   for (int i = 0; i < options.cycles; ++i) {
-    auto plane = testing::BackgroundProcess::Start(testing::AsNobody(
-        {hostile, "register-await", (*daemon)->socket(),
-         absl::StrCat("cycle-", i), dir.path() + "/cycle-told", half}));
+    auto plane = testing::BackgroundProcess::Start(testing::AsUser(
+        other_user, {hostile, "register-await", (*daemon)->socket(),
+                     absl::StrCat("cycle-", i), out + "/cycle-told", half}));
     if (plane.ok() && (*plane)->first_line().rfind("registered", 0) == 0) {
       ++opened;
     } else if (refusal.empty()) {
@@ -349,6 +427,8 @@ int main(int argc, char** argv) {
       (void)absl::SimpleAtoi(v, &options.elements);
     } else if (const char* v = value("--cycles")) {
       (void)absl::SimpleAtoi(v, &options.cycles);
+    } else if (const char* v = value("--job-user")) {
+      (void)absl::SimpleAtoi(v, &options.job_user);
     } else {
       std::fprintf(stderr, "share_bench: unknown argument %s\n", argv[i]);
       return 2;

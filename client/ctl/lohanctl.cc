@@ -113,6 +113,17 @@ void PrintJobTable(const std::vector<v1::Job>& jobs) {
                   LocalTime(job.last_failure_unix_seconds()).c_str(),
                   job.last_failure().c_str());
     }
+    if (job.arena_shrink_asks() + job.arena_grow_asks() + job.planes_closed() !=
+        0) {
+      // Under its row too: how often it gave way to other users' shares.
+      std::printf(
+          "           since lohand started: asked to shrink %llu times for "
+          "other users' shares and to grow back %llu; data planes closed "
+          "for them %llu\n",
+          static_cast<unsigned long long>(job.arena_shrink_asks()),
+          static_cast<unsigned long long>(job.arena_grow_asks()),
+          static_cast<unsigned long long>(job.planes_closed()));
+    }
   }
 }
 

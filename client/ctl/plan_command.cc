@@ -15,6 +15,7 @@
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "layout/byte_size.h"
+#include "layout/durability.h"
 #include "plan/planner.h"
 
 namespace lohan {
@@ -88,10 +89,11 @@ absl::StatusOr<Machine> Described(const PlanOptions& o, Machine m) {
         absl::StrCat(s.message(), " (or \"split\")"));
   }
   if (o.commit_interval) {
-    if (*o.commit_interval < 1 || *o.commit_interval > (1 << 20)) {
+    if (*o.commit_interval < 1 ||
+        *o.commit_interval > static_cast<int64_t>(kMaxCommitInterval)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--commit-interval must be from 1 (every iteration durable) to ",
-          1 << 20, ", got ", *o.commit_interval));
+          kMaxCommitInterval, ", got ", *o.commit_interval));
     }
     m.commit_interval = static_cast<uint32_t>(*o.commit_interval);
   }

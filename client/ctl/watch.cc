@@ -163,6 +163,10 @@ std::string StatesLine(const v1::SessionStatus& session) {
       FormatByteSize(session.state_tier_bytes()),
       FormatByteSize(session.state_tier_share_bytes()),
       FormatByteSize(session.state_bytes() - session.state_tier_bytes()));
+  if (session.state_tier_grad_bytes() > 0) {
+    absl::StrAppendFormat(&line, "; streamed gradients %s in RAM",
+                          FormatByteSize(session.state_tier_grad_bytes()));
+  }
   if (session.durable_iteration() != session.committed_iteration()) {
     // What a crash of lohand would lose now (commit_interval or
     // durable_every).

@@ -49,6 +49,7 @@
 #include "daemon/sched/fair_queue.h"
 #include "daemon/sched/job_pipeline.h"
 #include "daemon/sched/memory_shares.h"
+#include "daemon/session/job_settings.h"
 #include "daemon/session/session_manager.h"
 #include "daemon/store/tensor_store.h"
 #include "layout/byte_size.h"
@@ -479,6 +480,14 @@ int Run(const CommandLine& command_line) {
                               command_line.reprofile);
 
   HostPool pool({.capacity_bytes = config->host_pool_bytes});
+  // Every job's defaults, resolved against its RegisterModel by the
+  // session (ResolveJobSettings).
+  const JobDefaults job_defaults{
+      .commit_interval = config->commit_interval,
+      .durable_every_seconds = absl::ToDoubleSeconds(config->durable_every),
+      .read_ahead_bytes = config->optimizer_read_ahead_bytes,
+      .read_ahead_shares = &read_ahead_shares,
+      .state_tier = state_tier};
   std::unique_ptr<SessionManager> sessions = SessionManager::Start(
       *std::move(data_listener),
       {.jobs = jobs->get(),
@@ -488,12 +497,7 @@ int Run(const CommandLine& command_line) {
        .quotas = &*quotas,
        .ledger = &ledger,
        .optimizer_queue = &optimizer_queue,
-       .read_ahead_bytes = config->optimizer_read_ahead_bytes,
-       .read_ahead_shares = &read_ahead_shares,
-       .state_tier = state_tier,
-       .commit_interval = config->commit_interval,
-       .durable_every_seconds =
-           absl::ToDoubleSeconds(config->durable_every),
+       .job_defaults = job_defaults,
        .ring_entries = config->ring_entries,
        .reclaim_interval = config->reclaim_interval,
        .reclaim_grace = config->reclaim_grace,
@@ -516,6 +520,7 @@ int Run(const CommandLine& command_line) {
                             ssd_reads.Forget(job_id);
                             ssd_writes.Forget(job_id);
                             optimizer_queue.Forget(job_id);
+                            sessions->ForgetJob(job_id);
                           }};
   absl::StatusOr<std::unique_ptr<ControlServer>> server =
       ControlServer::Start(parts, *std::move(listener));

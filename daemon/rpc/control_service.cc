@@ -236,8 +236,11 @@ grpc::Status ControlService::ListJobs(grpc::ServerContext* context,
                                       v1::ListJobsResponse* response) {
   LOHAN_IDENTIFY_CALLER(context, caller);
   const std::map<std::string, uint64_t> ssd = parts_.store->BytesByJob();
+  const std::map<std::string, SessionManager::ShareCounts> shares =
+      parts_.sessions->ShareCountsByJob();
   for (v1::Job& job : jobs_->List(caller)) {
     job.set_ssd_bytes(SsdBytesOf(ssd, job.id()));
+    SetShareCounts(shares, job);
     *response->add_jobs() = std::move(job);
   }
   return grpc::Status::OK;
@@ -247,6 +250,16 @@ uint64_t ControlService::SsdBytesOf(
     const std::map<std::string, uint64_t>& by_job, const std::string& job_id) {
   auto it = by_job.find(job_id);
   return it == by_job.end() ? 0 : it->second;
+}
+
+void ControlService::SetShareCounts(
+    const std::map<std::string, SessionManager::ShareCounts>& by_job,
+    v1::Job& job) {
+  auto it = by_job.find(job.id());
+  if (it == by_job.end()) return;
+  job.set_arena_shrink_asks(it->second.shrink_asks);
+  job.set_arena_grow_asks(it->second.grow_asks);
+  job.set_planes_closed(it->second.planes_closed);
 }
 
 grpc::Status ControlService::GetStatus(grpc::ServerContext* context,
@@ -279,12 +292,15 @@ v1::GetStatusResponse ControlService::StatusFor(const Caller& caller) {
   std::set<std::string> visible;
   uint32_t jobs_owned = 0;
   const std::map<std::string, uint64_t> ssd = parts_.store->BytesByJob();
+  const std::map<std::string, SessionManager::ShareCounts> shares =
+      parts_.sessions->ShareCountsByJob();
   std::vector<v1::Job> all = jobs_->List(caller);
   for (const v1::Job& job : all) jobs_owned += job.owner_uid() == caller.uid;
   uint32_t not_listed = 0;
   for (v1::Job& job : StatusJobs(std::move(all), caller.uid, &not_listed)) {
     visible.insert(job.id());
     job.set_ssd_bytes(SsdBytesOf(ssd, job.id()));
+    SetShareCounts(shares, job);
     *response->add_jobs() = std::move(job);
   }
   std::vector<v1::SessionStatus> sessions = parts_.sessions->Status();
@@ -333,6 +349,8 @@ v1::GetStatusResponse ControlService::StatusFor(const Caller& caller) {
     response->mutable_optimizer()->set_threads(parts_.optimizer_threads);
     response->mutable_optimizer()->set_kernel(parts_.optimizer->kernel_name());
   }
+  response->mutable_optimizer()->set_busy_seconds(
+      parts_.sessions->OptimizerSeconds());
   if (parts_.profiler != nullptr) {
     if (std::optional<v1::HostProfile> profile = parts_.profiler->Get()) {
       *response->mutable_profile() = *std::move(profile);

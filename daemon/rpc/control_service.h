@@ -40,7 +40,7 @@ struct DaemonParts {
   // The machine's profile, for GetStatus and PlanJob; may be null.
   const HostProfiler* profiler = nullptr;
   // Called with a job's id once it is deleted (the fair queues forget its
-  // flow); may be empty.
+  // flow, the session manager its counts); may be empty.
   std::function<void(const std::string& job_id)> job_deleted;
 };
 
@@ -114,6 +114,11 @@ class ControlService final : public v1::Lohan::Service {
   // Job `job_id`'s entry of TensorStore::BytesByJob (0 when absent).
   static uint64_t SsdBytesOf(const std::map<std::string, uint64_t>& by_job,
                              const std::string& job_id);
+  // Sets `job`'s share counts from SessionManager::ShareCountsByJob
+  // (zeros when absent).
+  static void SetShareCounts(
+      const std::map<std::string, SessionManager::ShareCounts>& by_job,
+      v1::Job& job);
 
   const DaemonParts parts_;
   const DaemonConfig* const config_;

@@ -223,6 +223,13 @@ class ClipScheduleTest : public clip_test::UpdaterAndStoreTest<Variant> {
     return elements * (layout_.grad_dtype == DType::kFloat32 ? 4 : 2);
   }
 
+  // The streamed gradients the deferred job keeps in its tier's memory
+  // instead of the store: every one when the tier holds every state with
+  // room to spare.
+  uint64_t GradBytesInRam() const {
+    return GetParam().tier == kTierAll ? GradBytes() : 0;
+  }
+
   bool AfterBackward() const {
     return GetParam().schedule == Schedule::kAfterBackward;
   }
@@ -247,20 +254,25 @@ TEST_P(ClipScheduleTest, NeverClippedUpdatesEagerlyAndOnce) {
     EXPECT_EQ(r.deferred_chunks, AfterBackward() ? kChunks : 0u);
     EXPECT_EQ(r.redone_chunks, 0u);
     if (!GetParam().settle) {  // Else counted in the next report.
-      // Every state read once, from the store or the tier.
-      EXPECT_EQ(r.busy.bytes_read + r.busy.bytes_from_tier,
+      // Every state read once, from the store or the tier (and a streamed
+      // gradient from the store unless it stayed in RAM).
+      EXPECT_EQ(r.busy.bytes_read + r.busy.bytes_from_tier + GradBytesInRam(),
                 old.busy.bytes_read);
-      EXPECT_EQ(r.busy.bytes_written, old.busy.bytes_written);
+      EXPECT_EQ(r.busy.bytes_written + GradBytesInRam(),
+                old.busy.bytes_written);
       if (seed == 2 && GetParam().tier == kTierAll) {
-        // From the second iteration on, no state is read from the SSDs.
-        EXPECT_EQ(r.busy.bytes_read, GradBytes());
+        // From the second iteration on, no state is read from the SSDs, and
+        // no streamed gradient goes through them.
+        EXPECT_EQ(r.busy.bytes_read, 0u);
         EXPECT_EQ(jobs_[1]->tier_stats().placed_chunks, kChunks);
         // Updated where the tier holds them, or copied out and back (the
         // 16-bit weight copies are the update's own output, no memcpy).
         const uint64_t states = r.busy.bytes_from_tier;
         EXPECT_EQ(states, old.busy.bytes_read - GradBytes());
         EXPECT_EQ(r.busy.bytes_in_tier, GetParam().tier_copy ? 0u : states);
-        EXPECT_EQ(r.busy.bytes_copied, GetParam().tier_copy ? 2 * states : 0u);
+        // The gradients copied into the tier's memory at submit.
+        EXPECT_EQ(r.busy.bytes_copied,
+                  (GetParam().tier_copy ? 2 * states : 0u) + GradBytes());
       }
       if (seed == 2 && GetParam().tier == kTierSome) {
         EXPECT_EQ(jobs_[1]->tier_stats().placed_chunks, 3u);
@@ -298,10 +310,13 @@ TEST_P(ClipScheduleTest, ClippedFromTheFirstChunkPaysOnePass) {
     if (GetParam().tier == 0) {
       EXPECT_EQ(r.busy.read_ahead_used, budget);
     }
-    EXPECT_EQ((r.busy.bytes_read + r.busy.bytes_from_tier) * 2,
-              old.busy.bytes_read);
-    // Streamed, both store each gradient once at submit.
-    EXPECT_EQ(r.busy.bytes_written * 2, old.busy.bytes_written + GradBytes());
+    EXPECT_EQ(
+        (r.busy.bytes_read + r.busy.bytes_from_tier + GradBytesInRam()) * 2,
+        old.busy.bytes_read);
+    // Streamed, both store each gradient once at submit (the deferred job
+    // in its tier's memory, if it has room).
+    EXPECT_EQ(r.busy.bytes_written * 2,
+              old.busy.bytes_written + GradBytes() - 2 * GradBytesInRam());
   }
 }
 
@@ -449,6 +464,14 @@ INSTANTIATE_TEST_SUITE_P(
         Variant{Schedule::kPipelined, DType::kBFloat16, false, true, false,
                 kReadAheadSome, kTierSome},
         Variant{Schedule::kAfterBackward, DType::kFloat16, false, true, true, 0,
+                kTierAll},
+        // Streamed gradients in the tier's memory (every state placed, room
+        // left beside them).
+        Variant{Schedule::kPipelined, DType::kFloat32, true, true, false, 0,
+                kTierAll},
+        Variant{Schedule::kPipelined, DType::kBFloat16, true, false, true, 0,
+                kTierAll},
+        Variant{Schedule::kAfterBackward, DType::kFloat16, true, true, false, 0,
                 kTierAll},
         // The tier's states copied into chunk buffers and back.
         Variant{Schedule::kPipelined, DType::kBFloat16, false, true, false, 0,

@@ -53,6 +53,18 @@ std::vector<uint64_t> ChunkStateBytes(const StateLayout& state) {
   return bytes;
 }
 
+// Each chunk's gradient bytes, by flat index (forward order).
+std::vector<uint64_t> ChunkGradBytes(const StateLayout& state,
+                                     const ModelLayout& layout) {
+  std::vector<uint64_t> bytes;
+  for (size_t l = 0; l < state.num_layers(); ++l) {
+    for (size_t c = 0; c < state.num_chunks(l); ++c) {
+      bytes.push_back(state.chunk_count(l, c) * DTypeSize(layout.grad_dtype));
+    }
+  }
+  return bytes;
+}
+
 // A chunk buffer: [state | streamed gradient | streamed 16-bit copy].
 ChunkBufferLayout BufferOf(const StateLayout& state, const ModelLayout& layout,
                            const PipelineOptions& options) {
@@ -89,7 +101,10 @@ JobPipeline::JobPipeline(TensorStore* store, const AdamUpdater& updater,
       read_ahead_shares_(read_ahead_chunks_ > 0 ? options.read_ahead_shares
                                                 : nullptr),
       tier_(job_, ChunkStateBytes(state_), options.state_tier,
-            options.fair_group, options.weight) {
+            options.fair_group, options.weight),
+      grad_scratch_(
+          job_, ChunkGradBytes(state_, layout), options.state_tier,
+          options.stream_gradients && options.streamed_gradients_in_tier) {
   if (read_ahead_shares_ != nullptr) {
     read_ahead_shares_->Join(job_, options.fair_group, options.weight);
   }
@@ -571,6 +586,7 @@ absl::Status JobPipeline::BeginIteration(float grad_scale,
   // Another job's arrival or departure moves the tier's prefix now, between
   // iterations, when no copy is in use.
   PlaceTier();
+  FitGradScratch();
   absl::MutexLock lock(&mu_);
   durable_this_ = DurableNextLocked();
   submissions_.assign(state_.num_layers(), Submission{});

@@ -30,6 +30,7 @@
 #include "daemon/sched/bounded_queue.h"
 #include "daemon/sched/buffer_pool.h"
 #include "daemon/sched/fair_queue.h"
+#include "daemon/sched/grad_scratch.h"
 #include "daemon/sched/memory_shares.h"
 #include "daemon/sched/state_tier.h"
 #include "daemon/store/aligned_buffer.h"
@@ -144,7 +145,12 @@ struct PipelineOptions {
   // Scratch is never committed; it is deleted when the iteration ends
   // (whatever the outcome), when the pipeline is destroyed, and at Open.
   // Costs per iteration: the gradients written once and read once per pass.
+  // With a state tier whose share for the job has room beyond the states it
+  // places, the scratch is host memory instead (grad_scratch.h; no SSD
+  // traffic: one copy of the gradient into it) while
+  // `streamed_gradients_in_tier`.
   bool stream_gradients = false;
+  bool streamed_gradients_in_tier = true;
   // Streamed 16-bit weights (fewer weight buffers than layers): the new
   // 16-bit copy of each chunk goes to a store tensor
   // (StateLayout::Weight16Name) written as a pending version and committed
@@ -464,6 +470,8 @@ class JobPipeline {
   size_t chunks_read_ahead() const ABSL_LOCKS_EXCLUDED(mu_);
   // The state tier's use by this job now (PipelineOptions::state_tier).
   StateTier::Stats tier_stats() const { return tier_.stats(); }
+  // Of the job's tier share, what keeps its streamed gradients now.
+  uint64_t tier_grad_bytes() const { return grad_scratch_.bytes_held(); }
   uint32_t commit_interval() const { return options_.commit_interval; }
   double durable_every_seconds() const {
     return options_.durable_every_seconds;
@@ -743,6 +751,9 @@ class JobPipeline {
   // At an iteration's start: the tier's placement, the copies it gives
   // back that the store lacks written and committed (volatile) first.
   void PlaceTier() ABSL_EXCLUSIVE_LOCKS_REQUIRED(api_mu_);
+  // After PlaceTier: the streamed gradients' host memory fitted to what
+  // the tier's share leaves beside the states.
+  void FitGradScratch() ABSL_EXCLUSIVE_LOCKS_REQUIRED(api_mu_);
   // RollbackAll found a version only the tier held overwritten: the job
   // can only go back to its durable iteration (sticky ABORTED).
   void LostTierVersion() ABSL_LOCKS_EXCLUDED(mu_);
@@ -827,6 +838,9 @@ class JobPipeline {
   // Copies of committed states in host memory (PipelineOptions::state_tier).
   // Mutable: reading a copy is const to the pipeline.
   mutable StateTier tier_;
+  // Streamed gradients kept in host memory (declared after tier_: it gives
+  // its memory back to the shares the tier leaves).
+  GradScratch grad_scratch_;
   uint64_t read_ahead_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   bool read_ahead_queued_ ABSL_GUARDED_BY(mu_) = false;
   // Whether the last committed iteration clipped (predict_clipping).

@@ -62,10 +62,15 @@ void JobPipeline::ReadLoop() {
       task->state = tier_.Lend(flat);
       task->lent = task->state != nullptr;
     }
+    // The streamed gradient SubmitGradients kept in host memory, if it did.
+    const uint8_t* grad_in_ram = update && options_.stream_gradients
+                                     ? grad_scratch_.Find(flat)
+                                     : nullptr;
     // A chunk buffer holds the state (unless the tier lent it), a streamed
-    // gradient and a streamed 16-bit copy.
-    if (!task->staged && (!task->lent || options_.stream_gradients ||
-                          options_.stream_weight16)) {
+    // gradient (unless in host memory) and a streamed 16-bit copy.
+    if (!task->staged &&
+        (!task->lent || (options_.stream_gradients && grad_in_ram == nullptr) ||
+         options_.stream_weight16)) {
       task->buffer = pool_.Acquire();
       if (task->buffer == nullptr) {  // Shutting down.
         Finish(*task, absl::OkStatus());
@@ -90,7 +95,9 @@ void JobPipeline::ReadLoop() {
                          absl::MakeSpan(task->buffer, bytes));
       }
     }
-    if (r.ok() && update && options_.stream_gradients) {
+    if (grad_in_ram != nullptr) {
+      task->grad = grad_in_ram;
+    } else if (r.ok() && update && options_.stream_gradients) {
       // The gradient SubmitGradients stored, next to the states it updates.
       const uint64_t grad_bytes = count * DTypeSize(layout_.grad_dtype);
       r = store_->ReadPending(
@@ -683,6 +690,7 @@ absl::Status JobPipeline::WriteGradScratch(size_t layer, const uint8_t* grad,
                                            float inv_scale) {
   const size_t grad_size = DTypeSize(layout_.grad_dtype);
   uint64_t written = 0;
+  uint64_t copied = 0;  // into host memory (grad_scratch_)
   const double start = Now();
   absl::Status s;
   for (size_t c = 0; s.ok() && c < state_.num_chunks(layer); ++c) {
@@ -699,13 +707,16 @@ absl::Status JobPipeline::WriteGradScratch(size_t layer, const uint8_t* grad,
       }
       norm_squares_[FlatIndex(layer, c)] = *sum;
     }
+    const uint8_t* chunk_grad = grad + state_.chunk_begin(c) * grad_size;
+    if (uint8_t* in_ram = grad_scratch_.Take(FlatIndex(layer, c))) {
+      std::memcpy(in_ram, chunk_grad, bytes);
+      copied += bytes;
+      continue;
+    }
     s = store_->Create(job_, name, bytes);
     if (s.code() == absl::StatusCode::kAlreadyExists) s = absl::OkStatus();
     if (s.ok()) {
-      s = store_
-              ->Write(job_, name,
-                      absl::MakeConstSpan(
-                          grad + state_.chunk_begin(c) * grad_size, bytes))
+      s = store_->Write(job_, name, absl::MakeConstSpan(chunk_grad, bytes))
               .status();
     }
     if (s.ok()) written += bytes;
@@ -718,6 +729,7 @@ absl::Status JobPipeline::WriteGradScratch(size_t layer, const uint8_t* grad,
   absl::MutexLock lock(&mu_);
   busy_.grad_store += seconds;
   busy_.bytes_written += written;
+  busy_.bytes_copied += copied;
   return s;
 }
 
@@ -729,9 +741,11 @@ void JobPipeline::DropScratch() {
   }
   for (size_t layer : layers) {
     for (size_t c = 0; c < state_.num_chunks(layer); ++c) {
+      const size_t flat = FlatIndex(layer, c);
+      if (grad_scratch_.Find(flat) != nullptr) continue;  // kept in RAM
       // NOT_FOUND: the layer's write failed before this chunk. Anything
       // else leaves a tensor that the next Open deletes.
-      (void)store_->Delete(job_, scratch_names_[FlatIndex(layer, c)]);
+      (void)store_->Delete(job_, scratch_names_[flat]);
     }
   }
 }

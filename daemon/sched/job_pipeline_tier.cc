@@ -1,7 +1,9 @@
 // JobPipeline's durability by commit interval (PipelineOptions::
 // commit_interval): volatile commits between durable ones, what only the
-// state tier holds written when it must reach the store.
+// state tier holds written when it must reach the store; the tier's memory
+// placed between iterations.
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -105,8 +107,7 @@ bool JobPipeline::DurableNextLocked() const {
   // commit costs only its sync.
   if (!tier_.enabled()) return true;
   if (options_.durable_every_seconds > 0.0) {
-    return DurabilityClock() - durable_since_ >=
-           options_.durable_every_seconds;
+    return DurabilityClock() - durable_since_ >= options_.durable_every_seconds;
   }
   return options_.commit_interval <= 1 ||
          (iteration_ + 1) % options_.commit_interval == 0;
@@ -149,6 +150,14 @@ void JobPipeline::PlaceTier() {
     absl::MutexLock lock(&mu_);
     volatile_since_durable_ = true;
   }
+}
+
+void JobPipeline::FitGradScratch() {
+  if (!grad_scratch_.enabled()) return;
+  const StateTier::Stats tier = tier_.stats();
+  // The copies the tier could not give back yet (a failed write) count too.
+  const uint64_t states = std::max(tier.placed_bytes, tier.bytes_held);
+  grad_scratch_.Fit(tier.share_bytes > states ? tier.share_bytes - states : 0);
 }
 
 void JobPipeline::LostTierVersion() {

@@ -1,7 +1,5 @@
 #include "daemon/sched/state_tier.h"
 
-#include <sys/mman.h>
-
 #include <cstring>
 #include <utility>
 
@@ -9,32 +7,6 @@
 #include "daemon/common/meminfo.h"
 
 namespace lohan {
-
-// A chunk copy's memory: an anonymous mapping locked in RAM (a state swapped
-// out would cost more than reading it from the SSDs). Huge pages advised, as
-// the optimizer streams it.
-class StateTier::Region {
- public:
-  // Null when the memory cannot be mapped or locked.
-  static std::unique_ptr<Region> Map(size_t bytes) {
-    void* data = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
-                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (data == MAP_FAILED) return nullptr;
-    (void)::madvise(data, bytes, MADV_HUGEPAGE);
-    std::unique_ptr<Region> region(new Region(data, bytes));
-    if (::mlock(data, bytes) != 0) return nullptr;
-    return region;
-  }
-  Region(const Region&) = delete;
-  Region& operator=(const Region&) = delete;
-  ~Region() { ::munmap(data_, bytes_); }
-  uint8_t* data() { return static_cast<uint8_t*>(data_); }
-
- private:
-  Region(void* data, size_t bytes) : data_(data), bytes_(bytes) {}
-  void* const data_;
-  const size_t bytes_;
-};
 
 StateTier::StateTier(std::string job, std::vector<uint64_t> chunk_bytes,
                      const StateTierMemory& memory, absl::string_view group,
@@ -87,7 +59,7 @@ std::vector<size_t> StateTier::Place() {
   uint64_t coming = 0;
   for (size_t flat = placed_; flat-- > 0;) {
     if (slots_[flat].region == nullptr) continue;
-    if (!ShortOfMemory(0, coming)) break;
+    if (!memory_.ShortOf(0, coming)) break;
     coming += free_or_store(flat);
   }
   return to_store;
@@ -240,6 +212,7 @@ StateTier::Stats StateTier::stats() const {
   stats.chunks = slots_.size();
   for (size_t flat = 0; flat < slots_.size(); ++flat) {
     stats.state_bytes += chunk_bytes_[flat];
+    if (flat < placed_) stats.placed_bytes += chunk_bytes_[flat];
     if (slots_[flat].region == nullptr) continue;
     stats.bytes_held += chunk_bytes_[flat];
     if (slots_[flat].copy == Copy::kCommitted) {
@@ -260,20 +233,20 @@ void StateTier::FreeLocked(size_t flat) {
   memory_.shares->Give(job_, chunk_bytes_[flat]);
 }
 
-bool StateTier::ShortOfMemory(uint64_t more, uint64_t coming) const {
-  if (memory_.keep_available_bytes == 0) return false;
+bool StateTierMemory::ShortOf(uint64_t more, uint64_t coming) const {
+  if (keep_available_bytes == 0) return false;
   const uint64_t available =
-      memory_.available_bytes ? memory_.available_bytes() : MemAvailableBytes();
-  return available + coming < memory_.keep_available_bytes + more;
+      available_bytes ? available_bytes() : MemAvailableBytes();
+  return available + coming < keep_available_bytes + more;
 }
 
 bool StateTier::AllocateLocked(size_t flat) {
   Slot& slot = slots_[flat];
   if (slot.region != nullptr) return true;
   const uint64_t bytes = chunk_bytes_[flat];
-  if (ShortOfMemory(bytes)) return false;
+  if (memory_.ShortOf(bytes)) return false;
   if (!memory_.shares->TryTake(job_, bytes)) return false;
-  slot.region = Region::Map(bytes);
+  slot.region = LockedRegion::Map(bytes);
   if (slot.region == nullptr) {
     memory_.shares->Give(job_, bytes);
     return false;

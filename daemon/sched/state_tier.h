@@ -13,6 +13,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "daemon/sched/locked_region.h"
 #include "daemon/sched/memory_shares.h"
 
 namespace lohan {
@@ -37,6 +38,10 @@ struct StateTierMemory {
   // each update copies the state into a chunk buffer and back (lohand's
   // [pool] state_tier_updates = "copy", kept to measure against).
   bool update_in_place = true;
+
+  // Whether the machine's MemAvailable (and `coming` bytes that will be
+  // freed) is below keep_available_bytes + `more`.
+  bool ShortOf(uint64_t more, uint64_t coming = 0) const;
 };
 
 // One job's state tier: host-memory copies of the committed optimizer state
@@ -94,9 +99,9 @@ class StateTier {
   void MarkStored(size_t flat) ABSL_LOCKS_EXCLUDED(mu_);
   // Copies the first dest.size() bytes (at most its state's) of chunk
   // `flat`'s committed version into `dest` and returns true, or returns
-  // false (no such copy, or it is lent for its update: read the store). `or_pending`: the pending copy
-  // does too (an iteration settling, the chunk's update done: its new
-  // version, pending or committed by now).
+  // false (no such copy, or it is lent for its update: read the store).
+  // `or_pending`: the pending copy does too (an iteration settling, the chunk's
+  // update done: its new version, pending or committed by now).
   bool ReadCommitted(size_t flat, absl::Span<uint8_t> dest,
                      bool or_pending = false) ABSL_LOCKS_EXCLUDED(mu_);
   // The chunk's new state as its pending version, `stored` when the store
@@ -144,6 +149,7 @@ class StateTier {
     uint64_t bytes_held = 0;       // memory the copies take
     uint64_t committed_bytes = 0;  // of which copies of committed states
     size_t placed_chunks = 0;      // the prefix placed at the last Place
+    uint64_t placed_bytes = 0;     // its states' bytes
     size_t chunks = 0;
     uint64_t state_bytes = 0;  // every chunk's state
     uint64_t share_bytes = 0;  // the job's share of the tier now
@@ -151,10 +157,9 @@ class StateTier {
   Stats stats() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  class Region;
   enum class Copy : uint8_t { kNone, kCommitted, kPending };
   struct Slot {
-    std::unique_ptr<Region> region;
+    std::unique_ptr<LockedRegion> region;
     Copy copy = Copy::kNone;
     bool stored = true;  // the store holds the copy's version too
     // The pending copy replaced a committed one the store lacks.
@@ -167,9 +172,6 @@ class StateTier {
   // Memory for slot `flat`, within the job's share and the machine's
   // floor; false when there is none (the chunk stays on the SSDs).
   bool AllocateLocked(size_t flat) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether MemAvailable (and `coming` bytes that will be freed) is below
-  // keep_available_bytes + `more`.
-  bool ShortOfMemory(uint64_t more, uint64_t coming = 0) const;
 
   const std::string job_;
   const std::vector<uint64_t> chunk_bytes_;

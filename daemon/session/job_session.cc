@@ -10,6 +10,7 @@
 #include "daemon/common/test_point.h"
 #include "daemon/quota/daemon_memory.h"
 #include "daemon/session/arena_layout.h"
+#include "daemon/session/job_settings.h"
 #include "daemon/session/model_layout_of.h"
 #include "daemon/session/model_spec_checks.h"
 #include "layout/job_space.h"
@@ -133,8 +134,9 @@ JobSession::~JobSession() {
   }
 }
 
-absl::Status JobSession::TakeSlots(const v1::ModelSpec& spec, Model& model,
-                                   std::vector<uint64_t>& taken) {
+absl::Status JobSession::TakeSlots(const v1::ModelSpec& spec,
+                                   absl::string_view smaller_arena,
+                                   Model& model, std::vector<uint64_t>& taken) {
   const ModelLayout& layout = model.layout;
   // Slots: gradient and weight buffers (one per layer, or K shared ones),
   // one fp32 staging area, the error text and the activation area, as
@@ -144,12 +146,22 @@ absl::Status JobSession::TakeSlots(const v1::ModelSpec& spec, Model& model,
     largest = std::max(largest, elements);
   }
   const size_t num_layers = layout.layer_elements.size();
-  absl::StatusOr<ArenaChoice> arena = ChooseArena(
-      spec, ArenaLimit{.bytes = grant_.arena_bytes,
-                       .what = absl::StrCat("job ", job_id(), "'s arena"),
-                       .remedy = "create the job with a larger "
-                                 "host_pool_bytes, or from its model "
-                                 "(JobSpec.model) so the daemon sizes it"});
+  ArenaLimit limit{.bytes = grant_.arena_bytes,
+                   .what = absl::StrCat("job ", job_id(), "'s arena"),
+                   .remedy =
+                       "create the job with a larger host_pool_bytes, "
+                       "or from its model (JobSpec.model) so the "
+                       "daemon sizes it"};
+  // A plane below its job's arena gets no larger one by asking: it says
+  // why it is smaller, and that lohand asks the job to grow.
+  constexpr absl::string_view kGrowsLater =
+      "lohand asks the job to grow when the pool has room for more of it";
+  if (!smaller_arena.empty()) {
+    limit.what = absl::StrCat("job ", job_id(), "'s data plane (less than ",
+                              smaller_arena, ")");
+    limit.remedy = std::string(kGrowsLater);
+  }
+  absl::StatusOr<ArenaChoice> arena = ChooseArena(spec, limit);
   if (!arena.ok()) return arena.status();
   // K >= layers would only waste room: that is the resident layout.
   const uint32_t grad_buffers = arena->grad_buffers;
@@ -159,6 +171,17 @@ absl::Status JobSession::TakeSlots(const v1::ModelSpec& spec, Model& model,
   auto allocate = [&](uint64_t bytes, SlotKind kind) -> absl::StatusOr<Slot> {
     absl::StatusOr<Slot> slot = slots_->Allocate(bytes, kind);
     if (slot.ok()) taken.push_back(slot->offset);
+    if (!slot.ok() && !smaller_arena.empty()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "job ", job_id(), "'s data plane holds ", grant_.arena_bytes,
+          " bytes of host pool, less than ", smaller_arena,
+          "; the model's buffers as registered do not fit in it (",
+          slot.status().message(),
+          "): register the model laid out within the arena this plane "
+          "holds (ModelSpec.arena_fit ARENA_FIT_MOST, or fewer grad_slots / "
+          "weight_slots); ",
+          kGrowsLater));
+    }
     if (!slot.ok()) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "job ", job_id(), "'s arena (", grant_.arena_bytes,
@@ -208,50 +231,6 @@ absl::Status JobSession::TakeSlots(const v1::ModelSpec& spec, Model& model,
     model.activations = *activations;
   }
   return absl::OkStatus();
-}
-
-PipelineOptions JobSession::PipelineOptionsFor(const v1::ModelSpec& spec,
-                                               const Model& model,
-                                               const UpdateParts& parts) {
-  PipelineOptions options;
-  options.initial_iteration = spec.initial_iteration();
-  options.keep_previous_commit = parts.keep_previous_commit;
-  options.revert_last_commit = spec.revert_last_commit();
-  options.expect_stored_states = parts.expect_stored_states;
-  options.stream_gradients = model.streamed_grads;
-  // fp32 models have no 16-bit copy: FETCH_PARAMS reads the masters.
-  options.stream_weight16 =
-      model.streamed_weights && model.dtype != v1::DTYPE_FP32;
-  // Resident fp32: the updates write the masters into the weight slots.
-  options.fp32_weights_out =
-      !model.streamed_weights && model.dtype == v1::DTYPE_FP32;
-  options.settle_in_background = spec.overlap_updates();
-  options.optimizer_queue = parts.optimizer_queue;
-  options.weight = parts.weight;
-  options.fair_group = parts.fair_group;
-  options.read_ahead_bytes = parts.read_ahead_bytes;
-  options.read_ahead_shares = parts.read_ahead_shares;
-  options.state_tier = parts.state_tier;
-  options.clip_schedule = spec.clip_schedule() == v1::CLIP_SCHEDULE_REDO_ALL
-                              ? ClipSchedule::kRedoAll
-                              : ClipSchedule::kDeferWhenCertain;
-  // A rank's job and the redo-all schedule commit every iteration (the
-  // spec's own interval was checked against the schedule).
-  // The spec's durability (one form at most, checked), else the daemon's.
-  if (spec.commit_interval() != 0 || spec.durable_every_seconds() != 0.0) {
-    options.commit_interval = std::max(spec.commit_interval(), 1u);
-    options.durable_every_seconds = spec.durable_every_seconds();
-  } else {
-    options.commit_interval = std::max(parts.commit_interval, 1u);
-    options.durable_every_seconds =
-        parts.commit_interval != 0 ? 0.0 : parts.durable_every_seconds;
-  }
-  if (parts.keep_previous_commit ||
-      options.clip_schedule != ClipSchedule::kDeferWhenCertain) {
-    options.commit_interval = 1;
-    options.durable_every_seconds = 0.0;
-  }
-  return options;
 }
 
 void JobSession::MakeValidator(const Model& model, RingDtype dtype) {
@@ -317,6 +296,9 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
   if (absl::Status checked = CheckModelSpec(spec); !checked.ok()) {
     return checked;
   }
+  absl::StatusOr<JobSettings> settings =
+      ResolveJobSettings(spec, parts.defaults, parts.job);
+  if (!settings.ok()) return settings.status();
   absl::StatusOr<std::pair<DType, RingDtype>> dtypes = DTypes(spec.dtype());
   if (!dtypes.ok()) return dtypes.status();
   Model model;
@@ -338,15 +320,21 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
     if (registered) return;
     for (uint64_t offset : taken) (void)slots_->Free(offset);
   };
-  if (absl::Status took = TakeSlots(spec, model, taken); !took.ok()) {
+  if (absl::Status took = TakeSlots(spec, parts.smaller_arena, model, taken);
+      !took.ok()) {
     return took;
   }
   model.store = store;
   model.activation_swap = std::make_unique<ActivationSwap>(store, job_id());
   const size_t layers = layout.layer_elements.size();
 
-  const PipelineOptions options = PipelineOptionsFor(spec, model, parts);
-  read_ahead_shares_.store(parts.read_ahead_shares);
+  const PipelineOptions options =
+      PipelineOptionsFor(*settings,
+                         {.streamed_grads = model.streamed_grads,
+                          .streamed_weights = model.streamed_weights,
+                          .fp32 = model.dtype == v1::DTYPE_FP32},
+                         parts.optimizer_queue);
+  read_ahead_shares_.store(settings->read_ahead_shares);
   // The daemon memory its tensors take (the meta, a state per chunk and,
   // streamed, a 16-bit copy per chunk), before any is made.
   const uint64_t chunks = StateLayout(layout).total_chunks();
@@ -760,6 +748,7 @@ v1::SessionStatus JobSession::Status() const {
     status.set_state_bytes(tier.state_bytes);
     status.set_state_tier_bytes(tier.committed_bytes);
     status.set_state_tier_share_bytes(tier.share_bytes);
+    status.set_state_tier_grad_bytes(pipeline->tier_grad_bytes());
     status.set_durable_iteration(pipeline->durable_iteration());
     status.set_seconds_since_durable(pipeline->seconds_since_durable());
     status.set_commit_interval(pipeline->durable_every_seconds() > 0.0

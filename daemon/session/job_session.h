@@ -25,6 +25,7 @@
 #include "daemon/sched/fair_queue.h"
 #include "daemon/sched/job_pipeline.h"
 #include "daemon/sched/memory_shares.h"
+#include "daemon/session/job_settings.h"
 #include "daemon/session/serve_lanes.h"
 #include "daemon/store/tensor_store.h"
 #include "proto/lohan.pb.h"
@@ -162,32 +163,14 @@ class JobSession {
     const AdamUpdater* updater = nullptr;
     // May be null: no quotas. Else SetAside's ledger (see above).
     SpaceLedger* ledger = nullptr;
-    // May be null. Shares the optimizer with other jobs, this one in its
-    // owner's group `fair_group`, weighed `weight` (PipelineOptions).
+    // May be null. Shares the optimizer with other jobs (the job's flow
+    // weighed and grouped as `job` says: PipelineOptions).
     FairQueue* optimizer_queue = nullptr;
-    double weight = 1.0;
-    std::string fair_group;
-    // PipelineOptions::read_ahead_bytes: host memory the job may fill with
-    // states read ahead of updates that wait for the norm; and
-    // read_ahead_shares (may be null), that memory shared among jobs.
-    uint64_t read_ahead_bytes = 0;
-    MemoryShares* read_ahead_shares = nullptr;
-    // PipelineOptions::state_tier: the daemon's host memory for optimizer
-    // states, shared among jobs (no shares: no tier).
-    StateTierMemory state_tier;
-    // The daemon's default durability for a spec that states none
-    // (ModelSpec.commit_interval and durable_every_seconds both 0): [pool]
-    // commit_interval, or (that 0) [pool] durable_every.
-    uint32_t commit_interval = 1;
-    double durable_every_seconds = 0.0;
-    // The job is a data-parallel rank's (JobSpec.run): each commit keeps
-    // the states it replaced until the next ITER_BEGIN
-    // (PipelineOptions::keep_previous_commit).
-    bool keep_previous_commit = false;
-    // The registry says the store has held the job's states
-    // (Job.has_states): none there is DATA_LOSS
-    // (PipelineOptions::expect_stored_states).
-    bool expect_stored_states = false;
+    // The daemon's per-job defaults and what it knows of the job, which
+    // the spec is resolved against (ResolveJobSettings, job_settings.h)
+    // into what the job's pipeline runs with.
+    JobDefaults defaults;
+    JobContext job;
     // [quotas] daemon_memory (daemon/quota/daemon_memory.h): the job's
     // owner, what the owner holds beside this job's tensors and the limit;
     // a model whose tensors would pass it is refused before any is made.
@@ -197,6 +180,12 @@ class JobSession {
     // The job's last plane closed to move (KeepActivations): this one
     // takes over the activations it kept instead of freeing them.
     bool adopt_activations = false;
+    // Why this plane holds less than its job's arena, as what follows
+    // "less than" ("its job's arena of N bytes (..): the job was asked to
+    // shrink ..."); empty: it holds its job's arena. A model that does not
+    // fit the plane is then refused saying so, and told to lay itself out
+    // within it, not to ask for a larger arena.
+    std::string smaller_arena;
   };
   // REQUIRES: every part (and the updater's worker pool) outlives the
   // session.
@@ -230,11 +219,6 @@ class JobSession {
              std::unique_ptr<SlotAllocator> slots, ArenaGrant grant,
              uint32_t ring_entries);
   uint8_t* base() const { return arena_->arena().base(); }
-  // How the job's pipeline runs `model` (registered from `spec`) with the
-  // daemon's `parts`.
-  static PipelineOptions PipelineOptionsFor(const v1::ModelSpec& spec,
-                                            const Model& model,
-                                            const UpdateParts& parts);
   // Makes the validator of `model`'s entries: its layout, the next
   // iteration, and, streamed, the K slots an entry must name exactly.
   void MakeValidator(const Model& model, RingDtype dtype);
@@ -244,8 +228,11 @@ class JobSession {
   // ChooseArena lays them out in this arena, the staging slot, the error
   // text, the activation area), appending each slot's offset to `taken`
   // (the caller frees them if the registration fails).
-  // RESOURCE_EXHAUSTED saying how to fit when the arena cannot hold them.
-  absl::Status TakeSlots(const v1::ModelSpec& spec, Model& model,
+  // RESOURCE_EXHAUSTED saying how to fit when the arena cannot hold them,
+  // and why it is smaller than its job's (`smaller_arena`,
+  // UpdateParts::smaller_arena) when it is.
+  absl::Status TakeSlots(const v1::ModelSpec& spec,
+                         absl::string_view smaller_arena, Model& model,
                          std::vector<uint64_t>& taken)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The SSD space the job's updates need at most: the tensors a pipeline

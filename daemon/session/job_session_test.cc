@@ -101,7 +101,7 @@ class JobSessionTest : public ::testing::Test {
   JobSession::UpdateParts Parts() const {
     return JobSession::UpdateParts{.store = store_.get(),
                                    .updater = &*updater_,
-                                   .keep_previous_commit = rank_job_};
+                                   .job = {.data_parallel_rank = rank_job_}};
   }
 
   // Parts() makes the job a data-parallel rank's (keep_previous_commit).

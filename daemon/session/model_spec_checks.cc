@@ -90,6 +90,36 @@ absl::Status CheckArenaFit(const v1::ModelSpec& spec) {
 
 }  // namespace
 
+absl::Status CheckRequestedDurability(const v1::ModelSpec& spec) {
+  if (spec.commit_interval() > kMaxCommitInterval) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ModelSpec commit_interval must be at most ", kMaxCommitInterval,
+        " (0: the daemon's default), got ", spec.commit_interval()));
+  }
+  const double every = spec.durable_every_seconds();
+  if (!(every >= 0.0) || every > kMaxDurableEverySeconds) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ModelSpec durable_every_seconds must be from 0 (the daemon's "
+        "default) to ",
+        kMaxDurableEverySeconds, " (7 days), got ", every));
+  }
+  if (every > 0.0 && spec.commit_interval() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ModelSpec durable_every_seconds (", every, ") and commit_interval (",
+        spec.commit_interval(),
+        ") both set: a job's durability is by steps or by time, not both"));
+  }
+  if ((spec.commit_interval() > 1 || every > 0.0) &&
+      spec.clip_schedule() == v1::CLIP_SCHEDULE_REDO_ALL) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ModelSpec ",
+        every > 0.0 ? "durable_every_seconds" : "commit_interval above 1",
+        " needs clip_schedule deferred (a redo-all schedule updates states "
+        "only host memory holds before the iteration's outcome is known)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckModelSpec(const v1::ModelSpec& spec) {
   const uint64_t layers = static_cast<uint64_t>(spec.layer_elements_size());
   if (layers == 0 || layers > kMaxLayers) {
@@ -133,31 +163,9 @@ absl::Status CheckModelSpec(const v1::ModelSpec& spec) {
         absl::StrCat("clip_schedule ", static_cast<int>(spec.clip_schedule()),
                      " is not 0 (deferred) or 1 (redo-all)"));
   }
-  if (spec.commit_interval() > kMaxCommitInterval) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ModelSpec commit_interval must be at most ", kMaxCommitInterval,
-        " (0: the daemon's default), got ", spec.commit_interval()));
-  }
-  const double every = spec.durable_every_seconds();
-  if (!(every >= 0.0) || every > kMaxDurableEverySeconds) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ModelSpec durable_every_seconds must be from 0 (the daemon's "
-        "default) to ",
-        kMaxDurableEverySeconds, " (7 days), got ", every));
-  }
-  if (every > 0.0 && spec.commit_interval() != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ModelSpec durable_every_seconds (", every, ") and commit_interval (",
-        spec.commit_interval(),
-        ") both set: a job's durability is by steps or by time, not both"));
-  }
-  if ((spec.commit_interval() > 1 || every > 0.0) &&
-      spec.clip_schedule() == v1::CLIP_SCHEDULE_REDO_ALL) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ModelSpec ",
-        every > 0.0 ? "durable_every_seconds" : "commit_interval above 1",
-        " needs clip_schedule deferred (a redo-all schedule updates states "
-        "only host memory holds before the iteration's outcome is known)"));
+  if (absl::Status durability = CheckRequestedDurability(spec);
+      !durability.ok()) {
+    return durability;
   }
   if (spec.initial_iteration() > kMaxInitialIteration) {
     return absl::InvalidArgumentError(

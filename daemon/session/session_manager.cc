@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <set>
 
 #include "absl/cleanup/cleanup.h"
@@ -15,6 +16,7 @@
 #include "daemon/ipc/arena_access.h"
 #include "daemon/quota/daemon_memory.h"
 #include "daemon/quota/fair_share.h"
+#include "daemon/session/arena_layout.h"
 #include "layout/byte_size.h"
 #include "spdlog/spdlog.h"
 #include "wire/attach_protocol.h"
@@ -352,13 +354,15 @@ void SessionManager::Serve(int connection, const Caller& caller) {
   }
   if (sent.ok()) {
     const uint64_t granted = (*session)->grant().arena_bytes;
-    spdlog::info("data plane open for job {} (pid {}, {} byte arena{})", job_id,
-                 caller.pid, granted,
-                 granted < wanted_bytes
-                     ? absl::StrCat(" of the ", wanted_bytes,
-                                    " its job asks for: what the pool had "
-                                    "free for it")
-                     : "");
+    spdlog::info(
+        "data plane open for job {} (pid {}, {} byte arena{})", job_id,
+        caller.pid, granted,
+        granted < wanted_bytes
+            ? absl::StrCat(" of the ", wanted_bytes, " its job asks for: ",
+                           opened.adopts_activations
+                               ? "the arena lohand asked it to move to"
+                               : "what the pool had free for it")
+            : "");
     ended = WaitForHangUp(connection, end_event.get());
     uint64_t events = 0;
     stopped_from_outside =
@@ -403,6 +407,10 @@ std::optional<std::vector<uint8_t>> SessionManager::EndSession(
   // memory of its model and plan.
   std::optional<Closing> closing;
   bool moving = false;
+  // Its optimizer time moves to the closed planes' total as it leaves the
+  // open ones (under the same lock, in whole nanoseconds: OptimizerSeconds
+  // never goes back, not even by a rounding).
+  int64_t optimizer_nanos = 0;
   {
     absl::MutexLock lock(&mu_);
     auto registered = [this, &job_id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -411,6 +419,8 @@ std::optional<std::vector<uint8_t>> SessionManager::EndSession(
     mu_.Await(absl::Condition(&registered));
     LiveSession& live = sessions_.at(job_id);
     live.session = nullptr;
+    optimizer_nanos = Nanos(session->Status().optimizer_seconds());
+    closed_optimizer_nanos_ += optimizer_nanos;
     // Its client closes it to move: the job's next plane takes over its
     // swapped activations (ReserveForMoveLocked keeps its arena).
     moving = live.arena_asked != 0 && ended == Ended::kPeer && !stopping_;
@@ -430,8 +440,14 @@ std::optional<std::vector<uint8_t>> SessionManager::EndSession(
   // What it ran is answered first; then what it holds is final.
   session->StopServing();
   if (moving) session->KeepActivations();
+  const v1::SessionStatus last = session->Status();
+  {
+    absl::MutexLock lock(&mu_);
+    closed_optimizer_nanos_ +=
+        Nanos(last.optimizer_seconds()) - optimizer_nanos;
+  }
   std::optional<uint64_t> kept;
-  if (session->registered()) kept = session->Status().iteration();
+  if (session->registered()) kept = last.iteration();
   session.reset();  // the arena is back in the pool: so is the claim
   if (!closing.has_value()) return std::nullopt;
   return ClosingNotice(*closing, kept);
@@ -483,6 +499,7 @@ absl::StatusOr<v1::RegisterModelResponse> SessionManager::RegisterModel(
   // closing data planes give back).
   JobSession* session = nullptr;
   bool adopt_activations = false;
+  std::string smaller_arena;  // UpdateParts::smaller_arena
   {
     absl::MutexLock lock(&mu_);
     session = OpenSessionLocked(request.job_id());
@@ -498,35 +515,50 @@ absl::StatusOr<v1::RegisterModelResponse> SessionManager::RegisterModel(
     }
     live.registering = true;
     adopt_activations = live.adopts_activations;
+    const uint64_t holds = session->grant().arena_bytes;
+    if (holds < live.wanted_arena_bytes) {
+      auto cap = arena_caps_.find(request.job_id());
+      smaller_arena = absl::StrCat(
+          "its job's arena of ", live.wanted_arena_bytes, " bytes (",
+          FormatByteSize(live.wanted_arena_bytes), "): ",
+          cap != arena_caps_.end() && cap->second.bytes != 0
+              ? absl::StrCat("the job was ", cap->second.why)
+              : std::string("the pool had no more free for it when this "
+                            "plane opened"));
+    }
   }
+  bool took = false;  // the registration succeeded
   absl::Cleanup registered_or_not = [&] {
     absl::MutexLock lock(&mu_);
-    sessions_.at(request.job_id()).registering = false;
+    LiveSession& live = sessions_.at(request.job_id());
+    live.registering = false;
+    // What the plane's asks to shrink and grow are sized for: the layout
+    // its client registers again when it moves (a job's model registered
+    // as given has no smaller arena).
+    if (took && live.model.has_value()) {
+      live.model = ArenaFieldsOf(request.model());
+    }
   };
-  // The job's part of the state tier, within its owner's quota of it.
-  StateTierMemory state_tier = parts_.state_tier;
-  state_tier.group_limit_bytes =
-      parts_.quotas->For(job->owner_uid()).state_tier_bytes;
   absl::StatusOr<v1::RegisterModelResponse> registered = session->RegisterModel(
       request.model(),
       {.store = parts_.store,
        .updater = parts_.updater,
        .ledger = parts_.ledger,
        .optimizer_queue = parts_.optimizer_queue,
-       .weight =
-           static_cast<double>(parts_.quotas->For(job->owner_uid()).weight),
-       .fair_group = absl::StrCat("uid ", job->owner_uid()),
-       .read_ahead_bytes = parts_.read_ahead_bytes,
-       .read_ahead_shares = parts_.read_ahead_shares,
-       .state_tier = state_tier,
-       .commit_interval = parts_.commit_interval,
-       .durable_every_seconds = parts_.durable_every_seconds,
-       .keep_previous_commit = job->spec().has_run(),
-       .expect_stored_states = job->has_states(),
+       .defaults = parts_.job_defaults,
+       .job = {.data_parallel_rank = job->spec().has_run(),
+               .expect_stored_states = job->has_states(),
+               .weight = static_cast<double>(
+                   parts_.quotas->For(job->owner_uid()).weight),
+               .fair_group = absl::StrCat("uid ", job->owner_uid()),
+               .state_tier_limit_bytes =
+                   parts_.quotas->For(job->owner_uid()).state_tier_bytes},
        .owner = owner,
        .daemon_memory_held = held,
        .daemon_memory_limit = parts_.quotas->For(owner).daemon_memory_bytes,
-       .adopt_activations = adopt_activations});
+       .adopt_activations = adopt_activations,
+       .smaller_arena = smaller_arena});
+  took = registered.ok();
   // A refused model's memory (its spec, its layout) goes back at once.
   if (!registered.ok()) ReleaseFreedMemory();
   if (registered.ok() && !job->has_states()) {
@@ -658,6 +690,21 @@ std::vector<v1::SessionStatus> SessionManager::Status() const {
     statuses.push_back(std::move(status));
   }
   return statuses;
+}
+
+int64_t SessionManager::Nanos(double seconds) {
+  return std::llround(seconds * 1e9);
+}
+
+double SessionManager::OptimizerSeconds() const {
+  absl::MutexLock lock(&mu_);
+  int64_t nanos = closed_optimizer_nanos_;
+  for (const auto& [job_id, open] : sessions_) {
+    if (open.session != nullptr) {
+      nanos += Nanos(open.session->Status().optimizer_seconds());
+    }
+  }
+  return static_cast<double>(nanos) * 1e-9;
 }
 
 std::optional<pid_t> SessionManager::DataPlaneOf(

@@ -26,6 +26,7 @@
 #include "daemon/quota/user_limits.h"
 #include "daemon/sched/memory_shares.h"
 #include "daemon/session/job_session.h"
+#include "daemon/session/job_settings.h"
 #include "wire/plane_notice.h"
 #include "wire/unique_fd.h"
 
@@ -65,18 +66,9 @@ class SessionManager {
     // Shares the optimizer among jobs by their owners' weights; may be
     // null.
     FairQueue* optimizer_queue = nullptr;
-    // Each job's PipelineOptions::read_ahead_bytes ([optimizer]
-    // read_ahead), and the memory all jobs' read-ahead shares by their
-    // owners' weights (may be null: each job up to read_ahead_bytes).
-    uint64_t read_ahead_bytes = 0;
-    MemoryShares* read_ahead_shares = nullptr;
-    // The state tier ([pool] state_tier) all jobs share by their owners'
-    // weights (no shares: none).
-    StateTierMemory state_tier;
-    // The default durability ([pool] commit_interval, or that 0, [pool]
-    // durable_every): JobSession::UpdateParts'.
-    uint32_t commit_interval = 1;
-    double durable_every_seconds = 0.0;
+    // The daemon's per-job defaults ([pool], [optimizer]), which each
+    // job's RegisterModel is resolved against (JobSession::UpdateParts).
+    JobDefaults job_defaults;
     // Entries in each of a session's two rings ([pool] ring_entries).
     uint32_t ring_entries = JobSession::kRingCapacity;
     // [quotas] reclaim_interval: one user's requests close other users'
@@ -160,6 +152,24 @@ class SessionManager {
                                       const std::string& job_id,
                                       uint64_t plan_bytes, Planner plan);
 
+  // What the manager did to share the pool and the SSD array, per job,
+  // over the job's planes since the manager started (v1::Job's
+  // arena_shrink_asks, arena_grow_asks, planes_closed).
+  struct ShareCounts {
+    uint64_t shrink_asks = 0;    // AskShrinkLocked
+    uint64_t grow_asks = 0;      // GrowAskLocked
+    uint64_t planes_closed = 0;  // ClosePlaneForLocked, each plane once
+  };
+  // By job id; a job absent was never asked or closed.
+  std::map<std::string, ShareCounts> ShareCountsByJob() const;
+  // Seconds the optimizer spent on jobs' updates since the manager
+  // started: every plane's SessionStatus.optimizer_seconds, closed ones
+  // included (v1::OptimizerStatus.busy_seconds). Never decreases.
+  double OptimizerSeconds() const;
+  // Drops what the manager keeps of job `job_id`, deleted: its counts and
+  // its arena cap.
+  void ForgetJob(const std::string& job_id);
+
   // What lohand holds in its memory for `uid` ([quotas] daemon_memory):
   // its jobs' store tensors, but `except_tensors_of`'s, and its sessions'
   // kept plans, but `except_plan_of`'s (either may be empty).
@@ -195,8 +205,11 @@ class SessionManager {
     // RegisterModel runs on it (without the manager's lock): the session
     // is not closed until it returns.
     bool registering = false;
-    // The arena fields of its job's model (JobSpec.model, ArenaFieldsOf);
-    // none: a job kept without a model, whose arena cannot change.
+    // The arena fields of its job's model (JobSpec.model, ArenaFieldsOf),
+    // and once its model is registered, of the spec registered: what its
+    // client registers again when it moves, so what its asks to shrink
+    // and grow are sized for (one registered as given has no smaller
+    // arena). None: a job kept without a model, whose arena cannot change.
     std::optional<v1::ModelSpec> model;
     // What its client is asked at each iteration's end (ArenaAsked) until
     // it moves: the arena bytes of its next plane; 0: nothing.
@@ -399,6 +412,9 @@ class SessionManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // parts_.clock, or absl::Now.
   absl::Time Now() const;
+  // `seconds` in whole nanoseconds: sums of them are exact, so a total
+  // that moves from the open planes' to the closed ones' never goes back.
+  static int64_t Nanos(double seconds);
   // The ledger's reclaimer (SpaceLedger::SetReclaimer): for the users in
   // `beyond` (newest first) until what each holds beyond its share is
   // covered: a training plane whose swapped activations cover it keeps
@@ -476,6 +492,17 @@ class SessionManager {
     absl::Time until;
   };
   std::map<std::string, Reservation> reserved_ ABSL_GUARDED_BY(mu_);
+  // By job: ShareCounts, and the serial of the job's plane last counted
+  // closed (a plane closed at the end of its iteration and then at once,
+  // the escalation, is closed once).
+  struct JobShareCounts {
+    ShareCounts counts;
+    uint64_t closed_serial = 0;
+  };
+  std::map<std::string, JobShareCounts> share_counts_ ABSL_GUARDED_BY(mu_);
+  // Optimizer time of the planes no longer in sessions_ with a session
+  // (closing or closed), in Nanos: OptimizerSeconds adds the open ones'.
+  int64_t closed_optimizer_nanos_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t last_serial_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -278,6 +278,11 @@ void SessionManager::ClosePlaneForLocked(uid_t owner, const std::string& job_id,
   spdlog::info("job {}: {}", c.job_id, why);
   parts_.jobs->NoteFailure(c.job_id, absl::ResourceExhaustedError(why));
   NoteReclaimedLocked(owner, c);
+  JobShareCounts& counts = share_counts_[c.job_id];
+  if (counts.closed_serial != c.serial) {
+    counts.closed_serial = c.serial;
+    ++counts.counts.planes_closed;
+  }
 }
 
 absl::Time SessionManager::Now() const {
@@ -346,6 +351,7 @@ void SessionManager::AskShrinkLocked(uid_t owner, const std::string& job_id,
   arena_caps_[c.job_id] = ArenaCap{.bytes = target, .at = Now(), .why = why};
   spdlog::info("job {}: {}", c.job_id, why);
   NoteReclaimedLocked(owner, c, target);
+  ++share_counts_[c.job_id].counts.shrink_asks;
 }
 
 uint64_t SessionManager::ArenaAsked(const std::string& job_id) {
@@ -392,6 +398,7 @@ uint64_t SessionManager::GrowAskLocked(const std::string& job_id,
   arena_caps_[job_id] =
       ArenaCap{.bytes = whole ? 0 : choice->arena_bytes, .at = now, .why = why};
   spdlog::info("job {}: {}", job_id, why);
+  ++share_counts_[job_id].counts.grow_asks;
   return live.arena_asked;
 }
 
@@ -438,6 +445,22 @@ void SessionManager::NoteReclaimedLocked(uid_t owner, const Candidate& c,
   if (parts_.reclaim_grace > absl::ZeroDuration()) {
     gave_way_[c.job_id] = GaveWay{.at = now, .serial = c.serial, .kept = kept};
   }
+}
+
+std::map<std::string, SessionManager::ShareCounts>
+SessionManager::ShareCountsByJob() const {
+  absl::MutexLock lock(&mu_);
+  std::map<std::string, ShareCounts> by_job;
+  for (const auto& [job_id, counted] : share_counts_) {
+    by_job.emplace(job_id, counted.counts);
+  }
+  return by_job;
+}
+
+void SessionManager::ForgetJob(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  share_counts_.erase(job_id);
+  arena_caps_.erase(job_id);
 }
 
 std::vector<SessionManager::Candidate> SessionManager::OthersNewestFirstLocked(

@@ -5,6 +5,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "layout/durability.h"
+
 namespace lohan::torch_plugin {
 namespace {
 
@@ -36,19 +38,20 @@ void ValidateOptions(const Options& options) {
     throw std::invalid_argument("lohan Options: eps=" + Format(options.eps) +
                                 " must be > 0");
   }
-  if (options.commit_interval > 1000000) {
-    throw std::invalid_argument(
-        "lohan Options: commit_interval=" +
-        std::to_string(options.commit_interval) +
-        " must be at most 1000000 (0: lohand's default, 1: every step)");
+  if (options.commit_interval > kMaxCommitInterval) {
+    throw std::invalid_argument("lohan Options: commit_interval=" +
+                                std::to_string(options.commit_interval) +
+                                " must be at most " +
+                                std::to_string(kMaxCommitInterval) +
+                                " (0: lohand's default, 1: every step)");
   }
   CheckRange("durable_every_seconds", options.durable_every_seconds, 0.0,
-             7 * 24 * 3600.0);
+             kMaxDurableEverySeconds);
   if (options.durable_every_seconds > 0.0 && options.commit_interval != 0) {
     throw std::invalid_argument(
         "lohan Options: durable_every_seconds=" +
-        Format(options.durable_every_seconds) + " and commit_interval=" +
-        std::to_string(options.commit_interval) +
+        Format(options.durable_every_seconds) +
+        " and commit_interval=" + std::to_string(options.commit_interval) +
         ": durability is by steps or by time, give one");
   }
   if (options.clip_schedule != "deferred" &&

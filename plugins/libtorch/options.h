@@ -81,7 +81,7 @@ struct Options {
   // tier) are committed durably (ModelSpec.commit_interval; the Python
   // plugin's commit_interval): a lohand crash resumes at the last durable
   // step. 0: lohand's [pool] commit_interval; 1: every step; at most
-  // 1000000.
+  // kMaxCommitInterval (layout/durability.h).
   uint32_t commit_interval = 0;
   // Or by time (ModelSpec.durable_every_seconds): durable once this many
   // seconds passed since the last durable step; 0: see commit_interval.

@@ -13,6 +13,8 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+
 extern char** environ;
 
 namespace lohan::testing {
@@ -155,8 +157,15 @@ std::string Runfile(const std::string& relative) {
 }
 
 std::vector<std::string> AsNobody(const std::vector<std::string>& argv) {
-  std::vector<std::string> wrapped = {"/usr/bin/setpriv", "--reuid=65534",
-                                      "--regid=65534", "--clear-groups"};
+  return AsUser(65534, argv);
+}
+
+std::vector<std::string> AsUser(uid_t uid,
+                                const std::vector<std::string>& argv) {
+  if (uid == 0) return argv;
+  std::vector<std::string> wrapped = {
+      "/usr/bin/setpriv", absl::StrCat("--reuid=", uid),
+      absl::StrCat("--regid=", uid), "--clear-groups"};
   wrapped.insert(wrapped.end(), argv.begin(), argv.end());
   return wrapped;
 }

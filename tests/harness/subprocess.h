@@ -61,6 +61,10 @@ std::string Runfile(const std::string& relative);
 // `argv` to run as uid and gid 65534 (nobody) with no groups, through
 // setpriv: a real second user. REQUIRES: the test runs as root.
 std::vector<std::string> AsNobody(const std::vector<std::string>& argv);
+// The same as `uid` (and gid `uid`): 0 runs `argv` as it is, 1 (daemon)
+// is a real third user beside root and nobody.
+std::vector<std::string> AsUser(uid_t uid,
+                                const std::vector<std::string>& argv);
 
 // Copies runfile `relative` into `dir` (nobody cannot reach Bazel's output
 // tree; a PublicTempDir it can) and returns the copy's path; empty when the

@@ -103,16 +103,43 @@ def test_linear_cross_entropy_sums_over_a_divisor_and_checks_its_input():
 
 
 def test_the_default_chunk_holds_256_mib_of_fp32_logits():
-    assert default_chunk_tokens(50257) == 1335
-    assert default_chunk_tokens(128256) == 523
-    assert default_chunk_tokens(1 << 40) == 1
+    """Rounded down to a multiple of 8 tokens (1,335 and 523 before), at
+    least 8 (plan/model_counts.h DefaultLossChunkTokens: the same cases in
+    model_counts_test.cc)."""
+    assert default_chunk_tokens(50257) == 1328
+    assert default_chunk_tokens(128256) == 520
+    assert default_chunk_tokens(8192) == 8192
+    assert default_chunk_tokens(50257) * 50257 * 4 <= 256 << 20
+    assert default_chunk_tokens(1 << 40) == 8
     # Every token in one chunk when that holds no more than chunks with
-    # the head's fp32 accumulator (plan/model_counts.h LossChunkTokensFor:
-    # the same cases in model_counts_test.cc).
+    # the head's fp32 accumulator (LossChunkTokensFor).
     assert chunk_tokens_for(1024, 50257, 5120) == 1024
-    assert chunk_tokens_for(65536, 50257, 5120) == 1335
+    assert chunk_tokens_for(65536, 50257, 5120) == 1328
     assert chunk_tokens_for(2048, 128256, 16384) == 2048
-    assert chunk_tokens_for(65536, 128256, 16384) == 523
+    assert chunk_tokens_for(65536, 128256, 16384) == 520
+
+
+@pytest.mark.skipif(not torch.backends.mkl.is_available(),
+                    reason="measured for MKL's GEMM")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunks_of_multiples_of_8_rows_give_the_models_row_gradients(dtype):
+    """Every head product over a multiple of 8 rows, the last chunk's
+    too (37 tokens: chunks of 8 end in 5 rows, made over 8): each hidden
+    state's gradient is the model's bit for bit. Chunks of 5 show what
+    that avoids: MKL rounds a row of a 5-row product differently."""
+    hidden, head, targets = _rows(dtype, True)
+    F.cross_entropy(head(hidden).float(), targets).backward()
+    want = _grads(hidden, head.weight, head.bias)[0]
+    for chunk in (8, 16, 32):
+        linear_cross_entropy(hidden, head.weight, head.bias, targets,
+                             chunk_tokens=chunk).backward()
+        assert torch.equal(_grads(hidden, head.weight, head.bias)[0], want), (
+            chunk)
+    if dtype == torch.float32:  # 16-bit products round alike in any rows
+        linear_cross_entropy(hidden, head.weight, head.bias, targets,
+                             chunk_tokens=5).backward()
+        assert not torch.equal(_grads(hidden, head.weight, head.bias)[0],
+                               want)
 
 
 # ------------------------------------------------- Hugging Face causal LMs

@@ -36,7 +36,11 @@ FAMILIES = {
     "lohan_jobs_attached": "gauge",
     "lohan_data_planes": "gauge",
     "lohan_jobs_not_listed": "gauge",
+    "lohan_optimizer_seconds": "counter",
     "lohan_job_ssd_held_bytes": "gauge",
+    "lohan_job_arena_shrink_asks": "counter",
+    "lohan_job_arena_grow_asks": "counter",
+    "lohan_job_planes_closed": "counter",
     "lohan_job_steps": "counter",
     "lohan_job_last_step_seconds": "gauge",
     "lohan_job_mean_step_seconds": "gauge",
@@ -95,12 +99,19 @@ def expected(status: dict) -> Dict[Key, float]:
     put("lohan_jobs_attached", status["attached_jobs"])
     put("lohan_data_planes", status["data_planes"])
     put("lohan_jobs_not_listed", status["jobs_not_listed"])
+    put("lohan_optimizer_seconds_total", status["optimizer"]["busy_seconds"])
     labels = {}
     for job in status["jobs"]:
         labels[job["id"]] = dict(job_id=job["id"], job_name=job["spec"]["name"],
                                  owner_uid=str(job["owner_uid"]),
                                  owner=job["owner_name"])
         put("lohan_job_ssd_held_bytes", job["ssd_bytes"], **labels[job["id"]])
+        put("lohan_job_arena_shrink_asks_total", job["arena_shrink_asks"],
+            **labels[job["id"]])
+        put("lohan_job_arena_grow_asks_total", job["arena_grow_asks"],
+            **labels[job["id"]])
+        put("lohan_job_planes_closed_total", job["planes_closed"],
+            **labels[job["id"]])
     for session in status["sessions"]:
         of = labels[session["job_id"]]
         put("lohan_job_steps_total", session["iteration"], **of)
@@ -240,6 +251,16 @@ def test_the_textfile_and_lohanctl_metrics_match_status(
         assert samples[("lohan_job_ssd_written_bytes_total", labels)] > 0
         assert samples[("lohan_job_arena_bytes", labels)] > 0
         assert samples[("lohan_data_planes", ())] == 1
+        # Alone, the job had lohand's optimizer to itself: its share is 1.
+        optimizer = samples[("lohan_job_optimizer_seconds_total", labels)]
+        assert optimizer > 0
+        assert samples[("lohan_optimizer_seconds_total", ())] == (
+            pytest.approx(optimizer, abs=1e-6))
+        # Nobody else wanted the pool: nothing asked, nothing closed.
+        for name in ("lohan_job_arena_shrink_asks_total",
+                     "lohan_job_arena_grow_asks_total",
+                     "lohan_job_planes_closed_total"):
+            assert samples[(name, labels)] == 0, name
         # lohanctl metrics: the same text, as root sees it.
         matches_status(lambda: lohanctl(daemon.socket, "metrics"),
                        daemon.socket, time.monotonic() + 30)
@@ -257,6 +278,9 @@ def test_the_textfile_and_lohanctl_metrics_match_status(
             time.sleep(0.2)
         assert samples[("lohan_job_ssd_held_bytes", labels)] > 0
         assert samples[("lohan_data_planes", ())] == 0
+        # lohand's optimizer time keeps the closed plane's: a counter.
+        assert samples[("lohan_optimizer_seconds_total", ())] >= optimizer
+        assert samples[("lohan_job_planes_closed_total", labels)] == 0
         assert daemon.stop() == 0, daemon.log()
     finally:
         daemon.stop(signal.SIGKILL)
@@ -288,10 +312,16 @@ def test_lohanctl_metrics_as_another_user_shows_none_of_roots_jobs(
         [roots_job] = [j["id"] for j in roots["jobs"]
                        if j["spec"]["name"] == "roots-secret"]
         assert roots_job not in text
-        per_job = [dict(labels) for name, labels in samples
-                   if name.startswith("lohan_job_")]
-        assert per_job == [{"job_id": nobodys_job, "job_name": "nobodys-own",
-                            "owner": "nobody", "owner_uid": "65534"}]
+        # Nobody's job, with no data plane: the series of every job listed.
+        per_job = sorted(((name, dict(labels)) for name, labels in samples
+                          if name.startswith("lohan_job_")),
+                         key=lambda sample: sample[0])
+        nobodys = {"job_id": nobodys_job, "job_name": "nobodys-own",
+                   "owner": "nobody", "owner_uid": "65534"}
+        assert per_job == [(name, nobodys) for name in sorted((
+            "lohan_job_ssd_held_bytes", "lohan_job_arena_shrink_asks_total",
+            "lohan_job_arena_grow_asks_total",
+            "lohan_job_planes_closed_total"))], per_job
         # Counted over every user, never named.
         assert samples[("lohan_jobs", ())] == 2
         assert samples[("lohan_data_planes", ())] == 1

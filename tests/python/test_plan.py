@@ -106,6 +106,11 @@ def test_a_gpt2_block_saves_at_least_what_the_planner_counts(
      "need a backward a sublayer at a time"),
     (["--full-logits", "--loss-chunk-tokens", "64"],
      "--loss-chunk-tokens and --full-logits: give one"),
+    # lohand's own bound (layout/durability.h), not another.
+    (["--commit-interval", "1000001"],
+     "--commit-interval must be from 1 (every iteration durable) to "
+     "1000000, got 1000001"),
+    (["--commit-interval", "0"], "--commit-interval must be from 1"),
 ])
 def test_bad_loss_and_unit_flags_are_refused_by_name(args, says):
     result = subprocess.run(

@@ -10,7 +10,9 @@ the front of its states (4 bytes a parameter, not the whole state).
 With a state tier ([pool] state_tier), the states of the first layers that
 fit it (and their streamed weights) are read from lohand's memory instead:
 only the other layers' are read from the SSDs, and every layer's state is
-still written.
+still written. What the tier has left beside those states keeps streamed
+gradients, in the order backward hands them over, whole chunks that fit:
+those never reach the SSDs.
 Catalog records and the per-job meta add a few pages; the bound allows 5%.
 Reads go by stripe unit (each has its checksum), so the weights alone cost
 the stripe units that hold them.
@@ -18,6 +20,8 @@ the stripe units that hold them.
 
 from __future__ import annotations
 
+import json
+import subprocess
 from pathlib import Path
 from typing import Tuple
 
@@ -77,11 +81,24 @@ def in_tier(layers, tier: int) -> int:
     return held
 
 
+def grads_in_tier(layers, tier: int, resident: int) -> set:
+    """The layers (one chunk each here) whose streamed gradients the tier
+    keeps: taken in backward order (the last layer first) while they fit
+    in what the first `resident` layers' states leave of it."""
+    room = tier - sum(12 * n for n in layers[:resident])
+    kept, total = set(), 0
+    for layer in reversed(range(len(layers))):
+        if total + 4 * layers[layer] <= room:
+            total += 4 * layers[layer]
+            kept.add(layer)
+    return kept
+
+
 @pytest.mark.parametrize("tier", ["0", "16MiB", "32MiB"])
 @pytest.mark.parametrize("buffers", ["resident", "streamed"])
 def test_fp32_ssd_bytes_per_step_are_the_layouts_minimum(tmp_path, buffers,
                                                         tier):
-    from conftest import Daemon
+    from conftest import Daemon, built
     daemon = Daemon(tmp_path, ssd_capacity="256MiB",
                     extra_args=("--state-tier", tier))
     model = Stack()
@@ -102,6 +119,11 @@ def test_fp32_ssd_bytes_per_step_are_the_layouts_minimum(tmp_path, buffers,
                 model(x).pow(2).mean().backward()
                 engine.step()  # every layer's weights fetched: all done
             after = io(daemon.process.pid)
+            sessions = json.loads(subprocess.run(
+                [str(built("client/ctl/lohanctl")), "--socket",
+                 daemon.socket, "status", "--json"],
+                capture_output=True, text=True, check=True,
+                timeout=60).stdout)["sessions"]
     finally:
         daemon.stop()
     tier_bytes = {"0": 0, "16MiB": 16 << 20, "32MiB": 32 << 20}[tier]
@@ -110,12 +132,21 @@ def test_fp32_ssd_bytes_per_step_are_the_layouts_minimum(tmp_path, buffers,
     want_written = sum(padded(12 * n) for n in layers)
     want_read = sum(padded(12 * n) for n in layers[resident:])
     if buffers == "streamed":
-        # Each gradient stored and read back; each layer's weights read as
-        # the front of its state (from the tier's copy where it has one).
-        want_read += sum(padded(4 * n) for n in layers)
+        # Each gradient stored and read back, unless the tier kept it; each
+        # layer's weights read as the front of its state (from the tier's
+        # copy where it has one).
+        kept = grads_in_tier(layers, tier_bytes, resident)
+        # 16 MiB: the head's gradient beside two states; 32 MiB: every
+        # state, the last block's gradient and the head's.
+        assert kept == {"0": set(), "16MiB": {0}, "32MiB": {0, 2}}[tier]
+        # lohanctl status says so.
+        assert int(sessions[0].get("state_tier_grad_bytes", 0)) == sum(
+            4 * layers[layer] for layer in kept), sessions[0]
+        stored = [n for layer, n in enumerate(layers) if layer not in kept]
+        want_read += sum(padded(4 * n) for n in stored)
         want_read += sum(prefix_read(4 * n, 12 * n)
                          for n in layers[resident:])
-        want_written += sum(padded(4 * n) for n in layers)
+        want_written += sum(padded(4 * n) for n in stored)
     read = (after[0] - before[0]) / steps
     written = (after[1] - before[1]) / steps
     if want_read == 0:  # only the catalog's and meta's pages

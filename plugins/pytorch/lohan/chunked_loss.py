@@ -11,17 +11,29 @@ into the gradients of the hidden states and of the head. Across chunks the
 head's weight gradient accumulates in fp32 and is rounded once to the
 weight's dtype, as one matrix product over every token would be; one chunk
 makes it in one product, as the model does.
+
+In chunks of a multiple of ROW_MULTIPLE rows (the default chunk is one)
+every head product is over a multiple of ROW_MULTIPLE rows: a last chunk
+that is not (the tokens are not) is made over a window that takes in
+rows of the chunk before it up to the next multiple, their results
+dropped. MKL's fp32 GEMM (measured with 1 to 32 threads) rounds each row
+of such a product as it does in the model's product over every token,
+wherever the row is; a product of a few rows, not a multiple of 4, it
+rounds differently, an ulp that training grows (docs/pytorch.md).
 """
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Iterator, Optional, Tuple
 
 import torch
 from torch.nn import functional as F
 
 # The default chunk holds at most this many bytes of fp32 logits.
 DEFAULT_CHUNK_LOGIT_BYTES = 256 << 20
+# Several chunks' head products are over a multiple of this many rows (see
+# the top). plan/ counts the same (kLossChunkRowMultiple).
+ROW_MULTIPLE = 8
 # The head's weight gradient is added to its fp32 accumulator this many
 # bytes of 16-bit product at a time (the vocabulary in slices), so the
 # product needs no head-sized temporary. plan/ counts the same
@@ -34,10 +46,12 @@ _GRADIENT_SLICE_BYTES = 4 << 20
 
 
 def default_chunk_tokens(vocab: int) -> int:
-    """Tokens per chunk when none is given: one chunk's fp32 logits are at
-    most DEFAULT_CHUNK_LOGIT_BYTES (1,335 tokens for GPT-2's vocabulary,
-    523 for Llama 3's). plan/ counts the same rule."""
-    return max(1, DEFAULT_CHUNK_LOGIT_BYTES // (4 * max(1, vocab)))
+    """Tokens per chunk when none is given: the most whose fp32 logits are
+    at most DEFAULT_CHUNK_LOGIT_BYTES, rounded down to a multiple of
+    ROW_MULTIPLE, at least ROW_MULTIPLE (1,328 tokens for GPT-2's
+    vocabulary, 520 for Llama 3's). plan/ counts the same rule."""
+    tokens = DEFAULT_CHUNK_LOGIT_BYTES // (4 * max(1, vocab))
+    return max(ROW_MULTIPLE, tokens // ROW_MULTIPLE * ROW_MULTIPLE)
 
 
 def chunk_tokens_for(tokens: int, vocab: int, hidden: int) -> int:
@@ -124,11 +138,11 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         # (outside autocast) takes again so its products round as the
         # model's own backward does.
         ctx.product_dtype = weight.dtype
-        for start in range(0, rows.shape[0], chunk):
-            logits = F.linear(rows[start:start + chunk], weight, bias)
+        for begin, start, end in _windows(rows.shape[0], chunk):
+            logits = F.linear(rows[begin:end], weight, bias)
             ctx.product_dtype = logits.dtype
-            total += F.cross_entropy(logits.float(),
-                                     targets[start:start + chunk],
+            total += F.cross_entropy(logits[start - begin:].float(),
+                                     targets[start:end],
                                      ignore_index=ignore_index,
                                      reduction="sum")
         ctx.save_for_backward(rows, weight, bias, targets)
@@ -152,13 +166,17 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         dtype = ctx.product_dtype
         weight_as, bias_as = weight.to(dtype), (
             None if bias is None else bias.to(dtype))
-        for start in range(0, rows.shape[0], ctx.chunk):
-            part = rows[start:start + ctx.chunk].to(dtype)
+        for begin, start, end in _windows(rows.shape[0], ctx.chunk):
+            part = rows[begin:end].to(dtype)
             grad_logits = _logits_gradient(
-                part, weight_as, bias_as, targets[start:start + ctx.chunk],
+                part, weight_as, bias_as, targets[start:end],
                 ctx.ignore_index, grad_total)
             if grad_rows is not None:
-                grad_rows[start:start + ctx.chunk] = grad_logits @ weight_as
+                grad_rows[start:end] = (grad_logits @ weight_as)[
+                    start - begin:]
+            # The window's rows before the chunk have a zero gradient.
+            grad_logits, part = grad_logits[start - begin:], part[
+                start - begin:]
             if grad_weight is not None:
                 _add_weight_gradient(grad_weight, grad_logits, part)
             if grad_bias is not None:
@@ -168,6 +186,20 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
                 None if grad_weight is None else grad_weight.to(weight.dtype),
                 None if grad_bias is None else grad_bias.to(bias.dtype),
                 None, None, None)
+
+
+def _windows(tokens: int, chunk: int) -> Iterator[Tuple[int, int, int]]:
+    """(begin, start, end) for each chunk of `chunk` of `tokens` rows: the
+    chunk's rows are start:end, its products are made over begin:end.
+    begin is start, or for a last chunk that is not a multiple of
+    ROW_MULTIPLE rows, end less its rows rounded up to one, when that
+    window is at most `chunk` rows and within the tokens (rows of the
+    chunk before it, made again and dropped)."""
+    for start in range(0, tokens, chunk):
+        end = min(start + chunk, tokens)
+        window = -(-(end - start) // ROW_MULTIPLE) * ROW_MULTIPLE
+        yield (end - window if window <= min(chunk, end) else start,
+               start, end)
 
 
 def _one_chunk_backward(ctx, grad_total: torch.Tensor
@@ -201,9 +233,13 @@ def _logits_gradient(rows: torch.Tensor, weight: torch.Tensor,
     not torch.exp's), fed nll's gradient (-grad_total at each counted
     target). A slice of rows at a time in fp32 (row by row the same
     arithmetic), so besides the logits only their gradient, in their
-    dtype, is whole."""
+    dtype, is whole. `targets` are the last rows' (a window's, _windows):
+    the rows before them get a zero gradient."""
     logits = F.linear(rows, weight, bias)
     grad = torch.empty_like(logits)
+    skip = logits.shape[0] - targets.shape[0]
+    grad[:skip] = 0
+    logits = logits[skip:]
     counted = targets != ignore_index
     picked = torch.where(counted, targets, 0).unsqueeze(-1)
     nll = torch.where(counted, -grad_total.to(torch.float32),
@@ -219,8 +255,9 @@ def _logits_gradient(rows: torch.Tensor, weight: torch.Tensor,
         log_probs = torch.log_softmax(logits[start:end].float(), -1)
         upstream = torch.zeros_like(log_probs)
         upstream.scatter_(-1, picked[start:end], nll[start:end])
-        grad[start:end] = torch.ops.aten._log_softmax_backward_data(
-            upstream, log_probs, -1, torch.float32)
+        grad[skip + start:skip + end] = (
+            torch.ops.aten._log_softmax_backward_data(
+                upstream, log_probs, -1, torch.float32))
     return grad
 
 

@@ -1,18 +1,18 @@
 """The chunked loss (lohan/chunked_loss.py, lohan/causal_lm.py) against the
 model's own: the same loss and gradients with at most one chunk's logits,
 for GPT-2, Llama and OPT shapes from configs, with ignored and padded
-labels, Trainer's num_items_in_batch and given shift_labels; and lohan
-training with it equals torch AdamW on the model's own loss.
+labels, Trainer's num_items_in_batch and given shift_labels. lohan
+training through it against torch AdamW: test_chunked_loss_spread.py.
 
 Tolerances: one chunk's loss and every gradient are the model's own, bit
 for bit (the same products, and the logits' gradient made by torch's own
 log-softmax backward kernel, fed nll's gradient); several chunks add the
 loss in another order (1e-6 relative) and the head's weight gradient in
-fp32 per chunk, rounded once (each row's logit gradient is still the
-model's): the head's gradients differ from the model's by a few units in
-the last place of the largest (4 eps of the dtype, relative to it), and
-the model's, after backward through the blocks, by the suite's
-tolerances (GRAD_RTOL).
+fp32 per chunk, rounded once: the head's gradients are within what any
+two correct roundings of the same sums can differ by (_rounding_bounds:
+how far depends on the CPU's GEMM kernels, not on lohan), and the model's,
+after backward through the blocks, by the suite's tolerances
+(GRAD_RTOL).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from lohan import causal_lm
 from lohan.chunked_loss import (chunk_tokens_for, default_chunk_tokens,
                                 linear_cross_entropy, working_bytes)
 from lohan.options import EngineOptions
-from test_engine import BETAS, EPS, LR, WD, assert_fp32_close, engine_for
+from test_engine import engine_for
 
 transformers = pytest.importorskip("transformers")
 
@@ -57,6 +57,41 @@ def _grads(*tensors: torch.Tensor) -> List[torch.Tensor]:
     return grads
 
 
+def _rounding_bounds(hidden: torch.Tensor, head: nn.Linear,
+                     targets: torch.Tensor) -> List[torch.Tensor]:
+    """Per gradient (hidden's, the head's weight and bias), elementwise,
+    the most two correct computations of it in the dtype can differ by,
+    whatever order and blocking their sums take (Higham's bound: a sum of n
+    products in fp32 is within gamma_n = n u / (1 - n u) of the sum of
+    their magnitudes, u = eps / 2, for each; both within it of the exact
+    value): 2 gamma_n |dL/dlogits| @ |operand|, n the sum's length, with
+    16-bit operands' roundings of dL/dlogits (a 16-bit ulp) and of the
+    result (the dtype's ulp of it) added. Magnitudes in float64."""
+    h = hidden.detach().double()
+    w = head.weight.detach().double()
+    logits = h @ w.T
+    if head.bias is not None:
+        logits = logits + head.bias.detach().double()
+    counted = targets != -100
+    dlogits = torch.softmax(logits, -1)
+    dlogits[counted, targets[counted]] -= 1
+    dlogits = (dlogits * counted[:, None]).abs() / counted.sum()
+    u32 = torch.finfo(torch.float32).eps / 2
+    u = torch.finfo(hidden.dtype).eps / 2
+
+    def bound(n: int, terms: torch.Tensor) -> torch.Tensor:
+        gamma = n * u32 / (1 - n * u32)
+        operand = 0.0 if hidden.dtype == torch.float32 else u
+        return 2 * (gamma + operand) * terms + 2 * u * terms
+
+    rows = hidden.shape[0]
+    bounds = [bound(w.shape[0], dlogits @ w.abs()),
+              bound(rows, dlogits.T @ h.abs())]
+    if head.bias is not None:
+        bounds.append(bound(rows, dlogits.sum(0)))
+    return bounds
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bias", [False, True])
 def test_linear_cross_entropy_equals_torch_in_one_chunk_and_in_many(
@@ -66,22 +101,25 @@ def test_linear_cross_entropy_equals_torch_in_one_chunk_and_in_many(
     want = F.cross_entropy(head(hidden).float(), targets)
     want.backward()
     want_grads = _grads(*params)
-    ulp = 4 * torch.finfo(dtype).eps
+    bounds = _rounding_bounds(hidden, head, targets)
     for chunk in (1, 6, 37, 1000):
         got = linear_cross_entropy(hidden, head.weight, head.bias, targets,
                                    chunk_tokens=chunk)
         got.backward()
-        if chunk >= 37:  # one chunk: the model's forward arithmetic
+        grads = _grads(*params)
+        if chunk >= 37:  # one chunk: the model's arithmetic, bit for bit
             assert torch.equal(got, want)
-        else:
-            assert got.item() == pytest.approx(want.item(), rel=1e-6)
-        for g, w in zip(_grads(*params), want_grads):
-            assert (g - w).abs().max() <= ulp * w.abs().max(), chunk
+            assert all(torch.equal(g, w) for g, w in zip(grads, want_grads))
+            continue
+        assert got.item() == pytest.approx(want.item(), rel=1e-6)
+        for g, w, most in zip(grads, want_grads, bounds):
+            assert ((g - w).double().abs() <= most).all(), chunk
     # The check can fail: the gradient of the loss without the bias.
-    if bias and dtype == torch.float32:
+    if bias:
         linear_cross_entropy(hidden, head.weight, None, targets).backward()
-        assert (_grads(*params[:2])[1] - want_grads[1]).abs().max() > (
-            ulp * want_grads[1].abs().max())
+        weight_grad = _grads(*params[:2])[1]
+        assert not ((weight_grad - want_grads[1]).double().abs()
+                    <= bounds[1]).all()
         head.bias.grad = None
 
 
@@ -125,8 +163,10 @@ def test_the_default_chunk_holds_256_mib_of_fp32_logits():
 def test_chunks_of_multiples_of_8_rows_give_the_models_row_gradients(dtype):
     """Every head product over a multiple of 8 rows, the last chunk's
     too (37 tokens: chunks of 8 end in 5 rows, made over 8): each hidden
-    state's gradient is the model's bit for bit. Chunks of 5 show what
-    that avoids: MKL rounds a row of a 5-row product differently."""
+    state's gradient is the model's bit for bit. (What that avoids depends
+    on the CPU's MKL kernels: on an AVX-512 AMD EPYC a row of a 5-row fp32
+    product rounded differently from the model's 37-row one; on an Intel
+    Xeon with AVX-512 FP16 it did not.)"""
     hidden, head, targets = _rows(dtype, True)
     F.cross_entropy(head(hidden).float(), targets).backward()
     want = _grads(hidden, head.weight, head.bias)[0]
@@ -135,11 +175,6 @@ def test_chunks_of_multiples_of_8_rows_give_the_models_row_gradients(dtype):
                              chunk_tokens=chunk).backward()
         assert torch.equal(_grads(hidden, head.weight, head.bias)[0], want), (
             chunk)
-    if dtype == torch.float32:  # 16-bit products round alike in any rows
-        linear_cross_entropy(hidden, head.weight, head.bias, targets,
-                             chunk_tokens=5).backward()
-        assert not torch.equal(_grads(hidden, head.weight, head.bias)[0],
-                               want)
 
 
 # ------------------------------------------------- Hugging Face causal LMs
@@ -294,56 +329,6 @@ def test_bad_chunk_sizes_are_refused_naming_the_option(value):
 def test_chunked_loss_must_be_a_bool():
     with pytest.raises(TypeError, match="chunked_loss must be True or False"):
         EngineOptions(chunked_loss="yes")
-
-
-# ------------------------------------------------------- training through lohan
-
-
-def _train(model: nn.Module, step: object, steps: int = 3) -> List[float]:
-    losses = []
-    for _ in range(steps):
-        loss = model(**_batch()).loss
-        step(loss)
-        losses.append(loss.item())
-    return losses
-
-
-@pytest.mark.parametrize("kind,params", [
-    ("gpt2", "resident"), ("gpt2", "offload"), ("llama", "resident"),
-    ("llama", "offload")])
-def test_training_with_the_chunked_loss_equals_torch_adamw(lohand, kind,
-                                                           params):
-    """The reference trains through the same chunked loss (its gradients
-    against the model's own loss are the tests above): Adam turns the
-    rounding differences of gradients near 0 into steps of up to lr,
-    past the suite's fp32 weight tolerance."""
-    model = _model(kind)
-    reference = copy.deepcopy(model)
-    causal_lm.install(reference, True, 5)
-    opt = torch.optim.AdamW(reference.parameters(), lr=LR, betas=BETAS,
-                            eps=EPS, weight_decay=WD)
-
-    def torch_step(loss: torch.Tensor) -> None:
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-
-    want = _train(reference, torch_step)
-    with engine_for(model, lohand, params=params, loss_chunk_tokens=5,
-                    job_name=f"chunked-{kind}-{params}") as engine:
-        def lohan_step(loss: torch.Tensor) -> None:
-            engine.backward(loss)
-            engine.step()
-
-        got = _train(model, lohan_step)
-        assert model(**_batch()).logits is None  # chunked while training
-    assert "forward" not in vars(model)  # close() gave the forward back
-    # GPT-2's key bias: true gradient 0, Adam moves it by rounding noise.
-    noise = {f"transformer.h.{i}.attn.c_attn.bias": slice(32, 64)
-             for i in range(2)} if kind == "gpt2" else None
-    assert_fp32_close(model, reference, got, want, noise)
-    with pytest.raises(AssertionError):  # the check can fail
-        assert_fp32_close(model, _model(kind), got, want, noise)
 
 
 def test_lohan_init_can_turn_it_off(lohand):

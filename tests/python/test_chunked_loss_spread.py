@@ -38,18 +38,20 @@ it; it is bounded by 2 * lr * steps as in the rest of the suite.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import random
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, Iterator, List, Tuple
 
 import pytest
 import torch
 from torch import nn
 
 import lohan
-from lohan import chunked_loss
-from test_chunked_loss import VOCAB, _model
+from lohan import causal_lm, chunked_loss
+from test_chunked_loss import VOCAB, _batch, _model
+from test_engine import BETAS, EPS, FP32_LOSS_RTOL, LR, WD, engine_for
 
 transformers = pytest.importorskip("transformers")
 
@@ -283,3 +285,77 @@ def test_several_chunks_train_within_torchs_own_adamw_spread(
     assert gap <= bound, report
     assert _noise_gap(ours, foreach, noise) <= 2 * config.lr * N_STEPS, (
         report)
+
+
+# ------------------------------------- through the same loss as the reference
+
+
+@pytest.mark.parametrize("kind,params", [
+    ("gpt2", "resident"), ("gpt2", "offload"), ("llama", "resident"),
+    ("llama", "offload")])
+def test_the_same_chunked_loss_trains_as_torch_adamw(lohand, kind, params):
+    """Both torch runs train through the chunked loss lohan installs
+    (chunks of 5 rows), so the gap is lohan's engine and Adam alone; the
+    bound is the same 3x torch's own spread as above. The check can fail:
+    the untrained model is far outside it."""
+    start = _model(kind)
+    foreach, fused, one_thread, ours = (copy.deepcopy(start)
+                                        for _ in range(4))
+    references = []
+    for reference, implementation, threads in (
+            (foreach, "foreach", torch.get_num_threads()),
+            (fused, "fused", torch.get_num_threads()),
+            (one_thread, "foreach", 1)):
+        causal_lm.install(reference, True, 5)
+        opt = torch.optim.AdamW(reference.parameters(), lr=LR, betas=BETAS,
+                                eps=EPS, weight_decay=WD,
+                                **{implementation: True})
+
+        def torch_step(loss: torch.Tensor) -> None:
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+
+        with _threads(threads):
+            references.append(_train(reference, torch_step))
+    with engine_for(ours, lohand, params=params, loss_chunk_tokens=5,
+                    job_name=f"chunked-{kind}-{params}") as engine:
+        def lohan_step(loss: torch.Tensor) -> None:
+            engine.backward(loss)
+            engine.step()
+
+        got = _train(ours, lohan_step)
+        assert ours(**_batch()).logits is None  # chunked while training
+    assert "forward" not in vars(ours)  # close() gave the forward back
+    noise = _noise(start)
+    spread = max(max_relative(fused, foreach, noise)[0],
+                 max_relative(one_thread, foreach, noise)[0])
+    gap, gap_at = max_relative(ours, foreach, noise)
+    bound = FACTOR * max(spread, FLOOR)
+    print(f"{kind} {params}: gap {gap:.3g} ({gap_at}), spread {spread:.3g}")
+    assert gap <= bound, (gap, gap_at, spread)
+    assert _noise_gap(ours, foreach, noise) <= 2 * LR * len(got)
+    assert max(abs(a - b) / abs(b) for a, b in zip(got, references[0])) <= (
+        FP32_LOSS_RTOL)
+    assert max_relative(start, foreach, noise)[0] > bound
+
+
+def _train(model: nn.Module, step: Callable[[torch.Tensor], None],
+           steps: int = 3) -> List[float]:
+    losses = []
+    for _ in range(steps):
+        loss = model(**_batch()).loss
+        step(loss)
+        losses.append(loss.item())
+    return losses
+
+
+@contextlib.contextmanager
+def _threads(count: int) -> Iterator[None]:
+    """torch's intra-op threads set to `count` for the block."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

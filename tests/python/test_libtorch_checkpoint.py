@@ -65,21 +65,26 @@ def cpp(lohand, job: str, *args: str) -> None:
 
 def python_run(lohand, job: str, resume: Path, steps: int,
                save: Path) -> List[float]:
-    """Resumes from `resume`, trains `steps` steps, saves to `save`."""
+    """Resumes from `resume`, trains `steps` steps, saves to `save`, on one
+    torch thread (the rest of the suite keeps its own count)."""
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    model = LinearTanh()
-    losses = []
-    with lohan.init(model, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
-                    socket=lohand.socket, job_name=job,
-                    resume=resume) as engine:
-        for _ in range(steps):
-            x, y = batch(engine.iteration + 1)
-            loss = (model(x) - y).pow(2).mean()
-            engine.backward(loss)
-            engine.step()
-            losses.append(float(loss.item()))
-        engine.save(save, optimizer_state=True)
-        engine.close(delete_job=True)
+    try:
+        model = LinearTanh()
+        losses = []
+        with lohan.init(model, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
+                        socket=lohand.socket, job_name=job,
+                        resume=resume) as engine:
+            for _ in range(steps):
+                x, y = batch(engine.iteration + 1)
+                loss = (model(x) - y).pow(2).mean()
+                engine.backward(loss)
+                engine.step()
+                losses.append(float(loss.item()))
+            engine.save(save, optimizer_state=True)
+            engine.close(delete_job=True)
+    finally:
+        torch.set_num_threads(threads)
     return losses
 
 

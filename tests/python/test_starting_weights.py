@@ -393,6 +393,9 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config
 mode, layers, where = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
+# The test's own thread count: a bf16 product's rounding can depend on it
+# (on CPUs with AVX-512 BF16), and the loss is compared bit for bit.
+torch.set_num_threads(int(sys.argv[5]))
 IDS = torch.randint(0, 8192, (1, 32),
                     generator=torch.Generator().manual_seed(0))
 config = GPT2Config(n_layer=layers, n_embd=1024, n_head=16, vocab_size=8192,
@@ -461,7 +464,8 @@ def test_the_training_process_holds_a_few_layers_whatever_the_depth(
             for mode in ("save", "train"):
                 run = subprocess.run(
                     [sys.executable, str(script), mode, str(layers),
-                     str(where), daemon.socket], capture_output=True,
+                     str(where), daemon.socket,
+                     str(torch.get_num_threads())], capture_output=True,
                     text=True, env=env, timeout=900)
                 assert run.returncode == 0, run.stderr[-4000:]
             found = json.loads(run.stdout.strip().splitlines()[-1])

@@ -3,21 +3,27 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "spec/model_spec_checks.h"
+
 namespace lohan::c_abi {
 namespace {
 
 thread_local std::string last_error;
+thread_local std::string last_error_field;
 
 }  // namespace
 
 const std::string& LastError() { return last_error; }
+const std::string& LastErrorField() { return last_error_field; }
 
 int Report(const absl::Status& status) {
   if (status.ok()) {
     last_error.clear();
+    last_error_field.clear();
     return LOHAN_OK;
   }
   last_error = std::string(status.message());
+  last_error_field = RefusedField(status);
   return static_cast<int>(status.code());
 }
 

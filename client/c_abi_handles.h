@@ -49,9 +49,11 @@ struct lohan_job_list {
 
 namespace lohan::c_abi {
 
-// The calling thread's last error text (lohan_last_error): empty after a
+// The calling thread's last error text (lohan_last_error) and the spec
+// field it refused (lohan_last_error_field, RefusedField): empty after a
 // call that succeeded.
 const std::string& LastError();
+const std::string& LastErrorField();
 
 // The status as a lohan_status code, its message kept as the thread's last
 // error.

@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "spec/model_spec_checks.h"
 #include "wire/version.h"
 
 namespace lohan {
@@ -106,6 +107,11 @@ absl::StatusOr<v1::Job> ControlClient::CreateJob(const v1::JobSpec& spec) {
 
 absl::StatusOr<v1::CreateJobResponse> ControlClient::CreateJobReply(
     const v1::JobSpec& spec) {
+  if (spec.has_model()) {
+    if (absl::Status checked = CheckModelSpec(spec.model()); !checked.ok()) {
+      return checked;
+    }
+  }
   v1::CreateJobRequest request;
   *request.mutable_spec() = spec;
   v1::CreateJobResponse response;
@@ -179,6 +185,9 @@ absl::StatusOr<v1::GetStatusResponse> ControlClient::GetStatus() {
 
 absl::StatusOr<v1::RegisterModelResponse> ControlClient::RegisterModel(
     const v1::RegisterModelRequest& request) {
+  if (absl::Status checked = CheckModelSpec(request.model()); !checked.ok()) {
+    return checked;
+  }
   v1::RegisterModelResponse response;
   // Opening a large model's states takes a while, and lohand may wait up
   // to a minute for SSD space other users give back (docs/security.md).

@@ -17,7 +17,10 @@ std::string DefaultSocketPath();
 
 // A C++ client of lohand's control plane. Connecting says Hello, so a
 // returned client has a daemon that answered and speaks our protocol.
-// Thread-safe: calls may come from several threads at once.
+// Thread-safe: calls may come from several threads at once. A ModelSpec
+// leaves the process only if it passes the checks lohand runs on it
+// (CheckModelSpec, spec/model_spec_checks.h): CreateJob with a model and
+// RegisterModel return that refusal without calling lohand.
 class ControlClient {
  public:
   struct Options {

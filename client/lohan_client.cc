@@ -28,6 +28,7 @@
 #include "client/plane_gone.h"
 #include "client/proto_json.h"
 #include "client/share_move.h"
+#include "spec/model_spec_checks.h"
 #include "wire/ring_entry.h"
 #include "wire/version.h"
 
@@ -99,6 +100,10 @@ extern "C" {
 const char* lohan_version(void) { return lohan::kLohanVersion; }
 
 const char* lohan_last_error(void) { return lohan::c_abi::LastError().c_str(); }
+
+const char* lohan_last_error_field(void) {
+  return lohan::c_abi::LastErrorField().c_str();
+}
 
 const char* lohan_status_name(int status) {
   static const char* const kNames[] = {"OK",
@@ -425,10 +430,40 @@ int lohan_model_spec_json(const lohan_model_spec* spec, char** json_out) {
       !translated.ok()) {
     return Report(translated);
   }
+  if (absl::Status checked = lohan::CheckModelSpec(model_spec); !checked.ok()) {
+    return Report(checked);
+  }
   absl::StatusOr<std::string> json =
       lohan::ToJson(model_spec, /*proto_names=*/true);
   if (!json.ok()) return Report(json.status());
   return CopyOut(*json, json_out);
+}
+
+int lohan_model_spec_check_settings(const lohan_model_spec* spec) {
+  if (spec == nullptr) {
+    return InvalidArgument("lohan_model_spec_check_settings: spec is NULL");
+  }
+  lohan::v1::ModelSpec settings;
+  if (absl::Status translated = lohan::SettingsFromC(*spec, &settings);
+      !translated.ok()) {
+    return Report(translated);
+  }
+  return Report(lohan::CheckSpecSettings(settings));
+}
+
+int lohan_model_spec_check_settings_json(const char* spec_json) {
+  if (spec_json == nullptr) {
+    return InvalidArgument(
+        "lohan_model_spec_check_settings_json: spec_json is NULL");
+  }
+  lohan::v1::ModelSpec settings;
+  if (absl::Status parsed = lohan::FromJson(
+          spec_json, "lohan_model_spec_check_settings_json: spec_json",
+          &settings);
+      !parsed.ok()) {
+    return Report(parsed);
+  }
+  return Report(lohan::CheckSpecSettings(settings));
 }
 
 int lohan_model_register_json(lohan_client* client, lohan_data_plane* plane,

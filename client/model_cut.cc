@@ -9,6 +9,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "spec/model_spec_checks.h"
 
 namespace lohan {
 namespace {
@@ -245,6 +246,13 @@ absl::StatusOr<ParameterSet> ExemptFromDecay(
 }  // namespace
 
 absl::StatusOr<v1::ModelCut> CutModel(const v1::ModelDescription& model) {
+  // A description without a spec asks for the layers alone.
+  if (model.has_spec()) {
+    if (absl::Status settings = CheckSpecSettings(model.spec());
+        !settings.ok()) {
+      return settings;
+    }
+  }
   absl::StatusOr<std::vector<v1::CutLayer>> layers = CutLayers(model);
   if (!layers.ok()) return layers.status();
   v1::ModelCut cut;
@@ -279,6 +287,11 @@ absl::StatusOr<v1::ModelCut> CutModel(const v1::ModelDescription& model) {
   }
   for (const v1::ParamGroup& group : groups.param_groups()) {
     *spec.add_param_groups() = group;
+  }
+  if (model.has_spec()) {
+    if (absl::Status checked = CheckModelSpec(spec); !checked.ok()) {
+      return checked;
+    }
   }
   for (v1::CutLayer& layer : *layers) *cut.add_layers() = std::move(layer);
   return cut;

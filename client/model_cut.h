@@ -28,6 +28,11 @@ namespace lohan {
 // each as element ranges, adjacent ones merged; with data-parallel ranks
 // as ranges of this rank's shards.
 //
+// A description with a spec: its settings and the spec made are checked by
+// the rules lohand runs (spec/model_spec_checks.h: CheckSpecSettings first,
+// CheckModelSpec last; their refusals carry the field, RefusedField). One
+// without asks for the layers alone.
+//
 // INVALID_ARGUMENT naming what is wrong: no trained parameters, a block
 // index out of range, a unit index over 4096, a negative dimension; a group or
 // rule naming a parameter the model does not have, a group naming an untrained

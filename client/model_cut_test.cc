@@ -12,12 +12,21 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/model_cut.pb.h"
+#include "spec/model_spec_checks.h"
 
 namespace lohan {
 namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+
+// A description whose spec has nothing but a dtype (every other setting's
+// default passes).
+v1::ModelDescription WithSettings() {
+  v1::ModelDescription model;
+  model.mutable_spec()->set_dtype(v1::DTYPE_BF16);
+  return model;
+}
 
 // A small GPT: tokens (tied to the head) and positions before the blocks,
 // two blocks of a 4x4 weight and a bias each, a norm after them; a scale
@@ -155,15 +164,17 @@ TEST(CutModel, BadDescriptionsAreRefusedNamingWhatIsWrong) {
   // An untrained parameter among the exemptions is nothing to exempt.
   EXPECT_TRUE(Cut(R"(, "no_weight_decay": ["blocks.2.fc.weight"])").ok());
 
-  v1::ModelDescription empty;
+  // The descriptions below have a spec whose settings pass: what each
+  // refusal names is the description's.
+  v1::ModelDescription empty = WithSettings();
   EXPECT_THAT(CutModel(empty).status().message(),
               HasSubstr("no trainable parameters"));
-  v1::ModelDescription zero_lr;
+  v1::ModelDescription zero_lr = WithSettings();
   zero_lr.add_parameters()->set_name("w");
   zero_lr.add_param_groups()->set_lr(0.5);
   EXPECT_THAT(CutModel(zero_lr).status().message(),
               HasSubstr("the job's lr is 0"));
-  v1::ModelDescription huge_unit;
+  v1::ModelDescription huge_unit = WithSettings();
   v1::DescribedParameter& in_unit = *huge_unit.add_parameters();
   in_unit.set_name("blocks.0.w");
   in_unit.add_blocks(0);
@@ -171,18 +182,37 @@ TEST(CutModel, BadDescriptionsAreRefusedNamingWhatIsWrong) {
   huge_unit.set_blocks(1);
   EXPECT_THAT(CutModel(huge_unit).status().message(),
               HasSubstr("blocks.0.w is in unit 4097 of its block"));
-  v1::ModelDescription outside;
+  v1::ModelDescription outside = WithSettings();
   outside.add_parameters()->add_blocks(1);
   outside.set_blocks(1);
   EXPECT_THAT(CutModel(outside).status().message(),
               HasSubstr("in block 1 of 1"));
 }
 
+// The spec's settings are checked first, by the rules lohand runs
+// (spec/model_spec_checks.h), the refusal carrying the field; the spec the
+// cut makes passes CheckModelSpec whole.
+TEST(CutModel, SpecsAreCheckedAsLohandChecksThem) {
+  v1::ModelDescription model = WithSettings();
+  model.add_parameters()->add_shape(4);
+  ASSERT_TRUE(CutModel(model).ok());
+  model.mutable_spec()->mutable_adam()->set_eps(-1);
+  const absl::Status refused = CutModel(model).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(RefusedField(refused), "adam.eps");
+  model.mutable_spec()->clear_adam();
+  model.mutable_spec()->clear_dtype();
+  EXPECT_EQ(RefusedField(CutModel(model).status()), "dtype");
+  model.mutable_spec()->set_dtype(v1::DTYPE_FP32);
+  model.mutable_parameters(0)->set_shape(0, uint64_t{1} << 41);
+  EXPECT_EQ(RefusedField(CutModel(model).status()), "layer_elements[0]");
+}
+
 // Units: per block its own layer (the parameters in unit 0), then one layer
 // per unit in unit order; an empty unit leaves no layer, and a unit given
 // to a parameter outside a block changes nothing.
 TEST(CutModel, BlocksSplitIntoTheirUnitsInUnitOrder) {
-  v1::ModelDescription model;
+  v1::ModelDescription model = WithSettings();
   model.set_blocks(2);
   auto add = [&](const std::string& name, int64_t elements, int block,
                  uint32_t unit) {

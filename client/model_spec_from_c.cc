@@ -64,12 +64,9 @@ absl::Status CheckArrays(const lohan_model_spec& spec, const Counts& counts) {
   return absl::OkStatus();
 }
 
-// The scalar fields: layers, dtype, Adam, clipping, layout, scheduling.
+// The scalar fields: dtype, Adam, clipping, layout, scheduling.
 void CopyScalars(const lohan_model_spec& spec, v1::ModelSpec* model_spec) {
   const bool has_slots = Has(spec, LOHAN_SPEC_END(weight_slots));
-  for (uint32_t i = 0; i < spec.num_layers; ++i) {
-    model_spec->add_layer_elements(spec.layer_elements[i]);
-  }
   model_spec->set_dtype(static_cast<v1::DType>(spec.dtype));
   v1::AdamSpec* adam = model_spec->mutable_adam();
   adam->set_lr(spec.lr);
@@ -164,21 +161,36 @@ absl::Status CopyParamGroups(const lohan_model_spec& spec, const Counts& counts,
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::Status SpecFromC(const lohan_model_spec& spec,
-                       v1::ModelSpec* model_spec) {
+absl::Status CheckStructSize(const lohan_model_spec& spec) {
   if (!Has(spec, offsetof(lohan_model_spec, grad_slots))) {
     return absl::InvalidArgumentError(
         "lohan_model_register: spec->struct_size is smaller than any "
         "lohan_model_spec; set it to sizeof(lohan_model_spec)");
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status SpecFromC(const lohan_model_spec& spec,
+                       v1::ModelSpec* model_spec) {
+  if (absl::Status size = CheckStructSize(spec); !size.ok()) return size;
   const Counts counts = CountsOf(spec);
   if (absl::Status checked = CheckArrays(spec, counts); !checked.ok()) {
     return checked;
   }
+  for (uint32_t i = 0; i < spec.num_layers; ++i) {
+    model_spec->add_layer_elements(spec.layer_elements[i]);
+  }
   CopyScalars(spec, model_spec);
   return CopyParamGroups(spec, counts, model_spec);
+}
+
+absl::Status SettingsFromC(const lohan_model_spec& spec,
+                           v1::ModelSpec* model_spec) {
+  if (absl::Status size = CheckStructSize(spec); !size.ok()) return size;
+  CopyScalars(spec, model_spec);
+  return absl::OkStatus();
 }
 
 #undef LOHAN_SPEC_END

@@ -16,6 +16,13 @@ namespace lohan {
 // checks the rest.
 absl::Status SpecFromC(const lohan_model_spec& spec, v1::ModelSpec* model_spec);
 
+// The scalars of `spec` alone (no layers, places or groups: its arrays are
+// not read), for checking a binding's settings before there is a model
+// (lohan_model_spec_check_settings). INVALID_ARGUMENT for a struct_size
+// smaller than any version.
+absl::Status SettingsFromC(const lohan_model_spec& spec,
+                           v1::ModelSpec* model_spec);
+
 }  // namespace lohan
 
 #endif  // LOHAN_CLIENT_MODEL_SPEC_FROM_C_H_

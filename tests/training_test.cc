@@ -8,6 +8,7 @@
 // against float64 over a few steps the difference is a few fp32 ulps of the
 // update, far inside this bound, while any wrong step count, bias
 // correction, clip scale or lost update is larger by orders of magnitude.
+#include <grpcpp/grpcpp.h>
 #include <signal.h>
 
 #include <array>
@@ -24,6 +25,7 @@
 #include "daemon/optim/half.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "spec/model_spec_checks.h"
 #include "tests/dumped_weights.h"
 #include "tests/harness/daemon_process.h"
 #include "tests/harness/subprocess.h"
@@ -272,6 +274,23 @@ TEST_F(TrainingTest, StatusShowsTrainingProgress) {
   EXPECT_THAT(text.out, HasSubstr("0 B on the SSDs only; SSD "));
 }
 
+// RegisterModel straight over gRPC, past ControlClient's checks of the
+// spec (spec/model_spec_checks.h): what lohand answers a client that skips
+// them.
+absl::Status RegisterPastTheClientChecks(
+    const DaemonProcess& daemon, const v1::RegisterModelRequest& request) {
+  std::unique_ptr<v1::Lohan::Stub> stub =
+      v1::Lohan::NewStub(grpc::CreateChannel(
+          "unix:" + daemon.socket(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(60));
+  v1::RegisterModelResponse response;
+  const grpc::Status status = stub->RegisterModel(&context, request, &response);
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      status.error_message());
+}
+
 TEST_F(TrainingTest, RegisterModelRefusesBadSpecs) {
   auto client = ControlClient::Connect({.socket_path = daemon_->socket()});
   ASSERT_TRUE(client.ok());
@@ -320,9 +339,20 @@ TEST_F(TrainingTest, RegisterModelRefusesBadSpecs) {
   for (const Case& c : cases) {
     v1::RegisterModelRequest request = good();
     c.mutate(request);
-    absl::Status status = (*client)->RegisterModel(request).status();
+    // lohand's own answer, to a client that skips liblohan_client's checks.
+    absl::Status status = RegisterPastTheClientChecks(*daemon_, request);
     EXPECT_EQ(status.code(), c.code) << status;
     EXPECT_FALSE(status.message().empty());
+    // ControlClient refuses a spec the checks refuse with the same words,
+    // naming the field, before it reaches lohand.
+    absl::Status client_side = (*client)->RegisterModel(request).status();
+    EXPECT_EQ(client_side.code(), c.code) << client_side;
+    if (c.code == absl::StatusCode::kInvalidArgument) {
+      EXPECT_EQ(client_side.message(), status.message());
+      EXPECT_FALSE(RefusedField(client_side).empty()) << client_side;
+    } else {
+      EXPECT_EQ(RefusedField(client_side), "") << client_side;
+    }
   }
   // After all that (the refused ones gave their slots back), a spec that
   // needs most of the arena registers on the same data plane.

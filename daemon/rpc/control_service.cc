@@ -11,10 +11,10 @@
 #include "daemon/quota/daemon_memory.h"
 #include "daemon/rpc/job_removal.h"
 #include "daemon/session/arena_layout.h"
-#include "daemon/session/model_spec_checks.h"
 #include "layout/durability.h"
 #include "plan/job_plan.h"
 #include "spdlog/spdlog.h"
+#include "spec/model_spec_checks.h"
 #include "wire/version.h"
 
 namespace lohan {

@@ -12,9 +12,9 @@
 #include "daemon/session/arena_layout.h"
 #include "daemon/session/job_settings.h"
 #include "daemon/session/model_layout_of.h"
-#include "daemon/session/model_spec_checks.h"
 #include "layout/job_space.h"
 #include "spdlog/spdlog.h"
+#include "spec/model_spec_checks.h"
 
 namespace lohan {
 namespace {

@@ -2,7 +2,8 @@
 
 #include <algorithm>
 
-#include "daemon/session/model_spec_checks.h"
+#include "absl/strings/str_cat.h"
+#include "spec/model_spec_checks.h"
 
 namespace lohan {
 
@@ -12,6 +13,16 @@ absl::StatusOr<JobSettings> ResolveJobSettings(const v1::ModelSpec& spec,
   if (absl::Status durability = CheckRequestedDurability(spec);
       !durability.ok()) {
     return durability;
+  }
+  if (job.data_parallel_rank &&
+      (spec.commit_interval() > 1 || spec.durable_every_seconds() > 0.0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ModelSpec ",
+        spec.durable_every_seconds() > 0.0 ? "durable_every_seconds"
+                                           : "commit_interval",
+        " asks for fewer durable steps, but a data-parallel rank's job makes "
+        "every step durable (it keeps the commit its peers may go back to); "
+        "leave durability to the default for ranks"));
   }
   JobSettings settings;
   settings.clip_schedule = spec.clip_schedule() == v1::CLIP_SCHEDULE_REDO_ALL

@@ -78,13 +78,15 @@ struct JobSettings {
 //     durable_every_seconds nonzero), else the daemon's;
 //   - a job that must commit every iteration durably does so, whatever the
 //     daemon's default: a data-parallel rank's job (its kept commit is the
-//     one its peers may go back to), even one whose spec states another
-//     durability, and a job on the redo-all clip schedule (whose spec may
-//     state none beyond an interval of 1: refused, see below);
+//     one its peers may go back to) and a job on the redo-all clip
+//     schedule; a spec of either that asks for more than every iteration
+//     is refused, not overridden (see below);
 //   - the read-ahead memory and the state tier are the daemon's, the tier
 //     limited to the owner's quota of it.
 // INVALID_ARGUMENT naming the option when the spec's request cannot work
-// (CheckRequestedDurability, model_spec_checks.h).
+// (CheckRequestedDurability, spec/model_spec_checks.h), or cannot work for
+// this job (a rank's job asking for commit_interval > 1 or
+// durable_every_seconds).
 absl::StatusOr<JobSettings> ResolveJobSettings(const v1::ModelSpec& spec,
                                                const JobDefaults& defaults,
                                                const JobContext& job);

@@ -114,12 +114,31 @@ TEST(ResolveJobSettings, ARankCommitsEveryIterationWhateverTheDefault) {
   EXPECT_EQ(settings->commit_interval, 1u);
   EXPECT_EQ(settings->durable_every_seconds, 0.0);
 
-  v1::ModelSpec spec;
-  spec.set_durable_every_seconds(60.0);
-  settings = ResolveJobSettings(spec, Defaults(), {.data_parallel_rank = true});
+  // A rank's spec may say every step (1), not fewer: refused, not
+  // overridden.
+  v1::ModelSpec every_step;
+  every_step.set_commit_interval(1);
+  settings =
+      ResolveJobSettings(every_step, Defaults(), {.data_parallel_rank = true});
   ASSERT_TRUE(settings.ok()) << settings.status();
   EXPECT_EQ(settings->commit_interval, 1u);
-  EXPECT_EQ(settings->durable_every_seconds, 0.0);
+  v1::ModelSpec by_time;
+  by_time.set_durable_every_seconds(60.0);
+  settings =
+      ResolveJobSettings(by_time, Defaults(), {.data_parallel_rank = true});
+  EXPECT_EQ(settings.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(settings.status().message()),
+              HasSubstr("ModelSpec durable_every_seconds asks for fewer "
+                        "durable steps, but a data-parallel rank's job"));
+  v1::ModelSpec by_steps;
+  by_steps.set_commit_interval(4);
+  settings =
+      ResolveJobSettings(by_steps, Defaults(), {.data_parallel_rank = true});
+  EXPECT_EQ(settings.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(settings.status().message()),
+              HasSubstr("ModelSpec commit_interval asks for fewer"));
+  // The same specs on a job of its own are what they say.
+  EXPECT_EQ(ResolveJobSettings(by_steps, Defaults(), {})->commit_interval, 4u);
 }
 
 TEST(ResolveJobSettings, RefusalsNameTheOption) {

@@ -1,8 +1,8 @@
 #include "daemon/session/model_layout_of.h"
 
-#include "daemon/session/model_spec_checks.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "spec/model_spec_checks.h"
 
 namespace lohan {
 namespace {

@@ -69,22 +69,7 @@ std::string SpecJson(
   std::vector<uint64_t> elements;
   for (const Layer& layer : layers) elements.push_back(layer.numel);
   builder.set_layer_elements(std::move(elements));
-  spec.dtype = options.dtype == "bf16" ? LOHAN_DTYPE_BF16 : LOHAN_DTYPE_FP32;
-  spec.lr = options.lr;
-  spec.beta1 = options.beta1;
-  spec.beta2 = options.beta2;
-  spec.eps = options.eps;
-  spec.weight_decay = options.weight_decay;
-  spec.max_grad_norm = options.max_grad_norm;
-  spec.bf16_moments = options.bf16_moments ? 1 : 0;
-  spec.skip_nonfinite = options.skip_nonfinite ? 1 : 0;
-  spec.clip_schedule = options.clip_schedule == "redo-all"
-                           ? LOHAN_CLIP_REDO_ALL
-                           : LOHAN_CLIP_DEFERRED;
-  spec.chunk_elements = options.chunk_elements;
-  spec.in_order_service = options.service == "in-order" ? 1 : 0;
-  spec.commit_interval = options.commit_interval;
-  spec.durable_every_seconds = options.durable_every_seconds;
+  SetSpecSettings(options, spec);
   const uint32_t count = static_cast<uint32_t>(layers.size());
   const uint32_t streamed =
       count > 1 ? std::min(options.stream_buffers, count - 1) : 0;

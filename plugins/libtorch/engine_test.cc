@@ -238,7 +238,8 @@ TEST_F(EngineTest, BadOptionsAreRefused) {
   Options negative_lr = options;
   negative_lr.lr = -1e-3;
   EXPECT_EQ(refusal(negative_lr, model->block_list()),
-            "lohan Options: lr=-0.001 must be in [0, inf)");
+            "lohan Options: lr: ModelSpec adam.lr must be finite and >= 0; "
+            "got -0.001");
   Options fp8 = options;
   fp8.dtype = "fp8";
   EXPECT_EQ(refusal(fp8, model->block_list()),
@@ -398,9 +399,10 @@ TEST_F(EngineTest, ParamGroupsKeepTheirRatioUnderAnLrSchedule) {
 TEST_F(EngineTest, ParamGroupsBecomeTheDaemonsElementRanges) {
   tiny_gpt::Model model = tiny_gpt::MakeModel(config_, kSeed);
   const Options options = GroupedOptions(socket(), "ranges", *model);
-  const ModelPlan plan =
-      PlanModel(model.ptr(), model->block_list(), &options,
-                "{\"adam\":{\"lr\":" + JsonNumber(options.lr) + "}}");
+  const ModelPlan plan = PlanModel(
+      model.ptr(), model->block_list(), &options,
+      "{\"dtype\":\"DTYPE_FP32\",\"adam\":{\"lr\":" + JsonNumber(options.lr) +
+          "}}");
   const std::vector<Layer>& layers = plan.layers;
   const uint64_t dim = config_.dim;
   const uint64_t tokens = config_.vocab * dim;

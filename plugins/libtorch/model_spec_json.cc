@@ -34,6 +34,25 @@ std::string ModelSpecBuilder::Json() {
   return owned.get();
 }
 
+void SetSpecSettings(const Options& options, lohan_model_spec& spec) {
+  spec.dtype = options.dtype == "bf16" ? LOHAN_DTYPE_BF16 : LOHAN_DTYPE_FP32;
+  spec.lr = options.lr;
+  spec.beta1 = options.beta1;
+  spec.beta2 = options.beta2;
+  spec.eps = options.eps;
+  spec.weight_decay = options.weight_decay;
+  spec.max_grad_norm = options.max_grad_norm;
+  spec.bf16_moments = options.bf16_moments ? 1 : 0;
+  spec.skip_nonfinite = options.skip_nonfinite ? 1 : 0;
+  spec.clip_schedule = options.clip_schedule == "redo-all"
+                           ? LOHAN_CLIP_REDO_ALL
+                           : LOHAN_CLIP_DEFERRED;
+  spec.chunk_elements = options.chunk_elements;
+  spec.in_order_service = options.service == "in-order" ? 1 : 0;
+  spec.commit_interval = options.commit_interval;
+  spec.durable_every_seconds = options.durable_every_seconds;
+}
+
 std::string JsonNumber(double value) {
   char text[40];
   std::snprintf(text, sizeof(text), "%.17g", value);

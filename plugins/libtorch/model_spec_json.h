@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "lohan/lohan_client.h"
+#include "plugins/libtorch/options.h"
 
 namespace lohan::torch_plugin {
 
@@ -31,6 +32,11 @@ class ModelSpecBuilder {
   lohan_model_spec spec_{};
   std::vector<uint64_t> layer_elements_;
 };
+
+// `options`' settings in `spec`: dtype, Adam, clipping, the clip schedule,
+// the service, durability, chunking (the plugin's one mapping onto the C
+// ABI's spec; the model's layers, buffers and iteration are the caller's).
+void SetSpecSettings(const Options& options, lohan_model_spec& spec);
 
 // JSON text of a number (every double round-trips) and of a string.
 std::string JsonNumber(double value);

@@ -1,11 +1,13 @@
 #include "plugins/libtorch/options.h"
 
 #include <cmath>
+#include <map>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 
-#include "layout/durability.h"
+#include "lohan/lohan_client.h"
+#include "plugins/libtorch/model_spec_json.h"
 
 namespace lohan::torch_plugin {
 namespace {
@@ -25,35 +27,33 @@ void CheckRange(const char* name, double value, double low, double high) {
   }
 }
 
+// The core's check of the settings (lohan_model_spec_check_settings, the
+// rules lohand runs), its refusal named by the option it came from.
+void CheckSettings(const Options& options) {
+  ModelSpecBuilder builder;
+  SetSpecSettings(options, builder.spec());
+  if (lohan_model_spec_check_settings(&builder.spec()) == LOHAN_OK) return;
+  static const std::map<std::string, std::string> kOptionOfField = {
+      {"adam.lr", "lr"},
+      {"adam.beta1", "beta1"},
+      {"adam.beta2", "beta2"},
+      {"adam.eps", "eps"},
+      {"adam.weight_decay", "weight_decay"},
+      {"max_grad_norm", "max_grad_norm"},
+      {"commit_interval", "commit_interval"},
+      {"durable_every_seconds", "durable_every_seconds"},
+  };
+  const auto option = kOptionOfField.find(lohan_last_error_field());
+  throw std::invalid_argument(
+      "lohan Options: " +
+      (option == kOptionOfField.end() ? "" : option->second + ": ") +
+      lohan_last_error());
+}
+
 }  // namespace
 
 void ValidateOptions(const Options& options) {
   const double infinity = INFINITY;
-  CheckRange("lr", options.lr, 0.0, infinity);
-  CheckRange("beta1", options.beta1, 0.0, 1.0);
-  CheckRange("beta2", options.beta2, 0.0, 1.0);
-  CheckRange("weight_decay", options.weight_decay, 0.0, infinity);
-  CheckRange("max_grad_norm", options.max_grad_norm, 0.0, infinity);
-  if (!(options.eps > 0.0 && std::isfinite(options.eps))) {
-    throw std::invalid_argument("lohan Options: eps=" + Format(options.eps) +
-                                " must be > 0");
-  }
-  if (options.commit_interval > kMaxCommitInterval) {
-    throw std::invalid_argument("lohan Options: commit_interval=" +
-                                std::to_string(options.commit_interval) +
-                                " must be at most " +
-                                std::to_string(kMaxCommitInterval) +
-                                " (0: lohand's default, 1: every step)");
-  }
-  CheckRange("durable_every_seconds", options.durable_every_seconds, 0.0,
-             kMaxDurableEverySeconds);
-  if (options.durable_every_seconds > 0.0 && options.commit_interval != 0) {
-    throw std::invalid_argument(
-        "lohan Options: durable_every_seconds=" +
-        Format(options.durable_every_seconds) +
-        " and commit_interval=" + std::to_string(options.commit_interval) +
-        ": durability is by steps or by time, give one");
-  }
   if (options.clip_schedule != "deferred" &&
       options.clip_schedule != "redo-all") {
     throw std::invalid_argument("lohan Options: clip_schedule=\"" +
@@ -121,6 +121,7 @@ void ValidateOptions(const Options& options) {
   if (options.job_name.empty()) {
     throw std::invalid_argument("lohan Options: job_name must not be empty");
   }
+  CheckSettings(options);
 }
 
 }  // namespace lohan::torch_plugin

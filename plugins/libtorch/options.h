@@ -81,7 +81,7 @@ struct Options {
   // tier) are committed durably (ModelSpec.commit_interval; the Python
   // plugin's commit_interval): a lohand crash resumes at the last durable
   // step. 0: lohand's [pool] commit_interval; 1: every step; at most
-  // kMaxCommitInterval (layout/durability.h).
+  // 1000000.
   uint32_t commit_interval = 0;
   // Or by time (ModelSpec.durable_every_seconds): durable once this many
   // seconds passed since the last durable step; 0: see commit_interval.
@@ -123,7 +123,10 @@ struct Options {
   std::string activations = "keep";
 };
 
-// Throws std::invalid_argument naming the first option that is wrong.
+// Throws std::invalid_argument naming the first option that is wrong:
+// the plugin's own choices (names, strings, groups) here, the values of
+// the job's settings by liblohan_client's check (the rules lohand runs,
+// lohan_model_spec_check_settings), named by this struct's field.
 void ValidateOptions(const Options& options);
 
 }  // namespace lohan::torch_plugin

@@ -28,15 +28,27 @@ std::string Refusal(const Options& options) {
 TEST(ValidateOptions, NamesTheWrongOption) {
   Options options;
   EXPECT_EQ(Refusal(options), "accepted");
+  // The values of the job's settings: liblohan_client's check (lohand's
+  // rules), named by the option.
   Options lr = options;
   lr.lr = -1;
-  EXPECT_EQ(Refusal(lr), "lohan Options: lr=-1 must be in [0, inf)");
+  EXPECT_EQ(Refusal(lr),
+            "lohan Options: lr: ModelSpec adam.lr must be finite and >= 0; "
+            "got -1");
   Options beta = options;
   beta.beta2 = 1.0;
-  EXPECT_EQ(Refusal(beta), "lohan Options: beta2=1 must be in [0, 1)");
+  EXPECT_EQ(Refusal(beta),
+            "lohan Options: beta2: ModelSpec adam.beta2 must be in [0, 1); "
+            "got 1");
   Options eps = options;
-  eps.eps = 0;
-  EXPECT_EQ(Refusal(eps), "lohan Options: eps=0 must be > 0");
+  eps.eps = -1e-8;
+  EXPECT_THAT(Refusal(eps), HasSubstr("lohan Options: eps: ModelSpec "
+                                      "adam.eps must be finite and >= 0"));
+  eps.eps = 0;  // as torch::optim::AdamW takes it
+  EXPECT_EQ(Refusal(eps), "accepted");
+  Options norm = options;
+  norm.max_grad_norm = INFINITY;
+  EXPECT_THAT(Refusal(norm), HasSubstr("lohan Options: max_grad_norm: "));
   Options dtype = options;
   dtype.dtype = "fp16";
   EXPECT_THAT(Refusal(dtype), HasSubstr("dtype=\"fp16\" is not supported"));
@@ -51,16 +63,19 @@ TEST(ValidateOptions, NamesTheWrongOption) {
   Options interval = options;
   interval.commit_interval = 1000001;
   EXPECT_THAT(Refusal(interval),
-              HasSubstr("commit_interval=1000001 must be at most 1000000"));
+              HasSubstr("commit_interval: ModelSpec commit_interval must be "
+                        "at most 1000000"));
   for (double bad : {-1.0, 1e9, std::nan("")}) {
     Options every = options;
     every.durable_every_seconds = bad;
-    EXPECT_THAT(Refusal(every), HasSubstr("durable_every_seconds="));
+    EXPECT_THAT(Refusal(every),
+                HasSubstr("durable_every_seconds: ModelSpec "
+                          "durable_every_seconds must be from 0"));
   }
   Options both = options;
   both.durable_every_seconds = 60;
   both.commit_interval = 4;
-  EXPECT_THAT(Refusal(both), HasSubstr("by steps or by time, give one"));
+  EXPECT_THAT(Refusal(both), HasSubstr("by steps or by time, not both"));
 }
 
 TEST(ValidateOptions, RefusesBadParamGroupsAndExemptions) {

@@ -13,7 +13,6 @@ import pytest
 
 from torch import nn
 
-from lohan import LohanError
 from test_engine import (assert_fp32_close, batches, engine_for, tiny_gpt,
                          train_lohan, train_torch)
 
@@ -90,11 +89,14 @@ def test_a_commit_interval_that_cannot_work_is_refused(bad):
         lohan.init(tiny_gpt(), commit_interval=bad, socket="/nonexistent")
 
 
-def test_redo_all_with_an_interval_is_refused_by_lohand(lohand):
-    with pytest.raises(LohanError, match="commit_interval above 1 needs "
-                       "clip_schedule deferred"):
-        engine_for(tiny_gpt(), lohand, job_name="redo",
-                   clip_schedule="redo-all", commit_interval=2)
+def test_redo_all_with_an_interval_is_refused():
+    """By liblohan_client's check of the settings, lohand's rule, at init."""
+    import lohan
+    with pytest.raises(ValueError, match="commit_interval=2: ModelSpec "
+                       "commit_interval above 1 needs clip_schedule "
+                       "deferred"):
+        lohan.init(tiny_gpt(), clip_schedule="redo-all", commit_interval=2,
+                   socket="/nonexistent")
 
 
 def test_durable_by_time_loses_at_most_what_the_time_says(tmp_path):

@@ -575,11 +575,17 @@ def test_job_name_conflicts_and_missing_resume_are_explained(lohand):
         engine_for(TinyGPT(layers=2), lohand, job_name="taken", resume=True)
     assert error.value.code == StatusCode.FAILED_PRECONDITION
     assert "layout" in error.value.message
-    # A refused registration deletes the job that init created.
+    # A registration lohand refuses (a model whose states the fixture's
+    # 64 MiB of SSD cannot hold) deletes the job that init created.
+    wide = nn.Sequential(nn.Linear(2048, 2048), nn.Linear(2048, 2048))
     with pytest.raises(LohanError) as error:
+        engine_for(wide, lohand, job_name="bad", blocks=list(wide))
+    assert error.value.code == StatusCode.RESOURCE_EXHAUSTED
+    assert "SSD space for job" in error.value.message
+    # A setting lohand would refuse is refused before any job exists.
+    with pytest.raises(ValueError, match="max_grad_norm=-1.0: ModelSpec "
+                       "max_grad_norm must be >= 0"):
         engine_for(tiny_gpt(), lohand, job_name="bad", max_grad_norm=-1.0)
-    assert error.value.code == StatusCode.INVALID_ARGUMENT
-    assert "max_grad_norm" in error.value.message
     with lohan.Client(lohand.socket) as client:
         assert [job.name for job in client.jobs()] == ["taken"]
     # None means no clipping, as in torch and Trainer; a string is refused.
@@ -1834,10 +1840,18 @@ def test_param_groups_are_checked(lohand):
     with pytest.raises(ValueError, match="the job's lr is 0"):
         lohan.init(model, lr=0.0, socket=lohand.socket,
                    param_groups=[{"params": block, "lr": 1e-3}])
-    with pytest.raises(ValueError, match=r"betas\[1\]=1.0 must be in"):
+    # The values are liblohan_client's to judge (lohand's rules), the
+    # refusal naming lohan.init's option.
+    with pytest.raises(ValueError, match=r"betas=\(0.9, 1.0\): ModelSpec "
+                       r"adam.beta2 must be in \[0, 1\)"):
         lohan.init(model, betas=(0.9, 1.0), socket=lohand.socket)
-    with pytest.raises(ValueError, match="lr=-0.1 must be in"):
+    with pytest.raises(ValueError, match="lr=-0.1: ModelSpec adam.lr must "
+                       "be finite and >= 0"):
         lohan.init(model, lr=-0.1, socket=lohand.socket)
+    with pytest.raises(ValueError, match="eps=-1e-08: ModelSpec adam.eps"):
+        lohan.init(model, eps=-1e-8, socket=lohand.socket)
+    with pytest.raises(TypeError, match="betas=0.9: a pair of numbers"):
+        lohan.init(model, betas=0.9, socket=lohand.socket)
     with lohan.Client(lohand.socket) as client:
         assert client.jobs() == []  # nothing was left behind
 

@@ -75,6 +75,13 @@ typedef struct lohan_job_list lohan_job_list;
 LOHAN_CLIENT_API const char* lohan_version(void);
 /* The message of this thread's last failed call ("" if none). */
 LOHAN_CLIENT_API const char* lohan_last_error(void);
+/* When this thread's last failed call refused a value of a model spec
+ * (LOHAN_INVALID_ARGUMENT from the checks every spec passes before it leaves
+ * the process, and lohand runs again): the ModelSpec field it names, as
+ * protobuf JSON writes its path ("adam.eps", "commit_interval",
+ * "layer_places[3].unit"), so a binding can name its own option for it.
+ * "" otherwise. */
+LOHAN_CLIENT_API const char* lohan_last_error_field(void);
 /* "OK", "NOT_FOUND", ...; "UNKNOWN" for a code not listed above. */
 LOHAN_CLIENT_API const char* lohan_status_name(int status);
 
@@ -350,6 +357,18 @@ typedef struct lohan_param_group {
  * and lohan_model_register_json take. Refusals as lohan_model_register's. */
 LOHAN_CLIENT_API int lohan_model_spec_json(const lohan_model_spec* spec,
                                            char** json_out);
+/* The settings of a spec (all but its layers, their places and groups:
+ * dtype, Adam's hyperparameters, clipping, the clip schedule, durability,
+ * initial iteration, activation area, arena fit) checked by the rules
+ * lohan_model_register and lohand apply, before there is a model: how a
+ * binding checks its options when it is given them. num_layers and the
+ * arrays are not read. LOHAN_INVALID_ARGUMENT naming the ModelSpec field
+ * (lohan_last_error_field) for a value out of range. The _json form takes
+ * a ModelSpec in protobuf JSON (its layers, if any, ignored). */
+LOHAN_CLIENT_API int lohan_model_spec_check_settings(
+    const lohan_model_spec* spec);
+LOHAN_CLIENT_API int lohan_model_spec_check_settings_json(
+    const char* spec_json);
 /* `plane` must stay open while the model is used. */
 LOHAN_CLIENT_API int lohan_model_register(lohan_client* client,
                                           lohan_data_plane* plane,

@@ -40,6 +40,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     signatures = {
         "lohan_version": (c_char_p, []),
         "lohan_last_error": (c_char_p, []),
+        "lohan_last_error_field": (c_char_p, []),
+        "lohan_model_spec_check_settings_json": (c_int, [c_char_p]),
         "lohan_status_name": (c_char_p, [c_int]),
         "lohan_client_connect": (c_int, [c_char_p, pp]),
         "lohan_client_destroy": (None, [c_void_p]),

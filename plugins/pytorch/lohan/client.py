@@ -44,21 +44,27 @@ class LohanError(RuntimeError):
     job within its share, or `lohanctl drain` / `kill`), UNAVAILABLE when
     lohand is stopping or was lost; the text names who for and the
     iteration the job keeps. Either way: open the job again
-    (lohan.init(..., resume=True))."""
+    (lohan.init(..., resume=True)).
 
-    def __init__(self, code: int, message: str):
+    `field`: for a spec's value refused by the checks liblohan_client runs
+    before a spec leaves the process (lohand's own rules), the ModelSpec
+    field it names ("adam.eps"); "" otherwise."""
+
+    def __init__(self, code: int, message: str, field: str = ""):
         try:
             self.code = StatusCode(code)
         except ValueError:
             self.code = StatusCode.UNKNOWN
         self.message = message
+        self.field = field
         super().__init__(f"{self.code.name}: {message}")
 
 
 def _check(status: int) -> None:
     if status != 0:
-        message = _native.library().lohan_last_error().decode(errors="replace")
-        raise LohanError(status, message)
+        lib = _native.library()
+        raise LohanError(status, lib.lohan_last_error().decode(errors="replace"),
+                         lib.lohan_last_error_field().decode(errors="replace"))
 
 
 SpecArg = Union[ModelSpec, Mapping[str, Any]]

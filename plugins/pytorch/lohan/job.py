@@ -13,9 +13,10 @@ import torch
 from lohan.blocks import Layer, WIRE_NAMES
 from lohan.client import (ArenaSizing, Client, DataPlane, DistributedRun,
                           Job, LohanError, Model, StatusCode, cut_model)
-from lohan.model_spec import CLIP_SCHEDULES, DTYPES
+from lohan.model_spec import DTYPES
 from lohan.options import MIB, EngineOptions
 from lohan.sharding import Sharding
+from lohan.spec_settings import settings_spec
 
 
 def model_spec(options: EngineOptions, description: Mapping[str, Any],
@@ -34,17 +35,8 @@ def model_spec(options: EngineOptions, description: Mapping[str, Any],
     streamed = min(options.stream_buffers, layers - 1) if layers > 1 else 0
     slots = 0 if options.buffers == "resident" else streamed
     spec = {
+        **settings_spec(options),
         "dtype": DTYPES[WIRE_NAMES[dtype]],
-        "adam": {"lr": options.lr, "beta1": options.betas[0],
-                 "beta2": options.betas[1], "eps": options.eps,
-                 "weight_decay": options.weight_decay,
-                 "decoupled_weight_decay": bool(options.adamw),
-                 "amsgrad": bool(options.amsgrad),
-                 "bf16_moments": bool(options.bf16_moments)},
-        "max_grad_norm": options.max_grad_norm,
-        "clip_schedule": CLIP_SCHEDULES[options.clip_schedule],
-        "skip_nonfinite": bool(options.skip_nonfinite),
-        "chunk_elements": options.chunk_elements,
         "activation_bytes": area_bytes, "grad_slots": slots,
         "weight_slots": slots,
         "arena_fit": ("ARENA_FIT_MOST" if options.buffers == "auto"
@@ -54,9 +46,6 @@ def model_spec(options: EngineOptions, description: Mapping[str, Any],
         # ParameterResidency), so step() returns before the last updates
         # are done and they run during the next forward.
         "overlap_updates": True,
-        "in_order_service": options.service == "in-order",
-        "commit_interval": options.commit_interval or 0,
-        "durable_every_seconds": float(options.durable_every or 0.0),
         "initial_iteration": initial_iteration}
     ranks = ({"rank": sharding.rank, "world": sharding.world}
              if sharding is not None else {})

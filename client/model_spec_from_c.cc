@@ -109,7 +109,7 @@ void CopyScalars(const lohan_model_spec& spec, v1::ModelSpec* model_spec) {
 }
 
 // (layer, begin, end) triples into `ranges`; INVALID_ARGUMENT for a layer
-// that cannot be one (the daemon checks the rest).
+// that cannot be one (CheckModelSpec and lohand check the rest).
 absl::Status CopyRanges(
     const uint64_t* triples, uint32_t count, absl::string_view what,
     uint32_t layers,

@@ -12,8 +12,9 @@ namespace lohan {
 // (spec->struct_size): only the fields it has are read, the others take
 // their defaults. INVALID_ARGUMENT (texts naming lohan_model_register) for
 // what the struct cannot mean: a size smaller than any version, no layers,
-// NULL arrays with counts, a range's layer beyond 32 bits. The daemon
-// checks the rest.
+// NULL arrays with counts, a range's layer beyond 32 bits. The values are
+// CheckModelSpec's (spec/model_spec_checks.h), before the spec is sent
+// and again in lohand.
 absl::Status SpecFromC(const lohan_model_spec& spec, v1::ModelSpec* model_spec);
 
 // The scalars of `spec` alone (no layers, places or groups: its arrays are

@@ -48,6 +48,10 @@ TEST(CAbi, RoundTrip) {
   EXPECT_THAT(result.out, HasSubstr("null-plane-job: INVALID_ARGUMENT\n"));
   EXPECT_THAT(result.out, HasSubstr("null-model-plane: INVALID_ARGUMENT\n"));
   EXPECT_THAT(result.out, HasSubstr("null-model: INVALID_ARGUMENT\n"));
+  EXPECT_THAT(result.out, HasSubstr("null-settings: INVALID_ARGUMENT\n"));
+  EXPECT_THAT(result.out,
+              HasSubstr("settings-eps: INVALID_ARGUMENT field adam.eps\n"));
+  EXPECT_THAT(result.out, HasSubstr("settings-ok: OK field ''\n"));
   // The daemon is still serving after the bad requests.
   RunResult list = RunCommand(
       {Runfile("tests/c_client/lohan_c_client"), (*daemon)->socket(), "list"});

@@ -101,6 +101,24 @@ static int roundtrip(lohan_client* client, const char* name) {
   status = lohan_model_iter_begin(NULL);
   printf("null-model: %s\n", lohan_status_name(status));
   if (status != LOHAN_INVALID_ARGUMENT) return LOHAN_INTERNAL;
+
+  /* A binding's settings, checked before there is a model: the refusal
+   * names the ModelSpec field; a good spec leaves no field behind. */
+  status = lohan_model_spec_check_settings(NULL);
+  printf("null-settings: %s\n", lohan_status_name(status));
+  spec.struct_size = sizeof(spec);
+  spec.dtype = LOHAN_DTYPE_FP32;
+  spec.lr = 1e-3;
+  spec.beta1 = 0.9;
+  spec.beta2 = 0.999;
+  spec.eps = -1.0;
+  status = lohan_model_spec_check_settings(&spec);
+  printf("settings-eps: %s field %s\n", lohan_status_name(status),
+         lohan_last_error_field());
+  spec.eps = 0.0;
+  status = lohan_model_spec_check_settings(&spec);
+  printf("settings-ok: %s field '%s'\n", lohan_status_name(status),
+         lohan_last_error_field());
   return LOHAN_OK;
 }
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Dict
 
 from lohan import _native
 from lohan.client import StatusCode, proto_json
-from lohan.model_spec import CLIP_SCHEDULES
+from lohan.model_spec import CLIP_SCHEDULES, adam_object
 
 if TYPE_CHECKING:
     from lohan.options import EngineOptions
@@ -34,12 +34,9 @@ def settings_spec(options: "EngineOptions") -> Dict[str, Any]:
     """The ModelSpec fields lohan.init's options set, as protobuf JSON's
     object (the model's shape, dtype and buffers come with the model)."""
     return {
-        "adam": {"lr": options.lr, "beta1": options.betas[0],
-                 "beta2": options.betas[1], "eps": options.eps,
-                 "weight_decay": options.weight_decay,
-                 "decoupled_weight_decay": bool(options.adamw),
-                 "amsgrad": bool(options.amsgrad),
-                 "bf16_moments": bool(options.bf16_moments)},
+        "adam": adam_object(options.lr, options.betas, options.eps,
+                            options.weight_decay, options.adamw,
+                            options.amsgrad, options.bf16_moments),
         "max_grad_norm": options.max_grad_norm,
         "clip_schedule": CLIP_SCHEDULES[options.clip_schedule],
         "skip_nonfinite": bool(options.skip_nonfinite),

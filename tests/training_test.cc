@@ -28,6 +28,7 @@
 #include "spec/model_spec_checks.h"
 #include "tests/dumped_weights.h"
 #include "tests/harness/daemon_process.h"
+#include "tests/harness/raw_control.h"
 #include "tests/harness/subprocess.h"
 #include "tests/synthetic_model.h"
 
@@ -274,23 +275,6 @@ TEST_F(TrainingTest, StatusShowsTrainingProgress) {
   EXPECT_THAT(text.out, HasSubstr("0 B on the SSDs only; SSD "));
 }
 
-// RegisterModel straight over gRPC, past ControlClient's checks of the
-// spec (spec/model_spec_checks.h): what lohand answers a client that skips
-// them.
-absl::Status RegisterPastTheClientChecks(
-    const DaemonProcess& daemon, const v1::RegisterModelRequest& request) {
-  std::unique_ptr<v1::Lohan::Stub> stub =
-      v1::Lohan::NewStub(grpc::CreateChannel(
-          "unix:" + daemon.socket(), grpc::InsecureChannelCredentials()));
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::seconds(60));
-  v1::RegisterModelResponse response;
-  const grpc::Status status = stub->RegisterModel(&context, request, &response);
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      status.error_message());
-}
-
 TEST_F(TrainingTest, RegisterModelRefusesBadSpecs) {
   auto client = ControlClient::Connect({.socket_path = daemon_->socket()});
   ASSERT_TRUE(client.ok());
@@ -340,7 +324,8 @@ TEST_F(TrainingTest, RegisterModelRefusesBadSpecs) {
     v1::RegisterModelRequest request = good();
     c.mutate(request);
     // lohand's own answer, to a client that skips liblohan_client's checks.
-    absl::Status status = RegisterPastTheClientChecks(*daemon_, request);
+    absl::Status status =
+        RegisterModelPastTheClientChecks(daemon_->socket(), request);
     EXPECT_EQ(status.code(), c.code) << status;
     EXPECT_FALSE(status.message().empty());
     // ControlClient refuses a spec the checks refuse with the same words,

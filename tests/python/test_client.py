@@ -713,8 +713,9 @@ def test_no_weight_decay_ranges_match_torch_param_groups(lohand):
             with pytest.raises(ValueError):
                 plane.register_model(refused.id, [n],
                                      param_groups=[(1.0, 0.0, [(0, -2, 3)])])
-            # A clip schedule the daemon does not know, past the Python
-            # check: refused by the daemon, naming it.
+            # A clip schedule lohand does not know, past the Python
+            # check: refused by liblohan_client with lohand's rule, naming
+            # the field.
             spec = CModelSpec(
                 struct_size=ctypes.sizeof(CModelSpec), dtype=1,
                 layer_elements=elements, num_layers=1, lr=1e-3, beta1=0.9,
@@ -726,6 +727,7 @@ def test_no_weight_decay_ranges_match_torch_param_groups(lohand):
             assert status == StatusCode.INVALID_ARGUMENT
             assert b"clip_schedule 7 is not 0 (deferred) or 1" in (
                 lib.lohan_last_error())
+            assert lib.lohan_last_error_field() == b"clip_schedule"
             with pytest.raises(ValueError, match="clip_schedule"):
                 plane.register_model(refused.id, [n], clip_schedule="fast")
             # An older caller's spec ends before the new fields: none of

@@ -106,6 +106,8 @@ void CopyScalars(const lohan_model_spec& spec, v1::ModelSpec* model_spec) {
       Has(spec, LOHAN_SPEC_END(durable_every_seconds))
           ? spec.durable_every_seconds
           : 0.0);
+  adam->set_no_bias_correction(Has(spec, LOHAN_SPEC_END(no_bias_correction)) &&
+                               spec.no_bias_correction != 0);
 }
 
 // (layer, begin, end) triples into `ranges`; INVALID_ARGUMENT for a layer

@@ -14,6 +14,7 @@ namespace lohan {
 //   amsgrad: vmax = max(vmax, v) and vmax replaces v below
 //   denom = sqrt(v) / sqrt(1 - b2^t) + eps
 //   w -= (lr / (1 - b1^t)) * m / denom
+// Without bias correction both 1 - b^t factors are 1.
 struct AdamOptions {
   double lr = 1e-3;                    // >= 0
   double beta1 = 0.9;                  // [0, 1)
@@ -22,6 +23,7 @@ struct AdamOptions {
   double weight_decay = 0.0;           // >= 0
   bool decoupled_weight_decay = true;  // true: AdamW; false: Adam (L2)
   bool amsgrad = false;
+  bool bias_correction = true;
 };
 
 }  // namespace lohan

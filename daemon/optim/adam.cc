@@ -72,8 +72,10 @@ absl::StatusOr<StepStats> AdamUpdater::Step(const AdamOptions& options,
   // Per-tensor scalars, in double, as torch computes them.
   tensor.step += 1;
   const double t = static_cast<double>(tensor.step);
-  const double bias_correction1 = 1.0 - std::pow(options.beta1, t);
-  const double bias_correction2 = 1.0 - std::pow(options.beta2, t);
+  const double bias_correction1 =
+      options.bias_correction ? 1.0 - std::pow(options.beta1, t) : 1.0;
+  const double bias_correction2 =
+      options.bias_correction ? 1.0 - std::pow(options.beta2, t) : 1.0;
   const double step_size = options.lr / bias_correction1;
   const bool decoupled = options.decoupled_weight_decay;
 

@@ -173,6 +173,16 @@ TEST_P(AdamIsaTest, AmsGrad) {
   RunAgainstReference(17, o, DType::kBFloat16, 1.0f, 10);
 }
 
+// DeepSpeed's bias_correction=False: the reference leaves out both
+// 1 - beta^t factors too (test_util.h).
+TEST_P(AdamIsaTest, WithoutBiasCorrection) {
+  AdamOptions o;
+  o.bias_correction = false;
+  o.weight_decay = 0.01;
+  RunAgainstReference(1023, o, DType::kFloat32, 1.0f, 10);
+  RunAgainstReference(17, o, DType::kBFloat16, 1.0f, 10);
+}
+
 TEST_P(AdamIsaTest, Fp16GradientsWithUnscale) {
   AdamOptions o;
   o.weight_decay = 0.01;

@@ -90,8 +90,8 @@ struct RefAdam {
   void Step(const AdamOptions& o, const std::vector<double>& grad) {
     step += 1;
     const double t = static_cast<double>(step);
-    const double bc1 = 1.0 - std::pow(o.beta1, t);
-    const double bc2 = 1.0 - std::pow(o.beta2, t);
+    const double bc1 = o.bias_correction ? 1.0 - std::pow(o.beta1, t) : 1.0;
+    const double bc2 = o.bias_correction ? 1.0 - std::pow(o.beta2, t) : 1.0;
     const double step_size = o.lr / bc1;
     const double bc2_sqrt = std::sqrt(bc2);
     if (w_mag.empty()) {

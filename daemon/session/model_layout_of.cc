@@ -52,7 +52,8 @@ absl::StatusOr<ModelLayout> ModelLayoutOf(const v1::ModelSpec& spec) {
                   .eps = adam.eps(),
                   .weight_decay = adam.weight_decay(),
                   .decoupled_weight_decay = adam.decoupled_weight_decay(),
-                  .amsgrad = adam.amsgrad()};
+                  .amsgrad = adam.amsgrad(),
+                  .bias_correction = !adam.no_bias_correction()};
   layout.moment_dtype =
       adam.bf16_moments() ? DType::kBFloat16 : DType::kFloat32;
   for (int g = 0; g < spec.param_groups_size(); ++g) {

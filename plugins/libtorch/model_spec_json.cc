@@ -43,6 +43,7 @@ void SetSpecSettings(const Options& options, lohan_model_spec& spec) {
   spec.weight_decay = options.weight_decay;
   spec.max_grad_norm = options.max_grad_norm;
   spec.bf16_moments = options.bf16_moments ? 1 : 0;
+  spec.no_bias_correction = options.bias_correction ? 0 : 1;
   spec.skip_nonfinite = options.skip_nonfinite ? 1 : 0;
   spec.clip_schedule = options.clip_schedule == "redo-all"
                            ? LOHAN_CLIP_REDO_ALL

@@ -39,6 +39,9 @@ struct Options {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.0;
+  // false: Adam without its bias correction (AdamSpec.no_bias_correction;
+  // the Python plugin's bias_correction; DeepSpeed's bias_correction).
+  bool bias_correction = true;
   // Adam's two moments kept in bf16 on the daemon (AdamSpec.bf16_moments;
   // the Python plugin's bf16_moments): half their SSD traffic and space,
   // less exact than torch's fp32 moments.

@@ -140,5 +140,24 @@ TEST(ModelSpecBuilder, CarriesEveryFieldThroughTheLibrary) {
   EXPECT_THROW(builder.Json(), LohanError);
 }
 
+// Options' settings reach the spec through SetSpecSettings, the plugin's
+// one mapping.
+TEST(SetSpecSettings, MapsTheOptions) {
+  Options options;
+  options.bias_correction = false;
+  options.commit_interval = 3;
+  options.eps = 0.0;
+  ModelSpecBuilder builder;
+  builder.set_layer_elements({10});
+  SetSpecSettings(options, builder.spec());
+  const std::string json = builder.Json();
+  EXPECT_THAT(json, HasSubstr("\"no_bias_correction\":true"));
+  EXPECT_THAT(json, HasSubstr("\"commit_interval\":3"));
+  EXPECT_THAT(json, HasSubstr("\"dtype\":\"DTYPE_FP32\""));
+  options.bias_correction = true;
+  SetSpecSettings(options, builder.spec());
+  EXPECT_THAT(builder.Json(), HasSubstr("\"no_bias_correction\":false"));
+}
+
 }  // namespace
 }  // namespace lohan::torch_plugin

@@ -334,6 +334,10 @@ typedef struct lohan_model_spec {
    * once this many seconds passed since the last durable commit; 0: see
    * commit_interval. Both nonzero: LOHAN_INVALID_ARGUMENT. */
   double durable_every_seconds;
+  /* Added after durable_every_seconds (absent means 0). 1: Adam without
+   * its bias correction (AdamSpec.no_bias_correction; DeepSpeed's
+   * bias_correction=False); 0: torch's Adam and AdamW. */
+  int32_t no_bias_correction;
 } lohan_model_spec;
 
 enum { LOHAN_CLIP_DEFERRED = 0, LOHAN_CLIP_REDO_ALL = 1 };

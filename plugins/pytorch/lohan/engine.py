@@ -752,7 +752,7 @@ def init(model: nn.Module, **options: object) -> Engine:
     (docs/pytorch.md explains each; options.EngineOptions lists them with
     their defaults): device, frozen_host_bytes, lr, betas, eps,
     weight_decay, no_weight_decay, param_groups, max_grad_norm, adamw,
-    amsgrad, bf16_moments, skip_nonfinite, clip_schedule, overlap_step,
+    amsgrad, bias_correction, bf16_moments, skip_nonfinite, clip_schedule, overlap_step,
     service, dtype, loss_scale, loss_scale_growth_interval, weights
     (a checkpoint's weights to start from: the model may be built on the
     meta device), frozen_models (lohan.frozen_model),

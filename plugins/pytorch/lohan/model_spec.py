@@ -68,6 +68,7 @@ class ModelSpec:
     adamw: bool = True
     amsgrad: bool = False
     bf16_moments: bool = False
+    bias_correction: bool = True
     max_grad_norm: float = 0.0
     skip_nonfinite: bool = True
     chunk_elements: int = 0
@@ -122,7 +123,7 @@ class ModelSpec:
             "dtype": DTYPES[self.dtype],
             "adam": adam_object(self.lr, self.betas, self.eps,
                                 self.weight_decay, self.adamw, self.amsgrad,
-                                self.bf16_moments),
+                                self.bf16_moments, self.bias_correction),
             "max_grad_norm": float(self.max_grad_norm),
             "skip_nonfinite": bool(self.skip_nonfinite),
             "chunk_elements": int(self.chunk_elements),
@@ -147,14 +148,15 @@ class ModelSpec:
 
 def adam_object(lr: float, betas: Tuple[float, float], eps: float,
                 weight_decay: float, adamw: bool, amsgrad: bool,
-                bf16_moments: bool) -> Dict[str, Any]:
+                bf16_moments: bool, bias_correction: bool) -> Dict[str, Any]:
     """ModelSpec.adam (an AdamSpec) as protobuf JSON's object: the one
     translation of Adam's options, for this dataclass and lohan.init's."""
     return {"lr": float(lr), "beta1": float(betas[0]),
             "beta2": float(betas[1]), "eps": float(eps),
             "weight_decay": float(weight_decay),
             "decoupled_weight_decay": bool(adamw),
-            "amsgrad": bool(amsgrad), "bf16_moments": bool(bf16_moments)}
+            "amsgrad": bool(amsgrad), "bf16_moments": bool(bf16_moments),
+            "no_bias_correction": not bias_correction}
 
 
 def _ranges(ranges: Sequence[Range], what: str) -> List[Dict[str, int]]:

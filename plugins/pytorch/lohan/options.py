@@ -53,6 +53,9 @@ class EngineOptions:
     grad_accumulation_steps: int = 1
     adamw: bool = True
     amsgrad: bool = False
+    # False: Adam without its bias correction (DeepSpeed's
+    # bias_correction=False; Hugging Face's legacy AdamW(correct_bias=False)).
+    bias_correction: bool = True
     bf16_moments: bool = False
     no_weight_decay: NoWeightDecayArg = None
     param_groups: ParamGroupsArg = None
@@ -167,7 +170,7 @@ class EngineOptions:
                 and initial >= 1):
             raise ValueError(f"initial_loss_scale={initial!r}: "
                              "a number >= 1 (the dynamic scale's start)")
-        for name in ("overlap_step", "chunked_loss"):
+        for name in ("overlap_step", "chunked_loss", "bias_correction"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got "
                                 f"{getattr(self, name)!r}")

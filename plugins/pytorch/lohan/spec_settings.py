@@ -36,7 +36,8 @@ def settings_spec(options: "EngineOptions") -> Dict[str, Any]:
     return {
         "adam": adam_object(options.lr, options.betas, options.eps,
                             options.weight_decay, options.adamw,
-                            options.amsgrad, options.bf16_moments),
+                            options.amsgrad, options.bf16_moments,
+                            options.bias_correction),
         "max_grad_norm": options.max_grad_norm,
         "clip_schedule": CLIP_SCHEDULES[options.clip_schedule],
         "skip_nonfinite": bool(options.skip_nonfinite),

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Dict
 
 from lohan import _native
 from lohan.client import StatusCode, proto_json
-from lohan.model_spec import CLIP_SCHEDULES, adam_object
+from lohan.model_spec import ModelSpec
 
 if TYPE_CHECKING:
     from lohan.options import EngineOptions
@@ -32,25 +32,29 @@ OPTION_OF_FIELD: Dict[str, str] = {
 
 def settings_spec(options: "EngineOptions") -> Dict[str, Any]:
     """The ModelSpec fields lohan.init's options set, as protobuf JSON's
-    object (the model's shape, dtype and buffers come with the model)."""
-    return {
-        "adam": adam_object(options.lr, options.betas, options.eps,
-                            options.weight_decay, options.adamw,
-                            options.amsgrad, options.bf16_moments,
-                            options.bias_correction),
-        "max_grad_norm": options.max_grad_norm,
-        "clip_schedule": CLIP_SCHEDULES[options.clip_schedule],
-        "skip_nonfinite": bool(options.skip_nonfinite),
-        "chunk_elements": options.chunk_elements,
-        "in_order_service": options.service == "in-order",
-        "commit_interval": options.commit_interval or 0,
-        "durable_every_seconds": float(options.durable_every or 0.0)}
+    object, made by the one composition of a spec in this package
+    (model_spec.ModelSpec.to_proto); the model's shape, dtype, buffers
+    and iteration are the caller's to put in."""
+    return ModelSpec(
+        layer_elements=(), lr=options.lr, betas=options.betas,
+        eps=options.eps, weight_decay=options.weight_decay,
+        adamw=bool(options.adamw), amsgrad=bool(options.amsgrad),
+        bf16_moments=bool(options.bf16_moments),
+        bias_correction=options.bias_correction,
+        max_grad_norm=options.max_grad_norm,
+        skip_nonfinite=bool(options.skip_nonfinite),
+        chunk_elements=options.chunk_elements,
+        clip_schedule=options.clip_schedule,
+        in_order_service=options.service == "in-order",
+        commit_interval=options.commit_interval or 0,
+        durable_every_seconds=float(options.durable_every or 0.0)).to_proto()
 
 
 def check_settings(options: "EngineOptions") -> None:
     """ValueError naming the option whose value lohand would refuse."""
-    # Any supported dtype stands in for the model's, checked with it.
-    spec = {**settings_spec(options), "dtype": "DTYPE_FP32"}
+    # The dataclass's dtype (fp32) stands in for the model's, checked with
+    # the model (its cut).
+    spec = settings_spec(options)
     lib = _native.library()
     status = lib.lohan_model_spec_check_settings_json(proto_json(spec))
     if status == StatusCode.OK:

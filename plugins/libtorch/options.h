@@ -84,11 +84,11 @@ struct Options {
   // tier) are committed durably (ModelSpec.commit_interval; the Python
   // plugin's commit_interval): a lohand crash resumes at the last durable
   // step. 0: lohand's [pool] commit_interval; 1: every step; at most
-  // 1000000.
+  // kMaxCommitInterval (layout/durability.h, checked by liblohan_client).
   uint32_t commit_interval = 0;
   // Or by time (ModelSpec.durable_every_seconds): durable once this many
   // seconds passed since the last durable step; 0: see commit_interval.
-  // Not with a commit_interval; at most 604800 (7 days).
+  // Not with a commit_interval; at most kMaxDurableEverySeconds (7 days).
   double durable_every_seconds = 0.0;
   // "fp32", or "bf16": the module's parameters are cast to bf16 and the
   // daemon keeps fp32 masters (from the parameters' values at

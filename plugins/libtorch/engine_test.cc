@@ -460,6 +460,22 @@ TEST_F(EngineTest, BadParamGroupsAreRefusedBeforeAJobIsCreated) {
   EXPECT_EQ(refusal(twice),
             "lohan Options: param_groups[0] and param_groups[1] both hold "
             "head.bias; a parameter may be in one group only");
+  // A group's lr and weight decay, judged by the model cut
+  // (client/model_cut.cc) for both plugins.
+  Options negative = options;
+  negative.param_groups = {{{"head.weight"}, 1e-3, -0.5}};
+  EXPECT_EQ(refusal(negative),
+            "lohan Options: param_groups[0]: lr 0.001 and weight_decay -0.5 "
+            "must be finite and >= 0");
+  Options infinite = options;
+  infinite.param_groups = {{{"head.weight"}, INFINITY, {}}};
+  EXPECT_THAT(refusal(infinite), HasSubstr("param_groups[0]: lr inf"));
+  Options zero = options;
+  zero.lr = 0.0;
+  zero.param_groups = {{{"head.weight"}, 2e-3, {}}};
+  EXPECT_EQ(refusal(zero),
+            "lohan Options: param_groups[0] has lr 0.002 but the job's lr is "
+            "0: a group runs at a fixed multiple of the job's lr");
   Options frozen = options;
   frozen.param_groups = {{{"positions.weight"}, 1e-3, {}}};
   EXPECT_EQ(refusal(frozen),

@@ -1,5 +1,6 @@
 #include "plugins/libtorch/model_spec_json.h"
 
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <utility>
@@ -55,6 +56,10 @@ void SetSpecSettings(const Options& options, lohan_model_spec& spec) {
 }
 
 std::string JsonNumber(double value) {
+  // Protobuf's JSON spells the values JSON has no number for as strings,
+  // so the library, not the parser, says what is wrong with them.
+  if (std::isnan(value)) return "\"NaN\"";
+  if (std::isinf(value)) return value > 0 ? "\"Infinity\"" : "\"-Infinity\"";
   char text[40];
   std::snprintf(text, sizeof(text), "%.17g", value);
   return text;

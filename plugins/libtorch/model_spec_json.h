@@ -38,7 +38,8 @@ class ModelSpecBuilder {
 // ABI's spec; the model's layers, buffers and iteration are the caller's).
 void SetSpecSettings(const Options& options, lohan_model_spec& spec);
 
-// JSON text of a number (every double round-trips) and of a string.
+// JSON text of a number (every double round-trips; inf and NaN as
+// protobuf's JSON writes them, "Infinity" and "NaN") and of a string.
 std::string JsonNumber(double value);
 std::string JsonQuoted(const std::string& text);
 

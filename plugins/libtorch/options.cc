@@ -1,8 +1,6 @@
 #include "plugins/libtorch/options.h"
 
-#include <cmath>
 #include <map>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 
@@ -11,21 +9,6 @@
 
 namespace lohan::torch_plugin {
 namespace {
-
-std::string Format(double value) {
-  std::ostringstream out;
-  out << value;
-  return out.str();
-}
-
-// value in [low, high) and finite, else std::invalid_argument.
-void CheckRange(const char* name, double value, double low, double high) {
-  if (!(value >= low && value < high) || !std::isfinite(value)) {
-    throw std::invalid_argument("lohan Options: " + std::string(name) + "=" +
-                                Format(value) + " must be in [" + Format(low) +
-                                ", " + Format(high) + ")");
-  }
-}
 
 // The core's check of the settings (lohan_model_spec_check_settings, the
 // rules lohand runs), its refusal named by the option it came from.
@@ -53,7 +36,6 @@ void CheckSettings(const Options& options) {
 }  // namespace
 
 void ValidateOptions(const Options& options) {
-  const double infinity = INFINITY;
   if (options.clip_schedule != "deferred" &&
       options.clip_schedule != "redo-all") {
     throw std::invalid_argument("lohan Options: clip_schedule=\"" +
@@ -107,16 +89,8 @@ void ValidateOptions(const Options& options) {
       throw std::invalid_argument("lohan Options: " + what +
                                   " names no parameters");
     }
-    const double lr = group.lr.value_or(options.lr);
-    CheckRange((what + ".lr").c_str(), lr, 0.0, infinity);
-    CheckRange((what + ".weight_decay").c_str(),
-               group.weight_decay.value_or(options.weight_decay), 0.0,
-               infinity);
-    if (options.lr == 0.0 && lr != 0.0) {
-      throw std::invalid_argument(
-          "lohan Options: " + what + ".lr=" + Format(lr) +
-          " but lr=0: a group runs at a fixed multiple of the job's lr");
-    }
+    // A group's lr and weight decay are the model cut's to judge
+    // (client/model_cut.cc, when the Engine plans its layers).
   }
   if (options.job_name.empty()) {
     throw std::invalid_argument("lohan Options: job_name must not be empty");

@@ -246,7 +246,9 @@ absl::StatusOr<ParameterSet> ExemptFromDecay(
 }  // namespace
 
 absl::StatusOr<v1::ModelCut> CutModel(const v1::ModelDescription& model) {
-  // A description without a spec asks for the layers alone.
+  // A description without a spec asks for the layers alone. The settings
+  // first: the groups below are judged against the job's lr and decay,
+  // which must be sound for those refusals to mean anything.
   if (model.has_spec()) {
     if (absl::Status settings = CheckSpecSettings(model.spec());
         !settings.ok()) {

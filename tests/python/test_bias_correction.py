@@ -8,46 +8,47 @@ AdamSpec.no_bias_correction (proto/lohan.proto)."""
 from __future__ import annotations
 
 import copy
-from typing import List
+from typing import Iterable
 
 import pytest
 import torch
 from torch import nn
 
 from test_engine import (BETAS, EPS, LR, WD, assert_fp32_close, batches,
-                         engine_for, lm_loss, tiny_gpt, train_lohan,
-                         train_torch)
+                         engine_for, tiny_gpt, train_lohan, train_torch)
 
 
-def train_uncorrected(model: nn.Module, data: torch.Tensor) -> List[float]:
+class UncorrectedAdamW(torch.optim.Optimizer):
     """AdamW as torch's single-tensor loop computes it, bias corrections
     left out (DeepSpeed's bias_correction=False)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    moments = {id(p): (torch.zeros_like(p), torch.zeros_like(p))
-               for p in params}
-    losses = []
-    for step in data:
-        for ids in step:
-            loss = lm_loss(model, ids) / len(step)
-            loss.backward()
-            losses.append(loss.item())
-        with torch.no_grad():
-            for p in params:
-                exp_avg, exp_avg_sq = moments[id(p)]
+
+    def __init__(self, params: Iterable[nn.Parameter]):
+        super().__init__(params, {})
+
+    @torch.no_grad()
+    def step(self, closure: None = None) -> None:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["exp_avg"] = torch.zeros_like(p)
+                    state["exp_avg_sq"] = torch.zeros_like(p)
+                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
                 p.mul_(1 - LR * WD)
                 exp_avg.lerp_(p.grad, 1 - BETAS[0])
                 exp_avg_sq.mul_(BETAS[1]).addcmul_(p.grad, p.grad,
                                                    value=1 - BETAS[1])
                 p.addcdiv_(exp_avg, exp_avg_sq.sqrt().add_(EPS), value=-LR)
-                p.grad = None
-    return losses
 
 
 def test_without_bias_correction_trains_as_deepspeeds_adamw(lohand):
     start = tiny_gpt()
     reference, model = copy.deepcopy(start), copy.deepcopy(start)
     data = batches(4)
-    want = train_uncorrected(reference, data)
+    want = train_torch(reference, data,
+                       opt=UncorrectedAdamW(reference.parameters()))
     with engine_for(model, lohand, job_name="uncorrected",
                     bias_correction=False) as engine:
         got = train_lohan(engine, model, data)

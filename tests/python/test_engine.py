@@ -165,9 +165,13 @@ def lm_loss(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
 
 
 def train_torch(model: nn.Module, data: torch.Tensor, max_norm: float = 0.0,
-                wd: float = WD) -> List[float]:
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS,
-                            weight_decay=wd)
+                wd: float = WD,
+                opt: Optional[torch.optim.Optimizer] = None) -> List[float]:
+    """The reference loop: torch AdamW, or `opt` over the model's
+    parameters."""
+    if opt is None:
+        opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS,
+                                eps=EPS, weight_decay=wd)
     losses = []
     for step in data:
         for ids in step:

@@ -43,6 +43,25 @@ def test_both_durability_forms_name_the_option():
         EngineOptions(durable_every=60, commit_interval=4)
 
 
+def test_the_json_check_refuses_what_is_not_a_spec():
+    """lohan_model_spec_check_settings_json's bad input: NULL, text that
+    is not JSON, an unknown field, a value of the wrong type; each
+    INVALID_ARGUMENT with the parser's words and no field."""
+    from lohan import _native
+    lib = _native.library()
+    cases = [(None, "spec_json is NULL"),
+             (b"{not json", "is not a ModelSpec"),
+             (b'{"adam": {"lr": 1e-3, "bogus": 1}}', "is not a ModelSpec"),
+             (b'{"commit_interval": "many"}', "is not a ModelSpec")]
+    for text, words in cases:
+        status = lib.lohan_model_spec_check_settings_json(text)
+        assert status == StatusCode.INVALID_ARGUMENT, text
+        assert words in lib.lohan_last_error().decode(), text
+        assert lib.lohan_last_error_field() == b"", text
+    assert lib.lohan_model_spec_check_settings_json(
+        b'{"adam": {"lr": 1e-3}, "dtype": "DTYPE_FP32"}') == StatusCode.OK
+
+
 def test_eps_zero_is_accepted_as_torch_accepts_it():
     torch.optim.AdamW([torch.zeros(1, requires_grad=True)], eps=0.0)
     assert EngineOptions(eps=0.0).eps == 0.0

@@ -107,7 +107,7 @@ class EngineOptions:
     def __post_init__(self) -> None:
         self._check_starting_weights()
         self._check_step_options()
-        self._check_adam()
+        self._adam_as_floats()
         self._check_memory_options()
         check_settings(self)
 
@@ -207,7 +207,7 @@ class EngineOptions:
             raise ValueError(f"service={self.service!r}: use 'lanes' (the "
                              "default) or 'in-order'")
 
-    def _check_adam(self) -> None:
+    def _adam_as_floats(self) -> None:
         """Held as floats; their ranges are liblohan_client's to judge
         (spec_settings.check_settings, after every other check)."""
         for name in ("lr", "eps", "weight_decay"):

@@ -297,5 +297,29 @@ TEST_F(ElasticSharesTest,
   (*newcomer)->Stop(SIGKILL);
 }
 
+// A process that dies (a crash, a restart by torchrun) while its plane
+// holds most of the pool, and one that opens right after it: its plane is
+// not refused for the dead one's arena, which is about to be free (lohand
+// may not have seen the hang-up yet); it waits for that plane to close.
+// Ten times in a row, each open right after the kill.
+TEST_F(ElasticSharesTest, APlaneOpenedRightAfterAnotherDiedWaitsForItsArena) {
+  StartDaemon("", {"--ssd-capacity", "512MiB"});
+  const std::string out = dir_.path() + "/out";
+  ASSERT_EQ(mkdir(out.c_str(), 0777), 0);
+  ASSERT_EQ(chmod(out.c_str(), 0777), 0);  // past the umask
+  const std::string told = out + "/told";
+  for (int i = 0; i < 10; ++i) {
+    auto plane = BackgroundProcess::Start(
+        Nobody({"register-await", daemon_->socket(), absl::StrCat("run-", i),
+                told, std::to_string(40 << 20)}));
+    ASSERT_TRUE(plane.ok()) << plane.status() << daemon_->Log();
+    ASSERT_THAT((*plane)->first_line(), HasSubstr("registered j-"))
+        << "run " << i << "\n"
+        << daemon_->Log();
+    (*plane)->Stop(SIGKILL);
+  }
+  EXPECT_THAT(daemon_->Log(), Not(HasSubstr("data plane refused")));
+}
+
 }  // namespace
 }  // namespace lohan::testing

@@ -171,6 +171,12 @@ absl::StatusOr<std::unique_ptr<JobSession>> SessionManager::OpenSession(
     // that much.
     const uint64_t floor = ArenaFloor(*job);
     absl::StatusOr<ArenaClaim> claim = ClaimArenaLocked(*job);
+    // A plane whose process just died (a crash, a restart) still holds its
+    // arena for the moment it takes to close: wait for that, not refuse.
+    if (absl::IsResourceExhausted(claim.status()) &&
+        AwaitGonePlanesLocked(kCloseWait)) {
+      claim = ClaimArenaLocked(*job);
+    }
     absl::StatusOr<bool> asked = false;
     if (absl::IsResourceExhausted(claim.status())) {
       asked = ReclaimPoolLocked(*job_id, owner, floor, /*at_once=*/false);
@@ -323,6 +329,7 @@ void SessionManager::Serve(int connection, const Caller& caller) {
         !sessions_
              .emplace(job_id, LiveSession{.session = session->get(),
                                           .pid = caller.pid,
+                                          .connection = connection,
                                           .end_event = end_event.get(),
                                           .serial = ++last_serial_,
                                           .claim_id = claim_id,

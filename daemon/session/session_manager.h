@@ -196,6 +196,9 @@ class SessionManager {
     // Null while the session closes (its connection thread destroys it).
     JobSession* session = nullptr;
     pid_t pid = 0;
+    // Its client's connection (owned by its connection thread, open while
+    // the session is in sessions_): hung up once the client is gone.
+    int connection = -1;
     int end_event = -1;     // eventfd: signalled, its connection thread ends it
     uint64_t serial = 0;    // unique among the manager's sessions, ever
     uint64_t claim_id = 0;  // its PoolClaim
@@ -303,6 +306,12 @@ class SessionManager {
   // `asked` if fewer (a Reservation).
   void ReserveForMoveLocked(const std::string& job_id, uint64_t claim_id,
                             uint64_t asked) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits (at most `patience`) for the planes whose clients are gone, their
+  // hang-ups seen or not yet, to finish closing: what they hold is about
+  // to be free, so a new plane is not refused for it. False when none was
+  // closing.
+  bool AwaitGonePlanesLocked(absl::Duration patience)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives back reservations no plane came for in time, and the swapped
   // activations their jobs' last planes kept.
   void DropStaleReservationsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

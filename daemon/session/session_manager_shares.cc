@@ -6,6 +6,8 @@
 // smaller arena at its next iteration's end (and to grow back once the
 // pool has had room for a while), the others closed, each at the end of
 // its iteration. The rest of the class is in session_manager.cc.
+#include <poll.h>
+
 #include <algorithm>
 #include <set>
 #include <vector>
@@ -128,6 +130,27 @@ absl::StatusOr<SessionManager::ArenaClaim> SessionManager::ClaimArenaLocked(
       ClaimPoolLocked(job.id(), owner, choice->arena_bytes);
   if (!smaller.ok()) return whole.status();
   return ArenaClaim{.claim_id = *smaller, .bytes = choice->arena_bytes};
+}
+
+bool SessionManager::AwaitGonePlanesLocked(absl::Duration patience) {
+  std::set<uint64_t> gone;  // serials
+  for (const auto& [id, live] : sessions_) {
+    pollfd hung_up = {.fd = live.connection, .events = POLLRDHUP};
+    if (live.session == nullptr ||
+        (poll(&hung_up, 1, 0) == 1 &&
+         (hung_up.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0)) {
+      gone.insert(live.serial);
+    }
+  }
+  if (gone.empty()) return false;
+  auto closed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const auto& [id, live] : sessions_) {
+      if (gone.count(live.serial) != 0) return false;
+    }
+    return true;
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&closed), patience);
+  return true;
 }
 
 namespace {

@@ -11,7 +11,7 @@
 //                [--fit-arena [--register-resident]] [--ignore-share]
 //                [--ignore-grow]
 //                [--answer-shrink resident|acknowledge --answer-file F]
-//                --out FILE
+//                [--device-ms MS] --out FILE
 //
 // Per iteration: ITER_BEGIN, FETCH_PARAMS for every layer (forward), then
 // GRAD_READY from the last layer to the first (backward), then ITER_END.
@@ -80,6 +80,7 @@
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -89,6 +90,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "lohan/lohan_client.h"
 #include "proto/lohan.pb.h"
+#include "tests/harness/proc_io.h"
 #include "tests/synthetic_model.h"
 
 namespace lohan::testing {
@@ -148,7 +150,19 @@ struct Args {
   bool pause_after_forward = false;
   uint64_t swap_bytes = 0;
   std::string swap_file;
+  // Milliseconds an accelerator would compute per step, waited (not
+  // computed: the process leaves the host's cores free, as one waiting on
+  // its GPU does): a third in forward, two thirds in backward, spread over
+  // the layers.
+  double device_ms = 0;
 };
+
+// Waits `share` of an iteration's --device-ms for one layer.
+void DeviceCompute(const Args& args, double share, size_t layers) {
+  if (args.device_ms <= 0) return;
+  std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(
+      args.device_ms * share / static_cast<double>(layers)));
+}
 
 // The client's handles, destroyed in reverse.
 struct Session {
@@ -288,23 +302,8 @@ int HandOver(const Args& args, lohan_model* model, uint64_t step, uint32_t l,
   return 0;
 }
 
-// lohand's storage bytes so far (/proc/<pid>/io; zeros without a pid).
-struct StorageBytes {
-  uint64_t read = 0;
-  uint64_t written = 0;
-};
-StorageBytes StorageBytesOf(int pid) {
-  StorageBytes bytes;
-  if (pid <= 0) return bytes;
-  std::ifstream io("/proc/" + std::to_string(pid) + "/io");
-  std::string key;
-  uint64_t value = 0;
-  while (io >> key >> value) {
-    if (key == "read_bytes:") bytes.read = value;
-    if (key == "write_bytes:") bytes.written = value;
-  }
-  return bytes;
-}
+// lohand's storage bytes so far (zeros without its pid).
+ProcIo StorageBytesOf(int pid) { return pid > 0 ? ReadProcIo(pid) : ProcIo{}; }
 
 // The library's last failure, as "CODE: text".
 std::string LastFailure(int status) {
@@ -420,7 +419,7 @@ int FollowShare(const Args& args, const v1::ModelSpec& spec, Session& session) {
   }
   int moved = 0;
   const uint64_t from = lohan_data_plane_arena_size(session.plane);
-  const StorageBytes before = StorageBytesOf(args.lohand_pid);
+  const ProcIo before = StorageBytesOf(args.lohand_pid);
   const auto began = std::chrono::steady_clock::now();
   if (int status =
           lohan_job_follow_share(session.client, session.job_id.c_str(),
@@ -432,7 +431,7 @@ int FollowShare(const Args& args, const v1::ModelSpec& spec, Session& session) {
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - began)
             .count();
-    const StorageBytes after = StorageBytesOf(args.lohand_pid);
+    const ProcIo after = StorageBytesOf(args.lohand_pid);
     std::ofstream(args.moves_file, std::ios::app)
         << from << " " << lohan_data_plane_arena_size(session.plane) << " "
         << seconds << " " << after.read - before.read << " "
@@ -580,6 +579,7 @@ int Run(const Args& args) {
       if (int status = lohan_model_fetch_params(model, l); status != LOHAN_OK) {
         return Fail("fetch", status);
       }
+      DeviceCompute(args, 1.0 / 3, layers.size());
       if (int failed = swapper.Put(model, step, l, layers.size());
           failed != 0) {
         return failed;
@@ -604,6 +604,7 @@ int Run(const Args& args) {
           failed != 0) {
         return failed;
       }
+      DeviceCompute(args, 2.0 / 3, layers.size());
       if (int failed = HandOver(args, model, step, l, layers[l]); failed != 0) {
         return failed;
       }
@@ -714,6 +715,9 @@ int main(int argc, char** argv) {
                  "seconds, lohand's storage bytes read and written meanwhile "
                  "(with --lohand-pid)");
   app.add_option("--lohand-pid", args.lohand_pid);
+  app.add_option("--device-ms", args.device_ms,
+                 "milliseconds an accelerator would compute per step, waited "
+                 "(a third in forward, two thirds in backward)");
   app.add_flag("--ignore-share", args.ignore_share,
                "never follow lohand's asks to move to another arena");
   app.add_flag("--ignore-grow", args.ignore_grow,

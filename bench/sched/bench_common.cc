@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 
@@ -44,20 +43,6 @@ std::string g_root;
 
 void Check(const absl::Status& s, const char* what) {
   if (!s.ok()) Die(absl::StrCat(what, ": ", s.ToString()));
-}
-
-ProcIo ReadProcIo() {
-  ProcIo io;
-  FILE* f = std::fopen("/proc/self/io", "r");
-  if (f == nullptr) return io;
-  char key[64];
-  unsigned long long value;
-  while (std::fscanf(f, "%63[^:]: %llu\n", key, &value) == 2) {
-    if (std::strcmp(key, "read_bytes") == 0) io.read = value;
-    if (std::strcmp(key, "write_bytes") == 0) io.written = value;
-  }
-  std::fclose(f);
-  return io;
 }
 
 }  // namespace sched_bench

@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "daemon/optim/optim_types.h"
+#include "tests/harness/proc_io.h"
 
 namespace lohan {
 namespace sched_bench {
@@ -56,14 +57,9 @@ void RemoveTree(const std::string& path);
 // Die unless `s` is OK.
 void Check(const absl::Status& s, const char* what);
 
-// The process's storage bytes so far (/proc/self/io read_bytes and
-// write_bytes: what reached the block layer, O_DIRECT included).
-struct ProcIo {
-  uint64_t read = 0;
-  uint64_t written = 0;
-};
-
-ProcIo ReadProcIo();
+// The process's storage bytes so far: ReadProcIo() (this process's).
+using testing::ProcIo;
+using testing::ReadProcIo;
 
 }  // namespace sched_bench
 }  // namespace lohan

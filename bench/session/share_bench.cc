@@ -9,15 +9,21 @@
 // the job is between iterations then, so they are the move's).
 //
 //   bazel run //bench/session:share_bench -- [--window=20] [--layers=32]
-//       [--elements=262144] [--cycles=30] [--job-user=0]
+//       [--elements=262144] [--cycles=30] [--job-user=0] [--device-ms=0]
+//       [--chunk=0]
 //
 // Needs root. The job runs as --job-user (0: root, or 65534: nobody), the
 // other user as nobody, or as uid 1 (daemon, a third user) when the job
 // is nobody's (setpriv). The job is tests/train_client (fp32,
 // --fit-arena, 8 shared buffers when streamed), lohand's pool twice its
 // resident arena less a MiB, so the job holds just more than half. Between
-// "after" and the cycles the other user trains a small job of its own
-// beside it for a window.
+// "after" and the cycles the other user trains a job of the same shape
+// beside it for a window. --device-ms: each job's client also waits that
+// long a step, as one whose forward and backward run on its own
+// accelerator does (the two jobs then share lohand, not their compute).
+// --chunk: parameters per stored chunk, a layer's by default (lohan's own
+// default is 4 Mi): small chunks make each step thousands of small SSD
+// writes, which measures the disk's small-write rate more than lohan.
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -27,6 +33,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
@@ -38,6 +45,7 @@
 #include "absl/strings/str_join.h"
 #include "client/control_client.h"
 #include "tests/harness/daemon_process.h"
+#include "tests/harness/proc_io.h"
 #include "tests/harness/subprocess.h"
 
 namespace lohan {
@@ -45,26 +53,43 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// What the bench started, stopped however it ends (Die included: exit()
+// runs no destructors): the clients first, then lohand, then their
+// directory.
+struct Started {
+  testing::PublicTempDir dir;
+  std::unique_ptr<testing::DaemonProcess> daemon;
+  std::vector<std::unique_ptr<testing::BackgroundProcess>> processes;
+};
+std::optional<Started>& Live() {
+  static std::optional<Started> live;
+  return live;
+}
+
 [[noreturn]] void Die(const std::string& what, const absl::Status& status) {
   std::fprintf(stderr, "share_bench: %s: %s\n", what.c_str(),
                status.ToString().c_str());
+  Live().reset();
   std::exit(1);
+}
+
+// A process started, kept in Live() (Die if it did not start).
+testing::BackgroundProcess* Keep(
+    const std::string& what,
+    absl::StatusOr<std::unique_ptr<testing::BackgroundProcess>> started) {
+  if (!started.ok()) Die(what, started.status());
+  Live()->processes.push_back(*std::move(started));
+  return Live()->processes.back().get();
 }
 
 double Seconds(Clock::time_point since) {
   return std::chrono::duration<double>(Clock::now() - since).count();
 }
 
-// lohand's storage bytes so far (/proc/<pid>/io: read_bytes + write_bytes).
+// lohand's storage bytes so far, read and written.
 uint64_t StorageBytes(pid_t pid) {
-  std::ifstream io(absl::StrCat("/proc/", pid, "/io"));
-  uint64_t total = 0;
-  std::string key;
-  uint64_t value = 0;
-  while (io >> key >> value) {
-    if (key == "read_bytes:" || key == "write_bytes:") total += value;
-  }
-  return total;
+  const testing::ProcIo io = testing::ReadProcIo(pid);
+  return io.read + io.written;
 }
 
 // One look at the job: its open plane (iteration, arena) and lohand's
@@ -180,6 +205,11 @@ struct Options {
   uint64_t elements = 256 << 10;
   int cycles = 30;
   uid_t job_user = 0;
+  // What an accelerator would compute per step (train_client --device-ms,
+  // waited): 0, the jobs' clients only hand over gradients.
+  double device_ms = 0;
+  // Parameters per stored chunk (train_client --chunk); 0: a layer's.
+  uint64_t chunk = 0;
 };
 
 int Run(const Options& options) {
@@ -194,12 +224,14 @@ int Run(const Options& options) {
     return 2;
   }
   const uid_t other_user = options.job_user == 0 ? 65534 : 1;
-  testing::PublicTempDir dir;
+  Live().emplace();
+  const testing::PublicTempDir& dir = Live()->dir;
   const std::string hostile =
       testing::CopyForOtherUsers("tests/hostile_client", dir.path());
   const std::string trainer =
       testing::CopyForOtherUsers("tests/train_client", dir.path());
   const uint64_t layer_bytes = options.elements * 4;
+  const uint64_t chunk = options.chunk != 0 ? options.chunk : options.elements;
   // Resident: a gradient and a weight buffer per layer, the staging slot
   // and a MiB of rings: the pool is twice that less a MiB.
   const uint64_t resident =
@@ -214,9 +246,11 @@ int Run(const Options& options) {
                    "4GiB", "--host-pool-size", absl::StrCat(pool >> 20, "MiB"),
                    "--log-level", "info"});
   if (!daemon.ok()) Die("lohand", daemon.status());
-  auto control = ControlClient::Connect({.socket_path = (*daemon)->socket()});
+  Live()->daemon = *std::move(daemon);
+  testing::DaemonProcess& lohand = *Live()->daemon;
+  auto control = ControlClient::Connect({.socket_path = lohand.socket()});
   if (!control.ok()) Die("connect", control.status());
-  Bench bench(**daemon, **control);
+  Bench bench(lohand, **control);
 
   // What the job and the other users write (their uids may not write in
   // the directory itself).
@@ -228,30 +262,41 @@ int Run(const Options& options) {
   const std::string moves_file = out + "/moves";
   std::vector<std::string> layers(options.layers,
                                   std::to_string(options.elements));
-  auto job = testing::BackgroundProcess::Start(
-      testing::AsUser(options.job_user, {trainer,
-                                         "--socket",
-                                         (*daemon)->socket(),
-                                         "--job",
-                                         "job",
-                                         "--layers",
-                                         absl::StrJoin(layers, ","),
-                                         "--fit-arena",
-                                         "--grad-slots",
-                                         "8",
-                                         "--weight-slots",
-                                         "8",
-                                         "--iterations",
-                                         "100000000",
-                                         "--until-file",
-                                         stop,
-                                         "--out",
-                                         out + "/weights",
-                                         "--moves-file",
-                                         moves_file,
-                                         "--lohand-pid",
-                                         std::to_string((*daemon)->pid())}));
-  if (!job.ok()) Die("job", job.status());
+  // A training process of job `name` as `user` until `until` exists,
+  // dumping its weights to `weights`, with `more` flags.
+  auto train = [&](const std::string& what, uid_t user, const std::string& name,
+                   const std::string& until, const std::string& weights,
+                   std::vector<std::string> more) {
+    std::vector<std::string> argv = {trainer,
+                                     "--socket",
+                                     lohand.socket(),
+                                     "--job",
+                                     name,
+                                     "--layers",
+                                     absl::StrJoin(layers, ","),
+                                     "--fit-arena",
+                                     "--grad-slots",
+                                     "8",
+                                     "--weight-slots",
+                                     "8",
+                                     "--iterations",
+                                     "100000000",
+                                     "--until-file",
+                                     until,
+                                     "--out",
+                                     weights,
+                                     "--device-ms",
+                                     absl::StrCat(options.device_ms),
+                                     "--chunk",
+                                     absl::StrCat(chunk)};
+    argv.insert(argv.end(), more.begin(), more.end());
+    return Keep(what,
+                testing::BackgroundProcess::Start(testing::AsUser(user, argv)));
+  };
+  testing::BackgroundProcess* job =
+      train("job", options.job_user, "job", stop, out + "/weights",
+            {"--moves-file", moves_file, "--lohand-pid",
+             std::to_string(lohand.pid())});
   auto jobs = (*control)->ListJobs();
   if (!jobs.ok() || jobs->empty()) Die("jobs", jobs.status());
   bench.set_job_id((*jobs)[0].id());
@@ -261,10 +306,12 @@ int Run(const Options& options) {
       "MiB arena resident, 8 shared buffers streamed) in a %llu MiB pool; "
       "the other user (uid %u)'s idle plane asks for half the pool; "
       "regrow_after 5s, reclaim_interval and reclaim_grace their defaults "
-      "(1m, 15m)\n",
+      "(1m, 15m); chunks of %llu parameters; each job's device %.0f ms a "
+      "step\n",
       options.job_user, options.layers,
       static_cast<unsigned long long>(options.elements), resident / 1048576.0,
-      static_cast<unsigned long long>(pool >> 20), other_user);
+      static_cast<unsigned long long>(pool >> 20), other_user,
+      static_cast<unsigned long long>(chunk), options.device_ms);
   bench.Until([](const Sample& s) { return s.iteration >= 3; }, 120,
               "the job's first steps");
 
@@ -277,12 +324,13 @@ int Run(const Options& options) {
   // Beside the other user's idle plane: the job shrinks.
   const std::string half = std::to_string(pool / 2);
   const auto asked = Clock::now();
-  auto idle = testing::BackgroundProcess::Start(testing::AsUser(
-      other_user, {hostile, "register-await", (*daemon)->socket(), "idle",
-                   out + "/idle-told", half}));
-  if (!idle.ok() || (*idle)->first_line().rfind("registered", 0) != 0) {
-    Die("the other user's plane",
-        idle.ok() ? absl::InternalError((*idle)->first_line()) : idle.status());
+  testing::BackgroundProcess* idle =
+      Keep("the other user's plane",
+           testing::BackgroundProcess::Start(testing::AsUser(
+               other_user, {hostile, "register-await", lohand.socket(), "idle",
+                            out + "/idle-told", half})));
+  if (idle->first_line().rfind("registered", 0) != 0) {
+    Die("the other user's plane", absl::InternalError(idle->first_line()));
   }
   const double opened_in = Seconds(asked);
   const Sample shrunk = bench.Until(
@@ -296,7 +344,7 @@ int Run(const Options& options) {
       streamed.bytes_per_step / parameters, opened_in);
 
   // The other user leaves: the job grows back after regrow_after.
-  (*idle)->Stop(SIGKILL);
+  idle->Stop(SIGKILL);
   const Sample left = bench.Look();
   const Sample grown = bench.Until(
       [](const Sample& s) { return s.registered && s.arena == s.wanted; }, 120,
@@ -313,13 +361,9 @@ int Run(const Options& options) {
   // The other user trains a job of the same shape beside it (the two share
   // the machine's cores as well as the pool).
   const std::string other_stop = dir.path() + "/other-stop";
-  auto other = testing::BackgroundProcess::Start(testing::AsUser(
-      other_user,
-      {trainer, "--socket", (*daemon)->socket(), "--job", "other", "--layers",
-       absl::StrJoin(layers, ","), "--fit-arena", "--grad-slots", "8",
-       "--weight-slots", "8", "--iterations", "100000000", "--until-file",
-       other_stop, "--out", out + "/other-weights"}));
-  if (!other.ok()) Die("the other user's job", other.status());
+  testing::BackgroundProcess* other =
+      train("the other user's job", other_user, "other", other_stop,
+            out + "/other-weights", {});
   const double other_started = bench.Look().at;
   auto other_iteration = [&]() -> std::optional<uint64_t> {
     auto status = (*control)->GetStatus();
@@ -356,9 +400,9 @@ int Run(const Options& options) {
       beside_training.bytes_per_step / parameters, other_rate,
       (beside_training.steps_per_second + other_rate) / alone);
   std::ofstream(other_stop) << "stop\n";
-  if (const int code = (*other)->Stop(0); code != 0) {
-    Die("the other user's job", absl::InternalError(absl::StrCat(
-                                    "exit ", code, "\n", (*daemon)->Log())));
+  if (const int code = other->Stop(0); code != 0) {
+    Die("the other user's job",
+        absl::InternalError(absl::StrCat("exit ", code, "\n", lohand.Log())));
   }
 
   // The other user opens a plane, holds it a second and closes it, over
@@ -371,21 +415,25 @@ int Run(const Options& options) {
   int opened = 0;
   std::string refusal;  // the first one
   for (int i = 0; i < options.cycles; ++i) {
-    auto plane = testing::BackgroundProcess::Start(testing::AsUser(
-        other_user, {hostile, "register-await", (*daemon)->socket(),
+    auto started = testing::BackgroundProcess::Start(testing::AsUser(
+        other_user, {hostile, "register-await", lohand.socket(),
                      absl::StrCat("cycle-", i), out + "/cycle-told", half}));
-    if (plane.ok() && (*plane)->first_line().rfind("registered", 0) == 0) {
+    const std::string said = started.ok()
+                                 ? (*started)->first_line()
+                                 : std::string(started.status().message());
+    testing::BackgroundProcess* plane =
+        started.ok() ? Keep("a plane", std::move(started)) : nullptr;
+    if (said.rfind("registered", 0) == 0) {
       ++opened;
     } else if (refusal.empty()) {
-      refusal = plane.ok() ? (*plane)->first_line()
-                           : std::string(plane.status().message());
+      refusal = said;
     }
     const auto held = Clock::now();
     while (Seconds(held) < 1) {
       bench.Look();
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
-    if (plane.ok()) (*plane)->Stop(SIGKILL);
+    if (plane != nullptr) plane->Stop(SIGKILL);
   }
   const Sample cycles_to = bench.Look();
   const double cycling = (cycles_to.iteration - cycles_from.iteration) /
@@ -400,11 +448,12 @@ int Run(const Options& options) {
     std::printf("    the first refusal: %s\n", refusal.c_str());
 
   std::ofstream(stop) << "stop\n";
-  const int exit_code = (*job)->Stop(0);
+  const int exit_code = job->Stop(0);
   if (exit_code != 0) {
-    Die("the job", absl::InternalError(absl::StrCat("exit ", exit_code, "\n",
-                                                    (*daemon)->Log())));
+    Die("the job", absl::InternalError(
+                       absl::StrCat("exit ", exit_code, "\n", lohand.Log())));
   }
+  Live().reset();
   return 0;
 }
 
@@ -429,6 +478,10 @@ int main(int argc, char** argv) {
       (void)absl::SimpleAtoi(v, &options.cycles);
     } else if (const char* v = value("--job-user")) {
       (void)absl::SimpleAtoi(v, &options.job_user);
+    } else if (const char* v = value("--device-ms")) {
+      (void)absl::SimpleAtod(v, &options.device_ms);
+    } else if (const char* v = value("--chunk")) {
+      (void)absl::SimpleAtoi(v, &options.chunk);
     } else {
       std::fprintf(stderr, "share_bench: unknown argument %s\n", argv[i]);
       return 2;

@@ -285,7 +285,9 @@ TEST_F(EndedJobsRefusalTest, ARefusalNamesTheAskersOwnEndedJobsOnly) {
   auto after = root_->ListJobs();
   ASSERT_TRUE(after.ok()) << after.status();
   for (const v1::Job& job : *after) {
-    if (job.id() == roots_old) EXPECT_FALSE(job.kept());
+    if (job.id() == roots_old) {
+      EXPECT_FALSE(job.kept());
+    }
   }
 
   // Freed as the refusal says, nobody's next job fits.

@@ -339,9 +339,9 @@ int Run(double window, uint32_t layers, uint64_t elements,
       "%llu (%.2fx); the greedy job did %.0f iterations, %.2f GB/s of SSD "
       "traffic\n",
       static_cast<unsigned long long>(light.elements), light.think_ms, t_alone,
-      t_beside, t_beside / t_alone, greedy.layers,
-      static_cast<unsigned long long>(greedy.elements),
-      beside["greedy"].iterations, beside["greedy"].ssd_bytes / window / 1e9);
+      t_beside, greedy.layers, static_cast<unsigned long long>(greedy.elements),
+      t_beside / t_alone, beside["greedy"].iterations,
+      beside["greedy"].ssd_bytes / window / 1e9);
   return 0;
 }
 

@@ -37,6 +37,9 @@ uint32_t FieldsOf(RingOp op) {
     case RingOp::kIterEnd:
     case RingOp::kIterAbort:
       return kIteration;
+    // No field: its one flag (IterFlagsOf) says what it asks.
+    case RingOp::kIterCommitted:
+      break;
     // The layout is the daemon's (the constructor's), never a client's.
     case RingOp::kReservedRegisterLayout:
     // Served by the job session (CheckStagingEntry), never accepted here.

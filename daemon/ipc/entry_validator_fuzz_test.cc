@@ -107,7 +107,7 @@ class Generator {
     const uint32_t layer =
         OneIn(10) ? static_cast<uint32_t>(random_()) : random_() % kLayers;
     const uint64_t layer_bytes = kLayerBytes[layer % kLayers];
-    const RingOp op = static_cast<RingOp>(random_() % 14);
+    const RingOp op = static_cast<RingOp>(random_() % kAcceptedOps);
     entry.op = static_cast<uint16_t>(op);
     switch (op) {
       case RingOp::kReservedRegisterLayout:
@@ -163,6 +163,14 @@ class Generator {
         if (OneIn(10)) entry.dtype = random_() % 4;
         if (OneIn(10)) entry.iteration = random_() % 4;
         break;
+      case RingOp::kIterCommitted:
+        // Between iterations only; its one flag asks to release the
+        // commit a rank's job keeps.
+        entry.iter_flags = OneIn(8)   ? static_cast<uint8_t>(random_())
+                           : OneIn(2) ? kIterCommittedRelease
+                                      : 0;
+        if (OneIn(10)) entry.layer = random_() % 4;
+        break;
       case RingOp::kInvalid:
         break;
     }
@@ -190,7 +198,7 @@ TEST(EntryValidatorFuzzTest, TensOfThousandsOfInputs) {
   const uint64_t* accepted = AcceptedByOp();
   EXPECT_EQ(accepted[0], 0u);
   EXPECT_EQ(accepted[1], 0u);
-  for (int op = 2; op <= 13; ++op) {
+  for (size_t op = 2; op < kAcceptedOps; ++op) {
     EXPECT_GT(accepted[op], 100u) << "op " << op;
   }
   EXPECT_GT(AcceptedStreamed(), 100u);

@@ -717,7 +717,8 @@ int main(int argc, char** argv) {
   app.add_option("--lohand-pid", args.lohand_pid);
   app.add_option("--device-ms", args.device_ms,
                  "milliseconds an accelerator would compute per step, waited "
-                 "(a third in forward, two thirds in backward)");
+                 "(a third in forward, two thirds in backward)")
+      ->check(CLI::Range(0.0, 60000.0));
   app.add_flag("--ignore-share", args.ignore_share,
                "never follow lohand's asks to move to another arena");
   app.add_flag("--ignore-grow", args.ignore_grow,

@@ -468,22 +468,32 @@ int main(int argc, char** argv) {
       const std::string prefix = std::string(name) + "=";
       return arg.rfind(prefix, 0) == 0 ? argv[i] + prefix.size() : nullptr;
     };
+    bool parsed = true;
     if (const char* v = value("--window")) {
-      (void)absl::SimpleAtod(v, &options.window);
+      parsed = absl::SimpleAtod(v, &options.window) && options.window > 0;
     } else if (const char* v = value("--layers")) {
-      (void)absl::SimpleAtoi(v, &options.layers);
+      parsed = absl::SimpleAtoi(v, &options.layers) && options.layers > 0;
     } else if (const char* v = value("--elements")) {
-      (void)absl::SimpleAtoi(v, &options.elements);
+      parsed = absl::SimpleAtoi(v, &options.elements) && options.elements > 0;
     } else if (const char* v = value("--cycles")) {
-      (void)absl::SimpleAtoi(v, &options.cycles);
+      parsed = absl::SimpleAtoi(v, &options.cycles) && options.cycles >= 0;
     } else if (const char* v = value("--job-user")) {
-      (void)absl::SimpleAtoi(v, &options.job_user);
+      parsed = absl::SimpleAtoi(v, &options.job_user);
     } else if (const char* v = value("--device-ms")) {
-      (void)absl::SimpleAtod(v, &options.device_ms);
+      parsed = absl::SimpleAtod(v, &options.device_ms) &&
+               options.device_ms >= 0 && options.device_ms <= 60000;
     } else if (const char* v = value("--chunk")) {
-      (void)absl::SimpleAtoi(v, &options.chunk);
+      parsed = absl::SimpleAtoi(v, &options.chunk);
     } else {
       std::fprintf(stderr, "share_bench: unknown argument %s\n", argv[i]);
+      return 2;
+    }
+    if (!parsed) {
+      std::fprintf(stderr,
+                   "share_bench: %s: not a valid value (--window and "
+                   "--layers, --elements > 0; --cycles, --chunk >= 0; "
+                   "--device-ms 0..60000)\n",
+                   argv[i]);
       return 2;
     }
   }

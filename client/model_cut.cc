@@ -290,8 +290,9 @@ absl::StatusOr<v1::ModelCut> CutModel(const v1::ModelDescription& model) {
   for (const v1::ParamGroup& group : groups.param_groups()) {
     *spec.add_param_groups() = group;
   }
+  // Its settings are the description's, checked above.
   if (model.has_spec()) {
-    if (absl::Status checked = CheckModelSpec(spec); !checked.ok()) {
+    if (absl::Status checked = CheckModelShape(spec); !checked.ok()) {
       return checked;
     }
   }

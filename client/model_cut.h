@@ -30,7 +30,7 @@ namespace lohan {
 //
 // A description with a spec: its settings and the spec made are checked by
 // the rules lohand runs (spec/model_spec_checks.h: CheckSpecSettings first,
-// CheckModelSpec last; their refusals carry the field, RefusedField). One
+// CheckModelShape last; their refusals carry the field, RefusedField). One
 // without asks for the layers alone.
 //
 // INVALID_ARGUMENT naming what is wrong: no trained parameters, a block

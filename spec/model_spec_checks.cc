@@ -262,6 +262,14 @@ absl::Status CheckModelSpec(const v1::ModelSpec& spec) {
   return CheckGroups(spec);
 }
 
+absl::Status CheckModelShape(const v1::ModelSpec& spec) {
+  if (absl::Status layers = CheckLayers(spec); !layers.ok()) return layers;
+  if (absl::Status places = CheckLayerPlaces(spec); !places.ok()) {
+    return places;
+  }
+  return CheckGroups(spec);
+}
+
 std::string RefusedField(const absl::Status& status) {
   absl::optional<absl::Cord> field = status.GetPayload(kFieldPayload);
   return field.has_value() ? std::string(*field) : std::string();

@@ -52,6 +52,11 @@ absl::Status CheckSpecSettings(const v1::ModelSpec& spec);
 // (ranges within layers, groups apart) are ValidateLayout's.
 absl::Status CheckModelSpec(const v1::ModelSpec& spec);
 
+// CheckModelSpec's model part alone (layers, their places, the groups'
+// names and ranges' count): for a spec whose settings CheckSpecSettings
+// has judged already, e.g. the model cut's, made from a checked one.
+absl::Status CheckModelShape(const v1::ModelSpec& spec);
+
 // Every refusal above is INVALID_ARGUMENT naming the field in its text and
 // carrying it as a payload: the ModelSpec field's path as protobuf JSON
 // writes it ("adam.eps", "commit_interval", "layer_places[3].unit"), so a

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <string>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -54,6 +55,22 @@ TEST(CheckModelSpec, AcceptsLayerPlacesOnePerLayerOrNone) {
   unit.set_block(0);
   unit.set_unit(1);
   EXPECT_TRUE(CheckModelSpec(spec).ok());
+}
+
+// The model part alone: its settings are the caller's, judged before.
+TEST(CheckModelShape, JudgesTheShapeNotTheSettings) {
+  v1::ModelSpec spec = Good();
+  spec.mutable_adam()->set_eps(-1);
+  EXPECT_FALSE(CheckModelSpec(spec).ok());
+  EXPECT_TRUE(CheckModelShape(spec).ok());
+  spec.add_layer_elements(0);
+  const absl::Status refused = CheckModelShape(spec);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_EQ(RefusedField(refused), "layer_elements[1]") << refused;
+  spec.clear_layer_elements();
+  spec.add_layer_elements(10);
+  spec.add_param_groups()->set_name(std::string("bad\n"));
+  EXPECT_EQ(RefusedField(CheckModelShape(spec)), "param_groups[0].name");
 }
 
 TEST(CheckModelSpec, RefusesEachBadFieldByName) {

@@ -121,9 +121,13 @@ class ModelSpec:
         return {
             "layer_elements": [int(n) for n in self.layer_elements],
             "dtype": DTYPES[self.dtype],
-            "adam": adam_object(self.lr, self.betas, self.eps,
-                                self.weight_decay, self.adamw, self.amsgrad,
-                                self.bf16_moments, self.bias_correction),
+            "adam": {"lr": float(self.lr), "beta1": float(self.betas[0]),
+                     "beta2": float(self.betas[1]), "eps": float(self.eps),
+                     "weight_decay": float(self.weight_decay),
+                     "decoupled_weight_decay": bool(self.adamw),
+                     "amsgrad": bool(self.amsgrad),
+                     "bf16_moments": bool(self.bf16_moments),
+                     "no_bias_correction": not self.bias_correction},
             "max_grad_norm": float(self.max_grad_norm),
             "skip_nonfinite": bool(self.skip_nonfinite),
             "chunk_elements": int(self.chunk_elements),
@@ -144,19 +148,6 @@ class ModelSpec:
 
     def to_json(self) -> str:
         return json.dumps(self.to_proto())
-
-
-def adam_object(lr: float, betas: Tuple[float, float], eps: float,
-                weight_decay: float, adamw: bool, amsgrad: bool,
-                bf16_moments: bool, bias_correction: bool) -> Dict[str, Any]:
-    """ModelSpec.adam (an AdamSpec) as protobuf JSON's object: the one
-    translation of Adam's options, for this dataclass and lohan.init's."""
-    return {"lr": float(lr), "beta1": float(betas[0]),
-            "beta2": float(betas[1]), "eps": float(eps),
-            "weight_decay": float(weight_decay),
-            "decoupled_weight_decay": bool(adamw),
-            "amsgrad": bool(amsgrad), "bf16_moments": bool(bf16_moments),
-            "no_bias_correction": not bias_correction}
 
 
 def _ranges(ranges: Sequence[Range], what: str) -> List[Dict[str, int]]:

@@ -181,7 +181,9 @@ def worker(args: argparse.Namespace) -> Dict[str, float]:
     for ids in data[args.warmup:]:
         step(ids)
     if args.worker.startswith("lohan"):
-        engine.master_weights()  # the last step's updates may still run
+        # The model's weights up to date, as torch's are after its step
+        # (with overlap_step=True the last step's updates may still run).
+        engine.sync_weights()
     seconds = time.perf_counter() - start
     io_after = io_bytes(io_pid)
     host_after = host_bytes()

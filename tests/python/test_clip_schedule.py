@@ -181,6 +181,62 @@ def test_overlap_step_sync_weights_and_changes_behind_its_back(lohand):
     assert torch.equal(model.blocks[2].fc.weight.detach(), changed)
 
 
+def test_a_stale_block_is_read_up_to_date_or_not_at_all(lohand):
+    """overlap_step (the default): between step() and a block's next run
+    its parameters are empty, never the previous step's weights. The
+    model's parameters(), named_parameters() (its own and a block's),
+    state_dict() and load_state_dict() bring each block up to date as
+    they reach it and no sooner; zero_grad() waits for none; a copy of
+    the model gets torch's own methods."""
+    model = tiny_gpt()
+    data = batches(2)
+    with engine_for(model, lohand, job_name="stale-reads") as engine:
+        assert engine._weights.lazy is not None  # overlap_step by default
+        lm_loss(model, data[0][0]).backward()
+        engine.step()
+        weight = model.blocks[1].fc.weight
+        assert weight.shape == (0,)  # a direct read fails on its shape
+        model.zero_grad()
+        engine.optimizer.zero_grad()
+        assert weight.shape == (0,)
+        # Early out of the generator: the blocks not reached stay empty.
+        first = next(model.parameters())
+        assert first is model.tok.weight
+        assert model.blocks[0].fc.weight.shape == (0,)
+        masters = engine.master_weights()
+        mine = dict(model.blocks[1].named_parameters())
+        assert torch.equal(mine["fc.weight"], masters["blocks.1.fc.weight"])
+        assert model.blocks[0].fc.weight.shape == (0,)
+        assert model.blocks[2].fc.weight.shape == (0,)
+        for name, param in model.named_parameters():
+            assert torch.equal(param.detach(), masters[name]), name
+        # After the next step, a copy made at once is whole and has
+        # torch's own methods.
+        lm_loss(model, data[1][0]).backward()
+        engine.step()
+        assert model.blocks[2].fc.weight.shape == (0,)
+        twin = copy.deepcopy(model)
+        for module in twin.modules():
+            assert not {"named_parameters", "zero_grad",
+                        "__getstate__"} & set(vars(module))
+        masters = engine.master_weights()
+        for name, param in twin.named_parameters():
+            assert torch.equal(param.detach(), masters[name]), name
+        # After the next step load_state_dict brings each stale block up
+        # to date before loading into it.
+        lm_loss(model, data[0][0]).backward()
+        engine.step()
+        assert model.blocks[2].fc.weight.shape == (0,)
+        state = {k: v.clone() for k, v in twin.state_dict().items()}
+        model.load_state_dict(state)
+        for name, param in model.state_dict().items():
+            assert torch.equal(param, state[name]), name
+    # close() leaves every block whole and torch's methods in place.
+    assert "named_parameters" not in vars(model)
+    assert "zero_grad" not in vars(model)
+    assert all(block.fc.weight.numel() > 0 for block in model.blocks)
+
+
 _CHILD = """
 import os, signal, sys
 sys.path.insert(0, {tests!r})

@@ -1,5 +1,7 @@
 """lohand SIGKILLed inside each phase of a job whose states live in the state
-tier with a commit interval: during an update between durable commits,
+tier (updated where the tier holds them) with durability by steps (a
+commit interval) or by time (durable_every): during an update between
+durable commits,
 during a durable commit, and while a second job's arrival moves the first
 job's states from the tier back to the SSDs (migration). Each kill lands at
 a random point of its phase (seeded; the seed is in the test's name): in
@@ -162,14 +164,62 @@ def resume_and_finish(tmp_path: Path, tier: str, losses: List[float],
         daemon.stop(signal.SIGKILL)
 
 
+class Durability:
+    """A job's durability in one of its two forms, both durable at the
+    same iterations (INTERVAL, 2 * INTERVAL): by steps (commit_interval)
+    or by time (durable_every SECONDS: the test waits that long before
+    each iteration meant to be durable, and runs the others well within
+    it)."""
+
+    SECONDS = 4.0
+
+    def __init__(self, form: str):
+        self.form = form
+
+    def options(self) -> dict:
+        return ({"commit_interval": INTERVAL} if self.form == "steps"
+                else {"durable_every": self.SECONDS})
+
+    def train(self, engine, model: nn.Module, data: torch.Tensor,
+              done: int) -> List[float]:
+        """Trains `data`'s iterations after the `done` ones."""
+        losses: List[float] = []
+        for offset in range(len(data)):
+            if (done + offset + 1) % INTERVAL == 0:
+                self.before_durable(engine)
+            losses += train_lohan(engine, model, data[offset:offset + 1])
+        return losses
+
+    def before_durable(self, engine) -> None:
+        if self.form == "time":
+            wait_for(engine, lambda session: session.get(
+                "seconds_since_durable", 0) > self.SECONDS + 0.1)
+
+    def check_durable(self, engine, iteration: int) -> None:
+        """lohand says `iteration` is the job's last durable one (once the
+        last step's commit has settled)."""
+        wait_for(engine, lambda session: int(
+            session.get("durable_iteration", 0)) == iteration)
+
+
+def wait_for(engine, condition: Callable[[dict], bool],
+             timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition(engine.status()["session"]):
+        assert time.monotonic() < deadline, engine.status()["session"]
+        time.sleep(0.05)
+
+
 # Seeds whose draws spread over the phase: fractions 0.21, 0.36 and 0.60 of
 # its writes (leaving the watcher room before the phase ends); blocks 0, 1
-# and 2.
-@pytest.mark.parametrize("seed", [1, 7, 5])
+# and 2. Durability by steps with each; by time with the first.
+@pytest.mark.parametrize("seed, form", [(1, "steps"), (7, "steps"),
+                                        (5, "steps"), (1, "time")])
 @pytest.mark.parametrize("phase", ["update", "durable-commit", "migration"])
 def test_a_kill_inside_a_phase_resumes_at_the_last_durable_iteration(
-        tmp_path, uninterrupted, phase, seed):
+        tmp_path, uninterrupted, phase, seed, form):
     fraction = random.Random(seed).uniform(0.1, 0.9)
+    durability = Durability(form)
     model = wide_gpt()
     states = STATE_BYTES * parameters_of(model)
     data = batches(2 * INTERVAL)
@@ -180,14 +230,16 @@ def test_a_kill_inside_a_phase_resumes_at_the_last_durable_iteration(
     engines = []
     try:
         engine = engine_for(model, daemon, job_name="tiered",
-                            commit_interval=INTERVAL)
+                            **durability.options())
         engines.append(engine)
-        losses = train_lohan(engine, model, data[:INTERVAL])
+        losses = durability.train(engine, model, data[:INTERVAL], 0)
+        durability.check_durable(engine, INTERVAL)
         # A step between durable commits writes the 16-bit weights and
         # the meta only: every state stays in RAM.
         pid = daemon.process.pid
         before = written_bytes(pid)
-        losses += train_lohan(engine, model, data[INTERVAL:INTERVAL + 1])
+        losses += durability.train(engine, model,
+                                   data[INTERVAL:INTERVAL + 1], INTERVAL)
         volatile = written_bytes(pid) - before
         assert volatile < states / 4, (volatile, states)
         if phase == "update":
@@ -206,14 +258,16 @@ def test_a_kill_inside_a_phase_resumes_at_the_last_durable_iteration(
             model.blocks[block].register_full_backward_hook(kill)
             with pytest.raises(Exception):
                 train_lohan(engine, model, data[INTERVAL + 1:INTERVAL + 2])
-            print(f"update, seed {seed}: killed in backward at block "
+            print(f"update, seed {seed}, {form}: killed in backward at block "
                   f"{block} after {delay * 1000:.1f} ms")
         else:
             if phase == "durable-commit":
                 # The durable step writes every state; killed before its
                 # commit can be made.
-                losses += train_lohan(engine, model,
-                                      data[INTERVAL + 1:INTERVAL + 2])
+                losses += durability.train(
+                    engine, model, data[INTERVAL + 1:INTERVAL + 2],
+                    INTERVAL + 1)
+                durability.before_durable(engine)
                 phase_end = volatile + states
                 kill_at = int(fraction * phase_end)
             else:
@@ -225,11 +279,19 @@ def test_a_kill_inside_a_phase_resumes_at_the_last_durable_iteration(
                 phase_end = states // 2 - (2 << 20)
                 kill_at = int(fraction * 0.9 * phase_end)
             killed = data[len(losses):len(losses) + 1]
-            written = kill_inside_step(
-                daemon, lambda: train_lohan(engine, model, killed), kill_at,
-                phase_end)
-            print(f"{phase}, seed {seed}: killed after {written} of the "
-                  f"phase's {phase_end} bytes")
+
+            def step() -> None:
+                # step() returns once the norm decides (overlap_step): the
+                # step lasts until its updates are done and, for a durable
+                # one, its commit is.
+                train_lohan(engine, model, killed)
+                engine.sync_weights()
+                if phase == "durable-commit":
+                    durability.check_durable(engine, 2 * INTERVAL)
+
+            written = kill_inside_step(daemon, step, kill_at, phase_end)
+            print(f"{phase}, seed {seed}, {form}: killed after {written} of "
+                  f"the phase's {phase_end} bytes")
     finally:
         daemon.stop(signal.SIGKILL)
         for each in engines:

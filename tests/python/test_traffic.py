@@ -114,10 +114,14 @@ def test_fp32_ssd_bytes_per_step_are_the_layouts_minimum(tmp_path, buffers,
                             generator=torch.Generator().manual_seed(1))
             model(x).pow(2).mean().backward()
             engine.step()  # the first step, then the ones counted
+            # Every layer's weights fetched: its updates done (step()
+            # returns before them, overlap_step).
+            engine.sync_weights()
             before = io(daemon.process.pid)
             for _ in range(steps):
                 model(x).pow(2).mean().backward()
-                engine.step()  # every layer's weights fetched: all done
+                engine.step()
+                engine.sync_weights()
             after = io(daemon.process.pid)
             sessions = json.loads(subprocess.run(
                 [str(built("client/ctl/lohanctl")), "--socket",

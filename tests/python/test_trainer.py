@@ -171,8 +171,9 @@ def test_trainer_matches_adamw_trainer(lohand, tmp_path, precision):
 
 def test_gradient_checkpointing_is_lohans_recompute(lohand, tmp_path):
     """TRL's default (gradient_checkpointing=True) is accepted, said once,
-    and trains as without it: lohan recomputes the blocks itself, Hugging
-    Face's checkpointing stays off (the model's modules are not wrapped)."""
+    and trains as without it, bit for bit: lohan recomputes the blocks
+    itself ("offload"), Hugging Face's checkpointing stays off (the
+    model's modules are not wrapped)."""
     model = gpt2()
     with pytest.warns(UserWarning, match="checkpointing is lohan's to do"):
         trainer, got = train(LohanTrainer, tmp_path / "checkpointed", model,
@@ -180,6 +181,8 @@ def test_gradient_checkpointing_is_lohans_recompute(lohand, tmp_path):
                              gradient_checkpointing=True)
     assert not trainer.args.activation_checkpointing
     assert not model.is_activation_checkpointing
+    # Asked for recompute: on this CPU, where lohan's default keeps.
+    assert trainer.lohan_options["activations"] == "offload"
     plain = gpt2()
     _, want = train(LohanTrainer, tmp_path / "plain", plain,
                     lohan={"socket": lohand.socket})

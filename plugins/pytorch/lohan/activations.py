@@ -4,7 +4,8 @@ Policies (`lohan.init(..., activations=...)`):
 - "keep": torch's default; every intermediate stays in memory.
 - "recompute": only each block's inputs are kept, where they are; backward
   recomputes the block's forward (torch.utils.checkpoint, non-reentrant).
-- "offload" (the default): as "recompute", and each block's input leaves
+- "offload" (the default on an accelerator; placement.activation_policy
+  gives the default by device): as "recompute", and each block's input leaves
   the device: it goes to host memory (pinned; for a CPU model it already
   is there and stays put) up to `activation_host_bytes`, and beyond that to
   the daemon's SSDs through the job's arena (ACT_PUT); backward brings it

@@ -149,7 +149,7 @@ class Engine:
             except BaseException:
                 self.close()
                 raise
-        self._install_activations(opts)
+        self._install_activations(opts, where.first_activations)
         if opts.overlap_step:
             self._weights.overlap_steps()
         self._weights.remember()
@@ -311,9 +311,10 @@ class Engine:
             backward_order(self.model, self.blocks, self.layers)
             if self._sharding else None)
 
-    def _install_activations(self, opts: EngineOptions) -> None:
-        """The activation policy on the blocks (activations="auto": the
-        profiling iteration's, then lohand's plan)."""
+    def _install_activations(self, opts: EngineOptions,
+                             first: ActivationsArg) -> None:
+        """The activation policy on the blocks: `first` (placement's), and
+        with activations="auto" lohand's plan after that iteration."""
         layers_of_block: Dict[int, List[int]] = {}
         for layer in self.layers:
             if layer.block is not None:
@@ -350,7 +351,7 @@ class Engine:
                 per_tensor=self.params_mode != "offload",
                 device_bytes=opts.device_memory_bytes,
                 loss_bytes=lambda: self._loss.working_bytes)
-        reinstall(opts.first_activations)
+        reinstall(first)
 
     # ------------------------------------------------------- the parts' state
 

@@ -67,7 +67,10 @@ class EngineOptions:
     frozen_models: bool = False
     skip_nonfinite: bool = True
     chunk_elements: int = 0
-    activations: ActivationsArg = "offload"
+    # None: by where the model computes (placement.activation_policy):
+    # "offload" on an accelerator, "keep" on the CPU, where the host's
+    # memory is the device's and "offload" would only recompute.
+    activations: Optional[ActivationsArg] = None
     activation_host_bytes: Optional[int] = None
     activation_buffer_bytes: int = 16 * MIB
     device_memory_bytes: Optional[int] = None
@@ -85,7 +88,10 @@ class EngineOptions:
     # last durable step (what a crash of lohand may lose); not with
     # commit_interval. None: lohand's default.
     durable_every: Optional[float] = None
-    overlap_step: bool = False
+    # True: step() returns once the norm has decided the step; each block
+    # takes its new weights just before it next runs (lazy_weights.py), so
+    # the updates overlap the next forward.
+    overlap_step: bool = True
     # A Hugging Face causal LM's loss a chunk of tokens at a time, never
     # the full logits (causal_lm.py); loss_chunk_tokens None: chunks of at
     # most 256 MiB of fp32 logits (chunked_loss.default_chunk_tokens).
@@ -122,11 +128,6 @@ class EngineOptions:
         return (isinstance(self.activations, str)
                 and self.activations == "auto")
 
-    @property
-    def first_activations(self) -> ActivationsArg:
-        """The policy of the first iteration ("auto" profiles with
-        "offload")."""
-        return "offload" if self.auto_activations else self.activations
 
     @property
     def activation_unit(self) -> str:

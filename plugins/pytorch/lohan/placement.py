@@ -14,7 +14,7 @@ from torch import nn
 from lohan.activations import block_modes, uses_store
 from lohan.blocks import Layer, find_blocks, plan_layers, resolve_dtype
 from lohan.sublayers import sublayers
-from lohan.options import EngineOptions
+from lohan.options import ActivationsArg, EngineOptions
 from lohan.params import resolve_mode as resolve_params_mode
 
 # The activation area's unit: its two halves (activations.py) start on
@@ -43,6 +43,9 @@ class Placement:
     blocks: List[nn.Module]
     layers: List[Layer]
     dtype: torch.dtype          # of the working weights and gradients
+    # The first iteration's policy (activations="auto" profiles with
+    # "offload"; None resolved by activation_policy) and its block modes.
+    first_activations: ActivationsArg
     activation_modes: Sequence[BlockMode]
     # Block inputs beyond the host budget go to the daemon's SSDs through
     # the arena's activation area, of area_bytes (0: none).
@@ -77,12 +80,14 @@ def place(model: nn.Module, options: EngineOptions) -> Placement:
                          if options.param_unit == "sublayer"
                          else lambda _: [])
     dtype = resolve_dtype(options.dtype, layers)
-    modes = block_modes(options.first_activations, len(blocks))
+    first = ("offload" if options.auto_activations
+             else activation_policy(options, device, params_mode))
+    modes = block_modes(first, len(blocks))
     if options.frozen_models and not uses_store(modes):
         raise ValueError(
             f"frozen_models=True reaches lohand's SSDs through the "
-            f"activation store, which activations="
-            f"{options.first_activations!r} does not use; use 'offload'")
+            f"activation store, which activations={first!r} does not use; "
+            "use 'offload'")
     spill = uses_store(modes) and (
         options.activation_host_bytes is not None
         or options.frozen_host_bytes is not None or options.frozen_models)
@@ -105,10 +110,32 @@ def place(model: nn.Module, options: EngineOptions) -> Placement:
     if params_mode == "offload" and any(mode != "offload" for mode in modes):
         raise ValueError(
             f"params='offload' needs activations='offload', got "
-            f"{options.first_activations!r}: with it autograd would keep "
+            f"{first!r}: with it autograd would keep "
             "the weights it saved for backward on the device")
-    return Placement(home, device, blocks, layers, dtype, modes, spill,
-                     area_bytes, params_mode, parts)
+    return Placement(home, device, blocks, layers, dtype, first, modes,
+                     spill, area_bytes, params_mode, parts)
+
+
+def activation_policy(options: EngineOptions, device: torch.device,
+                      params_mode: str) -> ActivationsArg:
+    """`options.activations`, or where it is None the default for the
+    model's device: "offload" on an accelerator (device memory holds one
+    block's intermediates), and where the blocks' weights are offloaded
+    (their backward needs it) or another option asks for what it does
+    (a host budget, frozen models, recompute_unit="sublayer"); otherwise
+    "keep" on the CPU, as torch does: there the device's memory is the
+    host's, so "offload" would move nothing and only recompute each block
+    (a forward more)."""
+    if options.activations is not None:
+        return options.activations
+    asks_for_offload = (options.activation_host_bytes is not None
+                        or options.frozen_host_bytes is not None
+                        or options.frozen_models
+                        or options.recompute_unit != "block")
+    if (device.type != "cpu" or params_mode == "offload"
+            or asks_for_offload):
+        return "offload"
+    return "keep"
 
 
 def _devices(model: nn.Module,

@@ -333,7 +333,8 @@ class Weights:
         resident_blocks = [
             layer for layer in self._layers if layer.block is not None
             and (residency is None or not residency.holds(layer))]
-        self.lazy = LazyWeights(resident_blocks, self._pull_layer_lazily)
+        self.lazy = LazyWeights(self._model, resident_blocks,
+                                self._pull_layer_lazily)
 
     def release(self) -> None:
         """Offloaded blocks give their weights up (a step ended or was

@@ -72,21 +72,23 @@ def _refusals(args: Any, lohan: Dict[str, Any]) -> List[str]:
     return found
 
 
-def _take_over_checkpointing(args: Any) -> None:
+def _take_over_checkpointing(args: Any, options: Dict[str, Any]) -> None:
     """gradient_checkpointing / activation_checkpointing=True (TRL's
     SFTConfig default) asks for activations recomputed in backward, which
-    lohan's activation policy does itself (lohan={"activations": ...}:
-    "offload" keeps each block's input and recomputes the block). Said
+    lohan's activation policy does itself: unless `options` (lohan=...)
+    name a policy, "offload" (each block's input kept, its insides
+    recomputed), also on a CPU where lohan's default keeps them. Said
     once; Hugging Face's own checkpointing stays off, so the two do not
     nest."""
     if not getattr(args, "activation_checkpointing", False) and not getattr(
             args, "gradient_checkpointing", False):
         return
+    policy = options.setdefault("activations", "offload")
     warnings.warn(
         "lohan: activation (gradient) checkpointing is lohan's to do: it "
-        "recomputes each block in backward as lohan={'activations': ...} "
-        "says ('offload', the default: a block's input kept, its insides "
-        "recomputed); Hugging Face's own checkpointing is left off",
+        f"runs each block as lohan={{'activations': {policy!r}}} says "
+        "('offload': a block's input kept, its insides recomputed in "
+        "backward); Hugging Face's own checkpointing is left off",
         stacklevel=3)
     for name in ("activation_checkpointing", "gradient_checkpointing"):
         if hasattr(args, name):
@@ -227,7 +229,7 @@ class LohanTrainer(Trainer):
         if refused:
             raise ValueError("LohanTrainer cannot honour: " +
                              "; ".join(refused))
-        _take_over_checkpointing(self.args)
+        _take_over_checkpointing(self.args, self.lohan_options)
 
     # ------------------------------------------------------------ optimizer
 

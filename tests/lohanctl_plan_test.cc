@@ -344,13 +344,14 @@ TEST(LohanctlPlan, ThisMachineTakesWhatLohandMeasured) {
   RunResult shown = run({"status"});
   EXPECT_THAT(shown.out, HasSubstr("  measured     SSDs "));
   // The state tier lohand has for jobs (its "auto" size here), beside the
-  // pool, and its default commit interval.
+  // pool, and its default durability (by time: planned as a durable write
+  // now and then, not each iteration's).
   const uint64_t tier = status->pool().state_tier_bytes();
-  EXPECT_EQ(status->pool().commit_interval(), 1u);
+  EXPECT_EQ(status->pool().commit_interval(), 0u);
   const std::string tier_text =
       tier == 0 ? " (no state tier: states on the SSDs); 1 SSDs x"
                 : absl::StrCat(" + a state tier of ", FormatByteSize(tier),
-                               ", commit interval 1; 1 SSDs x");
+                               ", durable by time; 1 SSDs x");
   // The test daemon's 64 MiB pool is too small for gpt-13b's buffers: the
   // refusal says so, from this machine's numbers.
   RunResult small =

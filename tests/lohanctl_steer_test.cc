@@ -52,7 +52,9 @@ class LohanctlSteerTest : public ::testing::Test {
   // The trainer paused after 2 iterations (or half-way through the third).
   void StartPaused(bool mid_iteration) {
     std::vector<std::string> argv = Trainer(4);
-    for (const char* arg : {"--pause-after", "2", "--resume-file"}) {
+    // Every iteration durable: the SSD counters move.
+    for (const char* arg :
+         {"--commit-interval", "1", "--pause-after", "2", "--resume-file"}) {
       argv.push_back(arg);
     }
     argv.push_back(dir_.path() + "/go");

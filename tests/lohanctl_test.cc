@@ -80,8 +80,10 @@ TEST_F(LohanctlTest, StatusText) {
   EXPECT_THAT(
       result.out,
       MatchesRegex("(.|\n)*  state tier   ([0-9.]+ [KMGT]?i?B for jobs' "
-                   "fp32 masters and moments, durable every 1 iteration "
-                   "by default \\(commit interval\\)|off: every job's "
+                   "fp32 masters and moments, durable every 1m by "
+                   "default, less often when durable writes would take "
+                   "over 10% of the time \\(durable_every\\)|off: every "
+                   "job's "
                    "states on the SSDs)\n(.|\n)*"));
   EXPECT_THAT(result.out,
               HasSubstr("  jobs         1 on the daemon, 1 attached"));

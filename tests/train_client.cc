@@ -11,7 +11,7 @@
 //                [--fit-arena [--register-resident]] [--ignore-share]
 //                [--ignore-grow]
 //                [--answer-shrink resident|acknowledge --answer-file F]
-//                [--device-ms MS] --out FILE
+//                [--device-ms MS] [--commit-interval N] --out FILE
 //
 // Per iteration: ITER_BEGIN, FETCH_PARAMS for every layer (forward), then
 // GRAD_READY from the last layer to the first (backward), then ITER_END.
@@ -121,6 +121,8 @@ struct Args {
   double grad_scale = 0.01;
   uint64_t seed = 7;
   uint64_t chunk = 2048;
+  // 0: lohand's default durability; N: every N-th iteration durable.
+  uint32_t commit_interval = 0;
   int die_in_iteration = 0;
   int hold_in_iteration = 0;
   uint32_t grad_slots = 0;
@@ -212,6 +214,7 @@ v1::ModelSpec SpecOf(const Args& args, const std::vector<uint64_t>& layers) {
   model.set_weight_slots(args.weight_slots);
   if (args.fit_arena) model.set_arena_fit(v1::ARENA_FIT_MOST);
   model.set_activation_bytes(args.swap_bytes);
+  model.set_commit_interval(args.commit_interval);
   return model;
 }
 
@@ -719,6 +722,10 @@ int main(int argc, char** argv) {
                  "milliseconds an accelerator would compute per step, waited "
                  "(a third in forward, two thirds in backward)")
       ->check(CLI::Range(0.0, 60000.0));
+  app.add_option("--commit-interval", args.commit_interval,
+                 "every how many iterations the states are durable (0: "
+                 "lohand's default)")
+      ->check(CLI::Range(0u, 1000000u));
   app.add_flag("--ignore-share", args.ignore_share,
                "never follow lohand's asks to move to another arena");
   app.add_flag("--ignore-grow", args.ignore_grow,

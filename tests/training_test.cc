@@ -222,7 +222,9 @@ TEST_F(TrainingTest, ClientKilledMidIterationLosesOnlyThatIteration) {
 }
 
 TEST_F(TrainingTest, StatesSurviveADaemonRestart) {
-  ASSERT_EQ(Train({"--iterations", "2"}).exit_code, 0) << daemon_->Log();
+  // Every iteration durable (lohand's default is by time).
+  ASSERT_EQ(Train({"--iterations", "2", "--commit-interval", "1"}).exit_code, 0)
+      << daemon_->Log();
   ASSERT_EQ(daemon_->Stop(SIGKILL), 128 + SIGKILL);
   auto restarted = DaemonProcess::Start(dir_.path());
   ASSERT_TRUE(restarted.ok()) << restarted.status();
@@ -263,7 +265,9 @@ TEST_F(TrainingTest, StatusShowsTrainingProgress) {
   EXPECT_GT(session.last_iteration_seconds(), 0.0);
   EXPECT_EQ(session.failed_requests(), 0u);
   // The states (12 bytes a parameter) all in the state tier ("auto": this
-  // machine has room), read from RAM, every update written to the SSDs.
+  // machine has room), read from RAM, written to the SSDs at the durable
+  // iterations only (lohand's default: a minute apart), so status says
+  // what a crash of lohand would lose.
   EXPECT_EQ(session.state_bytes(), 6333u * 12);
   EXPECT_EQ(session.state_tier_bytes(), session.state_bytes());
   EXPECT_GE(session.state_tier_share_bytes(), session.state_bytes());
@@ -272,7 +276,9 @@ TEST_F(TrainingTest, StatusShowsTrainingProgress) {
   EXPECT_THAT(text.out, HasSubstr("training (open data planes)"));
   EXPECT_THAT(text.out, HasSubstr(session.job_id()));
   EXPECT_THAT(text.out, HasSubstr("states 74.2 KiB: 74.2 KiB in RAM (share "));
-  EXPECT_THAT(text.out, HasSubstr("0 B on the SSDs only; SSD "));
+  EXPECT_THAT(text.out,
+              HasSubstr("0 B on the SSDs only, durable at iteration 0 (a "
+                        "crash of lohand now loses 2 iterations, "));
 }
 
 TEST_F(TrainingTest, RegisterModelRefusesBadSpecs) {

@@ -203,12 +203,20 @@ int Status(const std::string& socket, bool json) {
               FormatByteSize(pool.capacity_bytes()).c_str(),
               FormatByteSize(pool.used_bytes()).c_str(), arenas.c_str());
   if (pool.state_tier_bytes() > 0 && pool.commit_interval() == 0) {
+    const std::string stretched =
+        pool.durable_write_share() > 0.0
+            ? absl::StrFormat(
+                  ", less often when durable writes would take over %.0f%% "
+                  "of the time",
+                  100.0 * pool.durable_write_share())
+            : "";
     std::printf(
         "  state tier   %s for jobs' fp32 masters and moments, durable "
-        "every %s by default (durable_every)\n",
+        "every %s by default%s (durable_every)\n",
         FormatByteSize(pool.state_tier_bytes()).c_str(),
         absl::FormatDuration(absl::Seconds(pool.durable_every_seconds()))
-            .c_str());
+            .c_str(),
+        stretched.c_str());
   } else if (pool.state_tier_bytes() > 0) {
     std::printf(
         "  state tier   %s for jobs' fp32 masters and moments, durable "

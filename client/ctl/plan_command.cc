@@ -145,7 +145,11 @@ absl::StatusOr<Machine> ThisMachine(const std::string& socket) {
   const uint64_t tier_quota = status->quota().state_tier_limit_bytes();
   if (tier_quota > 0)
     m.state_tier_bytes = std::min(m.state_tier_bytes, tier_quota);
-  m.commit_interval = std::max(1u, status->pool().commit_interval());
+  // Durable by time (lohand's default, commit_interval 0): a durable write
+  // now and then, not each iteration's, as lohand plans its jobs.
+  m.commit_interval = status->pool().commit_interval() == 0
+                          ? kMaxCommitInterval
+                          : status->pool().commit_interval();
   m.ssds = static_cast<uint32_t>(profile.ssds_size());
   if (m.ssds > 0) {
     m.ssd_read = profile.array_read_bytes_per_second() / m.ssds;
@@ -187,7 +191,9 @@ std::string Split(const StageTime& stage) {
 // How the machine's host memory holds optimizer states, for the header.
 std::string TierText(const Machine& m) {
   const std::string interval =
-      absl::StrCat(", commit interval ", m.commit_interval);
+      m.commit_interval >= kMaxCommitInterval
+          ? std::string(", durable by time")
+          : absl::StrCat(", commit interval ", m.commit_interval);
   if (m.split_host_memory) {
     return absl::StrCat(
         " (divided between lohand's pool and its state "

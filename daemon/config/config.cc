@@ -210,20 +210,28 @@ absl::Status SetReclaimDuration(const toml::node& node,
   return absl::OkStatus();
 }
 
-// [pool] durable_every: a duration from 1s to kMaxDurableEverySeconds, such as
-// "10m"; the jobs' durability by time (commit_interval then 0).
+// [pool] durable_every: "auto", or a duration from 1s to
+// kMaxDurableEverySeconds, such as "10m"; the jobs' durability by time
+// (commit_interval then 0).
 absl::Status SetDurableEvery(const toml::node& node, absl::string_view origin,
                              DaemonConfig& config) {
   std::optional<std::string> text = node.value_exact<std::string>();
   absl::Duration value;
-  if (!text || !absl::ParseDuration(*text, &value) ||
-      value < absl::Seconds(1) ||
-      value > absl::Seconds(kMaxDurableEverySeconds)) {
+  if (text && *text == "auto") {
+    config.durable_every = absl::Seconds(kAutoDurableEverySeconds);
+    config.durable_write_share = kAutoDurableWriteShare;
+  } else if (!text || !absl::ParseDuration(*text, &value) ||
+             value < absl::Seconds(1) ||
+             value > absl::Seconds(kMaxDurableEverySeconds)) {
     return BadValue(origin, node, "pool.durable_every",
+                    "\"auto\" (the default: every minute, less often when "
+                    "durable writes would take over a tenth of the time) or "
                     "a duration from \"1s\" to \"168h\" (7 days), such as "
                     "\"10m\": how much training a crash of lohand may lose");
+  } else {
+    config.durable_every = value;
+    config.durable_write_share = 0.0;
   }
-  config.durable_every = value;
   config.commit_interval = 0;
   return absl::OkStatus();
 }
@@ -243,7 +251,10 @@ absl::Status CheckDurabilityForms(const toml::table& root,
         ": keys 'pool.commit_interval' and 'pool.durable_every' both set; "
         "durability is by steps or by time: keep one"));
   }
-  if (steps != nullptr) config.durable_every = absl::ZeroDuration();
+  if (steps != nullptr) {
+    config.durable_every = absl::ZeroDuration();
+    config.durable_write_share = 0.0;
+  }
   return absl::OkStatus();
 }
 

@@ -12,6 +12,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "daemon/quota/user_limits.h"
+#include "layout/durability.h"
 
 namespace lohan {
 
@@ -40,10 +41,14 @@ struct DaemonConfig {
   std::optional<uint64_t> state_tier_bytes;
   // The jobs' default durability: [pool] commit_interval (every that many
   // iterations), or [pool] durable_every (once that long passed since the
-  // last durable iteration; commit_interval is then 0). A file that states
-  // one replaces the other; one that states both is refused.
-  uint32_t commit_interval = 1;
-  absl::Duration durable_every = absl::ZeroDuration();
+  // last durable iteration; commit_interval is then 0), "auto" by default
+  // (kAutoDurableEverySeconds, stretched to keep the durable writes within
+  // durable_write_share = kAutoDurableWriteShare of the time; a stated
+  // duration has no share). A file that states one form replaces the
+  // other; one that states both is refused.
+  uint32_t commit_interval = 0;
+  absl::Duration durable_every = absl::Seconds(kAutoDurableEverySeconds);
+  double durable_write_share = kAutoDurableWriteShare;
   // [pool] state_tier_updates: "in_place" (the optimizer updates a state
   // where the tier holds it) or "copy" (into a chunk buffer and back).
   std::string state_tier_updates;

@@ -326,20 +326,32 @@ TEST(ParseConfigToml, KeepEnded) {
 }
 
 TEST(ParseConfigToml, DurabilityByStepsOrByTime) {
-  EXPECT_EQ(DefaultConfig().commit_interval, 1u);
-  EXPECT_EQ(DefaultConfig().durable_every, absl::ZeroDuration());
-  // A file that gives the time form replaces the default steps form...
+  // The default: "auto", by time, stretched to keep the durable writes'
+  // share.
+  EXPECT_EQ(DefaultConfig().commit_interval, 0u);
+  EXPECT_EQ(DefaultConfig().durable_every, absl::Seconds(60));
+  EXPECT_EQ(DefaultConfig().durable_write_share, 0.1);
+  // A stated duration is exact (no share)...
   absl::StatusOr<DaemonConfig> timed =
       Parse("[pool]\ndurable_every = \"10m\"\n");
   ASSERT_TRUE(timed.ok()) << timed.status();
   EXPECT_EQ(timed->durable_every, absl::Minutes(10));
   EXPECT_EQ(timed->commit_interval, 0u);
-  // ...and one that gives steps replaces an earlier file's time.
+  EXPECT_EQ(timed->durable_write_share, 0.0);
+  // ...one that gives steps replaces an earlier file's time...
   absl::StatusOr<DaemonConfig> steps =
       ParseConfigToml("[pool]\ncommit_interval = 4\n", "later.toml", *timed);
   ASSERT_TRUE(steps.ok()) << steps.status();
   EXPECT_EQ(steps->commit_interval, 4u);
   EXPECT_EQ(steps->durable_every, absl::ZeroDuration());
+  EXPECT_EQ(steps->durable_write_share, 0.0);
+  // ...and "auto" brings the default back over it.
+  absl::StatusOr<DaemonConfig> automatic = ParseConfigToml(
+      "[pool]\ndurable_every = \"auto\"\n", "last.toml", *steps);
+  ASSERT_TRUE(automatic.ok()) << automatic.status();
+  EXPECT_EQ(automatic->commit_interval, 0u);
+  EXPECT_EQ(automatic->durable_every, absl::Seconds(60));
+  EXPECT_EQ(automatic->durable_write_share, 0.1);
   // One file, both forms: refused, naming both keys.
   absl::StatusOr<DaemonConfig> both =
       Parse("[pool]\ncommit_interval = 4\ndurable_every = \"1h\"\n");
@@ -347,7 +359,8 @@ TEST(ParseConfigToml, DurabilityByStepsOrByTime) {
   EXPECT_THAT(both.status().message(),
               HasSubstr("keys 'pool.commit_interval' and "
                         "'pool.durable_every' both set"));
-  for (const char* bad : {"\"0s\"", "\"-5m\"", "\"169h\"", "\"soon\"", "600"}) {
+  for (const char* bad :
+       {"\"0s\"", "\"-5m\"", "\"169h\"", "\"soon\"", "\"Auto\"", "600"}) {
     absl::StatusOr<DaemonConfig> refused =
         Parse(absl::StrCat("[pool]\ndurable_every = ", bad, "\n"));
     EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument)

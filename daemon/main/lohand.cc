@@ -485,23 +485,23 @@ int Run(const CommandLine& command_line) {
   const JobDefaults job_defaults{
       .commit_interval = config->commit_interval,
       .durable_every_seconds = absl::ToDoubleSeconds(config->durable_every),
+      .durable_write_share = config->durable_write_share,
       .read_ahead_bytes = config->optimizer_read_ahead_bytes,
       .read_ahead_shares = &read_ahead_shares,
       .state_tier = state_tier};
   std::unique_ptr<SessionManager> sessions = SessionManager::Start(
-      *std::move(data_listener),
-      {.jobs = jobs->get(),
-       .pool = &pool,
-       .store = store->get(),
-       .updater = &*optimizer->updater,
-       .quotas = &*quotas,
-       .ledger = &ledger,
-       .optimizer_queue = &optimizer_queue,
-       .job_defaults = job_defaults,
-       .ring_entries = config->ring_entries,
-       .reclaim_interval = config->reclaim_interval,
-       .reclaim_grace = config->reclaim_grace,
-       .regrow_after = config->regrow_after});
+      *std::move(data_listener), {.jobs = jobs->get(),
+                                  .pool = &pool,
+                                  .store = store->get(),
+                                  .updater = &*optimizer->updater,
+                                  .quotas = &*quotas,
+                                  .ledger = &ledger,
+                                  .optimizer_queue = &optimizer_queue,
+                                  .job_defaults = job_defaults,
+                                  .ring_entries = config->ring_entries,
+                                  .reclaim_interval = config->reclaim_interval,
+                                  .reclaim_grace = config->reclaim_grace,
+                                  .regrow_after = config->regrow_after});
 
   const DaemonParts parts{.config = &*config,
                           .jobs = jobs->get(),

@@ -335,6 +335,7 @@ v1::GetStatusResponse ControlService::StatusFor(const Caller& caller) {
   pool_status->set_commit_interval(config_->commit_interval);
   pool_status->set_durable_every_seconds(
       absl::ToDoubleSeconds(config_->durable_every));
+  pool_status->set_durable_write_share(config_->durable_write_share);
   for (const HostPool::JobUse& use : pool.jobs) {
     // Other users' jobs count in used_bytes but are not named.
     if (visible.count(use.job_id) == 0) continue;

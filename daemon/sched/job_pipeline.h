@@ -134,6 +134,10 @@ struct PipelineOptions {
   // lohand loses at most about this much training; the same rules and
   // needs as a commit_interval above 1.
   double durable_every_seconds = 0.0;
+  // With durable_every_seconds: > 0 stretches the spacing so that a durable
+  // commit's state writes take at most this share of the time
+  // (DurableSpacingSeconds, layout/durability.h; lohand's "auto").
+  double durable_write_share = 0.0;
   // The clock durable_every_seconds is read on (seconds, monotonic); null:
   // the steady clock. Tests give their own.
   std::function<double()> durability_clock;
@@ -473,9 +477,10 @@ class JobPipeline {
   // Of the job's tier share, what keeps its streamed gradients now.
   uint64_t tier_grad_bytes() const { return grad_scratch_.bytes_held(); }
   uint32_t commit_interval() const { return options_.commit_interval; }
-  double durable_every_seconds() const {
-    return options_.durable_every_seconds;
-  }
+  // With durability by time, the seconds from one durable iteration to the
+  // next now (durable_write_share may stretch durable_every_seconds); 0
+  // by steps.
+  double durable_every_seconds() const ABSL_LOCKS_EXCLUDED(mu_);
   // Seconds since the last durable commit (or Open): with durable_iteration
   // and iteration, what a crash of lohand would lose now.
   double seconds_since_durable() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -730,6 +735,7 @@ class JobPipeline {
   // Whether the iteration beginning now is committed durably
   // (commit_interval, durable_every_seconds).
   bool DurableNextLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  double DurableSpacingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops every pending version of the job's tensors; NOT_FOUND and "no
   // pending version" are fine. Returns the first other error.
   absl::Status RollbackAll();
@@ -852,6 +858,11 @@ class JobPipeline {
   // When durable_iteration_ was made durable (or the pipeline opened), on
   // DurabilityClock().
   double durable_since_ ABSL_GUARDED_BY(mu_) = 0.0;
+  // Seconds the write stage spent writing states of the iteration being
+  // made durable, and what the last durable commit's took
+  // (durable_write_share).
+  double durable_write_seconds_ ABSL_GUARDED_BY(mu_) = 0.0;
+  double last_durable_write_seconds_ ABSL_GUARDED_BY(mu_) = 0.0;
   bool volatile_since_durable_ ABSL_GUARDED_BY(mu_) = false;
   double lr_ ABSL_GUARDED_BY(mu_) = 0.0;  // of this iteration
   std::vector<bool> initialized_ ABSL_GUARDED_BY(mu_);

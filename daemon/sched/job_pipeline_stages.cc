@@ -470,6 +470,7 @@ void JobPipeline::WriteLoop() {
     {
       absl::MutexLock lock(&mu_);
       busy_.write += seconds;
+      if (durable) durable_write_seconds_ += seconds;
       if (w.ok()) busy_.bytes_written += bytes;
       busy_.bytes_copied += copied;
     }
@@ -655,13 +656,15 @@ absl::Status JobPipeline::Commit(uint64_t new_iteration) {
   absl::Status s = options_.keep_previous_commit
                        ? store_->CommitBatchKeepingPrevious(job_, names, tag)
                        : store_->CommitBatch(job_, names, tag);
+  if (s.ok()) tier_.CommitPending();
+  absl::MutexLock lock(&mu_);
   if (s.ok()) {
-    tier_.CommitPending();
-    absl::MutexLock lock(&mu_);
     durable_iteration_ = new_iteration;
     durable_since_ = DurabilityClock();
     volatile_since_durable_ = false;
+    last_durable_write_seconds_ = durable_write_seconds_;
   }
+  durable_write_seconds_ = 0.0;
   return s;
 }
 

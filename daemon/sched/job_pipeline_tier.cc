@@ -11,6 +11,7 @@
 #include "absl/types/span.h"
 #include "daemon/sched/job_pipeline.h"
 #include "daemon/sched/pipeline_util.h"
+#include "layout/durability.h"
 
 namespace lohan {
 
@@ -107,10 +108,22 @@ bool JobPipeline::DurableNextLocked() const {
   // commit costs only its sync.
   if (!tier_.enabled()) return true;
   if (options_.durable_every_seconds > 0.0) {
-    return DurabilityClock() - durable_since_ >= options_.durable_every_seconds;
+    return DurabilityClock() - durable_since_ >= DurableSpacingLocked();
   }
   return options_.commit_interval <= 1 ||
          (iteration_ + 1) % options_.commit_interval == 0;
+}
+
+double JobPipeline::DurableSpacingLocked() const {
+  return DurableSpacingSeconds(options_.durable_every_seconds,
+                               options_.durable_write_share,
+                               last_durable_write_seconds_);
+}
+
+double JobPipeline::durable_every_seconds() const {
+  if (options_.durable_every_seconds <= 0.0) return 0.0;
+  absl::MutexLock lock(&mu_);
+  return DurableSpacingLocked();
 }
 
 double JobPipeline::seconds_since_durable() const {

@@ -54,6 +54,9 @@ absl::StatusOr<JobSettings> ResolveJobSettings(const v1::ModelSpec& spec,
     settings.commit_interval = std::max(defaults.commit_interval, 1u);
     settings.durable_every_seconds =
         defaults.commit_interval != 0 ? 0.0 : defaults.durable_every_seconds;
+    settings.durable_write_share = settings.durable_every_seconds > 0.0
+                                       ? defaults.durable_write_share
+                                       : 0.0;
   }
   return settings;
 }
@@ -65,6 +68,7 @@ PipelineOptions PipelineOptionsFor(const JobSettings& settings,
   options.clip_schedule = settings.clip_schedule;
   options.commit_interval = settings.commit_interval;
   options.durable_every_seconds = settings.durable_every_seconds;
+  options.durable_write_share = settings.durable_write_share;
   options.initial_iteration = settings.initial_iteration;
   options.keep_previous_commit = settings.keep_previous_commit;
   options.revert_last_commit = settings.revert_last_commit;

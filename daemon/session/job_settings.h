@@ -20,9 +20,11 @@ namespace lohan {
 struct JobDefaults {
   // The durability of a job whose spec states none (ModelSpec.commit_interval
   // and durable_every_seconds both 0): [pool] commit_interval (>= 1), or,
-  // that 0, [pool] durable_every (seconds, > 0).
+  // that 0, [pool] durable_every (seconds, > 0), with durable_write_share
+  // > 0 where it is "auto" (kAutoDurableWriteShare).
   uint32_t commit_interval = 1;
   double durable_every_seconds = 0.0;
+  double durable_write_share = 0.0;
   // [optimizer] read_ahead: host memory each job may fill with states read
   // ahead of updates that wait for the norm (PipelineOptions::
   // read_ahead_bytes), and that memory shared among jobs by their owners'
@@ -56,9 +58,11 @@ struct JobContext {
 struct JobSettings {
   ClipSchedule clip_schedule = ClipSchedule::kDeferWhenCertain;
   // Durability: every commit_interval (>= 1) iterations, or, when
-  // durable_every_seconds > 0, by time instead.
+  // durable_every_seconds > 0, by time instead (PipelineOptions::
+  // durable_write_share may stretch it: lohand's "auto" only).
   uint32_t commit_interval = 1;
   double durable_every_seconds = 0.0;
+  double durable_write_share = 0.0;
   bool keep_previous_commit = false;
   bool revert_last_commit = false;
   bool expect_stored_states = false;

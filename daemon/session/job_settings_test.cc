@@ -53,6 +53,24 @@ TEST(ResolveJobSettings, DefaultIntervalZeroMeansDurableByTime) {
   ASSERT_TRUE(settings.ok()) << settings.status();
   EXPECT_EQ(settings->commit_interval, 1u);
   EXPECT_EQ(settings->durable_every_seconds, 300.0);
+  EXPECT_EQ(settings->durable_write_share, 0.0);
+
+  // "auto": the share comes with it.
+  defaults.durable_write_share = 0.1;
+  settings = ResolveJobSettings(v1::ModelSpec(), defaults, {});
+  ASSERT_TRUE(settings.ok()) << settings.status();
+  EXPECT_EQ(settings->durable_every_seconds, 300.0);
+  EXPECT_EQ(settings->durable_write_share, 0.1);
+  EXPECT_EQ(PipelineOptionsFor(*settings, {}, nullptr).durable_write_share,
+            0.1);
+
+  // A job's own durable_every is exact: no share.
+  v1::ModelSpec timed;
+  timed.set_durable_every_seconds(30.0);
+  settings = ResolveJobSettings(timed, defaults, {});
+  ASSERT_TRUE(settings.ok()) << settings.status();
+  EXPECT_EQ(settings->durable_every_seconds, 30.0);
+  EXPECT_EQ(settings->durable_write_share, 0.0);
 
   // A nonzero interval wins over durable_every.
   defaults.commit_interval = 2;
@@ -60,6 +78,7 @@ TEST(ResolveJobSettings, DefaultIntervalZeroMeansDurableByTime) {
   ASSERT_TRUE(settings.ok()) << settings.status();
   EXPECT_EQ(settings->commit_interval, 2u);
   EXPECT_EQ(settings->durable_every_seconds, 0.0);
+  EXPECT_EQ(settings->durable_write_share, 0.0);
 }
 
 TEST(ResolveJobSettings, TheSpecOverridesTheDefaults) {

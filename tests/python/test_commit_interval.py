@@ -134,6 +134,46 @@ def test_durable_by_time_loses_at_most_what_the_time_says(tmp_path):
         daemon.stop(signal.SIGKILL)
 
 
+def test_lohands_default_durability_is_a_minute_by_time(tmp_path):
+    """lohand without a lohand.toml ([pool] durable_every = "auto"): a job
+    that states no durability is durable by time, a minute apart (its
+    states write in well under the tenth of it that would stretch that);
+    its steps stay in lohand's memory, lohanctl status says what a crash
+    would lose and the daemon's default, and a SIGKILLed lohand resumes
+    the job at its start, from which it reaches torch's weights."""
+    import subprocess
+    from conftest import Daemon, built
+    reference, data, ref_losses, ref_model = uninterrupted(4)
+    daemon = Daemon(tmp_path)
+    try:
+        model = copy.deepcopy(reference)
+        engine = engine_for(model, daemon, job_name="default")
+        train_lohan(engine, model, data[:3])
+        engine.sync_weights()
+        session = engine.status()["session"]
+        assert int(session.get("commit_interval", 0)) == 0
+        assert session["durable_every_seconds"] == 60
+        assert int(session.get("durable_iteration", 0)) == 0
+        assert 0 < session["seconds_since_durable"] < 60
+        text = subprocess.run(
+            [str(built("client/ctl/lohanctl")), "--socket", daemon.socket,
+             "status"], capture_output=True, text=True, check=True,
+            timeout=60).stdout
+        assert ("durable every 1m by default, less often when durable "
+                "writes would take over 10% of the time") in text, text
+        daemon.stop(signal.SIGKILL)
+        engine.close()
+        daemon = Daemon(tmp_path)
+        resumed = tiny_gpt(seed=1)
+        with engine_for(resumed, daemon, job_name="default",
+                        resume=True) as engine:
+            assert engine.iteration == 0
+            losses = train_lohan(engine, resumed, data)
+        assert_fp32_close(resumed, ref_model, losses, ref_losses)
+    finally:
+        daemon.stop(signal.SIGKILL)
+
+
 def test_a_jobs_own_durable_every_wins_over_lohands(lohand):
     model = tiny_gpt()
     with engine_for(model, lohand, job_name="own",

@@ -865,8 +865,9 @@ def test_auto_takes_as_many_stream_buffers_as_the_pool_holds(tmp_path):
 def test_daemon_killed_mid_step_then_resumed_exactly(tmp_path):
     """lohand SIGKILLed while a step's gradients are with it: step() fails
     with UNAVAILABLE (no hang) and close() returns; a daemon restarted on
-    the same state resumes the job at the last committed step, and the
-    run ends with the weights of an uninterrupted one."""
+    the same state resumes the job at the last committed step (every step
+    durable: commit_interval=1), and the run ends with the weights of an
+    uninterrupted one."""
     from conftest import Daemon
     reference = tiny_gpt()
     data = batches(4)
@@ -876,7 +877,8 @@ def test_daemon_killed_mid_step_then_resumed_exactly(tmp_path):
     daemon = Daemon(tmp_path)
     try:
         model = copy.deepcopy(reference)
-        engine = engine_for(model, daemon, job_name="crash")
+        engine = engine_for(model, daemon, job_name="crash",
+                            commit_interval=1)
         train_lohan(engine, model, data[:2])
         loss = lm_loss(model, data[2][0])
         engine.backward(loss)  # every layer handed over, iteration 3 open

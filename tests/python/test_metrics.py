@@ -182,8 +182,11 @@ def metrics_config(directory: Path, interval: str) -> Tuple[Path, Path]:
     textfile_dir.mkdir(mode=0o755, exist_ok=True)
     textfile = textfile_dir / "lohan.prom"
     config = directory / "lohand.toml"
+    # Every step durable: the jobs' states are written each step (the SSD
+    # byte counters move).
     config.write_text(f'[metrics]\ntextfile = "{textfile}"\n'
-                      f'interval = "{interval}"\n')
+                      f'interval = "{interval}"\n'
+                      '[pool]\ncommit_interval = 1\n')
     return config, textfile
 
 

@@ -108,6 +108,9 @@ def test_fp32_ssd_bytes_per_step_are_the_layouts_minimum(tmp_path, buffers,
     try:
         with lohan.init(model, lr=1e-3, socket=daemon.socket,
                         job_name="traffic", activations="keep",
+                        # Every step durable: the tier's layers are
+                        # written through each step.
+                        commit_interval=1,
                         **options) as engine:
             layers = [layer.numel for layer in engine.layers]
             x = torch.randn(8, 1024,

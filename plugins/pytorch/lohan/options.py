@@ -81,7 +81,9 @@ class EngineOptions:
     loss_scale_growth_interval: int = 2000
     initial_loss_scale: float = 2.0 ** 16
     clip_schedule: str = "deferred"
-    # None: lohand's [pool] commit_interval; else every how many steps the
+    # None (with durable_every None): lohand's default durability ([pool]
+    # durable_every = "auto": a minute, or longer where the durable writes
+    # would take over a tenth of the time); else every how many steps the
     # states lohand holds in RAM are committed durably (1: every step).
     commit_interval: Optional[int] = None
     # Or by time: durable once at least this many seconds passed since the

@@ -16,8 +16,8 @@ order reversed every other round):
   (ZeRO-Offload);
 - lohan-resident: a gradient and a weight buffer per layer in lohand's host
   pool, states in its state tier as far as --state-tier holds them (the
-  rest on its SSDs; the tier's written through every --commit-interval
-  steps, every step by default);
+  rest on its SSDs; the tier's written to them at the durable steps:
+  lohand's default, a minute apart, or every --commit-interval steps);
 - lohan-resident-copy: lohan-resident on a lohand whose updates copy the
   tier's states into chunk buffers and back ([pool] state_tier_updates =
   "copy", the tier before updates in place);
@@ -144,7 +144,7 @@ def worker(args: argparse.Namespace) -> Dict[str, float]:
                         stream_buffers=args.stream_buffers)
                    if args.worker == "lohan-streamed"
                    else dict(buffers="resident"))  # -ssd too
-        if args.worker != "lohan-resident-ssd":
+        if args.worker != "lohan-resident-ssd" and args.commit_interval:
             options["commit_interval"] = args.commit_interval
         options.update(json.loads(args.lohan_options))
         engine = lohan.init(model, lr=1e-4, max_grad_norm=1.0,
@@ -290,10 +290,11 @@ def main() -> int:
                         help="lohand's SSD file (twice the states and more)")
     parser.add_argument("--daemon-config", default="",
                         help="a lohand.toml for the bench's daemon")
-    parser.add_argument("--commit-interval", type=int, default=1,
+    parser.add_argument("--commit-interval", type=int, default=0,
                         help="lohan.init's commit_interval for the lohan "
                         "configurations with a state tier (1: every step "
-                        "durable)")
+                        "durable; 0, the default: lohan's default, lohand's "
+                        "durable_every \"auto\")")
     parser.add_argument("--state-tier", default="auto",
                         help="lohand's [pool] state_tier for the lohan "
                         "configurations but lohan-resident-ssd (a size, 0 "

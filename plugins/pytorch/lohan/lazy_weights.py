@@ -110,7 +110,6 @@ class LazyWeights:
             module.__getstate__ = _Method(module, self._state_of)
             self._patched.append(module)
 
-
     def _up_to_date_parameters(self, module: nn.Module, *args: Any,
                                **kwargs: Any
                                ) -> Iterator[Tuple[str, nn.Parameter]]:

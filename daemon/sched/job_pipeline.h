@@ -481,6 +481,10 @@ class JobPipeline {
   // next now (durable_write_share may stretch durable_every_seconds); 0
   // by steps.
   double durable_every_seconds() const ABSL_LOCKS_EXCLUDED(mu_);
+  // What the last durable commit wrote only to be durable (the states of
+  // chunks the tier holds; chunks on the SSDs alone are written every
+  // iteration): the writes whose time durable_write_share weighs.
+  uint64_t last_durable_write_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
   // Seconds since the last durable commit (or Open): with durable_iteration
   // and iteration, what a crash of lohand would lose now.
   double seconds_since_durable() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -858,11 +862,13 @@ class JobPipeline {
   // When durable_iteration_ was made durable (or the pipeline opened), on
   // DurabilityClock().
   double durable_since_ ABSL_GUARDED_BY(mu_) = 0.0;
-  // Seconds the write stage spent writing states of the iteration being
-  // made durable, and what the last durable commit's took
-  // (durable_write_share).
+  // Seconds and bytes the write stage spent on writes that only make the
+  // iteration durable (chunks the tier holds), and the last durable
+  // commit's (durable_write_share).
   double durable_write_seconds_ ABSL_GUARDED_BY(mu_) = 0.0;
   double last_durable_write_seconds_ ABSL_GUARDED_BY(mu_) = 0.0;
+  uint64_t durable_write_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t last_durable_write_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool volatile_since_durable_ ABSL_GUARDED_BY(mu_) = false;
   double lr_ ABSL_GUARDED_BY(mu_) = 0.0;  // of this iteration
   std::vector<bool> initialized_ ABSL_GUARDED_BY(mu_);

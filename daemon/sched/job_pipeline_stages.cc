@@ -437,11 +437,17 @@ void JobPipeline::WriteLoop() {
     }
     absl::StatusOr<uint64_t> w = uint64_t{0};
     uint64_t copied = 0;
+    // Whether this write is there only to make the iteration durable (the
+    // tier holds the chunk, which a volatile iteration leaves unwritten):
+    // what durable_write_share weighs. A chunk on the SSDs alone is
+    // written every iteration, durable or not.
+    bool for_durability = false;
     if (task->lent) {
       // Updated in the tier: written through from there, or (between
       // durable commits) left there alone.
       if (durable) {
         w = store_->Write(job_, chunk_names_[flat], state);
+        for_durability = true;
       } else {
         bytes = 0;
       }
@@ -457,8 +463,11 @@ void JobPipeline::WriteLoop() {
       if (tier_.KeepPending(flat,
                             w.ok() ? state : absl::Span<const uint8_t>())) {
         copied = state.size();
+        for_durability = durable;
       }
     }
+    const double state_seconds = Now() - start;
+    const uint64_t state_bytes = bytes;
     if (w.ok() && options_.stream_weight16) {
       // The new 16-bit copy, pending with the states it was made from.
       w = store_->Write(
@@ -470,7 +479,10 @@ void JobPipeline::WriteLoop() {
     {
       absl::MutexLock lock(&mu_);
       busy_.write += seconds;
-      if (durable) durable_write_seconds_ += seconds;
+      if (for_durability && w.ok()) {
+        durable_write_seconds_ += state_seconds;
+        durable_write_bytes_ += state_bytes;
+      }
       if (w.ok()) busy_.bytes_written += bytes;
       busy_.bytes_copied += copied;
     }
@@ -663,8 +675,10 @@ absl::Status JobPipeline::Commit(uint64_t new_iteration) {
     durable_since_ = DurabilityClock();
     volatile_since_durable_ = false;
     last_durable_write_seconds_ = durable_write_seconds_;
+    last_durable_write_bytes_ = durable_write_bytes_;
   }
   durable_write_seconds_ = 0.0;
+  durable_write_bytes_ = 0;
   return s;
 }
 

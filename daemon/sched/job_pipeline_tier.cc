@@ -126,6 +126,11 @@ double JobPipeline::durable_every_seconds() const {
   return DurableSpacingLocked();
 }
 
+uint64_t JobPipeline::last_durable_write_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return last_durable_write_bytes_;
+}
+
 double JobPipeline::seconds_since_durable() const {
   absl::MutexLock lock(&mu_);
   return DurabilityClock() - durable_since_;

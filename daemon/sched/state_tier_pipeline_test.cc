@@ -365,6 +365,30 @@ TEST_F(StateTierPipelineTest, DurableEveryTSecondsWithTheSameBits) {
   EXPECT_EQ(timed.pipeline->durable_every_seconds(), 10.0);
 }
 
+// What a durable commit costs beyond a volatile one (durable_write_share
+// weighs it): the writes of the chunks the tier holds. A job whose share
+// holds half its states writes the other half every iteration; those
+// writes are not the durable commit's.
+TEST_F(StateTierPipelineTest, ADurableCommitCountsOnlyTheTiersWrites) {
+  MemoryShares shares(kAllStates / 2);
+  Job half = OpenJob("half", &shares, "", /*commit_interval=*/2);
+  std::vector<IterationReport> reports;
+  for (uint32_t seed = 1; seed <= 4; ++seed) {
+    reports.push_back(Step(half, seed, {}));
+  }
+  const StateTier::Stats held = half.pipeline->tier_stats();
+  ASSERT_GT(held.placed_chunks, 0u);
+  ASSERT_LT(held.placed_chunks, kChunks);
+  // Iteration 3 volatile, 4 durable, with the same chunks in the tier.
+  const uint64_t volatile_writes = reports[2].busy.bytes_written;
+  const uint64_t durable_writes = reports[3].busy.bytes_written;
+  EXPECT_EQ(half.pipeline->durable_iteration(), 4u);
+  EXPECT_GT(volatile_writes, 0u);  // the chunks on the SSDs alone
+  EXPECT_EQ(half.pipeline->last_durable_write_bytes(),
+            durable_writes - volatile_writes);
+  EXPECT_LT(half.pipeline->last_durable_write_bytes(), durable_writes);
+}
+
 TEST_F(StateTierPipelineTest, ACommitIntervalThatCannotWorkIsRefused) {
   MemoryShares shares(kAllStates);
   PipelineOptions options;

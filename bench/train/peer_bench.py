@@ -2,7 +2,8 @@
 offload (ZeRO-Offload) and plain PyTorch AdamW, in the same run, on the same
 model, data and optimizer settings (AdamW, clipping at 1.0, fp32).
 
-    bazel build //daemon/main:lohand //client:liblohan_client.so
+    bazel build //daemon/main:lohand //client:liblohan_client.so \
+        //client/ctl:lohanctl //bench/store:store_bench
     scripts/setup --peers        # DeepSpeed into .venv
     .venv/bin/python bench/train/peer_bench.py [--rounds 3] [--steps 8]
 
@@ -33,7 +34,13 @@ configuration, each phase's median (forward, backward, the optimizer's
 step), SSD bytes read and written per parameter per step (from
 /proc/<pid>/io: DeepSpeed's own process, lohand's for lohan), and for lohan
 the host memory bytes its updates moved and those lohand copied beside them
-per parameter per step (`lohanctl status`'s counters). DeepSpeed's
+per parameter per step (`lohanctl status`'s counters). With --disk SIZE,
+each round starts with bench/store/store_bench on the scratch directory:
+sequential O_DIRECT write then read of SIZE at lohand's stripe unit and
+queue depth, by lohan's own libaio engine (what lohand's probe measures)
+and by fio, interleaved; each lohan configuration's s/step is then also
+given against what its SSD bytes take at each of those speeds, measured
+in its round. DeepSpeed's
 CPU ops are JIT-built on first use (minutes, cached in
 ~/.cache/torch_extensions).
 """
@@ -214,6 +221,30 @@ def measured_ssd(socket: str, bazel_bin: Path) -> Tuple[float, float]:
             float(profile.get("array_write_bytes_per_second", 0)))
 
 
+def disk_speeds(directory: Path, size: str,
+                bazel_bin: Path) -> Dict[str, Tuple[float, float]]:
+    """Read and write bytes per second of lohan's engine ("lohan") and of
+    fio ("fio") on `directory`, from one store_bench round (its file is
+    removed after)."""
+    done = subprocess.run(
+        [str(bazel_bin / "bench/store/store_bench"), f"--paths={directory}",
+         f"--file_size={size}", "--rounds=1"],
+        capture_output=True, text=True, check=True)
+    speeds: Dict[str, List[float]] = {"lohan": [0.0, 0.0], "fio": [0.0, 0.0]}
+    for line in done.stdout.splitlines():
+        words = line.split()
+        # "  READ  ours 2.117 GB/s fio 1.311 GB/s ratio of means ..."
+        if words and words[0] in ("READ", "WRITE"):
+            at = 0 if words[0] == "READ" else 1
+            speeds["lohan"][at] = float(words[2]) * 1e9
+            speeds["fio"][at] = float(words[5]) * 1e9
+    for leftover in directory.glob("lohan.data"):
+        leftover.unlink()
+    if not all(all(v) for v in speeds.values()):
+        raise RuntimeError(f"store_bench printed no speeds:\n{done.stdout}")
+    return {k: (v[0], v[1]) for k, v in speeds.items()}
+
+
 def with_pool_key(config: str, line: str) -> str:
     """`config` (lohand.toml text) with `line` in its [pool] table."""
     if "[pool]" in config:
@@ -263,10 +294,17 @@ def report(results: Dict[str, List[Dict[str, float]]],
               f"{row['forward']:.3f} / {row['backward']:.3f} / "
               f"{row['update']:.3f}")
     for config, row in median.items():
-        if row.get("ssd_seconds", 0) > 0:
-            print(f"{config}: its SSD bytes take {row['ssd_seconds']:.3f} s "
-                  "a step at lohand's measured speed: s/step "
-                  f"{row['seconds'] / row['ssd_seconds']:.2f}x that")
+        for key, speed in (
+                ("ssd_seconds", "lohand's measured speed (at its start)"),
+                ("lohan_seconds", "lohan's engine's speed in its round"),
+                ("fio_seconds", "fio's speed in its round")):
+            if row.get(key, 0) <= 0:
+                continue
+            each = ", ".join(f"{r['seconds'] / r[key]:.2f}x"
+                             for r in results[config])
+            print(f"{config}: its SSD bytes take {row[key]:.3f} s a step at "
+                  f"{speed}: s/step {row['seconds'] / row[key]:.2f}x that "
+                  f"(rounds: {each})")
 
 
 def main() -> int:
@@ -308,6 +346,13 @@ def main() -> int:
                         "lohand measures its SSDs at start and each lohan "
                         "configuration's s/step is also given against what "
                         "its SSD bytes take at that speed")
+    parser.add_argument("--disk", default="",
+                        help="a size (2GiB): each round first measures the "
+                        "scratch directory's disk with bench/store/"
+                        "store_bench (lohan's engine and fio, sequential "
+                        "O_DIRECT write then read of that many bytes), and "
+                        "each lohan configuration's s/step is also given "
+                        "against what its SSD bytes take at those speeds")
     parser.add_argument("--worker", choices=CONFIGS, help=argparse.SUPPRESS)
     parser.add_argument("--scratch", help=argparse.SUPPRESS)
     parser.add_argument("--socket", help=argparse.SUPPRESS)
@@ -361,6 +406,12 @@ def main() -> int:
                  "lohan-resident-copy": (copying, copy_dir)}
         try:
             for round_ in range(args.rounds):
+                disk = (disk_speeds(scratch, args.disk, bazel_bin)
+                        if args.disk else {})
+                for engine, (read, write) in disk.items():
+                    print(f"round {round_ + 1} {engine:5s} {read / 1e9:.2f} "
+                          f"GB/s read, {write / 1e9:.2f} GB/s write",
+                          flush=True)
                 order = configs if round_ % 2 == 0 else configs[::-1]
                 for config in order:
                     on, where = homes.get(config, (daemon, scratch))
@@ -374,6 +425,9 @@ def main() -> int:
                                   row["written"] * row["parameters"])
                         row["ssd_seconds"] = sum(
                             b / v for b, v in zip(bytes_, speed) if v > 0)
+                        for engine, pair in disk.items():
+                            row[f"{engine}_seconds"] = sum(
+                                b / v for b, v in zip(bytes_, pair))
                     results[config].append(row)
                     print(f"round {round_ + 1} {config:19s} "
                           f"{row['seconds']:7.3f} s/step, SSD "

@@ -297,9 +297,7 @@ TEST_P(ClipScheduleTest, ClippedFromTheFirstChunkPaysOnePass) {
   // first pass alone (read ahead or not).
   if (!GetParam().settle) {  // Else counted in the next report.
     const size_t budget = jobs_[1]->read_ahead_budget_chunks();
-    if (GetParam().streamed) {
-      EXPECT_EQ(budget, 0u);
-    } else if (GetParam().read_ahead == kReadAheadAll) {
+    if (GetParam().read_ahead == kReadAheadAll) {
       EXPECT_EQ(budget, kChunks);
     } else if (GetParam().read_ahead > 0) {
       EXPECT_GE(budget, 2u);
@@ -449,9 +447,11 @@ INSTANTIATE_TEST_SUITE_P(
                 kReadAheadSome},
         Variant{Schedule::kPipelined, DType::kFloat16, false, true, true,
                 kReadAheadAll},
-        // Streamed gradients: read-ahead stays off.
+        // Streamed gradients, read ahead between their stores.
         Variant{Schedule::kPipelined, DType::kBFloat16, true, true, false,
                 kReadAheadAll},
+        Variant{Schedule::kPipelined, DType::kFloat32, true, false, true,
+                kReadAheadSome},
         Variant{Schedule::kPipelined, DType::kBFloat16, false, false, true,
                 kReadAheadSome},
         // The state tier: every state in RAM, or the first three chunks'.

@@ -31,11 +31,10 @@ namespace {
 
 size_t ReadAheadChunks(const StateLayout& state, const PipelineOptions& options,
                        size_t buffer_bytes) {
-  // Streamed gradients are stored during backward, and backward waits for
-  // each store: reading ahead beside them slows backward by more than it
-  // saves after it (docs/benchmarks-sched.md), so it stays off there.
+  // With streamed gradients too: each chunk's read-ahead waits for the
+  // gradient stores in flight (ReadAhead), so it fills the SSDs' idle time.
   if (options.clip_schedule != ClipSchedule::kDeferWhenCertain ||
-      options.schedule != Schedule::kPipelined || options.stream_gradients) {
+      options.schedule != Schedule::kPipelined) {
     return 0;
   }
   return static_cast<size_t>(std::min<uint64_t>(

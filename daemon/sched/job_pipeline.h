@@ -647,7 +647,9 @@ class JobPipeline {
   void ReadLoop();
   // The read stage's kReadAhead task: the state into a new buffer, kept in
   // staged_ unless its iteration ended meanwhile. A failed read is
-  // dropped: the update reads again, and reports the error.
+  // dropped: the update reads again, and reports the error. Begins only
+  // while no streamed gradient is being stored, so it takes the SSDs'
+  // idle time in backward and delays a store by one chunk's read at most.
   void ReadAhead(const Task& task);
   // An update task after the norm takes its chunk's read-ahead state;
   // a first-pass eager task not begun once the outcome is certain is
@@ -845,6 +847,9 @@ class JobPipeline {
   std::vector<Staged> staged_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<AlignedBuffer>> spare_ ABSL_GUARDED_BY(mu_);
   MemoryShares* const read_ahead_shares_;  // null: none
+  // Streamed gradients SubmitGradients is storing now: a read-ahead starts
+  // only while there are none (backward waits for each store).
+  uint32_t grad_stores_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   // Copies of committed states in host memory (PipelineOptions::state_tier).
   // Mutable: reading a copy is const to the pipeline.
   mutable StateTier tier_;

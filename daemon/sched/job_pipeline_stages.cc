@@ -167,6 +167,15 @@ void JobPipeline::ReadAhead(const Task& task) {
   std::unique_ptr<AlignedBuffer> buffer;
   {
     absl::MutexLock lock(&mu_);
+    // Backward waits for each streamed gradient's store: none may wait for
+    // a read-ahead that began beside it. (Re-checked every 50 ms: abandon_
+    // is set without mu_.)
+    auto may_begin = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return grad_stores_in_flight_ == 0 || !current();
+    };
+    while (!mu_.AwaitWithTimeout(absl::Condition(&may_begin),
+                                 absl::Milliseconds(50))) {
+    }
     if (!current()) return;
     buffer = TakeSpareLocked();
   }
@@ -708,6 +717,10 @@ absl::Status JobPipeline::WriteGradScratch(size_t layer, const uint8_t* grad,
   const size_t grad_size = DTypeSize(layout_.grad_dtype);
   uint64_t written = 0;
   uint64_t copied = 0;  // into host memory (grad_scratch_)
+  {
+    absl::MutexLock lock(&mu_);
+    ++grad_stores_in_flight_;
+  }
   const double start = Now();
   absl::Status s;
   for (size_t c = 0; s.ok() && c < state_.num_chunks(layer); ++c) {
@@ -744,6 +757,7 @@ absl::Status JobPipeline::WriteGradScratch(size_t layer, const uint8_t* grad,
   }
   const double seconds = Now() - start;
   absl::MutexLock lock(&mu_);
+  --grad_stores_in_flight_;
   busy_.grad_store += seconds;
   busy_.bytes_written += written;
   busy_.bytes_copied += copied;

@@ -4,6 +4,7 @@
 // failure is reported and rolled back, and neither read-ahead nor dropping
 // changes a bit of the result.
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -58,10 +59,12 @@ class SettleTest : public ::testing::Test {
 
   std::unique_ptr<JobPipeline> Open(const std::string& job, bool settle,
                                     uint64_t read_ahead = 0,
-                                    MemoryShares* shares = nullptr) {
+                                    MemoryShares* shares = nullptr,
+                                    bool streamed = false) {
     PipelineOptions options;
     options.buffers = 3;
     options.settle_in_background = settle;
+    options.stream_gradients = streamed;
     options.read_ahead_bytes = read_ahead;
     options.read_ahead_shares = shares;
     auto p = JobPipeline::Open(store_.get(), *updater_, job, layout_, options);
@@ -410,6 +413,67 @@ TEST_F(SettleTest, AFailedReadAheadIsReadAgainByTheUpdate) {
   EXPECT_EQ(r->busy.read_ahead_used, kChunks);
   EXPECT_EQ(r->busy.bytes_read, StateBytes());
   ExpectSameWeights();
+}
+
+// Streamed gradients are stored in SubmitGradients, which backward waits
+// for: a read-ahead does not begin while one is being stored. The first
+// read-ahead is slowed so that the first gradient's store (slowed more)
+// begins beside it; the next read-ahead waits for that store to end.
+TEST_F(SettleTest, ReadAheadWaitsWhileAStreamedGradientIsStored) {
+  const Gradients g = MakeGradients(layout_, 47, 1.0f, -1);
+  ref_ = Open("ref", /*settle=*/false, 0, nullptr, /*streamed=*/true);
+  job_ = Open("job", /*settle=*/false, /*read_ahead=*/uint64_t{1} << 30,
+              nullptr, /*streamed=*/true);
+  ASSERT_TRUE(ref_ && job_);
+  ASSERT_EQ(job_->read_ahead_budget_chunks(), kChunks);
+  Initialize(*ref_, ref_out_);
+  Initialize(*job_, out_);
+  for (int i = 0; i < 2; ++i) {
+    Backward(*ref_, g, ref_out_);
+    ASSERT_TRUE(ref_->EndIteration().ok());
+  }
+  // The first iteration clips: the second is predicted to, and reads
+  // ahead from its start.
+  Backward(*job_, g, out_);
+  ASSERT_TRUE(job_->EndIteration().ok());
+  faults_[0]->Inject({.fault = FaultInjectionDevice::Fault::kDelay,
+                      .op = IoRequest::Op::kRead,
+                      .count = 1,
+                      .delay_ms = 1000});
+  faults_[0]->Inject({.fault = FaultInjectionDevice::Fault::kDelay,
+                      .op = IoRequest::Op::kWrite,
+                      .count = 1,
+                      .delay_ms = 5000});
+  ASSERT_TRUE(
+      job_->BeginIteration(1.0f, std::nullopt, {.max_grad_norm = 1e-3}).ok());
+  const size_t last = g.bytes.size() - 1;
+  std::atomic<bool> stored{false};
+  std::thread backward([&] {
+    EXPECT_TRUE(
+        job_->SubmitGradients(last, g.bytes[last].data(), out_[last].data())
+            .ok());
+    stored = true;
+  });
+  // The slowed read-ahead done, the store still under way: no other
+  // read-ahead began beside it.
+  AwaitReadAhead(1, [] { return true; });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_FALSE(stored.load());
+  EXPECT_EQ(job_->chunks_read_ahead(), 1u);
+  backward.join();
+  EXPECT_EQ(faults_[0]->faults_fired(), 2u);
+  // Once it is stored, the rest are read ahead.
+  AwaitReadAhead(kChunks, [] { return true; });
+  for (size_t l = last; l-- > 0;) {
+    ASSERT_TRUE(
+        job_->SubmitGradients(l, g.bytes[l].data(), out_[l].data()).ok());
+  }
+  absl::StatusOr<IterationReport> r = job_->EndIteration();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->started_deferred);
+  EXPECT_EQ(r->busy.read_ahead_used, kChunks);
+  ExpectSameWeights();
+  EXPECT_EQ(out_, ref_out_);
 }
 
 // As above, but a NaN in the last layer handed over, kept

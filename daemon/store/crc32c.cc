@@ -2,6 +2,7 @@
 
 #include <array>
 #include <cstring>
+#include <type_traits>
 
 #if defined(__x86_64__)
 #include <nmmintrin.h>
@@ -71,6 +72,7 @@ class ZeroShift {
  private:
   std::array<std::array<uint32_t, 256>, 4> table_;
 };
+static_assert(std::is_trivially_destructible_v<ZeroShift>);
 
 #if defined(__x86_64__)
 // The crc32 instruction takes 3 cycles and can start one a cycle: a single
@@ -79,8 +81,8 @@ class ZeroShift {
 constexpr size_t kLaneBytes = 4096;
 
 const ZeroShift& LaneShift() {
-  static const ZeroShift* shift = new ZeroShift(kLaneBytes);
-  return *shift;
+  static const ZeroShift shift(kLaneBytes);  // trivially destructible
+  return shift;
 }
 
 __attribute__((target("sse4.2"))) uint64_t Chain(uint64_t c, const uint8_t* p,

@@ -50,6 +50,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -224,7 +225,7 @@ def measured_ssd(socket: str, bazel_bin: Path) -> Tuple[float, float]:
 def disk_speeds(directory: Path, size: str,
                 bazel_bin: Path) -> Dict[str, Tuple[float, float]]:
     """Read and write bytes per second of lohan's engine ("lohan") and of
-    fio ("fio") on `directory`, from one store_bench round (its file is
+    fio ("fio") on `directory`, from one store_bench round (its files
     removed after)."""
     done = subprocess.run(
         [str(bazel_bin / "bench/store/store_bench"), f"--paths={directory}",
@@ -238,8 +239,11 @@ def disk_speeds(directory: Path, size: str,
             at = 0 if words[0] == "READ" else 1
             speeds["lohan"][at] = float(words[2]) * 1e9
             speeds["fio"][at] = float(words[5]) * 1e9
-    for leftover in directory.glob("lohan.data"):
-        leftover.unlink()
+    # What store_bench leaves: its data file, the store's identity and its
+    # state directory (lohand's own are in subdirectories).
+    (directory / "lohan.data").unlink(missing_ok=True)
+    (directory / "lohan.store").unlink(missing_ok=True)
+    shutil.rmtree(directory / "bench_state_1", ignore_errors=True)
     if not all(all(v) for v in speeds.values()):
         raise RuntimeError(f"store_bench printed no speeds:\n{done.stdout}")
     return {k: (v[0], v[1]) for k, v in speeds.items()}

@@ -130,7 +130,6 @@ class EngineOptions:
         return (isinstance(self.activations, str)
                 and self.activations == "auto")
 
-
     @property
     def activation_unit(self) -> str:
         """The unit of a recomputed block's backward (weights streamed a

@@ -417,8 +417,9 @@ TEST_F(SettleTest, AFailedReadAheadIsReadAgainByTheUpdate) {
 
 // Streamed gradients are stored in SubmitGradients, which backward waits
 // for: a read-ahead does not begin while one is being stored. The first
-// read-ahead is slowed so that the first gradient's store (slowed more)
-// begins beside it; the next read-ahead waits for that store to end.
+// read-ahead's read is held (3 s) and the first gradient's store begins
+// while it is (held 8 s); the next read-ahead then waits for that store
+// to end. Each step waits for the fault hook to fire, not for a time.
 TEST_F(SettleTest, ReadAheadWaitsWhileAStreamedGradientIsStored) {
   const Gradients g = MakeGradients(layout_, 47, 1.0f, -1);
   ref_ = Open("ref", /*settle=*/false, 0, nullptr, /*streamed=*/true);
@@ -436,16 +437,24 @@ TEST_F(SettleTest, ReadAheadWaitsWhileAStreamedGradientIsStored) {
   // ahead from its start.
   Backward(*job_, g, out_);
   ASSERT_TRUE(job_->EndIteration().ok());
-  faults_[0]->Inject({.fault = FaultInjectionDevice::Fault::kDelay,
-                      .op = IoRequest::Op::kRead,
-                      .count = 1,
-                      .delay_ms = 1000});
-  faults_[0]->Inject({.fault = FaultInjectionDevice::Fault::kDelay,
-                      .op = IoRequest::Op::kWrite,
-                      .count = 1,
-                      .delay_ms = 5000});
+  FaultInjectionDevice& ssd = *faults_[0];
+  auto await_fired = [&ssd](uint64_t n) {
+    for (int i = 0; i < 3000 && ssd.faults_fired() < n; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_EQ(ssd.faults_fired(), n);
+  };
+  ssd.Inject({.fault = FaultInjectionDevice::Fault::kDelay,
+              .op = IoRequest::Op::kRead,
+              .count = 1,
+              .delay_ms = 3000});
   ASSERT_TRUE(
       job_->BeginIteration(1.0f, std::nullopt, {.max_grad_norm = 1e-3}).ok());
+  await_fired(1);  // the first read-ahead's read, held
+  ssd.Inject({.fault = FaultInjectionDevice::Fault::kDelay,
+              .op = IoRequest::Op::kWrite,
+              .count = 1,
+              .delay_ms = 8000});
   const size_t last = g.bytes.size() - 1;
   std::atomic<bool> stored{false};
   std::thread backward([&] {
@@ -454,14 +463,15 @@ TEST_F(SettleTest, ReadAheadWaitsWhileAStreamedGradientIsStored) {
             .ok());
     stored = true;
   });
-  // The slowed read-ahead done, the store still under way: no other
+  await_fired(2);                            // the gradient's store, held
+  EXPECT_EQ(job_->chunks_read_ahead(), 0u);  // the read still held
+  // The held read-ahead done, the store still under way: no other
   // read-ahead began beside it.
   AwaitReadAhead(1, [] { return true; });
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   EXPECT_FALSE(stored.load());
   EXPECT_EQ(job_->chunks_read_ahead(), 1u);
   backward.join();
-  EXPECT_EQ(faults_[0]->faults_fired(), 2u);
   // Once it is stored, the rest are read ahead.
   AwaitReadAhead(kChunks, [] { return true; });
   for (size_t l = last; l-- > 0;) {

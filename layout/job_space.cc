@@ -57,6 +57,14 @@ ChunkBufferLayout ChunkBufferFor(const StateLayout& state, DType grad_dtype,
   return buffer;
 }
 
+WeightHandoffSpace WeightHandoffFor(const StateLayout& state,
+                                    uint64_t weight_bytes, size_t buffers) {
+  WeightHandoffSpace space;
+  space.slots = 2 * buffers;
+  space.slot_bytes = Aligned(state.max_chunk_count() * weight_bytes);
+  return space;
+}
+
 KeptSpace KeptTensorSpace(const StateLayout& state, bool stream_weight16,
                           uint64_t block_size) {
   KeptSpace space;

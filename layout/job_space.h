@@ -35,6 +35,21 @@ struct ChunkBufferLayout {
 ChunkBufferLayout ChunkBufferFor(const StateLayout& state, DType grad_dtype,
                                  bool stream_gradients, bool stream_weight16);
 
+// The host memory a pipeline whose client fetches each layer's new weights
+// (streamed weights) keeps them in after an update, until they are fetched
+// (JobPipeline's weight handoff): `slots` chunks' weights of `slot_bytes`
+// each (the largest chunk's, at `weight_bytes` an element: 4 for an fp32
+// layout's masters, 2 for the 16-bit copy), twice as many as the chunk
+// buffers, so the updates may run that far ahead of the fetches before a
+// fetch reads the SSDs again. Allocated as used, up to this.
+struct WeightHandoffSpace {
+  size_t slots = 0;
+  uint64_t slot_bytes = 0;
+  uint64_t bytes() const { return slots * slot_bytes; }
+};
+WeightHandoffSpace WeightHandoffFor(const StateLayout& state,
+                                    uint64_t weight_bytes, size_t buffers);
+
 // The store tensors a pipeline keeps for `state` between iterations, one
 // version each (what JobPipeline::Open creates: the meta, every chunk's
 // state tensor and, with stream_weight16, every chunk's 16-bit copy), in a

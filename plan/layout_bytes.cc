@@ -74,9 +74,12 @@ absl::StatusOr<JobLayoutBytes> LayoutBytes(
                        activation_bytes, bytes.stream_buffers);
   // The daemon streams both gradients and 16-bit weights through the SSDs
   // when the plugin shares its buffers (JobSession::RegisterModel).
+  // With the weights they hold for their fetch (streamed, 16-bit).
   bytes.update_buffer_bytes =
       kDefaultChunkBuffers *
-      ChunkBufferFor(state, layout.grad_dtype, streaming, streaming).bytes;
+          ChunkBufferFor(state, layout.grad_dtype, streaming, streaming).bytes +
+      (streaming ? WeightHandoffFor(state, 2, kDefaultChunkBuffers).bytes()
+                 : 0);
   const KeptSpace kept = KeptTensorSpace(state, streaming, store_block_bytes);
   bytes.ssd_state_bytes = kept.footprint;
   bytes.ssd_state_tensor_bytes = kept.tensor_bytes;

@@ -42,7 +42,8 @@ struct JobLayoutBytes {
   uint64_t stream_buffers = 0;  // 0: resident (a buffer per layer)
   uint64_t arena_bytes = 0;     // PluginArenaBytes
   // The daemon's chunk buffers for the job (its update pipeline's, outside
-  // the arena; SessionStatus.update_buffer_bytes).
+  // the arena) and, streamed, its weight handoff
+  // (SessionStatus.update_buffer_bytes).
   uint64_t update_buffer_bytes = 0;
   // SSD space of the tensors the job keeps, one version each: the meta,
   // the fp32 masters and moments in chunks and, streamed, the chunks'

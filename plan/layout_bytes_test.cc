@@ -56,8 +56,10 @@ TEST(LayoutBytes, ResidentAndStreamedByHand) {
   ASSERT_TRUE(streamed.ok()) << streamed.status();
   EXPECT_EQ(streamed->stream_buffers, 1u);
   EXPECT_EQ(streamed->arena_bytes, 2 * kMiB);
-  // A chunk buffer also holds the streamed gradient and 16-bit copy.
-  EXPECT_EQ(streamed->update_buffer_bytes, 4 * (61440u + 12288 + 12288));
+  // A chunk buffer also holds the streamed gradient and 16-bit copy, and
+  // eight chunks' 16-bit copies wait for their fetch.
+  EXPECT_EQ(streamed->update_buffer_bytes,
+            4 * (61440u + 12288 + 12288) + 8 * 12288);
   // The 16-bit copies join the kept tensors, the gradients are scratch.
   EXPECT_EQ(streamed->ssd_state_bytes, 69632u + 12288 + 4096);
   EXPECT_EQ(streamed->ssd_state_tensor_bytes, 61264u + 10000 + 200);

@@ -71,6 +71,16 @@ ChunkBufferLayout BufferOf(const StateLayout& state, const ModelLayout& layout,
                         options.stream_weight16);
 }
 
+// The weight handoff's memory (none without hand_off_weights): the weights
+// a fetch reads, the 16-bit copy or the fp32 masters.
+WeightHandoff HandoffOf(const StateLayout& state,
+                        const PipelineOptions& options, size_t buffers) {
+  if (!options.hand_off_weights) return WeightHandoff(0, 0);
+  const WeightHandoffSpace space =
+      WeightHandoffFor(state, options.stream_weight16 ? 2 : 4, buffers);
+  return WeightHandoff(space.slots, space.slot_bytes);
+}
+
 }  // namespace
 
 JobPipeline::JobPipeline(TensorStore* store, const AdamUpdater& updater,
@@ -89,6 +99,7 @@ JobPipeline::JobPipeline(TensorStore* store, const AdamUpdater& updater,
       norm_updater_(updater.OnCallingThread()),
       pool_(options.schedule == Schedule::kSerialized ? 1 : options.buffers,
             buffer_bytes_, kBufferAlignment),
+      handoff_(HandoffOf(state_, options, pool_.count())),
       decide_queue_(state_.total_chunks()),
       // Every chunk, and the read-ahead of this iteration and of the one
       // before (stale tasks the stage has not dropped yet).
@@ -326,7 +337,8 @@ absl::Status JobPipeline::CheckReadable(size_t layer, const void* out,
   return absl::OkStatus();
 }
 
-absl::Status JobPipeline::ReadWeights(size_t layer, float* out) const {
+absl::Status JobPipeline::ReadWeights(size_t layer, float* out,
+                                      uint64_t* from_memory) const {
   if (absl::Status readable = CheckReadable(layer, out, "ReadWeights");
       !readable.ok()) {
     return readable;
@@ -336,19 +348,37 @@ absl::Status JobPipeline::ReadWeights(size_t layer, float* out) const {
   }
   // The fp32 weights lead each chunk's state: read straight into `out`
   // (only the stripe units that hold them; no staging buffer, no copy).
+  uint64_t in_memory = 0;
+  const std::optional<uint64_t> handed_off = HandoffCurrent();
   for (size_t c = 0; c < state_.num_chunks(layer); ++c) {
-    const uint64_t count = state_.chunk_count(layer, c);
-    absl::Status r = ReadCurrent(
-        FlatIndex(layer, c),
+    const size_t flat = FlatIndex(layer, c);
+    const absl::Span<uint8_t> chunk_out =
         absl::MakeSpan(reinterpret_cast<uint8_t*>(out + state_.chunk_begin(c)),
-                       count * 4),
-        /*prefix=*/true);
+                       state_.chunk_count(layer, c) * 4);
+    if (handed_off && handoff_.Take(flat, chunk_out, *handed_off)) {
+      in_memory += chunk_out.size();
+      continue;
+    }
+    bool from_tier = false;
+    absl::Status r = ReadCurrent(flat, chunk_out, /*prefix=*/true, &from_tier);
     if (!r.ok()) {
       return Annotate(r, absl::StrCat("reading the weights of layer ", layer,
                                       " chunk ", c));
     }
+    if (from_tier) in_memory += chunk_out.size();
   }
+  if (from_memory != nullptr) *from_memory = in_memory;
   return absl::OkStatus();
+}
+
+std::optional<uint64_t> JobPipeline::HandoffCurrent() const {
+  // Read before the phase: BeginIteration clears the handoff after it
+  // leaves kIdle, so a Take for a generation read while idle can take
+  // nothing of the new iteration's.
+  const uint64_t generation = handoff_.generation();
+  absl::MutexLock lock(&mu_);
+  if (phase_ != Phase::kSettling && phase_ != Phase::kIdle) return std::nullopt;
+  return generation;
 }
 
 absl::Status JobPipeline::ReadWeightCopy(size_t layer, void* out) const {
@@ -415,7 +445,8 @@ absl::Status JobPipeline::ForEachCommittedChunk(
   return absl::OkStatus();
 }
 
-absl::Status JobPipeline::ReadWeight16(size_t layer, void* out) const {
+absl::Status JobPipeline::ReadWeight16(size_t layer, void* out,
+                                       uint64_t* from_memory) const {
   if (!options_.stream_weight16) {
     return absl::FailedPreconditionError(
         "this pipeline does not stream 16-bit weights: they are written to "
@@ -429,13 +460,20 @@ absl::Status JobPipeline::ReadWeight16(size_t layer, void* out) const {
     return updated;
   }
   uint8_t* dest = static_cast<uint8_t*>(out);
+  uint64_t in_memory = 0;
+  const std::optional<uint64_t> handed_off = HandoffCurrent();
   for (size_t c = 0; c < state_.num_chunks(layer); ++c) {
-    const uint64_t count = state_.chunk_count(layer, c);
-    absl::Status r = ReadCurrentStored(
-        weight16_names_[FlatIndex(layer, c)],
-        absl::MakeSpan(dest + state_.chunk_begin(c) * 2, count * 2));
+    const size_t flat = FlatIndex(layer, c);
+    const absl::Span<uint8_t> chunk_out = absl::MakeSpan(
+        dest + state_.chunk_begin(c) * 2, state_.chunk_count(layer, c) * 2);
+    if (handed_off && handoff_.Take(flat, chunk_out, *handed_off)) {
+      in_memory += chunk_out.size();
+      continue;
+    }
+    absl::Status r = ReadCurrentStored(weight16_names_[flat], chunk_out);
     if (!r.ok()) return r;
   }
+  if (from_memory != nullptr) *from_memory = in_memory;
   return absl::OkStatus();
 }
 
@@ -605,6 +643,10 @@ absl::Status JobPipeline::BeginIteration(float grad_scale,
   BeginPassLocked();
   if (started_deferred_) EnqueueReadAheadLocked();
   phase_ = Phase::kInIteration;
+  // The weights kept from the last iteration stop being what a fetch reads
+  // once this one writes new versions; cleared after leaving kIdle (see
+  // HandoffCurrent), before any gradient of this one arrives.
+  handoff_.Clear();
   return absl::OkStatus();
 }
 

@@ -33,6 +33,7 @@
 #include "daemon/sched/grad_scratch.h"
 #include "daemon/sched/memory_shares.h"
 #include "daemon/sched/state_tier.h"
+#include "daemon/sched/weight_handoff.h"
 #include "daemon/store/aligned_buffer.h"
 #include "daemon/store/tensor_store.h"
 #include "layout/job_meta.h"
@@ -169,6 +170,17 @@ struct PipelineOptions {
   // its fp32 model's weights in that buffer and needs no read of the
   // states for them. Not with stream_weight16.
   bool fp32_weights_out = false;
+  // Streamed weights: the client fetches each layer's new weights once its
+  // update is done (ReadWeight16 with stream_weight16, else ReadWeights).
+  // Each chunk's new weights are then kept in host memory as its update
+  // writes them (WeightHandoffFor, layout/job_space.h: twice `buffers`
+  // chunks', those the next forward fetches first) until fetched, rolled
+  // back, or the next iteration begins; a fetch once the norm is known
+  // (while the iteration settles, or after it) takes them instead of
+  // reading the SSDs. Other chunks, and the masters of chunks the state
+  // tier holds (its copy serves them), are fetched as without it. Only the
+  // time and the SSD traffic depend on it, never what is fetched.
+  bool hand_off_weights = false;
   // A job with no states yet (no meta, or a meta left by an earlier Open
   // before any layer got weights): the iteration its meta starts at, so the
   // first update is Adam step initial_iteration + 1 (a checkpoint restored
@@ -240,6 +252,9 @@ struct StageBusy {  // Seconds each stage thread spent working.
   // store's transfers.
   uint64_t bytes_updated = 0;
   uint64_t bytes_copied = 0;
+  // Of bytes_copied, the new weights kept for the client's fetch
+  // (hand_off_weights).
+  uint64_t bytes_handed_off = 0;
   // Bytes moved to and from the store: states, streamed gradients and
   // 16-bit copies (not the meta, nor the commit's sync).
   uint64_t bytes_read = 0;
@@ -344,8 +359,10 @@ class JobPipeline {
   // (layer_elements(layer) floats): during an iteration the committed ones
   // (the previous weights); while an iteration settles, once WaitLayer says
   // the layer is updated, its new (pending) ones; otherwise the committed
-  // ones.
-  absl::Status ReadWeights(size_t layer, float* out) const
+  // ones. A non-null `from_memory` receives how many of the bytes came
+  // from lohand's memory (hand_off_weights, the state tier), not the SSDs.
+  absl::Status ReadWeights(size_t layer, float* out,
+                           uint64_t* from_memory = nullptr) const
       ABSL_LOCKS_EXCLUDED(mu_);
   // The weights ReadWeights reads, converted as the updates convert them
   // for SubmitGradients' weight16_out (layer_elements(layer) elements of
@@ -359,8 +376,10 @@ class JobPipeline {
   // as ReadWeights chooses (the previous iteration's during one; the new
   // one of a settling iteration once the layer is updated).
   // FAILED_PRECONDITION without stream_weight16 or before the layer has
-  // states; ABORTED after a failed settle (see WaitLayer).
-  absl::Status ReadWeight16(size_t layer, void* out) const
+  // states; ABORTED after a failed settle (see WaitLayer). `from_memory`
+  // as ReadWeights'.
+  absl::Status ReadWeight16(size_t layer, void* out,
+                            uint64_t* from_memory = nullptr) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // The committed Adam moment `part` of `layer` into `out`
@@ -471,6 +490,10 @@ class JobPipeline {
   uint64_t chunk_pool_bytes() const {
     return pool_.count() * pool_.buffer_bytes();
   }
+  // The most host memory the weight handoff takes (hand_off_weights; 0:
+  // off), and the chunks it holds now.
+  uint64_t handoff_bytes() const { return handoff_.capacity_bytes(); }
+  size_t chunks_handed_off() const { return handoff_.chunks_kept(); }
   size_t chunks_read_ahead() const ABSL_LOCKS_EXCLUDED(mu_);
   // The state tier's use by this job now (PipelineOptions::state_tier).
   StateTier::Stats tier_stats() const { return tier_.stats(); }
@@ -688,10 +711,20 @@ class JobPipeline {
   // As ReadCurrentStored of chunk `flat`'s state, the state tier's copy
   // standing in for the store when it holds that version.
   absl::Status ReadCurrent(size_t flat, absl::Span<uint8_t> out,
-                           bool prefix = false) const ABSL_LOCKS_EXCLUDED(mu_);
+                           bool prefix = false, bool* from_tier = nullptr) const
+      ABSL_LOCKS_EXCLUDED(mu_);
   void ComputeLoop();
   void WriteLoop();
   // Ends a task: releases its buffer (if any), records the first error.
+  // hand_off_weights: keeps the new weights `task` just wrote for the
+  // client's fetch (the masters only where the tier does not hold them);
+  // the bytes copied to keep them.
+  uint64_t HandOff(const Task& task, bool in_tier) ABSL_LOCKS_EXCLUDED(mu_);
+  // The handoff's generation if what it keeps is what a fetch reads now
+  // (the pending versions of a settling iteration, or, idle, the committed
+  // ones), for its Take; none during an iteration or while EndIteration
+  // decides.
+  std::optional<uint64_t> HandoffCurrent() const ABSL_LOCKS_EXCLUDED(mu_);
   void Finish(Task& task, const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
   size_t FlatIndex(size_t layer, size_t chunk) const {
     return chunk_base_[layer] + chunk;
@@ -814,6 +847,11 @@ class JobPipeline {
   const AdamUpdater norm_updater_;
 
   BufferPool pool_;
+  // New weights kept for the client's fetches (hand_off_weights): each
+  // chunk's latest version written, cleared whenever those are rolled back
+  // and when an iteration begins. Taken only while that version is what a
+  // fetch reads (HandoffCurrent).
+  mutable WeightHandoff handoff_;
   // Each holds every chunk: Push never waits.
   BoundedQueue<Task> decide_queue_;
   BoundedQueue<Task> read_queue_;

@@ -310,13 +310,14 @@ absl::Status JobPipeline::WaitLayer(size_t layer) const {
 }
 
 absl::Status JobPipeline::ReadCurrent(size_t flat, absl::Span<uint8_t> out,
-                                      bool prefix) const {
+                                      bool prefix, bool* from_tier) const {
   bool settling;
   {
     absl::MutexLock lock(&mu_);
     settling = phase_ == Phase::kSettling;
   }
   if (tier_.ReadCommitted(flat, out, /*or_pending=*/settling)) {
+    if (from_tier != nullptr) *from_tier = true;
     return absl::OkStatus();
   }
   return ReadCurrentStored(chunk_names_[flat], out, prefix);

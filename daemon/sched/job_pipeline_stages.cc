@@ -445,6 +445,9 @@ void JobPipeline::WriteLoop() {
       durable = durable_this_;
     }
     absl::StatusOr<uint64_t> w = uint64_t{0};
+    // Whether the tier holds the version written (its copy serves a fetch
+    // of the masters).
+    bool in_tier = task->lent;
     uint64_t copied = 0;
     // Whether this write is there only to make the iteration durable (the
     // tier holds the chunk, which a volatile iteration leaves unwritten):
@@ -466,6 +469,7 @@ void JobPipeline::WriteLoop() {
       // Between durable commits the tier alone takes a chunk it can hold.
       bytes = 0;
       copied = state.size();
+      in_tier = true;
     } else {
       w = store_->Write(job_, chunk_names_[flat], state);
       // The tier's copy is the version just written, or none.
@@ -473,6 +477,7 @@ void JobPipeline::WriteLoop() {
                             w.ok() ? state : absl::Span<const uint8_t>())) {
         copied = state.size();
         for_durability = durable;
+        in_tier = true;
       }
     }
     const double state_seconds = Now() - start;
@@ -484,6 +489,8 @@ void JobPipeline::WriteLoop() {
           absl::MakeConstSpan(task->buffer + weight16_offset_, count * 2));
       bytes += count * 2;
     }
+    // Before Finish: a fetch waits for the layer's last chunk to finish.
+    const uint64_t handed_off = w.ok() ? HandOff(*task, in_tier) : 0;
     const double seconds = Now() - start;
     {
       absl::MutexLock lock(&mu_);
@@ -493,10 +500,28 @@ void JobPipeline::WriteLoop() {
         durable_write_bytes_ += state_bytes;
       }
       if (w.ok()) busy_.bytes_written += bytes;
-      busy_.bytes_copied += copied;
+      busy_.bytes_copied += copied + handed_off;
+      busy_.bytes_handed_off += handed_off;
     }
     Finish(*task, w.status());
   }
+}
+
+uint64_t JobPipeline::HandOff(const Task& task, bool in_tier) {
+  if (!options_.hand_off_weights) return 0;
+  const size_t flat = FlatIndex(task.layer, task.chunk);
+  const uint64_t count = state_.chunk_count(task.layer, task.chunk);
+  absl::Span<const uint8_t> weights;
+  if (options_.stream_weight16) {
+    weights = absl::MakeConstSpan(task.buffer + weight16_offset_, count * 2);
+  } else if (!in_tier) {
+    weights = absl::MakeConstSpan(task.state, count * 4);
+  }
+  if (weights.empty()) {
+    handoff_.Drop(flat);  // An older version must not outlive this one.
+    return 0;
+  }
+  return handoff_.Keep(flat, weights) ? weights.size() : 0;
 }
 
 void JobPipeline::Finish(Task& task, const absl::Status& status) {
@@ -641,6 +666,7 @@ absl::Status JobPipeline::RollbackAll() {
   for (const std::string& name : chunk_names_) rollback(name);
   for (const std::string& name : weight16_names_) rollback(name);
   rollback(StateLayout::MetaName());
+  handoff_.Clear();
   if (!tier_.DropPending()) LostTierVersion();
   return first;
 }

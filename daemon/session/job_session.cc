@@ -417,7 +417,8 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
     stats_.set_iteration(response.iteration());
     stats_.set_grad_slots(response.grad_slots());
     stats_.set_weight_slots(response.weight_slots());
-    stats_.set_update_buffer_bytes(served_->pipeline->chunk_pool_bytes());
+    stats_.set_update_buffer_bytes(served_->pipeline->chunk_pool_bytes() +
+                                   served_->pipeline->handoff_bytes());
   }
   lanes_ = std::make_unique<ServeLanes>(spec.in_order_service());
   lanes_ready_.store(lanes_.get());
@@ -642,15 +643,19 @@ absl::Status JobSession::Execute(const SubmissionEntry& entry, uint64_t& detail,
                                              ResidentWeights(entry.layer));
     case RingOp::kFetchParams: {
       uint8_t* destination = base() + entry.slot_offset;
-      if (model.dtype == v1::DTYPE_FP32 && model.streamed_weights) {
-        CountSsd(entry.length, 0);
-        return model.pipeline->ReadWeights(
-            entry.layer, reinterpret_cast<float*>(destination));
-      }
       if (model.streamed_weights) {
-        // The committed copy (the validator checked the slot and length).
-        CountSsd(entry.length, 0);
-        return model.pipeline->ReadWeight16(entry.layer, destination);
+        // The current weights (the validator checked the slot and length),
+        // in part from lohand's memory.
+        uint64_t from_memory = 0;
+        absl::Status read =
+            model.dtype == v1::DTYPE_FP32
+                ? model.pipeline->ReadWeights(
+                      entry.layer, reinterpret_cast<float*>(destination),
+                      &from_memory)
+                : model.pipeline->ReadWeight16(entry.layer, destination,
+                                               &from_memory);
+        if (read.ok()) CountSsd(entry.length - from_memory, 0);
+        return read;
       }
       // The layer's update may still run (ModelSpec.overlap_updates).
       if (absl::Status updated = model.pipeline->WaitLayer(entry.layer);

@@ -85,6 +85,8 @@ PipelineOptions PipelineOptionsFor(const JobSettings& settings,
   options.stream_weight16 = buffers.streamed_weights && !buffers.fp32;
   // Resident fp32: the updates write the masters into the weight buffers.
   options.fp32_weights_out = !buffers.streamed_weights && buffers.fp32;
+  // Streamed weights are fetched right after their update: from memory.
+  options.hand_off_weights = buffers.streamed_weights;
   return options;
 }
 

@@ -30,15 +30,17 @@ RATES = ["--h2d-gbps", "25", "--d2h-gbps", "25", "--ssds", "1",
 ROOMY = ["--device-memory", "24GiB", "--device-tflops", "165",
          "--host-memory", "64GiB"]
 
-# Six blocks: enough layers that four shared buffers of the largest take
-# less host memory than one per layer (the planner streams only then).
+# Twelve blocks: enough layers that four shared buffers of the largest,
+# with the new weights lohand holds for their fetch (eight chunks'), take
+# less host memory than one buffer per layer (the planner streams only
+# then).
 CONFIGS = {
-    "gpt2": (GPT2Config(n_layer=6, n_embd=64, n_head=4, n_positions=256,
+    "gpt2": (GPT2Config(n_layer=12, n_embd=64, n_head=4, n_positions=256,
                         vocab_size=256, resid_pdrop=0.0, embd_pdrop=0.0,
                         attn_pdrop=0.0), GPT2LMHeadModel),
     "llama": (LlamaConfig(hidden_size=64, intermediate_size=172,
                           num_attention_heads=4, num_key_value_heads=2,
-                          num_hidden_layers=6, vocab_size=256,
+                          num_hidden_layers=12, vocab_size=256,
                           max_position_embeddings=256), LlamaForCausalLM),
 }
 

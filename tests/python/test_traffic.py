@@ -5,17 +5,16 @@ page cache hides a read).
 An fp32 model, resident buffers: the states are read once and written once
 per step (12 + 12 bytes a parameter); the model's new weights come from
 the arena, not from the states. Streamed: the gradient is written and read
-once more, and each layer's weights are read back as the fp32 weights at
-the front of its states (4 bytes a parameter, not the whole state).
+once more; each layer's new weights are fetched from the memory its update
+wrote them in (lohand's weight handoff, which holds more chunks than this
+model has), not read back from the states.
 With a state tier ([pool] state_tier), the states of the first layers that
-fit it (and their streamed weights) are read from lohand's memory instead:
-only the other layers' are read from the SSDs, and every layer's state is
-still written. What the tier has left beside those states keeps streamed
-gradients, in the order backward hands them over, whole chunks that fit:
-those never reach the SSDs.
+fit it are read from lohand's memory instead: only the other layers' are
+read from the SSDs, and every layer's state is still written. What the
+tier has left beside those states keeps streamed gradients, in the order
+backward hands them over, whole chunks that fit: those never reach the
+SSDs.
 Catalog records and the per-job meta add a few pages; the bound allows 5%.
-Reads go by stripe unit (each has its checksum), so the weights alone cost
-the stripe units that hold them.
 """
 
 from __future__ import annotations
@@ -32,7 +31,6 @@ from torch import nn
 import lohan
 
 PAGE = 4096
-STRIPE = 1 << 20  # lohand's default store.stripe_unit
 
 
 class Stack(nn.Module):
@@ -60,12 +58,6 @@ def io(pid: int) -> Tuple[int, int]:
 
 def padded(nbytes: int) -> int:
     return (nbytes + PAGE - 1) // PAGE * PAGE
-
-
-def prefix_read(nbytes: int, tensor_bytes: int) -> int:
-    """What reading the first `nbytes` of a tensor costs: the stripe chunks
-    holding them, each read whole (its checksum covers it)."""
-    return min(-(-nbytes // STRIPE) * STRIPE, padded(tensor_bytes))
 
 
 def in_tier(layers, tier: int) -> int:
@@ -151,9 +143,9 @@ def test_fp32_ssd_bytes_per_step_are_the_layouts_minimum(tmp_path, buffers,
             4 * layers[layer] for layer in kept), sessions[0]
         stored = [n for layer, n in enumerate(layers) if layer not in kept]
         want_read += sum(padded(4 * n) for n in stored)
-        want_read += sum(prefix_read(4 * n, 12 * n)
-                         for n in layers[resident:])
         want_written += sum(padded(4 * n) for n in stored)
+        # The new weights are fetched from the update's own memory (the
+        # weight handoff): no read of the states for them.
     read = (after[0] - before[0]) / steps
     written = (after[1] - before[1]) / steps
     if want_read == 0:  # only the catalog's and meta's pages

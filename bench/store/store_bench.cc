@@ -1,8 +1,12 @@
 // store_bench: our libaio engine (AioBlockDevice) against fio's libaio
 // engine on the same files, same request size and queue depth, interleaved
 // (an untimed warm-up pass, then ours, fio, ours, fio...), sequential write
-// then sequential read, for 1 path and for all paths at once. Also times the
-// whole TensorStore (CRC32C, striping, fdatasync at commit) on the same
+// then sequential read, then both at once (a read stream over the first
+// half of each file beside a write stream over the second, as an update
+// pipeline reads one chunk while it writes the one before), for 1 path and
+// for all paths at once. The mixed pass is also put against the serial sum
+// (the same bytes read, then written, at this round's speeds). Also times
+// the whole TensorStore (CRC32C, striping, fdatasync at commit) on the same
 // array. Not a test: prints a table.
 //
 // Usage:
@@ -64,15 +68,18 @@ double Now() {
 // completion submits the next block (in increasing offset order) from its
 // callback, reusing its buffer. So at most queue_depth requests and
 // queue_depth x block_size bytes of buffers are in use: fio's iodepth x bs.
+// A pass covers the blocks from `first_block` on, `blocks` of them (all:
+// the whole file).
 class DevicePass {
  public:
   DevicePass(AioBlockDevice* device, AlignedBuffer* buffers, const Flags& f,
-             IoRequest::Op op)
+             IoRequest::Op op, uint64_t first_block = 0, uint64_t blocks = 0)
       : device_(device),
         buffers_(buffers),
         op_(op),
         block_(f.block_size),
-        requests_(f.file_size / f.block_size) {}
+        first_block_(first_block),
+        requests_(blocks > 0 ? blocks : f.file_size / f.block_size) {}
 
   void Start() {
     for (size_t at = 0; at < buffers_->size(); at += block_) {
@@ -97,7 +104,7 @@ class DevicePass {
     rq.op = op_;
     rq.buffer = buffer;
     rq.length = block_;
-    rq.offset = index * block_;
+    rq.offset = (first_block_ + index) * block_;
     rq.done = [this, buffer](const IoResult& r) {
       if (!r.status.ok()) failed_++;
       Issue(buffer);
@@ -111,6 +118,7 @@ class DevicePass {
   AlignedBuffer* const buffers_;
   const IoRequest::Op op_;
   const uint64_t block_;
+  const uint64_t first_block_;
   const uint64_t requests_;
   std::atomic<uint64_t> next_{0};
   std::atomic<uint64_t> failed_{0};
@@ -136,11 +144,40 @@ double OursPass(std::vector<std::unique_ptr<AioBlockDevice>>& devices,
   return devices.size() * f.file_size / seconds / 1e9;
 }
 
-// Runs fio on the same files: one job per file, each at the queue depth.
-// Returns fio's own aggregate bandwidth (bw_bytes, group_reporting), GB/s.
+// Mixed: per device a read stream over the first half of its blocks and a
+// write stream over the second, each at the queue depth with buffers of
+// its own, all at once; GB/s of both together.
+double OursMixedPass(std::vector<std::unique_ptr<AioBlockDevice>>& devices,
+                     std::vector<AlignedBuffer>& read_buffers,
+                     std::vector<AlignedBuffer>& write_buffers,
+                     const Flags& f) {
+  const uint64_t half = f.file_size / f.block_size / 2;
+  std::vector<std::unique_ptr<DevicePass>> passes;
+  for (size_t d = 0; d < devices.size(); ++d) {
+    passes.push_back(std::make_unique<DevicePass>(
+        devices[d].get(), &read_buffers[d], f, IoRequest::Op::kRead, 0, half));
+    passes.push_back(
+        std::make_unique<DevicePass>(devices[d].get(), &write_buffers[d], f,
+                                     IoRequest::Op::kWrite, half, half));
+  }
+  const double start = Now();
+  for (auto& p : passes) p->Start();
+  uint64_t failed = 0;
+  for (auto& p : passes) failed += p->Wait();
+  const double seconds = Now() - start;
+  if (failed > 0) Die(absl::StrCat(failed, " requests failed"));
+  return devices.size() * 2 * half * f.block_size / seconds / 1e9;
+}
+
+// What fio does: a sequential read or write pass over each file, or
+// (mixed) both at once as OursMixedPass does them.
+enum class FioMode { kRead, kWrite, kMixed };
+
+// Runs fio on the same files: one job per file and stream, each at the
+// queue depth. Returns fio's own aggregate bandwidth (bw_bytes of reads
+// and writes, group_reporting), GB/s.
 double FioPass(const std::vector<std::string>& files, const Flags& f,
-               IoRequest::Op op) {
-  const std::string rw = op == IoRequest::Op::kRead ? "read" : "write";
+               FioMode mode) {
   std::vector<std::string> args = {
       f.fio,
       "--output-format=json",
@@ -148,13 +185,24 @@ double FioPass(const std::vector<std::string>& files, const Flags& f,
       "--direct=1",
       absl::StrCat("--bs=", f.block_size),
       absl::StrCat("--iodepth=", f.queue_depth),
-      absl::StrCat("--size=", f.file_size),
-      "--rw=" + rw,
       "--group_reporting",
   };
+  const uint64_t half = f.file_size / f.block_size / 2 * f.block_size;
   for (size_t i = 0; i < files.size(); ++i) {
-    args.push_back(absl::StrCat("--name=dev", i));
-    args.push_back("--filename=" + files[i]);
+    if (mode != FioMode::kMixed) {
+      args.push_back(absl::StrCat("--name=dev", i));
+      args.push_back("--filename=" + files[i]);
+      args.push_back(mode == FioMode::kRead ? "--rw=read" : "--rw=write");
+      args.push_back(absl::StrCat("--size=", f.file_size));
+      continue;
+    }
+    for (const bool read : {true, false}) {
+      args.push_back(absl::StrCat("--name=dev", i, read ? "r" : "w"));
+      args.push_back("--filename=" + files[i]);
+      args.push_back(read ? "--rw=read" : "--rw=write");
+      args.push_back(absl::StrCat("--offset=", read ? 0 : half));
+      args.push_back(absl::StrCat("--size=", half));
+    }
   }
   int out[2];
   if (::pipe(out) != 0) Die("pipe");
@@ -179,17 +227,20 @@ double FioPass(const std::vector<std::string>& files, const Flags& f,
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     Die("fio failed: " + absl::StrJoin(args, " "));
   }
-  const size_t section = json.find("\"" + rw + "\" : {");
-  const size_t key = json.find("\"bw_bytes\" : ", section);
-  if (section == std::string::npos || key == std::string::npos) {
-    Die("cannot parse fio output");
+  uint64_t bw = 0;
+  for (const char* rw : {"read", "write"}) {
+    const size_t section = json.find(absl::StrCat("\"", rw, "\" : {"));
+    const size_t key = json.find("\"bw_bytes\" : ", section);
+    if (section == std::string::npos || key == std::string::npos) {
+      Die("cannot parse fio output");
+    }
+    bw += std::strtoull(json.c_str() + key + 13, nullptr, 10);
   }
-  const uint64_t bw = std::strtoull(json.c_str() + key + 13, nullptr, 10);
   return bw / 1e9;
 }
 
 struct Figures {
-  std::vector<double> ours_w, fio_w, ours_r, fio_r;
+  std::vector<double> ours_w, fio_w, ours_r, fio_r, ours_m, fio_m;
 };
 
 // Median of the per-round ratios ours/fio: robust to one noisy round.
@@ -221,11 +272,13 @@ void RunEngineVsFio(const Flags& f, size_t npaths) {
     files.push_back((*d)->file_path());
     devices.push_back(*std::move(d));
   }
-  // Per device one region of queue_depth x block_size, as fio allocates.
-  std::vector<AlignedBuffer> buffers;
-  for (size_t d = 0; d < npaths; ++d) {
-    buffers.emplace_back(size_t{f.queue_depth} * f.block_size, 4096);
-    std::memset(buffers.back().data(), 0x5A, buffers.back().size());
+  // Per device and stream one region of queue_depth x block_size, as fio
+  // allocates (the mixed pass's write stream has the second).
+  std::vector<AlignedBuffer> buffers, write_buffers;
+  for (size_t d = 0; d < 2 * npaths; ++d) {
+    auto& set = d < npaths ? buffers : write_buffers;
+    set.emplace_back(size_t{f.queue_depth} * f.block_size, 4096);
+    std::memset(set.back().data(), 0x5A, set.back().size());
   }
   // Per direction: one untimed pass (for writes it also turns fallocate's
   // unwritten extents into written ones), then ours, fio, ours, fio... so
@@ -234,15 +287,23 @@ void RunEngineVsFio(const Flags& f, size_t npaths) {
   Figures fig;
   for (IoRequest::Op op : {IoRequest::Op::kWrite, IoRequest::Op::kRead}) {
     const bool write = op == IoRequest::Op::kWrite;
-    FioPass(files, f, op);
+    const FioMode mode = write ? FioMode::kWrite : FioMode::kRead;
+    FioPass(files, f, mode);
     auto& ours = write ? fig.ours_w : fig.ours_r;
     auto& fio = write ? fig.fio_w : fig.fio_r;
     for (int r = 0; r < f.rounds; ++r) {
       ours.push_back(OursPass(devices, buffers, f, op));
-      fio.push_back(FioPass(files, f, op));
+      fio.push_back(FioPass(files, f, mode));
       std::printf("  %s round %d: ours %.3f GB/s, fio %.3f GB/s\n",
                   write ? "write" : "read ", r + 1, ours.back(), fio.back());
     }
+  }
+  // Reads beside writes, each round right after the read rounds' history.
+  for (int r = 0; r < f.rounds; ++r) {
+    fig.ours_m.push_back(OursMixedPass(devices, buffers, write_buffers, f));
+    fig.fio_m.push_back(FioPass(files, f, FioMode::kMixed));
+    std::printf("  mixed round %d: ours %.3f GB/s, fio %.3f GB/s\n", r + 1,
+                fig.ours_m.back(), fig.fio_m.back());
   }
   std::printf(
       "paths=%zu bs=%s qd=%u size/path=%s\n"
@@ -255,6 +316,20 @@ void RunEngineVsFio(const Flags& f, size_t npaths) {
       Mean(fig.ours_w) / Mean(fig.fio_w), MedianRatio(fig.ours_w, fig.fio_w),
       Mean(fig.ours_r), Mean(fig.fio_r), Mean(fig.ours_r) / Mean(fig.fio_r),
       MedianRatio(fig.ours_r, fig.fio_r));
+  // The serial sum moves the same bytes, half read then half written, at
+  // the mean read and write speeds: 2 / (1/read + 1/write).
+  auto serial = [](double read, double write) {
+    return 2.0 / (1.0 / read + 1.0 / write);
+  };
+  const double ours_serial = serial(Mean(fig.ours_r), Mean(fig.ours_w));
+  const double fio_serial = serial(Mean(fig.fio_r), Mean(fig.fio_w));
+  std::printf(
+      "  MIXED ours %.3f GB/s fio %.3f GB/s ratio of means %.3f, median "
+      "per-round ratio %.3f; time against the serial sum: ours %.3f "
+      "(%.3f GB/s serial), fio %.3f (%.3f GB/s serial)\n",
+      Mean(fig.ours_m), Mean(fig.fio_m), Mean(fig.ours_m) / Mean(fig.fio_m),
+      MedianRatio(fig.ours_m, fig.fio_m), ours_serial / Mean(fig.ours_m),
+      ours_serial, fio_serial / Mean(fig.fio_m), fio_serial);
   std::fflush(stdout);
 }
 

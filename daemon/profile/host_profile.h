@@ -21,7 +21,8 @@ struct ProfileOptions {
   uint32_t queue_depth = 32;
   bool allow_buffered_io = false;
   // Bytes written then read on each SSD (a probe file beside its data file,
-  // removed after). 0: the SSDs are not measured.
+  // removed after): an untimed write, then the median of three write and
+  // read passes each. 0: the SSDs are not measured.
   uint64_t probe_bytes = uint64_t{256} << 20;
   // The optimizer as lohand runs it: its kernels, measured on one thread,
   // and its thread count.
@@ -47,7 +48,7 @@ absl::StatusOr<v1::HostProfile> LoadOrMeasureHost(const std::string& state_dir,
                                                   bool* measured);
 
 // Measures (or loads) the profile on a thread of its own, so the daemon
-// serves while it runs (a second or so per SSD), and holds the result.
+// serves while it runs (a few seconds per SSD), and holds the result.
 // The destructor waits for a measurement under way.
 class HostProfiler {
  public:

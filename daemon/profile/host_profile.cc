@@ -64,9 +64,14 @@ class Probe {
     }
     probe->device_ = *std::move(device);
     probe->depth_ = options.queue_depth;
+    // One region, a transfer's slot each, as the store's transfers land in
+    // its large chunk buffers: on some hosts (a VM's) transfers into many
+    // small allocations run measurably slower than into one region.
+    probe->buffers_ =
+        AlignedBuffer(size_t{probe->depth_} * kTransferBytes,
+                      std::max<size_t>(options.block_size, kTransferBytes));
     for (uint32_t i = 0; i < probe->depth_; ++i) {
-      probe->buffers_.emplace_back(kTransferBytes, options.block_size);
-      std::memset(probe->buffers_.back().data(), 0x5a + i, kTransferBytes);
+      std::memset(probe->Slot(i), 0x5a + i, kTransferBytes);
     }
     return probe;
   }
@@ -118,6 +123,10 @@ class Probe {
  private:
   Probe() = default;
 
+  uint8_t* Slot(uint32_t slot) {
+    return buffers_.data() + size_t{slot} * kTransferBytes;
+  }
+
   // The next transfer's offset, counted in flight; none when the pass is
   // over (or failed).
   std::optional<uint64_t> TakeOffsetLocked()
@@ -134,7 +143,7 @@ class Probe {
   void Submit(IoRequest::Op op, uint32_t slot, uint64_t offset) {
     device_->Submit(
         {.op = op,
-         .buffer = buffers_[slot].data(),
+         .buffer = Slot(slot),
          .length = std::min(kTransferBytes, device_->capacity() - offset),
          .offset = offset,
          .done = [this, op, slot](const IoResult& result) {
@@ -154,7 +163,7 @@ class Probe {
   std::string file_;
   std::unique_ptr<AioBlockDevice> device_;
   uint32_t depth_ = 1;
-  std::vector<AlignedBuffer> buffers_;
+  AlignedBuffer buffers_;  // depth_ transfers' slots
   absl::Mutex mu_;
   uint64_t next_offset_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;

@@ -126,6 +126,17 @@ class DevicePass {
   uint64_t completed_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+// Starts every pass at once; the seconds until the last is done.
+double RunPasses(std::vector<std::unique_ptr<DevicePass>>& passes) {
+  const double start = Now();
+  for (auto& p : passes) p->Start();
+  uint64_t failed = 0;
+  for (auto& p : passes) failed += p->Wait();
+  const double seconds = Now() - start;
+  if (failed > 0) Die(absl::StrCat(failed, " requests failed"));
+  return seconds;
+}
+
 // Sequential pass over every device at once with our engine; GB/s.
 double OursPass(std::vector<std::unique_ptr<AioBlockDevice>>& devices,
                 std::vector<AlignedBuffer>& all_buffers, const Flags& f,
@@ -135,12 +146,7 @@ double OursPass(std::vector<std::unique_ptr<AioBlockDevice>>& devices,
     passes.push_back(
         std::make_unique<DevicePass>(devices[d].get(), &all_buffers[d], f, op));
   }
-  const double start = Now();
-  for (auto& p : passes) p->Start();
-  uint64_t failed = 0;
-  for (auto& p : passes) failed += p->Wait();
-  const double seconds = Now() - start;
-  if (failed > 0) Die(absl::StrCat(failed, " requests failed"));
+  const double seconds = RunPasses(passes);
   return devices.size() * f.file_size / seconds / 1e9;
 }
 
@@ -160,12 +166,7 @@ double OursMixedPass(std::vector<std::unique_ptr<AioBlockDevice>>& devices,
         std::make_unique<DevicePass>(devices[d].get(), &write_buffers[d], f,
                                      IoRequest::Op::kWrite, half, half));
   }
-  const double start = Now();
-  for (auto& p : passes) p->Start();
-  uint64_t failed = 0;
-  for (auto& p : passes) failed += p->Wait();
-  const double seconds = Now() - start;
-  if (failed > 0) Die(absl::StrCat(failed, " requests failed"));
+  const double seconds = RunPasses(passes);
   return devices.size() * 2 * half * f.block_size / seconds / 1e9;
 }
 

@@ -37,10 +37,11 @@ the host memory bytes its updates moved and those lohand copied beside them
 per parameter per step (`lohanctl status`'s counters). With --disk SIZE,
 each round starts with bench/store/store_bench on the scratch directory:
 sequential O_DIRECT write then read of SIZE at lohand's stripe unit and
-queue depth, by lohan's own libaio engine (what lohand's probe measures)
-and by fio, interleaved; each lohan configuration's s/step is then also
-given against what its SSD bytes take at each of those speeds, measured
-in its round. DeepSpeed's
+queue depth, then both at once (a read stream beside a write stream), by
+lohan's own libaio engine (what lohand's probe measures) and by fio,
+interleaved; each lohan configuration's s/step is then also given against
+what its SSD bytes take at each of those speeds, measured in its round
+(read and written one after the other, or all at the mixed speed). DeepSpeed's
 CPU ops are JIT-built on first use (minutes, cached in
 ~/.cache/torch_extensions).
 """
@@ -223,20 +224,22 @@ def measured_ssd(socket: str, bazel_bin: Path) -> Tuple[float, float]:
 
 
 def disk_speeds(directory: Path, size: str,
-                bazel_bin: Path) -> Dict[str, Tuple[float, float]]:
-    """Read and write bytes per second of lohan's engine ("lohan") and of
-    fio ("fio") on `directory`, from one store_bench round (its files
-    removed after)."""
+                bazel_bin: Path) -> Dict[str, Tuple[float, float, float]]:
+    """Read, write and mixed (reads beside writes) bytes per second of
+    lohan's engine ("lohan") and of fio ("fio") on `directory`, from one
+    store_bench round (its files removed after)."""
     done = subprocess.run(
         [str(bazel_bin / "bench/store/store_bench"), f"--paths={directory}",
          f"--file_size={size}", "--rounds=1"],
         capture_output=True, text=True, check=True)
-    speeds: Dict[str, List[float]] = {"lohan": [0.0, 0.0], "fio": [0.0, 0.0]}
+    speeds: Dict[str, List[float]] = {"lohan": [0.0, 0.0, 0.0],
+                                      "fio": [0.0, 0.0, 0.0]}
     for line in done.stdout.splitlines():
         words = line.split()
-        # "  READ  ours 2.117 GB/s fio 1.311 GB/s ratio of means ..."
-        if words and words[0] in ("READ", "WRITE"):
-            at = 0 if words[0] == "READ" else 1
+        # "  READ  ours 2.117 GB/s fio 1.311 GB/s ratio of means ...", and
+        # WRITE and MIXED (reads beside writes, both counted) alike.
+        if words and words[0] in ("READ", "WRITE", "MIXED"):
+            at = ("READ", "WRITE", "MIXED").index(words[0])
             speeds["lohan"][at] = float(words[2]) * 1e9
             speeds["fio"][at] = float(words[5]) * 1e9
     # What store_bench leaves: its data file, the store's identity and its
@@ -246,7 +249,7 @@ def disk_speeds(directory: Path, size: str,
     shutil.rmtree(directory / "bench_state_1", ignore_errors=True)
     if not all(all(v) for v in speeds.values()):
         raise RuntimeError(f"store_bench printed no speeds:\n{done.stdout}")
-    return {k: (v[0], v[1]) for k, v in speeds.items()}
+    return {k: (v[0], v[1], v[2]) for k, v in speeds.items()}
 
 
 def with_pool_key(config: str, line: str) -> str:
@@ -301,6 +304,8 @@ def report(results: Dict[str, List[Dict[str, float]]],
         for key, speed in (
                 ("ssd_seconds", "lohand's measured speed (at its start)"),
                 ("lohan_seconds", "lohan's engine's speed in its round"),
+                ("lohan_mixed_seconds",
+                 "lohan's engine's speed reading beside writing in its round"),
                 ("fio_seconds", "fio's speed in its round")):
             if row.get(key, 0) <= 0:
                 continue
@@ -354,7 +359,8 @@ def main() -> int:
                         help="a size (2GiB): each round first measures the "
                         "scratch directory's disk with bench/store/"
                         "store_bench (lohan's engine and fio, sequential "
-                        "O_DIRECT write then read of that many bytes), and "
+                        "O_DIRECT write then read of that many bytes, then "
+                        "both at once), and "
                         "each lohan configuration's s/step is also given "
                         "against what its SSD bytes take at those speeds")
     parser.add_argument("--worker", choices=CONFIGS, help=argparse.SUPPRESS)
@@ -412,10 +418,10 @@ def main() -> int:
             for round_ in range(args.rounds):
                 disk = (disk_speeds(scratch, args.disk, bazel_bin)
                         if args.disk else {})
-                for engine, (read, write) in disk.items():
+                for engine, (read, write, mixed) in disk.items():
                     print(f"round {round_ + 1} {engine:5s} {read / 1e9:.2f} "
-                          f"GB/s read, {write / 1e9:.2f} GB/s write",
-                          flush=True)
+                          f"GB/s read, {write / 1e9:.2f} GB/s write, "
+                          f"{mixed / 1e9:.2f} GB/s mixed", flush=True)
                 order = configs if round_ % 2 == 0 else configs[::-1]
                 for config in order:
                     on, where = homes.get(config, (daemon, scratch))
@@ -429,9 +435,11 @@ def main() -> int:
                                   row["written"] * row["parameters"])
                         row["ssd_seconds"] = sum(
                             b / v for b, v in zip(bytes_, speed) if v > 0)
-                        for engine, pair in disk.items():
-                            row[f"{engine}_seconds"] = sum(
-                                b / v for b, v in zip(bytes_, pair))
+                        for engine, (read, write, mixed) in disk.items():
+                            row[f"{engine}_seconds"] = (bytes_[0] / read +
+                                                        bytes_[1] / write)
+                            row[f"{engine}_mixed_seconds"] = sum(
+                                bytes_) / mixed
                     results[config].append(row)
                     print(f"round {round_ + 1} {config:19s} "
                           f"{row['seconds']:7.3f} s/step, SSD "

@@ -64,6 +64,23 @@ class WeightHandoffPipelineTest
     }
   }
 
+  // Until every chunk of `layer` has a new (pending) version in the store:
+  // its update written.
+  void AwaitWritten(const JobPipeline& p, const std::string& job,
+                    size_t layer) {
+    const StateLayout& state = p.state_layout();
+    for (size_t c = 0; c < state.num_chunks(layer); ++c) {
+      const std::string name = StateLayout::ChunkName(layer, c);
+      for (int i = 0; i < 3000; ++i) {
+        absl::StatusOr<TensorInfo> info = store_->Stat(job, name);
+        ASSERT_TRUE(info.ok()) << info.status();
+        if (info->pending_version != 0) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      ASSERT_NE(store_->Stat(job, name)->pending_version, 0u) << name;
+    }
+  }
+
   // Layer `l`'s weights as the client fetches them, and how many of their
   // bytes came from memory.
   std::vector<uint8_t> Fetch(JobPipeline& p, size_t l, uint64_t* from_memory) {
@@ -154,19 +171,9 @@ TEST_P(WeightHandoffPipelineTest, AFetchBeforeTheNormReadsTheCommittedOnes) {
   for (JobPipeline* p : {ref.get(), job.get()}) {
     Backward(*p, g, {.max_grad_norm = 0.0});
   }
-  const std::string job_name = "job";
-  const StateLayout& state = job->state_layout();
-  for (size_t l = 0; l < state.num_layers(); ++l) {
-    for (size_t c = 0; c < state.num_chunks(l); ++c) {
-      const std::string name = StateLayout::ChunkName(l, c);
-      for (int i = 0; i < 3000; ++i) {
-        absl::StatusOr<TensorInfo> info = store_->Stat(job_name, name);
-        ASSERT_TRUE(info.ok()) << info.status();
-        if (info->pending_version != 0) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
-      ASSERT_NE(store_->Stat(job_name, name)->pending_version, 0u) << name;
-    }
+  for (size_t l = 0; l < layout_.layer_elements.size(); ++l) {
+    AwaitWritten(*job, "job", l);
+    if (HasFatalFailure()) return;
   }
   // The pipeline finishes a chunk once written and kept.
   ASSERT_EQ(job->chunks_handed_off(), 6u);
@@ -218,9 +225,23 @@ TEST_P(WeightHandoffPipelineTest, ARolledBackUpdateIsNotFetched) {
     before.push_back(Fetch(*job, l, &ignored));
   }
   // A NaN in layer 0, handed over last: layers 3, 2 and 1 update eagerly
-  // (kept), then the skip rolls them back.
+  // (written and kept before layer 0 arrives), then the skip rolls them
+  // back.
   const Gradients g = MakeGradients(layout_, 34, 1.0f, /*nan_layer=*/0);
-  Backward(*job, g, {.max_grad_norm = 0.0, .skip_nonfinite = true});
+  ASSERT_TRUE(
+      job->BeginIteration(1.0f, std::nullopt,
+                          {.max_grad_norm = 0.0, .skip_nonfinite = true})
+          .ok());
+  for (size_t l : {3, 2, 1}) {
+    ASSERT_TRUE(job->SubmitGradients(l, g.bytes[l].data(), nullptr).ok());
+  }
+  for (size_t l : {3, 2, 1}) {
+    AwaitWritten(*job, "job", l);
+    if (HasFatalFailure()) return;
+  }
+  // Flat chunks 3 to 9, the six fetched first kept.
+  ASSERT_EQ(job->chunks_handed_off(), 6u);
+  ASSERT_TRUE(job->SubmitGradients(0, g.bytes[0].data(), nullptr).ok());
   absl::StatusOr<IterationReport> r = job->EndIteration();
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_TRUE(r->skipped);

@@ -654,7 +654,10 @@ absl::Status JobSession::Execute(const SubmissionEntry& entry, uint64_t& detail,
                       &from_memory)
                 : model.pipeline->ReadWeight16(entry.layer, destination,
                                                &from_memory);
-        if (read.ok()) CountSsd(entry.length - from_memory, 0);
+        if (read.ok()) {
+          CountSsd(entry.length - std::min<uint64_t>(from_memory, entry.length),
+                   0);
+        }
         return read;
       }
       // The layer's update may still run (ModelSpec.overlap_updates).

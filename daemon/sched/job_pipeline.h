@@ -717,9 +717,11 @@ class JobPipeline {
   void WriteLoop();
   // Ends a task: releases its buffer (if any), records the first error.
   // hand_off_weights: keeps the new weights `task` just wrote for the
-  // client's fetch (the masters only where the tier does not hold them);
-  // the bytes copied to keep them.
-  uint64_t HandOff(const Task& task, bool in_tier) ABSL_LOCKS_EXCLUDED(mu_);
+  // client's fetch (the masters only where the tier does not hold them;
+  // written in backward, only the chunks the handoff would still hold at
+  // its end); the bytes copied to keep them.
+  uint64_t HandOff(const Task& task, bool in_tier, bool in_backward)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The handoff's generation if what it keeps is what a fetch reads now
   // (the pending versions of a settling iteration, or, idle, the committed
   // ones), for its Take; none during an iteration or while EndIteration

@@ -440,9 +440,11 @@ void JobPipeline::WriteLoop() {
     const absl::Span<const uint8_t> state =
         absl::MakeConstSpan(task->state, bytes);
     bool durable;
+    bool in_backward;
     {
       absl::MutexLock lock(&mu_);
       durable = durable_this_;
+      in_backward = phase_ == Phase::kInIteration;
     }
     absl::StatusOr<uint64_t> w = uint64_t{0};
     // Whether the tier holds the version written (its copy serves a fetch
@@ -490,7 +492,8 @@ void JobPipeline::WriteLoop() {
       bytes += count * 2;
     }
     // Before Finish: a fetch waits for the layer's last chunk to finish.
-    const uint64_t handed_off = w.ok() ? HandOff(*task, in_tier) : 0;
+    const uint64_t handed_off =
+        w.ok() ? HandOff(*task, in_tier, in_backward) : 0;
     const double seconds = Now() - start;
     {
       absl::MutexLock lock(&mu_);
@@ -507,15 +510,22 @@ void JobPipeline::WriteLoop() {
   }
 }
 
-uint64_t JobPipeline::HandOff(const Task& task, bool in_tier) {
+uint64_t JobPipeline::HandOff(const Task& task, bool in_tier,
+                              bool in_backward) {
   if (!options_.hand_off_weights) return 0;
   const size_t flat = FlatIndex(task.layer, task.chunk);
   const uint64_t count = state_.chunk_count(task.layer, task.chunk);
   absl::Span<const uint8_t> weights;
-  if (options_.stream_weight16) {
-    weights = absl::MakeConstSpan(task.buffer + weight16_offset_, count * 2);
-  } else if (!in_tier) {
-    weights = absl::MakeConstSpan(task.state, count * 4);
+  // An update in backward comes before every chunk at a lower flat index
+  // (each is updated this iteration, and backward hands them over last
+  // layer first): only the first slots' chunks would stay, so the others
+  // are not copied only to give way.
+  if (!in_backward || flat < handoff_.slots()) {
+    if (options_.stream_weight16) {
+      weights = absl::MakeConstSpan(task.buffer + weight16_offset_, count * 2);
+    } else if (!in_tier) {
+      weights = absl::MakeConstSpan(task.state, count * 4);
+    }
   }
   if (weights.empty()) {
     handoff_.Drop(flat);  // An older version must not outlive this one.

@@ -55,6 +55,7 @@ class WeightHandoff {
   // The slots' memory allocated so far (they are allocated as first used).
   uint64_t bytes_allocated() const ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t capacity_bytes() const { return slots_ * slot_bytes_; }
+  size_t slots() const { return slots_; }
 
  private:
   struct Kept {

@@ -242,6 +242,10 @@ struct StageBusy {  // Seconds each stage thread spent working.
   double norm = 0.0;
   // Chunks whose update found its state read ahead (read_ahead_bytes).
   uint64_t read_ahead_used = 0;
+  // Of their streamed gradients, the bytes SubmitGradients copied into the
+  // states' read-ahead buffers instead of storing them (the updates read
+  // them there): the SSDs moved twice as many bytes less.
+  uint64_t grad_bytes_kept_ahead = 0;
   // State bytes the state tier gave the updates instead of the store, and
   // of them those updated where the tier holds them (the rest copied).
   uint64_t bytes_from_tier = 0;
@@ -551,6 +555,8 @@ class JobPipeline {
     uint8_t* buffer = nullptr;  // From pool_ (or staged_), once read.
     // `buffer` is the chunk's read-ahead buffer (staged_), not pool_'s.
     bool staged = false;
+    // The staged buffer holds the chunk's streamed gradient as well.
+    bool staged_grad = false;
     // The chunk's state, once read: in `buffer`, or (`lent`) the state
     // tier's copy itself, updated in place (StateTier::Lend).
     uint8_t* state = nullptr;
@@ -564,6 +570,9 @@ class JobPipeline {
   struct Staged {
     std::unique_ptr<AlignedBuffer> buffer;
     bool taken = false;  // An update task holds it (Finish frees it).
+    // The chunk's streamed gradient is in `buffer` too, at grad_offset_
+    // (KeepGradWithState), and nowhere else.
+    bool holds_grad = false;
   };
   struct Submission {
     bool submitted = false;
@@ -608,6 +617,14 @@ class JobPipeline {
   // times `inv_scale`, into norm_squares_ on the way).
   absl::Status WriteGradScratch(size_t layer, const uint8_t* grad,
                                 float inv_scale);
+  // Copies chunk `flat`'s streamed gradient (`bytes` at `grad`) into the
+  // buffer its state was read ahead into, when there is one and the chunk
+  // is certain to be updated once, after the norm (deferring_ already:
+  // decided deferred, never redone): the update then finds state and
+  // gradient together and the SSDs never see the gradient. False (the
+  // caller stores it) otherwise.
+  bool KeepGradWithState(size_t flat, const uint8_t* grad, uint64_t bytes)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Deletes the scratch tensors of this iteration's layers (best effort;
   // the next Open sweeps what is left).
   void DropScratch() ABSL_LOCKS_EXCLUDED(mu_);

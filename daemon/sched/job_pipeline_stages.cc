@@ -97,6 +97,8 @@ void JobPipeline::ReadLoop() {
     }
     if (grad_in_ram != nullptr) {
       task->grad = grad_in_ram;
+    } else if (task->staged_grad) {
+      task->grad = task->buffer + grad_offset_;
     } else if (r.ok() && update && options_.stream_gradients) {
       // The gradient SubmitGradients stored, next to the states it updates.
       const uint64_t grad_bytes = count * DTypeSize(layout_.grad_dtype);
@@ -118,6 +120,9 @@ void JobPipeline::ReadLoop() {
       busy_.bytes_in_tier += in_tier;
       busy_.bytes_copied += from_tier;
       if (task->staged) ++busy_.read_ahead_used;
+      if (task->staged_grad) {
+        busy_.grad_bytes_kept_ahead += count * DTypeSize(layout_.grad_dtype);
+      }
     }
     if (!r.ok()) {
       Finish(*task, r.status());
@@ -148,6 +153,7 @@ bool JobPipeline::TakeStagedOrDrop(Task& task) {
         staged.taken = true;
         task.buffer = staged.buffer->data();
         task.staged = true;
+        task.staged_grad = staged.holds_grad;
       }
       return false;
     }
@@ -203,6 +209,7 @@ void JobPipeline::ReadAhead(const Task& task) {
   if (r.ok() && !abandon_.load() && task.pass == read_ahead_epoch_ &&
       staged_[flat].buffer == nullptr) {
     staged_[flat].buffer = std::move(buffer);
+    staged_[flat].holds_grad = false;
   } else {
     spare_.push_back(std::move(buffer));
   }
@@ -240,9 +247,9 @@ void JobPipeline::EnqueueReadAheadLocked() {
 void JobPipeline::EndReadAheadLocked() {
   ++read_ahead_epoch_;
   for (Staged& staged : staged_) {
-    if (!staged.taken && staged.buffer != nullptr) {
-      spare_.push_back(std::move(staged.buffer));
-    }
+    if (staged.taken) continue;  // Finish frees it.
+    if (staged.buffer != nullptr) spare_.push_back(std::move(staged.buffer));
+    staged = Staged{};
   }
   // Buffers are kept for the next iteration unless this one read nothing
   // ahead.
@@ -550,6 +557,7 @@ void JobPipeline::Finish(Task& task, const absl::Status& status) {
     spare_.push_back(std::move(staged.buffer));
     staged = Staged{};
     task.staged = false;
+    task.staged_grad = false;
   }
   if (!status.ok() && first_error_.ok()) {
     first_error_ =
@@ -779,6 +787,10 @@ absl::Status JobPipeline::WriteGradScratch(size_t layer, const uint8_t* grad,
       copied += bytes;
       continue;
     }
+    if (KeepGradWithState(FlatIndex(layer, c), chunk_grad, bytes)) {
+      copied += bytes;
+      continue;
+    }
     s = store_->Create(job_, name, bytes);
     if (s.code() == absl::StatusCode::kAlreadyExists) s = absl::OkStatus();
     if (s.ok()) {
@@ -798,6 +810,29 @@ absl::Status JobPipeline::WriteGradScratch(size_t layer, const uint8_t* grad,
   busy_.bytes_written += written;
   busy_.bytes_copied += copied;
   return s;
+}
+
+bool JobPipeline::KeepGradWithState(size_t flat, const uint8_t* grad,
+                                    uint64_t bytes) {
+  uint8_t* into;
+  {
+    absl::MutexLock lock(&mu_);
+    Staged& staged = staged_[flat];
+    // Only a chunk decided deferred: an eager update could be redone after
+    // the norm, by when its staged buffer is gone.
+    if (!deferring_ || staged.buffer == nullptr || staged.taken ||
+        grad_offset_ + bytes > staged.buffer->size()) {
+      return false;
+    }
+    into = staged.buffer->data() + grad_offset_;
+    // Marked before the copy: nothing else touches the buffer until this
+    // chunk's update takes it, which the caller enqueues only after this
+    // returns (SubmitGradients holds api_mu_ against the end of the
+    // iteration that frees staged buffers).
+    staged.holds_grad = true;
+  }
+  std::memcpy(into, grad, bytes);
+  return true;
 }
 
 void JobPipeline::DropScratch() {

@@ -131,6 +131,13 @@ class SettleTest : public ::testing::Test {
     return bytes;
   }
 
+  // The bytes of one iteration's gradients (bf16).
+  uint64_t GradBytes() const {
+    uint64_t elements = 0;
+    for (uint64_t n : layout_.layer_elements) elements += n;
+    return 2 * elements;
+  }
+
   // The reference's and the job's fp32 weights, bit for bit.
   void ExpectSameWeights() {
     for (size_t l = 0; l < layout_.layer_elements.size(); ++l) {
@@ -482,6 +489,107 @@ TEST_F(SettleTest, ReadAheadWaitsWhileAStreamedGradientIsStored) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->started_deferred);
   EXPECT_EQ(r->busy.read_ahead_used, kChunks);
+  // The gradients handed over once their chunks' states were read ahead
+  // stayed in those buffers; only the last layer's (5 chunks, stored
+  // before their read-ahead) went to the SSDs and came back.
+  const uint64_t last_grad = 2 * layout_.layer_elements[last];
+  EXPECT_EQ(r->busy.grad_bytes_kept_ahead, GradBytes() - last_grad);
+  EXPECT_EQ(r->busy.bytes_written, StateBytes() + last_grad);
+  EXPECT_EQ(r->busy.bytes_read, StateBytes() + last_grad);
+  ExpectSameWeights();
+  EXPECT_EQ(out_, ref_out_);
+}
+
+// A streamed gradient handed over after its chunk's state was read ahead
+// (the update certain to run once, after the norm) is copied into that
+// buffer instead of stored: the SSDs carry only the states. An aborted
+// iteration and a skipped one leave nothing behind; each result is the
+// same, bit for bit, as a job that stores every gradient.
+TEST_F(SettleTest, GradientsOfChunksReadAheadNeverReachTheSsds) {
+  const Gradients g = MakeGradients(layout_, 53, 1.0f, -1);
+  const Gradients nan = MakeGradients(layout_, 54, 1.0f, /*nan_layer=*/1);
+  ref_ = Open("ref", /*settle=*/false, 0, nullptr, /*streamed=*/true);
+  job_ = Open("job", /*settle=*/false, /*read_ahead=*/uint64_t{1} << 30,
+              nullptr, /*streamed=*/true);
+  ASSERT_TRUE(ref_ && job_);
+  Initialize(*ref_, ref_out_);
+  Initialize(*job_, out_);
+  FaultInjectionDevice& ssd = *faults_[0];
+  // Begins an iteration predicted to clip (it reads ahead from its start)
+  // and hands over the layers below `first` once every state is read
+  // ahead. With `held`, the first read-ahead's read is held (3 s) while
+  // the layers from `first` up are handed over: their gradients are
+  // stored before their chunks are read ahead.
+  auto backward = [&](const Gradients& grads, size_t first, bool held) {
+    const uint64_t fired = ssd.faults_fired();
+    if (held) {
+      ssd.Inject({.fault = FaultInjectionDevice::Fault::kDelay,
+                  .op = IoRequest::Op::kRead,
+                  .count = 1,
+                  .delay_ms = 3000});
+    }
+    ASSERT_TRUE(
+        job_->BeginIteration(1.0f, std::nullopt, {.max_grad_norm = 1e-3}).ok());
+    for (int i = 0; held && i < 3000 && ssd.faults_fired() == fired; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    for (size_t l = grads.bytes.size(); l-- > first;) {
+      ASSERT_TRUE(
+          job_->SubmitGradients(l, grads.bytes[l].data(), out_[l].data()).ok());
+    }
+    AwaitReadAhead(kChunks, [] { return true; });
+    for (size_t l = first; l-- > 0;) {
+      ASSERT_TRUE(
+          job_->SubmitGradients(l, grads.bytes[l].data(), out_[l].data()).ok());
+    }
+  };
+  const size_t layers = g.bytes.size();
+  // Clipped: the next iteration is predicted to clip.
+  Backward(*ref_, g, ref_out_);
+  ASSERT_TRUE(ref_->EndIteration().ok());
+  Backward(*job_, g, out_);
+  ASSERT_TRUE(job_->EndIteration().ok());
+  // Every gradient kept, then thrown away.
+  Backward(*ref_, g, ref_out_);
+  ASSERT_TRUE(ref_->AbortIteration().ok());
+  backward(g, layers, /*held=*/false);
+  ASSERT_TRUE(job_->AbortIteration().ok());
+  // The last layer's gradient stored while the first read-ahead is held:
+  // its chunks (5), read ahead after it, read it back from the SSDs, not
+  // from buffers that held gradients in the iteration thrown away.
+  Backward(*ref_, g, ref_out_);
+  ASSERT_TRUE(ref_->EndIteration().ok());
+  backward(g, layers - 1, /*held=*/true);
+  absl::StatusOr<IterationReport> r = job_->EndIteration();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->clipped);
+  EXPECT_EQ(r->busy.grad_bytes_kept_ahead,
+            GradBytes() - 2 * layout_.layer_elements.back());
+  ExpectSameWeights();
+  EXPECT_EQ(out_, ref_out_);
+  // Skipped (a NaN): nothing written.
+  Backward(*ref_, nan, ref_out_);
+  absl::StatusOr<IterationReport> want = ref_->EndIteration();
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_TRUE(want->skipped);
+  backward(nan, layers, /*held=*/false);
+  r = job_->EndIteration();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->skipped);
+  EXPECT_EQ(r->busy.bytes_written, 0u);
+  // Clipped, every gradient kept: the SSDs carry the states alone.
+  Backward(*ref_, g, ref_out_);
+  want = ref_->EndIteration();
+  ASSERT_TRUE(want.ok()) << want.status();
+  backward(g, layers, /*held=*/false);
+  r = job_->EndIteration();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->clipped);
+  EXPECT_EQ(r->busy.read_ahead_used, kChunks);
+  EXPECT_EQ(r->busy.grad_bytes_kept_ahead, GradBytes());
+  EXPECT_EQ(r->busy.bytes_read, StateBytes());
+  EXPECT_EQ(r->busy.bytes_written, StateBytes());
+  EXPECT_GT(want->busy.bytes_written, StateBytes());  // its gradients
   ExpectSameWeights();
   EXPECT_EQ(out_, ref_out_);
 }

@@ -192,6 +192,9 @@ void JobPipeline::StartThreads() {
   threads_.emplace_back([this] { ReadLoop(); });
   threads_.emplace_back([this] { ComputeLoop(); });
   threads_.emplace_back([this] { WriteLoop(); });
+  if (read_ahead_chunks_ > 0) {
+    threads_.emplace_back([this] { MakeReadAheadBuffersLoop(); });
+  }
 }
 
 JobPipeline::~JobPipeline() {

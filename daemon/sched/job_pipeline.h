@@ -93,15 +93,16 @@ struct PipelineOptions {
   // host memory in flight. >= 3 lets a read, a compute and a write run at
   // once; kSerialized always uses 1.
   size_t buffers = kDefaultChunkBuffers;
-  // kDeferWhenCertain, kPipelined, resident gradients (streamed ones keep
-  // the SSDs busy in backward): host memory (bytes, rounded down to
+  // kDeferWhenCertain, kPipelined: host memory (bytes, rounded down to
   // whole chunk buffers) this job may fill, during backward, with the
   // committed states of chunks whose updates wait for the norm, so that
-  // those updates need no SSD read after it. Read ahead in forward order
+  // those updates need no SSD read after it (with streamed gradients, in
+  // the SSDs' time between gradient stores, and a gradient that comes
+  // after its chunk's state stays beside it). Read ahead in forward order
   // (layer 0 first: the chunks the settle runs first) once waiting is
-  // certain or predicted; allocated while in use, freed when the chunk's
-  // update is written or the iteration ends. 0: no read-ahead. Only the
-  // time depends on it, never the results.
+  // certain or predicted. Buffers are made as read-ahead first needs them
+  // and kept while iterations use them. 0: no read-ahead. Only the time
+  // depends on it, never the results.
   uint64_t read_ahead_bytes = 0;
   // Shares the read-ahead memory with other jobs: a chunk is read ahead
   // into a new buffer only while this job (flow `job`, in the group
@@ -109,6 +110,11 @@ struct PipelineOptions {
   // it are given back at the end of the iteration. Null: read_ahead_bytes
   // alone bounds it. REQUIRES: outlives the pipeline.
   MemoryShares* read_ahead_shares = nullptr;
+  // Makes a read-ahead buffer of the given bytes (aligned, zero-filled);
+  // null: AlignedBuffer. A seam for tests that hold an allocation up: new
+  // buffers are made on a thread of their own, so the read stage never
+  // waits for memory to be mapped and zeroed once the norm is known.
+  std::function<std::unique_ptr<AlignedBuffer>(size_t)> make_read_ahead_buffer;
   // The state tier (state_tier.h): host memory that keeps copies of the
   // committed states of the job's first chunks in forward order, within
   // the job's share (flow `job`, group `fair_group`, `weight`), so their
@@ -711,6 +717,12 @@ class JobPipeline {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Commits (or rolls back) an iteration once its settling pass is done.
   void SettleLoop();
+  // Makes a read-ahead buffer into spare_ each time a read-ahead finds
+  // none (buffer_wanted_), within the job's share. Allocating and zeroing
+  // tens of MiB can take a second on a busy or virtual machine; on this
+  // thread, a read-ahead waits for it only until the norm is known (the
+  // read stage is needed then), and the buffer is kept for the next one.
+  void MakeReadAheadBuffersLoop();
   // EndIteration's and AbortIteration's start: once no iteration settles,
   // the one in progress moves to kEnding (FAILED_PRECONDITION without one;
   // a failed settle's error).
@@ -904,6 +916,10 @@ class JobPipeline {
   std::vector<Staged> staged_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<AlignedBuffer>> spare_ ABSL_GUARDED_BY(mu_);
   MemoryShares* const read_ahead_shares_;  // null: none
+  // A read-ahead waits for a new buffer (MakeReadAheadBuffersLoop), and
+  // how many requests were answered (made, or refused by the share).
+  bool buffer_wanted_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t buffers_answered_ ABSL_GUARDED_BY(mu_) = 0;
   // Streamed gradients SubmitGradients is storing now: a read-ahead starts
   // only while there are none (backward waits for each store).
   uint32_t grad_stores_in_flight_ ABSL_GUARDED_BY(mu_) = 0;

@@ -184,16 +184,21 @@ void JobPipeline::ReadAhead(const Task& task) {
     }
     if (!current()) return;
     buffer = TakeSpareLocked();
-  }
-  // A new one is allocated (and zero-filled: tens of MiB) outside mu_, if
-  // the job's share of the read-ahead memory has room.
-  if (buffer == nullptr) {
-    if (read_ahead_shares_ != nullptr &&
-        !read_ahead_shares_->TryTake(job_, buffer_bytes_)) {
-      return;  // The update reads the state itself.
+    if (buffer == nullptr) {
+      // A new one, made on its own thread: once the norm is known this
+      // thread reads for the updates, whatever the allocation still takes.
+      const uint64_t asked = buffers_answered_;
+      buffer_wanted_ = true;
+      auto answered = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return buffers_answered_ != asked || !current() || shutting_down_;
+      };
+      while (!mu_.AwaitWithTimeout(absl::Condition(&answered),
+                                   absl::Milliseconds(50))) {
+      }
+      if (!current()) return;  // A buffer made later stays spare.
+      buffer = TakeSpareLocked();
+      if (buffer == nullptr) return;  // Beyond the share: the update reads.
     }
-    buffer = std::make_unique<AlignedBuffer>(buffer_bytes_,
-                                             sched_internal::kBufferAlignment);
   }
   const uint64_t bytes =
       state_.state_bytes(state_.chunk_count(task.layer, task.chunk));
@@ -212,6 +217,33 @@ void JobPipeline::ReadAhead(const Task& task) {
     staged_[flat].holds_grad = false;
   } else {
     spare_.push_back(std::move(buffer));
+  }
+}
+
+void JobPipeline::MakeReadAheadBuffersLoop() {
+  absl::MutexLock lock(&mu_);
+  auto wanted = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return buffer_wanted_ || shutting_down_;
+  };
+  while (true) {
+    mu_.Await(absl::Condition(&wanted));
+    if (shutting_down_) return;
+    buffer_wanted_ = false;
+    mu_.Unlock();
+    std::unique_ptr<AlignedBuffer> buffer;
+    if (read_ahead_shares_ == nullptr ||
+        read_ahead_shares_->TryTake(job_, buffer_bytes_)) {
+      buffer = options_.make_read_ahead_buffer
+                   ? options_.make_read_ahead_buffer(buffer_bytes_)
+                   : std::make_unique<AlignedBuffer>(
+                         buffer_bytes_, sched_internal::kBufferAlignment);
+      if (buffer == nullptr && read_ahead_shares_ != nullptr) {
+        read_ahead_shares_->Give(job_, buffer_bytes_);
+      }
+    }
+    mu_.Lock();
+    if (buffer != nullptr) spare_.push_back(std::move(buffer));
+    ++buffers_answered_;
   }
 }
 

@@ -15,11 +15,14 @@
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "daemon/optim/adam.h"
 #include "daemon/optim/half.h"
 #include "daemon/sched/clip_test_util.h"
 #include "daemon/sched/job_pipeline.h"
 #include "daemon/sched/memory_shares.h"
+#include "daemon/store/aligned_buffer.h"
 #include "daemon/store/fault_injection_device.h"
 #include "daemon/store/fault_store.h"
 #include "daemon/store/tensor_store.h"
@@ -67,6 +70,7 @@ class SettleTest : public ::testing::Test {
     options.stream_gradients = streamed;
     options.read_ahead_bytes = read_ahead;
     options.read_ahead_shares = shares;
+    options.make_read_ahead_buffer = make_buffer_;
     auto p = JobPipeline::Open(store_.get(), *updater_, job, layout_, options);
     EXPECT_TRUE(p.ok()) << p.status();
     return p.ok() ? *std::move(p) : nullptr;
@@ -157,6 +161,8 @@ class SettleTest : public ::testing::Test {
     }
   }
 
+  // The next Open's PipelineOptions::make_read_ahead_buffer.
+  std::function<std::unique_ptr<AlignedBuffer>(size_t)> make_buffer_;
   TempDir dir_;
   std::optional<AdamUpdater> updater_;
   std::unique_ptr<TensorStore> store_;
@@ -424,9 +430,10 @@ TEST_F(SettleTest, AFailedReadAheadIsReadAgainByTheUpdate) {
 
 // Streamed gradients are stored in SubmitGradients, which backward waits
 // for: a read-ahead does not begin while one is being stored. The first
-// read-ahead's read is held (3 s) and the first gradient's store begins
-// while it is (held 8 s); the next read-ahead then waits for that store
-// to end. Each step waits for the fault hook to fire, not for a time.
+// read-ahead's read is held (6 s: the store must reach the SSD meanwhile, on a
+// loaded machine too) and the first gradient's store begins while it is (held
+// 16 s); the next read-ahead then waits for that store to end. Each step waits
+// for the fault hook to fire, not for a time.
 TEST_F(SettleTest, ReadAheadWaitsWhileAStreamedGradientIsStored) {
   const Gradients g = MakeGradients(layout_, 47, 1.0f, -1);
   ref_ = Open("ref", /*settle=*/false, 0, nullptr, /*streamed=*/true);
@@ -454,14 +461,14 @@ TEST_F(SettleTest, ReadAheadWaitsWhileAStreamedGradientIsStored) {
   ssd.Inject({.fault = FaultInjectionDevice::Fault::kDelay,
               .op = IoRequest::Op::kRead,
               .count = 1,
-              .delay_ms = 3000});
+              .delay_ms = 6000});
   ASSERT_TRUE(
       job_->BeginIteration(1.0f, std::nullopt, {.max_grad_norm = 1e-3}).ok());
   await_fired(1);  // the first read-ahead's read, held
   ssd.Inject({.fault = FaultInjectionDevice::Fault::kDelay,
               .op = IoRequest::Op::kWrite,
               .count = 1,
-              .delay_ms = 8000});
+              .delay_ms = 16000});
   const size_t last = g.bytes.size() - 1;
   std::atomic<bool> stored{false};
   std::thread backward([&] {
@@ -500,6 +507,54 @@ TEST_F(SettleTest, ReadAheadWaitsWhileAStreamedGradientIsStored) {
   EXPECT_EQ(out_, ref_out_);
 }
 
+// A read-ahead buffer is made on a thread of its own: a read-ahead that
+// waits for one (its allocation held here until the test ends, or for 20 s
+// at most) lets the read stage go to the updates the moment the norm is
+// known, and the iteration ends as without it.
+TEST_F(SettleTest, AReadAheadWaitingForMemoryNeverHoldsTheUpdatesUp) {
+  const Gradients g = MakeGradients(layout_, 57, 1.0f, -1);
+  absl::Mutex mu;
+  int made = 0;
+  bool released = false;
+  make_buffer_ = [&](size_t bytes) {
+    absl::MutexLock lock(&mu);
+    if (++made > 1) mu.Await(absl::Condition(&released));
+    return std::make_unique<AlignedBuffer>(bytes, 4096);
+  };
+  ref_ = Open("ref", /*settle=*/false);
+  job_ = Open("job", /*settle=*/false, /*read_ahead=*/uint64_t{1} << 30);
+  ASSERT_TRUE(ref_ && job_);
+  Initialize(*ref_, ref_out_);
+  Initialize(*job_, out_);
+  std::thread watchdog([&] {
+    absl::MutexLock lock(&mu);
+    mu.AwaitWithTimeout(absl::Condition(&released), absl::Seconds(20));
+    released = true;
+  });
+  // Clipping certain from the first chunk: read-ahead begins at once; the
+  // first buffer is made, the second held.
+  Backward(*ref_, g, ref_out_);
+  ASSERT_TRUE(ref_->EndIteration().ok());
+  Backward(*job_, g, out_);
+  {
+    absl::MutexLock lock(&mu);
+    mu.Await(absl::Condition(
+        +[](int* n) { return *n >= 2; }, &made));
+  }
+  absl::StatusOr<IterationReport> r = job_->EndIteration();
+  {
+    absl::MutexLock lock(&mu);
+    EXPECT_FALSE(released);  // ended while the allocation was still held
+    released = true;
+  }
+  watchdog.join();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->clipped);
+  EXPECT_LE(r->busy.read_ahead_used, 1u);
+  ExpectSameWeights();
+  EXPECT_EQ(out_, ref_out_);
+}
+
 // A streamed gradient handed over after its chunk's state was read ahead
 // (the update certain to run once, after the norm) is copied into that
 // buffer instead of stored: the SSDs carry only the states. An aborted
@@ -517,7 +572,7 @@ TEST_F(SettleTest, GradientsOfChunksReadAheadNeverReachTheSsds) {
   FaultInjectionDevice& ssd = *faults_[0];
   // Begins an iteration predicted to clip (it reads ahead from its start)
   // and hands over the layers below `first` once every state is read
-  // ahead. With `held`, the first read-ahead's read is held (3 s) while
+  // ahead. With `held`, the first read-ahead's read is held (6 s) while
   // the layers from `first` up are handed over: their gradients are
   // stored before their chunks are read ahead.
   auto backward = [&](const Gradients& grads, size_t first, bool held) {
@@ -526,7 +581,7 @@ TEST_F(SettleTest, GradientsOfChunksReadAheadNeverReachTheSsds) {
       ssd.Inject({.fault = FaultInjectionDevice::Fault::kDelay,
                   .op = IoRequest::Op::kRead,
                   .count = 1,
-                  .delay_ms = 3000});
+                  .delay_ms = 6000});
     }
     ASSERT_TRUE(
         job_->BeginIteration(1.0f, std::nullopt, {.max_grad_norm = 1e-3}).ok());

@@ -152,6 +152,22 @@ class SettleTest : public ::testing::Test {
     }
   }
 
+  // Holds the next transfer `op` reaching the first SSD for `delay_ms`.
+  void HoldNext(IoRequest::Op op, int delay_ms) {
+    faults_[0]->Inject({.fault = FaultInjectionDevice::Fault::kDelay,
+                        .op = op,
+                        .count = 1,
+                        .delay_ms = delay_ms});
+  }
+
+  // Until the first SSD's injected faults have fired `n` times.
+  void AwaitFired(uint64_t n) {
+    for (int i = 0; i < 3000 && faults_[0]->faults_fired() < n; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_EQ(faults_[0]->faults_fired(), n);
+  }
+
   void SlowReads(int delay_ms) {
     for (FaultInjectionDevice* f : faults_) {
       f->Inject({.fault = FaultInjectionDevice::Fault::kDelay,
@@ -451,24 +467,11 @@ TEST_F(SettleTest, ReadAheadWaitsWhileAStreamedGradientIsStored) {
   // ahead from its start.
   Backward(*job_, g, out_);
   ASSERT_TRUE(job_->EndIteration().ok());
-  FaultInjectionDevice& ssd = *faults_[0];
-  auto await_fired = [&ssd](uint64_t n) {
-    for (int i = 0; i < 3000 && ssd.faults_fired() < n; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    ASSERT_EQ(ssd.faults_fired(), n);
-  };
-  ssd.Inject({.fault = FaultInjectionDevice::Fault::kDelay,
-              .op = IoRequest::Op::kRead,
-              .count = 1,
-              .delay_ms = 6000});
+  HoldNext(IoRequest::Op::kRead, 6000);
   ASSERT_TRUE(
       job_->BeginIteration(1.0f, std::nullopt, {.max_grad_norm = 1e-3}).ok());
-  await_fired(1);  // the first read-ahead's read, held
-  ssd.Inject({.fault = FaultInjectionDevice::Fault::kDelay,
-              .op = IoRequest::Op::kWrite,
-              .count = 1,
-              .delay_ms = 16000});
+  AwaitFired(1);  // the first read-ahead's read, held
+  HoldNext(IoRequest::Op::kWrite, 16000);
   const size_t last = g.bytes.size() - 1;
   std::atomic<bool> stored{false};
   std::thread backward([&] {
@@ -477,7 +480,7 @@ TEST_F(SettleTest, ReadAheadWaitsWhileAStreamedGradientIsStored) {
             .ok());
     stored = true;
   });
-  await_fired(2);                            // the gradient's store, held
+  AwaitFired(2);                             // the gradient's store, held
   EXPECT_EQ(job_->chunks_read_ahead(), 0u);  // the read still held
   // The held read-ahead done, the store still under way: no other
   // read-ahead began beside it.
@@ -569,25 +572,17 @@ TEST_F(SettleTest, GradientsOfChunksReadAheadNeverReachTheSsds) {
   ASSERT_TRUE(ref_ && job_);
   Initialize(*ref_, ref_out_);
   Initialize(*job_, out_);
-  FaultInjectionDevice& ssd = *faults_[0];
   // Begins an iteration predicted to clip (it reads ahead from its start)
   // and hands over the layers below `first` once every state is read
   // ahead. With `held`, the first read-ahead's read is held (6 s) while
   // the layers from `first` up are handed over: their gradients are
   // stored before their chunks are read ahead.
   auto backward = [&](const Gradients& grads, size_t first, bool held) {
-    const uint64_t fired = ssd.faults_fired();
-    if (held) {
-      ssd.Inject({.fault = FaultInjectionDevice::Fault::kDelay,
-                  .op = IoRequest::Op::kRead,
-                  .count = 1,
-                  .delay_ms = 6000});
-    }
+    const uint64_t fired = faults_[0]->faults_fired();
+    if (held) HoldNext(IoRequest::Op::kRead, 6000);
     ASSERT_TRUE(
         job_->BeginIteration(1.0f, std::nullopt, {.max_grad_norm = 1e-3}).ok());
-    for (int i = 0; held && i < 3000 && ssd.faults_fired() == fired; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+    if (held) AwaitFired(fired + 1);
     for (size_t l = grads.bytes.size(); l-- > first;) {
       ASSERT_TRUE(
           job_->SubmitGradients(l, grads.bytes[l].data(), out_[l].data()).ok());

@@ -152,20 +152,34 @@ class SettleTest : public ::testing::Test {
     }
   }
 
-  // Holds the next transfer `op` reaching the first SSD for `delay_ms`.
+  // Holds the next transfer `op` for `delay_ms`, on whichever SSD it
+  // reaches (a small tensor lives on one, and which one depends on the
+  // store's free space): AwaitHeld disarms the others once one fired.
   void HoldNext(IoRequest::Op op, int delay_ms) {
-    faults_[0]->Inject({.fault = FaultInjectionDevice::Fault::kDelay,
-                        .op = op,
-                        .count = 1,
-                        .delay_ms = delay_ms});
+    for (FaultInjectionDevice* ssd : faults_) {
+      ssd->Inject({.fault = FaultInjectionDevice::Fault::kDelay,
+                   .op = op,
+                   .count = 1,
+                   .delay_ms = delay_ms});
+    }
   }
 
-  // Until the first SSD's injected faults have fired `n` times.
-  void AwaitFired(uint64_t n) {
-    for (int i = 0; i < 3000 && faults_[0]->faults_fired() < n; ++i) {
+  uint64_t FaultsFired() const {
+    uint64_t fired = 0;
+    for (const FaultInjectionDevice* ssd : faults_) {
+      fired += ssd->faults_fired();
+    }
+    return fired;
+  }
+
+  // Until the SSDs' injected faults have fired `n` times in all; then the
+  // rules left are disarmed (a transfer held sleeps on).
+  void AwaitHeld(uint64_t n) {
+    for (int i = 0; i < 3000 && FaultsFired() < n; ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
-    ASSERT_EQ(faults_[0]->faults_fired(), n);
+    for (FaultInjectionDevice* ssd : faults_) ssd->ClearFaults();
+    ASSERT_EQ(FaultsFired(), n);
   }
 
   void SlowReads(int delay_ms) {
@@ -446,10 +460,9 @@ TEST_F(SettleTest, AFailedReadAheadIsReadAgainByTheUpdate) {
 
 // Streamed gradients are stored in SubmitGradients, which backward waits
 // for: a read-ahead does not begin while one is being stored. The first
-// read-ahead's read is held (6 s: the store must reach the SSD meanwhile, on a
-// loaded machine too) and the first gradient's store begins while it is (held
-// 16 s); the next read-ahead then waits for that store to end. Each step waits
-// for the fault hook to fire, not for a time.
+// read-ahead's read is held (3 s) and the first gradient's store begins
+// while it is (held 8 s); the next read-ahead then waits for that store
+// to end. Each step waits for the fault hook to fire, not for a time.
 TEST_F(SettleTest, ReadAheadWaitsWhileAStreamedGradientIsStored) {
   const Gradients g = MakeGradients(layout_, 47, 1.0f, -1);
   ref_ = Open("ref", /*settle=*/false, 0, nullptr, /*streamed=*/true);
@@ -467,11 +480,11 @@ TEST_F(SettleTest, ReadAheadWaitsWhileAStreamedGradientIsStored) {
   // ahead from its start.
   Backward(*job_, g, out_);
   ASSERT_TRUE(job_->EndIteration().ok());
-  HoldNext(IoRequest::Op::kRead, 6000);
+  HoldNext(IoRequest::Op::kRead, 3000);
   ASSERT_TRUE(
       job_->BeginIteration(1.0f, std::nullopt, {.max_grad_norm = 1e-3}).ok());
-  AwaitFired(1);  // the first read-ahead's read, held
-  HoldNext(IoRequest::Op::kWrite, 16000);
+  AwaitHeld(1);  // the first read-ahead's read, held
+  HoldNext(IoRequest::Op::kWrite, 8000);
   const size_t last = g.bytes.size() - 1;
   std::atomic<bool> stored{false};
   std::thread backward([&] {
@@ -480,7 +493,7 @@ TEST_F(SettleTest, ReadAheadWaitsWhileAStreamedGradientIsStored) {
             .ok());
     stored = true;
   });
-  AwaitFired(2);                             // the gradient's store, held
+  AwaitHeld(2);                              // the gradient's store, held
   EXPECT_EQ(job_->chunks_read_ahead(), 0u);  // the read still held
   // The held read-ahead done, the store still under way: no other
   // read-ahead began beside it.
@@ -574,15 +587,15 @@ TEST_F(SettleTest, GradientsOfChunksReadAheadNeverReachTheSsds) {
   Initialize(*job_, out_);
   // Begins an iteration predicted to clip (it reads ahead from its start)
   // and hands over the layers below `first` once every state is read
-  // ahead. With `held`, the first read-ahead's read is held (6 s) while
+  // ahead. With `held`, the first read-ahead's read is held (3 s) while
   // the layers from `first` up are handed over: their gradients are
   // stored before their chunks are read ahead.
   auto backward = [&](const Gradients& grads, size_t first, bool held) {
-    const uint64_t fired = faults_[0]->faults_fired();
-    if (held) HoldNext(IoRequest::Op::kRead, 6000);
+    const uint64_t fired = FaultsFired();
+    if (held) HoldNext(IoRequest::Op::kRead, 3000);
     ASSERT_TRUE(
         job_->BeginIteration(1.0f, std::nullopt, {.max_grad_norm = 1e-3}).ok());
-    if (held) AwaitFired(fired + 1);
+    if (held) AwaitHeld(fired + 1);
     for (size_t l = grads.bytes.size(); l-- > first;) {
       ASSERT_TRUE(
           job_->SubmitGradients(l, grads.bytes[l].data(), out_[l].data()).ok());

@@ -214,7 +214,6 @@ void JobPipeline::ReadAhead(const Task& task) {
   if (r.ok() && !abandon_.load() && task.pass == read_ahead_epoch_ &&
       staged_[flat].buffer == nullptr) {
     staged_[flat].buffer = std::move(buffer);
-    staged_[flat].holds_grad = false;
   } else {
     spare_.push_back(std::move(buffer));
   }

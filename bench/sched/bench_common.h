@@ -39,6 +39,7 @@ struct Flags {
   size_t slots = 2;       // --compare=layouts: the streamed client's K.
   // --compare=clip: the +read-ahead job's PipelineOptions::read_ahead_bytes.
   uint64_t read_ahead_mib = 256;
+  uint64_t gate_unit_mib = 0;  // 0: no gate
 };
 
 // Seconds on a monotonic clock.

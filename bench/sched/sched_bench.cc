@@ -12,7 +12,11 @@
 //       [--rounds=2] [--backward_ms=0] [--grad=bf16|fp32|fp16]
 //       [--clip=never|always] [--compare=schedules|layouts|clip]
 //       [--slots=2] [--layout=resident|streamed] [--forward_ms=0] [--steps=3]
-//       [--read_ahead_mib=256]
+//       [--read_ahead_mib=256] [--gate_unit_mib=0]
+// --gate_unit_mib: with N > 0, the store's transfers pass a gate as
+// lohand's do (one read and one write in flight on the array, each a part
+// of at most N MiB: lohand's default [store] gate_unit is 8 MiB on one
+// SSD); 0: no gate, each transfer at the store's full queue depth.
 // --backward_ms simulates the GPU's backward: the bench sleeps that long
 // before submitting each layer's gradient (0: all at once).
 // --compare=layouts: instead of the three schedules, the pipelined
@@ -67,6 +71,8 @@
 #include "daemon/optim/half.h"
 #include "daemon/optim/optim_types.h"
 #include "daemon/optim/worker_pool.h"
+#include "daemon/sched/fair_gates.h"
+#include "daemon/sched/fair_queue.h"
 #include "daemon/sched/job_pipeline.h"
 #include "daemon/store/aligned_buffer.h"
 #include "daemon/store/tensor_store.h"
@@ -132,6 +138,8 @@ Flags ParseFlags(int argc, char** argv) {
       }
     } else if (key == "read_ahead_mib") {
       ok = absl::SimpleAtoi(value, &f.read_ahead_mib);
+    } else if (key == "gate_unit_mib") {
+      ok = absl::SimpleAtoi(value, &f.gate_unit_mib);
     } else if (key == "forward_ms") {
       ok = absl::SimpleAtod(value, &f.forward_ms);
     } else if (key == "steps") {
@@ -401,9 +409,18 @@ int Main(int argc, char** argv) {
                               : per_job * 2;
   so.device_capacity_bytes =
       (needed / flags.ssds + (64 << 20)) / (1 << 20) * (1 << 20);
+  // Declared before the store, which uses it until destroyed. lohand's gate
+  // (daemon/main/lohand.cc): one read and one write in flight on the array,
+  // each a part of at most gate_unit_bytes.
+  FairQueue gate_reads(1, absl::Microseconds(300), 8);
+  FairQueue gate_writes(1, absl::Microseconds(300), 8);
+  FairSsdGate gate(&gate_reads, &gate_writes,
+                   [](absl::string_view) { return FairSsdGate::Share{}; });
+  so.gate_unit_bytes = flags.gate_unit_mib << 20;
   auto store_or = TensorStore::Open(so);
   Check(store_or.status(), "open store");
   std::unique_ptr<TensorStore> store = *std::move(store_or);
+  if (so.gate_unit_bytes > 0) store->SetIoGate(&gate);
 
   auto pool_or = WorkerPool::Create(WorkerPoolOptions{flags.threads, true});
   Check(pool_or.status(), "worker pool");

@@ -8,15 +8,19 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "daemon/common/check.h"
+#include "daemon/common/test_point.h"
 #include "daemon/store/aligned_buffer.h"
 #include "daemon/store/crc32c.h"
 
 namespace lohan {
 
 // Counts the outstanding chunk I/Os of one part of a Read or Write, keeps
-// at most `limit` in flight, remembers the first error and, once sealed
-// (everything submitted) and drained, runs `done`. Shared with the
-// completion callbacks, so it outlives the call that made it.
+// at most `limit` unfinished (submitted and not yet checked), remembers the
+// first error and, once sealed (everything submitted) and every request's
+// I/O is done, runs `done`: the part is off the SSDs then, though a read's
+// last checks may still run. Wait returns once every request is finished.
+// Shared with the completion callbacks, so it outlives the call that made
+// it.
 class SsdArray::Batch {
  public:
   Batch(size_t limit, std::function<void()> done)
@@ -25,21 +29,27 @@ class SsdArray::Batch {
   void Acquire() {
     mu_.LockWhen(absl::Condition(
         +[](Batch* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(b->mu_) {
-          return b->in_flight_ < b->limit_;
+          return b->unfinished_ < b->limit_;
         },
         this));
-    ++in_flight_;
+    ++unfinished_;
+    ++io_in_flight_;
     mu_.Unlock();
   }
-  void Finished(absl::Status status) {
+  // A request's transfer has completed (before its Finished).
+  void IoDone() {
     std::function<void()> done;
     {
       absl::MutexLock lock(&mu_);
-      --in_flight_;
-      if (!status.ok() && first_error_.ok()) first_error_ = std::move(status);
+      --io_in_flight_;
       done = TakeDoneIfDrainedLocked();
     }
     RunDone(done);
+  }
+  void Finished(absl::Status status) {
+    absl::MutexLock lock(&mu_);
+    --unfinished_;
+    if (!status.ok() && first_error_.ok()) first_error_ = std::move(status);
   }
   // Nothing more will be submitted.
   void Seal() {
@@ -59,7 +69,7 @@ class SsdArray::Batch {
   absl::Status Wait() {
     mu_.LockWhen(absl::Condition(
         +[](Batch* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(b->mu_) {
-          return b->in_flight_ == 0 && !b->done_ && !b->done_running_;
+          return b->unfinished_ == 0 && !b->done_ && !b->done_running_;
         },
         this));
     absl::Status status = first_error_;
@@ -70,7 +80,7 @@ class SsdArray::Batch {
  private:
   std::function<void()> TakeDoneIfDrainedLocked()
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!sealed_ || in_flight_ != 0 || !done_) return nullptr;
+    if (!sealed_ || io_in_flight_ != 0 || !done_) return nullptr;
     done_running_ = true;
     return std::exchange(done_, nullptr);
   }
@@ -86,7 +96,8 @@ class SsdArray::Batch {
 
   const size_t limit_;
   absl::Mutex mu_;
-  size_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t unfinished_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t io_in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // <= unfinished_
   bool sealed_ ABSL_GUARDED_BY(mu_) = false;
   std::function<void()> done_ ABSL_GUARDED_BY(mu_);
   bool done_running_ ABSL_GUARDED_BY(mu_) = false;
@@ -147,6 +158,9 @@ SsdArray::SsdArray(std::vector<std::unique_ptr<BlockDevice>> devices,
       stripe_unit_(stripe_unit),
       block_size_(devices_[0]->block_size()),
       max_in_flight_(32 * devices_.size()) {
+  for (size_t d = 0; d < devices_.size(); ++d) {
+    checkers_.push_back(std::make_unique<SerialWorker>());
+  }
   absl::MutexLock lock(&mu_);
   for (const auto& d : devices_) {
     allocators_.emplace_back(d->capacity(), block_size_);
@@ -363,6 +377,7 @@ std::unique_ptr<SsdArray::InFlight> SsdArray::SubmitWrite(
     request.length = c.length;
     request.offset = c.device_offset;
     request.done = [batch, bounce, name, i, c](const IoResult& r) {
+      batch->IoDone();
       batch->Finished(r.status.ok() ? absl::OkStatus()
                                     : Annotate(r.status, *name, i, c.device));
     };
@@ -407,23 +422,29 @@ std::unique_ptr<SsdArray::InFlight> SsdArray::SubmitRead(
     request.buffer = buffer;
     request.length = c.length;
     request.offset = c.device_offset;
+    SerialWorker* checker = checkers_[c.device].get();
     request.done = [batch, bounce, name, i, c, buffer, dst, avail, expected,
-                    device_path](const IoResult& r) {
+                    device_path, checker](const IoResult& r) {
+      batch->IoDone();
       if (!r.status.ok()) {
         batch->Finished(Annotate(r.status, *name, i, c.device));
         return;
       }
-      const uint32_t actual = Crc32c(buffer, c.length);
-      if (actual != expected) {
-        batch->Finished(absl::DataLossError(absl::StrFormat(
-            "tensor %s extent %d (device %d %s offset %d length %d): checksum "
-            "mismatch, stored crc32c 0x%08x, read 0x%08x",
-            *name, i, c.device, device_path, c.device_offset, c.length,
-            expected, actual)));
-        return;
-      }
-      if (bounce) std::memcpy(dst, bounce->data(), avail);
-      batch->Finished(absl::OkStatus());
+      checker->Post([batch, bounce, name, i, c, buffer, dst, avail, expected,
+                     device_path] {
+        TestPoint("ssd_array.check");
+        const uint32_t actual = Crc32c(buffer, c.length);
+        if (actual != expected) {
+          batch->Finished(absl::DataLossError(absl::StrFormat(
+              "tensor %s extent %d (device %d %s offset %d length %d): "
+              "checksum mismatch, stored crc32c 0x%08x, read 0x%08x",
+              *name, i, c.device, device_path, c.device_offset, c.length,
+              expected, actual)));
+          return;
+        }
+        if (bounce) std::memcpy(dst, bounce->data(), avail);
+        batch->Finished(absl::OkStatus());
+      });
     };
     devices_[c.device]->Submit(std::move(request));
   }

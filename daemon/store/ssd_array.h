@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "daemon/store/block_device.h"
 #include "daemon/store/extent_allocator.h"
+#include "daemon/store/serial_worker.h"
 
 namespace lohan {
 
@@ -116,11 +117,15 @@ class SsdArray {
   // chunk's CRC32C: a mismatch is DATA_LOSS naming `what`, the extent, the
   // device and offset. I/O errors name the device and offset too. With
   // `prefix` < placement.bytes, only dest[0, prefix): the chunks that hold
-  // it are read (and checked) whole, the rest not at all.
+  // it are read (and checked) whole, the rest not at all. Each chunk is
+  // checked on its device's checker thread, not the thread that completes
+  // its I/O, which goes on feeding the device meanwhile.
   absl::Status Read(const Placement& placement, void* dest,
                     absl::string_view what, uint64_t prefix = UINT64_MAX);
   // Starts Read's part: chunks [first, end) into `dest` (the whole
-  // tensor's buffer), those past `prefix` left out; `done` as SubmitWrite's.
+  // tensor's buffer), those past `prefix` left out. `done` as
+  // SubmitWrite's: it runs once the part's transfers are done, which may be
+  // before their checks are; Wait waits for the checks too.
   std::unique_ptr<InFlight> SubmitRead(const Placement& placement, void* dest,
                                        absl::string_view what, uint64_t prefix,
                                        size_t first, size_t end,
@@ -151,9 +156,9 @@ class SsdArray {
                                 std::vector<Placement::Run>& taken)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   size_t ChunkCount(uint64_t bytes) const;
-  // Bounds and waits for the chunk I/Os of one Read or Write.
-
-  // Constant after construction.
+  // Constant after construction. The checkers are destroyed after the
+  // devices: a device's last completions may still post checks.
+  std::vector<std::unique_ptr<SerialWorker>> checkers_;  // one per device
   const std::vector<std::unique_ptr<BlockDevice>> devices_;
   const uint64_t stripe_unit_;
   const uint32_t block_size_;

@@ -1,8 +1,13 @@
 #include "daemon/store/ssd_array.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
+#include "absl/cleanup/cleanup.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "daemon/common/test_point.h"
 #include "daemon/store/aio_device.h"
 #include "daemon/store/test_util.h"
 #include "gtest/gtest.h"
@@ -92,6 +97,59 @@ TEST_F(SsdArrayTest, UnalignedCallerBuffersWork) {
   ASSERT_TRUE(array_->Write(src.data() + 1, *p, "t").ok());
   ASSERT_TRUE(array_->Read(*p, dst.data() + 1, "t").ok());
   EXPECT_EQ(std::memcmp(dst.data() + 1, data.data(), bytes), 0);
+}
+
+// A read extent's CRC32C is checked on the device's checker thread: while a
+// check is held, the device still completes transfers (this read's and a
+// later one's), each part's `done` runs when its transfers are done, and
+// Wait returns only once every check has (the bounce copy into an
+// unaligned buffer is part of the check).
+TEST_F(SsdArrayTest, ChecksRunOffTheCompletionThread) {
+  Open(1, 4 << 20);
+  const uint64_t bytes_a = 3 * kStripe, bytes_b = 2 * kStripe;
+  const std::vector<uint8_t> data_a = Pattern(3, bytes_a);
+  const std::vector<uint8_t> data_b = Pattern(4, bytes_b);
+  auto a = array_->Allocate(bytes_a);
+  auto b = array_->Allocate(bytes_b);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(array_->Write(data_a.data(), *a, "a").ok());
+  ASSERT_TRUE(array_->Write(data_b.data(), *b, "b").ok());
+
+  absl::Notification held, release;
+  std::atomic<int> checks{0};
+  ScopedTestPointHook hook("ssd_array.check", [&] {
+    if (checks.fetch_add(1) == 0) {
+      held.Notify();
+      release.WaitForNotification();
+    }
+  });
+  // A failed expectation must not leave the checker held: the reads' waits
+  // (their destructors) and the array's destructor would never return.
+  std::unique_ptr<SsdArray::InFlight> in_flight_a, in_flight_b;
+  auto release_at_exit = absl::MakeCleanup([&] {
+    if (!release.HasBeenNotified()) release.Notify();
+  });
+  std::vector<uint8_t> dest_a(bytes_a + 1, 0), dest_b(bytes_b + 1, 0);
+  absl::Notification a_transferred, b_transferred;
+  in_flight_a = array_->SubmitRead(*a, dest_a.data() + 1, "a", UINT64_MAX, 0, 3,
+                                   [&] { a_transferred.Notify(); });
+  ASSERT_TRUE(held.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  EXPECT_TRUE(a_transferred.WaitForNotificationWithTimeout(absl::Seconds(20)))
+      << "the part's transfers waited for its checks";
+  // Not one extent is checked (and so copied out of its bounce buffer).
+  EXPECT_TRUE(std::all_of(dest_a.begin(), dest_a.end(),
+                          [](uint8_t v) { return v == 0; }));
+  in_flight_b = array_->SubmitRead(*b, dest_b.data() + 1, "b", UINT64_MAX, 0, 2,
+                                   [&] { b_transferred.Notify(); });
+  EXPECT_TRUE(b_transferred.WaitForNotificationWithTimeout(absl::Seconds(20)))
+      << "a held check held the device's completions";
+  EXPECT_EQ(checks.load(), 1);
+  release.Notify();
+  ASSERT_TRUE(in_flight_a->Wait().ok());
+  ASSERT_TRUE(in_flight_b->Wait().ok());
+  EXPECT_EQ(checks.load(), 5);
+  EXPECT_EQ(std::memcmp(dest_a.data() + 1, data_a.data(), bytes_a), 0);
+  EXPECT_EQ(std::memcmp(dest_b.data() + 1, data_b.data(), bytes_b), 0);
 }
 
 TEST_F(SsdArrayTest, FullDeviceIsResourceExhaustedAndLeaksNothing) {

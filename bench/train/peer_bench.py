@@ -34,7 +34,10 @@ configuration, each phase's median (forward, backward, the optimizer's
 step), SSD bytes read and written per parameter per step (from
 /proc/<pid>/io: DeepSpeed's own process, lohand's for lohan), and for lohan
 the host memory bytes its updates moved and those lohand copied beside them
-per parameter per step (`lohanctl status`'s counters). With --disk SIZE,
+per parameter per step (`lohanctl status`'s counters), and how busy the
+scratch directory's disk was in the timed steps (bench/train/disk_busy.py:
+the share of the time it had a request in flight, and the bytes it moved
+per busy second, by anyone). With --disk SIZE,
 each round starts with bench/store/store_bench on the scratch directory:
 sequential O_DIRECT write then read of SIZE at lohand's stripe unit and
 queue depth, then both at once (a read stream beside a write stream), by
@@ -190,6 +193,10 @@ def worker(args: argparse.Namespace) -> Dict[str, float]:
                 int(session.get("host_copied_bytes", 0)))
 
     host_before = host_bytes()
+    sys.path.insert(0, str(Path(__file__).parent))
+    from disk_busy import busy_between, device_of, read_counters
+    disk = device_of(scratch)
+    disk_before = read_counters(disk) if disk else None
     io_before, start = io_bytes(io_pid), time.perf_counter()
     for ids in data[args.warmup:]:
         step(ids)
@@ -199,6 +206,8 @@ def worker(args: argparse.Namespace) -> Dict[str, float]:
         engine.sync_weights()
     seconds = time.perf_counter() - start
     io_after = io_bytes(io_pid)
+    busy = (busy_between(disk_before, read_counters(disk))
+            if disk_before else None)
     host_after = host_bytes()
     finish()
     per = parameters * args.steps
@@ -208,6 +217,8 @@ def worker(args: argparse.Namespace) -> Dict[str, float]:
             "forward": statistics.median(p[0] for p in phases),
             "backward": statistics.median(p[1] for p in phases),
             "update": statistics.median(p[2] for p in phases),
+            "disk_busy": busy.busy if busy else -1.0,
+            "disk_busy_rate": busy.bytes_per_busy_second if busy else 0.0,
             "read": (io_after[0] - io_before[0]) / per,
             "written": (io_after[1] - io_before[1]) / per}
 
@@ -250,6 +261,14 @@ def disk_speeds(directory: Path, size: str,
     if not all(all(v) for v in speeds.values()):
         raise RuntimeError(f"store_bench printed no speeds:\n{done.stdout}")
     return {k: (v[0], v[1], v[2]) for k, v in speeds.items()}
+
+
+def disk_text(row: Dict[str, float]) -> str:
+    """The scratch disk's busy time in the timed steps, for a report."""
+    if row["disk_busy"] < 0:
+        return ""
+    return (f"; disk busy {100 * row['disk_busy']:.0f}% of the steps, at "
+            f"{row['disk_busy_rate'] / 1e9:.2f} GB/s while busy")
 
 
 def with_pool_key(config: str, line: str) -> str:
@@ -301,6 +320,12 @@ def report(results: Dict[str, List[Dict[str, float]]],
               f"{row['forward']:.3f} / {row['backward']:.3f} / "
               f"{row['update']:.3f}")
     for config, row in median.items():
+        if row["disk_busy"] >= 0:
+            each = ", ".join(f"{100 * r['disk_busy']:.0f}%"
+                             for r in results[config])
+            print(f"{config}: the scratch disk busy {100 * row['disk_busy']:.0f}%"
+                  f" of the timed steps (rounds: {each}), moving "
+                  f"{row['disk_busy_rate'] / 1e9:.2f} GB/s while busy")
         for key, speed in (
                 ("ssd_seconds", "lohand's measured speed (at its start)"),
                 ("lohan_seconds", "lohan's engine's speed in its round"),
@@ -445,8 +470,8 @@ def main() -> int:
                           f"{row['seconds']:7.3f} s/step, SSD "
                           f"{row['read']:6.2f} read {row['written']:6.2f} "
                           f"written, RAM {row['host_updated']:6.2f} updated "
-                          f"{row['host_copied']:6.2f} copied B/param",
-                          flush=True)
+                          f"{row['host_copied']:6.2f} copied B/param"
+                          f"{disk_text(row)}", flush=True)
         finally:
             for process in (daemon, plain, copying):
                 if process is not None:

@@ -53,11 +53,12 @@ void Watchdog::Loop() {
     absl::MutexLock lock(&mu_);
     if (stopping_) return;
     if (alive.ok() && took <= deadline_) {
-      ping_();
-      ++pings_;
+      // Logged before the ping: whoever sees the ping finds the line.
       if (failures > 0) {
         spdlog::info("watchdog: alive again after {} failed checks", failures);
       }
+      ping_();
+      ++pings_;
       failures = 0;
       // The next check a period after this one started; Stop wakes it.
       wait_until(started + absl::ToChronoNanoseconds(period_));

@@ -64,6 +64,10 @@ import time
 from pathlib import Path
 from typing import Dict, List, Tuple
 
+# The script's own directory is on sys.path (it and its workers run as
+# scripts).
+from disk_busy import busy_between, device_of, read_counters
+
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = ("torch", "ds-nvme-opt", "ds-nvme-all", "ds-cpu", "lohan-resident",
            "lohan-resident-copy", "lohan-resident-ssd", "lohan-streamed")
@@ -193,8 +197,6 @@ def worker(args: argparse.Namespace) -> Dict[str, float]:
                 int(session.get("host_copied_bytes", 0)))
 
     host_before = host_bytes()
-    sys.path.insert(0, str(Path(__file__).parent))
-    from disk_busy import busy_between, device_of, read_counters
     disk = device_of(scratch)
     disk_before = read_counters(disk) if disk else None
     io_before, start = io_bytes(io_pid), time.perf_counter()

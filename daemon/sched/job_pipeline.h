@@ -693,9 +693,10 @@ class JobPipeline {
   void ReadLoop();
   // The read stage's kReadAhead task: the state into a new buffer, kept in
   // staged_ unless its iteration ended meanwhile. A failed read is
-  // dropped: the update reads again, and reports the error. Begins only
-  // while no streamed gradient is being stored, so it takes the SSDs'
-  // idle time in backward and delays a store by one chunk's read at most.
+  // dropped: the update reads again, and reports the error. Each of its
+  // parts (the store's gate unit) begins only while no streamed gradient
+  // is being stored, so it takes the SSDs' idle time in backward and
+  // delays a store by one part's read at most.
   void ReadAhead(const Task& task);
   // An update task after the norm takes its chunk's read-ahead state;
   // a first-pass eager task not begun once the outcome is certain is
@@ -717,11 +718,15 @@ class JobPipeline {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Commits (or rolls back) an iteration once its settling pass is done.
   void SettleLoop();
-  // Makes a read-ahead buffer into spare_ each time a read-ahead finds
-  // none (buffer_wanted_), within the job's share. Allocating and zeroing
-  // tens of MiB can take a second on a busy or virtual machine; on this
-  // thread, a read-ahead waits for it only until the norm is known (the
-  // read stage is needed then), and the buffer is kept for the next one.
+  // Once a read-ahead finds no spare buffer (buffer_wanted_), makes
+  // buffers into spare_ one after another, as many as the iteration
+  // queued read-aheads (read_ahead_chunks_ at most), within the job's
+  // share, while iterations read ahead. Allocating and zeroing tens of MiB can
+  // take a second on a busy or virtual machine, and holds the training process
+  // up beside it: made all at once, in the first iteration that reads ahead,
+  // and not one or two more in every backward. On this thread, a read-ahead
+  // waits for a buffer only until the norm is known (the read stage is needed
+  // then), and a buffer is kept for the next one.
   void MakeReadAheadBuffersLoop();
   // EndIteration's and AbortIteration's start: once no iteration settles,
   // the one in progress moves to kEnding (FAILED_PRECONDITION without one;
@@ -920,8 +925,11 @@ class JobPipeline {
   // how many requests were answered (made, or refused by the share).
   bool buffer_wanted_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t buffers_answered_ ABSL_GUARDED_BY(mu_) = 0;
-  // Streamed gradients SubmitGradients is storing now: a read-ahead starts
-  // only while there are none (backward waits for each store).
+  // Read-ahead buffers that exist (spare, staged or taken).
+  size_t read_ahead_buffers_ ABSL_GUARDED_BY(mu_) = 0;
+  // Streamed gradients' writes SubmitGradients has under way now: each
+  // part of a read-ahead starts only while there are none (backward waits
+  // for each store).
   uint32_t grad_stores_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   // Copies of committed states in host memory (PipelineOptions::state_tier).
   // Mutable: reading a copy is const to the pipeline.
@@ -931,6 +939,7 @@ class JobPipeline {
   GradScratch grad_scratch_;
   uint64_t read_ahead_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   bool read_ahead_queued_ ABSL_GUARDED_BY(mu_) = false;
+  size_t read_ahead_queued_chunks_ ABSL_GUARDED_BY(mu_) = 0;  // this one's
   // Whether the last committed iteration clipped (predict_clipping).
   bool last_clipped_ ABSL_GUARDED_BY(mu_) = false;
   // commit_interval: whether this iteration commits durably, the last

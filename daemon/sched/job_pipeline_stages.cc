@@ -170,18 +170,26 @@ void JobPipeline::ReadAhead(const Task& task) {
     return !abandon_.load() && task.pass == read_ahead_epoch_ && !norm_known_ &&
            staged_[flat].buffer == nullptr;
   };
+  // Backward waits for each streamed gradient's store: none may wait for
+  // more of a read-ahead than the part in flight when it began. So each
+  // part waits while a store is under way (re-checked every 50 ms:
+  // abandon_ is set without mu_); once the chunk is no longer wanted
+  // ahead, the rest of a read begun goes at full speed.
+  double yielded = 0;
+  auto yield_to_stores = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto may_go = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return grad_stores_in_flight_ == 0 || !current();
+    };
+    const double start = Now();
+    while (!mu_.AwaitWithTimeout(absl::Condition(&may_go),
+                                 absl::Milliseconds(50))) {
+    }
+    yielded += Now() - start;
+  };
   std::unique_ptr<AlignedBuffer> buffer;
   {
     absl::MutexLock lock(&mu_);
-    // Backward waits for each streamed gradient's store: none may wait for
-    // a read-ahead that began beside it. (Re-checked every 50 ms: abandon_
-    // is set without mu_.)
-    auto may_begin = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return grad_stores_in_flight_ == 0 || !current();
-    };
-    while (!mu_.AwaitWithTimeout(absl::Condition(&may_begin),
-                                 absl::Milliseconds(50))) {
-    }
+    yield_to_stores();
     if (!current()) return;
     buffer = TakeSpareLocked();
     if (buffer == nullptr) {
@@ -203,9 +211,13 @@ void JobPipeline::ReadAhead(const Task& task) {
   const uint64_t bytes =
       state_.state_bytes(state_.chunk_count(task.layer, task.chunk));
   const double start = Now();
-  absl::StatusOr<uint64_t> r = store_->Read(
-      job_, chunk_names_[flat], absl::MakeSpan(buffer->data(), bytes));
-  const double seconds = Now() - start;
+  yielded = 0;
+  absl::StatusOr<uint64_t> r = store_->ReadYielding(
+      job_, chunk_names_[flat], absl::MakeSpan(buffer->data(), bytes), [&] {
+        absl::MutexLock lock(&mu_);
+        yield_to_stores();
+      });
+  const double seconds = Now() - start - yielded;
   absl::MutexLock lock(&mu_);
   busy_.read += seconds;
   if (r.ok()) busy_.bytes_read += bytes;
@@ -224,25 +236,42 @@ void JobPipeline::MakeReadAheadBuffersLoop() {
   auto wanted = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return buffer_wanted_ || shutting_down_;
   };
+  auto more = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !shutting_down_ && read_ahead_queued_ &&
+           read_ahead_buffers_ < read_ahead_queued_chunks_;
+  };
   while (true) {
     mu_.Await(absl::Condition(&wanted));
     if (shutting_down_) return;
-    buffer_wanted_ = false;
-    mu_.Unlock();
-    std::unique_ptr<AlignedBuffer> buffer;
-    if (read_ahead_shares_ == nullptr ||
-        read_ahead_shares_->TryTake(job_, buffer_bytes_)) {
-      buffer = options_.make_read_ahead_buffer
-                   ? options_.make_read_ahead_buffer(buffer_bytes_)
-                   : std::make_unique<AlignedBuffer>(
-                         buffer_bytes_, sched_internal::kBufferAlignment);
-      if (buffer == nullptr && read_ahead_shares_ != nullptr) {
-        read_ahead_shares_->Give(job_, buffer_bytes_);
+    bool refused = false;
+    while (!refused && more()) {
+      buffer_wanted_ = false;
+      mu_.Unlock();
+      std::unique_ptr<AlignedBuffer> buffer;
+      if (read_ahead_shares_ == nullptr ||
+          read_ahead_shares_->TryTake(job_, buffer_bytes_)) {
+        buffer = options_.make_read_ahead_buffer
+                     ? options_.make_read_ahead_buffer(buffer_bytes_)
+                     : std::make_unique<AlignedBuffer>(
+                           buffer_bytes_, sched_internal::kBufferAlignment,
+                           AlignedBuffer::Pages::kSmall);
+        if (buffer == nullptr && read_ahead_shares_ != nullptr) {
+          read_ahead_shares_->Give(job_, buffer_bytes_);
+        }
       }
+      mu_.Lock();
+      refused = buffer == nullptr;
+      if (!refused) {
+        spare_.push_back(std::move(buffer));
+        ++read_ahead_buffers_;
+      }
+      ++buffers_answered_;
     }
-    mu_.Lock();
-    if (buffer != nullptr) spare_.push_back(std::move(buffer));
-    ++buffers_answered_;
+    // Asked when no more may be made: answered with none.
+    if (buffer_wanted_) {
+      buffer_wanted_ = false;
+      ++buffers_answered_;
+    }
   }
 }
 
@@ -256,14 +285,14 @@ std::unique_ptr<AlignedBuffer> JobPipeline::TakeSpareLocked() {
 void JobPipeline::EnqueueReadAheadLocked() {
   if (read_ahead_chunks_ == 0 || read_ahead_queued_) return;
   read_ahead_queued_ = true;
+  read_ahead_queued_chunks_ = 0;
   // Kept buffers beyond the job's share go back first (a job joined).
   TrimSpareLocked(/*all=*/false);
-  size_t queued = 0;
   for (size_t l = 0; l < state_.num_layers(); ++l) {
     for (size_t c = 0; c < state_.num_chunks(l); ++c) {
       // A chunk the tier holds needs no read: the budget goes on.
       if (tier_.HoldsCommitted(FlatIndex(l, c))) continue;
-      if (queued++ == read_ahead_chunks_) return;
+      if (read_ahead_queued_chunks_ == read_ahead_chunks_) return;
       Task task;
       task.layer = static_cast<uint32_t>(l);
       task.chunk = static_cast<uint32_t>(c);
@@ -271,6 +300,7 @@ void JobPipeline::EnqueueReadAheadLocked() {
       task.pass = read_ahead_epoch_;
       // Never waits: the queue has room for two iterations' read-ahead.
       if (!read_queue_.Push(task)) return;  // Shutting down.
+      ++read_ahead_queued_chunks_;
     }
   }
 }
@@ -292,6 +322,7 @@ void JobPipeline::TrimSpareLocked(bool all) {
   while (!spare_.empty() && (all || (read_ahead_shares_ != nullptr &&
                                      read_ahead_shares_->Excess(job_) > 0))) {
     spare_.pop_back();
+    --read_ahead_buffers_;
     if (read_ahead_shares_ != nullptr) {
       read_ahead_shares_->Give(job_, buffer_bytes_);
     }
@@ -792,10 +823,6 @@ absl::Status JobPipeline::WriteGradScratch(size_t layer, const uint8_t* grad,
   const size_t grad_size = DTypeSize(layout_.grad_dtype);
   uint64_t written = 0;
   uint64_t copied = 0;  // into host memory (grad_scratch_)
-  {
-    absl::MutexLock lock(&mu_);
-    ++grad_stores_in_flight_;
-  }
   const double start = Now();
   absl::Status s;
   for (size_t c = 0; s.ok() && c < state_.num_chunks(layer); ++c) {
@@ -825,8 +852,16 @@ absl::Status JobPipeline::WriteGradScratch(size_t layer, const uint8_t* grad,
     s = store_->Create(job_, name, bytes);
     if (s.code() == absl::StatusCode::kAlreadyExists) s = absl::OkStatus();
     if (s.ok()) {
+      // A read-ahead yields the SSDs while the store is under way (not
+      // while the sum of squares above is taken: that is the CPU's).
+      {
+        absl::MutexLock lock(&mu_);
+        ++grad_stores_in_flight_;
+      }
       s = store_->Write(job_, name, absl::MakeConstSpan(chunk_grad, bytes))
               .status();
+      absl::MutexLock lock(&mu_);
+      --grad_stores_in_flight_;
     }
     if (s.ok()) written += bytes;
     if (!s.ok()) {
@@ -836,7 +871,6 @@ absl::Status JobPipeline::WriteGradScratch(size_t layer, const uint8_t* grad,
   }
   const double seconds = Now() - start;
   absl::MutexLock lock(&mu_);
-  --grad_stores_in_flight_;
   busy_.grad_store += seconds;
   busy_.bytes_written += written;
   busy_.bytes_copied += copied;

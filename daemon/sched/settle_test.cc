@@ -51,11 +51,13 @@ class SettleTest : public ::testing::Test {
     OpenStore();
   }
 
-  void OpenStore() {
+  // gate_unit: the store's StoreOptions::gate_unit_bytes.
+  void OpenStore(uint64_t gate_unit = 0) {
     store_.reset();
     faults_.clear();
-    auto s = testing_util::OpenStoreWithFaults(clip_test::SmallStore(dir_),
-                                               &faults_);
+    StoreOptions options = clip_test::SmallStore(dir_);
+    options.gate_unit_bytes = gate_unit;
+    auto s = testing_util::OpenStoreWithFaults(options, &faults_);
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = *std::move(s);
   }
@@ -111,6 +113,25 @@ class SettleTest : public ::testing::Test {
     absl::StatusOr<IterationReport> want = ref_->EndIteration();
     ASSERT_TRUE(want.ok()) << want.status();
     ASSERT_TRUE(want->clipped);
+  }
+
+  // A reference job and a job that reads ahead (up to 1 GiB), both
+  // streaming gradients, initialized alike; the reference runs two
+  // iterations of `g`, the job one. That one clips, so the job's next is
+  // predicted to, and reads ahead from its start.
+  void OpenStreamedPairPredictedToClip(const Gradients& g) {
+    ref_ = Open("ref", /*settle=*/false, 0, nullptr, /*streamed=*/true);
+    job_ = Open("job", /*settle=*/false, /*read_ahead=*/uint64_t{1} << 30,
+                nullptr, /*streamed=*/true);
+    ASSERT_TRUE(ref_ && job_);
+    Initialize(*ref_, ref_out_);
+    Initialize(*job_, out_);
+    for (int i = 0; i < 2; ++i) {
+      Backward(*ref_, g, ref_out_);
+      ASSERT_TRUE(ref_->EndIteration().ok());
+    }
+    Backward(*job_, g, out_);
+    ASSERT_TRUE(job_->EndIteration().ok());
   }
 
   // Until `chunks` states are read ahead and `also` holds (read-ahead
@@ -197,7 +218,7 @@ class SettleTest : public ::testing::Test {
   std::optional<AdamUpdater> updater_;
   std::unique_ptr<TensorStore> store_;
   std::vector<FaultInjectionDevice*> faults_;
-  const ModelLayout layout_ = Layout(DType::kBFloat16);
+  ModelLayout layout_ = Layout(DType::kBFloat16);
   std::unique_ptr<JobPipeline> ref_, job_;
   std::vector<std::vector<uint16_t>> ref_out_, out_;
 };
@@ -465,21 +486,8 @@ TEST_F(SettleTest, AFailedReadAheadIsReadAgainByTheUpdate) {
 // to end. Each step waits for the fault hook to fire, not for a time.
 TEST_F(SettleTest, ReadAheadWaitsWhileAStreamedGradientIsStored) {
   const Gradients g = MakeGradients(layout_, 47, 1.0f, -1);
-  ref_ = Open("ref", /*settle=*/false, 0, nullptr, /*streamed=*/true);
-  job_ = Open("job", /*settle=*/false, /*read_ahead=*/uint64_t{1} << 30,
-              nullptr, /*streamed=*/true);
-  ASSERT_TRUE(ref_ && job_);
+  OpenStreamedPairPredictedToClip(g);
   ASSERT_EQ(job_->read_ahead_budget_chunks(), kChunks);
-  Initialize(*ref_, ref_out_);
-  Initialize(*job_, out_);
-  for (int i = 0; i < 2; ++i) {
-    Backward(*ref_, g, ref_out_);
-    ASSERT_TRUE(ref_->EndIteration().ok());
-  }
-  // The first iteration clips: the second is predicted to, and reads
-  // ahead from its start.
-  Backward(*job_, g, out_);
-  ASSERT_TRUE(job_->EndIteration().ok());
   HoldNext(IoRequest::Op::kRead, 3000);
   ASSERT_TRUE(
       job_->BeginIteration(1.0f, std::nullopt, {.max_grad_norm = 1e-3}).ok());
@@ -519,6 +527,53 @@ TEST_F(SettleTest, ReadAheadWaitsWhileAStreamedGradientIsStored) {
   EXPECT_EQ(r->busy.grad_bytes_kept_ahead, GradBytes() - last_grad);
   EXPECT_EQ(r->busy.bytes_written, StateBytes() + last_grad);
   EXPECT_EQ(r->busy.bytes_read, StateBytes() + last_grad);
+  ExpectSameWeights();
+  EXPECT_EQ(out_, ref_out_);
+}
+
+// A chunk's read-ahead yields to a gradient's store part by part, not
+// only at its start: a store that begins while the first of its three
+// parts is read holds the other two until it is done.
+TEST_F(SettleTest, ReadAheadYieldsToAStoreBetweenItsParts) {
+  layout_.layer_elements = {16000, 16000};
+  layout_.chunk_elements = 16000;  // a state of 192,000 bytes: 3 stripes
+  OpenStore(/*gate_unit=*/64 << 10);
+  const Gradients g = MakeGradients(layout_, 48, 1.0f, -1);
+  OpenStreamedPairPredictedToClip(g);
+  ASSERT_EQ(job_->read_ahead_budget_chunks(), 2u);
+  // Layer 0's read-ahead: its first part held in its submission for 1.5 s.
+  HoldNext(IoRequest::Op::kRead, 1500);
+  ASSERT_TRUE(
+      job_->BeginIteration(1.0f, std::nullopt, {.max_grad_norm = 1e-3}).ok());
+  AwaitHeld(1);
+  // Layer 1's gradient stored meanwhile, its write held for 6 s.
+  HoldNext(IoRequest::Op::kWrite, 6000);
+  std::atomic<bool> stored{false};
+  std::thread backward([&] {
+    EXPECT_TRUE(
+        job_->SubmitGradients(1, g.bytes[1].data(), out_[1].data()).ok());
+    stored = true;
+  });
+  AwaitHeld(2);
+  // Any read from now on fires this (a second part's, say).
+  for (FaultInjectionDevice* ssd : faults_) {
+    ssd->Inject({.fault = FaultInjectionDevice::Fault::kDelay,
+                 .op = IoRequest::Op::kRead,
+                 .count = 1,
+                 .delay_ms = 1});
+  }
+  // The first part is long done; the store is not, nor any other read.
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  EXPECT_FALSE(stored.load());
+  EXPECT_EQ(FaultsFired(), 2u);
+  EXPECT_EQ(job_->chunks_read_ahead(), 0u);
+  backward.join();
+  // Stored: the parts left go, and layer 1's chunk after them.
+  AwaitReadAhead(2, [] { return true; });
+  ASSERT_TRUE(job_->SubmitGradients(0, g.bytes[0].data(), out_[0].data()).ok());
+  absl::StatusOr<IterationReport> r = job_->EndIteration();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->busy.read_ahead_used, 2u);
   ExpectSameWeights();
   EXPECT_EQ(out_, ref_out_);
 }
@@ -694,6 +749,41 @@ TEST_F(SettleTest, DroppedUpdatesRunWhenANonFiniteGradientCancelsTheClip) {
 // reads ahead every chunk; once a second job joins, half of them (its
 // share), the buffers beyond it given back; when that job leaves, all
 // again. The results are the reference's throughout.
+// The read-ahead buffers are made up to the budget at once, in the first
+// iteration that reads ahead: here while its first read is held, before
+// any read-ahead could ask for a second one.
+TEST_F(SettleTest, ReadAheadBuffersAreMadeUpToTheBudgetAtOnce) {
+  const Gradients g = MakeGradients(layout_, 47, 1.0f, -1);
+  ref_ = Open("ref", /*settle=*/false);
+  ASSERT_TRUE(ref_);
+  const uint64_t buffer = ref_->chunk_buffer_bytes();
+  MemoryShares shares(uint64_t{1} << 30);
+  job_ = Open("job", /*settle=*/false, /*read_ahead=*/3 * buffer, &shares);
+  ASSERT_TRUE(job_);
+  ASSERT_EQ(job_->read_ahead_budget_chunks(), 3u);
+  Initialize(*ref_, ref_out_);
+  Initialize(*job_, out_);
+  Backward(*ref_, g, ref_out_);
+  ASSERT_TRUE(ref_->EndIteration().ok());
+  // Clipping is certain from the first chunk on: read-ahead begins, its
+  // first read held.
+  HoldNext(IoRequest::Op::kRead, 4000);
+  Backward(*job_, g, out_);
+  AwaitHeld(1);
+  // (Buffers made one per read-ahead would stay at one for the hold.)
+  for (int i = 0; i < 200 && shares.Held("job") < 3 * buffer; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(shares.Held("job"), 3 * buffer);
+  EXPECT_EQ(job_->chunks_read_ahead(), 0u);  // the first read still held
+  absl::StatusOr<IterationReport> r = job_->EndIteration();
+  ASSERT_TRUE(r.ok()) << r.status();
+  ExpectSameWeights();
+  EXPECT_EQ(out_, ref_out_);
+  EXPECT_EQ(shares.Held("job"), 3 * buffer);  // kept for the next one
+  job_.reset();                               // before the shares it holds
+}
+
 TEST_F(SettleTest, ReadAheadTakesOnlyItsShareOfTheDaemonsMemory) {
   const Gradients g = MakeGradients(layout_, 47, 1.0f, -1);
   ref_ = Open("ref", /*settle=*/false);

@@ -52,7 +52,10 @@ bool WeightHandoff::Keep(size_t flat, absl::Span<const uint8_t> weights) {
   }
   // Allocating (first touch) and copying run outside the lock, beside
   // fetches of other chunks.
-  if (allocate) slot = AlignedBuffer(slot_bytes_, kSlotAlignment);
+  if (allocate) {
+    slot = AlignedBuffer(slot_bytes_, kSlotAlignment,
+                         AlignedBuffer::Pages::kSmall);
+  }
   std::memcpy(slot.data(), weights.data(), weights.size());
   absl::MutexLock lock(&mu_);
   if (generation != generation_) {

@@ -59,6 +59,21 @@ TEST(AlignedBufferTest, LargeBuffersStartOnAHugePageAndAreAdvisedHuge) {
   EXPECT_NE(flags.find(" hg"), std::string::npos) << flags;
 }
 
+// Pages::kSmall: the alignment asked for, no huge-page advice (nothing for
+// the kernel to compact memory for when the pages are first touched).
+TEST(AlignedBufferTest, SmallPagesAreNotAdvisedHuge) {
+  AlignedBuffer buffer(3 * AlignedBuffer::kHugePageBytes + 4096, 4096,
+                       AlignedBuffer::Pages::kSmall);
+  ASSERT_NE(buffer.data(), nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(buffer.data()) % 4096, 0u);
+  EXPECT_TRUE(AllZero(buffer));
+  std::ifstream thp("/sys/kernel/mm/transparent_hugepage/enabled");
+  if (!thp) GTEST_SKIP() << "this kernel has no transparent huge pages";
+  const std::string flags = FlagsOfMappingHolding(buffer.data());
+  ASSERT_FALSE(flags.empty());
+  EXPECT_EQ(flags.find(" hg"), std::string::npos) << flags;
+}
+
 TEST(AlignedBufferTest, MovesOwnership) {
   AlignedBuffer a(AlignedBuffer::kHugePageBytes, 512);
   uint8_t* data = a.data();

@@ -580,10 +580,16 @@ absl::StatusOr<uint64_t> TensorStore::ReadPrefix(absl::string_view job,
   return ReadVersion(job, name, dest, pending, /*prefix=*/true);
 }
 
-absl::StatusOr<uint64_t> TensorStore::ReadVersion(absl::string_view job,
-                                                  absl::string_view name,
-                                                  absl::Span<uint8_t> dest,
-                                                  bool pending, bool prefix) {
+absl::StatusOr<uint64_t> TensorStore::ReadYielding(
+    absl::string_view job, absl::string_view name, absl::Span<uint8_t> dest,
+    absl::FunctionRef<void()> before_part) {
+  return ReadVersion(job, name, dest, /*pending=*/false, /*prefix=*/false,
+                     &before_part);
+}
+
+absl::StatusOr<uint64_t> TensorStore::ReadVersion(
+    absl::string_view job, absl::string_view name, absl::Span<uint8_t> dest,
+    bool pending, bool prefix, absl::FunctionRef<void()>* before_part) {
   const Key key(job, name);
   // Held for the read: a concurrent Commit, Rollback or Delete cannot free
   // the space under it.
@@ -612,21 +618,25 @@ absl::StatusOr<uint64_t> TensorStore::ReadVersion(absl::string_view job,
   const std::string what = Describe(key, version->number);
   const uint64_t wanted =
       prefix ? dest.size() : std::numeric_limits<uint64_t>::max();
-  absl::Status s =
-      Gated(job, dest.size(), IoGate::Direction::kRead,
-            [&](size_t first, size_t end, std::function<void()> done) {
-              return array_->SubmitRead(version->placement, dest.data(), what,
-                                        wanted, first, end, std::move(done));
-            });
+  absl::Status s = Gated(
+      job, dest.size(), IoGate::Direction::kRead,
+      [&](size_t first, size_t end, std::function<void()> done) {
+        return array_->SubmitRead(version->placement, dest.data(), what, wanted,
+                                  first, end, std::move(done));
+      },
+      before_part);
   if (!s.ok()) return s;
   return version->number;
 }
 
 absl::Status TensorStore::Gated(absl::string_view job, uint64_t bytes,
                                 IoGate::Direction direction,
-                                absl::FunctionRef<PartSubmitter> submit) {
+                                absl::FunctionRef<PartSubmitter> submit,
+                                absl::FunctionRef<void()>* before_part) {
   const size_t chunks = array_->chunk_count(bytes);
-  if (gate_ == nullptr) return submit(0, chunks, nullptr)->Wait();
+  if (gate_ == nullptr && before_part == nullptr) {
+    return submit(0, chunks, nullptr)->Wait();
+  }
   const uint64_t stripe = options_.stripe_unit;
   const size_t per_pass =
       options_.gate_unit_bytes == 0
@@ -642,7 +652,9 @@ absl::Status TensorStore::Gated(absl::string_view job, uint64_t bytes,
     const size_t end = std::min(chunks, first + per_pass);
     const uint64_t part = std::min<uint64_t>(bytes, end * stripe) -
                           std::min<uint64_t>(bytes, first * stripe);
-    std::shared_ptr<IoGate::Pass> pass = gate_->Enter(job, part, direction);
+    if (before_part != nullptr) (*before_part)();
+    std::shared_ptr<IoGate::Pass> pass =
+        gate_ == nullptr ? nullptr : gate_->Enter(job, part, direction);
     parts.push_back(submit(
         first, end, [pass = std::move(pass)]() mutable { pass.reset(); }));
   }

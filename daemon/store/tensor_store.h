@@ -243,6 +243,15 @@ class TensorStore {
                                       absl::string_view name,
                                       absl::Span<uint8_t> dest,
                                       bool pending = false);
+  // As Read, calling `before_part()` on the calling thread before each part
+  // of the transfer (StoreOptions::gate_unit_bytes; one part when 0) is
+  // submitted, the first included: a reader that yields the SSDs to other
+  // work waits there (with the parts it submitted before still in flight;
+  // behind the gate, at most one).
+  absl::StatusOr<uint64_t> ReadYielding(absl::string_view job,
+                                        absl::string_view name,
+                                        absl::Span<uint8_t> dest,
+                                        absl::FunctionRef<void()> before_part);
   // Removes the tensor and all its versions. Durable when it returns if the
   // tensor had a committed version; a tensor that never had one names no
   // space in the catalog, so its delete record is not synced (a crash may
@@ -349,14 +358,15 @@ class TensorStore {
       size_t first, size_t end, std::function<void()> done);
   // A version of `bytes` moved through the gate in parts of
   // options_.gate_unit_bytes, each holding its own pass until it is done;
-  // the first failure.
+  // the first failure. `before_part` (ReadYielding) runs before each part.
   absl::Status Gated(absl::string_view job, uint64_t bytes,
                      IoGate::Direction direction,
-                     absl::FunctionRef<PartSubmitter> submit);
-  absl::StatusOr<uint64_t> ReadVersion(absl::string_view job,
-                                       absl::string_view name,
-                                       absl::Span<uint8_t> dest, bool pending,
-                                       bool prefix = false);
+                     absl::FunctionRef<PartSubmitter> submit,
+                     absl::FunctionRef<void()>* before_part = nullptr);
+  absl::StatusOr<uint64_t> ReadVersion(
+      absl::string_view job, absl::string_view name, absl::Span<uint8_t> dest,
+      bool pending, bool prefix = false,
+      absl::FunctionRef<void()>* before_part = nullptr);
 
   // Constant after construction.
   const StoreOptions options_;

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <random>
 #include <thread>
@@ -784,6 +785,10 @@ class RecordingGate : public IoGate {
     absl::MutexLock lock(&mu_);
     return open_;
   }
+  size_t passed() {
+    absl::MutexLock lock(&mu_);
+    return passes_.size();
+  }
 
  private:
   class Held : public Pass {
@@ -846,6 +851,47 @@ TEST_F(TensorStoreTest, AGatedTransferPassesInPartsOfTheGateUnit) {
   store->SetIoGate(&gate);
   ASSERT_TRUE(store->Read("j", "t", absl::MakeSpan(back)).ok());
   EXPECT_EQ(gate.TakePasses(), (std::vector<Passed>{{"j", n, kRead}}));
+}
+
+// ReadYielding calls its hook before each part enters the gate, the first
+// included, and reads what Read reads. Without a gate it still stops at
+// each part; without a unit the read is one part.
+TEST_F(TensorStoreTest, AYieldingReadStopsBeforeEachPart) {
+  StoreOptions o = Options(2);
+  o.gate_unit_bytes = 3 * kStripe;
+  auto store = OpenOrDie(o);
+  ASSERT_NE(store, nullptr);
+  RecordingGate gate;
+  store->SetIoGate(&gate);
+  const uint64_t n = 7 * kStripe + 1000;  // 8 stripes: parts of 3, 3, 2
+  ASSERT_TRUE(store->Create("j", "t", n).ok());
+  ASSERT_TRUE(store->Write("j", "t", Pattern(4, n)).ok());
+  ASSERT_TRUE(store->Commit("j", "t").ok());
+  gate.TakePasses();
+  // Each call sees the passes of the parts before it only.
+  std::vector<size_t> passes_seen;
+  std::vector<uint8_t> back(n);
+  absl::StatusOr<uint64_t> r =
+      store->ReadYielding("j", "t", absl::MakeSpan(back),
+                          [&] { passes_seen.push_back(gate.passed()); });
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(back, Pattern(4, n));
+  EXPECT_EQ(passes_seen, (std::vector<size_t>{0, 1, 2}));
+  EXPECT_EQ(gate.TakePasses().size(), 3u);
+  EXPECT_EQ(gate.open(), 0);
+  // Ungated, with and without a unit.
+  for (const uint64_t unit : {uint64_t{3} * kStripe, uint64_t{0}}) {
+    store.reset();
+    o.gate_unit_bytes = unit;
+    store = OpenOrDie(o);
+    ASSERT_NE(store, nullptr);
+    int calls = 0;
+    std::fill(back.begin(), back.end(), 0);
+    r = store->ReadYielding("j", "t", absl::MakeSpan(back), [&] { ++calls; });
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(back, Pattern(4, n));
+    EXPECT_EQ(calls, unit == 0 ? 1 : 3) << unit;
+  }
 }
 
 // A part that fails fails the transfer naming the tensor, leaves no pass

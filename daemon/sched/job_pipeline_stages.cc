@@ -175,7 +175,7 @@ void JobPipeline::ReadAhead(const Task& task) {
   // part waits while a store is under way (re-checked every 50 ms:
   // abandon_ is set without mu_); once the chunk is no longer wanted
   // ahead, the rest of a read begun goes at full speed.
-  double yielded = 0;
+  // Returns the seconds it waited.
   auto yield_to_stores = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto may_go = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return grad_stores_in_flight_ == 0 || !current();
@@ -184,7 +184,7 @@ void JobPipeline::ReadAhead(const Task& task) {
     while (!mu_.AwaitWithTimeout(absl::Condition(&may_go),
                                  absl::Milliseconds(50))) {
     }
-    yielded += Now() - start;
+    return Now() - start;
   };
   std::unique_ptr<AlignedBuffer> buffer;
   {
@@ -211,11 +211,11 @@ void JobPipeline::ReadAhead(const Task& task) {
   const uint64_t bytes =
       state_.state_bytes(state_.chunk_count(task.layer, task.chunk));
   const double start = Now();
-  yielded = 0;
+  double yielded = 0;  // not read time
   absl::StatusOr<uint64_t> r = store_->ReadYielding(
       job_, chunk_names_[flat], absl::MakeSpan(buffer->data(), bytes), [&] {
         absl::MutexLock lock(&mu_);
-        yield_to_stores();
+        yielded += yield_to_stores();
       });
   const double seconds = Now() - start - yielded;
   absl::MutexLock lock(&mu_);

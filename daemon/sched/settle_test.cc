@@ -116,16 +116,22 @@ class SettleTest : public ::testing::Test {
   }
 
   // A reference job and a job that reads ahead (up to 1 GiB), both
-  // streaming gradients, initialized alike; the reference runs two
-  // iterations of `g`, the job one. That one clips, so the job's next is
-  // predicted to, and reads ahead from its start.
-  void OpenStreamedPairPredictedToClip(const Gradients& g) {
+  // streaming gradients, initialized alike.
+  void OpenStreamedPair() {
     ref_ = Open("ref", /*settle=*/false, 0, nullptr, /*streamed=*/true);
     job_ = Open("job", /*settle=*/false, /*read_ahead=*/uint64_t{1} << 30,
                 nullptr, /*streamed=*/true);
     ASSERT_TRUE(ref_ && job_);
     Initialize(*ref_, ref_out_);
     Initialize(*job_, out_);
+  }
+
+  // OpenStreamedPair, then the reference runs two iterations of `g`, the
+  // job one. That one clips, so the job's next is predicted to, and reads
+  // ahead from its start.
+  void OpenStreamedPairPredictedToClip(const Gradients& g) {
+    OpenStreamedPair();
+    if (HasFatalFailure()) return;
     for (int i = 0; i < 2; ++i) {
       Backward(*ref_, g, ref_out_);
       ASSERT_TRUE(ref_->EndIteration().ok());
@@ -487,6 +493,7 @@ TEST_F(SettleTest, AFailedReadAheadIsReadAgainByTheUpdate) {
 TEST_F(SettleTest, ReadAheadWaitsWhileAStreamedGradientIsStored) {
   const Gradients g = MakeGradients(layout_, 47, 1.0f, -1);
   OpenStreamedPairPredictedToClip(g);
+  ASSERT_FALSE(HasFatalFailure());
   ASSERT_EQ(job_->read_ahead_budget_chunks(), kChunks);
   HoldNext(IoRequest::Op::kRead, 3000);
   ASSERT_TRUE(
@@ -540,6 +547,7 @@ TEST_F(SettleTest, ReadAheadYieldsToAStoreBetweenItsParts) {
   OpenStore(/*gate_unit=*/64 << 10);
   const Gradients g = MakeGradients(layout_, 48, 1.0f, -1);
   OpenStreamedPairPredictedToClip(g);
+  ASSERT_FALSE(HasFatalFailure());
   ASSERT_EQ(job_->read_ahead_budget_chunks(), 2u);
   // Layer 0's read-ahead: its first part held in its submission for 1.5 s.
   HoldNext(IoRequest::Op::kRead, 1500);
@@ -634,12 +642,8 @@ TEST_F(SettleTest, AReadAheadWaitingForMemoryNeverHoldsTheUpdatesUp) {
 TEST_F(SettleTest, GradientsOfChunksReadAheadNeverReachTheSsds) {
   const Gradients g = MakeGradients(layout_, 53, 1.0f, -1);
   const Gradients nan = MakeGradients(layout_, 54, 1.0f, /*nan_layer=*/1);
-  ref_ = Open("ref", /*settle=*/false, 0, nullptr, /*streamed=*/true);
-  job_ = Open("job", /*settle=*/false, /*read_ahead=*/uint64_t{1} << 30,
-              nullptr, /*streamed=*/true);
-  ASSERT_TRUE(ref_ && job_);
-  Initialize(*ref_, ref_out_);
-  Initialize(*job_, out_);
+  OpenStreamedPair();
+  ASSERT_FALSE(HasFatalFailure());
   // Begins an iteration predicted to clip (it reads ahead from its start)
   // and hands over the layers below `first` once every state is read
   // ahead. With `held`, the first read-ahead's read is held (3 s) while

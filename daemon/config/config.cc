@@ -447,8 +447,23 @@ const std::map<std::string, Setter>& KeySetters() {
       {"optimizer.tuning",
        StringSetter(&DaemonConfig::optimizer_tuning, "optimizer.tuning")},
       {"optimizer.read_ahead",
-       SizeSetter(&DaemonConfig::optimizer_read_ahead_bytes,
-                  "optimizer.read_ahead")},
+       [](const toml::node& node, absl::string_view origin,
+          DaemonConfig& config) -> absl::Status {
+         if (node.value_exact<std::string>() ==
+             std::optional<std::string>("auto")) {
+           config.optimizer_read_ahead_bytes.reset();
+           return absl::OkStatus();
+         }
+         absl::StatusOr<uint64_t> bytes =
+             SizeValue(node, origin, "optimizer.read_ahead");
+         if (!bytes.ok()) {
+           return absl::InvalidArgumentError(
+               absl::StrCat(bytes.status().message(),
+                            "; use a size, 0 (no read-ahead) or \"auto\""));
+         }
+         config.optimizer_read_ahead_bytes = *bytes;
+         return absl::OkStatus();
+       }},
       {"jobs.keep_ended", SetKeepEnded},
       {"metrics.textfile",
        StringSetter(&DaemonConfig::metrics_textfile, "metrics.textfile")},

@@ -64,8 +64,10 @@ struct DaemonConfig {
   std::string optimizer_tuning;
   // Host memory all jobs together may fill with optimizer states read
   // ahead of updates that wait for the gradient norm, shared by their
-  // owners' weights (0: none).
-  uint64_t optimizer_read_ahead_bytes = 0;
+  // owners' weights (0: none). Unset ("auto"): sized to the machine
+  // (ResolveReadAhead), and each job reads ahead what its backward's idle
+  // SSD time fills (PipelineOptions::read_ahead_adapts).
+  std::optional<uint64_t> optimizer_read_ahead_bytes;
   // A control connection that carries no call for this long is closed (the
   // client reconnects when it next calls).
   uint32_t control_idle_timeout_seconds = 0;

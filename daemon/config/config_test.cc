@@ -40,8 +40,8 @@ TEST(DefaultConfig, IsTheDeployedFile) {
   EXPECT_EQ(defaults.optimizer_threads, 0u);
   EXPECT_EQ(defaults.optimizer_isa, "auto");
   EXPECT_EQ(defaults.optimizer_tuning, "auto");
-  EXPECT_EQ(defaults.optimizer_read_ahead_bytes, 1ull << 30);
-  EXPECT_EQ(defaults.state_tier_bytes, std::nullopt);  // "auto"
+  EXPECT_EQ(defaults.optimizer_read_ahead_bytes, std::nullopt);  // "auto"
+  EXPECT_EQ(defaults.state_tier_bytes, std::nullopt);            // "auto"
   EXPECT_EQ(defaults.ssd_capacity_bytes, 64ull << 30);
   EXPECT_EQ(defaults.stripe_unit_bytes, 1u << 20);
   EXPECT_EQ(defaults.block_size, 4096u);
@@ -130,6 +130,18 @@ tuning = "prefetch=256,stream=off,chunks=8"
   EXPECT_TRUE(config->allow_buffered_io);
   EXPECT_EQ(config->optimizer_isa, "avx2");
   EXPECT_EQ(config->optimizer_read_ahead_bytes, 0u);
+  absl::StatusOr<DaemonConfig> sized =
+      ParseConfigToml("[optimizer]\nread_ahead = \"3GiB\"\n", "t", *config);
+  ASSERT_TRUE(sized.ok()) << sized.status();
+  EXPECT_EQ(sized->optimizer_read_ahead_bytes, 3ull << 30);
+  absl::StatusOr<DaemonConfig> automatic =
+      ParseConfigToml("[optimizer]\nread_ahead = \"auto\"\n", "t", *sized);
+  ASSERT_TRUE(automatic.ok()) << automatic.status();
+  EXPECT_EQ(automatic->optimizer_read_ahead_bytes, std::nullopt);
+  absl::StatusOr<DaemonConfig> plenty =
+      ParseConfigToml("[optimizer]\nread_ahead = \"plenty\"\n", "t", *sized);
+  EXPECT_THAT(std::string(plenty.status().message()),
+              HasSubstr("use a size, 0 (no read-ahead) or \"auto\""));
   EXPECT_EQ(config->optimizer_tuning, "prefetch=256,stream=off,chunks=8");
   EXPECT_TRUE(ValidateConfig(*config).ok());
 }

@@ -77,12 +77,20 @@ uint64_t StateTierFloorBytes(const HostMemory& memory) {
   return std::max<uint64_t>(uint64_t{1} << 30, memory.total_bytes / 16);
 }
 
+uint64_t ResolveReadAhead(const DaemonConfig& config,
+                          const HostMemory& memory) {
+  if (config.optimizer_read_ahead_bytes.has_value()) {
+    return *config.optimizer_read_ahead_bytes;
+  }
+  return (memory.total_bytes / 8) & ~((uint64_t{1} << 20) - 1);
+}
+
 absl::StatusOr<uint64_t> ResolveStateTier(const DaemonConfig& config,
                                           const HostMemory& memory) {
   const uint64_t pool = config.host_pool_bytes;
   if (!config.state_tier_bytes.has_value()) {
     const uint64_t taken =
-        pool + config.optimizer_read_ahead_bytes + StateTierFloorBytes(memory);
+        pool + ResolveReadAhead(config, memory) + StateTierFloorBytes(memory);
     if (memory.available_bytes <= taken) return 0;
     uint64_t tier = (memory.available_bytes - taken) / 2;
     if (!memory.has_cap_ipc_lock) {

@@ -39,6 +39,12 @@ uint64_t StateTierFloorBytes(const HostMemory& memory);
 absl::StatusOr<uint64_t> ResolveStateTier(const DaemonConfig& config,
                                           const HostMemory& memory);
 
+// The read-ahead memory all jobs share ([optimizer] read_ahead): the
+// configured size, or for "auto" an eighth of the machine's memory (whole
+// MiB). Auto is a cap: each job holds what its backward's idle SSD time
+// fills, so on a machine whose tier holds the states it holds nothing.
+uint64_t ResolveReadAhead(const DaemonConfig& config, const HostMemory& memory);
+
 // FAILED_PRECONDITION naming the path unless it is an existing directory (or
 // block device) in which this process can create files and whose filesystem
 // has room to grow the data file (<path>/lohan.data) to `capacity_bytes`.

@@ -36,13 +36,17 @@ TEST(CheckPoolFits, MemlockLimitAppliesOnlyWithoutCapability) {
 }
 
 TEST(ResolveStateTier, AutoIsHalfOfWhatThePoolReadAheadAndFloorLeave) {
-  DaemonConfig config = DefaultConfig();  // "auto", a 4 GiB pool, 1 GiB
+  // "auto", a 4 GiB pool, read-ahead "auto" (an eighth of 32 GiB).
+  DaemonConfig config = DefaultConfig();
   HostMemory memory{.available_bytes = 24ull << 30,
                     .total_bytes = 32ull << 30,
                     .memlock_limit_bytes = std::numeric_limits<uint64_t>::max(),
                     .has_cap_ipc_lock = true};
   EXPECT_EQ(StateTierFloorBytes(memory), 2ull << 30);  // a sixteenth
-  // (24 - 4 - 1 - 2) / 2 GiB.
+  EXPECT_EQ(ResolveReadAhead(config, memory), 4ull << 30);
+  // (24 - 4 - 4 - 2) / 2 GiB.
+  EXPECT_EQ(*ResolveStateTier(config, memory), 7ull << 30);
+  config.optimizer_read_ahead_bytes = 1ull << 30;  // (24 - 4 - 1 - 2) / 2
   EXPECT_EQ(*ResolveStateTier(config, memory), (17ull << 30) / 2);
   memory.available_bytes = 6ull << 30;  // nothing left: no tier
   EXPECT_EQ(*ResolveStateTier(config, memory), 0u);
@@ -51,6 +55,17 @@ TEST(ResolveStateTier, AutoIsHalfOfWhatThePoolReadAheadAndFloorLeave) {
   memory.has_cap_ipc_lock = false;
   memory.memlock_limit_bytes = 5ull << 30;
   EXPECT_EQ(*ResolveStateTier(config, memory), 1ull << 30);
+}
+
+TEST(ResolveReadAhead, AutoIsAnEighthOfTheMemoryASizeIsKept) {
+  DaemonConfig config = DefaultConfig();
+  HostMemory memory{.available_bytes = 2ull << 30,
+                    .total_bytes = (24ull << 30) + 12345};
+  EXPECT_EQ(ResolveReadAhead(config, memory), 3ull << 30);  // whole MiB
+  config.optimizer_read_ahead_bytes = 0;
+  EXPECT_EQ(ResolveReadAhead(config, memory), 0u);
+  config.optimizer_read_ahead_bytes = 5ull << 30;
+  EXPECT_EQ(ResolveReadAhead(config, memory), 5ull << 30);
 }
 
 TEST(ResolveStateTier, ASizeThatCannotBeLockedIsRefusedNamingTheKey) {

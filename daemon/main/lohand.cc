@@ -214,6 +214,14 @@ absl::StatusOr<Optimizer> StartOptimizer(const DaemonConfig& config,
   return optimizer;
 }
 
+// [optimizer] read_ahead as resolved on this machine.
+std::string ReadAheadText(const DaemonConfig& config,
+                          const HostMemory& memory) {
+  const std::string bytes = FormatByteSize(ResolveReadAhead(config, memory));
+  if (config.optimizer_read_ahead_bytes.has_value()) return bytes;
+  return absl::StrCat(bytes, " (auto: each job's what its backward fills)");
+}
+
 void LogConfig(const DaemonConfig& config) {
   spdlog::info(
       "socket {}, state dir {}, SSD paths [{}], host pool {}, "
@@ -223,7 +231,7 @@ void LogConfig(const DaemonConfig& config) {
       FormatByteSize(config.host_pool_bytes),
       EffectiveOptimizerThreads(
           config, static_cast<uint32_t>(sysconf(_SC_NPROCESSORS_ONLN))),
-      FormatByteSize(config.optimizer_read_ahead_bytes));
+      ReadAheadText(config, ReadHostMemory()));
 }
 
 // A daemon_memory left 0 by the config, sized to this machine.
@@ -327,12 +335,12 @@ int Run(const CommandLine& command_line) {
   FairQueue ssd_writes(1, kAnticipation, kCatchUp);
   // One Step uses every optimizer thread.
   FairQueue optimizer_queue(1, kAnticipation, kCatchUp);
+  const HostMemory host_memory = ReadHostMemory();
   // The read-ahead memory ([optimizer] read_ahead) is the daemon's, shared
   // by all jobs by their owners' weights: a lone job may fill it.
-  MemoryShares read_ahead_shares(config->optimizer_read_ahead_bytes);
+  MemoryShares read_ahead_shares(ResolveReadAhead(*config, host_memory));
   // The state tier ([pool] state_tier) likewise: copies of jobs' committed
   // optimizer states, taken only while the machine keeps its floor free.
-  const HostMemory host_memory = ReadHostMemory();
   absl::StatusOr<uint64_t> state_tier_bytes =
       ResolveStateTier(*config, host_memory);
   if (!state_tier_bytes.ok()) return Fail(state_tier_bytes.status());
@@ -486,7 +494,8 @@ int Run(const CommandLine& command_line) {
       .commit_interval = config->commit_interval,
       .durable_every_seconds = absl::ToDoubleSeconds(config->durable_every),
       .durable_write_share = config->durable_write_share,
-      .read_ahead_bytes = config->optimizer_read_ahead_bytes,
+      .read_ahead_bytes = read_ahead_shares.capacity(),
+      .read_ahead_adapts = !config->optimizer_read_ahead_bytes.has_value(),
       .read_ahead_shares = &read_ahead_shares,
       .state_tier = state_tier};
   std::unique_ptr<SessionManager> sessions = SessionManager::Start(

@@ -108,6 +108,7 @@ JobPipeline::JobPipeline(TensorStore* store, const AdamUpdater& updater,
       compute_queue_(pool_.count()),
       write_queue_(pool_.count()),
       read_ahead_chunks_(ReadAheadChunks(state_, options, buffer_bytes_)),
+      read_ahead_target_(read_ahead_chunks_),
       read_ahead_shares_(read_ahead_chunks_ > 0 ? options.read_ahead_shares
                                                 : nullptr),
       tier_(job_, ChunkStateBytes(state_), options.state_tier,

@@ -104,6 +104,14 @@ struct PipelineOptions {
   // and kept while iterations use them. 0: no read-ahead. Only the time
   // depends on it, never the results.
   uint64_t read_ahead_bytes = 0;
+  // read_ahead_bytes is a cap, and each iteration reads ahead as many
+  // chunks as backward's idle SSD time fills: the cap at first; after an
+  // iteration whose queued chunks were not all read before the norm was
+  // known, as many as were; after one whose were, a quarter more (one at
+  // least). Spare buffers beyond the next growth are given back, so the
+  // memory held follows what backward can use. False: every iteration
+  // reads ahead up to the cap.
+  bool read_ahead_adapts = false;
   // Shares the read-ahead memory with other jobs: a chunk is read ahead
   // into a new buffer only while this job (flow `job`, in the group
   // `fair_group`, weighed `weight`) is within its share, and buffers beyond
@@ -494,6 +502,9 @@ class JobPipeline {
   // holds (0: off), and those whose states are read ahead now, waiting for
   // their update.
   size_t read_ahead_budget_chunks() const { return read_ahead_chunks_; }
+  // The chunks the next iteration reads ahead at most (the budget's, or
+  // with read_ahead_adapts what backward filled last).
+  size_t read_ahead_target_chunks() const ABSL_LOCKS_EXCLUDED(mu_);
   // The bytes of each chunk buffer (one read-ahead takes one), and of the
   // fixed pool of them (PipelineOptions::buffers; read-ahead not counted).
   uint64_t chunk_buffer_bytes() const { return buffer_bytes_; }
@@ -703,10 +714,16 @@ class JobPipeline {
   // dropped (kDropped). Returns whether the task is done (dropped).
   bool TakeStagedOrDrop(Task& task) ABSL_LOCKS_EXCLUDED(mu_);
   // Frees spare read-ahead buffers: all, or those beyond the job's share
-  // of read_ahead_shares_.
-  void TrimSpareLocked(bool all) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Queues read-ahead of the first read_ahead_chunks_ chunks in forward
-  // order (once per iteration).
+  // of read_ahead_shares_ or beyond `keep` buffers in all.
+  void TrimSpareLocked(bool all, size_t keep = SIZE_MAX)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // read_ahead_adapts, at the end of an iteration that read ahead: the
+  // next one's target from what this one's backward read before the norm.
+  void AdaptReadAheadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Chunks whose state a read-ahead holds, taken or not.
+  size_t CountStagedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues read-ahead of the first read_ahead_target_ chunks the tier does
+  // not hold, in forward order (once per iteration).
   void EnqueueReadAheadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // At the end of an iteration: the read-ahead states no task took go
   // back to spare_ (freed, with every spare, when this iteration read
@@ -918,6 +935,11 @@ class JobPipeline {
   // iteration costs as much as reading them), the epoch its tasks belong
   // to (one per iteration), whether this iteration's was queued.
   const size_t read_ahead_chunks_;
+  // The chunks an iteration queues (read_ahead_chunks_ unless
+  // read_ahead_adapts), and those this one had read when the norm became
+  // known (set then, if it read ahead).
+  size_t read_ahead_target_ ABSL_GUARDED_BY(mu_);
+  std::optional<size_t> read_ahead_ready_at_norm_ ABSL_GUARDED_BY(mu_);
   std::vector<Staged> staged_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<AlignedBuffer>> spare_ ABSL_GUARDED_BY(mu_);
   MemoryShares* const read_ahead_shares_;  // null: none

@@ -164,6 +164,7 @@ absl::StatusOr<bool> JobPipeline::FinishDeferred(IterationReport& report,
   {
     absl::MutexLock lock(&mu_);
     norm_known_ = true;  // No eager task is dropped after this.
+    if (read_ahead_queued_) read_ahead_ready_at_norm_ = CountStagedLocked();
     fates = fates_;
   }
   for (Fate fate : fates) {

@@ -1,7 +1,10 @@
 // JobPipeline's stages (decide, read, compute, write) and passes.
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
@@ -16,6 +19,16 @@ namespace lohan {
 using sched_internal::Annotate;
 using sched_internal::IsNoPending;
 using sched_internal::Now;
+
+namespace {
+
+// An adapting read-ahead's next target after an iteration that read all it
+// queued in time: a quarter more, one at least, within the cap.
+size_t GrownTarget(size_t target, size_t cap) {
+  return std::min(cap, target + std::max<size_t>(1, target / 4));
+}
+
+}  // namespace
 
 // ---------------------------------------------------------------- stages
 
@@ -292,7 +305,7 @@ void JobPipeline::EnqueueReadAheadLocked() {
     for (size_t c = 0; c < state_.num_chunks(l); ++c) {
       // A chunk the tier holds needs no read: the budget goes on.
       if (tier_.HoldsCommitted(FlatIndex(l, c))) continue;
-      if (read_ahead_queued_chunks_ == read_ahead_chunks_) return;
+      if (read_ahead_queued_chunks_ == read_ahead_target_) return;
       Task task;
       task.layer = static_cast<uint32_t>(l);
       task.chunk = static_cast<uint32_t>(c);
@@ -312,15 +325,44 @@ void JobPipeline::EndReadAheadLocked() {
     if (staged.buffer != nullptr) spare_.push_back(std::move(staged.buffer));
     staged = Staged{};
   }
+  AdaptReadAheadLocked();
   // Buffers are kept for the next iteration unless this one read nothing
   // ahead.
-  TrimSpareLocked(/*all=*/!read_ahead_queued_);
+  TrimSpareLocked(/*all=*/!read_ahead_queued_,
+                  GrownTarget(read_ahead_target_, read_ahead_chunks_));
   read_ahead_queued_ = false;
 }
 
-void JobPipeline::TrimSpareLocked(bool all) {
-  while (!spare_.empty() && (all || (read_ahead_shares_ != nullptr &&
-                                     read_ahead_shares_->Excess(job_) > 0))) {
+void JobPipeline::AdaptReadAheadLocked() {
+  const std::optional<size_t> ready =
+      std::exchange(read_ahead_ready_at_norm_, std::nullopt);
+  if (!options_.read_ahead_adapts || !ready.has_value()) return;
+  if (*ready < read_ahead_queued_chunks_) {
+    // The norm came first: backward had no idle time for the rest.
+    read_ahead_target_ = std::max<size_t>(*ready, 1);
+  } else if (read_ahead_queued_chunks_ == read_ahead_target_) {
+    // All read in time, and the target (not the chunks left beside the
+    // tier) bounded it: backward may have time for more.
+    read_ahead_target_ = GrownTarget(read_ahead_target_, read_ahead_chunks_);
+  }
+}
+
+size_t JobPipeline::CountStagedLocked() const {
+  return static_cast<size_t>(
+      std::count_if(staged_.begin(), staged_.end(), [](const Staged& staged) {
+        return staged.buffer != nullptr || staged.taken;
+      }));
+}
+
+size_t JobPipeline::read_ahead_target_chunks() const {
+  absl::MutexLock lock(&mu_);
+  return read_ahead_target_;
+}
+
+void JobPipeline::TrimSpareLocked(bool all, size_t keep) {
+  while (!spare_.empty() && (all || read_ahead_buffers_ > keep ||
+                             (read_ahead_shares_ != nullptr &&
+                              read_ahead_shares_->Excess(job_) > 0))) {
     spare_.pop_back();
     --read_ahead_buffers_;
     if (read_ahead_shares_ != nullptr) {

@@ -73,6 +73,7 @@ class SettleTest : public ::testing::Test {
     options.read_ahead_bytes = read_ahead;
     options.read_ahead_shares = shares;
     options.make_read_ahead_buffer = make_buffer_;
+    options.read_ahead_adapts = read_ahead_adapts_;
     auto p = JobPipeline::Open(store_.get(), *updater_, job, layout_, options);
     EXPECT_TRUE(p.ok()) << p.status();
     return p.ok() ? *std::move(p) : nullptr;
@@ -218,8 +219,10 @@ class SettleTest : public ::testing::Test {
     }
   }
 
-  // The next Open's PipelineOptions::make_read_ahead_buffer.
+  // The next Open's PipelineOptions::make_read_ahead_buffer and
+  // read_ahead_adapts.
   std::function<std::unique_ptr<AlignedBuffer>(size_t)> make_buffer_;
+  bool read_ahead_adapts_ = false;
   TempDir dir_;
   std::optional<AdamUpdater> updater_;
   std::unique_ptr<TensorStore> store_;
@@ -786,6 +789,64 @@ TEST_F(SettleTest, ReadAheadBuffersAreMadeUpToTheBudgetAtOnce) {
   EXPECT_EQ(out_, ref_out_);
   EXPECT_EQ(shares.Held("job"), 3 * buffer);  // kept for the next one
   job_.reset();                               // before the shares it holds
+}
+
+// read_ahead_adapts with a cap of every chunk: the first iteration reads
+// ahead up to the cap; one whose first read is held past the norm shrinks
+// the next to what was read then (none: one), and the spare buffers
+// beyond the next growth are given back; each that reads all it queued
+// before the norm grows the next by a quarter (one at least). The same
+// bits as a job that reads nothing ahead, every time.
+TEST_F(SettleTest, AnAdaptingReadAheadFollowsWhatBackwardReadsInTime) {
+  const Gradients g = MakeGradients(layout_, 53, 1.0f, -1);
+  ref_ = Open("ref", /*settle=*/false);
+  ASSERT_TRUE(ref_);
+  const uint64_t buffer = ref_->chunk_buffer_bytes();
+  MemoryShares shares(uint64_t{1} << 30);
+  read_ahead_adapts_ = true;
+  job_ = Open("job", /*settle=*/false, kChunks * buffer, &shares);
+  ASSERT_TRUE(job_);
+  ASSERT_EQ(job_->read_ahead_budget_chunks(), kChunks);
+  EXPECT_EQ(job_->read_ahead_target_chunks(), kChunks);
+  Initialize(*ref_, ref_out_);
+  Initialize(*job_, out_);
+  auto iterate = [&](size_t read_ahead) {
+    Backward(*ref_, g, ref_out_);
+    ASSERT_TRUE(ref_->EndIteration().ok());
+    Backward(*job_, g, out_);
+    // Backward waits until the read-ahead is done: all read in time.
+    AwaitReadAhead(read_ahead, [] { return true; });
+    absl::StatusOr<IterationReport> r = job_->EndIteration();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->busy.read_ahead_used, read_ahead);
+    ExpectSameWeights();
+    EXPECT_EQ(out_, ref_out_);
+  };
+  iterate(kChunks);
+  EXPECT_EQ(job_->read_ahead_target_chunks(), kChunks);  // the cap
+  EXPECT_EQ(shares.Held("job"), kChunks * buffer);
+  // The first read-ahead is held past the norm: none read in time.
+  Backward(*ref_, g, ref_out_);
+  ASSERT_TRUE(ref_->EndIteration().ok());
+  HoldNext(IoRequest::Op::kRead, 2000);
+  Backward(*job_, g, out_);
+  AwaitHeld(1);
+  absl::StatusOr<IterationReport> r = job_->EndIteration();
+  ASSERT_TRUE(r.ok()) << r.status();
+  ExpectSameWeights();
+  EXPECT_EQ(out_, ref_out_);
+  EXPECT_EQ(job_->read_ahead_target_chunks(), 1u);
+  // Kept: the buffers the next growth (to two) would take.
+  EXPECT_EQ(shares.Held("job"), 2 * buffer);
+  for (size_t want : {1, 2, 3, 4}) {
+    iterate(want);
+    ASSERT_FALSE(HasFatalFailure());
+    EXPECT_EQ(job_->read_ahead_target_chunks(), want + 1);
+  }
+  iterate(5);
+  EXPECT_EQ(job_->read_ahead_target_chunks(), 6u);  // 5 + 5 / 4
+  EXPECT_EQ(shares.Held("job"), 5 * buffer);
+  job_.reset();  // before the shares it holds
 }
 
 TEST_F(SettleTest, ReadAheadTakesOnlyItsShareOfTheDaemonsMemory) {

@@ -36,6 +36,7 @@ absl::StatusOr<JobSettings> ResolveJobSettings(const v1::ModelSpec& spec,
   settings.weight = job.weight;
   settings.fair_group = job.fair_group;
   settings.read_ahead_bytes = defaults.read_ahead_bytes;
+  settings.read_ahead_adapts = defaults.read_ahead_adapts;
   settings.read_ahead_shares = defaults.read_ahead_shares;
   settings.state_tier = defaults.state_tier;
   settings.state_tier.group_limit_bytes = job.state_tier_limit_bytes;
@@ -75,6 +76,7 @@ PipelineOptions PipelineOptionsFor(const JobSettings& settings,
   options.expect_stored_states = settings.expect_stored_states;
   options.settle_in_background = settings.settle_in_background;
   options.read_ahead_bytes = settings.read_ahead_bytes;
+  options.read_ahead_adapts = settings.read_ahead_adapts;
   options.read_ahead_shares = settings.read_ahead_shares;
   options.state_tier = settings.state_tier;
   options.optimizer_queue = queue;

@@ -28,8 +28,11 @@ struct JobDefaults {
   // [optimizer] read_ahead: host memory each job may fill with states read
   // ahead of updates that wait for the norm (PipelineOptions::
   // read_ahead_bytes), and that memory shared among jobs by their owners'
-  // weights (may be null: each job up to read_ahead_bytes).
+  // weights (may be null: each job up to read_ahead_bytes); "auto": each
+  // job reads ahead what its backward fills (PipelineOptions::
+  // read_ahead_adapts).
   uint64_t read_ahead_bytes = 0;
+  bool read_ahead_adapts = false;
   MemoryShares* read_ahead_shares = nullptr;
   // [pool] state_tier and state_tier_updates: the host memory for optimizer
   // states all jobs share (no shares: no tier). Its group_limit_bytes is
@@ -69,6 +72,7 @@ struct JobSettings {
   uint64_t initial_iteration = 0;
   bool settle_in_background = false;
   uint64_t read_ahead_bytes = 0;
+  bool read_ahead_adapts = false;
   MemoryShares* read_ahead_shares = nullptr;
   StateTierMemory state_tier;
   double weight = 1.0;

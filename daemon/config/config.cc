@@ -102,6 +102,27 @@ Setter SizeSetter(uint64_t DaemonConfig::*field, const char* key) {
   };
 }
 
+// A size, or "auto" (the field unset: sized to the machine later). `zero`
+// says what 0 means, for the error.
+Setter AutoOrSizeSetter(std::optional<uint64_t> DaemonConfig::*field,
+                        const char* key, const char* zero) {
+  return [field, key, zero](const toml::node& node, absl::string_view origin,
+                            DaemonConfig& config) -> absl::Status {
+    if (node.value_exact<std::string>() == std::optional<std::string>("auto")) {
+      (config.*field).reset();
+      return absl::OkStatus();
+    }
+    absl::StatusOr<uint64_t> bytes = SizeValue(node, origin, key);
+    if (!bytes.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(bytes.status().message(),
+                                                     "; use a size, 0 (", zero,
+                                                     ") or \"auto\""));
+    }
+    config.*field = *bytes;
+    return absl::OkStatus();
+  };
+}
+
 Setter IntegerSetter(uint32_t DaemonConfig::*field, const char* key,
                      int64_t min, int64_t max) {
   return
@@ -401,24 +422,8 @@ const std::map<std::string, Setter>& KeySetters() {
        SizeSetter(&DaemonConfig::profile_probe_bytes, "store.profile_probe")},
       {"pool.host_pool_size",
        SizeSetter(&DaemonConfig::host_pool_bytes, "pool.host_pool_size")},
-      {"pool.state_tier",
-       [](const toml::node& node, absl::string_view origin,
-          DaemonConfig& config) -> absl::Status {
-         if (node.value_exact<std::string>() ==
-             std::optional<std::string>("auto")) {
-           config.state_tier_bytes.reset();
-           return absl::OkStatus();
-         }
-         absl::StatusOr<uint64_t> bytes =
-             SizeValue(node, origin, "pool.state_tier");
-         if (!bytes.ok()) {
-           return absl::InvalidArgumentError(
-               absl::StrCat(bytes.status().message(),
-                            "; use a size, 0 (no tier) or \"auto\""));
-         }
-         config.state_tier_bytes = *bytes;
-         return absl::OkStatus();
-       }},
+      {"pool.state_tier", AutoOrSizeSetter(&DaemonConfig::state_tier_bytes,
+                                           "pool.state_tier", "no tier")},
       {"pool.state_tier_updates",
        StringSetter(&DaemonConfig::state_tier_updates,
                     "pool.state_tier_updates")},
@@ -447,23 +452,8 @@ const std::map<std::string, Setter>& KeySetters() {
       {"optimizer.tuning",
        StringSetter(&DaemonConfig::optimizer_tuning, "optimizer.tuning")},
       {"optimizer.read_ahead",
-       [](const toml::node& node, absl::string_view origin,
-          DaemonConfig& config) -> absl::Status {
-         if (node.value_exact<std::string>() ==
-             std::optional<std::string>("auto")) {
-           config.optimizer_read_ahead_bytes.reset();
-           return absl::OkStatus();
-         }
-         absl::StatusOr<uint64_t> bytes =
-             SizeValue(node, origin, "optimizer.read_ahead");
-         if (!bytes.ok()) {
-           return absl::InvalidArgumentError(
-               absl::StrCat(bytes.status().message(),
-                            "; use a size, 0 (no read-ahead) or \"auto\""));
-         }
-         config.optimizer_read_ahead_bytes = *bytes;
-         return absl::OkStatus();
-       }},
+       AutoOrSizeSetter(&DaemonConfig::optimizer_read_ahead_bytes,
+                        "optimizer.read_ahead", "no read-ahead")},
       {"jobs.keep_ended", SetKeepEnded},
       {"metrics.textfile",
        StringSetter(&DaemonConfig::metrics_textfile, "metrics.textfile")},

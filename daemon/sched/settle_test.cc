@@ -151,6 +151,22 @@ class SettleTest : public ::testing::Test {
     EXPECT_EQ(job_->chunks_read_ahead(), chunks);
   }
 
+  // One iteration of `g` for the reference and for the job, which waits
+  // until `read_ahead` states are read ahead before ending it (backward
+  // waits: all read in time): each state read once, the same bits.
+  void IterateReadingAhead(const Gradients& g, size_t read_ahead) {
+    Backward(*ref_, g, ref_out_);
+    ASSERT_TRUE(ref_->EndIteration().ok());
+    Backward(*job_, g, out_);
+    AwaitReadAhead(read_ahead, [] { return true; });
+    absl::StatusOr<IterationReport> r = job_->EndIteration();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->busy.read_ahead_used, read_ahead);
+    EXPECT_EQ(r->busy.bytes_read, StateBytes());
+    ExpectSameWeights();
+    EXPECT_EQ(out_, ref_out_);
+  }
+
   // The state bytes of every chunk, once.
   uint64_t StateBytes() const {
     const StateLayout& state = job_->state_layout();
@@ -810,19 +826,7 @@ TEST_F(SettleTest, AnAdaptingReadAheadFollowsWhatBackwardReadsInTime) {
   EXPECT_EQ(job_->read_ahead_target_chunks(), kChunks);
   Initialize(*ref_, ref_out_);
   Initialize(*job_, out_);
-  auto iterate = [&](size_t read_ahead) {
-    Backward(*ref_, g, ref_out_);
-    ASSERT_TRUE(ref_->EndIteration().ok());
-    Backward(*job_, g, out_);
-    // Backward waits until the read-ahead is done: all read in time.
-    AwaitReadAhead(read_ahead, [] { return true; });
-    absl::StatusOr<IterationReport> r = job_->EndIteration();
-    ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_EQ(r->busy.read_ahead_used, read_ahead);
-    ExpectSameWeights();
-    EXPECT_EQ(out_, ref_out_);
-  };
-  iterate(kChunks);
+  IterateReadingAhead(g, kChunks);
   EXPECT_EQ(job_->read_ahead_target_chunks(), kChunks);  // the cap
   EXPECT_EQ(shares.Held("job"), kChunks * buffer);
   // The first read-ahead is held past the norm: none read in time.
@@ -839,11 +843,11 @@ TEST_F(SettleTest, AnAdaptingReadAheadFollowsWhatBackwardReadsInTime) {
   // Kept: the buffers the next growth (to two) would take.
   EXPECT_EQ(shares.Held("job"), 2 * buffer);
   for (size_t want : {1, 2, 3, 4}) {
-    iterate(want);
+    IterateReadingAhead(g, want);
     ASSERT_FALSE(HasFatalFailure());
     EXPECT_EQ(job_->read_ahead_target_chunks(), want + 1);
   }
-  iterate(5);
+  IterateReadingAhead(g, 5);
   EXPECT_EQ(job_->read_ahead_target_chunks(), 6u);  // 5 + 5 / 4
   EXPECT_EQ(shares.Held("job"), 5 * buffer);
   job_.reset();  // before the shares it holds
@@ -859,28 +863,16 @@ TEST_F(SettleTest, ReadAheadTakesOnlyItsShareOfTheDaemonsMemory) {
   ASSERT_TRUE(job_);
   Initialize(*ref_, ref_out_);
   Initialize(*job_, out_);
-  auto iterate = [&](size_t read_ahead) {
-    Backward(*ref_, g, ref_out_);
-    ASSERT_TRUE(ref_->EndIteration().ok());
-    Backward(*job_, g, out_);
-    AwaitReadAhead(read_ahead, [] { return true; });
-    absl::StatusOr<IterationReport> r = job_->EndIteration();
-    ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_EQ(r->busy.read_ahead_used, read_ahead);
-    EXPECT_EQ(r->busy.bytes_read, StateBytes());
-    ExpectSameWeights();
-    EXPECT_EQ(out_, ref_out_);
-  };
-  iterate(kChunks);
+  IterateReadingAhead(g, kChunks);
   EXPECT_EQ(shares.Held("job"), kChunks * buffer);
   std::unique_ptr<JobPipeline> other =
       Open("other", /*settle=*/false, uint64_t{1} << 30, &shares);
   ASSERT_TRUE(other);
   EXPECT_EQ(shares.ShareOf("job"), kChunks / 2 * buffer);
-  iterate(kChunks / 2);
+  IterateReadingAhead(g, kChunks / 2);
   EXPECT_EQ(shares.Held("job"), kChunks / 2 * buffer);
   other.reset();
-  iterate(kChunks);
+  IterateReadingAhead(g, kChunks);
   EXPECT_EQ(shares.Held("job"), kChunks * buffer);
   job_.reset();
   EXPECT_EQ(shares.Held("job"), 0u);

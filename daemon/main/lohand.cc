@@ -219,7 +219,7 @@ std::string ReadAheadText(const DaemonConfig& config,
                           const HostMemory& memory) {
   const std::string bytes = FormatByteSize(ResolveReadAhead(config, memory));
   if (config.optimizer_read_ahead_bytes.has_value()) return bytes;
-  return absl::StrCat(bytes, " (auto: each job's what its backward fills)");
+  return absl::StrCat(bytes, " (auto: each job holds what its backward fills)");
 }
 
 void LogConfig(const DaemonConfig& config) {

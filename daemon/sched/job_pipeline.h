@@ -106,11 +106,11 @@ struct PipelineOptions {
   uint64_t read_ahead_bytes = 0;
   // read_ahead_bytes is a cap, and each iteration reads ahead as many
   // chunks as backward's idle SSD time fills: the cap at first; after an
-  // iteration whose queued chunks were not all read before the norm was
-  // known, as many as were; after one whose were, a quarter more (one at
-  // least). Spare buffers beyond the next growth are given back, so the
-  // memory held follows what backward can use. False: every iteration
-  // reads ahead up to the cap.
+  // iteration that queued them at its start (clipping predicted) and had
+  // not read them all when the norm was known, as many as were; after one
+  // that had, a quarter more (one at least). Spare buffers beyond the next
+  // growth are given back, so the memory held follows what backward can use.
+  // False: every iteration reads ahead up to the cap.
   bool read_ahead_adapts = false;
   // Shares the read-ahead memory with other jobs: a chunk is read ahead
   // into a new buffer only while this job (flow `job`, in the group

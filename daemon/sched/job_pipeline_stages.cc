@@ -338,8 +338,10 @@ void JobPipeline::AdaptReadAheadLocked() {
       std::exchange(read_ahead_ready_at_norm_, std::nullopt);
   if (!options_.read_ahead_adapts || !ready.has_value()) return;
   if (*ready < read_ahead_queued_chunks_) {
-    // The norm came first: backward had no idle time for the rest.
-    read_ahead_target_ = std::max<size_t>(*ready, 1);
+    // The norm came first. Only a read-ahead queued at BeginIteration had
+    // all of backward: one queued once clipping became certain says
+    // nothing of backward's idle time.
+    if (started_deferred_) read_ahead_target_ = std::max<size_t>(*ready, 1);
   } else if (read_ahead_queued_chunks_ == read_ahead_target_) {
     // All read in time, and the target (not the chunks left beside the
     // tier) bounded it: backward may have time for more.

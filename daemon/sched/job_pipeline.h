@@ -720,7 +720,8 @@ class JobPipeline {
   // read_ahead_adapts, at the end of an iteration that read ahead: the
   // next one's target from what this one's backward read before the norm.
   void AdaptReadAheadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Chunks whose state a read-ahead holds, taken or not.
+  // Chunks whose state a read-ahead holds, no update having taken it (at
+  // the norm none has: only updates after it take them).
   size_t CountStagedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queues read-ahead of the first read_ahead_target_ chunks the tier does
   // not hold, in forward order (once per iteration).
@@ -737,7 +738,7 @@ class JobPipeline {
   void SettleLoop();
   // Once a read-ahead finds no spare buffer (buffer_wanted_), makes
   // buffers into spare_ one after another, as many as the iteration
-  // queued read-aheads (read_ahead_chunks_ at most), within the job's
+  // queued read-aheads (read_ahead_target_ at most), within the job's
   // share, while iterations read ahead. Allocating and zeroing tens of MiB can
   // take a second on a busy or virtual machine, and holds the training process
   // up beside it: made all at once, in the first iteration that reads ahead,

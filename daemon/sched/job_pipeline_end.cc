@@ -271,10 +271,7 @@ size_t JobPipeline::layers_settling() const {
 
 size_t JobPipeline::chunks_read_ahead() const {
   absl::MutexLock lock(&mu_);
-  return static_cast<size_t>(
-      std::count_if(staged_.begin(), staged_.end(), [](const Staged& staged) {
-        return staged.buffer != nullptr && !staged.taken;
-      }));
+  return CountStagedLocked();
 }
 
 absl::Status JobPipeline::StartEndingLocked() {

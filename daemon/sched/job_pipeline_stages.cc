@@ -352,7 +352,7 @@ void JobPipeline::AdaptReadAheadLocked() {
 size_t JobPipeline::CountStagedLocked() const {
   return static_cast<size_t>(
       std::count_if(staged_.begin(), staged_.end(), [](const Staged& staged) {
-        return staged.buffer != nullptr || staged.taken;
+        return staged.buffer != nullptr && !staged.taken;
       }));
 }
 

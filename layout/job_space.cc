@@ -46,9 +46,15 @@ void ForEachChunkSize(const StateLayout& state, Chunks chunks) {
 
 ChunkBufferLayout ChunkBufferFor(const StateLayout& state, DType grad_dtype,
                                  bool stream_gradients, bool stream_weight16) {
-  const uint64_t chunk = state.max_chunk_count();
+  return ChunkBufferForCount(state, state.max_chunk_count(), grad_dtype,
+                             stream_gradients, stream_weight16);
+}
+
+ChunkBufferLayout ChunkBufferForCount(const StateLayout& state, uint64_t chunk,
+                                      DType grad_dtype, bool stream_gradients,
+                                      bool stream_weight16) {
   ChunkBufferLayout buffer;
-  buffer.grad_offset = Aligned(state.max_state_bytes());
+  buffer.grad_offset = Aligned(state.state_bytes(chunk));
   buffer.weight16_offset =
       buffer.grad_offset +
       (stream_gradients ? Aligned(chunk * DTypeSize(grad_dtype)) : 0);

@@ -34,6 +34,11 @@ struct ChunkBufferLayout {
 };
 ChunkBufferLayout ChunkBufferFor(const StateLayout& state, DType grad_dtype,
                                  bool stream_gradients, bool stream_weight16);
+// The same for a chunk of `count` elements: its parts packed for its own
+// size (within ChunkBufferFor's buffer, which fits every chunk's).
+ChunkBufferLayout ChunkBufferForCount(const StateLayout& state, uint64_t count,
+                                      DType grad_dtype, bool stream_gradients,
+                                      bool stream_weight16);
 
 // The host memory a pipeline whose client fetches each layer's new weights
 // (streamed weights) keeps them in after an update, until they are fetched

@@ -29,16 +29,38 @@ using sched_internal::RoundUp;
 
 namespace {
 
-size_t ReadAheadChunks(const StateLayout& state, const PipelineOptions& options,
-                       size_t buffer_bytes) {
+// Each chunk's buffer, by flat index (forward order).
+std::vector<ChunkBufferLayout> ChunkBuffers(const StateLayout& state,
+                                            const ModelLayout& layout,
+                                            const PipelineOptions& options) {
+  std::vector<ChunkBufferLayout> buffers;
+  for (size_t l = 0; l < state.num_layers(); ++l) {
+    for (size_t c = 0; c < state.num_chunks(l); ++c) {
+      buffers.push_back(ChunkBufferForCount(
+          state, state.chunk_count(l, c), layout.grad_dtype,
+          options.stream_gradients, options.stream_weight16));
+    }
+  }
+  return buffers;
+}
+
+// The chunks whose read-ahead buffers fit in read_ahead_bytes, in forward
+// order.
+size_t ReadAheadChunks(const std::vector<ChunkBufferLayout>& buffers,
+                       const PipelineOptions& options) {
   // With streamed gradients too: each chunk's read-ahead waits for the
   // gradient stores in flight (ReadAhead), so it fills the SSDs' idle time.
   if (options.clip_schedule != ClipSchedule::kDeferWhenCertain ||
       options.schedule != Schedule::kPipelined) {
     return 0;
   }
-  return static_cast<size_t>(std::min<uint64_t>(
-      state.total_chunks(), options.read_ahead_bytes / buffer_bytes));
+  uint64_t bytes = 0;
+  size_t chunks = 0;
+  while (chunks < buffers.size() &&
+         bytes + buffers[chunks].bytes <= options.read_ahead_bytes) {
+    bytes += buffers[chunks++].bytes;
+  }
+  return chunks;
 }
 
 // Each chunk's state bytes, by flat index (forward order).
@@ -93,8 +115,7 @@ JobPipeline::JobPipeline(TensorStore* store, const AdamUpdater& updater,
       state_(layout),
       options_(options),
       fingerprint_(LayoutFingerprint(layout)),
-      grad_offset_(BufferOf(state_, layout, options).grad_offset),
-      weight16_offset_(BufferOf(state_, layout, options).weight16_offset),
+      chunk_buffers_(ChunkBuffers(state_, layout, options)),
       buffer_bytes_(BufferOf(state_, layout, options).bytes),
       norm_updater_(updater.OnCallingThread()),
       pool_(options.schedule == Schedule::kSerialized ? 1 : options.buffers,
@@ -104,10 +125,10 @@ JobPipeline::JobPipeline(TensorStore* store, const AdamUpdater& updater,
       // Every chunk, and the read-ahead of this iteration and of the one
       // before (stale tasks the stage has not dropped yet).
       read_queue_(state_.total_chunks() +
-                  2 * ReadAheadChunks(state_, options, buffer_bytes_)),
+                  2 * ReadAheadChunks(chunk_buffers_, options)),
       compute_queue_(pool_.count()),
       write_queue_(pool_.count()),
-      read_ahead_chunks_(ReadAheadChunks(state_, options, buffer_bytes_)),
+      read_ahead_chunks_(ReadAheadChunks(chunk_buffers_, options)),
       read_ahead_target_(read_ahead_chunks_),
       read_ahead_shares_(read_ahead_chunks_ > 0 ? options.read_ahead_shares
                                                 : nullptr),
@@ -291,7 +312,8 @@ absl::Status JobPipeline::InitializeWeights(size_t layer, const float* weights,
                     absl::MakeConstSpan(buffer.data(), bytes))
             .status();
     if (s.ok() && options_.stream_weight16) {
-      uint8_t* copy = buffer.data() + weight16_offset_;
+      uint8_t* copy =
+          buffer.data() + chunk_buffers_[FlatIndex(layer, c)].weight16_offset;
       ToWeight16(weights + state_.chunk_begin(c), count,
                  reinterpret_cast<uint16_t*>(copy));
       names.push_back(weight16_names_[FlatIndex(layer, c)]);

@@ -93,8 +93,9 @@ struct PipelineOptions {
   // host memory in flight. >= 3 lets a read, a compute and a write run at
   // once; kSerialized always uses 1.
   size_t buffers = kDefaultChunkBuffers;
-  // kDeferWhenCertain, kPipelined: host memory (bytes, rounded down to
-  // whole chunk buffers) this job may fill, during backward, with the
+  // kDeferWhenCertain, kPipelined: host memory (bytes: the buffers of as
+  // many chunks as fit, in forward order, each sized for its chunk, see
+  // read_ahead_buffer_bytes) this job may fill, during backward, with the
   // committed states of chunks whose updates wait for the norm, so that
   // those updates need no SSD read after it (with streamed gradients, in
   // the SSDs' time between gradient stores, and a gradient that comes
@@ -508,6 +509,11 @@ class JobPipeline {
   // The bytes of each chunk buffer (one read-ahead takes one), and of the
   // fixed pool of them (PipelineOptions::buffers; read-ahead not counted).
   uint64_t chunk_buffer_bytes() const { return buffer_bytes_; }
+  // The bytes of chunk `flat`'s read-ahead buffer: its own parts' (a small
+  // chunk, such as a layer's last, takes no more).
+  uint64_t read_ahead_buffer_bytes(size_t flat) const {
+    return chunk_buffers_[flat].bytes;
+  }
   uint64_t chunk_pool_bytes() const {
     return pool_.count() * pool_.buffer_bytes();
   }
@@ -587,7 +593,7 @@ class JobPipeline {
   struct Staged {
     std::unique_ptr<AlignedBuffer> buffer;
     bool taken = false;  // An update task holds it (Finish frees it).
-    // The chunk's streamed gradient is in `buffer` too, at grad_offset_
+    // The chunk's streamed gradient is in `buffer` too, at its grad_offset
     // (KeepGradWithState), and nowhere else.
     bool holds_grad = false;
   };
@@ -713,8 +719,9 @@ class JobPipeline {
   // a first-pass eager task not begun once the outcome is certain is
   // dropped (kDropped). Returns whether the task is done (dropped).
   bool TakeStagedOrDrop(Task& task) ABSL_LOCKS_EXCLUDED(mu_);
-  // Frees spare read-ahead buffers: all, or those beyond the job's share
-  // of read_ahead_shares_ or beyond `keep` buffers in all.
+  // Frees spare read-ahead buffers, the smallest first: all, or those
+  // beyond the job's share of read_ahead_shares_ or beyond `keep` buffers
+  // in all.
   void TrimSpareLocked(bool all, size_t keep = SIZE_MAX)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // read_ahead_adapts, at the end of an iteration that read ahead: the
@@ -731,8 +738,14 @@ class JobPipeline {
   // nothing ahead: buffers are kept only while iterations use them), and
   // a new epoch starts (read-ahead still in flight is then dropped).
   void EndReadAheadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A spare read-ahead buffer, or null when there is none.
-  std::unique_ptr<AlignedBuffer> TakeSpareLocked()
+  // The smallest spare read-ahead buffer of at least `bytes`, or null when
+  // there is none.
+  std::unique_ptr<AlignedBuffer> TakeSpareLocked(uint64_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The sizes of the buffers the chunks queued for read-ahead from
+  // buffer_wanted_from_ on still lack: theirs, less the spares that fit
+  // them (smallest first).
+  std::vector<uint64_t> BuffersWantedLocked() const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Commits (or rolls back) an iteration once its settling pass is done.
   void SettleLoop();
@@ -879,11 +892,11 @@ class JobPipeline {
   // By flat index, when streaming (else empty).
   std::vector<std::string> weight16_names_;
   std::vector<std::string> scratch_names_;
-  // Byte offsets in a pool buffer of a chunk's streamed gradient and
-  // 16-bit copy (after its state), and the buffer's size.
-  size_t grad_offset_ = 0;
-  size_t weight16_offset_ = 0;
-  size_t buffer_bytes_ = 0;
+  // By flat index: each chunk's buffer layout, its streamed gradient and
+  // 16-bit copy after its state, packed for its own size (in a pool buffer,
+  // which fits the largest chunk's, or a read-ahead buffer of that size).
+  std::vector<ChunkBufferLayout> chunk_buffers_;
+  size_t buffer_bytes_ = 0;  // a pool buffer's: the largest chunk's
 
   // Written by the compute thread for the task it runs, read by
   // EndIteration after WaitPass (which orders them): per-chunk gradient
@@ -947,6 +960,7 @@ class JobPipeline {
   // A read-ahead waits for a new buffer (MakeReadAheadBuffersLoop), and
   // how many requests were answered (made, or refused by the share).
   bool buffer_wanted_ ABSL_GUARDED_BY(mu_) = false;
+  size_t buffer_wanted_from_ ABSL_GUARDED_BY(mu_) = 0;  // its flat index
   uint64_t buffers_answered_ ABSL_GUARDED_BY(mu_) = 0;
   // Read-ahead buffers that exist (spare, staged or taken).
   size_t read_ahead_buffers_ ABSL_GUARDED_BY(mu_) = 0;
@@ -963,6 +977,7 @@ class JobPipeline {
   uint64_t read_ahead_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   bool read_ahead_queued_ ABSL_GUARDED_BY(mu_) = false;
   size_t read_ahead_queued_chunks_ ABSL_GUARDED_BY(mu_) = 0;  // this one's
+  std::vector<size_t> read_ahead_queued_flats_ ABSL_GUARDED_BY(mu_);
   // Whether the last committed iteration clipped (predict_clipping).
   bool last_clipped_ ABSL_GUARDED_BY(mu_) = false;
   // commit_interval: whether this iteration commits durably, the last

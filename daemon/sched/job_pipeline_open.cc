@@ -299,7 +299,8 @@ absl::Status JobPipeline::OpenWeight16(const JobMeta& meta,
         s = r.status();
         break;
       }
-      uint8_t* copy = buffer.data() + weight16_offset_;
+      uint8_t* copy =
+          buffer.data() + chunk_buffers_[FlatIndex(l, c)].weight16_offset;
       ToWeight16(reinterpret_cast<const float*>(buffer.data()), count,
                  reinterpret_cast<uint16_t*>(copy));
       names.push_back(weight16_names_[FlatIndex(l, c)]);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <optional>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -108,21 +109,22 @@ void JobPipeline::ReadLoop() {
                          absl::MakeSpan(task->buffer, bytes));
       }
     }
+    const ChunkBufferLayout& parts = chunk_buffers_[flat];
     if (grad_in_ram != nullptr) {
       task->grad = grad_in_ram;
     } else if (task->staged_grad) {
-      task->grad = task->buffer + grad_offset_;
+      task->grad = task->buffer + parts.grad_offset;
     } else if (r.ok() && update && options_.stream_gradients) {
       // The gradient SubmitGradients stored, next to the states it updates.
       const uint64_t grad_bytes = count * DTypeSize(layout_.grad_dtype);
       r = store_->ReadPending(
           job_, scratch_names_[flat],
-          absl::MakeSpan(task->buffer + grad_offset_, grad_bytes));
-      task->grad = task->buffer + grad_offset_;
+          absl::MakeSpan(task->buffer + parts.grad_offset, grad_bytes));
+      task->grad = task->buffer + parts.grad_offset;
       bytes += grad_bytes;
     }
     if (update && options_.stream_weight16) {
-      task->out = task->buffer + weight16_offset_;
+      task->out = task->buffer + parts.weight16_offset;
     }
     const double seconds = Now() - start;
     {
@@ -204,12 +206,14 @@ void JobPipeline::ReadAhead(const Task& task) {
     absl::MutexLock lock(&mu_);
     yield_to_stores();
     if (!current()) return;
-    buffer = TakeSpareLocked();
+    const uint64_t need = chunk_buffers_[flat].bytes;
+    buffer = TakeSpareLocked(need);
     if (buffer == nullptr) {
       // A new one, made on its own thread: once the norm is known this
       // thread reads for the updates, whatever the allocation still takes.
       const uint64_t asked = buffers_answered_;
       buffer_wanted_ = true;
+      buffer_wanted_from_ = flat;
       auto answered = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return buffers_answered_ != asked || !current() || shutting_down_;
       };
@@ -217,7 +221,7 @@ void JobPipeline::ReadAhead(const Task& task) {
                                    absl::Milliseconds(50))) {
       }
       if (!current()) return;  // A buffer made later stays spare.
-      buffer = TakeSpareLocked();
+      buffer = TakeSpareLocked(need);
       if (buffer == nullptr) return;  // Beyond the share: the update reads.
     }
   }
@@ -249,36 +253,30 @@ void JobPipeline::MakeReadAheadBuffersLoop() {
   auto wanted = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return buffer_wanted_ || shutting_down_;
   };
-  auto more = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return !shutting_down_ && read_ahead_queued_ &&
-           read_ahead_buffers_ < read_ahead_queued_chunks_;
-  };
   while (true) {
     mu_.Await(absl::Condition(&wanted));
     if (shutting_down_) return;
-    bool refused = false;
-    while (!refused && more()) {
+    for (uint64_t bytes : BuffersWantedLocked()) {
+      if (shutting_down_ || !read_ahead_queued_) break;
       buffer_wanted_ = false;
       mu_.Unlock();
       std::unique_ptr<AlignedBuffer> buffer;
       if (read_ahead_shares_ == nullptr ||
-          read_ahead_shares_->TryTake(job_, buffer_bytes_)) {
+          read_ahead_shares_->TryTake(job_, bytes)) {
         buffer = options_.make_read_ahead_buffer
-                     ? options_.make_read_ahead_buffer(buffer_bytes_)
+                     ? options_.make_read_ahead_buffer(bytes)
                      : std::make_unique<AlignedBuffer>(
-                           buffer_bytes_, sched_internal::kBufferAlignment,
+                           bytes, sched_internal::kBufferAlignment,
                            AlignedBuffer::Pages::kSmall);
         if (buffer == nullptr && read_ahead_shares_ != nullptr) {
-          read_ahead_shares_->Give(job_, buffer_bytes_);
+          read_ahead_shares_->Give(job_, bytes);
         }
       }
       mu_.Lock();
-      refused = buffer == nullptr;
-      if (!refused) {
-        spare_.push_back(std::move(buffer));
-        ++read_ahead_buffers_;
-      }
       ++buffers_answered_;
+      if (buffer == nullptr) break;  // Refused: the share is full.
+      spare_.push_back(std::move(buffer));
+      ++read_ahead_buffers_;
     }
     // Asked when no more may be made: answered with none.
     if (buffer_wanted_) {
@@ -288,10 +286,38 @@ void JobPipeline::MakeReadAheadBuffersLoop() {
   }
 }
 
-std::unique_ptr<AlignedBuffer> JobPipeline::TakeSpareLocked() {
-  if (spare_.empty()) return nullptr;
-  std::unique_ptr<AlignedBuffer> buffer = std::move(spare_.back());
-  spare_.pop_back();
+std::vector<uint64_t> JobPipeline::BuffersWantedLocked() const {
+  std::multiset<uint64_t> spares;
+  for (const std::unique_ptr<AlignedBuffer>& spare : spare_) {
+    spares.insert(spare->size());
+  }
+  std::vector<uint64_t> wanted;
+  for (size_t flat : read_ahead_queued_flats_) {
+    if (flat < buffer_wanted_from_ || staged_[flat].buffer != nullptr) {
+      continue;
+    }
+    const uint64_t need = chunk_buffers_[flat].bytes;
+    auto fits = spares.lower_bound(need);
+    if (fits != spares.end()) {
+      spares.erase(fits);
+    } else {
+      wanted.push_back(need);
+    }
+  }
+  return wanted;
+}
+
+std::unique_ptr<AlignedBuffer> JobPipeline::TakeSpareLocked(uint64_t bytes) {
+  auto best = spare_.end();
+  for (auto it = spare_.begin(); it != spare_.end(); ++it) {
+    if ((*it)->size() >= bytes &&
+        (best == spare_.end() || (*it)->size() < (*best)->size())) {
+      best = it;
+    }
+  }
+  if (best == spare_.end()) return nullptr;
+  std::unique_ptr<AlignedBuffer> buffer = std::move(*best);
+  spare_.erase(best);
   return buffer;
 }
 
@@ -299,6 +325,7 @@ void JobPipeline::EnqueueReadAheadLocked() {
   if (read_ahead_chunks_ == 0 || read_ahead_queued_) return;
   read_ahead_queued_ = true;
   read_ahead_queued_chunks_ = 0;
+  read_ahead_queued_flats_.clear();
   // Kept buffers beyond the job's share go back first (a job joined).
   TrimSpareLocked(/*all=*/false);
   for (size_t l = 0; l < state_.num_layers(); ++l) {
@@ -314,6 +341,7 @@ void JobPipeline::EnqueueReadAheadLocked() {
       // Never waits: the queue has room for two iterations' read-ahead.
       if (!read_queue_.Push(task)) return;  // Shutting down.
       ++read_ahead_queued_chunks_;
+      read_ahead_queued_flats_.push_back(FlatIndex(l, c));
     }
   }
 }
@@ -365,11 +393,17 @@ void JobPipeline::TrimSpareLocked(bool all, size_t keep) {
   while (!spare_.empty() && (all || read_ahead_buffers_ > keep ||
                              (read_ahead_shares_ != nullptr &&
                               read_ahead_shares_->Excess(job_) > 0))) {
-    spare_.pop_back();
+    // The smallest first: a larger spare fits any chunk a smaller one does.
+    auto smallest =
+        std::min_element(spare_.begin(), spare_.end(),
+                         [](const std::unique_ptr<AlignedBuffer>& a,
+                            const std::unique_ptr<AlignedBuffer>& b) {
+                           return a->size() < b->size();
+                         });
+    const uint64_t bytes = (*smallest)->size();
+    spare_.erase(smallest);
     --read_ahead_buffers_;
-    if (read_ahead_shares_ != nullptr) {
-      read_ahead_shares_->Give(job_, buffer_bytes_);
-    }
+    if (read_ahead_shares_ != nullptr) read_ahead_shares_->Give(job_, bytes);
   }
 }
 
@@ -601,7 +635,8 @@ void JobPipeline::WriteLoop() {
       // The new 16-bit copy, pending with the states it was made from.
       w = store_->Write(
           job_, weight16_names_[flat],
-          absl::MakeConstSpan(task->buffer + weight16_offset_, count * 2));
+          absl::MakeConstSpan(
+              task->buffer + chunk_buffers_[flat].weight16_offset, count * 2));
       bytes += count * 2;
     }
     // Before Finish: a fetch waits for the layer's last chunk to finish.
@@ -635,7 +670,8 @@ uint64_t JobPipeline::HandOff(const Task& task, bool in_tier,
   // are not copied only to give way.
   if (!in_backward || flat < handoff_.slots()) {
     if (options_.stream_weight16) {
-      weights = absl::MakeConstSpan(task.buffer + weight16_offset_, count * 2);
+      weights = absl::MakeConstSpan(
+          task.buffer + chunk_buffers_[flat].weight16_offset, count * 2);
     } else if (!in_tier) {
       weights = absl::MakeConstSpan(task.state, count * 4);
     }
@@ -930,10 +966,10 @@ bool JobPipeline::KeepGradWithState(size_t flat, const uint8_t* grad,
     // Only a chunk decided deferred: an eager update could be redone after
     // the norm, by when its staged buffer is gone.
     if (!deferring_ || staged.buffer == nullptr || staged.taken ||
-        grad_offset_ + bytes > staged.buffer->size()) {
+        chunk_buffers_[flat].grad_offset + bytes > staged.buffer->size()) {
       return false;
     }
-    into = staged.buffer->data() + grad_offset_;
+    into = staged.buffer->data() + chunk_buffers_[flat].grad_offset;
     // Marked before the copy: nothing else touches the buffer until this
     // chunk's update takes it, which the caller enqueues only after this
     // returns (SubmitGradients holds api_mu_ against the end of the

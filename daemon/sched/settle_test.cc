@@ -167,6 +167,16 @@ class SettleTest : public ::testing::Test {
     EXPECT_EQ(out_, ref_out_);
   }
 
+  // The read-ahead buffers of the job's first `chunks` chunks (forward
+  // order), each sized for its chunk.
+  uint64_t ReadAheadBytes(size_t chunks) const {
+    uint64_t bytes = 0;
+    for (size_t flat = 0; flat < chunks; ++flat) {
+      bytes += job_->read_ahead_buffer_bytes(flat);
+    }
+    return bytes;
+  }
+
   // The state bytes of every chunk, once.
   uint64_t StateBytes() const {
     const StateLayout& state = job_->state_layout();
@@ -783,7 +793,10 @@ TEST_F(SettleTest, ReadAheadBuffersAreMadeUpToTheBudgetAtOnce) {
   MemoryShares shares(uint64_t{1} << 30);
   job_ = Open("job", /*settle=*/false, /*read_ahead=*/3 * buffer, &shares);
   ASSERT_TRUE(job_);
+  // Layer 0's chunks: two full ones and a half one, whose buffer is
+  // smaller; with layer 1's full one they would not fit.
   ASSERT_EQ(job_->read_ahead_budget_chunks(), 3u);
+  ASSERT_LT(job_->read_ahead_buffer_bytes(2), buffer);
   Initialize(*ref_, ref_out_);
   Initialize(*job_, out_);
   Backward(*ref_, g, ref_out_);
@@ -794,17 +807,17 @@ TEST_F(SettleTest, ReadAheadBuffersAreMadeUpToTheBudgetAtOnce) {
   Backward(*job_, g, out_);
   AwaitHeld(1);
   // (Buffers made one per read-ahead would stay at one for the hold.)
-  for (int i = 0; i < 200 && shares.Held("job") < 3 * buffer; ++i) {
+  for (int i = 0; i < 200 && shares.Held("job") < ReadAheadBytes(3); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  EXPECT_EQ(shares.Held("job"), 3 * buffer);
+  EXPECT_EQ(shares.Held("job"), ReadAheadBytes(3));
   EXPECT_EQ(job_->chunks_read_ahead(), 0u);  // the first read still held
   absl::StatusOr<IterationReport> r = job_->EndIteration();
   ASSERT_TRUE(r.ok()) << r.status();
   ExpectSameWeights();
   EXPECT_EQ(out_, ref_out_);
-  EXPECT_EQ(shares.Held("job"), 3 * buffer);  // kept for the next one
-  job_.reset();                               // before the shares it holds
+  EXPECT_EQ(shares.Held("job"), ReadAheadBytes(3));  // kept for the next one
+  job_.reset();  // before the shares it holds
 }
 
 // read_ahead_adapts with a cap of every chunk: the first iteration reads
@@ -853,10 +866,11 @@ TEST_F(SettleTest, AnAdaptingReadAheadFollowsWhatBackwardReadsInTime) {
   EXPECT_EQ(job_->read_ahead_target_chunks(), kChunks);
   IterateReadingAhead(g, kChunks);
   EXPECT_EQ(job_->read_ahead_target_chunks(), kChunks);  // the cap
-  EXPECT_EQ(shares.Held("job"), kChunks * buffer);
+  EXPECT_EQ(shares.Held("job"), ReadAheadBytes(kChunks));
   held_past_the_norm(/*predicted=*/true);
   EXPECT_EQ(job_->read_ahead_target_chunks(), 1u);
-  // Kept: the buffers the next growth (to two) would take.
+  // Kept: the buffers the next growth (to two) would take (the largest:
+  // two full chunks').
   EXPECT_EQ(shares.Held("job"), 2 * buffer);
   for (size_t want : {1, 2, 3, 4}) {
     IterateReadingAhead(g, want);
@@ -865,7 +879,33 @@ TEST_F(SettleTest, AnAdaptingReadAheadFollowsWhatBackwardReadsInTime) {
   }
   IterateReadingAhead(g, 5);
   EXPECT_EQ(job_->read_ahead_target_chunks(), 6u);  // 5 + 5 / 4
-  EXPECT_EQ(shares.Held("job"), 5 * buffer);
+  EXPECT_EQ(shares.Held("job"), ReadAheadBytes(5));
+  job_.reset();  // before the shares it holds
+}
+
+// Each read-ahead buffer is sized for its chunk: layer 0's half chunk and
+// layer 2's small one take less than a full chunk's, so the memory of four
+// full buffers reads five chunks ahead, and holds no more.
+TEST_F(SettleTest, EachReadAheadBufferIsSizedForItsChunk) {
+  const Gradients g = MakeGradients(layout_, 59, 1.0f, -1);
+  ref_ = Open("ref", /*settle=*/false);
+  ASSERT_TRUE(ref_);
+  const uint64_t buffer = ref_->chunk_buffer_bytes();
+  MemoryShares shares(uint64_t{1} << 30);
+  job_ = Open("job", /*settle=*/false, /*read_ahead=*/4 * buffer, &shares);
+  ASSERT_TRUE(job_);
+  EXPECT_EQ(job_->read_ahead_buffer_bytes(0), buffer);
+  EXPECT_LT(job_->read_ahead_buffer_bytes(2), buffer);
+  EXPECT_LT(job_->read_ahead_buffer_bytes(4), job_->read_ahead_buffer_bytes(2));
+  ASSERT_EQ(ReadAheadBytes(5), 4 * buffer);
+  ASSERT_EQ(job_->read_ahead_budget_chunks(), 5u);
+  Initialize(*ref_, ref_out_);
+  Initialize(*job_, out_);
+  for (int i = 0; i < 2; ++i) {
+    IterateReadingAhead(g, 5);
+    ASSERT_FALSE(HasFatalFailure());
+    EXPECT_EQ(shares.Held("job"), 4 * buffer);
+  }
   job_.reset();  // before the shares it holds
 }
 
@@ -880,16 +920,20 @@ TEST_F(SettleTest, ReadAheadTakesOnlyItsShareOfTheDaemonsMemory) {
   Initialize(*ref_, ref_out_);
   Initialize(*job_, out_);
   IterateReadingAhead(g, kChunks);
-  EXPECT_EQ(shares.Held("job"), kChunks * buffer);
+  EXPECT_EQ(shares.Held("job"), ReadAheadBytes(kChunks));
   std::unique_ptr<JobPipeline> other =
       Open("other", /*settle=*/false, uint64_t{1} << 30, &shares);
   ASSERT_TRUE(other);
   EXPECT_EQ(shares.ShareOf("job"), kChunks / 2 * buffer);
+  // Given back, the smallest first, down to the share: five full chunks'
+  // buffers, which the first five chunks take.
   IterateReadingAhead(g, kChunks / 2);
   EXPECT_EQ(shares.Held("job"), kChunks / 2 * buffer);
   other.reset();
+  // Those five kept, and the rest's own.
   IterateReadingAhead(g, kChunks);
-  EXPECT_EQ(shares.Held("job"), kChunks * buffer);
+  EXPECT_EQ(shares.Held("job"), kChunks / 2 * buffer + ReadAheadBytes(kChunks) -
+                                    ReadAheadBytes(kChunks / 2));
   job_.reset();
   EXPECT_EQ(shares.Held("job"), 0u);
 }

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
+#include "daemon/common/span_trace.h"
 #include "daemon/optim/half.h"
 #include "daemon/optim/optim_types.h"
 #include "daemon/sched/pipeline_util.h"
@@ -365,6 +366,7 @@ absl::Status JobPipeline::CheckReadable(size_t layer, const void* out,
 
 absl::Status JobPipeline::ReadWeights(size_t layer, float* out,
                                       uint64_t* from_memory) const {
+  SpanScope span("fetch_weights", layer);
   if (absl::Status readable = CheckReadable(layer, out, "ReadWeights");
       !readable.ok()) {
     return readable;
@@ -473,6 +475,7 @@ absl::Status JobPipeline::ForEachCommittedChunk(
 
 absl::Status JobPipeline::ReadWeight16(size_t layer, void* out,
                                        uint64_t* from_memory) const {
+  SpanScope span("fetch_weight16", layer);
   if (!options_.stream_weight16) {
     return absl::FailedPreconditionError(
         "this pipeline does not stream 16-bit weights: they are written to "
@@ -611,6 +614,9 @@ absl::Status JobPipeline::InitState(size_t layer, StatePart part,
 absl::Status JobPipeline::BeginIteration(float grad_scale,
                                          std::optional<double> lr,
                                          const ClipOptions& clip) {
+  // A natural pause to write the last iteration's spans out.
+  FlushSpans();
+  RecordSpan("begin_iteration", SpanClock(), SpanClock(), 0);
   if (!(clip.max_grad_norm >= 0.0) || std::isinf(clip.max_grad_norm)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_grad_norm must be finite and >= 0 (0: no clipping), got ",
@@ -705,6 +711,7 @@ absl::Status JobPipeline::CheckSubmitLocked(size_t layer, const void* grad,
 
 absl::Status JobPipeline::SubmitGradients(size_t layer, const void* grad,
                                           void* weight16_out) {
+  SpanScope span("submit_gradients", layer);
   if (!options_.stream_gradients) {
     absl::MutexLock lock(&mu_);
     if (absl::Status s = CheckSubmitLocked(layer, grad, weight16_out);

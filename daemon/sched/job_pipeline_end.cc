@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
+#include "daemon/common/span_trace.h"
 #include "daemon/optim/optim_types.h"
 #include "daemon/sched/job_pipeline.h"
 #include "daemon/sched/pipeline_util.h"
@@ -20,6 +21,7 @@ using sched_internal::Now;
 absl::StatusOr<IterationReport> JobPipeline::EndIteration(
     std::optional<double> global_sum_squares) {
   const double start = Now();
+  SpanScope span("end_iteration");
   // NaN's sign bit means nothing (inf - inf in an all-reduce sets it).
   if (global_sum_squares.has_value() && std::signbit(*global_sum_squares) &&
       !std::isnan(*global_sum_squares)) {
@@ -292,6 +294,7 @@ absl::Status JobPipeline::AwaitSettledLocked() const {
 }
 
 absl::Status JobPipeline::WaitLayer(size_t layer) const {
+  SpanScope span("wait_layer", layer);
   absl::MutexLock lock(&mu_);
   if (absl::Status in_range = LayerInRange(layer); !in_range.ok()) {
     return in_range;

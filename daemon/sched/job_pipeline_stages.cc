@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
+#include "daemon/common/span_trace.h"
 #include "daemon/optim/half.h"
 #include "daemon/optim/optim_types.h"
 #include "daemon/sched/job_pipeline.h"
@@ -127,6 +128,8 @@ void JobPipeline::ReadLoop() {
       task->out = task->buffer + parts.weight16_offset;
     }
     const double seconds = Now() - start;
+    RecordSpan("read", start, start + seconds, task->layer, task->chunk,
+               r.ok() ? bytes : 0);
     {
       absl::MutexLock lock(&mu_);
       busy_.read += seconds;
@@ -235,6 +238,8 @@ void JobPipeline::ReadAhead(const Task& task) {
         yielded += yield_to_stores();
       });
   const double seconds = Now() - start - yielded;
+  RecordSpan("read_ahead", start, start + seconds + yielded, task.layer,
+             task.chunk, r.ok() ? bytes : 0);
   absl::MutexLock lock(&mu_);
   busy_.read += seconds;
   if (r.ok()) busy_.bytes_read += bytes;
@@ -527,6 +532,7 @@ void JobPipeline::ComputeLoop() {
     const uint64_t count = state_.chunk_count(task->layer, task->chunk);
     // The job's turn on the optimizer's threads (not counted as busy).
     FairQueue::Grant turn;
+    const double asked = Now();
     if (options_.optimizer_queue != nullptr &&
         task->kind == TaskKind::kUpdate) {
       turn = options_.optimizer_queue->Acquire(job_, options_.weight, count,
@@ -550,6 +556,8 @@ void JobPipeline::ComputeLoop() {
     }
     const double seconds = Now() - start;
     turn = FairQueue::Grant();  // the optimizer is free for the next job
+    RecordSpan("optimizer_turn", asked, start, task->layer, task->chunk);
+    RecordSpan("update", start, start + seconds, task->layer, task->chunk);
     {
       absl::MutexLock lock(&mu_);
       busy_.compute += seconds;
@@ -654,6 +662,8 @@ void JobPipeline::WriteLoop() {
       busy_.bytes_copied += copied + handed_off;
       busy_.bytes_handed_off += handed_off;
     }
+    RecordSpan("write", start, start + seconds, task->layer, task->chunk,
+               w.ok() ? bytes : 0);
     Finish(*task, w.status());
   }
 }
@@ -950,6 +960,7 @@ absl::Status JobPipeline::WriteGradScratch(size_t layer, const uint8_t* grad,
     }
   }
   const double seconds = Now() - start;
+  RecordSpan("grad_store", start, start + seconds, layer, written, copied);
   absl::MutexLock lock(&mu_);
   busy_.grad_store += seconds;
   busy_.bytes_written += written;

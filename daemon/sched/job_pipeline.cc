@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "daemon/common/span_trace.h"
+#include "daemon/common/thread_name.h"
 #include "daemon/optim/half.h"
 #include "daemon/optim/optim_types.h"
 #include "daemon/sched/pipeline_util.h"
@@ -210,13 +211,19 @@ absl::StatusOr<std::unique_ptr<JobPipeline>> JobPipeline::Open(
 }
 
 void JobPipeline::StartThreads() {
-  threads_.emplace_back([this] { SettleLoop(); });
-  threads_.emplace_back([this] { DecideLoop(); });
-  threads_.emplace_back([this] { ReadLoop(); });
-  threads_.emplace_back([this] { ComputeLoop(); });
-  threads_.emplace_back([this] { WriteLoop(); });
+  auto start = [this](const char* name, void (JobPipeline::*loop)()) {
+    threads_.emplace_back([this, name, loop] {
+      NameThisThread(name);
+      (this->*loop)();
+    });
+  };
+  start("lohan-settle", &JobPipeline::SettleLoop);
+  start("lohan-decide", &JobPipeline::DecideLoop);
+  start("lohan-read", &JobPipeline::ReadLoop);
+  start("lohan-update", &JobPipeline::ComputeLoop);
+  start("lohan-write", &JobPipeline::WriteLoop);
   if (read_ahead_chunks_ > 0) {
-    threads_.emplace_back([this] { MakeReadAheadBuffersLoop(); });
+    start("lohan-buffers", &JobPipeline::MakeReadAheadBuffersLoop);
   }
 }
 

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "daemon/common/test_point.h"
+#include "daemon/common/thread_name.h"
 #include "daemon/quota/daemon_memory.h"
 #include "daemon/session/arena_layout.h"
 #include "daemon/session/job_settings.h"
@@ -423,7 +424,10 @@ absl::StatusOr<v1::RegisterModelResponse> JobSession::RegisterModel(
   lanes_ = std::make_unique<ServeLanes>(spec.in_order_service());
   lanes_ready_.store(lanes_.get());
   pipeline_ready_.store(served_->pipeline.get());
-  server_ = std::thread([this] { Serve(); });
+  server_ = std::thread([this] {
+    NameThisThread("lohan-session");
+    Serve();
+  });
   registered_.store(true);
   spdlog::info(
       "job {}: model of {} layers registered ({} gradient and {} weight "

@@ -3,14 +3,19 @@
 #include <utility>
 
 #include "daemon/common/test_point.h"
+#include "daemon/common/thread_name.h"
 
 namespace lohan {
 
 ServeLanes::ServeLanes(bool in_order) : in_order_(in_order) {
   if (in_order_) return;
   for (Lane lane : {Lane::kUrgent, Lane::kBulk, Lane::kOrdered}) {
-    threads_[static_cast<size_t>(lane)] =
-        std::thread([this, lane] { Run(lane); });
+    threads_[static_cast<size_t>(lane)] = std::thread([this, lane] {
+      NameThisThread(lane == Lane::kUrgent ? "lohan-urgent"
+                     : lane == Lane::kBulk ? "lohan-bulk"
+                                           : "lohan-ordered");
+      Run(lane);
+    });
   }
 }
 

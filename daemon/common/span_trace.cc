@@ -1,13 +1,16 @@
 #include "daemon/common/span_trace.h"
 
+#include <fcntl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -30,10 +33,20 @@ class SpanWriter {
     if (prefix == nullptr || *prefix == '\0') return;
     const std::string path =
         std::string(prefix) + "." + std::to_string(::getpid());
-    file_.reset(std::fopen(path.c_str(), "w"));
+    // A new file only, never through a link: lohand runs as root, and the
+    // prefix may be in a directory other users write to.
+    const int fd =
+        ::open(path.c_str(),
+               O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd >= 0) file_.reset(::fdopen(fd, "w"));
     if (file_ == nullptr) {
-      std::fprintf(stderr, "LOHAN_TRACE: cannot open %s: no spans recorded\n",
-                   path.c_str());
+      const int error = errno;
+      if (fd >= 0) ::close(fd);
+      std::fprintf(stderr,
+                   "LOHAN_TRACE: cannot create %s (%s): no spans are recorded; "
+                   "give a prefix in a directory lohand can write to, whose "
+                   "file does not exist yet\n",
+                   path.c_str(), std::strerror(error));
       return;
     }
     std::setvbuf(file_.get(), nullptr, _IOFBF, 1 << 20);

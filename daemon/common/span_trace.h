@@ -4,7 +4,9 @@
 // Spans of the daemon's work in time, to find where a training step
 // waits (bench/train/trace_timeline.py reads them). Off unless the
 // environment's LOHAN_TRACE names a path prefix when the process first
-// records; then each span is a line of <prefix>.<pid>:
+// records, and <prefix>.<pid> can be made as a new file (never an existing
+// one, nor through a link; otherwise stderr says why and nothing is
+// recorded); then each span is a line of it:
 //   <name> <start> <end> <thread id> <a> <b> <c>
 // with start and end in seconds on the steady clock and a, b, c integers
 // the caller chose (a layer, a chunk, bytes). Off, recording costs one

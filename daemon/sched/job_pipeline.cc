@@ -623,7 +623,8 @@ absl::Status JobPipeline::BeginIteration(float grad_scale,
                                          const ClipOptions& clip) {
   // A natural pause to write the last iteration's spans out.
   FlushSpans();
-  RecordSpan("begin_iteration", SpanClock(), SpanClock(), 0);
+  const double begun = SpanClock();
+  RecordSpan("begin_iteration", begun, begun, 0);
   if (!(clip.max_grad_norm >= 0.0) || std::isinf(clip.max_grad_norm)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_grad_norm must be finite and >= 0 (0: no clipping), got ",
